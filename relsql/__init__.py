@@ -1,0 +1,19 @@
+"""relsql: deep relational learning that runs on a relational database."""
+
+from relsql.compile import CompiledNet, compile
+from relsql.db import Database, connect
+from relsql.errors import (
+    GroundingError,
+    RelsqlError,
+    SchemaError,
+    ShapeError,
+    SourceError,
+    TemplateError,
+)
+from relsql.template import Template
+
+__all__ = [
+    "CompiledNet", "Database", "GroundingError", "RelsqlError", "SchemaError", "ShapeError",
+    "SourceError", "Template", "TemplateError", "compile", "connect",
+]
+__version__ = "0.1.0"

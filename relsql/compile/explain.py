@@ -1,0 +1,59 @@
+"""`relsql explain`: the plan as readable pseudo-code with the size of every op's result."""
+
+from __future__ import annotations
+
+from relsql.compile.plan import Op, Plan
+
+
+def _shape(op: Op) -> str:
+    if op.kind == "param":
+        return f"[{' x '.join(map(str, op.shape)) or 'scalar'}]"
+    return f"[{op.rows} x {' x '.join(map(str, op.shape)) or '1'}]"
+
+
+def _describe(op: Op, names: dict[int, str]) -> str:
+    a = [names.get(x, f"t{x}") for x in op.args]
+    k = op.kind
+    if k == "param":
+        return f"weight '{op.attrs['name']}'"
+    if k == "gather":
+        return f"gather({a[0]}, rows={a[1]})"
+    if k == "linear":
+        return f"{a[0]} @ {a[1]}"
+    if k == "binary":
+        return f"{a[0]} {op.attrs['op']} {a[1]}"
+    if k == "act":
+        return f"{op.attrs['name']}({a[0]})"
+    if k == "combine":
+        return f"combine_{op.attrs['kind']}({', '.join(a)})"
+    if k == "segment":
+        return f"segment_{op.attrs['kind']}({a[0]}, by={a[1]})"
+    if k == "scatter":
+        return f"scatter({a[0]}, into={a[1]}, rows={op.attrs['rows']})"
+    if k == "broadcast":
+        return f"broadcast({a[0]}, rows={op.attrs['rows']})"
+    if k == "sum":
+        return " + ".join(a)
+    if k == "as_row":
+        return a[0]
+    return f"{k}({', '.join(a)})"
+
+
+def explain(plan: Plan) -> str:
+    """One line per op, grouped under the relation/rule it belongs to."""
+    names: dict[int, str] = {}
+    for slot, tensor in plan.inputs.items():
+        names[slot] = f"in{slot}{list(tensor.shape)}"
+    lines: list[str] = []
+    current = None
+    for op in plan.ops:
+        if op.note != current:
+            current = op.note
+            lines.append(f"-- {current}")
+        names[op.out] = f"t{op.out}"
+        lines.append(f"  t{op.out} = {_describe(op, names):<60} {_shape(op)}")
+    outputs = ", ".join(f"{r}=t{s}" for r, s in plan.outputs.items())
+    lines.append(f"outputs: {outputs}")
+    n_params = sum(1 for op in plan.ops if op.kind == "param")
+    lines.append(f"{len(plan.ops)} ops, {n_params} weights, {len(plan.inputs)} index/column inputs")
+    return "\n".join(lines)

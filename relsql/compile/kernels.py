@@ -1,0 +1,148 @@
+"""Batched tensor kernels the plan's ops call: rows first, one call per op, never per grounding."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def activation(name: str, x: torch.Tensor) -> torch.Tensor:
+    """Elementwise activations; softmax normalizes each row's value (all its elements)."""
+    if name == "identity":
+        return x
+    if name == "relu":
+        return torch.relu(x)
+    if name == "tanh":
+        return torch.tanh(x)
+    if name == "sigmoid":
+        return torch.sigmoid(x)
+    if name == "leaky_relu":
+        return F.leaky_relu(x, 0.01)
+    if name == "exp":
+        return torch.exp(x)
+    if name == "log":
+        return torch.log(x)
+    if name == "softmax":
+        flat = x.reshape(x.shape[0], -1)
+        return torch.softmax(flat, dim=1).reshape(x.shape)
+    if name == "signum":
+        return torch.sign(x)
+    if name == "inverse":
+        return 1.0 / x
+    if name == "reverse":
+        return 1.0 - x
+    if name == "sqrt":
+        return torch.sqrt(x)
+    if name == "lukasiewicz":
+        return torch.clamp(x, 0.0, 1.0)
+    raise ValueError(f"unknown activation {name}")
+
+
+def apply_weight(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A weight times each row's value, with NeuraLogic's shape rules.
+
+    matrix (m, n) × vector (n) → (m); matrix × scalar value (1) → the scaled matrix (m, n);
+    matrix (m, n) × matrix value (n, k) → (m, k); a scalar or (1,) weight scales the value;
+    a vector weight (m) × a scalar value → (m); vector weight × vector value → elementwise.
+    """
+    value_shape = x.shape[1:]
+    if weight.dim() == 0 or (weight.dim() == 1 and weight.shape[0] == 1):
+        return x * weight.reshape((1,) * x.dim()) if weight.dim() == 0 else x * weight.reshape(1, *([1] * (x.dim() - 1)))
+    if weight.dim() == 1:
+        if value_shape == (1,):
+            return x * weight.unsqueeze(0)
+        return x * weight.reshape(1, *weight.shape)
+    if len(value_shape) == 1:
+        if value_shape[0] == weight.shape[1]:
+            return x @ weight.T
+        if value_shape[0] == 1:
+            return x.reshape(-1, 1, 1) * weight.unsqueeze(0)
+    if len(value_shape) == 2 and value_shape[0] == weight.shape[1]:
+        return torch.matmul(weight.unsqueeze(0), x)
+    raise ValueError(f"weight of shape {tuple(weight.shape)} does not fit a value of shape {tuple(value_shape)}")
+
+
+def broadcast_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """A constant (no row dimension) or single-row tensor repeated (as a view) over `rows`."""
+    return x.expand(rows, *x.shape[1:])
+
+
+def _align(values: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Scalar values (1,) broadcast against vectors/matrices, as NeuraLogic adds unit facts."""
+    shapes = [v.shape[1:] for v in values]
+    target = max(shapes, key=lambda s: (len(s), tuple(s)))
+    out = []
+    for v in values:
+        if v.shape[1:] == target:
+            out.append(v)
+        elif tuple(v.shape[1:]) == (1,):
+            out.append(v.reshape(v.shape[0], *([1] * len(target))).expand(v.shape[0], *target))
+        else:
+            raise ValueError(f"values of shapes {[tuple(s) for s in shapes]} cannot be combined")
+    return out
+
+
+def combine(kind: str, values: list[torch.Tensor]) -> torch.Tensor:
+    """NeuraLogic's combination functions over a rule's body values, row by row."""
+    rows = max(v.shape[0] for v in values)
+    values = [broadcast_rows(v, rows) if v.shape[0] != rows else v for v in values]
+    if kind == "concat":
+        return torch.cat([v.reshape(rows, -1) for v in values], dim=1)
+    if kind == "product":
+        result = values[0]
+        for v in values[1:]:
+            if result.dim() == 2 and tuple(result.shape[1:]) == (1,):
+                result = result.reshape(rows, *([1] * (v.dim() - 1))) * v
+            elif v.dim() == 2 and tuple(v.shape[1:]) == (1,):
+                result = result * v.reshape(rows, *([1] * (result.dim() - 1)))
+            else:
+                a = result if result.dim() == 3 else result.unsqueeze(1)
+                b = v if v.dim() == 3 else v.unsqueeze(2)
+                out = torch.matmul(a, b)
+                if result.dim() == 2:
+                    out = out.squeeze(1)
+                if v.dim() == 2:
+                    out = out.squeeze(-1)
+                result = out
+        return result
+    if kind == "crosssum":
+        result = values[0].reshape(rows, -1)
+        for v in values[1:]:
+            v = v.reshape(rows, -1)
+            result = (result.unsqueeze(2) + v.unsqueeze(1)).reshape(rows, -1)
+        return result
+    aligned = _align(values)
+    stacked = torch.stack(aligned, dim=0)
+    if kind == "sum":
+        return stacked.sum(0)
+    if kind == "avg":
+        return stacked.mean(0)
+    if kind == "max":
+        return stacked.amax(0)
+    if kind == "min":
+        return stacked.amin(0)
+    if kind == "elementproduct":
+        return stacked.prod(0)
+    raise ValueError(f"unknown combination {kind}")
+
+
+def segment_reduce(kind: str, x: torch.Tensor, segment_ids: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Reduce sorted groundings into their heads. Every segment here is non-empty."""
+    segments = counts.shape[0]
+    if kind == "count":
+        return counts.to(x.dtype).reshape(segments, *([1] * (x.dim() - 1))).expand(segments, *x.shape[1:]).clone()
+    if kind in ("sum", "avg"):
+        out = x.new_zeros((segments, *x.shape[1:])).index_add_(0, segment_ids, x)
+        if kind == "avg":
+            out = out / counts.to(x.dtype).reshape(segments, *([1] * (x.dim() - 1)))
+        return out
+    if kind in ("max", "min"):
+        index = segment_ids.reshape(-1, *([1] * (x.dim() - 1))).expand_as(x)
+        return x.new_zeros((segments, *x.shape[1:])).scatter_reduce(
+            0, index, x, reduce="amax" if kind == "max" else "amin", include_self=False)
+    raise ValueError(f"unknown aggregate {kind}")
+
+
+def scatter_rows(x: torch.Tensor, index: torch.Tensor, rows: int) -> torch.Tensor:
+    """Place per-head results of one rule into the relation's rows (others stay zero)."""
+    return x.new_zeros((rows, *x.shape[1:])).index_add_(0, index, x)

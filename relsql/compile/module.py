@@ -1,0 +1,117 @@
+"""Executes a plan as a torch.nn.Module: parameters, index buffers, one kernel call per op."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import polars as pl
+import torch
+from torch import nn
+
+from relsql.compile import kernels
+from relsql.compile.plan import Plan
+
+if TYPE_CHECKING:
+    from relsql.ground.execute import Grounding
+
+
+def run_op(kind: str, args: list[torch.Tensor], attrs: dict) -> torch.Tensor:
+    """The one place that maps an op to its kernel (also used on meta tensors for shapes)."""
+    if kind == "gather":
+        return args[0].index_select(0, args[1])
+    if kind == "linear":
+        return kernels.apply_weight(args[0], args[1])
+    if kind == "binary":
+        left, right = args
+        if "reshape_right" in attrs:
+            right = right.reshape(1, *attrs["reshape_right"])
+        op = attrs["op"]
+        return left + right if op == "+" else left - right if op == "-" else left * right
+    if kind == "act":
+        return kernels.activation(attrs["name"], args[0])
+    if kind == "combine":
+        return kernels.combine(attrs["kind"], list(args))
+    if kind == "segment":
+        return kernels.segment_reduce(attrs["kind"], args[0], args[1], args[2])
+    if kind == "scatter":
+        return kernels.scatter_rows(args[0], args[1], attrs["rows"])
+    if kind == "broadcast":
+        return kernels.broadcast_rows(args[0], attrs["rows"])
+    if kind == "sum":
+        out = args[0]
+        for a in args[1:]:
+            out = out + a
+        return out
+    if kind == "as_row":
+        return args[0].unsqueeze(0)
+    raise ValueError(f"unknown op {kind}")
+
+
+def _initial(spec, dtype: torch.dtype, generator: torch.Generator | None) -> torch.Tensor:
+    """Sensible defaults: Glorot-like matrices, N(0,1) embeddings, zero biases, given values."""
+    if spec.init is not None:
+        return torch.as_tensor(spec.init, dtype=dtype).reshape(spec.shape).clone()
+    if spec.kind in ("bias", "offset_zero"):
+        return torch.zeros(spec.shape, dtype=dtype)
+    if spec.kind == "embed":
+        return torch.randn(spec.shape, dtype=dtype, generator=generator)
+    if spec.kind == "datalog":
+        return torch.rand(spec.shape, dtype=dtype, generator=generator) * 2 - 1
+    fan_in = spec.shape[-1] if spec.shape else 1
+    bound = 1.0 / math.sqrt(max(fan_in, 1))
+    return (torch.rand(spec.shape, dtype=dtype, generator=generator) * 2 - 1) * bound
+
+
+class CompiledNet(nn.Module):
+    """A grounded template: `net()` returns {relation: values in row-id order}."""
+
+    def __init__(self, plan: Plan, grounding: Grounding, dtype: torch.dtype = torch.float32,
+                 seed: int | None = None):
+        super().__init__()
+        self.plan = plan
+        self.grounding = grounding
+        self.dtype = dtype
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        self._param_keys: dict[str, str] = {}
+        self.weights = nn.ParameterDict()
+        for i, (name, spec) in enumerate(plan.params.items()):
+            key = f"w{i}"
+            self._param_keys[name] = key
+            self.weights[key] = nn.Parameter(_initial(spec, dtype, generator), requires_grad=not spec.fixed)
+        self._inputs: dict[int, str] = {}
+        for slot, tensor in plan.inputs.items():
+            key = f"i{slot}"
+            self.register_buffer(key, tensor.to(dtype) if tensor.is_floating_point() else tensor, persistent=False)
+            self._inputs[slot] = key
+
+    def named_weights(self) -> dict[str, nn.Parameter]:
+        """Every weight under its template name (named weights keep their names)."""
+        return {name: self.weights[key] for name, key in self._param_keys.items()}
+
+    def forward(self) -> dict[str, torch.Tensor]:
+        slots: dict[int, torch.Tensor] = {s: getattr(self, k) for s, k in self._inputs.items()}
+        for op in self.plan.ops:
+            if op.kind == "param":
+                slots[op.out] = self.weights[self._param_keys[op.attrs["name"]]]
+            else:
+                slots[op.out] = run_op(op.kind, [slots[a] for a in op.args], op.attrs)
+        return {name: slots[slot] for name, slot in self.plan.outputs.items()}
+
+    def values(self, relation: str, outputs: dict[str, torch.Tensor] | None = None) -> pl.DataFrame:
+        """A relation's key columns and its `value` (flattened to a list of floats) per row."""
+        from relsql.errors import RelsqlError
+
+        if relation not in self.grounding.relations:
+            raise RelsqlError(f"no relation `{relation}`; the template declares {list(self.grounding.relations)}")
+        outputs = outputs if outputs is not None else self.forward()
+        with torch.no_grad():
+            value = outputs[relation].detach().to("cpu", torch.float64)
+        keys = pl.from_arrow(self.grounding.relations[relation].keys).drop("_rid")
+        flat = value.reshape(value.shape[0], -1).numpy()
+        return keys.with_columns(pl.Series("value", flat.tolist(), dtype=pl.List(pl.Float64)))
+
+    def explain(self) -> str:
+        from relsql.compile.explain import explain
+
+        return explain(self.plan)

@@ -1,0 +1,223 @@
+"""The plan IR: a flat list of vectorized ops over numbered slots, built from IR + groundings.
+
+One op handles every grounding of a rule at once. Shapes are found by running each op on
+meta tensors while building, so shape rules live in one place (the kernels) and a mismatch
+is reported at compile time with the rule that caused it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from relsql.compile import kernels
+from relsql.errors import ShapeError
+from relsql.ground.execute import Grounding, RuleGrounding
+from relsql.template import ir
+
+
+@dataclass
+class Op:
+    kind: str  # param gather linear binary act combine segment scatter broadcast sum as_row
+    out: int
+    args: tuple[int, ...] = ()
+    attrs: dict = field(default_factory=dict)
+    rows: int = 0
+    shape: tuple[int, ...] = ()
+    note: str = ""
+
+
+@dataclass
+class ParamSpec:
+    name: str
+    shape: tuple[int, ...]
+    kind: str
+    init: list | float | None
+    fixed: bool
+
+
+@dataclass
+class Plan:
+    ops: list[Op] = field(default_factory=list)
+    inputs: dict[int, torch.Tensor] = field(default_factory=dict)  # index tensors, columns
+    params: dict[str, ParamSpec] = field(default_factory=dict)
+    outputs: dict[str, int] = field(default_factory=dict)  # relation -> slot
+    slots: int = 0
+    meta: dict[int, torch.Tensor] = field(default_factory=dict)  # slot -> meta tensor (shapes)
+
+    def new_slot(self) -> int:
+        self.slots += 1
+        return self.slots - 1
+
+
+_ROW_OPS = {"gather", "segment", "scatter", "broadcast"}
+
+
+class PlanBuilder:
+    """Translates each rule's expression into ops, tracking levels: constant, grounding, head."""
+
+    def __init__(self, template: ir.Template, grounding: Grounding, dtype: torch.dtype):
+        self.template = template
+        self.grounding = grounding
+        self.dtype = dtype
+        self.plan = Plan()
+        self._param_slots: dict[str, int] = {}
+
+    # -- slots ---------------------------------------------------------------------------
+    def _input(self, tensor: torch.Tensor) -> int:
+        slot = self.plan.new_slot()
+        self.plan.inputs[slot] = tensor
+        self.plan.meta[slot] = torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
+        return slot
+
+    def _emit(self, op_kind: str, args: tuple[int, ...], note: str, **attrs) -> int:
+        from relsql.compile.module import run_op
+
+        slot = self.plan.new_slot()
+        metas = [self.plan.meta[a] for a in args]
+        try:
+            out = run_op(op_kind, metas, attrs)
+        except (ValueError, RuntimeError, IndexError) as err:
+            raise ShapeError(f"{note}: {op_kind} does not fit the shapes {[tuple(m.shape[1:]) for m in metas]}: {err}") from None
+        self.plan.meta[slot] = out
+        self.plan.ops.append(Op(op_kind, slot, args, attrs, rows=out.shape[0] if out.dim() else 1, shape=tuple(out.shape[1:]), note=note))
+        return slot
+
+    def _param(self, name: str, input_shape: tuple[int, ...] | None, note: str) -> int:
+        spec = self.template.weights[name]
+        if name in self._param_slots:
+            return self._param_slots[name]
+        shape = list(spec.shape)
+        if None in shape:
+            if spec.kind == "embed":
+                shape[0] = max(int(self.grounding.vocab_sizes.get(name, 0)), 1)
+            else:
+                if input_shape is None or len(input_shape) != 1:
+                    raise ShapeError(f"{spec.origin}: linear '{name}' needs a vector input, got shape {input_shape}")
+                shape[shape.index(None)] = input_shape[0]
+        final = tuple(int(s) for s in shape)
+        self.plan.params[name] = ParamSpec(name, final, spec.kind, spec.init, spec.fixed)
+        slot = self.plan.new_slot()
+        self.plan.meta[slot] = torch.empty(final, dtype=self.dtype, device="meta")
+        self.plan.ops.append(Op("param", slot, (), {"name": name}, rows=1, shape=final, note=note))
+        self._param_slots[name] = slot
+        return slot
+
+    # -- relations -----------------------------------------------------------------------
+    def build(self) -> Plan:
+        for name, relation_grounding in self.grounding.relations.items():
+            relation = self.template.relations[name]
+            size = relation_grounding.size
+            parts = [self._rule(rg, size) for rg in relation_grounding.rules]
+            note = f"{name}"
+            if not parts:
+                self.plan.outputs[name] = self._input(torch.zeros((size, 1), dtype=self.dtype))
+                continue
+            value = parts[0] if len(parts) == 1 else self._emit("sum", tuple(parts), note)
+            if relation.offset is not None:
+                shape = tuple(self.plan.meta[value].shape[1:])
+                offset = self._param(relation.offset, None, note)
+                if math.prod(self.plan.meta[offset].shape) != math.prod(shape):
+                    raise ShapeError(f"{name}: offset '{relation.offset}' of shape {tuple(self.plan.meta[offset].shape)} does not fit values of shape {shape}")
+                value = self._emit("binary", (value, offset), note, op="+", reshape_right=shape)
+            if relation.activation not in (None, "identity"):
+                value = self._emit("act", (value,), note, name=relation.activation)
+            self.plan.outputs[name] = value
+        return self.plan
+
+    def _rule(self, rg: RuleGrounding, size: int) -> int:
+        rule = rg.rule
+        note = f"{rule.head} {rule.origin}"
+        ctx = _RuleContext(rg, self, note)
+        slot, level = ctx.compile(rule.expr)
+        if level == "c":
+            slot = self._emit("broadcast", (slot,), note, rows=rg.segment_heads.shape[0])
+            level = "h"
+        if level == "g":  # per-row statement: every grounding is its own head
+            index = rg.head
+        else:
+            index = rg.segment_heads
+        if index.shape[0] == size and bool(torch.equal(index, torch.arange(size))):
+            return slot
+        return self._emit("scatter", (slot, ctx.tensor("heads", index)), note, rows=size)
+
+
+class _RuleContext:
+    def __init__(self, rg: RuleGrounding, builder: PlanBuilder, note: str):
+        self.rg = rg
+        self.b = builder
+        self.note = note
+        self._cache: dict[str, int] = {}
+
+    def tensor(self, key: str, tensor: torch.Tensor) -> int:
+        if key not in self._cache:
+            self._cache[key] = self.b._input(tensor)
+        return self._cache[key]
+
+    def segments(self) -> tuple[int, int]:
+        counts = self.rg.offsets[1:] - self.rg.offsets[:-1]
+        ids = torch.repeat_interleave(torch.arange(counts.shape[0]), counts)
+        return self.tensor("segment_ids", ids), self.tensor("counts", counts)
+
+    def compile(self, expr: ir.Expr) -> tuple[int, str]:
+        b, note = self.b, self.note
+        if isinstance(expr, ir.Ref):
+            relation = self.rg.rule.refs[expr.index]
+            source = b.plan.outputs[relation]
+            return b._emit("gather", (source, self.tensor(f"ref{expr.index}", self.rg.refs[expr.index])), note, relation=relation), "g"
+        if isinstance(expr, ir.Column):
+            return self.tensor(f"col{expr.index}", self.rg.columns[expr.index].to(b.dtype)), "g"
+        if isinstance(expr, ir.Features):
+            data = torch.cat([self.rg.columns[c] for c in expr.columns], dim=1)
+            mean = data.mean(0, keepdim=True)
+            std = data.std(0, unbiased=False, keepdim=True)
+            std = torch.where(std > 0, std, torch.ones_like(std))
+            return self.tensor(f"features{expr.columns}", ((data - mean) / std).to(b.dtype)), "g"
+        if isinstance(expr, ir.Embed):
+            weight = b._param(expr.weight, None, note)
+            return b._emit("gather", (weight, self.tensor(f"col{expr.column}", self.rg.columns[expr.column])), note, relation=expr.weight), "g"
+        if isinstance(expr, ir.Param):
+            weight = b._param(expr.weight, None, note)
+            return b._emit("as_row", (weight,), note), "c"
+        if isinstance(expr, ir.Const):
+            return self.tensor(f"const{expr.value}", torch.full((1, 1), expr.value, dtype=b.dtype)), "c"
+        if isinstance(expr, ir.Apply):
+            x, level = self.compile(expr.arg)
+            weight = b._param(expr.weight, tuple(b.plan.meta[x].shape[1:]), note)
+            return b._emit("linear", (weight, x), note), level
+        if isinstance(expr, ir.Binary):
+            (left, l1), (right, l2) = self.compile(expr.left), self.compile(expr.right)
+            return b._emit("binary", (left, right), note, op=expr.op), _level(l1, l2, note)
+        if isinstance(expr, ir.Act):
+            x, level = self.compile(expr.arg)
+            return b._emit("act", (x,), note, name=expr.name), level
+        if isinstance(expr, ir.Combine):
+            parts = [self.compile(a) for a in expr.args]
+            level = "c"
+            for _, lv in parts:
+                level = _level(level, lv, note)
+            return b._emit("combine", tuple(s for s, _ in parts), note, kind=expr.kind), level
+        if isinstance(expr, ir.Agg):
+            x, level = self.compile(expr.arg)
+            if level == "c":
+                x = b._emit("broadcast", (x,), note, rows=self.rg.size)
+            ids, counts = self.segments()
+            return b._emit("segment", (x, ids, counts), note, kind=expr.kind), "h"
+        raise TypeError(f"unknown expression node {expr!r}")
+
+
+def _level(a: str, b: str, note: str) -> str:
+    if a == "c":
+        return b
+    if b == "c" or a == b:
+        return a
+    raise ShapeError(f"{note}: mixes per-grounding values with aggregated ones; wrap the per-grounding part in an aggregate")
+
+
+def build_plan(template: ir.Template, grounding: Grounding, dtype: torch.dtype) -> Plan:
+    return PlanBuilder(template, grounding, dtype).build()
+
+
+__all__ = ["Op", "Plan", "ParamSpec", "build_plan", "kernels"]

@@ -1,0 +1,1 @@
+"""Grounding: rule bodies run as SQL joins, results become index tensors."""
