@@ -43,7 +43,7 @@ class Database:
     def arrow(self, query: exp.Expression | str) -> pa.Table:
         """Run a query and return its result as an Arrow table."""
         result = self.con.execute(self.sql(query))
-        return result.fetch_arrow_table() if hasattr(result, "fetch_arrow_table") else result.arrow()
+        return result.to_arrow_table() if hasattr(result, "to_arrow_table") else result.fetch_arrow_table()
 
     def temp_table(self, kind: str, name: str) -> exp.Table:
         """A table in DuckDB's temp catalog, unique to this handle, for relsql's own data."""

@@ -26,15 +26,13 @@ def activation(name: str, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(x.shape[0], -1)
         return torch.softmax(flat, dim=1).reshape(x.shape)
     if name == "signum":
-        return torch.sign(x)
+        return (x > 0).to(x.dtype)
     if name == "inverse":
         return 1.0 / x
     if name == "reverse":
         return 1.0 - x
     if name == "sqrt":
         return torch.sqrt(x)
-    if name == "lukasiewicz":
-        return torch.clamp(x, 0.0, 1.0)
     raise ValueError(f"unknown activation {name}")
 
 
@@ -117,10 +115,12 @@ def combine(kind: str, values: list[torch.Tensor]) -> torch.Tensor:
         return stacked.sum(0)
     if kind == "avg":
         return stacked.mean(0)
-    if kind == "max":
-        return stacked.amax(0)
-    if kind == "min":
-        return stacked.amin(0)
+    if kind in ("max", "min"):
+        # NeuraLogic picks the whole value whose elements sum highest (lowest), not elementwise.
+        sums = stacked.reshape(stacked.shape[0], rows, -1).sum(2)
+        pick = sums.argmax(0) if kind == "max" else sums.argmin(0)
+        index = pick.reshape(1, rows, *([1] * (stacked.dim() - 2))).expand(1, *stacked.shape[1:])
+        return stacked.gather(0, index).squeeze(0)
     if kind == "elementproduct":
         return stacked.prod(0)
     raise ValueError(f"unknown combination {kind}")
@@ -137,9 +137,14 @@ def segment_reduce(kind: str, x: torch.Tensor, segment_ids: torch.Tensor, counts
             out = out / counts.to(x.dtype).reshape(segments, *([1] * (x.dim() - 1)))
         return out
     if kind in ("max", "min"):
-        index = segment_ids.reshape(-1, *([1] * (x.dim() - 1))).expand_as(x)
-        return x.new_zeros((segments, *x.shape[1:])).scatter_reduce(
-            0, index, x, reduce="amax" if kind == "max" else "amin", include_self=False)
+        # NeuraLogic keeps the grounding whose value sums highest (lowest); the first on ties.
+        sums = x.detach().reshape(x.shape[0], -1).sum(1)
+        reduce = "amax" if kind == "max" else "amin"
+        best = sums.new_zeros(segments).scatter_reduce(0, segment_ids, sums, reduce=reduce, include_self=False)
+        positions = torch.arange(x.shape[0], device=x.device)
+        candidates = torch.where(sums == best[segment_ids], positions, x.shape[0])
+        first = candidates.new_full((segments,), x.shape[0]).scatter_reduce(0, segment_ids, candidates, reduce="amin")
+        return x.index_select(0, first)
     raise ValueError(f"unknown aggregate {kind}")
 
 

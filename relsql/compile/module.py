@@ -44,7 +44,7 @@ def run_op(kind: str, args: list[torch.Tensor], attrs: dict) -> torch.Tensor:
             out = out + a
         return out
     if kind == "as_row":
-        return args[0].unsqueeze(0)
+        return args[0].reshape(1, -1) if args[0].dim() <= 1 else args[0].unsqueeze(0)
     raise ValueError(f"unknown op {kind}")
 
 

@@ -56,7 +56,8 @@ __all__ = [
     "gradients",
     "atom_values",
     "dataset_files",
-    "DATASETS_DIR",
+    "get_weights",
+    "set_weights",
 ]
 
 _initialised = False
@@ -95,9 +96,6 @@ def _datasets_dir() -> str:
     import neuralogic
 
     return os.path.join(os.path.dirname(neuralogic.__file__), "utils", "data", "datasets")
-
-
-DATASETS_DIR = None  # filled lazily by dataset_files(); kept for discoverability
 
 
 def dataset_files(name: str, template: str = "template.txt") -> tuple[str, str, str | None]:

@@ -1,0 +1,545 @@
+"""NeuraLogic's Datalog template syntax → the IR, with NeuraLogic's numeric semantics.
+
+Syntax handled: weighted rules `{3,3} h(X) :- {3,3} a(Y), b(X,Y). [transformation=tanh]`,
+template facts `{3} f(a).`, weights as dimensions `{m,n}`, numbers, vectors/matrices
+`[1, 2]`, fixed values `<-7>`, named weights `$w={3,3}` (shared by name, `$w` reuses),
+hidden literals `*p(...)` / `_p(...)`, predicate metadata `p/1 [transformation=...]` and
+offsets `p/1 {3,1}`, `import ./file`, `%` and `//` comments.
+
+Grounding follows NeuraLogic: distinct substitutions of all body variables; each dataset
+table carries an implicit `sample` key (a table without one belongs to sample 0).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import sqlglot.expressions as exp
+
+from relsql.errors import TemplateError
+from relsql.template import ir
+
+# NeuraLogic's defaults (PyNeuraLogic 0.9.2 Settings), see docs/neuralogic-semantics.md.
+DEFAULT_RELATION_ACTIVATION = "identity"
+DEFAULT_RULE_ACTIVATION = "identity"
+DEFAULT_AGGREGATION = "avg"
+DEFAULT_COMBINATION = "sum"
+
+_ACTIVATION_NAMES = {
+    "sigmoid": "sigmoid", "sigm": "sigmoid", "tanh": "tanh", "relu": "relu", "identity": "identity", "linear": "identity",
+    "leaky_relu": "leaky_relu", "leakyrelu": "leaky_relu", "exp": "exp", "exponentiation": "exp",
+    "log": "log", "logarithm": "log", "softmax": "softmax", "signum": "signum", "sqrt": "sqrt",
+    "inverse": "inverse", "reverse": "reverse",
+}
+_COMBINATION_NAMES = {
+    "sum": "sum", "avg": "avg", "average": "avg", "max": "max", "maximum": "max", "min": "min",
+    "minimum": "min", "product": "product", "elementproduct": "elementproduct", "elproduct": "elementproduct",
+    "crosssum": "crosssum", "concat": "concat", "concatenation": "concat",
+}
+_AGGREGATION_NAMES = {"avg": "avg", "average": "avg", "sum": "sum", "max": "max", "maximum": "max",
+                      "min": "min", "minimum": "min", "count": "count"}
+
+_TOKEN = re.compile(r"""
+    (?P<ws>[ \t\r\n]+) | (?P<comment>%[^\n]*|//[^\n]*) |
+    (?P<number>\d+\.\d*(?:[eE][-+]?\d+)?|\d+(?:[eE][-+]?\d+)?|\.\d+) |
+    (?P<implies>:-) | (?P<string>"[^"\n]*"|'[^'\n]*') |
+    (?P<name>[A-Za-z_][A-Za-z0-9_]*) | (?P<punct>[(){}\[\]<>,.=/$*~@\-+:])
+""", re.VERBOSE)
+
+
+@dataclass
+class Token:
+    kind: str
+    text: str
+    where: str  # "file:line"
+
+
+def _tokenize(text: str, source: str) -> list[Token]:
+    tokens: list[Token] = []
+    pos, line = 0, 1
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None:
+            raise TemplateError(f"{source}:{line}: unexpected character {text[pos]!r}")
+        kind = m.lastgroup
+        if kind not in ("ws", "comment"):
+            tokens.append(Token(kind, m.group(), f"{source}:{line}"))
+        line += m.group().count("\n")
+        pos = m.end()
+    return tokens
+
+
+# --- parsed forms ------------------------------------------------------------------------
+@dataclass
+class WeightRef:
+    """A weight as written: dimensions, a value, fixed or learnable, maybe named."""
+
+    shape: tuple[int, ...] | None = None
+    value: list | float | None = None
+    fixed: bool = False
+    name: str | None = None
+
+
+@dataclass
+class Atom:
+    name: str
+    terms: list[str]
+    hidden: bool = False
+    negated: bool = False
+    weight: WeightRef | None = None
+    where: str = ""
+
+
+@dataclass
+class RuleAst:
+    head: Atom
+    body: list[Atom | WeightRef]
+    meta: dict[str, str]
+    where: str
+
+
+@dataclass
+class PredicateMeta:
+    name: str
+    arity: int
+    meta: dict[str, str] = field(default_factory=dict)
+    offset: WeightRef | None = None
+
+
+def _load(text: str, source: str, base_dir: Path | None, seen: set[Path]) -> list[Token]:
+    """Tokens of a file with `import ./other` lines replaced by the imported file's tokens."""
+    tokens: list[Token] = []
+    chunk: list[str] = []
+    chunk_start = 1
+    for number, line in enumerate(text.splitlines(keepends=True), start=1):
+        m = re.match(r"\s*import\s+(\S+?)\s*\.?\s*$", line)
+        if m is None:
+            chunk.append(line)
+            continue
+        tokens += _tokenize("\n" * (chunk_start - 1) + "".join(chunk), source)
+        chunk, chunk_start = [], number + 1
+        if base_dir is None:
+            raise TemplateError(f"{source}:{number}: `import {m.group(1)}` needs a base folder: use Template.from_file or pass base_dir")
+        path = (base_dir / m.group(1)).resolve()
+        if path in seen:
+            raise TemplateError(f"{source}:{number}: {path} imports itself")
+        try:
+            imported = path.read_text()
+        except OSError:
+            raise TemplateError(f"{source}:{number}: cannot read imported file {path}") from None
+        tokens += _load(imported, path.name, path.parent, seen | {path})
+    tokens += _tokenize("\n" * (chunk_start - 1) + "".join(chunk), source)
+    return tokens
+
+
+class _Parser:
+    def __init__(self, tokens: list[Token]):
+        self.tokens = tokens
+        self.pos = 0
+
+    def peek(self, offset: int = 0) -> Token | None:
+        i = self.pos + offset
+        return self.tokens[i] if i < len(self.tokens) else None
+
+    def at(self, text: str, offset: int = 0) -> bool:
+        token = self.peek(offset)
+        return token is not None and token.kind != "string" and token.text == text
+
+    def take(self, text: str | None = None, kind: str | None = None) -> Token:
+        token = self.peek()
+        if token is None:
+            where = self.tokens[-1].where if self.tokens else "template"
+            raise TemplateError(f"{where}: the template ends early; expected {text or kind}")
+        if (text is not None and token.text != text) or (kind is not None and token.kind != kind):
+            raise TemplateError(f"{token.where}: expected {text or kind}, found {token.text!r}")
+        self.pos += 1
+        return token
+
+    def error(self, message: str) -> TemplateError:
+        token = self.peek() or (self.tokens[-1] if self.tokens else None)
+        where = token.where if token else "template"
+        found = f", found {token.text!r}" if self.peek() is not None else ""
+        return TemplateError(f"{where}: {message}{found}")
+
+    # weights -------------------------------------------------------------------------
+    def starts_weight(self) -> bool:
+        token = self.peek()
+        if token is None:
+            return False
+        if token.kind == "number" or token.text in ("{", "<", "$"):
+            return True
+        if token.text == "-" and self.peek(1) is not None and self.peek(1).kind == "number":
+            return True
+        return token.text == "[" and not (self.peek(1) is not None and self.peek(1).kind == "name" and self.at("=", 2))
+
+    def number(self) -> float:
+        sign = -1.0 if self.at("-") else 1.0
+        if sign < 0:
+            self.take("-")
+        return sign * float(self.take(kind="number").text)
+
+    def array(self) -> list:
+        self.take("[")
+        items: list = []
+        while not self.at("]"):
+            items.append(self.array() if self.at("[") else self.number())
+            if not self.at("]"):
+                self.take(",")
+        self.take("]")
+        return items
+
+    def weight(self) -> WeightRef:
+        if self.at("$"):
+            self.take("$")
+            name = self.take(kind="name").text
+            if self.at("="):
+                self.take("=")
+                inner = self.weight()
+                inner.name = name
+                return inner
+            return WeightRef(name=name)
+        if self.at("<"):
+            self.take("<")
+            value = self.array() if self.at("[") else self.number()
+            self.take(">")
+            return WeightRef(value=value, fixed=True)
+        if self.at("{"):
+            self.take("{")
+            dims = [int(self.number())]
+            while self.at(","):
+                self.take(",")
+                dims.append(int(self.number()))
+            self.take("}")
+            if any(d <= 0 for d in dims):
+                raise self.error(f"weight dimensions must be positive, got {dims}")
+            return WeightRef(shape=tuple(dims))
+        if self.at("["):
+            return WeightRef(value=self.array())
+        return WeightRef(value=self.number())
+
+    # atoms and statements -----------------------------------------------------------
+    def atom(self) -> Atom:
+        token = self.peek()
+        negated = hidden = False
+        if self.at("~"):
+            self.take("~")
+            negated = True
+        if self.at("*"):
+            self.take("*")
+            hidden = True
+        if self.at("@"):
+            raise self.error("special predicates (@...) are not supported")
+        name = self.take(kind="name").text
+        if name.startswith("_") and len(name) > 1:
+            hidden, name = True, name[1:]
+        terms: list[str] = []
+        if self.at("("):
+            self.take("(")
+            while True:
+                term = self.peek()
+                if term is None or term.kind not in ("name", "number", "string") and term.text != "-":
+                    raise self.error("expected a variable or constant")
+                if term.text == "-":
+                    self.take("-")
+                    terms.append("-" + self.take(kind="number").text)
+                else:
+                    self.pos += 1
+                    terms.append(term.text)
+                if self.at(")"):
+                    break
+                self.take(",")
+            self.take(")")
+        return Atom(name, terms, hidden=hidden, negated=negated, where=token.where if token else "")
+
+    def metadata(self) -> dict[str, str]:
+        self.take("[")
+        meta: dict[str, str] = {}
+        while True:
+            key = self.take(kind="name").text.lower()
+            self.take("=")
+            parts = [self.take().text]
+            while self.at("-") and self.peek(1) is not None and self.peek(1).kind == "name":
+                self.take("-")
+                parts.append(self.take().text)
+            meta[key] = "-".join(parts).lower()
+            if self.at("]"):
+                break
+            self.take(",")
+        self.take("]")
+        return meta
+
+    def statements(self) -> tuple[list[RuleAst], list[PredicateMeta]]:
+        rules: list[RuleAst] = []
+        metas: list[PredicateMeta] = []
+        while self.peek() is not None:
+            start = self.peek()
+            if start.kind == "name" and self.at("/", 1):
+                name = self.take().text
+                self.take("/")
+                arity = int(self.take(kind="number").text)
+                pm = PredicateMeta(name, arity)
+                line = start.where
+                while self.peek() is not None and self.peek().where == line and (self.at("[") or self.at("{") or self.at("<") or self.at("$")):
+                    if self.at("[") and self.peek(1) is not None and self.peek(1).kind == "name" and self.at("=", 2):
+                        pm.meta.update(self.metadata())
+                    else:
+                        pm.offset = self.weight()
+                if self.at("."):
+                    self.take(".")
+                metas.append(pm)
+                continue
+            weight = self.weight() if self.starts_weight() else None
+            head = self.atom()
+            head.weight = weight
+            body: list[Atom | WeightRef] = []
+            if self.at(":-"):
+                self.take(":-")
+                while True:
+                    if self.starts_weight():
+                        w = self.weight()
+                        if self.at(",") or self.at("."):
+                            body.append(w)
+                        else:
+                            lit = self.atom()
+                            lit.weight = w
+                            body.append(lit)
+                    else:
+                        body.append(self.atom())
+                    if self.at("."):
+                        break
+                    self.take(",")
+            self.take(".")
+            meta = self.metadata() if self.at("[") else {}
+            rules.append(RuleAst(head, body, meta, start.where))
+        return rules, metas
+
+
+def parse_datalog_template(text: str, base_dir: str | None = None, source: str = "template") -> ir.Template:
+    tokens = _load(text, source, Path(base_dir) if base_dir else None, set())
+    rules, metas = _Parser(tokens).statements()
+    if not rules:
+        raise TemplateError(f"{source}: the template has no rules")
+    return _Translator(rules, metas, text).template
+
+
+class _Translator:
+    """Builds IR relations and rules; body queries are built lazily, once the schema is known."""
+
+    def __init__(self, rules: list[RuleAst], metas: list[PredicateMeta], text: str):
+        self.template = ir.Template(language="datalog", source=text)
+        self.arity: dict[str, int] = {}
+        heads = {r.head.name for r in rules}
+        self.heads = heads
+        for number, rule in enumerate(rules):
+            self._check_arity(rule.head)
+            for lit in rule.body:
+                if isinstance(lit, Atom):
+                    self._check_arity(lit)
+        for name in dict.fromkeys(r.head.name for r in rules):
+            arity = self.arity[name]
+            self.template.relations[name] = ir.Relation(name, ["sample", *[f"a{i}" for i in range(arity)]],
+                                                        activation=DEFAULT_RELATION_ACTIVATION)
+        self.head_weighted: set[str] = set()
+        for number, rule in enumerate(rules):
+            self._rule(rule, number)
+        for pm in metas:
+            relation = self.template.relations.get(pm.name)
+            if relation is None:
+                raise TemplateError(f"metadata for {pm.name}/{pm.arity}: no rule derives {pm.name}; declare a rule for it or remove the line")
+            if self.arity[pm.name] != pm.arity:
+                raise TemplateError(f"metadata for {pm.name}/{pm.arity}: {pm.name} has arity {self.arity[pm.name]}")
+            for key, value in pm.meta.items():
+                if key in ("activation", "transformation"):
+                    relation.activation = _lookup(_ACTIVATION_NAMES, value, f"{pm.name}/{pm.arity}", "transformation")
+                else:
+                    raise TemplateError(f"metadata for {pm.name}/{pm.arity}: unknown key `{key}`; use transformation=...")
+            if pm.offset is not None:
+                # NeuraLogic adds the offset only to heads that some rule weights.
+                offset = self._weight(pm.offset, f"{pm.name}.offset", f"{pm.name}/{pm.arity}")
+                relation.offset = offset if pm.name in self.head_weighted else None
+
+    def _check_arity(self, atom: Atom) -> None:
+        known = self.arity.setdefault(atom.name, len(atom.terms))
+        if known != len(atom.terms) and atom.name in self.heads:
+            raise TemplateError(f"{atom.where}: {atom.name} is used with arity {len(atom.terms)} and {known}; relsql needs one arity per predicate name")
+
+    def _weight(self, ref: WeightRef, default_name: str, origin: str) -> str:
+        name = ref.name or default_name
+        spec = self.template.weights.get(name)
+        if ref.shape is None and ref.value is None:
+            if spec is None:
+                raise TemplateError(f"{origin}: weight ${name} is used before it is given a value or dimensions")
+            return name
+        if ref.shape is not None:
+            shape: tuple[int | None, ...] = ref.shape
+        else:
+            shape = _shape_of(ref.value)
+        if spec is not None:
+            if tuple(spec.shape) != tuple(shape):
+                raise TemplateError(f"{origin}: weight ${name} was declared with shape {spec.shape} at {spec.origin}, here {shape}")
+            return name
+        self.template.weights[name] = ir.WeightSpec(name, shape, init=ref.value, fixed=ref.fixed, kind="datalog", origin=origin)
+        return name
+
+    def _rule(self, rule: RuleAst, number: int) -> None:
+        origin = f"rule {number + 1} ({rule.where})"
+        combination, activation, aggregation = DEFAULT_COMBINATION, DEFAULT_RULE_ACTIVATION, DEFAULT_AGGREGATION
+        for key, value in rule.meta.items():
+            if key in ("activation", "transformation"):
+                if "-" in value:
+                    comb, act = value.split("-", 1)
+                    combination = _lookup(_COMBINATION_NAMES, comb, origin, "combination")
+                    activation = _lookup(_ACTIVATION_NAMES, act, origin, "transformation")
+                else:
+                    activation = _lookup(_ACTIVATION_NAMES, value, origin, "transformation")
+            elif key == "aggregation":
+                aggregation = _lookup(_AGGREGATION_NAMES, value, origin, "aggregation")
+            elif key == "combination":
+                combination = _lookup(_COMBINATION_NAMES, value, origin, "combination")
+            else:
+                raise TemplateError(f"{origin}: unknown rule metadata `{key}`; use transformation=, aggregation= or combination=")
+        if rule.head.hidden or rule.head.negated:
+            raise TemplateError(f"{origin}: a rule head cannot be hidden or negated")
+        literals = [lit for lit in rule.body if isinstance(lit, Atom)]
+        body_vars = {t for lit in literals for t in lit.terms if _is_var(t)}
+        for term in rule.head.terms:
+            if _is_var(term) and term not in body_vars:
+                raise TemplateError(f"{origin}: head variable {term} does not occur in the body; every head variable must be bound by a body literal")
+        prefix = f"rule{number + 1}"
+        head_weight = self._weight(rule.head.weight, f"{prefix}.head", origin) if rule.head.weight is not None else None
+        values: list[ir.Expr] = []
+        neural: list[tuple[int, str]] = []  # (literal position, relation)
+        facts: list[int] = []  # literal positions whose value column is used
+        for position, item in enumerate(rule.body):
+            if isinstance(item, WeightRef):
+                values.append(ir.Param(self._weight(item, f"{prefix}.const{position}", origin)))
+                continue
+            if item.hidden:
+                continue
+            if item.name in self.heads:
+                value: ir.Expr = ir.Ref(len(neural))
+                neural.append((position, item.name))
+            else:
+                value = ir.Column(len(facts))
+                facts.append(position)
+            if item.negated:
+                value = ir.Binary("-", ir.Const(1.0), value)
+            if item.weight is not None:
+                value = ir.Apply(self._weight(item.weight, f"{prefix}.w{position}", origin), value)
+            values.append(value)
+        if not values:
+            raise TemplateError(f"{origin}: the body contributes no value (all literals hidden); add a visible literal or a weight")
+        if len(values) == 1 and combination in ("sum", "avg", "max", "min", "product", "elementproduct"):
+            combined = values[0]
+        else:
+            combined = ir.Combine(combination, tuple(values))
+        expr: ir.Expr = ir.Agg(aggregation, ir.Act(activation, combined) if activation != "identity" else combined)
+        if head_weight is not None:
+            expr = ir.Apply(head_weight, expr)
+            self.head_weighted.add(rule.head.name)
+        body_atoms = [item if isinstance(item, Atom) else None for item in rule.body]
+        builder = _QueryBuilder(rule.head, body_atoms, neural, facts, self.heads, self.arity, origin)
+        self.template.relations[rule.head.name].rules.append(ir.Rule(
+            head=rule.head.name, query=builder, refs=[r for _, r in neural], expr=expr, grouped=True,
+            distinct=True, origin=origin, n_columns=len(facts),
+        ))
+
+
+def _lookup(table: dict[str, str], value: str, origin: str, what: str) -> str:
+    if value not in table:
+        raise TemplateError(f"{origin}: unknown {what} `{value}`; known: {', '.join(sorted(set(table)))}")
+    return table[value]
+
+
+def _shape_of(value) -> tuple[int, ...]:
+    if isinstance(value, list):
+        if value and isinstance(value[0], list):
+            return (len(value), len(value[0]))
+        return (len(value),)
+    return ()
+
+
+def _is_var(term: str) -> bool:
+    return term[0].isupper() or (term[0] == "_" and len(term) > 1)
+
+
+def _constant(term: str) -> exp.Expression:
+    if term[0] in "\"'":
+        term = term[1:-1]
+    return exp.Literal.string(term)
+
+
+class _QueryBuilder:
+    """Builds a rule's body query once the database's table layout is known."""
+
+    def __init__(self, head: Atom, body: list[Atom | None], neural: list[tuple[int, str]],
+                 facts: list[int], heads: set[str], arity: dict[str, int], origin: str):
+        self.head, self.body, self.neural, self.facts, self.heads, self.origin = head, body, neural, facts, heads, origin
+        self.arity = arity
+
+    def __call__(self, db) -> exp.Select | None:
+        from relsql.ground.query import col, ident
+
+        bindings: dict[str, exp.Expression] = {}
+        conditions: list[exp.Expression] = []
+        sample: exp.Expression | None = None
+        tables: list[exp.Expression] = []
+        value_columns: dict[int, exp.Expression] = {}
+        for position, atom in enumerate(self.body):
+            if atom is None:
+                continue
+            alias = f"t{position}"
+            if atom.name in self.heads:
+                arg_columns = [f"a{i}" for i in range(len(atom.terms))]
+                has_sample = True
+            else:
+                table_name = atom.name
+                if not db.has_table(table_name):
+                    table_name = f"{atom.name}/{len(atom.terms)}"  # the importer's name when arities clash
+                    if not db.has_table(table_name):
+                        return None
+                names = [c for c, _ in db.columns(table_name)]
+                has_sample = "sample" in names
+                plain = [c for c in names if c not in ("sample", "value")]
+                if len(plain) < len(atom.terms):
+                    from relsql.errors import SchemaError
+
+                    raise SchemaError(f"{atom.where}: {atom.name} has {len(atom.terms)} arguments but table `{atom.name}` has only {len(plain)} argument columns ({plain})")
+                arg_columns = plain[: len(atom.terms)]
+                value_columns[position] = col("value", alias) if "value" in names else exp.Literal.number(1)
+            table_name = atom.name if atom.name in self.heads else table_name
+            tables.append(exp.alias_(exp.Table(this=ident(table_name)), ident(alias), table=True))
+            if has_sample:
+                here = col("sample", alias)
+                if sample is None:
+                    sample = here
+                else:
+                    conditions.append(exp.EQ(this=here, expression=sample.copy()))
+            for term, column in zip(atom.terms, arg_columns):
+                reference = col(column, alias)
+                if _is_var(term):
+                    if term in bindings:
+                        conditions.append(exp.EQ(this=reference, expression=bindings[term].copy()))
+                    else:
+                        bindings[term] = reference
+                else:
+                    conditions.append(exp.EQ(this=exp.cast(reference, exp.DataType.build("VARCHAR")), expression=_constant(term)))
+        # NeuraLogic merges substitutions whose visible (non-hidden) ground body is identical.
+        visible = sorted({t for a in self.body if a is not None and not a.hidden for t in a.terms if _is_var(t)})
+        head_keys = [sample.copy() if sample is not None else exp.Literal.number(0)]
+        for term in self.head.terms:
+            head_keys.append(exp.cast(bindings[term].copy(), exp.DataType.build("VARCHAR")) if _is_var(term) else _constant(term))
+        select = exp.select(
+            *[exp.alias_(k, ident(f"_h{i}")) for i, k in enumerate(head_keys)],
+            *[exp.alias_(col("_rid", f"t{pos}"), ident(f"_r{j}")) for j, (pos, _) in enumerate(self.neural)],
+            *[exp.alias_(value_columns[pos], ident(f"_c{k}")) for k, pos in enumerate(self.facts)],
+            *[exp.alias_(bindings[var].copy(), ident(f"_v_{var}")) for var in visible],
+        )
+        select = select.from_(tables[0])
+        for table in tables[1:]:
+            select = select.join(table, join_type="cross")
+        if conditions:
+            select = select.where(exp.and_(*conditions))
+        return select
