@@ -111,6 +111,14 @@ class CompiledNet(nn.Module):
         flat = value.reshape(value.shape[0], -1).numpy()
         return keys.with_columns(pl.Series("value", flat.tolist(), dtype=pl.List(pl.Float64)))
 
+    def dictionary(self, weight: str) -> pl.DataFrame:
+        """The categorical values behind an embedding's rows: `value`, `code` (= row)."""
+        from relsql.errors import RelsqlError
+
+        if weight not in self.grounding.dictionaries:
+            raise RelsqlError(f"`{weight}` is not an embedding; embeddings: {sorted(self.grounding.dictionaries)}")
+        return pl.from_arrow(self.grounding.dictionaries[weight])
+
     def explain(self) -> str:
         from relsql.compile.explain import explain
 

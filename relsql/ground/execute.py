@@ -54,7 +54,11 @@ class RelationGrounding:
 @dataclass
 class Grounding:
     relations: dict[str, RelationGrounding]
-    vocab_sizes: dict[str, int]  # embedding weight -> number of distinct codes
+    dictionaries: dict[str, pa.Table]  # embedding weight -> (value, code) in code order
+
+    @property
+    def vocab_sizes(self) -> dict[str, int]:
+        return {w: t.num_rows for w, t in self.dictionaries.items()}
 
 
 def ground(template: ir.Template, db: Database, *, only: set[str] | None = None) -> Grounding:
@@ -68,10 +72,7 @@ def ground(template: ir.Template, db: Database, *, only: set[str] | None = None)
         relation = template.relations[name]
         relations[name] = _ground_relation(template, relation, db, key_tables, dictionaries)
         key_tables[name] = db.temp_table("k", name)
-    vocab = {
-        w: db.con.execute(exp.select(exp.Count(this=exp.Star())).from_(t).sql("duckdb")).fetchone()[0]
-        for w, t in dictionaries.items()
-    }
+    vocab = {w: db.arrow(exp.select(exp.Star()).from_(t.copy()).order_by(q.col("code"))) for w, t in dictionaries.items()}
     return Grounding(relations, vocab)
 
 
