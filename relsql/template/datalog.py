@@ -332,7 +332,7 @@ class _Translator:
         self.arity: dict[str, int] = {}
         heads = {r.head.name for r in rules}
         self.heads = heads
-        for number, rule in enumerate(rules):
+        for rule in rules:
             self._check_arity(rule.head)
             for lit in rule.body:
                 if isinstance(lit, Atom):
