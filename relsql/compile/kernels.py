@@ -127,15 +127,14 @@ def combine(kind: str, values: list[torch.Tensor]) -> torch.Tensor:
 
 
 def segment_reduce(kind: str, x: torch.Tensor, segment_ids: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """Reduce sorted groundings into their heads. Every segment here is non-empty."""
+    """Reduce sorted groundings into their segments; an empty segment reduces to zeros."""
     segments = counts.shape[0]
+    scale = counts.to(x.dtype).reshape(segments, *([1] * (x.dim() - 1)))
     if kind == "count":
-        return counts.to(x.dtype).reshape(segments, *([1] * (x.dim() - 1))).expand(segments, *x.shape[1:]).clone()
+        return scale.expand(segments, *x.shape[1:]).clone()
     if kind in ("sum", "avg"):
         out = x.new_zeros((segments, *x.shape[1:])).index_add_(0, segment_ids, x)
-        if kind == "avg":
-            out = out / counts.to(x.dtype).reshape(segments, *([1] * (x.dim() - 1)))
-        return out
+        return out / scale.clamp(min=1) if kind == "avg" else out
     if kind in ("max", "min"):
         # NeuraLogic keeps the grounding whose value sums highest (lowest); the first on ties.
         sums = x.detach().reshape(x.shape[0], -1).sum(1)
@@ -144,7 +143,8 @@ def segment_reduce(kind: str, x: torch.Tensor, segment_ids: torch.Tensor, counts
         positions = torch.arange(x.shape[0], device=x.device)
         candidates = torch.where(sums == best[segment_ids], positions, x.shape[0])
         first = candidates.new_full((segments,), x.shape[0]).scatter_reduce(0, segment_ids, candidates, reduce="amin")
-        return x.index_select(0, first)
+        padded = torch.cat([x, x.new_zeros((1, *x.shape[1:]))])  # row G: the empty segments' zero
+        return padded.index_select(0, first)
     raise ValueError(f"unknown aggregate {kind}")
 
 
