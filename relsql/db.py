@@ -74,15 +74,6 @@ class Database:
     def has_table(self, table: str) -> bool:
         return table in self.tables()
 
-    def drop_temp(self) -> None:
-        """Remove every temp table this handle created."""
-        rows = self.con.execute(
-            "SELECT table_name FROM information_schema.tables WHERE table_catalog = 'temp' AND starts_with(table_name, ?)",
-            [self._prefix],
-        ).fetchall()
-        for (name,) in rows:
-            self.con.execute(exp.Drop(this=exp.Table(this=exp.to_identifier(name, quoted=True), db=exp.to_identifier("main"), catalog=exp.to_identifier("temp")), kind="TABLE", exists=True).sql("duckdb"))
-
 
 def connect(source: str | Path | duckdb.DuckDBPyConnection | None = None, *, read_only: bool = False) -> Database:
     """Open a database: in-memory DuckDB by default, a `.duckdb` file, or an existing connection."""

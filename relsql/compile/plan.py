@@ -52,9 +52,6 @@ class Plan:
         return self.slots - 1
 
 
-_ROW_OPS = {"gather", "segment", "scatter", "broadcast"}
-
-
 class PlanBuilder:
     """Translates each rule's expression into ops, tracking levels: constant, grounding, head."""
 

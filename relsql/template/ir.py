@@ -8,17 +8,14 @@ body as a sqlglot AST lets the database, not Python, do all the structural work.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import sqlglot.expressions as exp
 
-AGGREGATES = ("sum", "avg", "max", "min", "count")
-ACTIVATIONS = (
-    "identity", "relu", "tanh", "sigmoid", "leaky_relu", "exp", "log", "softmax",
-    "signum", "inverse", "reverse", "sqrt", "lukasiewicz",
-)
-COMBINATIONS = ("sum", "avg", "max", "min", "product", "elementproduct", "crosssum", "concat")
-
+if TYPE_CHECKING:
+    from relsql.db import Database
 
 class Expr:
     """A node of a neural expression."""
@@ -142,14 +139,13 @@ class Rule:
     """
 
     head: str
-    query: exp.Select
+    query: exp.Select | Callable[[Database], exp.Select | None]  # Datalog: built once the schema is known
     refs: list[str]
     expr: Expr
     grouped: bool
     distinct: bool = False
     origin: str = ""  # e.g. "statement 3 (line 12)"
     n_columns: int = 0
-    ref_aliases: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -134,7 +134,7 @@ class _Statement:
                           else [j.copy() for j in select.args[arg]])
         relation.rules.append(ir.Rule(
             head=name, query=query, refs=[self.neural[a] for a in self.refs], expr=expr,
-            grouped=grouped, origin=self.origin, n_columns=len(self.columns), ref_aliases=list(self.refs),
+            grouped=grouped, origin=self.origin, n_columns=len(self.columns),
         ))
 
     def _collect_neural_tables(self, select: exp.Select) -> None:
