@@ -113,3 +113,19 @@ def test_demo_trains_mutagenesis(capsys, neuralogic_workdir):
     losses = [float(v) for v in re.findall(r"mse (\d+\.\d+)", out)]
     assert "188" in out and "predict" in out
     assert losses[-1] < losses[0]
+
+
+def test_cte_shadows_a_relation_of_the_same_name(db):
+    tpl = relsql.Template.from_sql("""
+        CREATE TABLE node_h AS SELECT n.node_id, linear(n.x, 2, 'w') FROM node n;
+        CREATE TABLE other AS SELECT s.node_id, linear(s.x, 2, 'w2')
+        FROM (WITH node_h AS (SELECT node_id, x FROM node) SELECT * FROM node_h) s;
+    """)
+    out = relsql.compile(tpl, db, dtype=torch.float64)()
+    assert out["other"].shape == (4, 2)
+
+
+def test_sql_max_is_elementwise(db):
+    tpl = relsql.Template.from_sql("CREATE TABLE m AS SELECT n.kind, max(n.x) FROM node n GROUP BY n.kind;")
+    net = relsql.compile(tpl, db, dtype=torch.float64)
+    assert net.values("m").sort("kind")["value"].to_list() == [[1.0, 1.0], [0.0, 1.0], [0.5, 2.0]]

@@ -21,14 +21,18 @@ def naive_segment(kind, x, counts):
             out.append(rows.mean(0))
         elif kind == "count":
             out.append(torch.full(x.shape[1:], float(c), dtype=x.dtype))
+        elif kind == "max":
+            out.append(rows.amax(0))
+        elif kind == "min":
+            out.append(rows.amin(0))
         else:  # whole row with the largest / smallest element sum, first on ties
             sums = [float(r.sum()) for r in rows]
-            target = max(sums) if kind == "max" else min(sums)
+            target = max(sums) if kind == "argmax" else min(sums)
             out.append(rows[sums.index(target)])
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("kind", ["sum", "avg", "max", "min", "count"])
+@pytest.mark.parametrize("kind", ["sum", "avg", "max", "min", "argmax", "argmin", "count"])
 @pytest.mark.parametrize("shape", [(3,), (2, 3)])
 def test_segment_reduce_matches_naive_loop(kind, shape):
     gen = torch.Generator().manual_seed(0)
@@ -42,7 +46,7 @@ def test_segment_reduce_matches_naive_loop(kind, shape):
 
 def test_max_gradient_goes_to_the_chosen_grounding():
     x = torch.tensor([[1.0, 5.0], [3.0, 0.0], [2.0, 2.0]], requires_grad=True)
-    out = kernels.segment_reduce("max", x, torch.tensor([0, 0, 0]), torch.tensor([3]))
+    out = kernels.segment_reduce("argmax", x, torch.tensor([0, 0, 0]), torch.tensor([3]))
     out.sum().backward()
     assert out.tolist() == [[1.0, 5.0]]
     assert x.grad.tolist() == [[1.0, 1.0], [0.0, 0.0], [0.0, 0.0]]
@@ -56,7 +60,7 @@ def test_combinations_by_hand():
     assert kernels.combine("crosssum", [a, unit]).tolist() == [[2, 3]]
     assert kernels.combine("sum", [a, unit]).tolist() == [[2, 3]]
     assert kernels.combine("concat", [a, unit]).tolist() == [[1, 2, 1]]
-    assert kernels.combine("max", [a, torch.tensor([[0.0, 2.5]])]).tolist() == [[1, 2]]
+    assert kernels.combine("argmax", [a, torch.tensor([[0.0, 2.5]])]).tolist() == [[1, 2]]
     m = torch.tensor([[[1.0, 2.0], [3.0, 4.0]]])
     assert kernels.combine("product", [m, a]).tolist() == [[5, 11]]
 

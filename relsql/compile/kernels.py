@@ -115,10 +115,10 @@ def combine(kind: str, values: list[torch.Tensor]) -> torch.Tensor:
         return stacked.sum(0)
     if kind == "avg":
         return stacked.mean(0)
-    if kind in ("max", "min"):
+    if kind in ("argmax", "argmin"):
         # NeuraLogic picks the whole value whose elements sum highest (lowest), not elementwise.
         sums = stacked.reshape(stacked.shape[0], rows, -1).sum(2)
-        pick = sums.argmax(0) if kind == "max" else sums.argmin(0)
+        pick = sums.argmax(0) if kind == "argmax" else sums.argmin(0)
         index = pick.reshape(1, rows, *([1] * (stacked.dim() - 2))).expand(1, *stacked.shape[1:])
         return stacked.gather(0, index).squeeze(0)
     if kind == "elementproduct":
@@ -135,10 +135,14 @@ def segment_reduce(kind: str, x: torch.Tensor, segment_ids: torch.Tensor, counts
     if kind in ("sum", "avg"):
         out = x.new_zeros((segments, *x.shape[1:])).index_add_(0, segment_ids, x)
         return out / scale.clamp(min=1) if kind == "avg" else out
-    if kind in ("max", "min"):
+    if kind in ("max", "min"):  # elementwise, as SQL and PyG aggregate
+        index = segment_ids.reshape(-1, *([1] * (x.dim() - 1))).expand_as(x)
+        return x.new_zeros((segments, *x.shape[1:])).scatter_reduce(
+            0, index, x, reduce="amax" if kind == "max" else "amin", include_self=False)
+    if kind in ("argmax", "argmin"):
         # NeuraLogic keeps the grounding whose value sums highest (lowest); the first on ties.
         sums = x.detach().reshape(x.shape[0], -1).sum(1)
-        reduce = "amax" if kind == "max" else "amin"
+        reduce = "amax" if kind == "argmax" else "amin"
         best = sums.new_zeros(segments).scatter_reduce(0, segment_ids, sums, reduce=reduce, include_self=False)
         positions = torch.arange(x.shape[0], device=x.device)
         candidates = torch.where(sums == best[segment_ids], positions, x.shape[0])

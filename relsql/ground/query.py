@@ -21,8 +21,10 @@ def create_temp(table: exp.Table, query: exp.Expression) -> exp.Create:
 def substitute_relations(query: exp.Select, key_tables: dict[str, exp.Table]) -> exp.Select:
     """Point table references that name a neural relation at that relation's key table."""
 
+    local = {cte.alias for cte in query.find_all(exp.CTE)}  # a CTE shadows a relation's name
+
     def swap(node: exp.Expression) -> exp.Expression:
-        if isinstance(node, exp.Table) and not node.args.get("db") and node.name in key_tables:
+        if isinstance(node, exp.Table) and not node.args.get("db") and node.name in key_tables and node.name not in local:
             alias = node.alias or node.name
             return exp.alias_(key_tables[node.name].copy(), ident(alias), table=True)
         return node

@@ -33,13 +33,14 @@ _ACTIVATION_NAMES = {
     "log": "log", "logarithm": "log", "softmax": "softmax", "signum": "signum", "sqrt": "sqrt",
     "inverse": "inverse", "reverse": "reverse",
 }
+# NeuraLogic's max/min keep the whole value with the largest/smallest element sum: `argmax`.
 _COMBINATION_NAMES = {
-    "sum": "sum", "avg": "avg", "average": "avg", "max": "max", "maximum": "max", "min": "min",
-    "minimum": "min", "product": "product", "elementproduct": "elementproduct", "elproduct": "elementproduct",
+    "sum": "sum", "avg": "avg", "average": "avg", "max": "argmax", "maximum": "argmax", "min": "argmin",
+    "minimum": "argmin", "product": "product", "elementproduct": "elementproduct", "elproduct": "elementproduct",
     "crosssum": "crosssum", "concat": "concat", "concatenation": "concat",
 }
-_AGGREGATION_NAMES = {"avg": "avg", "average": "avg", "sum": "sum", "max": "max", "maximum": "max",
-                      "min": "min", "minimum": "min", "count": "count"}
+_AGGREGATION_NAMES = {"avg": "avg", "average": "avg", "sum": "sum", "max": "argmax", "maximum": "argmax",
+                      "min": "argmin", "minimum": "argmin", "count": "count"}
 
 _TOKEN = re.compile(r"""
     (?P<ws>[ \t\r\n]+) | (?P<comment>%[^\n]*|//[^\n]*) |
@@ -431,7 +432,7 @@ class _Translator:
             values.append(value)
         if not values:
             raise TemplateError(f"{origin}: the body contributes no value (all literals hidden); add a visible literal or a weight")
-        if len(values) == 1 and combination in ("sum", "avg", "max", "min", "product", "elementproduct"):
+        if len(values) == 1 and combination in ("sum", "avg", "argmax", "argmin", "product", "elementproduct"):
             combined = values[0]
         else:
             combined = ir.Combine(combination, tuple(values))
