@@ -6,7 +6,10 @@ expressions, independently of the importer's parser.
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -358,22 +361,36 @@ def test_failure_midway_leaves_no_partial_tables(tmp_path: Path, con, monkeypatc
     assert _tables(con) == {"f"}
 
 
-def test_ordinal_is_pyneuralogic_output_order(tmp_path: Path, monkeypatch) -> None:
-    """PyNeuraLogic's built samples (one per query) come in `ordinal` order with our targets."""
-    data = pytest.importorskip("neuralogic.utils.data")
-    from neuralogic.core import Settings
+_PYNEURALOGIC_TARGETS = """
+import json, sys
+from neuralogic.core import Settings
+from neuralogic.utils import data
+loaders = {"family": data.Family, "xor": data.XOR, "mutagenesis": data.Mutagenesis, "nations": data.Nations}
+out = {}
+for name, loader in loaders.items():
+    model, dataset = loader()
+    out[name] = [float(s.target) for s in model.build(Settings()).build_dataset(dataset)._samples]
+json.dump(out, open(sys.argv[1], "w"))
+"""
 
-    monkeypatch.chdir(tmp_path)  # the Java side writes ./target/out
-    loaders = {"family": data.Family, "xor": data.XOR, "mutagenesis": data.Mutagenesis,
-               "nations": data.Nations}
-    for name, loader in loaders.items():
-        model, dataset = loader()
-        samples = model.build(Settings()).build_dataset(dataset)._samples
+
+def test_ordinal_is_pyneuralogic_output_order(tmp_path: Path) -> None:
+    """PyNeuraLogic's built samples (one per query) come in `ordinal` order with our targets.
+
+    PyNeuraLogic runs in a subprocess: its JVM keeps state between builds that breaks the
+    oracle's later builds in the same process (NullPointerException in Runner.getSources).
+    """
+    pytest.importorskip("neuralogic")
+    result = tmp_path / "targets.json"
+    subprocess.run([sys.executable, "-c", _PYNEURALOGIC_TARGETS, str(result)], cwd=tmp_path,
+                   capture_output=True, text=True, timeout=600, check=True)
+    expected = json.loads(result.read_text())
+    for name, targets in expected.items():
         con = duckdb.connect()
         ds = nf.load_builtin(con, name)
         union = " UNION ALL ".join(
             f'SELECT ordinal, target FROM "{t}"' for t in ds.tables if t.startswith("query_")
         )
         ours = con.execute(f"SELECT target FROM ({union}) ORDER BY ordinal").fetchall()
-        assert [float(s.target) for s in samples] == [t for (t,) in ours], name
+        assert targets == [t for (t,) in ours], name
         con.close()
