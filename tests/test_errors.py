@@ -87,7 +87,7 @@ def test_empty_database_names_the_missing_table(tmp_path):
     ("{3,3} h(X) :- {3,0} a(X).", ["positive"]),
     ("h(X) :- a(X). [activation=frob]", ["unknown transformation `frob`"]),
     ("h(X) :- a(X). [colour=red]", ["unknown rule metadata `colour`"]),
-    ("h(X) :- a(X).\nh(X, Y) :- b(X, Y).", ["template:2", "arity"]),
+    ("h(X) :- a(X).\nh/2 [activation=tanh]", ["h/2", "no rule derives h/2"]),
     ("h(X) :- a(X).\nq/1 [activation=tanh]", ["q/1", "no rule derives q"]),
     ("h(X) :- $w={3,3} a(X).\ng(X) :- $w={2,2} a(X).", ["$w", "shape"]),
     ("h(X) :- g(X).\ng(X) :- h(X).", ["recursive", "h -> g -> h"]),

@@ -14,13 +14,13 @@ def naive_segment(kind, x, counts):
         rows = x[start:start + c]
         start += c
         if c == 0:
-            out.append(torch.zeros(x.shape[1:], dtype=x.dtype))
+            out.append(torch.zeros((1,) if kind == "count" else x.shape[1:], dtype=x.dtype))
         elif kind == "sum":
             out.append(rows.sum(0))
         elif kind == "avg":
             out.append(rows.mean(0))
         elif kind == "count":
-            out.append(torch.full(x.shape[1:], float(c), dtype=x.dtype))
+            out.append(torch.tensor([float(c)], dtype=x.dtype))
         elif kind == "max":
             out.append(rows.amax(0))
         elif kind == "min":

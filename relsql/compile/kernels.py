@@ -109,8 +109,11 @@ def combine(kind: str, values: list[torch.Tensor]) -> torch.Tensor:
             v = v.reshape(rows, -1)
             result = (result.unsqueeze(2) + v.unsqueeze(1)).reshape(rows, -1)
         return result
-    aligned = _align(values)
-    stacked = torch.stack(aligned, dim=0)
+    if kind in ("argmax", "argmin") and len({v.shape[1:] for v in values}) > 1:
+        raise ValueError(
+            "a max/min combination of values of different shapes picks a value whose shape depends "
+            "on the data (NeuraLogic keeps a winning scalar as a scalar); give every input one shape")
+    stacked = torch.stack(_align(values), dim=0)
     if kind == "sum":
         return stacked.sum(0)
     if kind == "avg":
@@ -130,8 +133,8 @@ def segment_reduce(kind: str, x: torch.Tensor, segment_ids: torch.Tensor, counts
     """Reduce sorted groundings into their segments; an empty segment reduces to zeros."""
     segments = counts.shape[0]
     scale = counts.to(x.dtype).reshape(segments, *([1] * (x.dim() - 1)))
-    if kind == "count":
-        return scale.expand(segments, *x.shape[1:]).clone()
+    if kind == "count":  # a scalar per head, whatever the groundings' shape
+        return counts.to(x.dtype).reshape(segments, 1)
     if kind in ("sum", "avg"):
         out = x.new_zeros((segments, *x.shape[1:])).index_add_(0, segment_ids, x)
         return out / scale.clamp(min=1) if kind == "avg" else out

@@ -118,7 +118,16 @@ class PlanBuilder:
                 offset = self._param(relation.offset, None, note)
                 if math.prod(self.plan.meta[offset].shape) != math.prod(shape):
                     raise ShapeError(f"{name}: offset '{relation.offset}' of shape {tuple(self.plan.meta[offset].shape)} does not fit values of shape {shape}")
-                value = self._emit("binary", (value, offset), note, op="+", reshape_right=shape)
+                covered = torch.zeros(size, dtype=torch.bool)
+                for rg in relation_grounding.rules:
+                    if rg.rule.offset_applies:
+                        covered[rg.segment_heads] = True
+                if not bool(covered.all()):  # only atoms grounded by a head-weighted rule get it
+                    mask = self._input(covered.to(self.dtype).reshape(size, *([1] * len(shape))))
+                    offset = self._emit("binary", (mask, offset), note, op="*", reshape_right=shape)
+                    value = self._emit("binary", (value, offset), note, op="+")
+                else:
+                    value = self._emit("binary", (value, offset), note, op="+", reshape_right=shape)
             if relation.activation not in (None, "identity"):
                 value = self._emit("act", (value,), note, name=relation.activation)
             self.plan.outputs[name] = value

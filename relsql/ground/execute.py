@@ -155,6 +155,11 @@ def _index_rule(
     _run(db, q.create_temp(indexed, q.rule_index_query(grounding, keys_table, relation.keys, len(rule.refs), columns)), rule)
     table = db.arrow(exp.select(exp.Star()).from_(indexed.copy()).order_by(q.col("_head")))
     segments = db.arrow(q.segment_query(indexed))
+    for j, ref in enumerate(rule.refs):
+        if table.column(f"_r{j}").null_count:
+            raise GroundingError(
+                f"{relation.name}, {rule.origin}: some groundings have no row of `{ref}` (an outer join?); "
+                f"join `{ref}` with an inner JOIN so every grounding has its value")
     head = to_tensor(table.column("_head"), torch.int64)
     refs = [to_tensor(table.column(f"_r{j}"), torch.int64) for j in range(len(rule.refs))]
     values = {k: _column_tensor(table.column(f"_c{k}"), rule, k, embedded=k in embeds) for k in range(rule.n_columns)}

@@ -45,7 +45,7 @@ _AGGREGATION_NAMES = {"avg": "avg", "average": "avg", "sum": "sum", "max": "argm
 _TOKEN = re.compile(r"""
     (?P<ws>[ \t\r\n]+) | (?P<comment>%[^\n]*|//[^\n]*) |
     (?P<number>\d+\.\d*(?:[eE][-+]?\d+)?|\d+(?:[eE][-+]?\d+)?|\.\d+) |
-    (?P<implies>:-) | (?P<string>"[^"\n]*"|'[^'\n]*') |
+    (?P<implies>:-|<=) | (?P<string>"[^"\n]*"|'[^'\n]*') |
     (?P<name>[A-Za-z_][A-Za-z0-9_]*) | (?P<punct>[(){}\[\]<>,.=/$*~@\-+:])
 """, re.VERBOSE)
 
@@ -295,8 +295,8 @@ class _Parser:
             head = self.atom()
             head.weight = weight
             body: list[Atom | WeightRef] = []
-            if self.at(":-"):
-                self.take(":-")
+            if self.at(":-") or self.at("<="):
+                self.pos += 1
                 while True:
                     if self.starts_weight():
                         w = self.weight()
@@ -330,41 +330,40 @@ class _Translator:
 
     def __init__(self, rules: list[RuleAst], metas: list[PredicateMeta], text: str):
         self.template = ir.Template(language="datalog", source=text)
-        self.arity: dict[str, int] = {}
-        heads = {r.head.name for r in rules}
-        self.heads = heads
+        # NeuraLogic identifies a predicate by name/arity; a name used with one arity keeps its
+        # plain name, otherwise the relation is called "name/arity" (as the importer's tables).
+        used: dict[str, set[int]] = {}
         for rule in rules:
-            self._check_arity(rule.head)
-            for lit in rule.body:
-                if isinstance(lit, Atom):
-                    self._check_arity(lit)
-        for name in dict.fromkeys(r.head.name for r in rules):
-            arity = self.arity[name]
-            self.template.relations[name] = ir.Relation(name, ["sample", *[f"a{i}" for i in range(arity)]],
-                                                        activation=DEFAULT_RELATION_ACTIVATION)
-        self.head_weighted: set[str] = set()
+            for atom in [rule.head, *[a for a in rule.body if isinstance(a, Atom)]]:
+                used.setdefault(atom.name, set()).add(len(atom.terms))
+        for pm in metas:
+            used.setdefault(pm.name, set()).add(pm.arity)
+        self.heads: dict[tuple[str, int], str] = {}
+        for rule in rules:
+            key = (rule.head.name, len(rule.head.terms))
+            if key not in self.heads:
+                name = key[0] if len(used[key[0]]) == 1 else f"{key[0]}/{key[1]}"
+                self.heads[key] = name
+                self.template.relations[name] = ir.Relation(
+                    name, ["sample", *[f"a{i}" for i in range(key[1])]], activation=DEFAULT_RELATION_ACTIVATION)
         for number, rule in enumerate(rules):
             self._rule(rule, number)
         for pm in metas:
-            relation = self.template.relations.get(pm.name)
-            if relation is None:
-                raise TemplateError(f"metadata for {pm.name}/{pm.arity}: no rule derives {pm.name}; declare a rule for it or remove the line")
-            if self.arity[pm.name] != pm.arity:
-                raise TemplateError(f"metadata for {pm.name}/{pm.arity}: {pm.name} has arity {self.arity[pm.name]}")
+            where = f"{pm.name}/{pm.arity}"
+            name = self.heads.get((pm.name, pm.arity))
+            if name is None:
+                raise TemplateError(f"metadata for {where}: no rule derives {where}; declare a rule for it or remove the line")
+            relation = self.template.relations[name]
             for key, value in pm.meta.items():
                 if key in ("activation", "transformation"):
-                    relation.activation = _lookup(_ACTIVATION_NAMES, value, f"{pm.name}/{pm.arity}", "transformation")
+                    relation.activation = _lookup(_ACTIVATION_NAMES, value, where, "transformation")
                 else:
-                    raise TemplateError(f"metadata for {pm.name}/{pm.arity}: unknown key `{key}`; use transformation=...")
+                    raise TemplateError(f"metadata for {where}: unknown key `{key}`; use transformation=...")
             if pm.offset is not None:
-                # NeuraLogic adds the offset only to heads that some rule weights.
-                offset = self._weight(pm.offset, f"{pm.name}.offset", f"{pm.name}/{pm.arity}")
-                relation.offset = offset if pm.name in self.head_weighted else None
-
-    def _check_arity(self, atom: Atom) -> None:
-        known = self.arity.setdefault(atom.name, len(atom.terms))
-        if known != len(atom.terms) and atom.name in self.heads:
-            raise TemplateError(f"{atom.where}: {atom.name} is used with arity {len(atom.terms)} and {known}; relsql needs one arity per predicate name")
+                # NeuraLogic adds the offset to the atoms that a head-weighted rule grounds.
+                offset = self._weight(pm.offset, f"{pm.name}.offset", where)
+                if any(rule.offset_applies for rule in relation.rules):
+                    relation.offset = offset
 
     def _weight(self, ref: WeightRef, default_name: str, origin: str) -> str:
         name = ref.name or default_name
@@ -419,9 +418,10 @@ class _Translator:
                 continue
             if item.hidden:
                 continue
-            if item.name in self.heads:
+            relation = self.heads.get((item.name, len(item.terms)))
+            if relation is not None:
                 value: ir.Expr = ir.Ref(len(neural))
-                neural.append((position, item.name))
+                neural.append((position, relation))
             else:
                 value = ir.Column(len(facts))
                 facts.append(position)
@@ -439,12 +439,12 @@ class _Translator:
         expr: ir.Expr = ir.Agg(aggregation, ir.Act(activation, combined) if activation != "identity" else combined)
         if head_weight is not None:
             expr = ir.Apply(head_weight, expr)
-            self.head_weighted.add(rule.head.name)
         body_atoms = [item if isinstance(item, Atom) else None for item in rule.body]
-        builder = _QueryBuilder(rule.head, body_atoms, neural, facts, self.heads, self.arity, origin)
-        self.template.relations[rule.head.name].rules.append(ir.Rule(
-            head=rule.head.name, query=builder, refs=[r for _, r in neural], expr=expr, grouped=True,
-            distinct=True, origin=origin, n_columns=len(facts),
+        builder = _QueryBuilder(rule.head, body_atoms, self.heads, origin, [p for p, _ in neural], facts)
+        head = self.heads[(rule.head.name, len(rule.head.terms))]
+        self.template.relations[head].rules.append(ir.Rule(
+            head=head, query=builder, refs=[r for _, r in neural], expr=expr, grouped=True,
+            distinct=True, origin=origin, n_columns=len(facts), offset_applies=head_weight is not None,
         ))
 
 
@@ -475,10 +475,10 @@ def _constant(term: str) -> exp.Expression:
 class _QueryBuilder:
     """Builds a rule's body query once the database's table layout is known."""
 
-    def __init__(self, head: Atom, body: list[Atom | None], neural: list[tuple[int, str]],
-                 facts: list[int], heads: set[str], arity: dict[str, int], origin: str):
-        self.head, self.body, self.neural, self.facts, self.heads, self.origin = head, body, neural, facts, heads, origin
-        self.arity = arity
+    def __init__(self, head: Atom, body: list[Atom | None], heads: dict[tuple[str, int], str], origin: str,
+                 neural: list[int], facts: list[int]):
+        self.head, self.body, self.heads, self.origin = head, body, heads, origin
+        self.neural, self.facts = neural, facts  # literal positions of neural refs / valued facts
 
     def __call__(self, db) -> exp.Select | None:
         from relsql.ground.query import col, ident
@@ -492,7 +492,9 @@ class _QueryBuilder:
             if atom is None:
                 continue
             alias = f"t{position}"
-            if atom.name in self.heads:
+            relation = self.heads.get((atom.name, len(atom.terms)))
+            if relation is not None:
+                table_name = relation
                 arg_columns = [f"a{i}" for i in range(len(atom.terms))]
                 has_sample = True
             else:
@@ -510,7 +512,6 @@ class _QueryBuilder:
                     raise SchemaError(f"{atom.where}: {atom.name} has {len(atom.terms)} arguments but table `{atom.name}` has only {len(plain)} argument columns ({plain})")
                 arg_columns = plain[: len(atom.terms)]
                 value_columns[position] = col("value", alias) if "value" in names else exp.Literal.number(1)
-            table_name = atom.name if atom.name in self.heads else table_name
             tables.append(exp.alias_(exp.Table(this=ident(table_name)), ident(alias), table=True))
             if has_sample:
                 here = col("sample", alias)
@@ -534,7 +535,7 @@ class _QueryBuilder:
             head_keys.append(exp.cast(bindings[term].copy(), exp.DataType.build("VARCHAR")) if _is_var(term) else _constant(term))
         select = exp.select(
             *[exp.alias_(k, ident(f"_h{i}")) for i, k in enumerate(head_keys)],
-            *[exp.alias_(col("_rid", f"t{pos}"), ident(f"_r{j}")) for j, (pos, _) in enumerate(self.neural)],
+            *[exp.alias_(col("_rid", f"t{pos}"), ident(f"_r{j}")) for j, pos in enumerate(self.neural)],
             *[exp.alias_(value_columns[pos], ident(f"_c{k}")) for k, pos in enumerate(self.facts)],
             *[exp.alias_(bindings[var].copy(), ident(f"_v_{var}")) for var in visible],
         )

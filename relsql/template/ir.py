@@ -146,6 +146,8 @@ class Rule:
     distinct: bool = False
     origin: str = ""  # e.g. "statement 3 (line 12)"
     n_columns: int = 0
+    depends: list[str] = field(default_factory=list)  # relations joined only for their keys
+    offset_applies: bool = False  # Datalog: the relation's offset is added to heads this rule grounds
 
 
 @dataclass
@@ -184,7 +186,7 @@ class Template:
                 )
             state[name] = 1
             for rule in self.relations[name].rules:
-                for ref in rule.refs:
+                for ref in [*rule.refs, *rule.depends]:
                     if ref in self.relations:
                         visit(ref, [*path, name])
             state[name] = 2

@@ -76,7 +76,7 @@ class _Statement:
             raise self.fail("expected `CREATE TABLE <name> AS SELECT <keys>, <neural expression> FROM ...`")
         name = st.this.name if isinstance(st.this, exp.Table) else st.this.this.name
         select: exp.Select = st.expression
-        for arg in ("having", "qualify", "windows", "distinct"):
+        for arg in ("having", "qualify", "windows", "distinct", "order", "limit", "offset"):
             if select.args.get(arg):
                 raise self.fail(f"{arg.upper()} is not supported in a template statement; move it into a subquery in FROM")
         items = select.expressions
@@ -132,9 +132,11 @@ class _Statement:
             if select.args.get(arg) is not None:
                 query.set(arg, select.args[arg].copy() if not isinstance(select.args[arg], list)
                           else [j.copy() for j in select.args[arg]])
+        depends = sorted({t.name for t in select.find_all(exp.Table)
+                          if t.name in self.template.relations and not t.db and t.name != name})
         relation.rules.append(ir.Rule(
             head=name, query=query, refs=[self.neural[a] for a in self.refs], expr=expr,
-            grouped=grouped, origin=self.origin, n_columns=len(self.columns),
+            grouped=grouped, origin=self.origin, n_columns=len(self.columns), depends=depends,
         ))
 
     def _collect_neural_tables(self, select: exp.Select) -> None:
@@ -153,8 +155,9 @@ class _Statement:
     def _mentions_neural_value(self, node: exp.Expression) -> bool:
         return any(self._is_value_column(n) for n in node.walk())
 
-    def _column(self, node: exp.Expression) -> int:
-        key = node.sql("duckdb")
+    def _column(self, node: exp.Expression, embedding: str | None = None) -> int:
+        """A grounding column; an embedded column gets its own (it becomes dictionary codes)."""
+        key = node.sql("duckdb") if embedding is None else f"embed {embedding}: {node.sql('duckdb')}"
         if key not in self.column_keys:
             self.column_keys[key] = len(self.columns)
             self.columns.append(node)
@@ -247,7 +250,7 @@ class _Statement:
             width = self._int_arg(node, args, 1, "embed's width")
             name = self._weight("embed", (None, width), self._name_arg(node, args, 2), node)
             self.template.weights[name].kind = "embed"
-            return ir.Embed(name, self._column(args[0]))
+            return ir.Embed(name, self._column(args[0], embedding=name))
         if fn == "features":
             if not args or not all(isinstance(a, exp.Column) and a.table not in self.neural for a in args):
                 raise self.fail("features(t.col, ...) takes numeric database columns", node)

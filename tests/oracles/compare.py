@@ -61,6 +61,7 @@ def compare_template(text: str, template_dir: str, db, examples, queries, query_
         args = tuple(a.strip() for a in out.query[out.query.index("(") + 1:-1].split(",")) if "(" in out.query else ()
         key = (out.sample, *args)
         assert key in ours, f"{out.query} of sample {out.sample} has no value in relsql"
+        assert ours[key].size == out.value.size, f"{out.query}: relsql value size {ours[key].size}, NeuraLogic {out.value.size}"
         worst = max(worst, float(np.abs(ours[key].reshape(-1) - out.value.reshape(-1)).max()))
     deviations["outputs"] = worst
     assert worst < TOL
@@ -68,6 +69,8 @@ def compare_template(text: str, template_dir: str, db, examples, queries, query_
         expected = oracle.atom_values(oracle_text(text), examples, relation, weights=weights, template_dir=template_dir)
         got = keyed_values(net, relation)
         assert len(expected) == len(got), f"{relation}: NeuraLogic has {len(expected)} atoms, relsql {len(got)}"
+        for (s, args), v in expected.items():
+            assert got[(s, *args)].size == v.size, f"{relation}{args}: relsql value size {got[(s, *args)].size}, NeuraLogic {v.size}"
         worst = max(float(np.abs(got[(s, *args)].reshape(-1) - v.reshape(-1)).max()) for (s, args), v in expected.items())
         deviations[relation] = worst
         assert worst < TOL, relation
