@@ -74,6 +74,32 @@ class Database:
     def has_table(self, table: str) -> bool:
         return table in self.tables()
 
+    def write_table(self, name: str, data: pa.Table, *, replace: bool = False) -> None:
+        """Write `data` as a new user table, atomically: all of it or nothing.
+
+        An existing table of that name is refused unless `replace`. Sources other than DuckDB
+        override this (a folder of files writes a Parquet file by rename, attached databases
+        write inside a transaction).
+        """
+        if not replace and self.has_table(name):
+            raise SchemaError(f"table `{name}` already exists in {self.description}; choose another name or pass replace=True")
+        view = f"{self._prefix}write_{next(_session)}"
+        self.con.register(view, data)
+        try:
+            self.con.execute("BEGIN TRANSACTION")
+            try:
+                self.execute(exp.Create(
+                    this=exp.Table(this=exp.to_identifier(name, quoted=True)), kind="TABLE", replace=replace,
+                    expression=exp.select(exp.Star()).from_(exp.Table(this=exp.to_identifier(view, quoted=True)))))
+                self.con.execute("COMMIT")
+            except BaseException:
+                self.con.execute("ROLLBACK")
+                raise
+        except duckdb.Error as err:
+            raise SourceError(f"could not write table `{name}` to {self.description}: {err}") from None
+        finally:
+            self.con.unregister(view)
+
 
 def connect(source: str | Path | duckdb.DuckDBPyConnection | None = None, *, read_only: bool = False) -> Database:
     """Open a database: in-memory DuckDB by default, a `.duckdb` file, or an existing connection."""
