@@ -348,12 +348,11 @@ def test_reference_by_hand(tmp_path):
     w = np.array([[1.0], [-2.0]])
     e = np.array([[0.5, 0.5], [10.0, 0.0]])
     values = ref.evaluate(con, sql, {"w": w, "e": e, "b": np.array([-4.0])}, {"e": {"a": 0, "b": 1}})
-    # features(x): raw [1, 3, 0] (NULL -> 0), standardized with the population std
-    raw = np.array([1.0, 3.0, 0.0])
-    z = (raw - raw.mean()) / raw.std()
-    v1 = np.array([1.0, -2.0]) + e[0] + z[0]
-    v2 = np.array([3.0, -6.0]) + e[1] + z[1]
-    v3 = np.array([0.0, 0.0]) + e[0] + z[2]
+    # features(x): x = [1, 3, NULL]; mean 2 and population std 1 of the non-NULL values,
+    # NULL -> 0 plus a NULL indicator: rows [-1, 0], [1, 0], [0, 1]
+    v1 = np.array([1.0, -2.0]) + e[0] + np.array([-1.0, 0.0])
+    v2 = np.array([3.0, -6.0]) + e[1] + np.array([1.0, 0.0])
+    v3 = np.array([0.0, 0.0]) + e[0] + np.array([0.0, 1.0])
     assert set(values["v"]) == {(1,), (2,), (3,)}
     np.testing.assert_allclose(values["v"][(2,)], v2, atol=1e-12)
     np.testing.assert_allclose(values["agg"][(1,)], np.concatenate([v2 + v3, np.maximum(v2, v3), np.minimum(v2, v3), [2.0]]), atol=1e-12)

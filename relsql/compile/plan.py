@@ -176,11 +176,8 @@ class _RuleContext:
         if isinstance(expr, ir.Column):
             return self.tensor(f"col{expr.index}", self.rg.columns[expr.index].to(b.dtype)), "g"
         if isinstance(expr, ir.Features):
-            data = torch.cat([self.rg.columns[c] for c in expr.columns], dim=1)
-            mean = data.mean(0, keepdim=True)
-            std = data.std(0, unbiased=False, keepdim=True)
-            std = torch.where(std > 0, std, torch.ones_like(std))
-            return self.tensor(f"features{expr.columns}", ((data - mean) / std).to(b.dtype)), "g"
+            data = torch.cat([self.rg.columns[c] for c in expr.columns], dim=1)  # encoded in SQL
+            return self.tensor(f"features{expr.columns}", data.to(b.dtype)), "g"
         if isinstance(expr, ir.Embed):
             weight = b._param(expr.weight, None, note)
             return b._emit("gather", (weight, self.tensor(f"col{expr.column}", self.rg.columns[expr.column])), note, relation=expr.weight), "g"

@@ -17,7 +17,7 @@ import sqlglot.expressions as exp
 import torch
 
 from relsql.db import Database, to_tensor
-from relsql.errors import GroundingError, SchemaError, TemplateError
+from relsql.errors import GroundingError, SchemaError
 from relsql.ground import query as q
 from relsql.template import ir
 
@@ -55,25 +55,42 @@ class RelationGrounding:
 class Grounding:
     relations: dict[str, RelationGrounding]
     dictionaries: dict[str, pa.Table]  # embedding weight -> (value, code) in code order
+    feature_stats: dict[str, dict]  # "relation#rule:column" -> {"mean", "std", "nulls", "kind"}
 
     @property
     def vocab_sizes(self) -> dict[str, int]:
         return {w: t.num_rows for w, t in self.dictionaries.items()}
 
 
-def ground(template: ir.Template, db: Database, *, only: set[str] | None = None) -> Grounding:
-    """Ground every relation of `template` (or those in `only`) in dependency order."""
-    relations: dict[str, RelationGrounding] = {}
-    key_tables: dict[str, exp.Table] = {}
-    dictionaries: dict[str, exp.Table] = {}
-    for name in template.order():
-        if only is not None and name not in only:
-            continue
-        relation = template.relations[name]
-        relations[name] = _ground_relation(template, relation, db, key_tables, dictionaries)
-        key_tables[name] = db.temp_table("k", name)
-    vocab = {w: db.arrow(exp.select(exp.Star()).from_(t.copy()).order_by(q.col("code"))) for w, t in dictionaries.items()}
-    return Grounding(relations, vocab)
+@dataclass
+class Presets:
+    """Encodings fixed by an earlier grounding (a trained model): dictionaries and statistics."""
+
+    dictionaries: dict[str, pa.Table] = field(default_factory=dict)
+    feature_stats: dict[str, dict] = field(default_factory=dict)
+
+
+def ground(template: ir.Template, db: Database, *, presets: Presets | None = None,
+           progress: bool | None = None) -> Grounding:
+    """Ground every relation of `template` in dependency order (a progress bar on a terminal)."""
+    grounder = _Grounder(template, db, presets or Presets())
+    order = template.order()
+    bar = _progress(order, progress)
+    for name in bar:
+        if hasattr(bar, "set_postfix_str"):
+            bar.set_postfix_str(name)
+        grounder.relation(template.relations[name])
+    dictionaries = {w: db.arrow(exp.select(exp.Star()).from_(t.copy()).order_by(q.col("code")))
+                    for w, t in grounder.dictionaries.items()}
+    return Grounding(grounder.relations, dictionaries, grounder.feature_stats)
+
+
+def _progress(items: list[str], enabled: bool | None):
+    if enabled is False:
+        return items
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc="grounding", unit="relation", disable=None if enabled is None else not enabled, leave=False)
 
 
 def _run(db: Database, statement: exp.Expression, rule: ir.Rule) -> pa.Table | None:
@@ -94,94 +111,151 @@ def _first_line(err: Exception) -> str:
     return str(err).strip().splitlines()[0]
 
 
-def _ground_relation(
-    template: ir.Template, relation: ir.Relation, db: Database,
-    key_tables: dict[str, exp.Table], dictionaries: dict[str, exp.Table],
-) -> RelationGrounding:
-    grounded: list[tuple[ir.Rule, exp.Table]] = []
-    for index, rule in enumerate(relation.rules):
-        select = rule.query(db) if callable(rule.query) else rule.query
-        if select is None:
-            warnings.warn(f"{relation.name}, {rule.origin}: a body predicate has no table; the rule has no groundings", GroundingWarning, stacklevel=3)
-            continue
-        missing = [r for r in rule.refs if r in template.relations and r not in key_tables]
-        if missing:
-            raise TemplateError(f"{relation.name}, {rule.origin}: refers to {missing} before they are grounded")
-        select = q.substitute_relations(select, key_tables)
-        if rule.distinct:
-            select = select.distinct()
-        table = db.temp_table(f"g{index}", relation.name)
-        _run(db, q.create_temp(table, select), rule)
-        grounded.append((rule, table))
-    keys_table = db.temp_table("k", relation.name)
-    if grounded:
-        key_query = q.key_table_query([t for _, t in grounded], relation.keys)
-        _run(db, q.create_temp(keys_table, key_query), grounded[0][0])
-    else:
-        empty = exp.select(*[exp.alias_(exp.Null(), q.ident(k)) for k in relation.keys], exp.alias_(exp.Literal.number(0), q.ident("_rid"))).where(exp.false())
-        db.execute(q.create_temp(keys_table, empty))
-    keys = db.arrow(exp.select(exp.Star()).from_(keys_table.copy()).order_by(q.col("_rid")))
-    result = RelationGrounding(relation.name, keys)
-    for rule, table in grounded:
-        rule_grounding = _index_rule(rule, table, keys_table, relation, db, dictionaries)
-        if rule_grounding.size == 0:
-            if template.language == "sql":
-                raise GroundingError(
-                    f"{relation.name}, {rule.origin}: the statement has no groundings (its FROM/JOIN/WHERE "
-                    "returns no rows). Check the join conditions and that the tables hold data.")
-            warnings.warn(f"{relation.name}, {rule.origin}: the rule has no groundings", GroundingWarning, stacklevel=3)
-            continue
-        result.rules.append(rule_grounding)
-    if result.size == 0 and template.language == "sql":
-        raise GroundingError(f"relation {relation.name} has no rows: none of its statements has groundings")
-    return result
+def column_label(rule: ir.Rule, k: int) -> str:
+    """The SQL a grounding column came from, for error messages."""
+    if isinstance(rule.query, exp.Select):
+        for item in rule.query.expressions:
+            if item.alias_or_name == f"_c{k}":
+                return (item.unalias() if isinstance(item, exp.Alias) else item).sql("duckdb")
+    return f"value column {k}"
 
 
-def _index_rule(
-    rule: ir.Rule, grounding: exp.Table, keys_table: exp.Table, relation: ir.Relation,
-    db: Database, dictionaries: dict[str, exp.Table],
-) -> RuleGrounding:
-    embeds = {e.column: e.weight for e in ir.walk(rule.expr) if isinstance(e, ir.Embed)}
-    columns: list[exp.Expression] = []
-    for k in range(rule.n_columns):
-        if k in embeds:
-            dictionary = _dictionary(db, dictionaries, embeds[k], grounding, f"_c{k}", rule)
-            lookup = exp.select(q.col("code", "d")).from_(exp.alias_(dictionary.copy(), q.ident("d"), table=True)).where(
-                exp.NullSafeEQ(this=q.col("value", "d"), expression=q.col(f"_c{k}", "g")))
-            columns.append(exp.Subquery(this=lookup))
+class _Grounder:
+    def __init__(self, template: ir.Template, db: Database, presets: Presets):
+        self.template, self.db, self.presets = template, db, presets
+        self.relations: dict[str, RelationGrounding] = {}
+        self.key_tables: dict[str, exp.Table] = {}
+        self.dictionaries: dict[str, exp.Table] = {}
+        self.feature_stats: dict[str, dict] = {}
+
+    def relation(self, relation: ir.Relation) -> None:
+        template, db = self.template, self.db
+        grounded: list[tuple[int, ir.Rule, exp.Table]] = []
+        for index, rule in enumerate(relation.rules):
+            select = rule.query(db) if callable(rule.query) else rule.query
+            if select is None:
+                warnings.warn(f"{relation.name}, {rule.origin}: a body predicate has no table; the rule has no groundings", GroundingWarning, stacklevel=4)
+                continue
+            select = q.substitute_relations(select, self.key_tables)
+            if rule.distinct:
+                select = select.distinct()
+            table = db.temp_table(f"g{index}", relation.name)
+            _run(db, q.create_temp(table, select), rule)
+            grounded.append((index, rule, table))
+        keys_table = db.temp_table("k", relation.name)
+        if grounded:
+            key_query = q.key_table_query([t for _, _, t in grounded], relation.keys)
+            _run(db, q.create_temp(keys_table, key_query), grounded[0][1])
         else:
-            columns.append(q.col(f"_c{k}", "g"))
-    indexed = db.temp_table(f"i{relation.rules.index(rule)}", relation.name)
-    _run(db, q.create_temp(indexed, q.rule_index_query(grounding, keys_table, relation.keys, len(rule.refs), columns)), rule)
-    table = db.arrow(exp.select(exp.Star()).from_(indexed.copy()).order_by(q.col("_head")))
-    segments = db.arrow(q.segment_query(indexed))
-    for j, ref in enumerate(rule.refs):
-        if table.column(f"_r{j}").null_count:
+            empty = exp.select(*[exp.alias_(exp.Null(), q.ident(k)) for k in relation.keys], exp.alias_(exp.Literal.number(0), q.ident("_rid"))).where(exp.false())
+            db.execute(q.create_temp(keys_table, empty))
+        keys = db.arrow(exp.select(exp.Star()).from_(keys_table.copy()).order_by(q.col("_rid")))
+        result = RelationGrounding(relation.name, keys)
+        for index, rule, table in grounded:
+            rule_grounding = self.index_rule(relation, index, rule, table, keys_table)
+            if rule_grounding.size == 0:
+                if template.language == "sql":
+                    raise GroundingError(
+                        f"{relation.name}, {rule.origin}: the statement has no groundings (its FROM/JOIN/WHERE "
+                        "returns no rows). Check the join conditions and that the tables hold data.")
+                warnings.warn(f"{relation.name}, {rule.origin}: the rule has no groundings", GroundingWarning, stacklevel=4)
+                continue
+            result.rules.append(rule_grounding)
+        if result.size == 0 and template.language == "sql":
+            raise GroundingError(f"relation {relation.name} has no rows: none of its statements has groundings")
+        self.relations[relation.name] = result
+        self.key_tables[relation.name] = keys_table
+
+    def index_rule(self, relation: ir.Relation, index: int, rule: ir.Rule, grounding: exp.Table,
+                   keys_table: exp.Table) -> RuleGrounding:
+        db = self.db
+        embeds = {e.column: e.weight for e in ir.walk(rule.expr) if isinstance(e, ir.Embed)}
+        features = {c for e in ir.walk(rule.expr) if isinstance(e, ir.Features) for c in e.columns}
+        types = db.arrow(exp.select(exp.Star()).from_(grounding.copy()).limit(0)).schema if features else None
+        columns: list[exp.Expression] = []
+        for k in range(rule.n_columns):
+            if k in embeds:
+                dictionary = self.dictionary(embeds[k], grounding, f"_c{k}", rule)
+                lookup = exp.select(q.col("code", "d")).from_(exp.alias_(dictionary.copy(), q.ident("d"), table=True)).where(
+                    exp.NullSafeEQ(this=q.col("value", "d"), expression=q.col(f"_c{k}", "g")))
+                columns.append(exp.Subquery(this=lookup))
+            elif k in features:
+                key = f"{relation.name}#{index}:{k}"
+                columns.append(self.feature(key, types.field(f"_c{k}").type, grounding, k, rule))
+            else:
+                columns.append(q.col(f"_c{k}", "g"))
+        indexed = db.temp_table(f"i{index}", relation.name)
+        _run(db, q.create_temp(indexed, q.rule_index_query(grounding, keys_table, relation.keys, len(rule.refs), columns)), rule)
+        table = db.arrow(exp.select(exp.Star()).from_(indexed.copy()).order_by(q.col("_head")))
+        segments = db.arrow(q.segment_query(indexed))
+        for j, ref in enumerate(rule.refs):
+            if table.column(f"_r{j}").null_count:
+                raise GroundingError(
+                    f"{relation.name}, {rule.origin}: some groundings have no row of `{ref}` (an outer join?); "
+                    f"join `{ref}` with an inner JOIN so every grounding has its value")
+        head = to_tensor(table.column("_head"), torch.int64)
+        refs = [to_tensor(table.column(f"_r{j}"), torch.int64) for j in range(len(rule.refs))]
+        values = {k: _column_tensor(table.column(f"_c{k}"), rule, k, embedded=k in embeds) for k in range(rule.n_columns)}
+        segment_heads = to_tensor(segments.column("_head"), torch.int64)
+        ends = to_tensor(segments.column("_end"), torch.int64)
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), ends])
+        if not rule.grouped and segment_heads.shape[0] != head.shape[0]:
             raise GroundingError(
-                f"{relation.name}, {rule.origin}: some groundings have no row of `{ref}` (an outer join?); "
-                f"join `{ref}` with an inner JOIN so every grounding has its value")
-    head = to_tensor(table.column("_head"), torch.int64)
-    refs = [to_tensor(table.column(f"_r{j}"), torch.int64) for j in range(len(rule.refs))]
-    values = {k: _column_tensor(table.column(f"_c{k}"), rule, k, embedded=k in embeds) for k in range(rule.n_columns)}
-    segment_heads = to_tensor(segments.column("_head"), torch.int64)
-    ends = to_tensor(segments.column("_end"), torch.int64)
-    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), ends])
-    if not rule.grouped and segment_heads.shape[0] != head.shape[0]:
-        raise GroundingError(
-            f"{relation.name}, {rule.origin}: several rows share one head key {relation.keys}; "
-            "add GROUP BY with an aggregate, or select a unique key")
-    return RuleGrounding(rule, head, refs, values, segment_heads, offsets)
+                f"{relation.name}, {rule.origin}: several rows share one head key {relation.keys}; "
+                "add GROUP BY with an aggregate, or select a unique key")
+        return RuleGrounding(rule, head, refs, values, segment_heads, offsets)
 
+    def dictionary(self, weight: str, source: exp.Table, column: str, rule: ir.Rule) -> exp.Table:
+        """Dictionary-encode a categorical column in SQL; codes are stable once assigned."""
+        db = self.db
+        table = self.dictionaries.get(weight)
+        if table is None:
+            table = db.temp_table("d", weight.replace(".", "_"))
+            first = exp.select(exp.alias_(q.col(column), q.ident("value")), exp.alias_(exp.Literal.number(0), q.ident("code"))).from_(source.copy()).where(exp.false())
+            _run(db, q.create_temp(table, first), rule)
+            preset = self.presets.dictionaries.get(weight)
+            if preset is not None:
+                view = f"{table.name}_preset"
+                db.con.register(view, preset)
+                try:
+                    _run(db, exp.Insert(this=table.copy(), expression=exp.select(
+                        q.col("value"), q.col("code")).from_(q.ident(view))), rule)
+                finally:
+                    db.con.unregister(view)
+            self.dictionaries[weight] = table
+        _run(db, q.dictionary_insert(table, source, column), rule)
+        return table
 
-def _dictionary(db: Database, dictionaries: dict[str, exp.Table], weight: str, source: exp.Table, column: str, rule: ir.Rule) -> exp.Table:
-    table = dictionaries.get(weight)
-    if table is None:
-        table = db.temp_table("d", weight.replace(".", "_"))
-        first = exp.select(exp.alias_(q.col(column), q.ident("value")), exp.alias_(exp.Literal.number(0), q.ident("code"))).from_(source.copy()).where(exp.false())
-        _run(db, q.create_temp(table, first), rule)
-        dictionaries[weight] = table
-    _run(db, q.dictionary_insert(table, source, column), rule)
-    return table
+    def feature(self, key: str, kind: pa.DataType, grounding: exp.Table, k: int, rule: ir.Rule) -> exp.Expression:
+        """A feature column encoded in SQL: standardized number, NULL as 0 plus an indicator."""
+        raw = q.col(f"_c{k}", "g")
+        if pa.types.is_boolean(kind):
+            number, scaled = exp.cast(raw, exp.DataType.build("DOUBLE")), False
+        elif pa.types.is_date(kind) or pa.types.is_timestamp(kind):
+            number, scaled = exp.cast(exp.Anonymous(this="epoch", expressions=[raw]), exp.DataType.build("DOUBLE")), True
+        elif pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind):
+            number, scaled = exp.cast(raw, exp.DataType.build("DOUBLE")), True
+        else:
+            raise SchemaError(f"{rule.head}, {rule.origin}: features({column_label(rule, k)}) needs a numeric, boolean or date column, "
+                              f"got {kind}; use embed(...) for categorical columns")
+        stats = self.presets.feature_stats.get(key)
+        if stats is None:
+            bare = number.transform(lambda n: q.col(f"_c{k}") if isinstance(n, exp.Column) else n)
+            row = self.db.con.execute(exp.select(
+                exp.Avg(this=bare.copy()), exp.StddevPop(this=bare.copy()),
+                exp.Sub(this=exp.Count(this=exp.Star()), expression=exp.Count(this=bare.copy())),
+            ).from_(grounding.copy()).sql("duckdb")).fetchone()
+            mean, std, nulls = row
+            stats = {"mean": float(mean or 0.0) if scaled else 0.0,
+                     "std": float(std) if scaled and std else 1.0, "nulls": bool(nulls)}
+        self.feature_stats[key] = stats
+        value = exp.Coalesce(this=exp.Div(
+            this=exp.paren(exp.Sub(this=number.copy(), expression=exp.Literal.number(stats["mean"]))),
+            expression=exp.Literal.number(stats["std"])), expressions=[exp.Literal.number(0)])
+        if not stats["nulls"]:
+            return value
+        indicator = exp.cast(exp.Is(this=number.copy(), expression=exp.Null()), exp.DataType.build("DOUBLE"))
+        return exp.Anonymous(this="list_value", expressions=[value, indicator])
 
 
 def _column_tensor(column: pa.ChunkedArray, rule: ir.Rule, k: int, embedded: bool) -> torch.Tensor:
@@ -193,7 +267,7 @@ def _column_tensor(column: pa.ChunkedArray, rule: ir.Rule, k: int, embedded: boo
         array = column.combine_chunks()
         lengths = pc.list_value_length(array).to_numpy(zero_copy_only=False)
         if array.null_count or (len(lengths) and (lengths.min() != lengths.max())):
-            raise SchemaError(f"{rule.head}, {rule.origin}: the list column `_c{k}` must hold vectors of one length without NULLs")
+            raise SchemaError(f"{rule.head}, {rule.origin}: the list column {column_label(rule, k)} must hold vectors of one length without NULLs")
         flat = to_tensor(pc.list_flatten(array), torch.float64)
         width = int(lengths[0]) if len(lengths) else 0
         return flat.reshape(-1, width)
@@ -202,5 +276,5 @@ def _column_tensor(column: pa.ChunkedArray, rule: ir.Rule, k: int, embedded: boo
             column = pc.fill_null(column, 0)
         return to_tensor(pc.cast(column, pa.float64()), torch.float64).reshape(-1, 1)
     raise SchemaError(
-        f"{rule.head}, {rule.origin}: a column used as a neural value has type {kind}; "
+        f"{rule.head}, {rule.origin}: {column_label(rule, k)} is used as a neural value but has type {kind}; "
         "use numeric or list-of-number columns, or embed(...) for categorical ones")

@@ -155,9 +155,9 @@ class _Statement:
     def _mentions_neural_value(self, node: exp.Expression) -> bool:
         return any(self._is_value_column(n) for n in node.walk())
 
-    def _column(self, node: exp.Expression, embedding: str | None = None) -> int:
-        """A grounding column; an embedded column gets its own (it becomes dictionary codes)."""
-        key = node.sql("duckdb") if embedding is None else f"embed {embedding}: {node.sql('duckdb')}"
+    def _column(self, node: exp.Expression, role: str | None = None) -> int:
+        """A grounding column; embedded and feature columns get their own (they are encoded in SQL)."""
+        key = node.sql("duckdb") if role is None else f"{role}: {node.sql('duckdb')}"
         if key not in self.column_keys:
             self.column_keys[key] = len(self.columns)
             self.columns.append(node)
@@ -250,11 +250,11 @@ class _Statement:
             width = self._int_arg(node, args, 1, "embed's width")
             name = self._weight("embed", (None, width), self._name_arg(node, args, 2), node)
             self.template.weights[name].kind = "embed"
-            return ir.Embed(name, self._column(args[0], embedding=name))
+            return ir.Embed(name, self._column(args[0], role=f"embed {name}"))
         if fn == "features":
             if not args or not all(isinstance(a, exp.Column) and a.table not in self.neural for a in args):
                 raise self.fail("features(t.col, ...) takes numeric database columns", node)
-            return ir.Features(tuple(self._column(a) for a in args))
+            return ir.Features(tuple(self._column(a, role="features") for a in args))
         if fn == "bias":
             width = self._int_arg(node, args, 0, "bias's width")
             return ir.Param(self._weight("bias", (width,), self._name_arg(node, args, 1), node))

@@ -301,20 +301,30 @@ class _Evaluator:
         return out
 
     def _features(self, body, labels, grounding) -> dict[int, list]:
-        """Per features() call: the standardized vector of every grounding row."""
+        """Per features() call: every grounding row's encoded vector.
+
+        Per column: booleans as 0/1; numbers (dates as epoch seconds) standardized with the mean
+        and population std of the statement's non-NULL values (std 0 → 1); NULL → 0, and when
+        the column has a NULL in these groundings, a 0/1 NULL indicator follows its value.
+        """
         out: dict[int, list] = {}
         for node in body.walk():
             if _fn_name(node) != "features":
                 continue
             columns = []
             for arg in _args(node):
-                raw = [0.0 if env[arg.sql("duckdb")] is None else float(env[arg.sql("duckdb")]) for _, env in grounding]
-                n = len(raw)
-                mean = sum(raw) / n
-                std = math.sqrt(sum((v - mean) ** 2 for v in raw) / n)
-                if std == 0:
-                    std = 1.0
-                columns.append([(v - mean) / std for v in raw])
+                raw = [env[arg.sql("duckdb")] for _, env in grounding]
+                boolean = all(v is None or isinstance(v, bool) for v in raw)
+                values = [None if v is None else _number(v) for v in raw]
+                present = [v for v in values if v is not None]
+                if boolean or not present:
+                    mean, std = 0.0, 1.0
+                else:
+                    mean = sum(present) / len(present)
+                    std = math.sqrt(sum((v - mean) ** 2 for v in present) / len(present)) or 1.0
+                columns.append([0.0 if v is None else (v - mean) / std for v in values])
+                if any(v is None for v in values):
+                    columns.append([1.0 if v is None else 0.0 for v in values])
             out[id(node)] = [[c[r] for c in columns] for r in range(len(grounding))]
         return out
 
@@ -432,3 +442,16 @@ def evaluate(con: duckdb.DuckDBPyConnection, sql_text: str, weights: Mapping[str
     finally:
         ev.cleanup()
     return ev.values
+
+
+def _number(value) -> float:
+    """A feature value as a number: dates and timestamps as seconds since the epoch."""
+    import datetime as dt
+
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        return value.timestamp()
+    if isinstance(value, dt.date):
+        return float((value - dt.date(1970, 1, 1)).days * 86400)
+    return float(value)
