@@ -10,10 +10,11 @@ from relsql.errors import (
     SourceError,
     TemplateError,
 )
+from relsql.model import Model
 from relsql.template import Template
 
 __all__ = [
-    "CompiledNet", "Database", "GroundingError", "RelsqlError", "SchemaError", "ShapeError",
+    "CompiledNet", "Database", "GroundingError", "Model", "RelsqlError", "SchemaError", "ShapeError",
     "SourceError", "Template", "TemplateError", "compile", "connect",
 ]
 __version__ = "0.1.0"

@@ -50,6 +50,9 @@ _TOKEN = re.compile(r"""
 """, re.VERBOSE)
 
 
+_IMPORT = re.compile(r"\s*import\s+(\S+?)\s*\.?\s*$")
+
+
 @dataclass
 class Token:
     kind: str
@@ -115,7 +118,7 @@ def _load(text: str, source: str, base_dir: Path | None, seen: set[Path]) -> lis
     chunk: list[str] = []
     chunk_start = 1
     for number, line in enumerate(text.splitlines(keepends=True), start=1):
-        m = re.match(r"\s*import\s+(\S+?)\s*\.?\s*$", line)
+        m = _IMPORT.match(line)
         if m is None:
             chunk.append(line)
             continue
@@ -322,7 +325,20 @@ def parse_datalog_template(text: str, base_dir: str | None = None, source: str =
     rules, metas = _Parser(tokens).statements()
     if not rules:
         raise TemplateError(f"{source}: the template has no rules")
-    return _Translator(rules, metas, text).template
+    # The template's source is kept self-contained (imports inlined) so a saved model reloads.
+    return _Translator(rules, metas, _inline_imports(text, Path(base_dir) if base_dir else None)).template
+
+
+def _inline_imports(text: str, base_dir: Path | None) -> str:
+    lines = []
+    for line in text.splitlines():
+        m = _IMPORT.match(line)
+        if m is None or base_dir is None:
+            lines.append(line)
+        else:
+            path = (base_dir / m.group(1)).resolve()
+            lines.append(_inline_imports(path.read_text(), path.parent))
+    return "\n".join(lines)
 
 
 class _Translator:

@@ -1,0 +1,1 @@
+"""Training support: task types, metrics, splits, reports."""

@@ -1,0 +1,23 @@
+"""Train/validation/test splits of the labelled target rows: seeded random or by time."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from relsql.errors import RelsqlError
+
+
+def split_rows(count: int, fractions: tuple[float, float, float], seed: int,
+               times: list | None = None) -> dict[str, np.ndarray]:
+    """Positions 0..count-1 into train/val/test; with `times`, earliest rows train, latest test."""
+    if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-9:
+        raise RelsqlError(f"split fractions must be three non-negative numbers summing to 1, got {fractions}")
+    if times is not None:
+        if any(t is None for t in times):
+            raise RelsqlError("the time column has NULLs on labelled rows; fill them or filter those rows out")
+        order = np.array(sorted(range(count), key=lambda i: (times[i], i)), dtype=np.int64)
+    else:
+        order = np.random.default_rng(seed).permutation(count)
+    n_train = int(round(fractions[0] * count))
+    n_val = int(round(fractions[1] * count))
+    return {"train": order[:n_train], "val": order[n_train:n_train + n_val], "test": order[n_train + n_val:]}

@@ -1,0 +1,103 @@
+"""What is predicted: binary, multi-class or regression, decided from the target column."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import torch
+import torch.nn.functional as F
+
+from relsql.errors import SchemaError
+from relsql.train import metrics
+
+MAX_CLASSES = 20  # integer targets with at most this many distinct values are classes
+
+
+@dataclass
+class Task:
+    kind: str  # binary | multiclass | regression
+    classes: list = field(default_factory=list)  # original values, in label order
+    mean: float = 0.0  # regression targets are standardized with the training rows' statistics
+    std: float = 1.0
+
+    @property
+    def units(self) -> int:
+        return len(self.classes) if self.kind == "multiclass" else 1
+
+    @property
+    def metric(self) -> str:
+        """The validation metric reported while training (early stopping uses the loss)."""
+        return {"binary": "roc_auc", "multiclass": "accuracy", "regression": "rmse"}[self.kind]
+
+    def encode(self, values: list) -> np.ndarray:
+        """Target values → float labels (0/1, class index, or standardized number)."""
+        if self.kind == "regression":
+            return (np.asarray(values, dtype=np.float64) - self.mean) / self.std
+        index = {v: i for i, v in enumerate(self.classes)}
+        return np.asarray([index[v] for v in values], dtype=np.float64)
+
+    def loss(self, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.kind == "binary":
+            return F.binary_cross_entropy_with_logits(output[:, 0], y)
+        if self.kind == "multiclass":
+            return F.cross_entropy(output, y.long())
+        return F.mse_loss(output[:, 0], y)
+
+    def decode(self, output: np.ndarray) -> tuple[list, np.ndarray | None]:
+        """Raw outputs → (predictions as original values, class probabilities or None)."""
+        if self.kind == "binary":
+            p = 1 / (1 + np.exp(-output[:, 0]))
+            probabilities = np.stack([1 - p, p], axis=1)
+        elif self.kind == "multiclass":
+            shifted = np.exp(output - output.max(1, keepdims=True))
+            probabilities = shifted / shifted.sum(1, keepdims=True)
+        else:
+            return list(output[:, 0] * self.std + self.mean), None
+        return [self.classes[i] for i in probabilities.argmax(1)], probabilities
+
+    def scores(self, output: np.ndarray, y: np.ndarray) -> dict[str, float]:
+        """Metrics of outputs against encoded labels."""
+        if self.kind == "regression":
+            predicted, truth = output[:, 0] * self.std + self.mean, y * self.std + self.mean
+            return {"mae": metrics.mae(truth, predicted), "rmse": metrics.rmse(truth, predicted)}
+        if self.kind == "binary":
+            predicted = (output[:, 0] > 0).astype(np.float64)
+            return {"accuracy": metrics.accuracy(y, predicted), "roc_auc": metrics.roc_auc(y, output[:, 0]),
+                    "f1": metrics.f1(y, predicted)}
+        predicted = output.argmax(1).astype(np.float64)
+        return {"accuracy": metrics.accuracy(y, predicted), "f1": metrics.f1(y, predicted, len(self.classes))}
+
+
+def detect(column: pa.ChunkedArray, where: str, kind: str | None = None) -> Task:
+    """Pick the task from the target column's type and values (non-NULL rows only)."""
+    values = [v for v in column.to_pylist() if v is not None]
+    distinct = sorted(set(values), key=lambda v: (str(type(v)), v))
+    if not values:
+        raise SchemaError(f"target {where} has no non-NULL values to learn from")
+    numeric = pa.types.is_integer(column.type) or pa.types.is_floating(column.type) or pa.types.is_decimal(column.type)
+    if kind is None:
+        if numeric and len(distinct) == 2:
+            kind = "binary"  # a 0/1 (or any two-valued) number column is a class label
+        elif pa.types.is_floating(column.type) or pa.types.is_decimal(column.type):
+            kind = "regression"
+        elif numeric and len(distinct) > MAX_CLASSES:
+            kind = "regression"
+        elif numeric or pa.types.is_boolean(column.type) or pa.types.is_string(column.type) or pa.types.is_large_string(column.type) \
+                or pa.types.is_dictionary(column.type):
+            kind = "binary" if len(distinct) <= 2 else "multiclass"
+        else:
+            raise SchemaError(f"target {where} has type {column.type}, which relsql cannot predict; "
+                              "use a boolean, categorical, integer or numeric column")
+    if kind in ("binary", "multiclass"):
+        if len(distinct) < 2:
+            raise SchemaError(f"target {where} has a single class ({distinct[0]!r}); a classifier needs at least two")
+        if kind == "binary" and len(distinct) > 2:
+            raise SchemaError(f"target {where} has {len(distinct)} classes; use task='multiclass'")
+        return Task(kind, classes=distinct)
+    if kind != "regression":
+        raise SchemaError(f"unknown task {kind!r}; use 'binary', 'multiclass' or 'regression'")
+    if not numeric:
+        raise SchemaError(f"target {where} has type {column.type}; regression needs a numeric column")
+    return Task("regression")
