@@ -25,6 +25,39 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _inspect(args: argparse.Namespace) -> int:
+    from relsql.catalog import format_catalog
+
+    with relsql.connect(args.db, read_only=True) as db:
+        print(format_catalog(db.catalog()))
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    db = relsql.connect(args.db)
+    model = relsql.Model(db, args.template, target=args.target, output=args.output, time_column=args.time_column,
+                         seed=args.seed, task=args.task)
+    model.fit(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, patience=args.patience)
+    path = model.save(args.model)
+    print(model.report())
+    print(f"model saved to {path} (metrics plot {path.with_suffix('.png')})")
+    if args.predictions:
+        rows = model.write_predictions(args.predictions, replace=args.replace)
+        print(f"wrote {rows} predictions to table {args.predictions}")
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    db = relsql.connect(args.db)
+    model = relsql.Model.load(args.model, db)
+    if args.table:
+        rows = model.write_predictions(args.table, replace=args.replace)
+        print(f"wrote {rows} predictions to table {args.table}")
+    else:
+        print(model.predict())
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     """Mutagenesis on the embedded DuckDB: import, ground, compile, explain, a few steps."""
     from connectors.neuralogic_files import load_builtin
@@ -63,10 +96,35 @@ def _demo(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="relsql", description="Deep relational learning on a relational database.")
     commands = parser.add_subparsers(dest="command", required=True)
+    inspect = commands.add_parser("inspect", help="list tables, columns, keys, foreign keys and row counts")
+    inspect.add_argument("db", help="a .duckdb file, a folder of Parquet/CSV, a .sqlite file or a postgresql:// URL")
+    inspect.set_defaults(run=_inspect)
     explain = commands.add_parser("explain", help="ground a template and print its compiled plan with sizes")
     explain.add_argument("db", help="a .duckdb file")
     explain.add_argument("--template", required=True, help="a .sql template or a NeuraLogic Datalog file")
     explain.set_defaults(run=_explain)
+    train = commands.add_parser("train", help="train a template to predict a target column; saves the model")
+    train.add_argument("db", help="a database: .duckdb file, folder of Parquet/CSV, .sqlite file or postgresql:// URL")
+    train.add_argument("--template", required=True, help="a .sql template or a NeuraLogic Datalog file")
+    train.add_argument("--target", required=True, help="table.column to predict")
+    train.add_argument("--output", help="the template relation that predicts it (default: the last one)")
+    train.add_argument("--task", choices=["binary", "multiclass", "regression"], help="override the detected task")
+    train.add_argument("--time-column", help="split by this column of the target table (earliest rows train)")
+    train.add_argument("--epochs", type=int, default=100)
+    train.add_argument("--lr", type=float, default=0.01)
+    train.add_argument("--batch-size", type=int, help="target rows per step (default: all)")
+    train.add_argument("--patience", type=int, default=20, help="epochs without validation improvement before stopping")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--model", default="relsql-model.pt", help="where to save the model (default relsql-model.pt)")
+    train.add_argument("--predictions", help="also write predictions to this new table")
+    train.add_argument("--replace", action="store_true", help="replace an existing predictions table")
+    train.set_defaults(run=_train)
+    predict = commands.add_parser("predict", help="predict with a saved model; print or write a new table")
+    predict.add_argument("db", help="the database to predict on")
+    predict.add_argument("--model", required=True, help="a model saved by `relsql train` or Model.save")
+    predict.add_argument("--table", help="write predictions to this new table instead of printing them")
+    predict.add_argument("--replace", action="store_true", help="replace an existing table")
+    predict.set_defaults(run=_predict)
     demo = commands.add_parser("demo", help="Mutagenesis on the embedded DuckDB: ground, compile, train a few steps")
     demo.add_argument("--db", help="write the demo database to this .duckdb file instead of memory")
     demo.add_argument("--steps", type=int, default=300, help="training steps (default 300)")

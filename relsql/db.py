@@ -1,15 +1,21 @@
 """A database handle: one DuckDB connection plus the little catalog knowledge relsql needs.
 
 DuckDB is the engine for every source; other sources are attached or registered into it by
-the connectors. relsql's own tables (key tables, groundings, dictionaries) live in DuckDB's
-`temp` catalog under a `__relsql_` prefix, so the user's tables are never touched.
+the connectors (`connectors/`: a DuckDB file, a folder of Parquet/CSV files, SQLite,
+PostgreSQL, data frames). The attached source is made DuckDB's default catalog, so templates
+name its tables without a prefix. relsql's own tables (key tables, groundings, dictionaries)
+live in DuckDB's `temp` catalog under a `__relsql_` prefix, so the user's tables are never
+touched, and `tables()`/`columns()` list only the user's tables of the source.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import numpy as np
@@ -19,20 +25,113 @@ import torch
 
 from relsql.errors import SchemaError, SourceError
 
+if TYPE_CHECKING:
+    from relsql.catalog import Catalog, Keys
+
 TEMP_PREFIX = "__relsql_"
 _session = itertools.count()
+
+
+def ident(name: str) -> exp.Identifier:
+    return exp.to_identifier(name, quoted=True)
+
+
+def qualified(name: str, scope: tuple[str, str] | None = None) -> exp.Table:
+    """`"catalog"."schema"."name"` (or just `"name"`), quoted, for a table in a scope."""
+    if scope is None:
+        return exp.Table(this=ident(name))
+    return exp.Table(this=ident(name), db=ident(scope[1]), catalog=ident(scope[0]))
+
+
+def first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+class Source:
+    """What a kind of source adds to plain DuckDB: its keys, how it writes, how it closes.
+
+    The base class is a native DuckDB database (in memory, a file, or frames copied into
+    DuckDB tables): keys come from `duckdb_constraints()`, writes run in a transaction.
+    """
+
+    kind = "duckdb"
+
+    def __init__(self, description: str, *, read_only: bool = False):
+        self.description = description
+        self.read_only = read_only
+
+    def keys(self, db: Database, scope: tuple[str, str]) -> dict[str, Keys]:
+        from relsql.catalog import duckdb_keys
+        return duckdb_keys(db.con, scope)
+
+    def refuse_read_only(self, name: str) -> None:
+        if self.read_only:
+            raise SourceError(f"cannot write table `{name}`: {self.description} was opened read-only; "
+                              "reconnect with relsql.connect(..., read_only=False) to write to it")
+
+    def write_table(self, db: Database, name: str, data: pa.Table, replace: bool) -> None:
+        """All of it or nothing, inside one transaction of the source's default catalog."""
+        self.refuse_read_only(name)
+        scope = db.scopes()[0]
+        exists = name in db._tables_in(scope)
+        if exists and not replace:
+            raise SchemaError(f"table `{name}` already exists in {db.description}; choose another name or pass replace=True")
+        target = qualified(name, scope)
+        view = f"{db._prefix}write_{next(_session)}"
+        db.con.register(view, data)
+        try:
+            db.con.execute("BEGIN TRANSACTION")
+            try:
+                if exists:
+                    db.execute(exp.Drop(tables=[target.copy()], kind="TABLE"))
+                db.execute(exp.Create(this=target.copy(), kind="TABLE",
+                                      expression=exp.select(exp.Star()).from_(exp.Table(this=ident(view)))))
+                db.con.execute("COMMIT")
+            except BaseException:
+                db.con.execute("ROLLBACK")
+                self.after_rollback(db)
+                raise
+        except duckdb.Error as err:
+            raise SourceError(f"could not write table `{name}` to {db.description} (nothing was written): {first_line(err)}") from None
+        finally:
+            db.con.unregister(view)
+
+    def after_rollback(self, db: Database) -> None:
+        """Hook: drop catalog caches that a rolled-back transaction left stale."""
+
+    def close(self, db: Database) -> None:
+        """Hook: release what the source holds besides the DuckDB connection."""
 
 
 class Database:
     """Wraps a DuckDB connection; see `relsql.connect`."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, description: str = "in-memory DuckDB"):
+    def __init__(self, con: duckdb.DuckDBPyConnection, description: str = "in-memory DuckDB", *,
+                 source: Source | None = None):
         self.con = con
         self.description = description
+        self.source = source or Source(description)
         self._prefix = f"{TEMP_PREFIX}{next(_session)}_"
+        self._extra_scopes: list[tuple[str, str]] = []  # frames registered beside another source
 
     def __repr__(self) -> str:
         return f"relsql.Database({self.description})"
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def read_only(self) -> bool:
+        return self.source.read_only
+
+    def close(self) -> None:
+        try:
+            self.source.close(self)
+        finally:
+            self.con.close()
 
     def sql(self, query: exp.Expression | str) -> str:
         return query if isinstance(query, str) else query.sql("duckdb")
@@ -53,65 +152,137 @@ class Database:
             catalog=exp.to_identifier("temp", quoted=True),
         )
 
-    def tables(self) -> list[str]:
+    def scopes(self) -> list[tuple[str, str]]:
+        """(catalog, schema) pairs holding the user's tables: the default one first."""
+        current = self.con.execute("SELECT current_database(), current_schema()").fetchone()
+        return [(current[0], current[1]), *(s for s in self._extra_scopes if s != tuple(current))]
+
+    def _tables_in(self, scope: tuple[str, str]) -> list[str]:
         rows = self.con.execute(
-            "SELECT table_name FROM information_schema.tables "
-            "WHERE table_catalog <> 'temp' AND table_catalog NOT LIKE 'system%' ORDER BY table_name"
-        ).fetchall()
-        return [r[0] for r in rows]
+            "SELECT table_name FROM information_schema.tables WHERE table_catalog = ? AND table_schema = ? "
+            "ORDER BY table_name", list(scope)).fetchall()
+        return [r[0] for r in rows if not r[0].startswith(TEMP_PREFIX)]
+
+    def table_scopes(self) -> dict[str, tuple[str, str]]:
+        """Each user table's (catalog, schema); the default scope wins a name clash."""
+        found: dict[str, tuple[str, str]] = {}
+        for scope in self.scopes():
+            for name in self._tables_in(scope):
+                found.setdefault(name, scope)
+        return found
+
+    def tables(self) -> list[str]:
+        """The user's tables (and views) of the source, sorted; never relsql's temp tables."""
+        return sorted(self.table_scopes())
 
     def columns(self, table: str) -> list[tuple[str, str]]:
         """(name, type) of a user table's columns in order; a SchemaError if it is missing."""
-        rows = self.con.execute(
+        scope = self.table_scopes().get(table)
+        rows = [] if scope is None else self.con.execute(
             "SELECT column_name, data_type FROM information_schema.columns "
-            "WHERE table_name = ? AND table_catalog <> 'temp' ORDER BY ordinal_position",
-            [table],
-        ).fetchall()
+            "WHERE table_catalog = ? AND table_schema = ? AND table_name = ? ORDER BY ordinal_position",
+            [scope[0], scope[1], table]).fetchall()
         if not rows:
             raise SchemaError(f"table `{table}` does not exist in {self.description}; known tables: {', '.join(self.tables()) or 'none'}")
         return [(r[0], r[1]) for r in rows]
 
     def has_table(self, table: str) -> bool:
-        return table in self.tables()
+        return table in self.table_scopes()
 
     def write_table(self, name: str, data: pa.Table, *, replace: bool = False) -> None:
         """Write `data` as a new user table, atomically: all of it or nothing.
 
-        An existing table of that name is refused unless `replace`. Sources other than DuckDB
-        override this (a folder of files writes a Parquet file by rename, attached databases
-        write inside a transaction).
+        An existing table of that name is refused unless `replace`. DuckDB, SQLite and
+        PostgreSQL write inside one transaction; a folder of files writes `<name>.parquet` to a
+        temporary file and renames it into place.
         """
-        if not replace and self.has_table(name):
-            raise SchemaError(f"table `{name}` already exists in {self.description}; choose another name or pass replace=True")
-        view = f"{self._prefix}write_{next(_session)}"
-        self.con.register(view, data)
-        try:
-            self.con.execute("BEGIN TRANSACTION")
-            try:
-                self.execute(exp.Create(
-                    this=exp.Table(this=exp.to_identifier(name, quoted=True)), kind="TABLE", replace=replace,
-                    expression=exp.select(exp.Star()).from_(exp.Table(this=exp.to_identifier(view, quoted=True)))))
-                self.con.execute("COMMIT")
-            except BaseException:
-                self.con.execute("ROLLBACK")
-                raise
-        except duckdb.Error as err:
-            raise SourceError(f"could not write table `{name}` to {self.description}: {err}") from None
-        finally:
-            self.con.unregister(view)
+        if not isinstance(name, str) or not name or name.startswith(TEMP_PREFIX):
+            raise SchemaError(f"cannot write a table named {name!r}: give a non-empty name not starting with {TEMP_PREFIX}")
+        self.source.write_table(self, name, _as_arrow(data, name), replace)
+
+    def catalog(self) -> Catalog:
+        """Tables, columns (name, type, nullable), primary and foreign keys, row counts."""
+        from relsql.catalog import read_catalog
+        return read_catalog(self)
 
 
-def connect(source: str | Path | duckdb.DuckDBPyConnection | None = None, *, read_only: bool = False) -> Database:
-    """Open a database: in-memory DuckDB by default, a `.duckdb` file, or an existing connection."""
-    if source is None or source == ":memory:":
-        return Database(duckdb.connect(), "in-memory DuckDB")
-    if isinstance(source, duckdb.DuckDBPyConnection):
-        return Database(source, "DuckDB connection")
-    path = Path(source)
+def _as_arrow(data: Any, name: str) -> pa.Table:
+    from connectors.frames import to_arrow
+    return to_arrow(data, name)
+
+
+DUCKDB_SUFFIXES = (".duckdb", ".ddb")
+SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
+SQLITE_MAGIC = b"SQLite format 3\x00"
+KINDS = "an in-memory DuckDB (None), a .duckdb file, a folder of Parquet/CSV files, a .sqlite file, a postgresql:// URL or a dict of data frames"
+
+
+def _sniff(path: Path) -> str | None:
     try:
-        return Database(duckdb.connect(str(path), read_only=read_only), f"DuckDB file {path}")
-    except duckdb.Error as err:
-        raise SourceError(f"cannot open DuckDB file {path}: {err}") from None
+        with open(path, "rb") as handle:
+            head = handle.read(16)
+    except OSError as err:
+        raise SourceError(f"cannot read {path}: {err.strerror}; check the path and its permissions") from None
+    if head.startswith(SQLITE_MAGIC):
+        return "sqlite"
+    if head[8:12] == b"DUCK":
+        return "duckdb"
+    return None
+
+
+def connect(source: str | Path | duckdb.DuckDBPyConnection | Mapping[str, Any] | None = None, *,
+            read_only: bool = False, tables: Mapping[str, Any] | None = None) -> Database:
+    """Open a data source as a `Database` whose engine is DuckDB.
+
+    `source`: None or ":memory:" (in-memory DuckDB), an open `duckdb.DuckDBPyConnection`, a
+    `.duckdb`/`.ddb` path (created if missing unless read_only), a folder of `*.parquet` /
+    `*.csv` files (one table per file, named after its stem), a `.sqlite`/`.sqlite3`/`.db` file,
+    a `postgresql://` URL, or a dict of table name -> polars/pandas/pyarrow frame.
+    `read_only`: open the source so that nothing can write to it (grounding still works: its
+    temporary tables live in DuckDB's in-memory temp catalog). `tables`: extra frames registered
+    as tables beside the source (kept in memory, never written into the source).
+    """
+    from connectors import duckdb_file, files, frames, postgres, sqlite
+
+    if source is None or (isinstance(source, str) and source == ":memory:"):
+        db = Database(duckdb.connect(), "in-memory DuckDB", source=Source("in-memory DuckDB", read_only=False))
+    elif isinstance(source, duckdb.DuckDBPyConnection):
+        db = Database(source, "DuckDB connection")
+    elif isinstance(source, Mapping):
+        db = frames.open_frames(source)
+    elif isinstance(source, str) and postgres.is_url(source):
+        db = postgres.open_postgres(source, read_only=read_only)
+    elif isinstance(source, str | os.PathLike):
+        db = _open_path(Path(source), read_only, duckdb_file, files, sqlite)
+    else:
+        raise SourceError(f"cannot connect to a {type(source).__name__}: pass {KINDS}")
+    if tables:
+        frames.add_frames(db, tables)
+    return db
+
+
+def _open_path(path: Path, read_only: bool, duckdb_file, files, sqlite) -> Database:
+    suffix = path.suffix.lower()
+    if path.is_dir():
+        return files.open_folder(path, read_only=read_only)
+    if path.exists():
+        if not path.is_file():
+            raise SourceError(f"{path} is neither a file nor a folder; pass {KINDS}")
+        kind = _sniff(path) or ("duckdb" if suffix in DUCKDB_SUFFIXES else "sqlite" if suffix in SQLITE_SUFFIXES else None)
+        if kind == "sqlite":
+            return sqlite.open_sqlite(path, read_only=read_only)
+        if kind == "duckdb":
+            return duckdb_file.open_duckdb_file(path, read_only=read_only)
+        if suffix in (".parquet", ".csv"):
+            raise SourceError(f"{path} is a single {suffix[1:]} file; connect to its folder ({path.parent}) to use every "
+                              "Parquet/CSV file in it as a table")
+        raise SourceError(f"{path} is not a database relsql can open (neither DuckDB nor SQLite); pass {KINDS}")
+    if suffix in DUCKDB_SUFFIXES and not read_only:
+        if not path.parent.is_dir():
+            raise SourceError(f"cannot create DuckDB file {path}: folder {path.parent} does not exist; create it first")
+        return duckdb_file.open_duckdb_file(path, read_only=False)
+    raise SourceError(f"{path} does not exist; check the path (a new DuckDB database is created only for a "
+                      f"path ending in .duckdb opened with read_only=False)")
 
 
 def to_tensor(column: pa.ChunkedArray | pa.Array, dtype: torch.dtype | None = None) -> torch.Tensor:

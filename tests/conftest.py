@@ -28,3 +28,172 @@ def mutagenesis(tmp_path_factory):
     dataset = load_builtin(db.con, "mutagenesis")
     yield db, dataset
     db.con.close()
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """A real PostgreSQL server on 127.0.0.1 (high port, temp dir), stopped at session end.
+
+    Skips cleanly only when no PostgreSQL server binaries are installed (scripts/setup installs them).
+    """
+    from tests.pg_server import PostgresServer, find_bin
+
+    if find_bin() is None:
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed; run scripts/setup")
+    server = PostgresServer.start()
+    yield server
+    server.stop()
+
+
+# --- one small shop database, loaded into every kind of source (tests/test_connectors.py, test_catalog.py)
+
+SHOP_DDL = """
+CREATE TABLE customer (id INTEGER PRIMARY KEY, name TEXT NOT NULL, age DOUBLE PRECISION, vip BOOLEAN, joined DATE);
+CREATE TABLE product (id INTEGER PRIMARY KEY, price DOUBLE PRECISION NOT NULL, category TEXT);
+CREATE TABLE orders (id INTEGER PRIMARY KEY, customer_id INTEGER NOT NULL REFERENCES customer (id),
+                     product_id INTEGER NOT NULL REFERENCES product (id), qty DOUBLE PRECISION NOT NULL, day DATE);
+CREATE TABLE review (customer_id INTEGER NOT NULL REFERENCES customer (id), product_id INTEGER NOT NULL REFERENCES product (id),
+                     stars DOUBLE PRECISION, PRIMARY KEY (customer_id, product_id));
+"""
+
+
+def shop_tables():
+    """The shop data as Arrow tables (NULLs in age, vip, joined, category, day, stars)."""
+    import datetime
+
+    import pyarrow as pa
+
+    day = datetime.date
+    customer = pa.table({
+        "id": pa.array([1, 2, 3, 4, 5, 6], pa.int32()),
+        "name": ["ann", "bob", "cid", "dee", "eve", "fay"],
+        "age": [31.5, None, 45.25, 22.75, 38.5, 51.125],
+        "vip": [True, False, None, True, False, False],
+        "joined": [day(2020, 1, 5), day(2021, 3, 9), None, day(2022, 7, 1), day(2019, 11, 30), day(2023, 2, 14)],
+    })
+    product = pa.table({
+        "id": pa.array([10, 20, 30, 40, 50], pa.int32()),
+        "price": [2.5, 10.75, 3.125, 99.5, 0.5],
+        "category": ["food", "tools", None, "tools", "food"],
+    })
+    orders = pa.table({
+        "id": pa.array(range(100, 115), pa.int32()),
+        "customer_id": pa.array([1, 1, 2, 3, 3, 3, 4, 5, 5, 1, 2, 4, 4, 5, 3], pa.int32()),
+        "product_id": pa.array([10, 20, 10, 30, 40, 50, 20, 10, 40, 50, 30, 10, 40, 20, 20], pa.int32()),
+        "qty": [1.5, 2.0, 3.25, 1.0, 0.5, 4.0, 2.5, 1.0, 1.75, 3.0, 2.0, 0.25, 1.0, 5.5, 2.0],
+        "day": [day(2024, 1, d) for d in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14)] + [None],
+    })
+    review = pa.table({
+        "customer_id": pa.array([1, 1, 2, 3, 4, 5, 5, 6], pa.int32()),
+        "product_id": pa.array([10, 20, 10, 40, 20, 10, 40, 30], pa.int32()),
+        "stars": [4.0, 5.0, None, 2.5, 3.0, 4.5, 1.0, 5.0],
+    })
+    return {"customer": customer, "product": product, "orders": orders, "review": review}
+
+
+def _load_duckdb(path, tables):
+    import duckdb
+
+    con = duckdb.connect(str(path))
+    con.execute(SHOP_DDL)
+    for name, table in tables.items():
+        con.register("incoming", table)
+        con.execute(f'INSERT INTO "{name}" SELECT * FROM incoming')
+        con.unregister("incoming")
+    con.close()
+
+
+def _load_sqlite(path, tables):
+    import sqlite3
+
+    con = sqlite3.connect(path)
+    con.executescript(SHOP_DDL.replace("DOUBLE PRECISION", "REAL"))
+    for name, table in tables.items():
+        rows = [tuple(v.isoformat() if hasattr(v, "isoformat") else v for v in row.values()) for row in table.to_pylist()]
+        con.executemany(f'INSERT INTO "{name}" VALUES ({", ".join("?" * table.num_columns)})', rows)
+    con.commit()
+    con.close()
+
+
+def _load_postgres(server, tables, name="shop"):
+    import re
+
+    import relsql
+
+    name = re.sub(r"[^a-z0-9_]", "_", name)
+    url = server.createdb(name)
+    server.psql(name, SHOP_DDL)
+    db = relsql.connect(url)
+    for name, table in tables.items():
+        db.con.register("incoming", table)
+        db.con.execute(f'INSERT INTO "{name}" SELECT * FROM incoming')
+        db.con.unregister("incoming")
+    db.close()
+    return url
+
+
+def _shop_source(kind, root, tables, server, pg_name="shop"):
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    if kind == "duckdb":
+        _load_duckdb(root / "shop.duckdb", tables)
+        return root / "shop.duckdb"
+    if kind == "sqlite":
+        _load_sqlite(root / "shop.sqlite", tables)
+        return root / "shop.sqlite"
+    if kind in ("parquet", "csv"):
+        (root / kind).mkdir()
+        for name, table in tables.items():
+            if kind == "parquet":
+                pq.write_table(table, root / kind / f"{name}.parquet")
+            else:
+                pacsv.write_csv(table, root / kind / f"{name}.csv")
+        return root / kind
+    if kind == "postgres":
+        if server is None:
+            pytest.skip("PostgreSQL server binaries are not installed; run scripts/setup")
+        return _load_postgres(server, tables, pg_name)
+    if kind == "frames":
+        return dict(tables)
+    raise ValueError(kind)
+
+
+SHOP_KINDS = ("duckdb", "sqlite", "parquet", "csv", "postgres", "frames")
+
+
+@pytest.fixture(scope="session")
+def shop_server(request):
+    """The session's PostgreSQL server, or None where no PostgreSQL binaries are installed."""
+    try:
+        return request.getfixturevalue("pg_server")
+    except pytest.skip.Exception:
+        return None
+
+
+@pytest.fixture(scope="session")
+def shop_sources(tmp_path_factory, shop_server):
+    """The shop data in every source, built once: {kind: argument for relsql.connect} (read from, never written)."""
+    root = tmp_path_factory.mktemp("shop")
+    tables = shop_tables()
+    sources = {}
+    for kind in SHOP_KINDS:
+        if kind == "postgres" and shop_server is None:
+            continue
+        sources[kind] = _shop_source(kind, root, tables, shop_server)
+    return sources
+
+
+@pytest.fixture
+def fresh_shop(tmp_path, shop_server):
+    """A function kind -> a new, private copy of the shop source (for tests that write)."""
+    import itertools
+    import uuid
+
+    counter = itertools.count()
+
+    def make(kind):
+        root = tmp_path / f"{kind}{next(counter)}"
+        root.mkdir()
+        return _shop_source(kind, root, shop_tables(), shop_server, pg_name=f"shop_{uuid.uuid4().hex[:12]}")
+    return make

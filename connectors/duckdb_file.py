@@ -1,0 +1,58 @@
+"""A DuckDB database file (`.duckdb` / `.ddb`, or any file with DuckDB's header).
+
+Opened with DuckDB itself, read-only when asked (grounding still works then: relsql's tables
+live in the in-memory temp catalog). Keys come from `duckdb_constraints()`. A file locked by
+another process, or one that is not a DuckDB database, is a clear SourceError.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import duckdb
+
+from relsql.db import Database, Source
+from relsql.errors import SourceError
+
+__all__ = ["DuckDBFile", "open_duckdb_file"]
+
+
+class DuckDBFile(Source):
+    kind = "duckdb-file"
+
+    def __init__(self, path: Path, *, read_only: bool):
+        super().__init__(f"DuckDB file {path}{' (read-only)' if read_only else ''}", read_only=read_only)
+        self.path = path
+
+
+def open_duckdb_file(path: Path, *, read_only: bool = False) -> Database:
+    path = Path(path)
+    if read_only and not path.exists():
+        raise SourceError(f"DuckDB file {path} does not exist; check the path (read_only=True never creates a database)")
+    try:
+        con = duckdb.connect(str(path), read_only=read_only)
+    except duckdb.Error as err:
+        raise _explain(path, err, read_only) from None
+    source = DuckDBFile(path, read_only=read_only)
+    return Database(con, source.description, source=source)
+
+
+def _explain(path: Path, err: duckdb.Error, read_only: bool) -> SourceError:
+    text = str(err)
+    if "Could not set lock" in text or "Conflicting lock" in text:
+        holder = re.search(r"held in (.*?) \(PID (\d+)\)", text)
+        who = f"process {holder.group(2)} ({holder.group(1)})" if holder else "another process"
+        return SourceError(f"DuckDB file {path} is locked by {who}: DuckDB allows one writing process per file. "
+                           "Close that process's connection, or open the file with read_only=True in every process, "
+                           "or work on a copy of the file")
+    if "not a valid DuckDB database file" in text or "Unknown file format" in text or "is not a DuckDB" in text:
+        return SourceError(f"{path} is not a DuckDB database file; pass a .duckdb file, a .sqlite file, a folder of "
+                           "Parquet/CSV files or a postgresql:// URL")
+    if "different configuration" in text:
+        return SourceError(f"DuckDB file {path} is already open in this process with read_only="
+                           f"{not read_only}; close that connection first or connect with the same read_only")
+    if "Permission denied" in text or "Read-only file system" in text:
+        return SourceError(f"cannot open DuckDB file {path} for writing: {text.splitlines()[0]}; "
+                           "connect with read_only=True or fix the file's permissions")
+    return SourceError(f"cannot open DuckDB file {path}: {text.splitlines()[0]}")

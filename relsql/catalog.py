@@ -1,0 +1,174 @@
+"""Schema introspection: tables, columns and types, primary and foreign keys, row counts.
+
+Columns and types come from DuckDB's `information_schema` (so types read the same way the
+grounder sees them, whatever the source); keys come from each source's own catalog: DuckDB's
+`duckdb_constraints()`, SQLite's `PRAGMA table_info` / `foreign_key_list` (read with Python's
+sqlite3 from the file), PostgreSQL's `pg_constraint` (through `postgres_query`). A folder of
+Parquet/CSV files and data frames have no keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import duckdb
+import sqlglot.expressions as exp
+
+if TYPE_CHECKING:
+    from relsql.db import Database
+
+__all__ = ["Catalog", "Column", "ForeignKey", "Keys", "Table", "duckdb_keys", "format_catalog", "read_catalog"]
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str  # DuckDB's name of the type as the grounder sees it (BIGINT, DOUBLE, VARCHAR, DATE, ...)
+    nullable: bool
+
+
+@dataclass(frozen=True)
+class ForeignKey:
+    columns: tuple[str, ...]
+    table: str  # the referenced table
+    references: tuple[str, ...]  # the referenced columns, in the order of `columns`
+
+    def __str__(self) -> str:
+        return f"({', '.join(self.columns)}) -> {self.table}({', '.join(self.references)})"
+
+
+@dataclass(frozen=True)
+class Keys:
+    """What a source's own catalog says about one table's keys."""
+
+    primary_key: tuple[str, ...] = ()
+    foreign_keys: tuple[ForeignKey, ...] = ()
+    not_null: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    columns: tuple[Column, ...]
+    primary_key: tuple[str, ...] = ()
+    foreign_keys: tuple[ForeignKey, ...] = ()
+    rows: int = 0
+    kind: str = "table"  # "table" or "view"
+
+    def column(self, name: str) -> Column:
+        for column in self.columns:
+            if column.name == name:
+                return column
+        raise KeyError(name)
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+
+@dataclass
+class Catalog:
+    source: str  # the Database's description
+    kind: str  # duckdb, duckdb-file, folder, sqlite, postgres, frames
+    tables: dict[str, Table] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> Table:
+        return self.tables[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.tables
+
+    def __iter__(self):
+        return iter(self.tables.values())
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.tables)
+
+
+def duckdb_keys(con: duckdb.DuckDBPyConnection, scope: tuple[str, str]) -> dict[str, Keys]:
+    """Primary keys, foreign keys and NOT NULL columns of one DuckDB (catalog, schema)."""
+    rows = con.execute(
+        "SELECT table_name, constraint_type, constraint_column_names, referenced_table, referenced_column_names "
+        "FROM duckdb_constraints() WHERE database_name = ? AND schema_name = ? "
+        "AND constraint_type IN ('PRIMARY KEY', 'FOREIGN KEY', 'NOT NULL') ORDER BY table_name, constraint_index",
+        list(scope)).fetchall()
+    found: dict[str, dict] = {}
+    for table, kind, columns, ref_table, ref_columns in rows:
+        entry = found.setdefault(table, {"pk": (), "fks": [], "nn": set()})
+        if kind == "PRIMARY KEY":
+            entry["pk"] = tuple(columns)
+        elif kind == "FOREIGN KEY" and ref_table:
+            fk = ForeignKey(tuple(columns), ref_table, tuple(ref_columns or ()))
+            if fk not in entry["fks"]:
+                entry["fks"].append(fk)
+        elif kind == "NOT NULL":
+            entry["nn"].update(columns)
+    return {t: Keys(e["pk"], tuple(e["fks"]), frozenset(e["nn"])) for t, e in found.items()}
+
+
+def read_catalog(db: Database) -> Catalog:
+    """The catalog of the user's tables of `db` (see `Database.catalog`)."""
+    catalog = Catalog(db.description, db.source.kind)
+    scopes = db.scopes()
+    placement = db.table_scopes()
+    for index, scope in enumerate(scopes):
+        names = [n for n, s in placement.items() if s == scope]
+        if not names:
+            continue
+        keys = db.source.keys(db, scope) if index == 0 else duckdb_keys(db.con, scope)
+        kinds = dict(db.con.execute(
+            "SELECT table_name, table_type FROM information_schema.tables WHERE table_catalog = ? AND table_schema = ?",
+            list(scope)).fetchall())
+        columns: dict[str, list[tuple[str, str, str]]] = {}
+        for table, name, dtype, nullable in db.con.execute(
+                "SELECT table_name, column_name, data_type, is_nullable FROM information_schema.columns "
+                "WHERE table_catalog = ? AND table_schema = ? ORDER BY table_name, ordinal_position", list(scope)).fetchall():
+            columns.setdefault(table, []).append((name, dtype, nullable))
+        for table in names:
+            key = keys.get(table, Keys())
+            not_null = set(key.not_null) | set(key.primary_key)
+            count = exp.select(exp.Count(this=exp.Star())).from_(_table(table, scope))
+            rows = db.con.execute(count.sql("duckdb")).fetchone()[0]
+            catalog.tables[table] = Table(
+                name=table,
+                columns=tuple(Column(n, t, nullable == "YES" and n not in not_null) for n, t, nullable in columns.get(table, [])),
+                primary_key=key.primary_key,
+                foreign_keys=key.foreign_keys,
+                rows=int(rows),
+                kind="view" if "VIEW" in str(kinds.get(table, "")).upper() else "table",
+            )
+    catalog.tables = dict(sorted(catalog.tables.items()))
+    return catalog
+
+
+def _table(name: str, scope: tuple[str, str]) -> exp.Table:
+    quoted = lambda s: exp.to_identifier(s, quoted=True)  # noqa: E731
+    return exp.Table(this=quoted(name), db=quoted(scope[1]), catalog=quoted(scope[0]))
+
+
+def format_catalog(catalog: Catalog) -> str:
+    """A readable listing for `relsql inspect`: tables with row counts, columns, keys."""
+    count = len(catalog.tables)
+    lines = [f"{catalog.source}: {count} table{'s' if count != 1 else ''}"]
+    for table in catalog:
+        kind = " (view)" if table.kind == "view" else ""
+        lines.append("")
+        lines.append(f"{table.name}{kind}: {table.rows:,} row{'s' if table.rows != 1 else ''}")
+        width = max((len(c.name) for c in table.columns), default=0)
+        type_width = max((len(c.type) for c in table.columns), default=0)
+        for column in table.columns:
+            notes = []
+            if column.name in table.primary_key:
+                notes.append("PK")
+            notes.extend(f"FK -> {fk.table}.{fk.references[fk.columns.index(column.name)] if fk.references else '?'}"
+                         for fk in table.foreign_keys if column.name in fk.columns)
+            notes.append("NULL" if column.nullable else "NOT NULL")
+            lines.append(f"  {column.name:<{width}}  {column.type:<{type_width}}  {'  '.join(notes)}".rstrip())
+        if len(table.primary_key) > 1:
+            lines.append(f"  primary key ({', '.join(table.primary_key)})")
+        for fk in table.foreign_keys:
+            if len(fk.columns) > 1:
+                lines.append(f"  foreign key {fk}")
+    return "\n".join(lines)
