@@ -129,3 +129,24 @@ def test_sql_max_is_elementwise(db):
     tpl = relsql.Template.from_sql("CREATE TABLE m AS SELECT n.kind, max(n.x) FROM node n GROUP BY n.kind;")
     net = relsql.compile(tpl, db, dtype=torch.float64)
     assert net.values("m").sort("kind")["value"].to_list() == [[1.0, 1.0], [0.0, 1.0], [0.5, 2.0]]
+
+
+def test_cli_inspect_train_predict(tmp_path, capsys):
+    from tests.test_model import SIMPLE, build
+
+    build(tmp_path / "shop.duckdb").con.close()
+    template = tmp_path / "t.sql"
+    template.write_text(SIMPLE)
+    shop = str(tmp_path / "shop.duckdb")
+    assert main(["inspect", shop]) == 0
+    out = capsys.readouterr().out
+    assert "customer: 300 rows" in out and re.search(r"customer_id\s+INTEGER\s+PK", out)
+    model = str(tmp_path / "m.pt")
+    assert main(["train", shop, "--template", str(template), "--target", "customer.churned", "--epochs", "5",
+                 "--model", model, "--predictions", "preds"]) == 0
+    assert "task binary" in capsys.readouterr().out and (tmp_path / "m.png").exists()
+    assert main(["predict", shop, "--model", model, "--table", "preds"]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert main(["predict", shop, "--model", model, "--table", "preds", "--replace"]) == 0
+    db = relsql.connect(shop, read_only=True)
+    assert db.arrow('SELECT count(*) AS n FROM "preds"').column("n")[0].as_py() == 300
