@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -58,38 +59,33 @@ def _predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo(args: argparse.Namespace) -> int:
-    """Mutagenesis on the embedded DuckDB: import, ground, compile, explain, a few steps."""
-    from connectors.neuralogic_files import load_builtin
+ROOT = Path(__file__).resolve().parent.parent
 
+
+def _demo(args: argparse.Namespace) -> int:
+    """The embedded default: Mutagenesis (molecule, atom, bond) on DuckDB, trained end to end."""
+    sys.path.insert(0, str(ROOT))
+    from demos.mutagenesis import load
+
+    started = time.perf_counter()
     db = relsql.connect(args.db) if args.db else relsql.connect()
-    started = time.perf_counter()
-    dataset = load_builtin(db.con, "mutagenesis")
-    counts = ", ".join(f"{t} {n}" for t, n in sorted(dataset.tables.items()) if t in ("bond", "query_predict", "c", "o"))
-    print(f"imported Mutagenesis from the neuralogic wheel into {db.description} ({counts}) in {time.perf_counter() - started:.2f}s")
-    template = relsql.Template.from_file(dataset.template)
-    started = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        net = relsql.compile(template, db, seed=0)
-    print(f"grounded in DuckDB and compiled in {time.perf_counter() - started:.2f}s; the plan:")
-    print(net.explain())
-    targets = db.arrow('SELECT sample, target FROM "query_predict" ORDER BY sample')
-    target = torch.tensor(targets.column("target").to_pylist(), dtype=torch.float32).reshape(-1, 1)
-    rows = torch.tensor(targets.column("sample").to_pylist())
-    optimizer = torch.optim.Adam(net.parameters(), lr=args.lr)
-    started = time.perf_counter()
-    for step in range(args.steps):
-        optimizer.zero_grad()
-        output = net()["predict"].index_select(0, rows)
-        loss = ((output - target) ** 2).mean()
-        loss.backward()
-        optimizer.step()
-        if step % max(args.steps // 5, 1) == 0 or step == args.steps - 1:
-            accuracy = ((output.detach() > 0.5) == (target > 0.5)).float().mean().item()
-            print(f"step {step:3d}  mse {loss.item():.4f}  training accuracy {accuracy:.3f}")
-    print(f"{args.steps} full-batch steps in {time.perf_counter() - started:.2f}s")
-    print(net.values("predict").head(5))
+    counts = load(db.con)
+    print(f"Mutagenesis in {db.description}: " + ", ".join(f"{t} {n} rows" for t, n in counts.items()))
+    template = ROOT / "sql" / "mutagenesis.sql"
+    model = relsql.Model(db, template, target="molecule.mutagenic", seed=args.seed)
+    print(f"grounded {template.name} in DuckDB and compiled it in {model.timings['grounding']:.2f}s; the plan:")
+    print(model.net.explain())
+    model.fit(epochs=args.epochs, lr=args.lr, patience=args.patience)
+    print(model.report())
+    positive = float(model.y[torch.as_tensor(model.rows["test"])].mean())
+    scores = model.evaluate()
+    print(f"test accuracy {scores['accuracy']:.3f} (majority class {max(positive, 1 - positive):.3f}), "
+          f"ROC-AUC {scores['roc_auc']:.3f}")
+    rows = model.write_predictions("mutagenesis_predictions", replace=True)
+    print(f"wrote {rows} predictions to table mutagenesis_predictions; total {time.perf_counter() - started:.1f}s")
+    if args.model:
+        path = model.save(args.model)
+        print(f"model saved to {path} (metrics plot {path.with_suffix('.png')})")
     return 0
 
 
@@ -125,10 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     predict.add_argument("--table", help="write predictions to this new table instead of printing them")
     predict.add_argument("--replace", action="store_true", help="replace an existing table")
     predict.set_defaults(run=_predict)
-    demo = commands.add_parser("demo", help="Mutagenesis on the embedded DuckDB: ground, compile, train a few steps")
-    demo.add_argument("--db", help="write the demo database to this .duckdb file instead of memory")
-    demo.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
-    demo.add_argument("--lr", type=float, default=0.05, help="Adam learning rate (default 0.05)")
+    demo = commands.add_parser("demo", help="Mutagenesis on the embedded DuckDB: train sql/mutagenesis.sql, write predictions")
+    demo.add_argument("--db", help="build the demo database in this .duckdb file instead of memory")
+    demo.add_argument("--epochs", type=int, default=400)
+    demo.add_argument("--lr", type=float, default=0.01)
+    demo.add_argument("--patience", type=int, default=100)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--model", help="also save the trained model here")
     demo.set_defaults(run=_demo)
     args = parser.parse_args(argv)
     try:
