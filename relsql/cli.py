@@ -34,6 +34,21 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _template(args: argparse.Namespace) -> int:
+    from relsql.template.auto import generate
+
+    with relsql.connect(args.db, read_only=True) as db:
+        text = generate(db, args.target, hops=args.hops, width=args.width, aggregation=args.aggregation,
+                        time_column=args.time_column, infer_keys=not args.no_infer)
+    relsql.Template.from_sql(text)  # what we write must parse
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}: edit it, then `relsql train {args.db} --template {args.output} --target {args.target}`")
+    else:
+        print(text)
+    return 0
+
+
 def _train(args: argparse.Namespace) -> int:
     db = relsql.connect(args.db)
     model = relsql.Model(db, args.template, target=args.target, output=args.output, time_column=args.time_column,
@@ -99,6 +114,16 @@ def main(argv: list[str] | None = None) -> int:
     explain.add_argument("db", help="a .duckdb file")
     explain.add_argument("--template", required=True, help="a .sql template or a NeuraLogic Datalog file")
     explain.set_defaults(run=_explain)
+    template = commands.add_parser("template", help="write an editable SQL template for a target from keys and foreign keys")
+    template.add_argument("db", help="a .duckdb file, a folder of Parquet/CSV, a .sqlite file or a postgresql:// URL")
+    template.add_argument("--target", required=True, help="table.column to predict")
+    template.add_argument("-o", "--output", help="write the template to this file (default: print it)")
+    template.add_argument("--hops", type=int, default=2, help="foreign-key hops from the target (default 2)")
+    template.add_argument("--width", type=int, default=16, help="hidden width (default 16)")
+    template.add_argument("--aggregation", choices=["avg", "sum", "max"], default="avg")
+    template.add_argument("--time-column", help="column of the target table: only earlier rows reach a target")
+    template.add_argument("--no-infer", action="store_true", help="use declared keys only; do not infer missing ones")
+    template.set_defaults(run=_template)
     train = commands.add_parser("train", help="train a template to predict a target column; saves the model")
     train.add_argument("db", help="a database: .duckdb file, folder of Parquet/CSV, .sqlite file or postgresql:// URL")
     train.add_argument("--template", required=True, help="a .sql template or a NeuraLogic Datalog file")

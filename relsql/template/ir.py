@@ -211,6 +211,17 @@ class Template:
         return parse_datalog_template(text, base_dir=base_dir)
 
     @classmethod
+    def auto(cls, db, target: str, **options) -> Template:
+        """A template generated from the schema's keys; `.source` is its editable SQL text.
+
+        Options: hops (2), width (16), aggregation ("avg" | "sum" | "max"), time_column,
+        time_columns ({table: column}), infer_keys (True). See relsql/template/auto.py.
+        """
+        from relsql.template.auto import generate
+
+        return cls.from_sql(generate(db, target, **options))
+
+    @classmethod
     def from_file(cls, path) -> Template:
         """`.sql` files are SQL templates; anything else is read as NeuraLogic Datalog."""
         from pathlib import Path
