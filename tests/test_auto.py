@@ -1,0 +1,111 @@
+"""Automatic templates: schema shapes, key inference, no label leakage, time, and that they learn."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import relsql
+from relsql.cli import main
+
+
+@pytest.fixture
+def school(tmp_path):
+    """Composite keys, a self-referencing key, a link table without a key, an unreachable table."""
+    db = relsql.connect(tmp_path / "school.duckdb")
+    db.execute("""
+        CREATE TABLE teacher(teacher_id INT PRIMARY KEY, mentor_id INT REFERENCES teacher(teacher_id), years DOUBLE);
+        CREATE TABLE course(dept VARCHAR, number INT, teacher_id INT REFERENCES teacher(teacher_id), level VARCHAR,
+                            PRIMARY KEY (dept, number));
+        CREATE TABLE student(student_id INT PRIMARY KEY, age DOUBLE, passed BOOLEAN, enrolled DATE);
+        CREATE TABLE enrolment(student_id INT REFERENCES student(student_id), dept VARCHAR, number INT,
+                               grade DOUBLE, taken DATE, FOREIGN KEY (dept, number) REFERENCES course(dept, number));
+        CREATE TABLE weather(day DATE, rain DOUBLE);
+        INSERT INTO teacher VALUES (1, NULL, 10);
+        INSERT INTO teacher VALUES (2, 1, 3), (3, 1, 1);
+        INSERT INTO course VALUES ('cs', 101, 2, 'intro'), ('cs', 201, 3, 'advanced'), ('ma', 101, 1, 'intro');
+        INSERT INTO student VALUES (1, 20, true, DATE '2021-01-01'), (2, 22, false, DATE '2021-06-01'),
+                                   (3, 19, true, DATE '2022-01-01'), (4, 25, NULL, DATE '2022-06-01');
+        INSERT INTO enrolment VALUES (1, 'cs', 101, 3.5, DATE '2020-09-01'), (1, 'ma', 101, 3.0, DATE '2021-09-01'),
+                                     (2, 'cs', 201, 1.0, DATE '2021-02-01'), (3, 'cs', 101, 4.0, DATE '2021-09-01'),
+                                     (4, 'ma', 101, 2.0, DATE '2022-01-01'), (2, 'cs', 101, 2.5, DATE '2021-09-01');
+        INSERT INTO weather VALUES (DATE '2021-01-01', 3.0);
+    """)
+    yield db
+    db.con.close()
+
+
+def test_schema_shapes_are_handled(school):
+    text = relsql.Template.auto(school, "student.passed", hops=4).source
+    assert "left out (not reachable within 4 hops): weather" in text
+    assert "inferred primary key enrolment(student_id, dept, number)" in text  # link table keyed by its FKs
+    assert 'c.n_dept = y."dept" AND c.n_number = y."number"' in text  # a composite key joins on both columns
+    assert "teacher_by_mentor_id" in text  # the self-referencing key, as its own edge
+    net = relsql.compile(relsql.Template.from_sql(text), school, dtype=torch.float64, seed=0)
+    assert net()["predict"].shape == (4, 1)
+
+
+def test_target_column_never_reaches_the_inputs(school):
+    """Weights fixed: permuting the labels leaves every output unchanged; the text never names it."""
+    tpl = relsql.Template.auto(school, "student.passed", hops=3)
+    assert not re.search(r'"passed"', tpl.source)
+    before = relsql.compile(tpl, school, dtype=torch.float64, seed=0)()["predict"]
+    school.execute("UPDATE student SET passed = NOT passed WHERE passed IS NOT NULL")
+    after = relsql.compile(tpl, school, dtype=torch.float64, seed=0)()["predict"]
+    assert torch.equal(before, after)
+
+
+def test_time_column_keeps_later_rows_out(school):
+    tpl = relsql.Template.auto(school, "student.passed", hops=2, time_column="enrolled")
+    assert '"taken" < r."enrolled"' in tpl.source
+    before = relsql.compile(tpl, school, dtype=torch.float64, seed=0)()["predict"]
+    # Swap two grades taken on 2021-09-01 (the column's mean and spread stay the same): that day
+    # is after students 1 and 2 enrolled, before student 3 did.
+    school.execute("UPDATE enrolment SET grade = CASE WHEN student_id = 1 THEN 4.0 ELSE 3.0 END "
+                   "WHERE taken = DATE '2021-09-01' AND ((student_id = 1 AND dept = 'ma') OR (student_id = 3))")
+    after = relsql.compile(tpl, school, dtype=torch.float64, seed=0)()["predict"]
+    assert torch.equal(before[:2], after[:2])  # students 1 and 2 see nothing from their future
+    assert not torch.equal(before[2], after[2])  # student 3 sees the changed row
+
+
+def test_hops_zero_is_the_target_table_alone(school):
+    text = relsql.Template.auto(school, "student.passed", hops=0).source
+    assert "enrolment" not in text.split("-- tables used:")[1].splitlines()[0]
+    assert 'FROM enc_student v' in text
+
+
+def test_cli_template_writes_an_editable_file(school, tmp_path, capsys):
+    path = str(tmp_path / "school.duckdb")
+    school.con.close()
+    out = tmp_path / "auto.sql"
+    assert main(["template", path, "--target", "student.passed", "--hops", "1", "-o", str(out)]) == 0
+    edited = out.read_text().replace("tanh(p.h)", "relu(p.h)")
+    out.write_text(edited)
+    db = relsql.connect(path)
+    model = relsql.Model(db, out, target="student.passed", split=(0.5, 0.25, 0.25), progress=False).fit(epochs=3)
+    assert model.predict().height == 4
+
+
+def test_auto_template_on_mutagenesis_learns(tmp_path):
+    from demos.mutagenesis import load
+
+    db = relsql.connect()
+    load(db.con)
+    model = relsql.Model(db, relsql.Template.auto(db, "molecule.mutagenic"), target="molecule.mutagenic", seed=0,
+                         progress=False)
+    model.fit(epochs=400, lr=0.01, patience=100)
+    positive = float(model.y[torch.as_tensor(model.rows["test"])].mean())
+    assert model.evaluate()["accuracy"] >= max(positive, 1 - positive) + 0.05
+    assert np.isfinite(model.evaluate()["roc_auc"])
+
+
+def test_bad_auto_targets(school):
+    with pytest.raises(relsql.SchemaError, match="no primary key"):
+        relsql.Template.auto(school, "weather.rain")
+    with pytest.raises(relsql.SchemaError, match="no column `nope`"):
+        relsql.Template.auto(school, "student.nope")
+    with pytest.raises(relsql.SchemaError, match="time_column"):
+        relsql.Template.auto(school, "student.passed", time_column="when")
