@@ -109,3 +109,42 @@ def test_bad_auto_targets(school):
         relsql.Template.auto(school, "student.nope")
     with pytest.raises(relsql.SchemaError, match="time_column"):
         relsql.Template.auto(school, "student.passed", time_column="when")
+
+
+def test_signal_two_hops_away_beats_majority_and_target_only():
+    """The planted rule lives in product.quality, two foreign-key hops from customer.churned."""
+    from demos.synthetic import build
+
+    db = relsql.connect()
+    build(db.con, customers=1500, seed=0, foreign_keys=False)  # keys must be inferred too
+    accuracy = {}
+    for hops in (2, 0):
+        tpl = relsql.Template.auto(db, "customer.churned", hops=hops)
+        model = relsql.Model(db, tpl, target="customer.churned", seed=0, progress=False).fit(epochs=200, patience=30)
+        accuracy[hops] = model.evaluate()["accuracy"]
+    positive = float(model.y[torch.as_tensor(model.rows["test"])].mean())
+    majority = max(positive, 1 - positive)
+    assert "inferred foreign key orders(product_id) -> product(product_id)" in relsql.Template.auto(db, "customer.churned").source
+    assert accuracy[2] >= majority + 0.2 and accuracy[2] >= accuracy[0] + 0.2, (accuracy, majority)
+
+
+def test_tpch_from_duckdb_and_postgres_end_to_end(pg_server):
+    """dbgen declares no keys: they are inferred; the same template trains one epoch on both."""
+    import uuid
+
+    from connectors import tpch
+
+    local = relsql.connect()
+    tpch.generate(local.con, sf=0.01)
+    url = pg_server.createdb(f"tpch_{uuid.uuid4().hex[:10]}")
+    tpch.copy_to_postgres(local.con, url)
+    remote = relsql.connect(url, read_only=True)
+    texts = []
+    for db in (local, remote):
+        tpl = relsql.Template.auto(db, "orders.o_orderpriority", hops=2)
+        assert "inferred foreign key lineitem(l_orderkey) -> orders(o_orderkey)" in tpl.source
+        model = relsql.Model(db, tpl, target="orders.o_orderpriority", seed=0, progress=False).fit(epochs=1)
+        assert model.task.kind == "multiclass" and len(model.task.classes) == 5
+        assert model.predict().height == 15000 and np.isfinite(model.evaluate()["loss"])
+        texts.append([line for line in tpl.source.splitlines() if not line.startswith("-- ")])
+    assert texts[0] == texts[1]

@@ -105,11 +105,18 @@ def schema(db: Database, catalog: Catalog, infer: bool = True) -> Schema:
                     result.foreign_keys.append((child, fk))
                     result.inferred_foreign.append((child, fk))
                     break
-    for name in tables:  # a link table without a key: its foreign key columns, if unique together
+    for name, table in tables.items():
+        # A table without a key but with foreign keys: its foreign key columns if unique together
+        # (a link table), else those plus one integer column (TPC-H lineitem: + l_linenumber).
         columns = tuple(dict.fromkeys(c for child, fk in result.foreign_keys if child == name for c in fk.columns))
-        if not primary[name] and len(columns) >= 2 and _unique_together(db, name, columns):
-            primary[name] = columns
-            result.inferred_primary.add(name)
+        if primary[name] or not columns:
+            continue
+        extra = [c.name for c in table.columns if c.name not in columns and "INT" in c.type.upper()]
+        for candidate in ([columns] if len(columns) >= 2 else []) + [(*columns, c) for c in extra]:
+            if _unique_together(db, name, candidate):
+                primary[name] = candidate
+                result.inferred_primary.add(name)
+                break
     return result
 
 
