@@ -34,6 +34,10 @@ def _describe(op: Op, names: dict[int, str]) -> str:
         return f"broadcast({a[0]}, rows={op.attrs['rows']})"
     if k == "sum":
         return " + ".join(a)
+    if k == "spmm":
+        return f"sparse({a[0]}) @ {a[1]}"
+    if k == "dense_reduce":
+        return f"{op.attrs['kind']}({a[0]} as [rows/{op.attrs['width']} x {op.attrs['width']}], dim=1)"
     if k == "as_row":
         return a[0]
     return f"{k}({', '.join(a)})"
@@ -54,6 +58,8 @@ def explain(plan: Plan) -> str:
         lines.append(f"  t{op.out} = {_describe(op, names):<60} {_shape(op)}")
     outputs = ", ".join(f"{r}=t{s}" for r, s in plan.outputs.items())
     lines.append(f"outputs: {outputs}")
+    if plan.log:
+        lines.append("optimizer: " + "; ".join(plan.log))
     n_params = sum(1 for op in plan.ops if op.kind == "param")
     lines.append(f"{len(plan.ops)} ops, {n_params} weights, {len(plan.inputs)} index/column inputs")
     return "\n".join(lines)

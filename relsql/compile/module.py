@@ -43,6 +43,14 @@ def run_op(kind: str, args: list[torch.Tensor], attrs: dict) -> torch.Tensor:
         for a in args[1:]:
             out = out + a
         return out
+    if kind == "spmm":
+        matrix, dense = args
+        return torch.sparse.mm(matrix, dense) if matrix.layout == torch.sparse_csr else matrix @ dense
+    if kind == "dense_reduce":
+        x = args[0]
+        grouped = x.reshape(x.shape[0] // attrs["width"], attrs["width"], *x.shape[1:])
+        reduce = {"sum": torch.sum, "avg": torch.mean, "max": torch.amax, "min": torch.amin}[attrs["kind"]]
+        return reduce(grouped, dim=1)
     if kind == "as_row":
         return args[0].reshape(1, -1) if args[0].dim() <= 1 else args[0].unsqueeze(0)
     raise ValueError(f"unknown op {kind}")

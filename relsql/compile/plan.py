@@ -46,10 +46,31 @@ class Plan:
     outputs: dict[str, int] = field(default_factory=dict)  # relation -> slot
     slots: int = 0
     meta: dict[int, torch.Tensor] = field(default_factory=dict)  # slot -> meta tensor (shapes)
+    log: list[str] = field(default_factory=list)  # what each optimizer pass changed
 
     def new_slot(self) -> int:
         self.slots += 1
         return self.slots - 1
+
+    def add_input(self, tensor: torch.Tensor) -> int:
+        slot = self.new_slot()
+        self.inputs[slot] = tensor
+        self.meta[slot] = torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
+        return slot
+
+
+def make_op(plan: Plan, op_kind: str, args: tuple[int, ...], note: str, **attrs) -> Op:
+    """A new op writing a new slot; its shape comes from running the kernel on meta tensors."""
+    from relsql.compile.module import run_op
+
+    slot = plan.new_slot()
+    metas = [plan.meta[a] for a in args]
+    try:
+        out = run_op(op_kind, metas, attrs)
+    except (ValueError, RuntimeError, IndexError) as err:
+        raise ShapeError(f"{note}: {op_kind} does not fit the shapes {[tuple(m.shape[1:]) for m in metas]}: {err}") from None
+    plan.meta[slot] = out
+    return Op(op_kind, slot, args, attrs, rows=out.shape[0] if out.dim() else 1, shape=tuple(out.shape[1:]), note=note)
 
 
 class PlanBuilder:
@@ -64,23 +85,12 @@ class PlanBuilder:
 
     # -- slots ---------------------------------------------------------------------------
     def _input(self, tensor: torch.Tensor) -> int:
-        slot = self.plan.new_slot()
-        self.plan.inputs[slot] = tensor
-        self.plan.meta[slot] = torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
-        return slot
+        return self.plan.add_input(tensor)
 
     def _emit(self, op_kind: str, args: tuple[int, ...], note: str, **attrs) -> int:
-        from relsql.compile.module import run_op
-
-        slot = self.plan.new_slot()
-        metas = [self.plan.meta[a] for a in args]
-        try:
-            out = run_op(op_kind, metas, attrs)
-        except (ValueError, RuntimeError, IndexError) as err:
-            raise ShapeError(f"{note}: {op_kind} does not fit the shapes {[tuple(m.shape[1:]) for m in metas]}: {err}") from None
-        self.plan.meta[slot] = out
-        self.plan.ops.append(Op(op_kind, slot, args, attrs, rows=out.shape[0] if out.dim() else 1, shape=tuple(out.shape[1:]), note=note))
-        return slot
+        op = make_op(self.plan, op_kind, args, note, **attrs)
+        self.plan.ops.append(op)
+        return op.out
 
     def _param(self, name: str, input_shape: tuple[int, ...] | None, note: str) -> int:
         spec = self.template.weights[name]

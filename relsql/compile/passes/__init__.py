@@ -1,14 +1,36 @@
-"""Optimizer passes, each a function plan -> plan, applied in order (sqlglot-style RULES)."""
+"""Optimizer passes, each a function plan -> plan, applied in order (sqlglot-style RULES).
+
+Every pass keeps values and gradients identical to the unoptimized plan (tests/test_passes.py
+checks each one alone and all together); switch any off by passing your own tuple to
+`relsql.compile(..., passes=...)`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from relsql.compile.passes.common_subexpressions import common_subexpressions
+from relsql.compile.passes.dead_code import dead_code
+from relsql.compile.passes.deduplicate_rows import deduplicate_rows
+from relsql.compile.passes.identity_gather import identity_gather
+from relsql.compile.passes.linear_across_aggregation import linear_across_aggregation
+from relsql.compile.passes.linear_before_gather import linear_before_gather
+from relsql.compile.passes.sparse_aggregate import sparse_aggregate
+from relsql.compile.passes.uniform_segments import uniform_segments
 from relsql.compile.plan import Plan
 
 Pass = Callable[[Plan], Plan]
 
-RULES: tuple[Pass, ...] = ()
+RULES: tuple[Pass, ...] = (
+    deduplicate_rows,
+    identity_gather,
+    linear_across_aggregation,
+    linear_before_gather,
+    common_subexpressions,
+    sparse_aggregate,
+    uniform_segments,
+    dead_code,
+)
 
 
 def optimize(plan: Plan, passes: tuple[Pass, ...] | None = None) -> Plan:

@@ -1,0 +1,42 @@
+"""Small helpers the optimizer passes share: who produces and who reads each slot."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from relsql.compile.plan import Op, Plan
+
+
+def producers(plan: Plan) -> dict[int, Op]:
+    return {op.out: op for op in plan.ops}
+
+
+def readers(plan: Plan) -> dict[int, list[Op]]:
+    found: dict[int, list[Op]] = defaultdict(list)
+    for op in plan.ops:
+        for arg in op.args:
+            found[arg].append(op)
+    return found
+
+
+def only_reader(plan: Plan, slot: int, reader: Op, reads: dict[int, list[Op]]) -> bool:
+    """`reader` is the single consumer of `slot`, and the slot is no relation's output."""
+    return reads.get(slot, []) == [reader] and slot not in plan.outputs.values()
+
+
+def redirect(plan: Plan, mapping: dict[int, int]) -> None:
+    """Make every read of slot a read of mapping[a] instead (ops and relation outputs)."""
+    def resolve(slot: int) -> int:
+        while slot in mapping:
+            slot = mapping[slot]
+        return slot
+
+    for op in plan.ops:
+        op.args = tuple(resolve(a) for a in op.args)
+    plan.outputs = {name: resolve(slot) for name, slot in plan.outputs.items()}
+
+
+def is_matrix_on_vectors(plan: Plan, weight: int, value: int) -> bool:
+    """A (m, n) weight applied to rows of n-vectors: a plain matmul that commutes with row ops."""
+    w, x = plan.meta[weight], plan.meta[value]
+    return w.dim() == 2 and x.dim() == 2 and x.shape[1] == w.shape[1] and w.shape[1] != 1

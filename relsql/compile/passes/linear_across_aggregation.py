@@ -1,0 +1,31 @@
+"""sum/avg(W·x) = W·sum/avg(x): apply the weight on the side with fewer rows × width.
+
+PyG hand-picks this per layer type; here it is decided by sizes: the weight moves after the
+aggregation when the output is at least as wide as the input (aggregating the narrower
+vectors is cheaper), which also exposes gather → aggregate to the sparse pass.
+"""
+
+from __future__ import annotations
+
+from relsql.compile.passes._rewrite import is_matrix_on_vectors, only_reader, producers, readers
+from relsql.compile.plan import Op, Plan, make_op
+
+
+def linear_across_aggregation(plan: Plan) -> Plan:
+    made, reads, made_by = 0, readers(plan), producers(plan)
+    ops: list[Op] = []
+    for op in plan.ops:
+        linear = made_by.get(op.args[0]) if op.kind == "segment" and op.attrs["kind"] in ("sum", "avg") else None
+        if linear is not None and linear.kind == "linear" and only_reader(plan, linear.out, op, reads):
+            weight, x = linear.args
+            if is_matrix_on_vectors(plan, weight, x) and plan.meta[weight].shape[0] >= plan.meta[weight].shape[1]:
+                ops.remove(linear)
+                aggregated = make_op(plan, "segment", (x, *op.args[1:]), op.note, **op.attrs)
+                ops.append(aggregated)
+                ops.append(Op("linear", op.out, (weight, aggregated.out), {}, op.rows, op.shape, op.note))
+                made += 1
+                continue
+        ops.append(op)
+    plan.ops = ops
+    plan.log.append(f"linear_across_aggregation: {made} weights moved after sum/avg")
+    return plan
