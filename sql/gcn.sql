@@ -6,10 +6,16 @@
 -- The propagation set and its coefficients are plain SQL in the FROM subquery: one grounding
 -- per (edge or self loop), summed per target node.
 
+-- node features as a relation: joined by key below, so the plan gathers (or sparsely multiplies)
+-- one row per node instead of reading a copy of x for every edge from the database
+CREATE TABLE node_x AS
+SELECT n.node_id, n.x AS h
+FROM node n;
+
 -- layer 1: one-hot node labels x (7) -> 16, ReLU
 CREATE TABLE gcn1 AS
 SELECT e.dst AS node_id,
-       relu(sum(e.norm * linear(n.x, 16, 'gcn1_w')) + bias(16, 'gcn1_b')) AS h
+       relu(sum(e.norm * linear(n.h, 16, 'gcn1_w')) + bias(16, 'gcn1_b')) AS h
 FROM (
     -- existing self loops are replaced by exactly one loop per node (PyG: add_remaining_self_loops)
     WITH arcs AS (
@@ -23,7 +29,7 @@ FROM (
     JOIN deg ds ON ds.node_id = a.src
     JOIN deg dd ON dd.node_id = a.dst
 ) e
-JOIN node n ON n.node_id = e.src
+JOIN node_x n ON n.node_id = e.src
 GROUP BY e.dst;
 
 -- layer 2: 16 -> 16, no activation (the readout follows)

@@ -6,11 +6,17 @@
 -- Each layer is two statements for one relation, which relsql sums: the neighbour mean
 -- (grouped, only nodes with in-edges) and the root term (one row per node).
 
+-- node features as a relation: joined by key below, so the plan gathers (or sparsely multiplies)
+-- one row per node instead of reading a copy of x for every edge from the database
+CREATE TABLE node_x AS
+SELECT n.node_id, n.x AS h
+FROM node n;
+
 -- layer 1, before ReLU: one-hot node labels x (7) -> 16
 CREATE TABLE sage1_pre AS
-SELECT e.dst AS node_id, avg(linear(n.x, 16, 'sage1_wl')) AS h
+SELECT e.dst AS node_id, avg(linear(n.h, 16, 'sage1_wl')) AS h
 FROM edge e
-JOIN node n ON n.node_id = e.src
+JOIN node_x n ON n.node_id = e.src
 GROUP BY e.dst;
 
 CREATE TABLE sage1_pre AS

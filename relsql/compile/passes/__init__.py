@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from relsql.compile.passes.choose_segment_kernels import choose_segment_kernels
 from relsql.compile.passes.common_subexpressions import common_subexpressions
 from relsql.compile.passes.dead_code import dead_code
 from relsql.compile.passes.deduplicate_rows import deduplicate_rows
@@ -29,6 +30,7 @@ RULES: tuple[Pass, ...] = (
     common_subexpressions,
     sparse_aggregate,
     uniform_segments,
+    choose_segment_kernels,
     dead_code,
 )
 

@@ -1,0 +1,67 @@
+"""Pick each remaining sum/avg reduction's kernel by measuring it on its own sizes.
+
+Candidates: index_add (sorted scatter) and a CSR sparse × dense matmul with a
+heads × groundings matrix of ones (or 1/degree). Both are exact; which is faster depends on
+the sizes, the width and the machine, so it is timed (forward + backward) rather than guessed.
+Small reductions are left alone: timing them would cost more than it could save.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import torch
+
+from relsql.compile.plan import Op, Plan
+
+MIN_ROWS = 20_000  # below this, index_add is kept without measuring
+REPEATS = 3
+
+
+def _csr(counts: torch.Tensor, average: bool) -> torch.Tensor:
+    rows = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+    total = int(rows[-1])
+    values = torch.ones(total, dtype=torch.float64)
+    if average:
+        values = values / torch.repeat_interleave(counts, counts).to(torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(rows, torch.arange(total), values, (counts.shape[0], total))
+
+
+def _time(step) -> float:
+    step()
+    started = time.perf_counter()
+    for _ in range(REPEATS):
+        step()
+    return (time.perf_counter() - started) / REPEATS
+
+
+def choose_segment_kernels(plan: Plan) -> Plan:
+    from relsql.compile.kernels import segment_reduce
+
+    changed, measured = 0, 0
+    ops: list[Op] = []
+    for op in plan.ops:
+        counts = plan.inputs.get(op.args[2]) if op.kind == "segment" else None
+        ids = plan.inputs.get(op.args[1]) if op.kind == "segment" else None
+        if counts is None or ids is None or op.attrs["kind"] not in ("sum", "avg") or len(op.shape) != 1 \
+                or plan.meta[op.args[0]].shape[0] < MIN_ROWS:
+            ops.append(op)
+            continue
+        measured += 1
+        rows = plan.meta[op.args[0]].shape[0]
+        x = torch.randn(rows, *op.shape, requires_grad=True)
+        matrix = _csr(counts, op.attrs["kind"] == "avg").to(torch.float32)
+        native = _time(lambda: segment_reduce(op.attrs["kind"], x, ids, counts).sum().backward())  # noqa: B023
+        sparse = _time(lambda: torch.sparse.mm(matrix, x).sum().backward())  # noqa: B023
+        if sparse < native:
+            slot = plan.add_input(_csr(counts, op.attrs["kind"] == "avg"))
+            ops.append(Op("spmm", op.out, (slot, op.args[0]), {}, op.rows, op.shape, op.note))
+            changed += 1
+        else:
+            ops.append(op)
+    plan.ops = ops
+    plan.log.append(f"choose_segment_kernels: {measured} reductions timed, {changed} faster as CSR matmuls")
+    return plan
