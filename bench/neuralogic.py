@@ -1,0 +1,542 @@
+"""relsql vs PyNeuraLogic 0.9.2 on the Mutagenesis templates shipped with neuralogic.
+
+    python -m bench.neuralogic [--quick] [--out out/bench] [--reps 3] [--no-memory]
+
+For every template at the shipped width (3) and with every weight dimension widened to 32:
+
+* build: PyNeuraLogic = ``Model(model_file).build(settings)`` + ``build_dataset`` on the 188
+  molecules (JVM already started and warm; the one-time JVM start is reported separately);
+  relsql = ``Template.from_datalog`` + ``relsql.compile`` (grounding + plan + module) on a DuckDB
+  that already holds the examples (the DuckDB import is reported separately);
+* epoch: PyNeuraLogic = ``built.train(dataset)`` (one epoch: its SGD over all samples, one step
+  per sample); relsql = one full-batch forward + backward + SGD step of Σ(o − t)² over the 188
+  queries, in float64 (the ratio's reference: NeuraLogic computes in Java doubles) and float32.
+  Where NeuraLogic's backward pass fails (template_product: matrix-valued atoms) both sides are
+  timed on a forward pass over all samples instead (column ``epoch_kind`` = forward);
+* identical numbers: before any timing the relsql float64 weights are copied into NeuraLogic
+  (by weight index, as tests/oracles/compare.py does) and every query output must agree within
+  1e-6; the max |Δ| is recorded;
+* memory: peak RSS (VmHWM) of a fresh subprocess per side that builds and runs one epoch
+  (PyNeuraLogic's includes the in-process JVM through JPype; relsql's includes DuckDB + import).
+
+Times are medians over ``--reps`` repetitions after one warm-up, the two systems alternating.
+NeuraLogic settings (``--nl-settings iso``, the default): its defaults (iso-value compression on,
+Glorot init) except optimizer SGD(lr=1e-9) and MSE(reduction="sum"), the same step relsql takes,
+and chain_pruning=False: chain pruning changes NeuraLogic's outputs (max |Δ| 0.13 on
+template.txt with the same weights), so no identical numbers with it. ``--nl-settings oracle``
+also switches iso-value compression off, exactly as the oracle tests do.
+Results: a printed table, ``neuralogic.csv`` and ``neuralogic.png`` in ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gc
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+TEMPLATES = (
+    "template.txt",
+    "template_gnn.txt",
+    "template_crosssum.txt",
+    "template_elementProduct.txt",
+    "template_graphlets.txt",
+    "template_product.txt",
+    "template_partial.txt",
+)
+WIDTHS = (3, 32)
+TOL = 1e-6
+LR = 1e-9  # timing does not depend on it; tiny so that no template diverges (identity-activation GNNs at width 32 do at 1e-4)
+TARGETS = {"build": 10.0, "epoch@3": 1.0, "epoch@32": 20.0}
+
+COLUMNS = (
+    "template", "width", "epoch_kind",
+    "nl_build_s", "relsql_build_s", "build_ratio", "build_ratio_incl_import",
+    "nl_epoch_ms", "relsql_epoch_ms_f64", "relsql_epoch_ms_f32", "epoch_ratio_f64", "epoch_ratio_f32",
+    "max_abs_dev", "n_outputs", "nl_peak_rss_mib", "relsql_peak_rss_mib",
+    "relsql_import_s", "jvm_start_s", "nl_settings", "reps", "note",
+)
+
+
+# --------------------------------------------------------------------------- templates
+
+
+def widen(text: str, width: int) -> str:
+    """Every weight/offset dimension > 1 in `{..}` becomes `width` ({3,3}→{w,w}, {3,1}→{w,1}, {1,4}→{1,w})."""
+    if width == 3:
+        return text
+
+    def dims(m: re.Match) -> str:
+        parts = [p.strip() for p in m.group(1).split(",")]
+        return "{" + ",".join(str(width) if int(p) > 1 else p for p in parts) + "}"
+
+    return re.sub(r"\{\s*(\d+(?:\s*,\s*\d+)*)\s*\}", dims, text)
+
+
+def skip_reason(name: str, width: int) -> str | None:
+    if name == "template_crosssum.txt" and width != 3:
+        return f"crosssum's {{1,243}} = 3^5 would become {{1,{width}^5}} = {width**5:,} columns: skipped"
+    return None
+
+
+def write_template_dir(src_dir: Path, name: str, width: int, dest: Path) -> tuple[str, Path]:
+    """Widened copies of every template file in `dest`; returns (template text, path for NeuraLogic)."""
+    from tests.oracles.compare import oracle_text
+
+    dest.mkdir(parents=True, exist_ok=True)
+    for p in src_dir.glob("*.txt"):
+        (dest / p.name).write_text(widen(p.read_text(), width))
+    text = (dest / name).read_text()
+    if name == "template_partial.txt":  # it leaves atom/bond embeddings to another file
+        text = "import ./embeddings.txt\n" + text
+    nl_path = dest / f"__nl__{name}"
+    nl_path.write_text(oracle_text(text) + "\n")
+    return text, nl_path
+
+
+# --------------------------------------------------------------------------- the two sides
+
+
+def _quiet_java() -> float:
+    """Start the JVM (once per process, log off); returns the seconds it took (0 if already up)."""
+    import neuralogic
+
+    from tests.oracles import neuralogic_oracle as oracle
+
+    t = time.perf_counter()
+    already = neuralogic.is_initialized()
+    oracle._init()
+    return 0.0 if already else time.perf_counter() - t
+
+
+def nl_settings(kind: str):
+    from neuralogic.core import Settings
+    from neuralogic.nn.loss import MSE
+    from neuralogic.nn.optim import SGD
+
+    iso = kind == "iso"  # chain pruning changes the outputs: always off
+    return Settings(optimizer=SGD(lr=LR), error_function=MSE(reduction="sum"), iso_value_compression=iso,
+                    chain_pruning=False, prune_only_identities=False)
+
+
+class NeuraLogicSide:
+    def __init__(self, template_path: Path, examples: Path, queries: Path, settings_kind: str):
+        self.template_path, self.examples, self.queries = template_path, examples, queries
+        self.settings_kind = settings_kind
+        self.model = self.dataset = None
+
+    def build(self):
+        import neuralogic
+        from neuralogic.core.model import Model
+        from neuralogic.dataset import FileDataset
+
+        neuralogic.manual_seed(0)
+        model = Model(model_file=str(self.template_path)).build(nl_settings(self.settings_kind))
+        dataset = model.build_dataset(FileDataset(examples_file=str(self.examples), queries_file=str(self.queries)))
+        self.model, self.dataset = model, dataset
+
+    def set_weights(self, weights) -> None:
+        from tests.oracles import neuralogic_oracle as oracle
+
+        _, shapes, _, _ = oracle.get_weights(self.model)
+        for i, w in weights.items():
+            assert i in shapes and (shapes[i] == () or int(_prod(shapes[i])) == w.size), (i, shapes.get(i), w.shape)
+        oracle.set_weights(self.model, weights)
+        self.initial = weights
+
+    def reset(self):
+        from tests.oracles import neuralogic_oracle as oracle
+
+        oracle.set_weights(self.model, self.initial)
+
+    def outputs(self, n_examples: int):
+        from tests.oracles import neuralogic_oracle as oracle
+
+        ws = SimpleNamespace(model=self.model, dataset=self.dataset, examples=[None] * n_examples, queries=[])
+        return oracle._outputs(ws)
+
+    def epoch(self):
+        self.model.train(self.dataset)
+
+    def forward(self):
+        self.model(self.dataset)
+
+
+def _prod(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+class RelsqlSide:
+    def __init__(self, db, text: str, template_dir: Path, dtype, head: str = "predict"):
+        self.db, self.text, self.template_dir, self.dtype, self.head = db, text, template_dir, dtype, head
+        self.tpl = self.net = self.opt = self.targets = None
+
+    def build(self):
+        import relsql
+
+        tpl = relsql.Template.from_datalog(self.text, base_dir=str(self.template_dir))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            net = relsql.compile(tpl, self.db, dtype=self.dtype, seed=7)
+        self.tpl, self.net = tpl, net
+
+    def prepare(self, like: RelsqlSide | None = None):
+        """Targets aligned with the output rows, the optimizer; optionally copy weights from `like`."""
+        import torch
+
+        from tests.oracles.compare import keyed_values
+
+        if like is not None:
+            theirs = like.net.named_weights()
+            with torch.no_grad():
+                for name, p in self.net.named_weights().items():
+                    p.copy_(theirs[name].to(p.dtype))
+        rows = {k: i for i, k in enumerate(keyed_values(self.net, self.head))}
+        table = f"query_{self.head}"
+        out = self.net()[self.head]
+        target = torch.zeros_like(out)
+        mask = torch.zeros(out.shape[0], dtype=torch.bool)
+        for t in self.db.arrow(f'SELECT * FROM "{table}" ORDER BY ordinal').to_pylist():
+            key = (t["sample"], *[t[f"a{i}"] for i in range(len(t) - 3)])
+            target[rows[key]] = torch.as_tensor(t["target"], dtype=out.dtype).reshape(target[rows[key]].shape)
+            mask[rows[key]] = True
+        self.targets, self.mask = target, mask
+        self.opt = torch.optim.SGD([p for p in self.net.parameters() if p.requires_grad], lr=LR)
+        self.initial = {n: p.detach().clone() for n, p in self.net.named_weights().items()}
+
+    def reset(self):
+        import torch
+
+        with torch.no_grad():
+            for n, p in self.net.named_weights().items():
+                p.copy_(self.initial[n])
+
+    def epoch(self):
+        out = self.net()[self.head]
+        loss = ((out[self.mask] - self.targets[self.mask]) ** 2).sum()
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+
+    def forward(self):
+        import torch
+
+        with torch.no_grad():
+            self.net()
+
+
+def check_identical(rel: RelsqlSide, nl: NeuraLogicSide, n_examples: int) -> tuple[float, int]:
+    """Copy relsql's float64 weights into NeuraLogic; max |Δ| over every query output."""
+    import numpy as np
+
+    from tests.oracles.compare import keyed_values, relsql_weights
+
+    nl.set_weights(relsql_weights(rel.tpl, rel.net))
+    ours = keyed_values(rel.net, rel.head)
+    worst = 0.0
+    outs = nl.outputs(n_examples)
+    for out in outs:
+        args = tuple(a.strip() for a in out.query[out.query.index("(") + 1:-1].split(",")) if "(" in out.query else ()
+        key = (out.sample, *args)
+        if key not in ours:
+            raise AssertionError(f"{out.query} of sample {out.sample} has no value in relsql")
+        worst = max(worst, float(np.abs(ours[key].reshape(-1) - out.value.reshape(-1)).max()))
+    return worst, len(outs)
+
+
+def _timed(fn, reset=None) -> float:
+    if reset is not None:
+        reset()
+    gc.collect()
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+# --------------------------------------------------------------------------- one configuration
+
+
+def run_config(name: str, width: int, db, dataset, n_examples: int, work: Path, reps: int, settings_kind: str,
+               memory: bool, import_s: float, jvm_s: float) -> dict:
+    import torch
+
+    row = {c: "" for c in COLUMNS}
+    row.update(template=name, width=width, nl_settings=settings_kind, reps=reps,
+               relsql_import_s=f"{import_s:.4f}", jvm_start_s=f"{jvm_s:.3f}")
+    reason = skip_reason(name, width)
+    if reason:
+        row["note"] = reason
+        return row
+    tdir = work / f"{Path(name).stem}_w{width}"
+    text, nl_path = write_template_dir(dataset.template.parent, name, width, tdir)
+    rel = RelsqlSide(db, text, tdir, torch.float64)
+    rel32 = RelsqlSide(db, text, tdir, torch.float32)
+    nl = NeuraLogicSide(nl_path, dataset.examples, dataset.queries, settings_kind)
+
+    # build: one warm-up each, then alternating repetitions
+    rel.build()
+    nl.build()
+    rb, nb = [], []
+    for i in range(reps):
+        pair = [(rb, rel.build), (nb, nl.build)]
+        for times, fn in pair if i % 2 == 0 else pair[::-1]:
+            times.append(_timed(fn))
+    rel32.build()
+
+    # identical numbers before any timing (fresh float64 weights into NeuraLogic)
+    dev, n_out = check_identical(rel, nl, n_examples)
+    row.update(max_abs_dev=f"{dev:.3e}", n_outputs=n_out)
+    rel.prepare()
+    rel32.prepare(like=rel)
+
+    kind = "train"
+    try:
+        nl.epoch()  # warm-up; NeuraLogic's backward pass fails on some templates
+    except Exception as e:  # noqa: BLE001 - the Java exception type is not importable here
+        if "NaN" in str(e):
+            raise
+        kind = "forward"
+        row["note"] = f"NeuraLogic backward fails ({str(e).splitlines()[0][:90]}); forward pass timed on both sides"
+        nl.forward()
+    fns = {"nl": getattr(nl, "epoch" if kind == "train" else "forward"),
+           "f64": getattr(rel, "epoch" if kind == "train" else "forward"),
+           "f32": getattr(rel32, "epoch" if kind == "train" else "forward")}
+    resets = {"nl": nl.reset, "f64": rel.reset, "f32": rel32.reset}
+    fns["f64"]()
+    fns["f32"]()
+    times = {k: [] for k in fns}
+    order = list(fns)
+    for i in range(reps):
+        for k in order if i % 2 == 0 else order[::-1]:
+            times[k].append(_timed(fns[k], resets[k]))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    bmed_r, bmed_n = statistics.median(rb), statistics.median(nb)
+    row.update(
+        epoch_kind=kind,
+        nl_build_s=f"{bmed_n:.4f}", relsql_build_s=f"{bmed_r:.4f}",
+        build_ratio=f"{bmed_n / bmed_r:.2f}", build_ratio_incl_import=f"{bmed_n / (bmed_r + import_s):.2f}",
+        nl_epoch_ms=f"{med['nl'] * 1e3:.2f}", relsql_epoch_ms_f64=f"{med['f64'] * 1e3:.2f}",
+        relsql_epoch_ms_f32=f"{med['f32'] * 1e3:.2f}",
+        epoch_ratio_f64=f"{med['nl'] / med['f64']:.2f}", epoch_ratio_f32=f"{med['nl'] / med['f32']:.2f}",
+    )
+    del rel, rel32, nl
+    gc.collect()
+    if memory:
+        for side in ("neuralogic", "relsql"):
+            row[f"{'nl' if side == 'neuralogic' else 'relsql'}_peak_rss_mib"] = _memory_subprocess(
+                side, name, width, kind, settings_kind, work)
+    return row
+
+
+# --------------------------------------------------------------------------- memory (fresh processes)
+
+
+def _memory_subprocess(side: str, name: str, width: int, kind: str, settings_kind: str, work: Path) -> str:
+    cmd = [sys.executable, "-m", "bench.neuralogic", "--memory-probe", side, "--probe-template", name,
+           "--probe-width", str(width), "--probe-kind", kind, "--nl-settings", settings_kind]
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cwd = work / f"probe_{side}"
+    cwd.mkdir(exist_ok=True)
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    for line in proc.stdout.splitlines()[::-1]:
+        if line.startswith("{"):
+            return f"{json.loads(line)['peak_rss_mib']:.0f}"
+    print(f"memory probe {side} {name} w{width} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+    return "failed"
+
+
+def memory_probe(side: str, name: str, width: int, kind: str, settings_kind: str) -> None:
+    """Runs in a fresh process: build + one epoch (or forward) of one side, prints its peak RSS."""
+    from connectors.neuralogic_files import builtin_dataset_root
+
+    root = builtin_dataset_root() / "molecules" / "mutagenesis"
+    with tempfile.TemporaryDirectory(prefix="relsql_bench_probe_") as tmp:
+        text, nl_path = write_template_dir(root / "templates", name, width, Path(tmp))
+        if side == "neuralogic":
+            _quiet_java()
+            s = NeuraLogicSide(nl_path, root / "examples.txt", root / "queries.txt", settings_kind)
+        else:
+            import torch
+
+            import relsql
+            from connectors.neuralogic_files import load_builtin
+
+            db = relsql.connect()
+            load_builtin(db.con, "mutagenesis")
+            s = RelsqlSide(db, text, Path(tmp), torch.float64)
+        s.build()
+        if side == "relsql":
+            s.prepare()
+        s.epoch() if kind == "train" else s.forward()
+    print(json.dumps({"side": side, "peak_rss_mib": peak_rss_mib()}))
+
+
+def peak_rss_mib() -> float:
+    """This process's peak RSS. VmHWM belongs to the exec'd image; ru_maxrss can carry the forking parent's peak."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+# --------------------------------------------------------------------------- output
+
+
+def print_table(rows: list[dict]) -> str:
+    head = ("template", "w", "kind", "build NL s", "build rs s", "×", "epoch NL ms", "rs f64 ms", "rs f32 ms",
+            "×f64", "×f32", "max|Δ|", "RSS NL MiB", "RSS rs MiB")
+    keys = ("template", "width", "epoch_kind", "nl_build_s", "relsql_build_s", "build_ratio", "nl_epoch_ms",
+            "relsql_epoch_ms_f64", "relsql_epoch_ms_f32", "epoch_ratio_f64", "epoch_ratio_f32", "max_abs_dev",
+            "nl_peak_rss_mib", "relsql_peak_rss_mib")
+    cells = [head] + [tuple(str(r[k]) if r[k] != "" else "-" for k in keys) for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
+    lines = ["  ".join(c[i].ljust(widths[i]) if i < 3 else c[i].rjust(widths[i]) for i in range(len(head))) for c in cells]
+    lines.insert(1, "-" * len(lines[0]))
+    notes = [f"  {r['template']} w{r['width']}: {r['note']}" for r in rows if r["note"]]
+    return "\n".join(lines + (["notes:"] + notes if notes else []))
+
+
+def write_chart(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in rows if r["build_ratio"] != ""]
+    if not done:
+        return
+    labels = [f"{Path(r['template']).stem.removeprefix('template').lstrip('_') or 'template'}\nw{r['width']}"
+              + ("\n(fwd)" if r["epoch_kind"] == "forward" else "") for r in done]
+    fig, axes = plt.subplots(2, 1, figsize=(max(8, 0.8 * len(done) + 2), 9))
+    x = range(len(done))
+    ax = axes[0]
+    ax.bar(x, [float(r["build_ratio"]) for r in done], color="tab:blue")
+    ax.axhline(TARGETS["build"], color="red", ls="--", label=f"target ≥ {TARGETS['build']:g}×")
+    ax.set_title("build (grounding) speed-up: NeuraLogic s / relsql s")
+    ax2 = axes[1]
+    w = 0.4
+    ax2.bar([i - w / 2 for i in x], [float(r["epoch_ratio_f64"]) for r in done], w, label="relsql float64", color="tab:green")
+    ax2.bar([i + w / 2 for i in x], [float(r["epoch_ratio_f32"]) for r in done], w, label="relsql float32", color="tab:olive")
+    for i, r in enumerate(done):
+        t = TARGETS["epoch@3"] if r["width"] == 3 else TARGETS["epoch@32"]
+        ax2.hlines(t, i - 0.5, i + 0.5, color="red", ls="--", label="target (1× at w3, 20× at w32)" if i == 0 else None)
+    ax2.set_title("epoch speed-up: NeuraLogic ms / relsql ms")
+    for a in axes:
+        a.set_yscale("log")
+        a.axhline(1.0, color="gray", lw=0.8)
+        a.set_xticks(list(x))
+        a.set_xticklabels(labels, fontsize=7)
+        a.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.neuralogic", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="template.txt at width 3 only, 1 repetition")
+    ap.add_argument("--out", default="out/bench")
+    ap.add_argument("--reps", type=int, default=None, help="timed repetitions after the warm-up (default 3; quick 1)")
+    ap.add_argument("--templates", nargs="*", default=None)
+    ap.add_argument("--widths", nargs="*", type=int, default=None)
+    ap.add_argument("--no-memory", action="store_true", help="skip the fresh-process peak-RSS probes")
+    ap.add_argument("--nl-settings", choices=("iso", "oracle"), default="iso")
+    ap.add_argument("--memory-probe", choices=("neuralogic", "relsql"), help=argparse.SUPPRESS)
+    ap.add_argument("--probe-template", help=argparse.SUPPRESS)
+    ap.add_argument("--probe-width", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--probe-kind", default="train", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.memory_probe:
+        memory_probe(args.memory_probe, args.probe_template, args.probe_width, args.probe_kind, args.nl_settings)
+        return 0
+
+    templates = args.templates or (("template.txt",) if args.quick else TEMPLATES)
+    widths = args.widths or ((3,) if args.quick else WIDTHS)
+    reps = args.reps or (1 if args.quick else 3)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+
+    import torch
+
+    import relsql
+    from connectors.neuralogic_files import load_builtin
+
+    old_cwd = os.getcwd()
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="relsql_bench_nl_") as tmp:
+        work = Path(tmp)
+        os.chdir(work)  # PyNeuraLogic writes ./target/...
+        try:
+            jvm_s = _quiet_java()
+            t = time.perf_counter()
+            db = relsql.connect()
+            dataset = load_builtin(db.con, "mutagenesis")
+            import_s = time.perf_counter() - t
+            n_examples = sum(1 for ln in dataset.examples.read_text().splitlines() if ln.strip())
+            print(f"JVM start {jvm_s:.2f} s (once, excluded from builds); DuckDB import of the examples {import_s:.3f} s "
+                  f"(excluded from relsql builds); torch threads {torch.get_num_threads()}, cores {os.cpu_count()}; "
+                  f"NeuraLogic settings: {args.nl_settings}; reps {reps}", flush=True)
+            for width in widths:
+                for name in templates:
+                    t0 = time.perf_counter()
+                    try:
+                        row = run_config(name, width, db, dataset, n_examples, work, reps, args.nl_settings,
+                                         not args.no_memory, import_s, jvm_s)
+                    except Exception as e:  # noqa: BLE001 - report and go on with the other templates
+                        traceback.print_exc()
+                        row = {c: "" for c in COLUMNS}
+                        row.update(template=name, width=width, nl_settings=args.nl_settings, reps=reps,
+                                   note=f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}")
+                    rows.append(row)
+                    print(f"  {name} w{width}: build ×{row['build_ratio'] or '-'}, epoch ×{row['epoch_ratio_f64'] or '-'} "
+                          f"(f64), max|Δ| {row['max_abs_dev'] or '-'}  [{time.perf_counter() - t0:.0f} s]", flush=True)
+        finally:
+            os.chdir(old_cwd)
+
+    csv_path, png_path = out / "neuralogic.csv", out / "neuralogic.png"
+    with open(csv_path, "w", newline="") as fp:
+        w = csv.DictWriter(fp, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    write_chart(rows, png_path)
+    print()
+    print(print_table(rows))
+    print(f"\nbuild = NL Model.build+build_dataset vs relsql from_datalog+compile (import excluded; "
+          f"ratio incl. import in the CSV); epoch: NL train() per-sample SGD vs relsql full-batch SGD step; "
+          f"× = NeuraLogic / relsql; targets build ≥{TARGETS['build']:g}×, epoch >{TARGETS['epoch@3']:g}× at w3, "
+          f"≥{TARGETS['epoch@32']:g}× at w32")
+    print(f"wrote {csv_path} and {png_path}")
+    bad = [r for r in rows if (r["max_abs_dev"] != "" and not float(r["max_abs_dev"]) < TOL) or r["note"].startswith("ERROR")]
+    if bad:
+        print("FAILED (identical-numbers check or error): " + ", ".join(f"{r['template']} w{r['width']} ({r['max_abs_dev']})" for r in bad))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
