@@ -10,6 +10,7 @@ touched, and `tables()`/`columns()` list only the user's tables of the source.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import warnings
@@ -163,8 +164,26 @@ class Database:
             "ORDER BY table_name", list(scope)).fetchall()
         return [r[0] for r in rows if not r[0].startswith(TEMP_PREFIX)]
 
+    @contextlib.contextmanager
+    def frozen_schema(self):
+        """Within this block the user's tables and columns are read once and remembered:
+        grounding asks for them per body literal, and each catalog query is a round trip."""
+        self._schema_cache = {}
+        try:
+            yield self
+        finally:
+            self._schema_cache = None
+
     def table_scopes(self) -> dict[str, tuple[str, str]]:
         """Each user table's (catalog, schema); the default scope wins a name clash."""
+        cache = getattr(self, "_schema_cache", None)
+        if cache is not None:
+            if "scopes" not in cache:
+                cache["scopes"] = self._table_scopes()
+            return cache["scopes"]
+        return self._table_scopes()
+
+    def _table_scopes(self) -> dict[str, tuple[str, str]]:
         found: dict[str, tuple[str, str]] = {}
         for scope in self.scopes():
             for name in self._tables_in(scope):
@@ -177,6 +196,14 @@ class Database:
 
     def columns(self, table: str) -> list[tuple[str, str]]:
         """(name, type) of a user table's columns in order; a SchemaError if it is missing."""
+        cache = getattr(self, "_schema_cache", None)
+        if cache is not None:
+            if ("columns", table) not in cache:
+                cache[("columns", table)] = self._columns(table)
+            return cache[("columns", table)]
+        return self._columns(table)
+
+    def _columns(self, table: str) -> list[tuple[str, str]]:
         scope = self.table_scopes().get(table)
         rows = [] if scope is None else self.con.execute(
             "SELECT column_name, data_type FROM information_schema.columns "

@@ -76,10 +76,11 @@ def ground(template: ir.Template, db: Database, *, presets: Presets | None = Non
     grounder = _Grounder(template, db, presets or Presets())
     order = template.order()
     bar = _progress(order, progress)
-    for name in bar:
-        if hasattr(bar, "set_postfix_str"):
-            bar.set_postfix_str(name)
-        grounder.relation(template.relations[name])
+    with db.frozen_schema():  # relsql only adds temp tables while grounding
+        for name in bar:
+            if hasattr(bar, "set_postfix_str"):
+                bar.set_postfix_str(name)
+            grounder.relation(template.relations[name])
     dictionaries = {w: db.arrow(exp.select(exp.Star()).from_(t.copy()).order_by(q.col("code")))
                     for w, t in grounder.dictionaries.items()}
     return Grounding(grounder.relations, dictionaries, grounder.feature_stats)
