@@ -21,9 +21,8 @@ import sqlglot.expressions as exp
 import torch
 from torch import nn
 
+from relsql.compile import make_plan
 from relsql.compile.module import CompiledNet
-from relsql.compile.passes import optimize
-from relsql.compile.plan import build_plan
 from relsql.db import Database
 from relsql.errors import RelsqlError, SchemaError
 from relsql.ground import query as q
@@ -75,7 +74,7 @@ class Model:
         started = time.perf_counter()
         grounding = ground(self.template, self.db, presets=presets, progress=self.progress)
         self.timings["grounding"] = time.perf_counter() - started
-        plan = optimize(build_plan(self.template, grounding, self.dtype))
+        plan = make_plan(self.template, grounding, self.dtype)
         self.net = CompiledNet(plan, grounding, dtype=self.dtype, seed=self.seed)
         labels = self._labels(relation.keys)
         where = f"{self.target}"

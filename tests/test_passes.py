@@ -104,8 +104,7 @@ def test_each_pass_alone_and_all_together(case, mutag, molecules, neuralogic_mut
 def test_passes_fire_where_expected(mutag):
     _, _, net = run(relsql.Template.from_file(ROOT / "sql" / "gcn.sql"), mutag, None)
     kinds = [op.kind for op in net.plan.ops]
-    assert "spmm" in kinds and "segment" not in kinds[: kinds.index("spmm")]
-    assert "sparse_aggregate: 2 " in net.explain()
+    assert sum(k == "spmm" for k in kinds) >= 2 and "segment" not in kinds[: kinds.index("spmm")]
     _, _, net = run(relsql.Template.from_file(ROOT / "sql" / "sage.sql"), mutag, None)
     assert sum(op.kind == "spmm" for op in net.plan.ops) >= 2
 
@@ -136,3 +135,15 @@ def test_segment_kernel_choice_is_exact_whatever_it_picks():
     reference, chosen = run(tpl, db, ()), run(tpl, db, (choose_segment_kernels,))
     assert_same(reference, chosen, "segment kernel choice")
     assert "choose_segment_kernels: 1 reductions timed" in chosen[2].explain()
+
+
+def test_identical_groundings_are_computed_once(neuralogic_mutagenesis):
+    """NeuraLogic's long-body templates: few distinct grounding classes, same numbers."""
+    db, dataset = neuralogic_mutagenesis
+    tpl = relsql.Template.from_file(dataset.template.parent / "template_elementProduct.txt")
+    reference, compressed = run(tpl, db, ()), run(tpl, db, None)
+    assert_same(reference, compressed, "compressed")
+    assert "compress_groundings: 0 " not in compressed[2].explain()
+    rows = {op.rows for op in compressed[2].plan.ops if op.kind == "combine"}
+    groundings = {op.rows for op in reference[2].plan.ops if op.kind == "combine"}
+    assert max(rows) * 2 <= max(groundings)

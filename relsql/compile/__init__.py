@@ -17,8 +17,15 @@ def compile(template: Template, db: Database, dtype: torch.dtype = torch.float32
             passes: tuple | None = None) -> CompiledNet:
     """Ground `template` in `db` and compile it into a torch module on `device`."""
     grounding = ground(template, db)
-    plan = optimize(build_plan(template, grounding, dtype), passes)
-    return CompiledNet(plan, grounding, dtype=dtype, seed=seed).to(device)
+    return CompiledNet(make_plan(template, grounding, dtype, passes), grounding, dtype=dtype, seed=seed).to(device)
+
+
+def make_plan(template: Template, grounding, dtype: torch.dtype, passes: tuple | None = None):
+    """The optimized plan: built (compressed when `compress_groundings` is among the passes), then passes."""
+    from relsql.compile.passes import RULES, compress_groundings
+
+    compress = compress_groundings in (RULES if passes is None else passes)
+    return optimize(build_plan(template, grounding, dtype, compress=compress), passes)
 
 
 __all__ = ["compile", "CompiledNet"]

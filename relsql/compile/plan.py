@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from relsql.compile import kernels
+from relsql.compile import compress, kernels
 from relsql.errors import ShapeError
 from relsql.ground.execute import Grounding, RuleGrounding
 from relsql.template import ir
@@ -76,10 +76,13 @@ def make_op(plan: Plan, op_kind: str, args: tuple[int, ...], note: str, **attrs)
 class PlanBuilder:
     """Translates each rule's expression into ops, tracking levels: constant, grounding, head."""
 
-    def __init__(self, template: ir.Template, grounding: Grounding, dtype: torch.dtype):
+    def __init__(self, template: ir.Template, grounding: Grounding, dtype: torch.dtype, compress: bool = False):
         self.template = template
         self.grounding = grounding
         self.dtype = dtype
+        self.compress = compress
+        self.classes: dict[str, torch.Tensor] = {}  # relation -> structural class of each row
+        self.compressed = 0
         self.plan = Plan()
         self._param_slots: dict[str, int] = {}
 
@@ -118,6 +121,8 @@ class PlanBuilder:
             relation = self.template.relations[name]
             size = relation_grounding.size
             parts = [self._rule(rg, size) for rg in relation_grounding.rules]
+            if self.compress:
+                self.classes[name] = self._relation_classes(relation_grounding, size)
             note = f"{name}"
             if not parts:
                 self.plan.outputs[name] = self._input(torch.zeros((size, 1), dtype=self.dtype))
@@ -141,12 +146,40 @@ class PlanBuilder:
             if relation.activation not in (None, "identity"):
                 value = self._emit("act", (value,), note, name=relation.activation)
             self.plan.outputs[name] = value
+        if self.compress:
+            self.plan.log.append(f"compress_groundings: {self.compressed} rules evaluated once per class of identical groundings")
         return self.plan
+
+    # -- isomorphic compression ------------------------------------------------------------
+    def _grounding_classes(self, rg: RuleGrounding) -> torch.Tensor:
+        columns = [self.classes[r][index] if r in self.classes else index for r, index in zip(rg.rule.refs, rg.refs)]
+        columns += [compress.classes_of(c) for c in rg.columns.values()]
+        return compress.combine(columns, rg.size)
+
+    def _relation_classes(self, relation_grounding, size: int) -> torch.Tensor:
+        per_rule = []
+        for rg in relation_grounding.rules:
+            cls = self._grounding_classes(rg)
+            heads = torch.full((size,), -1, dtype=torch.int64)
+            if rg.rule.grouped:
+                counts = rg.offsets[1:] - rg.offsets[:-1]
+                ids = torch.repeat_interleave(torch.arange(counts.shape[0]), counts)
+                heads[rg.segment_heads] = compress.segment_signatures(ids, cls, counts.shape[0])
+            else:
+                heads[rg.head] = cls
+            per_rule.append(heads)
+        return compress.combine(per_rule, size)
 
     def _rule(self, rg: RuleGrounding, size: int) -> int:
         rule = rg.rule
         note = f"{rule.head} {rule.origin}"
         ctx = _RuleContext(rg, self, note)
+        if self.compress and rule.grouped and rg.size >= 64:
+            cls = self._grounding_classes(rg)
+            k = int(cls.max()) + 1 if cls.numel() else 0
+            if k <= rg.size // 2:
+                ctx.compress(cls, k)
+                self.compressed += 1
         slot, level = ctx.compile(rule.expr)
         if level == "c":
             slot = self._emit("broadcast", (slot,), note, rows=rg.segment_heads.shape[0])
@@ -166,6 +199,15 @@ class _RuleContext:
         self.b = builder
         self.note = note
         self._cache: dict[str, int] = {}
+        self.refs, self.columns, self.rows = rg.refs, rg.columns, rg.size
+        self.classes: torch.Tensor | None = None  # grounding classes when compressed
+
+    def compress(self, classes: torch.Tensor, k: int) -> None:
+        """Evaluate per-grounding parts on one representative grounding per class."""
+        rep = compress.representatives(classes, k)
+        self.classes, self.rows = classes, k
+        self.refs = [r[rep] for r in self.rg.refs]
+        self.columns = {i: c[rep] for i, c in self.rg.columns.items()}
 
     def tensor(self, key: str, tensor: torch.Tensor) -> int:
         if key not in self._cache:
@@ -182,15 +224,15 @@ class _RuleContext:
         if isinstance(expr, ir.Ref):
             relation = self.rg.rule.refs[expr.index]
             source = b.plan.outputs[relation]
-            return b._emit("gather", (source, self.tensor(f"ref{expr.index}", self.rg.refs[expr.index])), note, relation=relation), "g"
+            return b._emit("gather", (source, self.tensor(f"ref{expr.index}", self.refs[expr.index])), note, relation=relation), "g"
         if isinstance(expr, ir.Column):
-            return self.tensor(f"col{expr.index}", self.rg.columns[expr.index].to(b.dtype)), "g"
+            return self.tensor(f"col{expr.index}", self.columns[expr.index].to(b.dtype)), "g"
         if isinstance(expr, ir.Features):
-            data = torch.cat([self.rg.columns[c] for c in expr.columns], dim=1)  # encoded in SQL
+            data = torch.cat([self.columns[c] for c in expr.columns], dim=1)  # encoded in SQL
             return self.tensor(f"features{expr.columns}", data.to(b.dtype)), "g"
         if isinstance(expr, ir.Embed):
             weight = b._param(expr.weight, None, note)
-            return b._emit("gather", (weight, self.tensor(f"col{expr.column}", self.rg.columns[expr.column])), note, relation=expr.weight), "g"
+            return b._emit("gather", (weight, self.tensor(f"col{expr.column}", self.columns[expr.column])), note, relation=expr.weight), "g"
         if isinstance(expr, ir.Param):
             weight = b._param(expr.weight, None, note)
             return b._emit("as_row", (weight,), note), "c"
@@ -215,8 +257,14 @@ class _RuleContext:
         if isinstance(expr, ir.Agg):
             x, level = self.compile(expr.arg)
             if level == "c":
-                x = b._emit("broadcast", (x,), note, rows=self.rg.size)
+                x = b._emit("broadcast", (x,), note, rows=self.rows)
             ids, counts = self.segments()
+            if self.classes is not None:
+                if expr.kind in ("sum", "avg") and b.plan.meta[x].dim() == 2:
+                    matrix = compress.multiplicity_matrix(b.plan.inputs[ids], self.classes, b.plan.inputs[counts],
+                                                          self.rows, expr.kind == "avg")
+                    return b._emit("spmm", (self.tensor(f"multiplicity_{expr.kind}", matrix), x), note), "h"
+                x = b._emit("gather", (x, self.tensor("classes", self.classes)), note, relation="grounding classes")
             return b._emit("segment", (x, ids, counts), note, kind=expr.kind), "h"
         raise TypeError(f"unknown expression node {expr!r}")
 
@@ -229,8 +277,8 @@ def _level(a: str, b: str, note: str) -> str:
     raise ShapeError(f"{note}: mixes per-grounding values with aggregated ones; wrap the per-grounding part in an aggregate")
 
 
-def build_plan(template: ir.Template, grounding: Grounding, dtype: torch.dtype) -> Plan:
-    return PlanBuilder(template, grounding, dtype).build()
+def build_plan(template: ir.Template, grounding: Grounding, dtype: torch.dtype, compress: bool = False) -> Plan:
+    return PlanBuilder(template, grounding, dtype, compress).build()
 
 
 __all__ = ["Op", "Plan", "ParamSpec", "build_plan", "kernels"]

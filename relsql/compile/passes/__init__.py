@@ -22,7 +22,15 @@ from relsql.compile.plan import Plan
 
 Pass = Callable[[Plan], Plan]
 
+
+def compress_groundings(plan: Plan) -> Plan:
+    """Isomorphic compression (relsql/compile/compress.py) happens while the plan is built:
+    its presence in the pass tuple switches it on; as a pass over a built plan it does nothing."""
+    return plan
+
+
 RULES: tuple[Pass, ...] = (
+    compress_groundings,
     deduplicate_rows,
     identity_gather,
     linear_across_aggregation,
