@@ -15,10 +15,9 @@ from relsql.errors import RelsqlError
 
 
 def _explain(args: argparse.Namespace) -> int:
-    db = relsql.connect(args.db, read_only=True)
     template = relsql.Template.from_file(args.template)
     started = time.perf_counter()
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), relsql.connect(args.db, read_only=True) as db:
         warnings.simplefilter("ignore")
         net = relsql.compile(template, db)
     print(f"-- grounded and compiled in {time.perf_counter() - started:.2f}s")
@@ -50,27 +49,27 @@ def _template(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    db = relsql.connect(args.db)
-    model = relsql.Model(db, args.template, target=args.target, output=args.output, time_column=args.time_column,
-                         seed=args.seed, task=args.task)
-    model.fit(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, patience=args.patience)
-    path = model.save(args.model)
-    print(model.report())
-    print(f"model saved to {path} (metrics plot {path.with_suffix('.png')})")
-    if args.predictions:
-        rows = model.write_predictions(args.predictions, replace=args.replace)
-        print(f"wrote {rows} predictions to table {args.predictions}")
+    with relsql.connect(args.db) as db:
+        model = relsql.Model(db, args.template, target=args.target, output=args.output, time_column=args.time_column,
+                             seed=args.seed, task=args.task)
+        model.fit(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, patience=args.patience)
+        path = model.save(args.model)
+        print(model.report())
+        print(f"model saved to {path} (metrics plot {path.with_suffix('.png')})")
+        if args.predictions:
+            rows = model.write_predictions(args.predictions, replace=args.replace)
+            print(f"wrote {rows} predictions to table {args.predictions}")
     return 0
 
 
 def _predict(args: argparse.Namespace) -> int:
-    db = relsql.connect(args.db)
-    model = relsql.Model.load(args.model, db)
-    if args.table:
-        rows = model.write_predictions(args.table, replace=args.replace)
-        print(f"wrote {rows} predictions to table {args.table}")
-    else:
-        print(model.predict())
+    with relsql.connect(args.db) as db:
+        model = relsql.Model.load(args.model, db)
+        if args.table:
+            rows = model.write_predictions(args.table, replace=args.replace)
+            print(f"wrote {rows} predictions to table {args.table}")
+        else:
+            print(model.predict())
     return 0
 
 
@@ -101,6 +100,7 @@ def _demo(args: argparse.Namespace) -> int:
     if args.model:
         path = model.save(args.model)
         print(f"model saved to {path} (metrics plot {path.with_suffix('.png')})")
+    db.close()
     return 0
 
 

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import relsql
-from relsql.train import metrics
 
 # Customers whose label is decided by their orders' amounts: a relation one join away.
 TEMPLATE = """
@@ -76,11 +75,10 @@ def test_multiclass_and_regression_tasks(db):
     assert multi.evaluate()["accuracy"] > 0.6
     reg = relsql.Model(db, relsql.Template.from_sql(SIMPLE), target="customer.spend", seed=1, progress=False)
     assert reg.task.kind == "regression"
-    baseline = metrics.rmse(np.array([0.0]), np.array([0.0]))
     reg.fit(epochs=150, lr=0.03)
     scores = reg.evaluate()
     spends = np.array([r[0] for r in db.con.execute("SELECT spend FROM customer").fetchall()])
-    assert baseline == 0.0 and scores["rmse"] < 0.5 * spends.std(), scores
+    assert scores["rmse"] < 0.5 * spends.std(), scores  # far better than predicting the mean
     assert reg.predict()["prediction"].dtype.is_float()
 
 

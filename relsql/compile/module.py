@@ -60,7 +60,7 @@ def _initial(spec, dtype: torch.dtype, generator: torch.Generator | None) -> tor
     """Sensible defaults: Glorot-like matrices, N(0,1) embeddings, zero biases, given values."""
     if spec.init is not None:
         return torch.as_tensor(spec.init, dtype=dtype).reshape(spec.shape).clone()
-    if spec.kind in ("bias", "offset_zero"):
+    if spec.kind == "bias":
         return torch.zeros(spec.shape, dtype=dtype)
     if spec.kind == "embed":
         return torch.randn(spec.shape, dtype=dtype, generator=generator)
