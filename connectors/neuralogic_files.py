@@ -41,6 +41,7 @@ import duckdb
 import pyarrow as pa
 import sqlglot.expressions as exp
 
+from connectors._transaction import atomic
 from relsql.errors import RelsqlError, SourceError
 
 __all__ = [
@@ -555,23 +556,11 @@ def _write(
         raise SourceError(
             f"table(s) {', '.join(clashes)} already exist; pass replace=True to overwrite them"
         )
-    try:
-        con.begin()
-        own_transaction = True
-    except duckdb.TransactionException:
-        own_transaction = False  # inside the caller's transaction: the caller rolls back
-    name = ""
-    try:
+    current = [""]
+    with atomic(con, current):
         for name, table in tables.items():
+            current[0] = name
             _create(con, name, table, replace)
-        if own_transaction:
-            con.commit()
-    except BaseException as err:
-        if own_transaction:
-            con.rollback()
-        if isinstance(err, duckdb.Error):
-            raise SourceError(f"could not create table {name!r}: {err}") from err
-        raise
     return {n: t.num_rows for n, t in tables.items()}
 
 

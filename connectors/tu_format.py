@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 import sqlglot.expressions as exp
 
+from connectors._transaction import atomic
 from relsql.errors import SourceError
 
 __all__ = ["load_tu", "mutag_folder"]
@@ -198,29 +199,17 @@ def load_tu(con, folder: str | Path, name: str, *, prefix: str = "", edge_labels
     clashes = sorted(n for n in names.values() if n.lower() in _existing_tables(con))
     if clashes:
         raise SourceError(f"table(s) {', '.join(clashes)} already exist; drop them or pass another prefix=")
-    try:
-        con.begin()
-        own_transaction = True
-    except duckdb.TransactionException:
-        own_transaction = False  # inside the caller's transaction: the caller rolls back
     views = []
-    current = ""
+    current = [""]
     try:
-        for kind, table in tables.items():
-            current = names[kind]
-            view = f"__relsql_tu_{uuid.uuid4().hex}"
-            con.register(view, table)
-            views.append(view)
-            for statement in _create_statements(names[kind], kind, table, view):
-                con.execute(statement.sql(dialect="duckdb"))
-        if own_transaction:
-            con.commit()
-    except BaseException as err:
-        if own_transaction:
-            con.rollback()
-        if isinstance(err, duckdb.Error):
-            raise SourceError(f"could not create table {current!r}: {err}") from err
-        raise
+        with atomic(con, current):
+            for kind, table in tables.items():
+                current[0] = names[kind]
+                view = f"__relsql_tu_{uuid.uuid4().hex}"
+                con.register(view, table)
+                views.append(view)
+                for statement in _create_statements(names[kind], kind, table, view):
+                    con.execute(statement.sql(dialect="duckdb"))
     finally:
         for view in views:
             con.unregister(view)
