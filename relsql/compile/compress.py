@@ -6,6 +6,10 @@ classes. A grounding's class is the tuple of its body rows' classes. Since equal
 equal values for any weights, a rule evaluates one representative per grounding class and
 aggregates with multiplicities (a CSR matrix of counts), like NeuraLogic's iso-value
 compression but decided from structure, not from sampled values.
+
+Classes are found with 1-D sorts only (multi-column rows are projected or hashed to one
+number, then every class is checked against its representative, exactly; a collision falls back
+to exact column-by-column sorts), because `torch.unique(dim=0)` takes seconds on a million rows.
 """
 
 from __future__ import annotations
@@ -14,42 +18,22 @@ import warnings
 
 import torch
 
-
-def classes_of(values: torch.Tensor) -> torch.Tensor:
-    """Class id per row: equal rows, equal ids."""
-    flat = values.reshape(values.shape[0], -1) if values.dim() > 1 else values.reshape(-1, 1)
-    return torch.unique(flat, dim=0, return_inverse=True)[1]
-
-
-def combine(columns: list[torch.Tensor], rows: int) -> torch.Tensor:
-    """Class of each row of several class columns taken together."""
-    if not columns:
-        return torch.zeros(rows, dtype=torch.int64)
-    return torch.unique(torch.stack(columns, dim=1), dim=0, return_inverse=True)[1]
+# odd 64-bit constants (splitmix64's), as signed int64
+_C1 = -7046029254386353131  # 0x9E3779B97F4A7C15
+_C2 = -4658895280553007687  # 0xBF58476D1CE4E5B9
+_C3 = -7723592293110705685  # 0x94D049BB133111EB
 
 
-def segment_signatures(segment_ids: torch.Tensor, grounding_classes: torch.Tensor, segments: int) -> torch.Tensor:
-    """Class per segment: segments with the same multiset of grounding classes are alike."""
-    pairs, counts = torch.unique(torch.stack([segment_ids, grounding_classes], dim=1), dim=0, return_counts=True)
-    signature: dict[int, list] = {}
-    for (segment, cls), count in zip(pairs.tolist(), counts.tolist()):
-        signature.setdefault(segment, []).extend((cls, count))
-    ids: dict[tuple, int] = {}
-    return torch.tensor([ids.setdefault(tuple(signature.get(s, ())), len(ids)) for s in range(segments)], dtype=torch.int64)
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """A bijective scramble of int64 values (wrapping arithmetic), so sums of them rarely collide."""
+    x = (x ^ (x >> 31)) * _C2
+    x = (x ^ (x >> 29)) * _C3
+    return x ^ (x >> 32)
 
 
-def multiplicity_matrix(segment_ids: torch.Tensor, grounding_classes: torch.Tensor, counts: torch.Tensor,
-                        classes: int, average: bool) -> torch.Tensor:
-    """segments × classes CSR of how often each class occurs in each segment (÷ size for avg)."""
-    pairs, multiplicity = torch.unique(torch.stack([segment_ids, grounding_classes], dim=1), dim=0, return_counts=True)
-    values = multiplicity.to(torch.float64)
-    if average:
-        values = values / counts[pairs[:, 0]].to(torch.float64)
-    rows = torch.zeros(counts.shape[0] + 1, dtype=torch.int64)
-    rows[1:] = torch.bincount(pairs[:, 0], minlength=counts.shape[0]).cumsum(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.sparse_csr_tensor(rows, pairs[:, 1], values, (counts.shape[0], classes))
+def dense(values: torch.Tensor) -> torch.Tensor:
+    """Class id per element of a 1-D tensor: equal values, equal ids (ids 0..k-1 in value order)."""
+    return torch.unique(values, return_inverse=True)[1]
 
 
 def representatives(grounding_classes: torch.Tensor, classes: int) -> torch.Tensor:
@@ -57,3 +41,89 @@ def representatives(grounding_classes: torch.Tensor, classes: int) -> torch.Tens
     positions = torch.arange(grounding_classes.shape[0])
     first = torch.full((classes,), grounding_classes.shape[0], dtype=torch.int64)
     return first.scatter_reduce(0, grounding_classes, positions, reduce="amin")
+
+
+def _count(classes: torch.Tensor) -> int:
+    return int(classes.max()) + 1 if classes.numel() else 0
+
+
+def _project(rows: torch.Tensor) -> torch.Tensor:
+    """A random linear projection of each row, one column at a time: separate elementwise
+    multiplies and adds round the same way for every row (a matmul may not: its kernels
+    block rows differently), so equal rows always project to equal numbers."""
+    weights = torch.randn(rows.shape[1], dtype=torch.float64, generator=torch.Generator().manual_seed(0)).tolist()
+    columns = rows.to(torch.float64)
+    total = columns[:, 0] * weights[0]
+    for j in range(1, rows.shape[1]):
+        total = total + columns[:, j] * weights[j]
+    return total
+
+
+def classes_of(values: torch.Tensor) -> torch.Tensor:
+    """Class id per row: equal rows (elementwise ==), equal ids."""
+    if values.dim() == 1:
+        return dense(values)
+    flat = values.reshape(values.shape[0], -1)
+    if flat.shape[1] == 1:
+        return dense(flat[:, 0])
+    candidate = dense(_project(flat))
+    rep = representatives(candidate, _count(candidate))
+    if torch.equal(flat, flat.index_select(0, rep.index_select(0, candidate))):
+        return candidate
+    return combine([dense(flat[:, j]) for j in range(flat.shape[1])], flat.shape[0])  # a collision: exact
+
+
+def combine(columns: list[torch.Tensor], rows: int) -> torch.Tensor:
+    """Class of each row of several class columns taken together (lexicographic order)."""
+    if not columns:
+        return torch.zeros(rows, dtype=torch.int64)
+    result = dense(columns[0])
+    for column in columns[1:]:
+        column = dense(column)
+        result = dense(result * (_count(column) or 1) + column)
+    return result
+
+
+def _pairs(segment_ids: torch.Tensor, grounding_classes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Distinct (segment, class) pairs sorted by segment then class, with their multiplicities."""
+    k = max(_count(grounding_classes), 1)
+    keys, counts = torch.unique(segment_ids * k + grounding_classes, return_counts=True)
+    return keys // k, keys % k, counts
+
+
+def segment_signatures(segment_ids: torch.Tensor, grounding_classes: torch.Tensor, segments: int) -> torch.Tensor:
+    """Class per segment: segments with the same multiset of grounding classes are alike."""
+    seg, cls, counts = _pairs(segment_ids, grounding_classes)
+    element = _mix(_mix(cls + 1) + counts * _C1)
+    lengths = torch.bincount(seg, minlength=segments)
+    summed = torch.zeros(segments, dtype=torch.int64).index_add_(0, seg, element)
+    candidate = dense(_mix(summed + lengths * _C3))
+    rep = representatives(candidate, _count(candidate))[candidate]  # each segment's representative
+    if torch.equal(lengths, lengths[rep]):
+        start = torch.cumsum(lengths, 0) - lengths
+        other = start[rep[seg]] + (torch.arange(seg.shape[0]) - start[seg])  # same position in the rep
+        if torch.equal(cls, cls[other]) and torch.equal(counts, counts[other]):
+            return candidate
+    return _exact_signatures(seg, cls, counts, segments)  # a hash collision
+
+
+def _exact_signatures(seg: torch.Tensor, cls: torch.Tensor, counts: torch.Tensor, segments: int) -> torch.Tensor:
+    signature: dict[int, list] = {}
+    for s, c, n in zip(seg.tolist(), cls.tolist(), counts.tolist()):
+        signature.setdefault(s, []).extend((c, n))
+    ids: dict[tuple, int] = {}
+    return torch.tensor([ids.setdefault(tuple(signature.get(s, ())), len(ids)) for s in range(segments)], dtype=torch.int64)
+
+
+def multiplicity_matrix(segment_ids: torch.Tensor, grounding_classes: torch.Tensor, counts: torch.Tensor,
+                        classes: int, average: bool) -> torch.Tensor:
+    """segments × classes CSR of how often each class occurs in each segment (÷ size for avg)."""
+    seg, cls, multiplicity = _pairs(segment_ids, grounding_classes)
+    values = multiplicity.to(torch.float64)
+    if average:
+        values = values / counts[seg].to(torch.float64)
+    rows = torch.zeros(counts.shape[0] + 1, dtype=torch.int64)
+    rows[1:] = torch.bincount(seg, minlength=counts.shape[0]).cumsum(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(rows, cls, values, (counts.shape[0], classes))

@@ -1,8 +1,8 @@
 """The plan IR: a flat list of vectorized ops over numbered slots, built from IR + groundings.
 
-One op handles every grounding of a rule at once. Shapes are found by running each op on
-meta tensors while building, so shape rules live in one place (the kernels) and a mismatch
-is reported at compile time with the rule that caused it.
+One op handles every grounding of a rule at once. Shapes are found by running each op's kernel
+on one-row stand-ins while building (relsql/compile/shapes.py), so shape rules live in one
+place (the kernels) and a mismatch is reported at compile time with the rule that caused it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from relsql.compile import compress, kernels
+from relsql.compile import compress, kernels, shapes
 from relsql.errors import ShapeError
 from relsql.ground.execute import Grounding, RuleGrounding
 from relsql.template import ir
@@ -47,6 +47,7 @@ class Plan:
     slots: int = 0
     meta: dict[int, torch.Tensor] = field(default_factory=dict)  # slot -> meta tensor (shapes)
     log: list[str] = field(default_factory=list)  # what each optimizer pass changed
+    param_slots: set[int] = field(default_factory=set)  # slots holding a weight (no row dimension)
 
     def new_slot(self) -> int:
         self.slots += 1
@@ -60,13 +61,11 @@ class Plan:
 
 
 def make_op(plan: Plan, op_kind: str, args: tuple[int, ...], note: str, **attrs) -> Op:
-    """A new op writing a new slot; its shape comes from running the kernel on meta tensors."""
-    from relsql.compile.module import run_op
-
+    """A new op writing a new slot; its shape comes from running the kernel on small stand-ins."""
     slot = plan.new_slot()
     metas = [plan.meta[a] for a in args]
     try:
-        out = run_op(op_kind, metas, attrs)
+        out = shapes.infer(op_kind, metas, attrs, [a in plan.param_slots for a in args])
     except (ValueError, RuntimeError, IndexError) as err:
         raise ShapeError(f"{note}: {op_kind} does not fit the shapes {[tuple(m.shape[1:]) for m in metas]}: {err}") from None
     plan.meta[slot] = out
@@ -111,6 +110,7 @@ class PlanBuilder:
         self.plan.params[name] = ParamSpec(name, final, spec.kind, spec.init, spec.fixed)
         slot = self.plan.new_slot()
         self.plan.meta[slot] = torch.empty(final, dtype=self.dtype, device="meta")
+        self.plan.param_slots.add(slot)
         self.plan.ops.append(Op("param", slot, (), {"name": name}, rows=1, shape=final, note=note))
         self._param_slots[name] = slot
         return slot

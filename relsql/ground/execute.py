@@ -185,10 +185,7 @@ class _Grounder:
                 columns.append(self.feature(key, types.field(f"_c{k}").type, grounding, k, rule))
             else:
                 columns.append(q.col(f"_c{k}", "g"))
-        indexed = db.temp_table(f"i{index}", relation.name)
-        _run(db, q.create_temp(indexed, q.rule_index_query(grounding, keys_table, relation.keys, len(rule.refs), columns)), rule)
-        table = db.arrow(exp.select(exp.Star()).from_(indexed.copy()).order_by(q.col("_head")))
-        segments = db.arrow(q.segment_query(indexed))
+        table = db.arrow(q.rule_index_query(grounding, keys_table, relation.keys, len(rule.refs), columns))
         for j, ref in enumerate(rule.refs):
             if table.column(f"_r{j}").null_count:
                 raise GroundingError(
@@ -197,9 +194,8 @@ class _Grounder:
         head = to_tensor(table.column("_head"), torch.int64)
         refs = [to_tensor(table.column(f"_r{j}"), torch.int64) for j in range(len(rule.refs))]
         values = {k: _column_tensor(table.column(f"_c{k}"), rule, k, embedded=k in embeds) for k in range(rule.n_columns)}
-        segment_heads = to_tensor(segments.column("_head"), torch.int64)
-        ends = to_tensor(segments.column("_end"), torch.int64)
-        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), ends])
+        segment_heads, counts = torch.unique_consecutive(head, return_counts=True)
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(counts, 0)])
         if not rule.grouped and segment_heads.shape[0] != head.shape[0]:
             raise GroundingError(
                 f"{relation.name}, {rule.origin}: several rows share one head key {relation.keys}; "

@@ -58,7 +58,11 @@ def rule_index_query(
     grounding: exp.Table, keys_table: exp.Table, keys: list[str], n_refs: int,
     columns: list[exp.Expression],
 ) -> exp.Select:
-    """Per grounding: head row id, body row ids and columns, ordered by head."""
+    """Per grounding: head row id, body row ids and columns, ordered by head.
+
+    Ties are broken by the body row ids and columns, so the groundings of a head always come in
+    the same order (and float sums over them give the same bits) whatever the source's scan order.
+    """
     select = exp.select(
         exp.alias_(col("_rid", "k") if keys else exp.Literal.number(0), ident("_head")),
         *[col(f"_r{j}", "g") for j in range(n_refs)],
@@ -69,19 +73,8 @@ def rule_index_query(
             exp.NullSafeEQ(this=col(k, "k"), expression=col(f"_h{i}", "g")) for i, k in enumerate(keys)
         ])
         select = select.join(exp.alias_(keys_table.copy(), ident("k"), table=True), on=condition)
-    return select.order_by(exp.Ordered(this=col("_head")))
-
-
-def segment_query(rule_table: exp.Table) -> exp.Select:
-    """CSR view of a head-sorted grounding table: each grounded head and its end offset."""
-    count = exp.Count(this=exp.Star())
-    end = exp.Window(this=exp.Sum(this=count), order=exp.Order(expressions=[exp.Ordered(this=col("_head"))]))
-    return (
-        exp.select(col("_head"), exp.alias_(exp.cast(end, exp.DataType.build("BIGINT")), ident("_end")))
-        .from_(rule_table.copy())
-        .group_by(col("_head"))
-        .order_by(col("_head"))
-    )
+    order = ["_head", *[f"_r{j}" for j in range(n_refs)], *[f"_c{i}" for i in range(len(columns))]]
+    return select.order_by(*[exp.Ordered(this=col(name), nulls_first=True) for name in order])
 
 
 def dictionary_insert(dictionary: exp.Table, source: exp.Table, column: str) -> exp.Insert:

@@ -1,0 +1,69 @@
+"""Output shapes of plan ops, without running them on the real sizes.
+
+The row count follows a rule per op kind; the rest of the shape (and every shape error) comes
+from running the op's own kernel on one-row stand-ins, so NeuraLogic's shape rules live only
+in the kernels. Stand-ins are small real tensors rather than meta tensors: torch's meta
+kernels for elementwise ops import torch._dynamo, which costs over a second per process.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+MAX_FULL_PARAM = 1 << 16  # a larger weight is an embedding table: only its row shape matters here
+
+
+def _rows(kind: str, args: list[torch.Tensor], attrs: dict, is_param: list[bool]) -> int:
+    if kind == "gather":
+        return args[1].shape[0]
+    if kind == "linear":
+        return args[1].shape[0]
+    if kind in ("segment",):
+        return args[2].shape[0]
+    if kind in ("scatter", "broadcast"):
+        return attrs["rows"]
+    if kind == "spmm":
+        return args[0].shape[0]
+    if kind == "dense_reduce":
+        if args[0].shape[0] % attrs["width"]:
+            raise ValueError(f"{args[0].shape[0]} rows do not split into groups of {attrs['width']}")
+        return args[0].shape[0] // attrs["width"]
+    if kind == "as_row":
+        return 1
+    counts = {a.shape[0] for a, p in zip(args, is_param) if not p and a.dim() > 0} - {1}
+    if len(counts) > 1:
+        raise ValueError(f"row counts {sorted(counts)} differ")
+    return counts.pop() if counts else 1
+
+
+def _stand_in(kind: str, position: int, arg: torch.Tensor, attrs: dict, is_param: bool,
+              dtype: torch.dtype) -> torch.Tensor:
+    if arg.layout != torch.strided or (kind == "spmm" and position == 0):  # a constant matrix, cast like the data
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # sparse CSR is beta
+            return torch.sparse_csr_tensor(torch.tensor([0, 1]), torch.tensor([0]), torch.zeros(1, dtype=dtype), (1, 1))
+    if not arg.is_floating_point():
+        if kind == "segment" and position == 2:
+            return torch.ones(1, dtype=arg.dtype)  # counts: one grounding in the one segment
+        return torch.zeros(1, dtype=arg.dtype)  # row ids / segment ids
+    if is_param:
+        if arg.numel() > MAX_FULL_PARAM and arg.dim() >= 1:
+            return torch.zeros((1, *arg.shape[1:]), dtype=arg.dtype)
+        return torch.zeros(arg.shape, dtype=arg.dtype)
+    rows = attrs["width"] if kind == "dense_reduce" else 1
+    return torch.zeros((rows, *arg.shape[1:]), dtype=arg.dtype)
+
+
+def infer(kind: str, args: list[torch.Tensor], attrs: dict, is_param: list[bool]) -> torch.Tensor:
+    """A meta tensor with the op's output shape and dtype; ValueError/RuntimeError if it does not fit."""
+    from relsql.compile.module import run_op
+
+    rows = _rows(kind, args, attrs, is_param)
+    data = [a.dtype for a in args if a.layout == torch.strided and a.is_floating_point()]
+    dtype = data[-1] if data else torch.get_default_dtype()
+    small = [_stand_in(kind, i, a, attrs, p, dtype) for i, (a, p) in enumerate(zip(args, is_param))]
+    small_attrs = {**attrs, "rows": 1} if kind in ("scatter", "broadcast") else attrs
+    out = run_op(kind, small, small_attrs)
+    return torch.empty((rows, *out.shape[1:]), dtype=out.dtype, device="meta")
