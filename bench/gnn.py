@@ -9,7 +9,8 @@ logits and the last conv layer's node embeddings are checked to agree in float32
 one process and alternately, four things are timed: relsql forward, PyG forward (both under
 torch.no_grad), relsql training step, PyG training step (step = zero grads, forward, cross
 entropy on the graph logits, backward; no optimizer update). Warm-ups, then repetitions;
-medians are reported. Both models include the mean-pool readout and the output linear layer
+medians are reported; each sample loops a task back to back for ~50 ms (timeit-style), so
+small graphs are not timed one cold call at a time. Both models include the mean-pool readout and the output linear layer
 of the templates, so both do the same work.
 
 Peak memory: each framework's training step runs again in a fresh subprocess (glibc told to
@@ -53,6 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SQL = ROOT / "sql"
 THREADS = 2
 TARGET = 0.5
+SAMPLE_S = 0.05  # one timing sample loops a task for about this long
 FEATURES = 32  # width of the synthetic node features
 
 COLUMNS = ["model", "dataset", "graphs", "nodes", "edges", "hidden", "ground_s",
@@ -290,7 +292,11 @@ class Pair:
 
 
 def time_alternately(pair: Pair, warmup: int, reps: int) -> dict[str, float]:
-    """Medians (ms) of relsql fwd, PyG fwd, relsql step, PyG step, run in turn each repetition."""
+    """Medians (ms per call) of relsql fwd, PyG fwd, relsql step, PyG step, run in turn each repetition.
+
+    Like timeit, a sample is a loop of back-to-back calls long enough (SAMPLE_S) that timer and
+    cold-cache noise do not dominate small graphs; the loop length is calibrated per task.
+    """
     def fwd(f):
         def run():
             with torch.no_grad():
@@ -299,13 +305,20 @@ def time_alternately(pair: Pair, warmup: int, reps: int) -> dict[str, float]:
 
     tasks = {"relsql_fwd_ms": fwd(pair.relsql_forward), "pyg_fwd_ms": fwd(pair.pyg_forward),
              "relsql_step_ms": pair.relsql_step, "pyg_step_ms": pair.pyg_step}
+    loops = {}
+    for key, task in tasks.items():
+        task()
+        start = time.perf_counter()
+        task()
+        loops[key] = max(1, int(SAMPLE_S / max(time.perf_counter() - start, 1e-6)))
     times: dict[str, list[float]] = {k: [] for k in tasks}
     for rep in range(warmup + reps):
         for key, task in tasks.items():
             gc.collect()
             start = time.perf_counter()
-            task()
-            elapsed = (time.perf_counter() - start) * 1000
+            for _ in range(loops[key]):
+                task()
+            elapsed = (time.perf_counter() - start) * 1000 / loops[key]
             if rep >= warmup:
                 times[key].append(elapsed)
     return {k: statistics.median(v) for k, v in times.items()}

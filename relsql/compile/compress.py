@@ -14,9 +14,9 @@ to exact column-by-column sorts), because `torch.unique(dim=0)` takes seconds on
 
 from __future__ import annotations
 
-import warnings
-
 import torch
+
+from relsql.compile import sparse
 
 # odd 64-bit constants (splitmix64's), as signed int64
 _C1 = -7046029254386353131  # 0x9E3779B97F4A7C15
@@ -124,6 +124,4 @@ def multiplicity_matrix(segment_ids: torch.Tensor, grounding_classes: torch.Tens
         values = values / counts[seg].to(torch.float64)
     rows = torch.zeros(counts.shape[0] + 1, dtype=torch.int64)
     rows[1:] = torch.bincount(seg, minlength=counts.shape[0]).cumsum(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.sparse_csr_tensor(rows, cls, values, (counts.shape[0], classes))
+    return sparse.from_csr(rows, cls, values, (counts.shape[0], classes))

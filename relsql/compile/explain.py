@@ -35,7 +35,11 @@ def _describe(op: Op, names: dict[int, str]) -> str:
     if k == "sum":
         return " + ".join(a)
     if k == "spmm":
-        return f"sparse({a[0]}) @ {a[1]}"
+        return f"sparse({a[0]}) @ {a[-1]}"
+    if k == "addspmm":
+        return f"{a[0]} + sparse({a[1]}) @ {a[-1]}"
+    if k == "affine":
+        return f"{a[0]} + {a[2]} @ {a[1]}"
     if k == "dense_reduce":
         return f"{op.attrs['kind']}({a[0]} as [rows/{op.attrs['width']} x {op.attrs['width']}], dim=1)"
     if k == "as_row":

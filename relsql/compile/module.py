@@ -9,7 +9,7 @@ import polars as pl
 import torch
 from torch import nn
 
-from relsql.compile import kernels
+from relsql.compile import kernels, sparse
 from relsql.compile.plan import Plan
 
 if TYPE_CHECKING:
@@ -22,6 +22,8 @@ def run_op(kind: str, args: list[torch.Tensor], attrs: dict) -> torch.Tensor:
         return args[0].index_select(0, args[1])
     if kind == "linear":
         return kernels.apply_weight(args[0], args[1])
+    if kind == "affine":  # c + x W^T in one GEMM
+        return torch.addmm(args[0], args[1], args[2].t())
     if kind == "binary":
         left, right = args
         if "reshape_right" in attrs:
@@ -43,9 +45,10 @@ def run_op(kind: str, args: list[torch.Tensor], attrs: dict) -> torch.Tensor:
         for a in args[1:]:
             out = out + a
         return out
-    if kind == "spmm":
-        matrix, dense = args
-        return torch.sparse.mm(matrix, dense) if matrix.layout == torch.sparse_csr else matrix @ dense
+    if kind == "spmm":  # (matrix, dense) or (matrix, its transpose for the backward, dense)
+        return sparse.matmul(args[0], args[-1], args[1] if len(args) == 3 else None)
+    if kind == "addspmm":  # c + matrix @ dense: (c, matrix, [transpose,] dense)
+        return sparse.matmul(args[1], args[-1], args[2] if len(args) == 4 else None, add=args[0])
     if kind == "dense_reduce":
         x = args[0]
         grouped = x.reshape(x.shape[0] // attrs["width"], attrs["width"], *x.shape[1:])

@@ -60,12 +60,16 @@ class Plan:
         return slot
 
 
-def make_op(plan: Plan, op_kind: str, args: tuple[int, ...], note: str, **attrs) -> Op:
-    """A new op writing a new slot; its shape comes from running the kernel on small stand-ins."""
+def make_op(plan: Plan, op_kind: str, args: tuple[int, ...], note: str, row_count: int | None = None, **attrs) -> Op:
+    """A new op writing a new slot; its shape comes from running the kernel on small stand-ins.
+
+    `row_count` overrides the row rule where a weight is read as rows (an embedding table an op
+    was moved in front of), which the rules take for a weight without a row dimension.
+    """
     slot = plan.new_slot()
     metas = [plan.meta[a] for a in args]
     try:
-        out = shapes.infer(op_kind, metas, attrs, [a in plan.param_slots for a in args])
+        out = shapes.infer(op_kind, metas, attrs, [a in plan.param_slots for a in args], row_count)
     except (ValueError, RuntimeError, IndexError) as err:
         raise ShapeError(f"{note}: {op_kind} does not fit the shapes {[tuple(m.shape[1:]) for m in metas]}: {err}") from None
     plan.meta[slot] = out
@@ -174,13 +178,15 @@ class PlanBuilder:
         rule = rg.rule
         note = f"{rule.head} {rule.origin}"
         ctx = _RuleContext(rg, self, note)
-        if self.compress and rule.grouped and rg.size >= 64:
+        if self.compress and rg.size >= 64:
             cls = self._grounding_classes(rg)
             k = int(cls.max()) + 1 if cls.numel() else 0
             if k <= rg.size // 2:
                 ctx.compress(cls, k)
                 self.compressed += 1
         slot, level = ctx.compile(rule.expr)
+        if level == "g" and ctx.classes is not None:  # a per-row rule ran once per class: back to every row
+            slot = self._emit("gather", (slot, ctx.tensor("classes", ctx.classes)), note, relation="row classes")
         if level == "c":
             slot = self._emit("broadcast", (slot,), note, rows=rg.segment_heads.shape[0])
             level = "h"

@@ -24,8 +24,11 @@ def _rows(kind: str, args: list[torch.Tensor], attrs: dict, is_param: list[bool]
         return args[2].shape[0]
     if kind in ("scatter", "broadcast"):
         return attrs["rows"]
-    if kind == "spmm":
-        return args[0].shape[0]
+    if kind in ("spmm", "addspmm"):
+        matrix = args[0] if kind == "spmm" else args[1]
+        if matrix.shape[1] != args[-1].shape[0]:  # a sparse kernel would read out of bounds, not fail
+            raise ValueError(f"a {tuple(matrix.shape)} matrix cannot multiply {args[-1].shape[0]} rows")
+        return matrix.shape[0]
     if kind == "dense_reduce":
         if args[0].shape[0] % attrs["width"]:
             raise ValueError(f"{args[0].shape[0]} rows do not split into groups of {attrs['width']}")
@@ -40,7 +43,7 @@ def _rows(kind: str, args: list[torch.Tensor], attrs: dict, is_param: list[bool]
 
 def _stand_in(kind: str, position: int, arg: torch.Tensor, attrs: dict, is_param: bool,
               dtype: torch.dtype) -> torch.Tensor:
-    if arg.layout != torch.strided or (kind == "spmm" and position == 0):  # a constant matrix, cast like the data
+    if arg.layout != torch.strided or (kind, position) in (("spmm", 0), ("addspmm", 1)):  # a constant matrix, cast like the data
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # sparse CSR is beta
             return torch.sparse_csr_tensor(torch.tensor([0, 1]), torch.tensor([0]), torch.zeros(1, dtype=dtype), (1, 1))
@@ -56,11 +59,11 @@ def _stand_in(kind: str, position: int, arg: torch.Tensor, attrs: dict, is_param
     return torch.zeros((rows, *arg.shape[1:]), dtype=arg.dtype)
 
 
-def infer(kind: str, args: list[torch.Tensor], attrs: dict, is_param: list[bool]) -> torch.Tensor:
+def infer(kind: str, args: list[torch.Tensor], attrs: dict, is_param: list[bool], rows: int | None = None) -> torch.Tensor:
     """A meta tensor with the op's output shape and dtype; ValueError/RuntimeError if it does not fit."""
     from relsql.compile.module import run_op
 
-    rows = _rows(kind, args, attrs, is_param)
+    rows = _rows(kind, args, attrs, is_param) if rows is None else rows
     data = [a.dtype for a in args if a.layout == torch.strided and a.is_floating_point()]
     dtype = data[-1] if data else torch.get_default_dtype()
     small = [_stand_in(kind, i, a, attrs, p, dtype) for i, (a, p) in enumerate(zip(args, is_param))]

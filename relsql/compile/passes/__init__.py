@@ -13,10 +13,17 @@ from relsql.compile.passes.choose_segment_kernels import choose_segment_kernels
 from relsql.compile.passes.common_subexpressions import common_subexpressions
 from relsql.compile.passes.dead_code import dead_code
 from relsql.compile.passes.deduplicate_rows import deduplicate_rows
+from relsql.compile.passes.fold_constants import fold_constants
+from relsql.compile.passes.fuse_affine import fuse_affine
+from relsql.compile.passes.gather_into_sparse import gather_into_sparse
 from relsql.compile.passes.identity_gather import identity_gather
 from relsql.compile.passes.linear_across_aggregation import linear_across_aggregation
-from relsql.compile.passes.linear_before_gather import linear_before_gather
+from relsql.compile.passes.linear_across_sparse import linear_across_sparse
+from relsql.compile.passes.merge_sparse_sums import merge_sparse_sums
+from relsql.compile.passes.propagate_gathers import propagate_gathers
+from relsql.compile.passes.scatter_into_sparse import scatter_into_sparse
 from relsql.compile.passes.sparse_aggregate import sparse_aggregate
+from relsql.compile.passes.sparse_backward import sparse_backward
 from relsql.compile.passes.uniform_segments import uniform_segments
 from relsql.compile.plan import Plan
 
@@ -34,11 +41,18 @@ RULES: tuple[Pass, ...] = (
     deduplicate_rows,
     identity_gather,
     linear_across_aggregation,
-    linear_before_gather,
+    propagate_gathers,
     common_subexpressions,
     sparse_aggregate,
+    scatter_into_sparse,
+    linear_across_sparse,
+    gather_into_sparse,
+    merge_sparse_sums,
     uniform_segments,
     choose_segment_kernels,
+    fuse_affine,
+    fold_constants,
+    sparse_backward,
     dead_code,
 )
 

@@ -9,10 +9,10 @@ Small reductions are left alone: timing them would cost more than it could save.
 from __future__ import annotations
 
 import time
-import warnings
 
 import torch
 
+from relsql.compile import sparse
 from relsql.compile.plan import Op, Plan
 
 MIN_ROWS = 20_000  # below this, index_add is kept without measuring
@@ -25,9 +25,7 @@ def _csr(counts: torch.Tensor, average: bool) -> torch.Tensor:
     values = torch.ones(total, dtype=torch.float64)
     if average:
         values = values / torch.repeat_interleave(counts, counts).to(torch.float64)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.sparse_csr_tensor(rows, torch.arange(total), values, (counts.shape[0], total))
+    return sparse.from_csr(rows, torch.arange(total), values, (counts.shape[0], total))
 
 
 def _time(step) -> float:
@@ -55,8 +53,9 @@ def choose_segment_kernels(plan: Plan) -> Plan:
         x = torch.randn(rows, *op.shape, requires_grad=True)
         matrix = _csr(counts, op.attrs["kind"] == "avg").to(torch.float32)
         native = _time(lambda: segment_reduce(op.attrs["kind"], x, ids, counts).sum().backward())  # noqa: B023
-        sparse = _time(lambda: torch.sparse.mm(matrix, x).sum().backward())  # noqa: B023
-        if sparse < native:
+        transposed = sparse.transpose(matrix).to(torch.float32)
+        as_csr = _time(lambda: sparse.matmul(matrix, x, transposed).sum().backward())  # noqa: B023
+        if as_csr < native:
             slot = plan.add_input(_csr(counts, op.attrs["kind"] == "avg"))
             ops.append(Op("spmm", op.out, (slot, op.args[0]), {}, op.rows, op.shape, op.note))
             changed += 1

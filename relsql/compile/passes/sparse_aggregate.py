@@ -6,10 +6,9 @@ body row ids and, for avg, 1/degree; the gathered rows are never materialized.
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
+from relsql.compile import sparse
 from relsql.compile.passes._rewrite import only_reader, producers, readers
 from relsql.compile.plan import Op, Plan, make_op
 
@@ -64,9 +63,7 @@ def sparse_aggregate(plan: Plan) -> Plan:
         if op.attrs["kind"] == "avg":
             values = values / torch.repeat_interleave(counts, counts).to(torch.float64)
         rows = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
-            matrix = torch.sparse_csr_tensor(rows, index, values, (counts.shape[0], plan.meta[source].shape[0]))
+        matrix = sparse.from_csr(rows, index, values, (counts.shape[0], plan.meta[source].shape[0]))
         slot = plan.add_input(matrix)
         for d in dropped:
             ops.remove(d)

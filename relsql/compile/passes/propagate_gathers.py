@@ -1,0 +1,87 @@
+"""f(gather(x, i)) = gather(f(x), i) for row-wise f: ops move to whichever side of a gather the
+strength setting prefers (the thesis's gather propagation).
+
+A row-wise op (a weight, an activation, an elementwise op with a constant or with rows gathered
+by the same index, a combination) computes the same rows whether it runs before or after the
+gather. Before it, the op runs on the source's rows, which pays when the source has fewer rows
+than the gather makes (Pigeon's compact materialization: multiply each atom once, not every
+grounding's copy); pushing on also collapses chains of gathers into one gather of composed row ids.
+
+`strength` bounds the move: an op goes before a gather when rows(source) <= strength x rows(gather).
+0 switches the pass off, 1 (the default) moves only when no more rows are computed, larger values
+move further (fewer gathers, more rows computed and held); `relsql.tune` tries the presets.
+"""
+
+from __future__ import annotations
+
+from relsql.compile.passes._rewrite import only_reader, producers, readers
+from relsql.compile.plan import Op, Plan, make_op
+
+DEFAULT_STRENGTH = 1.0
+PRESETS = (0.0, 1.0, 4.0, float("inf"))
+
+
+def _constant_row(plan: Plan, slot: int) -> bool:
+    return slot in plan.param_slots or plan.meta[slot].shape[0] == 1
+
+
+def _move(plan: Plan, op: Op, made_by, reads, strength: float) -> tuple[list[int], int, int] | None:
+    """(args over the sources, shared index slot, source rows) if `op` can run before its gathers."""
+    row_args = {"linear": (1,), "act": (0,)}.get(op.kind, tuple(range(len(op.args))))
+    if op.kind not in ("linear", "act", "binary", "combine", "sum"):
+        return None
+    index, source_rows, new_args = None, None, list(op.args)
+    for position in row_args:
+        slot = op.args[position]
+        gather = made_by.get(slot)
+        if gather is not None and gather.kind == "gather" and slot not in plan.param_slots \
+                and only_reader(plan, slot, op, reads) and (index is None or gather.args[1] == index):
+            rows = plan.meta[gather.args[0]].shape[0]
+            if source_rows is not None and rows != source_rows:
+                return None
+            index, source_rows = gather.args[1], rows
+            new_args[position] = gather.args[0]
+        elif not _constant_row(plan, slot) or op.kind == "combine":
+            return None  # combine broadcasts rows itself; keep it simple: all its row args gathered
+    if index is None or op.rows <= 1 or source_rows > strength * op.rows:
+        return None
+    return new_args, index, source_rows
+
+
+def propagate_gathers(plan: Plan, strength: float = DEFAULT_STRENGTH) -> Plan:
+    moved, composed, reads, made_by = 0, 0, readers(plan), producers(plan)
+    ops: list[Op] = []
+    if strength <= 0:
+        plan.log.append("propagate_gathers: off (strength 0)")
+        return plan
+    for op in plan.ops:
+        inner = made_by.get(op.args[0]) if op.kind == "gather" else None
+        if inner is not None and inner.kind == "gather" and op.args[1] in plan.inputs and inner.args[1] in plan.inputs:
+            # gather(gather(x, i), j) = gather(x, i[j]); the inner gather stays if others read it
+            if only_reader(plan, inner.out, op, reads):
+                ops.remove(inner)
+            index = plan.add_input(plan.inputs[inner.args[1]][plan.inputs[op.args[1]]])
+            new = Op("gather", op.out, (inner.args[0], index), dict(op.attrs), op.rows, op.shape, op.note)
+            ops.append(new)
+            made_by[op.out] = new
+            reads.setdefault(inner.args[0], []).append(new)
+            composed += 1
+            continue
+        found = _move(plan, op, made_by, reads, strength)
+        if found is None:
+            ops.append(op)
+            continue
+        args, index, source_rows = found
+        for slot in set(op.args) - set(args):
+            ops.remove(made_by[slot])
+        before = make_op(plan, op.kind, tuple(args), op.note, row_count=source_rows, **op.attrs)
+        gather = Op("gather", op.out, (before.out, index), {"relation": "propagated"}, op.rows, op.shape, op.note)
+        ops.extend([before, gather])
+        made_by[before.out], made_by[op.out] = before, gather
+        reads[before.out] = [gather]
+        for a in args:
+            reads.setdefault(a, []).append(before)
+        moved += 1
+    plan.ops = ops
+    plan.log.append(f"propagate_gathers: {moved} row-wise ops moved before their gathers, {composed} gather chains composed")
+    return plan

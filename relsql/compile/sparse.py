@@ -1,0 +1,130 @@
+"""Constant sparse matrices of the plan (CSR) and the algebra the optimizer passes do on them.
+
+Every aggregation the passes turn into a matrix — gather then sum/avg, a multiplicity matrix of
+compressed groundings, a scatter into a relation's rows, a sum of several statements over the
+same source — is a CSR matrix built once at compile time from the grounding indexes. Indices
+are int32 where they fit (MKL's CSR kernels run faster on them); values are float64 until the
+module casts them to its dtype.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import torch
+
+CSR = torch.sparse_csr
+
+@contextlib.contextmanager
+def _beta_ok():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
+        yield
+
+
+def from_coo(rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """CSR from (row, col, value) triples; duplicate positions are summed."""
+    with _beta_ok():
+        coo = torch.sparse_coo_tensor(torch.stack([rows, cols]), values.to(torch.float64), shape).coalesce()
+        return compact(coo.to_sparse_csr())
+
+
+def from_csr(crow: torch.Tensor, cols: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    with _beta_ok():
+        return compact(torch.sparse_csr_tensor(crow, cols, values.to(torch.float64), shape))
+
+
+def compact(matrix: torch.Tensor) -> torch.Tensor:
+    """The same matrix with int32 indices when they fit."""
+    if matrix.crow_indices().dtype == torch.int32 or max(matrix.shape) >= 2**31 - 1 or matrix.values().numel() >= 2**31 - 1:
+        return matrix
+    with _beta_ok():
+        return torch.sparse_csr_tensor(matrix.crow_indices().to(torch.int32), matrix.col_indices().to(torch.int32),
+                                       matrix.values(), matrix.shape)
+
+
+def triples(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(row, col, value) of every stored entry, int64 indices."""
+    crow = matrix.crow_indices().to(torch.int64)
+    rows = torch.repeat_interleave(torch.arange(matrix.shape[0]), crow[1:] - crow[:-1])
+    return rows, matrix.col_indices().to(torch.int64), matrix.values()
+
+
+def transpose(matrix: torch.Tensor) -> torch.Tensor:
+    rows, cols, values = triples(matrix)
+    return from_coo(cols, rows, values, (matrix.shape[1], matrix.shape[0]))
+
+
+def select_columns(matrix: torch.Tensor, index: torch.Tensor, source_rows: int) -> torch.Tensor:
+    """M · P where P picks rows `index` of a source with `source_rows` rows: M @ gather(S, index) = (M·P) @ S."""
+    rows, cols, values = triples(matrix)
+    return from_coo(rows, index.to(torch.int64)[cols], values, (matrix.shape[0], source_rows))
+
+
+def place_rows(matrix: torch.Tensor, heads: torch.Tensor, rows: int) -> torch.Tensor:
+    """Row i of `matrix` becomes row heads[i] of a `rows`-row matrix (other rows empty)."""
+    r, cols, values = triples(matrix)
+    return from_coo(heads.to(torch.int64)[r], cols, values, (rows, matrix.shape[1]))
+
+
+def selection(index: torch.Tensor, source_rows: int) -> torch.Tensor:
+    """The matrix of gather(S, index): one 1 per row."""
+    n = index.shape[0]
+    return from_coo(torch.arange(n), index.to(torch.int64), torch.ones(n, dtype=torch.float64), (n, source_rows))
+
+
+def identity(n: int) -> torch.Tensor:
+    return selection(torch.arange(n), n)
+
+
+def add(matrices: list[torch.Tensor]) -> torch.Tensor:
+    """The sum of same-shaped sparse matrices."""
+    parts = [triples(m) for m in matrices]
+    return from_coo(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]),
+                    torch.cat([p[2].to(torch.float64) for p in parts]), tuple(matrices[0].shape))
+
+
+def _product(matrix: torch.Tensor, dense: torch.Tensor, add: torch.Tensor | None) -> torch.Tensor:
+    """add + matrix @ dense; without `add` the output is not zero-filled first (torch.sparse.mm
+    fills zeros and then adds into them, ~20% slower)."""
+    if matrix.shape[1] != dense.shape[0]:  # MKL would read out of bounds instead of failing
+        raise ValueError(f"a {tuple(matrix.shape)} sparse matrix cannot multiply {tuple(dense.shape)}")
+    if add is None:
+        return torch.addmm(dense.new_empty((matrix.shape[0], dense.shape[1])), matrix, dense, beta=0)
+    return torch.addmm(add, matrix, dense)
+
+
+class _CsrMatmul(torch.autograd.Function):
+    """add + A @ x with A constant: the backward multiplies by the precomputed transpose instead
+    of letting torch transpose A (a sort) on every backward pass."""
+
+    @staticmethod
+    def forward(ctx, matrix: torch.Tensor, transposed: torch.Tensor, dense: torch.Tensor,
+                add: torch.Tensor | None) -> torch.Tensor:
+        ctx.transposed = transposed
+        ctx.add_shape = None if add is None else add.shape
+        return _product(matrix, dense, add)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad_dense = _product(ctx.transposed, grad.contiguous(), None) if ctx.needs_input_grad[2] else None
+        grad_add = None
+        if ctx.add_shape is not None and ctx.needs_input_grad[3]:
+            grad_add = grad.sum_to_size(ctx.add_shape)
+        return None, None, grad_dense, grad_add
+
+
+def matmul(matrix: torch.Tensor, dense: torch.Tensor, transposed: torch.Tensor | None = None,
+           add: torch.Tensor | None = None) -> torch.Tensor:
+    """add + matrix @ dense for a constant CSR (or dense) matrix; rows of any trailing shape."""
+    if matrix.layout != CSR:
+        product = matrix @ dense
+        return product if add is None else add + product
+    flat = dense.reshape(dense.shape[0], -1)
+    flat_add = None if add is None else add.reshape(add.shape[0], -1)
+    if transposed is not None and torch.is_grad_enabled() and (flat.requires_grad or (add is not None and add.requires_grad)):
+        out = _CsrMatmul.apply(matrix, transposed, flat, flat_add)
+    else:
+        out = _product(matrix, flat, flat_add)
+    return out.reshape(matrix.shape[0], *dense.shape[1:])
