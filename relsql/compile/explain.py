@@ -23,7 +23,7 @@ def _describe(op: Op, names: dict[int, str]) -> str:
     if k == "binary":
         return f"{a[0]} {op.attrs['op']} {a[1]}"
     if k == "act":
-        return f"{op.attrs['name']}({a[0]})"
+        return f"{op.attrs['name']}{'_' if op.attrs.get('inplace') else ''}({a[0]})"
     if k == "combine":
         return f"combine_{op.attrs['kind']}({', '.join(a)})"
     if k == "segment":

@@ -6,20 +6,21 @@ import torch
 import torch.nn.functional as F
 
 
-def activation(name: str, x: torch.Tensor) -> torch.Tensor:
-    """Elementwise activations; softmax normalizes each row's value (all its elements)."""
+def activation(name: str, x: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+    """Elementwise activations; softmax normalizes each row's value (all its elements).
+    `inplace` overwrites x (relu, tanh, sigmoid, leaky_relu, exp) when the plan allows it."""
     if name == "identity":
         return x
     if name == "relu":
-        return torch.relu(x)
+        return torch.relu_(x) if inplace else torch.relu(x)
     if name == "tanh":
-        return torch.tanh(x)
+        return torch.tanh_(x) if inplace else torch.tanh(x)
     if name == "sigmoid":
-        return torch.sigmoid(x)
+        return torch.sigmoid_(x) if inplace else torch.sigmoid(x)
     if name == "leaky_relu":
-        return F.leaky_relu(x, 0.01)
+        return F.leaky_relu(x, 0.01, inplace=inplace)
     if name == "exp":
-        return torch.exp(x)
+        return torch.exp_(x) if inplace else torch.exp(x)
     if name == "log":
         return torch.log(x)
     if name == "softmax":

@@ -31,7 +31,7 @@ def run_op(kind: str, args: list[torch.Tensor], attrs: dict) -> torch.Tensor:
         op = attrs["op"]
         return left + right if op == "+" else left - right if op == "-" else left * right
     if kind == "act":
-        return kernels.activation(attrs["name"], args[0])
+        return kernels.activation(attrs["name"], args[0], attrs.get("inplace", False))
     if kind == "combine":
         return kernels.combine(attrs["kind"], list(args))
     if kind == "segment":

@@ -17,6 +17,7 @@ from relsql.compile.passes.fold_constants import fold_constants
 from relsql.compile.passes.fuse_affine import fuse_affine
 from relsql.compile.passes.gather_into_sparse import gather_into_sparse
 from relsql.compile.passes.identity_gather import identity_gather
+from relsql.compile.passes.inplace_activations import inplace_activations
 from relsql.compile.passes.linear_across_aggregation import linear_across_aggregation
 from relsql.compile.passes.linear_across_sparse import linear_across_sparse
 from relsql.compile.passes.merge_sparse_sums import merge_sparse_sums
@@ -53,6 +54,7 @@ RULES: tuple[Pass, ...] = (
     fuse_affine,
     fold_constants,
     sparse_backward,
+    inplace_activations,
     dead_code,
 )
 

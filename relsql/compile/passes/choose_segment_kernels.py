@@ -15,7 +15,7 @@ import torch
 from relsql.compile import sparse
 from relsql.compile.plan import Op, Plan
 
-MIN_ROWS = 20_000  # below this, index_add is kept without measuring
+MIN_ROWS = 10_000  # below this, index_add is kept without measuring
 REPEATS = 3
 
 
