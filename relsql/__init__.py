@@ -1,6 +1,6 @@
 """relsql: deep relational learning that runs on a relational database."""
 
-from relsql.compile import CompiledNet, compile
+from relsql.compile import CompiledNet, compile, tune
 from relsql.db import Database, connect
 from relsql.errors import (
     GroundingError,
@@ -15,6 +15,6 @@ from relsql.template import Template
 
 __all__ = [
     "CompiledNet", "Database", "GroundingError", "Model", "RelsqlError", "SchemaError", "ShapeError",
-    "SourceError", "Template", "TemplateError", "compile", "connect",
+    "SourceError", "Template", "TemplateError", "compile", "connect", "tune",
 ]
 __version__ = "0.1.0"

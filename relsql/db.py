@@ -198,10 +198,25 @@ class Database:
         """(name, type) of a user table's columns in order; a SchemaError if it is missing."""
         cache = getattr(self, "_schema_cache", None)
         if cache is not None:
-            if ("columns", table) not in cache:
-                cache[("columns", table)] = self._columns(table)
-            return cache[("columns", table)]
+            if "columns" not in cache:
+                cache["columns"] = self._all_columns()
+            if table not in cache["columns"]:
+                cache["columns"][table] = self._columns(table)  # raises the SchemaError
+            return cache["columns"][table]
         return self._columns(table)
+
+    def _all_columns(self) -> dict[str, list[tuple[str, str]]]:
+        """Every user table's columns in one catalog query per scope."""
+        found: dict[str, list[tuple[str, str]]] = {}
+        scopes = self.table_scopes()
+        for scope in dict.fromkeys(scopes.values()):
+            rows = self.con.execute(
+                "SELECT table_name, column_name, data_type FROM information_schema.columns "
+                "WHERE table_catalog = ? AND table_schema = ? ORDER BY table_name, ordinal_position", list(scope)).fetchall()
+            for table, column, kind in rows:
+                if scopes.get(table) == scope:
+                    found.setdefault(table, []).append((column, kind))
+        return found
 
     def _columns(self, table: str) -> list[tuple[str, str]]:
         scope = self.table_scopes().get(table)

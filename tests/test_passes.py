@@ -181,3 +181,51 @@ def test_identical_groundings_are_computed_once(neuralogic_mutagenesis):
     rows = {op.rows for op in compressed[2].plan.ops if op.kind == "combine"}
     groundings = {op.rows for op in reference[2].plan.ops if op.kind == "combine"}
     assert max(rows) * 2 <= max(groundings)
+
+
+@pytest.mark.parametrize("case", ["gin", "mutagenesis.sql", "neuralogic template.txt", "neuralogic template_graphlets.txt"])
+def test_gather_strength_presets_agree(case, mutag, molecules, neuralogic_mutagenesis, shop):
+    from relsql.compile.passes.propagate_gathers import PRESETS
+    from relsql.compile.tune import with_strength
+
+    template, db = templates(mutag, molecules, neuralogic_mutagenesis, shop)[case]
+    reference = run(template, db, ())
+    for strength in PRESETS:
+        assert_same(reference, run(template, db, with_strength(strength)), f"{case} at gather strength {strength}")
+
+
+def test_every_prefix_of_the_pipeline_keeps_values(mutag, molecules, neuralogic_mutagenesis, shop):
+    """Each pass applied to what the passes before it produced (not only to the plain plan)."""
+    for case in ("sage", "gin", "auto-mutagenesis", "neuralogic template.txt"):
+        template, db = templates(mutag, molecules, neuralogic_mutagenesis, shop)[case]
+        reference = run(template, db, ())
+        for end in range(2, len(RULES)):
+            assert_same(reference, run(template, db, RULES[:end]), f"{case} through {RULES[end - 1].__name__}")
+
+
+def test_tune_keeps_the_fastest_plan_and_the_same_numbers(mutag):
+    from relsql.compile.passes.propagate_gathers import PRESETS
+
+    tpl = relsql.Template.from_file(ROOT / "sql" / "gin.sql")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tuned = relsql.tune(tpl, mutag, dtype=torch.float64, seed=3)
+        plain = relsql.compile(tpl, mutag, dtype=torch.float64, seed=3)
+    assert sorted(t.strength for t in tuned.tuning) == sorted(PRESETS)
+    fastest = min(tuned.tuning, key=lambda t: t.step_ms)
+    assert len(tuned.plan.ops) == fastest.ops and "tuned: strength" in tuned.explain()
+    ours, theirs = tuned(), plain()
+    assert all(torch.allclose(ours[k], theirs[k], rtol=1e-9, atol=1e-11) for k in theirs)
+
+
+def test_consecutive_gathers_become_slices():
+    db = relsql.connect()
+    db.execute("CREATE TABLE t AS SELECT i AS id, i * 0.5 AS v FROM range(40) r(i)")
+    tpl = relsql.Template.from_sql("""
+    CREATE TABLE a AS SELECT t.id, tanh(linear(t.v, 3, 'w')) FROM t;
+    CREATE TABLE b AS SELECT t.id, relu(linear(x.h, 2, 'u')) FROM t JOIN a x ON x.id = t.id WHERE t.id >= 10 AND t.id < 30;
+    """)
+    reference, optimized = run(tpl, db, ()), run(tpl, db, None)
+    assert_same(reference, optimized, "slices")
+    kinds = [op.kind for op in optimized[2].plan.ops]
+    assert "slice" in kinds and "gather" not in kinds, kinds

@@ -7,6 +7,7 @@ import torch
 from relsql.compile.module import CompiledNet
 from relsql.compile.passes import optimize
 from relsql.compile.plan import build_plan
+from relsql.compile.tune import fastest, with_strength
 from relsql.db import Database
 from relsql.ground.execute import ground
 from relsql.template.ir import Template
@@ -14,10 +15,26 @@ from relsql.template.ir import Template
 
 def compile(template: Template, db: Database, dtype: torch.dtype = torch.float32,
             device: str | torch.device = "cpu", seed: int | None = None,
-            passes: tuple | None = None) -> CompiledNet:
-    """Ground `template` in `db` and compile it into a torch module on `device`."""
+            passes: tuple | None = None, gather_strength: float | None = None) -> CompiledNet:
+    """Ground `template` in `db` and compile it into a torch module on `device`.
+
+    `passes` replaces the optimizer's pass tuple (`()` for the plain vectorized plan);
+    `gather_strength` sets how far gathers are propagated (see `relsql.tune` to measure it).
+    """
     grounding = ground(template, db)
+    if gather_strength is not None:
+        passes = with_strength(gather_strength, passes)
     return CompiledNet(make_plan(template, grounding, dtype, passes), grounding, dtype=dtype, seed=seed).to(device)
+
+
+def tune(template: Template, db: Database, dtype: torch.dtype = torch.float32,
+         device: str | torch.device = "cpu", seed: int | None = None, output: str | None = None,
+         try_torch_compile: bool = False) -> CompiledNet:
+    """Like `compile`, but plans the grounding with every gather-propagation preset (and, if asked,
+    under torch.compile), times a training step of `output` on `device` and keeps the fastest;
+    `net.tuning` lists the trials and `net.explain()` ends with them."""
+    grounding = ground(template, db)
+    return fastest(template, grounding, dtype, device, seed, output, try_torch_compile=try_torch_compile)
 
 
 def make_plan(template: Template, grounding, dtype: torch.dtype, passes: tuple | None = None):
@@ -28,4 +45,4 @@ def make_plan(template: Template, grounding, dtype: torch.dtype, passes: tuple |
     return optimize(build_plan(template, grounding, dtype, compress=compress), passes)
 
 
-__all__ = ["compile", "CompiledNet"]
+__all__ = ["compile", "tune", "CompiledNet"]

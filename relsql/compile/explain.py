@@ -18,6 +18,8 @@ def _describe(op: Op, names: dict[int, str]) -> str:
         return f"weight '{op.attrs['name']}'"
     if k == "gather":
         return f"gather({a[0]}, rows={a[1]})"
+    if k == "slice":
+        return f"{a[0]}[{op.attrs['start']}:{op.attrs['start'] + op.rows}]"
     if k == "linear":
         return f"{a[0]} @ {a[1]}"
     if k == "binary":

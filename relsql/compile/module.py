@@ -20,6 +20,8 @@ def run_op(kind: str, args: list[torch.Tensor], attrs: dict) -> torch.Tensor:
     """The one place that maps an op to its kernel (also used on meta tensors for shapes)."""
     if kind == "gather":
         return args[0].index_select(0, args[1])
+    if kind == "slice":  # consecutive rows, a view
+        return args[0].narrow(0, attrs["start"], attrs["rows"])
     if kind == "linear":
         return kernels.apply_weight(args[0], args[1])
     if kind == "affine":  # c + x W^T in one GEMM

@@ -22,7 +22,7 @@ def _rows(kind: str, args: list[torch.Tensor], attrs: dict, is_param: list[bool]
         return args[1].shape[0]
     if kind in ("segment",):
         return args[2].shape[0]
-    if kind in ("scatter", "broadcast"):
+    if kind in ("scatter", "broadcast", "slice"):
         return attrs["rows"]
     if kind in ("spmm", "addspmm"):
         matrix = args[0] if kind == "spmm" else args[1]
@@ -68,5 +68,7 @@ def infer(kind: str, args: list[torch.Tensor], attrs: dict, is_param: list[bool]
     dtype = data[-1] if data else torch.get_default_dtype()
     small = [_stand_in(kind, i, a, attrs, p, dtype) for i, (a, p) in enumerate(zip(args, is_param))]
     small_attrs = {**attrs, "rows": 1} if kind in ("scatter", "broadcast") else attrs
+    if kind == "slice":
+        small_attrs = {**attrs, "start": 0, "rows": 1}
     out = run_op(kind, small, small_attrs)
     return torch.empty((rows, *out.shape[1:]), dtype=out.dtype, device="meta")

@@ -67,14 +67,14 @@ def rule_index_query(
         exp.alias_(col("_rid", "k") if keys else exp.Literal.number(0), ident("_head")),
         *[col(f"_r{j}", "g") for j in range(n_refs)],
         *[exp.alias_(c, ident(f"_c{i}")) for i, c in enumerate(columns)],
-    ).from_(exp.alias_(grounding.copy(), ident("g"), table=True))
+    ).from_(exp.alias_(grounding.copy(), ident("g"), table=True), copy=False)
     if keys:
         condition = exp.and_(*[
             exp.NullSafeEQ(this=col(k, "k"), expression=col(f"_h{i}", "g")) for i, k in enumerate(keys)
-        ])
-        select = select.join(exp.alias_(keys_table.copy(), ident("k"), table=True), on=condition)
+        ], copy=False)
+        select = select.join(exp.alias_(keys_table.copy(), ident("k"), table=True), on=condition, copy=False)
     order = ["_head", *[f"_r{j}" for j in range(n_refs)], *[f"_c{i}" for i in range(len(columns))]]
-    return select.order_by(*[exp.Ordered(this=col(name), nulls_first=True) for name in order])
+    return select.order_by(*[exp.Ordered(this=col(name), nulls_first=True) for name in order], copy=False)
 
 
 def dictionary_insert(dictionary: exp.Table, source: exp.Table, column: str) -> exp.Insert:

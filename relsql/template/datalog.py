@@ -555,9 +555,9 @@ class _QueryBuilder:
             *[exp.alias_(value_columns[pos], ident(f"_c{k}")) for k, pos in enumerate(self.facts)],
             *[exp.alias_(bindings[var].copy(), ident(f"_v_{var}")) for var in visible],
         )
-        select = select.from_(tables[0])
+        select = select.from_(tables[0], copy=False)
         for table in tables[1:]:
-            select = select.join(table, join_type="cross")
+            select = select.join(table, join_type="cross", copy=False)
         if conditions:
-            select = select.where(exp.and_(*conditions))
+            select = select.where(exp.and_(*conditions, copy=False), copy=False)
         return select
