@@ -32,7 +32,13 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
 
 
 def dense(values: torch.Tensor) -> torch.Tensor:
-    """Class id per element of a 1-D tensor: equal values, equal ids (ids 0..k-1 in value order)."""
+    """Class id per element of a 1-D tensor: equal values, equal ids (ids 0..k-1 in value order).
+    Integers within a small range are renumbered by counting, not sorting."""
+    if values.numel() and not values.is_floating_point():
+        low, high = int(values.min()), int(values.max())
+        if high - low < 4 * values.numel():
+            present = torch.bincount(values - low, minlength=high - low + 1) > 0
+            return (torch.cumsum(present, 0) - 1)[values - low]
     return torch.unique(values, return_inverse=True)[1]
 
 
@@ -77,24 +83,25 @@ def combine(columns: list[torch.Tensor], rows: int) -> torch.Tensor:
     """Class of each row of several class columns taken together (lexicographic order)."""
     if not columns:
         return torch.zeros(rows, dtype=torch.int64)
-    result = dense(columns[0])
-    for column in columns[1:]:
-        column = dense(column)
-        result = dense(result * (_count(column) or 1) + column)
-    return result
+    result = columns[0]
+    for column in columns[1:]:  # ids may be any ints >= -1: shift, pair, renumber (one sort per column)
+        low = int(column.min()) if column.numel() else 0
+        result = dense(result) * (int(column.max()) - low + 1 if column.numel() else 1) + (column - low)
+    return dense(result)
 
 
-def _pairs(segment_ids: torch.Tensor, grounding_classes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pairs(segment_ids: torch.Tensor, grounding_classes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Distinct (segment, class) pairs sorted by segment then class, with their multiplicities."""
     k = max(_count(grounding_classes), 1)
     keys, counts = torch.unique(segment_ids * k + grounding_classes, return_counts=True)
     return keys // k, keys % k, counts
 
 
-def segment_signatures(segment_ids: torch.Tensor, grounding_classes: torch.Tensor, segments: int) -> torch.Tensor:
-    """Class per segment: segments with the same multiset of grounding classes are alike."""
-    seg, cls, counts = _pairs(segment_ids, grounding_classes)
-    element = _mix(_mix(cls + 1) + counts * _C1)
+def segment_signatures(found: tuple[torch.Tensor, torch.Tensor, torch.Tensor], segments: int) -> torch.Tensor:
+    """Class per segment: segments with the same multiset of grounding classes are alike.
+    `found` is `pairs(segment ids, grounding classes)`."""
+    seg, cls, counts = found
+    element = ((cls + 1) * _C1) ^ (counts * _C2)  # collisions are caught by the exact check below
     lengths = torch.bincount(seg, minlength=segments)
     summed = torch.zeros(segments, dtype=torch.int64).index_add_(0, seg, element)
     candidate = dense(_mix(summed + lengths * _C3))
@@ -115,10 +122,11 @@ def _exact_signatures(seg: torch.Tensor, cls: torch.Tensor, counts: torch.Tensor
     return torch.tensor([ids.setdefault(tuple(signature.get(s, ())), len(ids)) for s in range(segments)], dtype=torch.int64)
 
 
-def multiplicity_matrix(segment_ids: torch.Tensor, grounding_classes: torch.Tensor, counts: torch.Tensor,
+def multiplicity_matrix(found: tuple[torch.Tensor, torch.Tensor, torch.Tensor], counts: torch.Tensor,
                         classes: int, average: bool) -> torch.Tensor:
-    """segments × classes CSR of how often each class occurs in each segment (÷ size for avg)."""
-    seg, cls, multiplicity = _pairs(segment_ids, grounding_classes)
+    """segments × classes CSR of how often each class occurs in each segment (÷ size for avg).
+    `found` is `pairs(segment ids, grounding classes)`."""
+    seg, cls, multiplicity = found
     values = multiplicity.to(torch.float64)
     if average:
         values = values / counts[seg].to(torch.float64)

@@ -86,6 +86,7 @@ class PlanBuilder:
         self.compress = compress
         self.classes: dict[str, torch.Tensor] = {}  # relation -> structural class of each row
         self.compressed = 0
+        self._memo: dict = {}  # grounding classes and (segment, class) pairs per rule grounding
         self.plan = Plan()
         self._param_slots: dict[str, int] = {}
 
@@ -156,9 +157,18 @@ class PlanBuilder:
 
     # -- isomorphic compression ------------------------------------------------------------
     def _grounding_classes(self, rg: RuleGrounding) -> torch.Tensor:
-        columns = [self.classes[r][index] if r in self.classes else index for r, index in zip(rg.rule.refs, rg.refs)]
-        columns += [compress.classes_of(c) for c in rg.columns.values()]
-        return compress.combine(columns, rg.size)
+        if id(rg) not in self._memo:
+            columns = [self.classes[r][index] if r in self.classes else index for r, index in zip(rg.rule.refs, rg.refs)]
+            columns += [compress.classes_of(c) for c in rg.columns.values()]
+            self._memo[id(rg)] = compress.combine(columns, rg.size)
+        return self._memo[id(rg)]
+
+    def pairs(self, rg: RuleGrounding, segment_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(segment, grounding class, multiplicity) of a grouped rule, computed once."""
+        key = ("pairs", id(rg))
+        if key not in self._memo:
+            self._memo[key] = compress.pairs(segment_ids, self._grounding_classes(rg))
+        return self._memo[key]
 
     def _relation_classes(self, relation_grounding, size: int) -> torch.Tensor:
         per_rule = []
@@ -168,7 +178,7 @@ class PlanBuilder:
             if rg.rule.grouped:
                 counts = rg.offsets[1:] - rg.offsets[:-1]
                 ids = torch.repeat_interleave(torch.arange(counts.shape[0]), counts)
-                heads[rg.segment_heads] = compress.segment_signatures(ids, cls, counts.shape[0])
+                heads[rg.segment_heads] = compress.segment_signatures(self.pairs(rg, ids), counts.shape[0])
             else:
                 heads[rg.head] = cls
             per_rule.append(heads)
@@ -267,7 +277,7 @@ class _RuleContext:
             ids, counts = self.segments()
             if self.classes is not None:
                 if expr.kind in ("sum", "avg") and b.plan.meta[x].dim() == 2:
-                    matrix = compress.multiplicity_matrix(b.plan.inputs[ids], self.classes, b.plan.inputs[counts],
+                    matrix = compress.multiplicity_matrix(b.pairs(self.rg, b.plan.inputs[ids]), b.plan.inputs[counts],
                                                           self.rows, expr.kind == "avg")
                     return b._emit("spmm", (self.tensor(f"multiplicity_{expr.kind}", matrix), x), note), "h"
                 x = b._emit("gather", (x, self.tensor("classes", self.classes)), note, relation="grounding classes")

@@ -24,10 +24,22 @@ def _beta_ok():
 
 
 def from_coo(rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
-    """CSR from (row, col, value) triples; duplicate positions are summed."""
-    with _beta_ok():
-        coo = torch.sparse_coo_tensor(torch.stack([rows, cols]), values.to(torch.float64), shape).coalesce()
-        return compact(coo.to_sparse_csr())
+    """CSR from (row, col, value) triples; duplicate positions are summed.
+
+    One sort of a row-major key at most (none when the triples already come row-major, as
+    grounding indexes do) instead of torch's COO coalesce, which is several times slower."""
+    rows, cols, values = rows.to(torch.int64), cols.to(torch.int64), values.to(torch.float64)
+    key = rows * max(shape[1], 1) + cols
+    if key.numel() > 1 and not bool((key[1:] >= key[:-1]).all()):
+        key, order = torch.sort(key, stable=True)
+        values = values[order]
+    key, inverse, counts = torch.unique_consecutive(key, return_inverse=True, return_counts=True)
+    if key.numel() != values.numel():  # duplicates: sum them
+        values = torch.zeros(key.numel(), dtype=torch.float64).index_add_(0, inverse, values)
+    rows, cols = key // max(shape[1], 1), key % max(shape[1], 1)
+    crow = torch.zeros(shape[0] + 1, dtype=torch.int64)
+    crow[1:] = torch.cumsum(torch.bincount(rows, minlength=shape[0]), 0)
+    return from_csr(crow, cols, values, shape)
 
 
 def from_csr(crow: torch.Tensor, cols: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:

@@ -7,6 +7,7 @@ come back as Arrow columns that become torch tensors without copies.
 
 from __future__ import annotations
 
+import time
 import warnings
 from dataclasses import dataclass, field
 
@@ -56,6 +57,7 @@ class Grounding:
     relations: dict[str, RelationGrounding]
     dictionaries: dict[str, pa.Table]  # embedding weight -> (value, code) in code order
     feature_stats: dict[str, dict]  # "relation#rule:column" -> {"mean", "std", "nulls", "kind"}
+    seconds: dict[str, float] = field(default_factory=dict)  # relation -> wall time spent grounding it
 
     @property
     def vocab_sizes(self) -> dict[str, int]:
@@ -76,14 +78,17 @@ def ground(template: ir.Template, db: Database, *, presets: Presets | None = Non
     grounder = _Grounder(template, db, presets or Presets())
     order = template.order()
     bar = _progress(order, progress)
+    seconds = {}
     with db.frozen_schema():  # relsql only adds temp tables while grounding
         for name in bar:
             if hasattr(bar, "set_postfix_str"):
                 bar.set_postfix_str(name)
+            started = time.perf_counter()
             grounder.relation(template.relations[name])
+            seconds[name] = time.perf_counter() - started
     dictionaries = {w: db.arrow(exp.select(exp.Star()).from_(t.copy()).order_by(q.col("code")))
                     for w, t in grounder.dictionaries.items()}
-    return Grounding(grounder.relations, dictionaries, grounder.feature_stats)
+    return Grounding(grounder.relations, dictionaries, grounder.feature_stats, seconds)
 
 
 def _progress(items: list[str], enabled: bool | None):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from relsql.compile import compress
 from relsql.compile.passes._rewrite import redirect
 from relsql.compile.plan import Plan, make_op
 
@@ -24,9 +25,11 @@ def deduplicate_rows(plan: Plan) -> Plan:
         if slot not in read or tensor.layout != torch.strided or not tensor.is_floating_point() or tensor.dim() != 2 \
                 or tensor.shape[0] < 16:
             continue
-        distinct, inverse = torch.unique(tensor, dim=0, return_inverse=True)
-        if distinct.shape[0] > MAX_SHARE * tensor.shape[0]:
+        inverse = compress.classes_of(tensor)
+        count = int(inverse.max()) + 1
+        if count > MAX_SHARE * tensor.shape[0]:
             continue
+        distinct = tensor[compress.representatives(inverse, count)]
         rows = plan.add_input(distinct)
         index = plan.add_input(inverse)
         gather = make_op(plan, "gather", (rows, index), "deduplicated column")
