@@ -214,7 +214,7 @@ class Pair:
     """The relsql net and the PyG model of one (model, dataset), with shared weights."""
 
     def __init__(self, model: str, db, data: Graphs, hidden: int, dtype=torch.float32,
-                 frameworks: tuple[str, ...] = ("relsql", "pyg")):
+                 frameworks: tuple[str, ...] = ("relsql", "pyg"), device: str = "cpu"):
         import relsql
 
         self.model, self.data = model, data
@@ -222,10 +222,17 @@ class Pair:
         self.net = self.pyg = None
         self.ground_s = float("nan")
         if "relsql" in frameworks:
+            from relsql.compile import make_plan
+            from relsql.compile.module import CompiledNet
+
+            template = relsql.Template.from_sql(template_text(model, hidden))
             start = time.perf_counter()
-            self.net = relsql.compile(relsql.Template.from_sql(template_text(model, hidden)), db, dtype=dtype, seed=0)
+            # timed: a net that computes the logits only, as the PyG model does
+            self.net = relsql.compile(template, db, dtype=dtype, seed=0, outputs=[self.out_rel])
             self.ground_s = time.perf_counter() - start
             self.net_params = list(self.net.parameters())
+            # checked: every relation, from the same grounding (its weights are copied below)
+            self.full = CompiledNet(make_plan(template, self.net.grounding, dtype), self.net.grounding, dtype=dtype)
         if "pyg" in frameworks:
             self.pyg = PygNet(model, data.x.shape[1], hidden).to(dtype)
         if self.net is not None and self.pyg is not None:
@@ -234,14 +241,20 @@ class Pair:
                 raise RuntimeError(f"{model}: weights {sorted(ours)} / {sorted(theirs)} do not match the mapping")
             generator = torch.Generator().manual_seed(1)
             with torch.no_grad():
+                full = self.full.named_weights()
                 for name, target in mapping.items():
                     if name.endswith(("_b", "_b1", "_b2", "_bl")):  # relsql starts biases at 0; make them count
                         ours[name].copy_(torch.randn(ours[name].shape, generator=generator) * 0.1)
                     theirs[target].copy_(ours[name])
-        self.x = torch.as_tensor(data.x, dtype=dtype)
-        self.edge_index = torch.as_tensor(data.edges.T - 1).contiguous()
-        self.batch = torch.as_tensor(data.graph_of_node - 1)
-        self.y = torch.as_tensor(data.labels)
+                    full[name].copy_(ours[name])
+        self.device = torch.device(device)
+        for module in (self.net, getattr(self, "full", None), self.pyg):
+            if module is not None:
+                module.to(self.device)
+        self.x = torch.as_tensor(data.x, dtype=dtype, device=self.device)
+        self.edge_index = torch.as_tensor(data.edges.T - 1).contiguous().to(self.device)
+        self.batch = torch.as_tensor(data.graph_of_node - 1).to(self.device)
+        self.y = torch.as_tensor(data.labels).to(self.device)
 
     def relsql_forward(self):
         return self.net()
@@ -264,7 +277,7 @@ class Pair:
 
     def check(self) -> float:
         """Largest |relsql - PyG| relative to max(1, |PyG|) over node embeddings and logits."""
-        grounding = self.net.grounding.relations
+        grounding = self.full.grounding.relations
         for relation, rows in ((self.conv_rel, self.x.shape[0]), (self.out_rel, self.data.num_graphs)):
             keys = grounding[relation].keys.drop(["_rid"]) if "_rid" in grounding[relation].keys.column_names \
                 else grounding[relation].keys
@@ -272,7 +285,10 @@ class Pair:
             if not np.array_equal(ids, np.arange(1, rows + 1)):
                 raise RuntimeError(f"{relation}: rows are not in id order 1..{rows}")
         with torch.no_grad():
-            ours, theirs = self.relsql_forward(), self.pyg_forward()
+            ours, theirs = self.full(), self.pyg_forward()
+            timed = self.relsql_forward()[self.out_rel]
+        if not torch.allclose(timed, ours[self.out_rel], rtol=1e-5, atol=1e-6):
+            raise RuntimeError(f"{self.model}: the logits-only net disagrees with the full net")
         worst = 0.0
         for relation, key in ((self.conv_rel, "conv2"), (self.out_rel, "out")):
             a, b = ours[relation], theirs[key]
@@ -303,8 +319,17 @@ def time_alternately(pair: Pair, warmup: int, reps: int) -> dict[str, float]:
                 f()
         return run
 
-    tasks = {"relsql_fwd_ms": fwd(pair.relsql_forward), "pyg_fwd_ms": fwd(pair.pyg_forward),
-             "relsql_step_ms": pair.relsql_step, "pyg_step_ms": pair.pyg_step}
+    def synced(task):
+        if pair.device.type != "cuda":
+            return task
+
+        def run():
+            task()
+            torch.cuda.synchronize(pair.device)
+        return run
+
+    tasks = {"relsql_fwd_ms": synced(fwd(pair.relsql_forward)), "pyg_fwd_ms": synced(fwd(pair.pyg_forward)),
+             "relsql_step_ms": synced(pair.relsql_step), "pyg_step_ms": synced(pair.pyg_step)}
     loops = {}
     for key, task in tasks.items():
         task()
@@ -433,9 +458,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--models", default="gcn,sage,gin")
     parser.add_argument("--datasets", default=None, help=f"comma separated, from {DATASETS}")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (timings synchronize the device; memory probes are CPU only)")
     parser.add_argument("--memory-probe", nargs=3, metavar=("FRAMEWORK", "MODEL", "DATASET"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(THREADS)
+    if args.device != "cpu" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: torch sees no CUDA device on this machine")
 
     if args.memory_probe:
         framework, model, name = args.memory_probe
@@ -447,7 +475,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     commit = git_commit()
-    print(f"relsql vs PyG, hidden width {args.hidden}, float32, CPU, torch {torch.__version__}, "
+    print(f"relsql vs PyG, hidden width {args.hidden}, float32, {args.device}, torch {torch.__version__}, "
           f"torch.set_num_threads({THREADS}), commit {commit}")
     print("Timings are only meaningful on an otherwise idle machine (other processes on these cores "
           "slow torch's OpenMP badly).")
@@ -464,7 +492,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         big = data.edges.shape[0] >= 500_000
         warmup, reps = (1, 2) if args.quick else ((1, 3) if big else (2, 7))
         for model in models:
-            pair = Pair(model, db, data, args.hidden)
+            pair = Pair(model, db, data, args.hidden, device=args.device)
             diff = pair.check()
             if diff > 1e-4:
                 raise RuntimeError(f"{model} on {name}: relsql and PyG disagree by {diff:.2e} (relative)")
@@ -481,7 +509,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                    "max_rel_diff": float(f"{diff:.2e}"), "ops": int(pair.summary().split()[0]), "reps": reps}
             del pair
             gc.collect()
-            if args.no_memory:
+            if args.no_memory or args.device != "cpu":
                 row["relsql_mb"] = row["pyg_mb"] = float("nan")
             else:
                 row["relsql_mb"] = round(measure_memory("relsql", model, name, args.hidden), 1)

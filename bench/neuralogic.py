@@ -196,7 +196,7 @@ class RelsqlSide:
         tpl = relsql.Template.from_datalog(self.text, base_dir=str(self.template_dir))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            net = relsql.compile(tpl, self.db, dtype=self.dtype, seed=7)
+            net = relsql.compile(tpl, self.db, dtype=self.dtype, seed=7, outputs=[self.head])
         self.tpl, self.net = tpl, net
 
     def prepare(self, like: RelsqlSide | None = None):

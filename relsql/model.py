@@ -74,7 +74,7 @@ class Model:
         started = time.perf_counter()
         grounding = ground(self.template, self.db, presets=presets, progress=self.progress)
         self.timings["grounding"] = time.perf_counter() - started
-        plan = make_plan(self.template, grounding, self.dtype)
+        plan = make_plan(self.template, grounding, self.dtype, outputs=[self.output])
         self.net = CompiledNet(plan, grounding, dtype=self.dtype, seed=self.seed)
         labels = self._labels(relation.keys)
         where = f"{self.target}"

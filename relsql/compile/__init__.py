@@ -15,16 +15,19 @@ from relsql.template.ir import Template
 
 def compile(template: Template, db: Database, dtype: torch.dtype = torch.float32,
             device: str | torch.device = "cpu", seed: int | None = None,
-            passes: tuple | None = None, gather_strength: float | None = None) -> CompiledNet:
+            passes: tuple | None = None, gather_strength: float | None = None,
+            outputs: list[str] | None = None) -> CompiledNet:
     """Ground `template` in `db` and compile it into a torch module on `device`.
 
     `passes` replaces the optimizer's pass tuple (`()` for the plain vectorized plan);
-    `gather_strength` sets how far gathers are propagated (see `relsql.tune` to measure it).
+    `gather_strength` sets how far gathers are propagated (see `relsql.tune` to measure it);
+    `outputs` limits what `net()` returns to those relations (default: every relation), which
+    lets the optimizer drop or overwrite the others' intermediate values.
     """
     grounding = ground(template, db)
     if gather_strength is not None:
         passes = with_strength(gather_strength, passes)
-    return CompiledNet(make_plan(template, grounding, dtype, passes), grounding, dtype=dtype, seed=seed).to(device)
+    return CompiledNet(make_plan(template, grounding, dtype, passes, outputs), grounding, dtype=dtype, seed=seed).to(device)
 
 
 def tune(template: Template, db: Database, dtype: torch.dtype = torch.float32,
@@ -37,12 +40,21 @@ def tune(template: Template, db: Database, dtype: torch.dtype = torch.float32,
     return fastest(template, grounding, dtype, device, seed, output, try_torch_compile=try_torch_compile)
 
 
-def make_plan(template: Template, grounding, dtype: torch.dtype, passes: tuple | None = None):
-    """The optimized plan: built (compressed when `compress_groundings` is among the passes), then passes."""
+def make_plan(template: Template, grounding, dtype: torch.dtype, passes: tuple | None = None,
+              outputs: list[str] | None = None):
+    """The optimized plan: built (compressed when `compress_groundings` is among the passes), then
+    passes; with `outputs`, only those relations stay outputs of the plan."""
     from relsql.compile.passes import RULES, compress_groundings
+    from relsql.errors import RelsqlError
 
     compress = compress_groundings in (RULES if passes is None else passes)
-    return optimize(build_plan(template, grounding, dtype, compress=compress), passes)
+    plan = build_plan(template, grounding, dtype, compress=compress)
+    if outputs is not None:
+        unknown = [name for name in outputs if name not in plan.outputs]
+        if unknown or not outputs:
+            raise RelsqlError(f"outputs {unknown or outputs} are not relations of the template; it declares {list(plan.outputs)}")
+        plan.outputs = {name: plan.outputs[name] for name in outputs}
+    return optimize(plan, passes)
 
 
 __all__ = ["compile", "tune", "CompiledNet"]

@@ -117,6 +117,9 @@ class CompiledNet(nn.Module):
 
         if relation not in self.grounding.relations:
             raise RelsqlError(f"no relation `{relation}`; the template declares {list(self.grounding.relations)}")
+        if relation not in self.plan.outputs:
+            raise RelsqlError(f"relation `{relation}` was compiled away: this net computes only {list(self.plan.outputs)} "
+                              "(relsql.compile(..., outputs=...)); compile without `outputs` to read every relation")
         outputs = outputs if outputs is not None else self.forward()
         with torch.no_grad():
             value = outputs[relation].detach().to("cpu", torch.float64)
