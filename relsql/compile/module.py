@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import zlib
 from typing import TYPE_CHECKING
 
 import polars as pl
@@ -85,31 +86,69 @@ class CompiledNet(nn.Module):
         self.plan = plan
         self.grounding = grounding
         self.dtype = dtype
-        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        self.seed = seed
         self._param_keys: dict[str, str] = {}
         self.weights = nn.ParameterDict()
-        for i, (name, spec) in enumerate(plan.params.items()):
-            key = f"w{i}"
-            self._param_keys[name] = key
-            self.weights[key] = nn.Parameter(_initial(spec, dtype, generator), requires_grad=not spec.fixed)
+        self.add_weights(plan)
         self._inputs: dict[int, str] = {}
         for slot, tensor in plan.inputs.items():
             key = f"i{slot}"
             self.register_buffer(key, tensor.to(dtype) if tensor.is_floating_point() else tensor, persistent=False)
             self._inputs[slot] = key
 
+    def add_weights(self, plan: Plan) -> list[nn.Parameter]:
+        """Create the weights of `plan` this module does not have yet; returns the new ones.
+
+        Each weight's initial value depends only on the seed and its name, so a weight gets the
+        same start whichever plan (full grounding or a mini-batch's) creates it first.
+        """
+        created = []
+        for name, spec in plan.params.items():
+            if name in self._param_keys:
+                have = self.weights[self._param_keys[name]]
+                if tuple(have.shape) != tuple(spec.shape):
+                    from relsql.errors import ShapeError
+
+                    raise ShapeError(f"weight '{name}' has shape {tuple(have.shape)} but this batch needs {tuple(spec.shape)}")
+                continue
+            generator = None
+            if self.seed is not None:
+                generator = torch.Generator().manual_seed((self.seed * 1_000_003 + zlib.crc32(name.encode())) % 2**62)
+            key = f"w{len(self._param_keys)}"
+            self._param_keys[name] = key
+            parameter = nn.Parameter(_initial(spec, self.dtype, generator), requires_grad=not spec.fixed)
+            if len(self.weights):
+                parameter.data = parameter.data.to(next(iter(self.weights.values())).device)
+            self.weights[key] = parameter
+            created.append(parameter)
+        return created
+
     def named_weights(self) -> dict[str, nn.Parameter]:
         """Every weight under its template name (named weights keep their names)."""
         return {name: self.weights[key] for name, key in self._param_keys.items()}
 
     def forward(self) -> dict[str, torch.Tensor]:
-        slots: dict[int, torch.Tensor] = {s: getattr(self, k) for s, k in self._inputs.items()}
-        for op in self.plan.ops:
+        return self._execute(self.plan, {s: getattr(self, k) for s, k in self._inputs.items()})
+
+    def run(self, plan: Plan, external: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """Execute another plan of the same template (a mini-batch's) with this module's weights.
+
+        Its inputs move to this module's device and dtype; `external` supplies the values of
+        weights that live outside the module (embeddings stored in the database), by name.
+        """
+        device = next(iter(self.weights.values())).device if len(self.weights) else torch.device("cpu")
+        inputs = {slot: t.to(device, self.dtype) if t.is_floating_point() else t.to(device) for slot, t in plan.inputs.items()}
+        return self._execute(plan, inputs, external or {})
+
+    def _execute(self, plan: Plan, slots: dict[int, torch.Tensor], external: dict[str, torch.Tensor] | None = None
+                 ) -> dict[str, torch.Tensor]:
+        for op in plan.ops:
             if op.kind == "param":
-                slots[op.out] = self.weights[self._param_keys[op.attrs["name"]]]
+                name = op.attrs["name"]
+                slots[op.out] = external[name] if external and name in external else self.weights[self._param_keys[name]]
             else:
                 slots[op.out] = run_op(op.kind, [slots[a] for a in op.args], op.attrs)
-        return {name: slots[slot] for name, slot in self.plan.outputs.items()}
+        return {name: slots[slot] for name, slot in plan.outputs.items()}
 
     def values(self, relation: str, outputs: dict[str, torch.Tensor] | None = None) -> pl.DataFrame:
         """A relation's key columns and its `value` (flattened to a list of floats) per row."""
