@@ -39,6 +39,8 @@ def test_algebra_matches_dense(seed):
     placed = torch.zeros(11, 5, dtype=torch.float64)
     placed[heads] = dense(a)
     assert torch.equal(dense(sparse.place_rows(a, heads, 11)), placed)
+    rows = torch.randint(0, 7, (10,), generator=torch.Generator().manual_seed(seed))
+    assert torch.equal(dense(sparse.select_rows(a, rows)), dense(a)[rows])
     b = random_csr(7, 5, 9, seed + 100)
     assert torch.allclose(dense(sparse.add([a, b, b])), dense(a) + 2 * dense(b))
     assert torch.equal(dense(sparse.identity(4)), torch.eye(4, dtype=torch.float64))

@@ -150,12 +150,27 @@ class PlanBuilder:
                     value = self._emit("binary", (value, offset), note, op="+", reshape_right=shape)
             if relation.activation not in (None, "identity"):
                 value = self._emit("act", (value,), note, name=relation.activation)
+            if self.compress:
+                value = self._rows_once(name, value, size)
             self.plan.outputs[name] = value
         if self.compress:
             self.plan.log.append(f"compress_groundings: {self.compressed} rules evaluated once per class of identical groundings")
         return self.plan
 
     # -- isomorphic compression ------------------------------------------------------------
+    def _rows_once(self, name: str, value: int, size: int) -> int:
+        """A relation whose rows fall into few structural classes is read as its representatives'
+        rows, gathered back; the optimizer pulls the first gather into the ops before it, so those
+        compute one row per class (an atom embedding per element type, not per atom)."""
+        classes = self.classes[name]
+        k = int(classes.max()) + 1 if classes.numel() else 0
+        if size < 64 or k > size // 2:
+            return value
+        note = f"{name} (one row per class)"
+        reps = self._input(compress.representatives(classes, k))
+        value = self._emit("gather", (value, reps), note, relation="row classes")
+        return self._emit("gather", (value, self._input(classes)), note, relation="row classes")
+
     def _grounding_classes(self, rg: RuleGrounding) -> torch.Tensor:
         if id(rg) not in self._memo:
             columns = [self.classes[r][index] if r in self.classes else index for r, index in zip(rg.rule.refs, rg.refs)]

@@ -74,6 +74,20 @@ def select_columns(matrix: torch.Tensor, index: torch.Tensor, source_rows: int) 
     return from_coo(rows, index.to(torch.int64)[cols], values, (matrix.shape[0], source_rows))
 
 
+def select_rows(matrix: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The rows `index` of `matrix`, in that order: gather(M @ x, index) = select_rows(M, index) @ x."""
+    crow = matrix.crow_indices().to(torch.int64)
+    index = index.to(torch.int64)
+    counts = (crow[1:] - crow[:-1])[index]
+    new_crow = torch.zeros(index.shape[0] + 1, dtype=torch.int64)
+    new_crow[1:] = torch.cumsum(counts, 0)
+    total = int(new_crow[-1])
+    offset = torch.arange(total) - torch.repeat_interleave(new_crow[:-1], counts)
+    picked = torch.repeat_interleave(crow[index], counts) + offset
+    return from_csr(new_crow, matrix.col_indices().to(torch.int64)[picked], matrix.values()[picked],
+                    (index.shape[0], matrix.shape[1]))
+
+
 def place_rows(matrix: torch.Tensor, heads: torch.Tensor, rows: int) -> torch.Tensor:
     """Row i of `matrix` becomes row heads[i] of a `rows`-row matrix (other rows empty)."""
     r, cols, values = triples(matrix)

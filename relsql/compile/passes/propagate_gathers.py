@@ -18,6 +18,9 @@ move further (fewer gathers, more rows computed and held); `relsql.tune` tries t
 
 from __future__ import annotations
 
+import torch
+
+from relsql.compile import sparse
 from relsql.compile.passes._rewrite import only_reader, producers, readers
 from relsql.compile.plan import Op, Plan, make_op
 
@@ -55,32 +58,73 @@ def _move(plan: Plan, op: Op, made_by, reads, strength: float) -> tuple[list[int
 ROW_WISE = ("linear", "act", "binary", "combine", "sum")
 
 
+def _pull_scatter(plan: Plan, op: Op, inner: Op, ops: list[Op]) -> bool:
+    """gather(scatter(x, heads, n), i): the kept rows of x, scattered into len(i) rows (or just
+    gathered, when every kept row is a head)."""
+    heads, index = plan.inputs.get(inner.args[1]), plan.inputs.get(op.args[1])
+    if heads is None or index is None:
+        return False
+    position = torch.full((inner.rows,), -1, dtype=torch.int64)
+    position[heads] = torch.arange(heads.shape[0])
+    found = position[index]
+    kept = found >= 0
+    if bool(kept.all()):
+        ops.append(Op("gather", op.out, (inner.args[0], plan.add_input(found)), dict(op.attrs), op.rows, op.shape, op.note))
+        return True
+    picked = make_op(plan, "gather", (inner.args[0], plan.add_input(found[kept])), op.note, **op.attrs)
+    ops.append(picked)
+    ops.append(Op("scatter", op.out, (picked.out, plan.add_input(torch.nonzero(kept).reshape(-1))), {"rows": op.rows},
+                  op.rows, op.shape, inner.note))
+    return True
+
+
 def _pull_gathers(plan: Plan, strength: float) -> int:
-    """gather(f(x, ...), i) = f(gather(x, i), ...): a gather that keeps few of a row-wise op's rows
-    goes before the op, so the op computes only the rows kept (one sweep; returns how many)."""
+    """gather(f(x, ...), i) = f(gather(x, i), ...): a gather that keeps few of an op's rows goes
+    before the op, so the op computes only the rows kept (one sweep; returns how many).
+    f is a row-wise op, a scatter of rows into a relation, or a sparse product (its rows are picked)."""
     pulled, reads, made_by = 0, readers(plan), producers(plan)
     ops: list[Op] = []
     for op in plan.ops:
-        inner = made_by.get(op.args[0]) if op.kind == "gather" else None
-        if inner is None or inner.kind not in ROW_WISE or not only_reader(plan, inner.out, op, reads) \
-                or inner.rows <= strength * op.rows or inner not in ops:
+        inner = made_by.get(op.args[0]) if op.kind in ("gather", "slice") else None
+        if inner is None or inner.kind not in (*ROW_WISE, "scatter", "spmm") or inner not in ops \
+                or not only_reader(plan, inner.out, op, reads) or inner.rows <= strength * op.rows:
             ops.append(op)
             continue
-        row_args = {"linear": (1,), "act": (0,)}.get(inner.kind, tuple(range(len(inner.args))))
-        rows = [p for p in row_args if plan.meta[inner.args[p]].shape[0] == inner.rows and inner.args[p] not in plan.param_slots]
-        if any(p not in rows and not _constant_row(plan, inner.args[p]) for p in row_args):
+        if op.kind == "slice":  # consecutive rows: a gather like any other from here on
+            start = op.attrs["start"]
+            index = plan.add_input(torch.arange(start, start + op.rows))
+            op = Op("gather", op.out, (op.args[0], index), {"relation": "slice"}, op.rows, op.shape, op.note)
+        if inner.kind == "scatter":
+            done = _pull_scatter(plan, op, inner, ops)
+        elif inner.kind == "spmm":
+            matrix, index = plan.inputs.get(inner.args[0]), plan.inputs.get(op.args[1])
+            done = matrix is not None and index is not None and len(inner.args) == 2 and matrix.layout == sparse.CSR
+            if done:
+                rows = plan.add_input(sparse.select_rows(matrix, index))
+                ops.append(Op("spmm", op.out, (rows, inner.args[1]), {}, op.rows, op.shape, inner.note))
+        else:
+            done = _pull_row_wise(plan, op, inner, ops)
+        if done:
+            ops.remove(inner)
+            pulled += 1
+        else:
             ops.append(op)
-            continue
-        args = list(inner.args)
-        for position in rows:
-            gathered = make_op(plan, "gather", (inner.args[position], op.args[1]), op.note, **op.attrs)
-            ops.append(gathered)
-            args[position] = gathered.out
-        ops.remove(inner)
-        ops.append(Op(inner.kind, op.out, tuple(args), dict(inner.attrs), op.rows, op.shape, inner.note))
-        pulled += 1
     plan.ops = ops
     return pulled
+
+
+def _pull_row_wise(plan: Plan, op: Op, inner: Op, ops: list[Op]) -> bool:
+    row_args = {"linear": (1,), "act": (0,)}.get(inner.kind, tuple(range(len(inner.args))))
+    rows = [p for p in row_args if plan.meta[inner.args[p]].shape[0] == inner.rows and inner.args[p] not in plan.param_slots]
+    if any(p not in rows and not _constant_row(plan, inner.args[p]) for p in row_args):
+        return False
+    args = list(inner.args)
+    for position in rows:
+        gathered = make_op(plan, "gather", (inner.args[position], op.args[1]), op.note, **op.attrs)
+        ops.append(gathered)
+        args[position] = gathered.out
+    ops.append(Op(inner.kind, op.out, tuple(args), dict(inner.attrs), op.rows, op.shape, inner.note))
+    return True
 
 
 def propagate_gathers(plan: Plan, strength: float = DEFAULT_STRENGTH) -> Plan:
