@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -273,7 +274,8 @@ def _sniff(path: Path) -> str | None:
 
 
 def connect(source: str | Path | duckdb.DuckDBPyConnection | Mapping[str, Any] | None = None, *,
-            read_only: bool = False, tables: Mapping[str, Any] | None = None) -> Database:
+            read_only: bool = False, tables: Mapping[str, Any] | None = None,
+            memory_limit: str | None = None) -> Database:
     """Open a data source as a `Database` whose engine is DuckDB.
 
     `source`: None or ":memory:" (in-memory DuckDB), an open `duckdb.DuckDBPyConnection`, a
@@ -283,6 +285,8 @@ def connect(source: str | Path | duckdb.DuckDBPyConnection | Mapping[str, Any] |
     `read_only`: open the source so that nothing can write to it (grounding still works: its
     temporary tables live in DuckDB's in-memory temp catalog). `tables`: extra frames registered
     as tables beside the source (kept in memory, never written into the source).
+    `memory_limit` (e.g. "1GB") caps DuckDB's memory; beyond it DuckDB spills to disk, so a
+    database larger than memory trained in mini-batches keeps a bounded footprint.
     """
     from connectors import duckdb_file, files, frames, postgres, sqlite
 
@@ -300,7 +304,16 @@ def connect(source: str | Path | duckdb.DuckDBPyConnection | Mapping[str, Any] |
         raise SourceError(f"cannot connect to a {type(source).__name__}: pass {KINDS}")
     if tables:
         frames.add_frames(db, tables)
+    if memory_limit is not None:
+        set_memory_limit(db, memory_limit)
     return db
+
+
+def set_memory_limit(db: Database, limit: str) -> None:
+    if not isinstance(limit, str) or not re.fullmatch(r"\s*\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\s*", limit):
+        raise SourceError(f"memory_limit must look like '512MB' or '2GB', got {limit!r}")
+    setting = exp.Set(expressions=[exp.SetItem(this=exp.EQ(this=exp.column("memory_limit"), expression=exp.Literal.string(limit.strip())))])
+    db.execute(setting)
 
 
 def _open_path(path: Path, read_only: bool, duckdb_file, files, sqlite) -> Database:

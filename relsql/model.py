@@ -26,13 +26,18 @@ from relsql.compile.module import CompiledNet
 from relsql.db import Database
 from relsql.errors import RelsqlError, SchemaError
 from relsql.ground import query as q
+from relsql.ground.demand import BatchGrounder, database_embeddings
 from relsql.ground.execute import Presets, ground
 from relsql.template.ir import Template
+from relsql.train import checkpoint as checkpoints
+from relsql.train.batched import Batch, Batched
+from relsql.train.batches import Worker, batches
+from relsql.train.embeddings import GradientStaging, table_suffix
 from relsql.train.report import plot_history, text_report
 from relsql.train.split import split_rows
 from relsql.train.task import Task, detect
 
-FORMAT = "relsql-model-1"
+FORMAT = "relsql-model-2"
 
 
 class Model:
@@ -41,7 +46,16 @@ class Model:
     def __init__(self, db: Database, template: Template | str | Path, target: str, *, output: str | None = None,
                  task: str | None = None, time_column: str | None = None,
                  split: tuple[float, float, float] = (0.7, 0.15, 0.15), seed: int = 0,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", progress: bool | None = None):
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", progress: bool | None = None,
+                 batch_size: int | None = None, fanout: dict[str, int] | int | None = None,
+                 embedding_optimizer: str | None = None, embedding_lr: float = 0.1):
+        """`batch_size` (target rows per batch) grounds nothing up front: every batch is grounded in
+        the database for its own rows (training, evaluation and prediction alike), so memory follows
+        the batch, not the database. `fanout` caps the groundings per head (per relation, or one
+        number for all), sampled with a seeded hash; off by default (exact). Embeddings declared
+        with storage='database' live in database tables, trained in SQL by `embedding_optimizer`
+        ("adagrad", the default for them, or "sgd") at `embedding_lr`; they imply mini-batches.
+        Setting `embedding_optimizer` also trains in-memory embeddings that way instead of Adam."""
         self.db = db
         self.template = template if isinstance(template, Template) else Template.from_file(template)
         self.target = target
@@ -54,6 +68,13 @@ class Model:
         self.history: list[dict] = []
         self.best_epoch: int | None = None
         self.timings: dict[str, float] = {}
+        self.batch_size, self.fanout = batch_size, fanout
+        self.embedding_optimizer, self.embedding_lr = embedding_optimizer, embedding_lr
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size <= 0):
+            raise RelsqlError(f"batch_size must be a positive number of target rows, got {batch_size!r}")
+        if embedding_optimizer not in (None, "adagrad", "sgd"):
+            raise RelsqlError(f"embedding_optimizer must be 'adagrad' or 'sgd', got {embedding_optimizer!r}")
+        self.batched: Batched | None = None
         self._build(Presets(), task)
 
     # -- construction ------------------------------------------------------------------------
@@ -72,11 +93,22 @@ class Model:
                 f"(e.g. `SELECT t.id, ... FROM {self.table} t ... GROUP BY t.id`)")
         torch.manual_seed(self.seed)
         started = time.perf_counter()
-        grounding = ground(self.template, self.db, presets=presets, progress=self.progress)
-        self.timings["grounding"] = time.perf_counter() - started
-        plan = make_plan(self.template, grounding, self.dtype, outputs=[self.output])
-        self.net = CompiledNet(plan, grounding, dtype=self.dtype, seed=self.seed)
-        labels = self._labels(relation.keys)
+        self.mini_batches = self.batch_size is not None or bool(database_embeddings(self.template))
+        if self.mini_batches:  # keys only, up front; each batch grounds its own rows
+            self.batched = self._batched(presets)
+            self.timings["grounding"] = time.perf_counter() - started
+            labels = self._labels(relation.keys)
+            probe = self.batched.prepare(labels.column("_rid").to_numpy()[: min(labels.num_rows, self.batch_size or 64)])
+            self.net = CompiledNet(probe.plan, probe.grounding, dtype=self.dtype, seed=self.seed)
+            self.output_rows = self.batched.grounder.sizes[self.output]
+            plan = probe.plan
+        else:
+            grounding = ground(self.template, self.db, presets=presets, progress=self.progress)
+            self.timings["grounding"] = time.perf_counter() - started
+            plan = make_plan(self.template, grounding, self.dtype, outputs=[self.output])
+            self.net = CompiledNet(plan, grounding, dtype=self.dtype, seed=self.seed)
+            self.output_rows = grounding.relations[self.output].size
+            labels = self._labels(relation.keys)
         where = f"{self.target}"
         self.task = task if isinstance(task, Task) else detect(labels.column("y"), where, task)
         self.positions = labels.column("_rid").to_numpy()
@@ -98,10 +130,28 @@ class Model:
             self.task.mean = float(train_values.mean()) if len(train_values) else 0.0
             self.task.std = float(train_values.std()) or 1.0
         self.y = torch.as_tensor(self.task.encode(raw), dtype=self.dtype, device=self.device)
-        width = int(np.prod(self.net.plan.meta[self.net.plan.outputs[self.output]].shape[1:]))
+        width = int(np.prod(plan.meta[plan.outputs[self.output]].shape[1:]))
         self.head = nn.Identity() if width == self.task.units else nn.Linear(width, self.task.units, dtype=self.dtype)
         self.net.to(self.device)
         self.head.to(self.device)
+
+    def _encodings(self) -> Presets:
+        """The dictionaries and feature statistics in use (database-stored embeddings have none)."""
+        if self.mini_batches:
+            grounder = self.batched.grounder
+            return Presets(dict(grounder.dictionary_tables), dict(grounder.feature_stats))
+        return Presets(dict(self.net.grounding.dictionaries), dict(self.net.grounding.feature_stats))
+
+    def _presets(self) -> Presets:
+        """The encodings of the full grounding, so mini-batches encode features and categories alike."""
+        grounding = self.net.grounding
+        return Presets(dict(grounding.dictionaries), dict(grounding.feature_stats))
+
+    def _batched(self, presets: Presets) -> Batched:
+        grounder = BatchGrounder(self.template, self.db, self.output, presets, fanout=self.fanout, seed=self.seed,
+                                 progress=self.progress)
+        return Batched(grounder, self.template, self.output, self.dtype, self.seed,
+                       self.embedding_optimizer or "adagrad", self.embedding_lr)
 
     def _labels(self, keys: list[str]) -> pa.Table:
         """(_rid of the output row, target value[, time]) for every target row that has a head."""
@@ -132,83 +182,263 @@ class Model:
     def parameters(self) -> list[nn.Parameter]:
         return [p for p in [*self.net.parameters(), *self.head.parameters()] if p.requires_grad]
 
+    def _optimizers(self, lr: float, weight_decay: float) -> list[torch.optim.Optimizer]:
+        """Adam for the weights; with `embedding_optimizer`, in-memory embeddings get that one instead
+        (the same update the database-stored ones get in SQL)."""
+        embeddings = {id(p) for name, p in self.net.named_weights().items()
+                      if self.embedding_optimizer and self.template.weights.get(name) is not None
+                      and self.template.weights[name].kind == "embed"}
+        dense = [p for p in self.parameters() if id(p) not in embeddings]
+        found = [torch.optim.Adam(dense, lr=lr, weight_decay=weight_decay)]
+        sparse = [p for p in self.parameters() if id(p) in embeddings]
+        if sparse:
+            kind = torch.optim.Adagrad if self.embedding_optimizer == "adagrad" else torch.optim.SGD
+            found.append(kind(sparse, lr=self.embedding_lr))
+        return found
+
     def fit(self, epochs: int = 100, batch_size: int | None = None, lr: float = 0.01, patience: int = 20,
-            weight_decay: float = 0.0) -> Model:
+            weight_decay: float = 0.0, *, checkpoint: str | Path | None = None, resume: bool = False,
+            checkpoint_every: int | None = None, callback=None) -> Model:
         """Adam on the training rows; keeps the weights of the best validation loss.
 
-        `batch_size` is a number of target rows per step; each step still evaluates the full
-        plan (demand-driven mini-batches that ground only what a batch needs come later).
+        `batch_size` (default: the model's) trains on demand-grounded mini-batches of that many
+        target rows: each batch's groundings are computed by the database when it is needed, the
+        next batch is grounded in the background, and the time spent waiting for the database is
+        in `timings["waiting_on_database"]`. Without it, every step is full-batch.
+        `checkpoint`: a file written atomically after every epoch (and every `checkpoint_every`
+        batches), with database-stored embeddings copied aside in the database; `resume=True`
+        continues from it. `callback(info)` is called after every step with epoch, batch, batches
+        and loss; an exception from it (or Ctrl-C) stops training with the database consistent.
         """
         from tqdm.auto import tqdm
 
         if len(self.rows["train"]) == 0:
             raise RelsqlError(f"no labelled target rows to train on in {self.target}")
-        generator = torch.Generator().manual_seed(self.seed)
-        optimizer = torch.optim.Adam(self.parameters(), lr=lr, weight_decay=weight_decay)
-        train_index, train_y = self._split_tensors("train")
+        batch_size = batch_size if batch_size is not None else self.batch_size
+        batched = self.mini_batches or batch_size is not None
+        if batched and self.batched is None:
+            self.batched = self._batched(self._presets())
+        optimizers = self._optimizers(lr, weight_decay)
         monitor = "val" if len(self.rows["val"]) else "train"
-        best_loss, best_state = float("inf"), None
+        best = {"loss": float("inf"), "state": None}
+        start_epoch, start_batch = 0, 0
+        worker = Worker() if batched else None
+        if resume and checkpoint is not None and Path(checkpoint).exists():
+            start_epoch, start_batch = self._resume(checkpoint, optimizers, best, worker)
         started = time.perf_counter()
-        bar = tqdm(range(epochs), desc="training", unit="epoch", disable=None if self.progress is None else not self.progress)
-        for epoch in bar:
-            if batch_size:
-                order = torch.randperm(len(train_y), generator=generator).to(self.device)
-                batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-            else:
-                batches = [None]
-            for batch in batches:
-                optimizer.zero_grad()
-                out = self._outputs()
-                index, y = (train_index, train_y) if batch is None else (train_index[batch], train_y[batch])
-                loss = self.task.loss(out.index_select(0, index), y)
-                loss.backward()
-                optimizer.step()
-            record = {"epoch": epoch, **self._losses()}
-            self.history.append(record)
-            current = record[f"{monitor}_loss"]
-            bar.set_postfix(loss=f"{record['train_loss']:.4f}", val=f"{record['val_loss']:.4f}")
-            if current < best_loss - 1e-7:
-                best_loss, self.best_epoch = current, epoch
-                best_state = (copy.deepcopy(self.net.state_dict()), copy.deepcopy(self.head.state_dict()))
-            elif epoch - self.best_epoch >= patience:
-                break
-        if best_state is not None:
-            self.net.load_state_dict(best_state[0])
-            self.head.load_state_dict(best_state[1])
-        self.timings["training"] = self.timings.get("training", 0.0) + time.perf_counter() - started
+        bar = tqdm(range(start_epoch, epochs), desc="training", unit="epoch", disable=None if self.progress is None else not self.progress)
+        try:
+            for epoch in bar:
+                if batched:
+                    order = batches(self.rows["train"], batch_size, np.random.default_rng([self.seed, epoch]))
+                    self._train_batches(worker, order, epoch, start_batch if epoch == start_epoch else 0, optimizers,
+                                        checkpoint, checkpoint_every, callback, best, lr, weight_decay)
+                else:
+                    loss = self._full_step(optimizers)
+                    if callback is not None:
+                        callback({"epoch": epoch, "batch": 0, "batches": 1, "loss": loss})
+                record = {"epoch": epoch, **self._losses(worker, batch_size)}
+                self.history.append(record)
+                current = record[f"{monitor}_loss"]
+                bar.set_postfix(loss=f"{record['train_loss']:.4f}", val=f"{record['val_loss']:.4f}")
+                stop = False
+                if current < best["loss"] - 1e-7:
+                    best["loss"], self.best_epoch = current, epoch
+                    best["state"] = self._weights_copy()
+                    self._snapshot(worker, "best")
+                elif epoch - self.best_epoch >= patience:
+                    stop = True
+                if checkpoint is not None:
+                    self._checkpoint(checkpoint, epoch + 1, 0, optimizers, best, worker)
+                if stop:
+                    break
+            if best["state"] is not None:
+                self._restore_weights(best["state"])
+                if self.batched is not None and self.batched.stores:
+                    for store in self.batched.stores.values():
+                        worker.run(store.restore, "best")
+                        worker.run(store.drop_snapshot, "best")
+        finally:
+            if worker is not None:
+                worker.close()  # an update already running completes: the database stays at a step boundary
+                self.timings["waiting_on_database"] = self.timings.get("waiting_on_database", 0.0) + worker.waited
+            self.timings["training"] = self.timings.get("training", 0.0) + time.perf_counter() - started
         return self
 
-    def _losses(self) -> dict[str, float]:
+    def _full_step(self, optimizers) -> float:
+        train_index, train_y = self._split_tensors("train")
+        for optimizer in optimizers:
+            optimizer.zero_grad()
+        loss = self.task.loss(self._outputs().index_select(0, train_index), train_y)
+        loss.backward()
+        for optimizer in optimizers:
+            optimizer.step()
+        return float(loss.detach())
+
+    def _train_batches(self, worker: Worker, order: list[np.ndarray], epoch: int, first: int, optimizers, checkpoint,
+                       checkpoint_every, callback, best, lr: float, weight_decay: float) -> None:
+        """One epoch of mini-batches: batch t + 1 is grounded in the database while batch t trains;
+        its stored embeddings are read after batch t's update was applied (one queue, in order)."""
+        batched = self.batched
+        rids = [self.labelled[positions] for positions in order]
+        pending = worker.prefetch(batched.prepare, rids[first], epoch) if first < len(order) else None
+        for b in range(first, len(order)):
+            batch: Batch = worker.wait(pending)
+            external = worker.run(batched.fetch, batch)
+            pending = worker.prefetch(batched.prepare, rids[b + 1], epoch) if b + 1 < len(order) else None
+            created = self.net.add_weights(batch.plan)
+            if created:
+                optimizers[0].add_param_group({"params": [p for p in created if p.requires_grad and not self._is_embedding(p)],
+                                               "lr": lr, "weight_decay": weight_decay})
+                new_embeddings = [p for p in created if p.requires_grad and self._is_embedding(p)]
+                if new_embeddings:
+                    optimizers.append(self._optimizers_for(new_embeddings))
+            for optimizer in optimizers:
+                optimizer.zero_grad()
+            out = Batched.outputs(self.net, self.head, batch, external, self.output)
+            y = self.y[torch.as_tensor(order[b], device=self.device)]
+            loss = self.task.loss(out, y)
+            loss.backward()
+            for optimizer in optimizers:
+                optimizer.step()
+            worker.submit(batched.update, batch, external)
+            if checkpoint is not None and checkpoint_every and (b + 1) % checkpoint_every == 0 and b + 1 < len(order):
+                self._checkpoint(checkpoint, epoch, b + 1, optimizers, best, worker)
+            if callback is not None:
+                callback({"epoch": epoch, "batch": b, "batches": len(order), "loss": float(loss)})
+
+    def _is_embedding(self, parameter: nn.Parameter) -> bool:
+        if not self.embedding_optimizer:
+            return False
+        names = {id(p): n for n, p in self.net.named_weights().items()}
+        spec = self.template.weights.get(names.get(id(parameter), ""))
+        return spec is not None and spec.kind == "embed"
+
+    def _optimizers_for(self, parameters: list[nn.Parameter]) -> torch.optim.Optimizer:
+        kind = torch.optim.Adagrad if self.embedding_optimizer == "adagrad" else torch.optim.SGD
+        return kind(parameters, lr=self.embedding_lr)
+
+    def _batched_outputs(self, rids: np.ndarray, worker: Worker | None, batch_size: int | None) -> torch.Tensor:
+        """Outputs (after the head) for global output rows `rids`, in mini-batches, without gradients."""
+        own = worker is None
+        worker = worker or Worker()
+        try:
+            chunks = batches(np.asarray(rids), batch_size or self.batch_size, None)
+            outs = []
+            pending = worker.prefetch(self.batched.prepare, chunks[0])
+            for i in range(len(chunks)):
+                batch = worker.wait(pending)
+                external = worker.run(self.batched.fetch, batch)
+                pending = worker.prefetch(self.batched.prepare, chunks[i + 1]) if i + 1 < len(chunks) else None
+                with torch.no_grad():
+                    outs.append(Batched.outputs(self.net, self.head, batch, external, self.output))
+            return torch.cat(outs) if outs else torch.zeros((0, self.task.units), dtype=self.dtype)
+        finally:
+            if own:
+                worker.close()
+
+    def _split_outputs(self, split: str, worker: Worker | None = None, batch_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(outputs, encoded labels) of a split's rows."""
+        index, y = self._split_tensors(split)
+        if self.batched is not None and (self.mini_batches or worker is not None):
+            return self._batched_outputs(self.labelled[self.rows[split]], worker, batch_size), y
         with torch.no_grad():
-            out = self._outputs()
-            record = {}
-            for split in ("train", "val"):
-                index, y = self._split_tensors(split)
-                record[f"{split}_loss"] = float(self.task.loss(out.index_select(0, index), y)) if len(y) else float("nan")
-                if split == "val" and len(y):
-                    for name, value in self.task.scores(out.index_select(0, index).cpu().double().numpy(), y.cpu().double().numpy()).items():
-                        record[f"val_{name}"] = value
+            return self._outputs().index_select(0, index), y
+
+    def _losses(self, worker: Worker | None = None, batch_size: int | None = None) -> dict[str, float]:
+        record = {}
+        for split in ("train", "val"):
+            if not len(self.rows[split]):
+                record[f"{split}_loss"] = float("nan")
+                continue
+            with torch.no_grad():
+                out, y = self._split_outputs(split, worker, batch_size)
+                record[f"{split}_loss"] = float(self.task.loss(out, y))
+            if split == "val":
+                for name, value in self.task.scores(out.cpu().double().numpy(), y.cpu().double().numpy()).items():
+                    record[f"val_{name}"] = value
         return record
+
+    # -- weights, snapshots, checkpoints ------------------------------------------------------
+    def _weights_copy(self) -> tuple[dict, dict]:
+        return ({n: p.detach().clone() for n, p in self.net.named_weights().items()},
+                copy.deepcopy(self.head.state_dict()))
+
+    def _restore_weights(self, state: tuple[dict, dict]) -> None:
+        self.net.set_named_weights(state[0], self._fixed())
+        self.head.load_state_dict(state[1])
+
+    def _fixed(self) -> set[str]:
+        return {name for name, spec in self.template.weights.items() if spec.fixed}
+
+    def _snapshot(self, worker: Worker | None, suffix: str) -> None:
+        if self.batched is not None and self.batched.stores:
+            for store in self.batched.stores.values():
+                worker.run(store.snapshot, suffix)
+
+    def _checkpoint(self, path, epoch: int, batch: int, optimizers, best, worker) -> None:
+        self._snapshot(worker, "checkpoint")
+        checkpoints.save(path, {
+            "target": self.target, "template": self.template.source, "epoch": epoch, "batch": batch,
+            "weights": self._weights_copy(), "optimizers": [o.state_dict() for o in optimizers],
+            "parameter_names": [[self._name_of(p) for g in o.param_groups for p in g["params"]] for o in optimizers],
+            "history": self.history, "best_epoch": self.best_epoch, "best_loss": best["loss"], "best_state": best["state"],
+            "stores": {w: s.step() for w, s in (self.batched.stores.items() if self.batched else [])},
+        })
+
+    def _name_of(self, parameter: nn.Parameter) -> str:
+        for name, p in self.net.named_weights().items():
+            if p is parameter:
+                return name
+        for name, p in self.head.named_parameters():
+            if p is parameter:
+                return f"_head.{name}"
+        raise RelsqlError("a parameter of the optimizer belongs to neither the net nor the head")
+
+    def _resume(self, path, optimizers, best, worker) -> tuple[int, int]:
+        state = checkpoints.load(path)
+        if state["target"] != self.target or state["template"] != self.template.source:
+            raise RelsqlError(f"checkpoint {path} was written for another template or target ({state['target']}); "
+                              "resume with the same model, or start without resume=True")
+        self._restore_weights(state["weights"])
+        weights = {**self.net.named_weights(), **{f"_head.{n}": p for n, p in self.head.named_parameters()}}
+        optimizers.clear()
+        for names, saved in zip(state["parameter_names"], state["optimizers"]):
+            params = [weights[n] for n in names]
+            kind = torch.optim.Adam if not optimizers else (torch.optim.Adagrad if self.embedding_optimizer == "adagrad" else torch.optim.SGD)
+            optimizer = kind(params)
+            optimizer.load_state_dict(saved)
+            optimizers.append(optimizer)
+        self.history, self.best_epoch = list(state["history"]), state["best_epoch"]
+        best["loss"], best["state"] = state["best_loss"], state["best_state"]
+        for weight in state["stores"]:
+            store = self.batched.stores.get(weight) or self.batched.store(weight, None)  # the table exists already
+            worker.run(store.restore, "checkpoint")
+        return state["epoch"], state["batch"]
 
     # -- results ----------------------------------------------------------------------------
     def evaluate(self, split: str = "test") -> dict[str, float]:
         """Metrics on a split: accuracy, ROC-AUC, F1 (classification) or MAE, RMSE (regression)."""
         if split not in self.rows:
             raise RelsqlError(f"unknown split {split!r}; use 'train', 'val' or 'test'")
-        index, y = self._split_tensors(split)
-        if len(y) == 0:
+        if len(self.rows[split]) == 0:
             raise RelsqlError(f"the {split} split has no rows")
         with torch.no_grad():
-            out = self._outputs().index_select(0, index)
+            out, y = self._split_outputs(split)
             scores = {"loss": float(self.task.loss(out, y))}
         scores.update(self.task.scores(out.cpu().double().numpy(), y.cpu().double().numpy()))
         return scores
 
     def predict(self) -> pl.DataFrame:
         """Every output row: its key columns, `prediction` and (classification) `probabilities`."""
-        with torch.no_grad():
-            out = self._outputs().cpu().double().numpy()
-        keys = pl.from_arrow(self.net.grounding.relations[self.output].keys).sort("_rid").drop("_rid")
+        if self.mini_batches:
+            keys = pl.from_arrow(self.batched.grounder.keys(self.output)).sort("_rid")
+            out = self._batched_outputs(keys["_rid"].to_numpy(), None, None).cpu().double().numpy()
+            keys = keys.drop("_rid")
+        else:
+            with torch.no_grad():
+                out = self._outputs().cpu().double().numpy()
+            keys = pl.from_arrow(self.net.grounding.relations[self.output].keys).sort("_rid").drop("_rid")
         predictions, probabilities = self.task.decode(out)
         frame = keys.with_columns(pl.Series("prediction", predictions))
         if probabilities is not None:
@@ -220,6 +450,50 @@ class Model:
         frame = self.predict()
         self.db.write_table(name, frame.to_arrow(), replace=replace)
         return frame.height
+
+    def gradients_as_relations(self, prefix: str = "grad_", *, split: str = "train", replace: bool = False) -> dict[str, str]:
+        """The gradient of the `split` loss at the current weights, one new table per weight.
+
+        A weight's table `<prefix><name>` has columns `parameter`, `row` (first index) and
+        `gradient` (the rest, as a list); a database-stored embedding's has `key` and `gradient`,
+        one row per key the split uses, summed over batches inside the database. Each table is
+        written atomically; returns {weight name: table name}.
+        """
+        if split not in self.rows or not len(self.rows[split]):
+            raise RelsqlError(f"split {split!r} has no rows to take gradients on; use 'train', 'val' or 'test'")
+        for p in self.parameters():
+            p.grad = None
+        rows = self.rows[split]
+        written = {}
+        if self.mini_batches:
+            staging: dict[str, GradientStaging] = {}
+            with Worker() as worker:
+                for positions in batches(rows, self.batch_size, None):
+                    batch = worker.run(self.batched.prepare, self.labelled[positions])
+                    external = worker.run(self.batched.fetch, batch)
+                    out = Batched.outputs(self.net, self.head, batch, external, self.output)
+                    y = self.y[torch.as_tensor(positions, device=self.device)]
+                    (self.task.loss(out, y) * (len(positions) / len(rows))).backward()  # the mean over the split
+                    for weight, values in external.items():
+                        if weight not in staging:
+                            staging[weight] = GradientStaging(self.db, weight, values.shape[1])
+                        worker.run(staging[weight].add, batch.grounding.embedding_keys[weight], values.grad)
+                for weight, stage in staging.items():
+                    written[weight] = worker.run(stage.write, prefix + table_suffix(weight), replace)
+        else:
+            index, y = self._split_tensors(split)
+            self.task.loss(self._outputs().index_select(0, index), y).backward()
+        named = {**self.net.named_weights(), **{f"_head.{n}": p for n, p in self.head.named_parameters()}}
+        for name, parameter in named.items():
+            grad = parameter.grad if parameter.grad is not None else torch.zeros_like(parameter)
+            matrix = grad.detach().cpu().double().reshape(grad.shape[0] if grad.dim() else 1, -1).numpy()
+            table = pa.table({"parameter": [name] * matrix.shape[0], "row": np.arange(matrix.shape[0], dtype=np.int64),
+                              "gradient": pa.array(matrix.tolist(), type=pa.list_(pa.float64()))})
+            written[name] = prefix + table_suffix(name)
+            self.db.write_table(written[name], table, replace=replace)
+        for p in self.parameters():
+            p.grad = None
+        return written
 
     def report(self) -> str:
         return text_report(self)
@@ -239,11 +513,13 @@ class Model:
             "target": self.target, "output": self.output, "time_column": self.time_column,
             "fractions": self.fractions, "seed": self.seed, "dtype": str(self.dtype).removeprefix("torch."),
             "task": self.task.__dict__, "rows": {k: v.tolist() for k, v in self.rows.items()},
-            "dictionaries": {w: t.to_pylist() for w, t in self.net.grounding.dictionaries.items()},
-            "feature_stats": self.net.grounding.feature_stats,
-            "net": {k: v.cpu() for k, v in self.net.state_dict().items()},
+            "dictionaries": {w: t.to_pylist() for w, t in self._encodings().dictionaries.items()},
+            "feature_stats": self._encodings().feature_stats,
+            "weights": {k: v.detach().cpu() for k, v in self.net.named_weights().items()},
             "head": {k: v.cpu() for k, v in self.head.state_dict().items()},
             "history": self.history, "best_epoch": self.best_epoch,
+            "batch_size": self.batch_size, "fanout": self.fanout,
+            "embedding_optimizer": self.embedding_optimizer, "embedding_lr": self.embedding_lr,
         }
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
@@ -275,16 +551,12 @@ class Model:
         model.fractions, model.seed = tuple(state["fractions"]), state["seed"]
         model.dtype, model.device, model.progress = getattr(torch, state["dtype"]), torch.device(device), None
         model.history, model.best_epoch, model.timings = state["history"], state["best_epoch"], {}
+        model.batch_size, model.fanout = state["batch_size"], state["fanout"]
+        model.embedding_optimizer, model.embedding_lr = state["embedding_optimizer"], state["embedding_lr"]
+        model.batched = None
         presets = Presets({w: pa.Table.from_pylist(rows) for w, rows in state["dictionaries"].items()}, state["feature_stats"])
         model._build(presets, Task(**state["task"]), split=state["rows"])
-        net_state = model.net.state_dict()
-        for key, saved in state["net"].items():
-            if net_state[key].shape != saved.shape:  # an embedding met new values: they start at zero
-                grown = torch.zeros_like(net_state[key])
-                grown[: saved.shape[0]] = saved
-                saved = grown
-            net_state[key] = saved
-        model.net.load_state_dict(net_state)
+        model.net.set_named_weights(state["weights"], model._fixed())
         model.head.load_state_dict(state["head"])
         model.net.to(model.device)
         model.head.to(model.device)

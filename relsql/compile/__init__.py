@@ -24,10 +24,21 @@ def compile(template: Template, db: Database, dtype: torch.dtype = torch.float32
     `outputs` limits what `net()` returns to those relations (default: every relation), which
     lets the optimizer drop or overwrite the others' intermediate values.
     """
+    _memory_embeddings_only(template)
     grounding = ground(template, db)
     if gather_strength is not None:
         passes = with_strength(gather_strength, passes)
     return CompiledNet(make_plan(template, grounding, dtype, passes, outputs), grounding, dtype=dtype, seed=seed).to(device)
+
+
+def _memory_embeddings_only(template: Template) -> None:
+    from relsql.errors import TemplateError
+
+    stored = [name for name, spec in template.weights.items() if spec.kind == "embed" and spec.storage == "database"]
+    if stored:
+        raise TemplateError(f"embeddings {stored} are kept in the database (storage='database'): they are read and "
+                            "updated per mini-batch by relsql.Model(...).fit(batch_size=...), not by relsql.compile; "
+                            "drop storage= to keep them in memory")
 
 
 def tune(template: Template, db: Database, dtype: torch.dtype = torch.float32,
@@ -36,6 +47,7 @@ def tune(template: Template, db: Database, dtype: torch.dtype = torch.float32,
     """Like `compile`, but plans the grounding with every gather-propagation preset (and, if asked,
     under torch.compile), times a training step of `output` on `device` and keeps the fastest;
     `net.tuning` lists the trials and `net.explain()` ends with them."""
+    _memory_embeddings_only(template)
     grounding = ground(template, db)
     return fastest(template, grounding, dtype, device, seed, output, try_torch_compile=try_torch_compile)
 

@@ -104,6 +104,8 @@ class CompiledNet(nn.Module):
         """
         created = []
         for name, spec in plan.params.items():
+            if spec.external:  # supplied per call (relsql.Model reads it from the database)
+                continue
             if name in self._param_keys:
                 have = self.weights[self._param_keys[name]]
                 if tuple(have.shape) != tuple(spec.shape):
@@ -121,6 +123,27 @@ class CompiledNet(nn.Module):
                 parameter.data = parameter.data.to(next(iter(self.weights.values())).device)
             self.weights[key] = parameter
             created.append(parameter)
+        return created
+
+    def set_named_weights(self, values: dict[str, torch.Tensor], fixed: set[str] = frozenset()) -> list[nn.Parameter]:
+        """Set weights by template name, creating those this module does not have yet (a model
+        trained in mini-batches may have met weights its first batch did not); returns new ones."""
+        created = []
+        for name, value in values.items():
+            if name not in self._param_keys:
+                key = f"w{len(self._param_keys)}"
+                self._param_keys[name] = key
+                device = next(iter(self.weights.values())).device if len(self.weights) else value.device
+                self.weights[key] = nn.Parameter(value.detach().to(device, self.dtype).clone(), requires_grad=name not in fixed)
+                created.append(self.weights[key])
+            else:
+                parameter = self.weights[self._param_keys[name]]
+                if tuple(parameter.shape) != tuple(value.shape):  # an embedding that met new values: they start at zero
+                    grown = torch.zeros_like(parameter)
+                    grown[: value.shape[0]] = value
+                    value = grown
+                with torch.no_grad():
+                    parameter.copy_(value)
         return created
 
     def named_weights(self) -> dict[str, nn.Parameter]:

@@ -36,6 +36,7 @@ class ParamSpec:
     kind: str
     init: list | float | None
     fixed: bool
+    external: bool = False  # its value comes from outside the module (an embedding kept in the database)
 
 
 @dataclass
@@ -112,7 +113,8 @@ class PlanBuilder:
                     raise ShapeError(f"{spec.origin}: linear '{name}' needs a vector input, got shape {input_shape}")
                 shape[shape.index(None)] = input_shape[0]
         final = tuple(int(s) for s in shape)
-        self.plan.params[name] = ParamSpec(name, final, spec.kind, spec.init, spec.fixed)
+        self.plan.params[name] = ParamSpec(name, final, spec.kind, spec.init, spec.fixed,
+                                           external=spec.kind == "embed" and spec.storage == "database")
         slot = self.plan.new_slot()
         self.plan.meta[slot] = torch.empty(final, dtype=self.dtype, device="meta")
         self.plan.param_slots.add(slot)

@@ -134,27 +134,36 @@ class _Grounder:
         self.dictionaries: dict[str, exp.Table] = {}
         self.feature_stats: dict[str, dict] = {}
 
+    def rule_select(self, relation: ir.Relation, rule: ir.Rule) -> exp.Select | None:
+        """A rule's body query, neural relations read through their key tables (None: no groundings)."""
+        select = rule.query(self.db) if callable(rule.query) else rule.query
+        if select is None:
+            warnings.warn(f"{relation.name}, {rule.origin}: a body predicate has no table; the rule has no groundings", GroundingWarning, stacklevel=5)
+            return None
+        select = q.substitute_relations(select, self.key_tables)
+        return select.distinct() if rule.distinct else select
+
+    def key_table(self, relation: ir.Relation, sources: list[tuple[int, ir.Rule, exp.Expression]]) -> exp.Table:
+        """The relation's distinct heads over all its rules, numbered 0..n-1 (`_rid`), as a temp table."""
+        keys_table = self.db.temp_table("k", relation.name)
+        if sources:
+            _run(self.db, q.create_temp(keys_table, q.key_table_query([t for _, _, t in sources], relation.keys)), sources[0][1])
+        else:
+            empty = exp.select(*[exp.alias_(exp.Null(), q.ident(k)) for k in relation.keys], exp.alias_(exp.Literal.number(0), q.ident("_rid"))).where(exp.false())
+            self.db.execute(q.create_temp(keys_table, empty))
+        return keys_table
+
     def relation(self, relation: ir.Relation) -> None:
         template, db = self.template, self.db
         grounded: list[tuple[int, ir.Rule, exp.Table]] = []
         for index, rule in enumerate(relation.rules):
-            select = rule.query(db) if callable(rule.query) else rule.query
+            select = self.rule_select(relation, rule)
             if select is None:
-                warnings.warn(f"{relation.name}, {rule.origin}: a body predicate has no table; the rule has no groundings", GroundingWarning, stacklevel=4)
                 continue
-            select = q.substitute_relations(select, self.key_tables)
-            if rule.distinct:
-                select = select.distinct()
             table = db.temp_table(f"g{index}", relation.name)
             _run(db, q.create_temp(table, select), rule)
             grounded.append((index, rule, table))
-        keys_table = db.temp_table("k", relation.name)
-        if grounded:
-            key_query = q.key_table_query([t for _, _, t in grounded], relation.keys)
-            _run(db, q.create_temp(keys_table, key_query), grounded[0][1])
-        else:
-            empty = exp.select(*[exp.alias_(exp.Null(), q.ident(k)) for k in relation.keys], exp.alias_(exp.Literal.number(0), q.ident("_rid"))).where(exp.false())
-            db.execute(q.create_temp(keys_table, empty))
+        keys_table = self.key_table(relation, grounded)
         keys = db.arrow(exp.select(exp.Star()).from_(keys_table.copy()).order_by(q.col("_rid")))
         result = RelationGrounding(relation.name, keys)
         for index, rule, table in grounded:
@@ -172,25 +181,32 @@ class _Grounder:
         self.relations[relation.name] = result
         self.key_tables[relation.name] = keys_table
 
-    def index_rule(self, relation: ir.Relation, index: int, rule: ir.Rule, grounding: exp.Table,
-                   keys_table: exp.Table) -> RuleGrounding:
-        db = self.db
+    def encoded_columns(self, relation: ir.Relation, index: int, rule: ir.Rule, source: exp.Expression,
+                        skip: set[int] = frozenset()) -> list[exp.Expression]:
+        """The rule's grounding columns as SQL over alias `g`: embedded columns as dictionary codes,
+        features standardized (statistics from `source`), others raw; columns in `skip` stay raw."""
         embeds = {e.column: e.weight for e in ir.walk(rule.expr) if isinstance(e, ir.Embed)}
         features = {c for e in ir.walk(rule.expr) if isinstance(e, ir.Features) for c in e.columns}
-        types = db.arrow(exp.select(exp.Star()).from_(grounding.copy()).limit(0)).schema if features else None
+        types = self.db.arrow(exp.select(exp.Star()).from_(source.copy()).limit(0)).schema if features else None
         columns: list[exp.Expression] = []
         for k in range(rule.n_columns):
-            if k in embeds:
-                dictionary = self.dictionary(embeds[k], grounding, f"_c{k}", rule)
+            if k in embeds and k not in skip:
+                dictionary = self.dictionary(embeds[k], source, f"_c{k}", rule)
                 lookup = exp.select(q.col("code", "d")).from_(exp.alias_(dictionary.copy(), q.ident("d"), table=True)).where(
                     exp.NullSafeEQ(this=q.col("value", "d"), expression=q.col(f"_c{k}", "g")))
                 columns.append(exp.Subquery(this=lookup))
             elif k in features:
                 key = f"{relation.name}#{index}:{k}"
-                columns.append(self.feature(key, types.field(f"_c{k}").type, grounding, k, rule))
+                columns.append(self.feature(key, types.field(f"_c{k}").type, source, k, rule))
             else:
                 columns.append(q.col(f"_c{k}", "g"))
-        table = db.arrow(q.rule_index_query(grounding, keys_table, relation.keys, len(rule.refs), columns))
+        return columns
+
+    def index_rule(self, relation: ir.Relation, index: int, rule: ir.Rule, grounding: exp.Table,
+                   keys_table: exp.Table) -> RuleGrounding:
+        embeds = {e.column for e in ir.walk(rule.expr) if isinstance(e, ir.Embed)}
+        columns = self.encoded_columns(relation, index, rule, grounding)
+        table = self.db.arrow(q.rule_index_query(grounding, keys_table, relation.keys, len(rule.refs), columns))
         for j, ref in enumerate(rule.refs):
             if table.column(f"_r{j}").null_count:
                 raise GroundingError(
@@ -207,7 +223,7 @@ class _Grounder:
                 "add GROUP BY with an aggregate, or select a unique key")
         return RuleGrounding(rule, head, refs, values, segment_heads, offsets)
 
-    def dictionary(self, weight: str, source: exp.Table, column: str, rule: ir.Rule) -> exp.Table:
+    def dictionary(self, weight: str, source: exp.Expression, column: str, rule: ir.Rule) -> exp.Table:
         """Dictionary-encode a categorical column in SQL; codes are stable once assigned."""
         db = self.db
         table = self.dictionaries.get(weight)
@@ -228,7 +244,7 @@ class _Grounder:
         _run(db, q.dictionary_insert(table, source, column), rule)
         return table
 
-    def feature(self, key: str, kind: pa.DataType, grounding: exp.Table, k: int, rule: ir.Rule) -> exp.Expression:
+    def feature(self, key: str, kind: pa.DataType, grounding: exp.Expression, k: int, rule: ir.Rule) -> exp.Expression:
         """A feature column encoded in SQL: standardized number, NULL as 0 plus an indicator."""
         raw = q.col(f"_c{k}", "g")
         if pa.types.is_boolean(kind):

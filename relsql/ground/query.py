@@ -55,13 +55,15 @@ def key_table_query(grounding_tables: list[exp.Table], keys: list[str]) -> exp.S
 
 
 def rule_index_query(
-    grounding: exp.Table, keys_table: exp.Table, keys: list[str], n_refs: int,
-    columns: list[exp.Expression],
+    grounding: exp.Expression, keys_table: exp.Table, keys: list[str], n_refs: int,
+    columns: list[exp.Expression], demand: exp.Table | None = None, per_head: tuple[int, int] | None = None,
 ) -> exp.Select:
     """Per grounding: head row id, body row ids and columns, ordered by head.
 
     Ties are broken by the body row ids and columns, so the groundings of a head always come in
     the same order (and float sums over them give the same bits) whatever the source's scan order.
+    `demand` (a table of `_rid`s) keeps only the groundings of those heads: a semi-join.
+    `per_head` = (n, seed) keeps at most n groundings per head, picked by a seeded hash.
     """
     select = exp.select(
         exp.alias_(col("_rid", "k") if keys else exp.Literal.number(0), ident("_head")),
@@ -73,6 +75,17 @@ def rule_index_query(
             exp.NullSafeEQ(this=col(k, "k"), expression=col(f"_h{i}", "g")) for i, k in enumerate(keys)
         ], copy=False)
         select = select.join(exp.alias_(keys_table.copy(), ident("k"), table=True), on=condition, copy=False)
+    if demand is not None:
+        head = col("_rid", "k") if keys else exp.Literal.number(0)
+        select = select.join(exp.alias_(demand.copy(), ident("d"), table=True),
+                             on=exp.EQ(this=col("_rid", "d"), expression=head), copy=False)
+    if per_head is not None:
+        limit, seed = per_head
+        tie = exp.Anonymous(this="hash", expressions=[exp.Literal.number(seed), *[col(f"_r{j}", "g") for j in range(n_refs)],
+                                                      *[col(f"_h{i}", "g") for i in range(len(keys))]])
+        rank = exp.Window(this=exp.RowNumber(), partition_by=[col("_rid", "k") if keys else exp.Literal.number(0)],
+                          order=exp.Order(expressions=[exp.Ordered(this=tie)]))
+        select = select.qualify(exp.LTE(this=rank, expression=exp.Literal.number(limit)), copy=False)
     order = ["_head", *[f"_r{j}" for j in range(n_refs)], *[f"_c{i}" for i in range(len(columns))]]
     return select.order_by(*[exp.Ordered(this=col(name), nulls_first=True) for name in order], copy=False)
 

@@ -127,6 +127,7 @@ class WeightSpec:
     fixed: bool = False
     kind: str = "matrix"  # matrix | embedding | bias | offset
     origin: str = ""  # where it was declared, for error messages
+    storage: str = "memory"  # embeddings: "memory" (a torch parameter) or "database" (a table, see relsql/train/embeddings.py)
 
 
 @dataclass

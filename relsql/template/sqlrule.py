@@ -233,6 +233,24 @@ class _Statement:
             "activations (relu tanh sigmoid identity leaky_relu exp log softmax), "
             "aggregates (sum avg max min count) or concat", node)
 
+    def _storage(self, node: exp.Expression, args: list) -> tuple[str, list]:
+        """embed's `storage='memory'|'database'` keyword (also `storage := ...`, `storage => ...`)."""
+        storage, rest = "memory", []
+        for arg in args:
+            key = value = None
+            if isinstance(arg, exp.EQ) and isinstance(arg.this, exp.Column) and not arg.this.table:
+                key, value = arg.this.name, arg.expression
+            elif isinstance(arg, exp.PropertyEQ | exp.Kwarg):
+                key, value = arg.this.name, arg.expression
+            if key is None:
+                rest.append(arg)
+                continue
+            if key.lower() != "storage" or not isinstance(value, exp.Literal) or not value.is_string \
+                    or value.this not in ("memory", "database"):
+                raise self.fail("embed's only keyword is storage='memory' or storage='database'", node)
+            storage = value.this
+        return storage, rest
+
     def _function(self, node: exp.Expression, fn: str, args: list, inside_agg: bool) -> ir.Expr:
         if fn in _ACTIVATION_FUNCS:
             if len(args) != 1:
@@ -245,11 +263,16 @@ class _Statement:
             name = self._weight("linear", (width, None), self._name_arg(node, args, 2), node)
             return ir.Apply(name, self._neural(args[0], inside_agg))
         if fn == "embed":
+            storage, args = self._storage(node, args)
             if len(args) < 2 or not isinstance(args[0], exp.Column) or args[0].table in self.neural:
-                raise self.fail("embed(table.column, width [, 'name']) embeds a categorical database column", node)
+                raise self.fail("embed(table.column, width [, 'name'] [, storage='database']) embeds a categorical database column", node)
             width = self._int_arg(node, args, 1, "embed's width")
+            existed = self._name_arg(node, args, 2) in self.template.weights
             name = self._weight("embed", (None, width), self._name_arg(node, args, 2), node)
-            self.template.weights[name].kind = "embed"
+            spec = self.template.weights[name]
+            if existed and spec.storage != storage:
+                raise self.fail(f"embedding '{name}' is used with storage '{spec.storage}' elsewhere; use one storage per name", node)
+            spec.kind, spec.storage = "embed", storage
             return ir.Embed(name, self._column(args[0], role=f"embed {name}"))
         if fn == "features":
             if not args or not all(isinstance(a, exp.Column) and a.table not in self.neural for a in args):

@@ -1,0 +1,157 @@
+"""Memory bounded by the batch, not by the database: one training epoch on TPC-H at two scale factors.
+
+    python -m bench.tpch_memory [--scales 1 10] [--batch-size 16384] [--memory-limit 512MB] [--out out/bench]
+
+For each scale factor the TPC-H tables are generated once with DuckDB's tpch extension into
+`out/tpch/sf<N>.duckdb` (kept for later runs). Then, in a fresh process per scale factor, a
+`relsql.Model` with `batch_size` trains one epoch of the customer-level template below
+(target `customer.c_mktsegment`, 5 classes; dbgen draws it at random, so accuracy is chance and
+is not the point) on the file opened read-only, with DuckDB's memory capped by
+`relsql.connect(..., memory_limit=...)`. Reported per scale factor: rows, the peak resident
+memory of the process (VmHWM), the key-table setup time, the epoch's wall time and the part of
+it spent waiting on the database. The target: peak RSS at the largest scale < 1.5x the smallest.
+
+The template grounds lineitem → orders → customer: every batch of customers grounds only its
+customers' orders and their line items (semi-joins in DuckDB), never the whole lineitem table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TEMPLATE = """
+-- an order: its line items (averaged) and its own total price
+CREATE TABLE order_h AS
+SELECT l.l_orderkey AS o_orderkey,
+       avg(linear(features(l.l_quantity, l.l_extendedprice, l.l_discount, l.l_tax), 8, 'w_item')) AS h
+FROM lineitem l
+GROUP BY l.l_orderkey;
+
+CREATE TABLE order_h AS
+SELECT o.o_orderkey, linear(features(o.o_totalprice), 8, 'w_order') AS h
+FROM orders o;
+
+-- a customer: its orders (averaged) and its own account balance
+CREATE TABLE customer_h AS
+SELECT o.o_custkey AS c_custkey, avg(linear(tanh(oh.h), 8, 'w_orders')) AS h
+FROM orders o
+JOIN order_h oh ON oh.o_orderkey = o.o_orderkey
+GROUP BY o.o_custkey;
+
+CREATE TABLE customer_h AS
+SELECT c.c_custkey, linear(features(c.c_acctbal), 8, 'w_customer') AS h
+FROM customer c;
+
+CREATE TABLE predict AS
+SELECT c.c_custkey, linear(tanh(ch.h), 5, 'w_out') AS h
+FROM customer c
+JOIN customer_h ch ON ch.c_custkey = c.c_custkey;
+"""
+
+
+def database_file(sf: float, folder: Path) -> Path:
+    """The TPC-H DuckDB file of scale factor `sf`, generated on first use."""
+    import duckdb
+
+    from connectors import tpch
+
+    path = folder / f"sf{sf:g}.duckdb"
+    if path.exists():
+        return path
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    partial.unlink(missing_ok=True)
+    started = time.perf_counter()
+    con = duckdb.connect(str(partial))
+    try:
+        rows = tpch.generate(con, sf=sf)
+    finally:
+        con.close()
+    os.replace(partial, path)
+    print(f"  generated TPC-H sf={sf:g} in {time.perf_counter() - started:.0f} s: {rows}", flush=True)
+    return path
+
+
+def peak_rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def one_epoch(path: str, batch_size: int, memory_limit: str) -> dict:
+    """In this (fresh) process: set up a batched model on `path` and train one epoch."""
+    import warnings
+
+    import torch
+
+    import relsql
+
+    torch.set_num_threads(2)
+    warnings.simplefilter("ignore")
+    db = relsql.connect(path, read_only=True, memory_limit=memory_limit)
+    started = time.perf_counter()
+    model = relsql.Model(db, relsql.Template.from_sql(TEMPLATE), target="customer.c_mktsegment", seed=0,
+                         batch_size=batch_size, progress=False)
+    setup = time.perf_counter() - started
+    started = time.perf_counter()
+    model.fit(epochs=1)
+    epoch = time.perf_counter() - started
+    return {"customers": model.output_rows, "setup_s": round(setup, 1), "epoch_s": round(epoch, 1),
+            "waiting_on_database_s": round(model.timings["waiting_on_database"], 1),
+            "val_accuracy": round(model.history[-1].get("val_accuracy", float("nan")), 3),
+            "peak_rss_mib": round(peak_rss_mib(), 1)}
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(prog="python -m bench.tpch_memory", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scales", nargs="*", type=float, default=[1, 10])
+    parser.add_argument("--batch-size", type=int, default=16384)
+    parser.add_argument("--memory-limit", default="512MB", help="DuckDB's memory_limit for the training process")
+    parser.add_argument("--data", default=str(ROOT / "out" / "tpch"), help="where the generated DuckDB files are kept")
+    parser.add_argument("--out", default="out/bench")
+    parser.add_argument("--one-epoch", nargs=3, metavar=("PATH", "BATCH", "LIMIT"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one_epoch:
+        path, batch, limit = args.one_epoch
+        print(json.dumps(one_epoch(path, int(batch), limit)))
+        return []
+
+    rows = []
+    print(f"one epoch, batch_size {args.batch_size}, DuckDB memory_limit {args.memory_limit}, 2 threads")
+    for sf in args.scales:
+        path = database_file(sf, Path(args.data))
+        command = [sys.executable, "-m", "bench.tpch_memory", "--one-epoch", str(path), str(args.batch_size), args.memory_limit]
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        if done.returncode != 0:
+            raise SystemExit(f"sf={sf:g} failed:\n{done.stderr[-3000:]}")
+        row = {"sf": sf, "file_mib": round(path.stat().st_size / 2**20, 1), **json.loads(done.stdout.strip().splitlines()[-1])}
+        rows.append(row)
+        print(f"  sf={sf:g}: {row['customers']:,} customers, file {row['file_mib']:,} MiB, setup {row['setup_s']} s, "
+              f"epoch {row['epoch_s']} s (waiting on the database {row['waiting_on_database_s']} s), "
+              f"peak RSS {row['peak_rss_mib']:,} MiB", flush=True)
+    if len(rows) > 1:
+        ratio = rows[-1]["peak_rss_mib"] / rows[0]["peak_rss_mib"]
+        print(f"peak RSS sf={rows[-1]['sf']:g} / sf={rows[0]['sf']:g} = {ratio:.2f} (target < 1.5) "
+              f"for {rows[-1]['file_mib'] / rows[0]['file_mib']:.1f}x the data")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "tpch_memory.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {out / 'tpch_memory.csv'}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""An embedding of 10 million keys that never sits in torch: embed(..., storage='database').
+
+    python demos/out_of_core.py [--users 10000000] [--rows 12000000] [--batch-size 65536] [--epochs 1]
+
+Writes a DuckDB file `out/demo/clicks.duckdb` with a table `click(id, user_id, x, y)`: --rows
+clicks by --users distinct users (every user clicks at least once), a numeric feature x, and a
+label y that depends on x. The template embeds the user id with its embedding kept in the table
+`relsql_embedding_user` of that file: every batch reads the rows of its users (creating those
+not seen before), trains them, and applies their gradient with Adagrad in SQL, one transaction
+per step. Printed: the table's rows and steps, the epoch's wall time and the time waiting on
+the database, and the peak resident memory, next to what the embedding alone would take in
+torch memory (with Adam's two moment tensors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TEMPLATE = """
+CREATE TABLE pred AS
+SELECT c.id, linear(tanh(embed(c.user_id, 8, 'user', storage='database') + linear(features(c.x), 8, 'wx')), 1, 'out') AS h
+FROM click c;
+"""
+
+
+def peak_rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def build(path: Path, users: int, rows: int) -> None:
+    import duckdb
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    con = duckdb.connect(str(path))
+    con.execute(f"""
+        CREATE TABLE click AS
+        SELECT i AS id,
+               CASE WHEN i < {users} THEN i ELSE hash(i) % {users} END AS user_id,
+               (hash(i * 7) % 1000) / 1000.0 AS x,
+               (hash(i * 7) % 1000) / 1000.0 > 0.5 AS y
+        FROM range({rows}) t(i)
+    """)
+    con.close()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    import torch
+
+    import relsql
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--users", type=int, default=10_000_000)
+    parser.add_argument("--rows", type=int, default=12_000_000)
+    parser.add_argument("--batch-size", type=int, default=65536)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--memory-limit", default="1GB")
+    parser.add_argument("--path", default=str(ROOT / "out" / "demo" / "clicks.duckdb"))
+    args = parser.parse_args(argv)
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(2)
+
+    path = Path(args.path)
+    started = time.perf_counter()
+    build(path, args.users, args.rows)
+    print(f"{args.rows:,} clicks of {args.users:,} users written to {path} in {time.perf_counter() - started:.0f} s")
+    db = relsql.connect(path, memory_limit=args.memory_limit)
+    started = time.perf_counter()
+    model = relsql.Model(db, relsql.Template.from_sql(TEMPLATE), target="click.y", seed=0, batch_size=args.batch_size,
+                         progress=True)
+    print(f"setup (key tables, feature statistics) {time.perf_counter() - started:.0f} s")
+    started = time.perf_counter()
+    model.fit(epochs=args.epochs, patience=args.epochs)
+    elapsed = time.perf_counter() - started
+    store = model.batched.stores["user"]
+    result = {"users": args.users, "rows": args.rows, "table_rows": store.rows(), "steps": store.step(),
+              "epoch_s": round(elapsed / args.epochs, 1), "waiting_on_database_s": round(model.timings["waiting_on_database"], 1),
+              "peak_rss_mib": round(peak_rss_mib()), "in_torch_mib": round(args.users * 8 * 4 * 3 / 2**20),
+              "val_accuracy": round(model.history[-1]["val_accuracy"], 3)}
+    print(f"relsql_embedding_user: {result['table_rows']:,} rows after {result['steps']} steps; "
+          f"epoch {result['epoch_s']} s, of which waiting on the database {result['waiting_on_database_s']} s; "
+          f"validation accuracy {result['val_accuracy']}")
+    print(f"peak resident memory {result['peak_rss_mib']:,} MiB; the same embedding in torch with Adam's moments: "
+          f"{result['in_torch_mib']:,} MiB for its tensors alone")
+    db.close()
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""Demand-driven grounding: only what a batch of output rows needs, computed by the database.
+
+Setup, once: every relation the output depends on gets its key table (its distinct heads,
+numbered: global row ids), and the embedding dictionaries and feature statistics are computed,
+all over the whole database but inside DuckDB (keys and summaries; no grounding leaves it).
+
+Per batch: the batch's output rows are the demand of the output relation. Going down the rule
+dependency graph, each rule is grounded for the demanded heads only (its body joined with the
+demanded row ids: a semi-join the database runs), and the row ids those groundings reference
+become the demand of the relations they reference. The groundings arrive as Arrow record
+batches; at the end every index is renumbered to the batch's own rows (sorted global ids, so
+the order of groundings is the full grounding's order restricted to the batch).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import sqlglot.expressions as exp
+import torch
+
+from relsql.db import Database, to_tensor
+from relsql.errors import GroundingError, SchemaError
+from relsql.ground import query as q
+from relsql.ground.execute import Grounding, Presets, RelationGrounding, RuleGrounding, _column_tensor, _Grounder
+from relsql.template import ir
+
+_views = itertools.count()
+
+
+@dataclass
+class _PreparedRule:
+    index: int
+    rule: ir.Rule
+    source: exp.Expression  # the rule body (neural relations read through their key tables)
+    columns: list[exp.Expression]  # the encoded grounding columns, over alias `g`
+    stored: dict[int, str]  # column -> weight of an embedding kept in the database (raw keys)
+
+
+@dataclass
+class BatchGrounding(Grounding):
+    """A batch's grounding: indexes local to the batch; `rows` maps each relation's batch rows to
+    its global row ids; `embedding_keys` holds, per database-stored embedding, the keys of its
+    batch rows in code order."""
+
+    rows: dict[str, torch.Tensor] = field(default_factory=dict)
+    embedding_keys: dict[str, pa.Array] = field(default_factory=dict)
+
+
+def needed_relations(template: ir.Template, output: str) -> list[str]:
+    """The relations `output` depends on (itself included), in dependency order."""
+    needed, todo = set(), [output]
+    while todo:
+        name = todo.pop()
+        if name in needed:
+            continue
+        needed.add(name)
+        for rule in template.relations[name].rules:
+            todo.extend(r for r in [*rule.refs, *rule.depends] if r in template.relations)
+    return [name for name in template.order() if name in needed]
+
+
+def database_embeddings(template: ir.Template) -> dict[str, ir.WeightSpec]:
+    return {name: spec for name, spec in template.weights.items() if spec.kind == "embed" and spec.storage == "database"}
+
+
+class BatchGrounder(_Grounder):
+    """Key tables once, groundings per batch. Not thread-safe: use it from one thread at a time."""
+
+    def __init__(self, template: ir.Template, db: Database, output: str, presets: Presets | None = None,
+                 fanout: dict[str, int] | int | None = None, seed: int = 0, progress: bool | None = None):
+        super().__init__(template, db, presets or Presets())
+        self.output, self.seed = output, seed
+        self.order = needed_relations(template, output)
+        self.fanout = fanout
+        self.stored = database_embeddings(template)
+        self.prepared: dict[str, list[_PreparedRule]] = {}
+        from relsql.ground.execute import _progress
+
+        bar = _progress(self.order, progress)
+        with db.frozen_schema():
+            for name in bar:
+                self._prepare(template.relations[name])
+        self.sizes = {name: db.con.execute(exp.select(exp.Count(this=exp.Star())).from_(self.key_tables[name].copy())
+                                           .sql("duckdb")).fetchone()[0] for name in self.order}
+        if self.sizes[output] == 0:
+            raise GroundingError(f"relation {output} has no rows: none of its statements has groundings")
+        self.dictionary_tables = {w: db.arrow(exp.select(exp.Star()).from_(t.copy()).order_by(q.col("code")))
+                                  for w, t in self.dictionaries.items()}
+
+    # -- setup ---------------------------------------------------------------------------------
+    def _prepare(self, relation: ir.Relation) -> None:
+        sources = []
+        for index, rule in enumerate(relation.rules):
+            select = self.rule_select(relation, rule)
+            if select is not None:
+                sources.append((index, rule, exp.Subquery(this=select)))
+        self.key_tables[relation.name] = self.key_table(relation, sources)
+        prepared = []
+        for index, rule, source in sources:
+            stored = {e.column: e.weight for e in ir.walk(rule.expr) if isinstance(e, ir.Embed) and e.weight in self.stored}
+            columns = self.encoded_columns(relation, index, rule, source, skip=set(stored))
+            prepared.append(_PreparedRule(index, rule, source, columns, stored))
+        self.prepared[relation.name] = prepared
+
+    def keys(self, name: str, rids: np.ndarray | None = None) -> pa.Table:
+        """Key columns and global `_rid` of a relation's rows (those in `rids`, else all), by `_rid`."""
+        select = exp.select(exp.Star()).from_(self.key_tables[name].copy())
+        if rids is None:
+            return self.db.arrow(select.order_by(q.col("_rid")))
+        view = f"{self.db._prefix}keys_{next(_views)}"
+        self.db.con.register(view, pa.table({"_rid": np.asarray(rids, dtype=np.int64)}))
+        try:
+            semi = exp.select(q.col("_rid")).from_(q.ident(view))
+            return self.db.arrow(select.where(exp.In(this=q.col("_rid"), query=semi)).order_by(q.col("_rid")))
+        finally:
+            self.db.con.unregister(view)
+
+    # -- one batch -----------------------------------------------------------------------------
+    def ground(self, rids: np.ndarray, sample: int = 0) -> BatchGrounding:
+        """The grounding of the output rows with global ids `rids`; `sample` reseeds fan-out sampling."""
+        demand: dict[str, torch.Tensor] = {self.output: torch.unique(torch.as_tensor(np.asarray(rids, dtype=np.int64)))}
+        fetched: dict[str, list[tuple[_PreparedRule, pa.Table]]] = {}
+        for name in reversed(self.order):
+            wanted = demand.get(name)
+            if wanted is None or wanted.numel() == 0:
+                continue
+            relation = self.template.relations[name]
+            view = f"{self.db._prefix}demand_{next(_views)}"
+            self.db.con.register(view, pa.table({"_rid": wanted.numpy()}))
+            try:
+                fetched[name] = []
+                for prepared in self.prepared[name]:
+                    table = self._fetch(relation, prepared, view, sample)
+                    fetched[name].append((prepared, table))
+                    for j, ref in enumerate(prepared.rule.refs):
+                        ids = to_tensor(table.column(f"_r{j}"), torch.int64)
+                        demand[ref] = torch.unique(torch.cat([demand[ref], ids])) if ref in demand else torch.unique(ids)
+            finally:
+                self.db.con.unregister(view)
+        return self._localize(demand, fetched)
+
+    def _fetch(self, relation: ir.Relation, prepared: _PreparedRule, demand_view: str, sample: int) -> pa.Table:
+        rule = prepared.rule
+        limit = self.fanout.get(relation.name) if isinstance(self.fanout, dict) else self.fanout
+        select = q.rule_index_query(prepared.source, self.key_tables[relation.name], relation.keys, len(rule.refs),
+                                    prepared.columns, demand=exp.Table(this=q.ident(demand_view)),
+                                    per_head=(limit, self.seed * 100_003 + sample) if limit and rule.grouped else None)
+        try:
+            reader = self.db.con.execute(select.sql("duckdb")).to_arrow_reader()
+            table = pa.Table.from_batches(list(reader), schema=reader.schema)  # Arrow record batches, this batch's rows only
+        except duckdb.Error as err:
+            raise _grounding_error(relation, rule, err) from None
+        for j, ref in enumerate(rule.refs):
+            if table.column(f"_r{j}").null_count:
+                raise GroundingError(
+                    f"{relation.name}, {rule.origin}: some groundings have no row of `{ref}` (an outer join?); "
+                    f"join `{ref}` with an inner JOIN so every grounding has its value")
+        return table
+
+    def _localize(self, demand: dict[str, torch.Tensor], fetched) -> BatchGrounding:
+        relations: dict[str, RelationGrounding] = {}
+        keys: dict[str, list[pa.Array]] = {}
+        for prepared_tables in fetched.values():
+            for prepared, table in prepared_tables:
+                for k, weight in prepared.stored.items():
+                    keys.setdefault(weight, []).append(table.column(f"_c{k}").combine_chunks())
+        embedding_keys = {w: pc.unique(pa.concat_arrays(arrays)).sort() for w, arrays in keys.items()}
+        dictionaries = dict(self.dictionary_tables)
+        for weight, values in embedding_keys.items():
+            dictionaries[weight] = pa.table({"value": values, "code": pa.array(np.arange(len(values), dtype=np.int64))})
+        for name in self.order:
+            if name not in fetched:
+                continue
+            rows = demand[name]
+            result = RelationGrounding(name, pa.table({"_rid": np.arange(rows.shape[0], dtype=np.int64), "_global": rows.numpy()}))
+            for prepared, table in fetched[name]:
+                if table.num_rows == 0:
+                    continue
+                head = torch.searchsorted(rows, to_tensor(table.column("_head"), torch.int64))
+                refs = [torch.searchsorted(demand[ref], to_tensor(table.column(f"_r{j}"), torch.int64))
+                        for j, ref in enumerate(prepared.rule.refs)]
+                values = {}
+                for k in range(prepared.rule.n_columns):
+                    column = table.column(f"_c{k}")
+                    if k in prepared.stored:
+                        codes = pc.index_in(column.combine_chunks(), value_set=embedding_keys[prepared.stored[k]])
+                        values[k] = to_tensor(codes, torch.int64)
+                    else:
+                        embedded = any(isinstance(e, ir.Embed) and e.column == k for e in ir.walk(prepared.rule.expr))
+                        values[k] = _column_tensor(column, prepared.rule, k, embedded=embedded)
+                segment_heads, counts = torch.unique_consecutive(head, return_counts=True)
+                offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(counts, 0)])
+                result.rules.append(RuleGrounding(prepared.rule, head, refs, values, segment_heads, offsets))
+            relations[name] = result
+        return BatchGrounding(relations, dictionaries, self.feature_stats, rows={n: demand[n] for n in relations},
+                              embedding_keys=embedding_keys)
+
+
+def _grounding_error(relation: ir.Relation, rule: ir.Rule, err: Exception) -> Exception:
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if isinstance(err, duckdb.CatalogException | duckdb.BinderException):
+        return SchemaError(f"{relation.name}, {rule.origin}: {first}. Check the table and column names and join conditions.")
+    return GroundingError(f"{relation.name}, {rule.origin}: the database could not enumerate the groundings: {first}")
+
+
+__all__ = ["BatchGrounder", "BatchGrounding", "database_embeddings", "needed_relations"]

@@ -1,0 +1,78 @@
+"""A model's net run over demand-grounded mini-batches (relsql/ground/demand.py).
+
+A batch is a set of output rows (global row ids). Preparing it — grounding what it needs in the
+database and planning the vectorized ops — happens in the model's database worker thread; its
+database-stored embeddings are read there too, after the previous batch's update was applied.
+The forward pass runs the batch's plan with the model's weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from relsql.compile import make_plan
+from relsql.compile.passes import RULES, choose_segment_kernels
+from relsql.compile.plan import Plan
+from relsql.ground.demand import BatchGrounder, BatchGrounding
+from relsql.train.embeddings import DatabaseEmbedding
+
+PASSES = tuple(rule for rule in RULES if rule is not choose_segment_kernels)  # no kernel timing per batch
+
+
+@dataclass
+class Batch:
+    rids: np.ndarray  # global row ids of the batch's output rows, in batch order
+    grounding: BatchGrounding
+    plan: Plan
+    rows: torch.Tensor  # the plan's output row of each rid
+
+
+class Batched:
+    """Prepares batches and runs them; owns the model's database-stored embeddings."""
+
+    def __init__(self, grounder: BatchGrounder, template, output: str, dtype: torch.dtype, seed: int,
+                 embedding_optimizer: str = "adagrad", embedding_lr: float = 0.1):
+        self.grounder, self.template, self.output, self.dtype, self.seed = grounder, template, output, dtype, seed
+        self.embedding_optimizer, self.embedding_lr = embedding_optimizer, embedding_lr
+        self.stores: dict[str, DatabaseEmbedding] = {}
+
+    def prepare(self, rids: np.ndarray, sample: int = 0) -> Batch:
+        """Ground and plan a batch (database + torch work, no weights involved)."""
+        grounding = self.grounder.ground(rids, sample)
+        plan = make_plan(self.template, grounding, self.dtype, PASSES, outputs=[self.output])
+        rows = torch.searchsorted(grounding.rows[self.output], torch.as_tensor(np.asarray(rids, dtype=np.int64)))
+        return Batch(np.asarray(rids), grounding, plan, rows)
+
+    def store(self, weight: str, key_type: pa.DataType) -> DatabaseEmbedding:
+        if weight not in self.stores:
+            width = self.template.weights[weight].shape[1]
+            self.stores[weight] = DatabaseEmbedding(self.grounder.db, weight, width, key_type, seed=self.seed,
+                                                    optimizer=self.embedding_optimizer, lr=self.embedding_lr)
+        return self.stores[weight]
+
+    def fetch(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """The batch's rows of every database-stored embedding, as leaves that collect gradients."""
+        found = {}
+        for weight, keys in batch.grounding.embedding_keys.items():
+            values = self.store(weight, keys.type).fetch(keys)
+            found[weight] = values.to(self.dtype).requires_grad_(True)
+        return found
+
+    def update(self, batch: Batch, external: dict[str, torch.Tensor]) -> None:
+        """Apply each embedding's gradient (a relation: key, gradient) as an optimizer step in SQL."""
+        for weight, values in external.items():
+            if values.grad is not None:
+                self.stores[weight].update(batch.grounding.embedding_keys[weight], values.grad)
+
+    @staticmethod
+    def outputs(net, head, batch: Batch, external: dict[str, torch.Tensor], output: str) -> torch.Tensor:
+        """The model's outputs for the batch's rows, in batch order."""
+        device = next(iter(net.weights.values())).device if len(net.weights) else torch.device("cpu")
+        external = {k: v.to(device) if v.device != device else v for k, v in external.items()}
+        value = net.run(batch.plan, external)[output]
+        value = head(value.reshape(value.shape[0], -1))
+        return value.index_select(0, batch.rows.to(device))

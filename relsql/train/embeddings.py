@@ -1,0 +1,270 @@
+"""Out-of-core embeddings: `embed(key, d, storage='database')` keeps one learnable row per key
+value in a database table, never the whole table in torch.
+
+Each batch reads the rows of the keys it uses (rows of keys never seen before are created with
+a seeded, key-determined initial value), trains them as an ordinary leaf tensor, and hands back
+their gradient as a relation (key, g0..g{d-1}) that an SGD or Adagrad step applies in SQL. Every
+step is one transaction that also advances the table's step counter, so an interrupted run
+leaves the table at the previous step or the next one, never in between.
+
+The table `relsql_embedding_<weight>` has columns `key`, `e0..e{d-1}` and, for Adagrad, the
+accumulated squared gradients `a0..a{d-1}`; `relsql_embedding_steps` holds each table's step.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+
+import numpy as np
+import pyarrow as pa
+import sqlglot.expressions as exp
+import torch
+
+from relsql.db import Database, ident, qualified, to_tensor
+from relsql.errors import RelsqlError, SourceError
+
+STEPS = "relsql_embedding_steps"
+OPTIMIZERS = ("sgd", "adagrad")
+EPS = 1e-10  # torch.optim.Adagrad's default
+_views = itertools.count()
+
+
+def table_suffix(weight: str) -> str:
+    """A weight's name as it appears in table names (letters, digits, underscores)."""
+    return re.sub(r"[^0-9A-Za-z_]", "_", weight)
+
+
+def table_name(weight: str) -> str:
+    return "relsql_embedding_" + table_suffix(weight)
+
+
+def _col(name: str, table: str | None = None) -> exp.Column:
+    return exp.column(ident(name), table=ident(table) if table else None)
+
+
+def _num(value: float) -> exp.Literal:
+    return exp.Literal.number(repr(float(value)))
+
+
+class DatabaseEmbedding:
+    """One embedding table of the database and its optimizer, updated in SQL."""
+
+    def __init__(self, db: Database, weight: str, width: int, key_type: pa.DataType | None, *, seed: int = 0,
+                 optimizer: str = "adagrad", lr: float = 0.1):
+        if optimizer not in OPTIMIZERS:
+            raise RelsqlError(f"embedding optimizer {optimizer!r} is not one of {OPTIMIZERS}")
+        if db.read_only:
+            raise SourceError(f"embed(..., storage='database') keeps `{weight}` in a table of {db.description}, which was "
+                              "opened read-only; reconnect with read_only=False or keep the embedding in memory")
+        self.db, self.weight, self.width, self.seed = db, weight, width, seed
+        self.optimizer, self.lr = optimizer, lr
+        self.name = table_name(weight)
+        self.scope = db.scopes()[0]
+        self.table = qualified(self.name, self.scope)
+        self.steps = qualified(STEPS, self.scope)
+        self._create(key_type)
+
+    # -- the table -----------------------------------------------------------------------------
+    def _sql_type(self, key_type: pa.DataType | None) -> str:
+        if key_type is None:
+            return "VARCHAR"
+        if pa.types.is_integer(key_type):
+            return "BIGINT"
+        if pa.types.is_floating(key_type):
+            return "DOUBLE"
+        return "VARCHAR"
+
+    def _create(self, key_type: pa.DataType | None) -> None:
+        columns = [exp.ColumnDef(this=ident("key"), kind=exp.DataType.build(self._sql_type(key_type)),
+                                 constraints=[exp.ColumnConstraint(kind=exp.PrimaryKeyColumnConstraint())])]
+        columns += [exp.ColumnDef(this=ident(f"{p}{i}"), kind=exp.DataType.build("DOUBLE"))
+                    for p in ("e", "a") for i in range(self.width)]
+        existing = self.db._tables_in(self.scope)
+        if self.name in existing:
+            found = [c for c, _ in self.db._columns(self.name)]
+            if found != [c.name for c in columns]:
+                raise RelsqlError(f"table `{self.name}` exists with columns {found}; it is not an embedding of width "
+                                  f"{self.width}: drop it or name the embedding differently")
+        elif key_type is None:
+            raise RelsqlError(f"embedding `{self.weight}` has no table `{self.name}` in {self.db.description}")
+        else:
+            self.db.execute(exp.Create(this=exp.Schema(this=self.table.copy(), expressions=columns), kind="TABLE", exists=True))
+        if STEPS not in existing:
+            self.db.execute(exp.Create(this=exp.Schema(this=self.steps.copy(), expressions=[
+                exp.ColumnDef(this=ident("weight"), kind=exp.DataType.build("VARCHAR"),
+                              constraints=[exp.ColumnConstraint(kind=exp.PrimaryKeyColumnConstraint())]),
+                exp.ColumnDef(this=ident("step"), kind=exp.DataType.build("BIGINT"))]), kind="TABLE", exists=True))
+        if self.step() is None:
+            self._transaction([exp.Insert(this=self.steps.copy(), expression=exp.select(
+                exp.Literal.string(self.weight), exp.Literal.number(0)))])
+
+    def step(self) -> int | None:
+        """How many updates the table has had (None before the first use)."""
+        row = self.db.con.execute(exp.select(_col("step")).from_(self.steps.copy()).where(
+            exp.EQ(this=_col("weight"), expression=exp.Literal.string(self.weight))).sql("duckdb")).fetchone()
+        return None if row is None else int(row[0])
+
+    def rows(self) -> int:
+        return self.db.con.execute(exp.select(exp.Count(this=exp.Star())).from_(self.table.copy()).sql("duckdb")).fetchone()[0]
+
+    def _view(self, data: pa.Table) -> str:
+        name = f"{self.db._prefix}emb_{next(_views)}"
+        self.db.con.register(name, data)
+        return name
+
+    def _transaction(self, statements: list[exp.Expression]) -> None:
+        con = self.db.con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for statement in statements:
+                self.db.execute(statement)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+
+    def _initial(self, i: int) -> exp.Expression:
+        """A uniform value in [-sqrt(3), sqrt(3)) (unit variance), from a hash of (key, i, seed)."""
+        hashed = exp.Anonymous(this="hash", expressions=[_col("key", "n"), exp.Literal.number(i), exp.Literal.number(self.seed)])
+        unit = exp.Div(this=exp.Mod(this=hashed, expression=exp.Literal.number(1_000_003)), expression=_num(1_000_003.0))
+        return exp.Mul(this=exp.paren(exp.Sub(this=exp.Mul(this=unit, expression=_num(2.0)), expression=_num(1.0))),
+                       expression=_num(math.sqrt(3.0)))
+
+    # -- a batch -------------------------------------------------------------------------------
+    def fetch(self, keys: pa.Array) -> torch.Tensor:
+        """The rows of `keys` (created first where missing), in the order of `keys`: (n, width) float64."""
+        view = self._view(pa.table({"key": keys, "_pos": np.arange(len(keys), dtype=np.int64)}))
+        try:
+            missing = exp.select(exp.alias_(_col("key", "n"), ident("key")),
+                                 *[exp.alias_(self._initial(i), ident(f"e{i}")) for i in range(self.width)],
+                                 *[exp.alias_(_num(0.0), ident(f"a{i}")) for i in range(self.width)]).from_(
+                exp.alias_(exp.Table(this=ident(view)), ident("n"), table=True)).where(exp.Not(this=exp.Exists(
+                    this=exp.select(exp.Literal.number(1)).from_(exp.alias_(self.table.copy(), ident("t"), table=True)).where(
+                        exp.EQ(this=_col("key", "t"), expression=_col("key", "n"))))))
+            self._transaction([exp.Insert(this=self.table.copy(), expression=missing)])
+            select = exp.select(*[_col(f"e{i}", "t") for i in range(self.width)]).from_(
+                exp.alias_(exp.Table(this=ident(view)), ident("n"), table=True)).join(
+                exp.alias_(self.table.copy(), ident("t"), table=True),
+                on=exp.EQ(this=_col("key", "t"), expression=_col("key", "n"))).order_by(_col("_pos", "n"))
+            table = self.db.arrow(select)
+        finally:
+            self.db.con.unregister(view)
+        if table.num_rows != len(keys):
+            raise RelsqlError(f"embedding `{self.weight}`: {len(keys) - table.num_rows} keys have no row (NULL keys?)")
+        if self.width == 0:
+            return torch.zeros((len(keys), 0), dtype=torch.float64)
+        return torch.stack([to_tensor(table.column(i), torch.float64) for i in range(self.width)], dim=1)
+
+    def update(self, keys: pa.Array, grad: torch.Tensor) -> None:
+        """One optimizer step on the rows of `keys` with their gradient (n, width), in one transaction."""
+        g = grad.detach().to("cpu", torch.float64).reshape(len(keys), self.width).numpy()
+        view = self._view(pa.table({"key": keys, **{f"g{i}": g[:, i] for i in range(self.width)}}))
+        try:
+            assignments = []
+            lr = _num(self.lr)
+            for i in range(self.width):
+                gi = _col(f"g{i}", "g")
+                if self.optimizer == "sgd":
+                    step = exp.Mul(this=lr, expression=gi)
+                else:  # Adagrad: a += g^2; e -= lr * g / (sqrt(a) + eps), both from the old row
+                    accumulated = exp.Add(this=_col(f"a{i}", "t"), expression=exp.Mul(this=gi, expression=gi.copy()))
+                    assignments.append(exp.EQ(this=_col(f"a{i}"), expression=accumulated))
+                    step = exp.Div(this=exp.Mul(this=lr.copy(), expression=gi.copy()), expression=exp.paren(
+                        exp.Add(this=exp.Sqrt(this=accumulated.copy()), expression=_num(EPS))))
+                assignments.append(exp.EQ(this=_col(f"e{i}"), expression=exp.Sub(this=_col(f"e{i}", "t"), expression=step)))
+            rows = exp.Update(this=exp.alias_(self.table.copy(), ident("t"), table=True), expressions=assignments,
+                              from_=exp.From(this=exp.alias_(exp.Table(this=ident(view)), ident("g"), table=True)),
+                              where=exp.Where(this=exp.EQ(this=_col("key", "t"), expression=_col("key", "g"))))
+            counter = exp.Update(this=self.steps.copy(), expressions=[exp.EQ(this=_col("step"), expression=exp.Add(
+                this=_col("step"), expression=exp.Literal.number(1)))], where=exp.Where(this=exp.EQ(
+                    this=_col("weight"), expression=exp.Literal.string(self.weight))))
+            self._transaction([rows, counter])
+        finally:
+            self.db.con.unregister(view)
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def snapshot(self, suffix: str) -> None:
+        """Copy the table (and its step) aside, atomically, under `<table>_<suffix>`."""
+        copy = qualified(f"{self.name}_{suffix}", self.scope)
+        self._transaction([exp.Create(this=copy, kind="TABLE", replace=True,
+                                      expression=exp.select(exp.Star(), exp.alias_(exp.Literal.number(self.step()), ident("_step")))
+                                      .from_(self.table.copy()))])
+
+    def restore(self, suffix: str) -> int:
+        """Put a snapshot back (table and step counter, one transaction); returns its step."""
+        copy = qualified(f"{self.name}_{suffix}", self.scope)
+        if f"{self.name}_{suffix}" not in self.db._tables_in(self.scope):
+            raise RelsqlError(f"no checkpoint copy `{self.name}_{suffix}` of embedding `{self.weight}` in the database")
+        row = self.db.con.execute(exp.select(exp.Max(this=_col("_step"))).from_(copy.copy()).sql("duckdb")).fetchone()
+        step = int(row[0]) if row and row[0] is not None else 0
+        columns = ["key", *[f"{p}{i}" for p in ("e", "a") for i in range(self.width)]]
+        self._transaction([
+            exp.Delete(this=self.table.copy()),
+            exp.Insert(this=self.table.copy(), expression=exp.select(*[_col(c) for c in columns]).from_(copy.copy())),
+            exp.Update(this=self.steps.copy(), expressions=[exp.EQ(this=_col("step"), expression=exp.Literal.number(step))],
+                       where=exp.Where(this=exp.EQ(this=_col("weight"), expression=exp.Literal.string(self.weight)))),
+        ])
+        return step
+
+    def drop_snapshot(self, suffix: str) -> None:
+        self.db.execute(exp.Drop(tables=[qualified(f"{self.name}_{suffix}", self.scope)], kind="TABLE", exists=True))
+
+    def values(self) -> dict:
+        """{key: vector} of every row (for tests and small tables)."""
+        table = self.db.arrow(exp.select(_col("key"), *[_col(f"e{i}") for i in range(self.width)]).from_(self.table.copy()))
+        keys = table.column(0).to_pylist()
+        matrix = np.stack([table.column(i + 1).to_numpy() for i in range(self.width)], axis=1) if self.width else np.zeros((len(keys), 0))
+        return dict(zip(keys, matrix))
+
+
+class GradientStaging:
+    """A database-stored embedding's gradient over many batches, summed per key in the database."""
+
+    def __init__(self, db: Database, weight: str, width: int):
+        self.db, self.weight, self.width = db, weight, width
+        self.table = db.temp_table("grad", table_suffix(weight))
+        self._created = False
+
+    def add(self, keys: pa.Array, grad: torch.Tensor) -> None:
+        g = grad.detach().to("cpu", torch.float64).reshape(len(keys), self.width).numpy()
+        name = f"{self.db._prefix}stage_{next(_views)}"
+        self.db.con.register(name, pa.table({"key": keys, **{f"g{i}": g[:, i] for i in range(self.width)}}))
+        try:
+            rows = exp.select(exp.Star()).from_(exp.Table(this=ident(name)))
+            if self._created:
+                self.db.execute(exp.Insert(this=self.table.copy(), expression=rows))
+            else:  # the first batch fixes the key column's type
+                self.db.execute(exp.Create(this=self.table.copy(), kind="TABLE", replace=True, expression=rows,
+                                           properties=exp.Properties(expressions=[exp.TemporaryProperty()])))
+                self._created = True
+        finally:
+            self.db.con.unregister(name)
+
+    def write(self, name: str, replace: bool) -> str:
+        """`name` (key, gradient list) = the staged rows summed per key, created in one transaction."""
+        from relsql.errors import SchemaError
+
+        scope = self.db.scopes()[0]
+        exists = name in self.db._tables_in(scope)
+        if exists and not replace:
+            raise SchemaError(f"table `{name}` already exists in {self.db.description}; choose another prefix or pass replace=True")
+        self.db.source.refuse_read_only(name)
+        target = qualified(name, scope)
+        summed = exp.select(_col("key"), exp.alias_(exp.Anonymous(this="list_value", expressions=[
+            exp.Sum(this=_col(f"g{i}")) for i in range(self.width)]), ident("gradient"))).from_(self.table.copy()).group_by(
+            _col("key")).order_by(_col("key"))
+        statements = ([exp.Drop(tables=[target.copy()], kind="TABLE")] if exists else []) + [
+            exp.Create(this=target.copy(), kind="TABLE", expression=summed)]
+        con = self.db.con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for statement in statements:
+                self.db.execute(statement)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        self.db.execute(exp.Drop(tables=[self.table.copy()], kind="TABLE", exists=True))
+        return name
