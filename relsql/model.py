@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import sqlglot.expressions as exp
 import torch
 from torch import nn
@@ -112,24 +113,24 @@ class Model:
         where = f"{self.target}"
         self.task = task if isinstance(task, Task) else detect(labels.column("y"), where, task)
         self.positions = labels.column("_rid").to_numpy()
-        values = labels.column("y").to_pylist()
-        labelled = np.array([v is not None for v in values])
+        column = labels.column("y").combine_chunks()
+        labelled = pc.is_valid(column).to_numpy(zero_copy_only=False)  # per row, without Python objects
         self.labelled = self.positions[labelled]
-        raw = [v for v in values if v is not None]
-        if self.task.kind in ("binary", "multiclass"):
-            unknown = sorted({v for v in raw if v not in self.task.classes}, key=str)
-            if unknown:
-                raise SchemaError(f"target {where} has values {unknown[:5]} the model was not trained on")
+        raw = column.filter(pc.is_valid(column))
+        encoded = self.task.encode(raw)
+        if self.task.kind in ("binary", "multiclass") and (encoded < 0).any():
+            unknown = sorted(set(raw.filter(pa.array(encoded < 0)).unique().to_pylist()), key=str)
+            raise SchemaError(f"target {where} has values {unknown[:5]} the model was not trained on")
         if split is None:
-            times = labels.column("t").to_pylist() if self.time_column else None
-            times = [t for t, keep in zip(times, labelled) if keep] if times is not None else None
+            times = labels.column("t").filter(pa.array(labelled)).to_pylist() if self.time_column else None
             split = split_rows(len(raw), self.fractions, self.seed, times)
         self.rows = {k: np.asarray(v, dtype=np.int64) for k, v in split.items()}
         if self.task.kind == "regression" and not isinstance(task, Task):
-            train_values = np.asarray(raw, dtype=np.float64)[self.rows["train"]]
+            train_values = pc.cast(raw, pa.float64()).to_numpy(zero_copy_only=False)[self.rows["train"]]
             self.task.mean = float(train_values.mean()) if len(train_values) else 0.0
             self.task.std = float(train_values.std()) or 1.0
-        self.y = torch.as_tensor(self.task.encode(raw), dtype=self.dtype, device=self.device)
+            encoded = self.task.encode(raw)
+        self.y = torch.as_tensor(encoded, dtype=self.dtype, device=self.device)
         width = int(np.prod(plan.meta[plan.outputs[self.output]].shape[1:]))
         self.head = nn.Identity() if width == self.task.units else nn.Linear(width, self.task.units, dtype=self.dtype)
         self.net.to(self.device)
@@ -222,6 +223,7 @@ class Model:
         monitor = "val" if len(self.rows["val"]) else "train"
         best = {"loss": float("inf"), "state": None}
         start_epoch, start_batch = 0, 0
+        self._running = (0.0, 0)  # (loss x rows, rows) of the epoch so far, kept in mid-epoch checkpoints
         worker = Worker() if batched else None
         if resume and checkpoint is not None and Path(checkpoint).exists():
             start_epoch, start_batch = self._resume(checkpoint, optimizers, best, worker)
@@ -229,15 +231,17 @@ class Model:
         bar = tqdm(range(start_epoch, epochs), desc="training", unit="epoch", disable=None if self.progress is None else not self.progress)
         try:
             for epoch in bar:
+                train_loss = None
                 if batched:
                     order = batches(self.rows["train"], batch_size, np.random.default_rng([self.seed, epoch]))
-                    self._train_batches(worker, order, epoch, start_batch if epoch == start_epoch else 0, optimizers,
-                                        checkpoint, checkpoint_every, callback, best, lr, weight_decay)
+                    first = start_batch if epoch == start_epoch else 0
+                    train_loss = self._train_batches(worker, order, epoch, first, optimizers, checkpoint, checkpoint_every,
+                                                     callback, best, lr, weight_decay)
                 else:
-                    loss = self._full_step(optimizers)
+                    train_loss = self._full_step(optimizers)
                     if callback is not None:
-                        callback({"epoch": epoch, "batch": 0, "batches": 1, "loss": loss})
-                record = {"epoch": epoch, **self._losses(worker, batch_size)}
+                        callback({"epoch": epoch, "batch": 0, "batches": 1, "loss": train_loss})
+                record = {"epoch": epoch, **self._losses(worker, batch_size, train_loss)}
                 self.history.append(record)
                 current = record[f"{monitor}_loss"]
                 bar.set_postfix(loss=f"{record['train_loss']:.4f}", val=f"{record['val_loss']:.4f}")
@@ -276,10 +280,12 @@ class Model:
         return float(loss.detach())
 
     def _train_batches(self, worker: Worker, order: list[np.ndarray], epoch: int, first: int, optimizers, checkpoint,
-                       checkpoint_every, callback, best, lr: float, weight_decay: float) -> None:
+                       checkpoint_every, callback, best, lr: float, weight_decay: float) -> float:
         """One epoch of mini-batches: batch t + 1 is grounded in the database while batch t trains;
-        its stored embeddings are read after batch t's update was applied (one queue, in order)."""
+        its stored embeddings are read after batch t's update was applied (one queue, in order).
+        Returns the epoch's training loss: the mean over its rows of the loss each batch had."""
         batched = self.batched
+        total, count = self._running if first else (0.0, 0)
         rids = [self.labelled[positions] for positions in order]
         pending = worker.prefetch(batched.prepare, rids[first], epoch) if first < len(order) else None
         for b in range(first, len(order)):
@@ -302,10 +308,13 @@ class Model:
             for optimizer in optimizers:
                 optimizer.step()
             worker.submit(batched.update, batch, external)
+            total, count = total + float(loss.detach()) * len(order[b]), count + len(order[b])
+            self._running = (total, count)
             if checkpoint is not None and checkpoint_every and (b + 1) % checkpoint_every == 0 and b + 1 < len(order):
                 self._checkpoint(checkpoint, epoch, b + 1, optimizers, best, worker)
             if callback is not None:
                 callback({"epoch": epoch, "batch": b, "batches": len(order), "loss": float(loss)})
+        return total / count if count else float("nan")
 
     def _is_embedding(self, parameter: nn.Parameter) -> bool:
         if not self.embedding_optimizer:
@@ -345,9 +354,15 @@ class Model:
         with torch.no_grad():
             return self._outputs().index_select(0, index), y
 
-    def _losses(self, worker: Worker | None = None, batch_size: int | None = None) -> dict[str, float]:
-        record = {}
+    def _losses(self, worker: Worker | None = None, batch_size: int | None = None,
+                train_loss: float | None = None) -> dict[str, float]:
+        """Training and validation loss (and validation metrics). An epoch passes the training loss
+        its steps had (before each update, averaged over rows), so the training rows are not
+        computed a second time."""
+        record = {} if train_loss is None else {"train_loss": train_loss}
         for split in ("train", "val"):
+            if f"{split}_loss" in record:
+                continue
             if not len(self.rows[split]):
                 record[f"{split}_loss"] = float("nan")
                 continue
@@ -384,6 +399,7 @@ class Model:
             "parameter_names": [[self._name_of(p) for g in o.param_groups for p in g["params"]] for o in optimizers],
             "history": self.history, "best_epoch": self.best_epoch, "best_loss": best["loss"], "best_state": best["state"],
             "stores": {w: s.step() for w, s in (self.batched.stores.items() if self.batched else [])},
+            "running": self._running if batch else (0.0, 0),
         })
 
     def _name_of(self, parameter: nn.Parameter) -> str:
@@ -414,6 +430,7 @@ class Model:
         for weight in state["stores"]:
             store = self.batched.stores.get(weight) or self.batched.store(weight, None)  # the table exists already
             worker.run(store.restore, "checkpoint")
+        self._running = tuple(state["running"])
         return state["epoch"], state["batch"]
 
     # -- results ----------------------------------------------------------------------------

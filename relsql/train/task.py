@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 import torch.nn.functional as F
 
@@ -31,12 +32,20 @@ class Task:
         """The validation metric reported while training (early stopping uses the loss)."""
         return {"binary": "roc_auc", "multiclass": "accuracy", "regression": "rmse"}[self.kind]
 
-    def encode(self, values: list) -> np.ndarray:
-        """Target values → float labels (0/1, class index, or standardized number)."""
+    def encode(self, values: list | pa.Array | pa.ChunkedArray) -> np.ndarray:
+        """Target values → float labels (0/1, class index, or standardized number); -1 for an
+        unknown class."""
         if self.kind == "regression":
-            return (np.asarray(values, dtype=np.float64) - self.mean) / self.std
-        index = {v: i for i, v in enumerate(self.classes)}
-        return np.asarray([index[v] for v in values], dtype=np.float64)
+            numbers = values if isinstance(values, list) else pc.cast(values, pa.float64()).to_numpy(zero_copy_only=False)
+            return (np.asarray(numbers, dtype=np.float64) - self.mean) / self.std
+        if isinstance(values, list):
+            index = {v: i for i, v in enumerate(self.classes)}
+            return np.asarray([index.get(v, -1) for v in values], dtype=np.float64)
+        try:
+            codes = pc.index_in(values, value_set=pa.array(self.classes, type=values.type))
+        except (pa.ArrowException, TypeError, ValueError):  # e.g. a dictionary-typed column: compare values
+            return self.encode(values.to_pylist())
+        return pc.fill_null(codes, -1).to_numpy(zero_copy_only=False).astype(np.float64)
 
     def loss(self, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.kind == "binary":
@@ -72,9 +81,9 @@ class Task:
 
 def detect(column: pa.ChunkedArray, where: str, kind: str | None = None) -> Task:
     """Pick the task from the target column's type and values (non-NULL rows only)."""
-    values = [v for v in column.to_pylist() if v is not None]
-    distinct = sorted(set(values), key=lambda v: (str(type(v)), v))
-    if not values:
+    present = column.drop_null()
+    distinct = sorted(pc.unique(present).to_pylist(), key=lambda v: (str(type(v)), v))  # distinct values only, not rows
+    if not len(present):
         raise SchemaError(f"target {where} has no non-NULL values to learn from")
     numeric = pa.types.is_integer(column.type) or pa.types.is_floating(column.type) or pa.types.is_decimal(column.type)
     if kind is None:
