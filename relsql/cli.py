@@ -49,10 +49,11 @@ def _template(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    with relsql.connect(args.db) as db:
+    with relsql.connect(args.db, memory_limit=args.memory_limit) as db:
         model = relsql.Model(db, args.template, target=args.target, output=args.output, time_column=args.time_column,
-                             seed=args.seed, task=args.task)
-        model.fit(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, patience=args.patience)
+                             seed=args.seed, task=args.task, batch_size=args.batch_size)
+        model.fit(epochs=args.epochs, lr=args.lr, patience=args.patience, checkpoint=args.checkpoint,
+                  resume=args.checkpoint is not None)
         path = model.save(args.model)
         print(model.report())
         print(f"model saved to {path} (metrics plot {path.with_suffix('.png')})")
@@ -133,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--time-column", help="split by this column of the target table (earliest rows train)")
     train.add_argument("--epochs", type=int, default=100)
     train.add_argument("--lr", type=float, default=0.01)
-    train.add_argument("--batch-size", type=int, help="target rows per step (default: all)")
+    train.add_argument("--batch-size", type=int, help="target rows per step, each batch grounded on demand (default: all at once)")
+    train.add_argument("--memory-limit", help="cap DuckDB's memory, e.g. 1GB (it spills to disk beyond it)")
+    train.add_argument("--checkpoint", help="write a training checkpoint here every epoch; an existing one is resumed")
     train.add_argument("--patience", type=int, default=20, help="epochs without validation improvement before stopping")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--model", default="relsql-model.pt", help="where to save the model (default relsql-model.pt)")

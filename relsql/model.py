@@ -284,8 +284,12 @@ class Model:
         """One epoch of mini-batches: batch t + 1 is grounded in the database while batch t trains;
         its stored embeddings are read after batch t's update was applied (one queue, in order).
         Returns the epoch's training loss: the mean over its rows of the loss each batch had."""
+        from tqdm.auto import tqdm
+
         batched = self.batched
         total, count = self._running if first else (0.0, 0)
+        bar = tqdm(total=len(order), initial=first, desc=f"epoch {epoch}", unit="batch", leave=False,
+                   disable=None if self.progress is None else not self.progress)
         rids = [self.labelled[positions] for positions in order]
         pending = worker.prefetch(batched.prepare, rids[first], epoch) if first < len(order) else None
         for b in range(first, len(order)):
@@ -312,8 +316,11 @@ class Model:
             self._running = (total, count)
             if checkpoint is not None and checkpoint_every and (b + 1) % checkpoint_every == 0 and b + 1 < len(order):
                 self._checkpoint(checkpoint, epoch, b + 1, optimizers, best, worker)
+            bar.update(1)
+            bar.set_postfix(loss=f"{total / count:.4f}")
             if callback is not None:
                 callback({"epoch": epoch, "batch": b, "batches": len(order), "loss": float(loss)})
+        bar.close()
         return total / count if count else float("nan")
 
     def _is_embedding(self, parameter: nn.Parameter) -> bool:

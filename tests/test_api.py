@@ -154,3 +154,22 @@ def test_cli_inspect_train_predict(tmp_path, capsys):
     assert main(["predict", shop, "--model", model, "--table", "preds", "--replace"]) == 0
     db = relsql.connect(shop, read_only=True)
     assert db.arrow('SELECT count(*) AS n FROM "preds"').column("n")[0].as_py() == 300
+
+
+def test_cli_train_in_batches_with_checkpoint(tmp_path, capsys):
+    from tests.test_model import SIMPLE, build
+
+    build(tmp_path / "shop.duckdb").con.close()
+    template = tmp_path / "t.sql"
+    template.write_text(SIMPLE)
+    shop, ckpt = str(tmp_path / "shop.duckdb"), tmp_path / "run.ckpt"
+    args = ["train", shop, "--template", str(template), "--target", "customer.churned", "--batch-size", "64",
+            "--memory-limit", "256MB", "--checkpoint", str(ckpt), "--model", str(tmp_path / "m.pt")]
+    assert main([*args, "--epochs", "2"]) == 0
+    assert ckpt.exists() and "task binary" in capsys.readouterr().out
+    with relsql.connect(shop, read_only=True) as db:
+        first = relsql.Model.load(tmp_path / "m.pt", db).history
+    assert main([*args, "--epochs", "3"]) == 0
+    with relsql.connect(shop, read_only=True) as db:
+        resumed = relsql.Model.load(tmp_path / "m.pt", db).history
+    assert len(first) == 2 and len(resumed) == 3 and resumed[:2] == first

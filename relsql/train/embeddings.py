@@ -65,16 +65,25 @@ class DatabaseEmbedding:
         self.table = qualified(self.name, self.scope)
         self.steps = qualified(STEPS, self.scope)
         self._create(key_type)
+        stored = dict(self.db._columns(self.name))["key"]
+        self.key_arrow = {"UBIGINT": pa.uint64(), "BIGINT": pa.int64(), "DOUBLE": pa.float64()}.get(stored, pa.string())
 
     # -- the table -----------------------------------------------------------------------------
     def _sql_type(self, key_type: pa.DataType | None) -> str:
         if key_type is None:
             return "VARCHAR"
+        if pa.types.is_unsigned_integer(key_type):
+            return "UBIGINT"
         if pa.types.is_integer(key_type):
             return "BIGINT"
         if pa.types.is_floating(key_type):
             return "DOUBLE"
         return "VARCHAR"
+
+    def _keys(self, keys: pa.Array) -> pa.Array:
+        """Keys in the table's own type: a join on mismatched types cannot use a plain hash join
+        (it cost 10-20x on a UBIGINT key against a BIGINT column)."""
+        return keys.cast(self.key_arrow, safe=True) if keys.type != self.key_arrow else keys
 
     def _create(self, key_type: pa.DataType | None) -> None:
         columns = [exp.ColumnDef(this=ident("key"), kind=exp.DataType.build(self._sql_type(key_type)),
@@ -135,7 +144,7 @@ class DatabaseEmbedding:
     # -- a batch -------------------------------------------------------------------------------
     def fetch(self, keys: pa.Array) -> torch.Tensor:
         """The rows of `keys` (created first where missing), in the order of `keys`: (n, width) float64."""
-        view = self._view(pa.table({"key": keys, "_pos": np.arange(len(keys), dtype=np.int64)}))
+        view = self._view(pa.table({"key": self._keys(keys), "_pos": np.arange(len(keys), dtype=np.int64)}))
         try:
             missing = exp.select(exp.alias_(_col("key", "n"), ident("key")),
                                  *[exp.alias_(self._initial(i), ident(f"e{i}")) for i in range(self.width)],
@@ -160,7 +169,7 @@ class DatabaseEmbedding:
     def update(self, keys: pa.Array, grad: torch.Tensor) -> None:
         """One optimizer step on the rows of `keys` with their gradient (n, width), in one transaction."""
         g = grad.detach().to("cpu", torch.float64).reshape(len(keys), self.width).numpy()
-        view = self._view(pa.table({"key": keys, **{f"g{i}": g[:, i] for i in range(self.width)}}))
+        view = self._view(pa.table({"key": self._keys(keys), **{f"g{i}": g[:, i] for i in range(self.width)}}))
         try:
             assignments = []
             lr = _num(self.lr)
