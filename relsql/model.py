@@ -190,7 +190,7 @@ class Model:
                       if self.embedding_optimizer and self.template.weights.get(name) is not None
                       and self.template.weights[name].kind == "embed"}
         dense = [p for p in self.parameters() if id(p) not in embeddings]
-        found = [torch.optim.Adam(dense, lr=lr, weight_decay=weight_decay)]
+        found = [torch.optim.Adam(dense, lr=lr, weight_decay=weight_decay, foreach=True)]  # one kernel per step, not per weight
         sparse = [p for p in self.parameters() if id(p) in embeddings]
         if sparse:
             kind = torch.optim.Adagrad if self.embedding_optimizer == "adagrad" else torch.optim.SGD

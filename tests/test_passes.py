@@ -245,3 +245,35 @@ def test_a_gather_that_keeps_few_rows_is_pulled_before_the_op(neuralogic_mutagen
     assert max(widest) >= bonds  # the plain plan scales the matrix for every bond fact
     assert max(op.rows for op in optimized.plan.ops if op.kind == "linear" and len(op.shape) == 2) < 100
     assert "propagate_gathers: 0 gathers pulled" not in optimized.explain()
+
+
+def test_per_rule_scatters_are_stacked_and_weight_columns_read_as_rows(neuralogic_mutagenesis):
+    """NeuraLogic's one rule per atom type: one stacked tensor instead of a scatter and a matmul per rule."""
+    db, dataset = neuralogic_mutagenesis
+    tpl = relsql.Template.from_file(dataset.template.parent / "template_graphlets.txt")
+    reference, optimized = run(tpl, db, ()), run(tpl, db, None)
+    assert_same(reference, optimized, "stacked")
+    kinds = [op.kind for op in optimized[2].plan.ops]
+    assert kinds.count("weight_rows") == 2 and "scatter" not in kinds, kinds
+    per_rule = [op.kind for op in reference[2].plan.ops].count("scatter")
+    assert per_rule >= 14  # 8 atom types and 6 bond types, each a rule of its own
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_stacked_scatters_of_partial_and_overlapping_rules(overlap):
+    """Rules filling some rows of a relation (a scatter stays) or the same rows twice (values add)."""
+    db = relsql.connect()
+    db.execute("CREATE TABLE n(id INT, kind VARCHAR, x DOUBLE, y DOUBLE);"
+               "INSERT INTO n SELECT i, ['a', 'b', 'c'][i % 3 + 1], i * 0.3, sin(i) FROM range(12) t(i);")
+    third = "CREATE TABLE r AS SELECT n.id, linear(features(n.x), 3, 'd') AS h FROM n WHERE n.kind = 'a';" if overlap else ""
+    tpl = relsql.Template.from_sql(f"""
+        CREATE TABLE r AS SELECT n.id, tanh(linear(features(n.x, n.y), 3, 'a')) AS h FROM n WHERE n.kind = 'a';
+        CREATE TABLE r AS SELECT n.id, linear(features(n.y), 3, 'b') AS h FROM n WHERE n.kind = 'b';
+        {third}
+        CREATE TABLE s AS SELECT n.id, linear(r.h, 2, 'c') FROM n JOIN r ON r.id = n.id;
+    """)
+    reference, optimized = run(tpl, db, ()), run(tpl, db, None)
+    assert_same(reference, optimized, f"overlap={overlap}")
+    assert "stack_scatters: 1 " in optimized[2].explain()
+    kinds = [op.kind for op in optimized[2].plan.ops]
+    assert kinds.count("scatter") == (1 if overlap else 0) and kinds.count("cat") == 1, kinds

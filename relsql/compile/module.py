@@ -57,6 +57,12 @@ def run_op(kind: str, args: list[torch.Tensor], attrs: dict) -> torch.Tensor:
         grouped = x.reshape(x.shape[0] // attrs["width"], attrs["width"], *x.shape[1:])
         reduce = {"sum": torch.sum, "avg": torch.mean, "max": torch.amax, "min": torch.amin}[attrs["kind"]]
         return reduce(grouped, dim=1)
+    if kind == "cat":  # rows of several results stacked
+        return torch.cat(args)
+    if kind == "weight_rows":  # (m, 1) weights as the rows of one tensor, optionally times a column
+        weights = args[:-1] if attrs.get("scaled") else args
+        rows = torch.cat([w.reshape(1, -1) for w in weights])
+        return rows * args[-1] if attrs.get("scaled") else rows
     if kind == "as_row":
         return args[0].reshape(1, -1) if args[0].dim() <= 1 else args[0].unsqueeze(0)
     raise ValueError(f"unknown op {kind}")

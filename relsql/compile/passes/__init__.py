@@ -25,6 +25,8 @@ from relsql.compile.passes.propagate_gathers import propagate_gathers
 from relsql.compile.passes.scatter_into_sparse import scatter_into_sparse
 from relsql.compile.passes.sparse_aggregate import sparse_aggregate
 from relsql.compile.passes.sparse_backward import sparse_backward
+from relsql.compile.passes.stack_scatters import stack_scatters
+from relsql.compile.passes.stack_weights import stack_weights
 from relsql.compile.passes.uniform_segments import uniform_segments
 from relsql.compile.plan import Plan
 
@@ -49,10 +51,13 @@ RULES: tuple[Pass, ...] = (
     linear_across_sparse,
     gather_into_sparse,
     merge_sparse_sums,
+    stack_scatters,
     uniform_segments,
     choose_segment_kernels,
     fuse_affine,
     fold_constants,
+    identity_gather,  # again: folding and pulling gathers leave some that keep every row
+    stack_weights,
     sparse_backward,
     inplace_activations,
     dead_code,
