@@ -228,10 +228,11 @@ class Model:
         if resume and checkpoint is not None and Path(checkpoint).exists():
             start_epoch, start_batch = self._resume(checkpoint, optimizers, best, worker)
         started = time.perf_counter()
+        last = None  # the last epoch trained in this call
         bar = tqdm(range(start_epoch, epochs), desc="training", unit="epoch", disable=None if self.progress is None else not self.progress)
         try:
             for epoch in bar:
-                train_loss = None
+                train_loss, last = None, epoch
                 if batched:
                     order = batches(self.rows["train"], batch_size, np.random.default_rng([self.seed, epoch]))
                     first = start_batch if epoch == start_epoch else 0
@@ -260,7 +261,8 @@ class Model:
                 self._restore_weights(best["state"])
                 if self.batched is not None and self.batched.stores:
                     for store in self.batched.stores.values():
-                        worker.run(store.restore, "best")
+                        if last != self.best_epoch:  # else the table already holds the best epoch's rows
+                            worker.run(store.restore, "best")
                         worker.run(store.drop_snapshot, "best")
         finally:
             if worker is not None:

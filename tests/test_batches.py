@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
@@ -254,3 +255,22 @@ def test_ctrl_c_during_training_leaves_a_consistent_database(tmp_path):
     codes = {v: i for i, v in enumerate(memory.batched.grounder.dictionary_tables["user"]["value"].to_pylist())}
     table = memory.net.named_weights()["user"].detach()
     assert all(np.allclose(v, table[codes[k]].numpy(), rtol=1e-9, atol=1e-12) for k, v in stored.items())
+
+
+def test_a_snapshot_put_back_restores_the_rows_and_the_step():
+    """What early stopping and resuming rely on: the table swapped back to a copy, in one transaction."""
+    model = quiet(relsql.Model, shop_db(), shop_template("database"), target="item.y", seed=0, dtype=torch.float64,
+                  progress=False, batch_size=300)
+    quiet(model.fit, epochs=1)
+    store = model.batched.stores["user"]
+    before, step = store.values(), store.step()
+    store.snapshot("t")
+    keys = pa.array(sorted(before)[:50], type=store.key_arrow)
+    store.update(keys, torch.ones(50, 4, dtype=torch.float64))
+    changed = store.values()
+    assert store.step() == step + 1 and not np.allclose(changed[keys[0].as_py()], before[keys[0].as_py()])
+    assert store.restore("t") == step and store.step() == step
+    after = store.values()
+    assert after.keys() == before.keys() and all(np.array_equal(after[k], before[k]) for k in before)
+    store.update(keys, torch.ones(50, 4, dtype=torch.float64))  # the swapped-in table is the live one
+    assert all(np.array_equal(store.values()[k], changed[k]) for k in changed)

@@ -86,8 +86,9 @@ class DatabaseEmbedding:
         return keys.cast(self.key_arrow, safe=True) if keys.type != self.key_arrow else keys
 
     def _create(self, key_type: pa.DataType | None) -> None:
-        columns = [exp.ColumnDef(this=ident("key"), kind=exp.DataType.build(self._sql_type(key_type)),
-                                 constraints=[exp.ColumnConstraint(kind=exp.PrimaryKeyColumnConstraint())])]
+        # No PRIMARY KEY: keys are only ever inserted where missing, and an index over 10M keys cost
+        # hundreds of MB and made putting a snapshot back (delete + insert) run out of memory.
+        columns = [exp.ColumnDef(this=ident("key"), kind=exp.DataType.build(self._sql_type(key_type)))]
         columns += [exp.ColumnDef(this=ident(f"{p}{i}"), kind=exp.DataType.build("DOUBLE"))
                     for p in ("e", "a") for i in range(self.width)]
         existing = self.db._tables_in(self.scope)
@@ -209,9 +210,11 @@ class DatabaseEmbedding:
         row = self.db.con.execute(exp.select(exp.Max(this=_col("_step"))).from_(copy.copy()).sql("duckdb")).fetchone()
         step = int(row[0]) if row and row[0] is not None else 0
         columns = ["key", *[f"{p}{i}" for p in ("e", "a") for i in range(self.width)]]
-        self._transaction([
-            exp.Delete(this=self.table.copy()),
-            exp.Insert(this=self.table.copy(), expression=exp.select(*[_col(c) for c in columns]).from_(copy.copy())),
+        fresh = qualified(f"{self.name}__restoring", self.scope)
+        self._transaction([  # a new table swapped in: no row-by-row delete and re-insert
+            exp.Create(this=fresh, kind="TABLE", replace=True, expression=exp.select(*[_col(c) for c in columns]).from_(copy.copy())),
+            exp.Drop(tables=[self.table.copy()], kind="TABLE"),
+            exp.Alter(this=fresh.copy(), kind="TABLE", actions=[exp.AlterRename(this=exp.Table(this=ident(self.name)))]),
             exp.Update(this=self.steps.copy(), expressions=[exp.EQ(this=_col("step"), expression=exp.Literal.number(step))],
                        where=exp.Where(this=exp.EQ(this=_col("weight"), expression=exp.Literal.string(self.weight)))),
         ])
