@@ -22,7 +22,6 @@ Results: a printed table and `grounding.csv` in --out.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import time
 from pathlib import Path
@@ -30,6 +29,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import torch
+
+from bench import write_csv
 
 TEMPLATE = """
 CREATE TABLE node_h AS
@@ -113,13 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"first epoch {epoch:.2f} s: database {100 * row['db_share']:.0f}%, torch {100 * row['torch_share']:.0f}% "
           "(later full-batch epochs: torch only)")
     print(net.explain().splitlines()[-1])
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "grounding.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(row))
-        writer.writeheader()
-        writer.writerow(row)
-    print(f"wrote {out / 'grounding.csv'}")
+    write_csv(Path(args.out) / "grounding.csv", [row])
     return row
 
 

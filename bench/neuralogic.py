@@ -40,7 +40,6 @@ import gc
 import json
 import os
 import re
-import resource
 import statistics
 import subprocess
 import sys
@@ -50,6 +49,8 @@ import traceback
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
+
+from bench import peak_rss_mib
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -425,17 +426,6 @@ def memory_probe(side: str, name: str, width: int, kind: str, settings_kind: str
             s.prepare()
         s.epoch() if kind == "train" else s.forward()
     print(json.dumps({"side": side, "peak_rss_mib": peak_rss_mib()}))
-
-
-def peak_rss_mib() -> float:
-    """This process's peak RSS. VmHWM belongs to the exec'd image; ru_maxrss can carry the forking parent's peak."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 # --------------------------------------------------------------------------- output

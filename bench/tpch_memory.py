@@ -18,13 +18,14 @@ customers' orders and their line items (semi-joins in DuckDB), never the whole l
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from bench import peak_rss_mib, write_csv
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -79,13 +80,6 @@ def database_file(sf: float, folder: Path) -> Path:
     os.replace(partial, path)
     print(f"  generated TPC-H sf={sf:g} in {time.perf_counter() - started:.0f} s: {rows}", flush=True)
     return path
-
-
-def peak_rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def one_epoch(path: str, batch_size: int, memory_limit: str) -> dict:
@@ -143,13 +137,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         ratio = rows[-1]["peak_rss_mib"] / rows[0]["peak_rss_mib"]
         print(f"peak RSS sf={rows[-1]['sf']:g} / sf={rows[0]['sf']:g} = {ratio:.2f} (target < 1.5) "
               f"for {rows[-1]['file_mib'] / rows[0]['file_mib']:.1f}x the data")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "tpch_memory.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {out / 'tpch_memory.csv'}")
+    write_csv(Path(args.out) / "tpch_memory.csv", rows)
     return rows
 
 

@@ -15,24 +15,21 @@ torch memory (with Adam's two moment tensors).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import peak_rss_mib  # noqa: E402
 
 TEMPLATE = """
 CREATE TABLE pred AS
 SELECT c.id, linear(tanh(embed(c.user_id, 8, 'user', storage='database') + linear(features(c.x), 8, 'wx')), 1, 'out') AS h
 FROM click c;
 """
-
-
-def peak_rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def build(path: Path, users: int, rows: int) -> None:

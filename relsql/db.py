@@ -141,6 +141,17 @@ class Database:
     def execute(self, query: exp.Expression | str) -> None:
         self.con.execute(self.sql(query))
 
+    def transaction(self, statements: list[exp.Expression]) -> None:
+        """Run `statements` as one transaction: all of them or, on any error or interrupt, none."""
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            for statement in statements:
+                self.execute(statement)
+            self.con.execute("COMMIT")
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
+
     def arrow(self, query: exp.Expression | str) -> pa.Table:
         """Run a query and return its result as an Arrow table."""
         result = self.con.execute(self.sql(query))

@@ -107,7 +107,7 @@ class DatabaseEmbedding:
                               constraints=[exp.ColumnConstraint(kind=exp.PrimaryKeyColumnConstraint())]),
                 exp.ColumnDef(this=ident("step"), kind=exp.DataType.build("BIGINT"))]), kind="TABLE", exists=True))
         if self.step() is None:
-            self._transaction([exp.Insert(this=self.steps.copy(), expression=exp.select(
+            self.db.transaction([exp.Insert(this=self.steps.copy(), expression=exp.select(
                 exp.Literal.string(self.weight), exp.Literal.number(0)))])
 
     def step(self) -> int | None:
@@ -123,17 +123,6 @@ class DatabaseEmbedding:
         name = f"{self.db._prefix}emb_{next(_views)}"
         self.db.con.register(name, data)
         return name
-
-    def _transaction(self, statements: list[exp.Expression]) -> None:
-        con = self.db.con
-        con.execute("BEGIN TRANSACTION")
-        try:
-            for statement in statements:
-                self.db.execute(statement)
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
 
     def _initial(self, i: int) -> exp.Expression:
         """A uniform value in [-sqrt(3), sqrt(3)) (unit variance), from a hash of (key, i, seed)."""
@@ -153,7 +142,7 @@ class DatabaseEmbedding:
                 exp.alias_(exp.Table(this=ident(view)), ident("n"), table=True)).where(exp.Not(this=exp.Exists(
                     this=exp.select(exp.Literal.number(1)).from_(exp.alias_(self.table.copy(), ident("t"), table=True)).where(
                         exp.EQ(this=_col("key", "t"), expression=_col("key", "n"))))))
-            self._transaction([exp.Insert(this=self.table.copy(), expression=missing)])
+            self.db.transaction([exp.Insert(this=self.table.copy(), expression=missing)])
             select = exp.select(*[_col(f"e{i}", "t") for i in range(self.width)]).from_(
                 exp.alias_(exp.Table(this=ident(view)), ident("n"), table=True)).join(
                 exp.alias_(self.table.copy(), ident("t"), table=True),
@@ -190,7 +179,7 @@ class DatabaseEmbedding:
             counter = exp.Update(this=self.steps.copy(), expressions=[exp.EQ(this=_col("step"), expression=exp.Add(
                 this=_col("step"), expression=exp.Literal.number(1)))], where=exp.Where(this=exp.EQ(
                     this=_col("weight"), expression=exp.Literal.string(self.weight))))
-            self._transaction([rows, counter])
+            self.db.transaction([rows, counter])
         finally:
             self.db.con.unregister(view)
 
@@ -198,7 +187,7 @@ class DatabaseEmbedding:
     def snapshot(self, suffix: str) -> None:
         """Copy the table (and its step) aside, atomically, under `<table>_<suffix>`."""
         copy = qualified(f"{self.name}_{suffix}", self.scope)
-        self._transaction([exp.Create(this=copy, kind="TABLE", replace=True,
+        self.db.transaction([exp.Create(this=copy, kind="TABLE", replace=True,
                                       expression=exp.select(exp.Star(), exp.alias_(exp.Literal.number(self.step()), ident("_step")))
                                       .from_(self.table.copy()))])
 
@@ -211,7 +200,7 @@ class DatabaseEmbedding:
         step = int(row[0]) if row and row[0] is not None else 0
         columns = ["key", *[f"{p}{i}" for p in ("e", "a") for i in range(self.width)]]
         fresh = qualified(f"{self.name}__restoring", self.scope)
-        self._transaction([  # a new table swapped in: no row-by-row delete and re-insert
+        self.db.transaction([  # a new table swapped in: no row-by-row delete and re-insert
             exp.Create(this=fresh, kind="TABLE", replace=True, expression=exp.select(*[_col(c) for c in columns]).from_(copy.copy())),
             exp.Drop(tables=[self.table.copy()], kind="TABLE"),
             exp.Alter(this=fresh.copy(), kind="TABLE", actions=[exp.AlterRename(this=exp.Table(this=ident(self.name)))]),
@@ -269,14 +258,6 @@ class GradientStaging:
             _col("key")).order_by(_col("key"))
         statements = ([exp.Drop(tables=[target.copy()], kind="TABLE")] if exists else []) + [
             exp.Create(this=target.copy(), kind="TABLE", expression=summed)]
-        con = self.db.con
-        con.execute("BEGIN TRANSACTION")
-        try:
-            for statement in statements:
-                self.db.execute(statement)
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
+        self.db.transaction(statements)
         self.db.execute(exp.Drop(tables=[self.table.copy()], kind="TABLE", exists=True))
         return name
