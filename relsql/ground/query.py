@@ -10,7 +10,12 @@ def ident(name: str) -> exp.Identifier:
 
 
 def col(name: str, table: str | None = None) -> exp.Column:
-    return exp.column(ident(name), table=ident(table) if table else None)
+    return exp.Column(this=ident(name), table=ident(table) if table else None)
+
+
+def alias(expression: exp.Expression, name: str, table: bool = False) -> exp.Expression:
+    """`expression AS "name"`, taking `expression` over without a copy (builders pass fresh nodes)."""
+    return exp.alias_(expression, ident(name), table=table, copy=False)
 
 
 def create_temp(table: exp.Table, query: exp.Expression) -> exp.Create:
@@ -19,39 +24,70 @@ def create_temp(table: exp.Table, query: exp.Expression) -> exp.Create:
 
 
 def substitute_relations(query: exp.Select, key_tables: dict[str, exp.Table]) -> exp.Select:
-    """Point table references that name a neural relation at that relation's key table."""
+    """Point table references that name a neural relation at that relation's key table (in place)."""
 
     local = {cte.alias for cte in query.find_all(exp.CTE)}  # a CTE shadows a relation's name
 
     def swap(node: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.Table) and not node.args.get("db") and node.name in key_tables and node.name not in local:
-            alias = node.alias or node.name
-            return exp.alias_(key_tables[node.name].copy(), ident(alias), table=True)
+            return alias(key_tables[node.name].copy(), node.alias or node.name, table=True)
         return node
 
-    return query.transform(swap)
+    return query.transform(swap, copy=False)
 
 
-def key_table_query(grounding_tables: list[exp.Table], keys: list[str]) -> exp.Select:
+def rule_column(index: int, k: int) -> str:
+    """Rule `index`'s value column `k` in a relation's grounding table (rules differ in column types)."""
+    return f"_s{index}_c{k}"
+
+
+def relation_groundings(rules: list[tuple[int, exp.Select, int, int, int]]) -> exp.Query:
+    """Every rule's groundings of one relation in one query, tagged `_rule`: one statement
+    materializes them all. `rules` holds (rule index, body query, #keys, #refs, #columns)."""
+    parts = []
+    for index, select, n_keys, n_refs, n_columns in rules:
+        parts.append(exp.select(
+            alias(exp.Literal.number(index), "_rule"),
+            *[col(f"_h{i}", "s") for i in range(n_keys)],
+            *[col(f"_r{j}", "s") for j in range(n_refs)],
+            *[alias(col(f"_c{k}", "s"), rule_column(index, k)) for k in range(n_columns)],
+        ).from_(alias(exp.Subquery(this=select), "s", table=True), copy=False))
+    return _union(parts, distinct=False, by_name=True)
+
+
+def rule_slice(groundings: exp.Table, index: int, n_keys: int, n_refs: int, n_columns: int) -> exp.Subquery:
+    """One rule's groundings out of its relation's grounding table, with the rule's own column names."""
+    return exp.Subquery(this=exp.select(
+        *[col(f"_h{i}") for i in range(n_keys)], *[col(f"_r{j}") for j in range(n_refs)],
+        *[alias(col(rule_column(index, k)), f"_c{k}") for k in range(n_columns)],
+    ).from_(groundings.copy()).where(exp.EQ(this=col("_rule"), expression=exp.Literal.number(index))))
+
+
+def _union(parts: list[exp.Query], distinct: bool, by_name: bool = False) -> exp.Query:
+    """A balanced tree of UNIONs: hundreds of rules stay within sqlglot's recursion limit."""
+    while len(parts) > 1:
+        paired = [exp.Union(this=a, expression=b, distinct=distinct, by_name=by_name or None)
+                  for a, b in zip(parts[::2], parts[1::2])]
+        parts = paired + ([parts[-1]] if len(parts) % 2 else [])
+    return parts[0]
+
+
+def key_table_query(grounding_tables: list[exp.Expression], keys: list[str]) -> exp.Select:
     """Distinct head keys over all rules of a relation, numbered 0..n-1 in key order."""
     if not keys:
-        return exp.select(exp.alias_(exp.Literal.number(0), ident("_rid")))
+        return exp.select(alias(exp.Literal.number(0), "_rid"))
     parts = [
-        exp.select(*[exp.alias_(col(f"_h{i}"), ident(k)) for i, k in enumerate(keys)]).from_(t.copy())
+        exp.select(*[alias(col(f"_h{i}"), k) for i, k in enumerate(keys)]).from_(t.copy())
         for t in grounding_tables
     ]
-    union: exp.Expression = parts[0]
-    for part in parts[1:]:
-        union = exp.union(union, part, distinct=True)
-    if len(parts) == 1:
-        union = parts[0].distinct()
+    union = _union(parts, distinct=True) if len(parts) > 1 else parts[0].distinct()
     order = exp.Order(expressions=[exp.Ordered(this=col(k), nulls_first=True) for k in keys])
     rid = exp.Sub(
         this=exp.Window(this=exp.RowNumber(), order=order),
         expression=exp.Literal.number(1),
     )
-    return exp.select(*[col(k) for k in keys], exp.alias_(rid, ident("_rid"))).from_(
-        exp.alias_(exp.Subquery(this=union), ident("d"), table=True))
+    return exp.select(*[col(k) for k in keys], alias(rid, "_rid")).from_(
+        alias(exp.Subquery(this=union), "d", table=True))
 
 
 def rule_index_query(
@@ -66,18 +102,18 @@ def rule_index_query(
     `per_head` = (n, seed) keeps at most n groundings per head, picked by a seeded hash.
     """
     select = exp.select(
-        exp.alias_(col("_rid", "k") if keys else exp.Literal.number(0), ident("_head")),
+        alias(col("_rid", "k") if keys else exp.Literal.number(0), "_head"),
         *[col(f"_r{j}", "g") for j in range(n_refs)],
-        *[exp.alias_(c, ident(f"_c{i}")) for i, c in enumerate(columns)],
-    ).from_(exp.alias_(grounding.copy(), ident("g"), table=True), copy=False)
+        *[alias(c.copy(), f"_c{i}") for i, c in enumerate(columns)],
+    ).from_(alias(grounding.copy(), "g", table=True), copy=False)
     if keys:
         condition = exp.and_(*[
             exp.NullSafeEQ(this=col(k, "k"), expression=col(f"_h{i}", "g")) for i, k in enumerate(keys)
         ], copy=False)
-        select = select.join(exp.alias_(keys_table.copy(), ident("k"), table=True), on=condition, copy=False)
+        select = select.join(alias(keys_table.copy(), "k", table=True), on=condition, copy=False)
     if demand is not None:
         head = col("_rid", "k") if keys else exp.Literal.number(0)
-        select = select.join(exp.alias_(demand.copy(), ident("d"), table=True),
+        select = select.join(alias(demand.copy(), "d", table=True),
                              on=exp.EQ(this=col("_rid", "d"), expression=head), copy=False)
     if per_head is not None:
         limit, seed = per_head
@@ -90,17 +126,44 @@ def rule_index_query(
     return select.order_by(*[exp.Ordered(this=col(name), nulls_first=True) for name in order], copy=False)
 
 
+def relation_index_query(groundings: exp.Table, keys_table: exp.Table, keys: list[str],
+                         rules: list[tuple[int, int, list[exp.Expression]]]) -> exp.Select:
+    """`rule_index_query` for every rule of a relation in one statement, ordered by `_rule` first
+    so that each rule's rows come as one slice. `rules` holds (rule index, #refs, encoded columns
+    over alias `g` of `rule_slice`); an encoded column is computed on its own rule's rows only."""
+    n_refs = max((n for _, n, _ in rules), default=0)
+    columns = []
+    for index, _, encoded in rules:
+        for k, column in enumerate(encoded):
+            own = column.transform(lambda n, i=index: col(rule_column(i, int(n.name[2:])), "g")
+                                   if isinstance(n, exp.Column) and n.table == "g" and n.name.startswith("_c") else n)
+            if not (isinstance(column, exp.Column)):  # raw columns are NULL on other rules' rows already
+                own = exp.Case(ifs=[exp.If(this=exp.EQ(this=col("_rule", "g"), expression=exp.Literal.number(index)), true=own)])
+            columns.append(alias(own, rule_column(index, k)))
+    select = exp.select(
+        col("_rule", "g"), alias(col("_rid", "k") if keys else exp.Literal.number(0), "_head"),
+        *[col(f"_r{j}", "g") for j in range(n_refs)], *columns,
+    ).from_(alias(groundings.copy(), "g", table=True), copy=False)
+    if keys:
+        condition = exp.and_(*[
+            exp.NullSafeEQ(this=col(k, "k"), expression=col(f"_h{i}", "g")) for i, k in enumerate(keys)
+        ], copy=False)
+        select = select.join(alias(keys_table.copy(), "k", table=True), on=condition, copy=False)
+    order = ["_rule", "_head", *[f"_r{j}" for j in range(n_refs)], *[c.alias for c in columns]]
+    return select.order_by(*[exp.Ordered(this=col(name), nulls_first=True) for name in order], copy=False)
+
+
 def dictionary_insert(dictionary: exp.Table, source: exp.Table, column: str) -> exp.Insert:
     """Append values of `column` not yet in the dictionary, with the next free codes."""
-    seen = exp.select(exp.Literal.number(1)).from_(exp.alias_(dictionary.copy(), ident("d"), table=True)).where(
+    seen = exp.select(exp.Literal.number(1)).from_(alias(dictionary.copy(), "d", table=True)).where(
         exp.NullSafeEQ(this=col("value", "d"), expression=col("v", "n")))
     offset = exp.select(exp.Count(this=exp.Star())).from_(dictionary.copy())
-    new_values = exp.select(exp.alias_(col(column), ident("v"))).distinct().from_(source.copy())
+    new_values = exp.select(alias(col(column), "v")).distinct().from_(source.copy())
     code = exp.Add(
         this=exp.Subquery(this=offset),
         expression=exp.Sub(this=exp.Window(this=exp.RowNumber(), order=exp.Order(expressions=[exp.Ordered(this=col("v", "n"), nulls_first=True)])), expression=exp.Literal.number(1)),
     )
-    body = exp.select(col("v", "n"), exp.alias_(code, ident("code"))).from_(
-        exp.alias_(exp.Subquery(this=new_values), ident("n"), table=True)
+    body = exp.select(col("v", "n"), alias(code, "code")).from_(
+        alias(exp.Subquery(this=new_values), "n", table=True)
     ).where(exp.Not(this=exp.Exists(this=seen)))
     return exp.Insert(this=dictionary.copy(), expression=body)

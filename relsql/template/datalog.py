@@ -497,7 +497,7 @@ class _QueryBuilder:
         self.neural, self.facts = neural, facts  # literal positions of neural refs / valued facts
 
     def __call__(self, db) -> exp.Select | None:
-        from relsql.ground.query import col, ident
+        from relsql.ground.query import alias, col, ident
 
         bindings: dict[str, exp.Expression] = {}
         conditions: list[exp.Expression] = []
@@ -507,7 +507,7 @@ class _QueryBuilder:
         for position, atom in enumerate(self.body):
             if atom is None:
                 continue
-            alias = f"t{position}"
+            name = f"t{position}"
             relation = self.heads.get((atom.name, len(atom.terms)))
             if relation is not None:
                 table_name = relation
@@ -527,16 +527,16 @@ class _QueryBuilder:
 
                     raise SchemaError(f"{atom.where}: {atom.name} has {len(atom.terms)} arguments but table `{atom.name}` has only {len(plain)} argument columns ({plain})")
                 arg_columns = plain[: len(atom.terms)]
-                value_columns[position] = col("value", alias) if "value" in names else exp.Literal.number(1)
-            tables.append(exp.alias_(exp.Table(this=ident(table_name)), ident(alias), table=True))
+                value_columns[position] = col("value", name) if "value" in names else exp.Literal.number(1)
+            tables.append(alias(exp.Table(this=ident(table_name)), name, table=True))
             if has_sample:
-                here = col("sample", alias)
+                here = col("sample", name)
                 if sample is None:
                     sample = here
                 else:
                     conditions.append(exp.EQ(this=here, expression=sample.copy()))
             for term, column in zip(atom.terms, arg_columns):
-                reference = col(column, alias)
+                reference = col(column, name)
                 if _is_var(term):
                     if term in bindings:
                         conditions.append(exp.EQ(this=reference, expression=bindings[term].copy()))
@@ -550,10 +550,10 @@ class _QueryBuilder:
         for term in self.head.terms:
             head_keys.append(exp.cast(bindings[term].copy(), exp.DataType.build("VARCHAR")) if _is_var(term) else _constant(term))
         select = exp.select(
-            *[exp.alias_(k, ident(f"_h{i}")) for i, k in enumerate(head_keys)],
-            *[exp.alias_(col("_rid", f"t{pos}"), ident(f"_r{j}")) for j, pos in enumerate(self.neural)],
-            *[exp.alias_(value_columns[pos], ident(f"_c{k}")) for k, pos in enumerate(self.facts)],
-            *[exp.alias_(bindings[var].copy(), ident(f"_v_{var}")) for var in visible],
+            *[alias(k, f"_h{i}") for i, k in enumerate(head_keys)],
+            *[alias(col("_rid", f"t{pos}"), f"_r{j}") for j, pos in enumerate(self.neural)],
+            *[alias(value_columns[pos], f"_c{k}") for k, pos in enumerate(self.facts)],
+            *[alias(bindings[var].copy(), f"_v_{var}") for var in visible],
         )
         select = select.from_(tables[0], copy=False)
         for table in tables[1:]:
