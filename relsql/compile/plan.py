@@ -18,7 +18,7 @@ from relsql.ground.execute import Grounding, RuleGrounding
 from relsql.template import ir
 
 
-@dataclass
+@dataclass(eq=False)  # an op is itself: passes look ops up in lists, and comparing fields was 10% of planning
 class Op:
     kind: str  # param gather linear binary act combine segment scatter broadcast sum as_row
     out: int

@@ -488,6 +488,11 @@ def _constant(term: str) -> exp.Expression:
     return exp.Literal.string(term)
 
 
+def _text(column: exp.Expression) -> exp.Cast:
+    """CAST(column AS VARCHAR), built without sqlglot's type-string parser."""
+    return exp.Cast(this=column, to=exp.DataType(this=exp.DataType.Type.VARCHAR))
+
+
 class _QueryBuilder:
     """Builds a rule's body query once the database's table layout is known."""
 
@@ -543,12 +548,12 @@ class _QueryBuilder:
                     else:
                         bindings[term] = reference
                 else:
-                    conditions.append(exp.EQ(this=exp.cast(reference, exp.DataType.build("VARCHAR")), expression=_constant(term)))
+                    conditions.append(exp.EQ(this=_text(reference), expression=_constant(term)))
         # NeuraLogic merges substitutions whose visible (non-hidden) ground body is identical.
         visible = sorted({t for a in self.body if a is not None and not a.hidden for t in a.terms if _is_var(t)})
         head_keys = [sample.copy() if sample is not None else exp.Literal.number(0)]
         for term in self.head.terms:
-            head_keys.append(exp.cast(bindings[term].copy(), exp.DataType.build("VARCHAR")) if _is_var(term) else _constant(term))
+            head_keys.append(_text(bindings[term].copy()) if _is_var(term) else _constant(term))
         select = exp.select(
             *[alias(k, f"_h{i}") for i, k in enumerate(head_keys)],
             *[alias(col("_rid", f"t{pos}"), f"_r{j}") for j, pos in enumerate(self.neural)],
@@ -557,7 +562,7 @@ class _QueryBuilder:
         )
         select = select.from_(tables[0], copy=False)
         for table in tables[1:]:
-            select = select.join(table, join_type="cross", copy=False)
+            select.append("joins", exp.Join(this=table, kind="CROSS"))
         if conditions:
             select = select.where(exp.and_(*conditions, copy=False), copy=False)
         return select
