@@ -9,8 +9,6 @@ out of a target's groundings is the template's job (see README, "Time").
 from __future__ import annotations
 
 import copy
-import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -535,7 +533,7 @@ class Model:
         """Weights, encodings, task and split in one file (written atomically), plot beside it."""
         path = Path(path)
         state = {
-            "format": FORMAT, "template": self.template.source, "language": self.template.language,
+            "template": self.template.source, "language": self.template.language,
             "target": self.target, "output": self.output, "time_column": self.time_column,
             "fractions": self.fractions, "seed": self.seed, "dtype": str(self.dtype).removeprefix("torch."),
             "task": self.task.__dict__, "rows": {k: v.tolist() for k, v in self.rows.items()},
@@ -547,15 +545,7 @@ class Model:
             "batch_size": self.batch_size, "fanout": self.fanout,
             "embedding_optimizer": self.embedding_optimizer, "embedding_lr": self.embedding_lr,
         }
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        os.close(handle)
-        try:
-            torch.save(state, temporary)
-            os.replace(temporary, path)
-        finally:
-            if os.path.exists(temporary):
-                os.remove(temporary)
+        checkpoints.write(path, FORMAT, state)
         if self.history:
             plot_history(self.history, path.with_suffix(".png"), self.task.metric)
         return path
@@ -563,12 +553,7 @@ class Model:
     @classmethod
     def load(cls, path: str | Path, db: Database, *, device: str | torch.device = "cpu") -> Model:
         """A saved model on `db`: grounded again with the saved encodings, same predictions."""
-        try:
-            state = torch.load(path, weights_only=False)
-        except (OSError, RuntimeError) as err:
-            raise RelsqlError(f"cannot read model file {path}: {err}") from None
-        if not isinstance(state, dict) or state.get("format") != FORMAT:
-            raise RelsqlError(f"{path} is not a relsql model file")
+        state = checkpoints.read(path, FORMAT, "model file")
         template = Template.from_sql(state["template"]) if state["language"] == "sql" else Template.from_datalog(state["template"])
         model = cls.__new__(cls)
         model.db, model.template, model.target = db, template, state["target"]

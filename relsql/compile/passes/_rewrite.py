@@ -40,3 +40,12 @@ def is_matrix_on_vectors(plan: Plan, weight: int, value: int) -> bool:
     """A (m, n) weight applied to rows of n-vectors: a plain matmul that commutes with row ops."""
     w, x = plan.meta[weight], plan.meta[value]
     return w.dim() == 2 and x.dim() == 2 and x.shape[1] == w.shape[1] and w.shape[1] != 1
+
+
+def move_across(ops: list[Op], op: Op, inner: Op, first: Op, outer_kind: str, outer_arg: int) -> None:
+    """Exchange two ops of a chain: `inner` (read only by `op`) is dropped, `first` computes the
+    other factor on the inner input, and an `outer_kind` op of (`outer_arg`, first) takes
+    `op`'s place and slot. The linear-moving passes rewrite W·agg(x) <-> agg(W·x) this way."""
+    ops.remove(inner)
+    ops.append(first)
+    ops.append(Op(outer_kind, op.out, (outer_arg, first.out), {}, op.rows, op.shape, op.note))

@@ -7,7 +7,7 @@ vectors is cheaper), which also exposes gather → aggregate to the sparse pass.
 
 from __future__ import annotations
 
-from relsql.compile.passes._rewrite import is_matrix_on_vectors, only_reader, producers, readers
+from relsql.compile.passes._rewrite import is_matrix_on_vectors, move_across, only_reader, producers, readers
 from relsql.compile.plan import Op, Plan, make_op
 
 
@@ -19,10 +19,8 @@ def linear_across_aggregation(plan: Plan) -> Plan:
         if linear is not None and linear.kind == "linear" and only_reader(plan, linear.out, op, reads):
             weight, x = linear.args
             if is_matrix_on_vectors(plan, weight, x) and plan.meta[weight].shape[0] >= plan.meta[weight].shape[1]:
-                ops.remove(linear)
                 aggregated = make_op(plan, "segment", (x, *op.args[1:]), op.note, **op.attrs)
-                ops.append(aggregated)
-                ops.append(Op("linear", op.out, (weight, aggregated.out), {}, op.rows, op.shape, op.note))
+                move_across(ops, op, linear, aggregated, "linear", weight)
                 made += 1
                 continue
         ops.append(op)

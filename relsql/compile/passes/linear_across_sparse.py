@@ -11,7 +11,7 @@ the aggregation: PyG writes each layer type by hand; here the sizes decide, in b
 
 from __future__ import annotations
 
-from relsql.compile.passes._rewrite import is_matrix_on_vectors, only_reader, producers, readers
+from relsql.compile.passes._rewrite import is_matrix_on_vectors, move_across, only_reader, producers, readers
 from relsql.compile.plan import Op, Plan, make_op
 
 SPARSE_COST = 25  # dense GEMM multiply-adds per sparse-matmul or gathered element (CPU, measured)
@@ -43,10 +43,7 @@ def linear_across_sparse(plan: Plan) -> Plan:
             weight, x = inner.args
             before, after = _costs(plan, op.args[0], weight, x, _gathered(plan, x, inner, made_by, reads))
             if after <= before:  # spmm(A, W·x) -> W·spmm(A, x) (on a tie: the product can fuse with a bias)
-                ops.remove(inner)
-                product = make_op(plan, "spmm", (op.args[0], x), op.note)
-                ops.append(product)
-                ops.append(Op("linear", op.out, (weight, product.out), {}, op.rows, op.shape, op.note))
+                move_across(ops, op, inner, make_op(plan, "spmm", (op.args[0], x), op.note), "linear", weight)
                 moved += 1
                 continue
         inner = made_by.get(op.args[1]) if op.kind == "linear" else None
@@ -55,10 +52,7 @@ def linear_across_sparse(plan: Plan) -> Plan:
             weight, (matrix, x) = op.args[0], inner.args
             before, after = _costs(plan, matrix, weight, x, False)
             if before < after:  # W·spmm(A, x) -> spmm(A, W·x)
-                ops.remove(inner)
-                product = make_op(plan, "linear", (weight, x), op.note)
-                ops.append(product)
-                ops.append(Op("spmm", op.out, (matrix, product.out), {}, op.rows, op.shape, op.note))
+                move_across(ops, op, inner, make_op(plan, "linear", (weight, x), op.note), "spmm", matrix)
                 moved += 1
                 continue
         ops.append(op)
