@@ -13,6 +13,7 @@ import warnings
 import torch
 
 MAX_FULL_PARAM = 1 << 16  # a larger weight is an embedding table: only its row shape matters here
+_RESULTS: dict[tuple, tuple[tuple[int, ...], torch.dtype]] = {}  # stand-in signature -> (row shape, dtype)
 
 
 def _rows(kind: str, args: list[torch.Tensor], attrs: dict, is_param: list[bool]) -> int:
@@ -61,14 +62,40 @@ def _stand_in(kind: str, position: int, arg: torch.Tensor, attrs: dict, is_param
 
 def infer(kind: str, args: list[torch.Tensor], attrs: dict, is_param: list[bool], rows: int | None = None) -> torch.Tensor:
     """A meta tensor with the op's output shape and dtype; ValueError/RuntimeError if it does not fit."""
-    from relsql.compile.module import run_op
-
     rows = _rows(kind, args, attrs, is_param) if rows is None else rows
     data = [a.dtype for a in args if a.layout == torch.strided and a.is_floating_point()]
     dtype = data[-1] if data else torch.get_default_dtype()
     small = [_stand_in(kind, i, a, attrs, p, dtype) for i, (a, p) in enumerate(zip(args, is_param))]
+    key = _signature(kind, small, attrs)
+    found = _RESULTS.get(key) if key is not None else None
+    if found is None:
+        found = _run_small(kind, small, attrs)
+        if key is not None:
+            if len(_RESULTS) > 4096:
+                _RESULTS.clear()
+            _RESULTS[key] = found
+    shape, out_dtype = found
+    return torch.empty((rows, *shape), dtype=out_dtype, device="meta")
+
+
+def _run_small(kind: str, small: list[torch.Tensor], attrs: dict) -> tuple[tuple[int, ...], torch.dtype]:
+    from relsql.compile.module import run_op
+
     small_attrs = {**attrs, "rows": 1} if kind in ("scatter", "broadcast") else attrs
     if kind == "slice":
         small_attrs = {**attrs, "start": 0, "rows": 1}
     out = run_op(kind, small, small_attrs)
-    return torch.empty((rows, *out.shape[1:]), dtype=out.dtype, device="meta")
+    return tuple(out.shape[1:]), out.dtype
+
+
+def _signature(kind: str, small: list[torch.Tensor], attrs: dict) -> tuple | None:
+    """What the stand-in run depends on (plans repeat a few op shapes hundreds of times);
+    None where an attribute is not a plain value, so such ops always run."""
+    if any(isinstance(v, torch.Tensor) for v in attrs.values()):
+        return None
+    try:
+        frozen = tuple(sorted(attrs.items()))
+        hash(frozen)
+    except TypeError:
+        return None
+    return kind, frozen, tuple((tuple(t.shape), t.dtype, t.layout) for t in small)
