@@ -277,3 +277,25 @@ def test_stacked_scatters_of_partial_and_overlapping_rules(overlap):
     assert "stack_scatters: 1 " in optimized[2].explain()
     kinds = [op.kind for op in optimized[2].plan.ops]
     assert kinds.count("scatter") == (1 if overlap else 0) and kinds.count("cat") == 1, kinds
+
+
+@pytest.mark.parametrize("model", ["sage", "gin"])
+def test_pooled_readout_weights_move_after_the_pooling(model, random_graphs):
+    """avg over a graph's nodes of (W·h + b) is W·avg(h) + b: with only the logits asked for,
+    the last layer's weights multiply one row per graph instead of one per node."""
+    template = relsql.Template.from_file(ROOT / "sql" / f"{model}.sql")
+    outputs = [f"{model}_out"]
+    plain = relsql.compile(template, random_graphs, dtype=torch.float64, seed=4, passes=(), outputs=outputs)
+    net = relsql.compile(template, random_graphs, dtype=torch.float64, seed=4, outputs=outputs)
+    assert _fired(net)["distribute_aggregation"] >= 1
+    graphs = random_graphs.con.execute("SELECT count(*) FROM graph").fetchone()[0]
+    last = {op.out for op in net.plan.ops if op.kind == "param" and op.attrs["name"] in (f"{model}2_wr", f"{model}2_wl", f"{model}2_w2")}
+    rows = [op.rows for op in net.plan.ops if op.kind in ("linear", "affine") and last & set(op.args)]
+    assert rows and max(rows) == graphs, rows  # the readout layer's GEMMs run on pooled rows
+    out_a, out_b = plain()[outputs[0]], net()[outputs[0]]
+    assert torch.allclose(out_a, out_b, rtol=1e-9, atol=1e-11)
+    (out_a.sin().sum()).backward()
+    (out_b.sin().sum()).backward()
+    theirs = plain.named_weights()
+    for name, p in net.named_weights().items():
+        assert torch.allclose(p.grad, theirs[name].grad, rtol=1e-9, atol=1e-11), name

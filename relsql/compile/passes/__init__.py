@@ -13,6 +13,7 @@ from relsql.compile.passes.choose_segment_kernels import choose_segment_kernels
 from relsql.compile.passes.common_subexpressions import common_subexpressions
 from relsql.compile.passes.dead_code import dead_code
 from relsql.compile.passes.deduplicate_rows import deduplicate_rows
+from relsql.compile.passes.distribute_aggregation import distribute_aggregation
 from relsql.compile.passes.fold_constants import fold_constants
 from relsql.compile.passes.fuse_affine import fuse_affine
 from relsql.compile.passes.gather_into_sparse import gather_into_sparse
@@ -43,12 +44,14 @@ RULES: tuple[Pass, ...] = (
     compress_groundings,
     deduplicate_rows,
     identity_gather,
+    distribute_aggregation,
     linear_across_aggregation,
     propagate_gathers,
     common_subexpressions,
     sparse_aggregate,
     scatter_into_sparse,
     linear_across_sparse,
+    linear_across_aggregation,  # again: weights the sparse pass moved out may pass a pooling
     gather_into_sparse,
     merge_sparse_sums,
     stack_scatters,

@@ -24,6 +24,13 @@ def only_reader(plan: Plan, slot: int, reader: Op, reads: dict[int, list[Op]]) -
     return reads.get(slot, []) == [reader] and slot not in plan.outputs.values()
 
 
+def sum_terms(op: Op) -> list[int] | None:
+    """The slots an op adds up (a sum, or a binary + without reshaping), else None."""
+    if op.kind == "sum" or (op.kind == "binary" and op.attrs.get("op") == "+" and "reshape_right" not in op.attrs):
+        return list(op.args)
+    return None
+
+
 def redirect(plan: Plan, mapping: dict[int, int]) -> None:
     """Make every read of slot a read of mapping[a] instead (ops and relation outputs)."""
     def resolve(slot: int) -> int:

@@ -9,14 +9,8 @@ in both passes.
 from __future__ import annotations
 
 from relsql.compile import sparse
-from relsql.compile.passes._rewrite import is_matrix_on_vectors, only_reader, producers, readers
+from relsql.compile.passes._rewrite import is_matrix_on_vectors, only_reader, producers, readers, sum_terms
 from relsql.compile.plan import Op, Plan, make_op
-
-
-def _terms(op: Op) -> list[int] | None:
-    if op.kind == "sum" or (op.kind == "binary" and op.attrs.get("op") == "+" and "reshape_right" not in op.attrs):
-        return list(op.args)
-    return None
 
 
 def _fusable(plan: Plan, term: int, op: Op, made_by, reads) -> Op | None:
@@ -36,7 +30,7 @@ def fuse_affine(plan: Plan) -> Plan:
     fused, reads, made_by = 0, readers(plan), producers(plan)
     ops: list[Op] = []
     for op in plan.ops:
-        terms = _terms(op) or []
+        terms = sum_terms(op) or []
         products = {}
         for term in terms:
             product = _fusable(plan, term, op, made_by, reads)

@@ -7,8 +7,16 @@ vectors is cheaper), which also exposes gather → aggregate to the sparse pass.
 
 from __future__ import annotations
 
-from relsql.compile.passes._rewrite import is_matrix_on_vectors, move_across, only_reader, producers, readers
+from relsql.compile.passes._rewrite import is_matrix_on_vectors, move_across, producers, readers
 from relsql.compile.plan import Op, Plan, make_op
+
+
+def movable(plan: Plan, linear: Op | None, reads) -> bool:
+    """A weight on vectors, read by one op only, that does not narrow them: worth moving."""
+    if linear is None or linear.kind != "linear" or len(reads.get(linear.out, [])) != 1 or linear.out in plan.outputs.values():
+        return False
+    weight, x = linear.args
+    return is_matrix_on_vectors(plan, weight, x) and plan.meta[weight].shape[0] >= plan.meta[weight].shape[1]
 
 
 def linear_across_aggregation(plan: Plan) -> Plan:
@@ -16,13 +24,12 @@ def linear_across_aggregation(plan: Plan) -> Plan:
     ops: list[Op] = []
     for op in plan.ops:
         linear = made_by.get(op.args[0]) if op.kind == "segment" and op.attrs["kind"] in ("sum", "avg") else None
-        if linear is not None and linear.kind == "linear" and only_reader(plan, linear.out, op, reads):
+        if movable(plan, linear, reads):
             weight, x = linear.args
-            if is_matrix_on_vectors(plan, weight, x) and plan.meta[weight].shape[0] >= plan.meta[weight].shape[1]:
-                aggregated = make_op(plan, "segment", (x, *op.args[1:]), op.note, **op.attrs)
-                move_across(ops, op, linear, aggregated, "linear", weight)
-                made += 1
-                continue
+            aggregated = make_op(plan, "segment", (x, *op.args[1:]), op.note, **op.attrs)
+            move_across(ops, op, linear, aggregated, "linear", weight)
+            made += 1
+            continue
         ops.append(op)
     plan.ops = ops
     plan.log.append(f"linear_across_aggregation: {made} weights moved after sum/avg")

@@ -34,6 +34,17 @@ def _gathered(plan: Plan, x: int, reader: Op, made_by, reads) -> bool:
 
 
 def linear_across_sparse(plan: Plan) -> Plan:
+    moved = 0
+    for round in range(4):  # a weight moved after one matmul may move on past the next (a pooling)
+        moved_now = _move_weights(plan, backwards=round == 0)  # later rounds only onwards: no back and forth
+        moved += moved_now
+        if not moved_now:
+            break
+    plan.log.append(f"linear_across_sparse: {moved} weights moved to the cheaper side of a sparse matmul")
+    return plan
+
+
+def _move_weights(plan: Plan, backwards: bool) -> int:
     moved, reads, made_by = 0, readers(plan), producers(plan)
     ops: list[Op] = []
     for op in plan.ops:
@@ -46,7 +57,7 @@ def linear_across_sparse(plan: Plan) -> Plan:
                 move_across(ops, op, inner, make_op(plan, "spmm", (op.args[0], x), op.note), "linear", weight)
                 moved += 1
                 continue
-        inner = made_by.get(op.args[1]) if op.kind == "linear" else None
+        inner = made_by.get(op.args[1]) if op.kind == "linear" and backwards else None
         if inner is not None and inner.kind == "spmm" and len(inner.args) == 2 and only_reader(plan, inner.out, op, reads) \
                 and inner.args[0] in plan.inputs and is_matrix_on_vectors(plan, op.args[0], inner.args[1]):
             weight, (matrix, x) = op.args[0], inner.args
@@ -57,5 +68,4 @@ def linear_across_sparse(plan: Plan) -> Plan:
                 continue
         ops.append(op)
     plan.ops = ops
-    plan.log.append(f"linear_across_sparse: {moved} weights moved to the cheaper side of a sparse matmul")
-    return plan
+    return moved

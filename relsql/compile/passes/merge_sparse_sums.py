@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from relsql.compile import sparse
-from relsql.compile.passes._rewrite import only_reader, producers, readers
+from relsql.compile.passes._rewrite import only_reader, producers, readers, sum_terms
 from relsql.compile.plan import Op, Plan, make_op
 
 
@@ -23,12 +23,6 @@ class _Term:
     kind: str  # spmm | gather | identity
     matrix: torch.Tensor | None = None  # spmm: its matrix; gather: its row ids
     producer: Op | None = None  # the op that disappears when merged
-
-
-def _terms(op: Op) -> list[int] | None:
-    if op.kind == "sum" or (op.kind == "binary" and op.attrs.get("op") == "+" and "reshape_right" not in op.attrs):
-        return list(op.args)
-    return None
 
 
 def _classify(plan: Plan, term: int, op: Op, made_by, reads) -> _Term:
@@ -55,7 +49,7 @@ def merge_sparse_sums(plan: Plan) -> Plan:
     merged, reads, made_by = 0, readers(plan), producers(plan)
     ops: list[Op] = []
     for op in plan.ops:
-        slots = _terms(op)
+        slots = sum_terms(op)
         groups: dict[int, list[_Term]] = {}
         for slot in slots or []:
             if plan.meta[slot].shape[0] == op.rows and tuple(plan.meta[slot].shape[1:]) == op.shape:
