@@ -225,7 +225,8 @@ class RelsqlSide:
             key = (t["sample"], *[t[f"a{i}"] for i in range(len(t) - 3)])
             target[rows[key]] = torch.as_tensor(t["target"], dtype=out.dtype).reshape(target[rows[key]].shape)
             mask[rows[key]] = True
-        self.targets, self.mask = target, mask
+        self.rows = None if bool(mask.all()) else torch.nonzero(mask).reshape(-1)  # queries without a target left out
+        self.targets = target if self.rows is None else target.index_select(0, self.rows)
         self.opt = torch.optim.SGD([p for p in self.net.parameters() if p.requires_grad], lr=LR, foreach=True)
         self.initial = {n: p.detach().clone() for n, p in self.net.named_weights().items()}
 
@@ -238,7 +239,9 @@ class RelsqlSide:
 
     def epoch(self):
         out = self.net()[self.head]
-        loss = ((out[self.mask] - self.targets[self.mask]) ** 2).sum()
+        if self.rows is not None:
+            out = out.index_select(0, self.rows)
+        loss = ((out - self.targets) ** 2).sum()
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()

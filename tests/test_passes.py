@@ -299,3 +299,15 @@ def test_pooled_readout_weights_move_after_the_pooling(model, random_graphs):
     theirs = plain.named_weights()
     for name, p in net.named_weights().items():
         assert torch.allclose(p.grad, theirs[name].grad, rtol=1e-9, atol=1e-11), name
+
+
+def test_factors_of_one_are_dropped_exactly(neuralogic_mutagenesis):
+    """The bond facts' value 1 multiplies every grounding of elementProduct's rule: dropping it
+    leaves values and gradients bit for bit the same."""
+    db, dataset = neuralogic_mutagenesis
+    template = relsql.Template.from_file(dataset.template.parent / "template_elementProduct.txt")
+    without = tuple(rule for rule in RULES if rule.__name__ != "unit_factors")
+    (out_a, grad_a, _), (out_b, grad_b, net) = run(template, db, without), run(template, db, None)
+    assert _fired(net)["unit_factors"] == 2
+    assert all(torch.equal(out_a[k], out_b[k]) for k in out_a)
+    assert all(torch.equal(grad_a[k], grad_b[k]) for k in grad_a)

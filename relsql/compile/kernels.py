@@ -66,8 +66,9 @@ def broadcast_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     return x.expand(rows, *x.shape[1:])
 
 
-def _align(values: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Scalar values (1,) broadcast against vectors/matrices, as NeuraLogic adds unit facts."""
+def _align(values: list[torch.Tensor], expand: bool = True) -> list[torch.Tensor]:
+    """Scalar values (1,) broadcast against vectors/matrices, as NeuraLogic adds unit facts
+    (expanded to the full shape, or only reshaped for torch's broadcasting)."""
     shapes = [v.shape[1:] for v in values]
     target = max(shapes, key=lambda s: (len(s), tuple(s)))
     out = []
@@ -75,7 +76,8 @@ def _align(values: list[torch.Tensor]) -> list[torch.Tensor]:
         if v.shape[1:] == target:
             out.append(v)
         elif tuple(v.shape[1:]) == (1,):
-            out.append(v.reshape(v.shape[0], *([1] * len(target))).expand(v.shape[0], *target))
+            column = v.reshape(v.shape[0], *([1] * len(target)))
+            out.append(column.expand(v.shape[0], *target) if expand else column)
         else:
             raise ValueError(f"values of shapes {[tuple(s) for s in shapes]} cannot be combined")
     return out
@@ -114,19 +116,19 @@ def combine(kind: str, values: list[torch.Tensor]) -> torch.Tensor:
         raise ValueError(
             "a max/min combination of values of different shapes picks a value whose shape depends "
             "on the data (NeuraLogic keeps a winning scalar as a scalar); give every input one shape")
+    if kind in ("sum", "avg", "elementproduct"):  # a chain of binary ops: half the time of stack + reduce
+        aligned = _align(values, expand=False)
+        result = aligned[0]
+        for v in aligned[1:]:
+            result = result * v if kind == "elementproduct" else result + v
+        return result / len(aligned) if kind == "avg" else result
     stacked = torch.stack(_align(values), dim=0)
-    if kind == "sum":
-        return stacked.sum(0)
-    if kind == "avg":
-        return stacked.mean(0)
     if kind in ("argmax", "argmin"):
         # NeuraLogic picks the whole value whose elements sum highest (lowest), not elementwise.
         sums = stacked.reshape(stacked.shape[0], rows, -1).sum(2)
         pick = sums.argmax(0) if kind == "argmax" else sums.argmin(0)
         index = pick.reshape(1, rows, *([1] * (stacked.dim() - 2))).expand(1, *stacked.shape[1:])
         return stacked.gather(0, index).squeeze(0)
-    if kind == "elementproduct":
-        return stacked.prod(0)
     raise ValueError(f"unknown combination {kind}")
 
 

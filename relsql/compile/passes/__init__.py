@@ -29,6 +29,7 @@ from relsql.compile.passes.sparse_backward import sparse_backward
 from relsql.compile.passes.stack_scatters import stack_scatters
 from relsql.compile.passes.stack_weights import stack_weights
 from relsql.compile.passes.uniform_segments import uniform_segments
+from relsql.compile.passes.unit_factors import unit_factors
 from relsql.compile.plan import Plan
 
 Pass = Callable[[Plan], Plan]
@@ -60,6 +61,7 @@ RULES: tuple[Pass, ...] = (
     fuse_affine,
     fold_constants,
     identity_gather,  # again: folding and pulling gathers leave some that keep every row
+    unit_factors,
     stack_weights,
     sparse_backward,
     inplace_activations,
