@@ -106,11 +106,7 @@ def rule_index_query(
         *[col(f"_r{j}", "g") for j in range(n_refs)],
         *[alias(c.copy(), f"_c{i}") for i, c in enumerate(columns)],
     ).from_(alias(grounding.copy(), "g", table=True), copy=False)
-    if keys:
-        condition = exp.and_(*[
-            exp.NullSafeEQ(this=col(k, "k"), expression=col(f"_h{i}", "g")) for i, k in enumerate(keys)
-        ], copy=False)
-        select = select.join(alias(keys_table.copy(), "k", table=True), on=condition, copy=False)
+    select = _join_keys(select, keys_table, keys)
     if demand is not None:
         head = col("_rid", "k") if keys else exp.Literal.number(0)
         select = select.join(alias(demand.copy(), "d", table=True),
@@ -124,6 +120,16 @@ def rule_index_query(
         select = select.qualify(exp.LTE(this=rank, expression=exp.Literal.number(limit)), copy=False)
     order = ["_head", *[f"_r{j}" for j in range(n_refs)], *[f"_c{i}" for i in range(len(columns))]]
     return select.order_by(*[exp.Ordered(this=col(name), nulls_first=True) for name in order], copy=False)
+
+
+def _join_keys(select: exp.Select, keys_table: exp.Table, keys: list[str]) -> exp.Select:
+    """Join groundings `g` to the relation's key table `k` on the head keys (NULL matches NULL)."""
+    if not keys:
+        return select
+    condition = exp.and_(*[
+        exp.NullSafeEQ(this=col(k, "k"), expression=col(f"_h{i}", "g")) for i, k in enumerate(keys)
+    ], copy=False)
+    return select.join(alias(keys_table.copy(), "k", table=True), on=condition, copy=False)
 
 
 def relation_index_query(groundings: exp.Table, keys_table: exp.Table, keys: list[str],
@@ -144,11 +150,7 @@ def relation_index_query(groundings: exp.Table, keys_table: exp.Table, keys: lis
         col("_rule", "g"), alias(col("_rid", "k") if keys else exp.Literal.number(0), "_head"),
         *[col(f"_r{j}", "g") for j in range(n_refs)], *columns,
     ).from_(alias(groundings.copy(), "g", table=True), copy=False)
-    if keys:
-        condition = exp.and_(*[
-            exp.NullSafeEQ(this=col(k, "k"), expression=col(f"_h{i}", "g")) for i, k in enumerate(keys)
-        ], copy=False)
-        select = select.join(alias(keys_table.copy(), "k", table=True), on=condition, copy=False)
+    select = _join_keys(select, keys_table, keys)
     order = ["_rule", "_head", *[f"_r{j}" for j in range(n_refs)], *[c.alias for c in columns]]
     return select.order_by(*[exp.Ordered(this=col(name), nulls_first=True) for name in order], copy=False)
 
