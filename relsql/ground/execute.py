@@ -23,6 +23,8 @@ from relsql.errors import GroundingError, SchemaError
 from relsql.ground import query as q
 from relsql.template import ir
 
+PADDING_CELLS = 1 << 24  # at most this many empty cells (other rules' columns) in one index query's result
+
 
 class GroundingWarning(UserWarning):
     """A Datalog rule that has no groundings in this database (NeuraLogic ignores those)."""
@@ -100,7 +102,7 @@ def _progress(items: list[str], enabled: bool | None):
     return tqdm(items, desc="grounding", unit="relation", disable=None if enabled is None else not enabled, leave=False)
 
 
-def _run(db: Database, statement: exp.Expression, rule: ir.Rule) -> pa.Table | None:
+def _run(db: Database, statement: exp.Expression, rule: ir.Rule) -> pa.Table | int | None:
     try:
         return _execute(db, statement)
     except duckdb.CatalogException as err:
@@ -111,15 +113,19 @@ def _run(db: Database, statement: exp.Expression, rule: ir.Rule) -> pa.Table | N
         raise GroundingError(f"{rule.head}, {rule.origin}: the database could not enumerate the groundings: {_first_line(err)}") from None
 
 
-def _execute(db: Database, statement: exp.Expression) -> pa.Table | None:
-    """A query's rows as Arrow (None for other statements); `statement` is built for this one run,
-    so SQL is generated from it in place (sqlglot's defensive copy was a fifth of grounding's time)."""
+def _execute(db: Database, statement: exp.Expression) -> pa.Table | int | None:
+    """A query's rows as Arrow, else the count DuckDB reports (rows a CREATE ... AS wrote);
+    `statement` is built for this one run, so SQL is generated from it in place (sqlglot's
+    defensive copy was a fifth of grounding's time)."""
     sql = statement.sql("duckdb", copy=False)
-    return db.arrow(sql) if isinstance(statement, exp.Query) else db.execute(sql)
+    if isinstance(statement, exp.Query):
+        return db.arrow(sql)
+    row = db.con.execute(sql).fetchone()
+    return row[0] if row else None
 
 
 def _run_rules(db: Database, statement: exp.Expression, relation: str,
-               rules: list[tuple[ir.Rule, exp.Expression]]) -> pa.Table | None:
+               rules: list[tuple[ir.Rule, exp.Expression]]) -> pa.Table | int | None:
     """Run a statement made of several rules' queries; on an error, name the rule that causes it."""
     try:
         return _execute(db, statement)
@@ -179,16 +185,16 @@ class _Grounder:
             select = self.rule_select(relation, rule)
             if select is not None:
                 grounded.append((index, rule, select))
-        groundings = db.temp_table("g", relation.name)
+        groundings, rows = db.temp_table("g", relation.name), 0
         if grounded:
             statement = q.create_temp(groundings, q.relation_groundings(
                 [(index, select, n_keys, len(rule.refs), rule.n_columns) for index, rule, select in grounded]))
-            _run_rules(db, statement, relation.name, [(rule, select) for _, rule, select in grounded])
+            rows = _run_rules(db, statement, relation.name, [(rule, select) for _, rule, select in grounded]) or 0
         slices = [(index, rule, q.rule_slice(groundings, index, n_keys, len(rule.refs), rule.n_columns))
                   for index, rule, _ in grounded]
         keys_table = self.key_table(relation, [(-1, grounded[0][1], groundings)] if grounded else [])
         result = RelationGrounding(relation.name, db.arrow(exp.select(exp.Star()).from_(keys_table.copy()).order_by(q.col("_rid"))))
-        tables = self.index_tables(relation, slices, groundings, keys_table)
+        tables = self.index_tables(relation, slices, groundings, keys_table, rows)
         if grounded:
             db.execute(exp.Drop(tables=[groundings.copy()], kind="TABLE", exists=True))
         for index, rule, _ in grounded:
@@ -207,16 +213,31 @@ class _Grounder:
         self.key_tables[relation.name] = keys_table
 
     def index_tables(self, relation: ir.Relation, slices: list[tuple[int, ir.Rule, exp.Expression]],
-                     groundings: exp.Table, keys_table: exp.Table) -> dict[int, pa.Table]:
-        """Each rule's index rows (head and body row ids, encoded columns) from one query."""
+                     groundings: exp.Table, keys_table: exp.Table, rows: int) -> dict[int, pa.Table]:
+        """Each rule's index rows (head and body row ids, encoded columns): one query for the
+        relation, or one per rule where the other rules' empty columns would take much memory
+        (every row of the combined result has every rule's columns)."""
         if not slices:
             return {}
         rules = [(index, len(rule.refs), self.encoded_columns(relation, index, rule, source)) for index, rule, source in slices]
-        table = _run_rules(self.db, q.relation_index_query(groundings, keys_table, relation.keys, rules), relation.name,
-                           [(rule, source) for _, rule, source in slices])
+        width = sum(len(columns) for *_, columns in rules) + max(n for _, n, _ in rules)
+        narrowest = min(n + len(columns) for _, n, columns in rules)
+        groups = [rules] if rows * (width - narrowest) <= PADDING_CELLS else [[rule] for rule in rules]
+        tables = {}
+        for group in groups:
+            tables.update(self._index_group(relation, slices, group, groundings, keys_table))
+        return tables
+
+    def _index_group(self, relation: ir.Relation, slices: list[tuple[int, ir.Rule, exp.Expression]],
+                     group: list[tuple[int, int, list[exp.Expression]]], groundings: exp.Table,
+                     keys_table: exp.Table) -> dict[int, pa.Table]:
+        only = group[0][0] if len(group) == 1 else None
+        wanted = [s for s in slices if s[0] in {index for index, *_ in group}]
+        table = _run_rules(self.db, q.relation_index_query(groundings, keys_table, relation.keys, group, only=only),
+                           relation.name, [(rule, source) for _, rule, source in wanted])
         tags = table.column("_rule").to_numpy()
         tables = {}
-        for index, rule, _ in slices:
+        for index, rule, _ in wanted:
             start, stop = np.searchsorted(tags, index, "left"), np.searchsorted(tags, index, "right")
             part = table.slice(start, stop - start)
             names = ["_head", *[f"_r{j}" for j in range(len(rule.refs))], *[q.rule_column(index, k) for k in range(rule.n_columns)]]
