@@ -176,8 +176,9 @@ class _Grounder:
         return keys_table
 
     def relation(self, relation: ir.Relation) -> None:
-        """Ground one relation in four statements whatever its rule count: all rules' groundings
-        into one temp table, its key table, every rule's index rows (ordered by rule), the keys."""
+        """Ground one relation in four statements whatever its rule count (a large one with several
+        rules takes one index query per rule): all rules' groundings into one temp table, its key
+        table, every rule's index rows (ordered by rule), the keys."""
         template, db = self.template, self.db
         n_keys = len(relation.keys)
         grounded = []
