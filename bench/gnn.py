@@ -31,7 +31,6 @@ here) slow down badly when other processes compete for the cores.
 from __future__ import annotations
 
 import argparse
-import csv
 import ctypes
 import gc
 import json
@@ -49,6 +48,8 @@ import pyarrow as pa
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from bench import write_csv
 
 ROOT = Path(__file__).resolve().parent.parent
 SQL = ROOT / "sql"
@@ -527,13 +528,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     met = sum(r["fwd_ratio"] <= TARGET and r["step_ratio"] <= TARGET for r in rows)
     print("load average at end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     print(f"\ntarget relsql/PyG <= {TARGET} for fwd and step: met in {met} of {len(rows)} rows (commit {commit})")
-    with open(out / "gnn.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        for r in rows:
-            writer.writerow({k: r[k] for k in COLUMNS})
+    write_csv(out / "gnn.csv", [{k: r[k] for k in COLUMNS} for r in rows])
     plot(rows, out / "gnn.png", f"relsql / PyG time, hidden {args.hidden}, {THREADS} threads, commit {commit}")
-    print(f"wrote {out / 'gnn.csv'} and {out / 'gnn.png'}")
+    print(f"wrote {out / 'gnn.png'}")
     return rows
 
 

@@ -35,7 +35,6 @@ Results: a printed table, ``neuralogic.csv`` and ``neuralogic.png`` in ``--out``
 from __future__ import annotations
 
 import argparse
-import csv
 import gc
 import json
 import os
@@ -50,7 +49,7 @@ import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
-from bench import peak_rss_mib
+from bench import peak_rss_mib, write_csv
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -553,10 +552,7 @@ def main(argv: list[str] | None = None) -> int:
             os.chdir(old_cwd)
 
     csv_path, png_path = out / "neuralogic.csv", out / "neuralogic.png"
-    with open(csv_path, "w", newline="") as fp:
-        w = csv.DictWriter(fp, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(csv_path, [{k: r[k] for k in COLUMNS} for r in rows])
     write_chart(rows, png_path)
     print()
     print(print_table(rows))
@@ -564,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
           f"ratio incl. import in the CSV); epoch: NL train() per-sample SGD vs relsql full-batch SGD step; "
           f"× = NeuraLogic / relsql; targets build ≥{TARGETS['build']:g}×, epoch >{TARGETS['epoch@3']:g}× at w3, "
           f"≥{TARGETS['epoch@32']:g}× at w32")
-    print(f"wrote {csv_path} and {png_path}")
+    print(f"wrote {png_path}")
     bad = [r for r in rows if (r["max_abs_dev"] != "" and not float(r["max_abs_dev"]) < TOL) or r["note"].startswith("ERROR")]
     if bad:
         print("FAILED (identical-numbers check or error): " + ", ".join(f"{r['template']} w{r['width']} ({r['max_abs_dev']})" for r in bad))

@@ -115,19 +115,18 @@ class Model:
         labelled = pc.is_valid(column).to_numpy(zero_copy_only=False)  # per row, without Python objects
         self.labelled = self.positions[labelled]
         raw = column.filter(pc.is_valid(column))
-        encoded = self.task.encode(raw)
-        if self.task.kind in ("binary", "multiclass") and (encoded < 0).any():
-            unknown = sorted(set(raw.filter(pa.array(encoded < 0)).unique().to_pylist()), key=str)
-            raise SchemaError(f"target {where} has values {unknown[:5]} the model was not trained on")
         if split is None:
             times = labels.column("t").filter(pa.array(labelled)).to_pylist() if self.time_column else None
             split = split_rows(len(raw), self.fractions, self.seed, times)
         self.rows = {k: np.asarray(v, dtype=np.int64) for k, v in split.items()}
-        if self.task.kind == "regression" and not isinstance(task, Task):
+        if self.task.kind == "regression" and not isinstance(task, Task):  # standardized by the training rows
             train_values = pc.cast(raw, pa.float64()).to_numpy(zero_copy_only=False)[self.rows["train"]]
             self.task.mean = float(train_values.mean()) if len(train_values) else 0.0
             self.task.std = float(train_values.std()) or 1.0
-            encoded = self.task.encode(raw)
+        encoded = self.task.encode(raw)
+        if self.task.kind in ("binary", "multiclass") and (encoded < 0).any():
+            unknown = sorted(set(raw.filter(pa.array(encoded < 0)).unique().to_pylist()), key=str)
+            raise SchemaError(f"target {where} has values {unknown[:5]} the model was not trained on")
         self.y = torch.as_tensor(encoded, dtype=self.dtype, device=self.device)
         width = int(np.prod(plan.meta[plan.outputs[self.output]].shape[1:]))
         self.head = nn.Identity() if width == self.task.units else nn.Linear(width, self.task.units, dtype=self.dtype)

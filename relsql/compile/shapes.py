@@ -63,12 +63,12 @@ def _stand_in(kind: str, position: int, arg: torch.Tensor, attrs: dict, is_param
 def infer(kind: str, args: list[torch.Tensor], attrs: dict, is_param: list[bool], rows: int | None = None) -> torch.Tensor:
     """A meta tensor with the op's output shape and dtype; ValueError/RuntimeError if it does not fit."""
     rows = _rows(kind, args, attrs, is_param) if rows is None else rows
-    data = [a.dtype for a in args if a.layout == torch.strided and a.is_floating_point()]
-    dtype = data[-1] if data else torch.get_default_dtype()
-    small = [_stand_in(kind, i, a, attrs, p, dtype) for i, (a, p) in enumerate(zip(args, is_param))]
-    key = _signature(kind, small, attrs)
+    key = _signature(kind, args, attrs, is_param)
     found = _RESULTS.get(key) if key is not None else None
     if found is None:
+        data = [a.dtype for a in args if a.layout == torch.strided and a.is_floating_point()]
+        dtype = data[-1] if data else torch.get_default_dtype()
+        small = [_stand_in(kind, i, a, attrs, p, dtype) for i, (a, p) in enumerate(zip(args, is_param))]
         found = _run_small(kind, small, attrs)
         if key is not None:
             if len(_RESULTS) > 4096:
@@ -88,9 +88,10 @@ def _run_small(kind: str, small: list[torch.Tensor], attrs: dict) -> tuple[tuple
     return tuple(out.shape[1:]), out.dtype
 
 
-def _signature(kind: str, small: list[torch.Tensor], attrs: dict) -> tuple | None:
-    """What the stand-in run depends on (plans repeat a few op shapes hundreds of times);
-    None where an attribute is not a plain value, so such ops always run."""
+def _signature(kind: str, args: list[torch.Tensor], attrs: dict, is_param: list[bool]) -> tuple | None:
+    """What the stand-in run depends on, read off the arguments before any stand-in is made
+    (plans repeat a few op shapes hundreds of times); None where an attribute is not a plain
+    value, so such ops always run."""
     if any(isinstance(v, torch.Tensor) for v in attrs.values()):
         return None
     try:
@@ -98,4 +99,5 @@ def _signature(kind: str, small: list[torch.Tensor], attrs: dict) -> tuple | Non
         hash(frozen)
     except TypeError:
         return None
-    return kind, frozen, tuple((tuple(t.shape), t.dtype, t.layout) for t in small)
+    return kind, frozen, tuple((tuple(a.shape) if p else tuple(a.shape[1:]), a.dtype, a.layout, p)
+                               for a, p in zip(args, is_param))

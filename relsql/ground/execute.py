@@ -165,11 +165,12 @@ class _Grounder:
         select = q.substitute_relations(select, self.key_tables)
         return select.distinct() if rule.distinct else select
 
-    def key_table(self, relation: ir.Relation, sources: list[tuple[int, ir.Rule, exp.Expression]]) -> exp.Table:
-        """The relation's distinct heads over all its rules, numbered 0..n-1 (`_rid`), as a temp table."""
+    def key_table(self, relation: ir.Relation, sources: list[tuple[ir.Rule, exp.Expression]]) -> exp.Table:
+        """The relation's distinct heads over its groundings (`sources`: tables with `_h*` head
+        columns, each with the rule an error is reported for), numbered 0..n-1 (`_rid`), as a temp table."""
         keys_table = self.db.temp_table("k", relation.name)
         if sources:
-            _run(self.db, q.create_temp(keys_table.copy(), q.key_table_query([t for _, _, t in sources], relation.keys)), sources[0][1])
+            _run(self.db, q.create_temp(keys_table.copy(), q.key_table_query([t for _, t in sources], relation.keys)), sources[0][0])
         else:
             empty = exp.select(*[q.alias(exp.Null(), k) for k in relation.keys], q.alias(exp.Literal.number(0), "_rid")).where(exp.false())
             self.db.execute(q.create_temp(keys_table, empty))
@@ -193,7 +194,7 @@ class _Grounder:
             rows = _run_rules(db, statement, relation.name, [(rule, select) for _, rule, select in grounded]) or 0
         slices = [(index, rule, q.rule_slice(groundings, index, n_keys, len(rule.refs), rule.n_columns))
                   for index, rule, _ in grounded]
-        keys_table = self.key_table(relation, [(-1, grounded[0][1], groundings)] if grounded else [])
+        keys_table = self.key_table(relation, [(grounded[0][1], groundings)] if grounded else [])
         result = RelationGrounding(relation.name, db.arrow(exp.select(exp.Star()).from_(keys_table.copy()).order_by(q.col("_rid"))))
         tables = self.index_tables(relation, slices, groundings, keys_table, rows)
         if grounded:
@@ -240,10 +241,9 @@ class _Grounder:
         tables = {}
         for index, rule, _ in wanted:
             start, stop = np.searchsorted(tags, index, "left"), np.searchsorted(tags, index, "right")
-            part = table.slice(start, stop - start)
-            names = ["_head", *[f"_r{j}" for j in range(len(rule.refs))], *[q.rule_column(index, k) for k in range(rule.n_columns)]]
-            tables[index] = part.select(names).rename_columns(
-                ["_head", *[f"_r{j}" for j in range(len(rule.refs))], *[f"_c{k}" for k in range(rule.n_columns)]])
+            ids = ["_head", *[f"_r{j}" for j in range(len(rule.refs))]]
+            part = table.slice(start, stop - start).select([*ids, *[q.rule_column(index, k) for k in range(rule.n_columns)]])
+            tables[index] = part.rename_columns([*ids, *[f"_c{k}" for k in range(rule.n_columns)]])
         return tables
 
     def encoded_columns(self, relation: ir.Relation, index: int, rule: ir.Rule, source: exp.Expression,

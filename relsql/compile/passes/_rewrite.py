@@ -49,6 +49,14 @@ def is_matrix_on_vectors(plan: Plan, weight: int, value: int) -> bool:
     return w.dim() == 2 and x.dim() == 2 and x.shape[1] == w.shape[1] and w.shape[1] != 1
 
 
+def movable(plan: Plan, linear: Op | None, reads: dict[int, list[Op]]) -> bool:
+    """A weight on vectors, read by one op only, that does not narrow them: worth moving."""
+    if linear is None or linear.kind != "linear" or len(reads.get(linear.out, [])) != 1 or linear.out in plan.outputs.values():
+        return False
+    weight, x = linear.args
+    return is_matrix_on_vectors(plan, weight, x) and plan.meta[weight].shape[0] >= plan.meta[weight].shape[1]
+
+
 def move_across(ops: list[Op], op: Op, inner: Op, first: Op, outer_kind: str, outer_arg: int) -> None:
     """Exchange two ops of a chain: `inner` (read only by `op`) is dropped, `first` computes the
     other factor on the inner input, and an `outer_kind` op of (`outer_arg`, first) takes

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from relsql.compile.passes._rewrite import only_reader, producers, readers, sum_terms
-from relsql.compile.passes.linear_across_aggregation import movable
+from relsql.compile.passes._rewrite import movable, only_reader, producers, readers, sum_terms
 from relsql.compile.plan import Op, Plan, make_op
 
 

@@ -7,16 +7,8 @@ vectors is cheaper), which also exposes gather → aggregate to the sparse pass.
 
 from __future__ import annotations
 
-from relsql.compile.passes._rewrite import is_matrix_on_vectors, move_across, producers, readers
+from relsql.compile.passes._rewrite import movable, move_across, producers, readers
 from relsql.compile.plan import Op, Plan, make_op
-
-
-def movable(plan: Plan, linear: Op | None, reads) -> bool:
-    """A weight on vectors, read by one op only, that does not narrow them: worth moving."""
-    if linear is None or linear.kind != "linear" or len(reads.get(linear.out, [])) != 1 or linear.out in plan.outputs.values():
-        return False
-    weight, x = linear.args
-    return is_matrix_on_vectors(plan, weight, x) and plan.meta[weight].shape[0] >= plan.meta[weight].shape[1]
 
 
 def linear_across_aggregation(plan: Plan) -> Plan:
