@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from relsql.compile.plan import Op, Plan
 
 
@@ -37,9 +39,9 @@ def _describe(op: Op, names: dict[int, str]) -> str:
     if k == "sum":
         return " + ".join(a)
     if k == "spmm":
-        return f"sparse({a[0]}) @ {a[-1]}"
+        return f"{a[0]} @ {a[-1]}"
     if k == "addspmm":
-        return f"{a[0]} + sparse({a[1]}) @ {a[-1]}"
+        return f"{a[0]} + {a[1]} @ {a[-1]}"
     if k == "affine":
         return f"{a[0]} + {a[2]} @ {a[1]}"
     if k == "dense_reduce":
@@ -54,6 +56,8 @@ def explain(plan: Plan) -> str:
     names: dict[int, str] = {}
     for slot, tensor in plan.inputs.items():
         names[slot] = f"in{slot}{list(tensor.shape)}"
+        if tensor.layout == torch.sparse_csr:
+            names[slot] = f"sparse({names[slot]})"
     lines: list[str] = []
     current = None
     for op in plan.ops:

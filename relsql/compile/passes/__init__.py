@@ -13,6 +13,7 @@ from relsql.compile.passes.choose_segment_kernels import choose_segment_kernels
 from relsql.compile.passes.common_subexpressions import common_subexpressions
 from relsql.compile.passes.dead_code import dead_code
 from relsql.compile.passes.deduplicate_rows import deduplicate_rows
+from relsql.compile.passes.dense_small_matrices import dense_small_matrices
 from relsql.compile.passes.distribute_aggregation import distribute_aggregation
 from relsql.compile.passes.fold_constants import fold_constants
 from relsql.compile.passes.fuse_affine import fuse_affine
@@ -63,6 +64,7 @@ RULES: tuple[Pass, ...] = (
     identity_gather,  # again: folding and pulling gathers leave some that keep every row
     unit_factors,
     stack_weights,
+    dense_small_matrices,
     sparse_backward,
     inplace_activations,
     dead_code,
