@@ -53,7 +53,7 @@ def apply_weight(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return x * weight.reshape(1, *weight.shape)
     if len(value_shape) == 1:
         if value_shape[0] == weight.shape[1]:
-            return x @ weight.T
+            return F.linear(x, weight)  # x Wᵀ without a transposed view (one autograd node)
         if value_shape[0] == 1:
             return x.reshape(-1, 1, 1) * weight.unsqueeze(0)
     if len(value_shape) == 2 and value_shape[0] == weight.shape[1]:
@@ -161,3 +161,4 @@ def segment_reduce(kind: str, x: torch.Tensor, segment_ids: torch.Tensor, counts
 def scatter_rows(x: torch.Tensor, index: torch.Tensor, rows: int) -> torch.Tensor:
     """Place per-head results of one rule into the relation's rows (others stay zero)."""
     return x.new_zeros((rows, *x.shape[1:])).index_add_(0, index, x)
+

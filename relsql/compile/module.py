@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import polars as pl
@@ -17,55 +18,93 @@ if TYPE_CHECKING:
     from relsql.ground.execute import Grounding
 
 
-def run_op(kind: str, args: list[torch.Tensor], attrs: dict) -> torch.Tensor:
-    """The one place that maps an op to its kernel (also used on meta tensors for shapes)."""
+Kernel = Callable[..., torch.Tensor]
+
+
+def _binary(attrs: dict) -> Kernel:
+    shape = attrs.get("reshape_right")
+    add, sub = attrs["op"] == "+", attrs["op"] == "-"
+
+    def run(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+        if shape is not None:
+            right = right.reshape(1, *shape)
+        return left + right if add else left - right if sub else left * right
+    return run
+
+
+def _sum(*args: torch.Tensor) -> torch.Tensor:
+    out = args[0]
+    for a in args[1:]:
+        out = out + a
+    return out
+
+
+def _dense_reduce(attrs: dict) -> Kernel:
+    width = attrs["width"]
+    reduce = {"sum": torch.sum, "avg": torch.mean, "max": torch.amax, "min": torch.amin}[attrs["kind"]]
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        return reduce(x.reshape(x.shape[0] // width, width, *x.shape[1:]), dim=1)
+    return run
+
+
+def _weight_rows(attrs: dict) -> Kernel:
+    scaled = attrs.get("scaled", False)
+
+    def run(*args: torch.Tensor) -> torch.Tensor:
+        weights = args[:-1] if scaled else args
+        if all(w.shape == weights[0].shape for w in weights):  # one stack: two autograd nodes, not one per weight
+            rows = torch.stack(weights).reshape(len(weights), -1)
+        else:
+            rows = torch.cat([w.reshape(1, -1) for w in weights])
+        return rows * args[-1] if scaled else rows
+    return run
+
+
+def kernel(kind: str, attrs: dict) -> Kernel:
+    """The one place that maps an op to its kernel: a function of the op's argument tensors,
+    with the attributes bound once (the module builds these before the first call)."""
     if kind == "gather":
-        return args[0].index_select(0, args[1])
+        return lambda x, rows: x.index_select(0, rows)
     if kind == "slice":  # consecutive rows, a view
-        return args[0].narrow(0, attrs["start"], attrs["rows"])
+        return lambda x: x.narrow(0, attrs["start"], attrs["rows"])
     if kind == "linear":
-        return kernels.apply_weight(args[0], args[1])
+        return kernels.apply_weight
     if kind == "affine":  # c + x W^T in one GEMM
-        return torch.addmm(args[0], args[1], args[2].t())
+        return lambda c, x, w: torch.addmm(c, x, w.t())
     if kind == "binary":
-        left, right = args
-        if "reshape_right" in attrs:
-            right = right.reshape(1, *attrs["reshape_right"])
-        op = attrs["op"]
-        return left + right if op == "+" else left - right if op == "-" else left * right
+        return _binary(attrs)
     if kind == "act":
-        return kernels.activation(attrs["name"], args[0], attrs.get("inplace", False))
+        name, inplace = attrs["name"], attrs.get("inplace", False)
+        return lambda x: kernels.activation(name, x, inplace)
     if kind == "combine":
-        return kernels.combine(attrs["kind"], list(args))
+        return lambda *values: kernels.combine(attrs["kind"], list(values))
     if kind == "segment":
-        return kernels.segment_reduce(attrs["kind"], args[0], args[1], args[2])
+        return lambda x, ids, counts: kernels.segment_reduce(attrs["kind"], x, ids, counts)
     if kind == "scatter":
-        return kernels.scatter_rows(args[0], args[1], attrs["rows"])
+        return lambda x, heads: kernels.scatter_rows(x, heads, attrs["rows"])
     if kind == "broadcast":
-        return kernels.broadcast_rows(args[0], attrs["rows"])
+        return lambda x: kernels.broadcast_rows(x, attrs["rows"])
     if kind == "sum":
-        out = args[0]
-        for a in args[1:]:
-            out = out + a
-        return out
+        return _sum
     if kind == "spmm":  # (matrix, dense) or (matrix, its transpose for the backward, dense)
-        return sparse.matmul(args[0], args[-1], args[1] if len(args) == 3 else None)
+        return lambda *a: sparse.matmul(a[0], a[-1], a[1] if len(a) == 3 else None)
     if kind == "addspmm":  # c + matrix @ dense: (c, matrix, [transpose,] dense)
-        return sparse.matmul(args[1], args[-1], args[2] if len(args) == 4 else None, add=args[0])
+        return lambda *a: sparse.matmul(a[1], a[-1], a[2] if len(a) == 4 else None, add=a[0])
     if kind == "dense_reduce":
-        x = args[0]
-        grouped = x.reshape(x.shape[0] // attrs["width"], attrs["width"], *x.shape[1:])
-        reduce = {"sum": torch.sum, "avg": torch.mean, "max": torch.amax, "min": torch.amin}[attrs["kind"]]
-        return reduce(grouped, dim=1)
+        return _dense_reduce(attrs)
     if kind == "cat":  # rows of several results stacked
-        return torch.cat(args)
+        return lambda *a: torch.cat(a)
     if kind == "weight_rows":  # (m, 1) weights as the rows of one tensor, optionally times a column
-        weights = args[:-1] if attrs.get("scaled") else args
-        rows = torch.cat([w.reshape(1, -1) for w in weights])
-        return rows * args[-1] if attrs.get("scaled") else rows
+        return _weight_rows(attrs)
     if kind == "as_row":
-        return args[0].reshape(1, -1) if args[0].dim() <= 1 else args[0].unsqueeze(0)
+        return lambda x: x.reshape(1, -1) if x.dim() <= 1 else x.unsqueeze(0)
     raise ValueError(f"unknown op {kind}")
+
+
+def run_op(kind: str, args: list[torch.Tensor], attrs: dict) -> torch.Tensor:
+    """One op on its arguments (constant folding, shapes on meta tensors)."""
+    return kernel(kind, attrs)(*args)
 
 
 def _initial(spec, dtype: torch.dtype, generator: torch.Generator | None) -> torch.Tensor:
@@ -83,6 +122,12 @@ def _initial(spec, dtype: torch.dtype, generator: torch.Generator | None) -> tor
     return (torch.rand(spec.shape, dtype=dtype, generator=generator) * 2 - 1) * bound
 
 
+def _program(plan: Plan) -> list[tuple[int, Kernel | None, tuple]]:
+    """(output slot, kernel, argument slots) per op; a weight has no kernel and its name as argument."""
+    return [(op.out, None, (op.attrs["name"],)) if op.kind == "param" else (op.out, kernel(op.kind, op.attrs), op.args)
+            for op in plan.ops]
+
+
 class CompiledNet(nn.Module):
     """A grounded template: `net()` returns {relation: values in row-id order}."""
 
@@ -94,6 +139,7 @@ class CompiledNet(nn.Module):
         self.dtype = dtype
         self.seed = seed
         self._param_keys: dict[str, str] = {}
+        self._program: tuple[list, list] | None = None  # (the plan's op list it was made from, the program)
         self.weights = nn.ParameterDict()
         self.add_weights(plan)
         self._inputs: dict[int, str] = {}
@@ -101,6 +147,9 @@ class CompiledNet(nn.Module):
             key = f"i{slot}"
             self.register_buffer(key, tensor.to(dtype) if tensor.is_floating_point() else tensor, persistent=False)
             self._inputs[slot] = key
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_program": None}  # kernels are closures; rebuilt on the next call
 
     def add_weights(self, plan: Plan) -> list[nn.Parameter]:
         """Create the weights of `plan` this module does not have yet; returns the new ones.
@@ -157,7 +206,9 @@ class CompiledNet(nn.Module):
         return {name: self.weights[key] for name, key in self._param_keys.items()}
 
     def forward(self) -> dict[str, torch.Tensor]:
-        return self._execute(self.plan, {s: getattr(self, k) for s, k in self._inputs.items()})
+        if self._program is None or self._program[0] is not self.plan.ops:
+            self._program = (self.plan.ops, _program(self.plan))
+        return self._execute(self.plan, self._program[1], {s: self._buffers[k] for s, k in self._inputs.items()})
 
     def run(self, plan: Plan, external: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """Execute another plan of the same template (a mini-batch's) with this module's weights.
@@ -167,16 +218,17 @@ class CompiledNet(nn.Module):
         """
         device = next(iter(self.weights.values())).device if len(self.weights) else torch.device("cpu")
         inputs = {slot: t.to(device, self.dtype) if t.is_floating_point() else t.to(device) for slot, t in plan.inputs.items()}
-        return self._execute(plan, inputs, external or {})
+        return self._execute(plan, _program(plan), inputs, external or {})
 
-    def _execute(self, plan: Plan, slots: dict[int, torch.Tensor], external: dict[str, torch.Tensor] | None = None
-                 ) -> dict[str, torch.Tensor]:
-        for op in plan.ops:
-            if op.kind == "param":
-                name = op.attrs["name"]
-                slots[op.out] = external[name] if external and name in external else self.weights[self._param_keys[name]]
+    def _execute(self, plan: Plan, program: list[tuple[int, Kernel | None, tuple]], slots: dict[int, torch.Tensor],
+                 external: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        weights, keys = self.weights._parameters, self._param_keys  # plain dicts: no Module lookups per op
+        for out, run, args in program:
+            if run is None:  # a weight, by name
+                name = args[0]
+                slots[out] = external[name] if external and name in external else weights[keys[name]]
             else:
-                slots[op.out] = run_op(op.kind, [slots[a] for a in op.args], op.attrs)
+                slots[out] = run(*[slots[a] for a in args])
         return {name: slots[slot] for name, slot in plan.outputs.items()}
 
     def values(self, relation: str, outputs: dict[str, torch.Tensor] | None = None) -> pl.DataFrame:

@@ -147,13 +147,14 @@ class _CsrMatmul(torch.autograd.Function):
 def matmul(matrix: torch.Tensor, dense: torch.Tensor, transposed: torch.Tensor | None = None,
            add: torch.Tensor | None = None) -> torch.Tensor:
     """add + matrix @ dense for a constant CSR (or dense) matrix; rows of any trailing shape."""
-    if matrix.layout != CSR:
-        product = matrix @ dense
-        return product if add is None else add + product
-    flat = dense.reshape(dense.shape[0], -1)
-    flat_add = None if add is None else add.reshape(add.shape[0], -1)
+    rows_only = dense.dim() == 2  # no reshapes then: each would be one more autograd node
+    flat = dense if rows_only else dense.reshape(dense.shape[0], -1)
+    flat_add = add if add is None or add.dim() == 2 else add.reshape(add.shape[0], -1)
+    if matrix.layout != CSR:  # a small matrix kept dense (passes/dense_small_matrices.py)
+        out = matrix @ flat if add is None else torch.addmm(flat_add, matrix, flat)
+        return out if rows_only else out.reshape(matrix.shape[0], *dense.shape[1:])
     if transposed is not None and torch.is_grad_enabled() and (flat.requires_grad or (add is not None and add.requires_grad)):
         out = _CsrMatmul.apply(matrix, transposed, flat, flat_add)
     else:
         out = _product(matrix, flat, flat_add)
-    return out.reshape(matrix.shape[0], *dense.shape[1:])
+    return out if rows_only else out.reshape(matrix.shape[0], *dense.shape[1:])
