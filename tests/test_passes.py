@@ -257,6 +257,13 @@ def test_per_rule_scatters_are_stacked_and_weight_columns_read_as_rows(neuralogi
     assert kinds.count("weight_rows") == 2 and "scatter" not in kinds, kinds
     per_rule = [op.kind for op in reference[2].plan.ops].count("scatter")
     assert per_rule >= 14  # 8 atom types and 6 bond types, each a rule of its own
+    # the rows' reordering gather is read off as the stack's order; the graphlet rule's gathers
+    # of atom and bond values, summed, are one product by a matrix of counts per source
+    stacks = {op.out for op in optimized[2].plan.ops if op.kind == "weight_rows"}
+    assert not [op for op in optimized[2].plan.ops if op.kind == "gather" and op.args[0] in stacks]
+    counts = [optimized[2].plan.inputs[op.args[0]] for op in optimized[2].plan.ops if op.kind == "spmm"]
+    assert sorted(m.shape[1] for m in counts if m.shape[0] != 188) == [6, 8]  # bond and atom types
+    assert all(float(m.to_dense().sum(1).max()) >= 2 for m in counts if m.shape[0] != 188)
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -311,3 +318,28 @@ def test_factors_of_one_are_dropped_exactly(neuralogic_mutagenesis):
     assert _fired(net)["unit_factors"] == 2
     assert all(torch.equal(out_a[k], out_b[k]) for k in out_a)
     assert all(torch.equal(grad_a[k], grad_b[k]) for k in grad_a)
+
+
+def _matrices(net) -> list[torch.Tensor]:
+    """The constant matrix of every sparse-matmul op in the module's plan."""
+    at = {"spmm": 0, "addspmm": 1}
+    return [net.plan.inputs[op.args[at[op.kind]]] for op in net.plan.ops if op.kind in at]
+
+
+def test_small_matrices_are_dense_and_large_ones_stay_sparse(neuralogic_mutagenesis, random_graphs):
+    from relsql.compile.passes.dense_small_matrices import LIMIT
+
+    db, dataset = neuralogic_mutagenesis
+    template = relsql.Template.from_file(dataset.template.parent / "template_graphlets.txt")
+    without = tuple(rule for rule in RULES if rule.__name__ != "dense_small_matrices")
+    reference, sparse_only, dense = run(template, db, ()), run(template, db, without), run(template, db, None)
+    assert_same(reference, dense, "graphlets with small dense matrices")
+    assert all(m.layout == torch.sparse_csr for m in _matrices(sparse_only[2]))
+    small = _matrices(dense[2])
+    assert small and all(m.layout == torch.strided and m.shape[0] * m.shape[1] <= LIMIT for m in small)
+    assert all(torch.equal(a.to_dense(), b) for a, b in zip(_matrices(sparse_only[2]), small))
+
+    gcn = relsql.Template.from_file(ROOT / "sql" / "gcn.sql")
+    large = _matrices(run(gcn, random_graphs, None)[2])
+    assert large and all(m.layout == torch.sparse_csr for m in large if m.shape[0] * m.shape[1] > LIMIT)
+    assert any(m.shape[0] * m.shape[1] > LIMIT for m in large)

@@ -2,7 +2,9 @@
 
 GIN's (1 + eps)·x_i + Σ_j x_j, a relation written as several statements over the same rows,
 or a self term next to a neighbour term without a weight of its own: the matrices are added at
-compile time, so the sum and all but one product disappear from the run.
+compile time, so the sum and all but one product disappear from the run. Gathers of one source
+summed in a rule body (NeuraLogic's `sum` combination over atoms of one predicate, as in
+graphlet templates) become one matmul by a matrix of counts, even without another product.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def merge_sparse_sums(plan: Plan) -> Plan:
     merged, reads, made_by = 0, readers(plan), producers(plan)
     ops: list[Op] = []
     for op in plan.ops:
-        slots = sum_terms(op)
+        slots = sum_terms(op) or (list(op.args) if op.kind == "combine" and op.attrs["kind"] == "sum" else None)
         groups: dict[int, list[_Term]] = {}
         for slot in slots or []:
             if plan.meta[slot].shape[0] == op.rows and tuple(plan.meta[slot].shape[1:]) == op.shape:
@@ -57,7 +59,8 @@ def merge_sparse_sums(plan: Plan) -> Plan:
                 groups.setdefault(term.source, []).append(term)
         products: dict[int, tuple[int, int]] = {}  # term slot -> (matrix slot, source)
         for source, members in groups.items():
-            if len(members) < 2 or not any(m.kind == "spmm" for m in members):
+            if len(members) < 2 or not (any(m.kind == "spmm" for m in members)
+                                        or all(m.kind == "gather" and m.producer is not None for m in members)):
                 continue
             rows = plan.meta[source].shape[0]
             matrices = [_matrix(m, rows) for m in members]
@@ -89,7 +92,11 @@ def merge_sparse_sums(plan: Plan) -> Plan:
                 ops.append(product)
                 item = product.out
             args.append(item)
-        ops.append(Op("sum", op.out, tuple(args), {}, op.rows, op.shape, op.note))
+        if op.kind == "combine":  # it may still broadcast scalar or one-row terms
+            op.args = tuple(args)
+            ops.append(op)
+        else:
+            ops.append(Op("sum", op.out, tuple(args), {}, op.rows, op.shape, op.note))
     plan.ops = ops
     plan.log.append(f"merge_sparse_sums: {merged} sums over one source as a single sparse matmul")
     return plan

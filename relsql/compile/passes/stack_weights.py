@@ -3,7 +3,9 @@
 What `stack_scatters` stacks is often one weight column per rule scaled by a constant fact
 value (`{32, 1} atom_embed(A) :- c_22(A).`): as products that is a matmul per rule, forwards
 and backwards. Read as rows of one stacked tensor, times the constants as a column (left out
-when they are all 1), it is two kernel calls whatever the number of rules.
+when they are all 1), it is two kernel calls whatever the number of rules. A gather of those
+rows that nothing else reads (the relation's rows in another order) is read off in that order
+instead: one op less forwards and backwards.
 """
 
 from __future__ import annotations
@@ -26,6 +28,17 @@ def _column_times_constant(plan: Plan, part: int, cat: Op, made_by: dict[int, Op
     return op if w.dim() == 2 and w.shape[1] == 1 and tuple(c.shape) == (1, 1) else None
 
 
+def _sole_gather(plan: Plan, cat: Op, reads) -> Op | None:
+    """The gather of a few constant rows that is the only reader of `cat`'s result."""
+    found = reads.get(cat.out, [])
+    if len(found) != 1 or cat.out in plan.outputs.values():
+        return None
+    gather = found[0]
+    if gather.kind != "gather" or gather.args[0] != cat.out or gather.args[1] not in plan.inputs:
+        return None
+    return gather if gather.rows <= 4 * len(cat.args) else None
+
+
 def stack_weights(plan: Plan) -> Plan:
     stacked, reads, made_by = 0, readers(plan), producers(plan)
     gone: set[int] = set()
@@ -37,11 +50,15 @@ def stack_weights(plan: Plan) -> Plan:
             continue
         scale = torch.cat([plan.inputs[p.args[1]] for p in products])
         weights = tuple(p.args[0] for p in products)
-        if bool((scale == 1).all()):
-            op.kind, op.args = "weight_rows", weights
-        else:
-            op.kind, op.args = "weight_rows", (*weights, plan.add_input(scale))
-            op.attrs = {**op.attrs, "scaled": True}
+        gather = _sole_gather(plan, op, reads)
+        if gather is not None:  # the rows in the gather's order, and the gather's slot
+            index = plan.inputs[gather.args[1]].tolist()
+            weights, scale = tuple(weights[i] for i in index), scale[index]
+            gone.add(id(op))
+            op = gather
+        op.kind, op.args, op.attrs = "weight_rows", weights, {}
+        if not bool((scale == 1).all()):
+            op.args, op.attrs = (*weights, plan.add_input(scale)), {"scaled": True}
         gone.update(id(p) for p in products)
         stacked += 1
     plan.ops = [op for op in plan.ops if id(op) not in gone]
