@@ -163,7 +163,7 @@ class _Grounder:
             warnings.warn(f"{relation.name}, {rule.origin}: a body predicate has no table; the rule has no groundings", GroundingWarning, stacklevel=5)
             return None
         select = q.substitute_relations(select, self.key_tables)
-        return select.distinct() if rule.distinct else select
+        return select.distinct(copy=False) if rule.distinct else select
 
     def key_table(self, relation: ir.Relation, sources: list[tuple[ir.Rule, exp.Expression]]) -> exp.Table:
         """The relation's distinct heads over its groundings (`sources`: tables with `_h*` head

@@ -15,7 +15,7 @@ def col(name: str, table: str | None = None) -> exp.Column:
 
 def alias(expression: exp.Expression, name: str, table: bool = False) -> exp.Expression:
     """`expression AS "name"`, taking `expression` over without a copy (builders pass fresh nodes)."""
-    return exp.alias_(expression, ident(name), table=table, copy=False)
+    return exp.alias_(expression, name, table=table, quoted=True, copy=False)
 
 
 def create_temp(table: exp.Table, query: exp.Expression) -> exp.Create:
@@ -80,7 +80,7 @@ def key_table_query(grounding_tables: list[exp.Expression], keys: list[str]) -> 
         exp.select(*[alias(col(f"_h{i}"), k) for i, k in enumerate(keys)]).from_(t.copy())
         for t in grounding_tables
     ]
-    union = _union(parts, distinct=True) if len(parts) > 1 else parts[0].distinct()
+    union = _union(parts, distinct=True) if len(parts) > 1 else parts[0].distinct(copy=False)
     order = exp.Order(expressions=[exp.Ordered(this=col(k), nulls_first=True) for k in keys])
     rid = exp.Sub(
         this=exp.Window(this=exp.RowNumber(), order=order),
