@@ -237,10 +237,12 @@ class RelsqlSide:
                 p.copy_(self.initial[n])
 
     def epoch(self):
+        import torch
+
         out = self.net()[self.head]
         if self.rows is not None:
             out = out.index_select(0, self.rows)
-        loss = ((out - self.targets) ** 2).sum()
+        loss = torch.nn.functional.mse_loss(out, self.targets, reduction="sum")  # Σ(o − t)², one op
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
