@@ -67,6 +67,18 @@ def test_user_tables_untouched_and_temp_tables_private(db):
         assert db.arrow(f'SELECT * FROM "{table}"').equals(data)
 
 
+def test_a_compiled_net_pickles_and_runs_the_same(db, tmp_path):
+    """torch.save(net) / torch.load: the executor's bound kernels are rebuilt, not pickled."""
+    net = relsql.compile(relsql.Template.from_sql(TEMPLATE), db, seed=3)
+    before = net()
+    torch.save(net, tmp_path / "net.pt")
+    loaded = torch.load(tmp_path / "net.pt", weights_only=False)
+    after = loaded()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    after["score"].sum().backward()
+    assert all(p.grad is not None for p in loaded.parameters() if p.requires_grad)
+
+
 def test_explain_lists_every_relation_with_sizes(db):
     text = relsql.compile(relsql.Template.from_sql(TEMPLATE), db).explain()
     assert "-- hop statement 2" in text
