@@ -82,6 +82,16 @@ def test_multiclass_and_regression_tasks(db):
     assert reg.predict()["prediction"].dtype.is_float()
 
 
+def test_an_enum_target_gets_the_labels_of_its_values(db):
+    """DuckDB hands an ENUM column over as Arrow dictionary codes; labels follow the values."""
+    plain = relsql.Model(db, relsql.Template.from_sql(SIMPLE), target="customer.tier", seed=1, progress=False)
+    db.execute("CREATE TYPE tier_kind AS ENUM ('silver', 'gold', 'bronze'); "
+               "ALTER TABLE customer ALTER tier TYPE tier_kind")
+    enum = relsql.Model(db, relsql.Template.from_sql(SIMPLE), target="customer.tier", seed=1, progress=False)
+    assert enum.task.classes == plain.task.classes == ["bronze", "gold", "silver"]
+    assert torch.equal(enum.y, plain.y) and len(set(enum.y.tolist())) == 3
+
+
 def test_temporal_split_orders_by_time(db):
     model = relsql.Model(db, relsql.Template.from_sql(SIMPLE), target="customer.churned", time_column="signup",
                          seed=0, progress=False)

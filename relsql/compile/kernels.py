@@ -161,4 +161,3 @@ def segment_reduce(kind: str, x: torch.Tensor, segment_ids: torch.Tensor, counts
 def scatter_rows(x: torch.Tensor, index: torch.Tensor, rows: int) -> torch.Tensor:
     """Place per-head results of one rule into the relation's rows (others stay zero)."""
     return x.new_zeros((rows, *x.shape[1:])).index_add_(0, index, x)
-

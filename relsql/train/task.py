@@ -41,9 +41,11 @@ class Task:
         if isinstance(values, list):
             index = {v: i for i, v in enumerate(self.classes)}
             return np.asarray([index.get(v, -1) for v in values], dtype=np.float64)
+        if pa.types.is_dictionary(values.type):  # e.g. a DuckDB ENUM: its values, not its codes
+            values = pc.cast(values, values.type.value_type)
         try:
             codes = pc.index_in(values, value_set=pa.array(self.classes, type=values.type))
-        except (pa.ArrowException, TypeError, ValueError):  # e.g. a dictionary-typed column: compare values
+        except (pa.ArrowException, TypeError, ValueError):  # classes Arrow cannot type like the column
             return self.encode(values.to_pylist())
         return pc.fill_null(codes, -1).to_numpy(zero_copy_only=False).astype(np.float64)
 
