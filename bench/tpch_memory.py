@@ -1,6 +1,6 @@
 """Memory bounded by the batch, not by the database: one training epoch on TPC-H at two scale factors.
 
-    python -m bench.tpch_memory [--scales 1 10] [--batch-size 16384] [--memory-limit 512MB] [--out out/bench]
+    python -m bench.tpch_memory [--scales 1 10] [--batch-size 16384] [--memory-limit 256MB] [--out out/bench]
 
 For each scale factor the TPC-H tables are generated once with DuckDB's tpch extension into
 `out/tpch/sf<N>.duckdb` (kept for later runs). Then, in a fresh process per scale factor, a
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(prog="python -m bench.tpch_memory", description=__doc__.split("\n\n")[0])
     parser.add_argument("--scales", nargs="*", type=float, default=[1, 10])
     parser.add_argument("--batch-size", type=int, default=16384)
-    parser.add_argument("--memory-limit", default="512MB", help="DuckDB's memory_limit for the training process")
+    parser.add_argument("--memory-limit", default="256MB", help="DuckDB's memory_limit for the training process")
     parser.add_argument("--data", default=str(ROOT / "out" / "tpch"), help="where the generated DuckDB files are kept")
     parser.add_argument("--out", default="out/bench")
     parser.add_argument("--one-epoch", nargs=3, metavar=("PATH", "BATCH", "LIMIT"), help=argparse.SUPPRESS)
