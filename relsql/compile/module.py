@@ -51,12 +51,9 @@ def _dense_reduce(attrs: dict) -> Kernel:
 def _weight_rows(attrs: dict) -> Kernel:
     scaled = attrs.get("scaled", False)
 
-    def run(*args: torch.Tensor) -> torch.Tensor:
-        weights = args[:-1] if scaled else args
-        if all(w.shape == weights[0].shape for w in weights):  # one stack: two autograd nodes, not one per weight
-            rows = torch.stack(weights).reshape(len(weights), -1)
-        else:
-            rows = torch.cat([w.reshape(1, -1) for w in weights])
+    def run(*args: torch.Tensor) -> torch.Tensor:  # one stack: two autograd nodes, not one per weight
+        weights = args[:-1] if scaled else args  # equal (m, 1) columns: stack_weights makes no other
+        rows = torch.stack(weights).reshape(len(weights), -1)
         return rows * args[-1] if scaled else rows
     return run
 
@@ -139,7 +136,7 @@ class CompiledNet(nn.Module):
         self.dtype = dtype
         self.seed = seed
         self._param_keys: dict[str, str] = {}
-        self._program: tuple[list, list] | None = None  # (the plan's op list it was made from, the program)
+        self._program: list | None = None  # the plan's bound kernels, made on the first call
         self.weights = nn.ParameterDict()
         self.add_weights(plan)
         self._inputs: dict[int, str] = {}
@@ -206,9 +203,9 @@ class CompiledNet(nn.Module):
         return {name: self.weights[key] for name, key in self._param_keys.items()}
 
     def forward(self) -> dict[str, torch.Tensor]:
-        if self._program is None or self._program[0] is not self.plan.ops:
-            self._program = (self.plan.ops, _program(self.plan))
-        return self._execute(self.plan, self._program[1], {s: self._buffers[k] for s, k in self._inputs.items()})
+        if self._program is None:
+            self._program = _program(self.plan)
+        return self._execute(self.plan, self._program, {s: self._buffers[k] for s, k in self._inputs.items()})
 
     def run(self, plan: Plan, external: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """Execute another plan of the same template (a mini-batch's) with this module's weights.
