@@ -70,6 +70,8 @@ def classes_of(values: torch.Tensor) -> torch.Tensor:
     if values.dim() == 1:
         return dense(values)
     flat = values.reshape(values.shape[0], -1)
+    if flat.shape[0] and bool((flat == flat[0]).all()):  # one class (a fact table without values: all ones)
+        return torch.zeros(flat.shape[0], dtype=torch.int64)
     if flat.shape[1] == 1:
         return dense(flat[:, 0])
     candidate = dense(_project(flat))
@@ -85,8 +87,9 @@ def combine(columns: list[torch.Tensor], rows: int) -> torch.Tensor:
         return torch.zeros(rows, dtype=torch.int64)
     result = columns[0]
     for column in columns[1:]:  # ids may be any ints >= -1: shift, pair, renumber (one sort per column)
-        low = int(column.min()) if column.numel() else 0
-        result = dense(result) * (int(column.max()) - low + 1 if column.numel() else 1) + (column - low)
+        low, high = (int(column.min()), int(column.max())) if column.numel() else (0, 0)
+        if high > low:  # a constant column splits no class
+            result = dense(result) * (high - low + 1) + (column - low)
     return dense(result)
 
 

@@ -192,10 +192,12 @@ class PlanBuilder:
         for rg in relation_grounding.rules:
             cls = self._grounding_classes(rg)
             heads = torch.full((size,), -1, dtype=torch.int64)
-            if rg.rule.grouped:
+            if rg.rule.grouped and rg.size > rg.segment_heads.shape[0]:
                 counts = rg.offsets[1:] - rg.offsets[:-1]
                 ids = torch.repeat_interleave(torch.arange(counts.shape[0]), counts)
                 heads[rg.segment_heads] = compress.segment_signatures(self.pairs(rg, ids), counts.shape[0])
+            elif rg.rule.grouped:  # one grounding per head: the head's multiset is that grounding's class
+                heads[rg.segment_heads] = cls
             else:
                 heads[rg.head] = cls
             per_rule.append(heads)
