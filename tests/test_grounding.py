@@ -83,3 +83,20 @@ def test_a_failing_statement_is_named_in_the_error(db):
                            "linear(n.s, 3, 'ws') AS h FROM node n WHERE n.id > CAST(n.c AS INT)")
     with pytest.raises(relsql.RelsqlError, match=r"h, statement 2"):
         relsql.compile(relsql.Template.from_sql(bad), db)
+
+
+@pytest.mark.parametrize("hidden", [False, True], ids=["visible", "hidden-literal"])
+def test_datalog_facts_are_a_set_whatever_the_table_repeats(tmp_path, hidden):
+    """A fact stored twice, or twice with different values of a column the literal does not use,
+    is one fact: h(a) averages over the substitutions Y=b and Y=c, not over joined rows."""
+    db = relsql.connect(tmp_path / "facts.duckdb")
+    db.execute("CREATE TABLE e(src VARCHAR, dst VARCHAR, extra INT); CREATE TABLE n(id VARCHAR, value DOUBLE)")
+    db.con.executemany("INSERT INTO e VALUES (?, ?, ?)", [("a", "b", 1), ("a", "b", 2), ("a", "c", 1), ("a", "b", 1)])
+    db.con.executemany("INSERT INTO n VALUES (?, ?)", [("b", 2.0), ("c", 3.0), ("b", 2.0)])
+    text = "h(X) :- {1,1} e(X, Y), *n(Y)." if hidden else "h(X) :- {1,1} e(X, Y), n(Y)."
+    net = relsql.compile(relsql.Template.from_datalog(text), db, dtype=torch.float64, seed=1)
+    (w,) = [float(p.detach()) for p in net.named_weights().values()]
+    got = float(net()["h"].detach().reshape(-1)[0])
+    assert got == pytest.approx(w if hidden else w + (2.0 + 3.0) / 2, abs=1e-12)  # a repeated row would shift it
+    assert net.grounding.relations["h"].rules[0].size == 2
+    db.con.close()

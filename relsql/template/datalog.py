@@ -460,7 +460,7 @@ class _Translator:
         head = self.heads[(rule.head.name, len(rule.head.terms))]
         self.template.relations[head].rules.append(ir.Rule(
             head=head, query=builder, refs=[r for _, r in neural], expr=expr, grouped=True,
-            distinct=True, origin=origin, n_columns=len(facts), offset_applies=head_weight is not None,
+            distinct=builder.merges_hidden, origin=origin, n_columns=len(facts), offset_applies=head_weight is not None,
         ))
 
 
@@ -500,6 +500,11 @@ class _QueryBuilder:
                  neural: list[int], facts: list[int]):
         self.head, self.body, self.heads, self.origin = head, body, heads, origin
         self.neural, self.facts = neural, facts  # literal positions of neural refs / valued facts
+        # Groundings are distinct substitutions. With every literal visible, reading each table as
+        # a set (DISTINCT over the columns a literal uses) already makes every joined row a distinct
+        # substitution: DuckDB dedups thousands of facts instead of the tens of thousands of joined
+        # rows. Hidden literals' matches are merged by a DISTINCT over the visible variables instead.
+        self.merges_hidden = any(a is not None and a.hidden for a in body)
 
     def __call__(self, db) -> exp.Select | None:
         from relsql.ground.query import alias, col, ident
@@ -533,7 +538,11 @@ class _QueryBuilder:
                     raise SchemaError(f"{atom.where}: {atom.name} has {len(atom.terms)} arguments but table `{atom.name}` has only {len(plain)} argument columns ({plain})")
                 arg_columns = plain[: len(atom.terms)]
                 value_columns[position] = col("value", name) if "value" in names else exp.Literal.number(1)
-            tables.append(alias(exp.Table(this=ident(table_name)), name, table=True))
+            source: exp.Expression = exp.Table(this=ident(table_name))
+            if relation is None and not self.merges_hidden:
+                used = [*(["sample"] if has_sample else []), *arg_columns, *(["value"] if "value" in names else [])]
+                source = exp.Subquery(this=exp.select(*[col(c) for c in dict.fromkeys(used)]).distinct(copy=False).from_(source, copy=False))
+            tables.append(alias(source, name, table=True))
             if has_sample:
                 here = col("sample", name)
                 if sample is None:
@@ -558,7 +567,7 @@ class _QueryBuilder:
             *[alias(k, f"_h{i}") for i, k in enumerate(head_keys)],
             *[alias(col("_rid", f"t{pos}"), f"_r{j}") for j, pos in enumerate(self.neural)],
             *[alias(value_columns[pos], f"_c{k}") for k, pos in enumerate(self.facts)],
-            *[alias(bindings[var].copy(), f"_v_{var}") for var in visible],
+            *[alias(bindings[var].copy(), f"_v_{var}") for var in (visible if self.merges_hidden else ())],
         )
         select = select.from_(tables[0], copy=False)
         for table in tables[1:]:
