@@ -191,7 +191,7 @@ class Database:
         cache = getattr(self, "_schema_cache", None)
         if cache is not None:
             if "scopes" not in cache:
-                cache["scopes"] = self._table_scopes()
+                cache["scopes"], cache["columns"] = self._read_schema()
             return cache["scopes"]
         return self._table_scopes()
 
@@ -211,24 +211,26 @@ class Database:
         cache = getattr(self, "_schema_cache", None)
         if cache is not None:
             if "columns" not in cache:
-                cache["columns"] = self._all_columns()
+                cache["scopes"], cache["columns"] = self._read_schema()
             if table not in cache["columns"]:
                 cache["columns"][table] = self._columns(table)  # raises the SchemaError
             return cache["columns"][table]
         return self._columns(table)
 
-    def _all_columns(self) -> dict[str, list[tuple[str, str]]]:
-        """Every user table's columns in one catalog query per scope."""
+    def _read_schema(self) -> tuple[dict[str, tuple[str, str]], dict[str, list[tuple[str, str]]]]:
+        """Every user table's scope and columns in one catalog query per scope (every table and
+        view has a column, so the column list names them all)."""
+        scopes: dict[str, tuple[str, str]] = {}
         found: dict[str, list[tuple[str, str]]] = {}
-        scopes = self.table_scopes()
-        for scope in dict.fromkeys(scopes.values()):
+        for scope in self.scopes():
             rows = self.con.execute(
                 "SELECT table_name, column_name, data_type FROM information_schema.columns "
                 "WHERE table_catalog = ? AND table_schema = ? ORDER BY table_name, ordinal_position", list(scope)).fetchall()
             for table, column, kind in rows:
-                if scopes.get(table) == scope:
-                    found.setdefault(table, []).append((column, kind))
-        return found
+                if table.startswith(TEMP_PREFIX) or scopes.setdefault(table, scope) != scope:
+                    continue  # the default scope wins a name clash
+                found.setdefault(table, []).append((column, kind))
+        return scopes, found
 
     def _columns(self, table: str) -> list[tuple[str, str]]:
         scope = self.table_scopes().get(table)
