@@ -178,8 +178,9 @@ class _Grounder:
 
     def relation(self, relation: ir.Relation) -> None:
         """Ground one relation in four statements whatever its rule count (a large one with several
-        rules takes one index query per rule): all rules' groundings into one temp table, its key
-        table, every rule's index rows (ordered by rule), the keys."""
+        rules takes one index query per rule): all rules' groundings with their heads' row ids into
+        one temp table, its key table (a DISTINCT over it), every rule's index rows (ordered by
+        rule), the keys."""
         template, db = self.template, self.db
         n_keys = len(relation.keys)
         grounded = []
