@@ -100,8 +100,7 @@ class BatchGrounder(_Grounder):
             select = self.rule_select(relation, rule)
             if select is not None:
                 sources.append((index, rule, exp.Subquery(this=select)))
-        query = q.key_table_query([source for *_, source in sources], relation.keys) if sources else None
-        self.key_tables[relation.name] = self.key_table(relation, query, sources[0][1] if sources else None)
+        self.key_tables[relation.name] = self.key_table(relation, [(rule, source) for _, rule, source in sources])
         prepared = []
         for index, rule, source in sources:
             stored = {e.column: e.weight for e in ir.walk(rule.expr) if isinstance(e, ir.Embed) and e.weight in self.stored}

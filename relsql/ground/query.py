@@ -41,35 +41,22 @@ def rule_column(index: int, k: int) -> str:
     return f"_s{index}_c{k}"
 
 
-def relation_groundings(rules: list[tuple[int, exp.Select, int, int, int]], n_keys: int) -> exp.Query:
-    """Every rule's groundings of one relation in one query, tagged `_rule`, each with its head's
-    row id `_head` (the heads' dense rank in key order): one statement materializes them all and
-    numbers the relation's rows. `rules` holds (rule index, body query, #keys, #refs, #columns).
-    The parts are aligned by position, NULL where a rule lacks another's column (a UNION BY NAME
+def relation_groundings(rules: list[tuple[int, exp.Select, int, int, int]]) -> exp.Query:
+    """Every rule's groundings of one relation in one query, tagged `_rule`: one statement
+    materializes them all. `rules` holds (rule index, body query, #keys, #refs, #columns). The
+    parts are aligned by position, NULL where a rule lacks another's column (a UNION BY NAME
     took DuckDB a third longer to plan)."""
     n_refs = max(n for _, _, _, n, _ in rules)
     value_columns = [(index, k) for index, *_, n_columns in rules for k in range(n_columns)]
     parts = []
-    for index, select, _, refs, _ in rules:
+    for index, select, n_keys, refs, _ in rules:
         parts.append(exp.select(
             alias(exp.Literal.number(index), "_rule"),
             *[col(f"_h{i}", "s") for i in range(n_keys)],
             *[alias(col(f"_r{j}", "s") if j < refs else exp.Null(), f"_r{j}") for j in range(n_refs)],
             *[alias(col(f"_c{k}", "s") if i == index else exp.Null(), rule_column(i, k)) for i, k in value_columns],
         ).from_(alias(exp.Subquery(this=select), "s", table=True), copy=False))
-    union = _union(parts, distinct=False)
-    if n_keys:
-        order = exp.Order(expressions=[exp.Ordered(this=col(f"_h{i}"), nulls_first=True) for i in range(n_keys)])
-        head = exp.Sub(this=exp.Window(this=exp.DenseRank(), order=order), expression=exp.Literal.number(1))
-    else:
-        head = exp.Literal.number(0)
-    return exp.select(exp.Star(), alias(head, "_head")).from_(alias(exp.Subquery(this=union), "u", table=True), copy=False)
-
-
-def head_keys_query(groundings: exp.Table, keys: list[str]) -> exp.Select:
-    """A relation's key table out of its grounding table: each distinct head and its `_head` id."""
-    return exp.select(*[alias(col(f"_h{i}"), k) for i, k in enumerate(keys)], alias(col("_head"), "_rid")).distinct(
-        copy=False).from_(groundings.copy(), copy=False)
+    return _union(parts, distinct=False)
 
 
 def rule_slice(groundings: exp.Table, index: int, n_keys: int, n_refs: int, n_columns: int) -> exp.Subquery:
@@ -80,10 +67,10 @@ def rule_slice(groundings: exp.Table, index: int, n_keys: int, n_refs: int, n_co
     ).from_(groundings.copy()).where(exp.EQ(this=col("_rule"), expression=exp.Literal.number(index))))
 
 
-def _union(parts: list[exp.Query], distinct: bool, by_name: bool = False) -> exp.Query:
+def _union(parts: list[exp.Query], distinct: bool) -> exp.Query:
     """A balanced tree of UNIONs: hundreds of rules stay within sqlglot's recursion limit."""
     while len(parts) > 1:
-        paired = [exp.Union(this=a, expression=b, distinct=distinct, by_name=by_name or None)
+        paired = [exp.Union(this=a, expression=b, distinct=distinct)
                   for a, b in zip(parts[::2], parts[1::2])]
         parts = paired + ([parts[-1]] if len(parts) % 2 else [])
     return parts[0]
@@ -149,10 +136,9 @@ def _join_keys(select: exp.Select, keys_table: exp.Table, keys: list[str]) -> ex
     return select.join(alias(keys_table.copy(), "k", table=True), on=condition, copy=False)
 
 
-def relation_index_query(groundings: exp.Table, rules: list[tuple[int, int, list[exp.Expression]]],
-                         only: int | None = None) -> exp.Select:
-    """`rule_index_query` for every rule of a relation in one statement (head ids come with the
-    groundings, see `relation_groundings`), ordered by `_rule` first
+def relation_index_query(groundings: exp.Table, keys_table: exp.Table, keys: list[str],
+                         rules: list[tuple[int, int, list[exp.Expression]]], only: int | None = None) -> exp.Select:
+    """`rule_index_query` for every rule of a relation in one statement, ordered by `_rule` first
     so that each rule's rows come as one slice. `rules` holds (rule index, #refs, encoded columns
     over alias `g` of `rule_slice`); an encoded column is computed on its own rule's rows only.
     `only` keeps the rows of that one rule."""
@@ -166,9 +152,10 @@ def relation_index_query(groundings: exp.Table, rules: list[tuple[int, int, list
                 own = exp.Case(ifs=[exp.If(this=exp.EQ(this=col("_rule", "g"), expression=exp.Literal.number(index)), true=own)])
             columns.append(alias(own, rule_column(index, k)))
     select = exp.select(
-        col("_rule", "g"), col("_head", "g"),
+        col("_rule", "g"), alias(col("_rid", "k") if keys else exp.Literal.number(0), "_head"),
         *[col(f"_r{j}", "g") for j in range(n_refs)], *columns,
     ).from_(alias(groundings.copy(), "g", table=True), copy=False)
+    select = _join_keys(select, keys_table, keys)
     if only is not None:
         select = select.where(exp.EQ(this=col("_rule", "g"), expression=exp.Literal.number(only)), copy=False)
     order = ["_rule", "_head", *[f"_r{j}" for j in range(n_refs)], *[c.alias for c in columns]]
