@@ -79,3 +79,19 @@ def test_a_hash_collision_falls_back_to_exact_classes(monkeypatch):
     monkeypatch.setattr(compress, "_C1", 0)
     monkeypatch.setattr(compress, "_C2", 0)  # every element hashes alike
     assert partition(compress.segment_signatures(compress.pairs(seg, cls), 3).tolist()) == {frozenset({0}), frozenset({1}), frozenset({2})}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_distinct_segments_only_answers_when_no_two_are_alike(seed):
+    g = torch.Generator().manual_seed(seed)
+    segments, n = 40, 200
+    seg = torch.sort(torch.randint(0, segments, (n,), generator=g))[0]
+    for classes in (3, 10**6):  # few classes: some segments alike; many: all different (almost surely)
+        cls = torch.randint(0, classes, (n,), generator=g)
+        multisets = [frozenset(Counter(c for s, c in zip(seg.tolist(), cls.tolist()) if s == i).items()) for i in range(segments)]
+        found = compress.distinct_segments(seg, cls, segments)
+        if len(set(multisets)) < segments:
+            assert found is None
+        else:
+            assert found is not None and partition(found.tolist()) == partition(multisets)
+    assert compress.distinct_segments(seg, seg * 7, segments) is not None  # each segment its own class

@@ -100,6 +100,17 @@ def pairs(segment_ids: torch.Tensor, grounding_classes: torch.Tensor) -> tuple[t
     return keys // k, keys % k, counts
 
 
+def distinct_segments(segment_ids: torch.Tensor, grounding_classes: torch.Tensor, segments: int) -> torch.Tensor | None:
+    """Class per segment when no two segments can be alike, else None. One hash per grounding,
+    summed per segment, needs no sort: equal multisets always hash alike, so all-different sums
+    prove all-different segments (a random graph's nodes) without `pairs`, a sort of every grounding."""
+    per_class = _mix((torch.arange(_count(grounding_classes)) + 1) * _C1)  # hashed once per class, not per grounding
+    summed = torch.zeros(segments, dtype=torch.int64).index_add_(0, segment_ids, per_class[grounding_classes])
+    lengths = torch.bincount(segment_ids, minlength=segments)
+    candidate = dense(_mix(summed + lengths * _C3))
+    return candidate if _count(candidate) == segments else None
+
+
 def segment_signatures(found: tuple[torch.Tensor, torch.Tensor, torch.Tensor], segments: int) -> torch.Tensor:
     """Class per segment: segments with the same multiset of grounding classes are alike.
     `found` is `pairs(segment ids, grounding classes)`."""

@@ -195,7 +195,8 @@ class PlanBuilder:
             if rg.rule.grouped and rg.size > rg.segment_heads.shape[0]:
                 counts = rg.offsets[1:] - rg.offsets[:-1]
                 ids = torch.repeat_interleave(torch.arange(counts.shape[0]), counts)
-                heads[rg.segment_heads] = compress.segment_signatures(self.pairs(rg, ids), counts.shape[0])
+                found = compress.distinct_segments(ids, cls, counts.shape[0])
+                heads[rg.segment_heads] = found if found is not None else compress.segment_signatures(self.pairs(rg, ids), counts.shape[0])
             elif rg.rule.grouped:  # one grounding per head: the head's multiset is that grounding's class
                 heads[rg.segment_heads] = cls
             else:
