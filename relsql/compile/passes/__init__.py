@@ -24,7 +24,7 @@ from relsql.compile.passes.linear_across_aggregation import linear_across_aggreg
 from relsql.compile.passes.linear_across_sparse import linear_across_sparse
 from relsql.compile.passes.merge_sparse_sums import merge_sparse_sums
 from relsql.compile.passes.propagate_gathers import propagate_gathers
-from relsql.compile.passes.scatter_into_sparse import scatter_into_sparse
+from relsql.compile.passes.scatter_into_sparse import scatter_into_sparse, scatter_through_weights
 from relsql.compile.passes.sparse_aggregate import sparse_aggregate
 from relsql.compile.passes.sparse_backward import sparse_backward
 from relsql.compile.passes.stack_scatters import stack_scatters
@@ -57,6 +57,8 @@ RULES: tuple[Pass, ...] = (
     gather_into_sparse,
     merge_sparse_sums,
     stack_scatters,
+    scatter_through_weights,
+    linear_across_aggregation,  # and again: a weight the scatter hid may now pass a pooling
     uniform_segments,
     choose_segment_kernels,
     fuse_affine,
