@@ -204,6 +204,16 @@ class PlanBuilder:
             per_rule.append(heads)
         return compress.combine(per_rule, size)
 
+    def _classes_are_rows(self, rg: RuleGrounding, k: int) -> bool:
+        """A rule that reads one relation's rows (a message-passing edge) and whose classes are
+        nearly as many as the rows it reads gains nothing from compression: the sparse passes
+        already compute once per row read. Compressing would only add a gather of representatives
+        (on 10M edges of a random graph: a 10M-entry sparse matrix re-sorted to fold it away)."""
+        if len(rg.refs) != 1 or rg.columns:
+            return False
+        read = int(torch.count_nonzero(torch.bincount(rg.refs[0]))) if rg.refs[0].numel() else 0
+        return k > read // 2
+
     def _rule(self, rg: RuleGrounding, size: int) -> int:
         rule = rg.rule
         note = f"{rule.head} {rule.origin}"
@@ -211,7 +221,7 @@ class PlanBuilder:
         if self.compress and rg.size >= 64:
             cls = self._grounding_classes(rg)
             k = int(cls.max()) + 1 if cls.numel() else 0
-            if k <= rg.size // 2:
+            if k <= rg.size // 2 and not self._classes_are_rows(rg, k):
                 ctx.compress(cls, k)
                 self.compressed += 1
         slot, level = ctx.compile(rule.expr)
