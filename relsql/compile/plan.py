@@ -197,9 +197,7 @@ class PlanBuilder:
                 ids = torch.repeat_interleave(torch.arange(counts.shape[0]), counts)
                 found = compress.distinct_segments(ids, cls, counts.shape[0])
                 heads[rg.segment_heads] = found if found is not None else compress.segment_signatures(self.pairs(rg, ids), counts.shape[0])
-            elif rg.rule.grouped:  # one grounding per head: the head's multiset is that grounding's class
-                heads[rg.segment_heads] = cls
-            else:
+            else:  # one grounding per head (always so for a per-row rule): the head's class is that grounding's
                 heads[rg.head] = cls
             per_rule.append(heads)
         return compress.combine(per_rule, size)

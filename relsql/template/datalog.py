@@ -559,7 +559,8 @@ class _QueryBuilder:
                 else:
                     conditions.append(exp.EQ(this=_text(reference), expression=_constant(term)))
         # NeuraLogic merges substitutions whose visible (non-hidden) ground body is identical.
-        visible = sorted({t for a in self.body if a is not None and not a.hidden for t in a.terms if _is_var(t)})
+        visible = sorted({t for a in self.body if a is not None and not a.hidden for t in a.terms if _is_var(t)}
+                         ) if self.merges_hidden else []
         head_keys = [sample.copy() if sample is not None else exp.Literal.number(0)]
         for term in self.head.terms:
             head_keys.append(_text(bindings[term].copy()) if _is_var(term) else _constant(term))
@@ -567,7 +568,7 @@ class _QueryBuilder:
             *[alias(k, f"_h{i}") for i, k in enumerate(head_keys)],
             *[alias(col("_rid", f"t{pos}"), f"_r{j}") for j, pos in enumerate(self.neural)],
             *[alias(value_columns[pos], f"_c{k}") for k, pos in enumerate(self.facts)],
-            *[alias(bindings[var].copy(), f"_v_{var}") for var in (visible if self.merges_hidden else ())],
+            *[alias(bindings[var].copy(), f"_v_{var}") for var in visible],
         )
         select = select.from_(tables[0], copy=False)
         for table in tables[1:]:

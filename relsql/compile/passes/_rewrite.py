@@ -49,6 +49,11 @@ def is_matrix_on_vectors(plan: Plan, weight: int, value: int) -> bool:
     return w.dim() == 2 and x.dim() == 2 and x.shape[1] == w.shape[1] and w.shape[1] != 1
 
 
+def matrix_position(op: Op) -> int | None:
+    """Where a sparse product keeps its matrix: spmm(matrix, ...), addspmm(c, matrix, ...)."""
+    return {"spmm": 0, "addspmm": 1}.get(op.kind)
+
+
 def movable(plan: Plan, linear: Op | None, reads: dict[int, list[Op]]) -> bool:
     """A weight on vectors, read by one op only, that does not narrow them: worth moving."""
     if linear is None or linear.kind != "linear" or len(reads.get(linear.out, [])) != 1 or linear.out in plan.outputs.values():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from relsql.compile import sparse
+from relsql.compile.passes._rewrite import matrix_position
 from relsql.compile.plan import Plan
 
 LIMIT = 1 << 17  # multiply-adds of the dense product
@@ -20,7 +21,7 @@ LIMIT = 1 << 17  # multiply-adds of the dense product
 def dense_small_matrices(plan: Plan) -> Plan:
     made, dense = 0, {}
     for op in plan.ops:
-        at = {"spmm": 0, "addspmm": 1}.get(op.kind)  # position of the matrix
+        at = matrix_position(op)
         if at is None:
             continue
         slot = op.args[at]

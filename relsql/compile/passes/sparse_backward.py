@@ -8,6 +8,7 @@ matmul (relsql/compile/sparse.py: _CsrMatmul). Runs last, after the passes that 
 from __future__ import annotations
 
 from relsql.compile import sparse
+from relsql.compile.passes._rewrite import matrix_position
 from relsql.compile.plan import Plan
 
 
@@ -23,7 +24,7 @@ def _trainable(plan: Plan) -> set[int]:
 def sparse_backward(plan: Plan) -> Plan:
     made, transposes, trainable = 0, {}, _trainable(plan)
     for op in plan.ops:
-        at = {"spmm": 0, "addspmm": 1}.get(op.kind)  # position of the matrix
+        at = matrix_position(op)
         if at is None or len(op.args) != at + 2 or op.args[-1] not in trainable:
             continue
         matrix = plan.inputs.get(op.args[at])
