@@ -28,6 +28,7 @@ from relsql.ground import query as q
 from relsql.ground.demand import BatchGrounder, database_embeddings
 from relsql.ground.execute import Presets, ground
 from relsql.template.ir import Template
+from relsql.train import arguments
 from relsql.train import checkpoint as checkpoints
 from relsql.train.batched import Batch, Batched
 from relsql.train.batches import Worker, batches
@@ -36,7 +37,7 @@ from relsql.train.report import plot_history, text_report
 from relsql.train.split import split_rows
 from relsql.train.task import Task, detect
 
-FORMAT = "relsql-model-2"
+FORMAT = "relsql-model-3"
 
 
 class Model:
@@ -55,24 +56,29 @@ class Model:
         with storage='database' live in database tables, trained in SQL by `embedding_optimizer`
         ("adagrad", the default for them, or "sgd") at `embedding_lr`; they imply mini-batches.
         Setting `embedding_optimizer` also trains in-memory embeddings that way instead of Adam."""
+        if not isinstance(db, Database):
+            raise RelsqlError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
         self.db = db
+        if not isinstance(template, Template | str | Path):
+            raise RelsqlError(f"template must be a relsql.Template or the path of a template file, got {type(template).__name__}")
         self.template = template if isinstance(template, Template) else Template.from_file(template)
+        self.table, self.column = arguments.target(target)
         self.target = target
-        self.table, self.column = _parse_target(target)
-        self.output = output or self.template.output
+        self.output = arguments.text("output", output, optional=True) or self.template.output
         if self.output not in self.template.relations:
             raise RelsqlError(f"output relation `{self.output}` is not in the template; it declares {list(self.template.relations)}")
-        self.time_column, self.fractions, self.seed = time_column, tuple(split), seed
-        self.dtype, self.device, self.progress = dtype, torch.device(device), progress
+        self.time_column = arguments.text("time_column", time_column, optional=True)
+        self.fractions, self.seed = arguments.split(split), arguments.integer("seed", seed, minimum=0, maximum=2**31 - 1)
+        self.dtype, self.device = _dtype(dtype), _device(device)
+        self.progress = progress
         self.history: list[dict] = []
         self.best_epoch: int | None = None
         self.timings: dict[str, float] = {}
-        self.batch_size, self.fanout = batch_size, fanout
-        self.embedding_optimizer, self.embedding_lr = embedding_optimizer, embedding_lr
-        if batch_size is not None and (not isinstance(batch_size, int) or batch_size <= 0):
-            raise RelsqlError(f"batch_size must be a positive number of target rows, got {batch_size!r}")
-        if embedding_optimizer not in (None, "adagrad", "sgd"):
-            raise RelsqlError(f"embedding_optimizer must be 'adagrad' or 'sgd', got {embedding_optimizer!r}")
+        self.batch_size = None if batch_size is None else arguments.integer("batch_size", batch_size)
+        self.fanout = arguments.fanout(fanout, self.template.relations)
+        self.embedding_optimizer = arguments.choice("embedding_optimizer", embedding_optimizer, (None, "adagrad", "sgd"))
+        self.embedding_lr = arguments.number("embedding_lr", embedding_lr, positive=True)
+        arguments.choice("task", task, (None, "binary", "multiclass", "regression"))
         self.batched: Batched | None = None
         self._build(Presets(), task)
 
@@ -210,6 +216,18 @@ class Model:
         """
         from tqdm.auto import tqdm
 
+        epochs = arguments.integer("epochs", epochs)
+        lr = arguments.number("lr", lr, positive=True)
+        patience = arguments.integer("patience", patience, minimum=0)
+        weight_decay = arguments.number("weight_decay", weight_decay, minimum=0.0)
+        if batch_size is not None:
+            batch_size = arguments.integer("batch_size", batch_size)
+        if checkpoint_every is not None:
+            checkpoint_every = arguments.integer("checkpoint_every", checkpoint_every)
+        if checkpoint is not None:
+            checkpoint = checkpoints.writable(checkpoint, "checkpoint")
+        if callback is not None and not callable(callback):
+            raise RelsqlError(f"callback must be callable (a function of one dict), got {type(callback).__name__}")
         if len(self.rows["train"]) == 0:
             raise RelsqlError(f"no labelled target rows to train on in {self.target}")
         batch_size = batch_size if batch_size is not None else self.batch_size
@@ -247,7 +265,8 @@ class Model:
                 if current < best["loss"] - 1e-7:
                     best["loss"], self.best_epoch = current, epoch
                     best["state"] = self._weights_copy()
-                    self._snapshot(worker, "best")
+                    for store in self._stores().values():
+                        worker.run(store.snapshot, store.best_table())
                 elif epoch - self.best_epoch >= patience:
                     stop = True
                 if checkpoint is not None:
@@ -259,8 +278,8 @@ class Model:
                 if self.batched is not None and self.batched.stores:
                     for store in self.batched.stores.values():
                         if last != self.best_epoch:  # else the table already holds the best epoch's rows
-                            worker.run(store.restore, "best")
-                        worker.run(store.drop_snapshot, "best")
+                            worker.run(store.restore, store.best_table())
+                        worker.run(store.drop, store.best_table())
         finally:
             if worker is not None:
                 worker.close()  # an update already running completes: the database stays at a step boundary
@@ -392,21 +411,24 @@ class Model:
     def _fixed(self) -> set[str]:
         return {name for name, spec in self.template.weights.items() if spec.fixed}
 
-    def _snapshot(self, worker: Worker | None, suffix: str) -> None:
-        if self.batched is not None and self.batched.stores:
-            for store in self.batched.stores.values():
-                worker.run(store.snapshot, suffix)
+    def _stores(self) -> dict:
+        return self.batched.stores if self.batched is not None else {}
 
     def _checkpoint(self, path, epoch: int, batch: int, optimizers, best, worker) -> None:
-        self._snapshot(worker, "checkpoint")
+        """The database copies first, then the file that names them, then older copies dropped:
+        a crash between any two leaves a file whose copies exist and match it."""
+        steps = {w: worker.run(store.snapshot) for w, store in self._stores().items()}
+        best_steps = {w: worker.run(store.keep_best) for w, store in self._stores().items()}
         checkpoints.save(path, {
             "target": self.target, "template": self.template.source, "epoch": epoch, "batch": batch,
             "weights": self._weights_copy(), "optimizers": [o.state_dict() for o in optimizers],
             "parameter_names": [[self._name_of(p) for g in o.param_groups for p in g["params"]] for o in optimizers],
-            "history": self.history, "best_epoch": self.best_epoch, "best_loss": best["loss"], "best_state": best["state"],
-            "stores": {w: s.step() for w, s in (self.batched.stores.items() if self.batched else [])},
-            "running": self._running if batch else (0.0, 0),
+            "history": _plain(self.history), "best_epoch": self.best_epoch, "best_loss": float(best["loss"]),
+            "best_state": best["state"], "stores": steps, "best_stores": best_steps,
+            "running": tuple(float(v) for v in self._running) if batch else (0.0, 0.0),
         })
+        for w, store in self._stores().items():
+            worker.run(store.drop_checkpoints, steps[w], best_steps[w])
 
     def _name_of(self, parameter: nn.Parameter) -> str:
         for name, p in self.net.named_weights().items():
@@ -419,7 +441,14 @@ class Model:
 
     def _resume(self, path, optimizers, best, worker) -> tuple[int, int]:
         state = checkpoints.load(path)
-        if state["target"] != self.target or state["template"] != self.template.source:
+        try:
+            return self._resume_from(state, path, optimizers, best, worker)
+        except (KeyError, TypeError, ValueError, IndexError, RuntimeError, AttributeError) as err:
+            raise RelsqlError(f"checkpoint {path} is damaged or does not fit this model ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0] if str(err) else ''}); start without resume=True") from None
+
+    def _resume_from(self, state: dict, path, optimizers, best, worker) -> tuple[int, int]:
+        if state.get("target") != self.target or state.get("template") != self.template.source:
             raise RelsqlError(f"checkpoint {path} was written for another template or target ({state['target']}); "
                               "resume with the same model, or start without resume=True")
         self._restore_weights(state["weights"])
@@ -433,9 +462,12 @@ class Model:
             optimizers.append(optimizer)
         self.history, self.best_epoch = list(state["history"]), state["best_epoch"]
         best["loss"], best["state"] = state["best_loss"], state["best_state"]
-        for weight in state["stores"]:
+        best_steps = state.get("best_stores", {})
+        for weight, step in state["stores"].items():
             store = self.batched.stores.get(weight) or self.batched.store(weight, None)  # the table exists already
-            worker.run(store.restore, "checkpoint")
+            worker.run(store.restore, int(step))
+            if best_steps.get(weight) is not None:
+                worker.run(store.load_best, int(best_steps[weight]))
         self._running = tuple(state["running"])
         return state["epoch"], state["batch"]
 
@@ -529,52 +561,138 @@ class Model:
 
     # -- persistence ------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
-        """Weights, encodings, task and split in one file (written atomically), plot beside it."""
-        path = Path(path)
+        """Weights, encodings, task and split in one file (written atomically), plot beside it.
+
+        The file holds plain tensors, numbers, strings and Arrow IPC bytes only, so loading it
+        cannot run code (see relsql/train/checkpoint.py)."""
+        path = checkpoints.writable(path, "model file")
+        encodings = self._encodings()
         state = {
             "template": self.template.source, "language": self.template.language,
             "target": self.target, "output": self.output, "time_column": self.time_column,
-            "fractions": self.fractions, "seed": self.seed, "dtype": str(self.dtype).removeprefix("torch."),
-            "task": self.task.__dict__, "rows": {k: v.tolist() for k, v in self.rows.items()},
-            "dictionaries": {w: t.to_pylist() for w, t in self._encodings().dictionaries.items()},
-            "feature_stats": self._encodings().feature_stats,
+            "fractions": tuple(float(f) for f in self.fractions), "seed": int(self.seed),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "task": {"kind": self.task.kind, "classes": checkpoints.table_bytes(pa.table({"value": pa.array(self.task.classes)})),
+                     "mean": float(self.task.mean), "std": float(self.task.std)},
+            "rows": {k: torch.as_tensor(v, dtype=torch.int64) for k, v in self.rows.items()},
+            "dictionaries": {w: checkpoints.table_bytes(t) for w, t in encodings.dictionaries.items()},
+            "feature_stats": _plain(encodings.feature_stats),
             "weights": {k: v.detach().cpu() for k, v in self.net.named_weights().items()},
             "head": {k: v.cpu() for k, v in self.head.state_dict().items()},
-            "history": self.history, "best_epoch": self.best_epoch,
+            "history": _plain(self.history), "best_epoch": self.best_epoch,
             "batch_size": self.batch_size, "fanout": self.fanout,
-            "embedding_optimizer": self.embedding_optimizer, "embedding_lr": self.embedding_lr,
+            "embedding_optimizer": self.embedding_optimizer, "embedding_lr": float(self.embedding_lr),
         }
-        checkpoints.write(path, FORMAT, state)
+        checkpoints.write(path, FORMAT, state, "model file")
         if self.history:
             plot_history(self.history, path.with_suffix(".png"), self.task.metric)
         return path
 
     @classmethod
     def load(cls, path: str | Path, db: Database, *, device: str | torch.device = "cpu") -> Model:
-        """A saved model on `db`: grounded again with the saved encodings, same predictions."""
+        """A saved model on `db`: grounded again with the saved encodings, same predictions.
+
+        Every value read from the file is checked like a user's argument before use."""
+        if not isinstance(db, Database):
+            raise RelsqlError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
         state = checkpoints.read(path, FORMAT, "model file")
-        template = Template.from_sql(state["template"]) if state["language"] == "sql" else Template.from_datalog(state["template"])
+        where = f"model file {path}"
+
+        def get(name, types):
+            return checkpoints.field(state, name, types, where)
+
+        language = arguments.choice(f"{where}: language", get("language", str), ("sql", "datalog"))
+        text = get("template", str)
+        template = Template.from_sql(text) if language == "sql" else Template.from_datalog(text)
         model = cls.__new__(cls)
-        model.db, model.template, model.target = db, template, state["target"]
-        model.table, model.column = _parse_target(model.target)
-        model.output, model.time_column = state["output"], state["time_column"]
-        model.fractions, model.seed = tuple(state["fractions"]), state["seed"]
-        model.dtype, model.device, model.progress = getattr(torch, state["dtype"]), torch.device(device), None
-        model.history, model.best_epoch, model.timings = state["history"], state["best_epoch"], {}
-        model.batch_size, model.fanout = state["batch_size"], state["fanout"]
-        model.embedding_optimizer, model.embedding_lr = state["embedding_optimizer"], state["embedding_lr"]
+        model.db, model.template, model.target = db, template, get("target", str)
+        model.table, model.column = arguments.target(model.target)
+        model.output = get("output", str)
+        if model.output not in template.relations:
+            raise RelsqlError(f"{where} is damaged: its output `{model.output}` is not a relation of its template")
+        model.time_column = get("time_column", (str, type(None)))
+        model.fractions = arguments.split(get("fractions", (tuple, list)))
+        model.seed = arguments.integer(f"{where}: seed", get("seed", int), minimum=0, maximum=2**31 - 1)
+        model.dtype = _dtype(getattr(torch, arguments.choice(f"{where}: dtype", get("dtype", str), ("float32", "float64"))))
+        model.device, model.progress = _device(device), None
+        model.history, model.best_epoch, model.timings = list(get("history", list)), get("best_epoch", (int, type(None))), {}
+        batch_size = get("batch_size", (int, type(None)))
+        model.batch_size = None if batch_size is None else arguments.integer(f"{where}: batch_size", batch_size)
+        model.fanout = arguments.fanout(get("fanout", (int, dict, type(None))), template.relations)
+        model.embedding_optimizer = arguments.choice(f"{where}: embedding_optimizer", get("embedding_optimizer", (str, type(None))),
+                                                     (None, "adagrad", "sgd"))
+        model.embedding_lr = arguments.number(f"{where}: embedding_lr", get("embedding_lr", (int, float)), positive=True)
         model.batched = None
-        presets = Presets({w: pa.Table.from_pylist(rows) for w, rows in state["dictionaries"].items()}, state["feature_stats"])
-        model._build(presets, Task(**state["task"]), split=state["rows"])
-        model.net.set_named_weights(state["weights"], model._fixed())
-        model.head.load_state_dict(state["head"])
+        task = get("task", dict)
+        kind = arguments.choice(f"{where}: task", checkpoints.field(task, "kind", str, where), ("binary", "multiclass", "regression"))
+        classes = checkpoints.bytes_table(checkpoints.field(task, "classes", bytes, where), where).column(0).to_pylist()
+        mean = arguments.number(f"{where}: task mean", checkpoints.field(task, "mean", (int, float), where))
+        std = arguments.number(f"{where}: task std", checkpoints.field(task, "std", (int, float), where), positive=True)
+        rows = get("rows", dict)
+        split = {}
+        for name in ("train", "val", "test"):
+            part = checkpoints.field(rows, name, torch.Tensor, where)
+            if part.dtype != torch.int64 or part.dim() != 1:
+                raise RelsqlError(f"{where} is damaged: split {name!r} is not a list of row positions")
+            split[name] = part.numpy()
+        dictionaries = {w: checkpoints.bytes_table(data, where) for w, data in get("dictionaries", dict).items()}
+        presets = Presets(dictionaries, _feature_stats(get("feature_stats", dict), where))
+        model._build(presets, Task(kind, classes, mean, std), split=split)
+        weights, head = get("weights", dict), get("head", dict)
+        unknown = [n for n, v in weights.items() if n not in template.weights or not isinstance(v, torch.Tensor) or not v.is_floating_point()]
+        missing = [n for n in model.net.named_weights() if n not in weights]
+        if unknown or missing:
+            raise RelsqlError(f"{where} does not fit its own template: weights {unknown or missing} "
+                              f"{'are not the template' + chr(39) + 's' if unknown else 'are missing'}")
+        try:
+            model.net.set_named_weights(weights, model._fixed())
+            model.head.load_state_dict(head)
+        except (RuntimeError, KeyError, TypeError, ValueError) as err:
+            raise RelsqlError(f"{where} does not fit its own template: {str(err).splitlines()[0]}") from None
         model.net.to(model.device)
         model.head.to(model.device)
         return model
 
 
-def _parse_target(target: str) -> tuple[str, str]:
-    parts = target.split(".")
-    if len(parts) != 2 or not all(parts):
-        raise RelsqlError(f"target must be written table.column, got {target!r}")
-    return parts[0], parts[1]
+def _plain(value: object) -> object:
+    """Numbers as Python floats/ints (numpy scalars pickle as numpy objects, which the safe
+    loader refuses), containers copied."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, np.bool_ | bool):
+        return bool(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    return value
+
+
+def _feature_stats(stats: dict, where: str) -> dict[str, dict]:
+    """Saved standardization statistics, checked: they become typed literals in SQL."""
+    checked = {}
+    for key, entry in stats.items():
+        if not isinstance(key, str) or not isinstance(entry, dict):
+            raise RelsqlError(f"{where} is damaged: feature statistics {key!r}")
+        checked[key] = {**entry, "mean": arguments.number(f"{where}: {key} mean", entry.get("mean")),
+                        "std": arguments.number(f"{where}: {key} std", entry.get("std"), positive=True),
+                        "nulls": bool(entry.get("nulls"))}
+    return checked
+
+
+def _dtype(dtype: object) -> torch.dtype:
+    if dtype not in (torch.float32, torch.float64):
+        raise RelsqlError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
+    return dtype
+
+
+def _device(device: object) -> torch.device:
+    try:
+        found = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise RelsqlError(f"device must be a torch device such as 'cpu' or 'cuda:0', got {device!r} ({err})") from None
+    if found.type == "cuda" and not torch.cuda.is_available():
+        raise RelsqlError(f"device {device!r}: this machine has no CUDA GPU that torch can use; pass device='cpu'")
+    return found

@@ -123,6 +123,10 @@ def test_seeded_training_is_reproducible(db):
 def test_save_load_round_trip_and_plot(db, tmp_path):
     model = relsql.Model(db, relsql.Template.from_sql(TEMPLATE), target="customer.churned", seed=0, progress=False)
     model.fit(epochs=20)
+    with pytest.raises(relsql.RelsqlError, match="does not exist; create it first"):
+        model.save(tmp_path / "models" / "churn.pt")  # a missing folder is never created
+    assert not (tmp_path / "models").exists()
+    (tmp_path / "models").mkdir()
     path = model.save(tmp_path / "models" / "churn.pt")
     assert path.with_suffix(".png").stat().st_size > 1000
     loaded = relsql.Model.load(path, db)

@@ -172,7 +172,7 @@ class _Grounder:
         if sources:
             _run(self.db, q.create_temp(keys_table.copy(), q.key_table_query([t for _, t in sources], relation.keys)), sources[0][0])
         else:
-            empty = exp.select(*[q.alias(exp.Null(), k) for k in relation.keys], q.alias(exp.Literal.number(0), "_rid")).where(exp.false())
+            empty = exp.select(*[q.alias(exp.Null(), k) for k in relation.keys], q.alias(q.integer(0), "_rid")).where(exp.false())
             self.db.execute(q.create_temp(keys_table, empty))
         return keys_table
 
@@ -293,7 +293,7 @@ class _Grounder:
         table = self.dictionaries.get(weight)
         if table is None:
             table = db.temp_table("d", weight.replace(".", "_"))
-            first = exp.select(q.alias(q.col(column), "value"), q.alias(exp.Literal.number(0), "code")).from_(source.copy()).where(exp.false())
+            first = exp.select(q.alias(q.col(column), "value"), q.alias(q.integer(0), "code")).from_(source.copy()).where(exp.false())
             _run(db, q.create_temp(table.copy(), first), rule)
             preset = self.presets.dictionaries.get(weight)
             if preset is not None:
@@ -332,8 +332,8 @@ class _Grounder:
                      "std": float(std) if scaled and std else 1.0, "nulls": bool(nulls)}
         self.feature_stats[key] = stats
         value = exp.Coalesce(this=exp.Div(
-            this=exp.paren(exp.Sub(this=number.copy(), expression=exp.Literal.number(stats["mean"]))),
-            expression=exp.Literal.number(stats["std"])), expressions=[exp.Literal.number(0)])
+            this=exp.paren(exp.Sub(this=number.copy(), expression=q.real(stats["mean"]))),
+            expression=q.real(stats["std"])), expressions=[q.integer(0)])
         if not stats["nulls"]:
             return value
         indicator = exp.cast(exp.Is(this=number.copy(), expression=exp.Null()), exp.DataType.build("DOUBLE"))

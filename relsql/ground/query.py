@@ -2,7 +2,30 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import sqlglot.expressions as exp
+
+from relsql.errors import RelsqlError
+
+
+def integer(value: int) -> exp.Literal:
+    """A typed integer literal. Only an int (or numpy integer) passes, never text or a bool, so no
+    value a user or a saved file supplies can reach SQL as anything but a number."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise RelsqlError(f"expected an integer to use in SQL, got {value!r} ({type(value).__name__})")
+    return exp.Literal.number(str(int(value)))
+
+
+def real(value: float) -> exp.Expression:
+    """A typed, finite DOUBLE literal (`CAST(<repr> AS DOUBLE)`); text, bools and NaN/inf are refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise RelsqlError(f"expected a number to use in SQL, got {value!r} ({type(value).__name__})")
+    value = float(value)
+    if not math.isfinite(value):
+        raise RelsqlError(f"expected a finite number to use in SQL, got {value!r}")
+    return exp.cast(exp.Literal.number(repr(value)), exp.DataType.build("DOUBLE"))
 
 
 def ident(name: str) -> exp.Identifier:
@@ -51,7 +74,7 @@ def relation_groundings(rules: list[tuple[int, exp.Select, int, int, int]]) -> e
     parts = []
     for index, select, n_keys, refs, _ in rules:
         parts.append(exp.select(
-            alias(exp.Literal.number(index), "_rule"),
+            alias(integer(index), "_rule"),
             *[col(f"_h{i}", "s") for i in range(n_keys)],
             *[alias(col(f"_r{j}", "s") if j < refs else exp.Null(), f"_r{j}") for j in range(n_refs)],
             *[alias(col(f"_c{k}", "s") if i == index else exp.Null(), rule_column(i, k)) for i, k in value_columns],
@@ -64,7 +87,7 @@ def rule_slice(groundings: exp.Table, index: int, n_keys: int, n_refs: int, n_co
     return exp.Subquery(this=exp.select(
         *[col(f"_h{i}") for i in range(n_keys)], *[col(f"_r{j}") for j in range(n_refs)],
         *[alias(col(rule_column(index, k)), f"_c{k}") for k in range(n_columns)],
-    ).from_(groundings.copy()).where(exp.EQ(this=col("_rule"), expression=exp.Literal.number(index))))
+    ).from_(groundings.copy()).where(exp.EQ(this=col("_rule"), expression=integer(index))))
 
 
 def _union(parts: list[exp.Query], distinct: bool) -> exp.Query:
@@ -79,7 +102,7 @@ def _union(parts: list[exp.Query], distinct: bool) -> exp.Query:
 def key_table_query(grounding_tables: list[exp.Expression], keys: list[str]) -> exp.Select:
     """Distinct head keys over all rules of a relation, numbered 0..n-1 in key order."""
     if not keys:
-        return exp.select(alias(exp.Literal.number(0), "_rid"))
+        return exp.select(alias(integer(0), "_rid"))
     parts = [
         exp.select(*[alias(col(f"_h{i}"), k) for i, k in enumerate(keys)]).from_(t.copy())
         for t in grounding_tables
@@ -88,7 +111,7 @@ def key_table_query(grounding_tables: list[exp.Expression], keys: list[str]) -> 
     order = exp.Order(expressions=[exp.Ordered(this=col(k), nulls_first=True) for k in keys])
     rid = exp.Sub(
         this=exp.Window(this=exp.RowNumber(), order=order),
-        expression=exp.Literal.number(1),
+        expression=integer(1),
     )
     return exp.select(*[col(k) for k in keys], alias(rid, "_rid")).from_(
         alias(exp.Subquery(this=union), "d", table=True))
@@ -106,22 +129,22 @@ def rule_index_query(
     `per_head` = (n, seed) keeps at most n groundings per head, picked by a seeded hash.
     """
     select = exp.select(
-        alias(col("_rid", "k") if keys else exp.Literal.number(0), "_head"),
+        alias(col("_rid", "k") if keys else integer(0), "_head"),
         *[col(f"_r{j}", "g") for j in range(n_refs)],
         *[alias(c.copy(), f"_c{i}") for i, c in enumerate(columns)],
     ).from_(alias(grounding.copy(), "g", table=True), copy=False)
     select = _join_keys(select, keys_table, keys)
     if demand is not None:
-        head = col("_rid", "k") if keys else exp.Literal.number(0)
+        head = col("_rid", "k") if keys else integer(0)
         select = select.join(alias(demand.copy(), "d", table=True),
                              on=exp.EQ(this=col("_rid", "d"), expression=head), copy=False)
     if per_head is not None:
         limit, seed = per_head
-        tie = exp.Anonymous(this="hash", expressions=[exp.Literal.number(seed), *[col(f"_r{j}", "g") for j in range(n_refs)],
+        tie = exp.Anonymous(this="hash", expressions=[integer(seed), *[col(f"_r{j}", "g") for j in range(n_refs)],
                                                       *[col(f"_h{i}", "g") for i in range(len(keys))]])
-        rank = exp.Window(this=exp.RowNumber(), partition_by=[col("_rid", "k") if keys else exp.Literal.number(0)],
+        rank = exp.Window(this=exp.RowNumber(), partition_by=[col("_rid", "k") if keys else integer(0)],
                           order=exp.Order(expressions=[exp.Ordered(this=tie)]))
-        select = select.qualify(exp.LTE(this=rank, expression=exp.Literal.number(limit)), copy=False)
+        select = select.qualify(exp.LTE(this=rank, expression=integer(limit)), copy=False)
     order = ["_head", *[f"_r{j}" for j in range(n_refs)], *[f"_c{i}" for i in range(len(columns))]]
     return select.order_by(*[exp.Ordered(this=col(name), nulls_first=True) for name in order], copy=False)
 
@@ -149,28 +172,28 @@ def relation_index_query(groundings: exp.Table, keys_table: exp.Table, keys: lis
             own = column.transform(lambda n, i=index: col(rule_column(i, int(n.name[2:])), "g")
                                    if isinstance(n, exp.Column) and n.table == "g" and n.name.startswith("_c") else n)
             if not isinstance(column, exp.Column):  # encoded: skip the other rules' rows (dictionary lookups)
-                own = exp.Case(ifs=[exp.If(this=exp.EQ(this=col("_rule", "g"), expression=exp.Literal.number(index)), true=own)])
+                own = exp.Case(ifs=[exp.If(this=exp.EQ(this=col("_rule", "g"), expression=integer(index)), true=own)])
             columns.append(alias(own, rule_column(index, k)))
     select = exp.select(
-        col("_rule", "g"), alias(col("_rid", "k") if keys else exp.Literal.number(0), "_head"),
+        col("_rule", "g"), alias(col("_rid", "k") if keys else integer(0), "_head"),
         *[col(f"_r{j}", "g") for j in range(n_refs)], *columns,
     ).from_(alias(groundings.copy(), "g", table=True), copy=False)
     select = _join_keys(select, keys_table, keys)
     if only is not None:
-        select = select.where(exp.EQ(this=col("_rule", "g"), expression=exp.Literal.number(only)), copy=False)
+        select = select.where(exp.EQ(this=col("_rule", "g"), expression=integer(only)), copy=False)
     order = ["_rule", "_head", *[f"_r{j}" for j in range(n_refs)], *[c.alias for c in columns]]
     return select.order_by(*[exp.Ordered(this=col(name), nulls_first=True) for name in order], copy=False)
 
 
 def dictionary_insert(dictionary: exp.Table, source: exp.Table, column: str) -> exp.Insert:
     """Append values of `column` not yet in the dictionary, with the next free codes."""
-    seen = exp.select(exp.Literal.number(1)).from_(alias(dictionary.copy(), "d", table=True)).where(
+    seen = exp.select(integer(1)).from_(alias(dictionary.copy(), "d", table=True)).where(
         exp.NullSafeEQ(this=col("value", "d"), expression=col("v", "n")))
     offset = exp.select(exp.Count(this=exp.Star())).from_(dictionary.copy())
     new_values = exp.select(alias(col(column), "v")).distinct().from_(source.copy())
     code = exp.Add(
         this=exp.Subquery(this=offset),
-        expression=exp.Sub(this=exp.Window(this=exp.RowNumber(), order=exp.Order(expressions=[exp.Ordered(this=col("v", "n"), nulls_first=True)])), expression=exp.Literal.number(1)),
+        expression=exp.Sub(this=exp.Window(this=exp.RowNumber(), order=exp.Order(expressions=[exp.Ordered(this=col("v", "n"), nulls_first=True)])), expression=integer(1)),
     )
     body = exp.select(col("v", "n"), alias(code, "code")).from_(
         alias(exp.Subquery(this=new_values), "n", table=True)

@@ -24,6 +24,7 @@ import torch
 
 from relsql.db import Database, ident, qualified, to_tensor
 from relsql.errors import RelsqlError, SourceError
+from relsql.ground import query as q
 
 STEPS = "relsql_embedding_steps"
 OPTIMIZERS = ("sgd", "adagrad")
@@ -45,7 +46,7 @@ def _col(name: str, table: str | None = None) -> exp.Column:
 
 
 def _num(value: float) -> exp.Literal:
-    return exp.Literal.number(repr(float(value)))
+    return q.real(value)
 
 
 class DatabaseEmbedding:
@@ -108,7 +109,7 @@ class DatabaseEmbedding:
                 exp.ColumnDef(this=ident("step"), kind=exp.DataType.build("BIGINT"))]), kind="TABLE", exists=True))
         if self.step() is None:
             self.db.transaction([exp.Insert(this=self.steps.copy(), expression=exp.select(
-                exp.Literal.string(self.weight), exp.Literal.number(0)))])
+                exp.Literal.string(self.weight), q.integer(0)))])
 
     def step(self) -> int | None:
         """How many updates the table has had (None before the first use)."""
@@ -126,8 +127,8 @@ class DatabaseEmbedding:
 
     def _initial(self, i: int) -> exp.Expression:
         """A uniform value in [-sqrt(3), sqrt(3)) (unit variance), from a hash of (key, i, seed)."""
-        hashed = exp.Anonymous(this="hash", expressions=[_col("key", "n"), exp.Literal.number(i), exp.Literal.number(self.seed)])
-        unit = exp.Div(this=exp.Mod(this=hashed, expression=exp.Literal.number(1_000_003)), expression=_num(1_000_003.0))
+        hashed = exp.Anonymous(this="hash", expressions=[_col("key", "n"), q.integer(i), q.integer(self.seed)])
+        unit = exp.Div(this=exp.Mod(this=hashed, expression=q.integer(1_000_003)), expression=_num(1_000_003.0))
         return exp.Mul(this=exp.paren(exp.Sub(this=exp.Mul(this=unit, expression=_num(2.0)), expression=_num(1.0))),
                        expression=_num(math.sqrt(3.0)))
 
@@ -140,7 +141,7 @@ class DatabaseEmbedding:
                                  *[exp.alias_(self._initial(i), ident(f"e{i}")) for i in range(self.width)],
                                  *[exp.alias_(_num(0.0), ident(f"a{i}")) for i in range(self.width)]).from_(
                 exp.alias_(exp.Table(this=ident(view)), ident("n"), table=True)).where(exp.Not(this=exp.Exists(
-                    this=exp.select(exp.Literal.number(1)).from_(exp.alias_(self.table.copy(), ident("t"), table=True)).where(
+                    this=exp.select(q.integer(1)).from_(exp.alias_(self.table.copy(), ident("t"), table=True)).where(
                         exp.EQ(this=_col("key", "t"), expression=_col("key", "n"))))))
             self.db.transaction([exp.Insert(this=self.table.copy(), expression=missing)])
             select = exp.select(*[_col(f"e{i}", "t") for i in range(self.width)]).from_(
@@ -177,25 +178,42 @@ class DatabaseEmbedding:
                               from_=exp.From(this=exp.alias_(exp.Table(this=ident(view)), ident("g"), table=True)),
                               where=exp.Where(this=exp.EQ(this=_col("key", "t"), expression=_col("key", "g"))))
             counter = exp.Update(this=self.steps.copy(), expressions=[exp.EQ(this=_col("step"), expression=exp.Add(
-                this=_col("step"), expression=exp.Literal.number(1)))], where=exp.Where(this=exp.EQ(
+                this=_col("step"), expression=q.integer(1)))], where=exp.Where(this=exp.EQ(
                     this=_col("weight"), expression=exp.Literal.string(self.weight))))
             self.db.transaction([rows, counter])
         finally:
             self.db.con.unregister(view)
 
-    # -- checkpoints -----------------------------------------------------------------------------
-    def snapshot(self, suffix: str) -> None:
-        """Copy the table (and its step) aside, atomically, under `<table>_<suffix>`."""
-        copy = qualified(f"{self.name}_{suffix}", self.scope)
-        self.db.transaction([exp.Create(this=copy, kind="TABLE", replace=True,
-                                      expression=exp.select(exp.Star(), exp.alias_(exp.Literal.number(self.step()), ident("_step")))
-                                      .from_(self.table.copy()))])
+    # -- snapshots -------------------------------------------------------------------------------
+    # A checkpoint's copy lives in the database beside the table, named by the step it holds
+    # (`<table>_checkpoint_<step>`), and the checkpoint file names that step: a crash between
+    # copying and writing the file leaves the file naming the previous copy, which is dropped
+    # only after the file is in place. The best epoch's copy lives in DuckDB's temp catalog:
+    # a killed run leaves nothing of it behind.
+    def checkpoint_table(self, step: int) -> exp.Table:
+        return qualified(f"{self.name}_checkpoint_{int(step)}", self.scope)
 
-    def restore(self, suffix: str) -> int:
-        """Put a snapshot back (table and step counter, one transaction); returns its step."""
-        copy = qualified(f"{self.name}_{suffix}", self.scope)
-        if f"{self.name}_{suffix}" not in self.db._tables_in(self.scope):
-            raise RelsqlError(f"no checkpoint copy `{self.name}_{suffix}` of embedding `{self.weight}` in the database")
+    def best_table(self) -> exp.Table:
+        return self.db.temp_table("best", self.name)
+
+    def snapshot(self, copy: exp.Table | None = None) -> int:
+        """Copy the table aside (to `copy`, default: its checkpoint copy), atomically; returns its step."""
+        step = self.step()
+        copy = copy if copy is not None else self.checkpoint_table(step)
+        create = exp.Create(this=copy.copy(), kind="TABLE", replace=True, expression=exp.select(
+            exp.Star(), exp.alias_(q.integer(step), ident("_step"))).from_(self.table.copy()))
+        if copy.catalog == "temp":
+            create.set("properties", exp.Properties(expressions=[exp.TemporaryProperty()]))
+        self.db.transaction([create])
+        return step
+
+    def restore(self, copy: exp.Table | int) -> int:
+        """Put a copy back (table and step counter, one transaction): a table, or the checkpoint
+        copy of a step. Returns its step."""
+        copy = self.checkpoint_table(copy) if isinstance(copy, int) else copy
+        if not self._exists(copy):
+            raise RelsqlError(f"no copy {copy.name} of embedding `{self.weight}` in the database: the checkpoint "
+                              "does not match the database (was the table dropped?); train without resume=True")
         row = self.db.con.execute(exp.select(exp.Max(this=_col("_step"))).from_(copy.copy()).sql("duckdb")).fetchone()
         step = int(row[0]) if row and row[0] is not None else 0
         columns = ["key", *[f"{p}{i}" for p in ("e", "a") for i in range(self.width)]]
@@ -204,13 +222,55 @@ class DatabaseEmbedding:
             exp.Create(this=fresh, kind="TABLE", replace=True, expression=exp.select(*[_col(c) for c in columns]).from_(copy.copy())),
             exp.Drop(tables=[self.table.copy()], kind="TABLE"),
             exp.Alter(this=fresh.copy(), kind="TABLE", actions=[exp.AlterRename(this=exp.Table(this=ident(self.name)))]),
-            exp.Update(this=self.steps.copy(), expressions=[exp.EQ(this=_col("step"), expression=exp.Literal.number(step))],
+            exp.Update(this=self.steps.copy(), expressions=[exp.EQ(this=_col("step"), expression=q.integer(step))],
                        where=exp.Where(this=exp.EQ(this=_col("weight"), expression=exp.Literal.string(self.weight)))),
         ])
         return step
 
-    def drop_snapshot(self, suffix: str) -> None:
-        self.db.execute(exp.Drop(tables=[qualified(f"{self.name}_{suffix}", self.scope)], kind="TABLE", exists=True))
+    def _exists(self, table: exp.Table) -> bool:
+        if table.catalog == "temp":
+            found = self.db.con.execute("SELECT count(*) FROM duckdb_tables() WHERE temporary AND table_name = ?",
+                                        [table.name]).fetchone()[0]
+            return bool(found)
+        return table.name in self.db._tables_in(self.scope)
+
+    def drop(self, copy: exp.Table) -> None:
+        self.db.execute(exp.Drop(tables=[copy.copy()], kind="TABLE", exists=True))
+
+    def kept_best_table(self, step: int) -> exp.Table:
+        return qualified(f"{self.name}_best_{int(step)}", self.scope)
+
+    def keep_best(self) -> int | None:
+        """For a checkpoint: the best epoch's copy (temp) also kept in the database, named by its
+        step, so a resumed run can still go back to it. Returns that step (None: no best yet)."""
+        best = self.best_table()
+        if not self._exists(best):
+            return None
+        row = self.db.con.execute(exp.select(exp.Max(this=_col("_step"))).from_(best.copy()).sql("duckdb")).fetchone()
+        step = int(row[0]) if row and row[0] is not None else 0
+        kept = self.kept_best_table(step)
+        if not self._exists(kept):
+            self.db.transaction([exp.Create(this=kept, kind="TABLE", expression=exp.select(exp.Star()).from_(best.copy()))])
+        return step
+
+    def load_best(self, step: int) -> None:
+        """A resumed run's temp best copy, from the one a checkpoint kept."""
+        kept = self.kept_best_table(step)
+        if not self._exists(kept):
+            raise RelsqlError(f"no copy {kept.name} of embedding `{self.weight}` in the database: the checkpoint "
+                              "does not match the database (was the table dropped?); train without resume=True")
+        self.db.transaction([exp.Create(this=self.best_table(), kind="TABLE", replace=True,
+                                        properties=exp.Properties(expressions=[exp.TemporaryProperty()]),
+                                        expression=exp.select(exp.Star()).from_(kept.copy()))])
+
+    def drop_checkpoints(self, keep: int | None = None, keep_best: int | None = None) -> None:
+        """Drop this table's checkpoint copies except those a checkpoint file names."""
+        for kind, kept in (("checkpoint", keep), ("best", keep_best)):
+            prefix = f"{self.name}_{kind}_"
+            for name in self.db._tables_in(self.scope):
+                suffix = name[len(prefix):]
+                if name.startswith(prefix) and suffix.isdigit() and int(suffix) != kept:
+                    self.drop(qualified(name, self.scope))
 
     def values(self) -> dict:
         """{key: vector} of every row (for tests and small tables)."""
