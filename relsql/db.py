@@ -291,7 +291,9 @@ def connect(source: str | Path | duckdb.DuckDBPyConnection | Mapping[str, Any] |
             memory_limit: str | None = None) -> Database:
     """Open a data source as a `Database` whose engine is DuckDB.
 
-    `source`: None or ":memory:" (in-memory DuckDB), an open `duckdb.DuckDBPyConnection`, a
+    `source`: None or ":memory:" (in-memory DuckDB), an open `duckdb.DuckDBPyConnection` (relsql
+    works in a connection of its own to that database, `con.cursor()`: it sees what is committed,
+    never joins or aborts your open transaction, and closing relsql's handle leaves yours open), a
     `.duckdb`/`.ddb` path (created if missing unless read_only), a folder of `*.parquet` /
     `*.csv` files (one table per file, named after its stem), a `.sqlite`/`.sqlite3`/`.db` file,
     a `postgresql://` URL, or a dict of table name -> polars/pandas/pyarrow frame.
@@ -306,7 +308,7 @@ def connect(source: str | Path | duckdb.DuckDBPyConnection | Mapping[str, Any] |
     if source is None or (isinstance(source, str) and source == ":memory:"):
         db = Database(duckdb.connect(), "in-memory DuckDB", source=Source("in-memory DuckDB", read_only=False))
     elif isinstance(source, duckdb.DuckDBPyConnection):
-        db = Database(source, "DuckDB connection")
+        db = _own_connection(source)
     elif isinstance(source, Mapping):
         db = frames.open_frames(source)
     elif isinstance(source, str) and postgres.is_url(source):
@@ -320,6 +322,16 @@ def connect(source: str | Path | duckdb.DuckDBPyConnection | Mapping[str, Any] |
     if memory_limit is not None:
         set_memory_limit(db, memory_limit)
     return db
+
+
+def _own_connection(con: duckdb.DuckDBPyConnection) -> Database:
+    """A user's connection, used through a cursor: a statement of relsql that fails (a grounding
+    error, say) must not abort the user's transaction and lose their uncommitted rows."""
+    try:
+        cursor = con.cursor()
+    except duckdb.ConnectionException as err:
+        raise SourceError(f"the DuckDB connection cannot be used: {first_line(err)}; pass an open connection") from None
+    return Database(cursor, "DuckDB connection")
 
 
 def set_memory_limit(db: Database, limit: str) -> None:

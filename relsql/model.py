@@ -22,7 +22,7 @@ from torch import nn
 
 from relsql.compile import make_plan
 from relsql.compile.module import CompiledNet
-from relsql.db import Database
+from relsql.db import TEMP_PREFIX, Database
 from relsql.errors import RelsqlError, SchemaError
 from relsql.ground import query as q
 from relsql.ground.demand import BatchGrounder, database_embeddings
@@ -485,7 +485,11 @@ class Model:
         return scores
 
     def predict(self) -> pl.DataFrame:
-        """Every output row: its key columns, `prediction` and (classification) `probabilities`."""
+        """Every output row: its key columns, `prediction` and (classification) `probabilities`.
+
+        A key column that already has one of those names keeps it; the prediction's column then
+        gets the first free name `prediction_1`, `prediction_2`, ... (compared as the database
+        does, ignoring case)."""
         if self.mini_batches:
             keys = pl.from_arrow(self.batched.grounder.keys(self.output)).sort("_rid")
             out = self._batched_outputs(keys["_rid"].to_numpy(), None, None).cpu().double().numpy()
@@ -495,9 +499,11 @@ class Model:
                 out = self._outputs().cpu().double().numpy()
             keys = pl.from_arrow(self.net.grounding.relations[self.output].keys).sort("_rid").drop("_rid")
         predictions, probabilities = self.task.decode(out)
-        frame = keys.with_columns(pl.Series("prediction", predictions))
+        taken = {k.casefold() for k in keys.columns}
+        frame = keys.with_columns(pl.Series(_free_name("prediction", taken), predictions))
         if probabilities is not None:
-            frame = frame.with_columns(pl.Series("probabilities", probabilities.tolist(), dtype=pl.List(pl.Float64)))
+            name = _free_name("probabilities", taken)
+            frame = frame.with_columns(pl.Series(name, probabilities.tolist(), dtype=pl.List(pl.Float64)))
         return frame
 
     def write_predictions(self, name: str, *, replace: bool = False) -> int:
@@ -516,10 +522,43 @@ class Model:
         """
         if split not in self.rows or not len(self.rows[split]):
             raise RelsqlError(f"split {split!r} has no rows to take gradients on; use 'train', 'val' or 'test'")
+        arguments.text("prefix", prefix)
+        names = [*self.named_weights(), *(database_embeddings(self.template) if self.mini_batches else {})]
+        tables = {name: prefix + table_suffix(name) for name in names}
+        self._check_new_tables(tables, replace)  # all names first: a refused one must not leave others written
+        existing = {t.casefold() for t in self.db.tables()}
         for p in self.parameters():
             p.grad = None
         rows = self.rows[split]
         written = {}
+        try:
+            self._write_gradients(prefix, split, rows, replace, written)
+        except BaseException:
+            for table in written.values():  # tables this call created go again; replaced ones are gone either way
+                if table.casefold() not in existing:
+                    self.db.execute(exp.Drop(tables=[exp.Table(this=q.ident(table), db=q.ident(self.db.scopes()[0][1]),
+                                                               catalog=q.ident(self.db.scopes()[0][0]))],
+                                             kind="TABLE", exists=True))
+            raise
+        finally:
+            for p in self.parameters():
+                p.grad = None
+        return written
+
+    def _check_new_tables(self, tables: dict[str, str], replace: bool) -> None:
+        seen: dict[str, str] = {}
+        existing = {t.casefold(): t for t in self.db.tables()}
+        for name, table in tables.items():
+            other = seen.setdefault(table.casefold(), name)
+            if other != name:
+                raise RelsqlError(f"weights `{other}` and `{name}` would both be written to table `{table}`; rename one of them")
+            if table.casefold() in existing and not replace:
+                raise SchemaError(f"table `{existing[table.casefold()]}` already exists in {self.db.description}; "
+                                  "choose another prefix or pass replace=True (nothing was written)")
+            if table.startswith(TEMP_PREFIX):
+                raise SchemaError(f"cannot write a table named `{table}`: the prefix {TEMP_PREFIX} is relsql's own")
+
+    def _write_gradients(self, prefix: str, split: str, rows: np.ndarray, replace: bool, written: dict[str, str]) -> None:
         if self.mini_batches:
             staging: dict[str, GradientStaging] = {}
             with Worker() as worker:
@@ -534,7 +573,8 @@ class Model:
                             staging[weight] = GradientStaging(self.db, weight, values.shape[1])
                         worker.run(staging[weight].add, batch.grounding.embedding_keys[weight], values.grad)
                 for weight, stage in staging.items():
-                    written[weight] = worker.run(stage.write, prefix + table_suffix(weight), replace)
+                    worker.run(stage.write, prefix + table_suffix(weight), replace)
+                    written[weight] = prefix + table_suffix(weight)
         else:
             index, y = self._split_tensors(split)
             self.task.loss(self._outputs().index_select(0, index), y).backward()
@@ -544,11 +584,8 @@ class Model:
             matrix = grad.detach().cpu().double().reshape(grad.shape[0] if grad.dim() else 1, -1).numpy()
             table = pa.table({"parameter": [name] * matrix.shape[0], "row": np.arange(matrix.shape[0], dtype=np.int64),
                               "gradient": pa.array(matrix.tolist(), type=pa.list_(pa.float64()))})
+            self.db.write_table(prefix + table_suffix(name), table, replace=replace)
             written[name] = prefix + table_suffix(name)
-            self.db.write_table(written[name], table, replace=replace)
-        for p in self.parameters():
-            p.grad = None
-        return written
 
     def report(self) -> str:
         return text_report(self)
@@ -652,6 +689,16 @@ class Model:
         model.net.to(model.device)
         model.head.to(model.device)
         return model
+
+
+def _free_name(name: str, taken: set[str]) -> str:
+    """`name`, or `name_1`, `name_2`, ... if a column (compared case-insensitively) has it; marks it taken."""
+    found, n = name, 0
+    while found.casefold() in taken:
+        n += 1
+        found = f"{name}_{n}"
+    taken.add(found.casefold())
+    return found
 
 
 def _plain(value: object) -> object:

@@ -124,7 +124,7 @@ class BatchGrounder(_Grounder):
     # -- one batch -----------------------------------------------------------------------------
     def ground(self, rids: np.ndarray, sample: int = 0) -> BatchGrounding:
         """The grounding of the output rows with global ids `rids`; `sample` reseeds fan-out sampling."""
-        demand: dict[str, torch.Tensor] = {self.output: torch.unique(torch.as_tensor(np.asarray(rids, dtype=np.int64)))}
+        demand: dict[str, torch.Tensor] = {self.output: torch.unique(torch.from_numpy(np.array(rids, dtype=np.int64)))}  # a copy: Arrow arrays are read-only
         fetched: dict[str, list[tuple[_PreparedRule, pa.Table]]] = {}
         for name in reversed(self.order):
             wanted = demand.get(name)

@@ -323,11 +323,25 @@ class _Grounder:
         stats = self.presets.feature_stats.get(key)
         if stats is None:
             bare = number.transform(lambda n: q.col(f"_c{k}") if isinstance(n, exp.Column) else n)
-            row = self.db.con.execute(exp.select(
-                exp.Avg(this=bare.copy()), exp.StddevPop(this=bare.copy()),
-                exp.Sub(this=exp.Count(this=exp.Star()), expression=exp.Count(this=bare.copy())),
-            ).from_(grounding.copy()).sql("duckdb")).fetchone()
-            mean, std, nulls = row
+            label = f"{rule.head}, {rule.origin}: features({column_label(rule, k)})"
+            infinite = exp.Sum(this=exp.Case(ifs=[exp.If(this=exp.Not(this=exp.Anonymous(this="isfinite", expressions=[bare.copy()])),
+                                                         true=q.integer(1))], default=q.integer(0)))
+            try:
+                bad = self.db.con.execute(exp.select(infinite).from_(grounding.copy()).sql("duckdb")).fetchone()[0]
+                if bad:
+                    raise SchemaError(f"{label}: {bad} values are infinite or NaN and cannot be standardized; filter them "
+                                      "out (e.g. WHERE isfinite(column)) or replace them in the query")
+                mean, std, nulls = self.db.con.execute(exp.select(
+                    exp.Avg(this=bare.copy()), exp.StddevPop(this=bare.copy()),
+                    exp.Sub(this=exp.Count(this=exp.Star()), expression=exp.Count(this=bare.copy())),
+                ).from_(grounding.copy()).sql("duckdb")).fetchone()
+            except duckdb.Error as err:  # STDDEV_POP overflows on values beyond ~1e154
+                raise SchemaError(f"{label}: the database could not compute the column's mean and spread "
+                                  f"({str(err).strip().splitlines()[0]}); values this large cannot be standardized: "
+                                  "rescale the column (e.g. divide it by a power of ten) or leave it out") from None
+            if not all(v is None or np.isfinite(v) for v in (mean, std)):
+                raise SchemaError(f"{label}: the column's mean or spread is not a finite number (values too large); "
+                                  "rescale the column (e.g. divide it by a power of ten) or leave it out")
             stats = {"mean": float(mean or 0.0) if scaled else 0.0,
                      "std": float(std) if scaled and std else 1.0, "nulls": bool(nulls)}
         self.feature_stats[key] = stats

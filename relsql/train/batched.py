@@ -44,7 +44,7 @@ class Batched:
         """Ground and plan a batch (database + torch work, no weights involved)."""
         grounding = self.grounder.ground(rids, sample)
         plan = make_plan(self.template, grounding, self.dtype, PASSES, outputs=[self.output])
-        rows = torch.searchsorted(grounding.rows[self.output], torch.as_tensor(np.asarray(rids, dtype=np.int64)))
+        rows = torch.searchsorted(grounding.rows[self.output], torch.from_numpy(np.array(rids, dtype=np.int64)))
         return Batch(np.asarray(rids), grounding, plan, rows)
 
     def store(self, weight: str, key_type: pa.DataType) -> DatabaseEmbedding:

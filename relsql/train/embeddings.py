@@ -92,9 +92,14 @@ class DatabaseEmbedding:
         columns = [exp.ColumnDef(this=ident("key"), kind=exp.DataType.build(self._sql_type(key_type)))]
         columns += [exp.ColumnDef(this=ident(f"{p}{i}"), kind=exp.DataType.build("DOUBLE"))
                     for p in ("e", "a") for i in range(self.width)]
-        existing = self.db._tables_in(self.scope)
-        if self.name in existing:
-            found = [c for c, _ in self.db._columns(self.name)]
+        existing = {t.casefold(): t for t in self.db._tables_in(self.scope)}  # DuckDB folds case
+        if STEPS.casefold() in existing:  # checked before anything is created
+            found = [c for c, _ in self.db._columns(existing[STEPS.casefold()])]
+            if found != ["weight", "step"]:
+                raise RelsqlError(f"table `{existing[STEPS.casefold()]}` exists with columns {found}, but relsql keeps its "
+                                  f"embedding step counters in a table of that name (weight, step): rename your table")
+        if self.name.casefold() in existing:
+            found = [c for c, _ in self.db._columns(existing[self.name.casefold()])]
             if found != [c.name for c in columns]:
                 raise RelsqlError(f"table `{self.name}` exists with columns {found}; it is not an embedding of width "
                                   f"{self.width}: drop it or name the embedding differently")
@@ -102,7 +107,7 @@ class DatabaseEmbedding:
             raise RelsqlError(f"embedding `{self.weight}` has no table `{self.name}` in {self.db.description}")
         else:
             self.db.execute(exp.Create(this=exp.Schema(this=self.table.copy(), expressions=columns), kind="TABLE", exists=True))
-        if STEPS not in existing:
+        if STEPS.casefold() not in existing:
             self.db.execute(exp.Create(this=exp.Schema(this=self.steps.copy(), expressions=[
                 exp.ColumnDef(this=ident("weight"), kind=exp.DataType.build("VARCHAR"),
                               constraints=[exp.ColumnConstraint(kind=exp.PrimaryKeyColumnConstraint())]),
