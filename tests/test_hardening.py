@@ -153,3 +153,13 @@ def test_mini_batch_training_shows_no_internal_warnings():
     run = subprocess.run([sys.executable, "-W", "always", "-c", script], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and run.stdout.strip() == "done", run.stderr
     assert "Warning" not in run.stderr, run.stderr
+
+
+def test_a_relation_named_like_a_user_table_it_hides_is_refused():
+    db = relsql.connect()
+    db.execute("CREATE TABLE t AS SELECT i AS id, i * 1.0 AS x FROM range(4) r(i)")
+    db.execute("CREATE TABLE H AS SELECT 1 AS id")  # the user's table, which statement 2 would not read
+    template = relsql.Template.from_sql("CREATE TABLE h AS SELECT t.id, linear(features(t.x), 2) FROM t t;\n"
+                                        "CREATE TABLE p AS SELECT x.id, linear(x.h, 1) FROM h x;")
+    with pytest.raises(relsql.SchemaError, match="relation `h` has the name of table `H`.*rename the relation"):
+        relsql.compile(template, db)

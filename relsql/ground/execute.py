@@ -148,6 +148,21 @@ def column_label(rule: ir.Rule, k: int) -> str:
     return f"value column {k}"
 
 
+def _refuse_shadowing(template: ir.Template, db: Database) -> None:
+    """A relation named like a user table hides that table from every statement that reads the
+    name: refuse it rather than silently ground with the relation where the table was meant."""
+    tables = {t.casefold(): t for t in db.tables()}
+    for name in template.relations:
+        if name.casefold() not in tables:
+            continue
+        readers = [rule.origin for relation in template.relations.values() for rule in relation.rules
+                   if name in rule.refs or name in rule.depends]
+        if readers:
+            raise SchemaError(f"relation `{name}` has the name of table `{tables[name.casefold()]}` of {db.description}, "
+                              f"so {readers[0]} reads the relation, not the table; rename the relation "
+                              f"(e.g. `{name}_h`) so that both can be used")
+
+
 class _Grounder:
     def __init__(self, template: ir.Template, db: Database, presets: Presets):
         self.template, self.db, self.presets = template, db, presets
@@ -155,6 +170,8 @@ class _Grounder:
         self.key_tables: dict[str, exp.Table] = {}
         self.dictionaries: dict[str, exp.Table] = {}
         self.feature_stats: dict[str, dict] = {}
+        if template.language == "sql":
+            _refuse_shadowing(template, db)
 
     def rule_select(self, relation: ir.Relation, rule: ir.Rule) -> exp.Select | None:
         """A rule's body query, neural relations read through their key tables (None: no groundings)."""
