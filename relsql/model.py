@@ -157,8 +157,22 @@ class Model:
         return Batched(grounder, self.template, self.output, self.dtype, self.seed,
                        self.embedding_optimizer or "adagrad", self.embedding_lr)
 
+    def _check_key_types(self, keys: list[str]) -> None:
+        """The output's head keys and the target table's key columns must be of one kind: DuckDB
+        would compare '1' with 1 by casting, silently matching rows that are not the same key."""
+        found = self.db.con.execute(exp.select(exp.Star()).from_(self.db.temp_table("k", self.output)).limit(0).sql("duckdb"))
+        produced = {d[0]: str(d[1]) for d in found.description}
+        columns = dict(self.db.columns(self.table))
+        for key in keys:
+            mine, theirs = _type_kind(produced.get(key, "")), _type_kind(columns.get(key, ""))
+            if mine != theirs:
+                raise SchemaError(f"output relation `{self.output}` has key `{key}` of type {produced.get(key)}, but "
+                                  f"`{self.table}.{key}` is {columns.get(key)}; select the target table's own key column "
+                                  f"as the head (or CAST it to {columns.get(key)})")
+
     def _labels(self, keys: list[str]) -> pa.Table:
         """(_rid of the output row, target value[, time]) for every target row that has a head."""
+        self._check_key_types(keys)
         k, t = "k", "t"
         select = [q.col("_rid", k), exp.alias_(q.col(self.column, t), q.ident("y"))]
         if self.time_column:
@@ -689,6 +703,17 @@ class Model:
         model.net.to(model.device)
         model.head.to(model.device)
         return model
+
+
+def _type_kind(sql_type: str) -> str:
+    """A database type's family for comparing keys: integers of any width match, and so on."""
+    name = sql_type.upper()
+    for kind, markers in (("integer", ("INT",)), ("number", ("DOUBLE", "FLOAT", "REAL", "DECIMAL", "NUMERIC")),
+                          ("text", ("VARCHAR", "CHAR", "TEXT", "STRING", "UUID")), ("time", ("DATE", "TIME")),
+                          ("boolean", ("BOOL",))):
+        if any(m in name for m in markers):
+            return kind
+    return name
 
 
 def _free_name(name: str, taken: set[str]) -> str:

@@ -163,3 +163,11 @@ def test_a_relation_named_like_a_user_table_it_hides_is_refused():
                                         "CREATE TABLE p AS SELECT x.id, linear(x.h, 1) FROM h x;")
     with pytest.raises(relsql.SchemaError, match="relation `h` has the name of table `H`.*rename the relation"):
         relsql.compile(template, db)
+
+
+@pytest.mark.parametrize("head", ["CAST(c.customer_id AS VARCHAR)", "c.customer_id * 1.0"])
+def test_an_output_key_of_another_type_than_the_targets_is_refused(shop, head):
+    template = (f"CREATE TABLE predict AS SELECT {head} AS customer_id, linear(features(c.spend), 1) "
+                "FROM customer c;")
+    with pytest.raises(relsql.SchemaError, match="has key `customer_id` of type"):
+        relsql.Model(shop, relsql.Template.from_sql(template), target="customer.churned", progress=False)
