@@ -28,7 +28,7 @@ from relsql.ground import query as q
 from relsql.ground.demand import BatchGrounder, database_embeddings
 from relsql.ground.execute import Presets, ground
 from relsql.template.ir import Template
-from relsql.train import arguments
+from relsql.train import arguments, saved
 from relsql.train import checkpoint as checkpoints
 from relsql.train.batched import Batch, Batched
 from relsql.train.batches import Worker, batches
@@ -36,8 +36,6 @@ from relsql.train.embeddings import GradientStaging, table_suffix
 from relsql.train.report import plot_history, text_report
 from relsql.train.split import split_rows
 from relsql.train.task import Task, detect
-
-FORMAT = "relsql-model-3"
 
 
 class Model:
@@ -69,7 +67,7 @@ class Model:
             raise RelsqlError(f"output relation `{self.output}` is not in the template; it declares {list(self.template.relations)}")
         self.time_column = arguments.text("time_column", time_column, optional=True)
         self.fractions, self.seed = arguments.split(split), arguments.integer("seed", seed, minimum=0, maximum=2**31 - 1)
-        self.dtype, self.device = _dtype(dtype), _device(device)
+        self.dtype, self.device = arguments.dtype(dtype), arguments.device(device)
         self.progress = progress
         self.history: list[dict] = []
         self.best_epoch: int | None = None
@@ -437,7 +435,7 @@ class Model:
             "target": self.target, "template": self.template.source, "epoch": epoch, "batch": batch,
             "weights": self._weights_copy(), "optimizers": [o.state_dict() for o in optimizers],
             "parameter_names": [[self._name_of(p) for g in o.param_groups for p in g["params"]] for o in optimizers],
-            "history": _plain(self.history), "best_epoch": self.best_epoch, "best_loss": float(best["loss"]),
+            "history": saved.plain(self.history), "best_epoch": self.best_epoch, "best_loss": float(best["loss"]),
             "best_state": best["state"], "stores": steps, "best_stores": best_steps,
             "running": tuple(float(v) for v in self._running) if batch else (0.0, 0.0),
         })
@@ -468,11 +466,11 @@ class Model:
         self._restore_weights(state["weights"])
         weights = {**self.net.named_weights(), **{f"_head.{n}": p for n, p in self.head.named_parameters()}}
         optimizers.clear()
-        for names, saved in zip(state["parameter_names"], state["optimizers"]):
+        for names, optimizer_state in zip(state["parameter_names"], state["optimizers"]):
             params = [weights[n] for n in names]
             kind = torch.optim.Adam if not optimizers else (torch.optim.Adagrad if self.embedding_optimizer == "adagrad" else torch.optim.SGD)
             optimizer = kind(params)
-            optimizer.load_state_dict(saved)
+            optimizer.load_state_dict(optimizer_state)
             optimizers.append(optimizer)
         self.history, self.best_epoch = list(state["history"]), state["best_epoch"]
         best["loss"], best["state"] = state["best_loss"], state["best_state"]
@@ -616,25 +614,7 @@ class Model:
 
         The file holds plain tensors, numbers, strings and Arrow IPC bytes only, so loading it
         cannot run code (see relsql/train/checkpoint.py)."""
-        path = checkpoints.writable(path, "model file")
-        encodings = self._encodings()
-        state = {
-            "template": self.template.source, "language": self.template.language,
-            "target": self.target, "output": self.output, "time_column": self.time_column,
-            "fractions": tuple(float(f) for f in self.fractions), "seed": int(self.seed),
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "task": {"kind": self.task.kind, "classes": checkpoints.table_bytes(pa.table({"value": pa.array(self.task.classes)})),
-                     "mean": float(self.task.mean), "std": float(self.task.std)},
-            "rows": {k: torch.as_tensor(v, dtype=torch.int64) for k, v in self.rows.items()},
-            "dictionaries": {w: checkpoints.table_bytes(t) for w, t in encodings.dictionaries.items()},
-            "feature_stats": _plain(encodings.feature_stats),
-            "weights": {k: v.detach().cpu() for k, v in self.net.named_weights().items()},
-            "head": {k: v.cpu() for k, v in self.head.state_dict().items()},
-            "history": _plain(self.history), "best_epoch": self.best_epoch,
-            "batch_size": self.batch_size, "fanout": self.fanout,
-            "embedding_optimizer": self.embedding_optimizer, "embedding_lr": float(self.embedding_lr),
-        }
-        checkpoints.write(path, FORMAT, state, "model file")
+        path = saved.write(self, path)
         if self.history:
             plot_history(self.history, path.with_suffix(".png"), self.task.metric)
         return path
@@ -646,60 +626,25 @@ class Model:
         Every value read from the file is checked like a user's argument before use."""
         if not isinstance(db, Database):
             raise RelsqlError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
-        state = checkpoints.read(path, FORMAT, "model file")
-        where = f"model file {path}"
-
-        def get(name, types):
-            return checkpoints.field(state, name, types, where)
-
-        language = arguments.choice(f"{where}: language", get("language", str), ("sql", "datalog"))
-        text = get("template", str)
-        template = Template.from_sql(text) if language == "sql" else Template.from_datalog(text)
+        state = saved.read(path)
         model = cls.__new__(cls)
-        model.db, model.template, model.target = db, template, get("target", str)
-        model.table, model.column = arguments.target(model.target)
-        model.output = get("output", str)
-        if model.output not in template.relations:
-            raise RelsqlError(f"{where} is damaged: its output `{model.output}` is not a relation of its template")
-        model.time_column = get("time_column", (str, type(None)))
-        model.fractions = arguments.split(get("fractions", (tuple, list)))
-        model.seed = arguments.integer(f"{where}: seed", get("seed", int), minimum=0, maximum=2**31 - 1)
-        model.dtype = _dtype(getattr(torch, arguments.choice(f"{where}: dtype", get("dtype", str), ("float32", "float64"))))
-        model.device, model.progress = _device(device), None
-        model.history, model.best_epoch, model.timings = list(get("history", list)), get("best_epoch", (int, type(None))), {}
-        batch_size = get("batch_size", (int, type(None)))
-        model.batch_size = None if batch_size is None else arguments.integer(f"{where}: batch_size", batch_size)
-        model.fanout = arguments.fanout(get("fanout", (int, dict, type(None))), template.relations)
-        model.embedding_optimizer = arguments.choice(f"{where}: embedding_optimizer", get("embedding_optimizer", (str, type(None))),
-                                                     (None, "adagrad", "sgd"))
-        model.embedding_lr = arguments.number(f"{where}: embedding_lr", get("embedding_lr", (int, float)), positive=True)
+        model.db, model.template, model.target = db, state.template, state.target
+        model.table, model.column = arguments.target(state.target)
+        model.output, model.time_column, model.fractions, model.seed = state.output, state.time_column, state.fractions, state.seed
+        model.dtype, model.device, model.progress = state.dtype, arguments.device(device), None
+        model.history, model.best_epoch, model.timings = state.history, state.best_epoch, {}
+        model.batch_size, model.fanout = state.batch_size, state.fanout
+        model.embedding_optimizer, model.embedding_lr = state.embedding_optimizer, state.embedding_lr
         model.batched = None
-        task = get("task", dict)
-        kind = arguments.choice(f"{where}: task", checkpoints.field(task, "kind", str, where), ("binary", "multiclass", "regression"))
-        classes = checkpoints.bytes_table(checkpoints.field(task, "classes", bytes, where), where).column(0).to_pylist()
-        mean = arguments.number(f"{where}: task mean", checkpoints.field(task, "mean", (int, float), where))
-        std = arguments.number(f"{where}: task std", checkpoints.field(task, "std", (int, float), where), positive=True)
-        rows = get("rows", dict)
-        split = {}
-        for name in ("train", "val", "test"):
-            part = checkpoints.field(rows, name, torch.Tensor, where)
-            if part.dtype != torch.int64 or part.dim() != 1:
-                raise RelsqlError(f"{where} is damaged: split {name!r} is not a list of row positions")
-            split[name] = part.numpy()
-        dictionaries = {w: checkpoints.bytes_table(data, where) for w, data in get("dictionaries", dict).items()}
-        presets = Presets(dictionaries, _feature_stats(get("feature_stats", dict), where))
-        model._build(presets, Task(kind, classes, mean, std), split=split)
-        weights, head = get("weights", dict), get("head", dict)
-        unknown = [n for n, v in weights.items() if n not in template.weights or not isinstance(v, torch.Tensor) or not v.is_floating_point()]
-        missing = [n for n in model.net.named_weights() if n not in weights]
-        if unknown or missing:
-            raise RelsqlError(f"{where} does not fit its own template: weights {unknown or missing} "
-                              f"{'are not the template' + chr(39) + 's' if unknown else 'are missing'}")
+        model._build(state.presets, state.task, split=state.split)
+        missing = [n for n in model.net.named_weights() if n not in state.weights]
+        if missing:
+            raise RelsqlError(f"model file {path} does not fit its own template: weights {missing} are missing")
         try:
-            model.net.set_named_weights(weights, model._fixed())
-            model.head.load_state_dict(head)
+            model.net.set_named_weights(state.weights, model._fixed())
+            model.head.load_state_dict(state.head)
         except (RuntimeError, KeyError, TypeError, ValueError) as err:
-            raise RelsqlError(f"{where} does not fit its own template: {str(err).splitlines()[0]}") from None
+            raise RelsqlError(f"model file {path} does not fit its own template: {str(err).splitlines()[0]}") from None
         model.net.to(model.device)
         model.head.to(model.device)
         return model
@@ -723,48 +668,4 @@ def _free_name(name: str, taken: set[str]) -> str:
         n += 1
         found = f"{name}_{n}"
     taken.add(found.casefold())
-    return found
-
-
-def _plain(value: object) -> object:
-    """Numbers as Python floats/ints (numpy scalars pickle as numpy objects, which the safe
-    loader refuses), containers copied."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_plain(v) for v in value)
-    if isinstance(value, np.bool_ | bool):
-        return bool(value)
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.floating):
-        return float(value)
-    return value
-
-
-def _feature_stats(stats: dict, where: str) -> dict[str, dict]:
-    """Saved standardization statistics, checked: they become typed literals in SQL."""
-    checked = {}
-    for key, entry in stats.items():
-        if not isinstance(key, str) or not isinstance(entry, dict):
-            raise RelsqlError(f"{where} is damaged: feature statistics {key!r}")
-        checked[key] = {**entry, "mean": arguments.number(f"{where}: {key} mean", entry.get("mean")),
-                        "std": arguments.number(f"{where}: {key} std", entry.get("std"), positive=True),
-                        "nulls": bool(entry.get("nulls"))}
-    return checked
-
-
-def _dtype(dtype: object) -> torch.dtype:
-    if dtype not in (torch.float32, torch.float64):
-        raise RelsqlError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
-    return dtype
-
-
-def _device(device: object) -> torch.device:
-    try:
-        found = torch.device(device)
-    except (RuntimeError, TypeError) as err:
-        raise RelsqlError(f"device must be a torch device such as 'cpu' or 'cuda:0', got {device!r} ({err})") from None
-    if found.type == "cuda" and not torch.cuda.is_available():
-        raise RelsqlError(f"device {device!r}: this machine has no CUDA GPU that torch can use; pass device='cpu'")
     return found

@@ -11,6 +11,8 @@ import math
 import numbers
 from collections.abc import Iterable, Mapping
 
+import torch
+
 from relsql.errors import RelsqlError
 
 MAX_INT = 2**62  # far above any sensible count, far below int64's limit
@@ -92,3 +94,19 @@ def choice(name: str, value: object, options: tuple) -> object:
     if value not in options:
         raise RelsqlError(f"{name} must be one of {', '.join(repr(o) for o in options)}; got {value!r}")
     return value
+
+
+def dtype(value: object) -> torch.dtype:
+    if value not in (torch.float32, torch.float64):
+        raise RelsqlError(f"dtype must be torch.float32 or torch.float64, got {value!r}")
+    return value
+
+
+def device(value: object) -> torch.device:
+    try:
+        found = torch.device(value)
+    except (RuntimeError, TypeError) as err:
+        raise RelsqlError(f"device must be a torch device such as 'cpu' or 'cuda:0', got {value!r} ({err})") from None
+    if found.type == "cuda" and not torch.cuda.is_available():
+        raise RelsqlError(f"device {value!r}: this machine has no CUDA GPU that torch can use; pass device='cpu'")
+    return found

@@ -1,0 +1,154 @@
+"""A trained model as a file: what `Model.save` writes and what `Model.load` accepts back.
+
+The file is plain data (relsql/train/checkpoint.py). Reading checks every value the way the
+API checks a user's arguments, since a file may be damaged or crafted: the settings it holds
+reach SQL (fan-out, feature statistics) and torch (shapes, dtypes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from relsql.errors import RelsqlError
+from relsql.ground.execute import Presets
+from relsql.template.ir import Template
+from relsql.train import arguments
+from relsql.train import checkpoint as files
+from relsql.train.task import Task
+
+if TYPE_CHECKING:
+    from relsql.model import Model
+
+FORMAT = "relsql-model-3"
+NoneType = type(None)
+
+
+@dataclass
+class Saved:
+    """A model file's contents, checked."""
+
+    template: Template
+    target: str
+    output: str
+    time_column: str | None
+    fractions: tuple[float, float, float]
+    seed: int
+    dtype: torch.dtype
+    history: list
+    best_epoch: int | None
+    batch_size: int | None
+    fanout: int | dict | None
+    embedding_optimizer: str | None
+    embedding_lr: float
+    task: Task
+    split: dict[str, np.ndarray]
+    presets: Presets
+    weights: dict[str, torch.Tensor]
+    head: dict[str, torch.Tensor]
+
+
+def write(model: Model, path: str | Path) -> Path:
+    encodings = model._encodings()
+    task = model.task
+    return files.write(path, FORMAT, {
+        "template": model.template.source, "language": model.template.language,
+        "target": model.target, "output": model.output, "time_column": model.time_column,
+        "fractions": tuple(float(f) for f in model.fractions), "seed": int(model.seed),
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "task": {"kind": task.kind, "classes": files.table_bytes(pa.table({"value": pa.array(task.classes)})),
+                 "mean": float(task.mean), "std": float(task.std)},
+        "rows": {k: torch.as_tensor(v, dtype=torch.int64) for k, v in model.rows.items()},
+        "dictionaries": {w: files.table_bytes(t) for w, t in encodings.dictionaries.items()},
+        "feature_stats": plain(encodings.feature_stats),
+        "weights": {k: v.detach().cpu() for k, v in model.net.named_weights().items()},
+        "head": {k: v.cpu() for k, v in model.head.state_dict().items()},
+        "history": plain(model.history), "best_epoch": model.best_epoch,
+        "batch_size": model.batch_size, "fanout": model.fanout,
+        "embedding_optimizer": model.embedding_optimizer, "embedding_lr": float(model.embedding_lr),
+    }, "model file")
+
+
+def read(path: str | Path) -> Saved:
+    state = files.read(path, FORMAT, "model file")
+    where = f"model file {path}"
+
+    def get(name, types, within=state):
+        return files.field(within, name, types, where)
+
+    def check(name, fn, *args, **kwargs):
+        return fn(f"{where}: {name}", *args, **kwargs)
+
+    language = check("language", arguments.choice, get("language", str), ("sql", "datalog"))
+    text = get("template", str)
+    template = Template.from_sql(text) if language == "sql" else Template.from_datalog(text)
+    output = get("output", str)
+    if output not in template.relations:
+        raise RelsqlError(f"{where} is damaged: its output `{output}` is not a relation of its template")
+    target = get("target", str)
+    arguments.target(target)
+    batch_size = get("batch_size", (int, NoneType))
+    task = get("task", dict)
+    classes = files.bytes_table(get("classes", bytes, task), where).column(0).to_pylist()
+    split = {}
+    for name in ("train", "val", "test"):
+        part = get(name, torch.Tensor, get("rows", dict))
+        if part.dtype != torch.int64 or part.dim() != 1:
+            raise RelsqlError(f"{where} is damaged: split {name!r} is not a list of row positions")
+        split[name] = part.numpy()
+    weights = get("weights", dict)
+    bad = [n for n, v in weights.items() if n not in template.weights or not isinstance(v, torch.Tensor) or not v.is_floating_point()]
+    if bad:
+        raise RelsqlError(f"{where} does not fit its own template: weights {bad} are not the template's")
+    return Saved(
+        template=template, target=target, output=output, time_column=get("time_column", (str, NoneType)),
+        fractions=arguments.split(get("fractions", (tuple, list))),
+        seed=check("seed", arguments.integer, get("seed", int), minimum=0, maximum=2**31 - 1),
+        dtype=getattr(torch, check("dtype", arguments.choice, get("dtype", str), ("float32", "float64"))),
+        history=list(get("history", list)), best_epoch=get("best_epoch", (int, NoneType)),
+        batch_size=None if batch_size is None else check("batch_size", arguments.integer, batch_size),
+        fanout=arguments.fanout(get("fanout", (int, dict, NoneType)), template.relations),
+        embedding_optimizer=check("embedding_optimizer", arguments.choice, get("embedding_optimizer", (str, NoneType)),
+                                  (None, "adagrad", "sgd")),
+        embedding_lr=check("embedding_lr", arguments.number, get("embedding_lr", (int, float)), positive=True),
+        task=Task(check("task", arguments.choice, get("kind", str, task), ("binary", "multiclass", "regression")), classes,
+                  check("task mean", arguments.number, get("mean", (int, float), task)),
+                  check("task std", arguments.number, get("std", (int, float), task), positive=True)),
+        split=split,
+        presets=Presets({w: files.bytes_table(data, where) for w, data in get("dictionaries", dict).items()},
+                        feature_stats(get("feature_stats", dict), where)),
+        weights=weights, head=get("head", dict),
+    )
+
+
+def plain(value: object) -> object:
+    """Numbers as Python floats/ints (numpy scalars pickle as numpy objects, which the safe
+    loader refuses), containers copied."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(plain(v) for v in value)
+    if isinstance(value, np.bool_ | bool):
+        return bool(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    return value
+
+
+def feature_stats(stats: dict, where: str) -> dict[str, dict]:
+    """Saved standardization statistics, checked: they become typed literals in SQL."""
+    checked = {}
+    for key, entry in stats.items():
+        if not isinstance(key, str) or not isinstance(entry, dict):
+            raise RelsqlError(f"{where} is damaged: feature statistics {key!r}")
+        checked[key] = {**entry, "mean": arguments.number(f"{where}: {key} mean", entry.get("mean")),
+                        "std": arguments.number(f"{where}: {key} std", entry.get("std"), positive=True),
+                        "nulls": bool(entry.get("nulls"))}
+    return checked
