@@ -1,0 +1,250 @@
+"""`relsql` command line: inspect a database, write a template, train, predict, explain, demo.
+
+Exit codes (the same for every command):
+
+- 0: done.
+- 1: a runtime error: something found while running, in the database (a missing table or
+  column, a table that already exists), in a template's text or in a model file's contents.
+  One line ``relsql: <message>`` on stderr. An unexpected failure prints one line
+  ``relsql: internal error: ...`` and also exits 1 (RELSQL_DEBUG=1 shows its traceback).
+- 2: a usage error: the command line itself is wrong, found before anything runs: an unknown
+  or missing argument, a value of the wrong type or range (--epochs, --lr, --hops, ...), a
+  target not written table.column, a file that does not exist or cannot be read, an output
+  path whose folder does not exist or that is a folder, two arguments naming the same file.
+- 130: interrupted (Ctrl-C). Output piped into a reader that quits early (`| head`) ends quietly with 1.
+
+No traceback reaches the terminal; a user's table is never replaced without --replace, and
+`--replace` only replaces a table of predictions (one with a `prediction` column).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import relsql
+from relsql.cli import demo as demo_command
+from relsql.cli.arguments import (
+    DB_KINDS,
+    EPILOG,
+    check_together,
+    checkpoint_file,
+    database,
+    demo_database,
+    learning_rate,
+    memory_limit,
+    model_file,
+    model_output,
+    non_negative_int,
+    output_file,
+    positive_int,
+    seed,
+    table_name,
+    target,
+    template_file,
+)
+from relsql.errors import RelsqlError
+
+
+# -- commands ----------------------------------------------------------------------------------------------------
+def _explain(args: argparse.Namespace) -> int:
+    template = relsql.Template.from_file(args.template)
+    started = time.perf_counter()
+    with warnings.catch_warnings(), relsql.connect(args.db, read_only=True) as db:
+        warnings.simplefilter("ignore")
+        net = relsql.compile(template, db)
+    print(f"-- grounded and compiled in {time.perf_counter() - started:.2f}s")
+    print(net.explain())
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from relsql.catalog import format_catalog
+
+    with relsql.connect(args.db, read_only=True) as db:
+        print(format_catalog(db.catalog()))
+    return 0
+
+
+def _template(args: argparse.Namespace) -> int:
+    from relsql.template.auto import generate
+
+    with relsql.connect(args.db, read_only=True) as db:
+        text = generate(db, args.target, hops=args.hops, width=args.width, aggregation=args.aggregation,
+                        time_column=args.time_column, infer_keys=not args.no_infer)
+    relsql.Template.from_sql(text)  # what we write must parse
+    if args.output:
+        try:
+            Path(args.output).write_text(text, encoding="utf-8")
+        except OSError as err:
+            raise RelsqlError(f"cannot write the template to {args.output} (-o): {err.strerror}; choose another file") from None
+        print(f"wrote {args.output}: edit it, then `relsql train {args.db} --template {args.output} --target {args.target}`")
+    else:
+        print(text)
+    return 0
+
+
+def _writable_table(db: relsql.Database, name: str, replace: bool, flag: str) -> None:
+    """Refuse, before any work, a predictions table that exists without --replace, or that is not a table
+    of predictions (a user's data is never replaced)."""
+    if not db.has_table(name):
+        return
+    if not replace:
+        raise RelsqlError(f"table `{name}` already exists in {db.description}; choose another {flag} name, or pass "
+                          "--replace to replace it")
+    if "prediction" not in [column for column, _ in db.columns(name)]:
+        raise RelsqlError(f"table `{name}` in {db.description} is not a table of predictions (it has no `prediction` "
+                          f"column), so --replace does not replace it; choose another {flag} name")
+
+
+def _train(args: argparse.Namespace) -> int:
+    with relsql.connect(args.db, memory_limit=args.memory_limit) as db:
+        if args.predictions:
+            _writable_table(db, args.predictions, args.replace, "--predictions")
+        model = relsql.Model(db, args.template, target=args.target, output=args.output, time_column=args.time_column,
+                             seed=args.seed, task=args.task, batch_size=args.batch_size)
+        model.fit(epochs=args.epochs, lr=args.lr, patience=args.patience, checkpoint=args.checkpoint,
+                  resume=args.checkpoint is not None)
+        path = model.save(args.model)
+        print(model.report())
+        print(f"model saved to {path} (metrics plot {path.with_suffix('.png')})")
+        if args.predictions:
+            rows = model.write_predictions(args.predictions, replace=args.replace)
+            print(f"wrote {rows} predictions to table {args.predictions}")
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    with relsql.connect(args.db) as db:
+        if args.table:
+            _writable_table(db, args.table, args.replace, "--table")
+        model = relsql.Model.load(args.model, db)
+        if args.table:
+            rows = model.write_predictions(args.table, replace=args.replace)
+            print(f"wrote {rows} predictions to table {args.table}")
+        else:
+            print(model.predict())
+    return 0
+
+
+# -- the parser --------------------------------------------------------------------------------------------------
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    parser = argparse.ArgumentParser(prog="relsql", description="Deep relational learning on a relational database.",
+                                     epilog=EPILOG)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=help, description=help, epilog=EPILOG)
+
+    inspect = command("inspect", "list tables, columns, keys, foreign keys and row counts")
+    inspect.add_argument("db", type=database, help=DB_KINDS)
+    inspect.set_defaults(run=_inspect)
+    explain = command("explain", "ground a template and print its compiled plan with sizes")
+    explain.add_argument("db", type=database, help=DB_KINDS)
+    explain.add_argument("--template", required=True, type=template_file,
+                         help="a .sql template or a NeuraLogic Datalog file")
+    explain.set_defaults(run=_explain)
+    template = command("template", "write an editable SQL template for a target from keys and foreign keys")
+    template.add_argument("db", type=database, help=DB_KINDS)
+    template.add_argument("--target", required=True, type=target, help="table.column to predict")
+    template.add_argument("-o", "--output", type=output_file, help="write the template to this file (default: print it)")
+    template.add_argument("--hops", type=non_negative_int, default=2, help="foreign-key hops from the target (default 2)")
+    template.add_argument("--width", type=positive_int, default=16, help="hidden width (default 16)")
+    template.add_argument("--aggregation", choices=["avg", "sum", "max"], default="avg")
+    template.add_argument("--time-column", help="column of the target table: only earlier rows reach a target")
+    template.add_argument("--no-infer", action="store_true", help="use declared keys only; do not infer missing ones")
+    template.set_defaults(run=_template)
+    train = command("train", "train a template to predict a target column; saves the model")
+    train.add_argument("db", type=database, help=DB_KINDS)
+    train.add_argument("--template", required=True, type=template_file,
+                       help="a .sql template or a NeuraLogic Datalog file")
+    train.add_argument("--target", required=True, type=target, help="table.column to predict")
+    train.add_argument("--output", help="the template relation that predicts it (default: the last one)")
+    train.add_argument("--task", choices=["binary", "multiclass", "regression"], help="override the detected task")
+    train.add_argument("--time-column", help="split by this column of the target table (earliest rows train)")
+    train.add_argument("--epochs", type=positive_int, default=100, help="at most this many epochs (default 100)")
+    train.add_argument("--lr", type=learning_rate, default=0.01, help="learning rate (default 0.01)")
+    train.add_argument("--batch-size", type=positive_int,
+                       help="target rows per step, each batch grounded on demand (default: all at once)")
+    train.add_argument("--memory-limit", type=memory_limit,
+                       help="cap DuckDB's memory, e.g. 1GB (it spills to disk beyond it)")
+    train.add_argument("--checkpoint", type=checkpoint_file,
+                       help="write a training checkpoint here every epoch; an existing one is resumed")
+    train.add_argument("--patience", type=positive_int, default=20,
+                       help="epochs without validation improvement before stopping (default 20)")
+    train.add_argument("--seed", type=seed, default=0)
+    train.add_argument("--model", type=model_output, default="relsql-model.pt",
+                       help="where to save the model (default relsql-model.pt); its folder must exist")
+    train.add_argument("--predictions", type=table_name, help="also write predictions to this new table")
+    train.add_argument("--replace", action="store_true", help="replace an existing table of predictions (never a table of data)")
+    train.set_defaults(run=_train)
+    predict = command("predict", "predict with a saved model; print or write a new table")
+    predict.add_argument("db", type=database, help="the database to predict on: " + DB_KINDS)
+    predict.add_argument("--model", required=True, type=model_file, help="a model saved by `relsql train` or Model.save")
+    predict.add_argument("--table", type=table_name, help="write predictions to this new table instead of printing them")
+    predict.add_argument("--replace", action="store_true", help="replace an existing table of predictions")
+    predict.set_defaults(run=_predict)
+    demo = command("demo", "Mutagenesis on the embedded DuckDB: train sql/mutagenesis.sql, write predictions")
+    demo.add_argument("--db", type=demo_database,
+                      help="build the demo database in this .duckdb file instead of memory (its folder must exist)")
+    demo.add_argument("--epochs", type=positive_int, default=400)
+    demo.add_argument("--lr", type=learning_rate, default=0.01)
+    demo.add_argument("--patience", type=positive_int, default=100)
+    demo.add_argument("--seed", type=seed, default=0)
+    demo.add_argument("--model", type=model_output, help="also save the trained model here")
+    demo.add_argument("--predictions", type=table_name, default="mutagenesis_predictions",
+                      help="write the predictions to this new table (default mutagenesis_predictions); an existing "
+                           "table is never replaced")
+    demo.set_defaults(run=demo_command.run)
+    return parser, commands.choices
+
+
+def _debug() -> bool:
+    return os.environ.get("RELSQL_DEBUG", "").strip() not in ("", "0")
+
+
+def _run(argv: list[str] | None) -> int:
+    parser, subparsers = _parser()
+    try:
+        args = parser.parse_args(argv)
+        clash = check_together(args)
+        if clash:
+            subparsers[args.command].error(clash)
+    except SystemExit as done:  # argparse: --help (0) or a usage error (2), already printed
+        return done.code if isinstance(done.code, int) else 2
+    try:
+        return args.run(args)
+    except RelsqlError as err:
+        print(f"relsql: {err}", file=sys.stderr)
+        return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0, 1, 2 or 130, see the module docstring), never raises."""
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:
+        print("relsql: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `relsql ... | head`: the reader left; say nothing more
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 1
+    except Exception as err:
+        if _debug():
+            raise
+        message = " ".join(str(err).split())[:500] or "(no message)"
+        print(f"relsql: internal error: {type(err).__name__}: {message} "
+              "(please report it; run with RELSQL_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""Argument types and checks of the `relsql` command line: each refuses a bad value before
+anything runs, with a message naming the argument (argparse then exits 2)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import zipfile
+from pathlib import Path
+
+from relsql.cli.demo import demo_tables
+
+EPILOG = ("exit status: 0 done, 1 runtime error (the database, a template's text or a model's contents), "
+          "2 usage error (the command line: an argument's value, a missing or unreadable file, an output "
+          "folder that does not exist), 130 interrupted. RELSQL_DEBUG=1 shows the traceback of an internal error.")
+DB_KINDS = "a .duckdb file, a folder of Parquet/CSV files, a .sqlite file or a postgresql:// URL"
+DUCKDB_SUFFIXES = (".duckdb", ".ddb")
+MEMORY = re.compile(r"\s*\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\s*")
+TEMP_PREFIX = "__relsql_"
+
+
+# -- argument types: each raises ArgumentTypeError, so argparse names the argument and exits 2 ----------------
+def _int(text: str, least: int, what: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number {what}, got {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be a whole number {what}, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    return _int(text, 1, "of at least 1")
+
+
+def non_negative_int(text: str) -> int:
+    return _int(text, 0, "of at least 0")
+
+
+def seed(text: str) -> int:
+    value = _int(text, 0, f"from 0 to {2**32 - 1}")
+    if value >= 2**32:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 0 to {2**32 - 1}, got {value}")
+    return value
+
+
+def learning_rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0 such as 0.01, got {text!r}")
+    return value
+
+
+def target(text: str) -> str:
+    parts = text.split(".")
+    if len(parts) != 2 or not all(p.strip() for p in parts):
+        raise argparse.ArgumentTypeError(f"must be written table.column (one dot), e.g. customer.churned; got {text!r}")
+    return text
+
+
+def table_name(text: str) -> str:
+    if not text.strip() or text.startswith(TEMP_PREFIX):
+        raise argparse.ArgumentTypeError(f"must be a table name, not empty and not starting with {TEMP_PREFIX}; "
+                                         f"got {text!r}")
+    return text
+
+
+def memory_limit(text: str) -> str:
+    if not MEMORY.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"must look like 512MB or 2GB, got {text!r}")
+    return text
+
+
+def database(text: str) -> str:
+    """An existing database: never create one by accident (a mistyped path would train on nothing)."""
+    if text.lower().startswith(("postgresql://", "postgres://")):
+        return text
+    path = Path(text)
+    if not text or not path.exists():
+        raise argparse.ArgumentTypeError(f"{text!r} does not exist; pass {DB_KINDS}")
+    if not (path.is_file() or path.is_dir()):
+        raise argparse.ArgumentTypeError(f"{text} is neither a file nor a folder; pass {DB_KINDS}")
+    if not os.access(path, os.R_OK):
+        raise argparse.ArgumentTypeError(f"{text} cannot be read (permission denied); check its permissions")
+    return text
+
+
+def _readable_file(text: str, what: str) -> Path:
+    path = Path(text)
+    if not text or not path.exists():
+        raise argparse.ArgumentTypeError(f"{what} {text!r} does not exist; check the path")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder; pass the {what} file inside it")
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text} is not a regular file; pass a {what} file")
+    try:
+        with path.open("rb") as handle:
+            handle.read(1)
+    except OSError as err:
+        raise argparse.ArgumentTypeError(f"cannot read {what} {text}: {err.strerror}; check its permissions") from None
+    return path
+
+
+def template_file(text: str) -> str:
+    path = _readable_file(text, "template")
+    try:
+        path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise argparse.ArgumentTypeError(f"{text} is not a text file (not UTF-8 at byte {err.start}); pass a .sql "
+                                         "template or a NeuraLogic Datalog file") from None
+    except OSError as err:
+        raise argparse.ArgumentTypeError(f"cannot read template {text}: {err.strerror}") from None
+    return text
+
+
+def _torch_file(path: Path, what: str, fix: str) -> None:
+    """Files written by torch.save (models, checkpoints) are zip archives: anything else is refused unread."""
+    if not zipfile.is_zipfile(path):
+        raise argparse.ArgumentTypeError(f"{path} is not a relsql {what}; {fix}")
+
+
+def model_file(text: str) -> str:
+    path = _readable_file(text, "model")
+    _torch_file(path, "model file", "pass a model saved by `relsql train --model FILE`")
+    return text
+
+
+def output_file(text: str) -> str:
+    """A file to write: its folder exists and is writable, and it is not itself a folder."""
+    path = Path(text)
+    if not text or text.endswith(("/", os.sep)):
+        raise argparse.ArgumentTypeError(f"must be a file name, got {text!r}")
+    folder = path.parent
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"the folder of {text}, {folder}, does not exist; create it first or "
+                                         "choose another path")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder; pass a file name, e.g. {path / 'out'}")
+    if path.exists() and not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text} exists and is not a regular file; choose another path")
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: permission denied; choose a path you can write")
+    return text
+
+
+def model_output(text: str) -> str:
+    """Where a model goes; its metrics plot is written beside it with the suffix .png."""
+    output_file(text)
+    path = Path(text)
+    if path.suffix.lower() == ".png":
+        raise argparse.ArgumentTypeError(f"{text}: the metrics plot is written beside the model as .png, so the model "
+                                         "cannot be a .png file; use e.g. model.pt")
+    plot = path.with_suffix(".png")
+    if plot.exists() and not plot.is_file():
+        raise argparse.ArgumentTypeError(f"the metrics plot {plot} of {text} would go onto a folder; choose another "
+                                         "model path")
+    return text
+
+
+def checkpoint_file(text: str) -> str:
+    output_file(text)
+    if Path(text).exists():
+        _torch_file(Path(text), "training checkpoint", "pass a new path or a checkpoint written by `relsql train "
+                    "--checkpoint FILE`")
+    return text
+
+
+def demo_database(text: str) -> str:
+    path = Path(text)
+    if path.suffix.lower() not in DUCKDB_SUFFIXES:
+        raise argparse.ArgumentTypeError(f"must be a DuckDB file ending in .duckdb, got {text!r}")
+    output_file(text)
+    if path.exists():
+        try:
+            with path.open("rb") as handle:
+                head = handle.read(16)
+        except OSError as err:
+            raise argparse.ArgumentTypeError(f"cannot read {text}: {err.strerror}") from None
+        if head and head[8:12] != b"DUCK":
+            raise argparse.ArgumentTypeError(f"{text} exists and is not a DuckDB database; pass a new .duckdb file")
+    return text
+
+
+def _same_file(a: str | None, b: str | None) -> bool:
+    if not a or not b or a.lower().startswith(("postgresql://", "postgres://")):
+        return False
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_together(args: argparse.Namespace) -> str | None:
+    """Arguments that are each fine but clash: a message naming them, or None."""
+    db = getattr(args, "db", None)
+    if args.command == "template" and _same_file(args.output, db):
+        return f"-o {args.output} is the database itself: writing the template there would destroy it; choose another file"
+    if args.command == "train":
+        for flag, value in (("--model", args.model), ("--checkpoint", args.checkpoint)):
+            for other, path in (("the database", db), ("--template", args.template)):
+                if _same_file(value, path):
+                    return f"{flag} {value} is {other} ({path}): it would be overwritten; choose another file"
+        if _same_file(args.model, args.checkpoint):
+            return f"--model and --checkpoint are the same file ({args.model}); give each its own file"
+    if args.command == "demo":
+        tables = demo_tables()
+        if args.predictions in tables:
+            return f"--predictions {args.predictions} is one of the demo's tables ({', '.join(tables)}); choose another name"
+        if _same_file(args.model, args.db):
+            return f"--model {args.model} is the demo database (--db); choose another file"
+    return None
+
+
