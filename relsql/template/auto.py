@@ -33,7 +33,30 @@ def _qi(name: str) -> str:
 
 
 def _safe(name: str) -> str:
-    return re.sub(r"\W+", "_", name).strip("_").lower() or "t"
+    """A name as letters, digits and _ (lower case): part of generated relation and weight names."""
+    return re.sub(r"[^0-9A-Za-z]+", "_", name).strip("_").lower() or "t"
+
+
+class _Names:
+    """Hands out generated names, never one twice: a taken name gets a numeric suffix. Compared in
+    lower case, as the database compares identifiers (tables "a-b" and "a_b" both sanitize to a_b)."""
+
+    def __init__(self, taken=()):
+        self.taken = {n.lower() for n in taken}
+
+    def __call__(self, base: str) -> str:
+        name, n = base, 1
+        while name.lower() in self.taken:
+            n += 1
+            name = f"{base}_{n}"
+        self.taken.add(name.lower())
+        return name
+
+
+def _distinct(names: list[str]) -> list[str]:
+    """`names` made distinct (case-insensitively) by suffixing repeats."""
+    allocate = _Names()
+    return [allocate(n) for n in names]
 
 
 @dataclass
@@ -73,8 +96,11 @@ def _steps(schema: Schema, table: str) -> list[Step]:
     return steps
 
 
-def _tree(schema: Schema, target: str, hops: int) -> Node:
-    root = Node(_safe(target), target, None, None)
+def _tree(schema: Schema, target: str, hops: int, labels: dict[str, str]) -> Node:
+    """The computation tree; `labels` are the tables' distinct sanitized names. Node names are
+    distinct too (they name relations x_<node>, p_<node>, h_<node> and weights)."""
+    root = Node(labels[target], target, None, None)
+    node_names = _Names([root.name])
 
     def grow(node: Node, depth: int) -> None:
         if depth == hops:
@@ -85,12 +111,12 @@ def _tree(schema: Schema, target: str, hops: int) -> Node:
                     and step.to_child != node.step.to_child:
                 continue  # never straight back over the edge we came by
             far = step.child if step.to_child else step.fk.table
-            label = _safe(far)
+            label = labels[far]
             seen[label] = seen.get(label, 0) + 1
             if seen[label] > 1 or sum(1 for s in _steps(schema, node.table)
                                       if (s.child if s.to_child else s.fk.table) == far) > 1:
                 label = f"{label}_by_{_safe('_'.join(step.fk.columns))}"
-            child = Node(f"{node.name}__{label}" if node.parent else label, far, step, node)
+            child = Node(node_names(f"{node.name}__{label}" if node.parent else label), far, step, node)
             node.children.append(child)
             grow(child, depth + 1)
 
@@ -106,12 +132,23 @@ def _walk(node: Node):
 
 class _Writer:
     def __init__(self, db: Database, schema: Schema, target: str, column: str, *, width: int, hops: int,
-                 aggregation: str, time_column: str | None, time_columns: dict[str, str]):
+                 aggregation: str, time_column: str | None, time_columns: dict[str, str], labels: dict[str, str]):
         self.db, self.schema, self.target, self.column = db, schema, target, column
+        self.labels = labels
+        self.weight_name = _Names()
         self.width, self.hops, self.aggregation = width, hops, aggregation
         self.time_column, self.time_columns = time_column, time_columns
         self.out: list[str] = []
         self.target_keys = list(schema.primary_keys[target])
+        # Key columns of node relations: r_<target key> (and r_time), then n_<node table key>.
+        r_names = _distinct([f"r_{_safe(k)}" for k in self.target_keys] + (["r_time"] if time_column else []))
+        self.r = dict(zip(self.target_keys, r_names))
+        self.r_time = r_names[-1] if time_column else ""
+
+    def n(self, table: str) -> dict[str, str]:
+        """The node relation's key column name for each key column of `table`."""
+        pk = self.schema.primary_keys[table]
+        return dict(zip(pk, _distinct([f"n_{_safe(k)}" for k in pk])))
 
     # -- encoders -------------------------------------------------------------------------
     def encoder(self, table: str) -> None:
@@ -135,12 +172,13 @@ class _Writer:
             else:
                 skipped.append(col.name)
         parts = []
-        t = _safe(table)
+        t = self.labels[table]
         if numeric:
-            parts.append(f"linear(features({', '.join('t.' + _qi(c) for c in numeric)}), {self.width}, 'enc_{t}_num')")
+            parts.append(f"linear(features({', '.join('t.' + _qi(c) for c in numeric)}), {self.width}, "
+                         f"'{self.weight_name(f'enc_{t}_num')}')")
         for c in categorical:
-            parts.append(f"embed(t.{_qi(c)}, {self.width}, 'enc_{t}_{_safe(c)}')")
-        value = f"tanh({' + '.join(parts)})" if parts else f"bias({self.width}, 'enc_{t}_bias')"
+            parts.append(f"embed(t.{_qi(c)}, {self.width}, '{self.weight_name(f'enc_{t}_{_safe(c)}')}')")
+        value = f"tanh({' + '.join(parts)})" if parts else f"bias({self.width}, '{self.weight_name(f'enc_{t}_bias')}')"
         lines = [f"-- {table}: its own columns encoded into one {self.width}-wide vector per row"]
         if table == self.target:
             lines.append(f"-- (the target column {self.column} is never an input)")
@@ -159,12 +197,12 @@ class _Writer:
     # -- tree -------------------------------------------------------------------------------
     def keys(self, node: Node) -> list[str]:
         """Key columns of a node relation: the target row's key (and time), then the node row's."""
-        own = [f"n_{_safe(k)}" for k in self.schema.primary_keys[node.table]]
-        return [f"r_{_safe(k)}" for k in self.target_keys] + (["r_time"] if self.time_column else []) + own
+        own = list(self.n(node.table).values())
+        return list(self.r.values()) + ([self.r_time] if self.time_column else []) + own
 
     def near_row(self, node: Node) -> str:
         """Join a node relation's row back to its table row `q`, whose columns lead onwards."""
-        on = " AND ".join(f"q.{_qi(k)} = p.n_{_safe(k)}" for k in self.schema.primary_keys[node.table])
+        on = " AND ".join(f"q.{_qi(k)} = p.{name}" for k, name in self.n(node.table).items())
         return f"JOIN {_qi(node.table)} q ON {on}"
 
     def time_filter(self, table: str, alias: str, target_time: str) -> str:
@@ -174,16 +212,16 @@ class _Writer:
     def node_rows(self, node: Node) -> None:
         """x_<node>: the node's rows for each target row (its encoding, once per row)."""
         pk = self.schema.primary_keys[node.table]
-        t = _safe(node.table)
+        t = self.labels[node.table]
         if node.parent.parent is None:  # depth 1: straight from the target table
             near, near_cols, target_time = "r", {}, f"r.{_qi(self.time_column)}" if self.time_column else ""
             source = f"FROM {_qi(self.target)} r"
             target_keys = [f"r.{_qi(k)}" for k in self.target_keys] + ([target_time] if self.time_column else [])
         else:
             near, near_cols = "q", {}
-            target_time = "p.r_time"
+            target_time = f"p.{self.r_time}"
             source = f"FROM x_{node.parent.name} p\n{self.near_row(node.parent)}"
-            target_keys = [f"p.r_{_safe(k)}" for k in self.target_keys] + (["p.r_time"] if self.time_column else [])
+            target_keys = [f"p.{self.r[k]}" for k in self.target_keys] + ([f"p.{self.r_time}"] if self.time_column else [])
         condition = node.step.condition(near, near_cols, "x") + (self.time_filter(node.table, "x", target_time) if self.time_column else "")
         names = self.keys(node)
         select = [f"{expr} AS {name}" for expr, name in zip(target_keys + [f"x.{_qi(k)}" for k in pk], names)]
@@ -205,44 +243,43 @@ class _Writer:
         relation = f"p_{node.name}"
         if is_root:
             keys = list(self.target_keys)
-            t = _safe(node.table)
+            t = self.labels[node.table]
             self.out.append(f"-- {node.table}: the target row's own encoding (self term)\nCREATE TABLE {relation} AS\n"
-                            f"SELECT {', '.join('e.' + _qi(k) for k in keys)}, linear(e.h, {self.width}, 'w_{node.name}_self') AS h\n"
+                            f"SELECT {', '.join('e.' + _qi(k) for k in keys)}, linear(e.h, {self.width}, '{self.weight_name('w_' + node.name + '_self')}') AS h\n"
                             f"FROM enc_{t} e;\n")
         else:
             keys = self.keys(node)
             self.out.append(f"-- {node.name}: self term\nCREATE TABLE {relation} AS\n"
-                            f"SELECT {', '.join('x.' + k for k in keys)}, linear(x.h, {self.width}, 'w_{node.name}_self') AS h\n"
+                            f"SELECT {', '.join('x.' + k for k in keys)}, linear(x.h, {self.width}, '{self.weight_name('w_' + node.name + '_self')}') AS h\n"
                             f"FROM x_{node.name} x;\n")
         for child in node.children:
-            pk = self.schema.primary_keys[child.table]
             if is_root:
                 near, near_cols = "p", {}
                 source = f"FROM {_qi(self.target)} p"
                 head = [f"p.{_qi(k)}" for k in self.target_keys]
-                target_match = [f"c.r_{_safe(k)} = p.{_qi(k)}" for k in self.target_keys]
+                target_match = [f"c.{self.r[k]} = p.{_qi(k)}" for k in self.target_keys]
                 if self.time_column:
-                    target_match.append(f"c.r_time = p.{_qi(self.time_column)}")
+                    target_match.append(f"c.{self.r_time} = p.{_qi(self.time_column)}")
                 target_time = f"p.{_qi(self.time_column)}" if self.time_column else ""
             else:
                 near, near_cols = "q", {}
                 source = f"FROM x_{node.name} p\n{self.near_row(node)}"
                 head = [f"p.{k}" for k in self.keys(node)]
-                target_match = [f"c.r_{_safe(k)} = p.r_{_safe(k)}" for k in self.target_keys]
+                target_match = [f"c.{self.r[k]} = p.{self.r[k]}" for k in self.target_keys]
                 if self.time_column:
-                    target_match.append("c.r_time = p.r_time")
-                target_time = "p.r_time"
+                    target_match.append(f"c.{self.r_time} = p.{self.r_time}")
+                target_time = f"p.{self.r_time}"
             condition = child.step.condition(near, near_cols, "y")
             if self.time_column:
                 condition += self.time_filter(child.table, "y", target_time)
-            match = " AND ".join(target_match + [f"c.n_{_safe(k)} = y.{_qi(k)}" for k in pk])
+            match = " AND ".join(target_match + [f"c.{name} = y.{_qi(k)}" for k, name in self.n(child.table).items()])
             aggregation = self.aggregation if child.step.to_child else "avg"
             kind = f"{aggregation} over its child rows in" if child.step.to_child else "its parent row in"
             self.out.append(
                 f"-- {node.name} <- {child.name}: {kind} {child.table}, own weights for this key and direction\n"
                 f"CREATE TABLE {relation} AS\n"
                 f"SELECT {', '.join(f'{h} AS {_qi(k) if is_root else k}' for h, k in zip(head, keys))}, "
-                f"{aggregation}(linear(c.h, {self.width}, 'w_{child.name}_to_{node.name}')) AS h\n"
+                f"{aggregation}(linear(c.h, {self.width}, '{self.weight_name('w_' + child.name + '_to_' + node.name)}')) AS h\n"
                 f"{source}\nJOIN {_qi(child.table)} y ON {condition}\nJOIN {child_values[child.name]} c ON {match}\n"
                 f"GROUP BY {', '.join(head)};\n")
         value = f"h_{node.name}"
@@ -263,6 +300,11 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
     if aggregation not in ("avg", "sum", "max"):
         raise SchemaError(f"aggregation must be avg, sum or max, got {aggregation!r}")
     keys = schema(db, catalog, infer=infer_keys)
+    for name, info in keys.tables.items():  # names go into the template's comments, one per line
+        for label in [name, *[c.name for c in info.columns]]:
+            if re.search(r"[\x00-\x1f\x7f]", label):
+                raise SchemaError(f"{'table' if label == name else f'table {name!r}: column'} {label!r} has a line break "
+                                  "or control character in its name; rename it to generate a template")
     if not keys.primary_keys.get(table):
         raise SchemaError(f"target table `{table}` has no primary key (declared or inferable); declare one so each "
                           "prediction has a key")
@@ -277,10 +319,11 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
         time_columns = {**found, **(time_columns or {})}
     else:
         time_columns = {}
-    root = _tree(keys, table, hops)
+    labels = dict(zip(keys.tables, _distinct([_safe(t) for t in keys.tables])))
+    root = _tree(keys, table, hops, labels)
     nodes = list(_walk(root))
     writer = _Writer(db, keys, table, column, width=width, hops=hops, aggregation=aggregation,
-                     time_column=time_column, time_columns=time_columns)
+                     time_column=time_column, time_columns=time_columns, labels=labels)
     values = db.arrow(exp.select(exp.column(exp.to_identifier(column, quoted=True))).from_(exp.Table(this=exp.to_identifier(table, quoted=True)))).column(0)
     units = detect(values, target).units
     tables = list(dict.fromkeys(n.table for n in nodes))
@@ -292,8 +335,8 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
     value_keys = ", ".join(f"v.{_qi(k)}" for k in writer.target_keys)
     writer.out.append(f"-- the prediction for each {table} row ({units} output{'s' if units > 1 else ''}; "
                       "relsql.Model adds the loss)\n"
-                      f"CREATE TABLE predict AS\nSELECT {value_keys}, linear(v.h, {units}, 'w_out') AS h\n"
-                      f"FROM {value if root.children else 'enc_' + _safe(table)} v;\n")
+                      f"CREATE TABLE predict AS\nSELECT {value_keys}, linear(v.h, {units}, '{writer.weight_name('w_out')}') AS h\n"
+                      f"FROM {value if root.children else 'enc_' + labels[table]} v;\n")
     header = [f"-- relsql automatic template: predict {target} from up to {hops} foreign-key hops away",
               f"-- width {width}, aggregation {aggregation}; edit freely and retrain.",
               f"-- tables used: {', '.join(tables)}"]

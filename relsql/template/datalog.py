@@ -1,10 +1,14 @@
 """NeuraLogic's Datalog template syntax → the IR, with NeuraLogic's numeric semantics.
 
 Syntax handled: weighted rules `{3,3} h(X) :- {3,3} a(Y), b(X,Y). [transformation=tanh]`,
-template facts `{3} f(a).`, weights as dimensions `{m,n}`, numbers, vectors/matrices
-`[1, 2]`, fixed values `<-7>`, named weights `$w={3,3}` (shared by name, `$w` reuses),
-hidden literals `*p(...)` / `_p(...)`, predicate metadata `p/1 [transformation=...]` and
-offsets `p/1 {3,1}`, `import ./file`, `%` and `//` comments.
+weights as dimensions `{m,n}`, numbers, vectors/matrices `[1, 2]`, fixed values `<-7>`,
+named weights `$w={3,3}` (shared by name, `$w` reuses), hidden literals `*p(...)` / `_p(...)`,
+predicate metadata `p/1 [transformation=...]` and offsets `p/1 {3,1}`, `import ./file`, `%`
+and `//` comments. Not handled: template facts (`{3} f(a).`, `f(a).` in the template, a rule
+without a body): they are refused with a TemplateError; facts belong in the dataset's tables.
+
+Limits (relsql/template/ir.py): weights have at most 2 dimensions of at most 2**24 each and
+2**31 elements; a rule has at most 64 body literals.
 
 Grounding follows NeuraLogic: distinct substitutions of all body variables; each dataset
 table carries an implicit `sample` key (a table without one belongs to sample 0).
@@ -12,6 +16,7 @@ table carries an implicit `sample` key (a table without one belongs to sample 0)
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +49,7 @@ _AGGREGATION_NAMES = {"avg": "avg", "average": "avg", "sum": "sum", "max": "argm
 
 _TOKEN = re.compile(r"""
     (?P<ws>[ \t\r\n]+) | (?P<comment>%[^\n]*|//[^\n]*) |
-    (?P<number>\d+\.\d*(?:[eE][-+]?\d+)?|\d+(?:[eE][-+]?\d+)?|\.\d+) |
+    (?P<number>[0-9]+\.[0-9]*(?:[eE][-+]?[0-9]+)?|[0-9]+(?:[eE][-+]?[0-9]+)?|\.[0-9]+) |
     (?P<implies>:-|<=) | (?P<string>"[^"\n]*"|'[^'\n]*') |
     (?P<name>[A-Za-z_][A-Za-z0-9_]*) | (?P<punct>[(){}\[\]<>,.=/$*~@\-+:])
 """, re.VERBOSE)
@@ -130,9 +135,9 @@ def _load(text: str, source: str, base_dir: Path | None, seen: set[Path]) -> lis
         if path in seen:
             raise TemplateError(f"{source}:{number}: {path} imports itself")
         try:
-            imported = path.read_text()
-        except OSError:
-            raise TemplateError(f"{source}:{number}: cannot read imported file {path}") from None
+            imported = ir.read_text(path, "imported file")
+        except TemplateError as err:
+            raise TemplateError(f"{source}:{number}: {err}") from None
         tokens += _load(imported, path.name, path.parent, seen | {path})
     tokens += _tokenize("\n" * (chunk_start - 1) + "".join(chunk), source)
     return tokens
@@ -182,17 +187,54 @@ class _Parser:
         sign = -1.0 if self.at("-") else 1.0
         if sign < 0:
             self.take("-")
-        return sign * float(self.take(kind="number").text)
+        token = self.take(kind="number")
+        value = sign * float(token.text)
+        if not math.isfinite(value):
+            raise TemplateError(f"{token.where}: the number {token.text[:40]} is too large; weight values must be finite")
+        return value
 
     def array(self) -> list:
-        self.take("[")
-        items: list = []
+        """A vector `[1, 2]` or a matrix `[[1, 2], [3, 4]]`: at most two levels, never ragged."""
+        start = self.take("[")
+        rows: list = []
         while not self.at("]"):
-            items.append(self.array() if self.at("[") else self.number())
+            if self.at("["):
+                inner = self.take("[")
+                row: list[float] = []
+                while not self.at("]"):
+                    if self.at("["):
+                        raise TemplateError(f"{inner.where}: a weight value has at most 2 dimensions (a vector "
+                                            "[1, 2] or a matrix [[1, 2], [3, 4]])")
+                    row.append(self.number())
+                    if not self.at("]"):
+                        self.take(",")
+                self.take("]")
+                rows.append(row)
+            else:
+                rows.append(self.number())
             if not self.at("]"):
                 self.take(",")
         self.take("]")
-        return items
+        if not rows or any(isinstance(r, list) and not r for r in rows):
+            raise TemplateError(f"{start.where}: a weight value cannot be empty; write its numbers, e.g. [1, 2]")
+        nested = [isinstance(r, list) for r in rows]
+        if (any(nested) and not all(nested)) or (all(nested) and len({len(r) for r in rows}) > 1):
+            raise TemplateError(f"{start.where}: a ragged matrix value: every row must be a list of the same length, "
+                                "e.g. [[1, 2], [3, 4]]")
+        ir.check_shape((len(rows), len(rows[0])) if nested[0] else (len(rows),), start.where)
+        return rows
+
+    def dimension(self) -> int:
+        token = self.peek()
+        if token is not None and token.text == "-":
+            raise self.error("weight dimensions must be positive integers")
+        token = self.take(kind="number")
+        if not token.text.isdigit():
+            raise TemplateError(f"{token.where}: weight dimensions must be positive integers, got {token.text[:40]}")
+        if len(token.text) > 12:
+            raise TemplateError(f"{token.where}: weight dimension {token.text[:40]} is larger than relsql's limit of "
+                                f"{ir.MAX_WIDTH} (2**24) per dimension; use a smaller width")
+        return int(token.text)
 
     def weight(self) -> WeightRef:
         if self.at("$"):
@@ -210,14 +252,13 @@ class _Parser:
             self.take(">")
             return WeightRef(value=value, fixed=True)
         if self.at("{"):
-            self.take("{")
-            dims = [int(self.number())]
+            start = self.take("{")
+            dims = [self.dimension()]
             while self.at(","):
                 self.take(",")
-                dims.append(int(self.number()))
+                dims.append(self.dimension())
             self.take("}")
-            if any(d <= 0 for d in dims):
-                raise self.error(f"weight dimensions must be positive, got {dims}")
+            ir.check_shape(tuple(dims), start.where)
             return WeightRef(shape=tuple(dims))
         if self.at("["):
             return WeightRef(value=self.array())
@@ -282,7 +323,12 @@ class _Parser:
             if start.kind == "name" and self.at("/", 1):
                 name = self.take().text
                 self.take("/")
-                arity = int(self.take(kind="number").text)
+                arity_token = self.take(kind="number")
+                digits = arity_token.text[:-1] if arity_token.text.endswith(".") else arity_token.text  # `h/1.`
+                if not digits.isdigit() or len(digits) > 6:
+                    raise TemplateError(f"{arity_token.where}: the arity in {name}/{arity_token.text[:20]} must be a "
+                                        "whole number of arguments, e.g. h/1")
+                arity = int(digits)
                 pm = PredicateMeta(name, arity)
                 line = start.where
                 while self.peek() is not None and self.peek().where == line and (self.at("[") or self.at("{") or self.at("<") or self.at("$")):
@@ -322,11 +368,16 @@ class _Parser:
 
 def parse_datalog_template(text: str, base_dir: str | None = None, source: str = "template") -> ir.Template:
     tokens = _load(text, source, Path(base_dir) if base_dir else None, set())
-    rules, metas = _Parser(tokens).statements()
+    try:
+        rules, metas = _Parser(tokens).statements()
+    except RecursionError:  # the parser does not recurse per nesting level; only a stack used up by the caller
+        raise TemplateError(f"{source}: the template could not be parsed: the call stack is exhausted") from None
     if not rules:
         raise TemplateError(f"{source}: the template has no rules")
     # The template's source is kept self-contained (imports inlined) so a saved model reloads.
-    return _Translator(rules, metas, _inline_imports(text, Path(base_dir) if base_dir else None)).template
+    template = _Translator(rules, metas, _inline_imports(text, Path(base_dir) if base_dir else None)).template
+    ir.check_names(template)
+    return template
 
 
 def _inline_imports(text: str, base_dir: Path | None) -> str:
@@ -337,7 +388,7 @@ def _inline_imports(text: str, base_dir: Path | None) -> str:
             lines.append(line)
         else:
             path = (base_dir / m.group(1)).resolve()
-            lines.append(_inline_imports(path.read_text(), path.parent))
+            lines.append(_inline_imports(ir.read_text(path, "imported file"), path.parent))
     return "\n".join(lines)
 
 
@@ -401,6 +452,17 @@ class _Translator:
 
     def _rule(self, rule: RuleAst, number: int) -> None:
         origin = f"rule {number + 1} ({rule.where})"
+        if not rule.body:
+            raise TemplateError(
+                f"{origin}: `{rule.head.name}({', '.join(rule.head.terms)})` is a template fact (a rule without a "
+                "body); relsql does not support template facts yet: put the fact into the dataset instead (a row of "
+                f"table `{rule.head.name}`, with a `value` column for its value)")
+        n_literals = sum(1 for item in rule.body if isinstance(item, Atom))
+        if n_literals > ir.MAX_BODY_LITERALS:
+            raise TemplateError(
+                f"{origin}: the rule has {n_literals} body literals, more than relsql's limit of {ir.MAX_BODY_LITERALS} "
+                "(the database's join planning time grows steeply with the literal count); split the rule: derive "
+                "parts of the body in helper rules and use their heads in this one")
         combination, activation, aggregation = DEFAULT_COMBINATION, DEFAULT_RULE_ACTIVATION, DEFAULT_AGGREGATION
         for key, value in rule.meta.items():
             if key in ("activation", "transformation"):

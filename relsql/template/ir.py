@@ -8,14 +8,114 @@ body as a sqlglot AST lets the database, not Python, do all the structural work.
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import sqlglot.expressions as exp
 
+from relsql.errors import TemplateError
+
 if TYPE_CHECKING:
     from relsql.db import Database
+
+# Limits both frontends enforce, so that a typo or a hostile file fails with a clear message
+# instead of an allocation that cannot succeed or a stack overflow.
+MAX_WIDTH = 2**24  # one dimension of a weight (16,777,216): far beyond any layer, within int64 math
+MAX_ELEMENTS = 2**31  # elements of one weight whose whole shape is known: 8 GiB in float32
+MAX_NESTING = 32  # parentheses/brackets inside one SQL statement: sqlglot's parser recurses per level
+MAX_EXPRESSION_DEPTH = 256  # levels of one neural expression (a long `a + b + ...` counts one per term)
+MAX_BODY_LITERALS = 64  # literals of one Datalog rule: DuckDB's join planning grows steeply beyond
+
+# Column names relsql's grounding queries use next to the head keys (relsql/ground/query.py,
+# execute.py, demand.py, train/embeddings.py); a head key with one of these names would be
+# shadowed by them, so it is refused. DuckDB compares identifiers case-insensitively.
+_RESERVED = re.compile(r"_(rid|head|rule|global|step|[hrc]\d+|s\d+_c\d+|v_.*)", re.IGNORECASE | re.DOTALL)
+
+
+def reserved(name: str) -> bool:
+    """True for a name relsql uses for its own columns in grounding queries."""
+    return _RESERVED.fullmatch(name) is not None
+
+
+def storage_name(name: str) -> str:
+    """How the database sees a weight's name in table names: relsql/train/embeddings.py's
+    `table_suffix` (non-[0-9A-Za-z_] become `_`), compared case-insensitively as DuckDB does."""
+    return re.sub(r"[^0-9A-Za-z_]", "_", name).lower()
+
+
+def check_shape(shape: tuple, where: str) -> None:
+    """A weight shape as written: at most 2 dimensions, each a positive integer within MAX_WIDTH."""
+    dims = [d for d in shape if d is not None]
+    if len(shape) > 2:
+        raise TemplateError(f"{where}: a weight has at most 2 dimensions (a vector or a matrix), got {len(shape)}: "
+                            f"{shape_text(shape)}")
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, int) or d <= 0:
+            raise TemplateError(f"{where}: weight dimensions must be positive integers, got {shape_text(shape)}")
+        if d > MAX_WIDTH:
+            raise TemplateError(f"{where}: weight dimension {d} is larger than relsql's limit of {MAX_WIDTH} "
+                                "(2**24) per dimension; use a smaller width")
+    if math.prod(dims) > MAX_ELEMENTS:
+        raise TemplateError(f"{where}: weight {shape_text(shape)} has {math.prod(dims)} elements, more than "
+                            f"relsql's limit of {MAX_ELEMENTS} (2**31) per weight; use smaller widths")
+
+
+def shape_text(shape: tuple) -> str:
+    return "{" + ",".join("?" if d is None else str(d) for d in shape) + "}"
+
+
+def check_expression_depth(expr: exp.Expression, where: str) -> None:
+    """Refuse a sqlglot expression nested deeper than MAX_EXPRESSION_DEPTH (counted without recursion)."""
+    stack = [(expr, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_EXPRESSION_DEPTH:
+            raise TemplateError(
+                f"{where}: the neural expression nests too deeply (more than {MAX_EXPRESSION_DEPTH} levels; each term "
+                "of a long sum a + b + ... adds one). Split it: statements with one name are summed, and "
+                "intermediate relations can hold parts.")
+        stack.extend((child, depth + 1) for child in node.iter_expressions())
+
+
+def check_names(template: Template) -> None:
+    """Names the database would fold together: relations differing only in case share one key
+    table, weights whose table names agree case-insensitively share one table."""
+    relations: dict[str, str] = {}
+    for name, relation in template.relations.items():
+        other = relations.setdefault(name.lower(), name)
+        if other != name:
+            where = relation.rules[0].origin if relation.rules else ""
+            raise TemplateError(
+                f"{where + ': ' if where else ''}relations `{other}` and `{name}` differ only in case, and the database "
+                "does not tell identifiers apart by case; rename one of them")
+    weights: dict[str, str] = {}
+    for name, spec in template.weights.items():
+        other = weights.setdefault(storage_name(name), name)
+        if other != name:
+            first = template.weights[other]
+            raise TemplateError(
+                f"{spec.origin}: weight '{name}' and weight '{other}' (declared in {first.origin}) map to the same "
+                "database table name (names are compared ignoring case, with characters other than letters, digits "
+                "and _ read as _); rename one of them")
+
+
+def read_text(path: Path, what: str) -> str:
+    """A template file's text, decoded as UTF-8 (a byte-order mark is allowed)."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise TemplateError(f"cannot read {what} {path}: {err.strerror or err}") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise TemplateError(f"{what} {path} is not UTF-8 text (byte 0x{data[err.start]:02x} on line {line}); "
+                            "save it as UTF-8") from None
+
 
 class Expr:
     """A node of a neural expression."""
@@ -171,8 +271,6 @@ class Template:
 
     def order(self) -> list[str]:
         """Relations in dependency order; a cycle is an error the user must break."""
-        from relsql.errors import TemplateError
-
         done: list[str] = []
         state: dict[str, int] = {}
 
@@ -225,15 +323,8 @@ class Template:
     @classmethod
     def from_file(cls, path) -> Template:
         """`.sql` files are SQL templates; anything else is read as NeuraLogic Datalog."""
-        from pathlib import Path
-
-        from relsql.errors import TemplateError
-
         path = Path(path)
-        try:
-            text = path.read_text()
-        except OSError as err:
-            raise TemplateError(f"cannot read template file {path}: {err.strerror}") from None
+        text = read_text(path, "template file")
         if path.suffix.lower() == ".sql":
             return cls.from_sql(text)
         return cls.from_datalog(text, base_dir=str(path.parent))

@@ -6,8 +6,11 @@ translated into the IR's neural expression. Every error names the statement and 
 
 from __future__ import annotations
 
+import re
+
 import sqlglot
 import sqlglot.expressions as exp
+from sqlglot.dialects.duckdb import DuckDB
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import Tokenizer, TokenType
 
@@ -18,40 +21,149 @@ _ACTIVATION_FUNCS = {"relu", "sigmoid", "leaky_relu", "identity", "softmax", "ta
 _TYPED_ACTIVATIONS = {exp.Tanh: "tanh", exp.Exp: "exp", exp.Ln: "log", exp.Log: "log"}
 _AGGREGATES = {exp.Sum: "sum", exp.Avg: "avg", exp.Max: "max", exp.Min: "min", exp.Count: "count"}
 _BINARY = {exp.Add: "+", exp.Sub: "-", exp.Mul: "*"}
+_OPEN = {TokenType.L_PAREN, TokenType.L_BRACKET, TokenType.L_BRACE}
+_CLOSE = {TokenType.R_PAREN, TokenType.R_BRACKET, TokenType.R_BRACE}
+_KEYWORD_JOIN = "relsql_keyword_join"
 
 
-def _statement_lines(text: str) -> list[int]:
-    """First line of every non-empty statement, so errors can point into the file."""
-    lines: list[int] = []
-    start: int | None = None
+class _RelsqlDuckDB(DuckDB):
+    """DuckDB, except that joins written with the JOIN keyword are marked: sqlglot parses
+    `a JOIN b` without ON like the comma join `a, b`, which would silently be a cross product."""
+
+    class Parser(DuckDB.Parser):
+        def _parse_join(self, *args, **kwargs):
+            comma = self._curr is not None and self._curr.token_type == TokenType.COMMA
+            join = super()._parse_join(*args, **kwargs)
+            if join is not None and not comma:
+                join.meta[_KEYWORD_JOIN] = True
+            return join
+
+
+def _statements(text: str) -> list[tuple[int, int, int]]:
+    """(first line, first character, end character) of every non-empty statement."""
+    spans: list[tuple[int, int, int]] = []
+    start = None
     for token in Tokenizer().tokenize(text):
         if token.token_type == TokenType.SEMICOLON:
             if start is not None:
-                lines.append(start)
+                spans.append((start.line, start.start, token.end + 1))
             start = None
         elif start is None:
-            start = token.line
+            start = token
     if start is not None:
-        lines.append(start)
-    return lines
+        spans.append((start.line, start.start, len(text)))
+    return spans
+
+
+def _check_nesting(text: str) -> None:
+    """Refuse brackets nested deeper than sqlglot's recursive parser can follow, before it tries."""
+    depth, statement = 0, 1
+    seen = False
+    for token in Tokenizer().tokenize(text):
+        if token.token_type == TokenType.SEMICOLON:
+            depth, statement, seen = 0, statement + (1 if seen else 0), False
+            continue
+        seen = True
+        if token.token_type in _OPEN:
+            depth += 1
+            if depth > ir.MAX_NESTING:
+                raise TemplateError(
+                    f"statement {statement} (line {token.line}): parentheses nest too deeply (more than "
+                    f"{ir.MAX_NESTING} levels); compute inner parts in intermediate relations")
+        elif token.token_type in _CLOSE:
+            depth = max(depth - 1, 0)
+
+
+_TOKEN_DUMP = re.compile(r"<Token token_type: [^,]*, text: (.*?), line: \d+, col: \d+, start: \d+, end: \d+, comments: \[.*?\]>")
+_MISSING = re.compile(r"Required keyword: '(\w+)' missing for <class '(?:\w+\.)*(\w+)'>")
+_CLASS = re.compile(r"<class '(?:\w+\.)*(\w+)'>")
+_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _parse_message(err: ParseError) -> str:
+    """A parse error in a line: where, near what, and sqlglot's description without its internals."""
+    detail = err.errors[0] if err.errors else {}
+    description = detail.get("description") or "invalid syntax"
+    description = _TOKEN_DUMP.sub(lambda m: f"`{m.group(1)}`", description)
+    description = _MISSING.sub(lambda m: f"incomplete {m.group(2).upper()}", description)
+    description = _ESCAPE.sub("", _CLASS.sub(lambda m: m.group(1), description))
+    near = _ESCAPE.sub("", str(detail.get("highlight") or "")).strip()
+    near = f", near `{near[:40]}`" if near else ""
+    where = f" at line {detail['line']}, column {detail.get('col')}" if detail.get("line") else ""
+    return f"SQL template does not parse{where}{near}: {description[:200]}"
+
+
+def _token_message(text: str) -> str:
+    """The tokenizer stops at an unterminated string, quoted name or comment: find its start."""
+    i, line, n = 0, 1, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\n":
+            line += 1
+        if c in "'\"":
+            end = text.find(c, i + 1)
+            while end != -1 and text[end + 1: end + 2] == c:  # a doubled quote escapes itself
+                end = text.find(c, end + 2)
+            if end == -1:
+                what = "string" if c == "'" else "quoted name"
+                return f"SQL template does not parse at line {line}: unterminated {what} (a {c} without its closing {c})"
+            line += text.count("\n", i + 1, end)
+            i = end + 1
+            continue
+        if text.startswith("--", i):
+            end = text.find("\n", i)
+            i = n if end == -1 else end
+            continue
+        if text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            if end == -1:
+                return f"SQL template does not parse at line {line}: unterminated comment (a /* without */)"
+            line += text.count("\n", i, end)
+            i = end + 2
+            continue
+        i += 1
+    return "SQL template does not parse: a string, quoted name or comment is not closed"
 
 
 def parse_sql_template(text: str) -> ir.Template:
     """Parse a file of `CREATE TABLE ... AS SELECT` statements into the IR."""
+    spans: list[tuple[int, int, int]] = []
     try:
-        statements = [s for s in sqlglot.parse(text, read="duckdb") if s is not None]
-        lines = _statement_lines(text)
-    except (ParseError, TokenError) as err:
-        detail = err.errors[0] if isinstance(err, ParseError) and err.errors else {}
-        where = f" at line {detail.get('line')}, column {detail.get('col')}" if detail else ""
-        raise TemplateError(f"SQL template does not parse{where}: {err}") from None
+        _check_nesting(text)
+        spans = _statements(text)
+        statements = [s for s in sqlglot.parse(text, read=_RelsqlDuckDB) if s is not None]
+    except TokenError:
+        raise TemplateError(_token_message(text)) from None
+    except ParseError as err:
+        raise TemplateError(_parse_message(err)) from None
+    except RecursionError:
+        raise TemplateError(_too_deep(text, spans)) from None
     if not statements:
         raise TemplateError("SQL template is empty: write at least one CREATE TABLE name AS SELECT ...")
     template = ir.Template(language="sql", source=text)
     for number, statement in enumerate(statements, start=1):
-        line = lines[number - 1] if number - 1 < len(lines) else "?"
-        _Statement(template, statement, f"statement {number} (line {line})").translate()
+        line = spans[number - 1][0] if number - 1 < len(spans) else "?"
+        origin = f"statement {number} (line {line})"
+        try:
+            _Statement(template, statement, origin).translate()
+        except RecursionError:
+            raise TemplateError(f"{origin}: the statement nests too deeply for relsql to read; split it into "
+                                "intermediate relations") from None
+    ir.check_names(template)
     return template
+
+
+def _too_deep(text: str, spans: list[tuple[int, int, int]]) -> str:
+    """The statement the parser's recursion gave up on (the stack was already deep when called)."""
+    for number, (line, start, end) in enumerate(spans, start=1):
+        try:
+            sqlglot.parse(text[start:end], read=_RelsqlDuckDB)
+        except RecursionError:
+            return (f"statement {number} (line {line}): the statement nests too deeply for the SQL parser; keep "
+                    f"within {ir.MAX_NESTING} levels of parentheses and split it into intermediate relations")
+        except (ParseError, TokenError):
+            continue
+    return "SQL template nests too deeply for the SQL parser; split it into intermediate relations"
 
 
 class _Statement:
@@ -82,12 +194,21 @@ class _Statement:
         items = select.expressions
         if not items:
             raise self.fail("SELECT has no columns")
+        for join in st.find_all(exp.Join):
+            if join.meta.get(_KEYWORD_JOIN) and not (join.args.get("on") or join.args.get("using")) \
+                    and not join.args.get("method") and join.args.get("kind") != "CROSS" \
+                    and not isinstance(join.this, (exp.Unnest, exp.Lateral)):
+                raise self.fail(f"JOIN without ON (joining `{join.this.sql('duckdb')[:60]}`): add an ON condition "
+                                "(or USING (...)); write CROSS JOIN if every pair of rows is meant")
         self._collect_neural_tables(select)
         keys, key_names = [], []
         for item in items[:-1]:
             key_name = item.alias_or_name
             if not key_name or key_name == "*":
                 raise self.fail("every head key needs a name: write `expr AS key_name`", item)
+            if ir.reserved(key_name):
+                raise self.fail(f"the head key name `{key_name}` is reserved for relsql's own columns; "
+                                f"rename it with `AS other_name`", item)
             if self._mentions_neural_value(item):
                 raise self.fail("head keys must be plain SQL columns; only the last SELECT item is the neural expression", item)
             keys.append(item.unalias() if isinstance(item, exp.Alias) else item)
@@ -107,6 +228,7 @@ class _Statement:
                 if self._is_value_column(node):
                     raise self.fail("a neural value `h` cannot be used in a join or filter condition", node)
         body = items[-1].unalias() if isinstance(items[-1], exp.Alias) else items[-1]
+        ir.check_expression_depth(body, self.origin)
         expr = self._neural(body, inside_agg=False)
         has_agg = any(isinstance(e, ir.Agg) for e in ir.walk(expr))
         if has_agg and not grouped:
@@ -171,16 +293,20 @@ class _Statement:
         spec = self.template.weights.get(name)
         if spec is None:
             self.template.weights[name] = ir.WeightSpec(name, shape, kind=kind, origin=self.origin)
-        elif spec.kind != kind or spec.shape[0] != shape[0]:
-            raise self.fail(f"weight '{name}' was declared as {spec.kind} {spec.shape} in {spec.origin}; a shared name must keep its kind and size", node)
+        elif spec.kind != kind or tuple(spec.shape) != tuple(shape):
+            raise self.fail(f"weight '{name}' was declared as {spec.kind} {ir.shape_text(spec.shape)} in {spec.origin}, "
+                            f"here as {kind} {ir.shape_text(shape)}; a shared name must keep its kind and size", node)
         return name
 
     def _int_arg(self, node: exp.Expression, args: list, position: int, what: str) -> int:
         if len(args) <= position or not (isinstance(args[position], exp.Literal) and not args[position].is_string):
             raise self.fail(f"{what} must be a positive integer literal", node)
         value = args[position].this
-        if not value.isdigit() or int(value) <= 0:
-            raise self.fail(f"{what} must be a positive integer literal, got {value}", node)
+        if not (value.isascii() and value.isdigit()) or int(value) <= 0:
+            raise self.fail(f"{what} must be a positive integer literal, got {value[:40]}", node)
+        if len(value) > 12 or int(value) > ir.MAX_WIDTH:
+            raise self.fail(f"{what} {value[:40]} is larger than relsql's limit of {ir.MAX_WIDTH} (2**24); "
+                            "use a smaller width", node)
         return int(value)
 
     def _name_arg(self, node: exp.Expression, args: list, position: int) -> str | None:
