@@ -49,6 +49,16 @@ def first_line(err: BaseException) -> str:
     return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
 
 
+def free_name(name: str, taken: set[str]) -> str:
+    """`name`, or `name_1`, `name_2`, ... if a column (compared case-insensitively) has it; marks it taken."""
+    found, n = name, 0
+    while found.casefold() in taken:
+        n += 1
+        found = f"{name}_{n}"
+    taken.add(found.casefold())
+    return found
+
+
 class Source:
     """What a kind of source adds to plain DuckDB: its keys, how it writes, how it closes.
 

@@ -22,7 +22,7 @@ from torch import nn
 
 from relsql.compile import make_plan
 from relsql.compile.module import CompiledNet
-from relsql.db import TEMP_PREFIX, Database
+from relsql.db import TEMP_PREFIX, Database, free_name
 from relsql.errors import RelsqlError, SchemaError
 from relsql.ground import query as q
 from relsql.ground.demand import BatchGrounder, database_embeddings
@@ -512,9 +512,9 @@ class Model:
             keys = pl.from_arrow(self.net.grounding.relations[self.output].keys).sort("_rid").drop("_rid")
         predictions, probabilities = self.task.decode(out)
         taken = {k.casefold() for k in keys.columns}
-        frame = keys.with_columns(pl.Series(_free_name("prediction", taken), predictions))
+        frame = keys.with_columns(pl.Series(free_name("prediction", taken), predictions))
         if probabilities is not None:
-            name = _free_name("probabilities", taken)
+            name = free_name("probabilities", taken)
             frame = frame.with_columns(pl.Series(name, probabilities.tolist(), dtype=pl.List(pl.Float64)))
         return frame
 
@@ -659,13 +659,3 @@ def _type_kind(sql_type: str) -> str:
         if any(m in name for m in markers):
             return kind
     return name
-
-
-def _free_name(name: str, taken: set[str]) -> str:
-    """`name`, or `name_1`, `name_2`, ... if a column (compared case-insensitively) has it; marks it taken."""
-    found, n = name, 0
-    while found.casefold() in taken:
-        n += 1
-        found = f"{name}_{n}"
-    taken.add(found.casefold())
-    return found

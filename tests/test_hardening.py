@@ -186,3 +186,24 @@ def test_no_value_reaches_sql_as_text():
             if re.search(r"Literal\.number\((?!\d+\))", line) or re.search(r"\.(execute|sql|arrow)\(f[\"']", line):
                 offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert offenders == []
+
+
+def test_relations_are_read_as_the_database_reads_names_ignoring_case():
+    db = relsql.connect()
+    db.execute("CREATE TABLE t AS SELECT i AS id, i * 1.0 AS x FROM range(4) r(i)")
+    template = relsql.Template.from_sql("CREATE TABLE Layer1 AS SELECT t.id, linear(features(t.x), 2, 'w') FROM t t;\n"
+                                        "CREATE TABLE p AS SELECT l.id, linear(l.h, 1, 'out') FROM layer1 l;")
+    assert template.relations["p"].rules[0].refs == ["Layer1"]
+    net = relsql.compile(template, db, dtype=torch.float64)
+    weights = net.named_weights()
+    x = torch.arange(4, dtype=torch.float64)
+    expected = ((x - x.mean()) / x.std(unbiased=False))[:, None] @ weights["w"].T @ weights["out"].T
+    assert torch.allclose(net()["p"], expected)
+
+
+def test_a_key_named_value_keeps_its_values_in_net_values():
+    db = relsql.connect()
+    db.execute("CREATE TABLE t AS SELECT i + 10 AS value, i * 1.0 AS x FROM range(3) r(i)")
+    net = relsql.compile(relsql.Template.from_sql("CREATE TABLE p AS SELECT t.value, linear(features(t.x), 2) FROM t t;"), db)
+    frame = net.values("p")
+    assert frame["value"].to_list() == [10, 11, 12] and frame.columns == ["value", "value_1"]

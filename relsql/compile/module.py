@@ -229,7 +229,9 @@ class CompiledNet(nn.Module):
         return {name: slots[slot] for name, slot in plan.outputs.items()}
 
     def values(self, relation: str, outputs: dict[str, torch.Tensor] | None = None) -> pl.DataFrame:
-        """A relation's key columns and its `value` (flattened to a list of floats) per row."""
+        """A relation's key columns and its `value` (flattened to a list of floats) per row; a key
+        named `value` keeps its name and the vector gets the first free one (`value_1`, ...)."""
+        from relsql.db import free_name
         from relsql.errors import RelsqlError
 
         if relation not in self.grounding.relations:
@@ -242,7 +244,8 @@ class CompiledNet(nn.Module):
             value = outputs[relation].detach().to("cpu", torch.float64)
         keys = pl.from_arrow(self.grounding.relations[relation].keys).drop("_rid")
         flat = value.reshape(value.shape[0], -1).numpy()
-        return keys.with_columns(pl.Series("value", flat.tolist(), dtype=pl.List(pl.Float64)))
+        name = free_name("value", {k.casefold() for k in keys.columns})
+        return keys.with_columns(pl.Series(name, flat.tolist(), dtype=pl.List(pl.Float64)))
 
     def dictionary(self, weight: str) -> pl.DataFrame:
         """The categorical values behind an embedding's rows: `value`, `code` (= row)."""

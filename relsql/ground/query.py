@@ -49,11 +49,13 @@ def create_temp(table: exp.Table, query: exp.Expression) -> exp.Create:
 def substitute_relations(query: exp.Select, key_tables: dict[str, exp.Table]) -> exp.Select:
     """Point table references that name a neural relation at that relation's key table (in place)."""
 
-    local = {cte.alias for cte in query.find_all(exp.CTE)}  # a CTE shadows a relation's name
+    local = {cte.alias.casefold() for cte in query.find_all(exp.CTE)}  # a CTE shadows a relation's name
+    folded = {name.casefold(): table for name, table in key_tables.items()}  # the database ignores case, so does this
 
     def swap(node: exp.Expression) -> exp.Expression:
-        if isinstance(node, exp.Table) and not node.args.get("db") and node.name in key_tables and node.name not in local:
-            return alias(key_tables[node.name].copy(), node.alias or node.name, table=True)
+        name = node.name.casefold() if isinstance(node, exp.Table) else ""
+        if name in folded and not node.args.get("db") and name not in local:
+            return alias(folded[name].copy(), node.alias or node.name, table=True)
         return node
 
     return query.transform(swap, copy=False)

@@ -269,6 +269,14 @@ class Template:
     language: str = "sql"
     source: str = ""
 
+    def relation_named(self, name: str) -> str | None:
+        """The relation a table reference `name` means: names compare as the database compares
+        unquoted identifiers, ignoring case (relation names that differ only in case are refused)."""
+        if name in self.relations:
+            return name
+        folded = name.casefold()
+        return next((r for r in self.relations if r.casefold() == folded), None)
+
     def order(self) -> list[str]:
         """Relations in dependency order; a cycle is an error the user must break."""
         done: list[str] = []

@@ -254,8 +254,8 @@ class _Statement:
             if select.args.get(arg) is not None:
                 query.set(arg, select.args[arg].copy() if not isinstance(select.args[arg], list)
                           else [j.copy() for j in select.args[arg]])
-        depends = sorted({t.name for t in select.find_all(exp.Table)
-                          if t.name in self.template.relations and not t.db and t.name != name})
+        depends = sorted({self.template.relation_named(t.name) for t in select.find_all(exp.Table)
+                          if not t.db and self.template.relation_named(t.name) not in (None, name)})
         relation.rules.append(ir.Rule(
             head=name, query=query, refs=[self.neural[a] for a in self.refs], expr=expr,
             grouped=grouped, origin=self.origin, n_columns=len(self.columns), depends=depends,
@@ -267,9 +267,10 @@ class _Statement:
             if source is None:
                 continue
             table = source.this
-            if isinstance(table, exp.Table) and table.name in self.template.relations and not table.db:
-                alias = table.alias_or_name
-                self.neural[alias] = table.name
+            if isinstance(table, exp.Table) and not table.db:
+                relation = self.template.relation_named(table.name)  # as the database reads names: ignoring case
+                if relation is not None:
+                    self.neural[table.alias_or_name] = relation
 
     def _is_value_column(self, node: exp.Expression) -> bool:
         return isinstance(node, exp.Column) and node.table in self.neural and node.name == "h"
