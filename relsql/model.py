@@ -20,6 +20,7 @@ import sqlglot.expressions as exp
 import torch
 from torch import nn
 
+from relsql import arguments
 from relsql.compile import make_plan
 from relsql.compile.module import CompiledNet
 from relsql.db import TEMP_PREFIX, Database, free_name
@@ -28,8 +29,8 @@ from relsql.ground import query as q
 from relsql.ground.demand import BatchGrounder, database_embeddings
 from relsql.ground.execute import Presets, ground
 from relsql.template.ir import Template
-from relsql.train import arguments, saved
 from relsql.train import checkpoint as checkpoints
+from relsql.train import saved
 from relsql.train.batched import Batch, Batched
 from relsql.train.batches import Worker, batches
 from relsql.train.embeddings import GradientStaging, table_suffix
@@ -471,6 +472,7 @@ class Model:
             kind = torch.optim.Adam if not optimizers else (torch.optim.Adagrad if self.embedding_optimizer == "adagrad" else torch.optim.SGD)
             optimizer = kind(params)
             optimizer.load_state_dict(optimizer_state)
+            checkpoints.check_optimizer(optimizer, f"checkpoint {path}")
             optimizers.append(optimizer)
         self.history, self.best_epoch = list(state["history"]), state["best_epoch"]
         best["loss"], best["state"] = state["best_loss"], state["best_state"]

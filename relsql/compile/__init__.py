@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from relsql import arguments
 from relsql.compile.module import CompiledNet
 from relsql.compile.passes import optimize
 from relsql.compile.plan import build_plan
@@ -24,11 +25,36 @@ def compile(template: Template, db: Database, dtype: torch.dtype = torch.float32
     `outputs` limits what `net()` returns to those relations (default: every relation), which
     lets the optimizer drop or overwrite the others' intermediate values.
     """
+    dtype, device, seed, passes, outputs = _checked(template, db, dtype, device, seed, passes, outputs)
+    if gather_strength is not None:
+        gather_strength = arguments.number("gather_strength", gather_strength, minimum=0.0)
     _memory_embeddings_only(template)
     grounding = ground(template, db)
     if gather_strength is not None:
         passes = with_strength(gather_strength, passes)
     return CompiledNet(make_plan(template, grounding, dtype, passes, outputs), grounding, dtype=dtype, seed=seed).to(device)
+
+
+def _checked(template, db, dtype, device, seed, passes, outputs) -> tuple:
+    """The arguments of `compile`/`tune`, checked where they enter (RelsqlErrors naming them)."""
+    from relsql.errors import RelsqlError
+
+    if not isinstance(template, Template):
+        raise RelsqlError(f"template must be a relsql.Template (Template.from_sql/from_file/...), got {type(template).__name__}")
+    if not isinstance(db, Database):
+        raise RelsqlError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
+    if seed is not None:
+        seed = arguments.integer("seed", seed, minimum=0, maximum=2**63 - 1)
+    if passes is not None:
+        if isinstance(passes, str) or not isinstance(passes, tuple | list) or not all(callable(p) for p in passes):
+            raise RelsqlError(f"passes must be a tuple of optimizer passes (functions plan -> plan, e.g. from "
+                              f"relsql.compile.passes.RULES), or () for none; got {passes!r}")
+        passes = tuple(passes)
+    if outputs is not None:
+        if isinstance(outputs, str) or not isinstance(outputs, tuple | list) or not all(isinstance(o, str) for o in outputs):
+            raise RelsqlError(f"outputs must be a list of relation names, got {outputs!r}")
+        outputs = list(outputs)
+    return arguments.dtype(dtype), arguments.device(device), seed, passes, outputs
 
 
 def _memory_embeddings_only(template: Template) -> None:
@@ -47,6 +73,9 @@ def tune(template: Template, db: Database, dtype: torch.dtype = torch.float32,
     """Like `compile`, but plans the grounding with every gather-propagation preset (and, if asked,
     under torch.compile), times a training step of `output` on `device` and keeps the fastest;
     `net.tuning` lists the trials and `net.explain()` ends with them."""
+    dtype, device, seed, _, _ = _checked(template, db, dtype, device, seed, None, None)
+    if output is not None:
+        arguments.text("output", output)
     _memory_embeddings_only(template)
     grounding = ground(template, db)
     return fastest(template, grounding, dtype, device, seed, output, try_torch_compile=try_torch_compile)

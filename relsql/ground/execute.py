@@ -378,12 +378,22 @@ def _column_tensor(column: pa.ChunkedArray, rule: ir.Rule, k: int, embedded: boo
     kind = column.type
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
         array = column.combine_chunks()
+        label = f"{rule.head}, {rule.origin}: the list column {column_label(rule, k)}"
+        element = kind.value_type
+        if not (pa.types.is_integer(element) or pa.types.is_floating(element) or pa.types.is_decimal(element)
+                or pa.types.is_boolean(element) or pa.types.is_null(element)):
+            raise SchemaError(f"{label} holds {element} values; a vector must be a list of numbers (not nested lists)")
         lengths = pc.list_value_length(array).to_numpy(zero_copy_only=False)
         if array.null_count or (len(lengths) and (lengths.min() != lengths.max())):
-            raise SchemaError(f"{rule.head}, {rule.origin}: the list column {column_label(rule, k)} must hold vectors of one length without NULLs")
-        flat = to_tensor(pc.list_flatten(array), torch.float64)
-        width = int(lengths[0]) if len(lengths) else 0
-        return flat.reshape(-1, width)
+            raise SchemaError(f"{label} must hold vectors of one length without NULLs")
+        if len(lengths) == 0:  # no groundings: the width is known only for fixed-size lists
+            return torch.zeros((0, kind.list_size if pa.types.is_fixed_size_list(kind) else 0), dtype=torch.float64)
+        if lengths[0] == 0:
+            raise SchemaError(f"{label} holds empty lists; a vector needs at least one number")
+        flat = pc.list_flatten(array)
+        if flat.null_count:
+            raise SchemaError(f"{label} has NULL inside its vectors; fill them (e.g. list_transform(v, x -> coalesce(x, 0)))")
+        return to_tensor(pc.cast(flat, pa.float64()), torch.float64).reshape(-1, int(lengths[0]))
     if pa.types.is_boolean(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind):
         if column.null_count:
             column = pc.fill_null(column, 0)

@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 
 import sqlglot.expressions as exp
 
+from relsql import arguments
 from relsql.catalog import ForeignKey, Table
 from relsql.db import Database
 from relsql.errors import SchemaError
+from relsql.template import ir
 from relsql.template.keys import Schema, schema
 from relsql.train.task import detect
 
@@ -291,7 +293,15 @@ class _Writer:
 def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggregation: str = "avg",
              time_column: str | None = None, time_columns: dict[str, str] | None = None, infer_keys: bool = True) -> str:
     """An editable SQL template predicting `target` ("table.column") from its relational context."""
-    table, _, column = target.partition(".")
+    table, column = arguments.target(target)
+    hops = arguments.integer("hops", hops, minimum=0, maximum=16)
+    width = arguments.integer("width", width, maximum=ir.MAX_WIDTH)
+    arguments.text("time_column", time_column, optional=True)
+    if time_columns is not None and (not isinstance(time_columns, dict)
+                                     or not all(isinstance(k, str) and isinstance(v, str) for k, v in time_columns.items())):
+        raise SchemaError(f"time_columns must map table names to column names, got {time_columns!r}")
+    if not isinstance(db, Database):
+        raise SchemaError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
     catalog = db.catalog()
     if table not in catalog.tables:
         raise SchemaError(f"target table `{table}` does not exist; tables: {', '.join(catalog.names)}")

@@ -367,6 +367,7 @@ class _Parser:
 
 
 def parse_datalog_template(text: str, base_dir: str | None = None, source: str = "template") -> ir.Template:
+    ir.check_text(text, "Datalog template")
     tokens = _load(text, source, Path(base_dir) if base_dir else None, set())
     try:
         rules, metas = _Parser(tokens).statements()

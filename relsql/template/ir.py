@@ -117,6 +117,21 @@ def read_text(path: Path, what: str) -> str:
                             "save it as UTF-8") from None
 
 
+def check_text(text: object, what: str = "template") -> str:
+    """A template's text: a str that UTF-8 can carry (a lone surrogate cannot reach the database)."""
+    from relsql.errors import TemplateError
+
+    if not isinstance(text, str):
+        raise TemplateError(f"the {what} must be text (a str), got {type(text).__name__}; use Template.from_file for a path")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        line = text.count("\n", 0, err.start) + 1
+        raise TemplateError(f"the {what} has a character UTF-8 cannot hold at line {line} ({text[err.start]!r}, a lone "
+                            "surrogate); remove it") from None
+    return text
+
+
 class Expr:
     """A node of a neural expression."""
 

@@ -127,6 +127,7 @@ def _token_message(text: str) -> str:
 
 def parse_sql_template(text: str) -> ir.Template:
     """Parse a file of `CREATE TABLE ... AS SELECT` statements into the IR."""
+    ir.check_text(text, "SQL template")
     spans: list[tuple[int, int, int]] = []
     try:
         _check_nesting(text)

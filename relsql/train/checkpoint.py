@@ -11,6 +11,7 @@ writes a file it would refuse to read.
 from __future__ import annotations
 
 import collections
+import math
 import os
 import tempfile
 import warnings
@@ -140,3 +141,43 @@ def field(state: dict, name: str, types: type | tuple[type, ...], where: str) ->
     if not isinstance(value, types):
         raise RelsqlError(f"{where} is damaged: {name!r} is a {type(value).__name__}")
     return value
+
+
+FLAGS_OFF = ("differentiable", "capturable", "fused", "maximize")  # relsql never turns these on
+
+
+def check_optimizer(optimizer: torch.optim.Optimizer, where: str) -> None:
+    """An optimizer state read from a file: hyper-parameters of the types and ranges torch's own
+    defaults have, and per-parameter buffers shaped like their parameter, finite. A damaged file
+    then fails here, clearly, instead of inside torch's update kernels."""
+
+    def damaged(what: str) -> RelsqlError:
+        return RelsqlError(f"{where} is damaged: its optimizer state has {what}; start without resume=True")
+
+    for group in optimizer.param_groups:
+        for key, default in optimizer.defaults.items():
+            value = group.get(key)
+            if key in FLAGS_OFF:
+                if value not in (False, None):
+                    raise damaged(f"{key}={value!r}")
+            elif isinstance(default, bool) or default is None:
+                if value not in (True, False, None):
+                    raise damaged(f"{key}={value!r}")
+            elif isinstance(default, int | float):
+                if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+                    raise damaged(f"{key}={value!r}")
+            elif isinstance(default, tuple):
+                if type(value) is not tuple or len(value) != len(default) or not all(
+                        type(v) in (int, float) and math.isfinite(v) for v in value):
+                    raise damaged(f"{key}={value!r}")
+        for parameter in group["params"]:
+            for name, buffer in optimizer.state.get(parameter, {}).items():
+                if buffer is None and name == "momentum_buffer":  # SGD without momentum
+                    continue
+                if not isinstance(buffer, torch.Tensor) or not buffer.is_floating_point() or not torch.isfinite(buffer).all():
+                    raise damaged(f"a {name!r} that is not a finite float tensor")
+                if name == "step":
+                    if buffer.numel() != 1 or float(buffer) < 0:
+                        raise damaged(f"a step of {buffer.tolist()}")
+                elif buffer.shape != parameter.shape:
+                    raise damaged(f"a {name!r} of shape {tuple(buffer.shape)} for a parameter of shape {tuple(parameter.shape)}")

@@ -15,10 +15,10 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from relsql import arguments
 from relsql.errors import RelsqlError
 from relsql.ground.execute import Presets
 from relsql.template.ir import Template
-from relsql.train import arguments
 from relsql.train import checkpoint as files
 from relsql.train.task import Task
 

@@ -107,6 +107,8 @@ def device(value: object) -> torch.device:
         found = torch.device(value)
     except (RuntimeError, TypeError) as err:
         raise RelsqlError(f"device must be a torch device such as 'cpu' or 'cuda:0', got {value!r} ({err})") from None
+    if found.type not in ("cpu", "cuda"):
+        raise RelsqlError(f"device must be 'cpu' or a CUDA device such as 'cuda:0', got {value!r}")
     if found.type == "cuda" and not torch.cuda.is_available():
         raise RelsqlError(f"device {value!r}: this machine has no CUDA GPU that torch can use; pass device='cpu'")
     return found
