@@ -168,3 +168,24 @@ def test_training_without_a_checkpoint_leaves_no_copies(tmp_path):
     with pytest.raises(Crash):
         quiet(model.fit, epochs=3, patience=100, callback=stop)
     assert sorted(t for t in db.tables() if t.startswith("relsql_")) == ["relsql_embedding_steps", "relsql_embedding_user"]
+
+
+@pytest.mark.parametrize("change", [
+    lambda o: o["state"][0].__setitem__("exp_avg", torch.zeros(7)),
+    lambda o: o["state"][0].__setitem__("step", torch.tensor([-1.0])),
+    lambda o: o["state"][0].__setitem__("exp_avg_sq", torch.tensor(float("nan"))),
+    lambda o: o["param_groups"][0].__setitem__("betas", {"x": 1}),
+    lambda o: o["param_groups"][0].__setitem__("differentiable", True),
+    lambda o: o["param_groups"][0].__setitem__("weight_decay", True),
+])
+def test_a_checkpoint_with_a_damaged_optimizer_state_is_refused(trained, tmp_path, change):
+    db, _ = trained
+    path = tmp_path / "run.ckpt"
+    model = relsql.Model(db, relsql.Template.from_sql(SIMPLE), target="customer.churned", seed=0, progress=False)
+    model.fit(epochs=2, checkpoint=path)
+    state = torch.load(path, weights_only=True)
+    change(state["optimizers"][0])
+    torch.save(state, path)
+    again = relsql.Model(db, relsql.Template.from_sql(SIMPLE), target="customer.churned", seed=0, progress=False)
+    with pytest.raises(relsql.RelsqlError, match="optimizer state"):
+        again.fit(epochs=3, checkpoint=path, resume=True)

@@ -207,3 +207,28 @@ def test_a_key_named_value_keeps_its_values_in_net_values():
     net = relsql.compile(relsql.Template.from_sql("CREATE TABLE p AS SELECT t.value, linear(features(t.x), 2) FROM t t;"), db)
     frame = net.values("p")
     assert frame["value"].to_list() == [10, 11, 12] and frame.columns == ["value", "value_1"]
+
+
+@pytest.mark.parametrize("column, message", [
+    ("[[1.0, 2.0]]", "not nested lists"), ("[]::DOUBLE[]", "empty lists"), ("[1.0, NULL]", "NULL inside"),
+])
+def test_value_columns_that_are_not_vectors_of_numbers(column, message):
+    db = relsql.connect()
+    db.execute(f"CREATE TABLE t AS SELECT 1 AS id, {column} AS v")
+    with pytest.raises(relsql.SchemaError, match=message):
+        relsql.compile(relsql.Template.from_sql("CREATE TABLE p AS SELECT t.id, linear(t.v, 2) FROM t t;"), db)
+
+
+def test_compile_arguments_are_named():
+    db = relsql.connect()
+    db.execute("CREATE TABLE t AS SELECT 1 AS id, 1.0 AS x")
+    template = relsql.Template.from_sql("CREATE TABLE p AS SELECT t.id, linear(features(t.x), 2) FROM t t;")
+    for kwargs, word in [({"dtype": "float"}, "dtype"), ({"device": "meta"}, "device"), ({"passes": "x"}, "passes"),
+                         ({"passes": (3,)}, "passes"), ({"outputs": "p"}, "outputs"), ({"seed": -1}, "seed"),
+                         ({"gather_strength": math.nan}, "gather_strength")]:
+        with pytest.raises(relsql.RelsqlError, match=word):
+            relsql.compile(template, db, **kwargs)
+    with pytest.raises(relsql.RelsqlError, match="target"):
+        relsql.Template.auto(db, target=None)
+    with pytest.raises(relsql.RelsqlError, match="hops"):
+        relsql.Template.auto(db, target="t.x", hops=-1)
