@@ -49,6 +49,17 @@ def first_line(err: BaseException) -> str:
     return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
 
 
+def check_table_name(name: object) -> str:
+    """A name relsql may give a new table: non-empty text the database can hold, not relsql's own."""
+    if not isinstance(name, str) or not name.strip() or name.startswith(TEMP_PREFIX) or "\x00" in name:
+        raise SchemaError(f"cannot write a table named {name!r}: give a non-empty name not starting with {TEMP_PREFIX}")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise SchemaError(f"cannot write a table named {name!r}: it has a character UTF-8 cannot hold") from None
+    return name
+
+
 def free_name(name: str, taken: set[str]) -> str:
     """`name`, or `name_1`, `name_2`, ... if a column (compared case-insensitively) has it; marks it taken."""
     found, n = name, 0
@@ -262,8 +273,7 @@ class Database:
         PostgreSQL write inside one transaction; a folder of files writes `<name>.parquet` to a
         temporary file and renames it into place.
         """
-        if not isinstance(name, str) or not name or name.startswith(TEMP_PREFIX):
-            raise SchemaError(f"cannot write a table named {name!r}: give a non-empty name not starting with {TEMP_PREFIX}")
+        check_table_name(name)
         self.source.write_table(self, name, _as_arrow(data, name), replace)
 
     def catalog(self) -> Catalog:

@@ -23,7 +23,7 @@ from torch import nn
 from relsql import arguments
 from relsql.compile import make_plan
 from relsql.compile.module import CompiledNet
-from relsql.db import TEMP_PREFIX, Database, free_name
+from relsql.db import TEMP_PREFIX, Database, check_table_name, free_name
 from relsql.errors import RelsqlError, SchemaError
 from relsql.ground import query as q
 from relsql.ground.demand import BatchGrounder, database_embeddings
@@ -538,7 +538,7 @@ class Model:
             raise RelsqlError(f"split {split!r} has no rows to take gradients on; use 'train', 'val' or 'test'")
         arguments.text("prefix", prefix)
         names = [*self.named_weights(), *(database_embeddings(self.template) if self.mini_batches else {})]
-        tables = {name: prefix + table_suffix(name) for name in names}
+        tables = {name: check_table_name(prefix + table_suffix(name)) for name in names}
         self._check_new_tables(tables, replace)  # all names first: a refused one must not leave others written
         existing = {t.casefold() for t in self.db.tables()}
         for p in self.parameters():

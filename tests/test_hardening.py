@@ -232,3 +232,12 @@ def test_compile_arguments_are_named():
         relsql.Template.auto(db, target=None)
     with pytest.raises(relsql.RelsqlError, match="hops"):
         relsql.Template.auto(db, target="t.x", hops=-1)
+
+
+def test_table_names_the_database_cannot_hold_are_refused(shop):
+    model = _model(shop)
+    for name in ["\ud800", "a\x00b", " ", "__relsql_x"]:
+        with pytest.raises(relsql.SchemaError, match="cannot write a table named"):
+            model.write_predictions(name)
+    with pytest.raises(relsql.SchemaError, match="cannot write a table named"):
+        model.gradients_as_relations("\ud800")
