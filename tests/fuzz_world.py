@@ -27,44 +27,24 @@ from pathlib import Path
 import numpy as np
 
 import relsql
+from tests.test_datalog_generated import EXAMPLES as DATALOG_EXAMPLES
+from tests.test_datalog_generated import QUERIES as DATALOG_QUERIES
 
 REPO = Path(__file__).resolve().parent.parent
 LIBRARY_DIRS = (str(REPO / "relsql") + os.sep, str(REPO / "connectors") + os.sep)
 
 # --------------------------------------------------------------------------- the database
 
-# NeuraLogic-style facts, three samples (as tests/test_datalog_generated.py).
-DATALOG_EXAMPLES = "\n".join([
-    "[0.5, -1.0] f(a), [1.5, 0.2] f(b), [-0.3, 0.8] f(c), e(x, a), e(x, b), e(x, c), e(a, b), "
-    "0.7 s(x), 0.2 s(a), g(a), g(x), [0.3, -0.2, 0.9] k(x).",
-    "[1.0, 0.4] f(a), [-0.6, 0.9] f(b), e(x, a), e(x, b), e(b, a), -0.4 s(x), 1.3 s(b), g(b), g(x), "
-    "[-0.5, 0.1, 0.4] k(x).",
-    "[0.2, 0.3] f(a), [0.9, -0.7] f(d), e(x, d), e(x, a), e(d, d), 1.1 s(x), 0.5 s(d), g(x), g(d), "
-    "[0.8, 0.6, -1.2] k(x).",
-])
-DATALOG_QUERIES = "1.0 out(x).\n-1.0 out(x).\n0.5 out(x)."
 
 
 def make_db(path: str | Path | None = None, customers: int = 60) -> relsql.Database:
     """customer/orders (tests/test_model.py's shop), graph/node/edge (TU-style), molecule/atom/bond
     (the README example), the Datalog facts f/e/s/g/k/query_out, and the sentinel table `other`."""
     from connectors.neuralogic_files import import_text
+    from tests.test_model import build
 
     rng = np.random.default_rng(0)
-    db = relsql.connect(path)
-    db.execute("CREATE TABLE customer(customer_id INT PRIMARY KEY, segment VARCHAR, churned BOOLEAN, spend DOUBLE, "
-               "tier VARCHAR, signup DATE)")
-    db.execute("CREATE TABLE orders(order_id INT PRIMARY KEY, customer_id INT, amount DOUBLE, express BOOLEAN)")
-    cust, orders = [], []
-    for c in range(customers):
-        amounts = rng.normal(0, 1, int(rng.integers(1, 4))) + (1.0 if c % 2 else -1.0)
-        for a in amounts:
-            orders.append((len(orders), c, float(a), bool(rng.random() < 0.3)))
-        mean = float(amounts.mean())
-        tier = ["bronze", "silver", "gold"][int(np.clip(mean + 1.5, 0, 2.99))]
-        cust.append((c, "s", None if c % 17 == 0 else mean > 0, mean * 10, tier, f"2020-01-{1 + c % 28:02d}"))
-    db.con.executemany("INSERT INTO customer VALUES (?, ?, ?, ?, ?, ?)", cust)
-    db.con.executemany("INSERT INTO orders VALUES (?, ?, ?, ?)", orders)
+    db = build(path, n=customers)  # the shop of tests/test_model.py
 
     db.execute("CREATE TABLE graph(graph_id BIGINT PRIMARY KEY, y BIGINT)")
     db.execute("CREATE TABLE node(node_id BIGINT PRIMARY KEY, graph_id BIGINT, label BIGINT, x DOUBLE[])")
