@@ -499,7 +499,9 @@ class Model:
         return scores
 
     def predict(self) -> pl.DataFrame:
-        """Every output row: its key columns, `prediction` and (classification) `probabilities`.
+        """Every output row: its key columns, `prediction` and, for a binary task, `probability` (of
+        the positive class, `task.classes[1]`), for a multi-class task `probabilities` (a list in
+        the order of `task.classes`; a native list column in the database).
 
         A key column that already has one of those names keeps it; the prediction's column then
         gets the first free name `prediction_1`, `prediction_2`, ... (compared as the database
@@ -515,10 +517,12 @@ class Model:
         predictions, probabilities = self.task.decode(out)
         taken = {k.casefold() for k in keys.columns}
         frame = keys.with_columns(pl.Series(free_name("prediction", taken), predictions))
-        if probabilities is not None:
-            name = free_name("probabilities", taken)
-            frame = frame.with_columns(pl.Series(name, probabilities.tolist(), dtype=pl.List(pl.Float64)))
-        return frame
+        if probabilities is None:
+            return frame
+        if self.task.kind == "binary":  # one number: the probability of the positive class, classes[1]
+            return frame.with_columns(pl.Series(free_name("probability", taken), probabilities[:, 1], dtype=pl.Float64))
+        name = free_name("probabilities", taken)
+        return frame.with_columns(pl.Series(name, probabilities.tolist(), dtype=pl.List(pl.Float64)))
 
     def write_predictions(self, name: str, *, replace: bool = False) -> int:
         """Write `predict()` as a new table, atomically; an existing table needs replace=True."""

@@ -72,7 +72,7 @@ def test_one_batch_of_every_row_equals_full_batch_training(molecules):
     assert all(torch.allclose(ours[n], theirs[n], rtol=1e-10, atol=1e-12) for n in ours)
     p, q = full.predict(), batched.predict()
     assert p["molecule_id"].to_list() == q["molecule_id"].to_list()
-    assert np.allclose(np.array(p["probabilities"].to_list()), np.array(q["probabilities"].to_list()), rtol=1e-10)
+    assert np.allclose(p["probability"].to_numpy(), q["probability"].to_numpy(), rtol=1e-10)
 
 
 def test_a_batch_grounds_only_what_its_rows_need(molecules):

@@ -76,7 +76,7 @@ def test_fit_refuses_a_checkpoint_in_a_missing_folder_or_onto_a_folder(shop, tmp
     assert not (tmp_path / "nope").exists()
 
 
-@pytest.mark.parametrize("key", ["prediction", "probabilities", "Prediction"])
+@pytest.mark.parametrize("key", ["prediction", "probability", "Prediction"])
 def test_a_key_column_named_like_an_output_column_keeps_its_values(tmp_path, key):
     db = build(tmp_path / "shop.duckdb", n=60)
     db.execute(f'ALTER TABLE customer RENAME COLUMN customer_id TO "{key}"')

@@ -64,8 +64,10 @@ def test_binary_classification_learns_a_signal_one_join_away(db):
     scores = model.evaluate()
     assert scores["accuracy"] > 0.8 and scores["roc_auc"] > 0.85, scores
     frame = model.predict()
-    assert frame.height == 300 and set(frame.columns) == {"customer_id", "prediction", "probabilities"}
-    assert np.allclose([sum(p) for p in frame["probabilities"].to_list()], 1.0)
+    assert frame.height == 300 and frame.columns == ["customer_id", "prediction", "probability"]
+    probability = frame["probability"].to_numpy()  # of the positive class, True: predicted where above 1/2
+    assert ((probability > 0) & (probability < 1)).all()
+    assert (frame["prediction"].to_numpy() == (probability > 0.5)).all()
 
 
 def test_multiclass_and_regression_tasks(db):
@@ -73,6 +75,13 @@ def test_multiclass_and_regression_tasks(db):
     assert multi.task.kind == "multiclass" and multi.task.classes == ["bronze", "gold", "silver"]
     multi.fit(epochs=80, lr=0.03)
     assert multi.evaluate()["accuracy"] > 0.6
+    frame = multi.predict()
+    assert frame.columns == ["customer_id", "prediction", "probabilities"]
+    probabilities = np.array(frame["probabilities"].to_list())
+    assert probabilities.shape == (300, 3) and np.allclose(probabilities.sum(1), 1.0)
+    assert frame["prediction"].to_list() == [multi.task.classes[i] for i in probabilities.argmax(1)]
+    multi.write_predictions("tiers")
+    assert dict(db.columns("tiers"))["probabilities"] == "DOUBLE[]"  # a native list column
     reg = relsql.Model(db, relsql.Template.from_sql(SIMPLE), target="customer.spend", seed=1, progress=False)
     assert reg.task.kind == "regression"
     reg.fit(epochs=150, lr=0.03)
@@ -140,7 +149,7 @@ def test_write_predictions_is_a_new_table_and_refuses_overwrite(db):
     before = {t: db.arrow(f'SELECT * FROM "{t}"') for t in db.tables()}
     assert model.write_predictions("churn_predictions") == 300
     written = db.arrow('SELECT * FROM "churn_predictions" ORDER BY customer_id')
-    assert written.column_names == ["customer_id", "prediction", "probabilities"]
+    assert written.column_names == ["customer_id", "prediction", "probability"]
     with pytest.raises(relsql.SchemaError, match="already exists"):
         model.write_predictions("churn_predictions")
     model.write_predictions("churn_predictions", replace=True)
