@@ -34,7 +34,8 @@ from relsql.train import saved
 from relsql.train.batched import Batch, Batched
 from relsql.train.batches import Worker, batches
 from relsql.train.embeddings import GradientStaging, table_suffix
-from relsql.train.report import plot_history, text_report
+from relsql.train.leakage import target_reads
+from relsql.train.report import LOSSES, plot_history, text_report
 from relsql.train.split import split_rows
 from relsql.train.task import Task, detect
 
@@ -47,14 +48,16 @@ class Model:
                  split: tuple[float, float, float] = (0.7, 0.15, 0.15), seed: int = 0,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", progress: bool | None = None,
                  batch_size: int | None = None, fanout: dict[str, int] | int | None = None,
-                 embedding_optimizer: str | None = None, embedding_lr: float = 0.1):
+                 embedding_optimizer: str | None = None, embedding_lr: float = 0.1, allow_target_inputs: bool = False):
         """`batch_size` (target rows per batch) grounds nothing up front: every batch is grounded in
         the database for its own rows (training, evaluation and prediction alike), so memory follows
         the batch, not the database. `fanout` caps the groundings per head (per relation, or one
         number for all), sampled with a seeded hash; off by default (exact). Embeddings declared
         with storage='database' live in database tables, trained in SQL by `embedding_optimizer`
         ("adagrad", the default for them, or "sgd") at `embedding_lr`; they imply mini-batches.
-        Setting `embedding_optimizer` also trains in-memory embeddings that way instead of Adam."""
+        Setting `embedding_optimizer` also trains in-memory embeddings that way instead of Adam.
+        A template that reads the target column (or a copy of it) is refused unless
+        `allow_target_inputs=True`: a model that sees its label learns nothing."""
         if not isinstance(db, Database):
             raise RelsqlError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
         self.db = db
@@ -63,7 +66,7 @@ class Model:
         self.template = template if isinstance(template, Template) else Template.from_file(template)
         self.table, self.column = arguments.target(target)
         self.target = target
-        self.output = arguments.text("output", output, optional=True) or self.template.output
+        self.output = arguments.text("output", output, optional=True) or _default_output(self.template, self.table)
         if self.output not in self.template.relations:
             raise RelsqlError(f"output relation `{self.output}` is not in the template; it declares {list(self.template.relations)}")
         self.time_column = arguments.text("time_column", time_column, optional=True)
@@ -79,6 +82,13 @@ class Model:
         self.embedding_lr = arguments.number("embedding_lr", embedding_lr, positive=True)
         arguments.choice("task", task, (None, "binary", "multiclass", "regression"))
         self.batched: Batched | None = None
+        if not allow_target_inputs:
+            reads = target_reads(self.template, db, self.table, self.column)
+            if reads:
+                raise SchemaError(f"the template reads the target {self.target} it is to predict: {'; '.join(reads[:3])}"
+                                  f"{' ...' if len(reads) > 3 else ''}. A model that sees its label learns nothing: remove "
+                                  "these inputs, or pass allow_target_inputs=True if their values are known before "
+                                  "prediction time")
         self._build(Presets(), task)
 
     # -- construction ------------------------------------------------------------------------
@@ -123,6 +133,7 @@ class Model:
         if split is None:
             times = labels.column("t").filter(pa.array(labelled)).to_pylist() if self.time_column else None
             split = split_rows(len(raw), self.fractions, self.seed, times)
+            self._check_splits(split, len(raw))
         self.rows = {k: np.asarray(v, dtype=np.int64) for k, v in split.items()}
         if self.task.kind == "regression" and not isinstance(task, Task):  # standardized by the training rows
             train_values = pc.cast(raw, pa.float64()).to_numpy(zero_copy_only=False)[self.rows["train"]]
@@ -137,6 +148,18 @@ class Model:
         self.head = nn.Identity() if width == self.task.units else nn.Linear(width, self.task.units, dtype=self.dtype)
         self.net.to(self.device)
         self.head.to(self.device)
+
+    def _check_splits(self, split: dict[str, np.ndarray], labelled: int) -> None:
+        """Every split asked for gets rows: a model trained on one row, or judged on none, is not a
+        result. The message says how many target rows the output relation reaches."""
+        empty = [name for name, fraction in zip(("train", "val", "test"), self.fractions) if fraction > 0 and not len(split[name])]
+        if not empty:
+            return
+        total = self.db.arrow(exp.select(exp.Count(this=q.col(self.column))).from_(exp.Table(this=q.ident(self.table)))).column(0)[0].as_py()
+        raise RelsqlError(
+            f"the {' and '.join(empty)} split{'s are' if len(empty) > 1 else ' is'} empty: output relation `{self.output}` "
+            f"has a row for {labelled} of the {total} labelled rows of `{self.table}`. Check that `{self.output}` is the "
+            f"relation that predicts {self.target} (output=...), add labelled rows, or give those splits 0 in split=")
 
     def _encodings(self) -> Presets:
         """The dictionaries and feature statistics in use (database-stored embeddings have none)."""
@@ -257,6 +280,7 @@ class Model:
             start_epoch, start_batch = self._resume(checkpoint, optimizers, best, worker)
         started = time.perf_counter()
         last = None  # the last epoch trained in this call
+        self.epoch_cap = epochs
         bar = tqdm(range(start_epoch, epochs), desc="training", unit="epoch", disable=None if self.progress is None else not self.progress)
         try:
             for epoch in bar:
@@ -284,6 +308,7 @@ class Model:
                     stop = True
                 if checkpoint is not None:
                     self._checkpoint(checkpoint, epoch + 1, 0, optimizers, best, worker)
+                self.stopped = "early (no validation improvement for patience epochs)" if stop else "epochs"
                 if stop:
                     break
             if best["state"] is not None:
@@ -608,6 +633,19 @@ class Model:
     def report(self) -> str:
         return text_report(self)
 
+    def baseline(self, split: str = "test") -> dict[str, float]:
+        """The metrics of the obvious predictor on a split, fit on the training rows: the majority
+        class (classification) or the mean (regression). A model worth having beats it."""
+        if split not in self.rows or not len(self.rows[split]):
+            raise RelsqlError(f"split {split!r} has no rows; use 'train', 'val' or 'test'")
+        train, y = self.y[self.rows["train"]].cpu().double().numpy(), self.y[self.rows[split]].cpu().double().numpy()
+        out = np.zeros((len(y), self.task.units))  # regression: the training mean is 0 in standardized units
+        if self.task.kind == "binary":
+            out[:, 0] = 1.0 if train.mean() >= 0.5 else -1.0
+        elif self.task.kind == "multiclass":
+            out[:, np.bincount(train.astype(np.int64), minlength=self.task.units).argmax()] = 1.0
+        return self.task.scores(out, y)
+
     def named_weights(self) -> dict[str, nn.Parameter]:
         weights = dict(self.net.named_weights())
         for name, p in self.head.named_parameters():
@@ -622,7 +660,10 @@ class Model:
         cannot run code (see relsql/train/checkpoint.py)."""
         path = saved.write(self, path)
         if self.history:
-            plot_history(self.history, path.with_suffix(".png"), self.task.metric)
+            split = "val" if len(self.rows["val"]) else "train"
+            plot_history(self.history, path.with_suffix(".png"), self.task.metric, title=f"{self.target}: {self.output}",
+                         loss=LOSSES[self.task.kind], best_epoch=self.best_epoch,
+                         baseline=self.baseline(split).get(self.task.metric))
         return path
 
     @classmethod
@@ -654,6 +695,14 @@ class Model:
         model.net.to(model.device)
         model.head.to(model.device)
         return model
+
+
+def _default_output(template: Template, table: str) -> str:
+    """The relation a target table asks for: NeuraLogic's query tables (`query_<p>`, written by the
+    importer) ask for `p`; otherwise the template's last relation."""
+    if template.language == "datalog" and table.startswith("query_") and table[len("query_"):] in template.relations:
+        return table[len("query_"):]
+    return template.output
 
 
 def _type_kind(sql_type: str) -> str:

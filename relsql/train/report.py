@@ -6,27 +6,44 @@ import math
 from pathlib import Path
 
 
-def plot_history(history: list[dict], path: Path, metric: str) -> Path:
-    """Loss per epoch (train, validation) and the validation metric, side by side."""
+def plot_history(history: list[dict], path: Path, metric: str, *, title: str = "", loss: str = "loss",
+                 best_epoch: int | None = None, baseline: float | None = None) -> Path:
+    """Loss per epoch (train, validation) and the validation metric, side by side: the best epoch
+    marked, the baseline's metric as a line, accuracy and AUC on a fixed [0, 1] axis."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     epochs = [h["epoch"] for h in history]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.8))
     left.plot(epochs, [h["train_loss"] for h in history], label="train")
     left.plot(epochs, [h["val_loss"] for h in history], label="validation")
     left.set_xlabel("epoch")
-    left.set_ylabel("loss")
-    left.legend()
-    right.plot(epochs, [h.get(f"val_{metric}", math.nan) for h in history], color="tab:green")
+    left.set_ylabel(loss)
+    right.plot(epochs, [h.get(f"val_{metric}", math.nan) for h in history], color="tab:green", label=f"validation {metric}")
     right.set_xlabel("epoch")
-    right.set_ylabel(f"validation {metric}")
+    right.set_ylabel(f"validation {metric}" + ("" if metric in UNIT_FREE else " (target units)"))
+    if metric in UNIT_FREE:
+        right.set_ylim(-0.02, 1.02)  # fixed, so runs compare; a little room to see 0 and 1
+    if baseline is not None and math.isfinite(baseline):
+        right.axhline(baseline, color="tab:gray", linestyle="--", label=f"baseline {baseline:.3f}")
+    if best_epoch is not None:
+        for axis in (left, right):
+            axis.axvline(best_epoch, color="tab:red", linestyle=":", label=f"best epoch {best_epoch}")
+    left.legend(fontsize=8)
+    right.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+UNIT_FREE = ("accuracy", "roc_auc", "f1")
+LOSSES = {"binary": "loss (binary cross-entropy)", "multiclass": "loss (cross-entropy)",
+          "regression": "loss (MSE, standardized target)"}
 
 
 def text_report(model) -> str:
@@ -40,8 +57,26 @@ def text_report(model) -> str:
            if "waiting_on_database" in model.timings else "")
         + f"over {len(model.history)} epochs (best epoch {model.best_epoch})",
     ]
+    metric = model.task.metric
     for split in ("val", "test"):
         if len(model.rows[split]):
             scores = model.evaluate(split)
             lines.append(f"  {split:>4}: " + ", ".join(f"{k} {v:.4f}" for k, v in scores.items()))
+    split = "test" if len(model.rows["test"]) else "val" if len(model.rows["val"]) else None
+    if split is not None:
+        baseline = model.baseline(split)
+        what = "mean of the training rows" if model.task.kind == "regression" else "majority class of the training rows"
+        lines.append(f"  baseline ({what}) on {split}: " + ", ".join(f"{k} {v:.4f}" for k, v in baseline.items()))
+        ours, theirs = model.evaluate(split).get(metric, math.nan), baseline.get(metric, math.nan)
+        better = ours < theirs if metric in LOWER_IS_BETTER else ours > theirs
+        if not better:
+            lines.append(f"  warning: the model does not beat the baseline on {split} {metric} ({ours:.4f} vs {theirs:.4f})")
+    if getattr(model, "stopped", None) == "epochs" and model.history:
+        last = model.history[-1]["epoch"]
+        still = " and was still improving: train longer (more epochs)" if model.best_epoch == last else ""
+        lines.append(f"  note: training stopped at the epoch cap ({model.epoch_cap} epochs); the validation loss was best "
+                     f"at epoch {model.best_epoch}{still}")
     return "\n".join(lines)
+
+
+LOWER_IS_BETTER = ("rmse", "mae", "loss")

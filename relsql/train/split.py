@@ -20,4 +20,14 @@ def split_rows(count: int, fractions: tuple[float, float, float], seed: int,
         order = np.random.default_rng(seed).permutation(count)
     n_train = int(round(fractions[0] * count))
     n_val = int(round(fractions[1] * count))
+    wanted = [f > 0 for f in fractions]
+    if count >= sum(wanted):  # rounding must not leave a split that was asked for empty (3 rows: 1/1/1)
+        n_test = count - n_train - n_val
+        sizes = [n_train, n_val, n_test]
+        for i in range(3):
+            if wanted[i] and sizes[i] == 0:
+                donor = max(range(3), key=lambda j: sizes[j])
+                sizes[donor] -= 1
+                sizes[i] = 1
+        n_train, n_val = sizes[0], sizes[1]
     return {"train": order[:n_train], "val": order[n_train:n_train + n_val], "test": order[n_train + n_val:]}

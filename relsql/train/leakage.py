@@ -1,0 +1,77 @@
+"""Templates that read the label they are trained to predict.
+
+A statement that feeds the target column (or a column of the target table that equals it on
+every labelled row) into a neural value, or filters groundings by it, lets training reach any
+accuracy without learning anything. `Model` refuses such templates unless told to allow them.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import sqlglot.expressions as exp
+
+from relsql.db import Database
+from relsql.ground import query as q
+from relsql.template import ir
+
+
+def target_reads(template: ir.Template, db: Database, table: str, column: str) -> list[str]:
+    """Each place a rule reads `table.column`, or a copy of it from the same table: "relation,
+    origin: <sql>". Value columns and join/filter conditions count; head keys do not."""
+    copies = None
+    found = []
+    for relation in template.relations.values():
+        for rule in relation.rules:
+            select = rule.query  # Datalog rules (built later, from predicates) never read a query table
+            if not isinstance(select, exp.Select):
+                continue
+            tables = _aliases(select)
+            if table.casefold() not in tables.values():
+                continue
+            for node in _inputs(select):
+                for reference in node.find_all(exp.Column):
+                    source = tables.get(reference.table.casefold()) if reference.table else table.casefold()
+                    if source != table.casefold():
+                        continue
+                    name = reference.name
+                    if name.casefold() != column.casefold():
+                        if copies is None:
+                            copies = _copies_of(db, table, column)
+                        if name.casefold() not in copies:
+                            continue
+                    found.append(f"{relation.name}, {rule.origin}: {reference.sql('duckdb')}"
+                                 + ("" if name.casefold() == column.casefold() else f" (equal to {column} on every labelled row)"))
+    return sorted(set(found))
+
+
+def _aliases(select: exp.Select) -> dict[str, str]:
+    """alias (or name) → table name, both folded, for every table the query reads."""
+    return {t.alias_or_name.casefold(): t.name.casefold() for t in select.find_all(exp.Table)}
+
+
+def _inputs(select: exp.Select) -> list[exp.Expression]:
+    """The parts of a rule's query whose values reach the network or choose its groundings:
+    value columns `_c<k>`, WHERE, join conditions (not head keys `_h<i>` or row ids)."""
+    parts = [item for item in select.expressions if item.alias_or_name.startswith("_c")]
+    if select.args.get("where") is not None:
+        parts.append(select.args["where"])
+    parts += [join.args["on"] for join in select.args.get("joins") or [] if join.args.get("on") is not None]
+    return parts
+
+
+def _copies_of(db: Database, table: str, column: str) -> set[str]:
+    """Columns of `table` equal to `column` on every row where it is not NULL (folded names)."""
+    target = q.col(column)
+    copies = set()
+    for name, _ in db.columns(table):
+        if name.casefold() == column.casefold():
+            continue
+        differ = exp.select(exp.Count(this=exp.Star())).from_(exp.Table(this=q.ident(table))).where(exp.and_(
+            exp.Not(this=exp.Is(this=target.copy(), expression=exp.Null())),
+            exp.NullSafeEQ(this=q.col(name), expression=target.copy()).not_()))
+        try:
+            if db.arrow(differ).column(0)[0].as_py() == 0:
+                copies.add(name.casefold())
+        except duckdb.Error:  # types that cannot be compared are not copies
+            continue
+    return copies

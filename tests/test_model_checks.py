@@ -1,0 +1,103 @@
+"""What Model checks before it trains: the template must not read its label, the output must be
+the relation the target asks for, every split asked for gets rows; and what it reports."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import relsql
+from tests.test_model import SIMPLE, build
+
+
+@pytest.fixture(scope="module")
+def shop(tmp_path_factory):
+    db = build(tmp_path_factory.mktemp("shop") / "shop.duckdb", n=120)
+    db.execute("ALTER TABLE customer ADD COLUMN flag BOOLEAN")
+    db.execute("UPDATE customer SET flag = churned")  # a copy of the label under another name
+    return db
+
+
+@pytest.mark.parametrize("template", [
+    "CREATE TABLE p AS SELECT c.customer_id, linear(features(c.churned, c.spend), 1) FROM customer c;",
+    "CREATE TABLE p AS SELECT c.customer_id, linear(features(flag), 1) FROM customer c;",
+    "CREATE TABLE p AS SELECT c.customer_id, linear(features(c.spend), 1) FROM customer c WHERE c.churned;",
+    "CREATE TABLE h AS SELECT o.order_id, linear(features(o.amount), 2) FROM orders o;\n"
+    "CREATE TABLE p AS SELECT x.customer_id, linear(avg(h.h), 1) FROM customer x JOIN orders o "
+    "ON o.customer_id = x.customer_id AND x.churned JOIN h ON h.order_id = o.order_id GROUP BY x.customer_id;",
+])
+def test_a_template_that_reads_its_label_is_refused(shop, template):
+    with pytest.raises(relsql.SchemaError, match="reads the target customer.churned"):
+        relsql.Model(shop, relsql.Template.from_sql(template), target="customer.churned", progress=False)
+    if "WHERE" not in template and "AND x.churned" not in template:  # (those leave one class)
+        model = relsql.Model(shop, relsql.Template.from_sql(template), target="customer.churned", progress=False,
+                             allow_target_inputs=True)  # said explicitly: allowed
+        assert model.output == "p"
+
+
+def test_a_template_that_does_not_read_its_label_passes(shop):
+    model = relsql.Model(shop, relsql.Template.from_sql(SIMPLE), target="customer.churned", progress=False)
+    assert model.output == "predict"
+
+
+@pytest.fixture(scope="module")
+def family():
+    from connectors.neuralogic_files import load_builtin
+
+    db = relsql.connect()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dataset = load_builtin(db.con, "family")
+    return db, relsql.Template.from_file(dataset.template)
+
+
+def test_a_query_table_asks_for_its_own_relation_and_empty_splits_are_refused(family):
+    """NeuraLogic's Family: the template's last relation is negFoal, but query_foal asks for foal;
+    it has one labelled row, so validation and test would be empty."""
+    db, template = family
+    assert list(template.relations)[-1] == "negFoal"
+    with pytest.raises(relsql.RelsqlError, match="val and test splits are empty: output relation `foal` has a row for 1"):
+        relsql.Model(db, template, target="query_foal.target", progress=False)
+    model = relsql.Model(db, template, target="query_foal.target", progress=False, split=(1.0, 0.0, 0.0))
+    assert model.output == "foal" and len(model.rows["train"]) == 1
+
+
+def test_the_report_compares_with_the_majority_baseline_and_says_when_it_does_not_beat_it(shop):
+    model = relsql.Model(shop, relsql.Template.from_sql(SIMPLE), target="customer.churned", progress=False, seed=0)
+    model.fit(epochs=1, lr=1e-6)  # untrained: should not beat the majority class
+    baseline = model.baseline("test")
+    y = model.y[model.rows["test"]].numpy()
+    train = model.y[model.rows["train"]].numpy()
+    majority = float(train.mean() >= 0.5)
+    assert baseline["accuracy"] == pytest.approx(float(np.mean(y == majority)))
+    assert baseline["roc_auc"] == 0.5
+    report = model.report()
+    assert "majority class" in report and "stopped at the epoch cap" in report
+    assert ("does not beat" in report) == (model.evaluate()["roc_auc"] <= baseline["roc_auc"])
+
+
+def test_regression_baseline_is_the_training_mean(shop):
+    model = relsql.Model(shop, relsql.Template.from_sql(SIMPLE), target="customer.spend", progress=False, seed=0)
+    values = model.y.double().numpy() * model.task.std + model.task.mean  # back in the column's units
+    train, test = values[model.rows["train"]], values[model.rows["test"]]
+    baseline = model.baseline("test")
+    assert baseline["mae"] == pytest.approx(np.abs(test - train.mean()).mean(), rel=1e-6)
+    assert baseline["rmse"] == pytest.approx(np.sqrt(((test - train.mean()) ** 2).mean()), rel=1e-6)
+
+
+def test_the_metrics_plot_has_a_title_best_epoch_baseline_and_fixed_axes(shop, tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    saved = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: saved.append(fig))
+    model = relsql.Model(shop, relsql.Template.from_sql(SIMPLE), target="customer.churned", progress=False, seed=0)
+    model.fit(epochs=3)
+    model.save(tmp_path / "m.pt")
+    (figure,) = saved
+    left, right = figure.axes
+    assert figure._suptitle.get_text() == "customer.churned: predict"
+    assert right.get_ylim() == (-0.02, 1.02) and "binary cross-entropy" in left.get_ylabel()
+    labels = [line.get_label() for line in right.get_lines()]
+    assert f"best epoch {model.best_epoch}" in labels and "baseline 0.500" in labels
