@@ -9,6 +9,7 @@ out of a target's groundings is the template's job (see README, "Time").
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from pathlib import Path
 
@@ -38,6 +39,17 @@ from relsql.train.leakage import target_reads
 from relsql.train.report import LOSSES, plot_history, text_report
 from relsql.train.split import split_rows
 from relsql.train.task import Task, detect
+from relsql.train.threads import torch_threads
+
+
+def _with_threads(method):
+    """Run a Model method with torch's threads set for this model (and put back afterwards)."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with torch_threads(getattr(self, "threads", None)):
+            return method(self, *args, **kwargs)
+
+    return run
 
 
 class Model:
@@ -48,7 +60,8 @@ class Model:
                  split: tuple[float, float, float] = (0.7, 0.15, 0.15), seed: int = 0,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", progress: bool | None = None,
                  batch_size: int | None = None, fanout: dict[str, int] | int | None = None,
-                 embedding_optimizer: str | None = None, embedding_lr: float = 0.1, allow_target_inputs: bool = False):
+                 embedding_optimizer: str | None = None, embedding_lr: float = 0.1, allow_target_inputs: bool = False,
+                 threads: int | None = None):
         """`batch_size` (target rows per batch) grounds nothing up front: every batch is grounded in
         the database for its own rows (training, evaluation and prediction alike), so memory follows
         the batch, not the database. `fanout` caps the groundings per head (per relation, or one
@@ -57,7 +70,9 @@ class Model:
         ("adagrad", the default for them, or "sgd") at `embedding_lr`; they imply mini-batches.
         Setting `embedding_optimizer` also trains in-memory embeddings that way instead of Adam.
         A template that reads the target column (or a copy of it) is refused unless
-        `allow_target_inputs=True`: a model that sees its label learns nothing."""
+        `allow_target_inputs=True`: a model that sees its label learns nothing. `threads`: torch's
+        threads while this model trains and predicts (default: half the cores, see
+        relsql/train/threads.py); torch's own setting is restored afterwards."""
         if not isinstance(db, Database):
             raise RelsqlError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
         self.db = db
@@ -80,6 +95,7 @@ class Model:
         self.fanout = arguments.fanout(fanout, self.template.relations)
         self.embedding_optimizer = arguments.choice("embedding_optimizer", embedding_optimizer, (None, "adagrad", "sgd"))
         self.embedding_lr = arguments.number("embedding_lr", embedding_lr, positive=True)
+        self.threads = None if threads is None else arguments.integer("threads", threads, maximum=1024)
         arguments.choice("task", task, (None, "binary", "multiclass", "regression"))
         self.batched: Batched | None = None
         if not allow_target_inputs:
@@ -236,6 +252,7 @@ class Model:
             found.append(kind(sparse, lr=self.embedding_lr))
         return found
 
+    @_with_threads
     def fit(self, epochs: int = 100, batch_size: int | None = None, lr: float = 0.01, patience: int = 20,
             weight_decay: float = 0.0, *, checkpoint: str | Path | None = None, resume: bool = False,
             checkpoint_every: int | None = None, callback=None) -> Model:
@@ -511,6 +528,7 @@ class Model:
         return state["epoch"], state["batch"]
 
     # -- results ----------------------------------------------------------------------------
+    @_with_threads
     def evaluate(self, split: str = "test") -> dict[str, float]:
         """Metrics on a split: accuracy, ROC-AUC, F1 (classification) or MAE, RMSE (regression)."""
         if split not in self.rows:
@@ -523,6 +541,7 @@ class Model:
         scores.update(self.task.scores(out.cpu().double().numpy(), y.cpu().double().numpy()))
         return scores
 
+    @_with_threads
     def predict(self) -> pl.DataFrame:
         """Every output row: its key columns, `prediction` and, for a binary task, `probability` (of
         the positive class, `task.classes[1]`), for a multi-class task `probabilities` (a list in
@@ -555,6 +574,7 @@ class Model:
         self.db.write_table(name, frame.to_arrow(), replace=replace)
         return frame.height
 
+    @_with_threads
     def gradients_as_relations(self, prefix: str = "grad_", *, split: str = "train", replace: bool = False) -> dict[str, str]:
         """The gradient of the `split` loss at the current weights, one new table per weight.
 
@@ -680,7 +700,7 @@ class Model:
         model.output, model.time_column, model.fractions, model.seed = state.output, state.time_column, state.fractions, state.seed
         model.dtype, model.device, model.progress = state.dtype, arguments.device(device), None
         model.history, model.best_epoch, model.timings = state.history, state.best_epoch, {}
-        model.batch_size, model.fanout = state.batch_size, state.fanout
+        model.batch_size, model.fanout, model.threads = state.batch_size, state.fanout, None
         model.embedding_optimizer, model.embedding_lr = state.embedding_optimizer, state.embedding_lr
         model.batched = None
         model._build(state.presets, state.task, split=state.split)

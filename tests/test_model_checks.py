@@ -101,3 +101,19 @@ def test_the_metrics_plot_has_a_title_best_epoch_baseline_and_fixed_axes(shop, t
     assert right.get_ylim() == (-0.02, 1.02) and "binary cross-entropy" in left.get_ylabel()
     labels = [line.get_label() for line in right.get_lines()]
     assert f"best epoch {model.best_epoch}" in labels and "baseline 0.500" in labels
+
+
+def test_torch_threads_while_training_and_put_back_after(shop):
+    import torch
+
+    from relsql.train.threads import default_threads
+
+    before = torch.get_num_threads()
+    seen = []
+    for threads in (None, 2):
+        model = relsql.Model(shop, relsql.Template.from_sql(SIMPLE), target="customer.churned", progress=False, threads=threads)
+        model.fit(epochs=1, callback=lambda info: seen.append(torch.get_num_threads()))
+        assert torch.get_num_threads() == before
+    assert seen == [default_threads(), 2]
+    with pytest.raises(relsql.RelsqlError, match="threads"):
+        relsql.Model(shop, relsql.Template.from_sql(SIMPLE), target="customer.churned", progress=False, threads=0)
