@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 import time
 from pathlib import Path
 
@@ -40,6 +41,8 @@ from relsql.train.report import LOSSES, plot_history, text_report
 from relsql.train.split import split_rows
 from relsql.train.task import Task, detect
 from relsql.train.threads import torch_threads
+
+log = logging.getLogger("relsql")  # progress as log lines, for runs without a terminal (the CLI shows them)
 
 
 def _with_threads(method):
@@ -127,16 +130,23 @@ class Model:
         if self.mini_batches:  # keys only, up front; each batch grounds its own rows
             self.batched = self._batched(presets)
             self.timings["grounding"] = time.perf_counter() - started
+            log.info("grounded the key tables of %d relations in %.2fs", len(self.batched.grounder.order), self.timings["grounding"])
             labels = self._labels(relation.keys)
+            started = time.perf_counter()
             probe = self.batched.prepare(labels.column("_rid").to_numpy()[: min(labels.num_rows, self.batch_size or 64)])
             self.net = CompiledNet(probe.plan, probe.grounding, dtype=self.dtype, seed=self.seed)
+            self.timings["planning"] = time.perf_counter() - started
             self.output_rows = self.batched.grounder.sizes[self.output]
             plan = probe.plan
         else:
             grounding = ground(self.template, self.db, presets=presets, progress=self.progress)
             self.timings["grounding"] = time.perf_counter() - started
+            log.info("grounded %d relations in %.2fs; planning", len(grounding.relations), self.timings["grounding"])
+            started = time.perf_counter()
             plan = make_plan(self.template, grounding, self.dtype, outputs=[self.output])
             self.net = CompiledNet(plan, grounding, dtype=self.dtype, seed=self.seed)
+            self.timings["planning"] = time.perf_counter() - started
+            log.info("planned %d ops in %.2fs", len(plan.ops), self.timings["planning"])
             self.output_rows = grounding.relations[self.output].size
             labels = self._labels(relation.keys)
         where = f"{self.target}"
@@ -313,6 +323,8 @@ class Model:
                         callback({"epoch": epoch, "batch": 0, "batches": 1, "loss": train_loss})
                 record = {"epoch": epoch, **self._losses(worker, batch_size, train_loss)}
                 self.history.append(record)
+                log.info("epoch %d of %d: train loss %.4f, validation loss %.4f (%.1fs so far)", epoch + 1, epochs,
+                         record["train_loss"], record["val_loss"], time.perf_counter() - started)
                 current = record[f"{monitor}_loss"]
                 bar.set_postfix(loss=f"{record['train_loss']:.4f}", val=f"{record['val_loss']:.4f}")
                 stop = False
@@ -364,6 +376,7 @@ class Model:
         bar = tqdm(total=len(order), initial=first, desc=f"epoch {epoch}", unit="batch", leave=False,
                    disable=None if self.progress is None else not self.progress)
         rids = [self.labelled[positions] for positions in order]
+        epoch_started = time.perf_counter()
         pending = worker.prefetch(batched.prepare, rids[first], epoch) if first < len(order) else None
         for b in range(first, len(order)):
             batch: Batch = worker.wait(pending)
@@ -391,6 +404,10 @@ class Model:
                 self._checkpoint(checkpoint, epoch, b + 1, optimizers, best, worker)
             bar.update(1)
             bar.set_postfix(loss=f"{total / count:.4f}")
+            if b + 1 - first == min(3, len(order) - first) and len(order) > 3:  # an estimate once a few batches ran
+                each = (time.perf_counter() - epoch_started) / (b + 1 - first)
+                log.info("epoch %d: %d batches, about %.0fs for the epoch (%.2fs per batch so far)", epoch + 1, len(order),
+                         each * (len(order) - first), each)
             if callback is not None:
                 callback({"epoch": epoch, "batch": b, "batches": len(order), "loss": float(loss)})
         bar.close()

@@ -52,7 +52,8 @@ def text_report(model) -> str:
         + (f" ({len(model.task.classes)} classes)" if model.task.classes else ""),
         f"  output relation {model.output}: {model.output_rows} rows; "
         f"labelled rows train {len(model.rows['train'])}, validation {len(model.rows['val'])}, test {len(model.rows['test'])}",
-        f"  grounding {model.timings.get('grounding', 0):.2f}s, training {model.timings.get('training', 0):.2f}s "
+        f"  grounding {model.timings.get('grounding', 0):.2f}s, planning {model.timings.get('planning', 0):.2f}s, "
+        f"training {model.timings.get('training', 0):.2f}s "
         + (f"(of which waiting on the database {model.timings['waiting_on_database']:.2f}s) "
            if "waiting_on_database" in model.timings else "")
         + f"over {len(model.history)} epochs (best epoch {model.best_epoch})",
