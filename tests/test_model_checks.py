@@ -117,3 +117,16 @@ def test_torch_threads_while_training_and_put_back_after(shop):
     assert seen == [default_threads(), 2]
     with pytest.raises(relsql.RelsqlError, match="threads"):
         relsql.Model(shop, relsql.Template.from_sql(SIMPLE), target="customer.churned", progress=False, threads=0)
+
+
+def test_progress_as_log_lines_and_planning_in_the_report(shop, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="relsql"):
+        model = relsql.Model(shop, relsql.Template.from_sql(SIMPLE), target="customer.churned", progress=False)
+        model.fit(epochs=2, patience=10)
+    messages = [r.getMessage() for r in caplog.records if r.name == "relsql"]
+    assert any(m.startswith("grounded 2 relations") for m in messages)
+    assert any(m.startswith("planned ") for m in messages)
+    assert [m.split(":")[0] for m in messages if m.startswith("epoch")] == ["epoch 1 of 2", "epoch 2 of 2"]
+    assert model.timings["planning"] > 0 and "planning" in model.report()
