@@ -704,10 +704,16 @@ class Model:
         return path
 
     @classmethod
-    def load(cls, path: str | Path, db: Database, *, device: str | torch.device = "cpu") -> Model:
+    def load(cls, path: str | Path, db: Database, *, device: str | torch.device = "cpu",
+             batch_size: int | None = None) -> Model:
         """A saved model on `db`: grounded again with the saved encodings, same predictions.
 
+        `batch_size` predicts (and evaluates) in mini-batches of that many target rows, each
+        grounded on demand, whatever the model was trained with: nothing is grounded or planned
+        for the whole database up front, so a large database loads in the time of its key tables.
         Every value read from the file is checked like a user's argument before use."""
+        if batch_size is not None:
+            batch_size = arguments.integer("batch_size", batch_size)
         if not isinstance(db, Database):
             raise RelsqlError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
         state = saved.read(path)
@@ -717,7 +723,7 @@ class Model:
         model.output, model.time_column, model.fractions, model.seed = state.output, state.time_column, state.fractions, state.seed
         model.dtype, model.device, model.progress = state.dtype, arguments.device(device), None
         model.history, model.best_epoch, model.timings = state.history, state.best_epoch, {}
-        model.batch_size, model.fanout, model.threads = state.batch_size, state.fanout, None
+        model.batch_size, model.fanout, model.threads = batch_size or state.batch_size, state.fanout, None
         model.embedding_optimizer, model.embedding_lr = state.embedding_optimizer, state.embedding_lr
         model.batched = None
         model._build(state.presets, state.task, split=state.split)

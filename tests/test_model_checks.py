@@ -130,3 +130,19 @@ def test_progress_as_log_lines_and_planning_in_the_report(shop, caplog):
     assert any(m.startswith("planned ") for m in messages)
     assert [m.split(":")[0] for m in messages if m.startswith("epoch")] == ["epoch 1 of 2", "epoch 2 of 2"]
     assert model.timings["planning"] > 0 and "planning" in model.report()
+
+
+def test_a_model_trained_full_batch_loads_and_predicts_in_mini_batches(tmp_path):
+    import torch
+
+    db = build(tmp_path / "shop.duckdb", n=300)
+    model = relsql.Model(db, relsql.Template.from_sql(SIMPLE), target="customer.churned", progress=False,
+                         dtype=torch.float64)
+    model.fit(epochs=5)
+    path = model.save(tmp_path / "m.pt")
+    loaded = relsql.Model.load(path, db, batch_size=64)
+    assert loaded.mini_batches and loaded.batched.grounder.sizes["predict"] == 300
+    ours, theirs = loaded.predict(), model.predict()
+    assert ours["customer_id"].to_list() == theirs["customer_id"].to_list()
+    assert np.allclose(ours["probability"].to_numpy(), theirs["probability"].to_numpy(), rtol=1e-9, atol=1e-12)
+    assert loaded.evaluate()["loss"] == pytest.approx(model.evaluate()["loss"], rel=1e-9)
