@@ -11,10 +11,11 @@ from relsql.errors import (
     TemplateError,
 )
 from relsql.model import Model
+from relsql.predictive import PredictiveQuery, QueryError
 from relsql.template import Template
 
 __all__ = [
-    "CompiledNet", "Database", "GroundingError", "Model", "RelsqlError", "SchemaError", "ShapeError",
-    "SourceError", "Template", "TemplateError", "compile", "connect", "tune",
+    "CompiledNet", "Database", "GroundingError", "Model", "PredictiveQuery", "QueryError", "RelsqlError", "SchemaError",
+    "ShapeError", "SourceError", "Template", "TemplateError", "compile", "connect", "tune",
 ]
 __version__ = "0.1.0"
