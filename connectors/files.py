@@ -1,7 +1,11 @@
 """A folder of Parquet and CSV files: one table per file, named after the file's stem.
 
 Each file becomes a view in an in-memory DuckDB (`read_parquet` / `read_csv` with type
-auto-detection), so nothing is loaded until a query reads it. Files carry no keys. Writing a
+auto-detection), so nothing is loaded until a query reads it. Files carry no keys, but a
+`schema.sql` beside them (what DuckDB's `EXPORT DATABASE` writes, or one a user writes) is read
+for its PRIMARY KEY / FOREIGN KEY / REFERENCES constraints: they become the folder's declared
+keys (only parsed, never run; `load.sql`'s COPY statements map exported table names to file
+names). Writing a
 table writes `<name>.parquet` to a temporary file in the folder and renames it into place
 (`os.replace`, atomic on one file system), then registers the view.
 """
@@ -10,14 +14,18 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
+import sqlglot
+import sqlglot.errors
 import sqlglot.expressions as exp
 
-from relsql.catalog import Keys
+from relsql import keyfile
+from relsql.catalog import ForeignKey, Keys
 from relsql.db import Database, Source, first_line, ident
 from relsql.errors import SchemaError, SourceError
 
@@ -33,9 +41,31 @@ class Folder(Source):
         super().__init__(f"folder {path} (Parquet/CSV){' (read-only)' if read_only else ''}", read_only=read_only)
         self.path = path
         self.files: dict[str, Path] = {}
+        self.declared: dict[str, Keys] = {}  # from schema.sql
+        self.keys_origin = ""
 
     def keys(self, db: Database, scope: tuple[str, str]) -> dict[str, Keys]:
-        return {}
+        return {name: key for name, key in self.declared.items() if name in self.files}
+
+    def read_schema_sql(self, db: Database) -> None:
+        """Declared keys from the folder's schema.sql, leniently: DuckDB writes other statements
+        there too, and a broken line must not make the data unreadable (it is warned about)."""
+        file = self.path / "schema.sql"
+        if not file.is_file():
+            return
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            warnings.warn(f"cannot read {file} ({getattr(err, 'strerror', None) or 'not UTF-8 text'}); its keys are not used",
+                          stacklevel=3)
+            return
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            given = keyfile.parse(text, "schema.sql", strict=False)
+            columns = {name: [c for c, _ in db.columns(name)] for name in self.files}
+            given = keyfile.resolve(given, columns, strict=False, rename=_exported_names(self.path, self.files))
+        self.declared = _as_keys(given)
+        self.keys_origin = "schema.sql" if self.declared else ""
 
     def register(self, db: Database, name: str, file: Path, *, replace: bool = False) -> None:
         reader = exp.func(SUFFIXES[file.suffix.lower()], exp.Literal.string(str(file)))
@@ -92,7 +122,43 @@ def open_folder(path: Path, *, read_only: bool = False) -> Database:
     try:
         for name, file in found.items():
             source.register(db, name, file)
+        source.read_schema_sql(db)
     except BaseException:
         db.con.close()
         raise
     return db
+
+
+def _exported_names(path: Path, files: dict[str, Path]) -> dict[str, str]:
+    """Table name → this folder's table (file stem), from load.sql's `COPY "Odd Name" FROM
+    '.../odd_name.parquet'`: EXPORT DATABASE names files after tables, but not always alike."""
+    load = path / "load.sql"
+    if not load.is_file():
+        return {}
+    try:
+        statements = sqlglot.parse(load.read_text(encoding="utf-8"), read="duckdb")
+    except (OSError, UnicodeDecodeError, sqlglot.errors.SqlglotError):
+        return {}
+    names = {}
+    for statement in statements:
+        if isinstance(statement, exp.Copy) and isinstance(statement.this, exp.Table):
+            source = next((f for f in statement.args.get("files") or () if isinstance(f, exp.Literal)), None)
+            stem = Path(source.this).stem if source is not None else ""
+            if stem in files:
+                names[statement.this.name] = stem
+    return names
+
+
+def _as_keys(given: keyfile.GivenKeys) -> dict[str, Keys]:
+    """Per table: its primary key and foreign keys (`REFERENCES t` alone: t's primary key)."""
+    primary = {key.table: key.columns for key in given.primary}
+    foreign: dict[str, list[ForeignKey]] = {}
+    for key in given.foreign:
+        references = key.references or primary.get(key.parent, ())
+        if len(references) != len(key.columns):
+            warnings.warn(f"{given.where(key)}: `{key.parent}` has no matching primary key to reference; "
+                          "the foreign key is not used", stacklevel=4)
+            continue
+        foreign.setdefault(key.table, []).append(ForeignKey(key.columns, key.parent, references))
+    return {name: Keys(primary.get(name, ()), tuple(dict.fromkeys(foreign.get(name, ()))))
+            for name in set(primary) | set(foreign)}

@@ -17,6 +17,7 @@ import sqlglot.expressions as exp
 
 if TYPE_CHECKING:
     from relsql.db import Database
+    from relsql.template.keys import Schema
 
 __all__ = ["Catalog", "Column", "ForeignKey", "Keys", "Table", "duckdb_keys", "format_catalog", "read_catalog"]
 
@@ -72,6 +73,7 @@ class Catalog:
     source: str  # the Database's description
     kind: str  # duckdb, duckdb-file, folder, sqlite, postgres, frames
     tables: dict[str, Table] = field(default_factory=dict)
+    keys_origin: str = ""  # where declared keys came from when not the database itself ("schema.sql")
 
     def __getitem__(self, name: str) -> Table:
         return self.tables[name]
@@ -110,7 +112,7 @@ def duckdb_keys(con: duckdb.DuckDBPyConnection, scope: tuple[str, str]) -> dict[
 
 def read_catalog(db: Database) -> Catalog:
     """The catalog of the user's tables of `db` (see `Database.catalog`)."""
-    catalog = Catalog(db.description, db.source.kind)
+    catalog = Catalog(db.description, db.source.kind, keys_origin=getattr(db.source, "keys_origin", ""))
     scopes = db.scopes()
     placement = db.table_scopes()
     for index, scope in enumerate(scopes):
@@ -148,27 +150,42 @@ def _table(name: str, scope: tuple[str, str]) -> exp.Table:
     return exp.Table(this=quoted(name), db=quoted(scope[1]), catalog=quoted(scope[0]))
 
 
-def format_catalog(catalog: Catalog) -> str:
-    """A readable listing for `relsql inspect`: tables with row counts, columns, keys."""
+def format_catalog(catalog: Catalog, keys: Schema | None = None) -> str:
+    """A readable listing for `relsql inspect`: tables with row counts, columns, keys. With `keys`
+    (relsql.template.keys.schema), each key is marked declared, given or inferred, and an inferred
+    one is followed by its evidence."""
     count = len(catalog.tables)
     lines = [f"{catalog.source}: {count} table{'s' if count != 1 else ''}"]
     for table in catalog:
         kind = " (view)" if table.kind == "view" else ""
         lines.append("")
         lines.append(f"{table.name}{kind}: {table.rows:,} row{'s' if table.rows != 1 else ''}")
-        width = max((len(c.name) for c in table.columns), default=0)
-        type_width = max((len(c.type) for c in table.columns), default=0)
-        for column in table.columns:
-            notes = []
-            if column.name in table.primary_key:
-                notes.append("PK")
-            notes.extend(f"FK -> {fk.table}.{fk.references[fk.columns.index(column.name)] if fk.references else '?'}"
-                         for fk in table.foreign_keys if column.name in fk.columns)
-            notes.append("NULL" if column.nullable else "NOT NULL")
-            lines.append(f"  {column.name:<{width}}  {column.type:<{type_width}}  {'  '.join(notes)}".rstrip())
-        if len(table.primary_key) > 1:
-            lines.append(f"  primary key ({', '.join(table.primary_key)})")
-        for fk in table.foreign_keys:
-            if len(fk.columns) > 1:
-                lines.append(f"  foreign key {fk}")
+        lines.extend(_table_lines(table, keys))
     return "\n".join(lines)
+
+
+def _table_lines(table: Table, keys: Schema | None) -> list[str]:
+    """Column lines (`PK`, `FK -> t.c` notes), then multi-column and inferred keys on lines of their own."""
+    primary = keys.primary_keys.get(table.name, ()) if keys else table.primary_key
+    foreign = [fk for child, fk in keys.foreign_keys if child == table.name] if keys else list(table.foreign_keys)
+    pk_note = keys.primary_note(table.name) if keys and primary else ""
+    fk_notes = {fk: keys.foreign_note(table.name, fk) for fk in foreign} if keys else {}
+    tag = (lambda note: f" ({note.split(':')[0]})") if keys else (lambda note: "")  # noqa: E731
+    width = max((len(c.name) for c in table.columns), default=0)
+    type_width = max((len(c.type) for c in table.columns), default=0)
+    lines = []
+    for column in table.columns:
+        notes = []
+        if column.name in primary:
+            notes.append("PK" + tag(pk_note))
+        notes.extend(f"FK -> {fk.table}.{fk.references[fk.columns.index(column.name)] if fk.references else '?'}"
+                     + tag(fk_notes.get(fk, "")) for fk in foreign if column.name in fk.columns)
+        notes.append("NULL" if column.nullable else "NOT NULL")
+        lines.append(f"  {column.name:<{width}}  {column.type:<{type_width}}  {'  '.join(notes)}".rstrip())
+    if len(primary) > 1 or ":" in pk_note:
+        lines.append(f"  primary key ({', '.join(primary)})" + (f", {pk_note}" if pk_note else ""))
+    for fk in foreign:
+        note = fk_notes.get(fk, "")
+        if len(fk.columns) > 1 or ":" in note:
+            lines.append(f"  foreign key {fk}" + (f", {note}" if note else ""))
+    return lines

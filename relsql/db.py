@@ -136,6 +136,7 @@ class Database:
         self.source = source or Source(description)
         self._prefix = f"{TEMP_PREFIX}{next(_session)}_"
         self._extra_scopes: list[tuple[str, str]] = []  # frames registered beside another source
+        self.given_keys = None  # keys from connect(keys=...): relsql.keyfile.GivenKeys
 
     def __repr__(self) -> str:
         return f"relsql.Database({self.description})"
@@ -308,7 +309,7 @@ def _sniff(path: Path) -> str | None:
 
 def connect(source: str | Path | duckdb.DuckDBPyConnection | Mapping[str, Any] | None = None, *,
             read_only: bool = False, tables: Mapping[str, Any] | None = None,
-            memory_limit: str | None = None) -> Database:
+            memory_limit: str | None = None, keys: Any = None) -> Database:
     """Open a data source as a `Database` whose engine is DuckDB.
 
     `source`: None or ":memory:" (in-memory DuckDB), an open `duckdb.DuckDBPyConnection` (relsql
@@ -322,6 +323,10 @@ def connect(source: str | Path | duckdb.DuckDBPyConnection | Mapping[str, Any] |
     as tables beside the source (kept in memory, never written into the source).
     `memory_limit` (e.g. "1GB") caps DuckDB's memory; beyond it DuckDB spills to disk, so a
     database larger than memory trained in mini-batches keeps a bounded footprint.
+    `keys`: primary and foreign keys stated outside the database (a keys file's path,
+    its text, or a list of tuples; see relsql/keyfile.py), used for the tables they name instead
+    of declared or inferred ones; only read, checked against the tables
+    now, and never executed against the database.
     """
     from connectors import duckdb_file, files, frames, postgres, sqlite
 
@@ -341,6 +346,9 @@ def connect(source: str | Path | duckdb.DuckDBPyConnection | Mapping[str, Any] |
         frames.add_frames(db, tables)
     if memory_limit is not None:
         set_memory_limit(db, memory_limit)
+    if keys is not None:
+        from relsql.keyfile import attach
+        attach(db, keys)
     return db
 
 

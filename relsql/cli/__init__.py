@@ -31,10 +31,12 @@ from relsql.cli import demo as demo_command
 from relsql.cli.arguments import (
     DB_KINDS,
     EPILOG,
+    KEYS_HELP,
     check_together,
     checkpoint_file,
     database,
     demo_database,
+    keys_file,
     learning_rate,
     memory_limit,
     model_file,
@@ -64,16 +66,18 @@ def _explain(args: argparse.Namespace) -> int:
 
 def _inspect(args: argparse.Namespace) -> int:
     from relsql.catalog import format_catalog
+    from relsql.template.keys import schema
 
-    with relsql.connect(args.db, read_only=True) as db:
-        print(format_catalog(db.catalog()))
+    with relsql.connect(args.db, read_only=True, keys=args.keys) as db:
+        catalog = db.catalog()
+        print(format_catalog(catalog, schema(db, catalog, infer=not args.no_infer)))
     return 0
 
 
 def _template(args: argparse.Namespace) -> int:
     from relsql.template.auto import generate
 
-    with relsql.connect(args.db, read_only=True) as db:
+    with relsql.connect(args.db, read_only=True, keys=args.keys) as db:
         text = generate(db, args.target, hops=args.hops, width=args.width, aggregation=args.aggregation,
                         time_column=args.time_column, infer_keys=not args.no_infer)
     relsql.Template.from_sql(text)  # what we write must parse
@@ -102,7 +106,7 @@ def _writable_table(db: relsql.Database, name: str, replace: bool, flag: str) ->
 
 
 def _train(args: argparse.Namespace) -> int:
-    with relsql.connect(args.db, memory_limit=args.memory_limit) as db:
+    with relsql.connect(args.db, memory_limit=args.memory_limit, keys=args.keys) as db:
         if args.predictions:
             _writable_table(db, args.predictions, args.replace, "--predictions")
         model = relsql.Model(db, args.template, target=args.target, output=args.output, time_column=args.time_column,
@@ -142,6 +146,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
 
     inspect = command("inspect", "list tables, columns, keys, foreign keys and row counts")
     inspect.add_argument("db", type=database, help=DB_KINDS)
+    inspect.add_argument("--keys", type=keys_file, help=KEYS_HELP)
+    inspect.add_argument("--no-infer", action="store_true", help="show declared and given keys only; infer none")
     inspect.set_defaults(run=_inspect)
     explain = command("explain", "ground a template and print its compiled plan with sizes")
     explain.add_argument("db", type=database, help=DB_KINDS)
@@ -157,12 +163,14 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     template.add_argument("--aggregation", choices=["avg", "sum", "max"], default="avg")
     template.add_argument("--time-column", help="column of the target table: only earlier rows reach a target")
     template.add_argument("--no-infer", action="store_true", help="use declared keys only; do not infer missing ones")
+    template.add_argument("--keys", type=keys_file, help=KEYS_HELP)
     template.set_defaults(run=_template)
     train = command("train", "train a template to predict a target column; saves the model")
     train.add_argument("db", type=database, help=DB_KINDS)
     train.add_argument("--template", required=True, type=template_file,
                        help="a .sql template or a NeuraLogic Datalog file")
     train.add_argument("--target", required=True, type=target, help="table.column to predict")
+    train.add_argument("--keys", type=keys_file, help=KEYS_HELP)
     train.add_argument("--output", help="the template relation that predicts it (default: the last one)")
     train.add_argument("--task", choices=["binary", "multiclass", "regression"], help="override the detected task")
     train.add_argument("--time-column", help="split by this column of the target table (earliest rows train)")

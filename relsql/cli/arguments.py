@@ -119,6 +119,25 @@ def template_file(text: str) -> str:
     return text
 
 
+KEYS_HELP = ("a SQL file of keys, used instead of declared or inferred ones for the tables it names (read, never run): "
+             "ALTER TABLE t ADD PRIMARY KEY (c); ALTER TABLE t ADD FOREIGN KEY (c) REFERENCES p (k); "
+             "or lines PRIMARY KEY t(c) / FOREIGN KEY t(c) REFERENCES p(k)")
+
+
+def keys_file(text: str) -> str:
+    """--keys: an existing UTF-8 file of PRIMARY KEY / FOREIGN KEY statements (parsed later, when
+    the database's tables are known to check it against)."""
+    path = _readable_file(text, "keys file")
+    try:
+        path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise argparse.ArgumentTypeError(f"{text} is not a text file (not UTF-8 at byte {err.start}); pass a .sql file "
+                                         "of ALTER TABLE ... ADD PRIMARY KEY / FOREIGN KEY statements") from None
+    except OSError as err:
+        raise argparse.ArgumentTypeError(f"cannot read keys file {text}: {err.strerror}") from None
+    return str(path)
+
+
 def _torch_file(path: Path, what: str, fix: str) -> None:
     """Files written by torch.save (models, checkpoints) are zip archives: anything else is refused unread."""
     if not zipfile.is_zipfile(path):
