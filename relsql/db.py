@@ -309,7 +309,7 @@ def _sniff(path: Path) -> str | None:
 
 def connect(source: str | Path | duckdb.DuckDBPyConnection | Mapping[str, Any] | None = None, *,
             read_only: bool = False, tables: Mapping[str, Any] | None = None,
-            memory_limit: str | None = None, keys: Any = None) -> Database:
+            memory_limit: str | None = None, keys: Any = None, threads: int | None = None) -> Database:
     """Open a data source as a `Database` whose engine is DuckDB.
 
     `source`: None or ":memory:" (in-memory DuckDB), an open `duckdb.DuckDBPyConnection` (relsql
@@ -321,7 +321,8 @@ def connect(source: str | Path | duckdb.DuckDBPyConnection | Mapping[str, Any] |
     `read_only`: open the source so that nothing can write to it (grounding still works: its
     temporary tables live in DuckDB's in-memory temp catalog). `tables`: extra frames registered
     as tables beside the source (kept in memory, never written into the source).
-    `memory_limit` (e.g. "1GB") caps DuckDB's memory; beyond it DuckDB spills to disk, so a
+    `threads` sets DuckDB's worker threads (default: DuckDB's, one per core; relsql's training
+    keeps torch to half the cores, see relsql/train/threads.py). `memory_limit` (e.g. "1GB") caps DuckDB's memory; beyond it DuckDB spills to disk, so a
     database larger than memory trained in mini-batches keeps a bounded footprint.
     `keys`: primary and foreign keys stated outside the database (a keys file's path,
     its text, or a list of tuples; see relsql/keyfile.py), used for the tables they name instead
@@ -346,6 +347,8 @@ def connect(source: str | Path | duckdb.DuckDBPyConnection | Mapping[str, Any] |
         frames.add_frames(db, tables)
     if memory_limit is not None:
         set_memory_limit(db, memory_limit)
+    if threads is not None:
+        set_threads(db, threads)
     if keys is not None:
         from relsql.keyfile import attach
         attach(db, keys)
@@ -360,6 +363,15 @@ def _own_connection(con: duckdb.DuckDBPyConnection) -> Database:
     except duckdb.ConnectionException as err:
         raise SourceError(f"the DuckDB connection cannot be used: {first_line(err)}; pass an open connection") from None
     return Database(cursor, "DuckDB connection")
+
+
+def set_threads(db: Database, threads: int) -> None:
+    """DuckDB's worker threads (a setting of the whole database instance, so only when asked)."""
+    from relsql import arguments
+    from relsql.ground.query import integer
+
+    count = arguments.integer("threads", threads, maximum=1024)
+    db.execute(exp.Set(expressions=[exp.SetItem(this=exp.EQ(this=exp.column("threads"), expression=integer(count)))]))
 
 
 def set_memory_limit(db: Database, limit: str) -> None:

@@ -20,6 +20,8 @@ No traceback reaches the terminal; a user's table is never replaced without --re
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import sys
 import time
@@ -28,6 +30,7 @@ from pathlib import Path
 
 import relsql
 from relsql.cli import demo as demo_command
+from relsql.cli import task as task_command
 from relsql.cli.arguments import (
     DB_KINDS,
     EPILOG,
@@ -106,11 +109,12 @@ def _writable_table(db: relsql.Database, name: str, replace: bool, flag: str) ->
 
 
 def _train(args: argparse.Namespace) -> int:
-    with relsql.connect(args.db, memory_limit=args.memory_limit, keys=args.keys) as db:
+    with relsql.connect(args.db, memory_limit=args.memory_limit, keys=args.keys, threads=args.threads) as db:
         if args.predictions:
             _writable_table(db, args.predictions, args.replace, "--predictions")
         model = relsql.Model(db, args.template, target=args.target, output=args.output, time_column=args.time_column,
-                             seed=args.seed, task=args.task, batch_size=args.batch_size)
+                             seed=args.seed, task=args.task, batch_size=args.batch_size, threads=args.threads,
+                             allow_target_inputs=args.allow_target_inputs)
         model.fit(epochs=args.epochs, lr=args.lr, patience=args.patience, checkpoint=args.checkpoint,
                   resume=args.checkpoint is not None)
         path = model.save(args.model)
@@ -123,10 +127,11 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    with relsql.connect(args.db) as db:
+    with relsql.connect(args.db, threads=args.threads) as db:
         if args.table:
             _writable_table(db, args.table, args.replace, "--table")
-        model = relsql.Model.load(args.model, db)
+        model = relsql.Model.load(args.model, db, batch_size=args.batch_size)
+        model.threads = args.threads
         if args.table:
             rows = model.write_predictions(args.table, replace=args.replace)
             print(f"wrote {rows} predictions to table {args.table}")
@@ -189,12 +194,18 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                        help="where to save the model (default relsql-model.pt); its folder must exist")
     train.add_argument("--predictions", type=table_name, help="also write predictions to this new table")
     train.add_argument("--replace", action="store_true", help="replace an existing table of predictions (never a table of data)")
+    train.add_argument("--threads", type=positive_int, help=THREADS_HELP)
+    train.add_argument("--allow-target-inputs", action="store_true",
+                       help="train even though the template reads the target column (or a copy of it)")
     train.set_defaults(run=_train)
     predict = command("predict", "predict with a saved model; print or write a new table")
     predict.add_argument("db", type=database, help="the database to predict on: " + DB_KINDS)
     predict.add_argument("--model", required=True, type=model_file, help="a model saved by `relsql train` or Model.save")
     predict.add_argument("--table", type=table_name, help="write predictions to this new table instead of printing them")
     predict.add_argument("--replace", action="store_true", help="replace an existing table of predictions")
+    predict.add_argument("--batch-size", type=positive_int,
+                         help="predict in mini-batches of this many rows, each grounded on demand (bounded memory)")
+    predict.add_argument("--threads", type=positive_int, help=THREADS_HELP)
     predict.set_defaults(run=_predict)
     demo = command("demo", "Mutagenesis on the embedded DuckDB: train sql/mutagenesis.sql, write predictions")
     demo.add_argument("--db", type=demo_database,
@@ -208,7 +219,31 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                       help="write the predictions to this new table (default mutagenesis_predictions); an existing "
                            "table is never replaced")
     demo.set_defaults(run=demo_command.run)
+    task_command.add_parser(commands, EPILOG)
     return parser, commands.choices
+
+
+THREADS_HELP = ("threads for DuckDB and for torch (default: DuckDB one per core, torch half the cores: on a busy "
+                "machine more torch threads were 20x slower)")
+
+
+@contextlib.contextmanager
+def _log_lines():
+    """Without a terminal (a log file, a CI job), progress bars are off: say what happens in lines
+    on stderr instead, for the length of the command."""
+    logger = logging.getLogger("relsql")
+    if sys.stderr.isatty() or logger.handlers:
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("relsql: %(message)s"))
+    logger.addHandler(handler)
+    level, logger.level = logger.level, logging.INFO
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def _debug() -> bool:
@@ -225,7 +260,8 @@ def _run(argv: list[str] | None) -> int:
     except SystemExit as done:  # argparse: --help (0) or a usage error (2), already printed
         return done.code if isinstance(done.code, int) else 2
     try:
-        return args.run(args)
+        with _log_lines():
+            return args.run(args)
     except RelsqlError as err:
         print(f"relsql: {err}", file=sys.stderr)
         return 1
