@@ -1,4 +1,4 @@
-"""Predictive queries (relsql/predictive.py): task tables written from a one-line question.
+"""Predictive queries (relsql/predictive/): task tables written from a one-line question.
 
 Labels are checked against a naive Python computation of the same question over the same rows;
 the end-to-end test trains an automatic template on a task table and beats the majority class;

@@ -1,5 +1,5 @@
 """`relsql task <db> "<query>" --name task_churn`: write a labelled task table from a predictive
-query (relsql/predictive.py), then say how to train on it.
+query (relsql/predictive/), then say how to train on it.
 
 The query is parsed while the command line is read, so a malformed one is a usage error (exit
 2) naming the position and the fix, before the database is opened. `--replace` replaces only a

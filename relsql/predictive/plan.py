@@ -1,0 +1,361 @@
+"""A predictive query as SQL: the snapshots, the population, the label window, and the task table's
+writing (a declared primary key where the source has them)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import numbers
+
+import duckdb
+import sqlglot.expressions as exp
+
+from relsql.catalog import Catalog
+from relsql.db import Database, first_line
+from relsql.errors import SchemaError, SourceError
+from relsql.ground.query import integer, real
+from relsql.predictive.query import _P, MAX_SNAPSHOTS, OPS, TASK_COLUMNS, PredictiveQuery, TimePath, _as_datetime, _name
+
+
+def _time_kind(sql_type: str, where: str) -> str | None:
+    upper = sql_type.upper()
+    if upper == "DATE":
+        return "DATE"
+    if upper.startswith("TIMESTAMP"):
+        if "TIME ZONE" in upper or upper == "TIMESTAMPTZ":
+            raise SchemaError(f"{where} is a {sql_type}: a snapshot date is ambiguous across time zones; expose it as a "
+                              "TIMESTAMP (a view casting it in the zone you mean) and use that")
+        return "TIMESTAMP"
+    return None
+
+
+def _date_literal(value: dt.date, kind: str) -> exp.Expression:
+    """A DATE or TIMESTAMP literal printed from a validated date/datetime value (never user text)."""
+    text = value.isoformat(sep=" ") if isinstance(value, dt.datetime) else value.isoformat()
+    return exp.cast(exp.Literal.string(text), exp.DataType.build(kind))
+
+
+def _id(name: str) -> exp.Identifier:
+    return exp.to_identifier(name, quoted=True)
+
+
+def _col(name: str, table: str | None = None) -> exp.Column:
+    return exp.Column(this=_id(name), table=_id(table) if table else None)
+
+
+def _table(name: str, alias: str | None = None) -> exp.Expression:
+    table = exp.Table(this=_id(name))
+    return exp.alias_(table, _id(alias), table=True) if alias else table
+
+
+class _Plan:
+    """A query resolved against one database's catalog: real table and column names, key and time
+    columns, the snapshots' values."""
+
+    def __init__(self, db: Database, query: PredictiveQuery):
+        self.db, self.q = db, query
+        self.catalog: Catalog = db.catalog()
+        self._schema = None
+        self.entity = self.table(query.entity, "entity")
+        self.events = self.table(query.events, "events")
+        self.key = self.entity_key()
+        self.event_key = self.events_key()
+        for column in self.key:
+            if column.casefold() in TASK_COLUMNS:
+                raise SchemaError(f"entity key column `{self.entity}.{column}` is named like a column the task table adds "
+                                  f"({', '.join(TASK_COLUMNS)}); expose the entity through a view that renames it")
+        self.path: TimePath | None = None
+        self.time, self.kind = self.event_time()
+        self.value = self.column(self.events, query.value, "value") if query.value else None
+        if self.value and not any(t in self.type(self.events, self.value) for t in ("INT", "DECIMAL", "NUMERIC", "DOUBLE", "FLOAT", "REAL")):
+            raise SchemaError(f"SUM({self.events}.{self.value}): the column is {self.type(self.events, self.value)}, not a number; "
+                              "sum a numeric column or use COUNT")
+        self.since = self.column(self.entity, query.since, "since") if query.since else None
+        if self.since and _time_kind(self.type(self.entity, self.since), f"{self.entity}.{self.since}") is None:
+            raise SchemaError(f"SINCE {self.entity}.{self.since}: the column is {self.type(self.entity, self.since)}; it must be the "
+                              "entity's creation DATE or TIMESTAMP")
+        self.label_type = "BOOLEAN" if query.op is not None else "DOUBLE"
+        self.first, self.last = self.span()
+        self.snapshot_values = self.snapshots()
+
+    # names
+    def table(self, name: str, what: str) -> str:
+        if name in self.catalog.tables:
+            return name
+        folded = [t for t in self.catalog.names if t.casefold() == name.casefold()]
+        if len(folded) == 1:
+            return folded[0]
+        raise SchemaError(f"{what} table `{name}` does not exist in {self.db.description}; tables: "
+                          f"{', '.join(self.catalog.names) or 'none'}")
+
+    def column(self, table: str, name: str, what: str) -> str:
+        names = self.catalog[table].column_names
+        if name in names:
+            return name
+        folded = [c for c in names if c.casefold() == name.casefold()]
+        if len(folded) == 1:
+            return folded[0]
+        raise SchemaError(f"{what}: table `{table}` has no column `{name}`; its columns: {', '.join(names)}")
+
+    def type(self, table: str, column: str) -> str:
+        return self.catalog[table].column(column).type
+
+    def schema(self):
+        """Declared keys plus inferred ones (the same inference `Template.auto` uses), computed once."""
+        if self._schema is None:
+            from relsql.template.keys import schema
+            self._schema = schema(self.db, self.catalog, infer=True)
+        return self._schema
+
+    def entity_key(self) -> tuple[str, ...]:
+        if self.q.key is not None:
+            key = tuple(self.column(self.entity, k, "key") for k in self.q.key)
+            if key != self.catalog[self.entity].primary_key:
+                self.check_unique(key)
+            return key
+        key = self.catalog[self.entity].primary_key or self.schema().primary_keys.get(self.entity)
+        if not key:
+            raise SchemaError(f"entity table `{self.entity}` has no primary key (declared or inferable); name its key: "
+                              f"key='...' (text form: FOR {_name(self.entity)}.<key column>)")
+        return tuple(key)
+
+    def check_unique(self, key: tuple[str, ...]) -> None:
+        cols = [_col(k) for k in key]
+        distinct = exp.select(*cols).distinct().from_(_table(self.entity)).where(
+            exp.and_(*[exp.Not(this=exp.Is(this=c.copy(), expression=exp.Null())) for c in cols]))
+        counted = exp.select(exp.Count(this=exp.Star())).from_(exp.alias_(exp.Subquery(this=distinct), _id("d"), table=True))
+        n = self.db.arrow(counted).column(0)[0].as_py()
+        if n != self.catalog[self.entity].rows:
+            raise SchemaError(f"key ({', '.join(key)}) of `{self.entity}` is not unique and non-NULL ({n} distinct of "
+                              f"{self.catalog[self.entity].rows} rows): each task row must be one entity; name the "
+                              "entity's key")
+
+    def events_key(self) -> tuple[str, ...]:
+        if self.q.event_key is not None:
+            found = tuple(self.column(self.events, k, "event_key") for k in self.q.event_key)
+            if len(found) != len(self.key):
+                raise SchemaError(f"event_key ({', '.join(found)}) and the entity key ({', '.join(self.key)}) must have as many columns")
+            return found
+        declared = [(self.events, fk) for fk in self.catalog[self.events].foreign_keys]
+        for found in (declared, None):
+            for child, fk in found if found is not None else self.schema().foreign_keys:
+                if child == self.events and fk.table == self.entity and set(fk.references) == set(self.key):
+                    order = dict(zip(fk.references, fk.columns))
+                    return tuple(order[k] for k in self.key)
+        names = self.catalog[self.events].column_names
+        if all(k in names for k in self.key):
+            return self.key
+        raise SchemaError(f"no foreign key from `{self.events}` to `{self.entity}`({', '.join(self.key)}) is declared or "
+                          f"inferable; name it: event_key='...' (text form: FOR {_name(self.entity)}.{_name(self.key[0])} = "
+                          f"{_name(self.events)}.<column>)")
+
+    def event_time(self) -> tuple[str, str]:
+        given = self.q.event_time
+        if isinstance(given, TimePath):
+            dim = self.table(given.table, "TIME ... VIA: dimension")
+            path = TimePath(self.column(self.events, given.column, "TIME ... VIA"), dim,
+                            self.column(dim, given.key, "TIME ... VIA"), self.column(dim, given.date, "TIME"))
+            kind = _time_kind(self.type(dim, path.date), f"{dim}.{path.date}")
+            if kind is None:
+                raise SchemaError(f"TIME {dim}.{path.date} is {self.type(dim, path.date)}; name a DATE or TIMESTAMP column")
+            self.check_dimension(path)
+            self.path = path
+            return path.date, kind
+        if given is not None:
+            column = self.column(self.events, given, "event_time")
+            kind = _time_kind(self.type(self.events, column), f"{self.events}.{column}")
+            if kind is None:
+                raise SchemaError(f"event_time {self.events}.{column} is {self.type(self.events, column)}; name a DATE or "
+                                  "TIMESTAMP column (or a path through a dimension table)")
+            return column, kind
+        found = [(c.name, _time_kind(c.type, f"{self.events}.{c.name}")) for c in self.catalog[self.events].columns
+                 if c.name not in self.event_key]
+        found = [(c, k) for c, k in found if k]
+        if len(found) == 1:
+            return found[0]
+        fix = ("name one: event_time='<column>' (text form: TIME <events>.<column>)" if found else
+               "read it through a dimension table: event_time=(fk column, table, key, date column) (text form: "
+               "TIME dim.date VIA events.fk = dim.key)")
+        raise SchemaError(f"events table `{self.events}` has {len(found) or 'no'} DATE/TIMESTAMP column"
+                          f"{'s' if len(found) != 1 else ''}{' (' + ', '.join(c for c, _ in found) + ')' if found else ''}; {fix}")
+
+    def check_dimension(self, path: TimePath) -> None:
+        """The dimension's key must be unique, or an event would be counted once per matching row."""
+        key = _col(path.key)
+        row = self.db.arrow(exp.select(exp.Count(this=key.copy()), exp.Count(this=exp.Distinct(expressions=[key.copy()])))
+                            .from_(_table(path.table))).to_pylist()[0]
+        values = list(row.values())
+        if values[0] != values[1]:
+            raise SchemaError(f"TIME ... VIA: `{path.table}.{path.key}` is not unique ({values[1]} distinct of {values[0]}), "
+                              "so events would be counted once per matching row; name the dimension's key")
+
+    # the query
+    def events_rows(self) -> exp.Select:
+        """One row per event with an entity key and a time: the key columns, `t`, and `v` for SUM."""
+        e = "e"
+        time = _col(self.time, "d") if self.path else _col(self.time, e)
+        select = [exp.alias_(_col(k, e), _id(f"{_P}k{i}")) for i, k in enumerate(self.event_key)]
+        select.append(exp.alias_(time.copy(), _id(f"{_P}t")))
+        if self.value:
+            select.append(exp.alias_(exp.cast(_col(self.value, e), exp.DataType.build("DOUBLE")), _id(f"{_P}v")))
+        query = exp.select(*select).from_(_table(self.events, e))
+        if self.path:
+            query = query.join(_table(self.path.table, "d"),
+                               on=exp.EQ(this=_col(self.path.column, e), expression=_col(self.path.key, "d")))
+        present = [_col(k, e) for k in self.event_key] + [time]
+        return query.where(exp.and_(*[exp.Not(this=exp.Is(this=c.copy(), expression=exp.Null())) for c in present]))
+
+    def span(self) -> tuple[dt.date, dt.date]:
+        t = _col(f"{_P}t")
+        row = self.db.arrow(exp.select(exp.Min(this=t.copy()), exp.Max(this=t.copy())).from_(
+            exp.alias_(exp.Subquery(this=self.events_rows()), _id("ev"), table=True))).to_pylist()[0]
+        first, last = row.values()
+        if first is None:
+            raise SchemaError(f"events table `{self.events}` has no event with a {', '.join(self.event_key)} and a time; "
+                              "there is nothing to count")
+        return first, last
+
+    def observed_until(self) -> dt.datetime:
+        """Windows ending at or before this are fully covered by the data (events up to `last`)."""
+        last = _as_datetime(self.last)
+        return last + dt.timedelta(days=1) if self.kind == "DATE" else last
+
+    def snapshots(self) -> list[dt.date]:
+        q, window = self.q, dt.timedelta(days=self.q.window_days)
+        if q.snapshots is not None:
+            values = list(q.snapshots)
+        else:
+            last = (self.observed_until() - window).date()
+            end = min(last, _day(q.end)) if q.end is not None else last
+            start = _day(q.start) if q.start is not None else _as_datetime(self.first).date() + dt.timedelta(days=1)
+            values, day = [], end
+            while day >= start:
+                values.append(day)
+                if len(values) > MAX_SNAPSHOTS:
+                    raise SchemaError(f"EVERY {q.every_days} DAYS gives more than {MAX_SNAPSHOTS} snapshots between "
+                                      f"{start} and {end}; step by more days or bound them with FROM/TO")
+                day -= dt.timedelta(days=q.every_days)
+            values.reverse()
+            if not values:
+                raise SchemaError(f"no snapshot fits: the events run from {self.first} to {self.last}, and a {q.window_days}-day "
+                                  f"window must end by {self.observed_until().date()} and start after the first event "
+                                  f"(from {start}); shorten OVER, or give FROM/TO or a list of snapshots")
+        if self.kind == "DATE":
+            for v in values:
+                if isinstance(v, dt.datetime) and v.time() != dt.time():
+                    raise SchemaError(f"snapshot {v} has a time of day, but the events' time {self.time} is a DATE; "
+                                      "give dates")
+            return [v.date() if isinstance(v, dt.datetime) else v for v in values]
+        return [_as_datetime(v) for v in values]
+
+    def select(self) -> exp.Select:
+        kind, window = self.kind, dt.timedelta(days=self.q.window_days)
+        horizon = self.observed_until()
+        rows = [exp.Tuple(expressions=[_date_literal(s, kind), _date_literal(_until(s, window), kind),
+                                       exp.true() if _as_datetime(s) + window <= horizon else exp.false()])
+                for s in self.snapshot_values]
+        snaps_name, events_name, window_name, first_name = (f"{_P}{n}" for n in ("snapshots", "events", "window", "first"))
+        s, until, observed = "snapshot", f"{_P}until", f"{_P}observed"
+        values = exp.select(exp.Star()).from_(exp.Values(expressions=rows, alias=exp.TableAlias(
+            this=_id("v"), columns=[_id(s), _id(until), _id(observed)])))
+        keys = [f"{_P}k{i}" for i in range(len(self.key))]
+        t = f"{_P}t"
+        counted = exp.select(*[_col(k, "ev") for k in keys], _col(s, "s"),
+                             exp.alias_(exp.Count(this=exp.Star()), _id(f"{_P}n")),
+                             *([exp.alias_(exp.Sum(this=_col(f"{_P}v", "ev")), _id(f"{_P}sum"))] if self.value else []),
+                             ).from_(_table(events_name, "ev")).join(
+            _table(snaps_name, "s"), on=exp.and_(exp.GTE(this=_col(t, "ev"), expression=_col(s, "s")),
+                                                 exp.LT(this=_col(t, "ev"), expression=_col(until, "s")))
+        ).group_by(*[_col(k, "ev") for k in keys], _col(s, "s"))
+        ctes = [(snaps_name, values), (events_name, self.events_rows()), (window_name, counted)]
+        x = "x"
+        measure = exp.Coalesce(this=_col(f"{_P}sum" if self.value else f"{_P}n", "w"), expressions=[integer(0)])
+        if self.q.op is not None:
+            number = self.q.threshold
+            literal = integer(number) if isinstance(number, numbers.Integral) else real(number)
+            label = OPS[self.q.op](this=measure, expression=literal)
+        else:
+            label = exp.cast(measure, exp.DataType.build("DOUBLE"))
+        label = exp.Case(ifs=[exp.If(this=_col(observed, "s"), true=label)])
+        order = [exp.Ordered(this=_col(s, "s")), *[exp.Ordered(this=_col(k, x)) for k in self.key]]
+        task_id = exp.Window(this=exp.RowNumber(), order=exp.Order(expressions=order))
+        query = exp.select(
+            exp.alias_(exp.cast(task_id, exp.DataType.build("BIGINT")), _id("task_id")),
+            *[exp.alias_(_col(k, x), _id(k)) for k in self.key],
+            exp.alias_(_col(s, "s"), _id("snapshot")),
+            exp.alias_(exp.cast(label, exp.DataType.build(self.label_type)), _id("label")),
+        ).from_(_table(self.entity, x)).join(_table(snaps_name, "s"), join_type="cross")
+        conditions = [exp.Not(this=exp.Is(this=_col(k, x), expression=exp.Null())) for k in self.key]
+        if self.q.population == "active":  # an event strictly before the snapshot: the template can see it
+            first = exp.select(*[_col(k) for k in keys], exp.alias_(exp.Min(this=_col(t)), _id(f"{_P}first"))).from_(
+                _table(events_name)).group_by(*[_col(k) for k in keys])
+            ctes.append((first_name, first))
+            query = query.join(_table(first_name, "f"), on=exp.and_(
+                *[exp.EQ(this=_col(k, "f"), expression=_col(c, x)) for k, c in zip(keys, self.key)],
+                exp.LT(this=_col(f"{_P}first", "f"), expression=_col(s, "s"))))
+        elif self.q.population == "since":
+            conditions.append(exp.LT(this=_col(self.since, x), expression=_col(s, "s")))
+        query = query.join(_table(window_name, "w"), join_type="left", on=exp.and_(
+            *[exp.EQ(this=_col(k, "w"), expression=_col(c, x)) for k, c in zip(keys, self.key)],
+            exp.EQ(this=_col(s, "w"), expression=_col(s, "s"))))
+        query = query.where(exp.and_(*conditions))
+        for name, body in ctes:
+            query = query.with_(_id(name), as_=body)
+        return query
+
+
+def _day(value: dt.date) -> dt.date:
+    return value.date() if isinstance(value, dt.datetime) else value
+
+
+def _until(snapshot: dt.date, window: dt.timedelta) -> dt.date:
+    return snapshot + window  # date + timedelta(days) stays a date, datetime stays a datetime
+
+
+def _write_native(db: Database, plan: _Plan, name: str, existing: str | None, query: exp.Select, foreign_key: bool) -> None:
+    """DuckDB: one transaction that drops a table being replaced, creates the task table with its
+    primary key (and, if asked, the foreign key), and fills it from `query`."""
+    target = exp.Table(this=_id(name))
+    statements: list[exp.Expression] = []
+    if existing is not None:
+        statements.append(exp.Drop(tables=[exp.Table(this=_id(existing))], kind="TABLE"))
+    if foreign_key:
+        if tuple(plan.key) != tuple(plan.catalog[plan.entity].primary_key):
+            raise SchemaError(f"foreign_key=True: DuckDB references only a declared primary key, and "
+                              f"`{plan.entity}`({', '.join(plan.key)}) is not one; leave foreign_key off")
+        snapshot_type = plan.kind
+        columns = [exp.ColumnDef(this=_id("task_id"), kind=exp.DataType.build("BIGINT"),
+                                 constraints=[exp.ColumnConstraint(kind=exp.PrimaryKeyColumnConstraint())])]
+        for k in plan.key:
+            try:
+                kind = exp.DataType.build(plan.type(plan.entity, k), dialect="duckdb")
+            except Exception:  # sqlglot cannot spell every DuckDB type
+                raise SchemaError(f"foreign_key=True: cannot declare a column of type {plan.type(plan.entity, k)} "
+                                  f"(`{plan.entity}.{k}`); leave foreign_key off") from None
+            columns.append(exp.ColumnDef(this=_id(k), kind=kind, constraints=[exp.ColumnConstraint(kind=exp.NotNullColumnConstraint())]))
+        columns += [exp.ColumnDef(this=_id("snapshot"), kind=exp.DataType.build(snapshot_type)),
+                    exp.ColumnDef(this=_id("label"), kind=exp.DataType.build(plan.label_type))]
+        reference = exp.ForeignKey(expressions=[_id(k) for k in plan.key], reference=exp.Reference(
+            this=exp.Schema(this=exp.Table(this=_id(plan.entity)), expressions=[_id(k) for k in plan.key])))
+        statements.append(exp.Create(this=exp.Schema(this=target.copy(), expressions=[*columns, reference]), kind="TABLE"))
+        statements.append(exp.Insert(this=exp.Schema(this=target.copy(), expressions=[_id(c) for c in ("task_id", *plan.key, "snapshot", "label")]),
+                                     expression=query))
+    else:
+        statements.append(exp.Create(this=target.copy(), kind="TABLE", expression=query))
+        statements.append(exp.Alter(this=target.copy(), kind="TABLE", actions=[
+            exp.AddConstraint(expressions=[exp.PrimaryKey(expressions=[_id("task_id")])])]))
+    try:
+        db.transaction(statements)
+    except duckdb.Error as err:
+        raise SourceError(f"could not write the task table `{name}` to {db.description} (nothing was written): "
+                          f"{first_line(err)}") from None
+
+
+def _summary(name: str, label_type: str) -> exp.Select:
+    label = _col("label")
+    positives = (exp.Sum(this=exp.Case(ifs=[exp.If(this=label.copy(), true=integer(1))], default=integer(0)))
+                 if label_type == "BOOLEAN" else exp.Null())
+    return exp.select(exp.alias_(exp.Count(this=exp.Star()), _id("rows")), exp.alias_(exp.Count(this=label.copy()), _id("labelled")),
+                      exp.alias_(positives, _id("positives"))).from_(_table(name))
+
+
+# -- the text form ---------------------------------------------------------------------------------------------

@@ -1,0 +1,286 @@
+"""A predictive query and the task table it writes: the question as data (see the package docstring)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import numbers
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import sqlglot.expressions as exp
+
+from relsql import arguments
+from relsql.db import Database, check_table_name
+from relsql.errors import RelsqlError, SchemaError
+
+OPS = {">": exp.GT, ">=": exp.GTE, "<": exp.LT, "<=": exp.LTE, "=": exp.EQ, "!=": exp.NEQ}
+POPULATIONS = ("active", "all", "since")
+TASK_COLUMNS = ("task_id", "snapshot", "label")
+MAX_WINDOW_DAYS = 100_000
+MAX_SNAPSHOTS = 10_000
+_NATIVE = ("duckdb", "duckdb-file")  # sources where a primary (and foreign) key can be declared
+_P = "__relsql_task_"  # CTE and column names of the generated query: never a user's name
+
+
+class QueryError(RelsqlError):
+    """A predictive query's text that cannot be parsed; `position` is the 0-based offset."""
+
+    def __init__(self, message: str, position: int | None = None):
+        super().__init__(message)
+        self.position = position
+
+
+@dataclass(frozen=True)
+class TimePath:
+    """The events' time read through a dimension table, as in star schemas (TPC-DS: store_sales.
+    ss_sold_date_sk -> date_dim.d_date_sk, time date_dim.d_date): events.`column` = `table`.`key`,
+    and the time is `table`.`date`."""
+
+    column: str
+    table: str
+    key: str
+    date: str
+
+
+@dataclass(frozen=True)
+class TaskTable:
+    """What `PredictiveQuery.write` wrote."""
+
+    name: str
+    rows: int
+    labelled: int  # rows with a label (the others' windows run past the data)
+    positives: int | None  # rows whose label is true (None for a numeric label)
+    snapshots: tuple[Any, ...]
+    key: tuple[str, ...]  # the entity key columns, as named in the task table
+    label_type: str  # BOOLEAN or DOUBLE
+    time_columns: dict[str, str] = field(default_factory=dict)  # what an auto-template should filter by
+
+    def __str__(self) -> str:
+        positive = f", {self.positives:,} positive" if self.positives is not None else ""
+        unlabelled = self.rows - self.labelled
+        open_windows = f", {unlabelled:,} unlabelled (windows past the data's last event)" if unlabelled else ""
+        span = f"{self.snapshots[0]} .. {self.snapshots[-1]}" if len(self.snapshots) > 1 else f"{self.snapshots[0]}"
+        return (f"wrote {self.name}: {self.rows:,} rows{positive}{open_windows}; {len(self.snapshots)} "
+                f"snapshot{'s' if len(self.snapshots) != 1 else ''} {span}")
+
+
+def _when(value: object, what: str) -> dt.date:
+    """A date or datetime from a value or ISO text ('2020-01-31', '2020-01-31T12:00')."""
+    if isinstance(value, dt.date):
+        return value
+    if isinstance(value, str):
+        try:
+            return dt.datetime.fromisoformat(value) if re.search(r"[T ]\d", value) else dt.date.fromisoformat(value)
+        except ValueError:
+            pass
+    raise RelsqlError(f"{what} must be a date (datetime.date, or text such as '2020-01-31' or '2020-01-31T12:00'), "
+                      f"got {value!r}")
+
+
+def _names(value: object, what: str, optional: bool = True) -> tuple[str, ...] | None:
+    if value is None and optional:
+        return None
+    found = (value,) if isinstance(value, str) else tuple(value) if isinstance(value, list | tuple) else None
+    if not found or not all(isinstance(v, str) and v for v in found):
+        raise RelsqlError(f"{what} must be a column name or a list of column names, got {value!r}")
+    return found
+
+
+def _as_datetime(value: dt.date) -> dt.datetime:
+    return value if isinstance(value, dt.datetime) else dt.datetime.combine(value, dt.time())
+
+
+@dataclass(frozen=True)
+class PredictiveQuery:
+    """"For each `entity` at each snapshot: the COUNT (or SUM of `value`) of its `events` in the
+    next `window_days`" — compared with `threshold` by `op` for a boolean label, or as a number.
+
+    Names default from the catalog: `key` is the entity's primary key (declared, else inferred),
+    `event_key` the events' foreign key to it (declared, else inferred, else the columns named like
+    `key`), `event_time` the events' one DATE/TIMESTAMP column; a column name, or a `TimePath`
+    (or its 4-tuple) to read it through a dimension table. Snapshots: a list of dates, or
+    `every_days` stepping back from the last snapshot whose window the data covers (`end`) to the
+    first after the first event (`start`). `population`: "active" (an event before the snapshot),
+    "all", or "since" (`since`, a creation date column of the entity, before the snapshot).
+    """
+
+    entity: str
+    events: str
+    window_days: int
+    aggregate: str = "count"
+    value: str | None = None
+    op: str | None = None
+    threshold: int | float = 0
+    key: tuple[str, ...] | None = None
+    event_key: tuple[str, ...] | None = None
+    event_time: str | TimePath | None = None
+    snapshots: tuple[dt.date, ...] | None = None
+    every_days: int | None = None
+    start: dt.date | None = None
+    end: dt.date | None = None
+    population: str = "active"
+    since: str | None = None
+
+    def __post_init__(self) -> None:
+        put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
+        arguments.text("entity", self.entity)
+        arguments.text("events", self.events)
+        put("window_days", arguments.integer("window_days", self.window_days, maximum=MAX_WINDOW_DAYS))
+        arguments.choice("aggregate", self.aggregate, ("count", "sum"))
+        if (self.aggregate == "sum") != (self.value is not None):
+            raise RelsqlError("value (the column to sum) goes with aggregate='sum', and only with it; "
+                              f"got aggregate={self.aggregate!r}, value={self.value!r}")
+        arguments.text("value", self.value, optional=True)
+        arguments.choice("op", self.op, (None, *OPS, "<>"))
+        if self.op == "<>":
+            put("op", "!=")
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, numbers.Real) \
+                or not math.isfinite(self.threshold):
+            raise RelsqlError(f"threshold must be a finite number, got {self.threshold!r}")
+        put("key", _names(self.key, "key"))
+        put("event_key", _names(self.event_key, "event_key"))
+        if self.key and self.event_key and len(self.key) != len(self.event_key):
+            raise RelsqlError(f"key {self.key} and event_key {self.event_key} must have as many columns")
+        if isinstance(self.event_time, tuple | list) and len(self.event_time) == 4:
+            put("event_time", TimePath(*self.event_time))
+        if self.event_time is not None and not (isinstance(self.event_time, str) and self.event_time) and not (
+                isinstance(self.event_time, TimePath) and all(isinstance(v, str) and v for v in vars(self.event_time).values())):
+            raise RelsqlError("event_time must be a column of the events table, or a path (events' foreign key column, "
+                              f"dimension table, dimension key, dimension date column), got {self.event_time!r}")
+        if (self.snapshots is None) == (self.every_days is None):
+            raise RelsqlError("give the snapshots either as a list of dates (snapshots=[...]) or as every_days=N, "
+                              "exactly one of the two")
+        if self.snapshots is not None:
+            if isinstance(self.snapshots, str | dt.date) or not isinstance(self.snapshots, list | tuple) or not self.snapshots:
+                raise RelsqlError(f"snapshots must be a non-empty list of dates, got {self.snapshots!r}")
+            if len(self.snapshots) > MAX_SNAPSHOTS:
+                raise RelsqlError(f"at most {MAX_SNAPSHOTS} snapshots, got {len(self.snapshots)}")
+            found = [_when(v, f"snapshots[{i}]") for i, v in enumerate(self.snapshots)]
+            unique = {_as_datetime(d): d for d in found}  # 2020-01-01 as a date and as midnight are one snapshot
+            put("snapshots", tuple(unique[k] for k in sorted(unique)))
+            if self.start is not None or self.end is not None:
+                raise RelsqlError("start and end bound every_days snapshots; with a list of snapshots leave them out")
+        else:
+            put("every_days", arguments.integer("every_days", self.every_days, maximum=MAX_WINDOW_DAYS))
+            for name in ("start", "end"):
+                if getattr(self, name) is not None:
+                    put(name, _when(getattr(self, name), name))
+        if self.since is not None:
+            arguments.text("since", self.since)
+            if self.population == "active":
+                put("population", "since")
+        arguments.choice("population", self.population, POPULATIONS)
+        if (self.population == "since") != (self.since is not None):
+            raise RelsqlError("population='since' needs since=<the entity's creation date column>, and since= goes "
+                              f"with no other population; got population={self.population!r}, since={self.since!r}")
+
+    # -- the text form ------------------------------------------------------------------------
+    @classmethod
+    def parse(cls, text: str) -> PredictiveQuery:
+        """The query written in one line; see `parse`."""
+        from relsql.predictive.parse import parse
+
+        return parse(text)
+
+    def __str__(self) -> str:
+        """The query in the text form (`parse(str(q)) == q`)."""
+        what = f"COUNT({_name(self.events)}.*)" if self.aggregate == "count" else f"SUM({_name(self.events)}.{_name(self.value)})"
+        out = [what, f"OVER {self.window_days} DAYS"]
+        if self.op is not None:
+            out.append(f"{self.op} {self.threshold!r}")
+        entity = _name(self.entity)
+        if self.key is not None:
+            if len(self.key) > 1 or (self.event_key is not None and len(self.event_key) > 1):
+                raise RelsqlError("a composite key has no text form; use the Python API")
+            entity += f".{_name(self.key[0])}"
+            if self.event_key is not None:
+                entity += f" = {_name(self.events)}.{_name(self.event_key[0])}"
+        elif self.event_key is not None:
+            raise RelsqlError("the text form names event_key only together with key (FOR t.key = events.fk)")
+        out.append(f"FOR {entity}")
+        out.append(f"SINCE {_name(self.entity)}.{_name(self.since)}" if self.since else self.population.upper())
+        if isinstance(self.event_time, TimePath):
+            p = self.event_time
+            out.append(f"TIME {_name(p.table)}.{_name(p.date)} VIA {_name(self.events)}.{_name(p.column)} = "
+                       f"{_name(p.table)}.{_name(p.key)}")
+        elif self.event_time is not None:
+            out.append(f"TIME {_name(self.events)}.{_name(self.event_time)}")
+        if self.snapshots is not None:
+            out.append("AT " + ", ".join(_date_text(d) for d in self.snapshots))
+        else:
+            out.append(f"AT EVERY {self.every_days} DAYS")
+            if self.start is not None:
+                out.append(f"FROM {_date_text(self.start)}")
+            if self.end is not None:
+                out.append(f"TO {_date_text(self.end)}")
+        return " ".join(out)
+
+    # -- the database --------------------------------------------------------------------------
+    def sql(self, db: Database) -> str:
+        """The SELECT that computes the task table's rows, as DuckDB SQL (to read, not to run)."""
+        from relsql.predictive.plan import _Plan
+
+        return _Plan(db, self).select().sql("duckdb", pretty=True)
+
+    def write(self, db: Database, name: str, *, replace: bool = False, foreign_key: bool = False) -> TaskTable:
+        """Write the task table `name` as a NEW table (an existing one only with `replace=True`,
+        never one the query reads), atomically. In DuckDB `task_id` is declared the primary key;
+        `foreign_key=True` also declares the entity key a foreign key to the entity table (which
+        then cannot be dropped or have referenced rows deleted while the task table exists, so it
+        is off by default: `Template.auto` infers the link from the column's name)."""
+        if not isinstance(db, Database):
+            raise RelsqlError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
+        check_table_name(name)
+        from relsql.predictive.plan import _Plan, _summary, _write_native
+
+        plan = _Plan(db, self)
+        reads = {plan.entity.casefold(), plan.events.casefold()} | ({plan.path.table.casefold()} if plan.path else set())
+        if name.casefold() in reads:
+            raise SchemaError(f"cannot write the task table as `{name}`: the query reads that table; choose another name")
+        existing = next((t for t in plan.catalog.names if t.casefold() == name.casefold()), None)
+        if existing is not None and not replace:
+            raise SchemaError(f"table `{existing}` already exists in {db.description}; choose another name or pass "
+                              "replace=True (relsql task: --replace) to replace it")
+        db.source.refuse_read_only(name)
+        query = plan.select()
+        native = db.source.kind in _NATIVE
+        if foreign_key and not native:
+            raise SchemaError(f"foreign_key=True declares a DuckDB constraint; {db.description} is a {db.source.kind} source: "
+                              "leave foreign_key off (Template.auto infers the link from the column's name)")
+        if native:
+            _write_native(db, plan, name, existing, query, foreign_key)
+            counted = db.arrow(_summary(name, plan.label_type)).to_pylist()[0]
+            rows, labelled, positives = counted["rows"], counted["labelled"], counted["positives"]
+        else:
+            data = db.arrow(query)
+            db.write_table(name, data, replace=replace)
+            label = data.column("label")
+            rows, labelled = data.num_rows, label.length() - label.null_count
+            positives = int(pc.sum(pc.cast(label, pa.int64())).as_py() or 0) if plan.label_type == "BOOLEAN" else None
+        time_columns = {} if plan.path else {plan.events: plan.time}
+        return TaskTable(name, int(rows), int(labelled or 0), None if plan.label_type != "BOOLEAN" else int(positives or 0),
+                         tuple(plan.snapshot_values), tuple(plan.key), plan.label_type, time_columns)
+
+
+# -- resolving names and computing the query -------------------------------------------------------------------
+
+_KEYWORDS = {"COUNT", "SUM", "OVER", "DAY", "DAYS", "FOR", "EACH", "ACTIVE", "ALL", "SINCE", "TIME", "VIA", "AT",
+             "EVERY", "FROM", "TO"}
+
+
+def _name(name: str) -> str:
+    """A name as the text form writes it: bare if it can be, else double-quoted."""
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$]*", name) and name.upper() not in _KEYWORDS:
+        return name
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _date_text(value: dt.date) -> str:
+    if isinstance(value, dt.datetime):
+        return value.isoformat(timespec="seconds" if not value.microsecond else "microseconds")
+    return value.isoformat()
+
