@@ -54,7 +54,7 @@ def _tokens(text: str) -> list[_Token]:
         m = _TOKEN.match(text, at)
         if m is None:
             raise _error(text, at, f"unexpected character {text[at]!r}", "names are letters, digits and _ (or \"quoted\"); "
-                         "see the grammar in relsql/predictive.py")
+                         "see the grammar in relsql/predictive/parse.py")
         if m.lastgroup == "quoted" and m.group() == '""':
             raise _error(text, at, "an empty quoted name", "write the name between the quotes")
         if m.lastgroup != "space":
