@@ -5,8 +5,39 @@ tree of a relational GNN rooted at the target row: every table reachable within 
 foreign-key steps (both directions, never straight back over the edge just used) becomes a
 tree node keyed by (target row, node row); nodes are filled top-down, then their values flow
 bottom-up, with separate weights per foreign key and direction and a self term at each node.
-Keying nodes by the target row is what lets `time_column` keep each target's future out: a
-row joins the tree only if it is earlier than that target row's time.
+
+Aggregation. Child rows (one-to-many) are aggregated by default with mean, sum, max and a
+count together (`aggregation="all"`, as RelBench's RDL models combine them): a mean alone
+cannot count (how much a customer spent is a sum). The sum term is scaled by 1 / (the
+average number of child rows per parent row over the whole table), so it has the size of a
+mean for a typical row yet still grows with the number of rows (a tanh would flatten it for
+busy rows); the count enters as log(1 + count(*)). One name (avg, sum or max) gives the
+single aggregation of earlier versions; a list or comma form ("avg,count") picks terms.
+
+Columns. Each table's own columns are encoded: numbers, booleans and dates as standardized
+`features`, text and small integer codes (at most SMALL_INTEGER_CATEGORIES values) by `embed`.
+Identifiers never become numbers: key columns (primary and foreign, declared or inferred) are
+used only to join, and a column named like an identifier (`id`, `*_id`, `*_sk`, `*_key`,
+`customerId`, TPC-H's `c_custkey`) that is not a key is left out, unless it holds a code (at
+most SMALL_INTEGER_CATEGORIES distinct values, each on at least two rows on average), which is
+embedded. What was left out is listed in the template's header.
+
+Time. Keying nodes by the target row is what lets `time_column` keep each target's future
+out: a row joins the tree only if it is earlier than that target row's time. A table's time
+is, in order: the column given in `time_columns={table: column}` (a date/timestamp column, or a
+foreign key column leading to a table with one); for the target table itself, `time_column`;
+its own first DATE/TIMESTAMP column; else the date of a date dimension its first foreign key
+to one leads to (TPC-DS `store_sales.ss_sold_date_sk` -> `date_dim.d_date`: a referenced table
+with a DATE/TIMESTAMP column whose name, or the foreign key column's, mentions date, day or
+calendar; its column named `d_date`/`date`/`*_date` first). The statement joins the dimension
+and filters on its date; a row whose date is unknown (NULL key) is left out.
+Tables whose time cannot be determined are split by how they are reached:
+- as child rows (one-to-many: events, such as sales of a customer), they are LEFT OUT, with
+  their subtrees, and listed in the header: new rows arrive over time, and nothing says which
+  came after the target row's time. `timeless="include"` joins them anyway (unfiltered).
+- as a parent row (many-to-one: attributes, such as the item of a sale or the store), they are
+  joined: one row describing an entity, not events accumulating after the target time. (A
+  parent updated in place can still hold later values; the template cannot see that.)
 """
 
 from __future__ import annotations
@@ -28,6 +59,48 @@ _FEATURE_TYPES = ("INT", "DECIMAL", "NUMERIC", "DOUBLE", "FLOAT", "REAL", "BOOL"
 _TIME_TYPES = ("DATE", "TIMESTAMP")
 MAX_CATEGORIES = 1000  # text columns with more distinct values are skipped
 SMALL_INTEGER_CATEGORIES = 10  # integer columns with at most this many values are codes
+AGGREGATIONS = ("avg", "sum", "max", "count")  # terms over child rows; "all" is all of them
+TIMELESS = ("exclude", "include")
+_ID_NAME = re.compile(r"(?:^|_)(?:id|sk|key|uuid|guid)$", re.IGNORECASE)  # id, customer_id, ss_item_sk, row_key
+_ID_CAMEL = re.compile(r"[a-z0-9](?:Id|ID|Key|SK)$")  # customerId, CustomerID, OrderKey
+_ID_TPCH = re.compile(r"[a-z]{1,3}_[a-z]+key", re.IGNORECASE)  # c_custkey, o_orderkey, ps_suppkey
+_DATE_DIMENSION = re.compile(r"date|day|calendar", re.IGNORECASE)
+
+
+def id_like(name: str) -> bool:
+    """Whether a column is named like an identifier: never a number to standardize."""
+    return bool(_ID_NAME.search(name) or _ID_CAMEL.search(name) or _ID_TPCH.fullmatch(name))
+
+
+def aggregation_terms(aggregation) -> tuple[str, ...]:
+    """`aggregation` as its terms: "all", one name, "avg,sum", or a list of names ("mean" is avg)."""
+    if isinstance(aggregation, str):
+        parts = [p.strip().lower() for p in aggregation.split(",")]
+    elif isinstance(aggregation, (list, tuple)) and all(isinstance(p, str) for p in aggregation):
+        parts = [p.strip().lower() for p in aggregation]
+    else:
+        parts = None
+    if parts == ["all"]:
+        return AGGREGATIONS
+    terms = tuple(dict.fromkeys("avg" if p == "mean" else p for p in parts or ()))
+    if not terms or not all(t in AGGREGATIONS for t in terms) or len(terms) != len(parts):
+        raise SchemaError(f"aggregation must be all, one of {', '.join(AGGREGATIONS[:3])}, or a list of distinct "
+                          f"terms from {', '.join(AGGREGATIONS)} (\"avg,count\"); got {aggregation!r}")
+    return terms
+
+
+@dataclass(frozen=True)
+class Time:
+    """Where a table's rows get their time: its own column, or a date dimension's via a foreign key."""
+
+    column: str  # the date column (of the table, or of `dimension`)
+    via: ForeignKey | None = None  # the table's foreign key to the date dimension
+    mapped: bool = False  # given in time_columns
+
+    def describe(self, table: str) -> str:
+        if self.via is None:
+            return f"{table}.{self.column}"
+        return f"{table} via {', '.join(self.via.columns)} -> {self.via.table}.{self.column}"
 
 
 def _qi(name: str) -> str:
@@ -98,9 +171,11 @@ def _steps(schema: Schema, table: str) -> list[Step]:
     return steps
 
 
-def _tree(schema: Schema, target: str, hops: int, labels: dict[str, str]) -> Node:
+def _tree(schema: Schema, target: str, hops: int, labels: dict[str, str], keep=None,
+          dropped: list[tuple[Node, Step]] | None = None) -> Node:
     """The computation tree; `labels` are the tables' distinct sanitized names. Node names are
-    distinct too (they name relations x_<node>, p_<node>, h_<node> and weights)."""
+    distinct too (they name relations x_<node>, p_<node>, h_<node> and weights). A step that
+    `keep(step, far_table)` refuses is not taken (nor anything beyond it) and goes to `dropped`."""
     root = Node(labels[target], target, None, None)
     node_names = _Names([root.name])
 
@@ -113,6 +188,10 @@ def _tree(schema: Schema, target: str, hops: int, labels: dict[str, str]) -> Nod
                     and step.to_child != node.step.to_child:
                 continue  # never straight back over the edge we came by
             far = step.child if step.to_child else step.fk.table
+            if keep is not None and not keep(step, far):
+                if dropped is not None:
+                    dropped.append((node, step))
+                continue
             label = labels[far]
             seen[label] = seen.get(label, 0) + 1
             if seen[label] > 1 or sum(1 for s in _steps(schema, node.table)
@@ -134,13 +213,15 @@ def _walk(node: Node):
 
 class _Writer:
     def __init__(self, db: Database, schema: Schema, target: str, column: str, *, width: int, hops: int,
-                 aggregation: str, time_column: str | None, time_columns: dict[str, str], labels: dict[str, str]):
+                 aggregation: tuple[str, ...], time_column: str | None, time_columns: dict[str, Time],
+                 labels: dict[str, str]):
         self.db, self.schema, self.target, self.column = db, schema, target, column
         self.labels = labels
         self.weight_name = _Names()
         self.width, self.hops, self.aggregation = width, hops, aggregation
         self.time_column, self.time_columns = time_column, time_columns
         self.out: list[str] = []
+        self.identifiers: list[str] = []  # table.column named like an identifier and left out
         self.target_keys = list(schema.primary_keys[target])
         # Key columns of node relations: r_<target key> (and r_time), then n_<node table key>.
         r_names = _distinct([f"r_{_safe(k)}" for k in self.target_keys] + (["r_time"] if time_column else []))
@@ -157,13 +238,20 @@ class _Writer:
         info: Table = self.schema.tables[table]
         keys = set(self.schema.primary_keys[table])
         fks = {c for child, fk in self.schema.foreign_keys if child == table for c in fk.columns}
-        numeric, categorical, skipped = [], [], []
+        numeric, categorical, skipped, identifiers = [], [], [], []
         for col in info.columns:
             if col.name in keys or col.name in fks or (table == self.target and col.name == self.column):
-                continue
+                continue  # keys only join; the target column is never an input
             upper = col.type.upper()
             text = "CHAR" in upper or "TEXT" in upper or "STRING" in upper or "ENUM" in upper
             integer = "INT" in upper and "[]" not in upper
+            if id_like(col.name):
+                # an identifier that is not a key: never a number; embedded only if it is a code
+                if (text or integer) and self.is_code(table, col.name):
+                    categorical.append(col.name)
+                else:
+                    identifiers.append(col.name)
+                continue
             distinct = self.distinct(table, col.name) if text or integer else 0
             if integer and distinct <= SMALL_INTEGER_CATEGORIES:
                 categorical.append(col.name)  # a code such as a type or level: embedded
@@ -184,6 +272,9 @@ class _Writer:
         lines = [f"-- {table}: its own columns encoded into one {self.width}-wide vector per row"]
         if table == self.target:
             lines.append(f"-- (the target column {self.column} is never an input)")
+        if identifiers:
+            lines.append(f"-- left out, named like identifiers but not keys: {', '.join(identifiers)}")
+            self.identifiers += [f"{table}.{c}" for c in identifiers]
         if skipped:
             lines.append(f"-- skipped columns (high-cardinality text or unsupported types): {', '.join(skipped)}")
         if not parts:
@@ -196,6 +287,27 @@ class _Writer:
         count = exp.select(exp.Count(this=exp.Distinct(expressions=[exp.column(exp.to_identifier(column, quoted=True))])))
         return self.db.con.execute(count.from_(exp.Table(this=exp.to_identifier(table, quoted=True))).sql("duckdb")).fetchone()[0]
 
+    def is_code(self, table: str, column: str) -> bool:
+        """Few distinct values, each on at least two rows on average: a code, not an identifier."""
+        col = exp.column(exp.to_identifier(column, quoted=True))
+        query = exp.select(exp.Count(this=exp.Distinct(expressions=[col.copy()])), exp.Count(this=col.copy()))
+        distinct, present = self.db.con.execute(
+            query.from_(exp.Table(this=exp.to_identifier(table, quoted=True))).sql("duckdb")).fetchone()
+        return 0 < distinct <= SMALL_INTEGER_CATEGORIES and 2 * distinct <= present
+
+    def fan_out(self, step: Step) -> float:
+        """Child rows per parent row over the whole child table (those with the key set)."""
+        child = exp.Table(this=exp.to_identifier(step.child, quoted=True))
+        columns = [exp.column(exp.to_identifier(c, quoted=True)) for c in step.fk.columns]
+        present = exp.and_(*[exp.Not(this=exp.Is(this=c.copy(), expression=exp.Null())) for c in columns])
+        rows = exp.select(exp.Count(this=exp.Star())).from_(child.copy()).where(present.copy())
+        parents = exp.select(exp.Count(this=exp.Star())).from_(exp.alias_(exp.Subquery(
+            this=exp.select(*[c.copy() for c in columns]).distinct().from_(child.copy()).where(present.copy())),
+            exp.to_identifier("d", quoted=True), table=True))
+        n = self.db.con.execute(rows.sql("duckdb")).fetchone()[0]
+        k = self.db.con.execute(parents.sql("duckdb")).fetchone()[0]
+        return n / k if k else 1.0
+
     # -- tree -------------------------------------------------------------------------------
     def keys(self, node: Node) -> list[str]:
         """Key columns of a node relation: the target row's key (and time), then the node row's."""
@@ -207,9 +319,16 @@ class _Writer:
         on = " AND ".join(f"q.{_qi(k)} = p.{name}" for k, name in self.n(node.table).items())
         return f"JOIN {_qi(node.table)} q ON {on}"
 
-    def time_filter(self, table: str, alias: str, target_time: str) -> str:
-        column = self.time_columns.get(table)
-        return f" AND {alias}.{_qi(column)} < {target_time}" if column else ""
+    def time_join(self, table: str, alias: str, target_time: str) -> tuple[str, str]:
+        """(extra ON condition for `alias`, extra JOIN of a date dimension) keeping later rows out."""
+        time = self.time_columns.get(table) if self.time_column else None
+        if time is None:
+            return "", ""
+        if time.via is None:
+            return f" AND {alias}.{_qi(time.column)} < {target_time}", ""
+        dim = f"{alias}d"
+        on = " AND ".join(f"{dim}.{_qi(r)} = {alias}.{_qi(c)}" for c, r in zip(time.via.columns, time.via.references))
+        return "", f"\nJOIN {_qi(time.via.table)} {dim} ON {on} AND {dim}.{_qi(time.column)} < {target_time}"
 
     def node_rows(self, node: Node) -> None:
         """x_<node>: the node's rows for each target row (its encoding, once per row)."""
@@ -224,17 +343,44 @@ class _Writer:
             target_time = f"p.{self.r_time}"
             source = f"FROM x_{node.parent.name} p\n{self.near_row(node.parent)}"
             target_keys = [f"p.{self.r[k]}" for k in self.target_keys] + ([f"p.{self.r_time}"] if self.time_column else [])
-        condition = node.step.condition(near, near_cols, "x") + (self.time_filter(node.table, "x", target_time) if self.time_column else "")
+        on_time, dimension = self.time_join(node.table, "x", target_time)
+        condition = node.step.condition(near, near_cols, "x") + on_time
         names = self.keys(node)
         select = [f"{expr} AS {name}" for expr, name in zip(target_keys + [f"x.{_qi(k)}" for k in pk], names)]
         group = ", ".join(target_keys + [f"x.{_qi(k)}" for k in pk])
         join_enc = " AND ".join(f"e.{_qi(k)} = x.{_qi(k)}" for k in pk)
         direction = "child rows" if node.step.to_child else "parent row"
+        time = self.time_columns.get(node.table) if self.time_column else None
+        when = ""
+        if time is not None:
+            when = f", earlier than the target row's time (by {time.describe(node.table)})"
+        elif self.time_column:
+            when = ", unfiltered: no time known" + (" (a parent row: an attribute, not an event)" if not node.step.to_child else "")
         self.out.append(
             f"-- {node.name}: the {direction} of {node.parent.table} in {node.table} (via {', '.join(node.step.fk.columns)})"
-            + (", earlier than the target row's time" if self.time_column and node.table in self.time_columns else "")
-            + f"\nCREATE TABLE x_{node.name} AS\nSELECT {', '.join(select)}, avg(e.h) AS h\n{source}\n"
-            f"JOIN {_qi(node.table)} x ON {condition}\nJOIN enc_{t} e ON {join_enc}\nGROUP BY {group};\n")
+            + when + f"\nCREATE TABLE x_{node.name} AS\nSELECT {', '.join(select)}, avg(e.h) AS h\n{source}\n"
+            f"JOIN {_qi(node.table)} x ON {condition}{dimension}\nJOIN enc_{t} e ON {join_enc}\nGROUP BY {group};\n")
+
+    def aggregate(self, child: Node, node: Node) -> tuple[str, str]:
+        """(comment, neural expression) combining `child`'s values over its rows for `node`."""
+        base = f"w_{child.name}_to_{node.name}"
+        if not child.step.to_child:
+            return "its parent row in", f"avg(linear(c.h, {self.width}, '{self.weight_name(base)}'))"
+        if len(self.aggregation) == 1 and self.aggregation[0] != "count":
+            kind = self.aggregation[0]
+            return f"{kind} over its child rows in", f"{kind}(linear(c.h, {self.width}, '{self.weight_name(base)}'))"
+        terms = []
+        for kind in self.aggregation:
+            name = self.weight_name(f"{base}_{'mean' if kind == 'avg' else kind}")
+            if kind == "count":
+                value = "log(1 + count(*))"
+            elif kind == "sum":
+                scale = 1 / max(self.fan_out(child.step), 1.0)
+                value = "sum(c.h)" + (f" * {scale:.3g}" if f"{scale:.3g}" != "1" else "")
+            else:
+                value = f"{kind}(c.h)"
+            terms.append(f"linear({value}, {self.width}, '{name}')")
+        return f"{', '.join(self.aggregation)} over its child rows in", "\n  + ".join(terms)
 
     def node_value(self, node: Node) -> str:
         """Statements computing node's value bottom-up; returns the relation holding it."""
@@ -271,18 +417,17 @@ class _Writer:
                 if self.time_column:
                     target_match.append(f"c.{self.r_time} = p.{self.r_time}")
                 target_time = f"p.{self.r_time}"
-            condition = child.step.condition(near, near_cols, "y")
-            if self.time_column:
-                condition += self.time_filter(child.table, "y", target_time)
+            on_time, dimension = self.time_join(child.table, "y", target_time)
+            condition = child.step.condition(near, near_cols, "y") + on_time
             match = " AND ".join(target_match + [f"c.{name} = y.{_qi(k)}" for k, name in self.n(child.table).items()])
-            aggregation = self.aggregation if child.step.to_child else "avg"
-            kind = f"{aggregation} over its child rows in" if child.step.to_child else "its parent row in"
+            kind, value = self.aggregate(child, node)
             self.out.append(
-                f"-- {node.name} <- {child.name}: {kind} {child.table}, own weights for this key and direction\n"
+                f"-- {node.name} <- {child.name}: {kind} {child.table}, own weights for this key and direction"
+                + (" (the sum scaled by 1 / the table's average child rows per parent)" if " * " in value else "") + "\n"
                 f"CREATE TABLE {relation} AS\n"
                 f"SELECT {', '.join(f'{h} AS {_qi(k) if is_root else k}' for h, k in zip(head, keys))}, "
-                f"{aggregation}(linear(c.h, {self.width}, '{self.weight_name('w_' + child.name + '_to_' + node.name)}')) AS h\n"
-                f"{source}\nJOIN {_qi(child.table)} y ON {condition}\nJOIN {child_values[child.name]} c ON {match}\n"
+                f"{value} AS h\n"
+                f"{source}\nJOIN {_qi(child.table)} y ON {condition}{dimension}\nJOIN {child_values[child.name]} c ON {match}\n"
                 f"GROUP BY {', '.join(head)};\n")
         value = f"h_{node.name}"
         key_list = ", ".join(f"p.{_qi(k)}" if is_root else f"p.{k}" for k in keys)
@@ -290,9 +435,69 @@ class _Writer:
         return value
 
 
-def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggregation: str = "avg",
-             time_column: str | None = None, time_columns: dict[str, str] | None = None, infer_keys: bool = True) -> str:
-    """An editable SQL template predicting `target` ("table.column") from its relational context."""
+def _date_dimension(keys: Schema, table: str, fk: ForeignKey, named: bool) -> Time | None:
+    """`fk` of `table` leads to a table with a date/timestamp column: the time it gives (`named`:
+    only if that table's or the key column's name says it is about dates)."""
+    parent = keys.tables.get(fk.table)
+    if parent is None or fk.table == table:
+        return None
+    stamps = [c.name for c in parent.columns if any(t in c.type.upper() for t in _TIME_TYPES) and c.name not in fk.references]
+    if not stamps:
+        return None
+    if named and not (_DATE_DIMENSION.search(fk.table) or any(_DATE_DIMENSION.search(c) for c in fk.columns)):
+        return None
+    preferred = sorted(stamps, key=lambda c: (c.lower() not in ("d_date", "date"), not c.lower().endswith("date")))
+    return Time(preferred[0], via=fk)
+
+
+def _times(catalog, keys: Schema, target: str, time_column: str, given: dict[str, str]) -> dict[str, Time]:
+    """Each table's time (see the module docstring); tables without one are absent."""
+    times: dict[str, Time] = {}
+    for name, column in given.items():
+        if name not in keys.tables:
+            raise SchemaError(f"time_columns names table `{name}`, which does not exist; tables: {', '.join(catalog.names)}")
+        info = keys.tables[name]
+        col = next((c for c in info.columns if c.name == column), None)
+        if col is None:
+            raise SchemaError(f"time_columns: `{name}` has no column `{column}`")
+        if not any(t in col.type.upper() for t in _TIME_TYPES):
+            fk = next((fk for child, fk in keys.foreign_keys if child == name and fk.columns == (column,)), None)
+            time = _date_dimension(keys, name, fk, named=False) if fk is not None else None
+            if time is not None:
+                times[name] = Time(time.column, via=fk, mapped=True)
+                continue
+            target_type = next(c.type for c in keys.tables[target].columns if c.name == time_column)
+            if col.type.upper() != target_type.upper():
+                raise SchemaError(f"time_columns: {name}.{column} ({col.type}) is neither a date/timestamp column, nor "
+                                  f"a foreign key to a table with one, nor of {time_column}'s type ({target_type})")
+        times[name] = Time(column, mapped=True)
+    for name, info in keys.tables.items():
+        if name in times:
+            continue
+        if name == target:
+            times[name] = Time(time_column)
+            continue
+        stamp = next((c.name for c in info.columns if any(t in c.type.upper() for t in _TIME_TYPES)), None)
+        if stamp:
+            times[name] = Time(stamp)
+            continue
+        for child, fk in keys.foreign_keys:
+            time = _date_dimension(keys, name, fk, named=True) if child == name and keys.primary_keys.get(fk.table) else None
+            if time is not None:
+                times[name] = time
+                break
+    return times
+
+
+def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggregation="all",
+             time_column: str | None = None, time_columns: dict[str, str] | None = None, infer_keys: bool = True,
+             timeless: str = "exclude", keys=None) -> str:
+    """An editable SQL template predicting `target` ("table.column") from its relational context.
+
+    `aggregation`: "all" (mean, sum, max and count over child rows), one of avg/sum/max, or
+    several ("avg,count" or a list). `timeless` (with `time_column`): "exclude" leaves out
+    child tables whose rows' time is unknown, "include" joins them unfiltered. `keys` is passed
+    to key discovery as given keys."""
     table, column = arguments.target(target)
     hops = arguments.integer("hops", hops, minimum=0, maximum=16)
     width = arguments.integer("width", width, maximum=ir.MAX_WIDTH)
@@ -300,6 +505,9 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
     if time_columns is not None and (not isinstance(time_columns, dict)
                                      or not all(isinstance(k, str) and isinstance(v, str) for k, v in time_columns.items())):
         raise SchemaError(f"time_columns must map table names to column names, got {time_columns!r}")
+    if not isinstance(timeless, str) or timeless not in TIMELESS:
+        raise SchemaError(f"timeless must be exclude or include, got {timeless!r}")
+    terms = aggregation_terms(aggregation)
     if not isinstance(db, Database):
         raise SchemaError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
     catalog = db.catalog()
@@ -307,9 +515,7 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
         raise SchemaError(f"target table `{table}` does not exist; tables: {', '.join(catalog.names)}")
     if column not in [c.name for c in catalog[table].columns]:
         raise SchemaError(f"target {target}: `{table}` has no column `{column}`")
-    if aggregation not in ("avg", "sum", "max"):
-        raise SchemaError(f"aggregation must be avg, sum or max, got {aggregation!r}")
-    keys = schema(db, catalog, infer=infer_keys)
+    keys = schema(db, catalog, infer=infer_keys, **({"given": keys} if keys is not None else {}))
     for name, info in keys.tables.items():  # names go into the template's comments, one per line
         for label in [name, *[c.name for c in info.columns]]:
             if re.search(r"[\x00-\x1f\x7f]", label):
@@ -318,22 +524,22 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
     if not keys.primary_keys.get(table):
         raise SchemaError(f"target table `{table}` has no primary key (declared or inferable); declare one so each "
                           "prediction has a key")
+    times: dict[str, Time] = {}
     if time_column is not None:
         if time_column not in [c.name for c in catalog[table].columns]:
             raise SchemaError(f"time_column `{time_column}` is not a column of `{table}`")
-        found = {}
-        for name, info in keys.tables.items():
-            stamp = next((c.name for c in info.columns if any(t in c.type.upper() for t in _TIME_TYPES)), None)
-            if stamp and name != table:
-                found[name] = stamp
-        time_columns = {**found, **(time_columns or {})}
-    else:
-        time_columns = {}
+        times = _times(catalog, keys, table, time_column, time_columns or {})
+
+    def keep(step: Step, far: str) -> bool:
+        """Child rows (events) of a table with no known time would bring the target's future in."""
+        return time_column is None or timeless == "include" or not step.to_child or far in times
+
+    dropped: list[tuple[Node, Step]] = []
     labels = dict(zip(keys.tables, _distinct([_safe(t) for t in keys.tables])))
-    root = _tree(keys, table, hops, labels)
+    root = _tree(keys, table, hops, labels, keep, dropped)
     nodes = list(_walk(root))
-    writer = _Writer(db, keys, table, column, width=width, hops=hops, aggregation=aggregation,
-                     time_column=time_column, time_columns=time_columns, labels=labels)
+    writer = _Writer(db, keys, table, column, width=width, hops=hops, aggregation=terms,
+                     time_column=time_column, time_columns=times, labels=labels)
     values = db.arrow(exp.select(exp.column(exp.to_identifier(column, quoted=True))).from_(exp.Table(this=exp.to_identifier(table, quoted=True)))).column(0)
     units = detect(values, target).units
     tables = list(dict.fromkeys(n.table for n in nodes))
@@ -347,17 +553,35 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
                       "relsql.Model adds the loss)\n"
                       f"CREATE TABLE predict AS\nSELECT {value_keys}, linear(v.h, {units}, '{writer.weight_name('w_out')}') AS h\n"
                       f"FROM {value if root.children else 'enc_' + labels[table]} v;\n")
+    described = "all: " + ", ".join(terms) if terms == AGGREGATIONS else ", ".join(terms)
     header = [f"-- relsql automatic template: predict {target} from up to {hops} foreign-key hops away",
-              f"-- width {width}, aggregation {aggregation}; edit freely and retrain.",
+              f"-- width {width}, aggregation over child rows {described}; edit freely and retrain.",
               f"-- tables used: {', '.join(tables)}"]
-    unreachable = [t for t in keys.tables if t not in tables]
+    excluded = [t for t in dict.fromkeys(step.child for _, step in dropped) if t not in tables]
+    reachable = {n.table for n in _walk(_tree(keys, table, hops, labels))} if dropped else set(tables)
+    unreachable = [t for t in keys.tables if t not in reachable]
+    behind = [t for t in keys.tables if t in reachable and t not in tables and t not in excluded]
     if unreachable:
         header.append(f"-- left out (not reachable within {hops} hops): {', '.join(unreachable)}")
+    if behind:
+        header.append(f"-- left out (reached only through tables left out for time): {', '.join(behind)}")
     for name in sorted(keys.inferred_primary):
         header.append(f"-- inferred primary key {name}({', '.join(keys.primary_keys[name])})")
     for child, fk in keys.inferred_foreign:
         header.append(f"-- inferred foreign key {child}({', '.join(fk.columns)}) -> {fk.table}({', '.join(fk.references)})")
+    if writer.identifiers:
+        header.append(f"-- left out, named like identifiers but not keys (never numeric features): {', '.join(writer.identifiers)}")
     if time_column:
-        header.append(f"-- time: rows of {', '.join(f'{t}.{c}' for t, c in time_columns.items()) or 'no table'} join a "
-                      f"target row only if earlier than its {time_column}")
+        used = [times[t].describe(t) for t in tables if t in times and t != table]
+        header.append(f"-- time: rows of {', '.join(used) or 'no table'} join a target row only if earlier than its "
+                      f"{time_column}")
+        for name, child, fk in dict.fromkeys((node.table, step.child, step.fk) for node, step in dropped):
+            header.append(f"-- left out, no time known: {child} (the child rows of {name} via "
+                          f"{', '.join(fk.columns)}): events that may lie after the target row's time; give its "
+                          "time with time_columns={table: column} or pass timeless='include'")
+        timeless_parents = [t for t in tables if t not in times]
+        if timeless_parents:
+            verb = "joined unfiltered (timeless='include')" if timeless == "include" else \
+                "joined only as parent rows (attributes of an entity, not events)"
+            header.append(f"-- no time known, {verb}: {', '.join(timeless_parents)}")
     return "\n".join(header) + "\n\n" + "\n".join(writer.out)
