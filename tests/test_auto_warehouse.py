@@ -134,3 +134,19 @@ def test_aggregation_argument():
     for bad in ("median", "", "avg,avg", ["avg", 3], 3, None, "all,sum"):
         with pytest.raises(relsql.SchemaError, match="aggregation"):
             aggregation_terms(bad)
+
+
+def test_another_task_tables_labels_never_feed_an_auto_template():
+    """Two questions on one entity: the second task table's label counts events after its snapshot,
+    which can be after the first task's snapshots; the auto-template for the first leaves it out."""
+    db = relsql.connect()
+    db.execute("CREATE TABLE customer(customer_id INT PRIMARY KEY, region VARCHAR)")
+    db.execute("INSERT INTO customer SELECT i, 'r' || (i % 3) FROM range(30) t(i)")
+    db.execute("CREATE TABLE orders(order_id INT PRIMARY KEY, customer_id INT REFERENCES customer, day DATE, amount DOUBLE)")
+    db.execute("INSERT INTO orders SELECT i, (i * 7) % 30, DATE '2024-01-01' + INTERVAL ((i * 37) % 170) DAY, i % 7 FROM range(70) t(i)")
+    for name, days in (("task_a", 30), ("task_b", 60)):
+        relsql.PredictiveQuery.parse(f"COUNT(orders.*) OVER {days} DAYS > 0 FOR customer AT 2024-03-01, 2024-04-01").write(db, name)
+    source = relsql.Template.auto(db, target="task_a.label", time_column="snapshot").source
+    body = "\n".join(line for line in source.splitlines() if not line.startswith("--"))
+    assert "task_b" not in body and "orders" in body
+    assert "-- left out, task tables of other questions (their labels hold the future): task_b" in source

@@ -65,3 +65,14 @@ def test_progress_lines_when_stderr_is_not_a_terminal(tmp_path):
     lines = run.stderr.splitlines()
     assert any(line.startswith("relsql: grounded ") for line in lines)
     assert [line.split(":")[1].strip() for line in lines if line.startswith("relsql: epoch")] == ["epoch 1 of 2", "epoch 2 of 2"]
+
+
+def test_template_aggregation_defaults_to_all_and_refuses_unknown_terms(tmp_path, capsys):
+    db, _ = _shop(tmp_path)
+    assert main(["template", db, "--target", "customer.churned", "--aggregation", "median"]) == 2
+    assert "--aggregation" in capsys.readouterr().err
+    assert main(["template", db, "--target", "customer.churned"]) == 0
+    out = capsys.readouterr().out
+    assert "aggregation over child rows all: avg, sum, max, count" in out and "count(*)" in out
+    assert main(["template", db, "--target", "customer.churned", "--aggregation", "avg,count", "--timeless", "include"]) == 0
+    assert "avg, count" in capsys.readouterr().out

@@ -35,6 +35,7 @@ from relsql.cli.arguments import (
     DB_KINDS,
     EPILOG,
     KEYS_HELP,
+    aggregation,
     check_together,
     checkpoint_file,
     database,
@@ -82,7 +83,7 @@ def _template(args: argparse.Namespace) -> int:
 
     with relsql.connect(args.db, read_only=True, keys=args.keys) as db:
         text = generate(db, args.target, hops=args.hops, width=args.width, aggregation=args.aggregation,
-                        time_column=args.time_column, infer_keys=not args.no_infer)
+                        time_column=args.time_column, infer_keys=not args.no_infer, timeless=args.timeless)
     relsql.Template.from_sql(text)  # what we write must parse
     if args.output:
         try:
@@ -165,7 +166,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     template.add_argument("-o", "--output", type=output_file, help="write the template to this file (default: print it)")
     template.add_argument("--hops", type=non_negative_int, default=2, help="foreign-key hops from the target (default 2)")
     template.add_argument("--width", type=positive_int, default=16, help="hidden width (default 16)")
-    template.add_argument("--aggregation", choices=["avg", "sum", "max"], default="avg")
+    template.add_argument("--aggregation", type=aggregation, default="all",
+                          help="over child rows: all (mean, sum, max and count, the default), avg, sum, max, or a "
+                               "comma list such as avg,count")
+    template.add_argument("--timeless", choices=["exclude", "include"], default="exclude",
+                          help="with --time-column: leave out (default) or keep child tables whose time is unknown")
     template.add_argument("--time-column", help="column of the target table: only earlier rows reach a target")
     template.add_argument("--no-infer", action="store_true", help="use declared keys only; do not infer missing ones")
     template.add_argument("--keys", type=keys_file, help=KEYS_HELP)

@@ -233,3 +233,15 @@ def check_together(args: argparse.Namespace) -> str | None:
     return None
 
 
+
+
+def aggregation(text: str) -> str:
+    """An auto-template's aggregation over child rows: all, avg, sum, max, or a comma list."""
+    from relsql.errors import RelsqlError
+    from relsql.template.auto import aggregation_terms
+
+    try:
+        aggregation_terms(text)
+    except RelsqlError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text

@@ -489,6 +489,21 @@ def _times(catalog, keys: Schema, target: str, time_column: str, given: dict[str
     return times
 
 
+def _other_task_tables(keys: Schema, target_table: str) -> list[str]:
+    """Task tables written by relsql.PredictiveQuery, other than the target's, taken out of the
+    schema: their `label` counts events after their snapshot, which may be after ours."""
+    from relsql.predictive import TASK_COLUMNS
+
+    tasks = [name for name, info in keys.tables.items()
+             if name != target_table and set(TASK_COLUMNS) <= {c.name for c in info.columns}]
+    for name in tasks:
+        del keys.tables[name]
+        keys.primary_keys.pop(name, None)
+    keys.foreign_keys[:] = [(child, fk) for child, fk in keys.foreign_keys if child not in tasks and fk.table not in tasks]
+    keys.inferred_foreign[:] = [(child, fk) for child, fk in keys.inferred_foreign if child not in tasks and fk.table not in tasks]
+    return tasks
+
+
 def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggregation="all",
              time_column: str | None = None, time_columns: dict[str, str] | None = None, infer_keys: bool = True,
              timeless: str = "exclude", keys=None) -> str:
@@ -521,6 +536,7 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
             if re.search(r"[\x00-\x1f\x7f]", label):
                 raise SchemaError(f"{'table' if label == name else f'table {name!r}: column'} {label!r} has a line break "
                                   "or control character in its name; rename it to generate a template")
+    tasks = _other_task_tables(keys, table)
     if not keys.primary_keys.get(table):
         raise SchemaError(f"target table `{table}` has no primary key (declared or inferable); declare one so each "
                           "prediction has a key")
@@ -557,6 +573,8 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
     header = [f"-- relsql automatic template: predict {target} from up to {hops} foreign-key hops away",
               f"-- width {width}, aggregation over child rows {described}; edit freely and retrain.",
               f"-- tables used: {', '.join(tables)}"]
+    if tasks:
+        header.append(f"-- left out, task tables of other questions (their labels hold the future): {', '.join(tasks)}")
     excluded = [t for t in dict.fromkeys(step.child for _, step in dropped) if t not in tables]
     reachable = {n.table for n in _walk(_tree(keys, table, hops, labels))} if dropped else set(tables)
     unreachable = [t for t in keys.tables if t not in reachable]

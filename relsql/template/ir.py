@@ -336,8 +336,11 @@ class Template:
     def auto(cls, db, target: str, **options) -> Template:
         """A template generated from the schema's keys; `.source` is its editable SQL text.
 
-        Options: hops (2), width (16), aggregation ("avg" | "sum" | "max"), time_column,
-        time_columns ({table: column}), infer_keys (True). See relsql/template/auto.py.
+        Options: hops (2), width (16), aggregation ("all": mean, sum, max and count of child
+        rows; or "avg" | "sum" | "max" | a comma list), time_column, time_columns ({table:
+        column}), timeless ("exclude" | "include" child tables whose time is unknown), keys (a
+        keys file, its text or tuples, see relsql/keyfile.py), infer_keys (True). See
+        relsql/template/auto.py.
         """
         from relsql.template.auto import generate
 
