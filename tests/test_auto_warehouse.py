@@ -150,3 +150,19 @@ def test_another_task_tables_labels_never_feed_an_auto_template():
     body = "\n".join(line for line in source.splitlines() if not line.startswith("--"))
     assert "task_b" not in body and "orders" in body
     assert "-- left out, task tables of other questions (their labels hold the future): task_b" in source
+
+
+def test_a_path_without_rows_is_left_out_not_written_as_an_empty_statement():
+    db = relsql.connect()
+    db.execute("CREATE TABLE customer(customer_id INT PRIMARY KEY, age DOUBLE, churned BOOLEAN)")
+    db.execute("INSERT INTO customer SELECT i, i % 50, i % 3 = 0 FROM range(40) t(i)")
+    db.execute("CREATE TABLE product(product_id INT PRIMARY KEY, price DOUBLE)")
+    db.execute("INSERT INTO product SELECT i, i * 1.5 FROM range(5) t(i)")
+    db.execute("CREATE TABLE orders(order_id INT PRIMARY KEY, customer_id INT REFERENCES customer, "
+               "product_id INT REFERENCES product, amount DOUBLE)")
+    db.execute("INSERT INTO orders SELECT i, i % 40, NULL, i % 9 FROM range(120) t(i)")  # no order names a product
+    template = relsql.Template.auto(db, target="customer.churned", hops=2)
+    assert "-- left out, no rows along the way (a statement without groundings): product (via customer -> orders -> product)" \
+        in template.source
+    net = relsql.compile(template, db)  # before: "the statement has no groundings"
+    assert net()["predict"].shape[0] == 40

@@ -172,7 +172,7 @@ def _steps(schema: Schema, table: str) -> list[Step]:
 
 
 def _tree(schema: Schema, target: str, hops: int, labels: dict[str, str], keep=None,
-          dropped: list[tuple[Node, Step]] | None = None) -> Node:
+          dropped: list[tuple[Node, Step]] | None = None, has_rows=None, empty: list[Node] | None = None) -> Node:
     """The computation tree; `labels` are the tables' distinct sanitized names. Node names are
     distinct too (they name relations x_<node>, p_<node>, h_<node> and weights). A step that
     `keep(step, far_table)` refuses is not taken (nor anything beyond it) and goes to `dropped`."""
@@ -198,11 +198,46 @@ def _tree(schema: Schema, target: str, hops: int, labels: dict[str, str], keep=N
                                       if (s.child if s.to_child else s.fk.table) == far) > 1:
                 label = f"{label}_by_{_safe('_'.join(step.fk.columns))}"
             child = Node(node_names(f"{node.name}__{label}" if node.parent else label), far, step, node)
+            if has_rows is not None and not has_rows(child):
+                if empty is not None:
+                    empty.append(child)  # a statement with no groundings is an error: never write one
+                continue
             node.children.append(child)
             grow(child, depth + 1)
 
     grow(root, 0)
     return root
+
+
+def _path_has_rows(db: Database, node: Node) -> bool:
+    """Whether the joins from the root table to `node` along its foreign keys meet any row (one
+    query with LIMIT 1): sparse data can leave a path empty (customers' first ship-to dates that
+    are no call center's opening date), and its statement would have no groundings."""
+    path = []
+    while node is not None:
+        path.append(node)
+        node = node.parent
+    path.reverse()
+    alias = [exp.to_identifier(f"t{i}", quoted=True) for i in range(len(path))]
+    query = exp.select(exp.Literal.number(1)).from_(exp.Table(this=exp.to_identifier(path[0].table, quoted=True), alias=exp.TableAlias(this=alias[0])))
+    for i, far in enumerate(path[1:], start=1):
+        step = far.step
+        pairs = []
+        for child_col, parent_col in zip(step.fk.columns, step.fk.references):
+            near_col, far_col = (parent_col, child_col) if step.to_child else (child_col, parent_col)
+            pairs.append(exp.EQ(this=exp.column(exp.to_identifier(far_col, quoted=True), table=alias[i].copy()),
+                                expression=exp.column(exp.to_identifier(near_col, quoted=True), table=alias[i - 1].copy())))
+        query = query.join(exp.Table(this=exp.to_identifier(far.table, quoted=True), alias=exp.TableAlias(this=alias[i])),
+                           on=exp.and_(*pairs))
+    return bool(db.arrow(query.limit(1)).num_rows)
+
+
+def _path_tables(node: Node) -> list[str]:
+    tables = []
+    while node is not None:
+        tables.append(node.table)
+        node = node.parent
+    return tables[::-1]
 
 
 def _walk(node: Node):
@@ -552,7 +587,8 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
 
     dropped: list[tuple[Node, Step]] = []
     labels = dict(zip(keys.tables, _distinct([_safe(t) for t in keys.tables])))
-    root = _tree(keys, table, hops, labels, keep, dropped)
+    empty: list[Node] = []
+    root = _tree(keys, table, hops, labels, keep, dropped, has_rows=lambda node: _path_has_rows(db, node), empty=empty)
     nodes = list(_walk(root))
     writer = _Writer(db, keys, table, column, width=width, hops=hops, aggregation=terms,
                      time_column=time_column, time_columns=times, labels=labels)
@@ -573,6 +609,9 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
     header = [f"-- relsql automatic template: predict {target} from up to {hops} foreign-key hops away",
               f"-- width {width}, aggregation over child rows {described}; edit freely and retrain.",
               f"-- tables used: {', '.join(tables)}"]
+    if empty:
+        header.append("-- left out, no rows along the way (a statement without groundings): "
+                      + ", ".join(f"{n.table} (via {' -> '.join(_path_tables(n))})" for n in empty))
     if tasks:
         header.append(f"-- left out, task tables of other questions (their labels hold the future): {', '.join(tasks)}")
     excluded = [t for t in dict.fromkeys(step.child for _, step in dropped) if t not in tables]

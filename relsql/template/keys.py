@@ -312,9 +312,16 @@ def _infer_foreign(db: Database, result: Schema, trusted: set[str]) -> dict[tupl
         prefix = _prefix(table)
         stated = {c for other, fk in result.foreign_keys if other == child for c in fk.columns}  # given ones stay
         for column in table.columns:
-            if result.primary_keys[child] == (column.name,) or column.name in stated:
+            if column.name in stated:
                 continue
-            best = _best_parent(db, child, column, prefix, parents, words)
+            candidates = parents
+            if result.primary_keys[child] == (column.name,):
+                # a table keyed by another table's key, named exactly alike (label_spend(c_customer_sk) ->
+                # customer): one-to-one, an extension of that table; any looser match is a key of its own
+                candidates = [p for p in parents if p[0] != child and p[1].casefold() == column.name.casefold()]
+                if not candidates:
+                    continue
+            best = _best_parent(db, child, column, prefix, candidates, words)
             if best is not None:
                 fk, evidence, roles[child, column.name] = best
                 result.foreign_keys.append((child, fk))
