@@ -31,8 +31,8 @@ from relsql.ground import query as q
 from relsql.ground.demand import BatchGrounder, database_embeddings
 from relsql.ground.execute import Presets, ground
 from relsql.template.ir import Template
+from relsql.train import baselines, saved
 from relsql.train import checkpoint as checkpoints
-from relsql.train import saved
 from relsql.train.batched import Batch, Batched
 from relsql.train.batches import Worker, batches
 from relsql.train.embeddings import GradientStaging, table_suffix
@@ -675,13 +675,7 @@ class Model:
         class (classification) or the mean (regression). A model worth having beats it."""
         if split not in self.rows or not len(self.rows[split]):
             raise RelsqlError(f"split {split!r} has no rows; use 'train', 'val' or 'test'")
-        train, y = self.y[self.rows["train"]].cpu().double().numpy(), self.y[self.rows[split]].cpu().double().numpy()
-        out = np.zeros((len(y), self.task.units))  # regression: the training mean is 0 in standardized units
-        if self.task.kind == "binary":
-            out[:, 0] = 1.0 if train.mean() >= 0.5 else -1.0
-        elif self.task.kind == "multiclass":
-            out[:, np.bincount(train.astype(np.int64), minlength=self.task.units).argmax()] = 1.0
-        return self.task.scores(out, y)
+        return baselines.majority(self, split)
 
     def named_weights(self) -> dict[str, nn.Parameter]:
         weights = dict(self.net.named_weights())

@@ -36,7 +36,7 @@ def target_reads(template: ir.Template, db: Database, table: str, column: str) -
                     name = reference.name
                     if name.casefold() != column.casefold():
                         if copies is None:
-                            copies = _copies_of(db, table, column)
+                            copies = copies_of(db, table, column)
                         if name.casefold() not in copies:
                             continue
                     found.append(f"{relation.name}, {rule.origin}: {reference.sql('duckdb')}"
@@ -59,7 +59,7 @@ def _inputs(select: exp.Select) -> list[exp.Expression]:
     return parts
 
 
-def _copies_of(db: Database, table: str, column: str) -> set[str]:
+def copies_of(db: Database, table: str, column: str) -> set[str]:
     """Columns of `table` equal to `column` on every row where it is not NULL (folded names)."""
     target = q.col(column)
     copies = set()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from relsql.train import baselines
+
 
 def plot_history(history: list[dict], path: Path, metric: str, *, title: str = "", loss: str = "loss",
                  best_epoch: int | None = None, baseline: float | None = None) -> Path:
@@ -68,10 +70,16 @@ def text_report(model) -> str:
         baseline = model.baseline(split)
         what = "mean of the training rows" if model.task.kind == "regression" else "majority class of the training rows"
         lines.append(f"  baseline ({what}) on {split}: " + ", ".join(f"{k} {v:.4f}" for k, v in baseline.items()))
-        ours, theirs = model.evaluate(split).get(metric, math.nan), baseline.get(metric, math.nan)
-        better = ours < theirs if metric in LOWER_IS_BETTER else ours > theirs
-        if not better:
-            lines.append(f"  warning: the model does not beat the baseline on {split} {metric} ({ours:.4f} vs {theirs:.4f})")
+        ours = model.evaluate(split).get(metric, math.nan)
+        own = baselines.own_columns(model, split)
+        if own is not None:
+            lines.append(f"  baseline (a linear model of {model.table}'s own columns {', '.join(own[1][:6])}"
+                         f"{', ...' if len(own[1]) > 6 else ''}) on {split}: " + ", ".join(f"{k} {v:.4f}" for k, v in own[0].items()))
+        for name, scores in (("the majority baseline" if model.task.kind != "regression" else "the mean baseline", baseline),
+                             ("the own-columns baseline", own[0] if own else None)):
+            theirs = math.nan if scores is None else scores.get(metric, math.nan)
+            if math.isfinite(theirs) and not (ours < theirs if metric in LOWER_IS_BETTER else ours > theirs):
+                lines.append(f"  warning: the model does not beat {name} on {split} {metric} ({ours:.4f} vs {theirs:.4f})")
     if getattr(model, "stopped", None) == "epochs" and model.history:
         last = model.history[-1]["epoch"]
         still = " and was still improving: train longer (more epochs)" if model.best_epoch == last else ""

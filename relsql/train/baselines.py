@@ -1,0 +1,99 @@
+"""The predictors a relational model has to beat, on the model's own split.
+
+- `majority`: the majority class of the training rows (classification) or their mean
+  (regression): what a model knows without any input.
+- `own_columns`: a linear model (logistic, softmax or least squares) on the target table's own
+  numeric and boolean columns (not its keys, identifiers, or copies of the label): what a model
+  knows without the other tables. If the template's
+  model does not beat it, its joins add nothing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import sqlglot.expressions as exp
+import torch
+
+from relsql.ground import query as q
+
+if TYPE_CHECKING:
+    from relsql.model import Model
+
+CHEAP_ROWS = 2_000_000  # own_columns reads the target table's rows into memory once
+_NUMERIC = ("INT", "DOUBLE", "FLOAT", "REAL", "DECIMAL", "NUMERIC", "BOOL")
+
+
+def majority(model: Model, split: str) -> dict[str, float]:
+    train, y = _labels(model, "train"), _labels(model, split)
+    out = np.zeros((len(y), model.task.units))  # regression: the training mean is 0 in standardized units
+    if model.task.kind == "binary":
+        out[:, 0] = 1.0 if train.mean() >= 0.5 else -1.0
+    elif model.task.kind == "multiclass":
+        out[:, np.bincount(train.astype(np.int64), minlength=model.task.units).argmax()] = 1.0
+    return model.task.scores(out, y)
+
+
+def own_columns(model: Model, split: str) -> tuple[dict[str, float], list[str]] | None:
+    """Scores on `split` of a linear model of the target table's own columns, and those columns;
+    None when there are none to use or the table is too large to be cheap."""
+    columns = _columns(model)
+    if not columns or len(model.labelled) > CHEAP_ROWS:
+        return None
+    matrix = _matrix(model, columns)
+    with np.errstate(all="ignore"):
+        mean = np.nan_to_num(np.nanmean(matrix[model.rows["train"]], axis=0))  # NULLs become the training mean
+    matrix = np.where(np.isnan(matrix), mean, matrix)
+    x = torch.as_tensor(matrix, dtype=torch.float64)
+    train = torch.as_tensor(model.rows["train"])
+    std = x[train].std(0, unbiased=False)
+    x = (x - torch.as_tensor(mean)) / torch.where(std > 0, std, torch.ones_like(std))
+    y = model.y.detach().to("cpu", torch.float64)
+    weight = torch.zeros((x.shape[1], model.task.units), dtype=torch.float64, requires_grad=True)
+    bias = torch.zeros(model.task.units, dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.LBFGS([weight, bias], max_iter=100, line_search_fn="strong_wolfe")
+
+    def closure():
+        optimizer.zero_grad()
+        loss = model.task.loss(x[train] @ weight + bias, y[train]) + 1e-3 * weight.pow(2).sum()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    rows = torch.as_tensor(model.rows[split])
+    with torch.no_grad():
+        out = (x[rows] @ weight + bias).numpy()
+    return model.task.scores(out, y[rows].numpy()), columns
+
+
+def _labels(model: Model, split: str) -> np.ndarray:
+    return model.y[model.rows[split]].detach().cpu().double().numpy()
+
+
+def _columns(model: Model) -> list[str]:
+    """Numeric and boolean columns of the target table that say something about a row: not the
+    target, the output's keys, the time column, or anything named like an identifier."""
+    from relsql.template.auto import id_like
+    from relsql.train.leakage import copies_of
+
+    skip = {model.column, model.time_column, *model.template.relations[model.output].keys}
+    skip |= {c for c, _ in model.db.columns(model.table) if c.casefold() in copies_of(model.db, model.table, model.column)}
+    return [name for name, kind in model.db.columns(model.table)
+            if name not in skip and not id_like(name) and any(n in kind.upper() for n in _NUMERIC)
+            and "INTERVAL" not in kind.upper() and "[]" not in kind]
+
+
+def _matrix(model: Model, columns: list[str]) -> np.ndarray:
+    """The columns for each labelled row, in the model's order of labelled rows (the output's
+    row ids, as `Model._labels` joins them)."""
+    keys = model.template.relations[model.output].keys
+    k, t = "k", "t"
+    on = exp.and_(*[exp.NullSafeEQ(this=q.col(key, k), expression=q.col(key, t)) for key in keys])
+    select = (exp.select(*[exp.cast(q.col(c, t), exp.DataType.build("DOUBLE")) for c in columns])
+              .from_(exp.alias_(model.db.temp_table("k", model.output), q.ident(k), table=True))
+              .join(exp.alias_(exp.Table(this=q.ident(model.table)), q.ident(t), table=True), on=on)
+              .where(exp.Not(this=exp.Is(this=q.col(model.column, t), expression=exp.Null())))
+              .order_by(q.col("_rid", k)))
+    table = model.db.arrow(select)
+    return np.stack([table.column(i).to_numpy(zero_copy_only=False).astype(np.float64) for i in range(len(columns))], axis=1)
