@@ -177,6 +177,16 @@ def test_keys_file_is_parsed_and_applied(clinic):
     db.close()
 
 
+def test_template_auto_takes_keys(clinic):
+    db = relsql.connect(clinic, read_only=True)
+    with pytest.raises(relsql.SchemaError, match="no primary key"):
+        relsql.Template.auto(db, "people.sick")  # nothing to infer from
+    source = relsql.Template.auto(db, "people.sick", keys=clinic.parent / "keys.sql").source
+    assert "visits" in source.split("-- tables used:")[1].splitlines()[0]
+    assert "given in keys.sql line 3" in source
+    db.close()
+
+
 def test_keys_as_text_and_as_tuples(clinic):
     db = relsql.connect(clinic, read_only=True)
     text = schema(db, db.catalog(), given="PRIMARY KEY people(pid)\nFOREIGN KEY visits(who) REFERENCES people")

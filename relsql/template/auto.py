@@ -626,6 +626,13 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
         header.append(f"-- inferred primary key {name}({', '.join(keys.primary_keys[name])})")
     for child, fk in keys.inferred_foreign:
         header.append(f"-- inferred foreign key {child}({', '.join(fk.columns)}) -> {fk.table}({', '.join(fk.references)})")
+    given = {k: re.sub(r"[\x00-\x1f\x7f]", " ", v) for k, v in keys.origins.items() if v.startswith("given")}  # one line each
+    for key, origin in given.items():
+        if key[0] == "primary":
+            header.append(f"-- primary key {key[1]}({', '.join(keys.primary_keys.get(key[1], ()))}), {origin}")
+        else:
+            _, child, fk = key
+            header.append(f"-- foreign key {child}({', '.join(fk.columns)}) -> {fk.table}({', '.join(fk.references)}), {origin}")
     if writer.identifiers:
         header.append(f"-- left out, named like identifiers but not keys (never numeric features): {', '.join(writer.identifiers)}")
     if time_column:
