@@ -107,15 +107,20 @@ def _readable_file(text: str, what: str) -> Path:
     return path
 
 
-def template_file(text: str) -> str:
-    path = _readable_file(text, "template")
+def _text_file(text: str, what: str, fix: str) -> Path:
+    """An existing, readable file that is UTF-8 text (a binary file is refused before anything runs)."""
+    path = _readable_file(text, what)
     try:
         path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as err:
-        raise argparse.ArgumentTypeError(f"{text} is not a text file (not UTF-8 at byte {err.start}); pass a .sql "
-                                         "template or a NeuraLogic Datalog file") from None
+        raise argparse.ArgumentTypeError(f"{text} is not a text file (not UTF-8 at byte {err.start}); {fix}") from None
     except OSError as err:
-        raise argparse.ArgumentTypeError(f"cannot read template {text}: {err.strerror}") from None
+        raise argparse.ArgumentTypeError(f"cannot read {what} {text}: {err.strerror}") from None
+    return path
+
+
+def template_file(text: str) -> str:
+    _text_file(text, "template", "pass a .sql template or a NeuraLogic Datalog file")
     return text
 
 
@@ -127,15 +132,7 @@ KEYS_HELP = ("a SQL file of keys, used instead of declared or inferred ones for 
 def keys_file(text: str) -> str:
     """--keys: an existing UTF-8 file of PRIMARY KEY / FOREIGN KEY statements (parsed later, when
     the database's tables are known to check it against)."""
-    path = _readable_file(text, "keys file")
-    try:
-        path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise argparse.ArgumentTypeError(f"{text} is not a text file (not UTF-8 at byte {err.start}); pass a .sql file "
-                                         "of ALTER TABLE ... ADD PRIMARY KEY / FOREIGN KEY statements") from None
-    except OSError as err:
-        raise argparse.ArgumentTypeError(f"cannot read keys file {text}: {err.strerror}") from None
-    return str(path)
+    return str(_text_file(text, "keys file", "pass a .sql file of ALTER TABLE ... ADD PRIMARY KEY / FOREIGN KEY statements"))
 
 
 def _torch_file(path: Path, what: str, fix: str) -> None:
