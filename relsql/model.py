@@ -25,17 +25,16 @@ from torch import nn
 from relsql import arguments
 from relsql.compile import make_plan
 from relsql.compile.module import CompiledNet
-from relsql.db import TEMP_PREFIX, Database, check_table_name, free_name
+from relsql.db import Database, free_name
 from relsql.errors import RelsqlError, SchemaError
 from relsql.ground import query as q
 from relsql.ground.demand import BatchGrounder, database_embeddings
 from relsql.ground.execute import Presets, ground
 from relsql.template.ir import Template
-from relsql.train import baselines, saved
+from relsql.train import baselines, gradients, saved
 from relsql.train import checkpoint as checkpoints
 from relsql.train.batched import Batch, Batched
 from relsql.train.batches import Worker, batches
-from relsql.train.embeddings import GradientStaging, table_suffix
 from relsql.train.leakage import target_reads
 from relsql.train.report import LOSSES, plot_history, text_report
 from relsql.train.split import split_rows
@@ -597,75 +596,10 @@ class Model:
 
         A weight's table `<prefix><name>` has columns `parameter`, `row` (first index) and
         `gradient` (the rest, as a list); a database-stored embedding's has `key` and `gradient`,
-        one row per key the split uses, summed over batches inside the database. Each table is
-        written atomically; returns {weight name: table name}.
+        one row per key the split uses, summed over batches inside the database. Every name is
+        checked before anything is written; returns {weight name: table name}.
         """
-        if split not in self.rows or not len(self.rows[split]):
-            raise RelsqlError(f"split {split!r} has no rows to take gradients on; use 'train', 'val' or 'test'")
-        arguments.text("prefix", prefix)
-        names = [*self.named_weights(), *(database_embeddings(self.template) if self.mini_batches else {})]
-        tables = {name: check_table_name(prefix + table_suffix(name)) for name in names}
-        self._check_new_tables(tables, replace)  # all names first: a refused one must not leave others written
-        existing = {t.casefold() for t in self.db.tables()}
-        for p in self.parameters():
-            p.grad = None
-        rows = self.rows[split]
-        written = {}
-        try:
-            self._write_gradients(prefix, split, rows, replace, written)
-        except BaseException:
-            for table in written.values():  # tables this call created go again; replaced ones are gone either way
-                if table.casefold() not in existing:
-                    self.db.execute(exp.Drop(tables=[exp.Table(this=q.ident(table), db=q.ident(self.db.scopes()[0][1]),
-                                                               catalog=q.ident(self.db.scopes()[0][0]))],
-                                             kind="TABLE", exists=True))
-            raise
-        finally:
-            for p in self.parameters():
-                p.grad = None
-        return written
-
-    def _check_new_tables(self, tables: dict[str, str], replace: bool) -> None:
-        seen: dict[str, str] = {}
-        existing = {t.casefold(): t for t in self.db.tables()}
-        for name, table in tables.items():
-            other = seen.setdefault(table.casefold(), name)
-            if other != name:
-                raise RelsqlError(f"weights `{other}` and `{name}` would both be written to table `{table}`; rename one of them")
-            if table.casefold() in existing and not replace:
-                raise SchemaError(f"table `{existing[table.casefold()]}` already exists in {self.db.description}; "
-                                  "choose another prefix or pass replace=True (nothing was written)")
-            if table.startswith(TEMP_PREFIX):
-                raise SchemaError(f"cannot write a table named `{table}`: the prefix {TEMP_PREFIX} is relsql's own")
-
-    def _write_gradients(self, prefix: str, split: str, rows: np.ndarray, replace: bool, written: dict[str, str]) -> None:
-        if self.mini_batches:
-            staging: dict[str, GradientStaging] = {}
-            with Worker() as worker:
-                for positions in batches(rows, self.batch_size, None):
-                    batch = worker.run(self.batched.prepare, self.labelled[positions])
-                    external = worker.run(self.batched.fetch, batch)
-                    out = Batched.outputs(self.net, self.head, batch, external, self.output)
-                    y = self.y[torch.as_tensor(positions, device=self.device)]
-                    (self.task.loss(out, y) * (len(positions) / len(rows))).backward()  # the mean over the split
-                    for weight, values in external.items():
-                        if weight not in staging:
-                            staging[weight] = GradientStaging(self.db, weight, values.shape[1])
-                        worker.run(staging[weight].add, batch.grounding.embedding_keys[weight], values.grad)
-                for weight, stage in staging.items():
-                    worker.run(stage.write, prefix + table_suffix(weight), replace)
-                    written[weight] = prefix + table_suffix(weight)
-        else:
-            index, y = self._split_tensors(split)
-            self.task.loss(self._outputs().index_select(0, index), y).backward()
-        named = {**self.net.named_weights(), **{f"_head.{n}": p for n, p in self.head.named_parameters()}}
-        for name, parameter in named.items():
-            grad = parameter.grad if parameter.grad is not None else torch.zeros_like(parameter)
-            matrix = grad.detach().cpu().double().reshape(grad.shape[0] if grad.dim() else 1, -1).numpy()
-            table = pa.table({"parameter": [name] * matrix.shape[0], "row": np.arange(matrix.shape[0], dtype=np.int64),
-                              "gradient": pa.array(matrix.tolist(), type=pa.list_(pa.float64()))})
-            self.db.write_table(prefix + table_suffix(name), table, replace=replace)
-            written[name] = prefix + table_suffix(name)
+        return gradients.write(self, prefix, split, replace)
 
     def report(self) -> str:
         return text_report(self)
