@@ -31,7 +31,7 @@ from relsql.ground import query as q
 from relsql.ground.demand import BatchGrounder, database_embeddings
 from relsql.ground.execute import Presets, ground
 from relsql.template.ir import Template
-from relsql.train import baselines, gradients, saved
+from relsql.train import baselines, checks, gradients, saved
 from relsql.train import checkpoint as checkpoints
 from relsql.train.batched import Batch, Batched
 from relsql.train.batches import Worker, batches
@@ -83,7 +83,7 @@ class Model:
         self.template = template if isinstance(template, Template) else Template.from_file(template)
         self.table, self.column = arguments.target(target)
         self.target = target
-        self.output = arguments.text("output", output, optional=True) or _default_output(self.template, self.table)
+        self.output = arguments.text("output", output, optional=True) or checks.default_output(self.template, self.table)
         if self.output not in self.template.relations:
             raise RelsqlError(f"output relation `{self.output}` is not in the template; it declares {list(self.template.relations)}")
         self.time_column = arguments.text("time_column", time_column, optional=True)
@@ -158,7 +158,7 @@ class Model:
         if split is None:
             times = labels.column("t").filter(pa.array(labelled)).to_pylist() if self.time_column else None
             split = split_rows(len(raw), self.fractions, self.seed, times)
-            self._check_splits(split, len(raw))
+            checks.splits(self, split, len(raw))
         self.rows = {k: np.asarray(v, dtype=np.int64) for k, v in split.items()}
         if self.task.kind == "regression" and not isinstance(task, Task):  # standardized by the training rows
             train_values = pc.cast(raw, pa.float64()).to_numpy(zero_copy_only=False)[self.rows["train"]]
@@ -173,18 +173,6 @@ class Model:
         self.head = nn.Identity() if width == self.task.units else nn.Linear(width, self.task.units, dtype=self.dtype)
         self.net.to(self.device)
         self.head.to(self.device)
-
-    def _check_splits(self, split: dict[str, np.ndarray], labelled: int) -> None:
-        """Every split asked for gets rows: a model trained on one row, or judged on none, is not a
-        result. The message says how many target rows the output relation reaches."""
-        empty = [name for name, fraction in zip(("train", "val", "test"), self.fractions) if fraction > 0 and not len(split[name])]
-        if not empty:
-            return
-        total = self.db.arrow(exp.select(exp.Count(this=q.col(self.column))).from_(exp.Table(this=q.ident(self.table)))).column(0)[0].as_py()
-        raise RelsqlError(
-            f"the {' and '.join(empty)} split{'s are' if len(empty) > 1 else ' is'} empty: output relation `{self.output}` "
-            f"has a row for {labelled} of the {total} labelled rows of `{self.table}`. Check that `{self.output}` is the "
-            f"relation that predicts {self.target} (output=...), add labelled rows, or give those splits 0 in split=")
 
     def _encodings(self) -> Presets:
         """The dictionaries and feature statistics in use (database-stored embeddings have none)."""
@@ -204,22 +192,9 @@ class Model:
         return Batched(grounder, self.template, self.output, self.dtype, self.seed,
                        self.embedding_optimizer or "adagrad", self.embedding_lr)
 
-    def _check_key_types(self, keys: list[str]) -> None:
-        """The output's head keys and the target table's key columns must be of one kind: DuckDB
-        would compare '1' with 1 by casting, silently matching rows that are not the same key."""
-        found = self.db.con.execute(exp.select(exp.Star()).from_(self.db.temp_table("k", self.output)).limit(0).sql("duckdb"))
-        produced = {d[0]: str(d[1]) for d in found.description}
-        columns = dict(self.db.columns(self.table))
-        for key in keys:
-            mine, theirs = _type_kind(produced.get(key, "")), _type_kind(columns.get(key, ""))
-            if mine != theirs:
-                raise SchemaError(f"output relation `{self.output}` has key `{key}` of type {produced.get(key)}, but "
-                                  f"`{self.table}.{key}` is {columns.get(key)}; select the target table's own key column "
-                                  f"as the head (or CAST it to {columns.get(key)})")
-
     def _labels(self, keys: list[str]) -> pa.Table:
         """(_rid of the output row, target value[, time]) for every target row that has a head."""
-        self._check_key_types(keys)
+        checks.key_types(self, keys)
         k, t = "k", "t"
         select = [q.col("_rid", k), exp.alias_(q.col(self.column, t), q.ident("y"))]
         if self.time_column:
@@ -666,22 +641,3 @@ class Model:
         model.net.to(model.device)
         model.head.to(model.device)
         return model
-
-
-def _default_output(template: Template, table: str) -> str:
-    """The relation a target table asks for: NeuraLogic's query tables (`query_<p>`, written by the
-    importer) ask for `p`; otherwise the template's last relation."""
-    if template.language == "datalog" and table.startswith("query_") and table[len("query_"):] in template.relations:
-        return table[len("query_"):]
-    return template.output
-
-
-def _type_kind(sql_type: str) -> str:
-    """A database type's family for comparing keys: integers of any width match, and so on."""
-    name = sql_type.upper()
-    for kind, markers in (("integer", ("INT",)), ("number", ("DOUBLE", "FLOAT", "REAL", "DECIMAL", "NUMERIC")),
-                          ("text", ("VARCHAR", "CHAR", "TEXT", "STRING", "UUID")), ("time", ("DATE", "TIME")),
-                          ("boolean", ("BOOL",))):
-        if any(m in name for m in markers):
-            return kind
-    return name
