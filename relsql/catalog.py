@@ -112,7 +112,7 @@ def duckdb_keys(con: duckdb.DuckDBPyConnection, scope: tuple[str, str]) -> dict[
 
 def read_catalog(db: Database) -> Catalog:
     """The catalog of the user's tables of `db` (see `Database.catalog`)."""
-    catalog = Catalog(db.description, db.source.kind, keys_origin=getattr(db.source, "keys_origin", ""))
+    catalog = Catalog(db.description, db.source.kind, keys_origin=db.source.keys_origin)
     scopes = db.scopes()
     placement = db.table_scopes()
     for index, scope in enumerate(scopes):

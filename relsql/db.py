@@ -78,6 +78,7 @@ class Source:
     """
 
     kind = "duckdb"
+    keys_origin = ""  # where keys the source declares come from, when not its own catalog ("schema.sql")
 
     def __init__(self, description: str, *, read_only: bool = False):
         self.description = description

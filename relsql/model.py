@@ -25,7 +25,7 @@ from torch import nn
 from relsql import arguments
 from relsql.compile import make_plan
 from relsql.compile.module import CompiledNet
-from relsql.db import Database, free_name
+from relsql.db import Database, first_line, free_name
 from relsql.errors import RelsqlError, SchemaError
 from relsql.ground import query as q
 from relsql.ground.demand import BatchGrounder, database_embeddings
@@ -316,8 +316,8 @@ class Model:
                     break
             if best["state"] is not None:
                 self._restore_weights(best["state"])
-                if self.batched is not None and self.batched.stores:
-                    for store in self.batched.stores.values():
+                if self._stores():
+                    for store in self._stores().values():
                         if last != self.best_epoch:  # else the table already holds the best epoch's rows
                             worker.run(store.restore, store.best_table())
                         worker.run(store.drop, store.best_table())
@@ -491,7 +491,7 @@ class Model:
             return self._resume_from(state, path, optimizers, best, worker)
         except (KeyError, TypeError, ValueError, IndexError, RuntimeError, AttributeError) as err:
             raise RelsqlError(f"checkpoint {path} is damaged or does not fit this model ({type(err).__name__}: "
-                              f"{str(err).splitlines()[0] if str(err) else ''}); start without resume=True") from None
+                              f"{first_line(err)}); start without resume=True") from None
 
     def _resume_from(self, state: dict, path, optimizers, best, worker) -> tuple[int, int]:
         if state.get("target") != self.target or state.get("template") != self.template.source:
@@ -637,7 +637,7 @@ class Model:
             model.net.set_named_weights(state.weights, model._fixed())
             model.head.load_state_dict(state.head)
         except (RuntimeError, KeyError, TypeError, ValueError) as err:
-            raise RelsqlError(f"model file {path} does not fit its own template: {str(err).splitlines()[0]}") from None
+            raise RelsqlError(f"model file {path} does not fit its own template: {first_line(err)}") from None
         model.net.to(model.device)
         model.head.to(model.device)
         return model

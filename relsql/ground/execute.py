@@ -354,7 +354,7 @@ class _Grounder:
                 ).from_(grounding.copy()).sql("duckdb")).fetchone()
             except duckdb.Error as err:  # STDDEV_POP overflows on values beyond ~1e154
                 raise SchemaError(f"{label}: the database could not compute the column's mean and spread "
-                                  f"({str(err).strip().splitlines()[0]}); values this large cannot be standardized: "
+                                  f"({_first_line(err)}); values this large cannot be standardized: "
                                   "rescale the column (e.g. divide it by a power of ten) or leave it out") from None
             if not all(v is None or np.isfinite(v) for v in (mean, std)):
                 raise SchemaError(f"{label}: the column's mean or spread is not a finite number (values too large); "

@@ -209,7 +209,7 @@ def schema(db: Database, catalog: Catalog, infer: bool = True, given: object = N
     tables = dict(catalog.tables)
     primary = {name: tuple(t.primary_key) for name, t in tables.items()}
     result = Schema(tables, primary, [(name, fk) for name, t in tables.items() for fk in t.foreign_keys])
-    declared = f"declared in {catalog.keys_origin}" if getattr(catalog, "keys_origin", "") else "declared"
+    declared = f"declared in {catalog.keys_origin}" if catalog.keys_origin else "declared"
     result.origins.update({("primary", n): declared for n, k in primary.items() if k})
     result.origins.update({("foreign", c, fk): declared for c, fk in result.foreign_keys})
     trusted = {child for child, _ in result.foreign_keys}  # a table that declares foreign keys is taken as it is

@@ -77,10 +77,10 @@ def _columns(model: Model) -> list[str]:
     from relsql.template.auto import id_like
     from relsql.train.leakage import copies_of
 
-    skip = {model.column, model.time_column, *model.template.relations[model.output].keys}
-    skip |= {c for c, _ in model.db.columns(model.table) if c.casefold() in copies_of(model.db, model.table, model.column)}
+    skip = {c.casefold() for c in (model.column, model.time_column, *model.template.relations[model.output].keys) if c}
+    skip |= copies_of(model.db, model.table, model.column)
     return [name for name, kind in model.db.columns(model.table)
-            if name not in skip and not id_like(name) and any(n in kind.upper() for n in _NUMERIC)
+            if name.casefold() not in skip and not id_like(name) and any(n in kind.upper() for n in _NUMERIC)
             and "INTERVAL" not in kind.upper() and "[]" not in kind]
 
 

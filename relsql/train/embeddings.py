@@ -41,14 +41,6 @@ def table_name(weight: str) -> str:
     return "relsql_embedding_" + table_suffix(weight)
 
 
-def _col(name: str, table: str | None = None) -> exp.Column:
-    return exp.column(ident(name), table=ident(table) if table else None)
-
-
-def _num(value: float) -> exp.Literal:
-    return q.real(value)
-
-
 class DatabaseEmbedding:
     """One embedding table of the database and its optimizer, updated in SQL."""
 
@@ -118,8 +110,8 @@ class DatabaseEmbedding:
 
     def step(self) -> int | None:
         """How many updates the table has had (None before the first use)."""
-        row = self.db.con.execute(exp.select(_col("step")).from_(self.steps.copy()).where(
-            exp.EQ(this=_col("weight"), expression=exp.Literal.string(self.weight))).sql("duckdb")).fetchone()
+        row = self.db.con.execute(exp.select(q.col("step")).from_(self.steps.copy()).where(
+            exp.EQ(this=q.col("weight"), expression=exp.Literal.string(self.weight))).sql("duckdb")).fetchone()
         return None if row is None else int(row[0])
 
     def rows(self) -> int:
@@ -132,27 +124,27 @@ class DatabaseEmbedding:
 
     def _initial(self, i: int) -> exp.Expression:
         """A uniform value in [-sqrt(3), sqrt(3)) (unit variance), from a hash of (key, i, seed)."""
-        hashed = exp.Anonymous(this="hash", expressions=[_col("key", "n"), q.integer(i), q.integer(self.seed)])
-        unit = exp.Div(this=exp.Mod(this=hashed, expression=q.integer(1_000_003)), expression=_num(1_000_003.0))
-        return exp.Mul(this=exp.paren(exp.Sub(this=exp.Mul(this=unit, expression=_num(2.0)), expression=_num(1.0))),
-                       expression=_num(math.sqrt(3.0)))
+        hashed = exp.Anonymous(this="hash", expressions=[q.col("key", "n"), q.integer(i), q.integer(self.seed)])
+        unit = exp.Div(this=exp.Mod(this=hashed, expression=q.integer(1_000_003)), expression=q.real(1_000_003.0))
+        return exp.Mul(this=exp.paren(exp.Sub(this=exp.Mul(this=unit, expression=q.real(2.0)), expression=q.real(1.0))),
+                       expression=q.real(math.sqrt(3.0)))
 
     # -- a batch -------------------------------------------------------------------------------
     def fetch(self, keys: pa.Array) -> torch.Tensor:
         """The rows of `keys` (created first where missing), in the order of `keys`: (n, width) float64."""
         view = self._view(pa.table({"key": self._keys(keys), "_pos": np.arange(len(keys), dtype=np.int64)}))
         try:
-            missing = exp.select(exp.alias_(_col("key", "n"), ident("key")),
+            missing = exp.select(exp.alias_(q.col("key", "n"), ident("key")),
                                  *[exp.alias_(self._initial(i), ident(f"e{i}")) for i in range(self.width)],
-                                 *[exp.alias_(_num(0.0), ident(f"a{i}")) for i in range(self.width)]).from_(
+                                 *[exp.alias_(q.real(0.0), ident(f"a{i}")) for i in range(self.width)]).from_(
                 exp.alias_(exp.Table(this=ident(view)), ident("n"), table=True)).where(exp.Not(this=exp.Exists(
                     this=exp.select(q.integer(1)).from_(exp.alias_(self.table.copy(), ident("t"), table=True)).where(
-                        exp.EQ(this=_col("key", "t"), expression=_col("key", "n"))))))
+                        exp.EQ(this=q.col("key", "t"), expression=q.col("key", "n"))))))
             self.db.transaction([exp.Insert(this=self.table.copy(), expression=missing)])
-            select = exp.select(*[_col(f"e{i}", "t") for i in range(self.width)]).from_(
+            select = exp.select(*[q.col(f"e{i}", "t") for i in range(self.width)]).from_(
                 exp.alias_(exp.Table(this=ident(view)), ident("n"), table=True)).join(
                 exp.alias_(self.table.copy(), ident("t"), table=True),
-                on=exp.EQ(this=_col("key", "t"), expression=_col("key", "n"))).order_by(_col("_pos", "n"))
+                on=exp.EQ(this=q.col("key", "t"), expression=q.col("key", "n"))).order_by(q.col("_pos", "n"))
             table = self.db.arrow(select)
         finally:
             self.db.con.unregister(view)
@@ -168,23 +160,23 @@ class DatabaseEmbedding:
         view = self._view(pa.table({"key": self._keys(keys), **{f"g{i}": g[:, i] for i in range(self.width)}}))
         try:
             assignments = []
-            lr = _num(self.lr)
+            lr = q.real(self.lr)
             for i in range(self.width):
-                gi = _col(f"g{i}", "g")
+                gi = q.col(f"g{i}", "g")
                 if self.optimizer == "sgd":
                     step = exp.Mul(this=lr, expression=gi)
                 else:  # Adagrad: a += g^2; e -= lr * g / (sqrt(a) + eps), both from the old row
-                    accumulated = exp.Add(this=_col(f"a{i}", "t"), expression=exp.Mul(this=gi, expression=gi.copy()))
-                    assignments.append(exp.EQ(this=_col(f"a{i}"), expression=accumulated))
+                    accumulated = exp.Add(this=q.col(f"a{i}", "t"), expression=exp.Mul(this=gi, expression=gi.copy()))
+                    assignments.append(exp.EQ(this=q.col(f"a{i}"), expression=accumulated))
                     step = exp.Div(this=exp.Mul(this=lr.copy(), expression=gi.copy()), expression=exp.paren(
-                        exp.Add(this=exp.Sqrt(this=accumulated.copy()), expression=_num(EPS))))
-                assignments.append(exp.EQ(this=_col(f"e{i}"), expression=exp.Sub(this=_col(f"e{i}", "t"), expression=step)))
+                        exp.Add(this=exp.Sqrt(this=accumulated.copy()), expression=q.real(EPS))))
+                assignments.append(exp.EQ(this=q.col(f"e{i}"), expression=exp.Sub(this=q.col(f"e{i}", "t"), expression=step)))
             rows = exp.Update(this=exp.alias_(self.table.copy(), ident("t"), table=True), expressions=assignments,
                               from_=exp.From(this=exp.alias_(exp.Table(this=ident(view)), ident("g"), table=True)),
-                              where=exp.Where(this=exp.EQ(this=_col("key", "t"), expression=_col("key", "g"))))
-            counter = exp.Update(this=self.steps.copy(), expressions=[exp.EQ(this=_col("step"), expression=exp.Add(
-                this=_col("step"), expression=q.integer(1)))], where=exp.Where(this=exp.EQ(
-                    this=_col("weight"), expression=exp.Literal.string(self.weight))))
+                              where=exp.Where(this=exp.EQ(this=q.col("key", "t"), expression=q.col("key", "g"))))
+            counter = exp.Update(this=self.steps.copy(), expressions=[exp.EQ(this=q.col("step"), expression=exp.Add(
+                this=q.col("step"), expression=q.integer(1)))], where=exp.Where(this=exp.EQ(
+                    this=q.col("weight"), expression=exp.Literal.string(self.weight))))
             self.db.transaction([rows, counter])
         finally:
             self.db.con.unregister(view)
@@ -219,18 +211,22 @@ class DatabaseEmbedding:
         if not self._exists(copy):
             raise RelsqlError(f"no copy {copy.name} of embedding `{self.weight}` in the database: the checkpoint "
                               "does not match the database (was the table dropped?); train without resume=True")
-        row = self.db.con.execute(exp.select(exp.Max(this=_col("_step"))).from_(copy.copy()).sql("duckdb")).fetchone()
-        step = int(row[0]) if row and row[0] is not None else 0
+        step = self._step_of(copy)
         columns = ["key", *[f"{p}{i}" for p in ("e", "a") for i in range(self.width)]]
         fresh = qualified(f"{self.name}__restoring", self.scope)
         self.db.transaction([  # a new table swapped in: no row-by-row delete and re-insert
-            exp.Create(this=fresh, kind="TABLE", replace=True, expression=exp.select(*[_col(c) for c in columns]).from_(copy.copy())),
+            exp.Create(this=fresh, kind="TABLE", replace=True, expression=exp.select(*[q.col(c) for c in columns]).from_(copy.copy())),
             exp.Drop(tables=[self.table.copy()], kind="TABLE"),
             exp.Alter(this=fresh.copy(), kind="TABLE", actions=[exp.AlterRename(this=exp.Table(this=ident(self.name)))]),
-            exp.Update(this=self.steps.copy(), expressions=[exp.EQ(this=_col("step"), expression=q.integer(step))],
-                       where=exp.Where(this=exp.EQ(this=_col("weight"), expression=exp.Literal.string(self.weight)))),
+            exp.Update(this=self.steps.copy(), expressions=[exp.EQ(this=q.col("step"), expression=q.integer(step))],
+                       where=exp.Where(this=exp.EQ(this=q.col("weight"), expression=exp.Literal.string(self.weight)))),
         ])
         return step
+
+    def _step_of(self, copy: exp.Table) -> int:
+        """The step a copy holds (recorded in its `_step` column when it was made)."""
+        row = self.db.con.execute(exp.select(exp.Max(this=q.col("_step"))).from_(copy.copy()).sql("duckdb")).fetchone()
+        return int(row[0]) if row and row[0] is not None else 0
 
     def _exists(self, table: exp.Table) -> bool:
         if table.catalog == "temp":
@@ -251,8 +247,7 @@ class DatabaseEmbedding:
         best = self.best_table()
         if not self._exists(best):
             return None
-        row = self.db.con.execute(exp.select(exp.Max(this=_col("_step"))).from_(best.copy()).sql("duckdb")).fetchone()
-        step = int(row[0]) if row and row[0] is not None else 0
+        step = self._step_of(best)
         kept = self.kept_best_table(step)
         if not self._exists(kept):
             self.db.transaction([exp.Create(this=kept, kind="TABLE", expression=exp.select(exp.Star()).from_(best.copy()))])
@@ -270,16 +265,17 @@ class DatabaseEmbedding:
 
     def drop_checkpoints(self, keep: int | None = None, keep_best: int | None = None) -> None:
         """Drop this table's checkpoint copies except those a checkpoint file names."""
+        tables = self.db._tables_in(self.scope)
         for kind, kept in (("checkpoint", keep), ("best", keep_best)):
             prefix = f"{self.name}_{kind}_"
-            for name in self.db._tables_in(self.scope):
+            for name in tables:
                 suffix = name[len(prefix):]
                 if name.startswith(prefix) and suffix.isdigit() and int(suffix) != kept:
                     self.drop(qualified(name, self.scope))
 
     def values(self) -> dict:
         """{key: vector} of every row (for tests and small tables)."""
-        table = self.db.arrow(exp.select(_col("key"), *[_col(f"e{i}") for i in range(self.width)]).from_(self.table.copy()))
+        table = self.db.arrow(exp.select(q.col("key"), *[q.col(f"e{i}") for i in range(self.width)]).from_(self.table.copy()))
         keys = table.column(0).to_pylist()
         matrix = np.stack([table.column(i + 1).to_numpy() for i in range(self.width)], axis=1) if self.width else np.zeros((len(keys), 0))
         return dict(zip(keys, matrix))
@@ -318,9 +314,9 @@ class GradientStaging:
             raise SchemaError(f"table `{name}` already exists in {self.db.description}; choose another prefix or pass replace=True")
         self.db.source.refuse_read_only(name)
         target = qualified(name, scope)
-        summed = exp.select(_col("key"), exp.alias_(exp.Anonymous(this="list_value", expressions=[
-            exp.Sum(this=_col(f"g{i}")) for i in range(self.width)]), ident("gradient"))).from_(self.table.copy()).group_by(
-            _col("key")).order_by(_col("key"))
+        summed = exp.select(q.col("key"), exp.alias_(exp.Anonymous(this="list_value", expressions=[
+            exp.Sum(this=q.col(f"g{i}")) for i in range(self.width)]), ident("gradient"))).from_(self.table.copy()).group_by(
+            q.col("key")).order_by(q.col("key"))
         statements = ([exp.Drop(tables=[target.copy()], kind="TABLE")] if exists else []) + [
             exp.Create(this=target.copy(), kind="TABLE", expression=summed)]
         self.db.transaction(statements)

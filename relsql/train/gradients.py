@@ -14,7 +14,7 @@ import sqlglot.expressions as exp
 import torch
 
 from relsql import arguments
-from relsql.db import TEMP_PREFIX, check_table_name, qualified
+from relsql.db import check_table_name, qualified
 from relsql.errors import RelsqlError, SchemaError
 from relsql.ground.demand import database_embeddings
 from relsql.train.batched import Batched
@@ -33,14 +33,14 @@ def write(model: Model, prefix: str, split: str, replace: bool) -> dict[str, str
     arguments.text("prefix", prefix)
     names = [*model.named_weights(), *(database_embeddings(model.template) if model.mini_batches else {})]
     tables = {name: check_table_name(prefix + table_suffix(name)) for name in names}
-    _check_new_tables(model, tables, replace)  # all names first: a refused one must not leave others written
-    existing = {t.casefold() for t in model.db.tables()}
+    existing = {t.casefold(): t for t in model.db.tables()}
+    _check_new_tables(model, tables, existing, replace)  # all names first: a refused one must not leave others written
     for p in model.parameters():
         p.grad = None
     rows = model.rows[split]
     written = {}
     try:
-        _write(model, prefix, split, rows, replace, written)
+        _write(model, tables, split, rows, replace, written)
     except BaseException:
         for table in written.values():  # tables this call created go again; replaced ones are gone either way
             if table.casefold() not in existing:
@@ -52,10 +52,10 @@ def write(model: Model, prefix: str, split: str, replace: bool) -> dict[str, str
     return written
 
 
-def _check_new_tables(model: Model, tables: dict[str, str], replace: bool) -> None:
-    """Refuse before writing: two weights onto one table, an existing table without replace, relsql's prefix."""
+def _check_new_tables(model: Model, tables: dict[str, str], existing: dict[str, str], replace: bool) -> None:
+    """Refuse before writing: two weights onto one table, an existing table without replace
+    (`existing`: folded name -> name; relsql's own prefix is refused by check_table_name)."""
     seen: dict[str, str] = {}
-    existing = {t.casefold(): t for t in model.db.tables()}
     for name, table in tables.items():
         other = seen.setdefault(table.casefold(), name)
         if other != name:
@@ -63,11 +63,9 @@ def _check_new_tables(model: Model, tables: dict[str, str], replace: bool) -> No
         if table.casefold() in existing and not replace:
             raise SchemaError(f"table `{existing[table.casefold()]}` already exists in {model.db.description}; "
                               "choose another prefix or pass replace=True (nothing was written)")
-        if table.startswith(TEMP_PREFIX):
-            raise SchemaError(f"cannot write a table named `{table}`: the prefix {TEMP_PREFIX} is relsql's own")
 
 
-def _write(model: Model, prefix: str, split: str, rows: np.ndarray, replace: bool, written: dict[str, str]) -> None:
+def _write(model: Model, tables: dict[str, str], split: str, rows: np.ndarray, replace: bool, written: dict[str, str]) -> None:
     """The split's loss backwards (batch by batch for mini-batch models), then one table per weight;
     `written` collects what is written so far, for the caller to undo."""
     if model.mini_batches:
@@ -84,16 +82,15 @@ def _write(model: Model, prefix: str, split: str, rows: np.ndarray, replace: boo
                         staging[weight] = GradientStaging(model.db, weight, values.shape[1])
                     worker.run(staging[weight].add, batch.grounding.embedding_keys[weight], values.grad)
             for weight, stage in staging.items():
-                worker.run(stage.write, prefix + table_suffix(weight), replace)
-                written[weight] = prefix + table_suffix(weight)
+                worker.run(stage.write, tables[weight], replace)
+                written[weight] = tables[weight]
     else:
         index, y = model._split_tensors(split)
         model.task.loss(model._outputs().index_select(0, index), y).backward()
-    named = {**model.net.named_weights(), **{f"_head.{n}": p for n, p in model.head.named_parameters()}}
-    for name, parameter in named.items():
+    for name, parameter in model.named_weights().items():
         grad = parameter.grad if parameter.grad is not None else torch.zeros_like(parameter)
         matrix = grad.detach().cpu().double().reshape(grad.shape[0] if grad.dim() else 1, -1).numpy()
         table = pa.table({"parameter": [name] * matrix.shape[0], "row": np.arange(matrix.shape[0], dtype=np.int64),
                           "gradient": pa.array(matrix.tolist(), type=pa.list_(pa.float64()))})
-        model.db.write_table(prefix + table_suffix(name), table, replace=replace)
-        written[name] = prefix + table_suffix(name)
+        model.db.write_table(tables[name], table, replace=replace)
+        written[name] = tables[name]

@@ -61,16 +61,17 @@ def text_report(model) -> str:
         + f"over {len(model.history)} epochs (best epoch {model.best_epoch})",
     ]
     metric = model.task.metric
+    evaluated = {}
     for split in ("val", "test"):
         if len(model.rows[split]):
-            scores = model.evaluate(split)
+            scores = evaluated[split] = model.evaluate(split)
             lines.append(f"  {split:>4}: " + ", ".join(f"{k} {v:.4f}" for k, v in scores.items()))
     split = "test" if len(model.rows["test"]) else "val" if len(model.rows["val"]) else None
     if split is not None:
         baseline = model.baseline(split)
         what = "mean of the training rows" if model.task.kind == "regression" else "majority class of the training rows"
         lines.append(f"  baseline ({what}) on {split}: " + ", ".join(f"{k} {v:.4f}" for k, v in baseline.items()))
-        ours = model.evaluate(split).get(metric, math.nan)
+        ours = evaluated[split].get(metric, math.nan)
         own = baselines.own_columns(model, split)
         if own is not None:
             lines.append(f"  baseline (a linear model of {model.table}'s own columns {', '.join(own[1][:6])}"
