@@ -10,7 +10,10 @@ import re
 import zipfile
 from pathlib import Path
 
+from relsql import arguments as relsql_arguments
 from relsql.cli.demo import demo_tables
+from relsql.db import check_table_name
+from relsql.errors import RelsqlError
 
 EPILOG = ("exit status: 0 done, 1 runtime error (the database, a template's text or a model's contents), "
           "2 usage error (the command line: an argument's value, a missing or unreadable file, an output "
@@ -18,7 +21,6 @@ EPILOG = ("exit status: 0 done, 1 runtime error (the database, a template's text
 DB_KINDS = "a .duckdb file, a folder of Parquet/CSV files, a .sqlite file or a postgresql:// URL"
 DUCKDB_SUFFIXES = (".duckdb", ".ddb")
 MEMORY = re.compile(r"\s*\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\s*")
-TEMP_PREFIX = "__relsql_"
 
 
 # -- argument types: each raises ArgumentTypeError, so argparse names the argument and exits 2 ----------------
@@ -58,17 +60,20 @@ def learning_rate(text: str) -> float:
 
 
 def target(text: str) -> str:
-    parts = text.split(".")
-    if len(parts) != 2 or not all(p.strip() for p in parts):
-        raise argparse.ArgumentTypeError(f"must be written table.column (one dot), e.g. customer.churned; got {text!r}")
+    """table.column, checked as relsql.Model checks it."""
+    try:
+        relsql_arguments.target(text)
+    except RelsqlError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
     return text
 
 
 def table_name(text: str) -> str:
-    if not text.strip() or text.startswith(TEMP_PREFIX):
-        raise argparse.ArgumentTypeError(f"must be a table name, not empty and not starting with {TEMP_PREFIX}; "
-                                         f"got {text!r}")
-    return text
+    """A name relsql may give a new table (as relsql.db.check_table_name decides)."""
+    try:
+        return check_table_name(text)
+    except RelsqlError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def memory_limit(text: str) -> str:
@@ -230,11 +235,8 @@ def check_together(args: argparse.Namespace) -> str | None:
     return None
 
 
-
-
 def aggregation(text: str) -> str:
     """An auto-template's aggregation over child rows: all, avg, sum, max, or a comma list."""
-    from relsql.errors import RelsqlError
     from relsql.template.auto import aggregation_terms
 
     try:

@@ -12,6 +12,7 @@ import sqlglot.expressions as exp
 from relsql.catalog import Catalog
 from relsql.db import Database, first_line
 from relsql.errors import SchemaError, SourceError
+from relsql.ground import query as q
 from relsql.ground.query import integer, real
 from relsql.predictive.query import _P, MAX_SNAPSHOTS, OPS, TASK_COLUMNS, PredictiveQuery, TimePath, _as_datetime, _name
 
@@ -34,12 +35,7 @@ def _date_literal(value: dt.date, kind: str) -> exp.Expression:
     return exp.cast(exp.Literal.string(text), exp.DataType.build(kind))
 
 
-def _id(name: str) -> exp.Identifier:
-    return exp.to_identifier(name, quoted=True)
-
-
-def _col(name: str, table: str | None = None) -> exp.Column:
-    return exp.Column(this=_id(name), table=_id(table) if table else None)
+_id, _col = q.ident, q.col  # quoted identifiers and columns, as every generated statement builds them
 
 
 def _table(name: str, alias: str | None = None) -> exp.Expression:
@@ -250,7 +246,7 @@ class _Plan:
     def select(self) -> exp.Select:
         kind, window = self.kind, dt.timedelta(days=self.q.window_days)
         horizon = self.observed_until()
-        rows = [exp.Tuple(expressions=[_date_literal(s, kind), _date_literal(_until(s, window), kind),
+        rows = [exp.Tuple(expressions=[_date_literal(s, kind), _date_literal(s + window, kind),
                                        exp.true() if _as_datetime(s) + window <= horizon else exp.false()])
                 for s in self.snapshot_values]
         snaps_name, events_name, window_name, first_name = (f"{_P}{n}" for n in ("snapshots", "events", "window", "first"))
@@ -307,10 +303,6 @@ def _day(value: dt.date) -> dt.date:
     return value.date() if isinstance(value, dt.datetime) else value
 
 
-def _until(snapshot: dt.date, window: dt.timedelta) -> dt.date:
-    return snapshot + window  # date + timedelta(days) stays a date, datetime stays a datetime
-
-
 def _write_native(db: Database, plan: _Plan, name: str, existing: str | None, query: exp.Select, foreign_key: bool) -> None:
     """DuckDB: one transaction that drops a table being replaced, creates the task table with its
     primary key (and, if asked, the foreign key), and fills it from `query`."""
@@ -356,6 +348,3 @@ def _summary(name: str, label_type: str) -> exp.Select:
                  if label_type == "BOOLEAN" else exp.Null())
     return exp.select(exp.alias_(exp.Count(this=exp.Star()), _id("rows")), exp.alias_(exp.Count(this=label.copy()), _id("labelled")),
                       exp.alias_(positives, _id("positives"))).from_(_table(name))
-
-
-# -- the text form ---------------------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ Tables whose time cannot be determined are split by how they are reached:
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 
 import sqlglot.expressions as exp
@@ -51,6 +52,7 @@ from relsql import arguments
 from relsql.catalog import ForeignKey, Table
 from relsql.db import Database
 from relsql.errors import SchemaError
+from relsql.ground import query as q
 from relsql.template import ir
 from relsql.template.keys import Schema, schema
 from relsql.train.task import detect
@@ -95,7 +97,6 @@ class Time:
 
     column: str  # the date column (of the table, or of `dimension`)
     via: ForeignKey | None = None  # the table's foreign key to the date dimension
-    mapped: bool = False  # given in time_columns
 
     def describe(self, table: str) -> str:
         if self.via is None:
@@ -183,7 +184,9 @@ def _tree(schema: Schema, target: str, hops: int, labels: dict[str, str], keep=N
         if depth == hops:
             return
         seen: dict[str, int] = {}
-        for step in _steps(schema, node.table):
+        steps = _steps(schema, node.table)
+        neighbours = Counter(s.child if s.to_child else s.fk.table for s in steps)  # tables reached over several keys
+        for step in steps:
             if node.step is not None and step.fk == node.step.fk and step.child == node.step.child \
                     and step.to_child != node.step.to_child:
                 continue  # never straight back over the edge we came by
@@ -194,8 +197,7 @@ def _tree(schema: Schema, target: str, hops: int, labels: dict[str, str], keep=N
                 continue
             label = labels[far]
             seen[label] = seen.get(label, 0) + 1
-            if seen[label] > 1 or sum(1 for s in _steps(schema, node.table)
-                                      if (s.child if s.to_child else s.fk.table) == far) > 1:
+            if seen[label] > 1 or neighbours[far] > 1:
                 label = f"{label}_by_{_safe('_'.join(step.fk.columns))}"
             child = Node(node_names(f"{node.name}__{label}" if node.parent else label), far, step, node)
             if has_rows is not None and not has_rows(child):
@@ -257,6 +259,7 @@ class _Writer:
         self.time_column, self.time_columns = time_column, time_columns
         self.out: list[str] = []
         self.identifiers: list[str] = []  # table.column named like an identifier and left out
+        self.fan_outs: dict[tuple, float] = {}  # (child table, foreign key) -> child rows per parent row
         self.target_keys = list(schema.primary_keys[target])
         # Key columns of node relations: r_<target key> (and r_time), then n_<node table key>.
         r_names = _distinct([f"r_{_safe(k)}" for k in self.target_keys] + (["r_time"] if time_column else []))
@@ -331,17 +334,20 @@ class _Writer:
         return 0 < distinct <= SMALL_INTEGER_CATEGORIES and 2 * distinct <= present
 
     def fan_out(self, step: Step) -> float:
-        """Child rows per parent row over the whole child table (those with the key set)."""
-        child = exp.Table(this=exp.to_identifier(step.child, quoted=True))
-        columns = [exp.column(exp.to_identifier(c, quoted=True)) for c in step.fk.columns]
-        present = exp.and_(*[exp.Not(this=exp.Is(this=c.copy(), expression=exp.Null())) for c in columns])
-        rows = exp.select(exp.Count(this=exp.Star())).from_(child.copy()).where(present.copy())
-        parents = exp.select(exp.Count(this=exp.Star())).from_(exp.alias_(exp.Subquery(
-            this=exp.select(*[c.copy() for c in columns]).distinct().from_(child.copy()).where(present.copy())),
-            exp.to_identifier("d", quoted=True), table=True))
-        n = self.db.con.execute(rows.sql("duckdb")).fetchone()[0]
-        k = self.db.con.execute(parents.sql("duckdb")).fetchone()[0]
-        return n / k if k else 1.0
+        """Child rows per parent row over the whole child table (those with the key set), one
+        query per foreign key however many tree nodes and sum terms use it."""
+        key = (step.child, step.fk)
+        if key not in self.fan_outs:
+            columns = [q.col(c) for c in step.fk.columns]
+            present = exp.and_(*[exp.Not(this=exp.Is(this=c.copy(), expression=exp.Null())) for c in columns])
+            distinct = exp.select(*[c.copy() for c in columns]).distinct().from_(q.ident(step.child)).where(present.copy())
+            row = self.db.arrow(exp.select(
+                exp.alias_(exp.Subquery(this=exp.select(exp.Count(this=exp.Star())).from_(q.ident(step.child)).where(present)),
+                           q.ident("n")),
+                exp.alias_(exp.Subquery(this=exp.select(exp.Count(this=exp.Star())).from_(
+                    q.alias(exp.Subquery(this=distinct), "d", table=True))), q.ident("k")))).to_pylist()[0]
+            self.fan_outs[key] = row["n"] / row["k"] if row["k"] else 1.0
+        return self.fan_outs[key]
 
     # -- tree -------------------------------------------------------------------------------
     def keys(self, node: Node) -> list[str]:
@@ -499,13 +505,13 @@ def _times(catalog, keys: Schema, target: str, time_column: str, given: dict[str
             fk = next((fk for child, fk in keys.foreign_keys if child == name and fk.columns == (column,)), None)
             time = _date_dimension(keys, name, fk, named=False) if fk is not None else None
             if time is not None:
-                times[name] = Time(time.column, via=fk, mapped=True)
+                times[name] = Time(time.column, via=fk)
                 continue
             target_type = next(c.type for c in keys.tables[target].columns if c.name == time_column)
             if col.type.upper() != target_type.upper():
                 raise SchemaError(f"time_columns: {name}.{column} ({col.type}) is neither a date/timestamp column, nor "
                                   f"a foreign key to a table with one, nor of {time_column}'s type ({target_type})")
-        times[name] = Time(column, mapped=True)
+        times[name] = Time(column)
     for name, info in keys.tables.items():
         if name in times:
             continue

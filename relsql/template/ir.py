@@ -41,10 +41,15 @@ def reserved(name: str) -> bool:
     return _RESERVED.fullmatch(name) is not None
 
 
+def table_suffix(name: str) -> str:
+    """A weight's name as it appears in the names of the tables relsql writes for it (database
+    embeddings, gradients): letters, digits, underscores."""
+    return re.sub(r"[^0-9A-Za-z_]", "_", name)
+
+
 def storage_name(name: str) -> str:
-    """How the database sees a weight's name in table names: relsql/train/embeddings.py's
-    `table_suffix` (non-[0-9A-Za-z_] become `_`), compared case-insensitively as DuckDB does."""
-    return re.sub(r"[^0-9A-Za-z_]", "_", name).lower()
+    """How the database sees a weight's name in table names, compared case-insensitively as DuckDB does."""
+    return table_suffix(name).lower()
 
 
 def check_shape(shape: tuple, where: str) -> None:
@@ -119,8 +124,6 @@ def read_text(path: Path, what: str) -> str:
 
 def check_text(text: object, what: str = "template") -> str:
     """A template's text: a str that UTF-8 can carry (a lone surrogate cannot reach the database)."""
-    from relsql.errors import TemplateError
-
     if not isinstance(text, str):
         raise TemplateError(f"the {what} must be text (a str), got {type(text).__name__}; use Template.from_file for a path")
     try:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +24,7 @@ import torch
 from relsql.db import Database, ident, qualified, to_tensor
 from relsql.errors import RelsqlError, SourceError
 from relsql.ground import query as q
+from relsql.template import ir
 
 STEPS = "relsql_embedding_steps"
 OPTIMIZERS = ("sgd", "adagrad")
@@ -34,7 +34,7 @@ _views = itertools.count()
 
 def table_suffix(weight: str) -> str:
     """A weight's name as it appears in table names (letters, digits, underscores)."""
-    return re.sub(r"[^0-9A-Za-z_]", "_", weight)
+    return ir.table_suffix(weight)
 
 
 def table_name(weight: str) -> str:
