@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 import torch
 
@@ -88,6 +89,19 @@ def fanout(value: object, relations: Iterable[str]) -> int | dict[str, int] | No
             checked[relation] = integer(f"fanout[{relation!r}]", limit)
         return checked
     return integer("fanout", value)
+
+
+def store(value: object) -> Path | bool:
+    """Where a model keeps its grounding store: True (a temporary folder), False (none: every
+    batch grounded in the database), or a folder path."""
+    if value is None or isinstance(value, bool):
+        return True if value is None else value
+    if isinstance(value, str | Path) and str(value).strip() and "\x00" not in str(value):
+        path = Path(value)
+        if path.exists() and not path.is_dir():
+            raise RelsqlError(f"store {str(value)!r} is a file; give a folder for the grounding store (made if missing)")
+        return path
+    raise RelsqlError(f"store must be a folder path, True or False, got {value!r}")
 
 
 def choice(name: str, value: object, options: tuple) -> object:

@@ -30,6 +30,7 @@ from relsql.errors import RelsqlError, SchemaError
 from relsql.ground import query as q
 from relsql.ground.demand import BatchGrounder, database_embeddings
 from relsql.ground.execute import Presets, ground
+from relsql.ground.store import GroundingStore
 from relsql.template.ir import Template
 from relsql.train import baselines, checks, gradients, saved
 from relsql.train import checkpoint as checkpoints
@@ -63,11 +64,13 @@ class Model:
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", progress: bool | None = None,
                  batch_size: int | None = None, fanout: dict[str, int] | int | None = None,
                  embedding_optimizer: str | None = None, embedding_lr: float = 0.1, allow_target_inputs: bool = False,
-                 threads: int | None = None):
-        """`batch_size` (target rows per batch) grounds nothing up front: every batch is grounded in
-        the database for its own rows (training, evaluation and prediction alike), so memory follows
-        the batch, not the database. `fanout` caps the groundings per head (per relation, or one
-        number for all), sampled with a seeded hash; off by default (exact). Embeddings declared
+                 threads: int | None = None, store: str | Path | bool | None = None):
+        """`batch_size` (target rows per batch) trains on mini-batches: the database grounds every
+        relation once, in bulk, into a grounding store on disk (`store`: a folder to keep it in
+        and reuse while the data is unchanged; default a temporary one; False grounds every batch
+        in the database instead), and each batch reads only its own rows' groundings from it, so
+        per-batch time and memory follow the batch, not the database. `fanout` caps the groundings
+        per head (per relation, or one number for all), a seeded sample; off by default (exact). Embeddings declared
         with storage='database' live in database tables, trained in SQL by `embedding_optimizer`
         ("adagrad", the default for them, or "sgd") at `embedding_lr`; they imply mini-batches.
         Setting `embedding_optimizer` also trains in-memory embeddings that way instead of Adam.
@@ -95,6 +98,7 @@ class Model:
         self.timings: dict[str, float] = {}
         self.batch_size = None if batch_size is None else arguments.integer("batch_size", batch_size)
         self.fanout = arguments.fanout(fanout, self.template.relations)
+        self.store = arguments.store(store)
         self.embedding_optimizer = arguments.choice("embedding_optimizer", embedding_optimizer, (None, "adagrad", "sgd"))
         self.embedding_lr = arguments.number("embedding_lr", embedding_lr, positive=True)
         self.threads = None if threads is None else arguments.integer("threads", threads, maximum=1024)
@@ -189,8 +193,13 @@ class Model:
     def _batched(self, presets: Presets) -> Batched:
         grounder = BatchGrounder(self.template, self.db, self.output, presets, fanout=self.fanout, seed=self.seed,
                                  progress=self.progress)
+        store = None
+        if self.store is not False:
+            started = time.perf_counter()
+            store = GroundingStore.open(grounder, None if self.store is True else self.store, self.progress)
+            self.timings["bulk_grounding"] = time.perf_counter() - started
         return Batched(grounder, self.template, self.output, self.dtype, self.seed,
-                       self.embedding_optimizer or "adagrad", self.embedding_lr)
+                       self.embedding_optimizer or "adagrad", self.embedding_lr, store)
 
     def _labels(self, keys: list[str]) -> pa.Table:
         """(_rid of the output row, target value[, time]) for every target row that has a head."""
@@ -627,6 +636,7 @@ class Model:
         model.dtype, model.device, model.progress = state.dtype, arguments.device(device), None
         model.history, model.best_epoch, model.timings = state.history, state.best_epoch, {}
         model.batch_size, model.fanout, model.threads = batch_size or state.batch_size, state.fanout, None
+        model.store = True
         model.embedding_optimizer, model.embedding_lr = state.embedding_optimizer, state.embedding_lr
         model.batched = None
         model._build(state.presets, state.task, split=state.split)

@@ -1,7 +1,8 @@
 """A model's net run over demand-grounded mini-batches (relsql/ground/demand.py).
 
-A batch is a set of output rows (global row ids). Preparing it — grounding what it needs in the
-database and planning the vectorized ops — happens in the model's database worker thread; its
+A batch is a set of output rows (global row ids). Preparing it — reading its groundings from the
+grounding store (relsql/ground/store.py; or grounding them in the database, without a store) and
+planning the vectorized ops — happens in the model's database worker thread; its
 database-stored embeddings are read there too, after the previous batch's update was applied.
 The forward pass runs the batch's plan with the model's weights.
 """
@@ -18,6 +19,7 @@ from relsql.compile import make_plan
 from relsql.compile.passes import RULES, choose_segment_kernels
 from relsql.compile.plan import Plan
 from relsql.ground.demand import BatchGrounder, BatchGrounding
+from relsql.ground.store import GroundingStore
 from relsql.train.embeddings import DatabaseEmbedding
 
 PASSES = tuple(rule for rule in RULES if rule is not choose_segment_kernels)  # no kernel timing per batch
@@ -35,14 +37,16 @@ class Batched:
     """Prepares batches and runs them; owns the model's database-stored embeddings."""
 
     def __init__(self, grounder: BatchGrounder, template, output: str, dtype: torch.dtype, seed: int,
-                 embedding_optimizer: str = "adagrad", embedding_lr: float = 0.1):
+                 embedding_optimizer: str = "adagrad", embedding_lr: float = 0.1, store: GroundingStore | None = None):
         self.grounder, self.template, self.output, self.dtype, self.seed = grounder, template, output, dtype, seed
+        self.grounding_store = store
+        self.source = store if store is not None else grounder  # where a batch's groundings come from
         self.embedding_optimizer, self.embedding_lr = embedding_optimizer, embedding_lr
         self.stores: dict[str, DatabaseEmbedding] = {}
 
     def prepare(self, rids: np.ndarray, sample: int = 0) -> Batch:
-        """Ground and plan a batch (database + torch work, no weights involved)."""
-        grounding = self.grounder.ground(rids, sample)
+        """Ground and plan a batch (store or database, and torch work; no weights involved)."""
+        grounding = self.source.ground(rids, sample)
         plan = make_plan(self.template, grounding, self.dtype, PASSES, outputs=[self.output])
         rows = torch.searchsorted(grounding.rows[self.output], torch.from_numpy(np.array(rids, dtype=np.int64)))
         return Batch(np.asarray(rids), grounding, plan, rows)

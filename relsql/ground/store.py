@@ -1,0 +1,382 @@
+"""The grounding store: every grounding a mini-batch can need, computed once by the database.
+
+Per batch, grounding in the database (relsql/ground/demand.py) makes DuckDB scan the tables it
+semi-joins, so a batch costs in proportion to the database. The store grounds each relation the
+output depends on once, in bulk, and keeps the result as plain arrays in a folder:
+
+    manifest.json                  format, fingerprint of the data, per relation its rows and per
+                                   rule its groundings, value columns (dtype, width) and files
+    <relation>.<rule>.offsets      int64 (rows + 1,): CSR offsets, the groundings of row h are
+                                   [offsets[h], offsets[h + 1])
+    <relation>.<rule>.r<j>         int64 (groundings,): row ids into the j-th referenced relation
+    <relation>.<rule>.c<k>         float64 (groundings, width) encoded values, or int64 codes
+    <weight>.keys.arrow            Arrow IPC: the raw keys of a database-stored embedding, by code
+
+Raw little-endian arrays and JSON, so another engine can write a store and several processes can
+read one. A batch's demand closure then runs over the CSR offsets in numpy (like a neighbour
+sampler): it reads the offsets of its rows, the row ids and values of their groundings, and
+nothing else, through memory maps whose pages are handed back after every batch (resident memory
+stays bounded by the batch). Fan-out sampling happens there too, seeded by the grounding's
+position, so a head's sample does not depend on the batch it is in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import re
+import shutil
+import tempfile
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import sqlglot.expressions as exp
+import torch
+
+from relsql.db import TEMP_PREFIX
+from relsql.errors import GroundingError, RelsqlError
+from relsql.ground import query as q
+from relsql.ground.demand import BatchGrounder, BatchGrounding, _grounding_error, _PreparedRule
+from relsql.ground.execute import RelationGrounding, RuleGrounding, _column_tensor
+from relsql.template import ir
+
+FORMAT = "relsql-store-1"
+MANIFEST = "manifest.json"
+_OWN_FILE = re.compile(r"\w+_[0-9a-f]{8}\.(\d+\.(offsets|r\d+|c\d+)|keys\.arrow)")
+CHUNK = 1 << 20  # rows per Arrow batch read from the database while writing the store
+
+
+@dataclass
+class _Rule:
+    """One rule's part of the store, opened as memory maps."""
+
+    prepared: _PreparedRule
+    size: int
+    offsets: np.ndarray
+    refs: list[np.ndarray]
+    columns: dict[int, np.ndarray]  # float64 (G, width) or int64 (G,) codes
+
+
+def fingerprint(grounder: BatchGrounder) -> str:
+    """What the store's contents follow from: the template, the encodings, and every row of every
+    table the template reads (count and an order-independent sum of row hashes, in the database)."""
+    db = grounder.db
+    digest = hashlib.sha256(FORMAT.encode())
+    digest.update(grounder.template.source.encode() if isinstance(grounder.template.source, str) else b"")
+    digest.update(grounder.output.encode())
+    digest.update(json.dumps(grounder.feature_stats, sort_keys=True, default=str).encode())
+    for weight in sorted(grounder.dictionary_tables):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, grounder.dictionary_tables[weight].schema) as writer:
+            writer.write_table(grounder.dictionary_tables[weight])
+        digest.update(weight.encode() + sink.getvalue().to_pybytes())
+    tables: dict[str, exp.Table] = {}
+    for rules in grounder.prepared.values():
+        for prepared in rules:
+            for table in prepared.source.find_all(exp.Table):
+                if table.name and not table.name.startswith(TEMP_PREFIX):
+                    plain = exp.Table(this=table.this.copy(), db=table.args.get("db"), catalog=table.args.get("catalog"))
+                    tables[plain.sql("duckdb")] = plain
+    for name in sorted(tables):
+        row = exp.Column(this=exp.to_identifier("t", quoted=True))
+        summary = exp.select(exp.Count(this=exp.Star()), exp.Sum(this=exp.cast(exp.Anonymous(this="hash", expressions=[row]),
+                                                                               exp.DataType.build("HUGEINT")))).from_(
+            q.alias(tables[name].copy(), "t", table=True))
+        try:
+            digest.update(f"{name}:{db.con.execute(summary.sql('duckdb')).fetchone()}".encode())
+        except duckdb.Error:  # a table function or view the database cannot hash as rows: its name only
+            digest.update(name.encode())
+    return digest.hexdigest()
+
+
+class GroundingStore:
+    """Bulk groundings on disk, read per batch in O(batch). Use `GroundingStore.open`."""
+
+    def __init__(self, grounder: BatchGrounder, folder: Path, manifest: dict, owned: bool):
+        self.grounder, self.folder, self.manifest = grounder, folder, manifest
+        self.template, self.output, self.order = grounder.template, grounder.output, grounder.order
+        self.fanout, self.seed = grounder.fanout, grounder.seed
+        self._maps: list[mmap.mmap] = []
+        self.rules: dict[str, list[_Rule]] = {}
+        for name in self.order:
+            described = manifest["relations"][name]["rules"]
+            self.rules[name] = [self._open_rule(prepared, described[str(prepared.index)])
+                                for prepared in grounder.prepared[name]]
+        self.embedding_keys = {w: pa.ipc.open_file(pa.memory_map(str(folder / f"{_file_name(w)}.keys.arrow"))).read_all().column(0)
+                               for w in grounder.stored}
+        if owned:  # a temporary store goes with the model that made it
+            self._cleanup = weakref.finalize(self, shutil.rmtree, str(folder), True)
+
+    # -- opening -------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, grounder: BatchGrounder, folder: str | Path | None = None, progress: bool | None = None) -> GroundingStore:
+        """The store of `grounder`'s template and data in `folder` (a temporary one when None):
+        reused when its fingerprint matches the data, else (re)built. Never used stale."""
+        owned = folder is None
+        path = Path(tempfile.mkdtemp(prefix="relsql-store-")) if owned else Path(folder)
+        mark = fingerprint(grounder)
+        manifest = _read_manifest(path)
+        if manifest is not None and manifest.get("format") == FORMAT and manifest.get("fingerprint") == mark:
+            return cls(grounder, path, manifest, owned)
+        if manifest is not None:
+            import logging
+
+            logging.getLogger("relsql").info("grounding store %s was built from other data or another template; rebuilding", path)
+        manifest = _build(grounder, path, mark, progress)
+        return cls(grounder, path, manifest, owned)
+
+    def _map(self, file: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        if not shape[0]:
+            return np.zeros(shape, dtype=dtype)
+        with open(self.folder / file, "rb") as handle:
+            mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        self._maps.append(mapped)
+        return np.frombuffer(mapped, dtype=dtype).reshape(shape)
+
+    def _open_rule(self, prepared: _PreparedRule, described: dict) -> _Rule:
+        size, rows = described["groundings"], described["rows"]
+        stem = described["stem"]
+        offsets = self._map(f"{stem}.offsets", np.int64, (rows + 1,))
+        refs = [self._map(f"{stem}.r{j}", np.int64, (size,)) for j in range(len(prepared.rule.refs))]
+        columns = {}
+        for k, (kind, width) in described["columns"].items():
+            columns[int(k)] = self._map(f"{stem}.c{k}", np.int64 if kind == "code" else np.float64,
+                                        (size,) if kind == "code" else (size, width))
+        return _Rule(prepared, size, offsets, refs, columns)
+
+    def release(self) -> None:
+        """Hand the pages read so far back to the page cache (resident memory stays per batch)."""
+        for mapped in self._maps:
+            mapped.madvise(mmap.MADV_DONTNEED)
+
+    @property
+    def sizes(self) -> dict[str, dict]:
+        """Per relation: rows, groundings and bytes on disk (for explain)."""
+        result = {}
+        for name in self.order:
+            described = self.manifest["relations"][name]
+            result[name] = {"rows": described["rows"], "groundings": sum(r["groundings"] for r in described["rules"].values()),
+                            "bytes": described["bytes"]}
+        return result
+
+    # -- one batch -----------------------------------------------------------------------------
+    def ground(self, rids: np.ndarray, sample: int = 0) -> BatchGrounding:
+        """The grounding of the output rows with global ids `rids`, read from the store."""
+        demand: dict[str, np.ndarray] = {self.output: np.unique(np.asarray(rids, dtype=np.int64))}
+        picked: dict[str, list[tuple[_Rule, np.ndarray, np.ndarray]]] = {}
+        for name in reversed(self.order):
+            wanted = demand.get(name)
+            if wanted is None or not len(wanted):
+                continue
+            picked[name] = []
+            for rule in self.rules[name]:
+                heads, positions = self._positions(name, rule, wanted, sample)
+                picked[name].append((rule, heads, positions))
+                for j, ref in enumerate(rule.prepared.rule.refs):
+                    ids = rule.refs[j][positions]
+                    demand[ref] = np.union1d(demand[ref], ids) if ref in demand else np.unique(ids)
+        try:
+            return self._localize(demand, picked)
+        finally:
+            self.release()
+
+    def _positions(self, name: str, rule: _Rule, wanted: np.ndarray, sample: int) -> tuple[np.ndarray, np.ndarray]:
+        """The store positions of the groundings of heads `wanted` (ascending), with their heads;
+        at most `fanout` per head of a grouped rule, a seeded choice."""
+        if not rule.size:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        starts, stops = rule.offsets[wanted], rule.offsets[wanted + 1]
+        counts = stops - starts
+        heads = np.repeat(wanted, counts)
+        positions = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts - starts, counts)
+        limit = self.fanout.get(name) if isinstance(self.fanout, dict) else self.fanout
+        if limit and rule.prepared.rule.grouped and len(counts) and counts.max() > limit:
+            salt = _mix(np.array([self.seed * 100_003 + sample], dtype=np.int64))[0]
+            keys = _mix(positions.view(np.uint64) ^ salt)
+            order = np.lexsort((keys, heads))  # per head, positions by their hash
+            first = np.repeat(np.cumsum(counts) - counts, counts)
+            keep = np.sort(order[np.arange(len(order)) - first < limit])
+            heads, positions = heads[keep], positions[keep]
+        return heads, positions
+
+    def _localize(self, demand: dict[str, np.ndarray], picked) -> BatchGrounding:
+        """Renumber to the batch's own rows (sorted global ids keep the store's order)."""
+        codes: dict[str, list[np.ndarray]] = {}
+        for parts in picked.values():
+            for rule, _, positions in parts:
+                for k, weight in rule.prepared.stored.items():
+                    codes.setdefault(weight, []).append(rule.columns[k][positions])
+        used = {w: np.unique(np.concatenate(arrays)) for w, arrays in codes.items()}
+        embedding_keys = {w: self.embedding_keys[w].take(pa.array(c)) for w, c in used.items()}
+        dictionaries = dict(self.grounder.dictionary_tables)
+        for weight, keys in embedding_keys.items():
+            dictionaries[weight] = pa.table({"value": keys, "code": pa.array(np.arange(len(keys), dtype=np.int64))})
+        relations: dict[str, RelationGrounding] = {}
+        for name in self.order:
+            if name not in picked:
+                continue
+            rows = demand[name]
+            result = RelationGrounding(name, pa.table({"_rid": np.arange(len(rows), dtype=np.int64), "_global": rows}))
+            for rule, heads, positions in picked[name]:
+                if not len(positions):
+                    continue
+                head = torch.from_numpy(np.searchsorted(rows, heads))
+                refs = [torch.from_numpy(np.searchsorted(demand[ref], rule.refs[j][positions]))
+                        for j, ref in enumerate(rule.prepared.rule.refs)]
+                values = {}
+                for k, column in rule.columns.items():
+                    taken = column[positions]
+                    if k in rule.prepared.stored:
+                        taken = np.searchsorted(used[rule.prepared.stored[k]], taken)
+                    values[k] = torch.from_numpy(taken)
+                segment_heads, counts = torch.unique_consecutive(head, return_counts=True)
+                offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(counts, 0)])
+                result.rules.append(RuleGrounding(rule.prepared.rule, head, refs, values, segment_heads, offsets))
+            relations[name] = result
+        return BatchGrounding(relations, dict(dictionaries), self.grounder.feature_stats,
+                              rows={n: torch.from_numpy(demand[n]) for n in relations}, embedding_keys=embedding_keys)
+
+
+def _mix(values: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer: a well-spread 64-bit hash of each integer (wrapping arithmetic)."""
+    z = values.view(np.uint64) if values.dtype == np.int64 else values.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def _file_name(name: str) -> str:
+    """A relation's or weight's name as a file name: letters, digits, underscores, and a short hash
+    so that names differing only in other characters (or case) never share a file."""
+    return f"{ir.table_suffix(name)}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
+def _read_manifest(folder: Path) -> dict | None:
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        raise RelsqlError(f"grounding store {folder}: {MANIFEST} cannot be read ({err}); delete the folder to rebuild it") from None
+    return manifest if isinstance(manifest, dict) else None
+
+
+# -- writing ---------------------------------------------------------------------------------------
+def _build(grounder: BatchGrounder, folder: Path, mark: str, progress: bool | None) -> dict:
+    """Ground every relation in bulk into `folder` (its old contents removed); the manifest is
+    written last, atomically, so a store is either complete or rebuilt."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / MANIFEST).unlink(missing_ok=True)
+    for old in folder.iterdir():  # only files of the store's own naming
+        if old.is_file() and _OWN_FILE.fullmatch(old.name):
+            old.unlink()
+    from relsql.ground.execute import _progress
+
+    codes = _stored_dictionaries(grounder)
+    relations = {}
+    bar = _progress(grounder.order, progress)
+    for name in bar:
+        if hasattr(bar, "set_postfix_str"):
+            bar.set_postfix_str(name)
+        started = time.perf_counter()
+        relation = grounder.template.relations[name]
+        rows = int(grounder.sizes[name])
+        rules, total = {}, 0
+        for prepared in grounder.prepared[name]:
+            stem = f"{_file_name(name)}.{prepared.index}"
+            rules[str(prepared.index)] = _write_rule(grounder, relation, prepared, codes, folder, stem, rows)
+            total += rules[str(prepared.index)]["bytes"]
+        relations[name] = {"rows": rows, "rules": rules, "bytes": total, "seconds": round(time.perf_counter() - started, 3)}
+        import logging
+
+        logging.getLogger("relsql").info("grounding store: %s, %d rows, %d groundings in %.1fs", name, rows,
+                                         sum(r["groundings"] for r in rules.values()), relations[name]["seconds"])
+    for weight, table in codes.items():
+        keys = grounder.db.arrow(exp.select(q.col("value")).from_(table.copy()).order_by(q.col("code")))
+        with pa.OSFile(str(folder / f"{_file_name(weight)}.keys.arrow"), "wb") as sink, \
+                pa.ipc.new_file(sink, keys.schema) as writer:
+            writer.write_table(keys)
+    manifest = {"format": FORMAT, "fingerprint": mark, "output": grounder.output, "relations": relations}
+    partial = folder / (MANIFEST + ".tmp")
+    partial.write_text(json.dumps(manifest, indent=1))
+    os.replace(partial, folder / MANIFEST)
+    return manifest
+
+
+def _stored_dictionaries(grounder: BatchGrounder) -> dict[str, exp.Table]:
+    """Each database-stored embedding's raw keys numbered in the database (codes for the store)."""
+    tables: dict[str, exp.Table] = {}
+    for rules in grounder.prepared.values():
+        for prepared in rules:
+            for k, weight in prepared.stored.items():
+                if weight not in tables:
+                    tables[weight] = grounder.db.temp_table("sk", ir.table_suffix(weight))
+                    first = exp.select(q.alias(q.col(f"_c{k}"), "value"), q.alias(q.integer(0), "code")).from_(
+                        prepared.source.copy()).where(exp.false())
+                    grounder.db.execute(q.create_temp(tables[weight].copy(), first))
+                grounder.db.execute(q.dictionary_insert(tables[weight], prepared.source, f"_c{k}"))
+    return tables
+
+
+def _write_rule(grounder: BatchGrounder, relation: ir.Relation, prepared: _PreparedRule, codes: dict[str, exp.Table],
+                folder: Path, stem: str, rows: int) -> dict:
+    """Stream one rule's groundings (ordered by head) from the database into the store's files."""
+    rule = prepared.rule
+    columns = list(prepared.columns)
+    for k, weight in prepared.stored.items():  # raw keys become the store's codes
+        lookup = exp.select(q.col("code", "d")).from_(q.alias(codes[weight].copy(), "d", table=True)).where(
+            exp.NullSafeEQ(this=q.col("value", "d"), expression=q.col(f"_c{k}", "g")))
+        columns[k] = exp.Subquery(this=lookup)
+    select = q.rule_index_query(prepared.source, grounder.key_tables[relation.name], relation.keys, len(rule.refs), columns)
+    embeds = {e.column for e in ir.walk(rule.expr) if isinstance(e, ir.Embed)}
+    files = {"r": [open(folder / f"{stem}.r{j}", "wb") for j in range(len(rule.refs))],
+             "c": {k: open(folder / f"{stem}.c{k}", "wb") for k in range(rule.n_columns)}}
+    kinds: dict[int, tuple[str, int]] = {}
+    written, next_head = 0, 0
+    try:
+        with open(folder / f"{stem}.offsets", "wb") as offsets:
+            try:
+                reader = grounder.db.con.execute(select.sql("duckdb")).to_arrow_reader(CHUNK)
+                for chunk in reader:
+                    if not chunk.num_rows:
+                        continue
+                    heads = chunk.column("_head").to_numpy()
+                    stop = int(heads[-1]) + 1
+                    offsets.write((written + np.searchsorted(heads, np.arange(next_head, stop))).astype(np.int64).tobytes())
+                    next_head = stop
+                    for j, ref in enumerate(rule.refs):
+                        column = chunk.column(f"_r{j}")
+                        if column.null_count:
+                            raise GroundingError(
+                                f"{relation.name}, {rule.origin}: some groundings have no row of `{ref}` (an outer join?); "
+                                f"join `{ref}` with an inner JOIN so every grounding has its value")
+                        files["r"][j].write(column.to_numpy().astype(np.int64).tobytes())
+                    for k in range(rule.n_columns):
+                        code = k in embeds
+                        values = _column_tensor(chunk.column(f"_c{k}"), rule, k, embedded=code).numpy()
+                        kinds.setdefault(k, ("code", 0) if code else ("value", int(values.shape[1])))
+                        files["c"][k].write(np.ascontiguousarray(values).tobytes())
+                    written += chunk.num_rows
+            except duckdb.Error as err:
+                raise _grounding_error(relation, rule, err) from None
+            offsets.write(np.full(rows + 1 - next_head, written, dtype=np.int64).tobytes())
+    finally:
+        for handle in [*files["r"], *files["c"].values()]:
+            handle.close()
+    for k in range(rule.n_columns):
+        kinds.setdefault(k, ("code", 0) if k in embeds else ("value", 0))
+    size = sum((folder / f"{stem}.{s}").stat().st_size for s in
+               ["offsets", *[f"r{j}" for j in range(len(rule.refs))], *[f"c{k}" for k in range(rule.n_columns)]])
+    return {"stem": stem, "rows": rows, "groundings": written, "bytes": size,
+            "columns": {str(k): list(v) for k, v in kinds.items()}}
+
+
+__all__ = ["GroundingStore", "fingerprint"]
