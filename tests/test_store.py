@@ -188,3 +188,22 @@ def test_a_temporary_store_goes_with_its_model_and_bad_stores_are_refused(tmp_pa
     (mine / "notes.c1").write_text("a user's file")  # not of the store's naming: left alone
     quiet(relsql.Model, db, template, target="item.y", batch_size=500, progress=False, store=mine)
     assert (mine / "notes.c1").read_text() == "a user's file"
+
+
+def test_explain_with_a_batch_size_shows_the_store_and_a_batch(tmp_path, capsys):
+    import duckdb
+
+    from demos.mutagenesis import load
+    from relsql.cli import main
+
+    path = tmp_path / "mutagenesis.duckdb"
+    con = duckdb.connect(str(path))
+    load(con)
+    con.close()
+    assert main(["explain", str(path), "--template", str(ROOT / "sql" / "mutagenesis.sql"), "--batch-size", "32"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  ") and "|" in line}
+    molecules = duckdb.connect(str(path), read_only=True).execute("SELECT count(*) FROM molecule").fetchone()[0]
+    assert lines["predict"][1] == f"{molecules:,}"  # every molecule is a row of the store
+    assert lines["predict"][5] == "32"  # a batch of 32 molecules reads those 32 rows
+    assert "the plan of one batch of 32 rows" in out and "outputs: predict=" in out

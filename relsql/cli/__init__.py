@@ -28,6 +28,9 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
+import torch
+
 import relsql
 from relsql.cli import demo as demo_command
 from relsql.cli import task as task_command
@@ -59,12 +62,31 @@ from relsql.errors import RelsqlError
 # -- commands ----------------------------------------------------------------------------------------------------
 def _explain(args: argparse.Namespace) -> int:
     template = relsql.Template.from_file(args.template)
+    if args.output is not None and args.output not in template.relations:
+        raise RelsqlError(f"--output `{args.output}` is not a relation of the template; it declares {list(template.relations)}")
     started = time.perf_counter()
     with warnings.catch_warnings(), relsql.connect(args.db, read_only=True) as db:
         warnings.simplefilter("ignore")
-        net = relsql.compile(template, db)
-    print(f"-- grounded and compiled in {time.perf_counter() - started:.2f}s")
-    print(net.explain())
+        if args.batch_size is None:
+            net = relsql.compile(template, db)
+            print(f"-- grounded and compiled in {time.perf_counter() - started:.2f}s")
+            print(net.explain())
+            return 0
+        from relsql.compile import make_plan
+        from relsql.compile.explain import explain
+        from relsql.ground.demand import BatchGrounder
+        from relsql.ground.store import GroundingStore
+        from relsql.train.batched import PASSES
+
+        output = args.output or template.order()[-1]
+        grounder = BatchGrounder(template, db, output)
+        store = GroundingStore.open(grounder)
+        print(f"-- key tables and grounding store of `{output}` built in {time.perf_counter() - started:.2f}s")
+        print(store.describe(args.batch_size))
+        rows = grounder.sizes[output]
+        batch = store.ground(np.random.default_rng(0).choice(rows, min(args.batch_size, rows), replace=False))
+        print(f"-- the plan of one batch of {min(args.batch_size, rows):,} rows")
+        print(explain(make_plan(template, batch, torch.float32, PASSES, outputs=[output])))
     return 0
 
 
@@ -159,6 +181,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     explain.add_argument("db", type=database, help=DB_KINDS)
     explain.add_argument("--template", required=True, type=template_file,
                          help="a .sql template or a NeuraLogic Datalog file")
+    explain.add_argument("--batch-size", type=positive_int,
+                         help="show the grounding store mini-batches of this many output rows read from, and one batch's plan")
+    explain.add_argument("--output", help="the output relation the batches are of (default: the template's last relation)")
     explain.set_defaults(run=_explain)
     template = command("template", "write an editable SQL template for a target from keys and foreign keys")
     template.add_argument("db", type=database, help=DB_KINDS)

@@ -166,6 +166,33 @@ class GroundingStore:
                             "bytes": described["bytes"]}
         return result
 
+    def describe(self, batch_size: int, batches: int = 3, seed: int = 0) -> str:
+        """The store's sizes per relation and the work of a batch of `batch_size` output rows
+        (rows and groundings read, seconds), measured on `batches` random batches."""
+        rng = np.random.default_rng(seed)
+        total = self.grounder.sizes[self.output]
+        read: dict[str, list[tuple[int, int]]] = {name: [] for name in self.order}
+        seconds = []
+        for _ in range(batches):
+            rows = rng.choice(total, min(batch_size, total), replace=False)
+            started = time.perf_counter()
+            batch = self.ground(rows)
+            seconds.append(time.perf_counter() - started)
+            for name in self.order:
+                relation = batch.relations.get(name)
+                read[name].append((0, 0) if relation is None else (relation.size, sum(r.size for r in relation.rules)))
+        lines = [f"-- grounding store {self.folder}: {sum(v['bytes'] for v in self.sizes.values()) / 2**20:,.1f} MiB",
+                 f"  {'relation':<24} {'rows':>12} {'groundings':>12} {'MiB':>9} | {'batch rows':>11} {'batch groundings':>17}",
+                 f"  {'':<60} | (per batch of {batch_size:,}, mean)"]
+        for name, size in self.sizes.items():
+            rows = np.mean([r for r, _ in read[name]])
+            groundings = np.mean([g for _, g in read[name]])
+            lines.append(f"  {name:<24} {size['rows']:>12,} {size['groundings']:>12,} {size['bytes'] / 2**20:>9,.1f} |"
+                         f" {rows:>11,.0f} {groundings:>17,.0f}")
+        lines.append(f"  a batch reads its groundings from the store in {np.median(seconds) * 1000:,.1f} ms "
+                     f"(median of {batches}); {max(1, -(-total // batch_size)):,} batches per pass over {total:,} rows")
+        return "\n".join(lines)
+
     # -- one batch -----------------------------------------------------------------------------
     def ground(self, rids: np.ndarray, sample: int = 0) -> BatchGrounding:
         """The grounding of the output rows with global ids `rids`, read from the store."""
