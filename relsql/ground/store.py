@@ -196,50 +196,49 @@ class GroundingStore:
     # -- one batch -----------------------------------------------------------------------------
     def ground(self, rids: np.ndarray, sample: int = 0) -> BatchGrounding:
         """The grounding of the output rows with global ids `rids`, read from the store."""
-        demand: dict[str, np.ndarray] = {self.output: np.unique(np.asarray(rids, dtype=np.int64))}
-        picked: dict[str, list[tuple[_Rule, np.ndarray, np.ndarray]]] = {}
-        for name in reversed(self.order):
-            wanted = demand.get(name)
-            if wanted is None or not len(wanted):
+        pending: dict[str, list[np.ndarray]] = {self.output: [np.asarray(rids, dtype=np.int64)]}
+        demand: dict[str, np.ndarray] = {}
+        picked: dict[str, list[_Picked]] = {}
+        for name in reversed(self.order):  # every relation's demand is complete before it is read
+            parts = pending.pop(name, None)
+            if not parts:
                 continue
-            picked[name] = []
-            for rule in self.rules[name]:
-                heads, positions = self._positions(name, rule, wanted, sample)
-                picked[name].append((rule, heads, positions))
-                for j, ref in enumerate(rule.prepared.rule.refs):
-                    ids = rule.refs[j][positions]
-                    demand[ref] = np.union1d(demand[ref], ids) if ref in demand else np.unique(ids)
+            wanted = demand[name] = np.unique(np.concatenate(parts))
+            picked[name] = [self._pick(name, rule, wanted, sample) for rule in self.rules[name]]
+            for chosen in picked[name]:
+                for ref, ids in zip(chosen.rule.prepared.rule.refs, chosen.refs):
+                    pending.setdefault(ref, []).append(ids)
         try:
             return self._localize(demand, picked)
         finally:
             self.release()
 
-    def _positions(self, name: str, rule: _Rule, wanted: np.ndarray, sample: int) -> tuple[np.ndarray, np.ndarray]:
-        """The store positions of the groundings of heads `wanted` (ascending), with their heads;
-        at most `fanout` per head of a grouped rule, a seeded choice."""
+    def _pick(self, name: str, rule: _Rule, wanted: np.ndarray, sample: int) -> _Picked:
+        """The groundings of heads `wanted` (ascending global ids), in store order: at most
+        `fanout` per head of a grouped rule, a seeded choice by position."""
         if not rule.size:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        starts, stops = rule.offsets[wanted], rule.offsets[wanted + 1]
-        counts = stops - starts
-        heads = np.repeat(wanted, counts)
-        positions = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts - starts, counts)
+            empty = np.zeros(0, np.int64)
+            return _Picked(rule, np.zeros(len(wanted), np.int64), empty, [empty for _ in rule.refs])
+        starts = rule.offsets[wanted]
+        counts = rule.offsets[wanted + 1] - starts
+        ends = np.cumsum(counts)
+        positions = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) - np.repeat(ends - counts - starts, counts)
         limit = self.fanout.get(name) if isinstance(self.fanout, dict) else self.fanout
         if limit and rule.prepared.rule.grouped and len(counts) and counts.max() > limit:
             salt = _mix(np.array([self.seed * 100_003 + sample], dtype=np.int64))[0]
-            keys = _mix(positions.view(np.uint64) ^ salt)
-            order = np.lexsort((keys, heads))  # per head, positions by their hash
-            first = np.repeat(np.cumsum(counts) - counts, counts)
-            keep = np.sort(order[np.arange(len(order)) - first < limit])
-            heads, positions = heads[keep], positions[keep]
-        return heads, positions
+            heads = np.repeat(np.arange(len(wanted)), counts)
+            order = np.lexsort((_mix(positions.view(np.uint64) ^ salt), heads))  # per head, positions by their hash
+            keep = np.sort(order[np.arange(len(order)) - np.repeat(ends - counts, counts) < limit])
+            positions, counts = positions[keep], np.minimum(counts, limit)
+        return _Picked(rule, counts, positions, [column[positions] for column in rule.refs])
 
-    def _localize(self, demand: dict[str, np.ndarray], picked) -> BatchGrounding:
+    def _localize(self, demand: dict[str, np.ndarray], picked: dict[str, list[_Picked]]) -> BatchGrounding:
         """Renumber to the batch's own rows (sorted global ids keep the store's order)."""
         codes: dict[str, list[np.ndarray]] = {}
         for parts in picked.values():
-            for rule, _, positions in parts:
-                for k, weight in rule.prepared.stored.items():
-                    codes.setdefault(weight, []).append(rule.columns[k][positions])
+            for chosen in parts:
+                for k, weight in chosen.rule.prepared.stored.items():
+                    codes.setdefault(weight, []).append(chosen.rule.columns[k][chosen.positions])
         used = {w: np.unique(np.concatenate(arrays)) for w, arrays in codes.items()}
         embedding_keys = {w: self.embedding_keys[w].take(pa.array(c)) for w, c in used.items()}
         dictionaries = dict(self.grounder.dictionary_tables)
@@ -251,24 +250,35 @@ class GroundingStore:
                 continue
             rows = demand[name]
             result = RelationGrounding(name, pa.table({"_rid": np.arange(len(rows), dtype=np.int64), "_global": rows}))
-            for rule, heads, positions in picked[name]:
-                if not len(positions):
+            for chosen in picked[name]:
+                if not len(chosen.positions):
                     continue
-                head = torch.from_numpy(np.searchsorted(rows, heads))
-                refs = [torch.from_numpy(np.searchsorted(demand[ref], rule.refs[j][positions]))
-                        for j, ref in enumerate(rule.prepared.rule.refs)]
+                rule = chosen.rule
+                grounded = np.flatnonzero(chosen.counts)
+                head = torch.from_numpy(np.repeat(np.arange(len(rows), dtype=np.int64), chosen.counts))
+                refs = [torch.from_numpy(np.searchsorted(demand[ref], ids)) for ref, ids in zip(rule.prepared.rule.refs, chosen.refs)]
                 values = {}
                 for k, column in rule.columns.items():
-                    taken = column[positions]
+                    taken = column[chosen.positions]
                     if k in rule.prepared.stored:
                         taken = np.searchsorted(used[rule.prepared.stored[k]], taken)
                     values[k] = torch.from_numpy(taken)
-                segment_heads, counts = torch.unique_consecutive(head, return_counts=True)
-                offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(counts, 0)])
-                result.rules.append(RuleGrounding(rule.prepared.rule, head, refs, values, segment_heads, offsets))
+                offsets = torch.from_numpy(np.concatenate([np.zeros(1, np.int64), np.cumsum(chosen.counts[grounded])]))
+                result.rules.append(RuleGrounding(rule.prepared.rule, head, refs, values, torch.from_numpy(grounded), offsets))
             relations[name] = result
-        return BatchGrounding(relations, dict(dictionaries), self.grounder.feature_stats,
+        return BatchGrounding(relations, dictionaries, self.grounder.feature_stats,
                               rows={n: torch.from_numpy(demand[n]) for n in relations}, embedding_keys=embedding_keys)
+
+
+@dataclass
+class _Picked:
+    """A rule's groundings chosen for a batch: per demanded head its count, their store
+    positions, and their referenced rows' global ids."""
+
+    rule: _Rule
+    counts: np.ndarray
+    positions: np.ndarray
+    refs: list[np.ndarray]
 
 
 def _mix(values: np.ndarray) -> np.ndarray:
@@ -327,10 +337,12 @@ def _build(grounder: BatchGrounder, folder: Path, mark: str, progress: bool | No
         logging.getLogger("relsql").info("grounding store: %s, %d rows, %d groundings in %.1fs", name, rows,
                                          sum(r["groundings"] for r in rules.values()), relations[name]["seconds"])
     for weight, table in codes.items():
-        keys = grounder.db.arrow(exp.select(q.col("value")).from_(table.copy()).order_by(q.col("code")))
+        select = exp.select(q.col("value")).from_(table.copy()).order_by(q.col("code"))
+        reader = grounder.db.con.execute(select.sql("duckdb")).to_arrow_reader(CHUNK)  # streamed: 10M keys never at once
         with pa.OSFile(str(folder / f"{_file_name(weight)}.keys.arrow"), "wb") as sink, \
-                pa.ipc.new_file(sink, keys.schema) as writer:
-            writer.write_table(keys)
+                pa.ipc.new_file(sink, reader.schema) as writer:
+            for chunk in reader:
+                writer.write_batch(chunk)
     manifest = {"format": FORMAT, "fingerprint": mark, "output": grounder.output, "relations": relations}
     partial = folder / (MANIFEST + ".tmp")
     partial.write_text(json.dumps(manifest, indent=1))
