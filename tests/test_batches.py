@@ -274,3 +274,19 @@ def test_a_snapshot_put_back_restores_the_rows_and_the_step():
     assert after.keys() == before.keys() and all(np.array_equal(after[k], before[k]) for k in before)
     store.update(keys, torch.ones(50, 4, dtype=torch.float64))  # the swapped-in table is the live one
     assert all(np.array_equal(store.values()[k], changed[k]) for k in changed)
+
+
+def test_a_failed_database_update_is_raised_not_lost():
+    from relsql.train.batches import Worker
+
+    def fail():
+        raise RuntimeError("the update failed")
+
+    worker = Worker()
+    worker.submit(fail)  # queued like an embedding update: nobody waits on it directly
+    with pytest.raises(RuntimeError, match="the update failed"):
+        worker.wait(worker.prefetch(lambda: 1))  # the next batch's wait reports it
+    assert worker.wait(worker.prefetch(lambda: 2)) == 2  # reported once
+    worker.submit(fail)
+    with pytest.raises(RuntimeError, match="the update failed"):
+        worker.close()  # or closing does

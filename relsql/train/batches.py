@@ -29,11 +29,21 @@ class Worker:
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relsql-db")
         self._optional: list[Future] = []
+        self._required: list[Future] = []
         self.waited = 0.0  # seconds the trainer spent blocked on the database
 
     def submit(self, fn: Callable, *args, **kwargs) -> Future:
-        """Queue work that must happen (a database update): closing waits for it."""
-        return self._pool.submit(fn, *args, **kwargs)
+        """Queue work that must happen (a database update): closing waits for it, and its error
+        is raised by the next `wait` (or by `close`), never lost."""
+        future = self._pool.submit(fn, *args, **kwargs)
+        self._required = [f for f in self._required if not f.done() or f.exception() is not None] + [future]
+        return future
+
+    def _raise_failed(self) -> None:
+        for future in self._required:
+            if future.done() and not future.cancelled() and future.exception() is not None:
+                self._required = []
+                raise future.exception()
 
     def prefetch(self, fn: Callable, *args, **kwargs) -> Future:
         """Queue work that may be dropped (grounding a batch ahead): closing cancels it if not started."""
@@ -44,9 +54,11 @@ class Worker:
     def wait(self, future: Future):
         started = time.perf_counter()
         try:
-            return future.result()
+            result = future.result()
         finally:
             self.waited += time.perf_counter() - started
+        self._raise_failed()  # work queued before this one (an update) that failed
+        return result
 
     def run(self, fn: Callable, *args, **kwargs):
         """Submit and wait (database work that must happen now, in order with the queue)."""
@@ -58,6 +70,7 @@ class Worker:
         for future in self._optional:
             future.cancel()
         self._pool.shutdown(wait=True)
+        self._raise_failed()
 
     def __enter__(self) -> Worker:
         return self
