@@ -50,6 +50,7 @@ def build(path: Path, users: int, rows: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    import numpy as np
     import torch
 
     import relsql
@@ -74,17 +75,30 @@ def main(argv: list[str] | None = None) -> dict:
     model = relsql.Model(db, relsql.Template.from_sql(TEMPLATE), target="click.y", seed=0, batch_size=args.batch_size,
                          progress=True)
     print(f"setup (key tables, feature statistics) {time.perf_counter() - started:.0f} s")
-    started = time.perf_counter()
-    model.fit(epochs=args.epochs, patience=args.epochs)
+    print(f"setup: key tables {model.timings['grounding'] - model.timings.get('bulk_grounding', 0.0):.0f} s, "
+          f"bulk grounding into the store {model.timings.get('bulk_grounding', 0.0):.0f} s")
+    steps: list[float] = []
+    last = [time.perf_counter()]
+
+    def step_time(info: dict) -> None:  # wall time between consecutive steps (the first from fit's start)
+        now = time.perf_counter()
+        steps.append(now - last[0])
+        last[0] = now
+
+    started = last[0] = time.perf_counter()
+    model.fit(epochs=args.epochs, patience=args.epochs, callback=step_time)
     elapsed = time.perf_counter() - started
     store = model.batched.stores["user"]
     result = {"users": args.users, "rows": args.rows, "table_rows": store.rows(), "steps": store.step(),
               "epoch_s": round(elapsed / args.epochs, 1), "waiting_on_database_s": round(model.timings["waiting_on_database"], 1),
               "peak_rss_mib": round(peak_rss_mib()), "in_torch_mib": round(args.users * 8 * 4 * 3 / 2**20),
-              "val_accuracy": round(model.history[-1]["val_accuracy"], 3)}
+              "val_accuracy": round(model.history[-1]["val_accuracy"], 3),
+              "first_steps_s": round(float(np.median(steps[1:6])), 2), "last_steps_s": round(float(np.median(steps[-5:])), 2)}
     print(f"relsql_embedding_user: {result['table_rows']:,} rows after {result['steps']} steps; "
           f"epoch {result['epoch_s']} s, of which waiting on the database {result['waiting_on_database_s']} s; "
           f"validation accuracy {result['val_accuracy']}")
+    print(f"step time: {result['first_steps_s']} s at the start of the epoch, {result['last_steps_s']} s at its end "
+          f"(medians of 5 steps; ratio {result['last_steps_s'] / result['first_steps_s']:.2f})")
     print(f"peak resident memory {result['peak_rss_mib']:,} MiB; the same embedding in torch with Adam's moments: "
           f"{result['in_torch_mib']:,} MiB for its tensors alone")
     db.close()
