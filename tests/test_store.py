@@ -207,3 +207,14 @@ def test_explain_with_a_batch_size_shows_the_store_and_a_batch(tmp_path, capsys)
     assert lines["predict"][1] == f"{molecules:,}"  # every molecule is a row of the store
     assert lines["predict"][5] == "32"  # a batch of 32 molecules reads those 32 rows
     assert "the plan of one batch of 32 rows" in out and "outputs: predict=" in out
+
+
+def test_a_damaged_store_is_a_clear_error(tmp_path):
+    db = _shop()
+    template = relsql.Template.from_sql(SHOP.format(storage="memory"))
+    folder = tmp_path / "store"
+    quiet(relsql.Model, db, template, target="item.y", batch_size=500, progress=False, store=folder)
+    column = next(f for f in folder.iterdir() if f.name.endswith(".c1"))
+    column.write_bytes(column.read_bytes()[:100])  # cut short behind relsql's back
+    with pytest.raises(relsql.RelsqlError, match="damaged.*delete the folder"):
+        quiet(relsql.Model, db, template, target="item.y", batch_size=500, progress=False, store=folder)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import mmap
 import os
 import re
@@ -40,13 +41,14 @@ import pyarrow as pa
 import sqlglot.expressions as exp
 import torch
 
-from relsql.db import TEMP_PREFIX
+from relsql.db import TEMP_PREFIX, first_line
 from relsql.errors import GroundingError, RelsqlError
 from relsql.ground import query as q
 from relsql.ground.demand import BatchGrounder, BatchGrounding, _grounding_error, _PreparedRule
 from relsql.ground.execute import RelationGrounding, RuleGrounding, _column_tensor
 from relsql.template import ir
 
+log = logging.getLogger("relsql")
 FORMAT = "relsql-store-1"
 MANIFEST = "manifest.json"
 _OWN_FILE = re.compile(r"\w+_[0-9a-f]{8}\.(\d+\.(offsets|r\d+|c\d+)|keys\.arrow)")
@@ -120,17 +122,24 @@ class GroundingStore:
         """The store of `grounder`'s template and data in `folder` (a temporary one when None):
         reused when its fingerprint matches the data, else (re)built. Never used stale."""
         owned = folder is None
-        path = Path(tempfile.mkdtemp(prefix="relsql-store-")) if owned else Path(folder)
+        if owned:  # nothing to compare with: no fingerprint (it reads every table once more)
+            path = Path(tempfile.mkdtemp(prefix="relsql-store-"))
+            try:
+                return cls(grounder, path, _build(grounder, path, "", progress), owned)
+            except BaseException:
+                shutil.rmtree(path, ignore_errors=True)
+                raise
+        path = Path(folder)
         mark = fingerprint(grounder)
         manifest = _read_manifest(path)
         if manifest is not None and manifest.get("format") == FORMAT and manifest.get("fingerprint") == mark:
-            return cls(grounder, path, manifest, owned)
+            try:
+                return cls(grounder, path, manifest, owned)
+            except (KeyError, TypeError, ValueError, OSError) as err:
+                raise RelsqlError(f"grounding store {path} is damaged ({first_line(err)}); delete the folder to rebuild it") from None
         if manifest is not None:
-            import logging
-
-            logging.getLogger("relsql").info("grounding store %s was built from other data or another template; rebuilding", path)
-        manifest = _build(grounder, path, mark, progress)
-        return cls(grounder, path, manifest, owned)
+            log.info("grounding store %s was built from other data or another template; rebuilding", path)
+        return cls(grounder, path, _build(grounder, path, mark, progress), owned)
 
     def _map(self, file: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         if not shape[0]:
@@ -332,9 +341,7 @@ def _build(grounder: BatchGrounder, folder: Path, mark: str, progress: bool | No
             rules[str(prepared.index)] = _write_rule(grounder, relation, prepared, codes, folder, stem, rows)
             total += rules[str(prepared.index)]["bytes"]
         relations[name] = {"rows": rows, "rules": rules, "bytes": total, "seconds": round(time.perf_counter() - started, 3)}
-        import logging
-
-        logging.getLogger("relsql").info("grounding store: %s, %d rows, %d groundings in %.1fs", name, rows,
+        log.info("grounding store: %s, %d rows, %d groundings in %.1fs", name, rows,
                                          sum(r["groundings"] for r in rules.values()), relations[name]["seconds"])
     for weight, table in codes.items():
         select = exp.select(q.col("value")).from_(table.copy()).order_by(q.col("code"))
