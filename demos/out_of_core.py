@@ -41,7 +41,7 @@ def build(path: Path, users: int, rows: int) -> None:
     con.execute(f"""
         CREATE TABLE click AS
         SELECT i AS id,
-               CASE WHEN i < {users} THEN i ELSE hash(i) % {users} END AS user_id,
+               (CASE WHEN i < {users} THEN i ELSE hash(i) % {users} END)::BIGINT AS user_id,
                (hash(i * 7) % 1000) / 1000.0 AS x,
                (hash(i * 7) % 1000) / 1000.0 > 0.5 AS y
         FROM range({rows}) t(i)

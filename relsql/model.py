@@ -160,7 +160,7 @@ class Model:
         self.labelled = self.positions[labelled]
         raw = column.filter(pc.is_valid(column))
         if split is None:
-            times = labels.column("t").filter(pa.array(labelled)).to_pylist() if self.time_column else None
+            times = labels.column("t").filter(pa.array(labelled)) if self.time_column else None
             split = split_rows(len(raw), self.fractions, self.seed, times)
             checks.splits(self, split, len(raw))
         self.rows = {k: np.asarray(v, dtype=np.int64) for k, v in split.items()}

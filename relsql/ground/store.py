@@ -53,6 +53,7 @@ FORMAT = "relsql-store-1"
 MANIFEST = "manifest.json"
 _OWN_FILE = re.compile(r"\w+_[0-9a-f]{8}\.(\d+\.(offsets|r\d+|c\d+)|keys\.arrow)")
 CHUNK = 1 << 20  # rows per Arrow batch read from the database while writing the store
+RESIDENT_BUDGET = 256 << 20  # bytes of the store's pages a process keeps mapped in before handing them back
 
 
 @dataclass
@@ -106,6 +107,7 @@ class GroundingStore:
         self.template, self.output, self.order = grounder.template, grounder.output, grounder.order
         self.fanout, self.seed = grounder.fanout, grounder.seed
         self._maps: list[mmap.mmap] = []
+        self._resident = _resident_file_bytes() or 0  # file-backed resident bytes after the last release
         self.rules: dict[str, list[_Rule]] = {}
         for name in self.order:
             described = manifest["relations"][name]["rules"]
@@ -160,10 +162,16 @@ class GroundingStore:
                                         (size,) if kind == "code" else (size, width))
         return _Rule(prepared, size, offsets, refs, columns)
 
-    def release(self) -> None:
-        """Hand the pages read so far back to the page cache (resident memory stays per batch)."""
+    def release(self, force: bool = False) -> None:
+        """Hand the pages read so far back to the page cache once they hold more than
+        RESIDENT_BUDGET bytes (resident memory stays bounded; dropping them after every batch
+        made small batches re-fault their pages, doubling a 512-row read at TPC-H sf 1)."""
+        resident = _resident_file_bytes()
+        if not force and resident is not None and resident - self._resident < RESIDENT_BUDGET:
+            return
         for mapped in self._maps:
             mapped.madvise(mmap.MADV_DONTNEED)
+        self._resident = _resident_file_bytes() or 0
 
     @property
     def sizes(self) -> dict[str, dict]:
@@ -288,6 +296,15 @@ class _Picked:
     counts: np.ndarray
     positions: np.ndarray
     refs: list[np.ndarray]
+
+
+def _resident_file_bytes() -> int | None:
+    """This process's resident file-backed memory (Linux: /proc/self/statm), else None."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[2]) * mmap.PAGESIZE
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _mix(values: np.ndarray) -> np.ndarray:

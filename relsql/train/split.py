@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from relsql.errors import RelsqlError
 
 
 def split_rows(count: int, fractions: tuple[float, float, float], seed: int,
-               times: list | None = None) -> dict[str, np.ndarray]:
+               times: pa.Array | pa.ChunkedArray | list | None = None) -> dict[str, np.ndarray]:
     """Positions 0..count-1 into train/val/test; with `times`, earliest rows train, latest test."""
     if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-9:
         raise RelsqlError(f"split fractions must be three non-negative numbers summing to 1, got {fractions}")
     if times is not None:
-        if any(t is None for t in times):
+        times = times if isinstance(times, pa.Array | pa.ChunkedArray) else pa.array(times)
+        if times.null_count:
             raise RelsqlError("the time column has NULLs on labelled rows; fill them or filter those rows out")
-        order = np.array(sorted(range(count), key=lambda i: (times[i], i)), dtype=np.int64)
+        order = pc.sort_indices(times).to_numpy().astype(np.int64)  # a stable sort: ties keep row order
     else:
         order = np.random.default_rng(seed).permutation(count)
     n_train = int(round(fractions[0] * count))
