@@ -1,0 +1,421 @@
+"""Time to accuracy: relsql vs an RDL-style PyG GraphSAGE on a 2-hop TPC-H label.
+
+    python -m bench.time_to_accuracy [--scales 0.1 1] [--brand Brand#13] [--epochs N] [--batch-size 1024]
+                                     [--width 32] [--fanout 128 64] [--lr 0.01] [--edges template|both]
+
+The label needs 2 hops: does an order contain a line item whose part is of brand `--brand`
+(orders ← lineitem → part)? The TPC-H file (bench.tpch_memory.database_file) is opened
+read-only and the needed tables are copied into a bench-owned DuckDB file,
+out/bench/tta_sf<N>.duckdb (made once, remade when the brand changes): part, customer, the
+lineitem columns used, and a new `orders` table with the label `has_brand` and `split_rank`, a
+seeded hash rank of o_orderkey. The split is 70/15/15 by that rank, the same rows on both sides:
+relsql gets it as `time_column="split_rank"` (earliest 70 % train, next 15 % validation, last
+15 % test: relsql/train/split.py), PyG takes the same rank cut-offs.
+
+Both sides: width `--width`, batch size `--batch-size` target orders, Adam at `--lr`, the same
+2 hops and fan-out (relsql `fanout={"items_h": f1}` = line items per order; PyG
+`num_neighbors=[f1, f2]`; see bench/loader.py), float32, torch.set_num_threads(2), each in its
+own subprocess (its own peak RSS). After every epoch the validation pass runs (on the clock, as
+relsql's `fit` does it) and the test accuracy is measured (off the clock on both sides).
+
+PyG runs first, for `--epochs` epochs; the clock starts before the tables are read from DuckDB
+(then HeteroData, NeighborLoader). Its best test accuracy is the target. relsql then trains up
+to `--epochs` epochs (`Model.fit(callback=...)`, stopped by the callback once the target is
+reached); its clock starts before `relsql.Model(...)` (key tables, bulk grounding into the
+grounding store, planning). Printed: both curves (seconds on the clock, test accuracy, per
+epoch), both times to target and their ratio relsql/PyG, and peak RSS. CSV:
+out/bench/time_to_accuracy.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench import peak_rss_mib, write_csv
+
+ROOT = Path(__file__).resolve().parent.parent
+THREADS = 2  # torch threads per subprocess (--threads)
+SPLIT = (0.7, 0.15, 0.15)
+SEED = 0
+
+TEMPLATE = """
+CREATE TABLE part_h AS
+SELECT p.p_partkey, tanh(embed(p.p_brand, {w}) + linear(features(p.p_size, p.p_retailprice), {w}, 'w_part')) AS h
+FROM part p;
+
+CREATE TABLE customer_h AS
+SELECT c.c_custkey, tanh(linear(features(c.c_acctbal), {w}, 'w_customer')) AS h
+FROM customer c;
+
+CREATE TABLE items_h AS
+SELECT l.l_orderkey AS o_orderkey,
+       relu(avg(linear(ph.h, {w}, 'w_item_part') + linear(features(l.l_quantity, l.l_extendedprice, l.l_discount), {w}, 'w_item'))) AS h
+FROM lineitem l
+JOIN part_h ph ON ph.p_partkey = l.l_partkey
+GROUP BY l.l_orderkey;
+
+CREATE TABLE predict AS
+SELECT o.o_orderkey,
+       linear(relu(linear(ih.h, {w}, 'w_o_items') + linear(ch.h, {w}, 'w_o_customer') + linear(features(o.o_totalprice), {w}, 'w_o')),
+              1, 'w_out') AS h
+FROM orders o
+JOIN items_h ih ON ih.o_orderkey = o.o_orderkey
+JOIN customer_h ch ON ch.c_custkey = o.o_custkey;
+"""
+
+COLUMNS = ["sf", "side", "brand", "positive_rate", "epochs_run", "target_accuracy", "best_test_accuracy",
+           "time_to_target_s", "time_to_target_minus_0.001_s", "ratio_relsql_vs_pyg", "setup_s", "s_per_epoch", "peak_rss_mib", "curve", "sampler"]
+
+
+# --------------------------------------------------------------------------- the bench database
+def bench_database(tpch: Path, sf: float, brand: str, folder: Path) -> tuple[Path, float]:
+    """out/bench/tta_sf<N>.duckdb with the labelled orders; (path, positive rate)."""
+    import duckdb
+
+    path = folder / f"tta_sf{sf:g}.duckdb"
+    if path.exists():
+        con = duckdb.connect(str(path), read_only=True)
+        try:
+            meta = dict(con.execute("SELECT key, value FROM bench_meta").fetchall())
+            if meta.get("brand") == brand and meta.get("source") == str(tpch.resolve()):
+                return path, float(meta["positive_rate"])
+        except duckdb.Error:
+            pass
+        finally:
+            con.close()
+        path.unlink()
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    partial.unlink(missing_ok=True)
+    started = time.perf_counter()
+    con = duckdb.connect(str(partial))
+    try:
+        con.execute(f"ATTACH '{tpch.resolve()}' AS tpch (READ_ONLY)")
+        con.execute("CREATE TABLE part AS SELECT p_partkey, p_brand, p_size, p_retailprice FROM tpch.part")
+        con.execute("CREATE TABLE customer AS SELECT c_custkey, c_acctbal FROM tpch.customer")
+        con.execute("CREATE TABLE lineitem AS SELECT l_orderkey, l_partkey, l_linenumber, l_quantity, l_extendedprice, "
+                    "l_discount FROM tpch.lineitem")
+        con.execute("""
+            CREATE TABLE orders AS
+            WITH labelled AS (
+                SELECT l.l_orderkey, bool_or(p.p_brand = $brand) AS has_brand
+                FROM tpch.lineitem l JOIN tpch.part p ON p.p_partkey = l.l_partkey GROUP BY l.l_orderkey)
+            SELECT o.o_orderkey, o.o_custkey, o.o_totalprice, coalesce(lb.has_brand, false) AS has_brand,
+                   (row_number() OVER (ORDER BY hash(o.o_orderkey, $seed), o.o_orderkey) - 1)::BIGINT AS split_rank
+            FROM tpch.orders o LEFT JOIN labelled lb ON lb.l_orderkey = o.o_orderkey""", {"brand": brand, "seed": SEED})
+        rate = con.execute("SELECT avg(has_brand::INTEGER) FROM orders").fetchone()[0]
+        con.execute("CREATE TABLE bench_meta (key VARCHAR, value VARCHAR)")
+        con.execute("INSERT INTO bench_meta VALUES ('brand', ?), ('source', ?), ('positive_rate', ?)",
+                    [brand, str(tpch.resolve()), str(rate)])
+        con.execute("DETACH tpch")
+    finally:
+        con.close()
+    os.replace(partial, path)
+    print(f"  wrote {path} in {time.perf_counter() - started:.1f} s", flush=True)
+    return path, float(rate)
+
+
+def split_bounds(n: int) -> tuple[int, int]:
+    """The train/val and val/test cut-offs on split_rank: relsql's rounding (relsql/train/split.py)."""
+    n_train, n_val = int(round(SPLIT[0] * n)), int(round(SPLIT[1] * n))
+    return n_train, n_train + n_val
+
+
+# --------------------------------------------------------------------------- PyG
+def eval_points(batches: int, per_epoch: int) -> set[int]:
+    """The batch indices after which the test accuracy is measured: `per_epoch` evenly spaced, the
+    epoch's last batch always among them."""
+    return {max(0, -(-k * batches // per_epoch) - 1) for k in range(1, per_epoch + 1)}
+
+
+def run_pyg(path: str, epochs: int, batch_size: int, width: int, fanout: list[int], lr: float, edges: str,
+            per_epoch: int) -> dict:
+    import warnings
+
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from torch_geometric.nn import HeteroConv, SAGEConv
+
+    from bench import tpch_graph
+
+    torch.set_num_threads(THREADS)
+    torch.manual_seed(SEED)
+    warnings.simplefilter("ignore")
+    clock = _Clock()
+    data, tables, one_time = tpch_graph.build(path, edges, extra_order_columns=("has_brand", "split_rank"))
+    orders = tables["order"]
+    y = torch.from_numpy(orders["has_brand"].astype(np.float32))
+    rank = orders["split_rank"]
+    cut1, cut2 = split_bounds(len(rank))
+    index = {"train": torch.from_numpy(np.nonzero(rank < cut1)[0]), "val": torch.from_numpy(np.nonzero((rank >= cut1) & (rank < cut2))[0]),
+             "test": torch.from_numpy(np.nonzero(rank >= cut2)[0])}
+    loaders = {split: tpch_graph.neighbor_loader(data, fanout, batch_size, ("order", idx), shuffle=split == "train")
+               for split, idx in index.items()}
+    brands = int(data["part"].brand.max()) + 1
+
+    class Net(nn.Module):
+        """RDL-style heterogeneous GraphSAGE: per node type a linear encoder (part: + brand
+        embedding), 2 HeteroConv layers of SAGEConv (mean), a linear head on the orders."""
+
+        def __init__(self):
+            super().__init__()
+            self.brand = nn.Embedding(brands, width)
+            self.encode = nn.ModuleDict({t: nn.Linear(data[t].x.shape[1], width) for t in data.node_types})
+            self.convs = nn.ModuleList([HeteroConv({e: SAGEConv((width, width), width, aggr="mean") for e in data.edge_types},
+                                                   aggr="sum") for _ in range(2)])
+            self.head = nn.Linear(width, 1)
+
+        def forward(self, batch):
+            h = {t: self.encode[t](batch[t].x) for t in batch.node_types}
+            h["part"] = h["part"] + self.brand(batch["part"].brand)
+            h = {t: torch.tanh(v) for t, v in h.items()}
+            for conv in self.convs:
+                new = conv(h, batch.edge_index_dict)
+                h = {**h, **{t: F.relu(v) for t, v in new.items()}}
+            return self.head(h["order"][: batch["order"].batch_size]).squeeze(-1)
+
+    net = Net()
+    optimizer = torch.optim.Adam(net.parameters(), lr=lr)
+    setup = clock.elapsed()
+
+    def evaluate(split: str) -> tuple[float, float]:
+        net.eval()
+        correct, loss, count = 0, 0.0, 0
+        with torch.no_grad():
+            for batch in loaders[split]:
+                out = net(batch)
+                target = y[batch["order"].n_id[: batch["order"].batch_size]]
+                loss += float(F.binary_cross_entropy_with_logits(out, target, reduction="sum"))
+                correct += int(((out > 0).float() == target).sum())
+                count += len(target)
+        net.train()
+        return correct / count, loss / count
+
+    curve = []
+    points = eval_points(len(loaders["train"]), per_epoch)
+    for epoch in range(epochs):
+        for b, batch in enumerate(loaders["train"]):
+            optimizer.zero_grad()
+            out = net(batch)
+            loss = F.binary_cross_entropy_with_logits(out, y[batch["order"].n_id[: batch["order"].batch_size]])
+            loss.backward()
+            optimizer.step()
+            if b not in points:
+                continue
+            point = {"epoch": round(epoch + (b + 1) / len(loaders["train"]), 2)}
+            if b + 1 == len(loaders["train"]):
+                point["val_accuracy"] = evaluate("val")[0]  # on the clock, as relsql's fit does
+            with clock.paused():
+                point["test_accuracy"] = evaluate("test")[0]
+            point["s"] = round(clock.elapsed(), 2)
+            curve.append(point)
+            print(json.dumps({"progress": point}), file=sys.stderr, flush=True)
+    best = max(point["test_accuracy"] for point in curve)
+    first = next(point for point in curve if point["test_accuracy"] >= best)
+    backend = tpch_graph.sampler_backend()
+    return {"side": f"pyg ({edges} edges)", "setup_s": round(setup, 2), "one_time": {k: round(v, 2) for k, v in one_time.items()},
+            "curve": curve, "best_test_accuracy": best, "time_to_target_s": first["s"], "epochs_run": curve[-1]["epoch"],
+            "s_per_epoch": round((curve[-1]["s"] - setup) / epochs, 2), "peak_rss_mib": round(peak_rss_mib(), 1),
+            "train_rows": len(index["train"]), "test_rows": len(index["test"]),
+            "sampler": {"pyg-lib": "NeighborLoader (pyg-lib)", "torch-sparse": "NeighborLoader (torch-sparse)",
+                        "none": "NeighborLoader + TorchNeighborSampler (no pyg-lib/torch-sparse)"}[backend]}
+
+
+# --------------------------------------------------------------------------- relsql
+class _Reached(Exception):
+    pass
+
+
+def run_relsql(path: str, epochs: int, batch_size: int, width: int, fanout: list[int], lr: float, target: float,
+               per_epoch: int) -> dict:
+    import warnings
+
+    import torch
+
+    import relsql
+
+    torch.set_num_threads(THREADS)
+    warnings.simplefilter("ignore")
+    # One-time imports off the clock, as on the PyG side (where `import torch_geometric` pulls them in
+    # before its clock): torch.optim's first Optimizer imports torch._dynamo (~1 s); fit imports tqdm.
+    import torch._dynamo  # noqa: F401
+    import tqdm.auto  # noqa: F401
+
+    db = relsql.connect(path, read_only=True)
+    clock = _Clock()
+    model = relsql.Model(db, relsql.Template.from_sql(TEMPLATE.format(w=width)), target="orders.has_brand",
+                         time_column="split_rank", split=SPLIT, seed=SEED, batch_size=batch_size, fanout={"items_h": fanout[0]},
+                         progress=False, threads=THREADS)
+    setup = clock.elapsed()
+    curve: list[dict] = []
+
+    def callback(info: dict) -> None:
+        if info["batch"] not in eval_points(info["batches"], per_epoch):
+            return
+        with clock.paused():  # mid-epoch, the next batch's prefetch may run meanwhile (off the clock)
+            test_accuracy = model.evaluate("test")["accuracy"]
+        curve.append({"epoch": round(info["epoch"] + (info["batch"] + 1) / info["batches"], 2), "s": round(clock.elapsed(), 2),
+                      "test_accuracy": test_accuracy})
+        print(json.dumps({"progress": curve[-1]}), file=sys.stderr, flush=True)
+        if test_accuracy >= target:
+            raise _Reached
+
+    reached = False
+    try:
+        model.fit(epochs=epochs, lr=lr, patience=epochs, callback=callback)
+    except _Reached:
+        reached = True
+    ends = [p for p in curve if float(p["epoch"]).is_integer()]
+    for point, record in zip(ends, model.history):  # the validation accuracy fit computed after each epoch
+        point["val_accuracy"] = record.get("val_accuracy", float("nan"))
+    best = max(point["test_accuracy"] for point in curve)
+    epoch_s = [(curve[-1]["s"] - setup) / curve[-1]["epoch"]]
+    return {"side": "relsql", "setup_s": round(setup, 2), "one_time": {k: round(v, 2) for k, v in model.timings.items()},
+            "curve": curve, "best_test_accuracy": best, "epochs_run": curve[-1]["epoch"],
+            "time_to_target_s": next(p["s"] for p in curve if p["test_accuracy"] >= target) if reached else None,
+            "s_per_epoch": round(epoch_s[0], 2), "peak_rss_mib": round(peak_rss_mib(), 1),
+            "train_rows": len(model.rows["train"]), "test_rows": len(model.rows["test"]),
+            "sampler": "grounding store"}
+
+
+class _Clock:
+    """Wall seconds since creation, minus the paused stretches (test evaluation)."""
+
+    def __init__(self):
+        self.start, self.off = time.perf_counter(), 0.0
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start - self.off
+
+    def paused(self):
+        import contextlib
+
+        @contextlib.contextmanager
+        def pause():
+            started = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.off += time.perf_counter() - started
+
+        return pause()
+
+
+# --------------------------------------------------------------------------- driver
+def _subprocess(args: list[str]) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p))
+    process = subprocess.Popen([sys.executable, "-m", "bench.time_to_accuracy", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)
+    errors = []
+    for line in process.stderr:  # progress as it comes
+        if line.startswith('{"progress"'):
+            print(f"    {args[1]}: {json.loads(line)['progress']}", flush=True)
+        else:
+            errors.append(line)
+    out = process.stdout.read()
+    if process.wait() != 0:
+        raise SystemExit(f"{args[1]} failed:\n{''.join(errors)[-3000:]}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    global THREADS
+    parser = argparse.ArgumentParser(prog="python -m bench.time_to_accuracy", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scales", nargs="*", type=float, default=[0.1, 1])
+    parser.add_argument("--brand", default="Brand#13")
+    parser.add_argument("--epochs", type=int, default=None, help="training budget per side (default: 4 at sf < 1, 2 at sf >= 1)")
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--width", type=int, default=32)
+    parser.add_argument("--fanout", nargs=2, type=int, default=[128, 64], metavar=("HOP1", "HOP2"))
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--evals-per-epoch", type=int, default=8, help="test-accuracy points per epoch (off the clock)")
+    parser.add_argument("--edges", default="template", choices=["template", "both"],
+                        help="PyG edge set: 'template' = relsql's computation tree exactly, 'both' = every FK both ways")
+    parser.add_argument("--threads", type=int, default=THREADS, help="torch threads in each measured subprocess")
+    parser.add_argument("--data", default=str(ROOT / "out" / "tpch"))
+    parser.add_argument("--out", default="out/bench")
+    parser.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        THREADS = args.threads
+        side, path, epochs = args.worker[0], args.worker[1], int(args.worker[2])
+        if side == "pyg":
+            result = run_pyg(path, epochs, args.batch_size, args.width, args.fanout, args.lr, args.edges, args.evals_per_epoch)
+        else:
+            result = run_relsql(path, epochs, args.batch_size, args.width, args.fanout, args.lr, float(args.worker[3]),
+                                args.evals_per_epoch)
+        print(json.dumps(result))
+        return []
+
+    from bench import tpch_graph
+    from bench.loader import wait_for
+
+    backend = tpch_graph.sampler_backend()
+    print(f"PyG sampling backend: {backend}" + ("" if backend != "none" else
+          " (neither pyg-lib nor torch-sparse: NeighborLoader with bench/tpch_graph.py's TorchNeighborSampler)"))
+    rows = []
+    for sf in args.scales:
+        tpch = wait_for(sf, Path(args.data))
+        path, rate = bench_database(tpch, sf, args.brand, Path(args.out))
+        epochs = args.epochs or (4 if sf < 1 else 2)
+        print(f"\nsf={sf:g}: label orders.has_brand = order has a line item of a part with p_brand = '{args.brand}': "
+              f"positive rate {rate:.3f} (majority accuracy {max(rate, 1 - rate):.3f}); batch {args.batch_size}, width "
+              f"{args.width}, fan-out {args.fanout}, lr {args.lr}, {epochs} epochs budget, PyG edges: {args.edges}", flush=True)
+        common = ["--batch-size", str(args.batch_size), "--width", str(args.width), "--fanout", *map(str, args.fanout),
+                  "--lr", str(args.lr), "--edges", args.edges, "--evals-per-epoch", str(args.evals_per_epoch),
+                  "--threads", str(args.threads)]
+        pyg = _subprocess(["--worker", "pyg", str(path), str(epochs), *common])
+        target = pyg["best_test_accuracy"]
+        print(f"  PyG best test accuracy {target:.5f} (after {pyg['time_to_target_s']} s): the target", flush=True)
+        ours = _subprocess(["--worker", "relsql", str(path), str(epochs), str(target), *common])
+        ratio = None if ours["time_to_target_s"] is None else round(ours["time_to_target_s"] / pyg["time_to_target_s"], 3)
+        for r in (pyg, ours):
+            rows.append({"sf": sf, "side": r["side"], "brand": args.brand, "positive_rate": round(rate, 4), "epochs_run": r["epochs_run"],
+                         "target_accuracy": target, "best_test_accuracy": r["best_test_accuracy"],
+                         "time_to_target_s": r["time_to_target_s"], "time_to_target_minus_0.001_s": _first(r, target - 1e-3),
+                         "ratio_relsql_vs_pyg": ratio, "setup_s": r["setup_s"],
+                         "s_per_epoch": r["s_per_epoch"], "peak_rss_mib": r["peak_rss_mib"],
+                         "curve": json.dumps([(p["epoch"], p["s"], p["test_accuracy"]) for p in r["curve"]]), "sampler": r["sampler"]})
+        _print(sf, pyg, ours, target, ratio)
+    write_csv(Path(args.out) / "time_to_accuracy.csv", rows)
+    return rows
+
+
+def _first(result: dict, accuracy: float) -> float | None:
+    """Seconds on the clock when the test accuracy first reached `accuracy` (None: never)."""
+    return next((p["s"] for p in result["curve"] if p["test_accuracy"] >= accuracy), None)
+
+
+def _print(sf: float, pyg: dict, ours: dict, target: float, ratio: float | None) -> None:
+    print(f"\nsf={sf:g}: curves (epoch: seconds on the clock, test accuracy (validation accuracy at epoch ends))")
+    for r in (pyg, ours):
+        points = ", ".join(f"{p['epoch']:g}: {p['s']:.1f}s {p['test_accuracy']:.5f}"
+                           + (f" ({p['val_accuracy']:.5f})" if "val_accuracy" in p else "") for p in r["curve"])
+        print(f"  {r['side']:<22} setup {r['setup_s']:.1f} s {r['one_time']}; {points}")
+    print(f"  {'side':<22} {'time to target':>15} {'to target-0.001':>16} {'best test acc':>14} {'setup s':>8} {'s/epoch':>8} "
+          f"{'peak RSS MiB':>13}")
+    for r in (pyg, ours):
+        reached = "not reached" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.1f} s"
+        near = _first(r, target - 1e-3)
+        near = "not reached" if near is None else f"{near:.1f} s"
+        print(f"  {r['side']:<22} {reached:>15} {near:>16} {r['best_test_accuracy']:>14.5f} {r['setup_s']:>8.1f} "
+              f"{r['s_per_epoch']:>8.1f} {r['peak_rss_mib']:>13,.1f}")
+    if ratio is None:
+        print(f"  relsql did not reach PyG's best test accuracy {target:.5f} in {ours['epochs_run']:g} epochs; "
+              f"its best was {ours['best_test_accuracy']:.5f}", flush=True)
+    else:
+        print(f"  target test accuracy {target:.5f}: relsql / PyG time = {ratio:.3f} (target <= 0.5); "
+              f"{ours['train_rows']:,} train / {ours['test_rows']:,} test rows on both sides "
+              f"(PyG {pyg['train_rows']:,} / {pyg['test_rows']:,})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
