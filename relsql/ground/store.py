@@ -53,7 +53,7 @@ FORMAT = "relsql-store-1"
 MANIFEST = "manifest.json"
 _OWN_FILE = re.compile(r"\w+_[0-9a-f]{8}\.(\d+\.(offsets|r\d+|c\d+)|keys\.arrow)")
 CHUNK = 1 << 20  # rows per Arrow batch read from the database while writing the store
-RESIDENT_BUDGET = 256 << 20  # bytes of the store's pages a process keeps mapped in before handing them back
+RESIDENT_BUDGET = 128 << 20  # bytes of the store's pages a process keeps mapped in before handing them back
 
 
 @dataclass
@@ -148,6 +148,7 @@ class GroundingStore:
             return np.zeros(shape, dtype=dtype)
         with open(self.folder / file, "rb") as handle:
             mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        mapped.madvise(mmap.MADV_RANDOM)  # a batch reads scattered ranges: no read-ahead around them
         self._maps.append(mapped)
         return np.frombuffer(mapped, dtype=dtype).reshape(shape)
 
@@ -221,7 +222,10 @@ class GroundingStore:
             if not parts:
                 continue
             wanted = demand[name] = np.unique(np.concatenate(parts))
-            picked[name] = [self._pick(name, rule, wanted, sample) for rule in self.rules[name]]
+            picked[name] = []
+            for rule in self.rules[name]:
+                picked[name].append(self._pick(name, rule, wanted, sample))
+                self.release()  # per rule: a large batch of random rows would otherwise map in most of the store
             for chosen in picked[name]:
                 for ref, ids in zip(chosen.rule.prepared.rule.refs, chosen.refs):
                     pending.setdefault(ref, []).append(ids)
@@ -282,6 +286,7 @@ class GroundingStore:
                     values[k] = torch.from_numpy(taken)
                 offsets = torch.from_numpy(np.concatenate([np.zeros(1, np.int64), np.cumsum(chosen.counts[grounded])]))
                 result.rules.append(RuleGrounding(rule.prepared.rule, head, refs, values, torch.from_numpy(grounded), offsets))
+                self.release()
             relations[name] = result
         return BatchGrounding(relations, dictionaries, self.grounder.feature_stats,
                               rows={n: torch.from_numpy(demand[n]) for n in relations}, embedding_keys=embedding_keys)
