@@ -78,7 +78,7 @@ def _explain(args: argparse.Namespace) -> int:
         from relsql.ground.store import GroundingStore
         from relsql.train.batched import PASSES
 
-        output = args.output or template.order()[-1]
+        output = args.output or template.output
         grounder = BatchGrounder(template, db, output)
         store = GroundingStore.open(grounder)
         print(f"-- key tables and grounding store of `{output}` built in {time.perf_counter() - started:.2f}s")

@@ -27,7 +27,7 @@ import torch
 from relsql.db import Database, to_tensor
 from relsql.errors import GroundingError, SchemaError
 from relsql.ground import query as q
-from relsql.ground.execute import Grounding, Presets, RelationGrounding, RuleGrounding, _column_tensor, _Grounder
+from relsql.ground.execute import Grounding, Presets, RelationGrounding, RuleGrounding, _column_tensor, _Grounder, check_refs
 from relsql.template import ir
 
 _views = itertools.count()
@@ -156,11 +156,7 @@ class BatchGrounder(_Grounder):
             table = pa.Table.from_batches(list(reader), schema=reader.schema)  # Arrow record batches, this batch's rows only
         except duckdb.Error as err:
             raise _grounding_error(relation, rule, err) from None
-        for j, ref in enumerate(rule.refs):
-            if table.column(f"_r{j}").null_count:
-                raise GroundingError(
-                    f"{relation.name}, {rule.origin}: some groundings have no row of `{ref}` (an outer join?); "
-                    f"join `{ref}` with an inner JOIN so every grounding has its value")
+        check_refs(relation, rule, table)
         return table
 
     def _localize(self, demand: dict[str, torch.Tensor], fetched) -> BatchGrounding:

@@ -288,11 +288,7 @@ class _Grounder:
 
     def index_rule(self, relation: ir.Relation, rule: ir.Rule, table: pa.Table) -> RuleGrounding:
         embeds = {e.column for e in ir.walk(rule.expr) if isinstance(e, ir.Embed)}
-        for j, ref in enumerate(rule.refs):
-            if table.column(f"_r{j}").null_count:
-                raise GroundingError(
-                    f"{relation.name}, {rule.origin}: some groundings have no row of `{ref}` (an outer join?); "
-                    f"join `{ref}` with an inner JOIN so every grounding has its value")
+        check_refs(relation, rule, table)
         head = to_tensor(table.column("_head"), torch.int64)
         refs = [to_tensor(table.column(f"_r{j}"), torch.int64) for j in range(len(rule.refs))]
         values = {k: _column_tensor(table.column(f"_c{k}"), rule, k, embedded=k in embeds) for k in range(rule.n_columns)}
@@ -304,10 +300,13 @@ class _Grounder:
                 "add GROUP BY with an aggregate, or select a unique key")
         return RuleGrounding(rule, head, refs, values, segment_heads, offsets)
 
-    def dictionary(self, weight: str, source: exp.Expression, column: str, rule: ir.Rule) -> exp.Table:
-        """Dictionary-encode a categorical column in SQL; codes are stable once assigned."""
+    def dictionary(self, weight: str, source: exp.Expression, column: str, rule: ir.Rule,
+                   tables: dict[str, exp.Table] | None = None) -> exp.Table:
+        """Dictionary-encode a categorical column in SQL; codes are stable once assigned. `tables`:
+        where the dictionaries are registered (default: the embeddings', which size their weights)."""
         db = self.db
-        table = self.dictionaries.get(weight)
+        tables = self.dictionaries if tables is None else tables
+        table = tables.get(weight)
         if table is None:
             table = db.temp_table("d", weight.replace(".", "_"))
             first = exp.select(q.alias(q.col(column), "value"), q.alias(q.integer(0), "code")).from_(source.copy()).where(exp.false())
@@ -321,7 +320,7 @@ class _Grounder:
                         q.col("value"), q.col("code")).from_(q.ident(view))), rule)
                 finally:
                     db.con.unregister(view)
-            self.dictionaries[weight] = table
+            tables[weight] = table
         _run(db, q.dictionary_insert(table, source, column), rule)
         return table
 
@@ -369,6 +368,15 @@ class _Grounder:
             return value
         indicator = exp.cast(exp.Is(this=number.copy(), expression=exp.Null()), exp.DataType.build("DOUBLE"))
         return exp.Anonymous(this="list_value", expressions=[value, indicator])
+
+
+def check_refs(relation: ir.Relation, rule: ir.Rule, rows: pa.Table | pa.RecordBatch) -> None:
+    """Every grounding must reference a row of each relation its body reads (NULL: an outer join)."""
+    for j, ref in enumerate(rule.refs):
+        if rows.column(f"_r{j}").null_count:
+            raise GroundingError(
+                f"{relation.name}, {rule.origin}: some groundings have no row of `{ref}` (an outer join?); "
+                f"join `{ref}` with an inner JOIN so every grounding has its value")
 
 
 def _column_tensor(column: pa.ChunkedArray, rule: ir.Rule, k: int, embedded: bool) -> torch.Tensor:

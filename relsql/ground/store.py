@@ -42,10 +42,10 @@ import sqlglot.expressions as exp
 import torch
 
 from relsql.db import TEMP_PREFIX, first_line
-from relsql.errors import GroundingError, RelsqlError
+from relsql.errors import RelsqlError
 from relsql.ground import query as q
 from relsql.ground.demand import BatchGrounder, BatchGrounding, _grounding_error, _PreparedRule
-from relsql.ground.execute import RelationGrounding, RuleGrounding, _column_tensor
+from relsql.ground.execute import RelationGrounding, RuleGrounding, _column_tensor, _progress, check_refs
 from relsql.template import ir
 
 log = logging.getLogger("relsql")
@@ -72,7 +72,7 @@ def fingerprint(grounder: BatchGrounder) -> str:
     table the template reads (count and an order-independent sum of row hashes, in the database)."""
     db = grounder.db
     digest = hashlib.sha256(FORMAT.encode())
-    digest.update(grounder.template.source.encode() if isinstance(grounder.template.source, str) else b"")
+    digest.update(grounder.template.source.encode())
     digest.update(grounder.output.encode())
     digest.update(json.dumps(grounder.feature_stats, sort_keys=True, default=str).encode())
     for weight in sorted(grounder.dictionary_tables):
@@ -346,8 +346,6 @@ def _build(grounder: BatchGrounder, folder: Path, mark: str, progress: bool | No
     for old in folder.iterdir():  # only files of the store's own naming
         if old.is_file() and _OWN_FILE.fullmatch(old.name):
             old.unlink()
-    from relsql.ground.execute import _progress
-
     codes = _stored_dictionaries(grounder)
     relations = {}
     bar = _progress(grounder.order, progress)
@@ -380,17 +378,13 @@ def _build(grounder: BatchGrounder, folder: Path, mark: str, progress: bool | No
 
 
 def _stored_dictionaries(grounder: BatchGrounder) -> dict[str, exp.Table]:
-    """Each database-stored embedding's raw keys numbered in the database (codes for the store)."""
+    """Each database-stored embedding's raw keys numbered in the database (codes for the store),
+    kept apart from the in-memory embeddings' dictionaries."""
     tables: dict[str, exp.Table] = {}
     for rules in grounder.prepared.values():
         for prepared in rules:
             for k, weight in prepared.stored.items():
-                if weight not in tables:
-                    tables[weight] = grounder.db.temp_table("sk", ir.table_suffix(weight))
-                    first = exp.select(q.alias(q.col(f"_c{k}"), "value"), q.alias(q.integer(0), "code")).from_(
-                        prepared.source.copy()).where(exp.false())
-                    grounder.db.execute(q.create_temp(tables[weight].copy(), first))
-                grounder.db.execute(q.dictionary_insert(tables[weight], prepared.source, f"_c{k}"))
+                grounder.dictionary(weight, prepared.source, f"_c{k}", prepared.rule, tables)
     return tables
 
 
@@ -420,13 +414,9 @@ def _write_rule(grounder: BatchGrounder, relation: ir.Relation, prepared: _Prepa
                     stop = int(heads[-1]) + 1
                     offsets.write((written + np.searchsorted(heads, np.arange(next_head, stop))).astype(np.int64).tobytes())
                     next_head = stop
-                    for j, ref in enumerate(rule.refs):
-                        column = chunk.column(f"_r{j}")
-                        if column.null_count:
-                            raise GroundingError(
-                                f"{relation.name}, {rule.origin}: some groundings have no row of `{ref}` (an outer join?); "
-                                f"join `{ref}` with an inner JOIN so every grounding has its value")
-                        files["r"][j].write(column.to_numpy().astype(np.int64).tobytes())
+                    check_refs(relation, rule, chunk)
+                    for j in range(len(rule.refs)):
+                        files["r"][j].write(chunk.column(f"_r{j}").to_numpy().astype(np.int64).tobytes())
                     for k in range(rule.n_columns):
                         code = k in embeds
                         values = _column_tensor(chunk.column(f"_c{k}"), rule, k, embedded=code).numpy()

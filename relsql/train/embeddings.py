@@ -55,6 +55,7 @@ class DatabaseEmbedding:
         self.db, self.weight, self.width, self.seed = db, weight, width, seed
         self.optimizer, self.lr = optimizer, lr
         self.name = table_name(weight)
+        self._read: tuple[pa.Array, np.ndarray, np.ndarray] | None = None  # the last fetch: keys, row ids, e and a
         self.scope = db.scopes()[0]
         self.table = qualified(self.name, self.scope)
         self.steps = qualified(STEPS, self.scope)
@@ -153,34 +154,30 @@ class DatabaseEmbedding:
                 on=exp.EQ(this=q.col("key", "t"), expression=q.col("key", "n"))).order_by(q.col("_pos", "n"))
             table = self.db.arrow(select)
             rows = pc.fill_null(table.column("_row"), -1).to_numpy().astype(np.int64)
-            missing = np.flatnonzero(pc.is_null(table.column("_row")).to_numpy(zero_copy_only=False))
+            missing = np.flatnonzero(rows < 0)
             values = np.zeros((len(keys), 2 * self.width))
             for i, c in enumerate(columns):
                 values[:, i] = pc.fill_null(table.column(c), 0.0).to_numpy()
-            if len(missing):
+            if len(missing) and self.width:  # their accumulators stay 0
                 fresh = self._view(pa.table({"key": keys.take(pa.array(missing))}))
                 try:
-                    start = self.db.arrow(exp.select(*[exp.alias_(self._initial(i), ident(f"e{i}")) for i in range(self.width)],
-                                                     ).from_(exp.alias_(exp.Table(this=ident(fresh)), ident("n"), table=True))) \
-                        if self.width else None
+                    start = self.db.arrow(exp.select(*[exp.alias_(self._initial(i), ident(f"e{i}")) for i in range(self.width)]).from_(
+                        exp.alias_(exp.Table(this=ident(fresh)), ident("n"), table=True)))
                 finally:
                     self.db.con.unregister(fresh)
                 for i in range(self.width):
                     values[missing, i] = start.column(i).to_numpy()
-                    values[missing, self.width + i] = 0.0
         finally:
             self.db.con.unregister(view)
-        self._read = (keys, rows, values, self.step())
+        self._read = (keys, rows, values)
         return torch.from_numpy(values[:, :self.width].copy())
 
     def update(self, keys: pa.Array, grad: torch.Tensor) -> None:
         """One optimizer step on the rows of `keys` with their gradient (n, width), in one transaction."""
         keys = self._keys(keys)
-        read = getattr(self, "_read", None)
-        if read is None or read[0] is not keys and not read[0].equals(keys) or read[3] != self.step():
-            self.fetch(keys)  # not the rows the last fetch read (or the table moved on since): read them
-            read = self._read
-        _, rows, values, _ = read
+        if self._read is None or not self._read[0].equals(keys):
+            self.fetch(keys)  # not the rows the last fetch read (or the table changed since): read them
+        _, rows, values = self._read
         g = grad.detach().to("cpu", torch.float64).reshape(len(keys), self.width).numpy()
         e, a = values[:, :self.width], values[:, self.width:]
         if self.optimizer == "sgd":
@@ -238,6 +235,7 @@ class DatabaseEmbedding:
         step = self._step_of(copy)
         columns = ["key", *[f"{p}{i}" for p in ("e", "a") for i in range(self.width)]]
         fresh = qualified(f"{self.name}__restoring", self.scope)
+        self._read = None  # row ids of the table being replaced
         self.db.transaction([  # a new table swapped in: no row-by-row delete and re-insert
             exp.Create(this=fresh, kind="TABLE", replace=True, expression=exp.select(*[q.col(c) for c in columns]).from_(copy.copy())),
             exp.Drop(tables=[self.table.copy()], kind="TABLE"),
