@@ -248,7 +248,7 @@ class Model:
     @_with_threads
     def fit(self, epochs: int = 100, batch_size: int | None = None, lr: float = 0.01, patience: int = 20,
             weight_decay: float = 0.0, *, checkpoint: str | Path | None = None, resume: bool = False,
-            checkpoint_every: int | None = None, callback=None) -> Model:
+            checkpoint_every: int | None = None, callback=None, workers: int = 1) -> Model:
         """Adam on the training rows; keeps the weights of the best validation loss.
 
         `batch_size` (default: the model's) trains on demand-grounded mini-batches of that many
@@ -259,6 +259,8 @@ class Model:
         batches), with database-stored embeddings copied aside in the database; `resume=True`
         continues from it. `callback(info)` is called after every step with epoch, batch, batches
         and loss; an exception from it (or Ctrl-C) stops training with the database consistent.
+        `workers=N` trains data-parallel on N processes reading the grounding store (each a share
+        of every batch, gradients summed: the steps of one process; relsql/train/distributed.py).
         """
         from tqdm.auto import tqdm
 
@@ -276,6 +278,14 @@ class Model:
             raise RelsqlError(f"callback must be callable (a function of one dict), got {type(callback).__name__}")
         if len(self.rows["train"]) == 0:
             raise RelsqlError(f"no labelled target rows to train on in {self.target}")
+        workers = arguments.integer("workers", workers, maximum=1024)
+        if workers > 1:
+            if checkpoint is not None or callback is not None:
+                raise RelsqlError("fit(workers=N) takes no checkpoint or callback yet: train with one worker to use them")
+            from relsql.train import distributed
+
+            distributed.fit(self, workers, epochs, batch_size, lr, patience, weight_decay)
+            return self
         batch_size = batch_size if batch_size is not None else self.batch_size
         batched = self.mini_batches or batch_size is not None
         if batched and self.batched is None:

@@ -57,6 +57,23 @@ RESIDENT_BUDGET = 128 << 20  # bytes of the store's pages a process keeps mapped
 
 
 @dataclass
+class StoreMeta:
+    """What reading a store needs besides its files: the grounder's template, order, encodings
+    and fan-out, without its database (so another process can read the store: a training rank)."""
+
+    template: ir.Template
+    output: str
+    order: list[str]
+    fanout: dict[str, int] | int | None
+    seed: int
+    prepared: dict[str, list[_PreparedRule]]
+    stored: dict
+    dictionary_tables: dict[str, pa.Table]
+    feature_stats: dict
+    sizes: dict[str, int]
+
+
+@dataclass
 class _Rule:
     """One rule's part of the store, opened as memory maps."""
 
@@ -119,6 +136,18 @@ class GroundingStore:
             self._cleanup = weakref.finalize(self, shutil.rmtree, str(folder), True)
 
     # -- opening -------------------------------------------------------------------------------
+    def detach(self) -> tuple[str, dict, StoreMeta]:
+        """(folder, manifest, meta): enough to open this store in another process with `attach`."""
+        g = self.grounder
+        meta = StoreMeta(g.template, g.output, list(g.order), g.fanout, g.seed, g.prepared, dict(g.stored),
+                         dict(g.dictionary_tables), dict(g.feature_stats), dict(g.sizes))
+        return str(self.folder), self.manifest, meta
+
+    @classmethod
+    def attach(cls, folder: str, manifest: dict, meta: StoreMeta) -> GroundingStore:
+        """A store opened read-only by a process that has no database (its owner removes it)."""
+        return cls(meta, Path(folder), manifest, owned=False)
+
     @classmethod
     def open(cls, grounder: BatchGrounder, folder: str | Path | None = None, progress: bool | None = None) -> GroundingStore:
         """The store of `grounder`'s template and data in `folder` (a temporary one when None):
@@ -437,4 +466,4 @@ def _write_rule(grounder: BatchGrounder, relation: ir.Relation, prepared: _Prepa
             "columns": {str(k): list(v) for k, v in kinds.items()}}
 
 
-__all__ = ["GroundingStore", "fingerprint"]
+__all__ = ["GroundingStore", "StoreMeta", "fingerprint"]

@@ -1,0 +1,314 @@
+"""Data-parallel training: N processes (ranks) train one model from one grounding store.
+
+Every rank walks the global batches one process would (same seed, same shuffles). Each takes a
+contiguous share of a batch's rows, reads their groundings from the store (files; no database),
+runs forward and backward with its loss scaled by its share of the batch, and one all-reduce
+sums the gradients (gloo on CPU, NCCL on CUDA). That sum is the gradient of the whole batch's
+mean loss, so N ranks take the steps one process takes, equal up to the order of float
+additions. Validation rows are shared out the same way and their outputs gathered, so every
+rank makes the same early-stopping choice. Rank 0 hands the result back to the process that
+started the ranks, which owns the database: it keeps checkpoints, predictions and saved models.
+
+Ranks are `python -m relsql.train.distributed` processes; the job (the model's weights, task,
+split and the store's description) reaches them through their stdin, from this process only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from relsql.errors import RelsqlError
+from relsql.ground.demand import database_embeddings
+from relsql.ground.store import GroundingStore
+from relsql.train.batched import Batched
+from relsql.train.batches import Worker, batches
+from relsql.train.threads import default_threads
+
+log = logging.getLogger("relsql")
+RESULT = "result.pt"
+_NOT_SENT = ("db", "batched")  # what stays with the parent: the database and its grounder
+
+
+@dataclass
+class Job:
+    """Everything a rank needs: no database handle, nothing that runs code when read."""
+
+    model: dict  # the Model's state without its database (net, head, task, labels, split)
+    store: tuple  # GroundingStore.detach()
+    epochs: int
+    batch_size: int
+    lr: float
+    patience: int
+    weight_decay: float
+    world: int
+    init_method: str
+    folder: str
+    threads: int
+    timeout: float
+    log_level: int = logging.WARNING
+    timings: dict = field(default_factory=dict)
+
+
+# -- the parent: start the ranks, wait, take the result ------------------------------------------
+def fit(model, workers: int, epochs: int, batch_size: int | None, lr: float, patience: int, weight_decay: float,
+        timeout: float = 1800.0) -> None:
+    """Train `model` on `workers` ranks; its weights, history and best epoch become rank 0's."""
+    if database_embeddings(model.template):
+        raise RelsqlError("fit(workers=N) does not train database-stored embeddings yet: train them with one worker, "
+                          "or declare the embeddings with storage='memory'")
+    if model.store is False:
+        raise RelsqlError("fit(workers=N) reads every batch from the grounding store: create the Model without store=False")
+    if model.batched is None:
+        model.batched = model._batched(model._presets())
+    store = model.batched.grounding_store
+    size = batch_size or model.batch_size or len(model.rows["train"])
+    with tempfile.TemporaryDirectory(prefix="relsql-ranks-") as folder:
+        job = Job({k: v for k, v in model.__dict__.items() if k not in _NOT_SENT}, store.detach(), epochs, size, lr,
+                  patience, weight_decay, workers, f"tcp://127.0.0.1:{_free_port()}", folder,
+                  model.threads or max(1, default_threads() * 2 // workers), timeout,
+                  log.getEffectiveLevel())
+        started = time.perf_counter()
+        _run_ranks(job)
+        result = torch.load(Path(folder) / RESULT, weights_only=True)  # tensors and numbers only
+    model.net.set_named_weights(result["weights"], model._fixed())
+    model.head.load_state_dict(result["head"])
+    model.history.extend(result["history"])
+    model.best_epoch, model.stopped = result["best_epoch"], result["stopped"]
+    for name, seconds in result["timings"].items():
+        model.timings[name] = model.timings.get(name, 0.0) + seconds
+    model.timings["training"] = model.timings.get("training", 0.0) + time.perf_counter() - started
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _run_ranks(job: Job) -> None:
+    """Start the ranks and wait for all; one failing (or dying) stops the others, no hang."""
+    payload = pickle.dumps(job)
+    root = str(Path(__file__).resolve().parents[2])
+    processes = []
+    try:
+        for rank in range(job.world):
+            env = {**os.environ, "RELSQL_RANK": str(rank), "PYTHONPATH": os.pathsep.join(
+                filter(None, [root, os.environ.get("PYTHONPATH")])), "OMP_NUM_THREADS": str(job.threads)}
+            errors = open(Path(job.folder) / f"rank{rank}.log", "wb")
+            process = subprocess.Popen([sys.executable, "-m", "relsql.train.distributed"], stdin=subprocess.PIPE,
+                                       stdout=errors, stderr=None if rank == 0 else errors, env=env)
+            errors.close()
+            process.stdin.write(payload)
+            process.stdin.close()
+            processes.append(process)
+        while True:
+            codes = [p.poll() for p in processes]
+            failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                raise RelsqlError(f"training rank {failed[0]} of {job.world} failed: {_failure(job, failed[0], codes[failed[0]])}")
+            if all(c == 0 for c in codes):
+                return
+            time.sleep(0.05)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def _failure(job: Job, rank: int, code: int) -> str:
+    """The rank's own one-line account, else how it ended."""
+    message = Path(job.folder) / f"rank{rank}.error"
+    if message.exists():
+        return message.read_text().strip()
+    return f"it ended with {'signal ' + str(-code) if code < 0 else 'exit code ' + str(code)} before reporting an error"
+
+
+# -- one rank ----------------------------------------------------------------------------------
+def _rank_main() -> None:
+    job: Job = pickle.loads(sys.stdin.buffer.read())  # from the parent process, through a pipe
+    rank = int(os.environ["RELSQL_RANK"])
+    try:
+        torch.set_num_threads(job.threads)
+        if rank == 0 and job.log_level < logging.WARNING:
+            logging.basicConfig(level=job.log_level, format="%(message)s")
+        _train(job, rank)
+    except BaseException as err:  # one line for the parent; it stops the other ranks
+        text = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+        (Path(job.folder) / f"rank{rank}.error").write_text(text)
+        sys.exit(1)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _model(job: Job):
+    from relsql.model import Model
+
+    model = Model.__new__(Model)
+    model.__dict__.update(job.model)
+    store = GroundingStore.attach(*job.store)
+    model.db = None
+    model.batched = Batched(store.grounder, model.template, model.output, model.dtype, model.seed,
+                            model.embedding_optimizer or "adagrad", model.embedding_lr, store)
+    return model
+
+
+def _train(job: Job, rank: int) -> None:
+    """The single-process loop of Model.fit, on this rank's share of every batch."""
+    model = _model(job)
+    device = model.device
+    if device.type == "cuda" and torch.cuda.device_count() > 1:
+        device = model.device = torch.device("cuda", rank % torch.cuda.device_count())
+        model.net.to(device)
+        model.head.to(device)
+        model.y = model.y.to(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=job.init_method, rank=rank,
+                            world_size=job.world, timeout=timedelta(seconds=job.timeout))
+    clock = {"waiting_on_store": 0.0, "compute": 0.0, "all_reduce": 0.0}
+    optimizers = model._optimizers(job.lr, job.weight_decay)
+    monitor = "val" if len(model.rows["val"]) else "train"
+    best = {"loss": float("inf"), "state": None}
+    history, best_epoch, stopped = [], None, "epochs"
+    for epoch in range(job.epochs):
+        order = batches(model.rows["train"], job.batch_size, np.random.default_rng([model.seed, epoch]))
+        record = {"epoch": epoch, "train_loss": _epoch(model, job, rank, order, epoch, optimizers, clock)}
+        record.update(_validation(model, job, rank, device))
+        history.append(record)
+        if rank == 0:
+            log.info("epoch %d of %d: train loss %.4f, validation loss %.4f", epoch + 1, job.epochs,
+                     record["train_loss"], record["val_loss"])
+        current = record[f"{monitor}_loss"]
+        if current < best["loss"] - 1e-7:
+            best["loss"], best_epoch, best["state"] = current, epoch, model._weights_copy()
+        elif epoch - best_epoch >= job.patience:
+            stopped = "early (no validation improvement for patience epochs)"
+            break
+    if best["state"] is not None:
+        model._restore_weights(best["state"])
+    if rank == 0:
+        result = {"weights": {n: p.detach().cpu() for n, p in model.net.named_weights().items()},
+                  "head": {k: v.cpu() for k, v in model.head.state_dict().items()},
+                  "history": history, "best_epoch": best_epoch, "stopped": stopped, "timings": clock}
+        partial = Path(job.folder) / (RESULT + ".tmp")
+        torch.save(result, partial)
+        os.replace(partial, Path(job.folder) / RESULT)
+
+
+def _epoch(model, job: Job, rank: int, order: list[np.ndarray], epoch: int, optimizers, clock: dict) -> float:
+    """One pass over the global batches; returns the mean loss over the epoch's rows."""
+    shares = [np.array_split(positions, job.world)[rank] for positions in order]
+    total, count = 0.0, 0
+    with Worker() as worker:
+        pending = worker.prefetch(_prepare, model, shares[0], epoch) if order else None
+        for b, positions in enumerate(order):
+            batch = worker.wait(pending)
+            pending = worker.prefetch(_prepare, model, shares[b + 1], epoch) if b + 1 < len(order) else None
+            started = time.perf_counter()
+            _agree_on_weights(model, batch, optimizers, job)
+            for optimizer in optimizers:
+                optimizer.zero_grad()
+            loss = torch.zeros((), dtype=model.dtype, device=model.device)
+            if batch is not None:
+                out = Batched.outputs(model.net, model.head, batch, {}, model.output)
+                y = model.y[torch.as_tensor(shares[b], device=model.device)]
+                loss = model.task.loss(out, y) * (len(shares[b]) / len(positions))  # this share's part of the batch mean
+                loss.backward()
+            clock["compute"] += time.perf_counter() - started
+            started = time.perf_counter()
+            batch_loss = _all_reduce_gradients(model, loss.detach())
+            clock["all_reduce"] += time.perf_counter() - started
+            started = time.perf_counter()
+            for optimizer in optimizers:
+                optimizer.step()
+            clock["compute"] += time.perf_counter() - started
+            total, count = total + batch_loss * len(positions), count + len(positions)
+        clock["waiting_on_store"] += worker.waited
+    return total / count if count else float("nan")
+
+
+def _prepare(model, positions: np.ndarray, epoch: int):
+    return model.batched.prepare(model.labelled[positions], epoch) if len(positions) else None
+
+
+def _agree_on_weights(model, batch, optimizers, job: Job) -> None:
+    """Every rank creates the weights any rank's share needs first (one process would create
+    them for the whole batch at this step), so all hold the same parameters in the same state."""
+    new = {} if batch is None else {n: s for n, s in batch.plan.params.items()
+                                    if not s.external and n not in model.net._param_keys}
+    flag = torch.tensor([len(new)], dtype=torch.int64)
+    dist.all_reduce(flag)
+    if not int(flag):
+        return
+    gathered: list[dict] = [{} for _ in range(job.world)]
+    dist.all_gather_object(gathered, new)
+    merged = {name: spec for part in gathered for name, spec in sorted(part.items())}
+    created = model.net.add_weights(SimpleNamespace(params=merged))
+    dense = [p for p in created if p.requires_grad and not model._is_embedding(p)]
+    if dense:
+        optimizers[0].add_param_group({"params": dense, "lr": job.lr, "weight_decay": job.weight_decay})
+    sparse = [p for p in created if p.requires_grad and model._is_embedding(p)]
+    if sparse:
+        optimizers.append(model._optimizers_for(sparse))
+
+
+def _all_reduce_gradients(model, loss: torch.Tensor) -> float:
+    """Sum gradients (and the batch loss) over the ranks in one all-reduce; a weight no rank
+    used keeps no gradient, as in one process (Adam then leaves it alone)."""
+    params = [p for _, p in sorted(model.net.named_weights().items()) if p.requires_grad]
+    params += [p for p in model.head.parameters() if p.requires_grad]
+    parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+    used = torch.tensor([p.grad is not None for p in params], dtype=loss.dtype, device=loss.device)
+    flat = torch.cat([*parts, used, loss.reshape(1)])
+    dist.all_reduce(flat)
+    offset = 0
+    for p, part, count in zip(params, parts, flat[-1 - len(params):-1].tolist()):
+        p.grad = flat[offset:offset + part.numel()].view_as(p).clone() if count else None
+        offset += part.numel()
+    return float(flat[-1])
+
+
+def _validation(model, job: Job, rank: int, device: torch.device) -> dict[str, float]:
+    """Validation loss and metrics over all its rows: each rank computes a share, all gather."""
+    positions = model.rows["val"]
+    if not len(positions):
+        return {"val_loss": float("nan")}
+    shares = np.array_split(np.arange(len(positions)), job.world)
+    mine = positions[shares[rank]]
+    with torch.no_grad():
+        out = (model._batched_outputs(model.labelled[mine], None, job.batch_size) if len(mine)
+               else torch.zeros((0, model.task.units), dtype=model.dtype, device=device))
+    widest = max(len(s) for s in shares)
+    padded = torch.zeros((widest, out.shape[1]), dtype=out.dtype, device=out.device)
+    padded[:len(out)] = out
+    gathered = [torch.empty_like(padded) for _ in range(job.world)]
+    dist.all_gather(gathered, padded)
+    out = torch.cat([g[:len(s)] for g, s in zip(gathered, shares)])
+    y = model.y[torch.as_tensor(positions, device=model.y.device)]
+    record = {"val_loss": float(model.task.loss(out, y))}
+    for name, value in model.task.scores(out.cpu().double().numpy(), y.cpu().double().numpy()).items():
+        record[f"val_{name}"] = value
+    return record
+
+
+if __name__ == "__main__":
+    _rank_main()
