@@ -280,11 +280,11 @@ class Model:
             raise RelsqlError(f"no labelled target rows to train on in {self.target}")
         workers = arguments.integer("workers", workers, maximum=1024)
         if workers > 1:
-            if checkpoint is not None or callback is not None:
-                raise RelsqlError("fit(workers=N) takes no checkpoint or callback yet: train with one worker to use them")
+            if callback is not None:
+                raise RelsqlError("fit(workers=N) takes no callback (the steps run in other processes): train with one worker to use one")
             from relsql.train import distributed
 
-            distributed.fit(self, workers, epochs, batch_size, lr, patience, weight_decay)
+            distributed.fit(self, workers, epochs, batch_size, lr, patience, weight_decay, checkpoint, checkpoint_every, resume)
             return self
         batch_size = batch_size if batch_size is not None else self.batch_size
         batched = self.mini_batches or batch_size is not None

@@ -139,7 +139,7 @@ def _train(args: argparse.Namespace) -> int:
                              seed=args.seed, task=args.task, batch_size=args.batch_size, threads=args.threads,
                              allow_target_inputs=args.allow_target_inputs)
         model.fit(epochs=args.epochs, lr=args.lr, patience=args.patience, checkpoint=args.checkpoint,
-                  resume=args.checkpoint is not None)
+                  resume=args.checkpoint is not None, workers=args.workers)
         path = model.save(args.model)
         print(model.report())
         print(f"model saved to {path} (metrics plot {path.with_suffix('.png')})")
@@ -225,6 +225,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     train.add_argument("--predictions", type=table_name, help="also write predictions to this new table")
     train.add_argument("--replace", action="store_true", help="replace an existing table of predictions (never a table of data)")
     train.add_argument("--threads", type=positive_int, help=THREADS_HELP)
+    train.add_argument("--workers", type=positive_int, default=1,
+                       help="train data-parallel on this many processes, each a share of every batch (default 1)")
     train.add_argument("--allow-target-inputs", action="store_true",
                        help="train even though the template reads the target column (or a copy of it)")
     train.set_defaults(run=_train)

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -35,6 +35,7 @@ import torch.distributed as dist
 from relsql.errors import RelsqlError
 from relsql.ground.demand import database_embeddings
 from relsql.ground.store import GroundingStore
+from relsql.train import checkpoint as checkpoints
 from relsql.train.batched import Batched
 from relsql.train.batches import Worker, batches
 from relsql.train.threads import default_threads
@@ -61,13 +62,17 @@ class Job:
     threads: int
     timeout: float
     log_level: int = logging.WARNING
-    timings: dict = field(default_factory=dict)
+    checkpoint: str | None = None  # rank 0 writes it (Model.fit's format); resumed from `resume`
+    checkpoint_every: int | None = None
+    resume: dict | None = None
 
 
 # -- the parent: start the ranks, wait, take the result ------------------------------------------
 def fit(model, workers: int, epochs: int, batch_size: int | None, lr: float, patience: int, weight_decay: float,
+        checkpoint: Path | None = None, checkpoint_every: int | None = None, resume: bool = False,
         timeout: float = 1800.0) -> None:
-    """Train `model` on `workers` ranks; its weights, history and best epoch become rank 0's."""
+    """Train `model` on `workers` ranks; its weights, history and best epoch become rank 0's.
+    `timeout`: seconds a rank waits for the others in a collective before giving up."""
     if database_embeddings(model.template):
         raise RelsqlError("fit(workers=N) does not train database-stored embeddings yet: train them with one worker, "
                           "or declare the embeddings with storage='memory'")
@@ -81,14 +86,15 @@ def fit(model, workers: int, epochs: int, batch_size: int | None, lr: float, pat
         job = Job({k: v for k, v in model.__dict__.items() if k not in _NOT_SENT}, store.detach(), epochs, size, lr,
                   patience, weight_decay, workers, f"tcp://127.0.0.1:{_free_port()}", folder,
                   model.threads or max(1, default_threads() * 2 // workers), timeout,
-                  log.getEffectiveLevel())
+                  log.getEffectiveLevel(), None if checkpoint is None else str(checkpoint), checkpoint_every,
+                  checkpoints.load(checkpoint) if resume and checkpoint is not None and Path(checkpoint).exists() else None)
         started = time.perf_counter()
         _run_ranks(job)
         result = torch.load(Path(folder) / RESULT, weights_only=True)  # tensors and numbers only
     model.net.set_named_weights(result["weights"], model._fixed())
     model.head.load_state_dict(result["head"])
-    model.history.extend(result["history"])
-    model.best_epoch, model.stopped = result["best_epoch"], result["stopped"]
+    model.history = list(result["history"])
+    model.best_epoch, model.stopped, model.epoch_cap = result["best_epoch"], result["stopped"], epochs
     for name, seconds in result["timings"].items():
         model.timings[name] = model.timings.get(name, 0.0) + seconds
     model.timings["training"] = model.timings.get("training", 0.0) + time.perf_counter() - started
@@ -150,7 +156,7 @@ def _rank_main() -> None:
     try:
         torch.set_num_threads(job.threads)
         if rank == 0 and job.log_level < logging.WARNING:
-            logging.basicConfig(level=job.log_level, format="%(message)s")
+            logging.basicConfig(level=job.log_level, format="relsql: %(message)s")
         _train(job, rank)
     except BaseException as err:  # one line for the parent; it stops the other ranks
         text = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
@@ -188,39 +194,51 @@ def _train(job: Job, rank: int) -> None:
     optimizers = model._optimizers(job.lr, job.weight_decay)
     monitor = "val" if len(model.rows["val"]) else "train"
     best = {"loss": float("inf"), "state": None}
-    history, best_epoch, stopped = [], None, "epochs"
-    for epoch in range(job.epochs):
+    start_epoch, start_batch, model._running = 0, 0, (0.0, 0)
+    if job.resume is not None:
+        start_epoch, start_batch = model._resume_from(job.resume, job.checkpoint, optimizers, best, None)
+    model.stopped = "epochs"
+    for epoch in range(start_epoch, job.epochs):
         order = batches(model.rows["train"], job.batch_size, np.random.default_rng([model.seed, epoch]))
-        record = {"epoch": epoch, "train_loss": _epoch(model, job, rank, order, epoch, optimizers, clock)}
+        first = start_batch if epoch == start_epoch else 0
+        record = {"epoch": epoch, "train_loss": _epoch(model, job, rank, order, epoch, first, optimizers, best, clock)}
         record.update(_validation(model, job, rank, device))
-        history.append(record)
+        model.history.append(record)
         if rank == 0:
             log.info("epoch %d of %d: train loss %.4f, validation loss %.4f", epoch + 1, job.epochs,
                      record["train_loss"], record["val_loss"])
         current = record[f"{monitor}_loss"]
+        stop = False
         if current < best["loss"] - 1e-7:
-            best["loss"], best_epoch, best["state"] = current, epoch, model._weights_copy()
-        elif epoch - best_epoch >= job.patience:
-            stopped = "early (no validation improvement for patience epochs)"
+            best["loss"], model.best_epoch, best["state"] = current, epoch, model._weights_copy()
+        elif epoch - model.best_epoch >= job.patience:
+            stop = True
+        if job.checkpoint is not None and rank == 0:
+            model._checkpoint(job.checkpoint, epoch + 1, 0, optimizers, best, None)
+        if stop:
+            model.stopped = "early (no validation improvement for patience epochs)"
             break
     if best["state"] is not None:
         model._restore_weights(best["state"])
     if rank == 0:
         result = {"weights": {n: p.detach().cpu() for n, p in model.net.named_weights().items()},
                   "head": {k: v.cpu() for k, v in model.head.state_dict().items()},
-                  "history": history, "best_epoch": best_epoch, "stopped": stopped, "timings": clock}
+                  "history": model.history, "best_epoch": model.best_epoch, "stopped": model.stopped, "timings": clock}
         partial = Path(job.folder) / (RESULT + ".tmp")
         torch.save(result, partial)
         os.replace(partial, Path(job.folder) / RESULT)
 
 
-def _epoch(model, job: Job, rank: int, order: list[np.ndarray], epoch: int, optimizers, clock: dict) -> float:
-    """One pass over the global batches; returns the mean loss over the epoch's rows."""
+def _epoch(model, job: Job, rank: int, order: list[np.ndarray], epoch: int, first: int, optimizers, best: dict,
+           clock: dict) -> float:
+    """One pass over the global batches (from batch `first`); returns the mean loss over the
+    epoch's rows. Rank 0 writes the mid-epoch checkpoints."""
     shares = [np.array_split(positions, job.world)[rank] for positions in order]
-    total, count = 0.0, 0
+    total, count = model._running if first else (0.0, 0)
     with Worker() as worker:
-        pending = worker.prefetch(_prepare, model, shares[0], epoch) if order else None
-        for b, positions in enumerate(order):
+        pending = worker.prefetch(_prepare, model, shares[first], epoch) if first < len(order) else None
+        for b in range(first, len(order)):
+            positions = order[b]
             batch = worker.wait(pending)
             pending = worker.prefetch(_prepare, model, shares[b + 1], epoch) if b + 1 < len(order) else None
             started = time.perf_counter()
@@ -242,6 +260,10 @@ def _epoch(model, job: Job, rank: int, order: list[np.ndarray], epoch: int, opti
                 optimizer.step()
             clock["compute"] += time.perf_counter() - started
             total, count = total + batch_loss * len(positions), count + len(positions)
+            model._running = (total, count)
+            if (rank == 0 and job.checkpoint is not None and job.checkpoint_every and (b + 1) % job.checkpoint_every == 0
+                    and b + 1 < len(order)):
+                model._checkpoint(job.checkpoint, epoch, b + 1, optimizers, best, None)
         clock["waiting_on_store"] += worker.waited
     return total / count if count else float("nan")
 

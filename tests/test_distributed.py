@@ -1,0 +1,143 @@
+"""Data-parallel training (relsql/train/distributed.py): real gloo ranks in their own processes,
+checked against single-process training (the oracle), with the same global batches."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import relsql
+from tests.test_batches import shop_db, shop_template
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def trained(workers: int, db=None, template=None, epochs: int = 3, **fit) -> relsql.Model:
+    model = relsql.Model(db or shop_db(), template or shop_template("memory"), "item.y", batch_size=256,
+                         dtype=torch.float64, progress=False)
+    return model.fit(epochs=epochs, lr=0.05, workers=workers, **fit)
+
+
+def assert_same_training(one: relsql.Model, other: relsql.Model, tolerance: float = 1e-10) -> None:
+    a, b = one.named_weights(), other.named_weights()
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.allclose(a[name].detach(), b[name].detach(), atol=tolerance, rtol=0), name
+    assert len(one.history) == len(other.history)
+    for x, y in zip(one.history, other.history):
+        assert abs(x["train_loss"] - y["train_loss"]) < tolerance and abs(x["val_loss"] - y["val_loss"]) < tolerance
+    assert one.best_epoch == other.best_epoch
+
+
+def test_two_ranks_take_the_steps_of_one_process():
+    one, two = trained(1), trained(2)
+    assert_same_training(one, two)
+    assert one.history[-1]["train_loss"] < one.history[0]["train_loss"]  # it trained: the weights moved
+    assert {"waiting_on_store", "compute", "all_reduce"} <= set(two.timings)
+    assert two.evaluate()["loss"] == pytest.approx(one.evaluate()["loss"], abs=1e-10)
+
+
+def test_uneven_shares_fanout_and_lazily_created_weights():
+    """Batches of 37 over 3 ranks (shares of 12 and 13 rows), a fan-out sample, and a second
+    statement whose weight only some batches create: still one process's steps."""
+    template = relsql.Template.from_sql("""
+    CREATE TABLE user_h AS SELECT u.user_id, tanh(linear(features(u.age), 4, 'wu')) AS h FROM users u;
+    CREATE TABLE item_h AS SELECT i.id, linear(avg(uh.h), 4, 'wuh') AS h
+    FROM item i JOIN item j ON j.user_id = i.user_id JOIN user_h uh ON uh.user_id = j.user_id GROUP BY i.id;
+    CREATE TABLE pred AS
+    SELECT i.id, linear(tanh(linear(features(i.x), 4, 'wx') + ih.h), 1, 'out') AS h FROM item i JOIN item_h ih ON ih.id = i.id;
+    CREATE TABLE pred AS SELECT i.id, linear(features(i.x), 1, 'rare') AS h FROM item i WHERE i.id % 97 = 5;
+    """)
+
+    def run(workers: int) -> relsql.Model:
+        model = relsql.Model(shop_db(), template, "item.y", batch_size=37, fanout=3, dtype=torch.float64, progress=False)
+        return model.fit(epochs=2, lr=0.05, workers=workers)
+
+    assert_same_training(run(1), run(3))
+
+
+def test_checkpoint_written_by_rank_zero_resumes(tmp_path):
+    path = tmp_path / "ranks.ckpt"
+    trained(2, epochs=2, checkpoint=path)
+    assert path.exists()
+    resumed = relsql.Model(shop_db(), shop_template("memory"), "item.y", batch_size=256, dtype=torch.float64,
+                           progress=False).fit(epochs=4, lr=0.05, workers=2, checkpoint=path, resume=True)
+    assert_same_training(trained(1, epochs=4), resumed)
+
+
+def _rank_processes() -> list[int]:
+    """The rank processes this test process started (children running relsql.train.distributed)."""
+    found = []
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            try:
+                if b"relsql.train.distributed" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    found.append(int(pid))
+            except OSError:
+                pass
+    return sorted(found)
+
+
+def test_a_rank_that_dies_stops_training_with_a_clear_error():
+    killed = []
+
+    def kill_one() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            ranks = _rank_processes()
+            if len(ranks) == 2:
+                time.sleep(8)  # into training
+                os.kill(ranks[1], signal.SIGKILL)
+                killed.append(ranks[1])
+                return
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=kill_one)
+    thread.start()
+    started = time.monotonic()
+    with pytest.raises(relsql.RelsqlError, match=r"training rank \d of 2 failed"):
+        trained(2, epochs=500, patience=500)
+    thread.join()
+    assert killed and time.monotonic() - started < 120  # stopped, not hung until the collective's timeout
+    assert not _rank_processes()  # no rank left behind
+
+
+def test_what_ranks_cannot_do_yet_is_refused_before_anything_runs():
+    model = relsql.Model(shop_db(), shop_template("database"), "item.y", batch_size=256, progress=False)
+    with pytest.raises(relsql.RelsqlError, match="database-stored embeddings"):
+        model.fit(epochs=1, workers=2)
+    model = relsql.Model(shop_db(), shop_template("memory"), "item.y", batch_size=256, progress=False, store=False)
+    with pytest.raises(relsql.RelsqlError, match="store=False"):
+        model.fit(epochs=1, workers=2)
+    with pytest.raises(relsql.RelsqlError, match="callback"):
+        model.fit(epochs=1, workers=2, callback=print)
+    with pytest.raises(relsql.RelsqlError, match="workers must be"):
+        model.fit(epochs=1, workers=0)
+
+
+def test_cli_trains_on_two_workers(tmp_path):
+    database = tmp_path / "shop.duckdb"
+    db = shop_db()
+    db.execute(f"ATTACH '{database}' AS f")
+    db.execute("CREATE TABLE f.users AS SELECT * FROM users")
+    db.execute("CREATE TABLE f.item AS SELECT * FROM item")
+    db.close()
+    template = tmp_path / "shop.sql"
+    template.write_text(shop_template("memory").source)
+    done = subprocess.run([sys.executable, "-m", "relsql.cli", "train", str(database), "--template", str(template),
+                           "--target", "item.y", "--batch-size", "256", "--epochs", "2", "--workers", "2",
+                           "--model", str(tmp_path / "m.pt"), "--predictions", "scores"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "wrote 2000 predictions" in done.stdout
+    with relsql.connect(database) as db:
+        model = relsql.Model.load(tmp_path / "m.pt", db)
+        assert len(model.history) == 2
