@@ -402,7 +402,7 @@ class Model:
                 log.info("epoch %d: %d batches, about %.0fs for the epoch (%.2fs per batch so far)", epoch + 1, len(order),
                          each * (len(order) - first), each)
             if callback is not None:
-                callback({"epoch": epoch, "batch": b, "batches": len(order), "loss": float(loss)})
+                callback({"epoch": epoch, "batch": b, "batches": len(order), "loss": float(loss.detach())})
         bar.close()
         return total / count if count else float("nan")
 

@@ -45,6 +45,17 @@ def test_two_ranks_take_the_steps_of_one_process():
     assert two.evaluate()["loss"] == pytest.approx(one.evaluate()["loss"], abs=1e-10)
 
 
+def test_full_batch_model_on_two_ranks_equals_full_batch_training():
+    """A model without batch_size: each epoch is one global batch of every training row."""
+    def run(workers: int) -> relsql.Model:
+        model = relsql.Model(shop_db(), shop_template("memory"), "item.y", dtype=torch.float64, progress=False)
+        return model.fit(epochs=3, lr=0.05, workers=workers)
+
+    one, two = run(1), run(2)
+    assert_same_training(one, two)
+    assert two.evaluate()["roc_auc"] == pytest.approx(one.evaluate()["roc_auc"], abs=1e-12)
+
+
 def test_uneven_shares_fanout_and_lazily_created_weights():
     """Batches of 37 over 3 ranks (shares of 12 and 13 rows), a fan-out sample, and a second
     statement whose weight only some batches create: still one process's steps."""

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -65,6 +66,7 @@ class Job:
     checkpoint: str | None = None  # rank 0 writes it (Model.fit's format); resumed from `resume`
     checkpoint_every: int | None = None
     resume: dict | None = None
+    started: float = 0.0  # time.time() when the parent started the ranks
 
 
 # -- the parent: start the ranks, wait, take the result ------------------------------------------
@@ -78,6 +80,9 @@ def fit(model, workers: int, epochs: int, batch_size: int | None, lr: float, pat
                           "or declare the embeddings with storage='memory'")
     if model.store is False:
         raise RelsqlError("fit(workers=N) reads every batch from the grounding store: create the Model without store=False")
+    if model.device.type == "cuda" and torch.cuda.device_count() < workers:
+        raise RelsqlError(f"fit(workers={workers}) on CUDA needs a GPU per rank (NCCL); this machine has "
+                          f"{torch.cuda.device_count()}: use workers={max(1, torch.cuda.device_count())}, or device='cpu' (gloo)")
     if model.batched is None:
         model.batched = model._batched(model._presets())
     store = model.batched.grounding_store
@@ -85,10 +90,11 @@ def fit(model, workers: int, epochs: int, batch_size: int | None, lr: float, pat
     with tempfile.TemporaryDirectory(prefix="relsql-ranks-") as folder:
         job = Job({k: v for k, v in model.__dict__.items() if k not in _NOT_SENT}, store.detach(), epochs, size, lr,
                   patience, weight_decay, workers, f"tcp://127.0.0.1:{_free_port()}", folder,
-                  model.threads or max(1, default_threads() * 2 // workers), timeout,
+                  model.threads or max(1, default_threads() // workers), timeout,
                   log.getEffectiveLevel(), None if checkpoint is None else str(checkpoint), checkpoint_every,
                   checkpoints.load(checkpoint) if resume and checkpoint is not None and Path(checkpoint).exists() else None)
         started = time.perf_counter()
+        job.started = time.time()
         _run_ranks(job)
         result = torch.load(Path(folder) / RESULT, weights_only=True)  # tensors and numbers only
     model.net.set_named_weights(result["weights"], model._fixed())
@@ -151,7 +157,9 @@ def _failure(job: Job, rank: int, code: int) -> str:
 
 # -- one rank ----------------------------------------------------------------------------------
 def _rank_main() -> None:
-    job: Job = pickle.loads(sys.stdin.buffer.read())  # from the parent process, through a pipe
+    with warnings.catch_warnings():  # the probe plan's sparse tensors; the parent already said it
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        job: Job = pickle.loads(sys.stdin.buffer.read())  # from the parent process, through a pipe
     rank = int(os.environ["RELSQL_RANK"])
     try:
         torch.set_num_threads(job.threads)
@@ -183,14 +191,15 @@ def _train(job: Job, rank: int) -> None:
     """The single-process loop of Model.fit, on this rank's share of every batch."""
     model = _model(job)
     device = model.device
-    if device.type == "cuda" and torch.cuda.device_count() > 1:
-        device = model.device = torch.device("cuda", rank % torch.cuda.device_count())
+    if device.type == "cuda":
+        device = model.device = torch.device("cuda", rank)
         model.net.to(device)
         model.head.to(device)
         model.y = model.y.to(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=job.init_method, rank=rank,
                             world_size=job.world, timeout=timedelta(seconds=job.timeout))
-    clock = {"waiting_on_store": 0.0, "compute": 0.0, "all_reduce": 0.0}
+    clock = {"rank_startup": time.time() - job.started, "epochs": 0.0, "waiting_on_store": 0.0, "compute": 0.0,
+             "all_reduce": 0.0, "validation": 0.0}
     optimizers = model._optimizers(job.lr, job.weight_decay)
     monitor = "val" if len(model.rows["val"]) else "train"
     best = {"loss": float("inf"), "state": None}
@@ -201,8 +210,12 @@ def _train(job: Job, rank: int) -> None:
     for epoch in range(start_epoch, job.epochs):
         order = batches(model.rows["train"], job.batch_size, np.random.default_rng([model.seed, epoch]))
         first = start_batch if epoch == start_epoch else 0
+        started = time.perf_counter()
         record = {"epoch": epoch, "train_loss": _epoch(model, job, rank, order, epoch, first, optimizers, best, clock)}
+        clock["epochs"] += time.perf_counter() - started
+        started = time.perf_counter()
         record.update(_validation(model, job, rank, device))
+        clock["validation"] += time.perf_counter() - started
         model.history.append(record)
         if rank == 0:
             log.info("epoch %d of %d: train loss %.4f, validation loss %.4f", epoch + 1, job.epochs,
