@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
           f"(measured here between 2 local ranks: {local_all_reduce * 1000:.1f} ms per step, imbalance included)")
     projected = []
     for sf in (100, 1000):
-        training = int(ORDERS_PER_SF * sf * 0.7)
+        training = ORDERS_PER_SF * sf * 7 // 10
         for workers in (4, 16, 64):
             steps = -(-training // args.batch_size)
             ring = 2 * (workers - 1) / workers * parameters * 4 / NETWORK_BYTES_PER_S + 2 * (workers - 1) * HOP_SECONDS
