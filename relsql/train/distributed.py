@@ -125,9 +125,13 @@ def _run_ranks(job: Job) -> None:
             process = subprocess.Popen([sys.executable, "-m", "relsql.train.distributed"], stdin=subprocess.PIPE,
                                        stdout=errors, stderr=None if rank == 0 else errors, env=env)
             errors.close()
-            process.stdin.write(payload)
-            process.stdin.close()
             processes.append(process)
+        for process in processes:  # after all started: they import torch side by side while this writes
+            try:
+                process.stdin.write(payload)
+                process.stdin.close()
+            except BrokenPipeError:  # it died before reading: its exit code tells below
+                pass
         while True:
             codes = [p.poll() for p in processes]
             failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
