@@ -180,6 +180,39 @@ class Database:
         result = self.con.execute(self.sql(query))
         return result.to_arrow_table() if hasattr(result, "to_arrow_table") else result.fetch_arrow_table()
 
+    def run(self, statement: exp.Expression) -> pa.Table | int | None:
+        """A query's rows as Arrow, else the count the engine reports (rows a CREATE ... AS wrote).
+        `statement` is used up: SQL is generated from it in place (sqlglot's defensive copy was a
+        fifth of grounding's time)."""
+        sql = statement.sql("duckdb", copy=False)
+        if isinstance(statement, exp.Query):
+            return self.arrow(sql)
+        row = self.con.execute(sql).fetchone()
+        return row[0] if row else None
+
+    def scalar(self, query: exp.Expression) -> tuple:
+        """Run a query and return its first row."""
+        return self.con.execute(self.sql(query)).fetchone()
+
+    def reader(self, query: exp.Expression, chunk: int) -> pa.RecordBatchReader:
+        """Run a query and stream its result in Arrow record batches of about `chunk` rows, in order."""
+        return self.con.execute(self.sql(query)).to_arrow_reader(chunk)
+
+    def register(self, name: str, data: pa.Table) -> None:
+        """Make `data` readable as table `name` (relsql's own, prefixed names) until `unregister`."""
+        self.con.register(name, data)
+
+    def unregister(self, name: str) -> None:
+        self.con.unregister(name)
+
+    def row_summary(self, table: exp.Table) -> tuple:
+        """(rows, an order-independent sum of row hashes) of a table: what a kept grounding store's
+        fingerprint compares; the engine's own hash."""
+        row = exp.Column(this=exp.to_identifier("t", quoted=True))
+        return self.scalar(exp.select(exp.Count(this=exp.Star()), exp.Sum(this=exp.cast(
+            exp.Anonymous(this="hash", expressions=[row]), exp.DataType.build("HUGEINT")))).from_(
+            exp.alias_(table.copy(), exp.to_identifier("t", quoted=True), table=True)))
+
     def temp_table(self, kind: str, name: str) -> exp.Table:
         """A table in DuckDB's temp catalog, unique to this handle, for relsql's own data."""
         return exp.Table(

@@ -86,8 +86,8 @@ class BatchGrounder(_Grounder):
         with db.frozen_schema():
             for name in bar:
                 self._prepare(template.relations[name])
-        self.sizes = {name: db.con.execute(exp.select(exp.Count(this=exp.Star())).from_(self.key_tables[name].copy())
-                                           .sql("duckdb")).fetchone()[0] for name in self.order}
+        self.sizes = {name: db.scalar(exp.select(exp.Count(this=exp.Star())).from_(self.key_tables[name].copy()))[0]
+                      for name in self.order}
         if self.sizes[output] == 0:
             raise GroundingError(f"relation {output} has no rows: none of its statements has groundings")
         self.dictionary_tables = {w: db.arrow(exp.select(exp.Star()).from_(t.copy()).order_by(q.col("code")))
@@ -114,12 +114,12 @@ class BatchGrounder(_Grounder):
         if rids is None:
             return self.db.arrow(select.order_by(q.col("_rid")))
         view = f"{self.db._prefix}keys_{next(_views)}"
-        self.db.con.register(view, pa.table({"_rid": np.asarray(rids, dtype=np.int64)}))
+        self.db.register(view, pa.table({"_rid": np.asarray(rids, dtype=np.int64)}))
         try:
             semi = exp.select(q.col("_rid")).from_(q.ident(view))
             return self.db.arrow(select.where(exp.In(this=q.col("_rid"), query=semi)).order_by(q.col("_rid")))
         finally:
-            self.db.con.unregister(view)
+            self.db.unregister(view)
 
     # -- one batch -----------------------------------------------------------------------------
     def ground(self, rids: np.ndarray, sample: int = 0) -> BatchGrounding:
@@ -132,7 +132,7 @@ class BatchGrounder(_Grounder):
                 continue
             relation = self.template.relations[name]
             view = f"{self.db._prefix}demand_{next(_views)}"
-            self.db.con.register(view, pa.table({"_rid": wanted.numpy()}))
+            self.db.register(view, pa.table({"_rid": wanted.numpy()}))
             try:
                 fetched[name] = []
                 for prepared in self.prepared[name]:
@@ -142,7 +142,7 @@ class BatchGrounder(_Grounder):
                         ids = to_tensor(table.column(f"_r{j}"), torch.int64)
                         demand[ref] = torch.unique(torch.cat([demand[ref], ids])) if ref in demand else torch.unique(ids)
             finally:
-                self.db.con.unregister(view)
+                self.db.unregister(view)
         return self._localize(demand, fetched)
 
     def _fetch(self, relation: ir.Relation, prepared: _PreparedRule, demand_view: str, sample: int) -> pa.Table:
@@ -152,7 +152,7 @@ class BatchGrounder(_Grounder):
                                     prepared.columns, demand=exp.Table(this=q.ident(demand_view)),
                                     per_head=(limit, self.seed * 100_003 + sample) if limit and rule.grouped else None)
         try:
-            reader = self.db.con.execute(select.sql("duckdb")).to_arrow_reader()
+            reader = self.db.reader(select, 1 << 20)
             table = pa.Table.from_batches(list(reader), schema=reader.schema)  # Arrow record batches, this batch's rows only
         except duckdb.Error as err:
             raise _grounding_error(relation, rule, err) from None

@@ -114,14 +114,7 @@ def _run(db: Database, statement: exp.Expression, rule: ir.Rule) -> pa.Table | i
 
 
 def _execute(db: Database, statement: exp.Expression) -> pa.Table | int | None:
-    """A query's rows as Arrow, else the count DuckDB reports (rows a CREATE ... AS wrote);
-    `statement` is built for this one run, so SQL is generated from it in place (sqlglot's
-    defensive copy was a fifth of grounding's time)."""
-    sql = statement.sql("duckdb", copy=False)
-    if isinstance(statement, exp.Query):
-        return db.arrow(sql)
-    row = db.con.execute(sql).fetchone()
-    return row[0] if row else None
+    return db.run(statement)
 
 
 def _run_rules(db: Database, statement: exp.Expression, relation: str,
@@ -314,12 +307,12 @@ class _Grounder:
             preset = self.presets.dictionaries.get(weight)
             if preset is not None:
                 view = f"{table.name}_preset"
-                db.con.register(view, preset)
+                db.register(view, preset)
                 try:
                     _run(db, exp.Insert(this=table.copy(), expression=exp.select(
                         q.col("value"), q.col("code")).from_(q.ident(view))), rule)
                 finally:
-                    db.con.unregister(view)
+                    db.unregister(view)
             tables[weight] = table
         _run(db, q.dictionary_insert(table, source, column), rule)
         return table
@@ -343,14 +336,14 @@ class _Grounder:
             infinite = exp.Sum(this=exp.Case(ifs=[exp.If(this=exp.Not(this=exp.Anonymous(this="isfinite", expressions=[bare.copy()])),
                                                          true=q.integer(1))], default=q.integer(0)))
             try:
-                bad = self.db.con.execute(exp.select(infinite).from_(grounding.copy()).sql("duckdb")).fetchone()[0]
+                bad = self.db.scalar(exp.select(infinite).from_(grounding.copy()))[0]
                 if bad:
                     raise SchemaError(f"{label}: {bad} values are infinite or NaN and cannot be standardized; filter them "
                                       "out (e.g. WHERE isfinite(column)) or replace them in the query")
-                mean, std, nulls = self.db.con.execute(exp.select(
+                mean, std, nulls = self.db.scalar(exp.select(
                     exp.Avg(this=bare.copy()), exp.StddevPop(this=bare.copy()),
                     exp.Sub(this=exp.Count(this=exp.Star()), expression=exp.Count(this=bare.copy())),
-                ).from_(grounding.copy()).sql("duckdb")).fetchone()
+                ).from_(grounding.copy()))
             except duckdb.Error as err:  # STDDEV_POP overflows on values beyond ~1e154
                 raise SchemaError(f"{label}: the database could not compute the column's mean and spread "
                                   f"({_first_line(err)}); values this large cannot be standardized: "

@@ -105,12 +105,8 @@ def fingerprint(grounder: BatchGrounder) -> str:
                     plain = exp.Table(this=table.this.copy(), db=table.args.get("db"), catalog=table.args.get("catalog"))
                     tables[plain.sql("duckdb")] = plain
     for name in sorted(tables):
-        row = exp.Column(this=exp.to_identifier("t", quoted=True))
-        summary = exp.select(exp.Count(this=exp.Star()), exp.Sum(this=exp.cast(exp.Anonymous(this="hash", expressions=[row]),
-                                                                               exp.DataType.build("HUGEINT")))).from_(
-            q.alias(tables[name].copy(), "t", table=True))
         try:
-            digest.update(f"{name}:{db.con.execute(summary.sql('duckdb')).fetchone()}".encode())
+            digest.update(f"{name}:{db.row_summary(tables[name])}".encode())
         except duckdb.Error:  # a table function or view the database cannot hash as rows: its name only
             digest.update(name.encode())
     return digest.hexdigest()
@@ -394,7 +390,7 @@ def _build(grounder: BatchGrounder, folder: Path, mark: str, progress: bool | No
                                          sum(r["groundings"] for r in rules.values()), relations[name]["seconds"])
     for weight, table in codes.items():
         select = exp.select(q.col("value")).from_(table.copy()).order_by(q.col("code"))
-        reader = grounder.db.con.execute(select.sql("duckdb")).to_arrow_reader(CHUNK)  # streamed: 10M keys never at once
+        reader = grounder.db.reader(select, CHUNK)  # streamed: 10M keys never at once
         with pa.OSFile(str(folder / f"{_file_name(weight)}.keys.arrow"), "wb") as sink, \
                 pa.ipc.new_file(sink, reader.schema) as writer:
             for chunk in reader:
@@ -435,7 +431,7 @@ def _write_rule(grounder: BatchGrounder, relation: ir.Relation, prepared: _Prepa
     try:
         with open(folder / f"{stem}.offsets", "wb") as offsets:
             try:
-                reader = grounder.db.con.execute(select.sql("duckdb")).to_arrow_reader(CHUNK)
+                reader = grounder.db.reader(select, CHUNK)
                 for chunk in reader:
                     if not chunk.num_rows:
                         continue
