@@ -213,6 +213,10 @@ class Database:
             exp.Anonymous(this="hash", expressions=[row]), exp.DataType.build("HUGEINT")))).from_(
             exp.alias_(table.copy(), exp.to_identifier("t", quoted=True), table=True)))
 
+    def result_columns(self, query: exp.Expression) -> list[tuple[str, str]]:
+        """(name, type) of a query's result columns, by the engine's type names (DuckDB's)."""
+        return [(d[0], str(d[1])) for d in self.con.execute(self.sql(query)).description]
+
     def temp_table(self, kind: str, name: str) -> exp.Table:
         """A table in DuckDB's temp catalog, unique to this handle, for relsql's own data."""
         return exp.Table(
@@ -343,15 +347,19 @@ def _sniff(path: Path) -> str | None:
 
 def connect(source: str | Path | duckdb.DuckDBPyConnection | Mapping[str, Any] | None = None, *,
             read_only: bool = False, tables: Mapping[str, Any] | None = None,
-            memory_limit: str | None = None, keys: Any = None, threads: int | None = None) -> Database:
-    """Open a data source as a `Database` whose engine is DuckDB.
+            memory_limit: str | None = None, keys: Any = None, threads: int | None = None,
+            scratch: str | Path | None = None) -> Database:
+    """Open a data source as a `Database` whose engine is DuckDB, or Spark for a SparkSession.
 
     `source`: None or ":memory:" (in-memory DuckDB), an open `duckdb.DuckDBPyConnection` (relsql
     works in a connection of its own to that database, `con.cursor()`: it sees what is committed,
     never joins or aborts your open transaction, and closing relsql's handle leaves yours open), a
     `.duckdb`/`.ddb` path (created if missing unless read_only), a folder of `*.parquet` /
     `*.csv` files (one table per file, named after its stem), a `.sqlite`/`.sqlite3`/`.db` file,
-    a `postgresql://` URL, or a dict of table name -> polars/pandas/pyarrow frame.
+    a `postgresql://` URL, or a dict of table name -> polars/pandas/pyarrow frame. A
+    `pyspark.sql.SparkSession`, a `spark://` master URL or an `sc://` Spark Connect URL makes Spark
+    the engine (relsql/spark.py; `scratch`: a folder every executor can read for relsql's own
+    tables and results, default a local temporary folder).
     `read_only`: open the source so that nothing can write to it (grounding still works: its
     temporary tables live in DuckDB's in-memory temp catalog). `tables`: extra frames registered
     as tables beside the source (kept in memory, never written into the source).
@@ -371,6 +379,11 @@ def connect(source: str | Path | duckdb.DuckDBPyConnection | Mapping[str, Any] |
         db = _own_connection(source)
     elif isinstance(source, Mapping):
         db = frames.open_frames(source)
+    elif _is_spark(source):
+        from relsql.spark import open_spark
+        if tables or memory_limit is not None or threads is not None:
+            raise SourceError("tables=, memory_limit= and threads= are DuckDB's settings; give Spark its own in the session")
+        db = open_spark(source, scratch)
     elif isinstance(source, str) and postgres.is_url(source):
         db = postgres.open_postgres(source, read_only=read_only)
     elif isinstance(source, str | os.PathLike):
@@ -387,6 +400,12 @@ def connect(source: str | Path | duckdb.DuckDBPyConnection | Mapping[str, Any] |
         from relsql.keyfile import attach
         attach(db, keys)
     return db
+
+
+def _is_spark(source: object) -> bool:
+    if isinstance(source, str):
+        return source.startswith(("spark://", "sc://"))
+    return type(source).__module__.startswith("pyspark.") and type(source).__name__ == "SparkSession"
 
 
 def _own_connection(con: duckdb.DuckDBPyConnection) -> Database:

@@ -38,8 +38,7 @@ def _type_kind(sql_type: str) -> str:
 def key_types(model: Model, keys: list[str]) -> None:
     """The output's head keys and the target table's key columns must be of one kind: DuckDB
     would compare '1' with 1 by casting, silently matching rows that are not the same key."""
-    found = model.db.con.execute(exp.select(exp.Star()).from_(model.db.temp_table("k", model.output)).limit(0).sql("duckdb"))
-    produced = {d[0]: str(d[1]) for d in found.description}
+    produced = dict(model.db.result_columns(exp.select(exp.Star()).from_(model.db.temp_table("k", model.output)).limit(0)))
     columns = dict(model.db.columns(model.table))
     for key in keys:
         mine, theirs = _type_kind(produced.get(key, "")), _type_kind(columns.get(key, ""))

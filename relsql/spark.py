@@ -1,0 +1,249 @@
+"""Apache Spark as the engine: the same grounding statements, run by a SparkSession.
+
+`relsql.connect(spark)` (a `pyspark.sql.SparkSession`), `relsql.connect("spark://host:7077")`
+(a cluster's master) or `relsql.connect("sc://host")` (Spark Connect) give a `SparkDatabase`.
+Templates name the tables the session's catalog knows (Parquet, Hive, ... tables, and temp views).
+The rest of relsql talks to it through the verbs of `relsql.db.Database` (run, arrow, scalar,
+reader, register); what differs is here:
+
+- SQL: the ASTs are written in Spark's dialect; relsql's temporary tables (DuckDB's `temp`
+  catalog) become Parquet tables in a scratch database of its own, at a location of its own
+  (`scratch=`: a folder every executor can read; default a local temporary folder), created
+  fresh per statement (Spark has no CREATE OR REPLACE for them) and dropped with the handle.
+- Results: large results (a rule's groundings for the grounding store) are written by the
+  executors as Parquet into the scratch location and read back file by file in order; the
+  driver never collects them. Small ones (counts, statistics, dictionaries) come as Arrow.
+- Errors: Spark's errors are raised as DuckDB's error classes (analysis errors as
+  BinderException), the vocabulary the grounding code reports from.
+- Writing: a new table is written under a temporary name and renamed into place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+import weakref
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import sqlglot.expressions as exp
+
+from relsql.db import TEMP_PREFIX, Database, Source, first_line, qualified
+from relsql.errors import SchemaError, SourceError
+
+_results = itertools.count()
+_TYPES = {"bigint": "BIGINT", "int": "INTEGER", "smallint": "SMALLINT", "tinyint": "TINYINT", "double": "DOUBLE",
+          "float": "FLOAT", "string": "VARCHAR", "boolean": "BOOLEAN", "timestamp": "TIMESTAMP WITH TIME ZONE",
+          "timestamp_ntz": "TIMESTAMP", "date": "DATE", "binary": "BLOB"}
+
+
+def duckdb_type(spark_type: str) -> str:
+    """A Spark type's DuckDB name (the names the rest of relsql compares), e.g. decimal(12,2) → DECIMAL(12,2)."""
+    simple = spark_type.lower()
+    if simple.startswith("decimal"):
+        return simple.upper()
+    if simple.startswith("array<"):
+        return f"{duckdb_type(simple[6:-1])}[]"
+    return _TYPES.get(simple, simple.upper())
+
+
+def _errors(err: Exception) -> Exception:
+    """Spark's error as the DuckDB error class relsql's grounding reports from."""
+    from pyspark.errors import AnalysisException
+
+    kind = duckdb.BinderException if isinstance(err, AnalysisException) else duckdb.Error
+    return kind(first_line(err))
+
+
+class SparkSource(Source):
+    kind = "spark"
+
+    def keys(self, db: Database, scope: tuple[str, str]) -> dict:
+        return {}  # Spark's catalog declares no keys: give them with connect(keys=...) or let them be inferred
+
+    def write_table(self, db: Database, name: str, data: pa.Table, replace: bool) -> None:
+        """Written whole under a temporary name, then renamed into place (the old table dropped
+        just before, with replace=True): a failed write leaves no table behind."""
+        exists = name in db._tables_in(db.scopes()[0])
+        if exists and not replace:
+            raise SchemaError(f"table `{name}` already exists in {db.description}; choose another name or pass replace=True")
+        partial = f"{name}{TEMP_PREFIX}writing_{uuid.uuid4().hex[:8]}"
+        view = f"{db._prefix}write_{next(_results)}"
+        db.register(view, data)
+        try:
+            db.execute(exp.Create(this=qualified(partial, db.scopes()[0]), kind="TABLE",
+                                  properties=exp.Properties(expressions=[exp.FileFormatProperty(this=exp.Var(this="PARQUET"))]),
+                                  expression=exp.select(exp.Star()).from_(exp.Table(this=exp.to_identifier(view, quoted=True)))))
+            if exists:
+                db.execute(exp.Drop(tables=[qualified(name, db.scopes()[0])], kind="TABLE"))
+            db.execute(exp.Alter(this=qualified(partial, db.scopes()[0]), kind="TABLE",
+                                 actions=[exp.AlterRename(this=qualified(name, db.scopes()[0]))]))
+        except duckdb.Error as err:
+            with contextlib.suppress(duckdb.Error):
+                db.execute(exp.Drop(tables=[qualified(partial, db.scopes()[0])], kind="TABLE", exists=True))
+            raise SourceError(f"could not write table `{name}` to {db.description}: {first_line(err)}") from None
+        finally:
+            db.unregister(view)
+
+
+class SparkDatabase(Database):
+    """A SparkSession behind relsql's database verbs; see the module's docstring."""
+
+    def __init__(self, session, scratch: str | Path | None = None, description: str | None = None):
+        context = session.sparkContext if hasattr(session, "sparkContext") else None
+        where = f"{context.master}" if context is not None else "Spark Connect"
+        super().__init__(None, description or f"Spark session ({where})", source=SparkSource(description or "Spark"))
+        self.spark = session
+        self._owned_folder = scratch is None
+        self.folder = Path(tempfile.mkdtemp(prefix="relsql-spark-")) if scratch is None else Path(scratch) / uuid.uuid4().hex
+        self.scratch = f"relsql_scratch_{uuid.uuid4().hex[:12]}"
+        self.execute(exp.Create(this=exp.Table(this=exp.to_identifier(self.scratch, quoted=True)), kind="DATABASE",
+                                properties=exp.Properties(expressions=[exp.LocationProperty(
+                                    this=exp.Literal.string(str(self.folder / "tables")))])))
+        self._finalizer = weakref.finalize(self, _drop_scratch, session, self.scratch, str(self.folder))
+
+    def close(self) -> None:
+        self._finalizer()  # the user's session stays open: it is theirs
+
+    # -- SQL ---------------------------------------------------------------------------------
+    def sql(self, query: exp.Expression | str, copy: bool = True) -> str:
+        if isinstance(query, str):
+            return query  # already this engine's text (from `sql`)
+        tree = query.copy() if copy else query
+        return tree.transform(self._rewrite, copy=False).sql("spark")
+
+    def _rewrite(self, node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Table) and node.args.get("catalog") is not None and node.catalog == "temp":
+            return exp.Table(this=node.this, db=exp.to_identifier(self.scratch, quoted=True), alias=node.args.get("alias"))
+        if isinstance(node, exp.Create) and node.args.get("properties") is not None and \
+                any(isinstance(p, exp.TemporaryProperty) for p in node.args["properties"].expressions):
+            node.set("properties", exp.Properties(expressions=[exp.FileFormatProperty(this=exp.Var(this="PARQUET"))]))
+            node.set("replace", False)
+        return node
+
+    def _frame(self, query: exp.Expression | str, copy: bool = True):
+        if isinstance(query, exp.Create) and query.args.get("kind") == "TABLE":
+            self._sql(exp.Drop(tables=[query.this.copy()], kind="TABLE", exists=True).transform(self._rewrite).sql("spark"))
+        return self._sql(self.sql(query, copy))
+
+    def _sql(self, text: str):
+        from pyspark.errors import PySparkException
+
+        try:
+            return self.spark.sql(text)
+        except PySparkException as err:
+            raise _errors(err) from None
+
+    def execute(self, query: exp.Expression | str) -> None:
+        self._frame(query)
+
+    def run(self, statement: exp.Expression) -> pa.Table | int | None:
+        if isinstance(statement, exp.Query):
+            return self.arrow(statement)
+        self._frame(statement, copy=False)
+        return None
+
+    def transaction(self, statements: list[exp.Expression]) -> None:
+        raise SourceError("Spark has no transactions over Parquet tables: database-stored embeddings need DuckDB "
+                          "(or storage='memory')")
+
+    def arrow(self, query: exp.Expression | str) -> pa.Table:
+        from pyspark.errors import PySparkException
+
+        frame = self._frame(query)
+        try:
+            return frame.toArrow()
+        except PySparkException as err:
+            raise _errors(err) from None
+
+    def scalar(self, query: exp.Expression | str) -> tuple:
+        row = self.arrow(query).to_pylist()
+        return tuple(row[0].values()) if row else None
+
+    def reader(self, query: exp.Expression, chunk: int) -> pa.RecordBatchReader:
+        """The executors write the ordered result as Parquet into the scratch location; it is read
+        back file by file in partition order (Spark writes a sorted result's ranges in order)."""
+        from pyspark.errors import PySparkException
+
+        path = self.folder / "results" / f"r{next(_results)}"
+        frame = self._frame(query)
+        try:
+            frame.write.parquet(str(path))
+        except PySparkException as err:
+            raise _errors(err) from None
+        files = sorted(p for p in path.glob("part-*.parquet"))
+        schema = pq.read_schema(files[0]) if files else frame.limit(0).toArrow().schema
+
+        def batches():
+            try:
+                for file in files:
+                    yield from pq.ParquetFile(file).iter_batches(chunk)
+            finally:
+                shutil.rmtree(path, ignore_errors=True)
+
+        return pa.RecordBatchReader.from_batches(schema, batches())
+
+    def register(self, name: str, data: pa.Table) -> None:
+        self.spark.createDataFrame(data).createOrReplaceTempView(name)
+
+    def unregister(self, name: str) -> None:
+        self.spark.catalog.dropTempView(name)
+
+    def row_summary(self, table: exp.Table) -> tuple:
+        return self.scalar(exp.select(exp.Count(this=exp.Star()), exp.Sum(this=exp.cast(
+            exp.Anonymous(this="xxhash64", expressions=[exp.Star()]), exp.DataType.build("DECIMAL(38, 0)")))).from_(table.copy()))
+
+    def result_columns(self, query: exp.Expression) -> list[tuple[str, str]]:
+        return [(f.name, duckdb_type(f.dataType.simpleString())) for f in self._frame(query).schema.fields]
+
+    # -- catalog -----------------------------------------------------------------------------
+    def scopes(self) -> list[tuple[str, str]]:
+        return [("spark_catalog", self.spark.catalog.currentDatabase())]
+
+    def _tables_in(self, scope: tuple[str, str]) -> list[str]:
+        found = {t.name for t in self.spark.catalog.listTables(scope[1])}  # its tables and the session's temp views
+        return sorted(name for name in found if not name.startswith(TEMP_PREFIX) and TEMP_PREFIX not in name)
+
+    def _read_schema(self):
+        scopes, found = {}, {}
+        scope = self.scopes()[0]
+        for name in self._tables_in(scope):
+            scopes[name] = scope
+            found[name] = self._columns(name)
+        return scopes, found
+
+    def _columns(self, table: str) -> list[tuple[str, str]]:
+        if table not in self.table_scopes():
+            raise SchemaError(f"table `{table}` does not exist in {self.description}; known tables: {', '.join(self.tables()) or 'none'}")
+        return [(f.name, duckdb_type(f.dataType.simpleString())) for f in self.spark.table(f"`{table}`").schema.fields]
+
+
+def _drop_scratch(session, scratch: str, folder: str) -> None:
+    """The scratch database and its files; the session may be gone already (then only the files)."""
+    with contextlib.suppress(Exception):
+        session.sql(exp.Drop(this=exp.Table(this=exp.to_identifier(scratch, quoted=True)), kind="DATABASE", exists=True,
+                             cascade=True).sql("spark"))
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def open_spark(source, scratch: str | Path | None = None) -> SparkDatabase:
+    """A SparkDatabase from a SparkSession, a master URL (spark://, local[...]) or a Spark Connect URL (sc://)."""
+    if isinstance(source, str):
+        try:
+            from pyspark.sql import SparkSession
+        except ImportError:
+            raise SourceError(f"{source}: Spark needs pyspark: pip install 'relsql[spark]' (and Java 17)") from None
+        builder = SparkSession.builder.remote(source) if source.startswith("sc://") else SparkSession.builder.master(source)
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        return SparkDatabase(builder.getOrCreate(), scratch, description=f"Spark at {source}")
+    return SparkDatabase(source, scratch)
+
+
+__all__ = ["SparkDatabase", "open_spark"]
