@@ -13,6 +13,10 @@ reader, register); what differs is here:
 - Results: large results (a rule's groundings for the grounding store) are written by the
   executors as Parquet into the scratch location and read back file by file in order; the
   driver never collects them. Small ones (counts, statistics, dictionaries) come as Arrow.
+- Functions: DuckDB's `isfinite` and `epoch` (features of dates and times: seconds with their
+  fractions, via `unix_micros`) are written in Spark's terms. A DATE or a TIMESTAMP without time
+  zone counts from midnight in the session's time zone: set `spark.sql.session.timeZone=UTC` for
+  the values DuckDB computes.
 - Errors: Spark's errors are raised as DuckDB's error classes (analysis errors as
   BinderException), the vocabulary the grounding code reports from.
 - Writing: a new table is written under a temporary name and renamed into place.
@@ -35,7 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import sqlglot.expressions as exp
 
-from relsql.db import TEMP_PREFIX, Database, Source, first_line, qualified
+from relsql.db import TEMP_PREFIX, Database, Source, first_line, ident
 from relsql.errors import SchemaError, SourceError
 
 _results = itertools.count()
@@ -62,6 +66,11 @@ def _errors(err: Exception) -> Exception:
     return kind(first_line(err))
 
 
+def _table(name: str, db: Database) -> exp.Table:
+    """`database`.`name` in the session's current database (Spark takes at most two parts here)."""
+    return exp.Table(this=ident(name), db=ident(db.scopes()[0][1]))
+
+
 class SparkSource(Source):
     kind = "spark"
 
@@ -78,16 +87,16 @@ class SparkSource(Source):
         view = f"{db._prefix}write_{next(_results)}"
         db.register(view, data)
         try:
-            db.execute(exp.Create(this=qualified(partial, db.scopes()[0]), kind="TABLE",
+            db.execute(exp.Create(this=_table(partial, db), kind="TABLE",
                                   properties=exp.Properties(expressions=[exp.FileFormatProperty(this=exp.Var(this="PARQUET"))]),
                                   expression=exp.select(exp.Star()).from_(exp.Table(this=exp.to_identifier(view, quoted=True)))))
             if exists:
-                db.execute(exp.Drop(tables=[qualified(name, db.scopes()[0])], kind="TABLE"))
-            db.execute(exp.Alter(this=qualified(partial, db.scopes()[0]), kind="TABLE",
-                                 actions=[exp.AlterRename(this=qualified(name, db.scopes()[0]))]))
+                db.execute(exp.Drop(tables=[_table(name, db)], kind="TABLE"))
+            db.execute(exp.Alter(this=_table(partial, db), kind="TABLE",
+                                 actions=[exp.AlterRename(this=_table(name, db))]))
         except duckdb.Error as err:
             with contextlib.suppress(duckdb.Error):
-                db.execute(exp.Drop(tables=[qualified(partial, db.scopes()[0])], kind="TABLE", exists=True))
+                db.execute(exp.Drop(tables=[_table(partial, db)], kind="TABLE", exists=True))
             raise SourceError(f"could not write table `{name}` to {db.description}: {first_line(err)}") from None
         finally:
             db.unregister(view)
@@ -122,6 +131,14 @@ class SparkDatabase(Database):
     def _rewrite(self, node: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.Table) and node.args.get("catalog") is not None and node.catalog == "temp":
             return exp.Table(this=node.this, db=exp.to_identifier(self.scratch, quoted=True), alias=node.args.get("alias"))
+        if isinstance(node, exp.Anonymous) and str(node.this).lower() == "isfinite":  # DuckDB's; NaN sorts above inf in Spark
+            inner = node.expressions[0].transform(self._rewrite, copy=False)  # transform does not revisit a replacement
+            return exp.LT(this=exp.Abs(this=exp.cast(inner, exp.DataType.build("DOUBLE"))),
+                          expression=exp.cast(exp.Literal.string("Infinity"), exp.DataType.build("DOUBLE")))
+        if isinstance(node, exp.Anonymous) and str(node.this).lower() == "epoch":  # seconds, with their fractions
+            inner = node.expressions[0].transform(self._rewrite, copy=False)
+            micros = exp.Anonymous(this="unix_micros", expressions=[exp.cast(inner, exp.DataType.build("TIMESTAMP"))])
+            return exp.Div(this=micros, expression=exp.cast(exp.Literal.number(1_000_000), exp.DataType.build("DOUBLE")))
         if isinstance(node, exp.Create) and node.args.get("properties") is not None and \
                 any(isinstance(p, exp.TemporaryProperty) for p in node.args["properties"].expressions):
             node.set("properties", exp.Properties(expressions=[exp.FileFormatProperty(this=exp.Var(this="PARQUET"))]))
@@ -228,7 +245,7 @@ class SparkDatabase(Database):
 def _drop_scratch(session, scratch: str, folder: str) -> None:
     """The scratch database and its files; the session may be gone already (then only the files)."""
     with contextlib.suppress(Exception):
-        session.sql(exp.Drop(this=exp.Table(this=exp.to_identifier(scratch, quoted=True)), kind="DATABASE", exists=True,
+        session.sql(exp.Drop(tables=[exp.Table(this=exp.to_identifier(scratch, quoted=True))], kind="DATABASE", exists=True,
                              cascade=True).sql("spark"))
     shutil.rmtree(folder, ignore_errors=True)
 

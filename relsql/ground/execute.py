@@ -372,13 +372,14 @@ def check_refs(relation: ir.Relation, rule: ir.Rule, rows: pa.Table | pa.RecordB
                 f"join `{ref}` with an inner JOIN so every grounding has its value")
 
 
-def _column_tensor(column: pa.ChunkedArray, rule: ir.Rule, k: int, embedded: bool) -> torch.Tensor:
-    """A grounding column as a (G, d) float64 tensor (or (G,) codes); lists become vectors."""
+def _column_tensor(column: pa.ChunkedArray | pa.Array, rule: ir.Rule, k: int, embedded: bool) -> torch.Tensor:
+    """A grounding column (of a table, or of a record batch) as a (G, d) float64 tensor (or (G,)
+    codes); lists become vectors."""
     if embedded:
         return to_tensor(column, torch.int64)
     kind = column.type
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-        array = column.combine_chunks()
+        array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
         label = f"{rule.head}, {rule.origin}: the list column {column_label(rule, k)}"
         element = kind.value_type
         if not (pa.types.is_integer(element) or pa.types.is_floating(element) or pa.types.is_decimal(element)

@@ -1,0 +1,143 @@
+"""Spark as the engine (relsql/spark.py): a real local[2] SparkSession, checked against DuckDB
+grounding the same tables (the oracle), and 2 gloo ranks training on what Spark grounded."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sqlglot.expressions as exp
+import torch
+
+import relsql
+from relsql.ground.demand import BatchGrounder
+from relsql.ground.store import GroundingStore
+
+ROOT = Path(__file__).resolve().parent.parent
+pytest.importorskip("pyspark", reason="pyspark is not installed: bash scripts/setup installs relsql[spark]")
+if shutil.which("java") is None:
+    pytest.skip("Spark needs Java 17 (apt-get install -y openjdk-17-jre-headless)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory):
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (SparkSession.builder.master("local[2]").appName("relsql-tests")
+               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
+               .config("spark.sql.session.timeZone", "UTC").config("spark.driver.memory", "2g")
+               .config("spark.sql.warehouse.dir", str(tmp_path_factory.mktemp("warehouse"))).getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def copy_to_spark(duck: relsql.Database, spark) -> None:
+    """Every table of `duck` as a temp view of the session (what a catalog table would be)."""
+    for table in duck.tables():
+        frame = duck.arrow(exp.select(exp.Star()).from_(exp.Table(this=exp.to_identifier(table, quoted=True))))
+        spark.createDataFrame(frame).createOrReplaceTempView(table)
+
+
+@pytest.fixture(scope="module")
+def mutag():
+    from connectors.tu_format import load_tu, mutag_folder
+
+    db = relsql.connect()
+    load_tu(db.con, mutag_folder(), "MUTAG")
+    return db
+
+
+@pytest.fixture(scope="module")
+def molecules():
+    from demos.mutagenesis import load
+
+    db = relsql.connect()
+    load(db.con)
+    return db
+
+
+def assert_same_groundings(template: relsql.Template, duck: relsql.Database, on_spark: relsql.Database) -> None:
+    """The stores Spark and DuckDB write give equal groundings of every output row: the same heads,
+    body row ids, encoded values, dictionaries and feature statistics."""
+    output = list(template.relations)[-1]
+    grounders = [BatchGrounder(template, db, output, progress=False) for db in (duck, on_spark)]
+    assert grounders[0].sizes == grounders[1].sizes
+    stores = [GroundingStore.open(g, None, False) for g in grounders]
+    expected, found = (s.ground(np.arange(grounders[0].sizes[output])) for s in stores)
+    assert expected.relations.keys() == found.relations.keys()
+    assert expected.feature_stats.keys() == found.feature_stats.keys()
+    for key, stats in expected.feature_stats.items():
+        assert stats == pytest.approx(found.feature_stats[key], rel=1e-9), key
+    for name in expected.dictionaries:
+        assert expected.dictionaries[name].equals(found.dictionaries[name]), name
+    total = 0
+    for name, relation in expected.relations.items():
+        other = found.relations[name]
+        assert len(relation.rules) == len(other.rules), name
+        for a, b in zip(relation.rules, other.rules):
+            assert torch.equal(a.head, b.head) and torch.equal(a.offsets, b.offsets), name
+            assert all(torch.equal(x, y) for x, y in zip(a.refs, b.refs)), name
+            for k in a.columns:
+                assert torch.allclose(a.columns[k].double(), b.columns[k].double(), rtol=1e-12, atol=1e-12), (name, k)
+            total += a.size
+    assert total > 0
+
+
+@pytest.mark.parametrize("name", ["gcn.sql", "sage.sql", "gin.sql"])
+def test_spark_grounds_the_graph_templates_like_duckdb(spark, mutag, name):
+    copy_to_spark(mutag, spark)
+    with relsql.connect(spark) as on_spark:
+        assert_same_groundings(relsql.Template.from_file(ROOT / "sql" / name), mutag, on_spark)
+
+
+def test_spark_grounds_mutagenesis_and_an_auto_template_on_tpch_like_duckdb(spark, molecules):
+    copy_to_spark(molecules, spark)
+    with relsql.connect(spark) as on_spark:
+        assert_same_groundings(relsql.Template.from_file(ROOT / "sql" / "mutagenesis.sql"), molecules, on_spark)
+    from connectors.tpch import generate
+
+    tpch = relsql.connect()
+    generate(tpch.con, 0.01)
+    template = relsql.Template.auto(tpch, "orders.o_orderpriority", hops=2)  # keys are DuckDB's to infer
+    copy_to_spark(tpch, spark)
+    with relsql.connect(spark) as on_spark:
+        assert_same_groundings(template, tpch, on_spark)
+
+
+def test_a_model_on_spark_trains_like_duckdb_also_on_two_ranks(spark, molecules, tmp_path):
+    copy_to_spark(molecules, spark)
+    template = relsql.Template.from_file(ROOT / "sql" / "mutagenesis.sql")
+
+    def model(db) -> relsql.Model:
+        return relsql.Model(db, template, "molecule.mutagenic", batch_size=64, dtype=torch.float64, progress=False)
+
+    reference = model(molecules).fit(epochs=3)
+    on_spark = relsql.connect(spark, scratch=tmp_path)
+    scratch = on_spark.folder
+    assert scratch.parent == tmp_path and scratch.exists()
+    for workers in (1, 2):
+        trained = model(on_spark).fit(epochs=3, workers=workers)
+        for name, weight in reference.named_weights().items():
+            assert torch.allclose(weight.detach(), trained.named_weights()[name].detach(), atol=1e-10, rtol=0), (workers, name)
+    assert trained.write_predictions("mutagenic_predictions") == 188
+    assert spark.table("mutagenic_predictions").count() == 188
+    with pytest.raises(relsql.RelsqlError, match="already exists"):
+        trained.write_predictions("mutagenic_predictions")
+    assert spark.table("molecule").count() == 188  # the user's tables are only read
+    on_spark.close()
+    assert not scratch.exists()
+    assert not [d.name for d in spark.catalog.listDatabases() if d.name.startswith("relsql_scratch")]
+
+
+def test_spark_errors_name_the_statement(spark, molecules):
+    copy_to_spark(molecules, spark)
+    template = relsql.Template.from_sql("CREATE TABLE p AS SELECT m.molecule_id, linear(features(m.nope), 1, 'w') AS h FROM molecule m;")
+    with relsql.connect(spark) as on_spark, pytest.raises(relsql.RelsqlError, match="nope"):
+        relsql.Model(on_spark, template, "molecule.mutagenic", batch_size=64, progress=False)
