@@ -1,7 +1,7 @@
 """Data-parallel training on one machine, and what the measured costs project to on many.
 
     python -m bench.distributed [--scale 1] [--ranks 1 2] [--batch-size 16384] [--epochs 1]
-                                [--out out/bench]
+                                [--engines duckdb spark] [--out out/bench]
 
 TPC-H at `--scale` (generated once into out/tpch/, like bench.tpch_memory), opened read-only;
 `Template.auto(db, "orders.o_orderpriority")` (2 hops: line items, parts, suppliers, customer,
@@ -12,6 +12,11 @@ batch each, one gloo all-reduce per step). Per run: epoch seconds, target rows p
 rank 0's split of the epoch into waiting on the store (reading a batch's groundings and planning
 it, in the background thread, counted when the step waits), compute (forward, backward, Adam)
 and all-reduce (which includes waiting for the slower rank).
+
+With `--engines ... spark` the same is done with Spark as the engine (`local[2]`, the tables
+exported once to Parquet under out/tpch/ and read by Spark as temp views; the template is the
+one generated on DuckDB, whose keys it infers): Spark computes the key tables, dictionaries,
+statistics and the bulk grounding, the ranks read what it wrote.
 
 The projection (printed as such, never measured) takes the 1-rank per-row cost and the measured
 per-step all-reduce, and scales them to TPC-H sf 100 / 1000 on 4-64 workers, each a machine like
@@ -40,14 +45,59 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--batch-size", type=int, default=16_384)
     parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--engines", nargs="+", choices=["duckdb", "spark"], default=["duckdb"])
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "bench")
     args = parser.parse_args(argv)
 
     import relsql
+
+    path = database_file(args.scale, ROOT / "out" / "tpch")
+    duck = relsql.connect(path, read_only=True)
+    template = relsql.Template.auto(duck, "orders.o_orderpriority")
+    rows: list[dict] = []
+    for engine in args.engines:
+        db = duck if engine == "duckdb" else spark_database(duck, path)
+        rows += measure(db, engine, template, args)
+    write_csv(args.out / "distributed.csv", rows)
+    project(rows, args)
+
+
+def spark_database(duck, path: Path):
+    """A local[2] Spark session over the TPC-H tables, exported once to Parquet beside the file."""
+    import os
+    import sys
+
+    import sqlglot.expressions as exp
+    from pyspark.sql import SparkSession
+
+    import relsql
+
+    folder = path.with_name(path.stem + "-parquet")
+    if not folder.exists():
+        partial = folder.with_name(folder.name + ".partial")
+        partial.mkdir(parents=True, exist_ok=True)
+        for table in duck.tables():
+            name = exp.Table(this=exp.to_identifier(table, quoted=True))
+            copy = exp.Copy(this=name, files=[exp.Literal.string(str(partial / f"{table}.parquet"))],
+                            params=[exp.CopyParameter(this=exp.Var(this="FORMAT"), expression=exp.Var(this="PARQUET"))])
+            duck.con.execute(copy.sql("duckdb"))
+        partial.rename(folder)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (SparkSession.builder.master("local[2]").appName("relsql-bench").config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "8").config("spark.sql.session.timeZone", "UTC")
+               .config("spark.driver.memory", "6g").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    for file in sorted(folder.glob("*.parquet")):
+        session.read.parquet(str(file)).createOrReplaceTempView(file.stem)
+    return relsql.connect(session)
+
+
+def measure(db, engine: str, template, args) -> list[dict]:
+    """One epoch by one process and by each rank count, from the same initial weights."""
+    import relsql
     from relsql.train import distributed
 
-    db = relsql.connect(database_file(args.scale, ROOT / "out" / "tpch"), read_only=True)
-    template = relsql.Template.auto(db, "orders.o_orderpriority")
     started = time.perf_counter()
     model = relsql.Model(db, template, "orders.o_orderpriority", batch_size=args.batch_size, progress=False)
     setup = {"key_tables_s": model.timings["grounding"], "bulk_grounding_s": model.timings.get("bulk_grounding", 0.0),
@@ -55,20 +105,21 @@ def main(argv: list[str] | None = None) -> None:
     initial = model._weights_copy()
     train_rows = len(model.rows["train"]) * args.epochs
     parameters = sum(p.numel() for p in model.parameters())
-    print(f"TPC-H sf {args.scale:g}: {train_rows // args.epochs:,} training orders, batch {args.batch_size:,}, "
+    print(f"TPC-H sf {args.scale:g} on {engine}: {train_rows // args.epochs:,} training orders, batch {args.batch_size:,}, "
           f"{parameters:,} parameters; key tables {setup['key_tables_s']:.1f}s, bulk grounding into the store "
-          f"{setup['bulk_grounding_s']:.1f}s (DuckDB)")
+          f"{setup['bulk_grounding_s']:.1f}s")
     rows = []
 
     def record(kind: str, ranks: int, wall: float) -> dict:
         t = model.timings
         epoch = t.get("epochs", wall) / args.epochs
-        row = {"engine": "duckdb", "run": kind, "ranks": ranks, "epoch_s": round(epoch, 2),
+        row = {"engine": engine, "run": kind, "ranks": ranks, "epoch_s": round(epoch, 2),
                "rows_per_s": round(train_rows / args.epochs / epoch), "startup_s": round(t.get("rank_startup", 0.0), 2),
                "waiting_on_store_s": round(t.get("waiting_on_store", t.get("waiting_on_database", 0.0)) / args.epochs, 2),
                "compute_s": round(t.get("compute", 0.0) / args.epochs, 2),
                "all_reduce_s": round(t.get("all_reduce", 0.0) / args.epochs, 2),
-               "validation_s": round(t.get("validation", 0.0) / args.epochs, 2), **{k: round(v, 2) for k, v in setup.items()}}
+               "validation_s": round(t.get("validation", 0.0) / args.epochs, 2), "parameters": parameters,
+               "training_rows": train_rows // args.epochs, **{k: round(v, 2) for k, v in setup.items()}}
         rows.append(row)
         print(f"  {kind:<22} ranks {ranks}: epoch {row['epoch_s']:7.2f}s  {row['rows_per_s']:>8,} rows/s  "
               f"(store {row['waiting_on_store_s']:.2f}s, compute {row['compute_s']:.2f}s, all-reduce {row['all_reduce_s']:.2f}s; "
@@ -89,9 +140,13 @@ def main(argv: list[str] | None = None) -> None:
         started = time.perf_counter()
         distributed.fit(model, ranks, args.epochs, args.batch_size, 0.01, args.epochs, 0.0)
         record("fit(workers=N)", ranks, time.perf_counter() - started)
-    write_csv(args.out / "distributed.csv", rows)
+    return rows
 
+
+def project(rows: list[dict], args) -> None:
+    """Per-rank costs measured here, scaled to TPC-H sf 100 / 1000 on many workers (a projection)."""
     one = next(r for r in rows if r["run"].startswith("fit") and r["ranks"] == 1)
+    train_rows, parameters = one["training_rows"] * args.epochs, one["parameters"]
     per_row = (one["epoch_s"] - one["all_reduce_s"]) / (train_rows / args.epochs)
     steps = max(1, -(-train_rows // args.epochs // args.batch_size))
     measured = [r for r in rows if r["run"].startswith("fit") and r["ranks"] > 1]
