@@ -139,14 +139,13 @@ class SparkDatabase(Database):
             inner = node.expressions[0].transform(self._rewrite, copy=False)
             micros = exp.Anonymous(this="unix_micros", expressions=[exp.cast(inner, exp.DataType.build("TIMESTAMP"))])
             return exp.Div(this=micros, expression=exp.cast(exp.Literal.number(1_000_000), exp.DataType.build("DOUBLE")))
-        if isinstance(node, exp.Create) and node.args.get("properties") is not None and \
-                any(isinstance(p, exp.TemporaryProperty) for p in node.args["properties"].expressions):
+        if _is_temporary(node):
             node.set("properties", exp.Properties(expressions=[exp.FileFormatProperty(this=exp.Var(this="PARQUET"))]))
             node.set("replace", False)
         return node
 
     def _frame(self, query: exp.Expression | str, copy: bool = True):
-        if isinstance(query, exp.Create) and query.args.get("kind") == "TABLE":
+        if _is_temporary(query):  # relsql's own table, replaced (Spark cannot CREATE OR REPLACE it); never a user's
             self._sql(exp.Drop(tables=[query.this.copy()], kind="TABLE", exists=True).transform(self._rewrite).sql("spark"))
         return self._sql(self.sql(query, copy))
 
@@ -240,6 +239,12 @@ class SparkDatabase(Database):
         if table not in self.table_scopes():
             raise SchemaError(f"table `{table}` does not exist in {self.description}; known tables: {', '.join(self.tables()) or 'none'}")
         return [(f.name, duckdb_type(f.dataType.simpleString())) for f in self.spark.table(f"`{table}`").schema.fields]
+
+
+def _is_temporary(node: object) -> bool:
+    """A CREATE TEMP TABLE: one of relsql's own tables (DuckDB's temp catalog, the scratch database here)."""
+    properties = node.args.get("properties") if isinstance(node, exp.Create) else None
+    return properties is not None and any(isinstance(p, exp.TemporaryProperty) for p in properties.expressions)
 
 
 def _drop_scratch(session, scratch: str, folder: str) -> None:

@@ -104,7 +104,7 @@ def _progress(items: list[str], enabled: bool | None):
 
 def _run(db: Database, statement: exp.Expression, rule: ir.Rule) -> pa.Table | int | None:
     try:
-        return _execute(db, statement)
+        return db.run(statement)
     except duckdb.CatalogException as err:
         raise SchemaError(f"{rule.head}, {rule.origin}: {_first_line(err)}. Check the table and column names against the database ({db.description}).") from None
     except duckdb.BinderException as err:
@@ -113,15 +113,11 @@ def _run(db: Database, statement: exp.Expression, rule: ir.Rule) -> pa.Table | i
         raise GroundingError(f"{rule.head}, {rule.origin}: the database could not enumerate the groundings: {_first_line(err)}") from None
 
 
-def _execute(db: Database, statement: exp.Expression) -> pa.Table | int | None:
-    return db.run(statement)
-
-
 def _run_rules(db: Database, statement: exp.Expression, relation: str,
                rules: list[tuple[ir.Rule, exp.Expression]]) -> pa.Table | int | None:
     """Run a statement made of several rules' queries; on an error, name the rule that causes it."""
     try:
-        return _execute(db, statement)
+        return db.run(statement)
     except duckdb.Error as err:
         for rule, select in rules:  # the first rule whose query fails alone raises its own message
             _run(db, exp.select(exp.Count(this=exp.Star())).from_(q.alias(exp.Subquery(this=select.copy()), "s", table=True)), rule)
