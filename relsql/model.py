@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -261,6 +262,7 @@ class Model:
         and loss; an exception from it (or Ctrl-C) stops training with the database consistent.
         `workers=N` trains data-parallel on N processes reading the grounding store (each a share
         of every batch, gradients summed: the steps of one process; relsql/train/distributed.py).
+        Under torchrun (RANK and WORLD_SIZE set), fit() trains as this process's rank instead.
         """
         from tqdm.auto import tqdm
 
@@ -279,11 +281,18 @@ class Model:
         if len(self.rows["train"]) == 0:
             raise RelsqlError(f"no labelled target rows to train on in {self.target}")
         workers = arguments.integer("workers", workers, maximum=1024)
+        from relsql.train import distributed
+
+        if distributed.launched_by_torchrun():  # this process is one rank of a torchrun group
+            world = int(os.environ["WORLD_SIZE"])
+            if workers not in (1, world) or callback is not None:
+                raise RelsqlError(f"under torchrun, fit() trains as one of its {world} ranks: pass no callback, and "
+                                  f"workers=1 or workers={world} (torchrun's --nproc_per_node x --nnodes)")
+            distributed.fit_as_rank(self, epochs, batch_size, lr, patience, weight_decay, checkpoint, checkpoint_every, resume)
+            return self
         if workers > 1:
             if callback is not None:
                 raise RelsqlError("fit(workers=N) takes no callback (the steps run in other processes): train with one worker to use one")
-            from relsql.train import distributed
-
             distributed.fit(self, workers, epochs, batch_size, lr, patience, weight_decay, checkpoint, checkpoint_every, resume)
             return self
         batch_size = batch_size if batch_size is not None else self.batch_size

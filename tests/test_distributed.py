@@ -134,6 +134,36 @@ def test_what_ranks_cannot_do_yet_is_refused_before_anything_runs():
         model.fit(epochs=1, workers=0)
 
 
+TORCHRUN_SCRIPT = """
+import os, sys, torch, relsql
+from tests.test_batches import shop_db, shop_template
+folder = sys.argv[1]
+model = relsql.Model(shop_db(), shop_template("memory"), "item.y", batch_size=256, dtype=torch.float64,
+                     progress=False, store=os.path.join(folder, "store"))
+model.fit(epochs=3, lr=0.05)
+torch.save({"weights": {n: p.detach() for n, p in model.named_weights().items()},
+            "losses": [h["val_loss"] for h in model.history]}, os.path.join(folder, f"rank{os.environ['RANK']}.pt"))
+"""
+
+
+def test_ranks_started_by_torchrun_train_like_one_process(tmp_path):
+    """torchrun's own processes (env:// rendezvous), one kept store that rank 0 writes and rank 1
+    waits for: every rank ends with one process's weights."""
+    script = tmp_path / "train.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(script), str(tmp_path)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    one = trained(1)
+    for rank in (0, 1):
+        found = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        for name, weight in one.named_weights().items():
+            assert torch.allclose(weight.detach(), found["weights"][name], atol=1e-10, rtol=0), (rank, name)
+        assert found["losses"] == pytest.approx([h["val_loss"] for h in one.history], abs=1e-10)
+    assert (tmp_path / "store" / "manifest.json").exists()
+
+
 def test_cli_trains_on_two_workers(tmp_path):
     database = tmp_path / "shop.duckdb"
     db = shop_db()

@@ -158,6 +158,8 @@ class GroundingStore:
                 raise
         path = Path(folder)
         mark = fingerprint(grounder)
+        if _follower():  # a torchrun rank other than 0: rank 0 writes the shared store, this one waits for it
+            return cls(grounder, path, _wait_for(path, mark), owned)
         manifest = _read_manifest(path)
         if manifest is not None and manifest.get("format") == FORMAT and manifest.get("fingerprint") == mark:
             try:
@@ -326,6 +328,23 @@ class _Picked:
     counts: np.ndarray
     positions: np.ndarray
     refs: list[np.ndarray]
+
+
+def _follower() -> bool:
+    """This process is a rank other than 0 of a torchrun group (relsql's own ranks attach instead)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and os.environ.get("RANK", "0") != "0" and "RELSQL_RANK" not in os.environ
+
+
+def _wait_for(folder: Path, mark: str, timeout: float = 3600.0) -> dict:
+    """The manifest rank 0 writes for this data (`mark`), once it is there."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        manifest = _read_manifest(folder)
+        if manifest is not None and manifest.get("format") == FORMAT and manifest.get("fingerprint") == mark:
+            return manifest
+        time.sleep(0.5)
+    raise RelsqlError(f"grounding store {folder}: rank 0 did not write it within {timeout:.0f}s; a kept store shared by "
+                      "torchrun's ranks must be on storage every rank can read")
 
 
 def _resident_file_bytes() -> int | None:

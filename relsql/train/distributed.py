@@ -70,11 +70,41 @@ class Job:
 
 
 # -- the parent: start the ranks, wait, take the result ------------------------------------------
-def fit(model, workers: int, epochs: int, batch_size: int | None, lr: float, patience: int, weight_decay: float,
-        checkpoint: Path | None = None, checkpoint_every: int | None = None, resume: bool = False,
-        timeout: float = 1800.0) -> None:
-    """Train `model` on `workers` ranks; its weights, history and best epoch become rank 0's.
-    `timeout`: seconds a rank waits for the others in a collective before giving up."""
+def launched_by_torchrun() -> bool:
+    """This process is one rank of a group torchrun (or another launcher with its environment) started."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ and "RELSQL_RANK" not in os.environ
+
+
+def fit_as_rank(model, epochs: int, batch_size: int | None, lr: float, patience: int, weight_decay: float,
+                checkpoint: Path | None = None, checkpoint_every: int | None = None, resume: bool = False,
+                timeout: float = 1800.0) -> None:
+    """Train as this process's rank of a torchrun group (env://: RANK, WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT): every rank built the same model on its own engine session, and reads its own or
+    a shared grounding store; each ends with the same weights. Rank 0 writes the checkpoints."""
+    _refuse(model, int(os.environ["WORLD_SIZE"]))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if model.batched is None:
+        model.batched = model._batched(model._presets())
+    size = batch_size or model.batch_size or len(model.rows["train"])
+    job = Job({}, (), epochs, size, lr, patience, weight_decay, world, "env://", "", torch.get_num_threads(), timeout,
+              log.getEffectiveLevel(), None if checkpoint is None else str(checkpoint), checkpoint_every,
+              checkpoints.load(checkpoint) if resume and checkpoint is not None and Path(checkpoint).exists() else None,
+              time.time())
+    started = time.perf_counter()
+    owned = not dist.is_initialized()
+    try:
+        clock = _train(model, job, rank)
+    finally:
+        if owned and dist.is_initialized():
+            dist.destroy_process_group()
+    model.epoch_cap = epochs
+    for name, seconds in clock.items():
+        model.timings[name] = model.timings.get(name, 0.0) + seconds
+    model.timings["training"] = model.timings.get("training", 0.0) + time.perf_counter() - started
+
+
+def _refuse(model, workers: int) -> None:
+    """What ranks cannot do yet, refused before anything starts."""
     if database_embeddings(model.template):
         raise RelsqlError("fit(workers=N) does not train database-stored embeddings yet: train them with one worker, "
                           "or declare the embeddings with storage='memory'")
@@ -83,6 +113,14 @@ def fit(model, workers: int, epochs: int, batch_size: int | None, lr: float, pat
     if model.device.type == "cuda" and torch.cuda.device_count() < workers:
         raise RelsqlError(f"fit(workers={workers}) on CUDA needs a GPU per rank (NCCL); this machine has "
                           f"{torch.cuda.device_count()}: use workers={max(1, torch.cuda.device_count())}, or device='cpu' (gloo)")
+
+
+def fit(model, workers: int, epochs: int, batch_size: int | None, lr: float, patience: int, weight_decay: float,
+        checkpoint: Path | None = None, checkpoint_every: int | None = None, resume: bool = False,
+        timeout: float = 1800.0) -> None:
+    """Train `model` on `workers` ranks; its weights, history and best epoch become rank 0's.
+    `timeout`: seconds a rank waits for the others in a collective before giving up."""
+    _refuse(model, workers)
     if model.batched is None:
         model.batched = model._batched(model._presets())
     store = model.batched.grounding_store
@@ -169,7 +207,15 @@ def _rank_main() -> None:
         torch.set_num_threads(job.threads)
         if rank == 0 and job.log_level < logging.WARNING:
             logging.basicConfig(level=job.log_level, format="relsql: %(message)s")
-        _train(job, rank)
+        model = _model(job)
+        clock = _train(model, job, rank)
+        if rank == 0:
+            result = {"weights": {n: p.detach().cpu() for n, p in model.net.named_weights().items()},
+                      "head": {k: v.cpu() for k, v in model.head.state_dict().items()},
+                      "history": model.history, "best_epoch": model.best_epoch, "stopped": model.stopped, "timings": clock}
+            partial = Path(job.folder) / (RESULT + ".tmp")
+            torch.save(result, partial)
+            os.replace(partial, Path(job.folder) / RESULT)
     except BaseException as err:  # one line for the parent; it stops the other ranks
         text = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
         (Path(job.folder) / f"rank{rank}.error").write_text(text)
@@ -191,17 +237,18 @@ def _model(job: Job):
     return model
 
 
-def _train(job: Job, rank: int) -> None:
-    """The single-process loop of Model.fit, on this rank's share of every batch."""
-    model = _model(job)
+def _train(model, job: Job, rank: int) -> dict[str, float]:
+    """The single-process loop of Model.fit, on this rank's share of every batch; the model ends
+    with the best epoch's weights and its history. Returns this rank's time split."""
     device = model.device
     if device.type == "cuda":
         device = model.device = torch.device("cuda", rank)
         model.net.to(device)
         model.head.to(device)
         model.y = model.y.to(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=job.init_method, rank=rank,
-                            world_size=job.world, timeout=timedelta(seconds=job.timeout))
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=job.init_method, rank=rank,
+                                world_size=job.world, timeout=timedelta(seconds=job.timeout))
     clock = {"rank_startup": time.time() - job.started, "epochs": 0.0, "waiting_on_store": 0.0, "compute": 0.0,
              "all_reduce": 0.0, "validation": 0.0}
     optimizers = model._optimizers(job.lr, job.weight_decay)
@@ -237,13 +284,7 @@ def _train(job: Job, rank: int) -> None:
             break
     if best["state"] is not None:
         model._restore_weights(best["state"])
-    if rank == 0:
-        result = {"weights": {n: p.detach().cpu() for n, p in model.net.named_weights().items()},
-                  "head": {k: v.cpu() for k, v in model.head.state_dict().items()},
-                  "history": model.history, "best_epoch": model.best_epoch, "stopped": model.stopped, "timings": clock}
-        partial = Path(job.folder) / (RESULT + ".tmp")
-        torch.save(result, partial)
-        os.replace(partial, Path(job.folder) / RESULT)
+    return clock
 
 
 def _epoch(model, job: Job, rank: int, order: list[np.ndarray], epoch: int, first: int, optimizers, best: dict,
