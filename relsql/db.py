@@ -383,7 +383,7 @@ def connect(source: str | Path | duckdb.DuckDBPyConnection | Mapping[str, Any] |
         from relsql.spark import open_spark
         if tables or memory_limit is not None or threads is not None:
             raise SourceError("tables=, memory_limit= and threads= are DuckDB's settings; give Spark its own in the session")
-        db = open_spark(source, scratch)
+        db = open_spark(source, scratch, read_only)
     elif isinstance(source, str) and postgres.is_url(source):
         db = postgres.open_postgres(source, read_only=read_only)
     elif isinstance(source, str | os.PathLike):

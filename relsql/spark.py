@@ -80,6 +80,7 @@ class SparkSource(Source):
     def write_table(self, db: Database, name: str, data: pa.Table, replace: bool) -> None:
         """Written whole under a temporary name, then renamed into place (the old table dropped
         just before, with replace=True): a failed write leaves no table behind."""
+        self.refuse_read_only(name)
         exists = name in db._tables_in(db.scopes()[0])
         if exists and not replace:
             raise SchemaError(f"table `{name}` already exists in {db.description}; choose another name or pass replace=True")
@@ -105,10 +106,10 @@ class SparkSource(Source):
 class SparkDatabase(Database):
     """A SparkSession behind relsql's database verbs; see the module's docstring."""
 
-    def __init__(self, session, scratch: str | Path | None = None, description: str | None = None):
+    def __init__(self, session, scratch: str | Path | None = None, description: str | None = None, read_only: bool = False):
         context = session.sparkContext if hasattr(session, "sparkContext") else None
-        where = f"{context.master}" if context is not None else "Spark Connect"
-        super().__init__(None, description or f"Spark session ({where})", source=SparkSource(description or "Spark"))
+        description = description or f"Spark session ({context.master if context is not None else 'Spark Connect'})"
+        super().__init__(None, description, source=SparkSource(description, read_only=read_only))
         self.spark = session
         self._owned_folder = scratch is None
         self.folder = Path(tempfile.mkdtemp(prefix="relsql-spark-")) if scratch is None else Path(scratch) / uuid.uuid4().hex
@@ -255,7 +256,7 @@ def _drop_scratch(session, scratch: str, folder: str) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def open_spark(source, scratch: str | Path | None = None) -> SparkDatabase:
+def open_spark(source, scratch: str | Path | None = None, read_only: bool = False) -> SparkDatabase:
     """A SparkDatabase from a SparkSession, a master URL (spark://, local[...]) or a Spark Connect URL (sc://)."""
     if isinstance(source, str):
         try:
@@ -264,8 +265,8 @@ def open_spark(source, scratch: str | Path | None = None) -> SparkDatabase:
             raise SourceError(f"{source}: Spark needs pyspark: pip install 'relsql[spark]' (and Java 17)") from None
         builder = SparkSession.builder.remote(source) if source.startswith("sc://") else SparkSession.builder.master(source)
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        return SparkDatabase(builder.getOrCreate(), scratch, description=f"Spark at {source}")
-    return SparkDatabase(source, scratch)
+        return SparkDatabase(builder.getOrCreate(), scratch, description=f"Spark at {source}", read_only=read_only)
+    return SparkDatabase(source, scratch, read_only=read_only)
 
 
 __all__ = ["SparkDatabase", "open_spark"]

@@ -132,6 +132,8 @@ def test_a_model_on_spark_trains_like_duckdb_also_on_two_ranks(spark, molecules,
         trained.write_predictions("mutagenic_predictions")
     assert spark.table("molecule").count() == 188  # the user's tables are only read
     on_spark.close()
+    with relsql.connect(spark, read_only=True) as frozen, pytest.raises(relsql.RelsqlError, match="read-only"):
+        frozen.write_table("more_predictions", frozen.arrow("SELECT 1 AS x"))
     assert not scratch.exists()
     assert not [d.name for d in spark.catalog.listDatabases() if d.name.startswith("relsql_scratch")]
 
