@@ -41,6 +41,7 @@ import sqlglot.expressions as exp
 
 from relsql.db import TEMP_PREFIX, Database, Source, first_line, ident
 from relsql.errors import SchemaError, SourceError
+from relsql.ground import query as q
 
 _results = itertools.count()
 _TYPES = {"bigint": "BIGINT", "int": "INTEGER", "smallint": "SMALLINT", "tinyint": "TINYINT", "double": "DOUBLE",
@@ -139,7 +140,7 @@ class SparkDatabase(Database):
         if isinstance(node, exp.Anonymous) and str(node.this).lower() == "epoch":  # seconds, with their fractions
             inner = node.expressions[0].transform(self._rewrite, copy=False)
             micros = exp.Anonymous(this="unix_micros", expressions=[exp.cast(inner, exp.DataType.build("TIMESTAMP"))])
-            return exp.Div(this=micros, expression=exp.cast(exp.Literal.number(1_000_000), exp.DataType.build("DOUBLE")))
+            return exp.Div(this=micros, expression=q.real(1e6))
         if _is_temporary(node):
             node.set("properties", exp.Properties(expressions=[exp.FileFormatProperty(this=exp.Var(this="PARQUET"))]))
             node.set("replace", False)

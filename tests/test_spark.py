@@ -111,7 +111,7 @@ def test_spark_grounds_mutagenesis_and_an_auto_template_on_tpch_like_duckdb(spar
         assert_same_groundings(template, tpch, on_spark)
 
 
-def test_a_model_on_spark_trains_like_duckdb_also_on_two_ranks(spark, molecules, tmp_path):
+def test_a_model_on_spark_trained_on_two_ranks_equals_one_duckdb_process(spark, molecules, tmp_path):
     copy_to_spark(molecules, spark)
     template = relsql.Template.from_file(ROOT / "sql" / "mutagenesis.sql")
 
@@ -122,10 +122,9 @@ def test_a_model_on_spark_trains_like_duckdb_also_on_two_ranks(spark, molecules,
     on_spark = relsql.connect(spark, scratch=tmp_path)
     scratch = on_spark.folder
     assert scratch.parent == tmp_path and scratch.exists()
-    for workers in (1, 2):
-        trained = model(on_spark).fit(epochs=3, workers=workers)
-        for name, weight in reference.named_weights().items():
-            assert torch.allclose(weight.detach(), trained.named_weights()[name].detach(), atol=1e-10, rtol=0), (workers, name)
+    trained = model(on_spark).fit(epochs=3, workers=2)  # Spark grounds, 2 ranks train: one DuckDB process's steps
+    for name, weight in reference.named_weights().items():
+        assert torch.allclose(weight.detach(), trained.named_weights()[name].detach(), atol=1e-10, rtol=0), name
     assert trained.write_predictions("mutagenic_predictions") == 188
     assert spark.table("mutagenic_predictions").count() == 188
     with pytest.raises(relsql.RelsqlError, match="already exists"):
