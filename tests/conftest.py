@@ -30,6 +30,26 @@ def mutagenesis(tmp_path_factory):
     db.con.close()
 
 
+@pytest.fixture(scope="module")
+def molecules():
+    """The Mutagenesis demo's tables in an in-memory DuckDB, one per test module."""
+    from demos.mutagenesis import load
+
+    db = relsql.connect()
+    load(db.con)
+    return db
+
+
+@pytest.fixture(scope="module")
+def mutag():
+    """MUTAG (TU format, from the grakel wheel) as tables graph / node / edge, one per test module."""
+    from connectors.tu_format import load_tu, mutag_folder
+
+    db = relsql.connect()
+    load_tu(db.con, mutag_folder(), "MUTAG")
+    return db
+
+
 @pytest.fixture(scope="session")
 def pg_server():
     """A real PostgreSQL server on 127.0.0.1 (high port, temp dir), stopped at session end.

@@ -48,15 +48,6 @@ def quiet(fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
 
-@pytest.fixture(scope="module")
-def molecules():
-    from demos.mutagenesis import load
-
-    db = relsql.connect()
-    load(db.con)
-    return db
-
-
 def test_one_batch_of_every_row_equals_full_batch_training(molecules):
     kwargs = dict(target="molecule.mutagenic", seed=0, dtype=torch.float64, progress=False)
     full = quiet(relsql.Model, molecules, ROOT / "sql" / "mutagenesis.sql", **kwargs)

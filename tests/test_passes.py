@@ -15,24 +15,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def mutag():
-    from connectors.tu_format import load_tu, mutag_folder
-
-    db = relsql.connect()
-    load_tu(db.con, mutag_folder(), "MUTAG")
-    return db
-
-
-@pytest.fixture(scope="module")
-def molecules():
-    from demos.mutagenesis import load
-
-    db = relsql.connect()
-    load(db.con)
-    return db
-
-
-@pytest.fixture(scope="module")
 def neuralogic_mutagenesis():
     from connectors.neuralogic_files import load_builtin
 

@@ -45,24 +45,6 @@ def copy_to_spark(duck: relsql.Database, spark) -> None:
         spark.createDataFrame(frame).createOrReplaceTempView(table)
 
 
-@pytest.fixture(scope="module")
-def mutag():
-    from connectors.tu_format import load_tu, mutag_folder
-
-    db = relsql.connect()
-    load_tu(db.con, mutag_folder(), "MUTAG")
-    return db
-
-
-@pytest.fixture(scope="module")
-def molecules():
-    from demos.mutagenesis import load
-
-    db = relsql.connect()
-    load(db.con)
-    return db
-
-
 def assert_same_groundings(template: relsql.Template, duck: relsql.Database, on_spark: relsql.Database) -> None:
     """The stores Spark and DuckDB write give equal groundings of every output row: the same heads,
     body row ids, encoded values, dictionaries and feature statistics."""

@@ -26,15 +26,6 @@ def quiet(fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
 
-@pytest.fixture(scope="module")
-def molecules():
-    from demos.mutagenesis import load
-
-    db = relsql.connect()
-    load(db.con)
-    return db
-
-
 class _NoDatabase:
     """Stands in for the DuckDB connection: any use is a failure."""
 

@@ -85,11 +85,8 @@ def fit_as_rank(model, epochs: int, batch_size: int | None, lr: float, patience:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if model.batched is None:
         model.batched = model._batched(model._presets())
-    size = batch_size or model.batch_size or len(model.rows["train"])
-    job = Job({}, (), epochs, size, lr, patience, weight_decay, world, "env://", "", torch.get_num_threads(), timeout,
-              log.getEffectiveLevel(), None if checkpoint is None else str(checkpoint), checkpoint_every,
-              checkpoints.load(checkpoint) if resume and checkpoint is not None and Path(checkpoint).exists() else None,
-              time.time())
+    job = _job(model, world, epochs, batch_size, lr, patience, weight_decay, checkpoint, checkpoint_every, resume, timeout,
+               model={}, store=(), init_method="env://", folder="", threads=torch.get_num_threads(), started=time.time())
     started = time.perf_counter()
     owned = not dist.is_initialized()
     try:
@@ -98,9 +95,18 @@ def fit_as_rank(model, epochs: int, batch_size: int | None, lr: float, patience:
         if owned and dist.is_initialized():
             dist.destroy_process_group()
     model.epoch_cap = epochs
-    for name, seconds in clock.items():
-        model.timings[name] = model.timings.get(name, 0.0) + seconds
-    model.timings["training"] = model.timings.get("training", 0.0) + time.perf_counter() - started
+    _add_timings(model, {**clock, "training": time.perf_counter() - started})
+
+
+def _job(owner, world: int, epochs: int, batch_size: int | None, lr: float, patience: int, weight_decay: float,
+         checkpoint: Path | None, checkpoint_every: int | None, resume: bool, timeout: float, **where) -> Job:
+    """The job of every rank of `owner` (the Model): fit's arguments, the checkpoint to resume
+    from, and `where` (the model's state sent to the ranks, the store, the rendezvous, the folder for results, threads)."""
+    resumed = checkpoints.load(checkpoint) if resume and checkpoint is not None and Path(checkpoint).exists() else None
+    return Job(epochs=epochs, batch_size=batch_size or owner.batch_size or len(owner.rows["train"]), lr=lr, patience=patience,
+               weight_decay=weight_decay, world=world, timeout=timeout, log_level=log.getEffectiveLevel(),
+               checkpoint=None if checkpoint is None else str(checkpoint), checkpoint_every=checkpoint_every,
+               resume=resumed, **where)
 
 
 def _refuse(model, workers: int) -> None:
@@ -124,13 +130,11 @@ def fit(model, workers: int, epochs: int, batch_size: int | None, lr: float, pat
     if model.batched is None:
         model.batched = model._batched(model._presets())
     store = model.batched.grounding_store
-    size = batch_size or model.batch_size or len(model.rows["train"])
     with tempfile.TemporaryDirectory(prefix="relsql-ranks-") as folder:
-        job = Job({k: v for k, v in model.__dict__.items() if k not in _NOT_SENT}, store.detach(), epochs, size, lr,
-                  patience, weight_decay, workers, f"tcp://127.0.0.1:{_free_port()}", folder,
-                  model.threads or max(1, default_threads() // workers), timeout,
-                  log.getEffectiveLevel(), None if checkpoint is None else str(checkpoint), checkpoint_every,
-                  checkpoints.load(checkpoint) if resume and checkpoint is not None and Path(checkpoint).exists() else None)
+        job = _job(model, workers, epochs, batch_size, lr, patience, weight_decay, checkpoint, checkpoint_every, resume, timeout,
+                   model={k: v for k, v in model.__dict__.items() if k not in _NOT_SENT}, store=store.detach(),
+                   init_method=f"tcp://127.0.0.1:{_free_port()}", folder=folder,
+                   threads=model.threads or max(1, default_threads() // workers))
         started = time.perf_counter()
         job.started = time.time()
         _run_ranks(job)
@@ -139,9 +143,12 @@ def fit(model, workers: int, epochs: int, batch_size: int | None, lr: float, pat
     model.head.load_state_dict(result["head"])
     model.history = list(result["history"])
     model.best_epoch, model.stopped, model.epoch_cap = result["best_epoch"], result["stopped"], epochs
-    for name, seconds in result["timings"].items():
-        model.timings[name] = model.timings.get(name, 0.0) + seconds
-    model.timings["training"] = model.timings.get("training", 0.0) + time.perf_counter() - started
+    _add_timings(model, {**result["timings"], "training": time.perf_counter() - started})
+
+
+def _add_timings(model, seconds: dict[str, float]) -> None:
+    for name, value in seconds.items():
+        model.timings[name] = model.timings.get(name, 0.0) + value
 
 
 def _free_port() -> int:
