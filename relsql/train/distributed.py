@@ -137,8 +137,7 @@ def fit(model, workers: int, epochs: int, batch_size: int | None, lr: float, pat
                    threads=model.threads or max(1, default_threads() // workers))
         started = time.perf_counter()
         job.started = time.time()
-        _run_ranks(job)
-        result = torch.load(Path(folder) / RESULT, weights_only=True)  # tensors and numbers only
+        result = _launch(model, job)
     model.net.set_named_weights(result["weights"], model._fixed())
     model.head.load_state_dict(result["head"])
     model.history = list(result["history"])
@@ -149,6 +148,18 @@ def fit(model, workers: int, epochs: int, batch_size: int | None, lr: float, pat
 def _add_timings(model, seconds: dict[str, float]) -> None:
     for name, value in seconds.items():
         model.timings[name] = model.timings.get(name, 0.0) + value
+
+
+def _launch(model, job: Job) -> dict:
+    """Start the ranks, wait for them, and return rank 0's result (weights, history, timings).
+    A Spark-grounded model's ranks start through Spark's TorchDistributor, on the executors;
+    any other through this module's own rank processes on this machine."""
+    from relsql.train import torch_distributor
+
+    if torch_distributor.applies(model.db):
+        return torch_distributor.run(model.db, job)
+    _run_ranks(job)
+    return torch.load(Path(job.folder) / RESULT, weights_only=True)  # tensors and numbers only
 
 
 def _free_port() -> int:
@@ -214,12 +225,8 @@ def _rank_main() -> None:
         torch.set_num_threads(job.threads)
         if rank == 0 and job.log_level < logging.WARNING:
             logging.basicConfig(level=job.log_level, format="relsql: %(message)s")
-        model = _model(job)
-        clock = _train(model, job, rank)
+        result = run_rank(job, rank)
         if rank == 0:
-            result = {"weights": {n: p.detach().cpu() for n, p in model.net.named_weights().items()},
-                      "head": {k: v.cpu() for k, v in model.head.state_dict().items()},
-                      "history": model.history, "best_epoch": model.best_epoch, "stopped": model.stopped, "timings": clock}
             partial = Path(job.folder) / (RESULT + ".tmp")
             torch.save(result, partial)
             os.replace(partial, Path(job.folder) / RESULT)
@@ -230,6 +237,18 @@ def _rank_main() -> None:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def run_rank(job: Job, rank: int) -> dict | None:
+    """One rank's whole part: build the model from the job, train; rank 0 returns the result
+    (weights, head, history, timings as tensors and numbers), the others None."""
+    model = _model(job)
+    clock = _train(model, job, rank)
+    if rank != 0:
+        return None
+    return {"weights": {n: p.detach().cpu() for n, p in model.net.named_weights().items()},
+            "head": {k: v.cpu() for k, v in model.head.state_dict().items()},
+            "history": model.history, "best_epoch": model.best_epoch, "stopped": model.stopped, "timings": clock}
 
 
 def _model(job: Job):
