@@ -488,9 +488,10 @@ class Model:
     def _stores(self) -> dict:
         return self.batched.stores if self.batched is not None else {}
 
-    def _checkpoint(self, path, epoch: int, batch: int, optimizers, best, worker) -> None:
+    def _checkpoint(self, path, epoch: int, batch: int, optimizers, best, worker, extra: dict | None = None) -> None:
         """The database copies first, then the file that names them, then older copies dropped:
-        a crash between any two leaves a file whose copies exist and match it."""
+        a crash between any two leaves a file whose copies exist and match it. `extra`: more
+        entries for the file (training ranks name their embedding shards there)."""
         steps = {w: worker.run(store.snapshot) for w, store in self._stores().items()}
         best_steps = {w: worker.run(store.keep_best) for w, store in self._stores().items()}
         checkpoints.save(path, {
@@ -499,7 +500,7 @@ class Model:
             "parameter_names": [[self._name_of(p) for g in o.param_groups for p in g["params"]] for o in optimizers],
             "history": saved.plain(self.history), "best_epoch": self.best_epoch, "best_loss": float(best["loss"]),
             "best_state": best["state"], "stores": steps, "best_stores": best_steps,
-            "running": tuple(float(v) for v in self._running) if batch else (0.0, 0.0),
+            "running": tuple(float(v) for v in self._running) if batch else (0.0, 0.0), **(extra or {}),
         })
         for w, store in self._stores().items():
             worker.run(store.drop_checkpoints, steps[w], best_steps[w])
@@ -515,6 +516,10 @@ class Model:
 
     def _resume(self, path, optimizers, best, worker) -> tuple[int, int]:
         state = checkpoints.load(path)
+        if state.get("shards"):
+            raise RelsqlError(f"checkpoint {path} was written by {state['shards']['world']} training ranks, which kept the "
+                              "database-stored embeddings in shards beside it: resume with fit(workers="
+                              f"{state['shards']['world']})")
         try:
             return self._resume_from(state, path, optimizers, best, worker)
         except (KeyError, TypeError, ValueError, IndexError, RuntimeError, AttributeError) as err:

@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -121,10 +122,57 @@ def test_a_rank_that_dies_stops_training_with_a_clear_error():
     assert not _rank_processes()  # no rank left behind
 
 
+def embedding_rows(model: relsql.Model) -> tuple[dict, int]:
+    """The `user` embedding's table, read from the database: {key: row}, and its step counter."""
+    table = model.batched.store("user", None)
+    return table.values(), table.step()
+
+
+def test_database_embeddings_sharded_over_ranks_train_like_one_process():
+    """`user` rows live in the database; on 2 ranks each owns half of them in memory, and the
+    table ends as one process leaves it (rows, step counter). A second fit starts from the table."""
+    def run(workers: int) -> relsql.Model:
+        model = relsql.Model(shop_db(), shop_template("database"), "item.y", batch_size=256, dtype=torch.float64,
+                             progress=False)
+        model.fit(epochs=2, lr=0.05, workers=workers)
+        first = embedding_rows(model)
+        model.fit(epochs=2, lr=0.05, workers=workers)
+        return model, first
+
+    (one, one_first), (two, two_first) = run(1), run(2)
+    assert_same_training(one, two)
+    for (a, a_step), (b, b_step) in ((one_first, two_first), (embedding_rows(one), embedding_rows(two))):
+        assert a_step == b_step and a_step > 0
+        assert a.keys() == b.keys() and len(a) == 300
+        assert all(np.allclose(a[k], b[k], atol=1e-10, rtol=0) for k in a)
+    assert any(not np.allclose(one_first[0][k], embedding_rows(one)[0][k]) for k in one_first[0])  # the second fit moved them
+    assert two.evaluate()["loss"] == pytest.approx(one.evaluate()["loss"], abs=1e-10)
+
+
+def test_sharded_embeddings_checkpoint_and_resume(tmp_path):
+    """Every rank keeps its shard beside rank 0's checkpoint; a run resumed from it (after the
+    first run's table was rolled back to a fresh database) equals one uninterrupted process."""
+    path = tmp_path / "ranks.ckpt"
+
+    def model() -> relsql.Model:
+        return relsql.Model(shop_db(), shop_template("database"), "item.y", batch_size=256, dtype=torch.float64,
+                            progress=False)
+
+    model().fit(epochs=2, lr=0.05, workers=2, checkpoint=path, checkpoint_every=3)
+    shards = sorted(p.name for p in (tmp_path / "ranks.ckpt.shards").iterdir())
+    assert shards and {n.split(".")[1] for n in shards} == {"rank0", "rank1"}
+    resumed = model().fit(epochs=4, lr=0.05, workers=2, checkpoint=path, resume=True)
+    one = model().fit(epochs=4, lr=0.05)
+    assert_same_training(one, resumed)
+    a, b = embedding_rows(one)[0], embedding_rows(resumed)[0]
+    assert a.keys() == b.keys() and all(np.allclose(a[k], b[k], atol=1e-10, rtol=0) for k in a)
+    with pytest.raises(relsql.RelsqlError, match="as many workers"):  # refused before any rank starts
+        model().fit(epochs=5, lr=0.05, workers=3, checkpoint=path, resume=True)
+    with pytest.raises(relsql.RelsqlError, match="workers=2"):
+        model().fit(epochs=5, lr=0.05, checkpoint=path, resume=True)
+
+
 def test_what_ranks_cannot_do_yet_is_refused_before_anything_runs():
-    model = relsql.Model(shop_db(), shop_template("database"), "item.y", batch_size=256, progress=False)
-    with pytest.raises(relsql.RelsqlError, match="database-stored embeddings"):
-        model.fit(epochs=1, workers=2)
     model = relsql.Model(shop_db(), shop_template("memory"), "item.y", batch_size=256, progress=False, store=False)
     with pytest.raises(relsql.RelsqlError, match="store=False"):
         model.fit(epochs=1, workers=2)

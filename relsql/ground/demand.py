@@ -46,10 +46,11 @@ class _PreparedRule:
 class BatchGrounding(Grounding):
     """A batch's grounding: indexes local to the batch; `rows` maps each relation's batch rows to
     its global row ids; `embedding_keys` holds, per database-stored embedding, the keys of its
-    batch rows in code order."""
+    batch rows in code order, and (read from a grounding store) `embedding_codes` their codes there."""
 
     rows: dict[str, torch.Tensor] = field(default_factory=dict)
     embedding_keys: dict[str, pa.Array] = field(default_factory=dict)
+    embedding_codes: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def needed_relations(template: ir.Template, output: str) -> list[str]:

@@ -316,7 +316,8 @@ class GroundingStore:
                 self.release()
             relations[name] = result
         return BatchGrounding(relations, dictionaries, self.grounder.feature_stats,
-                              rows={n: torch.from_numpy(demand[n]) for n in relations}, embedding_keys=embedding_keys)
+                              rows={n: torch.from_numpy(demand[n]) for n in relations}, embedding_keys=embedding_keys,
+                              embedding_codes=used)
 
 
 @dataclass

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -39,6 +39,7 @@ from relsql.ground.store import GroundingStore
 from relsql.train import checkpoint as checkpoints
 from relsql.train.batched import Batched
 from relsql.train.batches import Worker, batches
+from relsql.train.sharded import EmbeddingJob, ShardedEmbeddings, read_results
 from relsql.train.threads import default_threads
 
 log = logging.getLogger("relsql")
@@ -67,6 +68,7 @@ class Job:
     checkpoint_every: int | None = None
     resume: dict | None = None
     started: float = 0.0  # time.time() when the parent started the ranks
+    embeddings: dict[str, EmbeddingJob] = field(default_factory=dict)  # database-stored ones, sharded over the ranks
 
 
 # -- the parent: start the ranks, wait, take the result ------------------------------------------
@@ -82,6 +84,9 @@ def fit_as_rank(model, epochs: int, batch_size: int | None, lr: float, patience:
     MASTER_PORT): every rank built the same model on its own engine session, and reads its own or
     a shared grounding store; each ends with the same weights. Rank 0 writes the checkpoints."""
     _refuse(model, int(os.environ["WORLD_SIZE"]))
+    if database_embeddings(model.template):
+        raise RelsqlError("under torchrun, every rank has its own database session, and database-stored embeddings need "
+                          "one writer: train them with model.fit(workers=N) from one process, or declare them storage='memory'")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if model.batched is None:
         model.batched = model._batched(model._presets())
@@ -111,9 +116,6 @@ def _job(owner, world: int, epochs: int, batch_size: int | None, lr: float, pati
 
 def _refuse(model, workers: int) -> None:
     """What ranks cannot do yet, refused before anything starts."""
-    if database_embeddings(model.template):
-        raise RelsqlError("fit(workers=N) does not train database-stored embeddings yet: train them with one worker, "
-                          "or declare the embeddings with storage='memory'")
     if model.store is False:
         raise RelsqlError("fit(workers=N) reads every batch from the grounding store: create the Model without store=False")
     if model.device.type == "cuda" and torch.cuda.device_count() < workers:
@@ -135,14 +137,37 @@ def fit(model, workers: int, epochs: int, batch_size: int | None, lr: float, pat
                    model={k: v for k, v in model.__dict__.items() if k not in _NOT_SENT}, store=store.detach(),
                    init_method=f"tcp://127.0.0.1:{_free_port()}", folder=folder,
                    threads=model.threads or max(1, default_threads() // workers))
+        job.embeddings = _export_embeddings(model, folder)
+        if job.embeddings and job.resume is not None:
+            _check_shards(job)
         started = time.perf_counter()
         job.started = time.time()
         result = _launch(model, job)
+        _write_back_embeddings(model, job, result)
     model.net.set_named_weights(result["weights"], model._fixed())
     model.head.load_state_dict(result["head"])
     model.history = list(result["history"])
     model.best_epoch, model.stopped, model.epoch_cap = result["best_epoch"], result["stopped"], epochs
     _add_timings(model, {**result["timings"], "training": time.perf_counter() - started})
+
+
+def _export_embeddings(model, folder: str) -> dict[str, EmbeddingJob]:
+    """Each database-stored embedding's table rows, into a file the ranks start from."""
+    jobs = {}
+    for weight in sorted(database_embeddings(model.template)):
+        keys = model.batched.grounding_store.embedding_keys[weight]
+        table = model.batched.store(weight, keys.type)  # created here if it does not exist yet
+        path = str(Path(folder) / f"start.{weight}.arrow")
+        table.export(path)
+        jobs[weight] = EmbeddingJob(table.width, table.key_arrow, table.optimizer, table.lr, table.seed, table.step(), path)
+    return jobs
+
+
+def _write_back_embeddings(model, job: Job, result: dict) -> None:
+    """The rows the ranks changed into each table, with its step counter (one transaction each)."""
+    for weight, spec in job.embeddings.items():
+        rows = read_results(job.folder, weight, job.world)
+        model.batched.stores[weight].replace_rows(rows, spec.step + int(result["embedding_updates"]))
 
 
 def _add_timings(model, seconds: dict[str, float]) -> None:
@@ -243,12 +268,24 @@ def run_rank(job: Job, rank: int) -> dict | None:
     """One rank's whole part: build the model from the job, train; rank 0 returns the result
     (weights, head, history, timings as tensors and numbers), the others None."""
     model = _model(job)
-    clock = _train(model, job, rank)
+    shards = _shards(model, job, rank)
+    clock = _train(model, job, rank, shards)
+    if shards is not None:
+        shards.write_result(job.folder)
+        dist.barrier()  # every rank's rows are on disk before rank 0 reports
     if rank != 0:
         return None
     return {"weights": {n: p.detach().cpu() for n, p in model.net.named_weights().items()},
             "head": {k: v.cpu() for k, v in model.head.state_dict().items()},
-            "history": model.history, "best_epoch": model.best_epoch, "stopped": model.stopped, "timings": clock}
+            "history": model.history, "best_epoch": model.best_epoch, "stopped": model.stopped, "timings": clock,
+            "embedding_updates": 0 if shards is None else shards.updates}
+
+
+def _shards(model, job: Job, rank: int) -> ShardedEmbeddings | None:
+    if not job.embeddings:
+        return None
+    return ShardedEmbeddings(job.embeddings, model.batched.grounding_store.embedding_keys, rank, job.world, model.dtype,
+                             model.device)
 
 
 def _model(job: Job):
@@ -263,7 +300,7 @@ def _model(job: Job):
     return model
 
 
-def _train(model, job: Job, rank: int) -> dict[str, float]:
+def _train(model, job: Job, rank: int, shards: ShardedEmbeddings | None = None) -> dict[str, float]:
     """The single-process loop of Model.fit, on this rank's share of every batch; the model ends
     with the best epoch's weights and its history. Returns this rank's time split."""
     device = model.device
@@ -283,15 +320,17 @@ def _train(model, job: Job, rank: int) -> dict[str, float]:
     start_epoch, start_batch, model._running = 0, 0, (0.0, 0)
     if job.resume is not None:
         start_epoch, start_batch = model._resume_from(job.resume, job.checkpoint, optimizers, best, None)
+        if shards is not None:
+            _resume_shards(shards, job, best)
     model.stopped = "epochs"
     for epoch in range(start_epoch, job.epochs):
         order = batches(model.rows["train"], job.batch_size, np.random.default_rng([model.seed, epoch]))
         first = start_batch if epoch == start_epoch else 0
         started = time.perf_counter()
-        record = {"epoch": epoch, "train_loss": _epoch(model, job, rank, order, epoch, first, optimizers, best, clock)}
+        record = {"epoch": epoch, "train_loss": _epoch(model, job, rank, order, epoch, first, optimizers, best, clock, shards)}
         clock["epochs"] += time.perf_counter() - started
         started = time.perf_counter()
-        record.update(_validation(model, job, rank, device))
+        record.update(_validation(model, job, rank, device, shards))
         clock["validation"] += time.perf_counter() - started
         model.history.append(record)
         if rank == 0:
@@ -301,20 +340,67 @@ def _train(model, job: Job, rank: int) -> dict[str, float]:
         stop = False
         if current < best["loss"] - 1e-7:
             best["loss"], model.best_epoch, best["state"] = current, epoch, model._weights_copy()
+            if shards is not None:
+                best["shards"] = shards.state()
         elif epoch - model.best_epoch >= job.patience:
             stop = True
-        if job.checkpoint is not None and rank == 0:
-            model._checkpoint(job.checkpoint, epoch + 1, 0, optimizers, best, None)
+        if job.checkpoint is not None:
+            _checkpoint(model, job, rank, epoch + 1, 0, optimizers, best, shards)
         if stop:
             model.stopped = "early (no validation improvement for patience epochs)"
             break
     if best["state"] is not None:
         model._restore_weights(best["state"])
+        if shards is not None:
+            shards.restore(best["shards"])
     return clock
 
 
+def _checkpoint(model, job: Job, rank: int, epoch: int, batch: int, optimizers, best: dict,
+                shards: ShardedEmbeddings | None) -> None:
+    """Rank 0 writes Model.fit's checkpoint file. With sharded embeddings every rank first writes
+    its shards beside it (tagged by the update count), the file names that tag, and only then are
+    older shard files dropped: a crash anywhere leaves a file whose shards exist."""
+    if shards is None:
+        if rank == 0:
+            model._checkpoint(job.checkpoint, epoch, batch, optimizers, best, None)
+        return
+    folder = _shard_folder(job)
+    tags = {"now": str(shards.updates), "best": None if "shards" not in best else f"best{best['shards']['updates']}"}
+    shards.save(folder, tags["now"])
+    if tags["best"] is not None:
+        shards.save(folder, tags["best"], best["shards"])
+    dist.barrier()
+    if rank == 0:
+        model._checkpoint(job.checkpoint, epoch, batch, optimizers, best, None, extra={"shards": {"world": job.world, **tags}})
+    dist.barrier()
+    shards.drop_saved(folder, {t for t in tags.values() if t is not None})
+
+
+def _shard_folder(job: Job) -> Path:
+    return Path(job.checkpoint + ".shards")
+
+
+def _check_shards(job: Job) -> None:
+    """A checkpoint holds the embeddings' shards of as many ranks as wrote it: resume with as many."""
+    saved = job.resume.get("shards")
+    if saved is None or saved["world"] != job.world:
+        raise RelsqlError(f"checkpoint {job.checkpoint} holds no embedding shards for {job.world} workers (it has "
+                          f"{'none' if saved is None else saved['world']}): resume with as many workers as wrote it, "
+                          "or start without resume=True")
+
+
+def _resume_shards(shards: ShardedEmbeddings, job: Job, best: dict) -> None:
+    """The shards the resumed checkpoint names (written by as many ranks as there are now)."""
+    _check_shards(job)
+    saved = job.resume["shards"]
+    shards.restore(shards.load(_shard_folder(job), saved["now"]))
+    if saved["best"] is not None:
+        best["shards"] = shards.load(_shard_folder(job), saved["best"])
+
+
 def _epoch(model, job: Job, rank: int, order: list[np.ndarray], epoch: int, first: int, optimizers, best: dict,
-           clock: dict) -> float:
+           clock: dict, shards: ShardedEmbeddings | None) -> float:
     """One pass over the global batches (from batch `first`); returns the mean loss over the
     epoch's rows. Rank 0 writes the mid-epoch checkpoints."""
     shares = [np.array_split(positions, job.world)[rank] for positions in order]
@@ -326,28 +412,32 @@ def _epoch(model, job: Job, rank: int, order: list[np.ndarray], epoch: int, firs
             batch = worker.wait(pending)
             pending = worker.prefetch(_prepare, model, shares[b + 1], epoch) if b + 1 < len(order) else None
             started = time.perf_counter()
+            external = shards.fetch(batch) if shards is not None else {}
+            clock["all_reduce"] += time.perf_counter() - started
+            started = time.perf_counter()
             _agree_on_weights(model, batch, optimizers, job)
             for optimizer in optimizers:
                 optimizer.zero_grad()
             loss = torch.zeros((), dtype=model.dtype, device=model.device)
             if batch is not None:
-                out = Batched.outputs(model.net, model.head, batch, {}, model.output)
+                out = Batched.outputs(model.net, model.head, batch, external, model.output)
                 y = model.y[torch.as_tensor(shares[b], device=model.device)]
                 loss = model.task.loss(out, y) * (len(shares[b]) / len(positions))  # this share's part of the batch mean
                 loss.backward()
             clock["compute"] += time.perf_counter() - started
             started = time.perf_counter()
-            batch_loss = _all_reduce_gradients(model, loss.detach())
+            batch_loss, reduced = _all_reduce_gradients(model, loss.detach(), shards.gradients(external) if shards else [])
             clock["all_reduce"] += time.perf_counter() - started
             started = time.perf_counter()
             for optimizer in optimizers:
                 optimizer.step()
+            if shards is not None:
+                shards.apply(reduced)
             clock["compute"] += time.perf_counter() - started
             total, count = total + batch_loss * len(positions), count + len(positions)
             model._running = (total, count)
-            if (rank == 0 and job.checkpoint is not None and job.checkpoint_every and (b + 1) % job.checkpoint_every == 0
-                    and b + 1 < len(order)):
-                model._checkpoint(job.checkpoint, epoch, b + 1, optimizers, best, None)
+            if job.checkpoint is not None and job.checkpoint_every and (b + 1) % job.checkpoint_every == 0 and b + 1 < len(order):
+                _checkpoint(model, job, rank, epoch, b + 1, optimizers, best, shards)
         clock["waiting_on_store"] += worker.waited
     return total / count if count else float("nan")
 
@@ -377,23 +467,46 @@ def _agree_on_weights(model, batch, optimizers, job: Job) -> None:
         optimizers.append(model._optimizers_for(sparse))
 
 
-def _all_reduce_gradients(model, loss: torch.Tensor) -> float:
-    """Sum gradients (and the batch loss) over the ranks in one all-reduce; a weight no rank
-    used keeps no gradient, as in one process (Adam then leaves it alone)."""
+def _all_reduce_gradients(model, loss: torch.Tensor, extra: list[torch.Tensor]) -> tuple[float, list[torch.Tensor]]:
+    """Sum gradients (and the batch loss, and `extra`: the sharded embeddings' part) over the
+    ranks in one all-reduce; a weight no rank used keeps no gradient, as in one process (Adam
+    then leaves it alone). Returns the batch loss and `extra` summed."""
     params = [p for _, p in sorted(model.net.named_weights().items()) if p.requires_grad]
     params += [p for p in model.head.parameters() if p.requires_grad]
     parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
     used = torch.tensor([p.grad is not None for p in params], dtype=loss.dtype, device=loss.device)
-    flat = torch.cat([*parts, used, loss.reshape(1)])
+    extra = [e.to(loss.device, loss.dtype) for e in extra]
+    flat = torch.cat([*parts, used, loss.reshape(1), *extra])
     dist.all_reduce(flat)
-    offset = 0
-    for p, part, count in zip(params, parts, flat[-1 - len(params):-1].tolist()):
+    offset, dense = 0, sum(part.numel() for part in parts)
+    for p, part, count in zip(params, parts, flat[dense:dense + len(params)].tolist()):
         p.grad = flat[offset:offset + part.numel()].view_as(p).clone() if count else None
         offset += part.numel()
-    return float(flat[-1])
+    offset += len(params)
+    batch_loss = float(flat[offset])
+    offset += 1
+    summed = []
+    for e in extra:
+        summed.append(flat[offset:offset + e.numel()].to("cpu", torch.float64))
+        offset += e.numel()
+    return batch_loss, summed
 
 
-def _validation(model, job: Job, rank: int, device: torch.device) -> dict[str, float]:
+def _outputs_in_step(model, job: Job, shares: list[np.ndarray], rids: np.ndarray, shards: ShardedEmbeddings) -> torch.Tensor:
+    """Outputs of this rank's rows `rids` in batches, every rank taking as many steps as the one
+    with the most (fetching the embeddings is collective): the others fetch nothing then."""
+    steps = max(len(batches(np.arange(len(s)), job.batch_size, None)) if len(s) else 0 for s in shares)
+    chunks = batches(rids, job.batch_size, None) if len(rids) else []
+    outs = [torch.zeros((0, model.task.units), dtype=model.dtype, device=model.device)]
+    for i in range(steps):
+        batch = model.batched.prepare(chunks[i]) if i < len(chunks) else None
+        external = shards.fetch(batch)
+        if batch is not None:
+            outs.append(Batched.outputs(model.net, model.head, batch, external, model.output))
+    return torch.cat(outs)
+
+
+def _validation(model, job: Job, rank: int, device: torch.device, shards: ShardedEmbeddings | None) -> dict[str, float]:
     """Validation loss and metrics over all its rows: each rank computes a share, all gather."""
     positions = model.rows["val"]
     if not len(positions):
@@ -401,8 +514,12 @@ def _validation(model, job: Job, rank: int, device: torch.device) -> dict[str, f
     shares = np.array_split(np.arange(len(positions)), job.world)
     mine = positions[shares[rank]]
     with torch.no_grad():
-        out = (model._batched_outputs(model.labelled[mine], None, job.batch_size) if len(mine)
-               else torch.zeros((0, model.task.units), dtype=model.dtype, device=device))
+        if shards is not None:
+            out = _outputs_in_step(model, job, shares, model.labelled[mine], shards)
+        elif len(mine):
+            out = model._batched_outputs(model.labelled[mine], None, job.batch_size)
+        else:
+            out = torch.zeros((0, model.task.units), dtype=model.dtype, device=device)
     widest = max(len(s) for s in shares)
     padded = torch.zeros((widest, out.shape[1]), dtype=out.dtype, device=out.device)
     padded[:len(out)] = out

@@ -42,6 +42,28 @@ def table_name(weight: str) -> str:
     return "relsql_embedding_" + table_suffix(weight)
 
 
+def initial_rows(view: str, width: int, seed: int) -> exp.Select:
+    """The initial rows of the keys in `view` (column `key`, in the table's key type), `e0..`:
+    uniform values in [-sqrt(3), sqrt(3)) (unit variance) from DuckDB's hash of (key, i, seed), so
+    a key starts from the same row in whichever process first reads it."""
+    def value(i: int) -> exp.Expression:
+        hashed = exp.Anonymous(this="hash", expressions=[q.col("key", "n"), q.integer(i), q.integer(seed)])
+        unit = exp.Div(this=exp.Mod(this=hashed, expression=q.integer(1_000_003)), expression=q.real(1_000_003.0))
+        return exp.Mul(this=exp.paren(exp.Sub(this=exp.Mul(this=unit, expression=q.real(2.0)), expression=q.real(1.0))),
+                       expression=q.real(math.sqrt(3.0)))
+
+    return exp.select(*[exp.alias_(value(i), ident(f"e{i}")) for i in range(width)]).from_(
+        exp.alias_(exp.Table(this=ident(view)), ident("n"), table=True))
+
+
+def step(e: np.ndarray, a: np.ndarray, g: np.ndarray, optimizer: str, lr: float) -> tuple[np.ndarray, np.ndarray]:
+    """One optimizer step on embedding rows `e` with accumulators `a` and gradient `g`."""
+    if optimizer == "sgd":
+        return e - lr * g, a
+    a = a + g * g  # Adagrad: a += g^2; e -= lr * g / (sqrt(a) + eps)
+    return e - lr * g / (np.sqrt(a) + EPS), a
+
+
 class DatabaseEmbedding:
     """One embedding table of the database and its optimizer, updated in SQL."""
 
@@ -125,13 +147,6 @@ class DatabaseEmbedding:
         self.db.con.register(name, data)
         return name
 
-    def _initial(self, i: int) -> exp.Expression:
-        """A uniform value in [-sqrt(3), sqrt(3)) (unit variance), from a hash of (key, i, seed)."""
-        hashed = exp.Anonymous(this="hash", expressions=[q.col("key", "n"), q.integer(i), q.integer(self.seed)])
-        unit = exp.Div(this=exp.Mod(this=hashed, expression=q.integer(1_000_003)), expression=q.real(1_000_003.0))
-        return exp.Mul(this=exp.paren(exp.Sub(this=exp.Mul(this=unit, expression=q.real(2.0)), expression=q.real(1.0))),
-                       expression=q.real(math.sqrt(3.0)))
-
     # -- a batch -------------------------------------------------------------------------------
     # A step reads its keys' rows with one hash join (DuckDB has no index join; a batch of random
     # keys touches every vector of the table anyway) and keeps them, with their row ids; the
@@ -161,8 +176,7 @@ class DatabaseEmbedding:
             if len(missing) and self.width:  # their accumulators stay 0
                 fresh = self._view(pa.table({"key": keys.take(pa.array(missing))}))
                 try:
-                    start = self.db.arrow(exp.select(*[exp.alias_(self._initial(i), ident(f"e{i}")) for i in range(self.width)]).from_(
-                        exp.alias_(exp.Table(this=ident(fresh)), ident("n"), table=True)))
+                    start = self.db.arrow(initial_rows(fresh, self.width, self.seed))
                 finally:
                     self.db.con.unregister(fresh)
                 for i in range(self.width):
@@ -179,12 +193,7 @@ class DatabaseEmbedding:
             self.fetch(keys)  # not the rows the last fetch read (or the table changed since): read them
         _, rows, values = self._read
         g = grad.detach().to("cpu", torch.float64).reshape(len(keys), self.width).numpy()
-        e, a = values[:, :self.width], values[:, self.width:]
-        if self.optimizer == "sgd":
-            e = e - self.lr * g
-        else:  # Adagrad: a += g^2; e -= lr * g / (sqrt(a) + eps)
-            a = a + g * g
-            e = e - self.lr * g / (np.sqrt(a) + EPS)
+        e, a = step(values[:, :self.width], values[:, self.width:], g, self.optimizer, self.lr)
         new = pa.table({"key": keys, **{f"e{i}": e[:, i] for i in range(self.width)},
                         **{f"a{i}": a[:, i] for i in range(self.width)}})
         old = self._view(pa.table({"_row": rows[rows >= 0]}))
@@ -199,6 +208,31 @@ class DatabaseEmbedding:
             self.db.transaction([delete, insert, counter])
         finally:
             self.db.con.unregister(old)
+            self.db.con.unregister(view)
+        self._read = None
+
+    # -- training ranks (relsql/train/sharded.py) --------------------------------------------------
+    def export(self, path: str) -> None:
+        """Every row (key, e.., a..) into an Arrow IPC file, streamed: the ranks' starting rows."""
+        select = exp.select(exp.Star()).from_(self.table.copy())
+        reader = self.db.reader(select, 1 << 20)
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, reader.schema) as writer:
+            for chunk in reader:
+                writer.write_batch(chunk)
+
+    def replace_rows(self, rows: pa.Table, step: int) -> None:
+        """Put the ranks' rows back (those keys' old rows replaced) and set the step counter, in one
+        transaction: the table is at the run's start or at its end, never in between."""
+        rows = rows.set_column(0, "key", self._keys(rows.column("key")))
+        view = self._view(rows)
+        try:
+            delete = exp.Delete(this=self.table.copy(), where=exp.Where(this=exp.In(
+                this=q.col("key"), query=exp.Subquery(this=exp.select(q.col("key")).from_(exp.Table(this=ident(view)))))))
+            insert = exp.Insert(this=self.table.copy(), expression=exp.select(exp.Star()).from_(exp.Table(this=ident(view))))
+            counter = exp.Update(this=self.steps.copy(), expressions=[exp.EQ(this=q.col("step"), expression=q.integer(step))],
+                                 where=exp.Where(this=exp.EQ(this=q.col("weight"), expression=exp.Literal.string(self.weight))))
+            self.db.transaction([delete, insert, counter])
+        finally:
             self.db.con.unregister(view)
         self._read = None
 
