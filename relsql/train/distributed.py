@@ -167,7 +167,7 @@ def _write_back_embeddings(model, job: Job, result: dict) -> None:
     """The rows the ranks changed into each table, with its step counter (one transaction each)."""
     for weight, spec in job.embeddings.items():
         rows = read_results(job.folder, weight, job.world)
-        model.batched.stores[weight].replace_rows(rows, spec.step + int(result["embedding_updates"]))
+        model.batched.stores[weight].replace_rows(rows, spec.step + int(result["embedding_updates"][weight]))
 
 
 def _add_timings(model, seconds: dict[str, float]) -> None:
@@ -278,7 +278,7 @@ def run_rank(job: Job, rank: int) -> dict | None:
     return {"weights": {n: p.detach().cpu() for n, p in model.net.named_weights().items()},
             "head": {k: v.cpu() for k, v in model.head.state_dict().items()},
             "history": model.history, "best_epoch": model.best_epoch, "stopped": model.stopped, "timings": clock,
-            "embedding_updates": 0 if shards is None else shards.updates}
+            "embedding_updates": {} if shards is None else shards.updates}
 
 
 def _shards(model, job: Job, rank: int) -> ShardedEmbeddings | None:
@@ -366,7 +366,7 @@ def _checkpoint(model, job: Job, rank: int, epoch: int, batch: int, optimizers, 
             model._checkpoint(job.checkpoint, epoch, batch, optimizers, best, None)
         return
     folder = _shard_folder(job)
-    tags = {"now": str(shards.updates), "best": None if "shards" not in best else f"best{best['shards']['updates']}"}
+    tags = {"now": str(shards.steps), "best": None if "shards" not in best else f"best{best['shards']['steps']}"}
     shards.save(folder, tags["now"])
     if tags["best"] is not None:
         shards.save(folder, tags["best"], best["shards"])

@@ -129,7 +129,8 @@ class ShardedEmbeddings:
         self.names = sorted(jobs)
         self.shards = {w: Shard(w, jobs[w], keys[w], rank, world) for w in self.names}
         self.rank, self.world, self.dtype, self.device = rank, world, dtype, device
-        self.updates = 0  # optimizer steps taken (one per batch whose gradient reached an embedding)
+        self.steps = 0  # training steps taken (names checkpoint shards)
+        self.updates = dict.fromkeys(self.names, 0)  # per weight: steps whose gradient reached it (its table's step counter)
         self._union: dict[str, np.ndarray] = {}  # per weight: the codes all ranks' shares use, sorted
         self._mine: dict[str, np.ndarray] = {}  # per weight: this rank's codes' positions in the union
 
@@ -186,19 +187,18 @@ class ShardedEmbeddings:
     def apply(self, reduced: list[torch.Tensor]) -> None:
         """Owners step their rows with the summed gradients (those of `gradients`, all-reduced)."""
         used = reduced[-1].tolist()
-        stepped = False
         for w, grad, flag in zip(self.names, reduced, used):
             if flag:
                 width = self.shards[w].job.width
                 self.shards[w].apply(self._union[w], grad.view(-1, width).numpy())
-                stepped = True
-        self.updates += stepped
+                self.updates[w] += 1
+        self.steps += 1
 
     def state(self) -> dict:
-        return {"updates": self.updates, **{w: s.state() for w, s in self.shards.items()}}
+        return {"steps": self.steps, "updates": dict(self.updates), **{w: s.state() for w, s in self.shards.items()}}
 
     def restore(self, state: dict) -> None:
-        self.updates = state["updates"]
+        self.steps, self.updates = state["steps"], dict(state["updates"])
         for w, shard in self.shards.items():
             shard.restore(state[w])
 
@@ -216,11 +216,11 @@ class ShardedEmbeddings:
             path = folder / f"{_stem(w)}.rank{self.rank}.{tag}.npz"
             partial = path.with_suffix(".partial")
             with open(partial, "wb") as out:
-                np.savez(out, *state[w], updates=np.array(state["updates"]))
+                np.savez(out, *state[w], steps=np.array(state["steps"]), updates=np.array(state["updates"][w]))
             os.replace(partial, path)
 
     def load(self, folder: Path, tag: str) -> dict:
-        state = {}
+        state: dict = {"updates": {}}
         for w in self.names:
             path = folder / f"{_stem(w)}.rank{self.rank}.{tag}.npz"
             if not path.exists():
@@ -228,7 +228,7 @@ class ShardedEmbeddings:
                                   "or start without resume=True")
             with np.load(path, allow_pickle=False) as saved:
                 state[w] = tuple(saved[f"arr_{i}"] for i in range(4))
-                state["updates"] = int(saved["updates"])
+                state["steps"], state["updates"][w] = int(saved["steps"]), int(saved["updates"])
         return state
 
     def drop_saved(self, folder: Path, keep: set[str]) -> None:
