@@ -1,11 +1,229 @@
-"""Ranks started by Spark's TorchDistributor when the model's engine is Spark (placeholder)."""
+"""Ranks started by Spark's TorchDistributor when the model's engine is Spark.
+
+`fit(workers=N)` on a `SparkDatabase` hands the job to `pyspark.ml.torch.distributor.TorchDistributor`,
+which runs torchrun; every rank calls `relsql.train.distributed.run_rank` with the rendezvous
+torchrun put in its environment (env://), and rank 0's result comes back to this process.
+
+Where the ranks run (TorchDistributor's `local_mode`):
+- The driver (local_mode=True: one `torchrun --standalone` with N processes on this machine)
+  when the session's master is `local[...]`: there the executors are threads of this same
+  machine's JVM, so a barrier job would only add what it needs (pandas on the workers, N free
+  task slots) and gain nothing. Also when a cluster has fewer free task slots than the job has
+  tasks: a barrier stage waits for all its tasks to start together, and Spark retries it for
+  minutes before failing.
+- The executors (local_mode=False: a barrier stage of N tasks, one rank each; one task per
+  node with all its GPUs when `spark.task.resource.gpu.amount` > 1) on a cluster. The executors
+  then need, besides torch and relsql importable by their Python, pandas (TorchDistributor
+  sends the result back as Arrow), and the grounding store's folder (`Model(store=...)`) and any
+  checkpoint path on storage every executor reads and writes at the same path: the default
+  store is a temporary folder on the driver.
+- The Spark setting `spark.relsql.ranksOn` (`driver` or `executors`) overrides the choice, e.g.
+  `driver` on a cluster whose executors cannot see the driver's store.
+
+GPUs: a CUDA model asks TorchDistributor for GPUs (`use_gpu`), which it takes from Spark's
+resources: `spark.driver.resource.gpu.*` for the driver, `spark.task.resource.gpu.amount` for
+executors.
+
+Output: TorchDistributor copies torchrun's and the ranks' output to stdout. This module takes
+it while training: rank 0's relsql log records are logged again here (under `relsql`), the
+rest is logged at DEBUG (`relsql.torch_distributor`), and a failing rank's own one-line account
+becomes the RelsqlError's message.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import io
+import logging
+import os
+import re
+import sys
+from collections import deque
+
+from relsql.errors import RelsqlError
+
+log = logging.getLogger("relsql")
+chatter = logging.getLogger("relsql.torch_distributor")
+SETTING = "spark.relsql.ranksOn"
+_RECORD = re.compile(r"relsql-rank (\d+) (\w+): (.*)")  # a rank's log record in the output
+_ERROR = re.compile(r"relsql-rank-error (\d+): (.*)")  # a failing rank's own account
+_LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING, "ERROR": logging.ERROR}
+
 
 def applies(db) -> bool:
-    return False
+    """True for a Spark engine whose pyspark has TorchDistributor (pyspark is an optional extra)."""
+    try:
+        from pyspark.ml.torch.distributor import TorchDistributor  # noqa: F401
+
+        from relsql.spark import SparkDatabase
+    except ImportError:
+        return False
+    return isinstance(db, SparkDatabase)
 
 
 def run(db, job) -> dict:
-    raise NotImplementedError
+    """Train `job` on job.world ranks started by TorchDistributor; rank 0's result."""
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    gpu = _on_cuda(job)
+    local = not on_executors(db.spark, job.world, gpu)
+    where = "this machine (Spark's driver)" if local else "Spark's executors"
+    log.info("training on %d ranks started by Spark's TorchDistributor on %s", job.world, where)
+    sent = dataclasses.replace(job, init_method="env://")
+    output = _Output()
+    try:
+        distributor = TorchDistributor(num_processes=job.world, local_mode=local, use_gpu=gpu)
+    except (RuntimeError, ValueError) as err:
+        raise RelsqlError(f"Spark's TorchDistributor cannot start {job.world} ranks: {_first_line(str(err))}"
+                          + (_GPU_HINT if gpu else "")) from None
+    distributor.logger.setLevel(max(logging.INFO, job.log_level))  # its own start/finish lines
+    try:
+        with contextlib.redirect_stdout(output):
+            result = distributor.run(_rank, sent)
+    except Exception as err:  # RuntimeError from torchrun, or Spark's error for a failed barrier stage
+        chatter.debug("TorchDistributor failed: %s", err)
+        raise RelsqlError(_failure(job.world, output, str(err), local)) from None
+    finally:
+        output.flush()
+    if not isinstance(result, dict):
+        raise RelsqlError(f"Spark's TorchDistributor returned {type(result).__name__} instead of rank 0's result")
+    return result
+
+
+_GPU_HINT = (" (a CUDA model's ranks take Spark's GPU resources: set spark.driver.resource.gpu.amount and "
+             "spark.driver.resource.gpu.discoveryScript for the driver, spark.task.resource.gpu.amount for executors)")
+
+
+def on_executors(spark, world: int, gpu: bool) -> bool:
+    """Whether the ranks run on the executors; see the module's docstring."""
+    chosen = spark.conf.get(SETTING, "") or ""
+    if chosen not in ("", "driver", "executors"):
+        raise RelsqlError(f"{SETTING} is {chosen!r}: set it to 'driver' or 'executors', or unset it")
+    if chosen:
+        return chosen == "executors"
+    master = spark.conf.get("spark.master", "") or ""
+    if master == "local" or master.startswith("local["):
+        return False
+    slots = _task_slots(spark, gpu)
+    if slots is not None and slots < _tasks(spark, world, gpu):
+        log.warning("the Spark cluster has %d task slots for %d training ranks: they run on the driver", slots, world)
+        return False
+    return True
+
+
+def _tasks(spark, world: int, gpu: bool) -> int:
+    """Barrier tasks TorchDistributor asks for: one per rank, or per `spark.task.resource.gpu.amount` GPUs."""
+    per_task = int(spark.conf.get("spark.task.resource.gpu.amount", "1") or 1) if gpu else 1
+    return max(1, world // max(1, per_task))
+
+
+def _task_slots(spark, gpu: bool) -> int | None:
+    """Tasks the cluster runs at once now (cores / spark.task.cpus); None when unknown (Spark Connect)."""
+    try:
+        cores = spark.sparkContext.defaultParallelism
+    except Exception:  # Spark Connect has no SparkContext on this side
+        return None
+    if gpu:
+        return None  # GPU slots are Spark's to count; TorchDistributor checks its GPU settings
+    return cores // max(1, int(spark.conf.get("spark.task.cpus", "1") or 1))
+
+
+def _on_cuda(job) -> bool:
+    device = job.model.get("device")
+    return getattr(device, "type", str(device).split(":")[0]) == "cuda"
+
+
+# -- in each rank ------------------------------------------------------------------------------
+def _rank(job) -> dict | None:
+    """One rank under torchrun: train; rank 0 returns the result. A failure prints a line the
+    driver reads back. Ranks sharing one torchrun share one output file, so only each node's
+    first rank returns through it; the others end here, successfully."""
+    import torch
+
+    from relsql.train.distributed import run_rank
+
+    rank = int(os.environ["RANK"])
+    try:
+        torch.set_num_threads(job.threads)
+        if rank == 0 and job.log_level < logging.WARNING:
+            logging.basicConfig(level=job.log_level, stream=sys.stdout, force=True,
+                                format=f"relsql-rank {rank} %(levelname)s: %(message)s")
+        result = run_rank(job, rank)
+    except BaseException as err:
+        text = str(err).strip()
+        print(f"relsql-rank-error {rank}: {type(err).__name__}: {text.splitlines()[0] if text else ''}", flush=True)
+        raise
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if int(os.environ.get("LOCAL_RANK", "0")) != 0:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # TorchDistributor's script would write None over the node's output file
+    return result
+
+
+# -- back in this process: the ranks' output and failures ------------------------------------------
+class _Output(io.TextIOBase):
+    """Stdout while TorchDistributor runs: rank log records relogged, the rest at DEBUG, the tail kept."""
+
+    def __init__(self) -> None:
+        self.partial = ""
+        self.tail: deque[str] = deque(maxlen=200)
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        lines = (self.partial + text).split("\n")
+        self.partial = lines.pop()
+        for line in lines:
+            self._line(line.rstrip("\r"))
+        return len(text)
+
+    def flush(self) -> None:
+        if self.partial:
+            self._line(self.partial)
+            self.partial = ""
+
+    def _line(self, line: str) -> None:
+        self.tail.append(line)
+        record = _RECORD.search(line)
+        if record:
+            log.log(_LEVELS.get(record.group(2), logging.INFO), "%s", record.group(3))
+        elif line.strip():
+            chatter.debug("%s", line)
+
+
+def _failure(world: int, output: _Output, error: str, local: bool) -> str:
+    """A failed run in one line: the failing rank's own account, else what torchrun or Spark said."""
+    lines = [*output.tail, *error.splitlines()]
+    accounts = [m for m in map(_ERROR.search, lines) if m]
+    if accounts:
+        rank, text = accounts[0].groups()
+        message = f"training rank {rank} of {world} failed: {text}"
+    else:
+        message = f"training ranks started by Spark's TorchDistributor failed: {_cause(lines, error)}"
+    if not local:
+        message += (" (the ranks ran on Spark's executors: they need the grounding store and checkpoint on storage "
+                    f"every executor reads at the same path, relsql, torch and pandas installed; {SETTING}=driver "
+                    "runs them on the driver)")
+    return message
+
+
+def _cause(lines: list[str], error: str) -> str:
+    """A rank that died without a word: torchrun's exit code for it, else the last error line."""
+    codes = [m.group(1) for m in map(re.compile(r"exitcode\s*:\s*(-?\d+)").search, lines) if m]
+    if codes:
+        code = int(codes[0])
+        return f"a rank ended with {'signal ' + str(-code) if code < 0 else 'exit code ' + str(code)}"
+    errors = [line.strip() for line in lines if re.match(r"\s*\w+(Error|Exception): ", line)]
+    return errors[-1] if errors else _first_line(error)
+
+
+def _first_line(text: str) -> str:
+    stripped = text.strip()
+    return stripped.splitlines()[0] if stripped else "no message"
