@@ -84,7 +84,8 @@ def test_ranks_started_by_torch_distributor_equal_one_duckdb_process(spark_model
     messages = [r.getMessage() for r in caplog.records if r.name == "relsql"]
     assert "training on 2 ranks started by Spark's TorchDistributor on this machine (Spark's driver)" in messages
     assert any(m.startswith("epoch 3 of 3: train loss") for m in messages), messages  # rank 0's record, relayed
-    assert "torch" not in capsys.readouterr().out  # torchrun's chatter went to DEBUG, not the user's stdout
+    out = capsys.readouterr().out  # torchrun's banner and the ranks' lines went to logging, not to stdout
+    assert "relsql-rank" not in out and "OMP_NUM_THREADS" not in out, out
 
 
 def test_a_failing_rank_is_a_relsql_error_naming_it(spark_model, tmp_path):
@@ -96,3 +97,24 @@ def test_a_failing_rank_is_a_relsql_error_naming_it(spark_model, tmp_path):
             spark_model.fit(epochs=1, workers=2)
     finally:
         shutil.move(moved, folder)
+
+
+SUMMARY = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+Failures:
+[1]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : -15 (pid: 10632)  (SIGTERM)
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -9 (pid: 10631)
+============================================================"""
+
+
+def test_a_rank_that_dies_without_a_word_is_named_from_torchruns_summary():
+    output = torch_distributor._Output()
+    output.write(SUMMARY)  # torchrun's own account (its format in torch 2.x), as it reaches stdout
+    message = torch_distributor._failure(2, output, "TorchDistributor failed during training.", local=True)
+    assert message == "training rank 0 of 2 failed: it ended with signal 9 before reporting an error"

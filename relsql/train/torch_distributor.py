@@ -8,15 +8,16 @@ Where the ranks run (TorchDistributor's `local_mode`):
 - The driver (local_mode=True: one `torchrun --standalone` with N processes on this machine)
   when the session's master is `local[...]`: there the executors are threads of this same
   machine's JVM, so a barrier job would only add what it needs (pandas on the workers, N free
-  task slots) and gain nothing. Also when a cluster has fewer free task slots than the job has
-  tasks: a barrier stage waits for all its tasks to start together, and Spark retries it for
-  minutes before failing.
+  task slots) and gain nothing. Also when a cluster has fewer task slots (cores / spark.task.cpus)
+  than the job has tasks: a barrier stage needs all its tasks running at once, and Spark
+  retries it for minutes before failing.
 - The executors (local_mode=False: a barrier stage of N tasks, one rank each; one task per
   node with all its GPUs when `spark.task.resource.gpu.amount` > 1) on a cluster. The executors
   then need, besides torch and relsql importable by their Python, pandas (TorchDistributor
   sends the result back as Arrow), and the grounding store's folder (`Model(store=...)`) and any
   checkpoint path on storage every executor reads and writes at the same path: the default
-  store is a temporary folder on the driver.
+  store is a temporary folder on the driver. Rank 0's result (the weights) comes back as a
+  Spark result: weights larger than `spark.driver.maxResultSize` need it raised.
 - The Spark setting `spark.relsql.ranksOn` (`driver` or `executors`) overrides the choice, e.g.
   `driver` on a cluster whose executors cannot see the driver's store.
 
@@ -171,13 +172,15 @@ class _Output(io.TextIOBase):
     """Stdout while TorchDistributor runs: rank log records relogged, the rest at DEBUG, the tail kept."""
 
     def __init__(self) -> None:
-        self.partial = ""
+        self.partial, self.relaying, self.original = "", False, sys.stdout
         self.tail: deque[str] = deque(maxlen=200)
 
     def writable(self) -> bool:
         return True
 
     def write(self, text: str) -> int:
+        if self.relaying:  # a log handler that writes to stdout: not back into this
+            return self.original.write(text)
         lines = (self.partial + text).split("\n")
         self.partial = lines.pop()
         for line in lines:
@@ -192,21 +195,28 @@ class _Output(io.TextIOBase):
     def _line(self, line: str) -> None:
         self.tail.append(line)
         record = _RECORD.search(line)
-        if record:
-            log.log(_LEVELS.get(record.group(2), logging.INFO), "%s", record.group(3))
-        elif line.strip():
-            chatter.debug("%s", line)
+        self.relaying = True
+        try:
+            if record:
+                log.log(_LEVELS.get(record.group(2), logging.INFO), "%s", record.group(3))
+            elif line.strip():
+                chatter.debug("%s", line)
+        finally:
+            self.relaying = False
 
 
 def _failure(world: int, output: _Output, error: str, local: bool) -> str:
-    """A failed run in one line: the failing rank's own account, else what torchrun or Spark said."""
+    """A failed run in one line: the failing rank's own account, else torchrun's word on how a
+    rank ended, else the last error line torchrun or Spark gave."""
     lines = [*output.tail, *error.splitlines()]
-    accounts = [m for m in map(_ERROR.search, lines) if m]
-    if accounts:
-        rank, text = accounts[0].groups()
-        message = f"training rank {rank} of {world} failed: {text}"
+    account = next((m.groups() for m in map(_ERROR.search, lines) if m), None)
+    if account is None:
+        account = _ended(lines)
+    if account is not None:
+        message = f"training rank {account[0]} of {world} failed: {account[1]}"
     else:
-        message = f"training ranks started by Spark's TorchDistributor failed: {_cause(lines, error)}"
+        errors = [line.strip() for line in lines if re.match(r"\s*[\w.]+(Error|Exception): ", line)]
+        message = f"training ranks started by Spark's TorchDistributor failed: {errors[-1] if errors else _first_line(error)}"
     if not local:
         message += (" (the ranks ran on Spark's executors: they need the grounding store and checkpoint on storage "
                     f"every executor reads at the same path, relsql, torch and pandas installed; {SETTING}=driver "
@@ -214,14 +224,19 @@ def _failure(world: int, output: _Output, error: str, local: bool) -> str:
     return message
 
 
-def _cause(lines: list[str], error: str) -> str:
-    """A rank that died without a word: torchrun's exit code for it, else the last error line."""
-    codes = [m.group(1) for m in map(re.compile(r"exitcode\s*:\s*(-?\d+)").search, lines) if m]
-    if codes:
-        code = int(codes[0])
-        return f"a rank ended with {'signal ' + str(-code) if code < 0 else 'exit code ' + str(code)}"
-    errors = [line.strip() for line in lines if re.match(r"\s*\w+(Error|Exception): ", line)]
-    return errors[-1] if errors else _first_line(error)
+def _ended(lines: list[str]) -> tuple[str, str] | None:
+    """(rank, how it ended) from torchrun's failure summary (its root cause: the first rank to
+    fail; the others were stopped after it), for a rank that died without a word."""
+    root = next((i for i, line in enumerate(lines) if "Root Cause" in line), 0)
+    rank = None
+    for line in lines[root:]:
+        if found := re.match(r"\s*rank\s*:\s*(\d+)", line):
+            rank = found.group(1)
+        elif (found := re.match(r"\s*exitcode\s*:\s*(-?\d+)", line)) and rank is not None:
+            code = int(found.group(1))
+            how = f"signal {-code}" if code < 0 else f"exit code {code}"
+            return rank, f"it ended with {how} before reporting an error"
+    return None
 
 
 def _first_line(text: str) -> str:
