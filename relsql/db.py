@@ -190,6 +190,14 @@ class Database:
         row = self.con.execute(sql).fetchone()
         return row[0] if row else None
 
+    def create_key_table(self, target: exp.Table, distinct: exp.Query, keys: list[str]) -> None:
+        """Temp table `target`: the rows of `distinct` (distinct values of `keys`, at least one)
+        and `_rid` (BIGINT) numbering them 0..n-1 in key order, ascending with NULLs first. A verb
+        of its own because one window over all rows is fine here but one partition on a cluster."""
+        from relsql.ground import query as q
+
+        self.run(q.create_temp(target, q.numbered_keys(distinct, keys)))
+
     def scalar(self, query: exp.Expression) -> tuple:
         """Run a query and return its first row."""
         return self.con.execute(self.sql(query)).fetchone()

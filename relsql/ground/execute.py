@@ -7,8 +7,10 @@ Arrow table (a slice per rule) whose columns become torch tensors without copies
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import duckdb
@@ -103,8 +105,15 @@ def _progress(items: list[str], enabled: bool | None):
 
 
 def _run(db: Database, statement: exp.Expression, rule: ir.Rule) -> pa.Table | int | None:
-    try:
+    with _reported(db, rule):
         return db.run(statement)
+
+
+@contextlib.contextmanager
+def _reported(db: Database, rule: ir.Rule) -> Iterator[None]:
+    """The database's errors within the block as relsql's, naming the rule they are reported for."""
+    try:
+        yield
     except duckdb.CatalogException as err:
         raise SchemaError(f"{rule.head}, {rule.origin}: {_first_line(err)}. Check the table and column names against the database ({db.description}).") from None
     except duckdb.BinderException as err:
@@ -175,11 +184,12 @@ class _Grounder:
         """The relation's distinct heads over its groundings (`sources`: tables with `_h*` head
         columns, each with the rule an error is reported for), numbered 0..n-1 (`_rid`), as a temp table."""
         keys_table = self.db.temp_table("k", relation.name)
-        if sources:
-            _run(self.db, q.create_temp(keys_table.copy(), q.key_table_query([t for _, t in sources], relation.keys)), sources[0][0])
+        if sources and relation.keys:
+            with _reported(self.db, sources[0][0]):
+                distinct = q.distinct_keys([t for _, t in sources], relation.keys)
+                self.db.create_key_table(keys_table.copy(), distinct, relation.keys)
         else:
-            empty = exp.select(*[q.alias(exp.Null(), k) for k in relation.keys], q.alias(q.integer(0), "_rid")).where(exp.false())
-            self.db.execute(q.create_temp(keys_table, empty))
+            self.db.execute(q.create_temp(keys_table, q.keyless_table(relation.keys, bool(sources))))
         return keys_table
 
     def relation(self, relation: ir.Relation) -> None:

@@ -101,22 +101,33 @@ def _union(parts: list[exp.Query], distinct: bool) -> exp.Query:
     return parts[0]
 
 
-def key_table_query(grounding_tables: list[exp.Expression], keys: list[str]) -> exp.Select:
-    """Distinct head keys over all rules of a relation, numbered 0..n-1 in key order."""
-    if not keys:
-        return exp.select(alias(integer(0), "_rid"))
+def distinct_keys(grounding_tables: list[exp.Expression], keys: list[str]) -> exp.Query:
+    """Distinct head keys (`keys`, at least one) over all rules of a relation, unordered."""
     parts = [
         exp.select(*[alias(col(f"_h{i}"), k) for i, k in enumerate(keys)]).from_(t.copy())
         for t in grounding_tables
     ]
-    union = _union(parts, distinct=True) if len(parts) > 1 else parts[0].distinct(copy=False)
+    return _union(parts, distinct=True) if len(parts) > 1 else parts[0].distinct(copy=False)
+
+
+def numbered_keys(distinct: exp.Query, keys: list[str]) -> exp.Select:
+    """`distinct`'s rows numbered 0..n-1 (`_rid`, BIGINT) in key order, ascending with NULLs
+    first: one window over all rows (DuckDB's way; `Database.create_key_table`)."""
     order = exp.Order(expressions=[exp.Ordered(this=col(k), nulls_first=True) for k in keys])
     rid = exp.Sub(
         this=exp.Window(this=exp.RowNumber(), order=order),
         expression=integer(1),
     )
     return exp.select(*[col(k) for k in keys], alias(rid, "_rid")).from_(
-        alias(exp.Subquery(this=union), "d", table=True))
+        alias(exp.Subquery(this=distinct), "d", table=True))
+
+
+def keyless_table(keys: list[str], grounded: bool) -> exp.Select:
+    """A key table that needs no numbering: a relation without keys has one row (`_rid` 0) if it
+    has groundings; one without groundings has no rows (typeless NULL keys)."""
+    if grounded and not keys:
+        return exp.select(alias(integer(0), "_rid"))
+    return exp.select(*[alias(exp.Null(), k) for k in keys], alias(integer(0), "_rid")).where(exp.false())
 
 
 def rule_index_query(
