@@ -69,6 +69,14 @@ def spark_model(on_spark) -> relsql.Model:
 def test_the_launcher_applies_to_spark_only(on_spark, molecules, spark):
     assert torch_distributor.applies(on_spark) and not torch_distributor.applies(molecules)
     assert not torch_distributor.on_executors(spark, 2, gpu=False)  # local[2]: the driver runs torchrun
+    try:
+        spark.conf.set(torch_distributor.SETTING, "executors")
+        assert torch_distributor.on_executors(spark, 2, gpu=False)
+        spark.conf.set(torch_distributor.SETTING, "executor")
+        with pytest.raises(relsql.RelsqlError, match="'driver' or 'executors'"):
+            torch_distributor.on_executors(spark, 2, gpu=False)
+    finally:
+        spark.conf.unset(torch_distributor.SETTING)
 
 
 def test_ranks_started_by_torch_distributor_equal_one_duckdb_process(spark_model, molecules, caplog, capsys):

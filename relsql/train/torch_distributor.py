@@ -41,6 +41,7 @@ import os
 import re
 import sys
 from collections import deque
+from pathlib import Path
 
 from relsql.errors import RelsqlError
 
@@ -65,23 +66,15 @@ def applies(db) -> bool:
 
 def run(db, job) -> dict:
     """Train `job` on job.world ranks started by TorchDistributor; rank 0's result."""
-    from pyspark.ml.torch.distributor import TorchDistributor
-
     gpu = _on_cuda(job)
     local = not on_executors(db.spark, job.world, gpu)
-    where = "this machine (Spark's driver)" if local else "Spark's executors"
-    log.info("training on %d ranks started by Spark's TorchDistributor on %s", job.world, where)
-    sent = dataclasses.replace(job, init_method="env://")
+    log.info("training on %d ranks started by Spark's TorchDistributor on %s", job.world,
+             "this machine (Spark's driver)" if local else "Spark's executors")
+    distributor = _distributor(job, local, gpu)
     output = _Output()
     try:
-        distributor = TorchDistributor(num_processes=job.world, local_mode=local, use_gpu=gpu)
-    except (RuntimeError, ValueError) as err:
-        raise RelsqlError(f"Spark's TorchDistributor cannot start {job.world} ranks: {_first_line(str(err))}"
-                          + (_GPU_HINT if gpu else "")) from None
-    distributor.logger.setLevel(max(logging.INFO, job.log_level))  # its own start/finish lines
-    try:
-        with contextlib.redirect_stdout(output):
-            result = distributor.run(_rank, sent)
+        with contextlib.redirect_stdout(output), _importable(local):
+            result = distributor.run(_rank, dataclasses.replace(job, init_method="env://"))
     except Exception as err:  # RuntimeError from torchrun, or Spark's error for a failed barrier stage
         chatter.debug("TorchDistributor failed: %s", err)
         raise RelsqlError(_failure(job.world, output, str(err), local)) from None
@@ -92,8 +85,38 @@ def run(db, job) -> dict:
     return result
 
 
+def _distributor(job, local: bool, gpu: bool):
+    """TorchDistributor for the job; its settings' complaints (GPU resources) as RelsqlError."""
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    try:
+        distributor = TorchDistributor(num_processes=job.world, local_mode=local, use_gpu=gpu)
+    except (RuntimeError, ValueError) as err:
+        raise RelsqlError(f"Spark's TorchDistributor cannot start {job.world} ranks: {_first_line(str(err))}"
+                          + (_GPU_HINT if gpu else "")) from None
+    distributor.logger.setLevel(max(logging.INFO, job.log_level))  # its start/finish lines: only when relsql logs INFO
+    return distributor
+
+
 _GPU_HINT = (" (a CUDA model's ranks take Spark's GPU resources: set spark.driver.resource.gpu.amount and "
              "spark.driver.resource.gpu.discoveryScript for the driver, spark.task.resource.gpu.amount for executors)")
+
+
+@contextlib.contextmanager
+def _importable(local: bool):
+    """torchrun's ranks on this machine import relsql (the pickled function names it) even when
+    this process found it on its own sys.path only (a checkout, not an installed package)."""
+    before = os.environ.get("PYTHONPATH")
+    if local:
+        root = str(Path(__file__).resolve().parents[2])
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, before]))
+    try:
+        yield
+    finally:
+        if local and before is None:
+            os.environ.pop("PYTHONPATH", None)
+        elif local:
+            os.environ["PYTHONPATH"] = before
 
 
 def on_executors(spark, world: int, gpu: bool) -> bool:
@@ -115,7 +138,7 @@ def on_executors(spark, world: int, gpu: bool) -> bool:
 
 def _tasks(spark, world: int, gpu: bool) -> int:
     """Barrier tasks TorchDistributor asks for: one per rank, or per `spark.task.resource.gpu.amount` GPUs."""
-    per_task = int(spark.conf.get("spark.task.resource.gpu.amount", "1") or 1) if gpu else 1
+    per_task = int(float(spark.conf.get("spark.task.resource.gpu.amount", "1") or 1)) if gpu else 1
     return max(1, world // max(1, per_task))
 
 
