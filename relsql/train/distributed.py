@@ -11,6 +11,9 @@ started the ranks, which owns the database: it keeps checkpoints, predictions an
 
 Ranks are `python -m relsql.train.distributed` processes; the job (the model's weights, task,
 split and the store's description) reaches them through their stdin, from this process only.
+A Spark-grounded model's ranks start through Spark's TorchDistributor instead
+(relsql/train/torch_distributor.py). Database-stored embeddings are sharded over the ranks
+(relsql/train/sharded.py).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from relsql.errors import RelsqlError
 from relsql.ground.demand import database_embeddings
 from relsql.ground.store import GroundingStore
 from relsql.train import checkpoint as checkpoints
+from relsql.train import torch_distributor
 from relsql.train.batched import Batched
 from relsql.train.batches import Worker, batches
 from relsql.train.sharded import EmbeddingJob, ShardedEmbeddings, read_results
@@ -118,7 +122,8 @@ def _refuse(model, workers: int) -> None:
     """What ranks cannot do yet, refused before anything starts."""
     if model.store is False:
         raise RelsqlError("fit(workers=N) reads every batch from the grounding store: create the Model without store=False")
-    if model.device.type == "cuda" and torch.cuda.device_count() < workers:
+    on_this_machine = not torch_distributor.applies(model.db)  # else Spark's executors hold the GPUs
+    if model.device.type == "cuda" and on_this_machine and torch.cuda.device_count() < workers:
         raise RelsqlError(f"fit(workers={workers}) on CUDA needs a GPU per rank (NCCL); this machine has "
                           f"{torch.cuda.device_count()}: use workers={max(1, torch.cuda.device_count())}, or device='cpu' (gloo)")
 
@@ -179,8 +184,6 @@ def _launch(model, job: Job) -> dict:
     """Start the ranks, wait for them, and return rank 0's result (weights, history, timings).
     A Spark-grounded model's ranks start through Spark's TorchDistributor, on the executors;
     any other through this module's own rank processes on this machine."""
-    from relsql.train import torch_distributor
-
     if torch_distributor.applies(model.db):
         return torch_distributor.run(model.db, job)
     _run_ranks(job)
@@ -305,7 +308,7 @@ def _train(model, job: Job, rank: int, shards: ShardedEmbeddings | None = None) 
     with the best epoch's weights and its history. Returns this rank's time split."""
     device = model.device
     if device.type == "cuda":
-        device = model.device = torch.device("cuda", rank)
+        device = model.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))  # this machine's GPU of the rank
         model.net.to(device)
         model.head.to(device)
         model.y = model.y.to(device)
