@@ -19,6 +19,9 @@ reader, register); what differs is here:
   the values DuckDB computes.
 - Errors: Spark's errors are raised as DuckDB's error classes (analysis errors as
   BinderException), the vocabulary the grounding code reports from.
+- Key tables: the distinct heads are numbered (`_rid`, BIGINT) without a window over all rows,
+  which Spark runs in one partition: they are sorted into key ranges, each row's place in its
+  range stored once, and each range's offset added (`create_key_table`).
 - Writing: a new table is written under a temporary name and renamed into place.
 """
 
@@ -44,6 +47,7 @@ from relsql.errors import SchemaError, SourceError
 from relsql.ground import query as q
 
 _results = itertools.count()
+_PART, _MID = f"{TEMP_PREFIX}part", f"{TEMP_PREFIX}mid"  # a numbering's own columns, beside any key's name
 _TYPES = {"bigint": "BIGINT", "int": "INTEGER", "smallint": "SMALLINT", "tinyint": "TINYINT", "double": "DOUBLE",
           "float": "FLOAT", "string": "VARCHAR", "boolean": "BOOLEAN", "timestamp": "TIMESTAMP WITH TIME ZONE",
           "timestamp_ntz": "TIMESTAMP", "date": "DATE", "binary": "BLOB"}
@@ -207,6 +211,54 @@ class SparkDatabase(Database):
                 shutil.rmtree(path, ignore_errors=True)
 
         return pa.RecordBatchReader.from_batches(schema, batches())
+
+    def create_key_table(self, target: exp.Table, distinct: exp.Query, keys: list[str]) -> None:
+        """Numbered without a window over all rows (one partition, INT row numbers): the keys are
+        range-partitioned in key order and each row's place in its partition is recorded once and
+        stored (Spark may run a plan twice, and these ids differ between runs); then each
+        partition's offset (the rows of the partitions before it) is added: BIGINT `_rid`s."""
+        placed = exp.Table(this=ident(f"{target.name}_placed"), db=target.args.get("db"), catalog=target.args.get("catalog"))
+        self._create_from(placed, self._placed(distinct, keys))
+        try:
+            self._number_placed(target, placed, keys)
+        finally:
+            self.execute(exp.Drop(tables=[placed], kind="TABLE", exists=True))
+
+    def _placed(self, distinct: exp.Query, keys: list[str]):
+        """`distinct` sorted by its keys (ascending, NULLs first, as DuckDB's key tables), with each
+        row's partition (`_PART`) and an id (`_MID`) that counts up by one within a partition."""
+        from pyspark.sql import functions as F
+
+        plain = [f"_k{i}" for i in range(len(keys))]  # renamed by position: a key's name may hold dots
+        frame = self._frame(distinct).toDF(*plain)
+        return frame.sort(*[F.col(k).asc_nulls_first() for k in plain]).select(
+            *plain, F.spark_partition_id().alias(_PART), F.monotonically_increasing_id().alias(_MID)).toDF(*keys, _PART, _MID)
+
+    def _create_from(self, target: exp.Table, frame) -> None:
+        """Temp table `target` holding `frame`, computed once."""
+        view = f"{self._prefix}frame_{next(_results)}"
+        frame.createOrReplaceTempView(view)
+        try:
+            self.execute(q.create_temp(target, exp.select(exp.Star()).from_(exp.Table(this=ident(view)))))
+        finally:
+            self.spark.catalog.dropTempView(view)
+
+    def _number_placed(self, target: exp.Table, placed: exp.Table, keys: list[str]) -> None:
+        """Temp table `target`: `placed`'s keys and `_rid`, its id shifted by its partition's
+        offset. The offsets (one row per partition, so their window is small) are broadcast."""
+        sizes = exp.select(q.col(_PART), q.alias(exp.Count(this=exp.Star()), "n"),
+                           q.alias(exp.Min(this=q.col(_MID)), "low")).from_(placed.copy()).group_by(q.col(_PART))
+        before = exp.Window(this=exp.Sum(this=q.col("n")), order=exp.Order(expressions=[exp.Ordered(this=q.col(_PART))]))
+        delta = exp.Sub(this=exp.Sub(this=before, expression=q.col("n")), expression=q.col("low"))
+        offsets = exp.select(q.col(_PART), q.alias(delta, "_delta")).from_(q.alias(exp.Subquery(this=sizes), "s", table=True))
+        numbered = exp.select(
+            *[q.col(k, "p") for k in keys],
+            q.alias(exp.Add(this=q.col(_MID, "p"), expression=q.col("_delta", "o")), "_rid"),
+        ).from_(q.alias(placed.copy(), "p", table=True)).join(
+            q.alias(exp.Subquery(this=offsets), "o", table=True),
+            on=exp.EQ(this=q.col(_PART, "p"), expression=q.col(_PART, "o")))
+        numbered.set("hint", exp.Hint(expressions=[exp.Anonymous(this="BROADCAST", expressions=[q.ident("o")])]))
+        self.execute(q.create_temp(target, numbered))
 
     def register(self, name: str, data: pa.Table) -> None:
         self.spark.createDataFrame(data).createOrReplaceTempView(name)

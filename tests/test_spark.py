@@ -9,13 +9,16 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import sqlglot.expressions as exp
 import torch
 
 import relsql
+from relsql.ground import query as q
 from relsql.ground.demand import BatchGrounder
 from relsql.ground.store import GroundingStore
+from relsql.spark import _PART, SparkDatabase
 
 ROOT = Path(__file__).resolve().parent.parent
 pytest.importorskip("pyspark", reason="pyspark is not installed: bash scripts/setup installs relsql[spark]")
@@ -91,6 +94,48 @@ def test_spark_grounds_mutagenesis_and_an_auto_template_on_tpch_like_duckdb(spar
     copy_to_spark(tpch, spark)
     with relsql.connect(spark) as on_spark:
         assert_same_groundings(template, tpch, on_spark)
+
+
+def test_spark_numbers_keys_over_several_partitions_like_duckdb(spark, monkeypatch):
+    """A key table's `_rid`s are BIGINT and 0..n-1 in key order, NULLs first, as DuckDB numbers
+    them, with the keys spread over several partitions (a window over all rows has one, and INT
+    row numbers)."""
+    heads = pa.table({"_h0": [i % 7 if i % 11 else None for i in range(300)],
+                      "_h1": [f"v{i % 5}" if i % 13 else None for i in range(300)]})
+    spark.createDataFrame(heads).createOrReplaceTempView("heads")
+    duck = relsql.connect()
+    duck.register("heads", heads)
+    partitions = []
+    number = SparkDatabase._number_placed
+
+    def counted(self, target, placed, keys):
+        partitions.append(self.scalar(exp.select(exp.Count(this=exp.Distinct(expressions=[q.col(_PART)]))).from_(placed.copy()))[0])
+        number(self, target, placed, keys)
+
+    monkeypatch.setattr(SparkDatabase, "_number_placed", counted)
+    coalesce = "spark.sql.adaptive.coalescePartitions.enabled"
+    before = spark.conf.get(coalesce)
+    spark.conf.set(coalesce, "false")  # else AQE gives these few keys one partition
+    try:
+        with relsql.connect(spark) as on_spark:
+            tables = [number_heads(db) for db in (duck, on_spark)]
+    finally:
+        spark.conf.set(coalesce, before)
+    assert len(partitions) == 1 and partitions[0] > 1
+    (expected, types), (found, spark_types) = tables
+    assert spark_types == types == [("key", "BIGINT"), ("label.v", "VARCHAR"), ("_rid", "BIGINT")]
+    assert found.equals(expected)
+    pairs = set(zip(heads.column("_h0").to_pylist(), heads.column("_h1").to_pylist()))
+    assert found.column("_rid").to_pylist() == list(range(len(pairs)))
+    assert found.slice(0, 1).to_pylist() == [{"key": None, "label.v": None, "_rid": 0}]
+
+
+def number_heads(db: relsql.Database) -> tuple[pa.Table, list[tuple[str, str]]]:
+    """The key table `db` makes of the `heads` table's distinct (key, label.v) pairs, by `_rid`, and its column types."""
+    target = db.temp_table("k", "heads")
+    db.create_key_table(target, q.distinct_keys([exp.Table(this=q.ident("heads"))], ["key", "label.v"]), ["key", "label.v"])
+    select = exp.select(exp.Star()).from_(target).order_by(q.col("_rid"))
+    return db.arrow(select), db.result_columns(select)
 
 
 def test_a_model_on_spark_trained_on_two_ranks_equals_one_duckdb_process(spark, molecules, tmp_path):
