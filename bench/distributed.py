@@ -1,7 +1,7 @@
 """Data-parallel training on one machine, and what the measured costs project to on many.
 
     python -m bench.distributed [--scale 1] [--ranks 1 2] [--batch-size 16384] [--epochs 1]
-                                [--engines duckdb spark] [--out out/bench]
+                                [--engines duckdb spark] [--embedding] [--out out/bench]
 
 TPC-H at `--scale` (generated once into out/tpch/, like bench.tpch_memory), opened read-only;
 `Template.auto(db, "orders.o_orderpriority")` (2 hops: line items, parts, suppliers, customer,
@@ -17,6 +17,11 @@ With `--engines ... spark` the same is done with Spark as the engine (`local[2]`
 exported once to Parquet under out/tpch/ and read by Spark as temp views; the template is the
 one generated on DuckDB, whose keys it infers): Spark computes the key tables, dictionaries,
 statistics and the bulk grounding, the ranks read what it wrote.
+
+`--embedding` adds to the orders' representation a database-stored embedding of the customer
+key (width 16, `storage='database'`; DuckDB only, on a copy of the TPC-H file): one process reads
+and updates its rows in SQL per step, N ranks hold it sharded in memory
+(relsql/train/sharded.py) and exchange the batch's rows and gradients in their collectives.
 
 The projection (printed as such, never measured) takes the 1-rank per-row cost and the measured
 per-step all-reduce, and scales them to TPC-H sf 100 / 1000 on 4-64 workers, each a machine like
@@ -46,6 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=16_384)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--engines", nargs="+", choices=["duckdb", "spark"], default=["duckdb"])
+    parser.add_argument("--embedding", action="store_true", help="add a database-stored customer embedding (DuckDB)")
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "bench")
     args = parser.parse_args(argv)
 
@@ -54,12 +60,38 @@ def main(argv: list[str] | None = None) -> None:
     path = database_file(args.scale, ROOT / "out" / "tpch")
     duck = relsql.connect(path, read_only=True)
     template = relsql.Template.auto(duck, "orders.o_orderpriority")
+    if args.embedding:
+        return embedding_runs(path, template, args)
     rows: list[dict] = []
     for engine in args.engines:
         db = duck if engine == "duckdb" else spark_database(duck, path)
         rows += measure(db, engine, template, args)
     write_csv(args.out / "distributed.csv", rows)
     project(rows, args)
+
+
+EMBEDDING = """
+CREATE TABLE p_orders AS
+SELECT o."o_orderkey", linear(embed(o."o_custkey", 16, 'customer', storage='database'), 16, 'w_customer_embedding') AS h
+FROM "orders" o;
+"""
+
+
+def embedding_runs(path: Path, template, args) -> None:
+    """The same runs with a database-stored embedding, on a writable copy of the TPC-H file."""
+    import shutil
+
+    import relsql
+
+    copy = path.with_name(path.stem + "-embedding.duckdb")
+    shutil.copyfile(path, copy)
+    try:
+        with relsql.connect(copy) as db:
+            embedded = relsql.Template.from_sql(template.source + EMBEDDING)
+            rows = measure(db, "duckdb+embedding", embedded, args)
+    finally:
+        copy.unlink(missing_ok=True)
+    write_csv(args.out / "distributed_embedding.csv", rows)
 
 
 def spark_database(duck, path: Path):
