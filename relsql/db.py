@@ -206,6 +206,12 @@ class Database:
         """Run a query and stream its result in Arrow record batches of about `chunk` rows, in order."""
         return self.con.execute(self.sql(query)).to_arrow_reader(chunk)
 
+    def write_ordered(self, query: exp.Expression, write, chunk: int) -> list[dict]:
+        """Hand `query`'s rows, in its order, to `write(part, record_batches) -> summary` in runs
+        (parts) and return the summaries in order. Here: one part (None), streamed through this
+        process; an engine with workers writes a part per worker, where they run."""
+        return [write(None, iter(self.reader(query, chunk)))]
+
     def register(self, name: str, data: pa.Table) -> None:
         """Make `data` readable as table `name` (relsql's own, prefixed names) until `unregister`."""
         self.con.register(name, data)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import shutil
 import sys
@@ -47,6 +48,7 @@ from relsql.errors import SchemaError, SourceError
 from relsql.ground import query as q
 
 _results = itertools.count()
+_SUMMARY = pa.schema([("part", pa.int64()), ("summary", pa.string())])  # what an executor sends back per part
 _PART, _MID = f"{TEMP_PREFIX}part", f"{TEMP_PREFIX}mid"  # a numbering's own columns, beside any key's name
 _TYPES = {"bigint": "BIGINT", "int": "INTEGER", "smallint": "SMALLINT", "tinyint": "TINYINT", "double": "DOUBLE",
           "float": "FLOAT", "string": "VARCHAR", "boolean": "BOOLEAN", "timestamp": "TIMESTAMP WITH TIME ZONE",
@@ -211,6 +213,28 @@ class SparkDatabase(Database):
                 shutil.rmtree(path, ignore_errors=True)
 
         return pa.RecordBatchReader.from_batches(schema, batches())
+
+    def write_ordered(self, query: exp.Expression, write, chunk: int) -> list[dict]:
+        """Each partition of the ordered result is written where it is computed, by its executor:
+        `write` runs there (one part per partition, numbered in order) and only its summary comes
+        back to the driver. A failure inside `write` comes back as its class name and message."""
+        from pyspark.errors import PySparkException
+
+        def run(batches):
+            from pyspark import TaskContext
+
+            index = TaskContext.get().partitionId()
+            try:
+                summary = write(index, batches)
+            except Exception as err:  # reported to the driver, which raises it
+                summary = {"error": [type(err).__name__, str(err)]}
+            yield pa.RecordBatch.from_pydict({"part": [index], "summary": [json.dumps(summary)]}, schema=_SUMMARY)
+
+        try:
+            rows = self._frame(query).mapInArrow(run, "part BIGINT, summary STRING").collect()
+        except PySparkException as err:
+            raise _errors(err) from None
+        return [json.loads(row["summary"]) for row in sorted(rows, key=lambda row: row["part"])]
 
     def create_key_table(self, target: exp.Table, distinct: exp.Query, keys: list[str]) -> None:
         """Numbered without a window over all rows (one partition, INT row numbers): the keys are

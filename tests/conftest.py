@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -217,3 +218,20 @@ def fresh_shop(tmp_path, shop_server):
         root.mkdir()
         return _shop_source(kind, root, shop_tables(), shop_server, pg_name=f"shop_{uuid.uuid4().hex[:12]}")
     return make
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory):
+    """One local[2] Spark session for every Spark test module (starting one costs ~20 s); the
+    modules skip themselves without pyspark or Java."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (SparkSession.builder.master("local[2]").appName("relsql-tests")
+               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
+               .config("spark.sql.session.timeZone", "UTC").config("spark.driver.memory", "2g")
+               .config("spark.sql.warehouse.dir", str(tmp_path_factory.mktemp("warehouse"))).getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

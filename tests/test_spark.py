@@ -3,9 +3,7 @@ grounding the same tables (the oracle), and 2 gloo ranks training on what Spark 
 
 from __future__ import annotations
 
-import os
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,21 +24,6 @@ if shutil.which("java") is None:
     pytest.skip("Spark needs Java 17 (apt-get install -y openjdk-17-jre-headless)", allow_module_level=True)
 
 
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory):
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (SparkSession.builder.master("local[2]").appName("relsql-tests")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
-               .config("spark.sql.session.timeZone", "UTC").config("spark.driver.memory", "2g")
-               .config("spark.sql.warehouse.dir", str(tmp_path_factory.mktemp("warehouse"))).getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
-
-
 def copy_to_spark(duck: relsql.Database, spark) -> None:
     """Every table of `duck` as a temp view of the session (what a catalog table would be)."""
     for table in duck.tables():
@@ -48,9 +31,9 @@ def copy_to_spark(duck: relsql.Database, spark) -> None:
         spark.createDataFrame(frame).createOrReplaceTempView(table)
 
 
-def assert_same_groundings(template: relsql.Template, duck: relsql.Database, on_spark: relsql.Database) -> None:
+def assert_same_groundings(template: relsql.Template, duck: relsql.Database, on_spark: relsql.Database) -> dict:
     """The stores Spark and DuckDB write give equal groundings of every output row: the same heads,
-    body row ids, encoded values, dictionaries and feature statistics."""
+    body row ids, encoded values, dictionaries and feature statistics. Returns Spark's manifest."""
     output = list(template.relations)[-1]
     grounders = [BatchGrounder(template, db, output, progress=False) for db in (duck, on_spark)]
     assert grounders[0].sizes == grounders[1].sizes
@@ -73,6 +56,8 @@ def assert_same_groundings(template: relsql.Template, duck: relsql.Database, on_
                 assert torch.allclose(a.columns[k].double(), b.columns[k].double(), rtol=1e-12, atol=1e-12), (name, k)
             total += a.size
     assert total > 0
+    assert all(len(rule["parts"]) == 1 for r in stores[0].manifest["relations"].values() for rule in r["rules"].values())
+    return stores[1].manifest
 
 
 @pytest.mark.parametrize("name", ["gcn.sql", "sage.sql", "gin.sql"])
@@ -83,9 +68,19 @@ def test_spark_grounds_the_graph_templates_like_duckdb(spark, mutag, name):
 
 
 def test_spark_grounds_mutagenesis_and_an_auto_template_on_tpch_like_duckdb(spark, molecules):
+    """Mutagenesis with Spark's partitions kept apart (no coalescing): the executors write a rule's
+    groundings in several parts, in head order, and the store reads them as one."""
     copy_to_spark(molecules, spark)
-    with relsql.connect(spark) as on_spark:
-        assert_same_groundings(relsql.Template.from_file(ROOT / "sql" / "mutagenesis.sql"), molecules, on_spark)
+    coalesce = "spark.sql.adaptive.coalescePartitions.enabled"
+    before = spark.conf.get(coalesce)
+    spark.conf.set(coalesce, "false")
+    try:
+        with relsql.connect(spark) as on_spark:
+            manifest = assert_same_groundings(relsql.Template.from_file(ROOT / "sql" / "mutagenesis.sql"), molecules, on_spark)
+    finally:
+        spark.conf.set(coalesce, before)
+    parts = [len(rule["parts"]) for r in manifest["relations"].values() for rule in r["rules"].values()]
+    assert max(parts) > 1, parts
     from connectors.tpch import generate
 
     tpch = relsql.connect()

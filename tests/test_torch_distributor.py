@@ -5,9 +5,7 @@ against one DuckDB process training the same model (the oracle)."""
 from __future__ import annotations
 
 import logging
-import os
 import shutil
-import sys
 
 import pytest
 import sqlglot.expressions as exp
@@ -19,21 +17,6 @@ from relsql.train import torch_distributor
 pytest.importorskip("pyspark.ml.torch.distributor", reason="pyspark is not installed: bash scripts/setup installs relsql[spark]")
 if shutil.which("java") is None:
     pytest.skip("Spark needs Java 17 (apt-get install -y openjdk-17-jre-headless)", allow_module_level=True)
-
-
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory):
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (SparkSession.builder.master("local[2]").appName("relsql-tests")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
-               .config("spark.sql.session.timeZone", "UTC").config("spark.driver.memory", "2g")
-               .config("spark.sql.warehouse.dir", str(tmp_path_factory.mktemp("warehouse"))).getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")

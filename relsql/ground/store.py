@@ -8,12 +8,16 @@ output depends on once, in bulk, and keeps the result as plain arrays in a folde
                                    rule its groundings, value columns (dtype, width) and files
     <relation>.<rule>.offsets      int64 (rows + 1,): CSR offsets, the groundings of row h are
                                    [offsets[h], offsets[h + 1])
-    <relation>.<rule>.r<j>         int64 (groundings,): row ids into the j-th referenced relation
-    <relation>.<rule>.c<k>         float64 (groundings, width) encoded values, or int64 codes
+    <part>.r<j>                    int64 (groundings,): row ids into the j-th referenced relation
+    <part>.c<k>                    float64 (groundings, width) encoded values, or int64 codes
+    <part>.heads                   int64 (heads, 2): (head row, its groundings), what the offsets
+                                   are written from
     <weight>.keys.arrow            Arrow IPC: the raw keys of a database-stored embedding, by code
 
-Raw little-endian arrays and JSON, so another engine can write a store and several processes can
-read one. A batch's demand closure then runs over the CSR offsets in numpy (like a neighbour
+A rule's groundings are one part (`<part>` = `<relation>.<rule>`) when this process streams them
+from DuckDB, or several (`<relation>.<rule>.p<i>`, in head order) when Spark's executors write
+one per partition; the driver then reads only their heads' counts. Raw little-endian arrays and
+JSON, so another engine can write a store and several processes can read one. A batch's demand closure then runs over the CSR offsets in numpy (like a neighbour
 sampler): it reads the offsets of its rows, the row ids and values of their groundings, and
 nothing else, through memory maps whose pages are handed back after every batch (resident memory
 stays bounded by the batch). Fan-out sampling happens there too, seeded by the grounding's
@@ -41,6 +45,7 @@ import pyarrow as pa
 import sqlglot.expressions as exp
 import torch
 
+from relsql import errors
 from relsql.db import TEMP_PREFIX, first_line
 from relsql.errors import RelsqlError
 from relsql.ground import query as q
@@ -49,9 +54,9 @@ from relsql.ground.execute import RelationGrounding, RuleGrounding, _column_tens
 from relsql.template import ir
 
 log = logging.getLogger("relsql")
-FORMAT = "relsql-store-1"
+FORMAT = "relsql-store-2"  # 2: a rule's groundings in parts (Spark's executors write one each)
 MANIFEST = "manifest.json"
-_OWN_FILE = re.compile(r"\w+_[0-9a-f]{8}\.(\d+\.(offsets|r\d+|c\d+)|keys\.arrow)")
+_OWN_FILE = re.compile(r"\w+_[0-9a-f]{8}\.(\d+(\.p\d+)?\.(offsets|heads|r\d+|c\d+)|keys\.arrow)")
 CHUNK = 1 << 20  # rows per Arrow batch read from the database while writing the store
 RESIDENT_BUDGET = 128 << 20  # bytes of the store's pages a process keeps mapped in before handing them back
 
@@ -180,14 +185,19 @@ class GroundingStore:
         return np.frombuffer(mapped, dtype=dtype).reshape(shape)
 
     def _open_rule(self, prepared: _PreparedRule, described: dict) -> _Rule:
-        size, rows = described["groundings"], described["rows"]
-        stem = described["stem"]
-        offsets = self._map(f"{stem}.offsets", np.int64, (rows + 1,))
-        refs = [self._map(f"{stem}.r{j}", np.int64, (size,)) for j in range(len(prepared.rule.refs))]
-        columns = {}
-        for k, (kind, width) in described["columns"].items():
-            columns[int(k)] = self._map(f"{stem}.c{k}", np.int64 if kind == "code" else np.float64,
-                                        (size,) if kind == "code" else (size, width))
+        size, rows, parts = described["groundings"], described["rows"], described["parts"]
+        offsets = self._map(f"{described['stem']}.offsets", np.int64, (rows + 1,))
+
+        def column(suffix: str, dtype, width: int | None) -> np.ndarray | _Parts:
+            arrays = [self._map(f"{part['stem']}.{suffix}", dtype, (part["groundings"],) if width is None
+                                else (part["groundings"], width)) for part in parts]
+            if len(arrays) == 1:
+                return arrays[0]
+            return _Parts(arrays) if arrays else np.zeros((0,) if width is None else (0, width), dtype)
+
+        refs = [column(f"r{j}", np.int64, None) for j in range(len(prepared.rule.refs))]
+        columns = {int(k): column(f"c{k}", np.int64 if kind == "code" else np.float64, None if kind == "code" else width)
+                   for k, (kind, width) in described["columns"].items()}
         return _Rule(prepared, size, offsets, refs, columns)
 
     def release(self, force: bool = False) -> None:
@@ -435,7 +445,10 @@ def _stored_dictionaries(grounder: BatchGrounder) -> dict[str, exp.Table]:
 
 def _write_rule(grounder: BatchGrounder, relation: ir.Relation, prepared: _PreparedRule, codes: dict[str, exp.Table],
                 folder: Path, stem: str, rows: int) -> dict:
-    """Stream one rule's groundings (ordered by head) from the database into the store's files."""
+    """One rule's groundings (ordered by head) into the store's files. The engine hands the
+    ordered rows to `_PartWriter` in runs (parts): DuckDB one, streamed through this process;
+    Spark one per partition, written by its executors. This process then writes the offsets from
+    the parts' head counts: it never reads a grounding."""
     rule = prepared.rule
     columns = list(prepared.columns)
     for k, weight in prepared.stored.items():  # raw keys become the store's codes
@@ -443,43 +456,125 @@ def _write_rule(grounder: BatchGrounder, relation: ir.Relation, prepared: _Prepa
             exp.NullSafeEQ(this=q.col("value", "d"), expression=q.col(f"_c{k}", "g")))
         columns[k] = exp.Subquery(this=lookup)
     select = q.rule_index_query(prepared.source, grounder.key_tables[relation.name], relation.keys, len(rule.refs), columns)
-    embeds = {e.column for e in ir.walk(rule.expr) if isinstance(e, ir.Embed)}
-    files = {"r": [open(folder / f"{stem}.r{j}", "wb") for j in range(len(rule.refs))],
-             "c": {k: open(folder / f"{stem}.c{k}", "wb") for k in range(rule.n_columns)}}
-    kinds: dict[int, tuple[str, int]] = {}
-    written, next_head = 0, 0
+    writer = _PartWriter(relation, rule, str(folder), stem)
     try:
-        with open(folder / f"{stem}.offsets", "wb") as offsets:
-            try:
-                reader = grounder.db.reader(select, CHUNK)
-                for chunk in reader:
+        parts = grounder.db.write_ordered(select, writer, CHUNK)
+    except duckdb.Error as err:
+        raise _grounding_error(relation, rule, err) from None
+    for part in parts:
+        if "error" in part:  # raised where the part was written (an executor): its class and message
+            raise getattr(errors, part["error"][0], RelsqlError)(part["error"][1])
+    kept = [part for part in parts if part["groundings"]]
+    for part in parts:
+        if not part["groundings"]:
+            for name in _part_files(part, len(rule.refs), rule.n_columns):
+                (folder / name).unlink(missing_ok=True)
+    _write_offsets(folder, stem, rows, kept)
+    kinds: dict[str, list] = {}
+    for part in kept:
+        kinds.update({k: v for k, v in part["columns"].items() if k not in kinds})
+    embeds = {e.column for e in ir.walk(rule.expr) if isinstance(e, ir.Embed)}
+    for k in range(rule.n_columns):
+        kinds.setdefault(str(k), ["code", 0] if k in embeds else ["value", 0])
+    size = (folder / f"{stem}.offsets").stat().st_size + sum(
+        (folder / name).stat().st_size for part in kept for name in _part_files(part, len(rule.refs), rule.n_columns))
+    return {"stem": stem, "rows": rows, "groundings": sum(p["groundings"] for p in kept), "bytes": size, "columns": kinds,
+            "parts": [{"stem": p["stem"], "groundings": p["groundings"]} for p in kept]}
+
+
+def _part_files(part: dict, refs: int, columns: int) -> list[str]:
+    return [f"{part['stem']}.heads", *[f"{part['stem']}.r{j}" for j in range(refs)],
+            *[f"{part['stem']}.c{k}" for k in range(columns)]]
+
+
+def _write_offsets(folder: Path, stem: str, rows: int, parts: list[dict]) -> None:
+    """`<stem>.offsets` (rows + 1) from the parts' (head, groundings) pairs, parts in head order."""
+    written, next_head = 0, 0
+    with open(folder / f"{stem}.offsets", "wb") as offsets:
+        for part in parts:
+            pairs = np.fromfile(folder / f"{part['stem']}.heads", dtype=np.int64).reshape(-1, 2)
+            heads, ends = pairs[:, 0], written + np.cumsum(pairs[:, 1])
+            starts = np.concatenate([[written], ends[:-1]])
+            stop = int(heads[-1]) + 1
+            # offsets[h] for h in [next_head, stop): the groundings before h's, i.e. the start of the first head >= h
+            offsets.write(np.append(starts, ends[-1])[np.searchsorted(heads, np.arange(next_head, stop))].astype(np.int64).tobytes())
+            written, next_head = int(ends[-1]), stop
+        offsets.write(np.full(rows + 1 - next_head, written, dtype=np.int64).tobytes())
+
+
+class _PartWriter:
+    """Writes one run of a rule's ordered groundings (a part) into files `<stem>[.p<i>].r<j>`
+    (row ids), `.c<k>` (encoded values or codes) and `.heads` ((head, groundings) pairs), and
+    returns what the manifest needs. Runs wherever the engine runs it: pickled to Spark's
+    executors, it must hold plain data only."""
+
+    def __init__(self, relation: ir.Relation, rule: ir.Rule, folder: str, stem: str):
+        self.relation, self.rule, self.folder, self.stem = relation, rule, folder, stem
+        self.embeds = {e.column for e in ir.walk(rule.expr) if isinstance(e, ir.Embed)}
+
+    def __call__(self, index: int | None, chunks) -> dict:
+        """Write `chunks` (Arrow record batches) as part `index` (None: the rule's only part)."""
+        stem = self.stem if index is None else f"{self.stem}.p{index}"
+        folder, rule = Path(self.folder), self.rule
+        files = {"r": [open(folder / f"{stem}.r{j}", "wb") for j in range(len(rule.refs))],
+                 "c": {k: open(folder / f"{stem}.c{k}", "wb") for k in range(rule.n_columns)}}
+        kinds: dict[str, list] = {}
+        written, last, count = 0, None, 0
+        try:
+            with open(folder / f"{stem}.heads", "wb") as heads_file:
+                for chunk in chunks:
                     if not chunk.num_rows:
                         continue
-                    heads = chunk.column("_head").to_numpy()
-                    stop = int(heads[-1]) + 1
-                    offsets.write((written + np.searchsorted(heads, np.arange(next_head, stop))).astype(np.int64).tobytes())
-                    next_head = stop
-                    check_refs(relation, rule, chunk)
+                    heads = chunk.column("_head").to_numpy().astype(np.int64)
+                    firsts = np.flatnonzero(np.diff(heads, prepend=heads[0] - 1))  # where a new head starts in the chunk
+                    counts = np.diff(np.append(firsts, len(heads)))
+                    distinct = heads[firsts]
+                    if last is not None and distinct[0] == last:  # a head continued from the previous chunk
+                        count += int(counts[0])
+                        distinct, counts = distinct[1:], counts[1:]
+                    if len(distinct):
+                        if last is not None:
+                            heads_file.write(np.array([last, count], dtype=np.int64).tobytes())
+                        heads_file.write(np.stack([distinct[:-1], counts[:-1]], axis=1).astype(np.int64).tobytes())
+                        last, count = int(distinct[-1]), int(counts[-1])
+                    check_refs(self.relation, rule, chunk)
                     for j in range(len(rule.refs)):
                         files["r"][j].write(chunk.column(f"_r{j}").to_numpy().astype(np.int64).tobytes())
                     for k in range(rule.n_columns):
-                        code = k in embeds
+                        code = k in self.embeds
                         values = _column_tensor(chunk.column(f"_c{k}"), rule, k, embedded=code).numpy()
-                        kinds.setdefault(k, ("code", 0) if code else ("value", int(values.shape[1])))
+                        kinds.setdefault(str(k), ["code", 0] if code else ["value", int(values.shape[1])])
                         files["c"][k].write(np.ascontiguousarray(values).tobytes())
                     written += chunk.num_rows
-            except duckdb.Error as err:
-                raise _grounding_error(relation, rule, err) from None
-            offsets.write(np.full(rows + 1 - next_head, written, dtype=np.int64).tobytes())
-    finally:
-        for handle in [*files["r"], *files["c"].values()]:
-            handle.close()
-    for k in range(rule.n_columns):
-        kinds.setdefault(k, ("code", 0) if k in embeds else ("value", 0))
-    size = sum((folder / f"{stem}.{s}").stat().st_size for s in
-               ["offsets", *[f"r{j}" for j in range(len(rule.refs))], *[f"c{k}" for k in range(rule.n_columns)]])
-    return {"stem": stem, "rows": rows, "groundings": written, "bytes": size,
-            "columns": {str(k): list(v) for k, v in kinds.items()}}
+                if last is not None:
+                    heads_file.write(np.array([last, count], dtype=np.int64).tobytes())
+        finally:
+            for handle in [*files["r"], *files["c"].values()]:
+                handle.close()
+        return {"stem": stem, "groundings": written, "columns": kinds}
+
+
+class _Parts:
+    """One column of a rule's groundings kept in several files (its parts, in order), read as one
+    array by position."""
+
+    def __init__(self, arrays: list[np.ndarray]):
+        self.arrays = arrays
+        self.starts = np.cumsum([0, *[len(a) for a in arrays]])
+        self.shape = (int(self.starts[-1]), *arrays[0].shape[1:])
+        self.dtype = arrays[0].dtype
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, positions: np.ndarray) -> np.ndarray:
+        positions = np.asarray(positions, dtype=np.int64)
+        which = np.searchsorted(self.starts, positions, side="right") - 1
+        out = np.empty((len(positions), *self.shape[1:]), dtype=self.dtype)
+        for part in np.unique(which):
+            mask = which == part
+            out[mask] = self.arrays[part][positions[mask] - self.starts[part]]
+        return out
 
 
 __all__ = ["GroundingStore", "StoreMeta", "fingerprint"]
