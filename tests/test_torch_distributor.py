@@ -109,3 +109,20 @@ def test_a_rank_that_dies_without_a_word_is_named_from_torchruns_summary():
     output.write(SUMMARY)  # torchrun's own account (its format in torch 2.x), as it reaches stdout
     message = torch_distributor._failure(2, output, "TorchDistributor failed during training.", local=True)
     assert message == "training rank 0 of 2 failed: it ended with signal 9 before reporting an error"
+
+
+def test_ranks_on_spark_executors_train_like_ranks_on_the_driver(spark_model, spark):
+    """The executor path (local_mode=False: a barrier stage, one task per rank, each running
+    torchrun) on local[2]'s two task slots: the same steps as the ranks the driver starts."""
+    start = spark_model._weights_copy()
+    spark_model.fit(epochs=2, workers=2)
+    on_driver = {n: w.detach().clone() for n, w in spark_model.named_weights().items()}
+    spark_model._restore_weights(start)
+    spark.conf.set(torch_distributor.SETTING, "executors")
+    try:
+        spark_model.fit(epochs=2, workers=2)
+    finally:
+        spark.conf.unset(torch_distributor.SETTING)
+    for name, weight in on_driver.items():
+        assert torch.allclose(weight, spark_model.named_weights()[name].detach(), atol=1e-10, rtol=0), name
+    assert not torch.equal(on_driver[name], start[0][name])  # it trained
