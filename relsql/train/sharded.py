@@ -110,14 +110,19 @@ class Shard:
                          **{f"a{i}": self.a[local, i] for i in range(self.job.width)}})
 
 
+_hasher: list[duckdb.DuckDBPyConnection] = []  # this process's in-memory DuckDB, opened on first use
+
+
 def _initial(keys: pa.Array, job: EmbeddingJob) -> np.ndarray:
     """The starting rows of keys never seen, as one process computes them in its database."""
-    con = duckdb.connect()
+    if not _hasher:
+        _hasher.append(duckdb.connect())
+    con = _hasher[0]
+    con.register(_FRESH, pa.table({"key": keys}))
     try:
-        con.register(_FRESH, pa.table({"key": keys}))
         table = con.execute(initial_rows(_FRESH, job.width, job.seed).sql("duckdb")).fetch_arrow_table()
     finally:
-        con.close()
+        con.unregister(_FRESH)
     return np.stack([table.column(i).to_numpy() for i in range(job.width)], axis=1) if job.width else np.zeros((len(keys), 0))
 
 
