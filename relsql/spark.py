@@ -28,10 +28,13 @@ reader, register); what differs is here:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import itertools
 import json
+import logging
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import uuid
@@ -71,6 +74,40 @@ def _errors(err: Exception) -> Exception:
 
     kind = duckdb.BinderException if isinstance(err, AnalysisException) else duckdb.Error
     return kind(first_line(err))
+
+
+_MUTED = contextvars.ContextVar("relsql_spark_muted", default=False)
+_QUERY_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")  # pyspark logs each failed query there
+
+
+class _Mute(logging.Filter):
+    """Drops pyspark's own log record of a failed query while relsql runs it: relsql raises that
+    error itself, with the statement it came from, and some queries are expected to fail (a
+    comparison of columns whose types do not compare); under Spark Connect each record is a
+    JSON error with the server's stack trace on stderr."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not _MUTED.get()
+
+
+_MUTE = _Mute()
+
+
+@contextlib.contextmanager
+def _spark_errors():
+    """Spark's errors (classic or Connect) raised as DuckDB's error classes, unlogged by pyspark."""
+    from pyspark.errors import PySparkException
+    from pyspark.logger import PySparkLogger
+
+    for name in _QUERY_LOGGERS:  # pyspark's class for them: a plain logger made first would break its calls
+        PySparkLogger.getLogger(name).addFilter(_MUTE)  # once: a logger keeps one copy of a filter
+    token = _MUTED.set(True)
+    try:
+        yield
+    except PySparkException as err:
+        raise _errors(err) from None
+    finally:
+        _MUTED.reset(token)
 
 
 def _table(name: str, db: Database) -> exp.Table:
@@ -158,12 +195,8 @@ class SparkDatabase(Database):
         return self._sql(self.sql(query, copy))
 
     def _sql(self, text: str):
-        from pyspark.errors import PySparkException
-
-        try:
+        with _spark_errors():
             return self.spark.sql(text)
-        except PySparkException as err:
-            raise _errors(err) from None
 
     def execute(self, query: exp.Expression | str) -> None:
         self._frame(query)
@@ -179,13 +212,9 @@ class SparkDatabase(Database):
                           "(or storage='memory')")
 
     def arrow(self, query: exp.Expression | str) -> pa.Table:
-        from pyspark.errors import PySparkException
-
         frame = self._frame(query)
-        try:
+        with _spark_errors():
             return frame.toArrow()
-        except PySparkException as err:
-            raise _errors(err) from None
 
     def scalar(self, query: exp.Expression | str) -> tuple:
         row = self.arrow(query).to_pylist()
@@ -194,16 +223,12 @@ class SparkDatabase(Database):
     def reader(self, query: exp.Expression, chunk: int) -> pa.RecordBatchReader:
         """The executors write the ordered result as Parquet into the scratch location; it is read
         back file by file in partition order (Spark writes a sorted result's ranges in order)."""
-        from pyspark.errors import PySparkException
-
         path = self.folder / "results" / f"r{next(_results)}"
         frame = self._frame(query)
-        try:
+        with _spark_errors():
             frame.write.parquet(str(path))
-        except PySparkException as err:
-            raise _errors(err) from None
-        files = sorted(p for p in path.glob("part-*.parquet"))
-        schema = pq.read_schema(files[0]) if files else frame.limit(0).toArrow().schema
+            files = sorted(p for p in path.glob("part-*.parquet"))
+            schema = pq.read_schema(files[0]) if files else frame.limit(0).toArrow().schema
 
         def batches():
             try:
@@ -218,8 +243,6 @@ class SparkDatabase(Database):
         """Each partition of the ordered result is written where it is computed, by its executor:
         `write` runs there (one part per partition, numbered in order) and only its summary comes
         back to the driver. A failure inside `write` comes back as its class name and message."""
-        from pyspark.errors import PySparkException
-
         def run(batches):
             from pyspark import TaskContext
 
@@ -230,10 +253,9 @@ class SparkDatabase(Database):
                 summary = {"error": [type(err).__name__, str(err)]}
             yield pa.RecordBatch.from_pydict({"part": [index], "summary": [json.dumps(summary)]}, schema=_SUMMARY)
 
-        try:
-            rows = self._frame(query).mapInArrow(run, "part BIGINT, summary STRING").collect()
-        except PySparkException as err:
-            raise _errors(err) from None
+        frame = self._frame(query)
+        with _spark_errors():
+            rows = frame.mapInArrow(run, "part BIGINT, summary STRING").collect()
         return [json.loads(row["summary"]) for row in sorted(rows, key=lambda row: row["part"])]
 
     def create_key_table(self, target: exp.Table, distinct: exp.Query, keys: list[str]) -> None:
@@ -261,11 +283,12 @@ class SparkDatabase(Database):
     def _create_from(self, target: exp.Table, frame) -> None:
         """Temp table `target` holding `frame`, computed once."""
         view = f"{self._prefix}frame_{next(_results)}"
-        frame.createOrReplaceTempView(view)
+        with _spark_errors():
+            frame.createOrReplaceTempView(view)
         try:
             self.execute(q.create_temp(target, exp.select(exp.Star()).from_(exp.Table(this=ident(view)))))
         finally:
-            self.spark.catalog.dropTempView(view)
+            self.unregister(view)
 
     def _number_placed(self, target: exp.Table, placed: exp.Table, keys: list[str]) -> None:
         """Temp table `target`: `placed`'s keys and `_rid`, its id shifted by its partition's
@@ -285,17 +308,21 @@ class SparkDatabase(Database):
         self.execute(q.create_temp(target, numbered))
 
     def register(self, name: str, data: pa.Table) -> None:
-        self.spark.createDataFrame(data).createOrReplaceTempView(name)
+        with _spark_errors():
+            self.spark.createDataFrame(data).createOrReplaceTempView(name)
 
     def unregister(self, name: str) -> None:
-        self.spark.catalog.dropTempView(name)
+        with _spark_errors():
+            self.spark.catalog.dropTempView(name)
 
     def row_summary(self, table: exp.Table) -> tuple:
         return self.scalar(exp.select(exp.Count(this=exp.Star()), exp.Sum(this=exp.cast(
             exp.Anonymous(this="xxhash64", expressions=[exp.Star()]), exp.DataType.build("DECIMAL(38, 0)")))).from_(table.copy()))
 
     def result_columns(self, query: exp.Expression) -> list[tuple[str, str]]:
-        return [(f.name, duckdb_type(f.dataType.simpleString())) for f in self._frame(query).schema.fields]
+        frame = self._frame(query)
+        with _spark_errors():  # Spark Connect analyzes a query when asked for its schema
+            return [(f.name, duckdb_type(f.dataType.simpleString())) for f in frame.schema.fields]
 
     # -- catalog -----------------------------------------------------------------------------
     def scopes(self) -> list[tuple[str, str]]:
@@ -316,7 +343,8 @@ class SparkDatabase(Database):
     def _columns(self, table: str) -> list[tuple[str, str]]:
         if table not in self.table_scopes():
             raise SchemaError(f"table `{table}` does not exist in {self.description}; known tables: {', '.join(self.tables()) or 'none'}")
-        return [(f.name, duckdb_type(f.dataType.simpleString())) for f in self.spark.table(f"`{table}`").schema.fields]
+        with _spark_errors():
+            return [(f.name, duckdb_type(f.dataType.simpleString())) for f in self.spark.table(f"`{table}`").schema.fields]
 
 
 def _is_temporary(node: object) -> bool:
@@ -327,7 +355,7 @@ def _is_temporary(node: object) -> bool:
 
 def _drop_scratch(session, scratch: str, folder: str) -> None:
     """The scratch database and its files; the session may be gone already (then only the files)."""
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception), _spark_errors():
         session.sql(exp.Drop(tables=[exp.Table(this=exp.to_identifier(scratch, quoted=True))], kind="DATABASE", exists=True,
                              cascade=True).sql("spark"))
     shutil.rmtree(folder, ignore_errors=True)
@@ -335,15 +363,37 @@ def _drop_scratch(session, scratch: str, folder: str) -> None:
 
 def open_spark(source, scratch: str | Path | None = None, read_only: bool = False) -> SparkDatabase:
     """A SparkDatabase from a SparkSession, a master URL (spark://, local[...]) or a Spark Connect URL (sc://)."""
-    if isinstance(source, str):
-        try:
-            from pyspark.sql import SparkSession
-        except ImportError:
-            raise SourceError(f"{source}: Spark needs pyspark: pip install 'relsql[spark]' (and Java 17)") from None
-        builder = SparkSession.builder.remote(source) if source.startswith("sc://") else SparkSession.builder.master(source)
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        return SparkDatabase(builder.getOrCreate(), scratch, description=f"Spark at {source}", read_only=read_only)
-    return SparkDatabase(source, scratch, read_only=read_only)
+    if not isinstance(source, str):
+        return SparkDatabase(source, scratch, read_only=read_only)
+    try:
+        from pyspark.errors import PySparkException
+        from pyspark.sql import SparkSession
+    except ImportError:
+        raise SourceError(f"{source}: Spark needs pyspark: pip install 'relsql[spark]' (and Java 17)") from None
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    try:
+        if source.startswith("sc://"):
+            _reachable(source)
+            builder = SparkSession.builder.remote(source)
+        else:
+            builder = SparkSession.builder.master(source)
+        session = builder.getOrCreate()
+    except ImportError as err:  # Spark Connect's client: grpcio, protobuf, zstandard, ...
+        raise SourceError(f"{source}: Spark Connect's client needs {first_line(err)}: pip install 'relsql[spark]'") from None
+    except PySparkException as err:  # e.g. a classic SparkContext already runs in this process
+        raise SourceError(f"could not open {source}: {first_line(err)}") from None
+    return SparkDatabase(session, scratch, description=f"Spark at {source}", read_only=read_only)
+
+
+def _reachable(url: str, timeout: float = 10.0) -> None:
+    """Refuses an sc:// URL no server answers at: Spark Connect's client would retry for ~10 minutes."""
+    from pyspark.sql.connect.client import DefaultChannelBuilder
+
+    host, _, port = DefaultChannelBuilder(url).endpoint.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as err:
+        raise SourceError(f"no Spark Connect server answers at {url} ({host}:{port}: {err.strerror or err})") from None
 
 
 __all__ = ["SparkDatabase", "open_spark"]
