@@ -158,11 +158,11 @@ def test_sharded_embeddings_checkpoint_and_resume(tmp_path):
         return relsql.Model(shop_db(), shop_template("database"), "item.y", batch_size=256, dtype=torch.float64,
                             progress=False)
 
-    model().fit(epochs=2, lr=0.05, workers=2, checkpoint=path, checkpoint_every=3)
+    model().fit(epochs=1, lr=0.05, workers=2, checkpoint=path, checkpoint_every=3)
     shards = sorted(p.name for p in (tmp_path / "ranks.ckpt.shards").iterdir())
     assert shards and {n.split(".")[1] for n in shards} == {"rank0", "rank1"}
-    resumed = model().fit(epochs=4, lr=0.05, workers=2, checkpoint=path, resume=True)
-    one = model().fit(epochs=4, lr=0.05)
+    resumed = model().fit(epochs=2, lr=0.05, workers=2, checkpoint=path, resume=True)
+    one = model().fit(epochs=2, lr=0.05)
     assert_same_training(one, resumed)
     a, b = embedding_rows(one)[0], embedding_rows(resumed)[0]
     assert a.keys() == b.keys() and all(np.allclose(a[k], b[k], atol=1e-10, rtol=0) for k in a)
