@@ -356,9 +356,18 @@ def _is_temporary(node: object) -> bool:
 def _drop_scratch(session, scratch: str, folder: str) -> None:
     """The scratch database and its files; the session may be gone already (then only the files)."""
     with contextlib.suppress(Exception), _spark_errors():
-        session.sql(exp.Drop(tables=[exp.Table(this=exp.to_identifier(scratch, quoted=True))], kind="DATABASE", exists=True,
-                             cascade=True).sql("spark"))
+        if _server_answers(session):
+            session.sql(exp.Drop(tables=[exp.Table(this=exp.to_identifier(scratch, quoted=True))], kind="DATABASE", exists=True,
+                                 cascade=True).sql("spark"))
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def _server_answers(session) -> bool:
+    """False for a Spark Connect session whose server accepts no connection now: its client would
+    retry the drop for ~10 minutes, and this runs at the latest when the interpreter exits."""
+    client = getattr(session, "client", None) if type(session).__module__.startswith("pyspark.sql.connect") else None
+    endpoint = getattr(getattr(client, "_builder", None), "endpoint", None)
+    return not isinstance(endpoint, str) or _unreachable(endpoint, timeout=2.0) is None
 
 
 def open_spark(source, scratch: str | Path | None = None, read_only: bool = False) -> SparkDatabase:
@@ -385,15 +394,23 @@ def open_spark(source, scratch: str | Path | None = None, read_only: bool = Fals
     return SparkDatabase(session, scratch, description=f"Spark at {source}", read_only=read_only)
 
 
-def _reachable(url: str, timeout: float = 10.0) -> None:
+def _reachable(url: str) -> None:
     """Refuses an sc:// URL no server answers at: Spark Connect's client would retry for ~10 minutes."""
     from pyspark.sql.connect.client import DefaultChannelBuilder
 
-    host, _, port = DefaultChannelBuilder(url).endpoint.rpartition(":")
+    endpoint = DefaultChannelBuilder(url).endpoint
+    if (problem := _unreachable(endpoint, timeout=10.0)) is not None:
+        raise SourceError(f"no Spark Connect server answers at {url} ({endpoint}: {problem})")
+
+
+def _unreachable(endpoint: str, timeout: float) -> str | None:
+    """Why no TCP connection to `host:port` opens, or None when one does."""
+    host, _, port = endpoint.rpartition(":")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
-    except OSError as err:
-        raise SourceError(f"no Spark Connect server answers at {url} ({host}:{port}: {err.strerror or err})") from None
+    except (OSError, ValueError) as err:
+        return getattr(err, "strerror", None) or str(err)
+    return None
 
 
 __all__ = ["SparkDatabase", "open_spark"]
