@@ -23,6 +23,12 @@ reader, register); what differs is here:
   which Spark runs in one partition: they are sorted into key ranges, each row's place in its
   range stored once, and each range's offset added (`create_key_table`).
 - Writing: a new table is written under a temporary name and renamed into place.
+- Spark Connect (`sc://` URLs, or a Connect session): the same verbs over its client. This
+  process is then Spark's client, not its driver: the Parquet results and the grounding store
+  the executors write are read here, so `scratch` and `Model(store=...)` must be folders this
+  machine and every executor see at the same path (on one machine, any local folder). An
+  `sc://` URL that no server answers at is refused at once (the client alone retries for ~10
+  minutes). One process holds either a classic SparkContext or Connect sessions (pyspark's rule).
 """
 
 from __future__ import annotations

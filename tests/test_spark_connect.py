@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = 300  # seconds the client may take (it takes ~60 s on 2 shared cores)
+STEPS = 300  # seconds the client may take (~70 s on 2 idle cores)
 TEMPLATE = """
 CREATE TABLE atom_h AS
 SELECT a.atom_id, tanh(embed(a.element, 8, 'element')) AS h
@@ -123,8 +123,12 @@ def server(tmp_path_factory):
 def report(server, tmp_path_factory) -> dict:
     """The client's steps over `server`, run once for the module's tests."""
     folder = tmp_path_factory.mktemp("connect-client")
-    done = subprocess.run([sys.executable, __file__, server, str(folder)], cwd=ROOT, env=_environment(),
-                          capture_output=True, text=True, timeout=STEPS)
+    try:
+        done = subprocess.run([sys.executable, __file__, server, str(folder)], cwd=ROOT, env=_environment(),
+                              capture_output=True, text=True, timeout=STEPS)
+    except subprocess.TimeoutExpired as late:
+        tail = (late.stderr or b"")[-4000:]
+        pytest.fail(f"the client took over {STEPS} s; its last output:\n{tail.decode(errors='replace') if isinstance(tail, bytes) else tail}")
     lines = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
     assert done.returncode == 0 and lines, f"the client failed ({done.returncode}): {done.stderr[-4000:]}"
     found = json.loads(lines[-1][len("REPORT "):])
@@ -164,7 +168,11 @@ def test_predictions_over_spark_connect_go_to_a_new_table(report):
 def test_two_ranks_started_by_torch_distributor_over_spark_connect_equal_one_duckdb_process(report):
     facts = step(report, "two_ranks")
     assert facts["difference"] <= 1e-10
-    assert "TorchDistributor" in facts["log"]
+    assert "TorchDistributor on this machine (the Spark Connect client)" in facts["log"]
+
+
+def test_two_ranks_on_the_executors_over_spark_connect_equal_one_duckdb_process(report):
+    assert step(report, "executor_ranks")["difference"] <= 1e-10
 
 
 def test_spark_connect_errors_name_the_statement_without_pyspark_logging_them(report):
@@ -245,6 +253,16 @@ def _steps(url: str, folder: Path) -> dict:
             logging.getLogger("relsql").removeHandler(handler)
         return {"difference": _difference(reference.fit(epochs=2), model), "log": "\n".join(lines)}
 
+    def executor_ranks() -> dict:
+        """2 more epochs on 2 ranks in a barrier stage on the server's executors (a Connect query)."""
+        spark = state["db"].spark
+        spark.conf.set("spark.relsql.ranksOn", "executors")
+        try:
+            model = state["model"].fit(epochs=2, workers=2)
+        finally:
+            spark.conf.unset("spark.relsql.ranksOn")
+        return {"difference": _difference(reference.fit(epochs=2), model)}
+
     def errors() -> dict:
         broken = relsql.Template.from_sql("CREATE TABLE p AS SELECT m.molecule_id, linear(features(m.nope), 1, 'w') AS h "
                                           "FROM molecule m;")
@@ -269,7 +287,7 @@ def _steps(url: str, folder: Path) -> dict:
                 "folders": [p.name for p in (folder / "scratch").iterdir()]}
 
     for name, run in [("grounding", grounding), ("one_process", one_process), ("predictions", predictions),
-                      ("two_ranks", two_ranks), ("errors", errors), ("cleanup", cleanup)]:
+                      ("two_ranks", two_ranks), ("executor_ranks", executor_ranks), ("errors", errors), ("cleanup", cleanup)]:
         began = time.monotonic()
         try:
             report[name] = run()

@@ -21,6 +21,11 @@ Where the ranks run (TorchDistributor's `local_mode`):
 - The Spark setting `spark.relsql.ranksOn` (`driver` or `executors`) overrides the choice, e.g.
   `driver` on a cluster whose executors cannot see the driver's store.
 
+Spark Connect: TorchDistributor runs over a Connect session too (it reads the server's settings;
+its barrier stage is a Connect query). "The driver" is then this process's machine, the Connect
+client, which also reads the store the executors wrote; with the server elsewhere, a `local[...]`
+master runs the ranks here too.
+
 GPUs: a CUDA model asks TorchDistributor for GPUs (`use_gpu`), which it takes from Spark's
 resources: `spark.driver.resource.gpu.*` for the driver, `spark.task.resource.gpu.amount` for
 executors.
@@ -69,7 +74,7 @@ def run(db, job) -> dict:
     gpu = _on_cuda(job)
     local = not on_executors(db.spark, job.world, gpu)
     log.info("training on %d ranks started by Spark's TorchDistributor on %s", job.world,
-             "this machine (Spark's driver)" if local else "Spark's executors")
+             _here(db.spark) if local else "Spark's executors")
     distributor = _distributor(job, local, gpu)
     output = _Output()
     try:
@@ -83,6 +88,12 @@ def run(db, job) -> dict:
     if not isinstance(result, dict):
         raise RelsqlError(f"Spark's TorchDistributor returned {type(result).__name__} instead of rank 0's result")
     return result
+
+
+def _here(spark) -> str:
+    """Where local_mode's ranks run: Spark's driver, or a Spark Connect client (not the driver)."""
+    connect = type(spark).__module__.startswith("pyspark.sql.connect")
+    return "this machine (the Spark Connect client)" if connect else "this machine (Spark's driver)"
 
 
 def _distributor(job, local: bool, gpu: bool):
