@@ -206,6 +206,13 @@ class Database:
         """Run a query and stream its result in Arrow record batches of about `chunk` rows, in order."""
         return self.con.execute(self.sql(query)).to_arrow_reader(chunk)
 
+    def add_codes(self, dictionary: exp.Table, source: exp.Expression, column: str) -> None:
+        """Append to `dictionary` (value, code) the values of `column` it lacks, with the next free
+        codes in value order (NULLs first). A verb because it numbers rows (see create_key_table)."""
+        from relsql.ground import query as q
+
+        self.run(q.dictionary_insert(dictionary, source, column))
+
     def write_ordered(self, query: exp.Expression, write, chunk: int) -> list[dict]:
         """Hand `query`'s rows, in its order, to `write(part, record_batches) -> summary` in runs
         (parts) and return the summaries in order. Here: one part (None), streamed through this

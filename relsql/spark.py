@@ -21,7 +21,8 @@ reader, register); what differs is here:
   BinderException), the vocabulary the grounding code reports from.
 - Key tables: the distinct heads are numbered (`_rid`, BIGINT) without a window over all rows,
   which Spark runs in one partition: they are sorted into key ranges, each row's place in its
-  range stored once, and each range's offset added (`create_key_table`).
+  range stored once, and each range's offset added (`create_key_table`); dictionaries number
+  their new values the same way (`add_codes`).
 - Writing: a new table is written under a temporary name and renamed into place.
 - Spark Connect (`sc://` URLs, or a Connect session): the same verbs over its client. This
   process is then Spark's client, not its driver: the Parquet results and the grounding store
@@ -263,6 +264,19 @@ class SparkDatabase(Database):
         with _spark_errors():
             rows = frame.mapInArrow(run, "part BIGINT, summary STRING").collect()
         return [json.loads(row["summary"]) for row in sorted(rows, key=lambda row: row["part"])]
+
+    def add_codes(self, dictionary: exp.Table, source: exp.Expression, column: str) -> None:
+        """The new values numbered like key tables (BIGINT, spread over the cluster, not one
+        partition's window), then shifted past the codes the dictionary has."""
+        fresh = exp.Table(this=ident(f"{dictionary.name}_new"), db=dictionary.args.get("db"),
+                          catalog=dictionary.args.get("catalog"))
+        self.create_key_table(fresh, q.new_dictionary_values(dictionary, source, column), ["v"])
+        try:
+            offset = self.scalar(exp.select(exp.Count(this=exp.Star())).from_(dictionary.copy()))[0]
+            self.run(exp.Insert(this=dictionary.copy(), expression=exp.select(
+                q.col("v"), q.alias(exp.Add(this=q.col("_rid"), expression=q.integer(int(offset))), "code")).from_(fresh.copy())))
+        finally:
+            self.execute(exp.Drop(tables=[fresh], kind="TABLE", exists=True))
 
     def create_key_table(self, target: exp.Table, distinct: exp.Query, keys: list[str]) -> None:
         """Numbered without a window over all rows (one partition, INT row numbers): the keys are

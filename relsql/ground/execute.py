@@ -320,7 +320,8 @@ class _Grounder:
                 finally:
                     db.unregister(view)
             tables[weight] = table
-        _run(db, q.dictionary_insert(table, source, column), rule)
+        with _reported(db, rule):
+            db.add_codes(table, source, column)
         return table
 
     def feature(self, key: str, kind: pa.DataType, grounding: exp.Expression, k: int, rule: ir.Rule) -> exp.Expression:

@@ -198,6 +198,15 @@ def relation_index_query(groundings: exp.Table, keys_table: exp.Table, keys: lis
     return select.order_by(*[exp.Ordered(this=col(name), nulls_first=True) for name in order], copy=False)
 
 
+def new_dictionary_values(dictionary: exp.Table, source: exp.Expression, column: str) -> exp.Select:
+    """The distinct values of `column` (as `v`) that the dictionary has no code for yet."""
+    seen = exp.select(integer(1)).from_(alias(dictionary.copy(), "d", table=True)).where(
+        exp.NullSafeEQ(this=col("value", "d"), expression=col("v", "n")))
+    new_values = exp.select(alias(col(column), "v")).distinct().from_(source.copy())
+    return exp.select(col("v", "n")).from_(alias(exp.Subquery(this=new_values), "n", table=True)).where(
+        exp.Not(this=exp.Exists(this=seen)))
+
+
 def dictionary_insert(dictionary: exp.Table, source: exp.Table, column: str) -> exp.Insert:
     """Append values of `column` not yet in the dictionary, with the next free codes."""
     seen = exp.select(integer(1)).from_(alias(dictionary.copy(), "d", table=True)).where(
