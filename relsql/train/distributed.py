@@ -43,6 +43,7 @@ from relsql.train import checkpoint as checkpoints
 from relsql.train import torch_distributor
 from relsql.train.batched import Batched
 from relsql.train.batches import Worker, batches
+from relsql.train.embeddings import table_suffix
 from relsql.train.sharded import EmbeddingJob, ShardedEmbeddings, read_results
 from relsql.train.threads import default_threads
 
@@ -162,7 +163,7 @@ def _export_embeddings(model, folder: str) -> dict[str, EmbeddingJob]:
     for weight in sorted(database_embeddings(model.template)):
         keys = model.batched.grounding_store.embedding_keys[weight]
         table = model.batched.store(weight, keys.type)  # created here if it does not exist yet
-        path = str(Path(folder) / f"start.{weight}.arrow")
+        path = str(Path(folder) / f"start.{table_suffix(weight)}.arrow")  # a file name whatever the weight's name
         table.export(path)
         jobs[weight] = EmbeddingJob(table.width, table.key_arrow, table.optimizer, table.lr, table.seed, table.step(), path)
     return jobs

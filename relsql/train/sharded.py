@@ -218,7 +218,7 @@ class ShardedEmbeddings:
         state = state if state is not None else self.state()
         folder.mkdir(parents=True, exist_ok=True)
         for w in self.names:
-            path = folder / f"{_stem(w)}.rank{self.rank}.{tag}.npz"
+            path = folder / f"{table_suffix(w)}.rank{self.rank}.{tag}.npz"
             partial = path.with_suffix(".partial")
             with open(partial, "wb") as out:
                 np.savez(out, *state[w], steps=np.array(state["steps"]), updates=np.array(state["updates"][w]))
@@ -227,7 +227,7 @@ class ShardedEmbeddings:
     def load(self, folder: Path, tag: str) -> dict:
         state: dict = {"updates": {}}
         for w in self.names:
-            path = folder / f"{_stem(w)}.rank{self.rank}.{tag}.npz"
+            path = folder / f"{table_suffix(w)}.rank{self.rank}.{tag}.npz"
             if not path.exists():
                 raise RelsqlError(f"checkpoint shard {path} is missing: resume with the checkpoint's number of workers, "
                                   "or start without resume=True")
@@ -241,18 +241,14 @@ class ShardedEmbeddings:
         if not folder.exists():
             return
         for w in self.names:
-            prefix = f"{_stem(w)}.rank{self.rank}."
+            prefix = f"{table_suffix(w)}.rank{self.rank}."
             for path in folder.glob(prefix + "*.npz"):
                 if path.name[len(prefix):-len(".npz")] not in keep:
                     path.unlink(missing_ok=True)
 
 
-def _stem(weight: str) -> str:
-    return table_suffix(weight)
-
-
 def result_file(weight: str, rank: int) -> str:
-    return f"embedding.{_stem(weight)}.rank{rank}.arrow"
+    return f"embedding.{table_suffix(weight)}.rank{rank}.arrow"
 
 
 def _write_arrow(table: pa.Table, path: Path) -> None:
