@@ -130,6 +130,8 @@ class Source:
 class Database:
     """Wraps a DuckDB connection; see `relsql.connect`."""
 
+    transactional = True  # `transaction` runs statements atomically (Spark's Parquet tables cannot)
+
     def __init__(self, con: duckdb.DuckDBPyConnection, description: str = "in-memory DuckDB", *,
                  source: Source | None = None):
         self.con = con

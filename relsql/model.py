@@ -290,9 +290,15 @@ class Model:
                                   f"workers=1 or workers={world} (torchrun's --nproc_per_node x --nnodes)")
             distributed.fit_as_rank(self, epochs, batch_size, lr, patience, weight_decay, checkpoint, checkpoint_every, resume)
             return self
-        if workers > 1:
+        swapped = sorted(database_embeddings(self.template)) if not self.db.transactional else []
+        if workers > 1 or swapped:  # an engine without transactions trains its stored embeddings on ranks only
             if callback is not None:
-                raise RelsqlError("fit(workers=N) takes no callback (the steps run in other processes): train with one worker to use one")
+                raise RelsqlError("fit(workers=N) takes no callback (the steps run in other processes): train with one worker to use one"
+                                  if workers > 1 else f"{self.db.description} has no transactions to update embeddings {swapped} "
+                                  "step by step, so fit() trains them on a rank process, which takes no callback: drop callback=")
+            if workers == 1:
+                log.info("%s has no transactions: training embeddings %s on one rank, which writes them back whole",
+                         self.db.description, swapped)
             distributed.fit(self, workers, epochs, batch_size, lr, patience, weight_decay, checkpoint, checkpoint_every, resume)
             return self
         batch_size = batch_size if batch_size is not None else self.batch_size

@@ -23,7 +23,11 @@ reader, register); what differs is here:
   which Spark runs in one partition: they are sorted into key ranges, each row's place in its
   range stored once, and each range's offset added (`create_key_table`); dictionaries number
   their new values the same way (`add_codes`).
-- Writing: a new table is written under a temporary name and renamed into place.
+- Writing: a new table is written under a temporary name and renamed into place. Spark has no
+  transactions over Parquet (`transactional` is False): a table relsql keeps up to date (a
+  database-stored embedding) is replaced whole the same way, its state named in the table's
+  comment, and a replacement cut short between the drop and the rename is finished when the
+  table is next opened (`replace_table`, `recover_table`).
 - Spark Connect (`sc://` URLs, or a Connect session): the same verbs over its client. This
   process is then Spark's client, not its driver: the Parquet results and the grounding store
   the executors write are read here, so `scratch` and `Model(store=...)` must be folders this
@@ -59,6 +63,7 @@ from relsql.ground import query as q
 
 _results = itertools.count()
 _SUMMARY = pa.schema([("part", pa.int64()), ("summary", pa.string())])  # what an executor sends back per part
+_NEXT = f"{TEMP_PREFIX}next"  # suffix of a replacement being written
 _PART, _MID = f"{TEMP_PREFIX}part", f"{TEMP_PREFIX}mid"  # a numbering's own columns, beside any key's name
 _TYPES = {"bigint": "BIGINT", "int": "INTEGER", "smallint": "SMALLINT", "tinyint": "TINYINT", "double": "DOUBLE",
           "float": "FLOAT", "string": "VARCHAR", "boolean": "BOOLEAN", "timestamp": "TIMESTAMP WITH TIME ZONE",
@@ -156,6 +161,8 @@ class SparkSource(Source):
 
 class SparkDatabase(Database):
     """A SparkSession behind relsql's database verbs; see the module's docstring."""
+
+    transactional = False
 
     def __init__(self, session, scratch: str | Path | None = None, description: str | None = None, read_only: bool = False):
         context = session.sparkContext if hasattr(session, "sparkContext") else None
@@ -326,6 +333,38 @@ class SparkDatabase(Database):
             on=exp.EQ(this=q.col(_PART, "p"), expression=q.col(_PART, "o")))
         numbered.set("hint", exp.Hint(expressions=[exp.Anonymous(this="BROADCAST", expressions=[q.ident("o")])]))
         self.execute(q.create_temp(target, numbered))
+
+    # -- tables replaced whole ------------------------------------------------------------------
+    def replace_table(self, name: str, query: exp.Query, comment: str) -> None:
+        """`name` becomes `query`'s result, with `comment`: written whole under a temporary name,
+        the old table dropped, the new one renamed into place. Cut short before the drop, the old
+        table stands; after it, `recover_table` finishes the rename."""
+        self.source.refuse_read_only(name)
+        written = name + _NEXT
+        self.execute(exp.Drop(tables=[_table(written, self)], kind="TABLE", exists=True))
+        self.execute(exp.Create(this=_table(written, self), kind="TABLE", expression=query, properties=exp.Properties(
+            expressions=[exp.FileFormatProperty(this=exp.Var(this="PARQUET")), exp.SchemaCommentProperty(this=exp.Literal.string(comment))])))
+        self.execute(exp.Drop(tables=[_table(name, self)], kind="TABLE", exists=True))
+        self.execute(exp.Alter(this=_table(written, self), kind="TABLE", actions=[exp.AlterRename(this=_table(name, self))]))
+
+    def recover_table(self, name: str) -> None:
+        """Finish (or undo) a `replace_table` of `name` that was cut short."""
+        written = name + _NEXT
+        with _spark_errors():
+            if not self.spark.catalog.tableExists(self._catalog_name(written)):
+                return
+            if self.spark.catalog.tableExists(self._catalog_name(name)):  # the old table stands: the new one may be partial
+                self.execute(exp.Drop(tables=[_table(written, self)], kind="TABLE"))
+            else:  # dropped, not yet renamed: the new one is complete
+                self.execute(exp.Alter(this=_table(written, self), kind="TABLE", actions=[exp.AlterRename(this=_table(name, self))]))
+
+    def table_comment(self, name: str) -> str | None:
+        with _spark_errors():
+            return self.spark.catalog.getTable(self._catalog_name(name)).description
+
+    def _catalog_name(self, name: str) -> str:
+        """A table of the current database as the catalog API takes it (relsql's own names only)."""
+        return f"`{self.scopes()[0][1]}`.`{name}`"
 
     def register(self, name: str, data: pa.Table) -> None:
         with _spark_errors():

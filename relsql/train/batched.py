@@ -20,7 +20,8 @@ from relsql.compile.passes import RULES, choose_segment_kernels, compress_ground
 from relsql.compile.plan import Plan
 from relsql.ground.demand import BatchGrounder, BatchGrounding
 from relsql.ground.store import GroundingStore
-from relsql.train.embeddings import DatabaseEmbedding
+from relsql.train.embeddings import DatabaseEmbedding, EmbeddingTable
+from relsql.train.swapped import SwappedEmbedding
 
 # No kernel timing per batch, and no isomorphic compression: a batch's plan runs once, and finding
 # its row classes cost 6x the rest of planning (TPC-H, 16,384 orders) for one forward and backward.
@@ -44,7 +45,7 @@ class Batched:
         self.grounding_store = store
         self.source = store if store is not None else grounder  # where a batch's groundings come from
         self.embedding_optimizer, self.embedding_lr = embedding_optimizer, embedding_lr
-        self.stores: dict[str, DatabaseEmbedding] = {}
+        self.stores: dict[str, EmbeddingTable] = {}
 
     def prepare(self, rids: np.ndarray, sample: int = 0) -> Batch:
         """Ground and plan a batch (store or database, and torch work; no weights involved)."""
@@ -53,11 +54,14 @@ class Batched:
         rows = torch.searchsorted(grounding.rows[self.output], torch.from_numpy(np.array(rids, dtype=np.int64)))
         return Batch(np.asarray(rids), grounding, plan, rows)
 
-    def store(self, weight: str, key_type: pa.DataType) -> DatabaseEmbedding:
+    def store(self, weight: str, key_type: pa.DataType) -> EmbeddingTable:
+        """A database-stored embedding's table: updated per step where the database has
+        transactions, else replaced whole when training ranks write it back."""
         if weight not in self.stores:
             width = self.template.weights[weight].shape[1]
-            self.stores[weight] = DatabaseEmbedding(self.grounder.db, weight, width, key_type, seed=self.seed,
-                                                    optimizer=self.embedding_optimizer, lr=self.embedding_lr)
+            kind = DatabaseEmbedding if self.grounder.db.transactional else SwappedEmbedding
+            self.stores[weight] = kind(self.grounder.db, weight, width, key_type, seed=self.seed,
+                                       optimizer=self.embedding_optimizer, lr=self.embedding_lr)
         return self.stores[weight]
 
     def fetch(self, batch: Batch) -> dict[str, torch.Tensor]:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -56,6 +58,25 @@ def initial_rows(view: str, width: int, seed: int) -> exp.Select:
         exp.alias_(exp.Table(this=ident(view)), ident("n"), table=True))
 
 
+_hasher = threading.local()  # this thread's in-memory DuckDB for initial rows, opened on first use
+_FRESH = "relsql_fresh_keys"
+
+
+def initial_values(keys: pa.Array, width: int, seed: int) -> np.ndarray:
+    """(len(keys), width): the starting rows of `keys` as `initial_rows` defines them, computed
+    in an in-memory DuckDB of this process, whatever engine holds the table (their hash decides)."""
+    if not width:
+        return np.zeros((len(keys), 0))
+    if not hasattr(_hasher, "con"):
+        _hasher.con = duckdb.connect()
+    _hasher.con.register(_FRESH, pa.table({"key": keys}))
+    try:
+        table = _hasher.con.execute(initial_rows(_FRESH, width, seed).sql("duckdb")).to_arrow_table()
+    finally:
+        _hasher.con.unregister(_FRESH)
+    return np.stack([table.column(i).to_numpy() for i in range(width)], axis=1)
+
+
 def step(e: np.ndarray, a: np.ndarray, g: np.ndarray, optimizer: str, lr: float) -> tuple[np.ndarray, np.ndarray]:
     """One optimizer step on embedding rows `e` with accumulators `a` and gradient `g`."""
     if optimizer == "sgd":
@@ -64,11 +85,13 @@ def step(e: np.ndarray, a: np.ndarray, g: np.ndarray, optimizer: str, lr: float)
     return e - lr * g / (np.sqrt(a) + EPS), a
 
 
-class DatabaseEmbedding:
-    """One embedding table of the database and its optimizer, updated in SQL."""
+class EmbeddingTable:
+    """What every engine's embedding table shares: its name, optimizer settings, key type and
+    whole-table reads (the ranks' starting rows, tests)."""
 
-    def __init__(self, db: Database, weight: str, width: int, key_type: pa.DataType | None, *, seed: int = 0,
-                 optimizer: str = "adagrad", lr: float = 0.1):
+    key_arrow: pa.DataType
+
+    def __init__(self, db: Database, weight: str, width: int, *, seed: int = 0, optimizer: str = "adagrad", lr: float = 0.1):
         if optimizer not in OPTIMIZERS:
             raise RelsqlError(f"embedding optimizer {optimizer!r} is not one of {OPTIMIZERS}")
         if db.read_only:
@@ -77,9 +100,53 @@ class DatabaseEmbedding:
         self.db, self.weight, self.width, self.seed = db, weight, width, seed
         self.optimizer, self.lr = optimizer, lr
         self.name = table_name(weight)
-        self._read: tuple[pa.Array, np.ndarray, np.ndarray] | None = None  # the last fetch: keys, row ids, e and a
         self.scope = db.scopes()[0]
         self.table = qualified(self.name, self.scope)
+
+    def columns(self) -> list[str]:
+        return ["key", *[f"{p}{i}" for p in ("e", "a") for i in range(self.width)]]
+
+    def _check_columns(self, found: list[str]) -> None:
+        if found != self.columns():
+            raise RelsqlError(f"table `{self.name}` exists with columns {found}; it is not an embedding of width "
+                              f"{self.width}: drop it or name the embedding differently")
+
+    def _keys(self, keys: pa.Array) -> pa.Array:
+        """Keys in the table's own type: a join on mismatched types cannot use a plain hash join
+        (it cost 10-20x on a UBIGINT key against a BIGINT column)."""
+        keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+        return keys.cast(self.key_arrow, safe=True) if keys.type != self.key_arrow else keys
+
+    def _checked(self, keys: pa.Array) -> pa.Array:
+        if keys.null_count:
+            raise RelsqlError(f"embedding `{self.weight}`: {keys.null_count} keys are NULL; filter them out in the template")
+        return self._keys(keys)
+
+    def rows(self) -> int:
+        return self.db.scalar(exp.select(exp.Count(this=exp.Star())).from_(self.table.copy()))[0]
+
+    def export(self, path: str) -> None:
+        """Every row (key, e.., a..) into an Arrow IPC file, streamed: the training ranks' starting rows."""
+        reader = self.db.reader(exp.select(*[q.col(c) for c in self.columns()]).from_(self.table.copy()), 1 << 20)
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, reader.schema) as writer:
+            for chunk in reader:
+                writer.write_batch(chunk)
+
+    def values(self) -> dict:
+        """{key: vector} of every row (for tests and small tables)."""
+        table = self.db.arrow(exp.select(q.col("key"), *[q.col(f"e{i}") for i in range(self.width)]).from_(self.table.copy()))
+        keys = table.column(0).to_pylist()
+        matrix = np.stack([table.column(i + 1).to_numpy() for i in range(self.width)], axis=1) if self.width else np.zeros((len(keys), 0))
+        return dict(zip(keys, matrix))
+
+
+class DatabaseEmbedding(EmbeddingTable):
+    """One embedding table of a transactional database (DuckDB) and its optimizer, updated in SQL."""
+
+    def __init__(self, db: Database, weight: str, width: int, key_type: pa.DataType | None, *, seed: int = 0,
+                 optimizer: str = "adagrad", lr: float = 0.1):
+        super().__init__(db, weight, width, seed=seed, optimizer=optimizer, lr=lr)
+        self._read: tuple[pa.Array, np.ndarray, np.ndarray] | None = None  # the last fetch: keys, row ids, e and a
         self.steps = qualified(STEPS, self.scope)
         self._create(key_type)
         stored = dict(self.db._columns(self.name))["key"]
@@ -97,12 +164,6 @@ class DatabaseEmbedding:
             return "DOUBLE"
         return "VARCHAR"
 
-    def _keys(self, keys: pa.Array) -> pa.Array:
-        """Keys in the table's own type: a join on mismatched types cannot use a plain hash join
-        (it cost 10-20x on a UBIGINT key against a BIGINT column)."""
-        keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
-        return keys.cast(self.key_arrow, safe=True) if keys.type != self.key_arrow else keys
-
     def _create(self, key_type: pa.DataType | None) -> None:
         # No PRIMARY KEY: keys are only ever inserted where missing, and an index over 10M keys cost
         # hundreds of MB and made putting a snapshot back (delete + insert) run out of memory.
@@ -116,10 +177,7 @@ class DatabaseEmbedding:
                 raise RelsqlError(f"table `{existing[STEPS.casefold()]}` exists with columns {found}, but relsql keeps its "
                                   f"embedding step counters in a table of that name (weight, step): rename your table")
         if self.name.casefold() in existing:
-            found = [c for c, _ in self.db._columns(existing[self.name.casefold()])]
-            if found != [c.name for c in columns]:
-                raise RelsqlError(f"table `{self.name}` exists with columns {found}; it is not an embedding of width "
-                                  f"{self.width}: drop it or name the embedding differently")
+            self._check_columns([c for c, _ in self.db._columns(existing[self.name.casefold()])])
         elif key_type is None:
             raise RelsqlError(f"embedding `{self.weight}` has no table `{self.name}` in {self.db.description}")
         else:
@@ -139,9 +197,6 @@ class DatabaseEmbedding:
             exp.EQ(this=q.col("weight"), expression=exp.Literal.string(self.weight))).sql("duckdb")).fetchone()
         return None if row is None else int(row[0])
 
-    def rows(self) -> int:
-        return self.db.con.execute(exp.select(exp.Count(this=exp.Star())).from_(self.table.copy()).sql("duckdb")).fetchone()[0]
-
     def _view(self, data: pa.Table) -> str:
         name = f"{self.db._prefix}emb_{next(_views)}"
         self.db.con.register(name, data)
@@ -157,9 +212,7 @@ class DatabaseEmbedding:
     def fetch(self, keys: pa.Array) -> torch.Tensor:
         """The rows of `keys` in the order of `keys`: (n, width) float64. Keys never seen get their
         initial rows, which the database holds only once a step updated them."""
-        if keys.null_count:
-            raise RelsqlError(f"embedding `{self.weight}`: {keys.null_count} keys are NULL; filter them out in the template")
-        keys = self._keys(keys)
+        keys = self._checked(keys)
         view = self._view(pa.table({"key": keys, "_pos": np.arange(len(keys), dtype=np.int64)}))
         columns = [f"{p}{i}" for p in ("e", "a") for i in range(self.width)]
         try:
@@ -173,14 +226,8 @@ class DatabaseEmbedding:
             values = np.zeros((len(keys), 2 * self.width))
             for i, c in enumerate(columns):
                 values[:, i] = pc.fill_null(table.column(c), 0.0).to_numpy()
-            if len(missing) and self.width:  # their accumulators stay 0
-                fresh = self._view(pa.table({"key": keys.take(pa.array(missing))}))
-                try:
-                    start = self.db.arrow(initial_rows(fresh, self.width, self.seed))
-                finally:
-                    self.db.con.unregister(fresh)
-                for i in range(self.width):
-                    values[missing, i] = start.column(i).to_numpy()
+            if len(missing):  # their accumulators stay 0
+                values[missing, :self.width] = initial_values(keys.take(pa.array(missing)), self.width, self.seed)
         finally:
             self.db.con.unregister(view)
         self._read = (keys, rows, values)
@@ -212,14 +259,6 @@ class DatabaseEmbedding:
         self._read = None
 
     # -- training ranks (relsql/train/sharded.py) --------------------------------------------------
-    def export(self, path: str) -> None:
-        """Every row (key, e.., a..) into an Arrow IPC file, streamed: the ranks' starting rows."""
-        select = exp.select(exp.Star()).from_(self.table.copy())
-        reader = self.db.reader(select, 1 << 20)
-        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, reader.schema) as writer:
-            for chunk in reader:
-                writer.write_batch(chunk)
-
     def replace_rows(self, rows: pa.Table, step: int) -> None:
         """Put the ranks' rows back (those keys' old rows replaced) and set the step counter, in one
         transaction: the table is at the run's start or at its end, never in between."""
@@ -328,13 +367,6 @@ class DatabaseEmbedding:
                 suffix = name[len(prefix):]
                 if name.startswith(prefix) and suffix.isdigit() and int(suffix) != kept:
                     self.drop(qualified(name, self.scope))
-
-    def values(self) -> dict:
-        """{key: vector} of every row (for tests and small tables)."""
-        table = self.db.arrow(exp.select(q.col("key"), *[q.col(f"e{i}") for i in range(self.width)]).from_(self.table.copy()))
-        keys = table.column(0).to_pylist()
-        matrix = np.stack([table.column(i + 1).to_numpy() for i in range(self.width)], axis=1) if self.width else np.zeros((len(keys), 0))
-        return dict(zip(keys, matrix))
 
 
 class GradientStaging:

@@ -23,7 +23,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,9 +30,7 @@ import torch
 import torch.distributed as dist
 
 from relsql.errors import RelsqlError
-from relsql.train.embeddings import initial_rows, step, table_suffix
-
-_FRESH = "relsql_fresh_keys"
+from relsql.train.embeddings import initial_values, step, table_suffix
 
 
 @dataclass
@@ -84,7 +81,7 @@ class Shard:
         local = codes[mask] // self.world
         fresh = local[~self.known[local]]
         if len(fresh):
-            self.e[fresh] = _initial(self.keys.take(pa.array(fresh * self.world + self.rank)), self.job)
+            self.e[fresh] = initial_values(self.keys.take(pa.array(fresh * self.world + self.rank)), self.job.width, self.job.seed)
             self.known[fresh] = True
         out[mask] = self.e[local]
         return out
@@ -108,22 +105,6 @@ class Shard:
         return pa.table({"key": self.keys.take(pa.array(local * self.world + self.rank)),
                          **{f"e{i}": self.e[local, i] for i in range(self.job.width)},
                          **{f"a{i}": self.a[local, i] for i in range(self.job.width)}})
-
-
-_hasher: list[duckdb.DuckDBPyConnection] = []  # this process's in-memory DuckDB, opened on first use
-
-
-def _initial(keys: pa.Array, job: EmbeddingJob) -> np.ndarray:
-    """The starting rows of keys never seen, as one process computes them in its database."""
-    if not _hasher:
-        _hasher.append(duckdb.connect())
-    con = _hasher[0]
-    con.register(_FRESH, pa.table({"key": keys}))
-    try:
-        table = con.execute(initial_rows(_FRESH, job.width, job.seed).sql("duckdb")).fetch_arrow_table()
-    finally:
-        con.unregister(_FRESH)
-    return np.stack([table.column(i).to_numpy() for i in range(job.width)], axis=1) if job.width else np.zeros((len(keys), 0))
 
 
 class ShardedEmbeddings:
