@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import math
 import warnings
 from pathlib import Path
 
@@ -9,7 +11,9 @@ import pytest
 import torch
 
 import relsql
+from relsql.compile import CompiledNet, make_plan
 from relsql.compile.passes import RULES
+from relsql.ground.execute import ground
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,16 +35,27 @@ def shop():
     return db
 
 
-def run(template, db, passes):
+def run(template, db, passes, grounding=None):
+    """Values and gradients of the plan with `passes`: `relsql.compile` grounds the template in `db`;
+    with `grounding` (what `ground(template, db)` returned), the plan is built from it, as
+    `relsql.compile` does after grounding (and `relsql.tune` for each of its candidates)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        net = relsql.compile(template, db, dtype=torch.float64, seed=11, passes=passes)
+        if grounding is None:
+            net = relsql.compile(template, db, dtype=torch.float64, seed=11, passes=passes)
+        else:
+            net = CompiledNet(make_plan(template, grounding, torch.float64, passes), grounding, dtype=torch.float64, seed=11)
     out = net()
-    loss = sum((value.sin() * (1 + torch.arange(value.numel(), dtype=value.dtype).reshape(value.shape) % 3)).sum()
-               for value in out.values())
+    loss = sum((value.sin() * _loss_weights(value.shape, value.dtype)).sum() for value in out.values())
     loss.backward()
     grads = {name: (p.grad.clone() if p.grad is not None else torch.zeros_like(p)) for name, p in net.named_weights().items()}
     return {k: v.detach() for k, v in out.items()}, grads, net
+
+
+@functools.cache
+def _loss_weights(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    """1, 2, 3, 1, 2, 3, ... in `shape`: every entry's gradient depends on where it is."""
+    return 1 + torch.arange(math.prod(shape), dtype=dtype).reshape(shape) % 3
 
 
 def assert_same(reference, candidate, label):
@@ -73,14 +88,38 @@ CASES = ["gcn", "sage", "gin", "mutagenesis.sql", "auto-shop", "auto-mutagenesis
          "neuralogic template_product.txt", "neuralogic template_crosssum.txt", "neuralogic template_graphlets.txt"]
 
 
+class Case:
+    """One template and its database, grounded once (the plans below differ only in their passes,
+    which never change the grounding), and the plain plan's values and gradients (the oracle every
+    pass tuple is compared with), computed once for the module's tests."""
+
+    def __init__(self, template, db):
+        self.template, self.db = template, db
+
+    @functools.cached_property
+    def grounding(self):
+        return ground(self.template, self.db)
+
+    @functools.cached_property
+    def reference(self):
+        return run(self.template, self.db, ())  # relsql.compile: grounds the template itself
+
+    def run(self, passes):
+        return run(self.template, self.db, passes, self.grounding)
+
+
+@pytest.fixture(scope="module")
+def cases(mutag, molecules, neuralogic_mutagenesis, shop) -> dict[str, Case]:
+    return {name: Case(template, db) for name, (template, db) in templates(mutag, molecules, neuralogic_mutagenesis, shop).items()}
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_each_pass_alone_and_all_together(case, mutag, molecules, neuralogic_mutagenesis, shop):
-    template, db = templates(mutag, molecules, neuralogic_mutagenesis, shop)[case]
-    reference = run(template, db, ())
+def test_each_pass_alone_and_all_together(case, cases):
+    case, name = cases[case], case
     for rule in RULES:
-        assert_same(reference, run(template, db, (rule,)), f"{case} with {rule.__name__}")
-    optimized = run(template, db, None)
-    assert_same(reference, optimized, f"{case} with all passes")
+        assert_same(case.reference, case.run((rule,)), f"{name} with {rule.__name__}")
+    optimized = case.run(None)
+    assert_same(case.reference, optimized, f"{name} with all passes")
 
 
 def _fired(net) -> dict[str, int]:
@@ -178,23 +217,21 @@ def test_identical_groundings_are_computed_once(neuralogic_mutagenesis):
 
 
 @pytest.mark.parametrize("case", ["gin", "mutagenesis.sql", "neuralogic template.txt", "neuralogic template_graphlets.txt"])
-def test_gather_strength_presets_agree(case, mutag, molecules, neuralogic_mutagenesis, shop):
+def test_gather_strength_presets_agree(case, cases):
     from relsql.compile.passes.propagate_gathers import PRESETS
     from relsql.compile.tune import with_strength
 
-    template, db = templates(mutag, molecules, neuralogic_mutagenesis, shop)[case]
-    reference = run(template, db, ())
+    case, name = cases[case], case
     for strength in PRESETS:
-        assert_same(reference, run(template, db, with_strength(strength)), f"{case} at gather strength {strength}")
+        assert_same(case.reference, case.run(with_strength(strength)), f"{name} at gather strength {strength}")
 
 
-def test_every_prefix_of_the_pipeline_keeps_values(mutag, molecules, neuralogic_mutagenesis, shop):
+@pytest.mark.parametrize("case", ["sage", "gin", "auto-mutagenesis", "neuralogic template.txt"])
+def test_every_prefix_of_the_pipeline_keeps_values(case, cases):
     """Each pass applied to what the passes before it produced (not only to the plain plan)."""
-    for case in ("sage", "gin", "auto-mutagenesis", "neuralogic template.txt"):
-        template, db = templates(mutag, molecules, neuralogic_mutagenesis, shop)[case]
-        reference = run(template, db, ())
-        for end in range(2, len(RULES)):
-            assert_same(reference, run(template, db, RULES[:end]), f"{case} through {RULES[end - 1].__name__}")
+    case, name = cases[case], case
+    for end in range(2, len(RULES)):
+        assert_same(case.reference, case.run(RULES[:end]), f"{name} through {RULES[end - 1].__name__}")
 
 
 def test_tune_keeps_the_fastest_plan_and_the_same_numbers(mutag):
