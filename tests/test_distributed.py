@@ -172,6 +172,69 @@ def test_sharded_embeddings_checkpoint_and_resume(tmp_path):
         model().fit(epochs=5, lr=0.05, checkpoint=path, resume=True)
 
 
+KILLED_SCRIPT = """
+import logging, sys, torch, relsql
+from tests.test_batches import shop_template
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+model = relsql.Model(relsql.connect(sys.argv[1]), shop_template("database"), "item.y", batch_size=256,
+                     dtype=torch.float64, progress=False)
+model.fit(epochs=500, lr=0.05, patience=1000, workers=2, checkpoint=sys.argv[2])
+"""
+
+
+def test_checkpoints_write_the_embeddings_back_and_a_killed_run_resumes(tmp_path):
+    """The parent writes each epoch's checkpoint rows into the table while the ranks train: killed
+    mid-run, the table holds one process's state after that many epochs (its step counter says
+    how many); resumed, the run counts its steps from the step the table had at its start."""
+    path, checkpoint = tmp_path / "shop.duckdb", tmp_path / "ranks.ckpt"
+    with relsql.connect(path) as db:
+        shop = shop_db()
+        for table in ("users", "item"):
+            db.write_table(table, shop.arrow(f"SELECT * FROM {table}"))
+    run = subprocess.Popen([sys.executable, "-c", KILLED_SCRIPT, str(path), str(checkpoint)], cwd=ROOT, text=True,
+                           stderr=subprocess.PIPE, start_new_session=True)
+    timer = threading.Timer(300, os.killpg, (run.pid, signal.SIGKILL))  # never hang the suite
+    timer.start()
+    try:
+        lines = []
+        for line in run.stderr:
+            lines.append(line)
+            if "written back at the checkpoint" in line:
+                break
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+    finally:
+        timer.cancel()
+    assert run.returncode == -signal.SIGKILL, "".join(lines[-20:])  # killed while training, not finished
+
+    def table(db) -> tuple[dict, int]:
+        from relsql.train.embeddings import DatabaseEmbedding
+
+        stored = DatabaseEmbedding(db, "user", 4, None)
+        return stored.values(), stored.step()
+
+    with relsql.connect(path) as db:
+        rows, step = table(db)
+    steps_per_epoch = 6  # ceil(1,400 training rows / 256)
+    assert step > 0 and step % steps_per_epoch == 0
+    epochs = step // steps_per_epoch
+    one = trained(1, template=shop_template("database"), epochs=epochs, patience=1000)
+    assert one.best_epoch == epochs - 1  # its table holds the last epoch's rows, as the checkpoint's does
+    expected, expected_step = embedding_rows(one)
+    assert step == expected_step and rows.keys() == expected.keys()
+    assert all(np.allclose(rows[k], expected[k], atol=1e-10, rtol=0) for k in rows)
+
+    with relsql.connect(path) as db:  # resumed from the newest checkpoint, whatever the table holds
+        resumed = trained(2, db=db, template=shop_template("database"), epochs=epochs + 3, patience=1000,
+                          checkpoint=checkpoint, resume=True)
+        rows, step = table(db)
+    one = trained(1, template=shop_template("database"), epochs=epochs + 3, patience=1000)
+    assert_same_training(one, resumed)
+    expected, expected_step = embedding_rows(one)
+    assert step == expected_step == (epochs + 3) * steps_per_epoch
+    assert all(np.allclose(rows[k], expected[k], atol=1e-10, rtol=0) for k in rows)
+
+
 def test_what_ranks_cannot_do_yet_is_refused_before_anything_runs():
     model = relsql.Model(shop_db(), shop_template("memory"), "item.y", batch_size=256, progress=False, store=False)
     with pytest.raises(relsql.RelsqlError, match="store=False"):

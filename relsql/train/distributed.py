@@ -13,7 +13,7 @@ Ranks are `python -m relsql.train.distributed` processes; the job (the model's w
 split and the store's description) reaches them through their stdin, from this process only.
 A Spark-grounded model's ranks start through Spark's TorchDistributor instead
 (relsql/train/torch_distributor.py). Database-stored embeddings are sharded over the ranks
-(relsql/train/sharded.py).
+(relsql/train/sharded.py); the parent writes them back (relsql/train/write_back.py).
 """
 
 from __future__ import annotations
@@ -40,11 +40,10 @@ from relsql.errors import RelsqlError
 from relsql.ground.demand import database_embeddings
 from relsql.ground.store import GroundingStore
 from relsql.train import checkpoint as checkpoints
-from relsql.train import torch_distributor
+from relsql.train import torch_distributor, write_back
 from relsql.train.batched import Batched
 from relsql.train.batches import Worker, batches
-from relsql.train.embeddings import table_suffix
-from relsql.train.sharded import EmbeddingJob, ShardedEmbeddings, read_results
+from relsql.train.sharded import EmbeddingJob, ShardedEmbeddings
 from relsql.train.threads import default_threads
 
 log = logging.getLogger("relsql")
@@ -143,37 +142,19 @@ def fit(model, workers: int, epochs: int, batch_size: int | None, lr: float, pat
                    model={k: v for k, v in model.__dict__.items() if k not in _NOT_SENT}, store=store.detach(),
                    init_method=f"tcp://127.0.0.1:{_free_port()}", folder=folder,
                    threads=model.threads or max(1, default_threads() // workers))
-        job.embeddings = _export_embeddings(model, folder)
+        job.embeddings = write_back.export(model, folder, job.resume)
         if job.embeddings and job.resume is not None:
             _check_shards(job)
         started = time.perf_counter()
         job.started = time.time()
-        result = _launch(model, job)
-        _write_back_embeddings(model, job, result)
+        with write_back.CheckpointWriter(model, job.embeddings, job.checkpoint, workers):
+            result = _launch(model, job)
+        write_back.write_result(model, job.embeddings, folder, workers, result["embedding_updates"])
     model.net.set_named_weights(result["weights"], model._fixed())
     model.head.load_state_dict(result["head"])
     model.history = list(result["history"])
     model.best_epoch, model.stopped, model.epoch_cap = result["best_epoch"], result["stopped"], epochs
     _add_timings(model, {**result["timings"], "training": time.perf_counter() - started})
-
-
-def _export_embeddings(model, folder: str) -> dict[str, EmbeddingJob]:
-    """Each database-stored embedding's table rows, into a file the ranks start from."""
-    jobs = {}
-    for weight in sorted(database_embeddings(model.template)):
-        keys = model.batched.grounding_store.embedding_keys[weight]
-        table = model.batched.store(weight, keys.type)  # created here if it does not exist yet
-        path = str(Path(folder) / f"start.{table_suffix(weight)}.arrow")  # a file name whatever the weight's name
-        table.export(path)
-        jobs[weight] = EmbeddingJob(table.width, table.key_arrow, table.optimizer, table.lr, table.seed, table.step(), path)
-    return jobs
-
-
-def _write_back_embeddings(model, job: Job, result: dict) -> None:
-    """The rows the ranks changed into each table, with its step counter (one transaction each)."""
-    for weight, spec in job.embeddings.items():
-        rows = read_results(job.folder, weight, job.world)
-        model.batched.stores[weight].replace_rows(rows, spec.step + int(result["embedding_updates"][weight]))
 
 
 def _add_timings(model, seconds: dict[str, float]) -> None:
@@ -376,7 +357,9 @@ def _checkpoint(model, job: Job, rank: int, epoch: int, batch: int, optimizers, 
         shards.save(folder, tags["best"], best["shards"])
     dist.barrier()
     if rank == 0:
-        model._checkpoint(job.checkpoint, epoch, batch, optimizers, best, None, extra={"shards": {"world": job.world, **tags}})
+        base = {w: spec.step for w, spec in job.embeddings.items()}  # the tables' steps when the run began
+        model._checkpoint(job.checkpoint, epoch, batch, optimizers, best, None,
+                          extra={"shards": {"world": job.world, "base": base, **tags}})
     dist.barrier()
     shards.drop_saved(folder, {t for t in tags.values() if t is not None})
 

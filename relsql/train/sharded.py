@@ -12,9 +12,9 @@ untouched pages stay unallocated). Ranks never open the database. Per step, ever
    process takes on the whole batch (relsql/train/embeddings.py's `step`).
 
 Keys never seen start from the same hashed value one process gives them (DuckDB's hash, in an
-in-memory DuckDB of the rank's own). The parent exports the table's rows before the ranks start
-and writes back the rows they changed, with the step counter, in one transaction at the end;
-a checkpoint keeps each rank's shard in files beside the checkpoint file.
+in-memory DuckDB of the rank's own). A checkpoint keeps each rank's shard in files beside the
+checkpoint file; the parent exports the tables before the ranks start and writes the rows back
+at each checkpoint and at the end (relsql/train/write_back.py).
 """
 
 from __future__ import annotations
@@ -100,11 +100,14 @@ class Shard:
         self.e, self.a, self.known, self.changed = (s.copy() for s in state)
 
     def changed_rows(self) -> pa.Table:
-        """key, e0.., a0.. of the rows to write back."""
-        local = np.flatnonzero(self.changed)
-        return pa.table({"key": self.keys.take(pa.array(local * self.world + self.rank)),
-                         **{f"e{i}": self.e[local, i] for i in range(self.job.width)},
-                         **{f"a{i}": self.a[local, i] for i in range(self.job.width)}})
+        return _rows(self.keys, self.e, self.a, self.changed, self.rank, self.world)
+
+
+def _rows(keys: pa.Array, e: np.ndarray, a: np.ndarray, changed: np.ndarray, rank: int, world: int) -> pa.Table:
+    """key, e0.., a0.. of a shard's rows to write back (those flagged `changed`)."""
+    local = np.flatnonzero(changed)
+    return pa.table({"key": keys.take(pa.array(local * world + rank)), **{f"e{i}": e[local, i] for i in range(e.shape[1])},
+                     **{f"a{i}": a[local, i] for i in range(e.shape[1])}})
 
 
 class ShardedEmbeddings:
@@ -199,7 +202,7 @@ class ShardedEmbeddings:
         state = state if state is not None else self.state()
         folder.mkdir(parents=True, exist_ok=True)
         for w in self.names:
-            path = folder / f"{table_suffix(w)}.rank{self.rank}.{tag}.npz"
+            path = folder / _shard_file(w, self.rank, tag)
             partial = path.with_suffix(".partial")
             with open(partial, "wb") as out:
                 np.savez(out, *state[w], steps=np.array(state["steps"]), updates=np.array(state["updates"][w]))
@@ -208,7 +211,7 @@ class ShardedEmbeddings:
     def load(self, folder: Path, tag: str) -> dict:
         state: dict = {"updates": {}}
         for w in self.names:
-            path = folder / f"{table_suffix(w)}.rank{self.rank}.{tag}.npz"
+            path = folder / _shard_file(w, self.rank, tag)
             if not path.exists():
                 raise RelsqlError(f"checkpoint shard {path} is missing: resume with the checkpoint's number of workers, "
                                   "or start without resume=True")
@@ -226,6 +229,23 @@ class ShardedEmbeddings:
             for path in folder.glob(prefix + "*.npz"):
                 if path.name[len(prefix):-len(".npz")] not in keep:
                     path.unlink(missing_ok=True)
+
+
+def saved_rows(folder: Path, weight: str, tag: str, keys: pa.Array, world: int) -> tuple[pa.Table, int]:
+    """The rows a checkpoint's shards (every rank's, `tag`) hold to write back, and the updates
+    they have had; for the parent, which has the store's keys. Missing files: OSError."""
+    keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+    parts, updates = [], 0
+    for rank in range(world):
+        with np.load(folder / _shard_file(weight, rank, tag), allow_pickle=False) as saved:
+            e, a, changed = saved["arr_0"], saved["arr_1"], saved["arr_3"]
+            parts.append(_rows(keys, e, a, changed, rank, world))
+            updates = int(saved["updates"])  # every rank counts the same updates
+    return pa.concat_tables(parts), updates
+
+
+def _shard_file(weight: str, rank: int, tag: str) -> str:
+    return f"{table_suffix(weight)}.rank{rank}.{tag}.npz"
 
 
 def result_file(weight: str, rank: int) -> str:
