@@ -166,6 +166,13 @@ class Database:
     def execute(self, query: exp.Expression | str) -> None:
         self.con.execute(self.sql(query))
 
+    def create_table_as(self, name: str, query: exp.Query, replace: bool) -> None:
+        """A new table `name` (in the default scope) holding `query`'s rows, atomically; with
+        `replace`, the existing one of that name goes in the same step (the caller checked it exists)."""
+        target = qualified(name, self.scopes()[0])
+        self.transaction([*([exp.Drop(tables=[target.copy()], kind="TABLE")] if replace else []),
+                          exp.Create(this=target.copy(), kind="TABLE", expression=query)])
+
     def transaction(self, statements: list[exp.Expression]) -> None:
         """Run `statements` as one transaction: all of them or, on any error or interrupt, none."""
         self.con.execute("BEGIN TRANSACTION")

@@ -140,20 +140,11 @@ class SparkSource(Source):
         exists = name in db._tables_in(db.scopes()[0])
         if exists and not replace:
             raise SchemaError(f"table `{name}` already exists in {db.description}; choose another name or pass replace=True")
-        partial = f"{name}{TEMP_PREFIX}writing_{uuid.uuid4().hex[:8]}"
         view = f"{db._prefix}write_{next(_results)}"
         db.register(view, data)
         try:
-            db.execute(exp.Create(this=_table(partial, db), kind="TABLE",
-                                  properties=exp.Properties(expressions=[exp.FileFormatProperty(this=exp.Var(this="PARQUET"))]),
-                                  expression=exp.select(exp.Star()).from_(exp.Table(this=exp.to_identifier(view, quoted=True)))))
-            if exists:
-                db.execute(exp.Drop(tables=[_table(name, db)], kind="TABLE"))
-            db.execute(exp.Alter(this=_table(partial, db), kind="TABLE",
-                                 actions=[exp.AlterRename(this=_table(name, db))]))
+            db.create_table_as(name, exp.select(exp.Star()).from_(exp.Table(this=exp.to_identifier(view, quoted=True))), exists)
         except duckdb.Error as err:
-            with contextlib.suppress(duckdb.Error):
-                db.execute(exp.Drop(tables=[_table(partial, db)], kind="TABLE", exists=True))
             raise SourceError(f"could not write table `{name}` to {db.description}: {first_line(err)}") from None
         finally:
             db.unregister(view)
@@ -222,8 +213,7 @@ class SparkDatabase(Database):
         return None
 
     def transaction(self, statements: list[exp.Expression]) -> None:
-        raise SourceError("Spark has no transactions over Parquet tables: database-stored embeddings need DuckDB "
-                          "(or storage='memory')")
+        raise SourceError("Spark has no transactions over Parquet tables: relsql writes whole new tables there instead")
 
     def arrow(self, query: exp.Expression | str) -> pa.Table:
         frame = self._frame(query)
@@ -334,7 +324,22 @@ class SparkDatabase(Database):
         numbered.set("hint", exp.Hint(expressions=[exp.Anonymous(this="BROADCAST", expressions=[q.ident("o")])]))
         self.execute(q.create_temp(target, numbered))
 
-    # -- tables replaced whole ------------------------------------------------------------------
+    # -- new tables, and tables replaced whole ---------------------------------------------------
+    def create_table_as(self, name: str, query: exp.Query, replace: bool) -> None:
+        """Written whole under a temporary name, then renamed into place (the old table dropped
+        just before, with `replace`): a failed write leaves no table behind."""
+        partial = f"{name}{TEMP_PREFIX}writing_{uuid.uuid4().hex[:8]}"
+        try:
+            self.execute(exp.Create(this=_table(partial, self), kind="TABLE", expression=query, properties=exp.Properties(
+                expressions=[exp.FileFormatProperty(this=exp.Var(this="PARQUET"))])))
+            if replace:
+                self.execute(exp.Drop(tables=[_table(name, self)], kind="TABLE"))
+            self.execute(exp.Alter(this=_table(partial, self), kind="TABLE", actions=[exp.AlterRename(this=_table(name, self))]))
+        except duckdb.Error:
+            with contextlib.suppress(duckdb.Error):
+                self.execute(exp.Drop(tables=[_table(partial, self)], kind="TABLE", exists=True))
+            raise
+
     def replace_table(self, name: str, query: exp.Query, comment: str) -> None:
         """`name` becomes `query`'s result, with `comment`: written whole under a temporary name,
         the old table dropped, the new one renamed into place. Cut short before the drop, the old

@@ -69,6 +69,19 @@ def test_spark_trains_stored_embeddings_on_ranks_like_one_duckdb_process(spark, 
     assert_same_rows(b, a)
     assert any(not np.allclose(first[k], b[k]) for k in b)  # the second fit moved them
     assert trained.evaluate()["loss"] == pytest.approx(reference.evaluate()["loss"], abs=1e-10)
+
+    names = trained.gradients_as_relations("g_")  # summed per key in Spark, written as new tables
+    assert names == reference.gradients_as_relations("g_") and names["user"] == "g_user"
+    for table in names.values():
+        ours = spark.table(table).toArrow().to_pylist()
+        theirs = duck.arrow(f"SELECT * FROM {table}").to_pylist()
+        key = "key" if table == "g_user" else "row"
+        ours, theirs = sorted(ours, key=lambda r: r[key]), sorted(theirs, key=lambda r: r[key])
+        assert len(ours) == len(theirs) > 0
+        assert all(a[key] == b[key] and np.allclose(a["gradient"], b["gradient"], atol=1e-10, rtol=0)
+                   for a, b in zip(ours, theirs)), table
+    with pytest.raises(relsql.RelsqlError, match="already exists"):
+        trained.gradients_as_relations("g_")
     assert spark.table("users").count() == 300  # the user's tables are only read
     on_spark.close()
 

@@ -380,7 +380,7 @@ class GradientStaging:
     def add(self, keys: pa.Array, grad: torch.Tensor) -> None:
         g = grad.detach().to("cpu", torch.float64).reshape(len(keys), self.width).numpy()
         name = f"{self.db._prefix}stage_{next(_views)}"
-        self.db.con.register(name, pa.table({"key": keys, **{f"g{i}": g[:, i] for i in range(self.width)}}))
+        self.db.register(name, pa.table({"key": keys, **{f"g{i}": g[:, i] for i in range(self.width)}}))
         try:
             rows = exp.select(exp.Star()).from_(exp.Table(this=ident(name)))
             if self._created:
@@ -390,23 +390,19 @@ class GradientStaging:
                                            properties=exp.Properties(expressions=[exp.TemporaryProperty()])))
                 self._created = True
         finally:
-            self.db.con.unregister(name)
+            self.db.unregister(name)
 
     def write(self, name: str, replace: bool) -> str:
-        """`name` (key, gradient list) = the staged rows summed per key, created in one transaction."""
+        """`name` (key, gradient list) = the staged rows summed per key, created atomically."""
         from relsql.errors import SchemaError
 
-        scope = self.db.scopes()[0]
-        exists = name in self.db._tables_in(scope)
+        exists = name in self.db._tables_in(self.db.scopes()[0])
         if exists and not replace:
             raise SchemaError(f"table `{name}` already exists in {self.db.description}; choose another prefix or pass replace=True")
         self.db.source.refuse_read_only(name)
-        target = qualified(name, scope)
-        summed = exp.select(q.col("key"), exp.alias_(exp.Anonymous(this="list_value", expressions=[
+        summed = exp.select(q.col("key"), exp.alias_(exp.Array(expressions=[
             exp.Sum(this=q.col(f"g{i}")) for i in range(self.width)]), ident("gradient"))).from_(self.table.copy()).group_by(
             q.col("key")).order_by(q.col("key"))
-        statements = ([exp.Drop(tables=[target.copy()], kind="TABLE")] if exists else []) + [
-            exp.Create(this=target.copy(), kind="TABLE", expression=summed)]
-        self.db.transaction(statements)
+        self.db.create_table_as(name, summed, exists)
         self.db.execute(exp.Drop(tables=[self.table.copy()], kind="TABLE", exists=True))
         return name
