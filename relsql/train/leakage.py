@@ -62,10 +62,12 @@ def _inputs(select: exp.Select) -> list[exp.Expression]:
 def copies_of(db: Database, table: str, column: str) -> set[str]:
     """Columns of `table` equal to `column` on every row where it is not NULL (folded names)."""
     target = q.col(column)
+    columns = db.columns(table)
+    kind = _kind(next((t for n, t in columns if n.casefold() == column.casefold()), ""))
     copies = set()
-    for name, _ in db.columns(table):
-        if name.casefold() == column.casefold():
-            continue
+    for name, sql_type in columns:
+        if name.casefold() == column.casefold() or _kind(sql_type) != kind:
+            continue  # a column of another kind of type is no copy; comparing would fail (and Spark logs every failure)
         differ = exp.select(exp.Count(this=exp.Star())).from_(exp.Table(this=q.ident(table))).where(exp.and_(
             exp.Not(this=exp.Is(this=target.copy(), expression=exp.Null())),
             exp.NullSafeEQ(this=q.col(name), expression=target.copy()).not_()))
@@ -75,3 +77,13 @@ def copies_of(db: Database, table: str, column: str) -> set[str]:
         except duckdb.Error:  # types that cannot be compared are not copies
             continue
     return copies
+
+
+_NUMBERS = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT",
+            "UHUGEINT", "FLOAT", "DOUBLE", "REAL", "DECIMAL", "BOOLEAN", "INT", "INT4", "INT8")
+
+
+def _kind(sql_type: str) -> str:
+    """Numbers (and booleans, 0/1), or the type itself: values of one kind can be compared."""
+    base = sql_type.upper().split("(")[0].strip()
+    return "number" if base in _NUMBERS else base
