@@ -9,6 +9,8 @@ interrupted run leaves the table at the previous step or the next one, never in 
 
 The table `relsql_embedding_<weight>` has columns `key`, `e0..e{d-1}` and, for Adagrad, the
 accumulated squared gradients `a0..a{d-1}`; `relsql_embedding_steps` holds each table's step.
+Engines without transactions (Spark) keep the same columns in a table replaced whole
+(relsql/train/swapped.py); training ranks hold shards of it (relsql/train/sharded.py).
 """
 
 from __future__ import annotations
