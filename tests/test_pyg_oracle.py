@@ -26,7 +26,7 @@ from connectors.tu_format import load_tu, mutag_folder
 torch_geometric = pytest.importorskip("torch_geometric")
 from torch_geometric.data import Batch, Data  # noqa: E402
 from torch_geometric.datasets import TUDataset  # noqa: E402
-from torch_geometric.nn import GCNConv, SAGEConv, global_mean_pool  # noqa: E402
+from torch_geometric.nn import GATConv, GCNConv, SAGEConv, global_mean_pool  # noqa: E402
 
 SQL = Path(__file__).resolve().parent.parent / "sql"
 TOL = 1e-6
@@ -67,6 +67,34 @@ class PygSAGE(nn.Module):
         return {"layer1": h1, "layer2": h2, "pool": pool, "out": self.lin(pool)}
 
 
+class PygGAT(nn.Module):
+    def __init__(self, d_in: int):
+        super().__init__()
+        self.conv1 = GATConv(d_in, 8, heads=4, add_self_loops=False)  # 4 heads of 8, concatenated
+        self.conv2 = GATConv(32, HIDDEN, heads=1, add_self_loops=False)
+        self.lin = nn.Linear(HIDDEN, 2)
+
+    def forward(self, x, edge_index, batch):
+        h1 = torch.relu(self.conv1(x, edge_index))
+        h2 = self.conv2(h1, edge_index)
+        pool = global_mean_pool(h2, batch)
+        return {"layer1": h1, "layer2": h2, "pool": pool, "out": self.lin(pool)}
+
+
+def block_diagonal(att: torch.Tensor) -> torch.Tensor:
+    """PyG's per-head attention vectors (1, H, C) as the (H, H*C) linear the template has."""
+    heads, width = att.shape[1], att.shape[2]
+    out = att.new_zeros(heads, heads * width)
+    for h in range(heads):
+        out[h, h * width:(h + 1) * width] = att[0, h]
+    return out
+
+
+def diagonal_blocks(matrix: torch.Tensor, heads: int) -> torch.Tensor:
+    width = matrix.shape[1] // heads
+    return torch.stack([matrix[h, h * width:(h + 1) * width] for h in range(heads)]).unsqueeze(0)
+
+
 # template file, PyG model, {relsql relation: PyG output}, {relsql weight: PyG parameter}
 MODELS = {
     "gcn": ("gcn.sql", PygGCN,
@@ -78,7 +106,15 @@ MODELS = {
              {"sage1_wl": "conv1.lin_l.weight", "sage1_bl": "conv1.lin_l.bias", "sage1_wr": "conv1.lin_r.weight",
               "sage2_wl": "conv2.lin_l.weight", "sage2_bl": "conv2.lin_l.bias", "sage2_wr": "conv2.lin_r.weight",
               "sage_out_w": "lin.weight", "sage_out_b": "lin.bias"}),
+    "gat": ("gat.sql", PygGAT,
+            {"gat1": "layer1", "gat2": "layer2", "gat_pool": "pool", "gat_out": "out"},
+            {"gat1_w": "conv1.lin.weight", "gat1_att_src": "conv1.att_src", "gat1_att_dst": "conv1.att_dst",
+             "gat1_b": "conv1.bias", "gat2_w": "conv2.lin.weight", "gat2_att_src": "conv2.att_src",
+             "gat2_att_dst": "conv2.att_dst", "gat2_b": "conv2.bias", "gat_out_w": "lin.weight", "gat_out_b": "lin.bias"}),
 }
+# template weights holding PyG's per-head attention vectors as block-diagonal matrices: the
+# template's linears are the general case, so only their diagonal blocks have a PyG counterpart
+BLOCK_DIAGONAL = {"gat1_att_src", "gat1_att_dst", "gat2_att_src", "gat2_att_dst"}
 
 
 def compare_with_pyg(db: relsql.Database, model: str, x, edge_index, batch, y, num_graphs: int) -> dict[str, float]:
@@ -98,10 +134,15 @@ def compare_with_pyg(db: relsql.Database, model: str, x, edge_index, batch, y, n
     generator = torch.Generator().manual_seed(1234)
     with torch.no_grad():
         for name, target in weights.items():
-            ours = relsql_weights[name]
-            assert tuple(ours.shape) == tuple(pyg_params[target].shape), (name, ours.shape, pyg_params[target].shape)
+            ours, theirs = relsql_weights[name], pyg_params[target]
+            if name in BLOCK_DIAGONAL:
+                theirs.copy_(torch.randn(theirs.shape, dtype=torch.float64, generator=generator) * 0.5)
+                assert tuple(ours.shape) == tuple(block_diagonal(theirs).shape), (name, ours.shape, theirs.shape)
+                ours.copy_(block_diagonal(theirs))
+                continue
+            assert tuple(ours.shape) == tuple(theirs.shape), (name, ours.shape, theirs.shape)
             ours.copy_(torch.randn(ours.shape, dtype=torch.float64, generator=generator) * 0.5)  # biases too
-            pyg_params[target].copy_(ours)
+            theirs.copy_(ours)
 
     num_nodes = x.shape[0]
     outputs = net()
@@ -129,6 +170,8 @@ def compare_with_pyg(db: relsql.Database, model: str, x, edge_index, batch, y, n
     for name, target in weights.items():
         ours, theirs = relsql_weights[name].grad, pyg_params[target].grad
         assert ours is not None and theirs is not None, name
+        if name in BLOCK_DIAGONAL:
+            ours = diagonal_blocks(ours, theirs.shape[1])
         assert theirs.abs().max().item() > 0, f"PyG gradient of {target} is zero; the check would be vacuous"
         deviations[f"grad {name}"] = (ours - theirs).abs().max().item()
     timings["relsql_fwd+bwd_s"] = _median_time(lambda: F.cross_entropy(net()[list(relations)[-1]], y).backward())

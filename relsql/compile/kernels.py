@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 
-def activation(name: str, x: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+def activation(name: str, x: torch.Tensor, inplace: bool = False, slope: float = 0.01) -> torch.Tensor:
     """Elementwise activations; softmax normalizes each row's value (all its elements).
-    `inplace` overwrites x (relu, tanh, sigmoid, leaky_relu, exp) when the plan allows it."""
+    `inplace` overwrites x (relu, tanh, sigmoid, leaky_relu, exp) when the plan allows it;
+    `slope`: leaky_relu's negative slope."""
     if name == "identity":
         return x
     if name == "relu":
@@ -18,7 +21,7 @@ def activation(name: str, x: torch.Tensor, inplace: bool = False) -> torch.Tenso
     if name == "sigmoid":
         return torch.sigmoid_(x) if inplace else torch.sigmoid(x)
     if name == "leaky_relu":
-        return F.leaky_relu(x, 0.01, inplace=inplace)
+        return F.leaky_relu(x, slope, inplace=inplace)
     if name == "exp":
         return torch.exp_(x) if inplace else torch.exp(x)
     if name == "log":
@@ -130,6 +133,29 @@ def combine(kind: str, values: list[torch.Tensor]) -> torch.Tensor:
         index = pick.reshape(1, rows, *([1] * (stacked.dim() - 2))).expand(1, *stacked.shape[1:])
         return stacked.gather(0, index).squeeze(0)
     raise ValueError(f"unknown combination {kind}")
+
+
+def attention(score: torch.Tensor, value: torch.Tensor, segment_ids: torch.Tensor, counts: torch.Tensor,
+              mode: str = "concat") -> torch.Tensor:
+    """Per segment (a head's sorted groundings) and attention head h: sum_g softmax_g(score_gh) *
+    value_g[h]. `score` (n, H), `value` (n, H*C); the result is (segments, H*C), or (segments, C)
+    averaged over heads with mode "mean". The softmax is shifted by each segment's maximum (taken
+    without gradient: the shift cancels, so the gradient is exact); autograd keeps per-grounding
+    vectors only. An empty segment gives zeros."""
+    n, segments = score.shape[0], counts.shape[0]
+    score = score.reshape(n, -1)
+    heads = score.shape[1]
+    flat = value.reshape(n, -1)
+    if flat.shape[1] % heads:
+        raise ValueError(f"a value of width {flat.shape[1]} does not split into {heads} attention heads (one per score column)")
+    width = flat.shape[1] // heads
+    index = segment_ids.reshape(-1, 1).expand(n, heads)
+    top = score.new_full((segments, heads), -math.inf).scatter_reduce(0, index, score.detach(), reduce="amax")
+    weight = torch.exp(score - top.index_select(0, segment_ids))
+    total = score.new_zeros((segments, heads)).index_add_(0, segment_ids, weight)
+    alpha = weight / total.index_select(0, segment_ids)
+    out = flat.new_zeros((segments, heads, width)).index_add_(0, segment_ids, alpha.unsqueeze(2) * flat.reshape(n, heads, width))
+    return out.mean(dim=1) if mode == "mean" else out.reshape(segments, heads * width)
 
 
 def segment_reduce(kind: str, x: torch.Tensor, segment_ids: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

@@ -72,12 +72,14 @@ def kernel(kind: str, attrs: dict) -> Kernel:
     if kind == "binary":
         return _binary(attrs)
     if kind == "act":
-        name, inplace = attrs["name"], attrs.get("inplace", False)
-        return lambda x: kernels.activation(name, x, inplace)
+        name, inplace, slope = attrs["name"], attrs.get("inplace", False), attrs.get("slope", 0.01)
+        return lambda x: kernels.activation(name, x, inplace, slope)
     if kind == "combine":
         return lambda *values: kernels.combine(attrs["kind"], list(values))
     if kind == "segment":
         return lambda x, ids, counts: kernels.segment_reduce(attrs["kind"], x, ids, counts)
+    if kind == "attention":
+        return lambda score, value, ids, counts: kernels.attention(score, value, ids, counts, attrs["mode"])
     if kind == "scatter":
         return lambda x, heads: kernels.scatter_rows(x, heads, attrs["rows"])
     if kind == "broadcast":

@@ -291,13 +291,25 @@ class _RuleContext:
             return b._emit("binary", (left, right), note, op=expr.op), _level(l1, l2, note)
         if isinstance(expr, ir.Act):
             x, level = self.compile(expr.arg)
-            return b._emit("act", (x,), note, name=expr.name), level
+            slope = {} if expr.slope is None else {"slope": expr.slope}
+            return b._emit("act", (x,), note, name=expr.name, **slope), level
         if isinstance(expr, ir.Combine):
             parts = [self.compile(a) for a in expr.args]
             level = "c"
             for _, lv in parts:
                 level = _level(level, lv, note)
             return b._emit("combine", tuple(s for s, _ in parts), note, kind=expr.kind), level
+        if isinstance(expr, ir.Attention):
+            parts = []
+            for part in (expr.arg, expr.value):
+                x, level = self.compile(part)
+                if level == "c":
+                    x = b._emit("broadcast", (x,), note, rows=self.rows)
+                if self.classes is not None:  # per class: back to every grounding, whose softmax differs
+                    x = b._emit("gather", (x, self.tensor("classes", self.classes)), note, relation="grounding classes")
+                parts.append(x)
+            ids, counts = self.segments()
+            return b._emit("attention", (*parts, ids, counts), note, mode=expr.mode), "h"
         if isinstance(expr, ir.Agg):
             x, level = self.compile(expr.arg)
             if level == "c":

@@ -21,8 +21,8 @@ def _rows(kind: str, args: list[torch.Tensor], attrs: dict, is_param: list[bool]
         return args[1].shape[0]
     if kind == "linear":
         return args[1].shape[0]
-    if kind in ("segment",):
-        return args[2].shape[0]
+    if kind in ("segment", "attention"):
+        return args[-1].shape[0]
     if kind in ("scatter", "broadcast", "slice"):
         return attrs["rows"]
     if kind in ("spmm", "addspmm"):
@@ -49,7 +49,7 @@ def _stand_in(kind: str, position: int, arg: torch.Tensor, attrs: dict, is_param
             warnings.simplefilter("ignore", UserWarning)  # sparse CSR is beta
             return torch.sparse_csr_tensor(torch.tensor([0, 1]), torch.tensor([0]), torch.zeros(1, dtype=dtype), (1, 1))
     if not arg.is_floating_point():
-        if kind == "segment" and position == 2:
+        if (kind, position) in (("segment", 2), ("attention", 3)):
             return torch.ones(1, dtype=arg.dtype)  # counts: one grounding in the one segment
         return torch.zeros(1, dtype=arg.dtype)  # row ids / segment ids
     if is_param:

@@ -208,6 +208,7 @@ class Binary(Expr):
 class Act(Expr):
     name: str
     arg: Expr
+    slope: float | None = None  # leaky_relu's negative slope (None: its default, 0.01)
 
     def children(self) -> tuple[Expr, ...]:
         return (self.arg,)
@@ -233,6 +234,19 @@ class Agg(Expr):
 
     def children(self) -> tuple[Expr, ...]:
         return (self.arg,)
+
+
+@dataclass(frozen=True)
+class Attention(Agg):
+    """Attention over all groundings of one head: `sum_g softmax_g(score_g) * value_g`, the
+    softmax per head over its groundings. `score` (the Agg's `arg`) of width H and `value` of
+    width H*C give H heads of width C, concatenated (mode "concat") or averaged ("mean")."""
+
+    value: Expr = None  # type: ignore[assignment]
+    mode: str = "concat"
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.arg, self.value)
 
 
 @dataclass

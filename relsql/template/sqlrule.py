@@ -6,6 +6,7 @@ translated into the IR's neural expression. Every error names the statement and 
 
 from __future__ import annotations
 
+import math
 import re
 
 import sqlglot
@@ -311,6 +312,18 @@ class _Statement:
                             "use a smaller width", node)
         return int(value)
 
+    def _number_arg(self, node: exp.Expression, arg: exp.Expression, what: str) -> float:
+        """A number written as a literal (a leading minus allowed)."""
+        sign = 1.0
+        if isinstance(arg, exp.Neg):
+            sign, arg = -1.0, arg.this
+        if not (isinstance(arg, exp.Literal) and not arg.is_string):
+            raise self.fail(f"{what} must be a number, got {arg.sql('duckdb')}", node)
+        value = sign * float(arg.this)
+        if not math.isfinite(value):
+            raise self.fail(f"{what} must be a finite number, got {arg.sql('duckdb')}", node)
+        return value
+
     def _name_arg(self, node: exp.Expression, args: list, position: int) -> str | None:
         if len(args) <= position:
             return None
@@ -359,7 +372,7 @@ class _Statement:
         raise self.fail(
             "not a neural expression: use linear, embed, features, bias, + - *, numbers, "
             "activations (relu tanh sigmoid identity leaky_relu exp log softmax), "
-            "aggregates (sum avg max min count) or concat", node)
+            "aggregates (sum avg max min count attention) or concat", node)
 
     def _storage(self, node: exp.Expression, args: list) -> tuple[str, list]:
         """embed's `storage='memory'|'database'` keyword (also `storage := ...`, `storage => ...`)."""
@@ -380,10 +393,23 @@ class _Statement:
         return storage, rest
 
     def _function(self, node: exp.Expression, fn: str, args: list, inside_agg: bool) -> ir.Expr:
+        if fn == "leaky_relu" and len(args) == 2:
+            return ir.Act(fn, self._neural(args[0], inside_agg), slope=self._number_arg(node, args[1], "leaky_relu's negative slope"))
         if fn in _ACTIVATION_FUNCS:
             if len(args) != 1:
-                raise self.fail(f"{fn} takes exactly one argument", node)
+                raise self.fail(f"{fn} takes exactly one argument" + (" (and leaky_relu an optional negative slope)"
+                                                                      if fn == "leaky_relu" else ""), node)
             return ir.Act(fn, self._neural(args[0], inside_agg))
+        if fn == "attention":
+            if inside_agg:
+                raise self.fail("aggregates cannot be nested inside another aggregate; declare an intermediate relation", node)
+            mode = "concat"
+            if len(args) == 3 and isinstance(args[2], exp.Literal) and args[2].is_string and args[2].this in ("concat", "mean"):
+                mode, args = args[2].this, args[:2]
+            if len(args) != 2:
+                raise self.fail("attention(score, value [, 'concat' | 'mean']) takes a score (one column per head) and a "
+                                "value (heads x width) per grounding", node)
+            return ir.Attention("attention", self._neural(args[0], True), self._neural(args[1], True), mode)
         if fn == "linear":
             if len(args) < 2:
                 raise self.fail("linear(x, out_width [, 'name']) needs an input and an output width", node)
