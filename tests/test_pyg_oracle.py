@@ -26,7 +26,7 @@ from connectors.tu_format import load_tu, mutag_folder
 torch_geometric = pytest.importorskip("torch_geometric")
 from torch_geometric.data import Batch, Data  # noqa: E402
 from torch_geometric.datasets import TUDataset  # noqa: E402
-from torch_geometric.nn import GATConv, GCNConv, SAGEConv, global_mean_pool  # noqa: E402
+from torch_geometric.nn import GATConv, GCNConv, RGCNConv, SAGEConv, global_mean_pool  # noqa: E402
 
 SQL = Path(__file__).resolve().parent.parent / "sql"
 TOL = 1e-6
@@ -40,13 +40,13 @@ MUTAG_GRAPHS, MUTAG_NODES, MUTAG_EDGES, MUTAG_NODE_LABELS, MUTAG_CLASSES = 188, 
 
 
 class PygGCN(nn.Module):
-    def __init__(self, d_in: int):
+    def __init__(self, d_in: int, relations: int):
         super().__init__()
         self.conv1 = GCNConv(d_in, HIDDEN)
         self.conv2 = GCNConv(HIDDEN, HIDDEN)
         self.lin = nn.Linear(HIDDEN, 2)
 
-    def forward(self, x, edge_index, batch):
+    def forward(self, x, edge_index, batch, edge_type):
         h1 = torch.relu(self.conv1(x, edge_index))
         h2 = self.conv2(h1, edge_index)
         pool = global_mean_pool(h2, batch)
@@ -54,13 +54,13 @@ class PygGCN(nn.Module):
 
 
 class PygSAGE(nn.Module):
-    def __init__(self, d_in: int):
+    def __init__(self, d_in: int, relations: int):
         super().__init__()
         self.conv1 = SAGEConv(d_in, HIDDEN)
         self.conv2 = SAGEConv(HIDDEN, HIDDEN)
         self.lin = nn.Linear(HIDDEN, 2)
 
-    def forward(self, x, edge_index, batch):
+    def forward(self, x, edge_index, batch, edge_type):
         h1 = torch.relu(self.conv1(x, edge_index))
         h2 = self.conv2(h1, edge_index)
         pool = global_mean_pool(h2, batch)
@@ -68,15 +68,29 @@ class PygSAGE(nn.Module):
 
 
 class PygGAT(nn.Module):
-    def __init__(self, d_in: int):
+    def __init__(self, d_in: int, relations: int):
         super().__init__()
         self.conv1 = GATConv(d_in, 8, heads=4, add_self_loops=False)  # 4 heads of 8, concatenated
         self.conv2 = GATConv(32, HIDDEN, heads=1, add_self_loops=False)
         self.lin = nn.Linear(HIDDEN, 2)
 
-    def forward(self, x, edge_index, batch):
+    def forward(self, x, edge_index, batch, edge_type):
         h1 = torch.relu(self.conv1(x, edge_index))
         h2 = self.conv2(h1, edge_index)
+        pool = global_mean_pool(h2, batch)
+        return {"layer1": h1, "layer2": h2, "pool": pool, "out": self.lin(pool)}
+
+
+class PygRGCN(nn.Module):
+    def __init__(self, d_in: int, relations: int):
+        super().__init__()
+        self.conv1 = RGCNConv(d_in, HIDDEN, relations)  # aggr='mean', root weight, bias
+        self.conv2 = RGCNConv(HIDDEN, HIDDEN, relations)
+        self.lin = nn.Linear(HIDDEN, 2)
+
+    def forward(self, x, edge_index, batch, edge_type):
+        h1 = torch.relu(self.conv1(x, edge_index, edge_type))
+        h2 = self.conv2(h1, edge_index, edge_type)
         pool = global_mean_pool(h2, batch)
         return {"layer1": h1, "layer2": h2, "pool": pool, "out": self.lin(pool)}
 
@@ -111,13 +125,36 @@ MODELS = {
             {"gat1_w": "conv1.lin.weight", "gat1_att_src": "conv1.att_src", "gat1_att_dst": "conv1.att_dst",
              "gat1_b": "conv1.bias", "gat2_w": "conv2.lin.weight", "gat2_att_src": "conv2.att_src",
              "gat2_att_dst": "conv2.att_dst", "gat2_b": "conv2.bias", "gat_out_w": "lin.weight", "gat_out_b": "lin.bias"}),
+    "rgcn": ("rgcn.sql", PygRGCN,
+             {"rgcn1": "layer1", "rgcn2": "layer2", "rgcn_pool": "pool", "rgcn_out": "out"},
+             {"rgcn1_w": "conv1.weight", "rgcn1_root": "conv1.root", "rgcn1_b": "conv1.bias", "rgcn2_w": "conv2.weight",
+              "rgcn2_root": "conv2.root", "rgcn2_b": "conv2.bias", "rgcn_out_w": "lin.weight", "rgcn_out_b": "lin.bias"}),
 }
+# PyG's (in, out) matrices of RGCNConv, relsql's (out, in): transposed
+TRANSPOSED = {"rgcn1_root", "rgcn2_root"}
+# typed linears: relsql's matrix per dictionary code, PyG's (in, out) per edge type (the label)
+TYPED = {"rgcn1_w", "rgcn2_w"}
 # template weights holding PyG's per-head attention vectors as block-diagonal matrices: the
 # template's linears are the general case, so only their diagonal blocks have a PyG counterpart
 BLOCK_DIAGONAL = {"gat1_att_src", "gat1_att_dst", "gat2_att_src", "gat2_att_dst"}
 
 
-def compare_with_pyg(db: relsql.Database, model: str, x, edge_index, batch, y, num_graphs: int) -> dict[str, float]:
+def as_pyg(name: str, ours: torch.Tensor, net) -> torch.Tensor:
+    """A relsql weight (or gradient) in the PyG parameter's layout."""
+    if name in TRANSPOSED:
+        return ours.t()
+    if name in TYPED:  # row code -> the type value it encodes
+        dictionary = net.grounding.dictionaries[name]
+        values = torch.tensor(dictionary.column("value").to_pylist())
+        codes = torch.tensor(dictionary.column("code").to_pylist())
+        out = ours.new_zeros((int(values.max()) + 1, ours.shape[2], ours.shape[1]))
+        out[values] = ours[codes].transpose(1, 2)
+        return out
+    return ours
+
+
+def compare_with_pyg(db: relsql.Database, model: str, x, edge_index, batch, y, num_graphs: int,
+                     edge_type: torch.Tensor) -> dict[str, float]:
     """Compile the template, share random weights with the PyG model, return max deviations."""
     sql_file, pyg_class, relations, weights = MODELS[model]
     timings = {}
@@ -126,7 +163,7 @@ def compare_with_pyg(db: relsql.Database, model: str, x, edge_index, batch, y, n
     net = relsql.compile(template, db, dtype=torch.float64, seed=0)
     timings["compile_s"] = time.perf_counter() - start
 
-    pyg = pyg_class(x.shape[1]).double()
+    pyg = pyg_class(x.shape[1], int(edge_type.max()) + 1).double()
     relsql_weights = net.named_weights()
     pyg_params = dict(pyg.named_parameters())
     assert set(relsql_weights) == set(weights), f"template weights {sorted(relsql_weights)}"
@@ -140,13 +177,13 @@ def compare_with_pyg(db: relsql.Database, model: str, x, edge_index, batch, y, n
                 assert tuple(ours.shape) == tuple(block_diagonal(theirs).shape), (name, ours.shape, theirs.shape)
                 ours.copy_(block_diagonal(theirs))
                 continue
-            assert tuple(ours.shape) == tuple(theirs.shape), (name, ours.shape, theirs.shape)
             ours.copy_(torch.randn(ours.shape, dtype=torch.float64, generator=generator) * 0.5)  # biases too
-            theirs.copy_(ours)
+            assert tuple(as_pyg(name, ours, net).shape) == tuple(theirs.shape), (name, ours.shape, theirs.shape)
+            theirs.copy_(as_pyg(name, ours, net))
 
     num_nodes = x.shape[0]
     outputs = net()
-    expected = pyg(x, edge_index, batch)
+    expected = pyg(x, edge_index, batch, edge_type)
 
     deviations: dict[str, float] = {}
     for relation, key in relations.items():
@@ -172,10 +209,11 @@ def compare_with_pyg(db: relsql.Database, model: str, x, edge_index, batch, y, n
         assert ours is not None and theirs is not None, name
         if name in BLOCK_DIAGONAL:
             ours = diagonal_blocks(ours, theirs.shape[1])
+        ours = as_pyg(name, ours, net)
         assert theirs.abs().max().item() > 0, f"PyG gradient of {target} is zero; the check would be vacuous"
         deviations[f"grad {name}"] = (ours - theirs).abs().max().item()
     timings["relsql_fwd+bwd_s"] = _median_time(lambda: F.cross_entropy(net()[list(relations)[-1]], y).backward())
-    timings["pyg_fwd+bwd_s"] = _median_time(lambda: F.cross_entropy(pyg(x, edge_index, batch)["out"], y).backward())
+    timings["pyg_fwd+bwd_s"] = _median_time(lambda: F.cross_entropy(pyg(x, edge_index, batch, edge_type)["out"], y).backward())
     print(f"\n{model}: max |relsql - PyG| per output / gradient:")
     for what, value in deviations.items():
         print(f"  {what:16s} {value:.3e}")
@@ -286,7 +324,11 @@ def test_mutag_matches_pyg(model, mutag_db, mutag_pyg):
     labels = db.con.execute("SELECT label FROM graph ORDER BY graph_id").fetchall()
     y = torch.tensor([int(r[0] == 1) for r in labels])
     assert torch.equal(y, batch.y)  # PyG maps labels -1/1 to classes 0/1
-    deviations = compare_with_pyg(db, model, batch.x.double(), batch.edge_index, batch.batch, y, batch.num_graphs)
+    edge_type = batch.edge_attr.argmax(1)  # PyG one-hot encodes the edge labels (0..3), edges in its own order
+    labels = {(s, d): t for s, d, t in db.con.execute("SELECT src, dst, label FROM edge").fetchall()}
+    assert len(labels) == batch.edge_index.shape[1] and {  # MUTAG has no repeated edges
+        (s + 1, d + 1): t for (s, d), t in zip(batch.edge_index.t().tolist(), edge_type.tolist())} == labels
+    deviations = compare_with_pyg(db, model, batch.x.double(), batch.edge_index, batch.batch, y, batch.num_graphs, edge_type)
     worst = max(deviations, key=deviations.get)
     assert deviations[worst] < TOL, f"{model}: {worst} deviates by {deviations[worst]:.3e}"
 
@@ -332,6 +374,7 @@ def test_tiny_corner_cases_match_pyg(model, tiny):
     y = torch.tensor([1, 0])
     data = Data(x=x, edge_index=edge_index)
     assert data.has_self_loops() and data.has_isolated_nodes()
-    deviations = compare_with_pyg(tiny, model, x, edge_index, batch, y, 2)
+    edge_type = torch.tensor([int(v) for v in TINY["edge_labels"]])
+    deviations = compare_with_pyg(tiny, model, x, edge_index, batch, y, 2, edge_type)
     worst = max(deviations, key=deviations.get)
     assert deviations[worst] < TOL, f"{model}: {worst} deviates by {deviations[worst]:.3e}"

@@ -24,6 +24,8 @@ def _describe(op: Op, names: dict[int, str]) -> str:
         return f"{a[0]}[{op.attrs['start']}:{op.attrs['start'] + op.rows}]"
     if k == "linear":
         return f"{a[0]} @ {a[1]}"
+    if k == "typed_linear":
+        return f"{a[0]}[type of row] @ {a[1]}  (one matrix per type, rows grouped by type)"
     if k == "binary":
         return f"{a[0]} {op.attrs['op']} {a[1]}"
     if k == "act":

@@ -135,6 +135,23 @@ def combine(kind: str, values: list[torch.Tensor]) -> torch.Tensor:
     raise ValueError(f"unknown combination {kind}")
 
 
+def typed_linear(weight: torch.Tensor, x: torch.Tensor, order: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Row i times the matrix of its type: `weight` (types, out, in), `x` (n, in), `order` the
+    rows sorted by type (stable), `counts` rows per type. One GEMM per type present over its
+    contiguous rows, then back to the rows' order: no (n, out, in) gather of matrices."""
+    n = x.shape[0]
+    if weight.shape[0] == 1:
+        return x.reshape(n, -1) @ weight[0].t()
+    sorted_rows = x.reshape(n, -1).index_select(0, order)
+    parts, start = [], 0
+    for t, count in enumerate(counts.tolist()):
+        if count:
+            parts.append(sorted_rows[start:start + count] @ weight[t].t())
+            start += count
+    out = torch.cat(parts) if parts else x.new_zeros((0, weight.shape[1]))
+    return out.new_empty(out.shape).index_copy(0, order, out)
+
+
 def attention(score: torch.Tensor, value: torch.Tensor, segment_ids: torch.Tensor, counts: torch.Tensor,
               mode: str = "concat") -> torch.Tensor:
     """Per segment (a head's sorted groundings) and attention head h: sum_g softmax_g(score_gh) *

@@ -78,6 +78,8 @@ def kernel(kind: str, attrs: dict) -> Kernel:
         return lambda *values: kernels.combine(attrs["kind"], list(values))
     if kind == "segment":
         return lambda x, ids, counts: kernels.segment_reduce(attrs["kind"], x, ids, counts)
+    if kind == "typed_linear":
+        return kernels.typed_linear
     if kind == "attention":
         return lambda score, value, ids, counts: kernels.attention(score, value, ids, counts, attrs["mode"])
     if kind == "scatter":

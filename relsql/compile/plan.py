@@ -105,7 +105,11 @@ class PlanBuilder:
         if name in self._param_slots:
             return self._param_slots[name]
         shape = list(spec.shape)
-        if None in shape:
+        if spec.kind == "typed":  # one (out, in) matrix per value of the type column
+            if input_shape is None or len(input_shape) != 1:
+                raise ShapeError(f"{spec.origin}: typed linear '{name}' needs a vector input, got shape {input_shape}")
+            shape = [max(int(self.grounding.vocab_sizes.get(name, 0)), 1), shape[0], input_shape[0]]
+        elif None in shape:
             if spec.kind == "embed":
                 shape[0] = max(int(self.grounding.vocab_sizes.get(name, 0)), 1)
             else:
@@ -285,7 +289,16 @@ class _RuleContext:
         if isinstance(expr, ir.Apply):
             x, level = self.compile(expr.arg)
             weight = b._param(expr.weight, tuple(b.plan.meta[x].shape[1:]), note)
-            return b._emit("linear", (weight, x), note), level
+            if expr.types is None:
+                return b._emit("linear", (weight, x), note), level
+            if level != "g":
+                raise ShapeError(f"{note}: typed linear '{expr.weight}' chooses its matrix per grounding; its input "
+                                 "must be a per-grounding value (not an aggregate or a constant)")
+            types = self.columns[expr.types]
+            kinds = b.plan.meta[weight].shape[0]
+            order = self.tensor(f"type_order{expr.types}", torch.argsort(types, stable=True))
+            counts = self.tensor(f"type_counts{expr.types}_{kinds}", torch.bincount(types, minlength=kinds))
+            return b._emit("typed_linear", (weight, x, order, counts), note), level
         if isinstance(expr, ir.Binary):
             (left, l1), (right, l2) = self.compile(expr.left), self.compile(expr.right)
             return b._emit("binary", (left, right), note, op=expr.op), _level(l1, l2, note)

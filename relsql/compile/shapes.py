@@ -19,7 +19,7 @@ _RESULTS: dict[tuple, tuple[tuple[int, ...], torch.dtype]] = {}  # stand-in sign
 def _rows(kind: str, args: list[torch.Tensor], attrs: dict, is_param: list[bool]) -> int:
     if kind == "gather":
         return args[1].shape[0]
-    if kind == "linear":
+    if kind in ("linear", "typed_linear"):
         return args[1].shape[0]
     if kind in ("segment", "attention"):
         return args[-1].shape[0]
@@ -49,7 +49,7 @@ def _stand_in(kind: str, position: int, arg: torch.Tensor, attrs: dict, is_param
             warnings.simplefilter("ignore", UserWarning)  # sparse CSR is beta
             return torch.sparse_csr_tensor(torch.tensor([0, 1]), torch.tensor([0]), torch.zeros(1, dtype=dtype), (1, 1))
     if not arg.is_floating_point():
-        if (kind, position) in (("segment", 2), ("attention", 3)):
+        if (kind, position) in (("segment", 2), ("attention", 3), ("typed_linear", 3)):
             return torch.ones(1, dtype=arg.dtype)  # counts: one grounding in the one segment
         return torch.zeros(1, dtype=arg.dtype)  # row ids / segment ids
     if is_param:

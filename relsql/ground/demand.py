@@ -189,8 +189,7 @@ class BatchGrounder(_Grounder):
                         codes = pc.index_in(column.combine_chunks(), value_set=embedding_keys[prepared.stored[k]])
                         values[k] = to_tensor(codes, torch.int64)
                     else:
-                        embedded = any(isinstance(e, ir.Embed) and e.column == k for e in ir.walk(prepared.rule.expr))
-                        values[k] = _column_tensor(column, prepared.rule, k, embedded=embedded)
+                        values[k] = _column_tensor(column, prepared.rule, k, embedded=k in ir.coded_columns(prepared.rule))
                 segment_heads, counts = torch.unique_consecutive(head, return_counts=True)
                 offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(counts, 0)])
                 result.rules.append(RuleGrounding(prepared.rule, head, refs, values, segment_heads, offsets))

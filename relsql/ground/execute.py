@@ -268,7 +268,7 @@ class _Grounder:
                         skip: set[int] = frozenset()) -> list[exp.Expression]:
         """The rule's grounding columns as SQL over alias `g`: embedded columns as dictionary codes,
         features standardized (statistics from `source`), others raw; columns in `skip` stay raw."""
-        embeds = {e.column: e.weight for e in ir.walk(rule.expr) if isinstance(e, ir.Embed)}
+        embeds = ir.coded_columns(rule)
         features = {c for e in ir.walk(rule.expr) if isinstance(e, ir.Features) for c in e.columns}
         types = self.db.arrow(exp.select(exp.Star()).from_(source.copy()).limit(0)).schema if features else None
         columns: list[exp.Expression] = []
@@ -286,7 +286,7 @@ class _Grounder:
         return columns
 
     def index_rule(self, relation: ir.Relation, rule: ir.Rule, table: pa.Table) -> RuleGrounding:
-        embeds = {e.column for e in ir.walk(rule.expr) if isinstance(e, ir.Embed)}
+        embeds = set(ir.coded_columns(rule))
         check_refs(relation, rule, table)
         head = to_tensor(table.column("_head"), torch.int64)
         refs = [to_tensor(table.column(f"_r{j}"), torch.int64) for j in range(len(rule.refs))]

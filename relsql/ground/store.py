@@ -473,7 +473,7 @@ def _write_rule(grounder: BatchGrounder, relation: ir.Relation, prepared: _Prepa
     kinds: dict[str, list] = {}
     for part in kept:
         kinds.update({k: v for k, v in part["columns"].items() if k not in kinds})
-    embeds = {e.column for e in ir.walk(rule.expr) if isinstance(e, ir.Embed)}
+    embeds = set(ir.coded_columns(rule))
     for k in range(rule.n_columns):
         kinds.setdefault(str(k), ["code", 0] if k in embeds else ["value", 0])
     size = (folder / f"{stem}.offsets").stat().st_size + sum(
@@ -510,7 +510,7 @@ class _PartWriter:
 
     def __init__(self, relation: ir.Relation, rule: ir.Rule, folder: str, stem: str):
         self.relation, self.rule, self.folder, self.stem = relation, rule, folder, stem
-        self.embeds = {e.column for e in ir.walk(rule.expr) if isinstance(e, ir.Embed)}
+        self.embeds = set(ir.coded_columns(rule))
 
     def __call__(self, index: int | None, chunks) -> dict:
         """Write `chunks` (Arrow record batches) as part `index` (None: the rule's only part)."""

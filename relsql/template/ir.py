@@ -185,10 +185,12 @@ class Const(Expr):
 
 @dataclass(frozen=True)
 class Apply(Expr):
-    """A weight times a value: matrix-vector product, or a scaling where shapes say so."""
+    """A weight times a value: matrix-vector product, or a scaling where shapes say so. With
+    `types` (a categorical grounding column), one matrix per value of that column."""
 
     weight: str
     arg: Expr
+    types: int | None = None
 
     def children(self) -> tuple[Expr, ...]:
         return (self.arg,)
@@ -376,6 +378,18 @@ class Template:
     def output(self) -> str:
         """The last declared relation: the template's default output."""
         return list(self.relations)[-1]
+
+
+def coded_columns(rule: Rule) -> dict[int, str]:
+    """A rule's categorical grounding columns, dictionary-encoded per weight: embedded keys and
+    the type columns of typed linears (column -> weight)."""
+    coded = {}
+    for e in walk(rule.expr):
+        if isinstance(e, Embed):
+            coded[e.column] = e.weight
+        elif isinstance(e, Apply) and e.types is not None:
+            coded[e.types] = e.weight
+    return coded
 
 
 def walk(expr: Expr):

@@ -324,12 +324,13 @@ class _Statement:
             raise self.fail(f"{what} must be a finite number, got {arg.sql('duckdb')}", node)
         return value
 
-    def _name_arg(self, node: exp.Expression, args: list, position: int) -> str | None:
+    def _name_arg(self, node: exp.Expression, args: list, position: int, last: bool = True) -> str | None:
+        """The weight name at `position` (None if absent); `last`: no argument may follow it."""
         if len(args) <= position:
             return None
         if not (isinstance(args[position], exp.Literal) and args[position].is_string):
             raise self.fail("a weight name must be a string literal such as 'w_nb'", node)
-        if len(args) > position + 1:
+        if last and len(args) > position + 1:
             raise self.fail("too many arguments", node)
         return args[position].this
 
@@ -411,9 +412,15 @@ class _Statement:
                                 "value (heads x width) per grounding", node)
             return ir.Attention("attention", self._neural(args[0], True), self._neural(args[1], True), mode)
         if fn == "linear":
-            if len(args) < 2:
-                raise self.fail("linear(x, out_width [, 'name']) needs an input and an output width", node)
+            if len(args) < 2 or len(args) > 4:
+                raise self.fail("linear(x, out_width [, 'name' [, t.type_column]]) needs an input and an output width", node)
             width = self._int_arg(node, args, 1, "linear's output width")
+            if len(args) == 4:  # one matrix per value of a categorical column: typed weights
+                if not isinstance(args[3], exp.Column) or args[3].table in self.neural:
+                    raise self.fail("a typed linear is linear(x, out_width, 'name', t.type_column): a name, then a "
+                                    "categorical database column choosing the matrix per grounding", node)
+                name = self._weight("typed", (width, None), self._name_arg(node, args, 2, last=False), node)
+                return ir.Apply(name, self._neural(args[0], inside_agg), self._column(args[3], role=f"types {name}"))
             name = self._weight("linear", (width, None), self._name_arg(node, args, 2), node)
             return ir.Apply(name, self._neural(args[0], inside_agg))
         if fn == "embed":
