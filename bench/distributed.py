@@ -19,9 +19,11 @@ one generated on DuckDB, whose keys it infers): Spark computes the key tables, d
 statistics and the bulk grounding, the ranks read what it wrote.
 
 `--embedding` adds to the orders' representation a database-stored embedding of the customer
-key (width 16, `storage='database'`; DuckDB only, on a copy of the TPC-H file): one process reads
-and updates its rows in SQL per step, N ranks hold it sharded in memory
-(relsql/train/sharded.py) and exchange the batch's rows and gradients in their collectives.
+key (width 16, `storage='database'`; on DuckDB in a copy of the TPC-H file, on Spark in a
+warehouse folder of its own): one DuckDB process reads and updates its rows in SQL per step, N
+ranks hold it sharded in memory (relsql/train/sharded.py) and exchange the batch's rows and
+gradients in their collectives; the parent writes the table back at the end (on Spark a new
+table swapped in; Spark has no one-process run with it, its 1-rank run is that).
 
 The projection (printed as such, never measured) takes the 1-rank per-row cost and the measured
 per-step all-reduce, and scales them to TPC-H sf 100 / 1000 on 4-64 workers, each a machine like
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=16_384)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--engines", nargs="+", choices=["duckdb", "spark"], default=["duckdb"])
-    parser.add_argument("--embedding", action="store_true", help="add a database-stored customer embedding (DuckDB)")
+    parser.add_argument("--embedding", action="store_true", help="add a database-stored customer embedding")
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "bench")
     args = parser.parse_args(argv)
 
@@ -80,22 +82,33 @@ FROM "orders" o;
 def embedding_runs(path: Path, template, args) -> None:
     """The same runs with a database-stored embedding, on a writable copy of the TPC-H file."""
     import shutil
+    import tempfile
 
     import relsql
 
-    copy = path.with_name(path.stem + "-embedding.duckdb")
-    shutil.copyfile(path, copy)
-    try:
-        with relsql.connect(copy) as db:
-            embedded = relsql.Template.from_sql(template.source + EMBEDDING)
-            rows = measure(db, "duckdb+embedding", embedded, args)
-    finally:
-        copy.unlink(missing_ok=True)
+    embedded = relsql.Template.from_sql(template.source + EMBEDDING)
+    rows: list[dict] = []
+    for engine in args.engines:
+        if engine == "spark":
+            with tempfile.TemporaryDirectory(prefix="relsql-bench-warehouse-") as warehouse:
+                with relsql.connect(path, read_only=True) as duck:
+                    db = spark_database(duck, path, warehouse)
+                rows += measure(db, "spark+embedding", embedded, args)
+                db.close()
+            continue
+        copy = path.with_name(path.stem + "-embedding.duckdb")
+        shutil.copyfile(path, copy)
+        try:
+            with relsql.connect(copy) as db:
+                rows += measure(db, "duckdb+embedding", embedded, args)
+        finally:
+            copy.unlink(missing_ok=True)
     write_csv(args.out / "distributed_embedding.csv", rows)
 
 
-def spark_database(duck, path: Path):
-    """A local[2] Spark session over the TPC-H tables, exported once to Parquet beside the file."""
+def spark_database(duck, path: Path, warehouse: str | None = None):
+    """A local[2] Spark session over the TPC-H tables, exported once to Parquet beside the file
+    (`warehouse`: where Spark keeps the tables relsql writes, default Spark's)."""
     import os
     import sys
 
@@ -118,7 +131,10 @@ def spark_database(duck, path: Path):
     os.environ["PYSPARK_PYTHON"] = sys.executable
     session = (SparkSession.builder.master("local[2]").appName("relsql-bench").config("spark.ui.enabled", "false")
                .config("spark.sql.shuffle.partitions", "8").config("spark.sql.session.timeZone", "UTC")
-               .config("spark.driver.memory", "6g").getOrCreate())
+               .config("spark.driver.memory", "6g"))
+    if warehouse is not None:
+        session = session.config("spark.sql.warehouse.dir", warehouse)
+    session = session.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     for file in sorted(folder.glob("*.parquet")):
         session.read.parquet(str(file)).createOrReplaceTempView(file.stem)
@@ -158,14 +174,15 @@ def measure(db, engine: str, template, args) -> list[dict]:
               f"rank start {row['startup_s']:.1f}s)")
         return row
 
-    model._restore_weights(initial)
-    model.timings = {}
-    steps: list[float] = []
-    started = time.perf_counter()
-    model.fit(epochs=args.epochs, patience=args.epochs, batch_size=args.batch_size,
-              callback=lambda info: steps.append(time.perf_counter()))
-    model.timings["epochs"] = steps[-1] - started  # to its last step: validation (one process) left out
-    record("one process (Model.fit)", 1, time.perf_counter() - started)
+    if db.transactional or not engine.endswith("+embedding"):  # else stored embeddings train on ranks only
+        model._restore_weights(initial)
+        model.timings = {}
+        steps: list[float] = []
+        started = time.perf_counter()
+        model.fit(epochs=args.epochs, patience=args.epochs, batch_size=args.batch_size,
+                  callback=lambda info: steps.append(time.perf_counter()))
+        model.timings["epochs"] = steps[-1] - started  # to its last step: validation (one process) left out
+        record("one process (Model.fit)", 1, time.perf_counter() - started)
     for ranks in args.ranks:
         model._restore_weights(initial)
         model.timings, model.history = {}, []
