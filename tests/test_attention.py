@@ -144,3 +144,34 @@ def test_gat_template_trains_on_mini_batches_and_reloads(tmp_path, mutag):
     small.fit(epochs=2, lr=0.01)
     loaded = relsql.Model.load(small.save(tmp_path / "gat.pt"), mutag)
     assert loaded.predict().equals(small.predict())
+
+
+def test_gat_written_in_one_statement_computes_w_x_once_per_node(graph):
+    """The issue's one-statement GAT names W three times; the passes find the common product, so
+    W x is one product over the 12 nodes (not three per edge), and the values are those of the
+    form with intermediate relations (sql/gat.sql's)."""
+    one = relsql.Template.from_sql("""
+        CREATE TABLE node_x AS SELECT n.id, n.x AS h FROM node n;
+        CREATE TABLE gat AS
+        SELECT e.dst AS id, attention(leaky_relu(linear(linear(d.h, 8, 'W'), 1, 'att_dst')
+                                                 + linear(linear(s.h, 8, 'W'), 1, 'att_src'), 0.2),
+                                      linear(s.h, 8, 'W')) AS h
+        FROM edge e JOIN node_x s ON s.id = e.src JOIN node_x d ON d.id = e.dst GROUP BY e.dst;
+    """)
+    layered = relsql.Template.from_sql("""
+        CREATE TABLE wx AS SELECT n.id, linear(n.x, 8, 'W') AS h FROM node n;
+        CREATE TABLE src AS SELECT w.id, linear(w.h, 1, 'att_src') AS h FROM wx w;
+        CREATE TABLE dst AS SELECT w.id, linear(w.h, 1, 'att_dst') AS h FROM wx w;
+        CREATE TABLE gat AS
+        SELECT e.dst AS id, attention(leaky_relu(s.h + d.h, 0.2), w.h) AS h
+        FROM edge e JOIN src s ON s.id = e.src JOIN dst d ON d.id = e.dst JOIN wx w ON w.id = e.src GROUP BY e.dst;
+    """)
+    a = relsql.compile(one, graph, dtype=torch.float64, seed=0)
+    b = relsql.compile(layered, graph, dtype=torch.float64, seed=5)
+    with torch.no_grad():
+        for name, weight in a.named_weights().items():
+            b.named_weights()[name].copy_(weight)
+    assert torch.allclose(a()["gat"], b()["gat"], atol=1e-12, rtol=0)
+    w = next(op.out for op in a.plan.ops if op.kind == "param" and op.attrs["name"] == "W")
+    products = [op for op in a.plan.ops if op.kind == "linear" and op.args[0] == w]
+    assert len(products) == 1 and products[0].rows == 12
