@@ -26,7 +26,7 @@ from connectors.tu_format import load_tu, mutag_folder
 torch_geometric = pytest.importorskip("torch_geometric")
 from torch_geometric.data import Batch, Data  # noqa: E402
 from torch_geometric.datasets import TUDataset  # noqa: E402
-from torch_geometric.nn import GATConv, GCNConv, RGCNConv, SAGEConv, global_mean_pool  # noqa: E402
+from torch_geometric.nn import GATConv, GCNConv, RGATConv, RGCNConv, SAGEConv, global_mean_pool  # noqa: E402
 
 SQL = Path(__file__).resolve().parent.parent / "sql"
 TOL = 1e-6
@@ -95,6 +95,20 @@ class PygRGCN(nn.Module):
         return {"layer1": h1, "layer2": h2, "pool": pool, "out": self.lin(pool)}
 
 
+class PygRGAT(nn.Module):
+    def __init__(self, d_in: int, relations: int):
+        super().__init__()
+        self.conv1 = RGATConv(d_in, HIDDEN, relations)  # one head, additive, across relations, bias
+        self.conv2 = RGATConv(HIDDEN, HIDDEN, relations)
+        self.lin = nn.Linear(HIDDEN, 2)
+
+    def forward(self, x, edge_index, batch, edge_type):
+        h1 = torch.relu(self.conv1(x, edge_index, edge_type))
+        h2 = self.conv2(h1, edge_index, edge_type)
+        pool = global_mean_pool(h2, batch)
+        return {"layer1": h1, "layer2": h2, "pool": pool, "out": self.lin(pool)}
+
+
 def block_diagonal(att: torch.Tensor) -> torch.Tensor:
     """PyG's per-head attention vectors (1, H, C) as the (H, H*C) linear the template has."""
     heads, width = att.shape[1], att.shape[2]
@@ -129,11 +143,18 @@ MODELS = {
              {"rgcn1": "layer1", "rgcn2": "layer2", "rgcn_pool": "pool", "rgcn_out": "out"},
              {"rgcn1_w": "conv1.weight", "rgcn1_root": "conv1.root", "rgcn1_b": "conv1.bias", "rgcn2_w": "conv2.weight",
               "rgcn2_root": "conv2.root", "rgcn2_b": "conv2.bias", "rgcn_out_w": "lin.weight", "rgcn_out_b": "lin.bias"}),
+    "rgat": ("rgat.sql", PygRGAT,
+             {"rgat1": "layer1", "rgat2": "layer2", "rgat_pool": "pool", "rgat_out": "out"},
+             {"rgat1_w": "conv1.weight", "rgat1_q": "conv1.q", "rgat1_k": "conv1.k", "rgat1_b": "conv1.bias",
+              "rgat2_w": "conv2.weight", "rgat2_q": "conv2.q", "rgat2_k": "conv2.k", "rgat2_b": "conv2.bias",
+              "rgat_out_w": "lin.weight", "rgat_out_b": "lin.bias"}),
 }
-# PyG's (in, out) matrices of RGCNConv, relsql's (out, in): transposed
-TRANSPOSED = {"rgcn1_root", "rgcn2_root"}
+# PyG's (in, out) matrices of RGCNConv and RGATConv, relsql's (out, in): transposed
+TRANSPOSED = {"rgcn1_root", "rgcn2_root", "rgat1_q", "rgat1_k", "rgat2_q", "rgat2_k"}
 # typed linears: relsql's matrix per dictionary code, PyG's (in, out) per edge type (the label)
-TYPED = {"rgcn1_w", "rgcn2_w"}
+TYPED = {"rgcn1_w", "rgcn2_w", "rgat1_w", "rgat2_w"}
+# RGATConv's parameters of its `mod` variants, unused with the default mod=None (checked: no gradient)
+UNUSED = {f"conv{i}.{name}" for i in (1, 2) for name in ("w", "l1", "b1", "l2", "b2")}
 # template weights holding PyG's per-head attention vectors as block-diagonal matrices: the
 # template's linears are the general case, so only their diagonal blocks have a PyG counterpart
 BLOCK_DIAGONAL = {"gat1_att_src", "gat1_att_dst", "gat2_att_src", "gat2_att_dst"}
@@ -167,7 +188,8 @@ def compare_with_pyg(db: relsql.Database, model: str, x, edge_index, batch, y, n
     relsql_weights = net.named_weights()
     pyg_params = dict(pyg.named_parameters())
     assert set(relsql_weights) == set(weights), f"template weights {sorted(relsql_weights)}"
-    assert set(pyg_params) == set(weights.values()), f"PyG parameters {sorted(pyg_params)}"
+    unused = set(pyg_params) - set(weights.values())
+    assert set(weights.values()) <= set(pyg_params) and unused <= UNUSED, f"PyG parameters {sorted(pyg_params)}"
     generator = torch.Generator().manual_seed(1234)
     with torch.no_grad():
         for name, target in weights.items():
@@ -204,6 +226,7 @@ def compare_with_pyg(db: relsql.Database, model: str, x, edge_index, batch, y, n
     loss.backward()
     F.cross_entropy(expected["out"], y).backward()
     deviations["loss"] = abs(loss.item() - F.cross_entropy(expected["out"], y).item())
+    assert all(pyg_params[name].grad is None for name in unused), "a PyG parameter left out of the comparison is used"
     for name, target in weights.items():
         ours, theirs = relsql_weights[name].grad, pyg_params[target].grad
         assert ours is not None and theirs is not None, name
