@@ -115,6 +115,8 @@ def test_attention_and_leaky_relu_slope_in_a_template_equal_a_hand_computation(g
     ("attention(linear(s.h, 1), s.h, 'max')", "attention\\(score, value"),
     ("leaky_relu(s.h, 'x')", "negative slope must be a number"),
     ("leaky_relu(s.h, 0.1, 0.2)", "optional negative slope"),
+    ("attention(sum_per_head(s.h), s.h)", "sum_per_head\\(x, heads\\)"),
+    ("attention(sum_per_head(s.h, 0), s.h)", "number of heads"),
 ])
 def test_bad_attention_and_slopes_are_refused(body, message):
     group = "GROUP BY e.dst" if "GROUP BY" not in message else ""

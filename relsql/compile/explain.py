@@ -29,8 +29,8 @@ def _describe(op: Op, names: dict[int, str]) -> str:
     if k == "binary":
         return f"{a[0]} {op.attrs['op']} {a[1]}"
     if k == "act":
-        slope = f", slope={op.attrs['slope']:g}" if "slope" in op.attrs else ""
-        return f"{op.attrs['name']}{'_' if op.attrs.get('inplace') else ''}({a[0]}{slope})"
+        extra = f", slope={op.attrs['slope']:g}" if "slope" in op.attrs else f", heads={op.attrs['heads']}" if "heads" in op.attrs else ""
+        return f"{op.attrs['name']}{'_' if op.attrs.get('inplace') else ''}({a[0]}{extra})"
     if k == "attention":
         return f"attention(softmax({a[0]}) * {a[1]}, by={a[2]}, heads {op.attrs['mode']})"
     if k == "combine":

@@ -8,10 +8,11 @@ import torch
 import torch.nn.functional as F
 
 
-def activation(name: str, x: torch.Tensor, inplace: bool = False, slope: float = 0.01) -> torch.Tensor:
+def activation(name: str, x: torch.Tensor, inplace: bool = False, slope: float = 0.01, heads: int = 1) -> torch.Tensor:
     """Elementwise activations; softmax normalizes each row's value (all its elements).
     `inplace` overwrites x (relu, tanh, sigmoid, leaky_relu, exp) when the plan allows it;
-    `slope`: leaky_relu's negative slope."""
+    `slope`: leaky_relu's negative slope. sum_per_head (not elementwise) sums each of `heads`
+    equal consecutive parts of a row: multi-head dot products, sum_per_head(q * k, heads)."""
     if name == "identity":
         return x
     if name == "relu":
@@ -24,6 +25,13 @@ def activation(name: str, x: torch.Tensor, inplace: bool = False, slope: float =
         return F.leaky_relu(x, slope, inplace=inplace)
     if name == "exp":
         return torch.exp_(x) if inplace else torch.exp(x)
+    if name == "gelu":
+        return F.gelu(x)
+    if name == "sum_per_head":
+        flat = x.reshape(x.shape[0], -1)
+        if flat.shape[1] % heads:
+            raise ValueError(f"a value of width {flat.shape[1]} does not split into {heads} heads")
+        return flat.reshape(x.shape[0], heads, -1).sum(dim=2)
     if name == "log":
         return torch.log(x)
     if name == "softmax":

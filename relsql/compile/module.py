@@ -72,8 +72,8 @@ def kernel(kind: str, attrs: dict) -> Kernel:
     if kind == "binary":
         return _binary(attrs)
     if kind == "act":
-        name, inplace, slope = attrs["name"], attrs.get("inplace", False), attrs.get("slope", 0.01)
-        return lambda x: kernels.activation(name, x, inplace, slope)
+        name, inplace, slope, heads = attrs["name"], attrs.get("inplace", False), attrs.get("slope", 0.01), attrs.get("heads", 1)
+        return lambda x: kernels.activation(name, x, inplace, slope, heads)
     if kind == "combine":
         return lambda *values: kernels.combine(attrs["kind"], list(values))
     if kind == "segment":

@@ -304,8 +304,8 @@ class _RuleContext:
             return b._emit("binary", (left, right), note, op=expr.op), _level(l1, l2, note)
         if isinstance(expr, ir.Act):
             x, level = self.compile(expr.arg)
-            slope = {} if expr.slope is None else {"slope": expr.slope}
-            return b._emit("act", (x,), note, name=expr.name, **slope), level
+            attrs = {} if expr.param is None else {"heads": int(expr.param)} if expr.name == "sum_per_head" else {"slope": expr.param}
+            return b._emit("act", (x,), note, name=expr.name, **attrs), level
         if isinstance(expr, ir.Combine):
             parts = [self.compile(a) for a in expr.args]
             level = "c"

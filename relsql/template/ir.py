@@ -210,7 +210,7 @@ class Binary(Expr):
 class Act(Expr):
     name: str
     arg: Expr
-    slope: float | None = None  # leaky_relu's negative slope (None: its default, 0.01)
+    param: float | None = None  # leaky_relu's negative slope (None: 0.01), sum_per_head's number of heads
 
     def children(self) -> tuple[Expr, ...]:
         return (self.arg,)

@@ -18,7 +18,7 @@ from sqlglot.tokens import Tokenizer, TokenType
 from relsql.errors import TemplateError
 from relsql.template import ir
 
-_ACTIVATION_FUNCS = {"relu", "sigmoid", "leaky_relu", "identity", "softmax", "tanh", "exp", "log"}
+_ACTIVATION_FUNCS = {"relu", "sigmoid", "leaky_relu", "identity", "softmax", "tanh", "exp", "log", "gelu"}
 _TYPED_ACTIVATIONS = {exp.Tanh: "tanh", exp.Exp: "exp", exp.Ln: "log", exp.Log: "log"}
 _AGGREGATES = {exp.Sum: "sum", exp.Avg: "avg", exp.Max: "max", exp.Min: "min", exp.Count: "count"}
 _BINARY = {exp.Add: "+", exp.Sub: "-", exp.Mul: "*"}
@@ -372,7 +372,7 @@ class _Statement:
             return self._function(node, node.name.lower(), list(node.expressions), inside_agg)
         raise self.fail(
             "not a neural expression: use linear, embed, features, bias, + - *, numbers, "
-            "activations (relu tanh sigmoid identity leaky_relu exp log softmax), "
+            "activations (relu tanh sigmoid identity leaky_relu gelu exp log softmax), sum_per_head, "
             "aggregates (sum avg max min count attention) or concat", node)
 
     def _storage(self, node: exp.Expression, args: list) -> tuple[str, list]:
@@ -395,7 +395,12 @@ class _Statement:
 
     def _function(self, node: exp.Expression, fn: str, args: list, inside_agg: bool) -> ir.Expr:
         if fn == "leaky_relu" and len(args) == 2:
-            return ir.Act(fn, self._neural(args[0], inside_agg), slope=self._number_arg(node, args[1], "leaky_relu's negative slope"))
+            return ir.Act(fn, self._neural(args[0], inside_agg), param=self._number_arg(node, args[1], "leaky_relu's negative slope"))
+        if fn == "sum_per_head":  # multi-head dot products: sum_per_head(q * k, heads)
+            if len(args) != 2:
+                raise self.fail("sum_per_head(x, heads) sums each of `heads` equal consecutive parts of x", node)
+            heads = self._int_arg(node, args, 1, "sum_per_head's number of heads")
+            return ir.Act(fn, self._neural(args[0], inside_agg), param=float(heads))
         if fn in _ACTIVATION_FUNCS:
             if len(args) != 1:
                 raise self.fail(f"{fn} takes exactly one argument" + (" (and leaky_relu an optional negative slope)"
