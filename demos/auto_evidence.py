@@ -8,6 +8,8 @@
    model of the target table alone (hops=0) vs the majority class.
 3. TPC-H from the duckdb tpch extension at `--sf`, in DuckDB and copied into a throwaway
    PostgreSQL server: template generation, grounding and one training epoch, timed.
+4. `--layers`: only the auto-template's layers (`layer="sage" | "rgcn" | "gat"`) on Mutagenesis
+   and the synthetic shop, test accuracy per seed and the mean.
 """
 
 from __future__ import annotations
@@ -71,6 +73,31 @@ def synthetic(seeds: list[int]) -> None:
     print()
 
 
+def layers(seeds: list[int]) -> None:
+    from demos.mutagenesis import load
+    from demos.synthetic import build
+
+    names = ("sage", "rgcn", "gat")
+    print("Auto-template layers (test accuracy per seed; majority in the last column)")
+    print(f"{'dataset':<12}{'seed':>5}" + "".join(f"{n:>8}" for n in names) + f"{'majority':>10}")
+    for dataset in ("mutagenesis", "shop"):
+        found = {n: [] for n in names}
+        for seed in seeds:
+            db = relsql.connect()
+            if dataset == "mutagenesis":
+                load(db.con)
+                target, fit = "molecule.mutagenic", dict(epochs=400, lr=0.01, patience=100)
+            else:
+                build(db.con, seed=seed, foreign_keys=False)
+                target, fit = "customer.churned", dict(epochs=200, patience=30)
+            for name in names:
+                value, model = accuracy(db, relsql.Template.auto(db, target, layer=name), target, seed, **fit)
+                found[name].append(value)
+            print(f"{dataset:<12}{seed:>5}" + "".join(f"{found[n][-1]:>8.3f}" for n in names) + f"{majority(model):>10.3f}")
+        print(f"{dataset:<12}{'mean':>5}" + "".join(f"{statistics.mean(found[n]):>8.3f}" for n in names))
+    print()
+
+
 def tpch(sf: float) -> None:
     from connectors import tpch as tpch_data
     from tests.pg_server import PostgresServer, find_bin
@@ -111,7 +138,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--sf", type=float, default=0.1)
+    parser.add_argument("--layers", action="store_true", help="only the auto-template layers (sage, rgcn, gat)")
     args = parser.parse_args()
+    if args.layers:
+        return layers(args.seeds)
     mutagenesis(args.seeds)
     synthetic(args.seeds[:3])
     tpch(args.sf)

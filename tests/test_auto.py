@@ -10,6 +10,7 @@ import torch
 
 import relsql
 from relsql.cli import main
+from relsql.template import ir
 
 
 @pytest.fixture
@@ -87,6 +88,10 @@ def test_cli_template_writes_an_editable_file(school, tmp_path, capsys):
     db = relsql.connect(path)
     model = relsql.Model(db, out, target="student.passed", split=(0.5, 0.25, 0.25), progress=False).fit(epochs=3)
     assert model.predict().height == 4
+    db.close()
+    gat = tmp_path / "gat.sql"
+    assert main(["template", path, "--target", "student.passed", "--layer", "gat", "-o", str(gat)]) == 0
+    assert "(gat layers)" in gat.read_text() and "attention(" in gat.read_text()
 
 
 def test_auto_template_on_mutagenesis_learns(tmp_path):
@@ -148,3 +153,28 @@ def test_tpch_from_duckdb_and_postgres_end_to_end(pg_server):
         assert model.predict().height == 15000 and np.isfinite(model.evaluate()["loss"])
         texts.append([line for line in tpl.source.splitlines() if not line.startswith("-- ")])
     assert texts[0] == texts[1]
+
+
+def test_auto_template_layers():
+    """layer="rgcn" is the mean per key and direction (the avg aggregation's statements);
+    layer="gat" attends over child rows with a score from both ends and learns the signal two
+    hops away; unknown layers are refused."""
+    from demos.synthetic import build
+
+    db = relsql.connect()
+    build(db.con, customers=1500, seed=0, foreign_keys=False)
+    body = lambda source: source[source.index("\n\n"):]  # noqa: E731  (the header names the layer)
+    rgcn = relsql.Template.auto(db, "customer.churned", layer="rgcn")
+    assert body(rgcn.source) == body(relsql.Template.auto(db, "customer.churned", aggregation="avg").source)
+    gat = relsql.Template.auto(db, "customer.churned", layer="gat")
+    assert "attention(leaky_relu(" in gat.source and "(gat layers)" in gat.source
+    assert any(isinstance(e, ir.Attention) for r in gat.relations.values() for rule in r.rules for e in ir.walk(rule.expr))
+    model = relsql.Model(db, gat, target="customer.churned", seed=0, progress=False).fit(epochs=200, patience=30)
+    positive = float(model.y[torch.as_tensor(model.rows["test"])].mean())
+    assert model.evaluate()["accuracy"] >= max(positive, 1 - positive) + 0.2
+    with pytest.raises(relsql.SchemaError, match="layer must be one of sage, rgcn, gat"):
+        relsql.Template.auto(db, "customer.churned", layer="gcn")
+    with pytest.raises(relsql.SchemaError, match="not generated yet"):
+        relsql.Template.auto(db, "customer.churned", layer="hgt")
+    with pytest.raises(relsql.SchemaError, match="mean per key and direction"):
+        relsql.Template.auto(db, "customer.churned", layer="rgcn", aggregation="max")

@@ -105,7 +105,8 @@ def _template(args: argparse.Namespace) -> int:
 
     with relsql.connect(args.db, read_only=True, keys=args.keys) as db:
         text = generate(db, args.target, hops=args.hops, width=args.width, aggregation=args.aggregation,
-                        time_column=args.time_column, infer_keys=not args.no_infer, timeless=args.timeless)
+                        time_column=args.time_column, infer_keys=not args.no_infer, timeless=args.timeless,
+                        layer=args.layer)
     relsql.Template.from_sql(text)  # what we write must parse
     if args.output:
         try:
@@ -194,6 +195,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     template.add_argument("--aggregation", type=aggregation, default="all",
                           help="over child rows: all (mean, sum, max and count, the default), avg, sum, max, or a "
                                "comma list such as avg,count")
+    template.add_argument("--layer", choices=["sage", "rgcn", "gat"], default="sage",
+                          help="per foreign key and direction: sage (the aggregation terms, the default), rgcn (a "
+                               "mean), gat (attention over child rows)")
     template.add_argument("--timeless", choices=["exclude", "include"], default="exclude",
                           help="with --time-column: leave out (default) or keep child tables whose time is unknown")
     template.add_argument("--time-column", help="column of the target table: only earlier rows reach a target")

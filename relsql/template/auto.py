@@ -63,6 +63,7 @@ MAX_CATEGORIES = 1000  # text columns with more distinct values are skipped
 SMALL_INTEGER_CATEGORIES = 10  # integer columns with at most this many values are codes
 AGGREGATIONS = ("avg", "sum", "max", "count")  # terms over child rows; "all" is all of them
 TIMELESS = ("exclude", "include")
+LAYERS = ("sage", "rgcn", "gat")  # how a node combines the rows of each foreign key and direction
 _ID_NAME = re.compile(r"(?:^|_)(?:id|sk|key|uuid|guid)$", re.IGNORECASE)  # id, customer_id, ss_item_sk, row_key
 _ID_CAMEL = re.compile(r"[a-z0-9](?:Id|ID|Key|SK)$")  # customerId, CustomerID, OrderKey
 _ID_TPCH = re.compile(r"[a-z]{1,3}_[a-z]+key", re.IGNORECASE)  # c_custkey, o_orderkey, ps_suppkey
@@ -251,11 +252,11 @@ def _walk(node: Node):
 class _Writer:
     def __init__(self, db: Database, schema: Schema, target: str, column: str, *, width: int, hops: int,
                  aggregation: tuple[str, ...], time_column: str | None, time_columns: dict[str, Time],
-                 labels: dict[str, str]):
+                 labels: dict[str, str], layer: str = "sage"):
         self.db, self.schema, self.target, self.column = db, schema, target, column
         self.labels = labels
         self.weight_name = _Names()
-        self.width, self.hops, self.aggregation = width, hops, aggregation
+        self.width, self.hops, self.aggregation, self.layer = width, hops, aggregation, layer
         self.time_column, self.time_columns = time_column, time_columns
         self.out: list[str] = []
         self.identifiers: list[str] = []  # table.column named like an identifier and left out
@@ -402,11 +403,17 @@ class _Writer:
             + when + f"\nCREATE TABLE x_{node.name} AS\nSELECT {', '.join(select)}, avg(e.h) AS h\n{source}\n"
             f"JOIN {_qi(node.table)} x ON {condition}{dimension}\nJOIN enc_{t} e ON {join_enc}\nGROUP BY {group};\n")
 
-    def aggregate(self, child: Node, node: Node) -> tuple[str, str]:
-        """(comment, neural expression) combining `child`'s values over its rows for `node`."""
+    def aggregate(self, child: Node, node: Node, own: str) -> tuple[str, str]:
+        """(comment, neural expression) combining `child`'s values over its rows for `node`
+        (`own`: the node's own encoding, which attention scores read)."""
         base = f"w_{child.name}_to_{node.name}"
         if not child.step.to_child:
             return "its parent row in", f"avg(linear(c.h, {self.width}, '{self.weight_name(base)}'))"
+        if self.layer == "gat":  # GAT's attention over the child rows, a score from both ends
+            score = (f"leaky_relu(linear(c.h, 1, '{self.weight_name(base + '_att_child')}') "
+                     f"+ linear({own}, 1, '{self.weight_name(base + '_att_node')}'), 0.2)")
+            return ("attention over its child rows in",
+                    f"attention({score},\n            linear(c.h, {self.width}, '{self.weight_name(base)}'))")
         if len(self.aggregation) == 1 and self.aggregation[0] != "count":
             kind = self.aggregation[0]
             return f"{kind} over its child rows in", f"{kind}(linear(c.h, {self.width}, '{self.weight_name(base)}'))"
@@ -461,14 +468,21 @@ class _Writer:
             on_time, dimension = self.time_join(child.table, "y", target_time)
             condition = child.step.condition(near, near_cols, "y") + on_time
             match = " AND ".join(target_match + [f"c.{name} = y.{_qi(k)}" for k, name in self.n(child.table).items()])
-            kind, value = self.aggregate(child, node)
+            own, own_join = "p.h", ""
+            if is_root:  # the target row's own encoding, for attention scores
+                own = "s.h"
+                own_join = "\nJOIN enc_{} s ON {}".format(
+                    self.labels[node.table], " AND ".join(f"s.{_qi(k)} = p.{_qi(k)}" for k in self.target_keys))
+            kind, value = self.aggregate(child, node, own)
+            if "attention(" not in value:
+                own_join = ""
             self.out.append(
                 f"-- {node.name} <- {child.name}: {kind} {child.table}, own weights for this key and direction"
                 + (" (the sum scaled by 1 / the table's average child rows per parent)" if " * " in value else "") + "\n"
                 f"CREATE TABLE {relation} AS\n"
                 f"SELECT {', '.join(f'{h} AS {_qi(k) if is_root else k}' for h, k in zip(head, keys))}, "
                 f"{value} AS h\n"
-                f"{source}\nJOIN {_qi(child.table)} y ON {condition}{dimension}\nJOIN {child_values[child.name]} c ON {match}\n"
+                f"{source}{own_join}\nJOIN {_qi(child.table)} y ON {condition}{dimension}\nJOIN {child_values[child.name]} c ON {match}\n"
                 f"GROUP BY {', '.join(head)};\n")
         value = f"h_{node.name}"
         key_list = ", ".join(f"p.{_qi(k)}" if is_root else f"p.{k}" for k in keys)
@@ -547,13 +561,16 @@ def _other_task_tables(keys: Schema, target_table: str) -> list[str]:
 
 def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggregation="all",
              time_column: str | None = None, time_columns: dict[str, str] | None = None, infer_keys: bool = True,
-             timeless: str = "exclude", keys=None) -> str:
+             timeless: str = "exclude", keys=None, layer: str = "sage") -> str:
     """An editable SQL template predicting `target` ("table.column") from its relational context.
 
     `aggregation`: "all" (mean, sum, max and count over child rows), one of avg/sum/max, or
     several ("avg,count" or a list). `timeless` (with `time_column`): "exclude" leaves out
     child tables whose rows' time is unknown, "include" joins them unfiltered. `keys` is passed
-    to key discovery as given keys."""
+    to key discovery as given keys. `layer`: how a row combines the rows of each foreign key and
+    direction, each with its own weights: "sage" (the aggregation terms plus the row's own
+    term), "rgcn" (a mean per key and direction plus the own term: RGCN on the tree of rows) or
+    "gat" (GAT's attention over the child rows, scored from both ends)."""
     table, column = arguments.target(target)
     hops = arguments.integer("hops", hops, minimum=0, maximum=16)
     width = arguments.integer("width", width, maximum=ir.MAX_WIDTH)
@@ -564,6 +581,15 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
     if not isinstance(timeless, str) or timeless not in TIMELESS:
         raise SchemaError(f"timeless must be exclude or include, got {timeless!r}")
     terms = aggregation_terms(aggregation)
+    if layer == "hgt":
+        raise SchemaError("layer='hgt' is not generated yet: write it by hand (sql/hgt.sql shows the layer) or use "
+                          "layer='gat'")
+    if not isinstance(layer, str) or layer not in LAYERS:
+        raise SchemaError(f"layer must be one of {', '.join(LAYERS)}, got {layer!r}")
+    if layer == "rgcn":
+        if aggregation not in ("all", "avg"):
+            raise SchemaError(f"layer='rgcn' takes the mean per key and direction; leave aggregation out (got {aggregation!r})")
+        terms = ("avg",)
     if not isinstance(db, Database):
         raise SchemaError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
     catalog = db.catalog()
@@ -597,7 +623,7 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
     root = _tree(keys, table, hops, labels, keep, dropped, has_rows=lambda node: _path_has_rows(db, node), empty=empty)
     nodes = list(_walk(root))
     writer = _Writer(db, keys, table, column, width=width, hops=hops, aggregation=terms,
-                     time_column=time_column, time_columns=times, labels=labels)
+                     time_column=time_column, time_columns=times, labels=labels, layer=layer)
     values = db.arrow(exp.select(exp.column(exp.to_identifier(column, quoted=True))).from_(exp.Table(this=exp.to_identifier(table, quoted=True)))).column(0)
     units = detect(values, target).units
     tables = list(dict.fromkeys(n.table for n in nodes))
@@ -612,8 +638,9 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
                       f"CREATE TABLE predict AS\nSELECT {value_keys}, linear(v.h, {units}, '{writer.weight_name('w_out')}') AS h\n"
                       f"FROM {value if root.children else 'enc_' + labels[table]} v;\n")
     described = "all: " + ", ".join(terms) if terms == AGGREGATIONS else ", ".join(terms)
-    header = [f"-- relsql automatic template: predict {target} from up to {hops} foreign-key hops away",
-              f"-- width {width}, aggregation over child rows {described}; edit freely and retrain.",
+    combined = "attention over child rows (GAT)" if layer == "gat" else f"aggregation over child rows {described}"
+    header = [f"-- relsql automatic template ({layer} layers): predict {target} from up to {hops} foreign-key hops away",
+              f"-- width {width}, {combined}; edit freely and retrain.",
               f"-- tables used: {', '.join(tables)}"]
     if empty:
         header.append("-- left out, no rows along the way (a statement without groundings): "

@@ -358,8 +358,9 @@ class Template:
         Options: hops (2), width (16), aggregation ("all": mean, sum, max and count of child
         rows; or "avg" | "sum" | "max" | a comma list), time_column, time_columns ({table:
         column}), timeless ("exclude" | "include" child tables whose time is unknown), keys (a
-        keys file, its text or tuples, see relsql/keyfile.py), infer_keys (True). See
-        relsql/template/auto.py.
+        keys file, its text or tuples, see relsql/keyfile.py), infer_keys (True), layer ("sage",
+        today's terms; "rgcn", a mean per key and direction; "gat", attention over child rows).
+        See relsql/template/auto.py.
         """
         from relsql.template.auto import generate
 
