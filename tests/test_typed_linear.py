@@ -49,7 +49,7 @@ def test_typed_linear_picks_the_matrix_of_each_groundings_type():
             if dst == node:
                 expected = expected + weights["w"][codes[kind]] @ x[src]
         assert torch.allclose(out[row], expected.detach(), atol=1e-12, rtol=0), node
-    assert "one matrix per type" in net.explain()
+    assert "one matrix per type" in net.explain() and "3 of 3 types present" in net.explain()
 
 
 def test_typed_linear_trains_in_mini_batches_and_an_unseen_type_adds_nothing(tmp_path):

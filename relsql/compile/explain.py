@@ -13,7 +13,7 @@ def _shape(op: Op) -> str:
     return f"[{op.rows} x {' x '.join(map(str, op.shape)) or '1'}]"
 
 
-def _describe(op: Op, names: dict[int, str]) -> str:
+def _describe(op: Op, names: dict[int, str], plan: Plan) -> str:
     a = [names.get(x, f"t{x}") for x in op.args]
     k = op.kind
     if k == "param":
@@ -25,7 +25,10 @@ def _describe(op: Op, names: dict[int, str]) -> str:
     if k == "linear":
         return f"{a[0]} @ {a[1]}"
     if k == "typed_linear":
-        return f"{a[0]}[type of row] @ {a[1]}  (one matrix per type, rows grouped by type)"
+        counts = plan.inputs.get(op.args[3])
+        per_type = "" if counts is None or not counts.numel() else \
+            f"; {int((counts > 0).sum())} of {counts.numel()} types present, {int(counts.min())}-{int(counts.max())} rows each"
+        return f"{a[0]}[type of row] @ {a[1]}  (one matrix per type, rows grouped by type{per_type})"
     if k == "binary":
         return f"{a[0]} {op.attrs['op']} {a[1]}"
     if k == "act":
@@ -70,7 +73,7 @@ def explain(plan: Plan) -> str:
             current = op.note
             lines.append(f"-- {current}")
         names[op.out] = f"t{op.out}"
-        lines.append(f"  t{op.out} = {_describe(op, names):<60} {_shape(op)}")
+        lines.append(f"  t{op.out} = {_describe(op, names, plan):<60} {_shape(op)}")
     outputs = ", ".join(f"{r}=t{s}" for r, s in plan.outputs.items())
     lines.append(f"outputs: {outputs}")
     if plan.log:
