@@ -1,0 +1,672 @@
+"""relsql vs PyTorch Geometric on heterogeneous graphs: RGCN (vs RGCNConv and FastRGCNConv) and GAT.
+
+    python -m bench.hetero [--quick] [--out out/bench] [--hidden 64] [--layers 1 2]
+                           [--models rgcn,gat] [--datasets aifb,mutag_rdf,bgs,am] [--heads 1]
+                           [--am-scale 0.125] [--big-reps 1] [--threads 2] [--no-memory]
+
+Graphs: seeded synthetic graphs with the sizes of the RGCN paper's entity-classification
+datasets (Schlichtkrull et al. 2018, Table 4 of Pigeon): AIFB (8,285 nodes, 29,043 edges, 45
+relation types), MUTAG-RDF (23,644 nodes, 74,227 edges, 23 types), BGS (333,845 nodes,
+916,199 edges, 103 types) and AM (1,666,764 nodes, 5,988,321 edges, 133 types), AM SCALED DOWN
+by --am-scale (default 1/8: 208,346 nodes, 748,540 edges, still 133 types): PyG's RGCNConv
+(without pyg-lib, as here) multiplies every node's aggregate by every relation's matrix, so a
+full-size AM step would take minutes per repetition on 2 cores and the whole run would not fit
+the ~20 minute budget of a 2-core, 24 GiB machine. Edges are uniformly random (src, dst) pairs
+(self loops and repeated pairs possible, as in RDF graphs); their types follow a power law,
+P(type t) ~ 1 / (t + 1)^1.5 (a few frequent types, many rare ones), every type used at least
+once. Node features are N(0, 1) of width --hidden. The tables are DuckDB tables
+node(node_id BIGINT PRIMARY KEY, x FLOAT[]) and edge(src BIGINT, dst BIGINT, type BIGINT),
+node ids 0..N-1 (PyG's indices).
+
+Models, width --hidden (64) everywhere, 1 or 2 layers (--layers), ReLU between layers:
+  rgcn  relsql: h_i' = W_root h_i + b + sum_r 1/|N_r(i)| sum_{j -r-> i} W_r h_j, a typed linear
+        per edge type with 1/|N_r(i)| counted in SQL (as sql/rgcn.sql); PyG: RGCNConv (aggr
+        'mean', root weight, bias) and FastRGCNConv (the same function; it gathers one matrix
+        per edge, E x 64 x 64 floats, so it runs only where that tensor stays under
+        --fast-limit-gb: AIFB and MUTAG-RDF; elsewhere its row says skipped).
+  gat   relsql: the layered GAT of sql/gat.sql (W h once per node, attention(leaky_relu(src +
+        dst, 0.2), W h) per destination, bias), --heads heads of width hidden/heads
+        concatenated; PyG: GATConv(hidden, hidden / heads, heads, add_self_loops=False).
+The edge types are ignored by GAT (it is the homogeneous baseline on the same graph).
+
+Before timing, relsql's weights (biases set to random values) are copied into the PyG modules,
+and every layer's node embeddings and every weight's gradient of the loss must agree in float32
+to a relative 1e-4 (|relsql - PyG| / max(1, max |PyG|)); otherwise the script stops. Timed in
+one process, alternately (as bench/gnn.py): forward under torch.no_grad and a training step
+(zero grads, forward, cross entropy of the last layer's node embeddings, read as `hidden`
+logits, against fixed random labels of every node, backward; no optimizer update). Small
+graphs: 2 warm-ups, then 7 repetitions, medians reported, a sample looping a task for ~50 ms.
+Big graphs (>= 500,000 edges: BGS, AM): PyG's RGCNConv takes tens of seconds per call there,
+so the agreement check's calls are the warm-up and --big-reps (default 1) repetitions of one
+call each are timed. relsql's grounding + compile time is reported separately (ground_s), not
+in the timings.
+
+Peak memory: each framework's training step runs again in a fresh subprocess, as in
+bench/gnn.py (glibc told to hand freed memory back, peak-RSS mark reset after a warm-up: a
+step, or on big graphs a forward under no_grad): the extra peak RSS of one step, in MB.
+
+Timings are only meaningful on an otherwise idle machine (torch.set_num_threads(2) here, as
+bench/gnn.py; --threads changes it). With other processes on the 2 cores, torch's OpenMP
+threads wait on each other and single calls become up to 10x slower, erratically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bench import write_csv
+from bench.gnn import _fmt, _status_mb, git_commit
+
+ROOT = Path(__file__).resolve().parent.parent
+THREADS = 2
+TARGET = 0.5
+TOLERANCE = 1e-4  # float32, relative to max(1, max |PyG|)
+SAMPLE_S = 0.05
+TYPE_EXPONENT = 1.5  # P(type t) ~ 1 / (t + 1)^TYPE_EXPONENT
+AM_SCALE = 0.125
+BIG = 500_000  # edges: one timed repetition by default (--big-reps), no loop calibration
+
+# name: (nodes, edges, relation types); the RGCN paper's entity datasets (Pigeon, Table 4)
+DATASETS = {
+    "aifb": (8_285, 29_043, 45),
+    "mutag_rdf": (23_644, 74_227, 23),
+    "bgs": (333_845, 916_199, 103),
+    "am": (1_666_764, 5_988_321, 133),
+    "tiny": (300, 1_500, 7),  # a smoke test's graph
+}
+FULL = ["aifb", "mutag_rdf", "bgs", "am"]
+
+# what each relsql model is compared with
+BASELINES = {"rgcn": ["RGCNConv", "FastRGCNConv"], "gat": ["GATConv"]}
+FRAMEWORK = {"RGCNConv": "pyg", "FastRGCNConv": "pyg_fast", "GATConv": "pyg"}
+
+COLUMNS = ["model", "baseline", "dataset", "layers", "nodes", "edges", "types", "hidden", "heads", "ground_s",
+           "relsql_fwd_ms", "pyg_fwd_ms", "fwd_ratio", "relsql_step_ms", "pyg_step_ms", "step_ratio",
+           "relsql_mb", "pyg_mb", "max_rel_diff", "max_rel_grad_diff", "ops", "reps", "note"]
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass
+class Graph:
+    name: str
+    x: np.ndarray  # (N, F) float32
+    src: np.ndarray  # (E,) int64, 0-based
+    dst: np.ndarray
+    type: np.ndarray  # (E,) int64 in 0..R-1, every value used
+    types: int
+    scale: float = 1.0
+
+    @property
+    def nodes(self) -> int:
+        return int(self.x.shape[0])
+
+    @property
+    def edges(self) -> int:
+        return int(self.src.shape[0])
+
+
+def synthetic(name: str, features: int, am_scale: float = AM_SCALE, seed: int = 0) -> Graph:
+    nodes, edges, types = DATASETS[name]
+    scale = am_scale if name == "am" else 1.0
+    nodes, edges = max(types, round(nodes * scale)), max(types, round(edges * scale))
+    rng = np.random.default_rng(seed)
+    p = 1.0 / np.arange(1, types + 1) ** TYPE_EXPONENT
+    kind = rng.choice(types, size=edges, p=p / p.sum())
+    kind[:types] = np.arange(types)  # every type at least once
+    kind = rng.permutation(kind)
+    return Graph(name=name, x=rng.standard_normal((nodes, features), dtype=np.float32),
+                 src=rng.integers(0, nodes, edges), dst=rng.integers(0, nodes, edges),
+                 type=kind.astype(np.int64), types=types, scale=scale)
+
+
+def load_graph(con, graph: Graph) -> None:
+    n, width = graph.x.shape
+    offsets = pa.array(np.arange(n + 1, dtype=np.int32) * width, type=pa.int32())
+    x = pa.ListArray.from_arrays(offsets, pa.array(graph.x.reshape(-1), type=pa.float32()))
+    tables = {
+        "node": ("node_id BIGINT PRIMARY KEY, x FLOAT[]", pa.table({"node_id": np.arange(n), "x": x})),
+        "edge": ("src BIGINT, dst BIGINT, type BIGINT", pa.table({"src": graph.src, "dst": graph.dst, "type": graph.type})),
+    }
+    for table, (schema, arrow) in tables.items():
+        view = f"__bench_{table}"
+        con.register(view, arrow)
+        con.execute(f"CREATE TABLE {table} ({schema})")
+        con.execute(f"INSERT INTO {table} SELECT * FROM {view}")
+        con.unregister(view)
+
+
+def database(graph: Graph):
+    import relsql
+
+    db = relsql.connect()
+    load_graph(db.con, graph)
+    return db
+
+
+# --------------------------------------------------------------------------- templates
+
+
+def template_text(model: str, layers: int, hidden: int, heads: int) -> str:
+    """node_x, then `layers` layers named {model}1..{model}L; ReLU between, none after the last."""
+    lines = ["CREATE TABLE node_x AS SELECT n.node_id, n.x AS h FROM node n;"]
+    previous = "node_x"
+    for layer in range(1, layers + 1):
+        name = f"{model}{layer}"
+        pre = name if layer == layers else f"{name}_pre"
+        if model == "rgcn":
+            lines += [
+                f"CREATE TABLE {pre} AS\n"
+                f"SELECT e.dst AS node_id, sum(linear(p.h, {hidden}, '{name}_w', e.type) * e.inverse_degree) AS h\n"
+                f"FROM (SELECT src, dst, type, 1.0 / count(*) OVER (PARTITION BY dst, type) AS inverse_degree FROM edge) e\n"
+                f"JOIN {previous} p ON p.node_id = e.src\nGROUP BY e.dst;",
+                f"CREATE TABLE {pre} AS\n"
+                f"SELECT p.node_id, linear(p.h, {hidden}, '{name}_root') + bias({hidden}, '{name}_b') AS h\n"
+                f"FROM {previous} p;",
+            ]
+        elif model == "gat":
+            lines += [
+                f"CREATE TABLE {name}_wx AS SELECT p.node_id, linear(p.h, {hidden}, '{name}_w') AS h FROM {previous} p;",
+                f"CREATE TABLE {name}_src AS SELECT w.node_id, linear(w.h, {heads}, '{name}_att_src') AS h FROM {name}_wx w;",
+                f"CREATE TABLE {name}_dst AS SELECT w.node_id, linear(w.h, {heads}, '{name}_att_dst') AS h FROM {name}_wx w;",
+                f"CREATE TABLE {pre} AS\n"
+                f"SELECT e.dst AS node_id, attention(leaky_relu(s.h + d.h, 0.2), w.h) AS h\n"
+                f"FROM edge e\nJOIN {name}_src s ON s.node_id = e.src\nJOIN {name}_dst d ON d.node_id = e.dst\n"
+                f"JOIN {name}_wx w ON w.node_id = e.src\nGROUP BY e.dst;",
+                f"CREATE TABLE {pre} AS SELECT n.node_id, bias({hidden}, '{name}_b') AS h FROM node n;",
+            ]
+        else:
+            raise ValueError(f"unknown model {model}")
+        if layer < layers:
+            lines.append(f"CREATE TABLE {name} AS SELECT p.node_id, relu(p.h) AS h FROM {pre} p;")
+        previous = name
+    return "\n\n".join(lines) + "\n"
+
+
+def weight_mapping(model: str, layers: int) -> dict[str, str]:
+    """relsql weight name -> PyG parameter name."""
+    mapping = {}
+    for layer in range(1, layers + 1):
+        name, conv = f"{model}{layer}", f"convs.{layer - 1}"
+        if model == "rgcn":
+            mapping |= {f"{name}_w": f"{conv}.weight", f"{name}_root": f"{conv}.root", f"{name}_b": f"{conv}.bias"}
+        else:
+            mapping |= {f"{name}_w": f"{conv}.lin.weight", f"{name}_att_src": f"{conv}.att_src",
+                        f"{name}_att_dst": f"{conv}.att_dst", f"{name}_b": f"{conv}.bias"}
+    return mapping
+
+
+def block_diagonal(att: torch.Tensor) -> torch.Tensor:
+    """PyG's per-head attention vectors (1, H, C) as the (H, H*C) matrix of the template's linear."""
+    heads, width = att.shape[1], att.shape[2]
+    out = att.new_zeros(heads, heads * width)
+    for h in range(heads):
+        out[h, h * width:(h + 1) * width] = att[0, h]
+    return out
+
+
+def diagonal_blocks(matrix: torch.Tensor, heads: int) -> torch.Tensor:
+    width = matrix.shape[1] // heads
+    return torch.stack([matrix[h, h * width:(h + 1) * width] for h in range(heads)]).unsqueeze(0)
+
+
+def as_pyg(name: str, ours: torch.Tensor, dictionaries: dict, heads: int) -> torch.Tensor:
+    """A relsql weight (or its gradient) in the layout of the PyG parameter it maps to."""
+    if name.endswith("_root"):  # RGCNConv keeps (in, out)
+        return ours.t()
+    if name.startswith("rgcn") and name.endswith("_w"):  # typed: row = dictionary code; PyG: (R, in, out) by type
+        dictionary = dictionaries[name]
+        values = torch.tensor(dictionary.column("value").to_pylist())
+        codes = torch.tensor(dictionary.column("code").to_pylist())
+        out = ours.new_zeros((int(values.max()) + 1, ours.shape[2], ours.shape[1]))
+        out[values] = ours[codes].transpose(1, 2)
+        return out
+    if "_att_" in name:
+        return diagonal_blocks(ours, heads)
+    return ours
+
+
+class PygNet(nn.Module):
+    def __init__(self, baseline: str, layers: int, hidden: int, types: int, heads: int):
+        super().__init__()
+        from torch_geometric.nn import FastRGCNConv, GATConv, RGCNConv
+
+        def conv() -> nn.Module:
+            if baseline == "RGCNConv":
+                return RGCNConv(hidden, hidden, types)
+            if baseline == "FastRGCNConv":
+                return FastRGCNConv(hidden, hidden, types)
+            return GATConv(hidden, hidden // heads, heads=heads, add_self_loops=False)
+
+        self.typed = baseline != "GATConv"
+        self.convs = nn.ModuleList(conv() for _ in range(layers))
+
+    def forward(self, x, edge_index, edge_type) -> list[torch.Tensor]:
+        outs = []
+        for i, conv in enumerate(self.convs):
+            x = conv(x, edge_index, edge_type) if self.typed else conv(x, edge_index)
+            if i < len(self.convs) - 1:
+                x = torch.relu(x)
+            outs.append(x)  # as the template's relation {model}{i + 1}: after the ReLU, but the last
+        return outs
+
+
+# --------------------------------------------------------------------------- the compared models
+
+
+class Case:
+    """One (model, dataset, layers): the relsql net and its PyG baselines, with shared weights."""
+
+    def __init__(self, model: str, graph: Graph, layers: int, hidden: int, heads: int, db=None,
+                 frameworks: tuple[str, ...] = ("relsql", "pyg", "pyg_fast")):
+        import relsql
+
+        self.model, self.graph, self.layers, self.hidden, self.heads = model, graph, layers, hidden, heads
+        self.last = f"{model}{layers}"
+        self.template = relsql.Template.from_sql(template_text(model, layers, hidden, heads))
+        self.net = None
+        self.ground_s = float("nan")
+        self.baselines: dict[str, PygNet] = {}
+        if "relsql" in frameworks:
+            start = time.perf_counter()
+            self.net = relsql.compile(self.template, db, dtype=torch.float32, seed=0, outputs=[self.last])
+            self.ground_s = time.perf_counter() - start
+            keys = self.net.grounding.relations[self.last].keys.column("node_id").to_numpy()
+            if not np.array_equal(keys, np.arange(graph.nodes)):
+                raise RuntimeError(f"{self.last}: rows are not the nodes 0..{graph.nodes - 1} in order")
+            self.net_params = list(self.net.parameters())
+        for baseline in BASELINES[model]:
+            if FRAMEWORK[baseline] in frameworks:
+                self.baselines[baseline] = PygNet(baseline, layers, hidden, graph.types, heads)
+        self.x = torch.as_tensor(graph.x)
+        self.edge_index = torch.as_tensor(np.stack([graph.src, graph.dst]))
+        self.edge_type = torch.as_tensor(graph.type)
+        self.y = torch.as_tensor(np.random.default_rng(1).integers(0, hidden, graph.nodes))
+        self.mapping = weight_mapping(model, layers)
+        if self.net is not None:
+            self._share_weights()
+
+    def _share_weights(self) -> None:
+        ours = self.net.named_weights()
+        if set(ours) != set(self.mapping):
+            raise RuntimeError(f"relsql weights {sorted(ours)} do not match the mapping {sorted(self.mapping)}")
+        generator = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for name, weight in ours.items():
+                if name.endswith("_b"):  # relsql starts biases at 0: make them count
+                    weight.copy_(torch.randn(weight.shape, generator=generator) * 0.1)
+                if "_att_" in name:  # only PyG's per-head vectors: keep the diagonal blocks
+                    weight.copy_(block_diagonal(diagonal_blocks(weight, self.heads)))
+            for baseline, pyg in self.baselines.items():
+                theirs = dict(pyg.named_parameters())
+                if set(theirs) != set(self.mapping.values()):
+                    raise RuntimeError(f"{baseline} parameters {sorted(theirs)} do not match the mapping")
+                for name, target in self.mapping.items():
+                    value = as_pyg(name, ours[name], self.net.grounding.dictionaries, self.heads)
+                    if tuple(value.shape) != tuple(theirs[target].shape):
+                        raise RuntimeError(f"{name} {tuple(value.shape)} vs {baseline} {target} {tuple(theirs[target].shape)}")
+                    theirs[target].copy_(value)
+
+    # timed tasks
+    def relsql_forward(self):
+        return self.net()[self.last]
+
+    def pyg_forward(self, baseline: str):
+        return self.baselines[baseline](self.x, self.edge_index, self.edge_type)[-1]
+
+    def relsql_step(self) -> float:
+        for p in self.net_params:
+            p.grad = None
+        loss = F.cross_entropy(self.net()[self.last], self.y)
+        loss.backward()
+        return loss.item()
+
+    def pyg_step(self, baseline: str) -> float:
+        pyg = self.baselines[baseline]
+        pyg.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(pyg(self.x, self.edge_index, self.edge_type)[-1], self.y)
+        loss.backward()
+        return loss.item()
+
+    def tasks(self) -> dict:
+        """The timed calls: relsql and each baseline, forward (no_grad) then training step."""
+        def no_grad(f, *args):
+            def run():
+                with torch.no_grad():
+                    f(*args)
+            return run
+
+        tasks = {"relsql_fwd": no_grad(self.relsql_forward)}
+        tasks |= {f"{b}_fwd": no_grad(self.pyg_forward, b) for b in self.baselines}
+        tasks["relsql_step"] = self.relsql_step
+        tasks |= {f"{b}_step": functools.partial(self.pyg_step, b) for b in self.baselines}
+        return tasks
+
+    def check(self) -> dict[str, tuple[float, float]]:
+        """Per baseline: (largest relative difference of any layer's output, of any gradient)."""
+        from relsql.compile import make_plan
+        from relsql.compile.module import CompiledNet
+
+        full = CompiledNet(make_plan(self.template, self.net.grounding, torch.float32), self.net.grounding)
+        with torch.no_grad():
+            mine = full.named_weights()
+            for name, weight in self.net.named_weights().items():
+                mine[name].copy_(weight)
+            ours = full()
+            if not torch.allclose(ours[self.last], self.relsql_forward(), rtol=1e-5, atol=1e-5):
+                raise RuntimeError(f"{self.model}: the timed net (last layer only) disagrees with the full net")
+        self.relsql_step()
+        grads = {name: as_pyg(name, w.grad, self.net.grounding.dictionaries, self.heads)
+                 for name, w in self.net.named_weights().items()}
+        result = {}
+        for baseline, pyg in self.baselines.items():
+            with torch.no_grad():
+                theirs = pyg(self.x, self.edge_index, self.edge_type)
+            worst = 0.0
+            for layer, b in enumerate(theirs, 1):
+                a = ours[f"{self.model}{layer}"]
+                if a.shape != b.shape:
+                    raise RuntimeError(f"layer {layer}: relsql {tuple(a.shape)} vs {baseline} {tuple(b.shape)}")
+                worst = max(worst, ((a - b).abs().max() / b.abs().max().clamp(min=1)).item())
+            self.pyg_step(baseline)
+            params = dict(pyg.named_parameters())
+            worst_grad = 0.0
+            for name, target in self.mapping.items():
+                b = params[target].grad
+                if b is None or b.abs().max().item() == 0:
+                    raise RuntimeError(f"{baseline} {target}: no gradient; the check would be vacuous")
+                worst_grad = max(worst_grad, ((grads[name] - b).abs().max() / b.abs().max()).item())
+            pyg.zero_grad(set_to_none=True)
+            result[baseline] = (worst, worst_grad)
+        for p in self.net_params:
+            p.grad = None
+        return result
+
+    def summary(self) -> str:
+        return self.net.explain().splitlines()[-1]
+
+
+def fast_rgcn_gb(graph: Graph, hidden: int) -> float:
+    """FastRGCNConv's per-edge matrices, one layer's forward: E x in x out float32."""
+    return graph.edges * hidden * hidden * 4 / 2**30
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def time_alternately(tasks: dict, warmup: int, reps: int, calibrate: bool = True) -> dict[str, float]:
+    """Medians (ms per call) of the tasks run in turn each repetition, as bench/gnn.py: like
+    timeit, a sample loops a task for ~SAMPLE_S (the loop length calibrated per task). Without
+    `calibrate` (big graphs: seconds per call, already warmed up by the agreement check) every
+    sample is one call."""
+    loops = dict.fromkeys(tasks, 1)
+    for key, task in tasks.items() if calibrate else ():
+        task()
+        start = time.perf_counter()
+        task()
+        loops[key] = max(1, int(SAMPLE_S / max(time.perf_counter() - start, 1e-6)))
+    times: dict[str, list[float]] = {k: [] for k in tasks}
+    gc.collect()
+    gc.freeze()  # the objects alive now (imports, models) are not scanned by each sample's gc.collect
+    try:
+        for rep in range(warmup + reps):
+            for key, task in tasks.items():
+                gc.collect()
+                start = time.perf_counter()
+                for _ in range(loops[key]):
+                    task()
+                elapsed = (time.perf_counter() - start) * 1000 / loops[key]
+                if rep >= warmup:
+                    times[key].append(elapsed)
+    finally:
+        gc.unfreeze()
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def memory_probe(framework: str, model: str, name: str, layers: int, hidden: int, heads: int, am_scale: float) -> dict:
+    """In this (fresh) process: the extra peak RSS (MB) of one training step after a warm-up (a
+    step; on big graphs, where PyG's RGCNConv takes a minute per step, a forward under no_grad)."""
+    import ctypes
+
+    graph = synthetic(name, hidden, am_scale)
+    db = database(graph) if framework == "relsql" else None
+    case = Case(model, graph, layers, hidden, heads, db=db, frameworks=(framework,))
+    if framework == "relsql":
+        step = case.relsql_step
+    else:
+        baseline = next(b for b in BASELINES[model] if FRAMEWORK[b] == framework)
+        def step():
+            return case.pyg_step(baseline)
+    if graph.edges >= BIG:
+        with torch.no_grad():
+            case.relsql_forward() if framework == "relsql" else case.pyg_forward(baseline)
+    else:
+        step()
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        reset = True
+    except OSError:
+        reset = False
+    before = _status_mb("VmRSS")
+    step()
+    peak = _status_mb("VmHWM")
+    return {"baseline_mb": before, "peak_mb": peak, "step_mb": peak - before if reset else float("nan")}
+
+
+def measure_memory(framework: str, model: str, name: str, layers: int, args) -> float:
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="131072",
+               OMP_NUM_THREADS=str(args.threads))
+    command = [sys.executable, "-m", "bench.hetero", "--memory-probe", framework, model, name, str(layers),
+               "--hidden", str(args.hidden), "--heads", str(args.heads), "--am-scale", str(args.am_scale),
+               "--threads", str(args.threads)]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    if done.returncode != 0:
+        print(f"  memory probe {framework} {model} {name} {layers} failed:\n{done.stderr[-2000:]}", file=sys.stderr)
+        return float("nan")
+    return json.loads(done.stdout.strip().splitlines()[-1])["step_mb"]
+
+
+# --------------------------------------------------------------------------- output
+
+
+def print_table(rows: list[dict]) -> None:
+    head = ["model", "vs", "dataset", "L", "nodes", "edges", "relsql fwd ms", "PyG fwd ms", "ratio",
+            "relsql step ms", "PyG step ms", "ratio", "relsql MB", "PyG MB", "max diff"]
+    keys = ["model", "baseline", "dataset", "layers", "nodes", "edges", "relsql_fwd_ms", "pyg_fwd_ms", "fwd_ratio",
+            "relsql_step_ms", "pyg_step_ms", "step_ratio", "relsql_mb", "pyg_mb", "max_rel_diff"]
+
+    def cell(row, key):
+        value = row[key]
+        if key == "max_rel_diff":
+            return "-" if value != value else f"{value:.0e}"
+        return _fmt(value, 2 if key.endswith("ratio") else 1)
+
+    cells = [[cell(r, k) for k in keys] for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(head)]
+    print("  ".join(h.rjust(w) for h, w in zip(head, widths)))
+    for c in cells:
+        print("  ".join(v.rjust(w) for v, w in zip(c, widths)))
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if r["fwd_ratio"] == r["fwd_ratio"]]
+    if not rows:
+        return
+    labels = [f"{r['model']} {r['layers']}L\nvs {r['baseline']}\n{r['dataset']}" for r in rows]
+    xs = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.8 * len(rows) + 2), 5))
+    ax.bar(xs - 0.2, [r["fwd_ratio"] for r in rows], 0.4, label="forward")
+    ax.bar(xs + 0.2, [r["step_ratio"] for r in rows], 0.4, label="training step (fwd + bwd)")
+    ax.axhline(TARGET, color="red", linestyle="--", label=f"target {TARGET}")
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.set_ylabel("relsql time / PyG time (lower is better)")
+    ax.set_xticks(xs, labels, fontsize=6)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(prog="python -m bench.hetero", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="AIFB only, few repetitions (a smoke test)")
+    parser.add_argument("--out", default="out/bench", help="folder for hetero.csv and hetero.png")
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=1, help="GAT heads (hidden / heads wide each, concatenated)")
+    parser.add_argument("--layers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--models", default="rgcn,gat")
+    parser.add_argument("--datasets", default=None, help=f"comma separated, from {list(DATASETS)}")
+    parser.add_argument("--am-scale", type=float, default=AM_SCALE, help="fraction of AM's nodes and edges")
+    parser.add_argument("--fast-limit-gb", type=float, default=2.0,
+                        help="run FastRGCNConv only where its per-edge matrices (one layer) stay under this")
+    parser.add_argument("--big-reps", type=int, default=1, help=f"timed repetitions on graphs of >= {BIG:,} edges")
+    parser.add_argument("--threads", type=int, default=THREADS, help="torch.set_num_threads (2 as bench/gnn.py)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
+    parser.add_argument("--memory-probe", nargs=4, metavar=("FRAMEWORK", "MODEL", "DATASET", "LAYERS"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.hidden % args.heads:
+        parser.error(f"--hidden {args.hidden} does not split into --heads {args.heads}")
+    if args.memory_probe:
+        framework, model, name, layers = args.memory_probe
+        print(json.dumps(memory_probe(framework, model, name, int(layers), args.hidden, args.heads, args.am_scale)))
+        return []
+
+    models = args.models.split(",")
+    names = args.datasets.split(",") if args.datasets else (["aifb"] if args.quick else FULL)
+    unknown = [n for n in names if n not in DATASETS] + [m for m in models if m not in BASELINES]
+    if unknown:
+        parser.error(f"unknown datasets/models {unknown}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    commit = git_commit()
+    import torch_geometric
+
+    print(f"relsql vs PyG {torch_geometric.__version__} on synthetic heterogeneous graphs, hidden width {args.hidden}, "
+          f"GAT heads {args.heads}, float32, CPU, torch {torch.__version__}, torch.set_num_threads({args.threads}), commit {commit}")
+    print(f"PyG extensions: pyg-lib {torch_geometric.typing.WITH_PYG_LIB} (segment_matmul {torch_geometric.typing.WITH_SEGMM}), "
+          f"torch-scatter {torch_geometric.typing.WITH_TORCH_SCATTER}, torch-sparse {torch_geometric.typing.WITH_TORCH_SPARSE}")
+    if "am" in names and args.am_scale != 1:
+        print(f"AM is scaled down to {args.am_scale:g} of its nodes and edges (all 133 types kept): see the docstring")
+    print("fwd = forward under no_grad; step = zero grads + forward + cross entropy + backward; medians of "
+          "alternating repetitions; MB = extra peak RSS of one step, fresh subprocess.")
+    print("Timings are only meaningful on an otherwise idle machine.")
+    print("load average at start: {:.2f} {:.2f} {:.2f} (1, 5, 15 min; ~0 means idle)\n".format(*os.getloadavg()))
+
+    rows = []
+    for name in names:
+        start = time.perf_counter()
+        graph = synthetic(name, args.hidden, args.am_scale)
+        db = database(graph)
+        counts = np.bincount(graph.type, minlength=graph.types)
+        print(f"[{name}{f' x{graph.scale:g}' if graph.scale != 1 else ''}] {graph.nodes} nodes, {graph.edges} edges, "
+              f"{graph.types} types (largest {counts.max()} edges, median {int(np.median(counts))}, smallest {counts.min()}), "
+              f"built in {time.perf_counter() - start:.1f} s")
+        big = graph.edges >= BIG
+        warmup, reps = (1, 2) if args.quick else ((0, args.big_reps) if big else (2, 7))
+        for model in models:
+            for layers in args.layers:
+                frameworks = ["relsql", "pyg"]
+                skipped = {}
+                if model == "rgcn":
+                    gb = fast_rgcn_gb(graph, args.hidden)
+                    if gb <= args.fast_limit_gb:
+                        frameworks.append("pyg_fast")
+                    else:
+                        skipped["FastRGCNConv"] = (f"skipped: its per-edge matrices take {gb:.1f} GiB per layer "
+                                                   f"(> --fast-limit-gb {args.fast_limit_gb:g})")
+                case = Case(model, graph, layers, args.hidden, args.heads, db=db, frameworks=tuple(frameworks))
+                diffs = case.check()
+                for baseline, (diff, grad_diff) in diffs.items():
+                    if max(diff, grad_diff) > TOLERANCE:
+                        raise RuntimeError(f"{model} {layers}L on {name}: relsql and {baseline} disagree by {diff:.2e} "
+                                           f"(outputs) / {grad_diff:.2e} (gradients), relative; not timing")
+                print(f"  {model} {layers} layer(s): grounding + compile {case.ground_s:.2f} s; plan: {case.summary()}; "
+                      + "; ".join(f"max rel |relsql - {b}| {d:.1e}, gradients {g:.1e}" for b, (d, g) in diffs.items()))
+                times = time_alternately(case.tasks(), warmup, reps, calibrate=not big)
+                ops = int(case.summary().split()[0])
+                ground_s = case.ground_s
+                del case
+                gc.collect()
+                relsql_mb = float("nan")
+                if not args.no_memory:
+                    relsql_mb = round(measure_memory("relsql", model, name, layers, args), 1)
+                for baseline in BASELINES[model]:
+                    row = {"model": model, "baseline": baseline, "dataset": name, "layers": layers, "nodes": graph.nodes,
+                           "edges": graph.edges, "types": graph.types, "hidden": args.hidden,
+                           "heads": args.heads if model == "gat" else "", "ground_s": round(ground_s, 3),
+                           "relsql_fwd_ms": round(times["relsql_fwd"], 2), "relsql_step_ms": round(times["relsql_step"], 2),
+                           "relsql_mb": relsql_mb, "ops": ops, "reps": reps,
+                           "note": f"AM x{graph.scale:g}" if graph.scale != 1 else ""}
+                    if baseline in skipped:
+                        row |= {"pyg_fwd_ms": float("nan"), "pyg_step_ms": float("nan"), "fwd_ratio": float("nan"),
+                                "step_ratio": float("nan"), "pyg_mb": float("nan"), "max_rel_diff": float("nan"),
+                                "max_rel_grad_diff": float("nan"),
+                                "note": "; ".join(filter(None, [row["note"], skipped[baseline]]))}
+                        print(f"    vs {baseline}: {skipped[baseline]}")
+                    else:
+                        pyg_fwd, pyg_step = times[f"{baseline}_fwd"], times[f"{baseline}_step"]
+                        row |= {"pyg_fwd_ms": round(pyg_fwd, 2), "pyg_step_ms": round(pyg_step, 2),
+                                "fwd_ratio": round(times["relsql_fwd"] / pyg_fwd, 3),
+                                "step_ratio": round(times["relsql_step"] / pyg_step, 3),
+                                "max_rel_diff": float(f"{diffs[baseline][0]:.2e}"),
+                                "max_rel_grad_diff": float(f"{diffs[baseline][1]:.2e}"),
+                                "pyg_mb": float("nan") if args.no_memory else
+                                round(measure_memory(FRAMEWORK[baseline], model, name, layers, args), 1)}
+                        print(f"    vs {baseline}: fwd {row['relsql_fwd_ms']:.1f} vs {row['pyg_fwd_ms']:.1f} ms "
+                              f"(ratio {row['fwd_ratio']:.2f}), step {row['relsql_step_ms']:.1f} vs {row['pyg_step_ms']:.1f} ms "
+                              f"(ratio {row['step_ratio']:.2f}), MB {row['relsql_mb']} vs {row['pyg_mb']}, {reps} reps")
+                    rows.append(row)
+        db.con.close()
+        del db, graph
+        gc.collect()
+
+    print()
+    print_table(rows)
+    timed = [r for r in rows if r["fwd_ratio"] == r["fwd_ratio"]]
+    met = sum(r["fwd_ratio"] <= TARGET and r["step_ratio"] <= TARGET for r in timed)
+    print("load average at end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
+    print(f"\ntarget relsql/PyG <= {TARGET} for fwd and step: met in {met} of {len(timed)} timed rows (commit {commit})")
+    write_csv(out / "hetero.csv", [{k: r[k] for k in COLUMNS} for r in rows])
+    plot(rows, out / "hetero.png", f"relsql / PyG time, hidden {args.hidden}, {args.threads} threads, commit {commit}")
+    print(f"wrote {out / 'hetero.png'}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

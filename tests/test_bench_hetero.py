@@ -1,0 +1,92 @@
+"""bench/hetero.py: a smoke run on a tiny heterogeneous graph (correctness only; no timing is
+asserted), the synthetic graphs' shapes, and that the agreement check is not vacuous."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("torch_geometric")
+
+from bench import hetero  # noqa: E402
+
+TOLERANCE = 1e-4  # float32 agreement asked of the benchmark (relative)
+
+
+def test_quick_run_writes_one_checked_row_per_model_baseline_and_layers(tmp_path, capsys):
+    hetero.main(["--quick", "--out", str(tmp_path), "--datasets", "tiny", "--no-memory", "--threads", "1"])
+    printed = capsys.readouterr().out
+    assert "load average at start" in printed and "set_num_threads(1)" in printed
+    with open(tmp_path / "hetero.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    keys = [(r["model"], r["baseline"], r["layers"]) for r in rows]
+    assert sorted(keys) == sorted([
+        ("rgcn", "RGCNConv", "1"), ("rgcn", "FastRGCNConv", "1"), ("rgcn", "RGCNConv", "2"),
+        ("rgcn", "FastRGCNConv", "2"), ("gat", "GATConv", "1"), ("gat", "GATConv", "2")])
+    for r in rows:
+        assert r["dataset"] == "tiny" and int(r["hidden"]) == 64
+        # the graph in the tables is the one asked for: 300 nodes, 1,500 edges, 7 types
+        assert (int(r["nodes"]), int(r["edges"]), int(r["types"])) == (300, 1500, 7)
+        diff, grad_diff = float(r["max_rel_diff"]), float(r["max_rel_grad_diff"])
+        assert math.isfinite(diff) and 0 <= diff < TOLERANCE, r
+        assert math.isfinite(grad_diff) and 0 <= grad_diff < TOLERANCE, r
+        for key in ("relsql_fwd_ms", "pyg_fwd_ms", "relsql_step_ms", "pyg_step_ms", "ground_s"):
+            assert float(r[key]) > 0, (key, r)
+        assert float(r["fwd_ratio"]) == pytest.approx(float(r["relsql_fwd_ms"]) / float(r["pyg_fwd_ms"]), rel=0.02)
+        assert float(r["step_ratio"]) == pytest.approx(float(r["relsql_step_ms"]) / float(r["pyg_step_ms"]), rel=0.02)
+        assert math.isnan(float(r["relsql_mb"])) and math.isnan(float(r["pyg_mb"]))  # --no-memory
+    # the two RGCN baselines were timed in the same alternating loop as one relsql net
+    by_layers = {}
+    for r in rows:
+        if r["model"] == "rgcn":
+            by_layers.setdefault(r["layers"], set()).add(r["relsql_step_ms"])
+    assert all(len(v) == 1 for v in by_layers.values())
+    assert (tmp_path / "hetero.png").stat().st_size > 0
+
+
+def test_synthetic_graphs_have_the_datasets_shapes_and_a_skewed_type_distribution():
+    graph = hetero.synthetic("aifb", 8)
+    assert (graph.nodes, graph.edges, graph.types) == (8_285, 29_043, 45)
+    assert graph.x.shape == (8_285, 8) and graph.x.dtype == np.float32
+    counts = np.bincount(graph.type, minlength=45)
+    assert counts.min() >= 1 and counts.shape == (45,)  # every relation type used
+    assert counts.max() > 20 * np.median(counts)  # a few frequent types, many rare ones
+    assert graph.src.min() >= 0 and graph.dst.max() < graph.nodes
+    again = hetero.synthetic("aifb", 8)
+    assert np.array_equal(again.src, graph.src) and np.array_equal(again.type, graph.type)  # seeded
+    am = hetero.synthetic("am", 2, am_scale=0.125)
+    assert (am.nodes, am.edges, am.types) == (round(1_666_764 / 8), round(5_988_321 / 8), 133)
+
+
+def test_tables_hold_the_graph():
+    graph = hetero.synthetic("tiny", 4)
+    db = hetero.database(graph)
+    con = db.con
+    assert con.execute("SELECT count(*), min(node_id), max(node_id) FROM node").fetchone() == (300, 0, 299)
+    x = np.array([r[0] for r in con.execute("SELECT x FROM node ORDER BY node_id").fetchall()], dtype=np.float32)
+    assert np.array_equal(x, graph.x)
+    edges = con.execute("SELECT src, dst, type FROM edge").fetchall()
+    assert sorted(edges) == sorted(zip(graph.src.tolist(), graph.dst.tolist(), graph.type.tolist()))
+    db.con.close()
+
+
+@pytest.mark.parametrize("model", ["rgcn", "gat"])
+def test_the_agreement_check_sees_a_wrong_weight(model):
+    """A check that passes whatever the weights would prove nothing: change one PyG weight after
+    the sharing and the reported difference must exceed the tolerance."""
+    torch.manual_seed(0)
+    graph = hetero.synthetic("tiny", 16)
+    db = hetero.database(graph)
+    case = hetero.Case(model, graph, 2, 16, 1, db=db)
+    before = case.check()
+    assert all(max(d) < TOLERANCE for d in before.values()), before
+    baseline = next(iter(case.baselines))
+    with torch.no_grad():
+        case.baselines[baseline].convs[1].bias.add_(0.5)
+    after = case.check()
+    assert after[baseline][0] > 0.1, after
+    db.con.close()
