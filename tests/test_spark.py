@@ -60,17 +60,31 @@ def assert_same_groundings(template: relsql.Template, duck: relsql.Database, on_
     return stores[1].manifest
 
 
-@pytest.mark.parametrize("name", ["gcn.sql", "sage.sql", "gin.sql"])
-def test_spark_grounds_the_graph_templates_like_duckdb(spark, mutag, name):
+@pytest.fixture(scope="module")
+def mutag_on_spark(spark, mutag):
+    """MUTAG's tables as temp views of the session, copied once for the module (only read)."""
     copy_to_spark(mutag, spark)
+    return mutag
+
+
+@pytest.fixture(scope="module")
+def molecules_on_spark(spark, molecules):
+    """The Mutagenesis tables as temp views of the session, copied once for the module (only read)."""
+    copy_to_spark(molecules, spark)
+    return molecules
+
+
+@pytest.mark.parametrize("name", ["gcn.sql", "sage.sql", "gin.sql"])
+def test_spark_grounds_the_graph_templates_like_duckdb(spark, mutag_on_spark, name):
+    mutag = mutag_on_spark
     with relsql.connect(spark) as on_spark:
         assert_same_groundings(relsql.Template.from_file(ROOT / "sql" / name), mutag, on_spark)
 
 
-def test_spark_grounds_mutagenesis_and_an_auto_template_on_tpch_like_duckdb(spark, molecules):
+def test_spark_grounds_mutagenesis_and_an_auto_template_on_tpch_like_duckdb(spark, molecules_on_spark):
     """Mutagenesis with Spark's partitions kept apart (no coalescing): the executors write a rule's
     groundings in several parts, in head order, and the store reads them as one."""
-    copy_to_spark(molecules, spark)
+    molecules = molecules_on_spark
     coalesce = "spark.sql.adaptive.coalescePartitions.enabled"
     before = spark.conf.get(coalesce)
     spark.conf.set(coalesce, "false")
@@ -133,8 +147,8 @@ def number_heads(db: relsql.Database) -> tuple[pa.Table, list[tuple[str, str]]]:
     return db.arrow(select), db.result_columns(select)
 
 
-def test_a_model_on_spark_trained_on_two_ranks_equals_one_duckdb_process(spark, molecules, tmp_path):
-    copy_to_spark(molecules, spark)
+def test_a_model_on_spark_trained_on_two_ranks_equals_one_duckdb_process(spark, molecules_on_spark, tmp_path):
+    molecules = molecules_on_spark
     template = relsql.Template.from_file(ROOT / "sql" / "mutagenesis.sql")
 
     def model(db) -> relsql.Model:
@@ -159,8 +173,7 @@ def test_a_model_on_spark_trained_on_two_ranks_equals_one_duckdb_process(spark, 
     assert not [d.name for d in spark.catalog.listDatabases() if d.name.startswith("relsql_scratch")]
 
 
-def test_spark_errors_name_the_statement(spark, molecules):
-    copy_to_spark(molecules, spark)
+def test_spark_errors_name_the_statement(spark, molecules_on_spark):
     template = relsql.Template.from_sql("CREATE TABLE p AS SELECT m.molecule_id, linear(features(m.nope), 1, 'w') AS h FROM molecule m;")
     with relsql.connect(spark) as on_spark, pytest.raises(relsql.RelsqlError, match="nope"):
         relsql.Model(on_spark, template, "molecule.mutagenic", batch_size=64, progress=False)
