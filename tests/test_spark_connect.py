@@ -18,6 +18,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -79,17 +80,30 @@ def _wait_for(server: subprocess.Popen, port: int, log: Path, limit: float = 180
     while time.monotonic() < deadline:
         if server.poll() is not None:
             raise RuntimeError(f"the Spark Connect server ended ({server.returncode}): {log.read_text()[-3000:]}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        if _listens(port):
             return
-        except OSError:
-            time.sleep(0.5)
+        time.sleep(0.5)
     raise RuntimeError(f"the Spark Connect server did not listen on {port} in {limit} s: {log.read_text()[-3000:]}")
+
+
+def _listens(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+class Server(NamedTuple):
+    url: str
+    port: int
+    process: subprocess.Popen
+    log: Path
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """`sc://127.0.0.1:<port>`: pyspark's SparkConnectServer on local[2], stopped after the module."""
+    """pyspark's SparkConnectServer on local[2], started (`report` waits until it listens), stopped after the module."""
     import pyspark
 
     folder = tmp_path_factory.mktemp("connect-server")
@@ -106,10 +120,7 @@ def server(tmp_path_factory):
         process = subprocess.Popen(command, cwd=folder, env=_environment(), stdout=out, stderr=subprocess.STDOUT,
                                    start_new_session=True)
     try:
-        began = time.monotonic()
-        _wait_for(process, port, log)
-        print(f"Spark Connect server listening after {time.monotonic() - began:.1f} s")
-        yield f"sc://127.0.0.1:{port}"
+        yield Server(f"sc://127.0.0.1:{port}", port, process, log)
     finally:
         process.terminate()
         try:
@@ -121,18 +132,33 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def report(server, tmp_path_factory) -> dict:
-    """The client's steps over `server`, run once for the module's tests."""
+    """The client's steps over `server`, run once for the module's tests.
+
+    The client starts at once, beside the server's JVM: it loads DuckDB's tables and trains its
+    reference model while the server starts, and waits for the server's port before its first
+    step (a server that ends or never listens fails here, with its log)."""
     folder = tmp_path_factory.mktemp("connect-client")
+    out, err = folder / "client.out", folder / "client.err"
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        client = subprocess.Popen([sys.executable, __file__, server.url, str(folder)], cwd=ROOT, env=_environment(),
+                                  stdout=stdout, stderr=stderr, text=True)
     try:
-        done = subprocess.run([sys.executable, __file__, server, str(folder)], cwd=ROOT, env=_environment(),
-                              capture_output=True, text=True, timeout=STEPS)
-    except subprocess.TimeoutExpired as late:
-        tail = (late.stderr or b"")[-4000:]
-        pytest.fail(f"the client took over {STEPS} s; its last output:\n{tail.decode(errors='replace') if isinstance(tail, bytes) else tail}")
-    lines = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
-    assert done.returncode == 0 and lines, f"the client failed ({done.returncode}): {done.stderr[-4000:]}"
+        began = time.monotonic()
+        _wait_for(server.process, server.port, server.log)
+        print(f"Spark Connect server listening after {time.monotonic() - began:.1f} s")
+        try:
+            client.wait(STEPS)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the client took over {STEPS} s once the server listened; its last output:\n{err.read_text()[-4000:]}")
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+    stdout, stderr = out.read_text(), err.read_text()
+    lines = [line for line in stdout.splitlines() if line.startswith("REPORT ")]
+    assert client.returncode == 0 and lines, f"the client failed ({client.returncode}): {stderr[-4000:]}"
     found = json.loads(lines[-1][len("REPORT "):])
-    found["stderr"] = done.stderr
+    found["stderr"] = stderr
     print("client steps (s):", {name: facts.get("seconds") for name, facts in found.items() if isinstance(facts, dict)})
     return found
 
@@ -217,6 +243,7 @@ def _steps(url: str, folder: Path) -> dict:
     report: dict = {}
 
     def grounding() -> dict:
+        _await_server(url)  # started beside this process (see `report`)
         db = state["db"] = relsql.connect(url, scratch=folder / "scratch")
         copy_to_spark(duck, db.spark)
         manifest = assert_same_groundings(template, duck, db)
@@ -297,6 +324,15 @@ def _steps(url: str, folder: Path) -> dict:
             if name in ("grounding", "one_process"):
                 break  # the later steps use what these made
     return report
+
+
+def _await_server(url: str, limit: float = 180) -> None:
+    """Until the server at `url` listens (the test's fixture stops this process if the server ends)."""
+    port, deadline = int(url.rsplit(":", 1)[1]), time.monotonic() + limit
+    while not _listens(port):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no Spark Connect server listens at {url} after {limit} s")
+        time.sleep(0.5)
 
 
 def _model(db, template, **settings):
