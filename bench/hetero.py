@@ -2,7 +2,7 @@
 
     python -m bench.hetero [--quick] [--out out/bench] [--hidden 64] [--layers 1 2]
                            [--models rgcn,gat] [--datasets aifb,mutag_rdf,bgs,am] [--heads 1]
-                           [--am-scale 0.125] [--big-reps 1] [--threads 2] [--no-memory]
+                           [--am-scale 0.125] [--budget 60] [--threads 2] [--no-memory]
 
 Graphs: seeded synthetic graphs with the sizes of the RGCN paper's entity-classification
 datasets (Schlichtkrull et al. 2018, Table 4 of Pigeon): AIFB (8,285 nodes, 29,043 edges, 45
@@ -31,19 +31,25 @@ The edge types are ignored by GAT (it is the homogeneous baseline on the same gr
 
 Before timing, relsql's weights (biases set to random values) are copied into the PyG modules,
 and every layer's node embeddings and every weight's gradient of the loss must agree in float32
-to a relative 1e-4 (|relsql - PyG| / max(1, max |PyG|)); otherwise the script stops. Timed in
-one process, alternately (as bench/gnn.py): forward under torch.no_grad and a training step
-(zero grads, forward, cross entropy of the last layer's node embeddings, read as `hidden`
-logits, against fixed random labels of every node, backward; no optimizer update). Small
-graphs: 2 warm-ups, then 7 repetitions, medians reported, a sample looping a task for ~50 ms.
-Big graphs (>= 500,000 edges: BGS, AM): PyG's RGCNConv takes tens of seconds per call there,
-so the agreement check's calls are the warm-up and --big-reps (default 1) repetitions of one
-call each are timed. relsql's grounding + compile time is reported separately (ground_s), not
-in the timings.
+to a relative 1e-4 (|relsql - PyG| / max(1, max |PyG|), gradients relative to max |PyG's|);
+otherwise the script stops. On the big graphs (>= 500,000 edges: BGS, AM) only the layers'
+outputs are compared (a PyG RGCNConv step there takes about a minute; the gradients are the same
+code on the small graphs). Timed in one process, alternately (as bench/gnn.py): forward under
+torch.no_grad and a training step (zero grads, forward, cross entropy of the last layer's node
+embeddings, read as `hidden` logits, against fixed random labels of every node, backward; no
+optimizer update). After one calibrating call of each, 2 warm-up repetitions (none where 5
+repetitions would not fit --budget) and up to 7 timed ones, as many as fit --budget seconds (at
+least one); medians are reported, a sample looping a task for ~50 ms. Where one repetition
+alone exceeds the budget (RGCNConv on BGS and AM) the calibrating calls, made after the check
+has run every model once, are the one sample (`reps` says how many). RGCNConv's training step
+keeps layers x types x nodes x hidden floats for its backward (16.4 GiB for 2 layers on BGS);
+where that exceeds 80% of the available memory the step is not run and its row says so (the
+forward still is). relsql's grounding + compile time is reported separately (ground_s), not in
+the timings.
 
 Peak memory: each framework's training step runs again in a fresh subprocess, as in
-bench/gnn.py (glibc told to hand freed memory back, peak-RSS mark reset after a warm-up: a
-step, or on big graphs a forward under no_grad): the extra peak RSS of one step, in MB.
+bench/gnn.py (glibc told to hand freed memory back, peak-RSS mark reset after a warm-up step;
+no warm-up on the big graphs, whose first step is measured): the extra peak RSS of one step, MB.
 
 Timings are only meaningful on an otherwise idle machine (torch.set_num_threads(2) here, as
 bench/gnn.py; --threads changes it). With other processes on the 2 cores, torch's OpenMP
@@ -80,7 +86,7 @@ TOLERANCE = 1e-4  # float32, relative to max(1, max |PyG|)
 SAMPLE_S = 0.05
 TYPE_EXPONENT = 1.5  # P(type t) ~ 1 / (t + 1)^TYPE_EXPONENT
 AM_SCALE = 0.125
-BIG = 500_000  # edges: one timed repetition by default (--big-reps), no loop calibration
+BIG = 500_000  # edges: gradients not compared (the small graphs compare them), no warm-up step in the memory probe
 
 # name: (nodes, edges, relation types); the RGCN paper's entity datasets (Pigeon, Table 4)
 DATASETS = {
@@ -345,8 +351,9 @@ class Case:
         loss.backward()
         return loss.item()
 
-    def tasks(self) -> dict:
-        """The timed calls: relsql and each baseline, forward (no_grad) then training step."""
+    def tasks(self, no_step: frozenset[str] = frozenset()) -> dict:
+        """The timed calls: relsql and each baseline, forward (no_grad) then training step (but
+        for the baselines in `no_step`)."""
         def no_grad(f, *args):
             def run():
                 with torch.no_grad():
@@ -356,11 +363,13 @@ class Case:
         tasks = {"relsql_fwd": no_grad(self.relsql_forward)}
         tasks |= {f"{b}_fwd": no_grad(self.pyg_forward, b) for b in self.baselines}
         tasks["relsql_step"] = self.relsql_step
-        tasks |= {f"{b}_step": functools.partial(self.pyg_step, b) for b in self.baselines}
+        tasks |= {f"{b}_step": functools.partial(self.pyg_step, b) for b in self.baselines if b not in no_step}
         return tasks
 
-    def check(self) -> dict[str, tuple[float, float]]:
-        """Per baseline: (largest relative difference of any layer's output, of any gradient)."""
+    def check(self, gradients: bool = True) -> dict[str, tuple[float, float]]:
+        """Per baseline: (largest relative difference of any layer's output, of any weight's
+        gradient of the step's loss, nan without `gradients`), relative to max(1, max |PyG|)
+        and max |PyG gradient|."""
         from relsql.compile import make_plan
         from relsql.compile.module import CompiledNet
 
@@ -372,23 +381,26 @@ class Case:
             ours = full()
             if not torch.allclose(ours[self.last], self.relsql_forward(), rtol=1e-5, atol=1e-5):
                 raise RuntimeError(f"{self.model}: the timed net (last layer only) disagrees with the full net")
-        self.relsql_step()
-        grads = {name: as_pyg(name, w.grad, self.net.grounding.dictionaries, self.heads)
-                 for name, w in self.net.named_weights().items()}
+        if gradients:
+            self.relsql_step()
+            grads = {name: as_pyg(name, w.grad, self.net.grounding.dictionaries, self.heads)
+                     for name, w in self.net.named_weights().items()}
         result = {}
         for baseline, pyg in self.baselines.items():
-            with torch.no_grad():
+            pyg.zero_grad(set_to_none=True)
+            with torch.set_grad_enabled(gradients):  # one call: the outputs, then (if asked) the step's gradients
                 theirs = pyg(self.x, self.edge_index, self.edge_type)
+                if gradients:
+                    F.cross_entropy(theirs[-1], self.y).backward()
             worst = 0.0
             for layer, b in enumerate(theirs, 1):
-                a = ours[f"{self.model}{layer}"]
+                a, b = ours[f"{self.model}{layer}"], b.detach()
                 if a.shape != b.shape:
                     raise RuntimeError(f"layer {layer}: relsql {tuple(a.shape)} vs {baseline} {tuple(b.shape)}")
                 worst = max(worst, ((a - b).abs().max() / b.abs().max().clamp(min=1)).item())
-            self.pyg_step(baseline)
             params = dict(pyg.named_parameters())
-            worst_grad = 0.0
-            for name, target in self.mapping.items():
+            worst_grad = 0.0 if gradients else float("nan")
+            for name, target in self.mapping.items() if gradients else ():
                 b = params[target].grad
                 if b is None or b.abs().max().item() == 0:
                     raise RuntimeError(f"{baseline} {target}: no gradient; the check would be vacuous")
@@ -408,20 +420,40 @@ def fast_rgcn_gb(graph: Graph, hidden: int) -> float:
     return graph.edges * hidden * hidden * 4 / 2**30
 
 
+def rgcn_step_gb(graph: Graph, layers: int, hidden: int) -> float:
+    """What RGCNConv's training step keeps for the backward (without pyg-lib): per layer and
+    relation one aggregate of every node, N x hidden float32 (measured: 8.7 GB for one BGS layer)."""
+    return layers * graph.types * graph.nodes * hidden * 4 / 2**30
+
+
+def available_gb() -> float:
+    text = Path("/proc/meminfo").read_text()
+    return int(text.split("MemAvailable:")[1].split()[0]) / 2**20
+
+
 # --------------------------------------------------------------------------- timing
 
 
-def time_alternately(tasks: dict, warmup: int, reps: int, calibrate: bool = True) -> dict[str, float]:
-    """Medians (ms per call) of the tasks run in turn each repetition, as bench/gnn.py: like
-    timeit, a sample loops a task for ~SAMPLE_S (the loop length calibrated per task). Without
-    `calibrate` (big graphs: seconds per call, already warmed up by the agreement check) every
-    sample is one call."""
-    loops = dict.fromkeys(tasks, 1)
-    for key, task in tasks.items() if calibrate else ():
-        task()
+def time_alternately(tasks: dict, warmup: int, max_reps: int, budget_s: float) -> tuple[dict[str, float], int]:
+    """Medians (ms per call) of the tasks run in turn each repetition, as bench/gnn.py, and the
+    number of repetitions. Like timeit, a sample loops a task for ~SAMPLE_S, the loop length
+    calibrated on one call of each task. Repetitions: `warmup` + up to `max_reps`, as many as fit
+    `budget_s`, at least one; where even one repetition exceeds the budget (PyG's RGCNConv on
+    BGS and AM: tens of seconds a call) the calibration calls, made after the agreement check
+    has called every model, are the only sample."""
+    loops, first = {}, {}
+    gc.collect()
+    for key, task in tasks.items():
         start = time.perf_counter()
         task()
-        loops[key] = max(1, int(SAMPLE_S / max(time.perf_counter() - start, 1e-6)))
+        first[key] = (time.perf_counter() - start) * 1000
+        loops[key] = max(1, int(SAMPLE_S * 1000 / max(first[key], 1e-3)))
+    per_rep = sum(max(t / 1000, SAMPLE_S) for t in first.values())
+    if per_rep > budget_s:
+        return first, 1
+    if per_rep * (warmup + 3) > budget_s:  # slow calls: the check and the calibration calls warmed them up
+        warmup = 0
+    reps = int(min(max_reps, max(1, budget_s // per_rep - warmup)))
     times: dict[str, list[float]] = {k: [] for k in tasks}
     gc.collect()
     gc.freeze()  # the objects alive now (imports, models) are not scanned by each sample's gc.collect
@@ -437,15 +469,16 @@ def time_alternately(tasks: dict, warmup: int, reps: int, calibrate: bool = True
                     times[key].append(elapsed)
     finally:
         gc.unfreeze()
-    return {k: statistics.median(v) for k, v in times.items()}
+    return {k: statistics.median(v) for k, v in times.items()}, reps
 
 
 # --------------------------------------------------------------------------- memory
 
 
 def memory_probe(framework: str, model: str, name: str, layers: int, hidden: int, heads: int, am_scale: float) -> dict:
-    """In this (fresh) process: the extra peak RSS (MB) of one training step after a warm-up (a
-    step; on big graphs, where PyG's RGCNConv takes a minute per step, a forward under no_grad)."""
+    """In this (fresh) process: the extra peak RSS (MB) of one training step after a warm-up step
+    (none on big graphs, where PyG's RGCNConv takes a minute per step: the step measured is the
+    first, lazy initialisation included, a few MB against GBs)."""
     import ctypes
 
     graph = synthetic(name, hidden, am_scale)
@@ -457,10 +490,7 @@ def memory_probe(framework: str, model: str, name: str, layers: int, hidden: int
         baseline = next(b for b in BASELINES[model] if FRAMEWORK[b] == framework)
         def step():
             return case.pyg_step(baseline)
-    if graph.edges >= BIG:
-        with torch.no_grad():
-            case.relsql_forward() if framework == "relsql" else case.pyg_forward(baseline)
-    else:
+    if graph.edges < BIG:
         step()
     gc.collect()
     try:
@@ -554,7 +584,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--am-scale", type=float, default=AM_SCALE, help="fraction of AM's nodes and edges")
     parser.add_argument("--fast-limit-gb", type=float, default=2.0,
                         help="run FastRGCNConv only where its per-edge matrices (one layer) stay under this")
-    parser.add_argument("--big-reps", type=int, default=1, help=f"timed repetitions on graphs of >= {BIG:,} edges")
+    parser.add_argument("--budget", type=float, default=60.0,
+                        help="seconds of timed repetitions per (model, dataset, layers), at least one repetition")
     parser.add_argument("--threads", type=int, default=THREADS, help="torch.set_num_threads (2 as bench/gnn.py)")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
     parser.add_argument("--memory-probe", nargs=4, metavar=("FRAMEWORK", "MODEL", "DATASET", "LAYERS"), help=argparse.SUPPRESS)
@@ -586,7 +617,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print("fwd = forward under no_grad; step = zero grads + forward + cross entropy + backward; medians of "
           "alternating repetitions; MB = extra peak RSS of one step, fresh subprocess.")
     print("Timings are only meaningful on an otherwise idle machine.")
-    print("load average at start: {:.2f} {:.2f} {:.2f} (1, 5, 15 min; ~0 means idle)\n".format(*os.getloadavg()))
+    print("load average at start: {:.2f} {:.2f} {:.2f} (1, 5, 15 min; ~0 means idle); {:.1f} GiB of memory available\n".format(
+        *os.getloadavg(), available_gb()))
 
     rows = []
     for name in names:
@@ -596,13 +628,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
         counts = np.bincount(graph.type, minlength=graph.types)
         print(f"[{name}{f' x{graph.scale:g}' if graph.scale != 1 else ''}] {graph.nodes} nodes, {graph.edges} edges, "
               f"{graph.types} types (largest {counts.max()} edges, median {int(np.median(counts))}, smallest {counts.min()}), "
-              f"built in {time.perf_counter() - start:.1f} s")
+              f"built in {time.perf_counter() - start:.1f} s; load average {os.getloadavg()[0]:.2f}")
         big = graph.edges >= BIG
-        warmup, reps = (1, 2) if args.quick else ((0, args.big_reps) if big else (2, 7))
+        warmup, max_reps = (1, 2) if args.quick else (2, 7)
         for model in models:
             for layers in args.layers:
                 frameworks = ["relsql", "pyg"]
-                skipped = {}
+                skipped, no_step = {}, {}
                 if model == "rgcn":
                     gb = fast_rgcn_gb(graph, args.hidden)
                     if gb <= args.fast_limit_gb:
@@ -610,15 +642,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     else:
                         skipped["FastRGCNConv"] = (f"skipped: its per-edge matrices take {gb:.1f} GiB per layer "
                                                    f"(> --fast-limit-gb {args.fast_limit_gb:g})")
+                    gb, free = rgcn_step_gb(graph, layers, args.hidden), available_gb()
+                    if gb > 0.8 * free:
+                        no_step["RGCNConv"] = (f"training step not run: it would keep ~{gb:.1f} GiB for the backward, "
+                                               f"{free:.1f} GiB available")
                 case = Case(model, graph, layers, args.hidden, args.heads, db=db, frameworks=tuple(frameworks))
-                diffs = case.check()
+                diffs = case.check(gradients=not big)
                 for baseline, (diff, grad_diff) in diffs.items():
-                    if max(diff, grad_diff) > TOLERANCE:
+                    if not diff <= TOLERANCE or (not big and not grad_diff <= TOLERANCE):
                         raise RuntimeError(f"{model} {layers}L on {name}: relsql and {baseline} disagree by {diff:.2e} "
                                            f"(outputs) / {grad_diff:.2e} (gradients), relative; not timing")
                 print(f"  {model} {layers} layer(s): grounding + compile {case.ground_s:.2f} s; plan: {case.summary()}; "
                       + "; ".join(f"max rel |relsql - {b}| {d:.1e}, gradients {g:.1e}" for b, (d, g) in diffs.items()))
-                times = time_alternately(case.tasks(), warmup, reps, calibrate=not big)
+                times, reps = time_alternately(case.tasks(frozenset(no_step)), warmup, max_reps, args.budget)
                 ops = int(case.summary().split()[0])
                 ground_s = case.ground_s
                 del case
@@ -640,14 +676,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                 "note": "; ".join(filter(None, [row["note"], skipped[baseline]]))}
                         print(f"    vs {baseline}: {skipped[baseline]}")
                     else:
-                        pyg_fwd, pyg_step = times[f"{baseline}_fwd"], times[f"{baseline}_step"]
+                        pyg_fwd, pyg_step = times[f"{baseline}_fwd"], times.get(f"{baseline}_step", float("nan"))
                         row |= {"pyg_fwd_ms": round(pyg_fwd, 2), "pyg_step_ms": round(pyg_step, 2),
                                 "fwd_ratio": round(times["relsql_fwd"] / pyg_fwd, 3),
                                 "step_ratio": round(times["relsql_step"] / pyg_step, 3),
                                 "max_rel_diff": float(f"{diffs[baseline][0]:.2e}"),
                                 "max_rel_grad_diff": float(f"{diffs[baseline][1]:.2e}"),
-                                "pyg_mb": float("nan") if args.no_memory else
+                                "pyg_mb": float("nan") if args.no_memory or baseline in no_step else
                                 round(measure_memory(FRAMEWORK[baseline], model, name, layers, args), 1)}
+                        if baseline in no_step:
+                            row["note"] = "; ".join(filter(None, [row["note"], no_step[baseline]]))
+                            print(f"    vs {baseline}: {no_step[baseline]}")
                         print(f"    vs {baseline}: fwd {row['relsql_fwd_ms']:.1f} vs {row['pyg_fwd_ms']:.1f} ms "
                               f"(ratio {row['fwd_ratio']:.2f}), step {row['relsql_step_ms']:.1f} vs {row['pyg_step_ms']:.1f} ms "
                               f"(ratio {row['step_ratio']:.2f}), MB {row['relsql_mb']} vs {row['pyg_mb']}, {reps} reps")
