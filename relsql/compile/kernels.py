@@ -151,11 +151,9 @@ def typed_linear(weight: torch.Tensor, x: torch.Tensor, order: torch.Tensor, cou
     if weight.shape[0] == 1:
         return x.reshape(n, -1) @ weight[0].t()
     sorted_rows = x.reshape(n, -1).index_select(0, order)
-    parts, start = [], 0
-    for t, count in enumerate(counts.tolist()):
-        if count:
-            parts.append(sorted_rows[start:start + count] @ weight[t].t())
-            start += count
+    # split, not one slice per type: a slice's backward fills a whole (n, in) gradient, once per type
+    chunks = sorted_rows.split(counts.tolist())
+    parts = [chunk @ weight[t].t() for t, chunk in enumerate(chunks) if chunk.shape[0]]
     out = torch.cat(parts) if parts else x.new_zeros((0, weight.shape[1]))
     return out.new_empty(out.shape).index_copy(0, order, out)
 
