@@ -26,3 +26,27 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         writer.writeheader()
         writer.writerows(rows)
     print(f"wrote {path}")
+
+
+def plot_ratios(rows: list[dict], labels: list[str], path: Path, title: str, target: float) -> None:
+    """Bars of relsql/peer time per row (forward and training step), log scale, the target marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    xs = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.8 * len(rows) + 2), 5))
+    ax.bar(xs - 0.2, [r["fwd_ratio"] for r in rows], 0.4, label="forward")
+    ax.bar(xs + 0.2, [r["step_ratio"] for r in rows], 0.4, label="training step (fwd + bwd)")
+    ax.axhline(target, color="red", linestyle="--", label=f"target {target}")
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.set_ylabel("relsql time / PyG time (lower is better)")
+    ax.set_xticks(xs, labels, fontsize=7 if len(rows) < 16 else 6)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench import write_csv
+from bench import plot_ratios, write_csv
 
 ROOT = Path(__file__).resolve().parent.parent
 SQL = ROOT / "sql"
@@ -416,26 +416,7 @@ def print_table(rows: list[dict]) -> None:
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [f"{r['model']}\n{r['dataset']}" for r in rows]
-    xs = np.arange(len(rows))
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.75 * len(rows) + 2), 4.5))
-    ax.bar(xs - 0.2, [r["fwd_ratio"] for r in rows], 0.4, label="forward")
-    ax.bar(xs + 0.2, [r["step_ratio"] for r in rows], 0.4, label="training step (fwd + bwd)")
-    ax.axhline(TARGET, color="red", linestyle="--", label=f"target {TARGET}")
-    ax.axhline(1.0, color="gray", linewidth=0.8)
-    ax.set_yscale("log")
-    ax.set_ylabel("relsql time / PyG time (lower is better)")
-    ax.set_xticks(xs, labels, fontsize=7)
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    plot_ratios(rows, [f"{r['model']}\n{r['dataset']}" for r in rows], path, title, TARGET)
 
 
 def git_commit() -> str:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import relsql
+from bench.hetero import block_diagonal, diagonal_blocks
 from connectors.tu_format import load_tu, mutag_folder
 
 torch_geometric = pytest.importorskip("torch_geometric")
@@ -107,20 +108,6 @@ class PygRGAT(nn.Module):
         h2 = self.conv2(h1, edge_index, edge_type)
         pool = global_mean_pool(h2, batch)
         return {"layer1": h1, "layer2": h2, "pool": pool, "out": self.lin(pool)}
-
-
-def block_diagonal(att: torch.Tensor) -> torch.Tensor:
-    """PyG's per-head attention vectors (1, H, C) as the (H, H*C) linear the template has."""
-    heads, width = att.shape[1], att.shape[2]
-    out = att.new_zeros(heads, heads * width)
-    for h in range(heads):
-        out[h, h * width:(h + 1) * width] = att[0, h]
-    return out
-
-
-def diagonal_blocks(matrix: torch.Tensor, heads: int) -> torch.Tensor:
-    width = matrix.shape[1] // heads
-    return torch.stack([matrix[h, h * width:(h + 1) * width] for h in range(heads)]).unsqueeze(0)
 
 
 # template file, PyG model, {relsql relation: PyG output}, {relsql weight: PyG parameter}
