@@ -295,6 +295,7 @@ def _train(model, job: Job, rank: int, shards: ShardedEmbeddings | None = None) 
         model.head.to(device)
         model.y = model.y.to(device)
     if not dist.is_initialized():
+        _import_dynamo_first()
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=job.init_method, rank=rank,
                                 world_size=job.world, timeout=timedelta(seconds=job.timeout))
     clock = {"rank_startup": time.time() - job.started, "epochs": 0.0, "waiting_on_store": 0.0, "compute": 0.0,
@@ -339,6 +340,14 @@ def _train(model, job: Job, rank: int, shards: ShardedEmbeddings | None = None) 
         if shards is not None:
             shards.restore(best["shards"])
     return clock
+
+
+def _import_dynamo_first() -> None:
+    """Import torch._dynamo before a process group exists. Imported later (the first Adam does
+    it), it keeps ten references to the group that destroy_process_group does not drop (torch
+    2.13): the group and its gloo threads then live until interpreter exit, where tearing them
+    down can abort the process ("terminate called without an active exception", seen in CI)."""
+    import torch._dynamo  # noqa: F401
 
 
 def _checkpoint(model, job: Job, rank: int, epoch: int, batch: int, optimizers, best: dict,
