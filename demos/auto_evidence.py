@@ -8,7 +8,7 @@
    model of the target table alone (hops=0) vs the majority class.
 3. TPC-H from the duckdb tpch extension at `--sf`, in DuckDB and copied into a throwaway
    PostgreSQL server: template generation, grounding and one training epoch, timed.
-4. `--layers`: only the auto-template's layers (`layer="sage" | "rgcn" | "gat"`) on Mutagenesis
+4. `--layers`: only the auto-template's layers (`layer="sage" | "rgcn" | "gat" | "hgt"`) on Mutagenesis
    and the synthetic shop, test accuracy per seed and the mean.
 """
 
@@ -77,7 +77,7 @@ def layers(seeds: list[int]) -> None:
     from demos.mutagenesis import load
     from demos.synthetic import build
 
-    names = ("sage", "rgcn", "gat")
+    names = ("sage", "rgcn", "gat", "hgt")
     print("Auto-template layers (test accuracy per seed; majority in the last column)")
     print(f"{'dataset':<12}{'seed':>5}" + "".join(f"{n:>8}" for n in names) + f"{'majority':>10}")
     for dataset in ("mutagenesis", "shop"):
@@ -138,7 +138,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--sf", type=float, default=0.1)
-    parser.add_argument("--layers", action="store_true", help="only the auto-template layers (sage, rgcn, gat)")
+    parser.add_argument("--layers", action="store_true", help="only the auto-template layers (sage, rgcn, gat, hgt)")
     args = parser.parse_args()
     if args.layers:
         return layers(args.seeds)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -155,6 +156,31 @@ def test_tpch_from_duckdb_and_postgres_end_to_end(pg_server):
     assert texts[0] == texts[1]
 
 
+def test_auto_template_hgt_layer_shares_table_weights_and_learns():
+    """layer="hgt": keys, queries, values and outputs are one weight per table (node type) however
+    many statements read that table, attention and messages one per key and direction; on the
+    shop the target row attends over its orders and learns the two-hop signal."""
+    from demos.mutagenesis import load
+    from demos.synthetic import build
+
+    db = relsql.connect()
+    load(db.con)
+    hgt = relsql.Template.auto(db, "molecule.mutagenic", layer="hgt")
+    assert "(hgt layers)" in hgt.source and "sum_per_head(" in hgt.source
+    uses = Counter(re.findall(r"'(hgt_[kqva]_\w+)'", hgt.source))
+    statements = [r for rel in hgt.relations.values() for r in rel.rules if any(isinstance(e, ir.Attention) for e in ir.walk(r.expr))]
+    assert len(statements) >= 3 and max(uses.values()) >= 3  # bond's keys/values serve several statements
+    assert set(uses) == {n for n in hgt.weights if re.fullmatch(r"hgt_[kqva]_\w+", n)}
+    per_edge = [n for n in hgt.weights if n.endswith(("_att", "_msg"))]
+    assert len({n for n in per_edge if n.endswith("_att")}) == len(statements)  # one per key and direction
+    shop = relsql.connect()
+    build(shop.con, customers=1500, seed=0, foreign_keys=False)
+    model = relsql.Model(shop, relsql.Template.auto(shop, "customer.churned", layer="hgt"), target="customer.churned",
+                         seed=0, progress=False).fit(epochs=200, patience=30)
+    positive = float(model.y[torch.as_tensor(model.rows["test"])].mean())
+    assert model.evaluate()["accuracy"] >= max(positive, 1 - positive) + 0.2
+
+
 def test_auto_template_layers():
     """layer="rgcn" is the mean per key and direction (the avg aggregation's statements);
     layer="gat" attends over child rows with a score from both ends and learns the signal two
@@ -172,9 +198,7 @@ def test_auto_template_layers():
     model = relsql.Model(db, gat, target="customer.churned", seed=0, progress=False).fit(epochs=200, patience=30)
     positive = float(model.y[torch.as_tensor(model.rows["test"])].mean())
     assert model.evaluate()["accuracy"] >= max(positive, 1 - positive) + 0.2
-    with pytest.raises(relsql.SchemaError, match="layer must be one of sage, rgcn, gat"):
+    with pytest.raises(relsql.SchemaError, match="layer must be one of sage, rgcn, gat, hgt"):
         relsql.Template.auto(db, "customer.churned", layer="gcn")
-    with pytest.raises(relsql.SchemaError, match="not generated yet"):
-        relsql.Template.auto(db, "customer.churned", layer="hgt")
     with pytest.raises(relsql.SchemaError, match="mean per key and direction"):
         relsql.Template.auto(db, "customer.churned", layer="rgcn", aggregation="max")

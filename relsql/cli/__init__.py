@@ -195,9 +195,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     template.add_argument("--aggregation", type=aggregation, default="all",
                           help="over child rows: all (mean, sum, max and count, the default), avg, sum, max, or a "
                                "comma list such as avg,count")
-    template.add_argument("--layer", choices=["sage", "rgcn", "gat"], default="sage",
+    template.add_argument("--layer", choices=["sage", "rgcn", "gat", "hgt"], default="sage",
                           help="per foreign key and direction: sage (the aggregation terms, the default), rgcn (a "
-                               "mean), gat (attention over child rows)")
+                               "mean), gat (attention over child rows), hgt (typed attention: HGT)")
     template.add_argument("--timeless", choices=["exclude", "include"], default="exclude",
                           help="with --time-column: leave out (default) or keep child tables whose time is unknown")
     template.add_argument("--time-column", help="column of the target table: only earlier rows reach a target")

@@ -42,6 +42,7 @@ Tables whose time cannot be determined are split by how they are reached:
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -63,7 +64,7 @@ MAX_CATEGORIES = 1000  # text columns with more distinct values are skipped
 SMALL_INTEGER_CATEGORIES = 10  # integer columns with at most this many values are codes
 AGGREGATIONS = ("avg", "sum", "max", "count")  # terms over child rows; "all" is all of them
 TIMELESS = ("exclude", "include")
-LAYERS = ("sage", "rgcn", "gat")  # how a node combines the rows of each foreign key and direction
+LAYERS = ("sage", "rgcn", "gat", "hgt")  # how a node combines the rows of each foreign key and direction
 _ID_NAME = re.compile(r"(?:^|_)(?:id|sk|key|uuid|guid)$", re.IGNORECASE)  # id, customer_id, ss_item_sk, row_key
 _ID_CAMEL = re.compile(r"[a-z0-9](?:Id|ID|Key|SK)$")  # customerId, CustomerID, OrderKey
 _ID_TPCH = re.compile(r"[a-z]{1,3}_[a-z]+key", re.IGNORECASE)  # c_custkey, o_orderkey, ps_suppkey
@@ -256,6 +257,7 @@ class _Writer:
         self.db, self.schema, self.target, self.column = db, schema, target, column
         self.labels = labels
         self.weight_name = _Names()
+        self.per_table: dict[str, str] = {}  # HGT's weights of a table (node type), shared by its statements
         self.width, self.hops, self.aggregation, self.layer = width, hops, aggregation, layer
         self.time_column, self.time_columns = time_column, time_columns
         self.out: list[str] = []
@@ -407,6 +409,8 @@ class _Writer:
         """(comment, neural expression) combining `child`'s values over its rows for `node`
         (`own`: the node's own encoding, which attention scores read)."""
         base = f"w_{child.name}_to_{node.name}"
+        if self.layer == "hgt":
+            return self.hgt(child, node, own, base)
         if not child.step.to_child:
             return "its parent row in", f"avg(linear(c.h, {self.width}, '{self.weight_name(base)}'))"
         if self.layer == "gat":  # GAT's attention over the child rows, a score from both ends
@@ -429,6 +433,32 @@ class _Writer:
                 value = f"{kind}(c.h)"
             terms.append(f"linear({value}, {self.width}, '{name}')")
         return f"{', '.join(self.aggregation)} over its child rows in", "\n  + ".join(terms)
+
+    def typed(self, base: str) -> str:
+        """The weight `base` of a table, one name however many statements use it."""
+        if base not in self.per_table:
+            self.per_table[base] = self.weight_name(base)
+        return self.per_table[base]
+
+    def hgt(self, child: Node, node: Node, own: str, base: str) -> tuple[str, str]:
+        """HGT's message passing for one key and direction: keys, queries and values by table
+        (node type), the attention and message matrices by key and direction (edge type), heads
+        of width/2, then the node table's output matrix after gelu. The softmax runs over this
+        key's rows only (each key is its own statement here)."""
+        w = self.width
+        k_table, n_table = self.labels[child.table], self.labels[node.table]
+        value = f"linear(c.h, {w}, '{self.typed(f'hgt_v_{k_table}')}')"
+        message = f"linear({value}, {w}, '{self.weight_name(base + '_msg')}')"
+        out = f"'{self.typed(f'hgt_a_{n_table}')}'"
+        if not child.step.to_child:
+            return "HGT's message from its parent row in", f"linear(gelu(avg({message})), {w}, {out})"
+        heads = 2 if w % 2 == 0 else 1
+        key = f"linear(c.h, {w}, '{self.typed(f'hgt_k_{k_table}')}')"
+        query = f"linear({own}, {w}, '{self.typed(f'hgt_q_{n_table}')}')"
+        score = (f"sum_per_head({query} * linear({key}, {w}, '{self.weight_name(base + '_att')}'), {heads}) "
+                 f"* {1 / math.sqrt(w // heads):.9g}")
+        return (f"HGT attention ({heads} heads) over its child rows in",
+                f"linear(gelu(attention({score},\n            {message})), {w}, {out})")
 
     def node_value(self, node: Node) -> str:
         """Statements computing node's value bottom-up; returns the relation holding it."""
@@ -478,7 +508,7 @@ class _Writer:
                 own_join = ""
             self.out.append(
                 f"-- {node.name} <- {child.name}: {kind} {child.table}, own weights for this key and direction"
-                + (" (the sum scaled by 1 / the table's average child rows per parent)" if " * " in value else "") + "\n"
+                + (" (the sum scaled by 1 / the table's average child rows per parent)" if "sum(c.h) * " in value else "") + "\n"
                 f"CREATE TABLE {relation} AS\n"
                 f"SELECT {', '.join(f'{h} AS {_qi(k) if is_root else k}' for h, k in zip(head, keys))}, "
                 f"{value} AS h\n"
@@ -569,8 +599,9 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
     child tables whose rows' time is unknown, "include" joins them unfiltered. `keys` is passed
     to key discovery as given keys. `layer`: how a row combines the rows of each foreign key and
     direction, each with its own weights: "sage" (the aggregation terms plus the row's own
-    term), "rgcn" (a mean per key and direction plus the own term: RGCN on the tree of rows) or
-    "gat" (GAT's attention over the child rows, scored from both ends)."""
+    term), "rgcn" (a mean per key and direction plus the own term: RGCN on the tree of rows),
+    "gat" (GAT's attention over the child rows, scored from both ends) or "hgt" (HGT: keys,
+    queries, values and outputs per table, attention and messages per key and direction)."""
     table, column = arguments.target(target)
     hops = arguments.integer("hops", hops, minimum=0, maximum=16)
     width = arguments.integer("width", width, maximum=ir.MAX_WIDTH)
@@ -581,9 +612,6 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
     if not isinstance(timeless, str) or timeless not in TIMELESS:
         raise SchemaError(f"timeless must be exclude or include, got {timeless!r}")
     terms = aggregation_terms(aggregation)
-    if layer == "hgt":
-        raise SchemaError("layer='hgt' is not generated yet: write it by hand (sql/hgt.sql shows the layer) or use "
-                          "layer='gat'")
     if not isinstance(layer, str) or layer not in LAYERS:
         raise SchemaError(f"layer must be one of {', '.join(LAYERS)}, got {layer!r}")
     if layer == "rgcn":
@@ -638,7 +666,8 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
                       f"CREATE TABLE predict AS\nSELECT {value_keys}, linear(v.h, {units}, '{writer.weight_name('w_out')}') AS h\n"
                       f"FROM {value if root.children else 'enc_' + labels[table]} v;\n")
     described = "all: " + ", ".join(terms) if terms == AGGREGATIONS else ", ".join(terms)
-    combined = "attention over child rows (GAT)" if layer == "gat" else f"aggregation over child rows {described}"
+    combined = {"gat": "attention over child rows (GAT)", "hgt": "typed attention over child rows (HGT)"}.get(
+        layer, f"aggregation over child rows {described}")
     header = [f"-- relsql automatic template ({layer} layers): predict {target} from up to {hops} foreign-key hops away",
               f"-- width {width}, {combined}; edit freely and retrain.",
               f"-- tables used: {', '.join(tables)}"]
