@@ -36,6 +36,8 @@ def _describe(op: Op, names: dict[int, str], plan: Plan) -> str:
         return f"{op.attrs['name']}{'_' if op.attrs.get('inplace') else ''}({a[0]}{extra})"
     if k == "attention":
         return f"attention(softmax({a[0]}) * {a[1]}, by={a[2]}, heads {op.attrs['mode']})"
+    if k == "sparse_attention":
+        return f"attention(softmax({a[0]}) * {a[1]}[cols={a[4]}], rows={a[3]}, heads {op.attrs['mode']})"
     if k == "combine":
         return f"combine_{op.attrs['kind']}({', '.join(a)})"
     if k == "segment":

@@ -7,6 +7,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from relsql.compile import sparse
+
 
 def activation(name: str, x: torch.Tensor, inplace: bool = False, slope: float = 0.01, heads: int = 1) -> torch.Tensor:
     """Elementwise activations; softmax normalizes each row's value (all its elements).
@@ -158,27 +160,97 @@ def typed_linear(weight: torch.Tensor, x: torch.Tensor, order: torch.Tensor, cou
     return out.new_empty(out.shape).index_copy(0, order, out)
 
 
+def _segment_softmax(score: torch.Tensor, rows_of: torch.Tensor, rows: int) -> torch.Tensor:
+    """softmax of each column of `score` (n, H) within the groundings of each row, shifted by the
+    row's maximum (a constant within the row: the result is exact, and exp cannot overflow)."""
+    heads = score.shape[1]
+    top = score.new_full((rows, heads), -math.inf).scatter_reduce(
+        0, rows_of.reshape(-1, 1).expand(-1, heads), score, reduce="amax")
+    weight = torch.exp(score - top.index_select(0, rows_of))
+    total = score.new_zeros((rows, heads)).index_add_(0, rows_of, weight)
+    return weight / total.index_select(0, rows_of)
+
+
+def _head(x: torch.Tensor, h: int, heads: int) -> torch.Tensor:
+    """Head h's columns of x (n, H*C), contiguous (the sparse kernels need it)."""
+    if heads == 1:
+        return x.contiguous()
+    width = x.shape[1] // heads
+    return x[:, h * width:(h + 1) * width].contiguous()
+
+
+class _SparseAttention(torch.autograd.Function):
+    """Per row r and head h: sum_g alpha_gh source[cols_g, h], alpha the softmax of the scores of
+    r's groundings. The groundings are the entries of a CSR matrix (crow, cols) whose values are
+    the alphas: one sparse product per head reads the source rows in place, no (n, H*C) tensor of
+    per-grounding values is made (a gather, a product and a scatter would each write one). The
+    backward is two sparse kernels per head: d source = A^T @ d out with a stored transpose
+    pattern (crow_t, rows_t; order_t: the grounding of each transposed entry), and d alpha_g =
+    d out[r_g] . source[cols_g] sampled at the entries only (sampled_addmm); then the softmax's
+    d score_g = alpha_g (d alpha_g - sum_{g' in r} alpha_g' d alpha_g')."""
+
+    @staticmethod
+    def forward(ctx, score: torch.Tensor, source: torch.Tensor, rows_of: torch.Tensor, crow: torch.Tensor,
+                cols: torch.Tensor, crow_t: torch.Tensor, rows_t: torch.Tensor, order_t: torch.Tensor) -> torch.Tensor:
+        rows, heads = crow.shape[0] - 1, score.shape[1]
+        alpha = _segment_softmax(score, rows_of, rows)
+        with sparse._beta_ok():
+            parts = [sparse._product(torch.sparse_csr_tensor(crow, cols, alpha[:, h].contiguous(), (rows, source.shape[0])),
+                                     _head(source, h, heads), None) for h in range(heads)]
+        ctx.save_for_backward(alpha, source, rows_of, crow, cols, crow_t, rows_t, order_t)
+        return parts[0] if heads == 1 else torch.cat(parts, 1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        alpha, source, rows_of, crow, cols, crow_t, rows_t, order_t = ctx.saved_tensors
+        rows, heads, n = crow.shape[0] - 1, alpha.shape[1], source.shape[0]
+        d_source, d_alpha = [], []
+        with sparse._beta_ok():
+            for h in range(heads):
+                g, a = _head(grad, h, heads), alpha[:, h].contiguous()
+                if ctx.needs_input_grad[1]:
+                    d_source.append(sparse._product(torch.sparse_csr_tensor(crow_t, rows_t, a[order_t], (n, rows)), g, None))
+                if ctx.needs_input_grad[0]:
+                    pattern = torch.sparse_csr_tensor(crow, cols, a, (rows, n))
+                    d_alpha.append(torch.sparse.sampled_addmm(pattern, g, _head(source, h, heads).t(), beta=0).values())
+        grad_score = grad_source = None
+        if d_source:
+            grad_source = d_source[0] if heads == 1 else torch.cat(d_source, 1)
+        if d_alpha:
+            weighted = alpha * torch.stack(d_alpha, 1)
+            per_row = alpha.new_zeros((rows, heads)).index_add_(0, rows_of, weighted)
+            grad_score = weighted - alpha * per_row.index_select(0, rows_of)
+        return grad_score, grad_source, None, None, None, None, None, None
+
+
+def sparse_attention(score: torch.Tensor, source: torch.Tensor, rows_of: torch.Tensor, crow: torch.Tensor,
+                     cols: torch.Tensor, crow_t: torch.Tensor, rows_t: torch.Tensor, order_t: torch.Tensor,
+                     mode: str = "concat") -> torch.Tensor:
+    """Attention over groundings given as a CSR pattern (rows: the results, columns: the rows of
+    `source` each grounding reads); `score` (n, H) in entry order, `rows_of` each entry's row
+    (int64), the transpose pattern for the backward. A row without groundings gives zeros."""
+    n = score.shape[0]
+    score = score.reshape(n, -1)
+    heads = score.shape[1]
+    flat = source.reshape(source.shape[0], -1)
+    if flat.shape[1] % heads:
+        raise ValueError(f"a value of width {flat.shape[1]} does not split into {heads} attention heads (one per score column)")
+    out = _SparseAttention.apply(score, flat, rows_of, crow, cols, crow_t, rows_t, order_t)
+    return out.reshape(out.shape[0], heads, -1).mean(dim=1) if mode == "mean" else out
+
+
 def attention(score: torch.Tensor, value: torch.Tensor, segment_ids: torch.Tensor, counts: torch.Tensor,
               mode: str = "concat") -> torch.Tensor:
     """Per segment (a head's sorted groundings) and attention head h: sum_g softmax_g(score_gh) *
     value_g[h]. `score` (n, H), `value` (n, H*C); the result is (segments, H*C), or (segments, C)
-    averaged over heads with mode "mean". The softmax is shifted by each segment's maximum (taken
-    without gradient: the shift cancels, so the gradient is exact); autograd keeps per-grounding
-    vectors only. An empty segment gives zeros."""
-    n, segments = score.shape[0], counts.shape[0]
-    score = score.reshape(n, -1)
-    heads = score.shape[1]
-    flat = value.reshape(n, -1)
-    if flat.shape[1] % heads:
-        raise ValueError(f"a value of width {flat.shape[1]} does not split into {heads} attention heads (one per score column)")
-    width = flat.shape[1] // heads
-    index = segment_ids.reshape(-1, 1).expand(n, heads)
-    top = score.new_full((segments, heads), -math.inf).scatter_reduce(0, index, score.detach(), reduce="amax")
-    weight = torch.exp(score - top.index_select(0, segment_ids))
-    total = score.new_zeros((segments, heads)).index_add_(0, segment_ids, weight)
-    alpha = weight / total.index_select(0, segment_ids)
-    out = flat.new_zeros((segments, heads, width)).index_add_(0, segment_ids, alpha.unsqueeze(2) * flat.reshape(n, heads, width))
-    return out.mean(dim=1) if mode == "mean" else out.reshape(segments, heads * width)
+    averaged over heads with mode "mean". The sparse kernel with grounding g reading value row g
+    (the optimizer's `sparse_attention` pass lets it read the rows a gather would have copied)."""
+    n = score.shape[0]
+    crow = torch.zeros(counts.shape[0] + 1, dtype=torch.int64, device=counts.device)
+    torch.cumsum(counts, 0, out=crow[1:])
+    entries = torch.arange(n, device=score.device)
+    crow_t = torch.arange(n + 1, device=score.device)
+    return sparse_attention(score, value.reshape(n, -1), segment_ids, crow, entries, crow_t, segment_ids, entries, mode)
 
 
 def segment_reduce(kind: str, x: torch.Tensor, segment_ids: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

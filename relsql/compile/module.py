@@ -82,6 +82,8 @@ def kernel(kind: str, attrs: dict) -> Kernel:
         return kernels.typed_linear
     if kind == "attention":
         return lambda score, value, ids, counts: kernels.attention(score, value, ids, counts, attrs["mode"])
+    if kind == "sparse_attention":  # (score, source, rows_of, crow, cols, crow_t, rows_t, order_t)
+        return lambda *a: kernels.sparse_attention(*a, mode=attrs["mode"])
     if kind == "scatter":
         return lambda x, heads: kernels.scatter_rows(x, heads, attrs["rows"])
     if kind == "broadcast":

@@ -23,6 +23,8 @@ def _rows(kind: str, args: list[torch.Tensor], attrs: dict, is_param: list[bool]
         return args[1].shape[0]
     if kind in ("segment", "attention"):
         return args[-1].shape[0]
+    if kind == "sparse_attention":  # the CSR pattern's rows
+        return args[3].shape[0] - 1
     if kind in ("scatter", "broadcast", "slice"):
         return attrs["rows"]
     if kind in ("spmm", "addspmm"):
@@ -51,6 +53,8 @@ def _stand_in(kind: str, position: int, arg: torch.Tensor, attrs: dict, is_param
     if not arg.is_floating_point():
         if (kind, position) in (("segment", 2), ("attention", 3), ("typed_linear", 3)):
             return torch.ones(1, dtype=arg.dtype)  # counts: one grounding in the one segment
+        if (kind, position) in (("sparse_attention", 3), ("sparse_attention", 5)):
+            return torch.tensor([0, 1], dtype=arg.dtype)  # offsets: one entry in the one row
         return torch.zeros(1, dtype=arg.dtype)  # row ids / segment ids
     if is_param:
         if arg.numel() > MAX_FULL_PARAM and arg.dim() >= 1:

@@ -26,6 +26,7 @@ from relsql.compile.passes.merge_sparse_sums import merge_sparse_sums
 from relsql.compile.passes.propagate_gathers import propagate_gathers
 from relsql.compile.passes.scatter_into_sparse import scatter_into_sparse, scatter_through_weights
 from relsql.compile.passes.sparse_aggregate import sparse_aggregate
+from relsql.compile.passes.sparse_attention import sparse_attention
 from relsql.compile.passes.sparse_backward import sparse_backward
 from relsql.compile.passes.stack_scatters import stack_scatters
 from relsql.compile.passes.stack_weights import stack_weights
@@ -55,6 +56,7 @@ RULES: tuple[Pass, ...] = (
     linear_across_sparse,
     linear_across_aggregation,  # again: weights the sparse pass moved out may pass a pooling
     gather_into_sparse,
+    sparse_attention,
     merge_sparse_sums,
     stack_scatters,
     scatter_through_weights,
