@@ -37,7 +37,8 @@ def _describe(op: Op, names: dict[int, str], plan: Plan) -> str:
     if k == "attention":
         return f"attention(softmax({a[0]}) * {a[1]}, by={a[2]}, heads {op.attrs['mode']})"
     if k == "sparse_attention":
-        return f"attention(softmax({a[0]}) * {a[1]}[cols={a[4]}], rows={a[3]}, heads {op.attrs['mode']})"
+        added = f" + {a[8]}" if len(a) > 8 else ""
+        return f"attention(softmax({a[0]}) * {a[1]}[cols={a[4]}], rows={a[3]}, heads {op.attrs['mode']}){added}"
     if k == "combine":
         return f"combine_{op.attrs['kind']}({', '.join(a)})"
     if k == "segment":

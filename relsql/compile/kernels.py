@@ -225,10 +225,12 @@ class _SparseAttention(torch.autograd.Function):
 
 def sparse_attention(score: torch.Tensor, source: torch.Tensor, rows_of: torch.Tensor, crow: torch.Tensor,
                      cols: torch.Tensor, crow_t: torch.Tensor, rows_t: torch.Tensor, order_t: torch.Tensor,
-                     mode: str = "concat") -> torch.Tensor:
+                     add: torch.Tensor | None = None, mode: str = "concat") -> torch.Tensor:
     """Attention over groundings given as a CSR pattern (rows: the results, columns: the rows of
     `source` each grounding reads); `score` (n, H) in entry order, `rows_of` each entry's row
-    (int64), the transpose pattern for the backward. A row without groundings gives zeros."""
+    (int64), the transpose pattern for the backward. A row without groundings gives zeros.
+    `add` (a bias) is added in place: no second result-sized tensor (large ones cost more to
+    allocate, page by page, than to fill)."""
     n = score.shape[0]
     score = score.reshape(n, -1)
     heads = score.shape[1]
@@ -236,7 +238,9 @@ def sparse_attention(score: torch.Tensor, source: torch.Tensor, rows_of: torch.T
     if flat.shape[1] % heads:
         raise ValueError(f"a value of width {flat.shape[1]} does not split into {heads} attention heads (one per score column)")
     out = _SparseAttention.apply(score, flat, rows_of, crow, cols, crow_t, rows_t, order_t)
-    return out.reshape(out.shape[0], heads, -1).mean(dim=1) if mode == "mean" else out
+    if mode == "mean":
+        out = out.reshape(out.shape[0], heads, -1).mean(dim=1)
+    return out if add is None else out.add_(add)
 
 
 def attention(score: torch.Tensor, value: torch.Tensor, segment_ids: torch.Tensor, counts: torch.Tensor,
@@ -250,7 +254,7 @@ def attention(score: torch.Tensor, value: torch.Tensor, segment_ids: torch.Tenso
     torch.cumsum(counts, 0, out=crow[1:])
     entries = torch.arange(n, device=score.device)
     crow_t = torch.arange(n + 1, device=score.device)
-    return sparse_attention(score, value.reshape(n, -1), segment_ids, crow, entries, crow_t, segment_ids, entries, mode)
+    return sparse_attention(score, value.reshape(n, -1), segment_ids, crow, entries, crow_t, segment_ids, entries, mode=mode)
 
 
 def segment_reduce(kind: str, x: torch.Tensor, segment_ids: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from relsql.compile.passes._rewrite import only_reader, producers, readers
+from relsql.compile.passes._rewrite import only_reader, producers, readers, sum_terms
 from relsql.compile.plan import Op, Plan, make_op
 
 
@@ -29,11 +29,40 @@ def _index(tensor: torch.Tensor, limit: int) -> torch.Tensor:
     return tensor.to(torch.int32) if limit < 2**31 - 1 else tensor
 
 
+def _scatter(plan: Plan, op: Op, reads: dict[int, list[Op]]) -> Op | None:
+    """The scatter that places op's results into distinct rows of its relation, if that is all
+    that reads them (distinct: each segment's softmax stays its own)."""
+    scatter = next(iter(reads.get(op.out, [])), None)
+    if scatter is None or scatter.kind != "scatter" or scatter.args[0] != op.out or scatter.args[1] not in plan.inputs \
+            or not only_reader(plan, op.out, scatter, reads):
+        return None
+    heads = plan.inputs[scatter.args[1]]
+    return scatter if heads.unique().numel() == heads.numel() else None
+
+
+def _addend(plan: Plan, op: Op, reads: dict[int, list[Op]]) -> tuple[Op, int] | None:
+    """(the sum, its other term) where op's result is one of two terms of the same shape added
+    (GAT's bias): the kernel adds it in place, no third (rows, H*C) tensor is written."""
+    total = next(iter(reads.get(op.out, [])), None)
+    terms = sum_terms(total) if total is not None else None
+    if terms is None or len(terms) != 2 or terms.count(op.out) != 1 or not only_reader(plan, op.out, total, reads):
+        return None
+    other = terms[1] if terms[0] == op.out else terms[0]
+    if total.rows != op.rows or tuple(total.shape) != tuple(op.shape) \
+            or tuple(plan.meta[other].shape) not in ((op.rows, *op.shape), (1, *op.shape)):
+        return None
+    return total, other
+
+
 def sparse_attention(plan: Plan) -> Plan:
-    made, folded, reads, made_by = 0, 0, readers(plan), producers(plan)
-    absorbed: set[int] = set()  # scatters whose work the pattern does
+    made, folded, added, reads, made_by = 0, 0, 0, readers(plan), producers(plan)
+    pending: dict[int, Op] = {}  # slot of the op the new one replaces -> the new op
+    absorbed: set[int] = set()  # ops whose work the new op does
     ops: list[Op] = []
     for op in plan.ops:
+        if op.out in pending:
+            ops.append(pending.pop(op.out))
+            continue
         if op.out in absorbed:
             continue
         if op.kind != "attention" or op.args[2] not in plan.inputs or op.args[3] not in plan.inputs:
@@ -51,15 +80,11 @@ def sparse_attention(plan: Plan) -> Plan:
             gather = made_by.get(source)
         sources = plan.meta[source].shape[0]
         rows, row_of, target = plan.inputs[counts_slot].shape[0], ids, op
-        following = reads.get(op.out, [])
-        scatter = following[0] if len(following) == 1 else None
-        if scatter is not None and scatter.kind == "scatter" and scatter.args[0] == op.out and scatter.args[1] in plan.inputs \
-                and only_reader(plan, op.out, scatter, reads):
-            heads = plan.inputs[scatter.args[1]].to(torch.int64)
-            if heads.unique().numel() == heads.numel():  # distinct rows: a segment's softmax stays its own
-                rows, row_of, target = scatter.attrs["rows"], heads[ids], scatter
-                absorbed.add(scatter.out)
-                folded += 1
+        scatter = _scatter(plan, op, reads)
+        if scatter is not None:
+            rows, row_of, target = scatter.attrs["rows"], plan.inputs[scatter.args[1]].to(torch.int64)[ids], scatter
+            folded += 1
+        addend = _addend(plan, target, reads)
         key = row_of * max(sources, 1) + cols
         if entries > 1 and not bool((key[1:] >= key[:-1]).all()):
             order = torch.argsort(key, stable=True)
@@ -71,9 +96,18 @@ def sparse_attention(plan: Plan) -> Plan:
         limit = max(rows, sources, entries)
         pattern = [_index(t, limit) for t in (_offsets(row_of, rows), cols, _offsets(cols, sources), row_of[order_t])]
         args = (score, source, *(plan.add_input(t) for t in (row_of, *pattern, order_t)))
-        ops.append(Op("sparse_attention", target.out, args, dict(op.attrs), target.rows, target.shape, op.note))
+        if addend is not None:
+            if target is not op:
+                absorbed.add(target.out)
+            target, args = addend[0], (*args, addend[1])
+            added += 1
+        new = Op("sparse_attention", target.out, args, dict(op.attrs), target.rows, target.shape, op.note)
+        if target is op:
+            ops.append(new)
+        else:  # at the place of the op it replaces: the added term is computed by then
+            pending[target.out] = new
         made += 1
     plan.ops = ops
     plan.log.append(f"sparse_attention: {made} attentions read their values through a sparse pattern, "
-                    f"{folded} scatters folded into it")
+                    f"{folded} scatters and {added} added terms folded into it")
     return plan
