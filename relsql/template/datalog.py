@@ -24,7 +24,7 @@ from pathlib import Path
 import sqlglot.expressions as exp
 
 from relsql.errors import TemplateError
-from relsql.template import ir
+from relsql.template import ir, recursion
 
 # NeuraLogic's defaults (PyNeuraLogic 0.9.2 Settings), see docs/neuralogic-semantics.md.
 DEFAULT_RELATION_ACTIVATION = "identity"
@@ -366,7 +366,8 @@ class _Parser:
         return rules, metas
 
 
-def parse_datalog_template(text: str, base_dir: str | None = None, source: str = "template") -> ir.Template:
+def parse_datalog_template(text: str, base_dir: str | None = None, source: str = "template",
+                           depth: int | None = None) -> ir.Template:
     ir.check_text(text, "Datalog template")
     tokens = _load(text, source, Path(base_dir) if base_dir else None, set())
     try:
@@ -378,6 +379,7 @@ def parse_datalog_template(text: str, base_dir: str | None = None, source: str =
     # The template's source is kept self-contained (imports inlined) so a saved model reloads.
     template = _Translator(rules, metas, _inline_imports(text, Path(base_dir) if base_dir else None)).template
     ir.check_names(template)
+    recursion.unroll(template, depth, comment="%")
     return template
 
 

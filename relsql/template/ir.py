@@ -322,8 +322,8 @@ class Template:
             if state.get(name) == 1:
                 cycle = " -> ".join([*path[path.index(name):], name])
                 raise TemplateError(
-                    f"recursive template: {cycle}. relsql does not ground recursive rules yet;"
-                    " unroll the recursion into layers (l1, l2, ...) with distinct names."
+                    f"recursive template: {cycle}. Give the depth to unroll it to: a `-- relsql: depth 3` line"
+                    " (`% relsql: depth 3` in Datalog) or depth=3"
                 )
             state[name] = 1
             for rule in self.relations[name].rules:
@@ -338,18 +338,21 @@ class Template:
         return done
 
     @classmethod
-    def from_sql(cls, text: str) -> Template:
-        """A template of `CREATE TABLE name AS SELECT ...` statements (DuckDB dialect)."""
+    def from_sql(cls, text: str, *, depth: int | None = None) -> Template:
+        """A template of `CREATE TABLE name AS SELECT ...` statements (DuckDB dialect). A
+        relation that reads itself (or a cycle of them) is unrolled to `depth` levels, or to a
+        `-- relsql: depth N` line's (relsql/template/recursion.py)."""
         from relsql.template.sqlrule import parse_sql_template
 
-        return parse_sql_template(text)
+        return parse_sql_template(text, depth=depth)
 
     @classmethod
-    def from_datalog(cls, text: str, base_dir: str | None = None) -> Template:
-        """A NeuraLogic text template; `import ./file` is resolved against `base_dir`."""
+    def from_datalog(cls, text: str, base_dir: str | None = None, *, depth: int | None = None) -> Template:
+        """A NeuraLogic text template; `import ./file` is resolved against `base_dir`; recursive
+        rules are unrolled to `depth` (or a `% relsql: depth N` line's)."""
         from relsql.template.datalog import parse_datalog_template
 
-        return parse_datalog_template(text, base_dir=base_dir)
+        return parse_datalog_template(text, base_dir=base_dir, depth=depth)
 
     @classmethod
     def auto(cls, db, target: str, **options) -> Template:
@@ -359,7 +362,8 @@ class Template:
         rows; or "avg" | "sum" | "max" | a comma list), time_column, time_columns ({table:
         column}), timeless ("exclude" | "include" child tables whose time is unknown), keys (a
         keys file, its text or tuples, see relsql/keyfile.py), infer_keys (True), layer ("sage",
-        today's terms; "rgcn", a mean per key and direction; "gat", attention over child rows).
+        today's terms; "rgcn", a mean per key and direction; "gat", attention over child rows;
+        "hgt", typed attention).
         See relsql/template/auto.py.
         """
         from relsql.template.auto import generate
@@ -367,13 +371,13 @@ class Template:
         return cls.from_sql(generate(db, target, **options))
 
     @classmethod
-    def from_file(cls, path) -> Template:
+    def from_file(cls, path, *, depth: int | None = None) -> Template:
         """`.sql` files are SQL templates; anything else is read as NeuraLogic Datalog."""
         path = Path(path)
         text = read_text(path, "template file")
         if path.suffix.lower() == ".sql":
-            return cls.from_sql(text)
-        return cls.from_datalog(text, base_dir=str(path.parent))
+            return cls.from_sql(text, depth=depth)
+        return cls.from_datalog(text, base_dir=str(path.parent), depth=depth)
 
     @property
     def output(self) -> str:

@@ -16,7 +16,7 @@ from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import Tokenizer, TokenType
 
 from relsql.errors import TemplateError
-from relsql.template import ir
+from relsql.template import ir, recursion
 
 _ACTIVATION_FUNCS = {"relu", "sigmoid", "leaky_relu", "identity", "softmax", "tanh", "exp", "log", "gelu"}
 _TYPED_ACTIVATIONS = {exp.Tanh: "tanh", exp.Exp: "exp", exp.Ln: "log", exp.Log: "log"}
@@ -126,8 +126,9 @@ def _token_message(text: str) -> str:
     return "SQL template does not parse: a string, quoted name or comment is not closed"
 
 
-def parse_sql_template(text: str) -> ir.Template:
-    """Parse a file of `CREATE TABLE ... AS SELECT` statements into the IR."""
+def parse_sql_template(text: str, depth: int | None = None) -> ir.Template:
+    """Parse a file of `CREATE TABLE ... AS SELECT` statements into the IR; recursive relations
+    are unrolled to `depth` (or the text's `-- relsql: depth N` line)."""
     ir.check_text(text, "SQL template")
     spans: list[tuple[int, int, int]] = []
     try:
@@ -152,6 +153,7 @@ def parse_sql_template(text: str) -> ir.Template:
             raise TemplateError(f"{origin}: the statement nests too deeply for relsql to read; split it into "
                                 "intermediate relations") from None
     ir.check_names(template)
+    recursion.unroll(template, depth, comment="--")
     return template
 
 
