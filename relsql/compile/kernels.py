@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
@@ -160,14 +158,13 @@ def typed_linear(weight: torch.Tensor, x: torch.Tensor, order: torch.Tensor, cou
     return out.new_empty(out.shape).index_copy(0, order, out)
 
 
-def _segment_softmax(score: torch.Tensor, rows_of: torch.Tensor, rows: int) -> torch.Tensor:
-    """softmax of each column of `score` (n, H) within the groundings of each row, shifted by the
-    row's maximum (a constant within the row: the result is exact, and exp cannot overflow)."""
-    heads = score.shape[1]
-    top = score.new_full((rows, heads), -math.inf).scatter_reduce(
-        0, rows_of.reshape(-1, 1).expand(-1, heads), score, reduce="amax")
+def _segment_softmax(score: torch.Tensor, rows_of: torch.Tensor, crow: torch.Tensor) -> torch.Tensor:
+    """softmax of `score` (n,) within the entries of each CSR row, shifted by the row's maximum
+    (a constant within the row: the result is exact, and exp cannot overflow). One-dimensional:
+    torch's index kernels on (n, 1) columns run several times slower than on (n,) vectors."""
+    top = torch.segment_reduce(score, "max", offsets=crow)  # entries are sorted by row
     weight = torch.exp(score - top.index_select(0, rows_of))
-    total = score.new_zeros((rows, heads)).index_add_(0, rows_of, weight)
+    total = score.new_zeros(crow.shape[0] - 1).index_add_(0, rows_of, weight)
     return weight / total.index_select(0, rows_of)
 
 
@@ -193,33 +190,31 @@ class _SparseAttention(torch.autograd.Function):
     def forward(ctx, score: torch.Tensor, source: torch.Tensor, rows_of: torch.Tensor, crow: torch.Tensor,
                 cols: torch.Tensor, crow_t: torch.Tensor, rows_t: torch.Tensor, order_t: torch.Tensor) -> torch.Tensor:
         rows, heads = crow.shape[0] - 1, score.shape[1]
-        alpha = _segment_softmax(score, rows_of, rows)
+        offsets = crow.to(torch.int64)
+        alphas = [_segment_softmax(score[:, h].contiguous(), rows_of, offsets) for h in range(heads)]
         with sparse._beta_ok():
-            parts = [sparse._product(torch.sparse_csr_tensor(crow, cols, alpha[:, h].contiguous(), (rows, source.shape[0])),
-                                     _head(source, h, heads), None) for h in range(heads)]
-        ctx.save_for_backward(alpha, source, rows_of, crow, cols, crow_t, rows_t, order_t)
+            parts = [sparse._product(torch.sparse_csr_tensor(crow, cols, a, (rows, source.shape[0])),
+                                     _head(source, h, heads), None) for h, a in enumerate(alphas)]
+        ctx.save_for_backward(source, rows_of, crow, cols, crow_t, rows_t, order_t, *alphas)
         return parts[0] if heads == 1 else torch.cat(parts, 1)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        alpha, source, rows_of, crow, cols, crow_t, rows_t, order_t = ctx.saved_tensors
-        rows, heads, n = crow.shape[0] - 1, alpha.shape[1], source.shape[0]
-        d_source, d_alpha = [], []
+        source, rows_of, crow, cols, crow_t, rows_t, order_t, *alphas = ctx.saved_tensors
+        rows, heads, n = crow.shape[0] - 1, len(alphas), source.shape[0]
+        d_source, d_score = [], []
         with sparse._beta_ok():
-            for h in range(heads):
-                g, a = _head(grad, h, heads), alpha[:, h].contiguous()
+            for h, a in enumerate(alphas):
+                g = _head(grad, h, heads)
                 if ctx.needs_input_grad[1]:
                     d_source.append(sparse._product(torch.sparse_csr_tensor(crow_t, rows_t, a[order_t], (n, rows)), g, None))
                 if ctx.needs_input_grad[0]:
                     pattern = torch.sparse_csr_tensor(crow, cols, a, (rows, n))
-                    d_alpha.append(torch.sparse.sampled_addmm(pattern, g, _head(source, h, heads).t(), beta=0).values())
-        grad_score = grad_source = None
-        if d_source:
-            grad_source = d_source[0] if heads == 1 else torch.cat(d_source, 1)
-        if d_alpha:
-            weighted = alpha * torch.stack(d_alpha, 1)
-            per_row = alpha.new_zeros((rows, heads)).index_add_(0, rows_of, weighted)
-            grad_score = weighted - alpha * per_row.index_select(0, rows_of)
+                    weighted = a * torch.sparse.sampled_addmm(pattern, g, _head(source, h, heads).t(), beta=0).values()
+                    per_row = a.new_zeros(rows).index_add_(0, rows_of, weighted)
+                    d_score.append(weighted - a * per_row.index_select(0, rows_of))
+        grad_score = torch.stack(d_score, 1) if d_score else None
+        grad_source = None if not d_source else d_source[0] if heads == 1 else torch.cat(d_source, 1)
         return grad_score, grad_source, None, None, None, None, None, None
 
 
