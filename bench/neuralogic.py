@@ -17,10 +17,13 @@ For every template at the shipped width (3) and with every weight dimension wide
   (by weight index, as tests/oracles/compare.py does) and every query output must agree within
   1e-6; the max |Δ| is recorded;
 * memory: peak RSS (VmHWM) of a fresh subprocess per side that builds and runs one epoch
-  (PyNeuraLogic's includes the in-process JVM through JPype; relsql's includes DuckDB + import).
+  (PyNeuraLogic's includes the in-process JVM through JPype; relsql's includes DuckDB + import);
+  the two sides' subprocesses run side by side, after the timings.
 
 Times are medians over ``--reps`` repetitions after one warm-up; an epoch repetition is the
-mean of 10 epochs in a row on either side. NeuraLogic is timed in this
+mean of 10 epochs in a row on either side. ``--quick`` (a check that the bench runs and that the
+numbers are identical, not a measurement) times each side's first build (no warm-up) and one
+epoch per repetition. NeuraLogic is timed in this
 process, then relsql back to back in a fresh process without a JVM: the JVM's JIT and GC
 threads go on working after its calls and slowed whatever ran next on these 2 cores (relsql
 builds measured 0.15 s alone and 0.3–0.8 s right after a NeuraLogic build).
@@ -289,7 +292,9 @@ def _timed(fn, reset=None, loops: int = 1) -> float:
 
 
 def run_config(name: str, width: int, db, dataset, n_examples: int, work: Path, reps: int, settings_kind: str,
-               memory: bool, import_s: float, jvm_s: float) -> dict:
+               memory: bool, import_s: float, jvm_s: float, warm: bool = True, loops: int = EPOCH_LOOPS) -> dict:
+    """One template at one width; `warm` False (--quick): the first builds are the timed ones, and
+    `loops` epochs make an epoch repetition."""
     import torch
 
     row = {c: "" for c in COLUMNS}
@@ -304,7 +309,7 @@ def run_config(name: str, width: int, db, dataset, n_examples: int, work: Path, 
     rel = RelsqlSide(db, text, tdir, torch.float64)
     nl = NeuraLogicSide(nl_path, dataset.examples, dataset.queries, settings_kind)
     rel.build()
-    nl.build()
+    first_nl_build = _timed(nl.build)
 
     # identical numbers before any timing (fresh float64 weights into NeuraLogic)
     dev, n_out = check_identical(rel, nl, n_examples)
@@ -322,10 +327,10 @@ def run_config(name: str, width: int, db, dataset, n_examples: int, work: Path, 
 
     # NeuraLogic here, then relsql back to back in a fresh process: the JVM's JIT and GC threads
     # keep running after its calls and would slow whatever runs next on these 2 cores
-    nb = [_timed(nl.build) for _ in range(reps)]
+    nb = [_timed(nl.build) for _ in range(reps)] if warm else [first_nl_build] + [_timed(nl.build) for _ in range(reps - 1)]
     epoch = nl.epoch if kind == "train" else nl.forward
-    ne = [_timed(epoch, nl.reset, EPOCH_LOOPS) for _ in range(reps)]
-    ours = _relsql_subprocess(name, width, kind, reps, work)
+    ne = [_timed(epoch, nl.reset, loops) for _ in range(reps)]
+    ours = _relsql_subprocess(name, width, kind, reps, work, warm, loops)
     bmed_r, bmed_n, nl_epoch = ours["build_s"], statistics.median(nb), statistics.median(ne)
     row.update(
         epoch_kind=kind,
@@ -337,19 +342,21 @@ def run_config(name: str, width: int, db, dataset, n_examples: int, work: Path, 
     )
     del rel, nl
     gc.collect()
-    if memory:
-        for side in ("neuralogic", "relsql"):
-            row[f"{'nl' if side == 'neuralogic' else 'relsql'}_peak_rss_mib"] = _memory_subprocess(
-                side, name, width, kind, settings_kind, work)
+    if memory:  # side by side: each its own process, their peak RSS is their own
+        probes = {side: _memory_subprocess(side, name, width, kind, settings_kind, work) for side in ("neuralogic", "relsql")}
+        for side, probe in probes.items():
+            row[f"{'nl' if side == 'neuralogic' else 'relsql'}_peak_rss_mib"] = _memory_result(side, name, width, *probe)
     return row
 
 
 # --------------------------------------------------------------------------- relsql timings (fresh process)
 
 
-def _relsql_subprocess(name: str, width: int, kind: str, reps: int, work: Path) -> dict:
+def _relsql_subprocess(name: str, width: int, kind: str, reps: int, work: Path, warm: bool = True,
+                       loops: int = EPOCH_LOOPS) -> dict:
     cmd = [sys.executable, "-m", "bench.neuralogic", "--time-relsql", "--probe-template", name,
-           "--probe-width", str(width), "--probe-kind", kind, "--reps", str(reps)]
+           "--probe-width", str(width), "--probe-kind", kind, "--reps", str(reps), "--loops", str(loops),
+           *([] if warm else ["--no-warmup"])]
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=900)
     for line in proc.stdout.splitlines()[::-1]:
@@ -358,8 +365,9 @@ def _relsql_subprocess(name: str, width: int, kind: str, reps: int, work: Path) 
     raise RuntimeError(f"relsql timing of {name} w{width} failed:\n{proc.stderr[-2000:]}")
 
 
-def time_relsql(name: str, width: int, kind: str, reps: int) -> None:
-    """Runs in a fresh process (no JVM): relsql build, then float64 and float32 epochs, alternating."""
+def time_relsql(name: str, width: int, kind: str, reps: int, warm: bool = True, loops: int = EPOCH_LOOPS) -> None:
+    """Runs in a fresh process (no JVM): relsql build, then float64 and float32 epochs, alternating
+    (`warm` False: the first build and epochs are the timed ones)."""
     import torch
 
     import relsql
@@ -373,36 +381,51 @@ def time_relsql(name: str, width: int, kind: str, reps: int) -> None:
         load_builtin(db.con, "mutagenesis")
         rel = RelsqlSide(db, text, Path(tmp), torch.float64)
         rel32 = RelsqlSide(db, text, Path(tmp), torch.float32)
-        rel.build()  # warm-up
+        if warm:
+            rel.build()  # warm-up
         builds = [_timed(rel.build) for _ in range(reps)]
         rel32.build()
         rel.prepare()
         rel32.prepare(like=rel)
         fns = {"f64": rel.epoch if kind == "train" else rel.forward, "f32": rel32.epoch if kind == "train" else rel32.forward}
         resets = {"f64": rel.reset, "f32": rel32.reset}
-        for fn in fns.values():
+        for fn in fns.values() if warm else ():
             fn()
         times = {k: [] for k in fns}
         for i in range(reps):
             for k in (list(fns) if i % 2 == 0 else list(fns)[::-1]):
-                times[k].append(_timed(fns[k], resets[k], EPOCH_LOOPS))
+                times[k].append(_timed(fns[k], resets[k], loops))
     print(json.dumps({"build_s": statistics.median(builds), **{k: statistics.median(v) for k, v in times.items()}}))
 
 
 # --------------------------------------------------------------------------- memory (fresh processes)
 
 
-def _memory_subprocess(side: str, name: str, width: int, kind: str, settings_kind: str, work: Path) -> str:
+def _memory_subprocess(side: str, name: str, width: int, kind: str, settings_kind: str, work: Path):
+    """The probe of one side, started: (process, its stdout file, its stderr file)."""
     cmd = [sys.executable, "-m", "bench.neuralogic", "--memory-probe", side, "--probe-template", name,
            "--probe-width", str(width), "--probe-kind", kind, "--nl-settings", settings_kind]
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cwd = work / f"probe_{side}"
     cwd.mkdir(exist_ok=True)
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
-    for line in proc.stdout.splitlines()[::-1]:
-        if line.startswith("{"):
-            return f"{json.loads(line)['peak_rss_mib']:.0f}"
-    print(f"memory probe {side} {name} w{width} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=err, text=True), out, err
+
+
+def _memory_result(side: str, name: str, width: int, proc: subprocess.Popen, out, err) -> str:
+    """The peak RSS a probe reported (MiB), once it ended, or "failed"."""
+    with out, err:
+        try:
+            proc.wait(900)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        out.seek(0)
+        err.seek(0)
+        for line in out.read().splitlines()[::-1]:
+            if line.startswith("{"):
+                return f"{json.loads(line)['peak_rss_mib']:.0f}"
+        print(f"memory probe {side} {name} w{width} failed:\n{err.read()[-2000:]}", file=sys.stderr)
     return "failed"
 
 
@@ -490,7 +513,8 @@ def write_chart(rows: list[dict], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.neuralogic", description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="template.txt at width 3 only, 1 repetition")
+    ap.add_argument("--quick", action="store_true",
+                    help="template.txt at width 3 only, 1 repetition without warm-up, 1 epoch per repetition")
     ap.add_argument("--out", default="out/bench")
     ap.add_argument("--reps", type=int, default=None, help="timed repetitions after the warm-up (default 3; quick 1)")
     ap.add_argument("--templates", nargs="*", default=None)
@@ -502,9 +526,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--probe-width", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--probe-kind", default="train", help=argparse.SUPPRESS)
     ap.add_argument("--time-relsql", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--no-warmup", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--loops", type=int, default=EPOCH_LOOPS, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.time_relsql:
-        time_relsql(args.probe_template, args.probe_width, args.probe_kind, args.reps or 3)
+        time_relsql(args.probe_template, args.probe_width, args.probe_kind, args.reps or 3, not args.no_warmup, args.loops)
         return 0
     if args.memory_probe:
         memory_probe(args.memory_probe, args.probe_template, args.probe_width, args.probe_kind, args.nl_settings)
@@ -541,7 +567,8 @@ def main(argv: list[str] | None = None) -> int:
                     t0 = time.perf_counter()
                     try:
                         row = run_config(name, width, db, dataset, n_examples, work, reps, args.nl_settings,
-                                         not args.no_memory, import_s, jvm_s)
+                                         not args.no_memory, import_s, jvm_s, warm=not args.quick,
+                                         loops=1 if args.quick else EPOCH_LOOPS)
                     except Exception as e:  # noqa: BLE001 - report and go on with the other templates
                         traceback.print_exc()
                         row = {c: "" for c in COLUMNS}
