@@ -40,12 +40,12 @@ def test_recursive_datalog_equals_neuralogic_once_deep_enough(neuralogic_workdir
 
 def test_levels_share_weights_and_the_last_keeps_the_name():
     template = relsql.Template.from_datalog(PATHS.format(depth=2))
-    assert list(template.relations) == ["path@0", "path@1", "path", "predict"]
-    assert [len(template.relations[n].rules) for n in ("path@0", "path@1", "path")] == [1, 2, 2]
-    assert template.relations["path"].rules[1].refs == ["path@1"]
+    assert list(template.relations) == ["path_level0", "path_level1", "path", "predict"]
+    assert [len(template.relations[n].rules) for n in ("path_level0", "path_level1", "path")] == [1, 2, 2]
+    assert template.relations["path"].rules[1].refs == ["path_level1"]
     net = relsql.compile(template, paths_db(), dtype=torch.float64, seed=0)
     assert len(net.named_weights()) == 6  # the template's weights, not one set per level
-    assert "path@1" in net.explain()
+    assert "path_level1" in net.explain()
 
 
 RECURSIVE = """-- relsql: depth 3
@@ -120,9 +120,9 @@ def test_a_cycle_of_two_relations_unrolls_in_step(tmp_path):
     """a reads b, b reads a: level k of each reads level k - 1 of the other; b has no base rule,
     so its level 0 is empty and a's level 1 gets only its base rule."""
     template = relsql.Template.from_sql(TWO, depth=2)
-    assert list(template.relations) == ["a@0", "a@1", "a", "b@1", "b", "out"]
-    assert template.relations["b"].rules[0].refs == ["a@1"] and template.relations["a"].rules[1].refs == ["b@1"]
-    assert template.relations["b@1"].rules[0].refs == ["a@0"] and len(template.relations["a@1"].rules) == 1
+    assert list(template.relations) == ["a_level0", "a_level1", "a", "b_level1", "b", "out"]
+    assert template.relations["b"].rules[0].refs == ["a_level1"] and template.relations["a"].rules[1].refs == ["b_level1"]
+    assert template.relations["b_level1"].rules[0].refs == ["a_level0"] and len(template.relations["a_level1"].rules) == 1
     db = graph(tmp_path / "g.duckdb")
     net = relsql.compile(template, db, dtype=torch.float64, seed=1)
     x = torch.tensor([[np.sin(i), np.cos(0.7 * i)] for i in range(80)], dtype=torch.float64)
@@ -136,7 +136,7 @@ def test_a_cycle_of_two_relations_unrolls_in_step(tmp_path):
                 found[dst] = found.get(dst, 0) + fn(values[src])
         return found
 
-    a0 = {i: w["base"] @ x[i] for i in range(80)}  # a@0 and a@1 (b@0 is empty)
+    a0 = {i: w["base"] @ x[i] for i in range(80)}  # a_level0 and a_level1 (b has no level 0)
     b1 = over_edges(a0, lambda v: w["ab"] @ v)
     a = {i: w["base"] @ x[i] + over_edges(b1, lambda v: torch.tanh(w["ba"] @ v)).get(i, 0) for i in range(80)}
     out = net.values("out")

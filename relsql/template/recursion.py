@@ -118,13 +118,14 @@ def unroll(template: ir.Template, depth: int | None, comment: str = "--") -> Non
 
 
 class _Levels:
-    """Names of relations' lower levels, `name@k`, never one a relation already has."""
+    """Names of relations' lower levels, `name_level<k>` (an identifier wherever the name is one,
+    as engines such as Spark want table names), never one a relation already has."""
 
     def __init__(self, template: ir.Template):
         self.taken = {n.casefold() for n in template.relations}
 
     def __call__(self, name: str, level: int) -> str:
-        base, n = f"{name}@{level}", 1
+        base, n = f"{name}_level{level}", 1
         chosen = base
         while chosen.casefold() in self.taken:
             n += 1
