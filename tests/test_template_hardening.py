@@ -224,19 +224,20 @@ def test_datalog_rule_at_the_body_literal_limit_parses():
     assert len(relsql.Template.from_datalog(f"h(X0) :- {body}.").relations["h"].rules) == 1
 
 
-# 8. template facts --------------------------------------------------------------------------------
-@pytest.mark.parametrize("text, line", [
-    ("h(X) :- f(X).\n{3} f(a).", "template:2"),
-    ("h(X) :- a(X).\n\nf(a).", "template:3"),
+# 8. template facts (supported since #18 part 4; oracle tests in tests/test_neuralogic_language.py) -----
+@pytest.mark.parametrize("text, fact", [
+    ("h(X) :- f(X).\n{3} f(a).", "f"),
+    ("h(X) :- a(X).\n\nf(a).", "f"),
 ])
-def test_template_facts_are_refused_clearly(text, line):
-    refused(datalog(text), line, "template fact")
+def test_template_facts_are_relations_without_a_sample_key(text, fact):
+    template = relsql.Template.from_datalog(text)
+    assert template.relations[fact].keys == ["a0"]
 
 
-def test_datalog_docstring_does_not_claim_template_facts():
+def test_datalog_docstring_describes_template_facts():
     from relsql.template import datalog as frontend
 
-    assert "template facts `{3} f(a).`" not in frontend.__doc__
+    assert "Template facts: `{3} f(a).`" in frontend.__doc__
 
 
 # the shared checks keep the embedding tables' naming ----------------------------------------------

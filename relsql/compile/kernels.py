@@ -45,7 +45,34 @@ def activation(name: str, x: torch.Tensor, inplace: bool = False, slope: float =
         return 1.0 - x
     if name == "sqrt":
         return torch.sqrt(x)
+    if name == "lukasiewicz":  # NeuraLogic's smooth Łukasiewicz step: ≈0 below -0.5/6, ≈1 above 0.5/6
+        return torch.sigmoid(6.0 * x + 0.5)
+    if name == "norm":  # NeuraLogic's normalization: each row's elements to mean 0, variance 1
+        flat = x.reshape(x.shape[0], -1)
+        centred = flat - flat.mean(dim=1, keepdim=True)
+        variance = (centred * centred).mean(dim=1, keepdim=True)
+        return (centred / torch.sqrt(variance + 1e-10)).reshape(x.shape)
+    if name == "sparsemax":
+        return sparsemax(x.reshape(x.shape[0], -1)).reshape(x.shape)
+    if name == "transpose":  # a column vector (n) becomes a row (1, n) and back; a matrix is transposed
+        if x.dim() == 2:
+            return x.unsqueeze(1) if x.shape[1] > 1 else x
+        if x.dim() == 3 and x.shape[1] == 1:
+            return x.squeeze(1)
+        return x.transpose(1, 2)
     raise ValueError(f"unknown activation {name}")
+
+
+def sparsemax(z: torch.Tensor) -> torch.Tensor:
+    """Sparsemax of each row (Martins & Astudillo 2016): the Euclidean projection onto the
+    simplex, max(z - tau, 0). Written with sort and cumsum so autograd gives its exact Jacobian
+    (1/k over the k supported elements), as NeuraLogic's backward does."""
+    ordered, _ = torch.sort(z, dim=1, descending=True)
+    k = torch.arange(1, z.shape[1] + 1, dtype=z.dtype, device=z.device)
+    sums = ordered.cumsum(dim=1)
+    support = ((1 + k * ordered) > sums).sum(dim=1, keepdim=True)  # the support's size, at least 1
+    tau = (sums.gather(1, support - 1) - 1) / support.to(z.dtype)
+    return torch.clamp(z - tau, min=0)
 
 
 def apply_weight(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -100,6 +127,20 @@ def combine(kind: str, values: list[torch.Tensor]) -> torch.Tensor:
     values = [broadcast_rows(v, rows) if v.shape[0] != rows else v for v in values]
     if kind == "concat":
         return torch.cat([v.reshape(rows, -1) for v in values], dim=1)
+    if kind in ("softmax", "sparsemax"):  # NeuraLogic's: scalar inputs, one vector of their weights
+        if any(v[0].numel() != 1 for v in values):
+            raise ValueError(f"a {kind} combination takes scalar inputs (NeuraLogic's Softmax/Sparsemax); got "
+                             f"shapes {[tuple(v.shape[1:]) for v in values]}")
+        scores = torch.cat([v.reshape(rows, 1) for v in values], dim=1)
+        return torch.softmax(scores, dim=1) if kind == "softmax" else sparsemax(scores)
+    if kind == "cossim":  # cosine similarity of exactly two vectors, a scalar (no epsilon, as NeuraLogic)
+        if len(values) != 2:
+            raise ValueError(f"a cosine similarity combines exactly 2 inputs, got {len(values)}")
+        a, b = (v.reshape(rows, -1) for v in values)
+        dot = (a * b).sum(dim=1, keepdim=True)
+        return dot / (torch.sqrt((a * a).sum(dim=1, keepdim=True)) * torch.sqrt((b * b).sum(dim=1, keepdim=True)))
+    if kind == "count":  # the number of inputs: a constant, no gradient to them
+        return values[0].new_full((rows, 1), float(len(values)))
     if kind == "product":
         result = values[0]
         for v in values[1:]:

@@ -41,6 +41,8 @@ def _sum(*args: torch.Tensor) -> torch.Tensor:
 
 def _dense_reduce(attrs: dict) -> Kernel:
     width = attrs["width"]
+    if attrs["kind"] == "concat":  # NeuraLogic's concat aggregation: a head's groundings side by side
+        return lambda x: x.reshape(x.shape[0] // width, -1)
     reduce = {"sum": torch.sum, "avg": torch.mean, "max": torch.amax, "min": torch.amin}[attrs["kind"]]
 
     def run(x: torch.Tensor) -> torch.Tensor:

@@ -327,6 +327,8 @@ class _RuleContext:
             x, level = self.compile(expr.arg)
             if level == "c":
                 x = b._emit("broadcast", (x,), note, rows=self.rows)
+            if expr.kind == "concat":
+                return self._concat(x), "h"
             ids, counts = self.segments()
             if self.classes is not None:
                 if expr.kind in ("sum", "avg") and b.plan.meta[x].dim() == 2:
@@ -336,6 +338,20 @@ class _RuleContext:
                 x = b._emit("gather", (x, self.tensor("classes", self.classes)), note, relation="grounding classes")
             return b._emit("segment", (x, ids, counts), note, kind=expr.kind), "h"
         raise TypeError(f"unknown expression node {expr!r}")
+
+
+    def _concat(self, x: int) -> int:
+        """NeuraLogic's concat aggregation: a head's groundings (in grounding order: by body row
+        ids, then columns) side by side in one vector; every head needs as many groundings."""
+        b = self.b
+        if self.classes is not None:
+            x = b._emit("gather", (x, self.tensor("classes", self.classes)), self.note, relation="grounding classes")
+        counts = self.rg.offsets[1:] - self.rg.offsets[:-1]
+        if counts.numel() and bool((counts != counts[0]).any()):
+            raise ShapeError(f"{self.note}: a concat aggregation needs the same number of groundings for every head "
+                             f"(found {int(counts.min())} to {int(counts.max())}): the result's width would vary")
+        width = int(counts[0]) if counts.numel() else 1
+        return b._emit("dense_reduce", (x,), self.note, kind="concat", width=width)
 
 
 def _level(a: str, b: str, note: str) -> str:

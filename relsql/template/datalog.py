@@ -4,8 +4,17 @@ Syntax handled: weighted rules `{3,3} h(X) :- {3,3} a(Y), b(X,Y). [transformatio
 weights as dimensions `{m,n}`, numbers, vectors/matrices `[1, 2]`, fixed values `<-7>`,
 named weights `$w={3,3}` (shared by name, `$w` reuses), hidden literals `*p(...)` / `_p(...)`,
 predicate metadata `p/1 [transformation=...]` and offsets `p/1 {3,1}`, `import ./file`, `%`
-and `//` comments. Not handled: template facts (`{3} f(a).`, `f(a).` in the template, a rule
-without a body): they are refused with a TemplateError; facts belong in the dataset's tables.
+and `//` comments. Template facts: `{3} f(a).` (a learnable value), `<[1, 2]> f(a).` (fixed),
+`2.0 f(a).`, `f(a).` (1.0): constant arguments, true in every sample (a relation without the
+`sample` key), untransformed; their weights are numbered after all rules' weights, as
+NeuraLogic does; a predicate has either template facts or rules and dataset facts, not both.
+
+Functions (NeuraLogic's names): transformations sigmoid tanh relu leakyrelu identity exp log
+sqrt signum inverse reverse softmax sparsemax norm transpose lukasiewicz; combinations sum avg
+max min product elproduct crosssum concat softmax sparsemax cossim count; aggregations avg sum
+max min count concat (groundings in grounding order: the rows of the neural relations read,
+then the dataset facts' values; NeuraLogic's order follows its hash sets). Not handled:
+layernorm, slice, reshape, the softmax aggregation and parametrized functions (`concat(axis=)`).
 
 Limits (relsql/template/ir.py): weights have at most 2 dimensions of at most 2**24 each and
 2**31 elements; a rule has at most 64 body literals.
@@ -36,16 +45,18 @@ _ACTIVATION_NAMES = {
     "sigmoid": "sigmoid", "sigm": "sigmoid", "tanh": "tanh", "relu": "relu", "identity": "identity", "linear": "identity",
     "leaky_relu": "leaky_relu", "leakyrelu": "leaky_relu", "exp": "exp", "exponentiation": "exp",
     "log": "log", "logarithm": "log", "softmax": "softmax", "signum": "signum", "sqrt": "sqrt",
-    "inverse": "inverse", "reverse": "reverse",
+    "inverse": "inverse", "reverse": "reverse", "lukasiewicz": "lukasiewicz", "norm": "norm",
+    "sparsemax": "sparsemax", "transpose": "transpose", "transp": "transpose",
 }
 # NeuraLogic's max/min keep the whole value with the largest/smallest element sum: `argmax`.
 _COMBINATION_NAMES = {
     "sum": "sum", "avg": "avg", "average": "avg", "max": "argmax", "maximum": "argmax", "min": "argmin",
     "minimum": "argmin", "product": "product", "elementproduct": "elementproduct", "elproduct": "elementproduct",
-    "crosssum": "crosssum", "concat": "concat", "concatenation": "concat",
+    "crosssum": "crosssum", "concat": "concat", "concatenation": "concat", "softmax": "softmax",
+    "sparsemax": "sparsemax", "cossim": "cossim", "count": "count",
 }
 _AGGREGATION_NAMES = {"avg": "avg", "average": "avg", "sum": "sum", "max": "argmax", "maximum": "argmax",
-                      "min": "argmin", "minimum": "argmin", "count": "count"}
+                      "min": "argmin", "minimum": "argmin", "count": "count", "concat": "concat"}
 
 _TOKEN = re.compile(r"""
     (?P<ws>[ \t\r\n]+) | (?P<comment>%[^\n]*|//[^\n]*) |
@@ -403,7 +414,9 @@ class _Translator:
         # NeuraLogic identifies a predicate by name/arity; a name used with one arity keeps its
         # plain name, otherwise the relation is called "name/arity" (as the importer's tables).
         used: dict[str, set[int]] = {}
-        for rule in rules:
+        facts = [rule for rule in rules if not rule.body]
+        rules = [rule for rule in rules if rule.body]
+        for rule in [*rules, *facts]:
             for atom in [rule.head, *[a for a in rule.body if isinstance(a, Atom)]]:
                 used.setdefault(atom.name, set()).add(len(atom.terms))
         for pm in metas:
@@ -416,14 +429,31 @@ class _Translator:
                 self.heads[key] = name
                 self.template.relations[name] = ir.Relation(
                     name, ["sample", *[f"a{i}" for i in range(key[1])]], activation=DEFAULT_RELATION_ACTIVATION)
+        self.sampleless: set[str] = set()  # relations of template facts: one value shared by every sample
+        for fact in facts:
+            key = (fact.head.name, len(fact.head.terms))
+            if key in self.heads and self.heads[key] not in self.sampleless:
+                raise TemplateError(f"{fact.where}: {key[0]}/{key[1]} has both template facts and rules; relsql keeps "
+                                    "them apart: give the facts another predicate name and add a rule reading them")
+            if key not in self.heads:
+                name = key[0] if len(used[key[0]]) == 1 else f"{key[0]}/{key[1]}"
+                self.heads[key] = name
+                self.sampleless.add(name)
+                self.template.relations[name] = ir.Relation(name, [f"a{i}" for i in range(key[1])], activation=None)
         for number, rule in enumerate(rules):
             self._rule(rule, number)
+        # NeuraLogic numbers the facts' weights after all rules' weights: translated last, they are.
+        for number, fact in enumerate(facts):
+            self._fact(fact, len(rules) + number)
         for pm in metas:
             where = f"{pm.name}/{pm.arity}"
             name = self.heads.get((pm.name, pm.arity))
             if name is None:
                 raise TemplateError(f"metadata for {where}: no rule derives {where}; declare a rule for it or remove the line")
             relation = self.template.relations[name]
+            if name in self.sampleless:
+                raise TemplateError(f"metadata for {where}: {where} has only template facts, whose values NeuraLogic "
+                                    "uses as they are (no transformation, no offset); remove the line")
             for key, value in pm.meta.items():
                 if key in ("activation", "transformation"):
                     relation.activation = _lookup(_ACTIVATION_NAMES, value, where, "transformation")
@@ -453,13 +483,25 @@ class _Translator:
         self.template.weights[name] = ir.WeightSpec(name, shape, init=ref.value, fixed=ref.fixed, kind="datalog", origin=origin)
         return name
 
+    def _fact(self, fact: RuleAst, number: int) -> None:
+        """A template fact `{3} f(a).`: its value is its weight (learnable, or fixed as `<[1, 2]>`),
+        1.0 without one; it holds in every sample, and NeuraLogic applies no transformation to it."""
+        origin = f"fact {number + 1} ({fact.where})"
+        atom = fact.head
+        if atom.hidden or atom.negated or fact.meta:
+            raise TemplateError(f"{origin}: a template fact cannot be hidden, negated or carry metadata")
+        variables = [t for t in atom.terms if _is_var(t)]
+        if variables:
+            raise TemplateError(f"{origin}: a template fact's arguments must be constants; {variables[0]} is a variable "
+                                "(a rule needs a body to bind it)")
+        value: ir.Expr = (ir.Param(self._weight(atom.weight, f"fact{number + 1}.value", origin))
+                          if atom.weight is not None else ir.Const(1.0))
+        head = self.heads[(atom.name, len(atom.terms))]
+        self.template.relations[head].rules.append(ir.Rule(
+            head=head, query=_FactQuery(atom.terms), refs=[], expr=ir.Agg("sum", value), grouped=True, origin=origin))
+
     def _rule(self, rule: RuleAst, number: int) -> None:
         origin = f"rule {number + 1} ({rule.where})"
-        if not rule.body:
-            raise TemplateError(
-                f"{origin}: `{rule.head.name}({', '.join(rule.head.terms)})` is a template fact (a rule without a "
-                "body); relsql does not support template facts yet: put the fact into the dataset instead (a row of "
-                f"table `{rule.head.name}`, with a `value` column for its value)")
         n_literals = sum(1 for item in rule.body if isinstance(item, Atom))
         if n_literals > ir.MAX_BODY_LITERALS:
             raise TemplateError(
@@ -521,7 +563,8 @@ class _Translator:
         if head_weight is not None:
             expr = ir.Apply(head_weight, expr)
         body_atoms = [item if isinstance(item, Atom) else None for item in rule.body]
-        builder = _QueryBuilder(rule.head, body_atoms, self.heads, origin, [p for p, _ in neural], facts)
+        builder = _QueryBuilder(rule.head, body_atoms, self.heads, origin, [p for p, _ in neural], facts,
+                                self.sampleless)
         head = self.heads[(rule.head.name, len(rule.head.terms))]
         self.template.relations[head].rules.append(ir.Rule(
             head=head, query=builder, refs=[r for _, r in neural], expr=expr, grouped=True,
@@ -562,8 +605,9 @@ class _QueryBuilder:
     """Builds a rule's body query once the database's table layout is known."""
 
     def __init__(self, head: Atom, body: list[Atom | None], heads: dict[tuple[str, int], str], origin: str,
-                 neural: list[int], facts: list[int]):
+                 neural: list[int], facts: list[int], sampleless: set[str] = frozenset()):
         self.head, self.body, self.heads, self.origin = head, body, heads, origin
+        self.sampleless = sampleless  # relations of template facts: no sample key, shared by all samples
         self.neural, self.facts = neural, facts  # literal positions of neural refs / valued facts
         # Groundings are distinct substitutions. With every literal visible, reading each table as
         # a set (DISTINCT over the columns a literal uses) already makes every joined row a distinct
@@ -587,7 +631,12 @@ class _QueryBuilder:
             if relation is not None:
                 table_name = relation
                 arg_columns = [f"a{i}" for i in range(len(atom.terms))]
-                has_sample = True
+                has_sample = relation not in self.sampleless
+                if not has_sample and (db.has_table(atom.name) or db.has_table(f"{atom.name}/{len(atom.terms)}")):
+                    from relsql.errors import SchemaError
+
+                    raise SchemaError(f"{atom.where}: {atom.name}/{len(atom.terms)} has template facts and also a table "
+                                      "of dataset facts; relsql reads one source per predicate: rename one of them")
             else:
                 table_name = atom.name
                 if not db.has_table(table_name):
@@ -641,3 +690,17 @@ class _QueryBuilder:
         if conditions:
             select = select.where(exp.and_(*conditions, copy=False), copy=False)
         return select
+
+
+class _FactQuery:
+    """The one grounding of a template fact: its constant arguments as the head keys."""
+
+    def __init__(self, terms: list[str]):
+        self.terms = terms
+
+    def __call__(self, db) -> exp.Select:
+        from relsql.ground.query import alias
+
+        if not self.terms:
+            return exp.select(alias(exp.Literal.number(0), "_f"))
+        return exp.select(*[alias(_constant(t), f"_h{i}") for i, t in enumerate(self.terms)])
