@@ -310,7 +310,7 @@ class Case:
             self._share_weights()
 
     def _share_weights(self) -> None:
-        ours = self.net.named_weights()
+        ours = self.net.weights_by_name()
         if set(ours) != set(self.mapping):
             raise RuntimeError(f"relsql weights {sorted(ours)} do not match the mapping {sorted(self.mapping)}")
         generator = torch.Generator().manual_seed(1)
@@ -375,8 +375,8 @@ class Case:
 
         full = CompiledNet(make_plan(self.template, self.net.grounding, torch.float32), self.net.grounding)
         with torch.no_grad():
-            mine = full.named_weights()
-            for name, weight in self.net.named_weights().items():
+            mine = full.weights_by_name()
+            for name, weight in self.net.weights_by_name().items():
                 mine[name].copy_(weight)
             ours = full()
             if not torch.allclose(ours[self.last], self.relsql_forward(), rtol=1e-5, atol=1e-5):
@@ -384,7 +384,7 @@ class Case:
         if gradients:
             self.relsql_step()
             grads = {name: as_pyg(name, w.grad, self.net.grounding.dictionaries, self.heads)
-                     for name, w in self.net.named_weights().items()}
+                     for name, w in self.net.weights_by_name().items()}
         result = {}
         for baseline, pyg in self.baselines.items():
             pyg.zero_grad(set_to_none=True)

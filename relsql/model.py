@@ -235,7 +235,7 @@ class Model:
     def _optimizers(self, lr: float, weight_decay: float) -> list[torch.optim.Optimizer]:
         """Adam for the weights; with `embedding_optimizer`, in-memory embeddings get that one instead
         (the same update the database-stored ones get in SQL)."""
-        embeddings = {id(p) for name, p in self.net.named_weights().items()
+        embeddings = {id(p) for name, p in self.net.weights_by_name().items()
                       if self.embedding_optimizer and self.template.weights.get(name) is not None
                       and self.template.weights[name].kind == "embed"}
         dense = [p for p in self.parameters() if id(p) not in embeddings]
@@ -424,7 +424,7 @@ class Model:
     def _is_embedding(self, parameter: nn.Parameter) -> bool:
         if not self.embedding_optimizer:
             return False
-        names = {id(p): n for n, p in self.net.named_weights().items()}
+        names = {id(p): n for n, p in self.net.weights_by_name().items()}
         spec = self.template.weights.get(names.get(id(parameter), ""))
         return spec is not None and spec.kind == "embed"
 
@@ -481,7 +481,7 @@ class Model:
 
     # -- weights, snapshots, checkpoints ------------------------------------------------------
     def _weights_copy(self) -> tuple[dict, dict]:
-        return ({n: p.detach().clone() for n, p in self.net.named_weights().items()},
+        return ({n: p.detach().clone() for n, p in self.net.weights_by_name().items()},
                 copy.deepcopy(self.head.state_dict()))
 
     def _restore_weights(self, state: tuple[dict, dict]) -> None:
@@ -512,7 +512,7 @@ class Model:
             worker.run(store.drop_checkpoints, steps[w], best_steps[w])
 
     def _name_of(self, parameter: nn.Parameter) -> str:
-        for name, p in self.net.named_weights().items():
+        for name, p in self.net.weights_by_name().items():
             if p is parameter:
                 return name
         for name, p in self.head.named_parameters():
@@ -537,7 +537,7 @@ class Model:
             raise RelsqlError(f"checkpoint {path} was written for another template or target ({state['target']}); "
                               "resume with the same model, or start without resume=True")
         self._restore_weights(state["weights"])
-        weights = {**self.net.named_weights(), **{f"_head.{n}": p for n, p in self.head.named_parameters()}}
+        weights = self._weights_by_name()
         optimizers.clear()
         for names, optimizer_state in zip(state["parameter_names"], state["optimizers"]):
             params = [weights[n] for n in names]
@@ -625,11 +625,17 @@ class Model:
             raise RelsqlError(f"split {split!r} has no rows; use 'train', 'val' or 'test'")
         return baselines.majority(self, split)
 
-    def named_weights(self) -> dict[str, nn.Parameter]:
-        weights = dict(self.net.named_weights())
-        for name, p in self.head.named_parameters():
-            weights[f"_head.{name}"] = p
-        return weights
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        """The template's weights by name (a typed linear's per type, `name[<value>]`, see
+        CompiledNet.named_weights) and the head's as `_head.<name>`."""
+        return {**self.net.named_weights(), **self._head_weights()}
+
+    def _weights_by_name(self) -> dict[str, nn.Parameter]:
+        """Every parameter whole under its name (gradients are taken of these)."""
+        return {**self.net.weights_by_name(), **self._head_weights()}
+
+    def _head_weights(self) -> dict[str, nn.Parameter]:
+        return {f"_head.{name}": p for name, p in self.head.named_parameters()}
 
     # -- persistence ------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
@@ -670,7 +676,7 @@ class Model:
         model.embedding_optimizer, model.embedding_lr = state.embedding_optimizer, state.embedding_lr
         model.batched = None
         model._build(state.presets, state.task, split=state.split)
-        missing = [n for n in model.net.named_weights() if n not in state.weights]
+        missing = [n for n in model.net.weights_by_name() if n not in state.weights]
         if missing:
             raise RelsqlError(f"model file {path} does not fit its own template: weights {missing} are missing")
         try:

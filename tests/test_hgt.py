@@ -72,7 +72,7 @@ def test_hgt_template_equals_pyg_hgtconv(graph):
     net = relsql.compile(relsql.Template.from_file(ROOT / "sql" / "hgt.sql"), db, dtype=torch.float64, seed=0)
     convs = [HGTConv(WIDTH, WIDTH, (NODE_TYPES, EDGE_TYPES), heads=HEADS).double() for _ in range(2)]
     generator = torch.Generator().manual_seed(11)
-    ours = net.named_weights()
+    ours = net.weights_by_name()  # whole parameters: their gradients are compared per type code
     d = WIDTH // HEADS
     relation_of = {r: i for i, (_, r, _) in enumerate(EDGE_TYPES)}
 

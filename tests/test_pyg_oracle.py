@@ -172,7 +172,7 @@ def compare_with_pyg(db: relsql.Database, model: str, x, edge_index, batch, y, n
     timings["compile_s"] = time.perf_counter() - start
 
     pyg = pyg_class(x.shape[1], int(edge_type.max()) + 1).double()
-    relsql_weights = net.named_weights()
+    relsql_weights = net.weights_by_name()  # typed linears whole: as_pyg lays them out per edge type
     pyg_params = dict(pyg.named_parameters())
     assert set(relsql_weights) == set(weights), f"template weights {sorted(relsql_weights)}"
     unused = set(pyg_params) - set(weights.values())

@@ -34,12 +34,19 @@ def graph(path=None) -> relsql.Database:
 def test_typed_linear_picks_the_matrix_of_each_groundings_type():
     db = graph()
     net = relsql.compile(relsql.Template.from_sql(TYPED), db, dtype=torch.float64, seed=1)
-    out = net()["layer"]
-    weights = net.named_weights()
+    weights = net.weights_by_name()
     assert tuple(weights["w"].shape) == (3, 3, 2)  # (types, out, in)
     codes = dict(zip(net.grounding.dictionaries["w"].column("value").to_pylist(),
                      net.grounding.dictionaries["w"].column("code").to_pylist()))
     assert sorted(codes) == ["bond", "link", "ring"]
+    named = net.named_weights()  # one matrix per type, named by its value; writing into one sets it
+    assert sorted(named) == ["out", "root", "w[bond]", "w[link]", "w[ring]"]
+    with torch.no_grad():
+        for kind in codes:
+            named[f"w[{kind}]"].copy_(torch.full((3, 2), float(len(kind) + codes[kind])))
+    for kind, code in codes.items():
+        assert torch.equal(weights["w"][code], torch.full((3, 2), float(len(kind) + code), dtype=torch.float64))
+    out = net()["layer"]
     x = torch.tensor(db.con.execute("SELECT x FROM node ORDER BY id").fetchall(), dtype=torch.float64).reshape(60, 2)
     edges = db.con.execute("SELECT src, dst, kind FROM edge").fetchall()
     ids = net.values("layer", net()).get_column("id").to_list()

@@ -260,7 +260,7 @@ def run_rank(job: Job, rank: int) -> dict | None:
         dist.barrier()  # every rank's rows are on disk before rank 0 reports
     if rank != 0:
         return None
-    return {"weights": {n: p.detach().cpu() for n, p in model.net.named_weights().items()},
+    return {"weights": {n: p.detach().cpu() for n, p in model.net.weights_by_name().items()},
             "head": {k: v.cpu() for k, v in model.head.state_dict().items()},
             "history": model.history, "best_epoch": model.best_epoch, "stopped": model.stopped, "timings": clock,
             "embedding_updates": {} if shards is None else shards.updates}
@@ -467,7 +467,7 @@ def _all_reduce_gradients(model, loss: torch.Tensor, extra: list[torch.Tensor]) 
     """Sum gradients (and the batch loss, and `extra`: the sharded embeddings' part) over the
     ranks in one all-reduce; a weight no rank used keeps no gradient, as in one process (Adam
     then leaves it alone). Returns the batch loss and `extra` summed."""
-    params = [p for _, p in sorted(model.net.named_weights().items()) if p.requires_grad]
+    params = [p for _, p in sorted(model.net.weights_by_name().items()) if p.requires_grad]
     params += [p for p in model.head.parameters() if p.requires_grad]
     parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
     used = torch.tensor([p.grad is not None for p in params], dtype=loss.dtype, device=loss.device)

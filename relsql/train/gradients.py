@@ -31,7 +31,7 @@ def write(model: Model, prefix: str, split: str, replace: bool) -> dict[str, str
     if split not in model.rows or not len(model.rows[split]):
         raise RelsqlError(f"split {split!r} has no rows to take gradients on; use 'train', 'val' or 'test'")
     arguments.text("prefix", prefix)
-    names = [*model.named_weights(), *(database_embeddings(model.template) if model.mini_batches else {})]
+    names = [*model._weights_by_name(), *(database_embeddings(model.template) if model.mini_batches else {})]
     tables = {name: check_table_name(prefix + table_suffix(name)) for name in names}
     existing = {t.casefold(): t for t in model.db.tables()}
     _check_new_tables(model, tables, existing, replace)  # all names first: a refused one must not leave others written
@@ -87,7 +87,7 @@ def _write(model: Model, tables: dict[str, str], split: str, rows: np.ndarray, r
     else:
         index, y = model._split_tensors(split)
         model.task.loss(model._outputs().index_select(0, index), y).backward()
-    for name, parameter in model.named_weights().items():
+    for name, parameter in model._weights_by_name().items():
         grad = parameter.grad if parameter.grad is not None else torch.zeros_like(parameter)
         matrix = grad.detach().cpu().double().reshape(grad.shape[0] if grad.dim() else 1, -1).numpy()
         table = pa.table({"parameter": [name] * matrix.shape[0], "row": np.arange(matrix.shape[0], dtype=np.int64),

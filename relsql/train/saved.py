@@ -66,7 +66,7 @@ def write(model: Model, path: str | Path) -> Path:
         "rows": {k: torch.as_tensor(v, dtype=torch.int64) for k, v in model.rows.items()},
         "dictionaries": {w: files.table_bytes(t) for w, t in encodings.dictionaries.items()},
         "feature_stats": plain(encodings.feature_stats),
-        "weights": {k: v.detach().cpu() for k, v in model.net.named_weights().items()},
+        "weights": {k: v.detach().cpu() for k, v in model.net.weights_by_name().items()},
         "head": {k: v.cpu() for k, v in model.head.state_dict().items()},
         "history": plain(model.history), "best_epoch": model.best_epoch,
         "batch_size": model.batch_size, "fanout": model.fanout,
