@@ -147,7 +147,7 @@ class Model:
             self.timings["grounding"] = time.perf_counter() - started
             log.info("grounded %d relations in %.2fs; planning", len(grounding.relations), self.timings["grounding"])
             started = time.perf_counter()
-            plan = make_plan(self.template, grounding, self.dtype, outputs=[self.output])
+            plan = make_plan(self.template, grounding, self.dtype, outputs=[self.output], device=self.device)
             self.net = CompiledNet(plan, grounding, dtype=self.dtype, seed=self.seed)
             self.timings["planning"] = time.perf_counter() - started
             log.info("planned %d ops in %.2fs", len(plan.ops), self.timings["planning"])
@@ -200,7 +200,7 @@ class Model:
             store = GroundingStore.open(grounder, None if self.store is True else self.store, self.progress)
             self.timings["bulk_grounding"] = time.perf_counter() - started
         return Batched(grounder, self.template, self.output, self.dtype, self.seed,
-                       self.embedding_optimizer or "adagrad", self.embedding_lr, store)
+                       self.embedding_optimizer or "adagrad", self.embedding_lr, store, device=self.device)
 
     def _labels(self, keys: list[str]) -> pa.Table:
         """(_rid of the output row, target value[, time]) for every target row that has a head."""

@@ -35,16 +35,18 @@ def shop():
     return db
 
 
-def run(template, db, passes, grounding=None):
+def run(template, db, passes, grounding=None, device="cpu"):
     """Values and gradients of the plan with `passes`: `relsql.compile` grounds the template in `db`;
     with `grounding` (what `ground(template, db)` returned), the plan is built from it, as
-    `relsql.compile` does after grounding (and `relsql.tune` for each of its candidates)."""
+    `relsql.compile` does after grounding (and `relsql.tune` for each of its candidates), with the
+    costs of `device` (it runs here, on CPU)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if grounding is None:
             net = relsql.compile(template, db, dtype=torch.float64, seed=11, passes=passes)
         else:
-            net = CompiledNet(make_plan(template, grounding, torch.float64, passes), grounding, dtype=torch.float64, seed=11)
+            net = CompiledNet(make_plan(template, grounding, torch.float64, passes, device=device), grounding,
+                              dtype=torch.float64, seed=11)
     out = net()
     loss = sum((value.sin() * _loss_weights(value.shape, value.dtype)).sum() for value in out.values())
     loss.backward()
@@ -188,9 +190,37 @@ def test_uniform_segments_become_dense(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 def test_optimized_plan_on_cuda(mutag):
     tpl = relsql.Template.from_file(ROOT / "sql" / "gcn.sql")
+    from relsql.compile import costs
+
     cpu = relsql.compile(tpl, mutag, dtype=torch.float64, seed=1)()
-    gpu = relsql.compile(tpl, mutag, dtype=torch.float64, seed=1, device="cuda")()
+    net = relsql.compile(tpl, mutag, dtype=torch.float64, seed=1, device="cuda")
+    gpu = net()
     assert all(torch.allclose(cpu[k], gpu[k].cpu(), atol=1e-10) for k in cpu)
+    assert net.plan.device == "cuda" and costs.for_device("cuda").measured  # its costs are the GPU's
+
+
+def test_cost_decisions_are_those_of_the_plans_device(neuralogic_mutagenesis, monkeypatch):
+    """The constants are fixed on CPU and measured on another device (once per process); a plan
+    made for another device takes that device's: with a dense limit of 0 there, no small matrix
+    goes dense. Either plan is exact."""
+    from relsql.compile import costs, ground
+
+    assert costs.for_device("cpu") is costs.CPU and not costs.CPU.measured
+    measured = costs.measure("cpu")  # the experiment a CUDA plan runs on its device
+    assert measured.measured and 1.0 <= measured.sparse_element < 1e5 and measured.dense_limit >= 1 << 12
+    monkeypatch.setattr(costs, "measure", lambda device: costs.Costs(sparse_element=25.0, dense_limit=0, measured=True))
+    db, dataset = neuralogic_mutagenesis
+    template = relsql.Template.from_file(dataset.template.parent / "template_graphlets.txt")
+    grounding = ground(template, db)
+    passes = tuple(rule for rule in RULES if rule.__name__ != "choose_segment_kernels")
+    reference = run(template, db, ())
+    on_cpu, elsewhere = run(template, db, passes, grounding), run(template, db, passes, grounding, device="cuda")
+    assert on_cpu[2].plan.device == "cpu" and elsewhere[2].plan.device == "cuda"  # planned for CUDA, run here
+    dense = [line for line in on_cpu[2].plan.log if line.startswith("dense_small_matrices")]
+    assert dense and not dense[0].startswith("dense_small_matrices: 0 ")
+    assert any(line.startswith("dense_small_matrices: 0 ") for line in elsewhere[2].plan.log), elsewhere[2].plan.log
+    assert_same(reference, on_cpu, "graphlets, CPU constants")
+    assert_same(reference, elsewhere, "graphlets, another device's constants")
 
 
 def test_segment_kernel_choice_is_exact_whatever_it_picks():
@@ -359,7 +389,7 @@ def _matrices(net) -> list[torch.Tensor]:
 
 
 def test_small_matrices_are_dense_and_large_ones_stay_sparse(neuralogic_mutagenesis, random_graphs):
-    from relsql.compile.passes.dense_small_matrices import LIMIT
+    from relsql.compile.costs import CPU
 
     db, dataset = neuralogic_mutagenesis
     template = relsql.Template.from_file(dataset.template.parent / "template_graphlets.txt")
@@ -368,10 +398,10 @@ def test_small_matrices_are_dense_and_large_ones_stay_sparse(neuralogic_mutagene
     assert_same(reference, dense, "graphlets with small dense matrices")
     assert all(m.layout == torch.sparse_csr for m in _matrices(sparse_only[2]))
     small = _matrices(dense[2])
-    assert small and all(m.layout == torch.strided and m.shape[0] * m.shape[1] <= LIMIT for m in small)
+    assert small and all(m.layout == torch.strided and m.shape[0] * m.shape[1] <= CPU.dense_limit for m in small)
     assert all(torch.equal(a.to_dense(), b) for a, b in zip(_matrices(sparse_only[2]), small))
 
     gcn = relsql.Template.from_file(ROOT / "sql" / "gcn.sql")
     large = _matrices(run(gcn, random_graphs, None)[2])
-    assert large and all(m.layout == torch.sparse_csr for m in large if m.shape[0] * m.shape[1] > LIMIT)
-    assert any(m.shape[0] * m.shape[1] > LIMIT for m in large)
+    assert large and all(m.layout == torch.sparse_csr for m in large if m.shape[0] * m.shape[1] > CPU.dense_limit)
+    assert any(m.shape[0] * m.shape[1] > CPU.dense_limit for m in large)

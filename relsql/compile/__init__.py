@@ -32,7 +32,8 @@ def compile(template: Template, db: Database, dtype: torch.dtype = torch.float32
     grounding = ground(template, db)
     if gather_strength is not None:
         passes = with_strength(gather_strength, passes)
-    return CompiledNet(make_plan(template, grounding, dtype, passes, outputs), grounding, dtype=dtype, seed=seed).to(device)
+    plan = make_plan(template, grounding, dtype, passes, outputs, device=device)
+    return CompiledNet(plan, grounding, dtype=dtype, seed=seed).to(device)
 
 
 def _checked(template, db, dtype, device, seed, passes, outputs) -> tuple:
@@ -82,14 +83,16 @@ def tune(template: Template, db: Database, dtype: torch.dtype = torch.float32,
 
 
 def make_plan(template: Template, grounding, dtype: torch.dtype, passes: tuple | None = None,
-              outputs: list[str] | None = None):
+              outputs: list[str] | None = None, device: str | torch.device = "cpu"):
     """The optimized plan: built (compressed when `compress_groundings` is among the passes), then
-    passes; with `outputs`, only those relations stay outputs of the plan."""
+    passes; with `outputs`, only those relations stay outputs of the plan. The passes' costs and
+    timings are those of `device`, where the plan will run."""
     from relsql.compile.passes import RULES, compress_groundings
     from relsql.errors import RelsqlError
 
     compress = compress_groundings in (RULES if passes is None else passes)
     plan = build_plan(template, grounding, dtype, compress=compress)
+    plan.device = torch.device(device).type
     if outputs is not None:
         unknown = [name for name in outputs if name not in plan.outputs]
         if unknown or not outputs:

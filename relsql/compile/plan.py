@@ -49,6 +49,7 @@ class Plan:
     meta: dict[int, torch.Tensor] = field(default_factory=dict)  # slot -> meta tensor (shapes)
     log: list[str] = field(default_factory=list)  # what each optimizer pass changed
     param_slots: set[int] = field(default_factory=set)  # slots holding a weight (no row dimension)
+    device: str = "cpu"  # the device type the plan will run on: cost and timing decisions are made for it
 
     def new_slot(self) -> int:
         self.slots += 1

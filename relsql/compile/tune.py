@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from relsql.compile import costs
 from relsql.compile.module import CompiledNet
 from relsql.compile.passes import RULES, propagate_gathers
 from relsql.compile.passes.propagate_gathers import PRESETS
@@ -66,7 +67,7 @@ def fastest(template, grounding, dtype: torch.dtype, device, seed: int | None, o
     output = output or template.output
     candidates: dict[str, tuple[CompiledNet, list[float]]] = {}
     for strength in strengths:
-        net = CompiledNet(make_plan(template, grounding, dtype, with_strength(strength)), grounding,
+        net = CompiledNet(make_plan(template, grounding, dtype, with_strength(strength), device=device), grounding,
                           dtype=dtype, seed=seed).to(device)
         candidates.setdefault(_signature(net), (net, []))[1].append(strength)
     runs = [(net, strengths, compiled) for net, strengths in candidates.values()
@@ -77,8 +78,10 @@ def fastest(template, grounding, dtype: torch.dtype, device, seed: int | None, o
         step()  # warm-up (and torch.compile's compilation)
     for _ in range(rounds):
         for step, record in zip(steps, times):
+            costs.synchronize(device)
             start = time.perf_counter()
             step()
+            costs.synchronize(device)
             record.append((time.perf_counter() - start) * 1000)
     trials = [Trial(s, compiled, statistics.median(t), len(net.plan.ops))
               for (net, strengths, compiled), t in zip(runs, times) for s in strengths]

@@ -40,8 +40,10 @@ class Batched:
     """Prepares batches and runs them; owns the model's database-stored embeddings."""
 
     def __init__(self, grounder: BatchGrounder, template, output: str, dtype: torch.dtype, seed: int,
-                 embedding_optimizer: str = "adagrad", embedding_lr: float = 0.1, store: GroundingStore | None = None):
+                 embedding_optimizer: str = "adagrad", embedding_lr: float = 0.1, store: GroundingStore | None = None,
+                 device: str | torch.device = "cpu"):
         self.grounder, self.template, self.output, self.dtype, self.seed = grounder, template, output, dtype, seed
+        self.device = torch.device(device).type  # batches are planned for the device they run on
         self.grounding_store = store
         self.source = store if store is not None else grounder  # where a batch's groundings come from
         self.embedding_optimizer, self.embedding_lr = embedding_optimizer, embedding_lr
@@ -50,7 +52,7 @@ class Batched:
     def prepare(self, rids: np.ndarray, sample: int = 0) -> Batch:
         """Ground and plan a batch (store or database, and torch work; no weights involved)."""
         grounding = self.source.ground(rids, sample)
-        plan = make_plan(self.template, grounding, self.dtype, PASSES, outputs=[self.output])
+        plan = make_plan(self.template, grounding, self.dtype, PASSES, outputs=[self.output], device=self.device)
         rows = torch.searchsorted(grounding.rows[self.output], torch.from_numpy(np.array(rids, dtype=np.int64)))
         return Batch(np.asarray(rids), grounding, plan, rows)
 

@@ -281,7 +281,7 @@ def _model(job: Job):
     store = GroundingStore.attach(*job.store)
     model.db = None
     model.batched = Batched(store.grounder, model.template, model.output, model.dtype, model.seed,
-                            model.embedding_optimizer or "adagrad", model.embedding_lr, store)
+                            model.embedding_optimizer or "adagrad", model.embedding_lr, store, device=model.device)
     return model
 
 

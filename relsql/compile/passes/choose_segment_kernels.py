@@ -2,7 +2,8 @@
 
 Candidates: index_add (sorted scatter) and a CSR sparse × dense matmul with a
 heads × groundings matrix of ones (or 1/degree). Both are exact; which is faster depends on
-the sizes, the width and the machine, so it is timed (forward + backward) rather than guessed.
+the sizes, the width and the machine, so it is timed (forward + backward, on the device the plan
+will run on) rather than guessed.
 Small reductions are left alone: timing them would cost more than it could save.
 """
 
@@ -12,7 +13,7 @@ import time
 
 import torch
 
-from relsql.compile import sparse
+from relsql.compile import costs, sparse
 from relsql.compile.plan import Op, Plan
 
 MIN_ROWS = 10_000  # below this, index_add is kept without measuring
@@ -28,11 +29,13 @@ def _csr(counts: torch.Tensor, average: bool) -> torch.Tensor:
     return sparse.from_csr(rows, torch.arange(total), values, (counts.shape[0], total))
 
 
-def _time(step) -> float:
+def _time(step, device: str) -> float:
     step()
+    costs.synchronize(device)
     started = time.perf_counter()
     for _ in range(REPEATS):
         step()
+    costs.synchronize(device)
     return (time.perf_counter() - started) / REPEATS
 
 
@@ -49,12 +52,13 @@ def choose_segment_kernels(plan: Plan) -> Plan:
             ops.append(op)
             continue
         measured += 1
-        rows = plan.meta[op.args[0]].shape[0]
-        x = torch.randn(rows, *op.shape, requires_grad=True)
-        matrix = _csr(counts, op.attrs["kind"] == "avg").to(torch.float32)
-        native = _time(lambda: segment_reduce(op.attrs["kind"], x, ids, counts).sum().backward())  # noqa: B023
-        transposed = sparse.transpose(matrix).to(torch.float32)
-        as_csr = _time(lambda: sparse.matmul(matrix, x, transposed).sum().backward())  # noqa: B023
+        rows, device = plan.meta[op.args[0]].shape[0], plan.device  # timed where the plan will run
+        x = torch.randn(rows, *op.shape, device=device, requires_grad=True)
+        on_device = ids.to(device), counts.to(device)
+        matrix = _csr(counts, op.attrs["kind"] == "avg").to(device, torch.float32)
+        native = _time(lambda: segment_reduce(op.attrs["kind"], x, *on_device).sum().backward(), device)  # noqa: B023
+        transposed = sparse.transpose(matrix).to(device, torch.float32)
+        as_csr = _time(lambda: sparse.matmul(matrix, x, transposed).sum().backward(), device)  # noqa: B023
         if as_csr < native:
             slot = plan.add_input(_csr(counts, op.attrs["kind"] == "avg"))
             ops.append(Op("spmm", op.out, (slot, op.args[0]), {}, op.rows, op.shape, op.note))
@@ -62,5 +66,5 @@ def choose_segment_kernels(plan: Plan) -> Plan:
         else:
             ops.append(op)
     plan.ops = ops
-    plan.log.append(f"choose_segment_kernels: {measured} reductions timed, {changed} faster as CSR matmuls")
+    plan.log.append(f"choose_segment_kernels: {measured} reductions timed on {plan.device}, {changed} faster as CSR matmuls")
     return plan

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import math
 
-from relsql.compile import sparse
+from relsql.compile import costs, sparse
 from relsql.compile.passes._rewrite import matrix_position
 from relsql.compile.plan import Plan
-
-LIMIT = 1 << 17  # multiply-adds of the dense product
 
 
 def dense_small_matrices(plan: Plan) -> Plan:
     made, dense = 0, {}
+    limit = costs.for_device(plan.device).dense_limit  # multiply-adds of the dense product: 2**17 on these CPUs
     for op in plan.ops:
         at = matrix_position(op)
         if at is None:
@@ -29,7 +28,7 @@ def dense_small_matrices(plan: Plan) -> Plan:
         if matrix is None or matrix.layout != sparse.CSR:
             continue
         width = math.prod(plan.meta[op.args[-1]].shape[1:])
-        if matrix.shape[0] * matrix.shape[1] * width > LIMIT:
+        if matrix.shape[0] * matrix.shape[1] * width > limit:
             continue
         if slot not in dense:
             dense[slot] = plan.add_input(matrix.to_dense())

@@ -11,10 +11,9 @@ the aggregation: PyG writes each layer type by hand; here the sizes decide, in b
 
 from __future__ import annotations
 
+from relsql.compile import costs
 from relsql.compile.passes._rewrite import is_matrix_on_vectors, move_across, only_reader, producers, readers
 from relsql.compile.plan import Op, Plan, make_op
-
-SPARSE_COST = 25  # dense GEMM multiply-adds per sparse-matmul or gathered element (CPU, measured)
 
 
 def _costs(plan: Plan, matrix: int, weight: int, x: int, gathered: bool) -> tuple[int, int]:
@@ -22,8 +21,9 @@ def _costs(plan: Plan, matrix: int, weight: int, x: int, gathered: bool) -> tupl
     a, w = plan.inputs[matrix], plan.meta[weight]
     nnz, out, width = a.values().numel(), w.shape[0], w.shape[1]
     rows = plan.meta[x].shape[0]
-    before = rows * width * out + SPARSE_COST * (nnz * out + (rows * width if gathered else 0))
-    after = SPARSE_COST * nnz * width + a.shape[0] * width * out
+    s = costs.for_device(plan.device).sparse_element  # 25 on these CPUs; measured on another device
+    before = rows * width * out + s * (nnz * out + (rows * width if gathered else 0))
+    after = s * nnz * width + a.shape[0] * width * out
     return before, after
 
 
