@@ -1,7 +1,8 @@
-"""relsql vs PyTorch Geometric on heterogeneous graphs: RGCN (vs RGCNConv and FastRGCNConv) and GAT.
+"""relsql vs PyTorch Geometric on heterogeneous graphs: RGCN (vs RGCNConv and FastRGCNConv), GAT,
+RGAT (vs RGATConv) and HGT (vs HGTConv).
 
     python -m bench.hetero [--quick] [--out out/bench] [--hidden 64] [--layers 1 2]
-                           [--models rgcn,gat] [--datasets aifb,mutag_rdf,bgs,am] [--heads 1]
+                           [--models rgcn,gat,rgat,hgt] [--datasets aifb,mutag_rdf,bgs,am] [--heads 1]
                            [--am-scale 0.125] [--budget 60] [--threads 2] [--no-memory]
 
 Graphs: seeded synthetic graphs with the sizes of the RGCN paper's entity-classification
@@ -15,7 +16,7 @@ the ~20 minute budget of a 2-core, 24 GiB machine. Edges are uniformly random (s
 (self loops and repeated pairs possible, as in RDF graphs); their types follow a power law,
 P(type t) ~ 1 / (t + 1)^1.5 (a few frequent types, many rare ones), every type used at least
 once. Node features are N(0, 1) of width --hidden. The tables are DuckDB tables
-node(node_id BIGINT PRIMARY KEY, x FLOAT[]) and edge(src BIGINT, dst BIGINT, type BIGINT),
+node(node_id BIGINT PRIMARY KEY, x FLOAT[], type BIGINT) and edge(src BIGINT, dst BIGINT, type BIGINT),
 node ids 0..N-1 (PyG's indices).
 
 Models, width --hidden (64) everywhere, 1 or 2 layers (--layers), ReLU between layers:
@@ -27,7 +28,22 @@ Models, width --hidden (64) everywhere, 1 or 2 layers (--layers), ReLU between l
   gat   relsql: the layered GAT of sql/gat.sql (W h once per node, attention(leaky_relu(src +
         dst, 0.2), W h) per destination, bias), --heads heads of width hidden/heads
         concatenated; PyG: GATConv(hidden, hidden / heads, heads, add_self_loops=False).
-The edge types are ignored by GAT (it is the homogeneous baseline on the same graph).
+  rgat  relsql: sql/rgat.sql's layer (W_r h per edge, attention(leaky_relu(q . W_r h_dst + k . W_r
+        h_src, 0.2), W_r h_src) per destination, bias); PyG: RGATConv with its defaults (one head,
+        additive self-attention across relations). RGATConv gathers one matrix per edge, as
+        FastRGCNConv: it runs only under --fast-limit-gb (AIFB, MUTAG-RDF).
+  hgt   relsql: sql/hgt.sql's layer, 2 heads (typed linears per node type for K, Q, V and A, per
+        relation for W_att and W_msg, embeddings of the type for biases, p_r and skip); PyG:
+        HGTConv(hidden, hidden, metadata, heads=2) on dicts per node and edge type. HGT needs
+        node types: node n has type n % 3, and relation r links type r % 3 to type (r // 3) % 3
+        (so PyG's edge types are the dataset's R relations): each edge's ends are moved to the
+        nearest node of those types (table typed_edge; the other models read edge). A node
+        without in-edges gets PyG's zero aggregate. HGTConv transforms keys and values per
+        (relation, source node), R x N/3 rows: it runs only where one such tensor stays under
+        --fast-limit-gb (AIFB, MUTAG-RDF).
+The edge types are ignored by GAT (it is the homogeneous baseline on the same graph). Where the
+PyG baseline is skipped (RGAT, HGT on BGS and AM) relsql is timed alone, its output unchecked
+(the same template is checked on the small graphs).
 
 Before timing, relsql's weights (biases set to random values) are copied into the PyG modules,
 and every layer's node embeddings and every weight's gradient of the loss must agree in float32
@@ -63,6 +79,7 @@ import functools
 import gc
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -99,8 +116,15 @@ DATASETS = {
 FULL = ["aifb", "mutag_rdf", "bgs", "am"]
 
 # what each relsql model is compared with
-BASELINES = {"rgcn": ["RGCNConv", "FastRGCNConv"], "gat": ["GATConv"]}
-FRAMEWORK = {"RGCNConv": "pyg", "FastRGCNConv": "pyg_fast", "GATConv": "pyg"}
+BASELINES = {"rgcn": ["RGCNConv", "FastRGCNConv"], "gat": ["GATConv"], "rgat": ["RGATConv"], "hgt": ["HGTConv"]}
+FRAMEWORK = {"RGCNConv": "pyg", "FastRGCNConv": "pyg_fast", "GATConv": "pyg", "RGATConv": "pyg", "HGTConv": "pyg"}
+NODE_TYPES = 3  # HGT: node n has type n % 3; relation r links type r % 3 to type (r // 3) % 3
+HGT_HEADS = 2  # as sql/hgt.sql
+# RGATConv's parameters of its `mod` variants: unused with the default mod=None
+RGAT_UNUSED = ("w", "l1", "b1", "l2", "b2")
+# each layer's relsql weights, {model}{layer}_{suffix}
+WEIGHTS = {"rgcn": ("w", "root", "b"), "gat": ("w", "att_src", "att_dst", "b"), "rgat": ("w", "q", "k", "b"),
+           "hgt": ("k", "q", "v", "kb", "qb", "vb", "a", "ab", "skip", "att", "msg", "p")}
 
 COLUMNS = ["model", "baseline", "dataset", "layers", "nodes", "edges", "types", "hidden", "heads", "ground_s",
            "relsql_fwd_ms", "pyg_fwd_ms", "fwd_ratio", "relsql_step_ms", "pyg_step_ms", "step_ratio",
@@ -119,6 +143,20 @@ class Graph:
     type: np.ndarray  # (E,) int64 in 0..R-1, every value used
     types: int
     scale: float = 1.0
+
+    @property
+    def node_type(self) -> np.ndarray:
+        return np.arange(self.nodes) % NODE_TYPES
+
+    def typed_ends(self) -> tuple[np.ndarray, np.ndarray]:
+        """HGT's edges: each end moved to the nearest node of its relation's node type (HGTConv's
+        edge types are (source type, relation, destination type) triples; one triple per relation
+        keeps the dataset's R edge types)."""
+        def move(end: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+            moved = end - end % NODE_TYPES + wanted
+            return np.where(moved >= self.nodes, moved - NODE_TYPES, moved)
+
+        return move(self.src, self.type % NODE_TYPES), move(self.dst, self.type // NODE_TYPES % NODE_TYPES)
 
     @property
     def nodes(self) -> int:
@@ -147,9 +185,12 @@ def load_graph(con, graph: Graph) -> None:
     n, width = graph.x.shape
     offsets = pa.array(np.arange(n + 1, dtype=np.int32) * width, type=pa.int32())
     x = pa.ListArray.from_arrays(offsets, pa.array(graph.x.reshape(-1), type=pa.float32()))
+    src, dst = graph.typed_ends()
     tables = {
-        "node": ("node_id BIGINT PRIMARY KEY, x FLOAT[]", pa.table({"node_id": np.arange(n), "x": x})),
+        "node": ("node_id BIGINT PRIMARY KEY, x FLOAT[], type BIGINT",
+                 pa.table({"node_id": np.arange(n), "x": x, "type": graph.node_type})),
         "edge": ("src BIGINT, dst BIGINT, type BIGINT", pa.table({"src": graph.src, "dst": graph.dst, "type": graph.type})),
+        "typed_edge": ("src BIGINT, dst BIGINT, type BIGINT", pa.table({"src": src, "dst": dst, "type": graph.type})),
     }
     for table, (schema, arrow) in tables.items():
         view = f"__bench_{table}"
@@ -198,6 +239,37 @@ def template_text(model: str, layers: int, hidden: int, heads: int) -> str:
                 f"JOIN {name}_wx w ON w.node_id = e.src\nGROUP BY e.dst;",
                 f"CREATE TABLE {pre} AS SELECT n.node_id, bias({hidden}, '{name}_b') AS h FROM node n;",
             ]
+        elif model == "rgat":  # sql/rgat.sql's layer: W_r h computed once per edge (common subexpressions)
+            w = f"linear({{}}.h, {hidden}, '{name}_w', e.type)"
+            lines += [
+                f"CREATE TABLE {pre} AS\n"
+                f"SELECT e.dst AS node_id,\n"
+                f"       attention(leaky_relu(linear({w.format('d')}, 1, '{name}_q') + linear({w.format('s')}, 1, '{name}_k'), 0.2),\n"
+                f"                 {w.format('s')}) AS h\n"
+                f"FROM edge e\nJOIN {previous} s ON s.node_id = e.src\nJOIN {previous} d ON d.node_id = e.dst\nGROUP BY e.dst;",
+                f"CREATE TABLE {pre} AS SELECT n.node_id, bias({hidden}, '{name}_b') AS h FROM node n;",
+            ]
+        elif model == "hgt":  # sql/hgt.sql's layer over typed_edge, HGT_HEADS heads
+            lines += [
+                f"CREATE TABLE {name}_{c} AS\n"
+                f"SELECT n.node_id, linear(p.h, {hidden}, '{name}_{c}', n.type) + embed(n.type, {hidden}, '{name}_{c}b') AS h\n"
+                f"FROM node n JOIN {previous} p ON p.node_id = n.node_id;" for c in "kqv"]
+            skip, scale = f"sigmoid(embed(n.type, 1, '{name}_skip'))", (hidden // HGT_HEADS) ** -0.5
+            lines += [
+                f"CREATE TABLE {name}_m AS\n"
+                f"SELECT e.dst AS node_id,\n"
+                f"       attention(sum_per_head(q.h * linear(k.h, {hidden}, '{name}_att', e.type), {HGT_HEADS})"
+                f" * embed(e.type, {HGT_HEADS}, '{name}_p') * {scale!r},\n"
+                f"                 linear(v.h, {hidden}, '{name}_msg', e.type)) AS h\n"
+                f"FROM typed_edge e\nJOIN {name}_k k ON k.node_id = e.src\nJOIN {name}_q q ON q.node_id = e.dst\n"
+                f"JOIN {name}_v v ON v.node_id = e.src\nGROUP BY e.dst;",
+                # a node without in-edges: PyG's aggregate is 0 (n.x only gives the width; folded to a constant)
+                f"CREATE TABLE {name}_m AS SELECT n.node_id, 0 * n.x AS h FROM node n;",
+                f"CREATE TABLE {pre} AS\n"
+                f"SELECT n.node_id, {skip} * (linear(gelu(m.h), {hidden}, '{name}_a', n.type) + embed(n.type, {hidden}, '{name}_ab'))\n"
+                f"       + (1 - {skip}) * p.h AS h\n"
+                f"FROM node n\nJOIN {name}_m m ON m.node_id = n.node_id\nJOIN {previous} p ON p.node_id = n.node_id;",
+            ]
         else:
             raise ValueError(f"unknown model {model}")
         if layer < layers:
@@ -206,17 +278,59 @@ def template_text(model: str, layers: int, hidden: int, heads: int) -> str:
     return "\n\n".join(lines) + "\n"
 
 
-def weight_mapping(model: str, layers: int) -> dict[str, str]:
-    """relsql weight name -> PyG parameter name."""
-    mapping = {}
+def by_value(name: str, ours: torch.Tensor, dictionaries: dict) -> torch.Tensor:
+    """A typed weight's rows (one per dictionary code) reordered so that row t is type value t."""
+    dictionary = dictionaries[name]
+    values = torch.tensor(dictionary.column("value").to_pylist())
+    codes = torch.tensor(dictionary.column("code").to_pylist())
+    out = ours.new_zeros((int(values.max()) + 1, *ours.shape[1:]))
+    out[values] = ours[codes]
+    return out
+
+
+def hgt_metadata(types: int) -> tuple[list[str], list[tuple[str, str, str]]]:
+    """HGTConv's node types and one (source type, relation, destination type) per relation."""
+    return ([f"t{t}" for t in range(NODE_TYPES)],
+            [(f"t{r % NODE_TYPES}", f"r{r}", f"t{r // NODE_TYPES % NODE_TYPES}") for r in range(types)])
+
+
+def to_pyg(model: str, ours: dict[str, torch.Tensor], dictionaries: dict, layers: int, heads: int,
+           types: int) -> dict[str, torch.Tensor]:
+    """relsql weights (or their gradients) by name -> the PyG parameters they are, in PyG's layout
+    (PyG parameter name -> tensor). Of a per-head block-diagonal PyG weight only the diagonal blocks."""
+    out = {}
     for layer in range(1, layers + 1):
         name, conv = f"{model}{layer}", f"convs.{layer - 1}"
-        if model == "rgcn":
-            mapping |= {f"{name}_w": f"{conv}.weight", f"{name}_root": f"{conv}.root", f"{name}_b": f"{conv}.bias"}
+        if model in ("rgcn", "rgat"):  # typed (R, out, in) -> PyG's (R, in, out)
+            out[f"{conv}.weight"] = by_value(f"{name}_w", ours[f"{name}_w"], dictionaries).transpose(1, 2)
+            out[f"{conv}.bias"] = ours[f"{name}_b"]
+            if model == "rgcn":
+                out[f"{conv}.root"] = ours[f"{name}_root"].t()
+            else:
+                out[f"{conv}.q"], out[f"{conv}.k"] = ours[f"{name}_q"].t(), ours[f"{name}_k"].t()
+        elif model == "gat":
+            out |= {f"{conv}.lin.weight": ours[f"{name}_w"], f"{conv}.bias": ours[f"{name}_b"],
+                    f"{conv}.att_src": diagonal_blocks(ours[f"{name}_att_src"], heads),
+                    f"{conv}.att_dst": diagonal_blocks(ours[f"{name}_att_dst"], heads)}
+        elif model == "hgt":
+            typed = {key: by_value(f"{name}_{key}", ours[f"{name}_{key}"], dictionaries) for key in WEIGHTS["hgt"]}
+            node_types, edge_types = hgt_metadata(types)
+            for t, node_type in enumerate(node_types):
+                out[f"{conv}.kqv_lin.lins.{node_type}.weight"] = torch.cat([typed[c][t] for c in "kqv"])
+                out[f"{conv}.kqv_lin.lins.{node_type}.bias"] = torch.cat([typed[f"{c}b"][t] for c in "kqv"])
+                out[f"{conv}.out_lin.lins.{node_type}.weight"] = typed["a"][t]
+                out[f"{conv}.out_lin.lins.{node_type}.bias"] = typed["ab"][t]
+                out[f"{conv}.skip.{node_type}"] = typed["skip"][t]
+            width = typed["att"].shape[1] // HGT_HEADS
+            for key, ours_key in (("k_rel", "att"), ("v_rel", "msg")):  # block h * R + r: head h of relation r, (in, out)
+                out[f"{conv}.{key}.weight"] = torch.stack([
+                    typed[ours_key][r, h * width:(h + 1) * width, h * width:(h + 1) * width].t()
+                    for h in range(HGT_HEADS) for r in range(types)])
+            for r, edge_type in enumerate(edge_types):
+                out[f"{conv}.p_rel.{'__'.join(edge_type)}"] = typed["p"][r].unsqueeze(0)
         else:
-            mapping |= {f"{name}_w": f"{conv}.lin.weight", f"{name}_att_src": f"{conv}.att_src",
-                        f"{name}_att_dst": f"{conv}.att_dst", f"{name}_b": f"{conv}.bias"}
-    return mapping
+            raise ValueError(f"unknown model {model}")
+    return out
 
 
 def block_diagonal(att: torch.Tensor) -> torch.Tensor:
@@ -233,43 +347,40 @@ def diagonal_blocks(matrix: torch.Tensor, heads: int) -> torch.Tensor:
     return torch.stack([matrix[h, h * width:(h + 1) * width] for h in range(heads)]).unsqueeze(0)
 
 
-def as_pyg(name: str, ours: torch.Tensor, dictionaries: dict, heads: int) -> torch.Tensor:
-    """A relsql weight (or its gradient) in the layout of the PyG parameter it maps to."""
-    if name.endswith("_root"):  # RGCNConv keeps (in, out)
-        return ours.t()
-    if name.startswith("rgcn") and name.endswith("_w"):  # typed: row = dictionary code; PyG: (R, in, out) by type
-        dictionary = dictionaries[name]
-        values = torch.tensor(dictionary.column("value").to_pylist())
-        codes = torch.tensor(dictionary.column("code").to_pylist())
-        out = ours.new_zeros((int(values.max()) + 1, ours.shape[2], ours.shape[1]))
-        out[values] = ours[codes].transpose(1, 2)
-        return out
-    if "_att_" in name:
-        return diagonal_blocks(ours, heads)
-    return ours
+def head_mask(shape: tuple[int, ...], heads: int) -> torch.Tensor:
+    """1 on the per-head diagonal blocks of (..., H*C, H*C) typed matrices (HGT's W_att, W_msg)."""
+    width = shape[-1] // heads
+    block = torch.block_diag(*[torch.ones(width, width)] * heads)
+    return block.expand(shape)
 
 
 class PygNet(nn.Module):
     def __init__(self, baseline: str, layers: int, hidden: int, types: int, heads: int):
         super().__init__()
-        from torch_geometric.nn import FastRGCNConv, GATConv, RGCNConv
+        from torch_geometric.nn import FastRGCNConv, GATConv, HGTConv, RGATConv, RGCNConv
 
         def conv() -> nn.Module:
             if baseline == "RGCNConv":
                 return RGCNConv(hidden, hidden, types)
             if baseline == "FastRGCNConv":
                 return FastRGCNConv(hidden, hidden, types)
+            if baseline == "RGATConv":  # its defaults: one head, additive self-attention across relations
+                return RGATConv(hidden, hidden, types)
+            if baseline == "HGTConv":
+                return HGTConv(hidden, hidden, hgt_metadata(types), heads=HGT_HEADS)
             return GATConv(hidden, hidden // heads, heads=heads, add_self_loops=False)
 
-        self.typed = baseline != "GATConv"
+        self.hetero = baseline == "HGTConv"
         self.convs = nn.ModuleList(conv() for _ in range(layers))
 
-    def forward(self, x, edge_index, edge_type) -> list[torch.Tensor]:
-        outs = []
+    def forward(self, *inputs) -> list:
+        """Each layer's output (a tensor, or for HGTConv a dict per node type); `inputs` are the
+        conv's arguments, the node features first."""
+        x, rest, outs = inputs[0], inputs[1:], []
         for i, conv in enumerate(self.convs):
-            x = conv(x, edge_index, edge_type) if self.typed else conv(x, edge_index)
+            x = conv(x, *rest)
             if i < len(self.convs) - 1:
-                x = torch.relu(x)
+                x = {k: torch.relu(v) for k, v in x.items()} if self.hetero else torch.relu(x)
             outs.append(x)  # as the template's relation {model}{i + 1}: after the ReLU, but the last
         return outs
 
@@ -302,17 +413,29 @@ class Case:
             if FRAMEWORK[baseline] in frameworks:
                 self.baselines[baseline] = PygNet(baseline, layers, hidden, graph.types, heads)
         self.x = torch.as_tensor(graph.x)
-        self.edge_index = torch.as_tensor(np.stack([graph.src, graph.dst]))
-        self.edge_type = torch.as_tensor(graph.type)
         self.y = torch.as_tensor(np.random.default_rng(1).integers(0, hidden, graph.nodes))
-        self.mapping = weight_mapping(model, layers)
+        if model == "hgt":  # per node type t: the nodes t, t + 3, ...; local index = node id // 3
+            node_types, edge_types = hgt_metadata(graph.types)
+            src, dst = (torch.as_tensor(end) // NODE_TYPES for end in graph.typed_ends())
+            kind = torch.as_tensor(graph.type)
+            self.inputs = ({t: self.x[i::NODE_TYPES] for i, t in enumerate(node_types)},
+                           {e: torch.stack([src[kind == r], dst[kind == r]]) for r, e in enumerate(edge_types)})
+            self.pyg_y = torch.cat([self.y[i::NODE_TYPES] for i in range(NODE_TYPES)])
+        else:
+            edge_index = torch.as_tensor(np.stack([graph.src, graph.dst]))
+            self.inputs = (self.x, edge_index) if model == "gat" else (self.x, edge_index, torch.as_tensor(graph.type))
+            self.pyg_y = self.y
         if self.net is not None:
             self._share_weights()
 
+    def to_pyg(self, ours: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return to_pyg(self.model, ours, self.net.grounding.dictionaries, self.layers, self.heads, self.graph.types)
+
     def _share_weights(self) -> None:
         ours = self.net.weights_by_name()
-        if set(ours) != set(self.mapping):
-            raise RuntimeError(f"relsql weights {sorted(ours)} do not match the mapping {sorted(self.mapping)}")
+        expected = {f"{self.model}{layer}_{w}" for layer in range(1, self.layers + 1) for w in WEIGHTS[self.model]}
+        if set(ours) != expected:
+            raise RuntimeError(f"relsql weights {sorted(ours)}, expected {sorted(expected)}")
         generator = torch.Generator().manual_seed(1)
         with torch.no_grad():
             for name, weight in ours.items():
@@ -320,22 +443,39 @@ class Case:
                     weight.copy_(torch.randn(weight.shape, generator=generator) * 0.1)
                 if "_att_" in name:  # only PyG's per-head vectors: keep the diagonal blocks
                     weight.copy_(block_diagonal(diagonal_blocks(weight, self.heads)))
+                if name.endswith(("_att", "_msg")) and self.model == "hgt":  # PyG's per-head matrices
+                    weight.mul_(head_mask(weight.shape, HGT_HEADS))
+            values = self.to_pyg(ours)
             for baseline, pyg in self.baselines.items():
-                theirs = dict(pyg.named_parameters())
-                if set(theirs) != set(self.mapping.values()):
-                    raise RuntimeError(f"{baseline} parameters {sorted(theirs)} do not match the mapping")
-                for name, target in self.mapping.items():
-                    value = as_pyg(name, ours[name], self.net.grounding.dictionaries, self.heads)
+                theirs = {k: v for k, v in pyg.named_parameters() if k.rsplit(".", 1)[-1] not in RGAT_UNUSED
+                          or baseline != "RGATConv"}
+                if set(theirs) != set(values):
+                    raise RuntimeError(f"{baseline} parameters {sorted(set(theirs) ^ set(values))} unmatched")
+                for target, value in values.items():
                     if tuple(value.shape) != tuple(theirs[target].shape):
-                        raise RuntimeError(f"{name} {tuple(value.shape)} vs {baseline} {target} {tuple(theirs[target].shape)}")
+                        raise RuntimeError(f"{baseline} {target}: {tuple(value.shape)} vs {tuple(theirs[target].shape)}")
                     theirs[target].copy_(value)
+
+    def pyg_rows(self, out) -> torch.Tensor:
+        """A PyG layer's output as one (nodes, hidden) tensor in node id order."""
+        if not isinstance(out, dict):
+            return out
+        rows = next(iter(out.values())).new_empty(self.graph.nodes, self.hidden)
+        for i, value in enumerate(out.values()):
+            rows[i::NODE_TYPES] = value
+        return rows
+
+    def pyg_loss(self, out) -> torch.Tensor:
+        """The step's loss of PyG's last layer (HGT: its node types one after another, labels alike)."""
+        logits = torch.cat(list(out.values())) if isinstance(out, dict) else out
+        return F.cross_entropy(logits, self.pyg_y)
 
     # timed tasks
     def relsql_forward(self):
         return self.net()[self.last]
 
     def pyg_forward(self, baseline: str):
-        return self.baselines[baseline](self.x, self.edge_index, self.edge_type)[-1]
+        return self.baselines[baseline](*self.inputs)[-1]
 
     def relsql_step(self) -> float:
         for p in self.net_params:
@@ -347,7 +487,7 @@ class Case:
     def pyg_step(self, baseline: str) -> float:
         pyg = self.baselines[baseline]
         pyg.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(pyg(self.x, self.edge_index, self.edge_type)[-1], self.y)
+        loss = self.pyg_loss(pyg(*self.inputs)[-1])
         loss.backward()
         return loss.item()
 
@@ -383,28 +523,36 @@ class Case:
                 raise RuntimeError(f"{self.model}: the timed net (last layer only) disagrees with the full net")
         if gradients:
             self.relsql_step()
-            grads = {name: as_pyg(name, w.grad, self.net.grounding.dictionaries, self.heads)
-                     for name, w in self.net.weights_by_name().items()}
+            grads = self.to_pyg({name: w.grad for name, w in self.net.weights_by_name().items()})
         result = {}
         for baseline, pyg in self.baselines.items():
             pyg.zero_grad(set_to_none=True)
             with torch.set_grad_enabled(gradients):  # one call: the outputs, then (if asked) the step's gradients
-                theirs = pyg(self.x, self.edge_index, self.edge_type)
+                theirs = pyg(*self.inputs)
                 if gradients:
-                    F.cross_entropy(theirs[-1], self.y).backward()
+                    self.pyg_loss(theirs[-1]).backward()
             worst = 0.0
             for layer, b in enumerate(theirs, 1):
-                a, b = ours[f"{self.model}{layer}"], b.detach()
+                a, b = ours[f"{self.model}{layer}"], self.pyg_rows(b).detach()
                 if a.shape != b.shape:
                     raise RuntimeError(f"layer {layer}: relsql {tuple(a.shape)} vs {baseline} {tuple(b.shape)}")
                 worst = max(worst, ((a - b).abs().max() / b.abs().max().clamp(min=1)).item())
             params = dict(pyg.named_parameters())
             worst_grad = 0.0 if gradients else float("nan")
-            for name, target in self.mapping.items() if gradients else ():
+            # HGTConv's per-type parameters compared per family (all types): a relation seen on one
+            # edge whose destination has no other in-edge leaves its p_rel without gradient
+            families: dict[str, list[float]] = {}
+            for target, a in grads.items() if gradients else ():
                 b = params[target].grad
-                if b is None or b.abs().max().item() == 0:
+                if b is None:
                     raise RuntimeError(f"{baseline} {target}: no gradient; the check would be vacuous")
-                worst_grad = max(worst_grad, ((grads[name] - b).abs().max() / b.abs().max()).item())
+                family = families.setdefault(re.sub(r"\.t\d+(__r\d+__t\d+)?(?=\.|$)", ".*", target), [0.0, 0.0])
+                family[0] = max(family[0], (a - b).abs().max().item())
+                family[1] = max(family[1], b.abs().max().item())
+            for family, (diff, size) in families.items():
+                if size == 0:
+                    raise RuntimeError(f"{baseline} {family}: zero gradient; the check would be vacuous")
+                worst_grad = max(worst_grad, diff / size)
             pyg.zero_grad(set_to_none=True)
             result[baseline] = (worst, worst_grad)
         for p in self.net_params:
@@ -418,6 +566,12 @@ class Case:
 def fast_rgcn_gb(graph: Graph, hidden: int) -> float:
     """FastRGCNConv's per-edge matrices, one layer's forward: E x in x out float32."""
     return graph.edges * hidden * hidden * 4 / 2**30
+
+
+def hgt_rows_gb(graph: Graph, hidden: int) -> float:
+    """HGTConv transforms keys and values per (edge type, source node), not per edge: one such
+    tensor is R x N/3 x hidden float32 (it keeps several)."""
+    return graph.types * -(-graph.nodes // NODE_TYPES) * hidden * 4 / 2**30
 
 
 def rgcn_step_gb(graph: Graph, layers: int, hidden: int) -> float:
@@ -564,7 +718,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--datasets", default=None, help=f"comma separated, from {list(DATASETS)}")
     parser.add_argument("--am-scale", type=float, default=AM_SCALE, help="fraction of AM's nodes and edges")
     parser.add_argument("--fast-limit-gb", type=float, default=2.0,
-                        help="run FastRGCNConv only where its per-edge matrices (one layer) stay under this")
+                        help="run FastRGCNConv and RGATConv only where their per-edge matrices (one layer), "
+                             "HGTConv only where its per-(relation, source node) keys stay under this")
     parser.add_argument("--budget", type=float, default=60.0,
                         help="seconds of timed repetitions per (model, dataset, layers), at least one repetition")
     parser.add_argument("--threads", type=int, default=THREADS, help="torch.set_num_threads (2 as bench/gnn.py)")
@@ -627,6 +782,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     if gb > 0.8 * free:
                         no_step["RGCNConv"] = (f"training step not run: it would keep ~{gb:.1f} GiB for the backward, "
                                                f"{free:.1f} GiB available")
+                elif model in ("rgat", "hgt"):
+                    baseline, gb = BASELINES[model][0], (fast_rgcn_gb if model == "rgat" else hgt_rows_gb)(graph, args.hidden)
+                    what = "per-edge matrices" if model == "rgat" else "keys per (relation, source node)"
+                    if gb > args.fast_limit_gb:
+                        frameworks.remove("pyg")
+                        skipped[baseline] = (f"skipped: its {what} take {gb:.1f} GiB per layer (> --fast-limit-gb "
+                                             f"{args.fast_limit_gb:g}); relsql not checked here")
                 case = Case(model, graph, layers, args.hidden, args.heads, db=db, frameworks=tuple(frameworks))
                 diffs = case.check(gradients=not big)
                 for baseline, (diff, grad_diff) in diffs.items():
@@ -646,7 +808,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 for baseline in BASELINES[model]:
                     row = {"model": model, "baseline": baseline, "dataset": name, "layers": layers, "nodes": graph.nodes,
                            "edges": graph.edges, "types": graph.types, "hidden": args.hidden,
-                           "heads": args.heads if model == "gat" else "", "ground_s": round(ground_s, 3),
+                           "heads": {"gat": args.heads, "rgat": 1, "hgt": HGT_HEADS}.get(model, ""), "ground_s": round(ground_s, 3),
                            "relsql_fwd_ms": round(times["relsql_fwd"], 2), "relsql_step_ms": round(times["relsql_step"], 2),
                            "relsql_mb": relsql_mb, "ops": ops, "reps": reps,
                            "note": f"AM x{graph.scale:g}" if graph.scale != 1 else ""}
