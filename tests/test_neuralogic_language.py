@@ -11,10 +11,9 @@ import pytest
 import torch
 
 import relsql
-from connectors.neuralogic_files import import_text
 from relsql.errors import ShapeError, TemplateError
 from tests.oracles import neuralogic_oracle as oracle
-from tests.oracles.compare import compare_template, keyed_values, relsql_weights
+from tests.oracles.compare import compare_template, facts_db, keyed_values, relsql_weights
 
 # two samples, vectors of width 3 under a(X) and b(X) for two constants each
 EXAMPLES = ["[0.5, -0.2, 0.9] a(x), [0.1, 0.3, -0.4] b(x), [1.0, 2.0, 0.5] a(y), [0.3, 0.2, 0.1] b(y).",
@@ -23,9 +22,7 @@ QUERIES = ["1.0 predict.", "-0.5 predict."]
 
 
 def dataset() -> relsql.Database:
-    db = relsql.connect()
-    import_text(db.con, "\n".join(EXAMPLES), "\n".join(QUERIES))
-    return db
+    return facts_db(EXAMPLES, QUERIES)
 
 
 def check(text: str, intermediates: tuple[str, ...] = ("h",)) -> dict[str, float]:

@@ -9,8 +9,7 @@ import pytest
 import torch
 
 import relsql
-from connectors.neuralogic_files import import_text
-from tests.oracles.compare import compare_template
+from tests.oracles.compare import compare_template, facts_db
 
 PATHS = """% relsql: depth {depth}
 {{2,2}} path(X, Y) :- {{2,2}} edge(X, Y).
@@ -25,9 +24,7 @@ QUERIES = ["1.0 predict.", "0.0 predict."]
 
 
 def paths_db() -> relsql.Database:
-    db = relsql.connect()
-    import_text(db.con, "\n".join(EXAMPLES), "\n".join(QUERIES))
-    return db
+    return facts_db(EXAMPLES, QUERIES)
 
 
 def test_recursive_datalog_equals_neuralogic_once_deep_enough(neuralogic_workdir):

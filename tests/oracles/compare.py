@@ -42,6 +42,15 @@ def keyed_values(net, relation: str) -> dict[tuple, np.ndarray]:
             for row in frame.iter_rows()}
 
 
+def facts_db(examples: list[str], queries: list[str]) -> relsql.Database:
+    """An in-memory database of NeuraLogic example and query lines (one sample per line)."""
+    from connectors.neuralogic_files import import_text
+
+    db = relsql.connect()
+    import_text(db.con, "\n".join(examples), "\n".join(queries))
+    return db
+
+
 def compare_template(text: str, template_dir: str, db, examples, queries, query_table: str,
                      intermediates: tuple[str, ...] = (), check_gradients: bool = True) -> dict[str, float]:
     tpl = relsql.Template.from_datalog(text, base_dir=template_dir)
