@@ -215,8 +215,15 @@ def test_ctrl_c_during_training_leaves_a_consistent_database(tmp_path):
         db = relsql.connect({str(path)!r})
         model = relsql.Model(db, shop_template("database"), target="item.y", seed=0, dtype=torch.float64,
                              progress=False, batch_size=50, embedding_optimizer="sgd")
+        steps = []
+
+        def stepped(info):  # tell the test once the table has been updated a few times
+            steps.append(info)
+            if len(steps) == 3:
+                print("stepped", flush=True)
+
         print("training", flush=True)
-        model.fit(epochs=1000, patience=1000)
+        model.fit(epochs=1000, patience=1000, callback=stepped)
     """)
     with relsql.connect(path) as db:
         db.execute("CREATE TABLE users AS SELECT i AS user_id, (i % 50) * 1.0 AS age FROM range(300) t(i)")
@@ -225,9 +232,10 @@ def test_ctrl_c_during_training_leaves_a_consistent_database(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     assert proc.stdout.readline().strip() == "training"
+    assert proc.stdout.readline().strip() == "stepped"  # however loaded the machine, training is under way
     import time
 
-    time.sleep(4.0)
+    time.sleep(1.0)  # somewhere in a later step
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert "KeyboardInterrupt" in err
