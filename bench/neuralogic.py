@@ -1,8 +1,15 @@
-"""relsql vs PyNeuraLogic 0.9.2 on the Mutagenesis templates shipped with neuralogic.
+"""relsql vs PyNeuraLogic 0.9.2 on the datasets and templates shipped with neuralogic.
 
-    python -m bench.neuralogic [--quick] [--out out/bench] [--reps 3] [--no-memory]
+    python -m bench.neuralogic [--quick] [--datasets ...] [--out out/bench] [--reps 3] [--no-memory]
 
-For every template at the shipped width (3) and with every weight dimension widened to 32:
+Datasets (``--datasets``, default: every one that runs on both sides): Mutagenesis, every
+template at the shipped width (3) and with every weight dimension widened to 32; XOR,
+XOR_Vectorized, Family, Trains and Nations with their own template at its shipped dimensions
+(column ``width`` = shipped). The wheel's other XOR templates (``simple/xor/generalized``,
+``simple/xor/solution``) do not run on relsql: a full run tries their builds on both sides and
+prints why (``NOT_RUN``; relsql rejects the hidden template facts ``*next(0, 1).`` and the
+``offset`` predicate metadata; NeuraLogic builds both). The rest below says "the 188 molecules"; the other datasets are timed
+the same way over their own samples. For every row:
 
 * build: PyNeuraLogic = ``Model(model_file).build(settings)`` + ``build_dataset`` on the 188
   molecules (JVM already started and warm; the one-time JVM start is reported separately);
@@ -23,7 +30,7 @@ For every template at the shipped width (3) and with every weight dimension wide
 Times are medians over ``--reps`` repetitions after one warm-up; an epoch repetition is the
 mean of 10 epochs in a row on either side. ``--quick`` (a check that the bench runs and that the
 numbers are identical, not a measurement) times each side's first build (no warm-up) and one
-epoch per repetition. NeuraLogic is timed in this
+epoch per repetition, on Mutagenesis' template.txt only. NeuraLogic is timed in this
 process, then relsql back to back in a fresh process without a JVM: the JVM's JIT and GC
 threads go on working after its calls and slowed whatever ran next on these 2 cores (relsql
 builds measured 0.15 s alone and 0.3–0.8 s right after a NeuraLogic build).
@@ -67,14 +74,29 @@ TEMPLATES = (
     "template_product.txt",
     "template_partial.txt",
 )
-WIDTHS = (3, 32)
+WIDTHS = (3, 32)  # Mutagenesis only; the other datasets keep their template's dimensions
+SHIPPED = "shipped"  # the width column of the other datasets' rows
+DATASETS: dict[str, tuple[str, ...]] = {  # dataset -> its template files benchmarked
+    "mutagenesis": TEMPLATES,
+    "xor": ("template.txt",),
+    "xor_vectorized": ("template.txt",),
+    "family": ("template.txt",),
+    "trains": ("template.txt",),
+    "nations": ("template.txt",),
+}
+QUICK_DATASETS = ("mutagenesis",)  # XOR would add its three fresh processes: ~10 s idle, 88 s at load 8
+EXTRA = {  # templates in the wheel with no loader in connectors.neuralogic_files: (folder, examples)
+    "xor_generalized": ("simple/xor/generalized", "examples.txt"),
+    "xor_solution": ("simple/xor/solution", "testExamples.txt"),
+}
+NOT_RUN = tuple(EXTRA)  # tried (builds only) in full runs to print why they do not run
 TOL = 1e-6
 EPOCH_LOOPS = 10  # epochs per timed repetition, on both sides
 LR = 1e-9  # timing does not depend on it; tiny so that no template diverges (identity-activation GNNs at width 32 do at 1e-4)
 TARGETS = {"build": 10.0, "epoch@3": 1.0, "epoch@32": 20.0}
 
 COLUMNS = (
-    "template", "width", "epoch_kind",
+    "dataset", "template", "width", "epoch_kind",
     "nl_build_s", "relsql_build_s", "build_ratio", "build_ratio_incl_import",
     "nl_epoch_ms", "relsql_epoch_ms_f64", "relsql_epoch_ms_f32", "epoch_ratio_f64", "epoch_ratio_f32",
     "max_abs_dev", "n_outputs", "nl_peak_rss_mib", "relsql_peak_rss_mib",
@@ -85,9 +107,9 @@ COLUMNS = (
 # --------------------------------------------------------------------------- templates
 
 
-def widen(text: str, width: int) -> str:
+def widen(text: str, width: int | str) -> str:
     """Every weight/offset dimension > 1 in `{..}` becomes `width` ({3,3}→{w,w}, {3,1}→{w,1}, {1,4}→{1,w})."""
-    if width == 3:
+    if width in (3, SHIPPED):
         return text
 
     def dims(m: re.Match) -> str:
@@ -97,18 +119,49 @@ def widen(text: str, width: int) -> str:
     return re.sub(r"\{\s*(\d+(?:\s*,\s*\d+)*)\s*\}", dims, text)
 
 
-def skip_reason(name: str, width: int) -> str | None:
+def skip_reason(name: str, width: int | str) -> str | None:
     if name == "template_crosssum.txt" and width != 3:
         return f"crosssum's {{1,243}} = 3^5 would become {{1,{width}^5}} = {width**5:,} columns: skipped"
     return None
 
 
-def write_template_dir(src_dir: Path, name: str, width: int, dest: Path) -> tuple[str, Path]:
-    """Widened copies of every template file in `dest`; returns (template text, path for NeuraLogic)."""
+def dataset_files(name: str) -> SimpleNamespace:
+    """A shipped dataset's files (nothing imported): name, template, templates (copied with it), examples, queries."""
+    from connectors.neuralogic_files import BUILTIN_DATASETS, builtin_dataset_root
+
+    root = builtin_dataset_root()
+    if name in EXTRA:
+        folder, examples = EXTRA[name]
+        template, extra, examples_path, queries = root / folder / "template.txt", [], root / folder / examples, None
+    else:
+        spec = BUILTIN_DATASETS[name]
+        template, examples_path = root / spec.template, root / spec.examples
+        queries = root / spec.queries if spec.queries else None
+        extra = [root / p for p in spec.extra_templates]
+        if spec.template_dir:
+            extra += sorted(p for p in (root / spec.template_dir).glob("*.txt") if p != template)
+    return SimpleNamespace(name=name, template=template, templates=(template, *extra), examples=examples_path,
+                           queries=queries)
+
+
+def load_dataset(con, name: str) -> SimpleNamespace:
+    """`dataset_files` imported into `con`, with its tables, query heads and NeuraLogic's sample count."""
+    from connectors.neuralogic_files import import_files
+
+    ds = dataset_files(name)
+    ds.tables = import_files(con, ds.examples, ds.queries)
+    ds.heads = tuple(t.removeprefix("query_") for t in ds.tables if t.startswith("query_"))
+    # samples as NeuraLogic numbers them: one example statement = one sample shared by every query
+    ds.n_examples = sum(1 for ln in ds.examples.read_text().splitlines() if ln.strip().endswith("."))
+    return ds
+
+
+def write_template_dir(ds: SimpleNamespace, name: str, width: int | str, dest: Path) -> tuple[str, Path]:
+    """Widened copies of the dataset's template files in `dest`; returns (template text, path for NeuraLogic)."""
     from tests.oracles.compare import oracle_text
 
     dest.mkdir(parents=True, exist_ok=True)
-    for p in src_dir.glob("*.txt"):
+    for p in ds.templates:  # all in one folder: `import ./x` resolves beside the template
         (dest / p.name).write_text(widen(p.read_text(), width))
     text = (dest / name).read_text()
     if name == "template_partial.txt":  # it leaves atom/bond embeddings to another file
@@ -144,7 +197,7 @@ def nl_settings(kind: str):
 
 
 class NeuraLogicSide:
-    def __init__(self, template_path: Path, examples: Path, queries: Path, settings_kind: str):
+    def __init__(self, template_path: Path, examples: Path, queries: Path | None, settings_kind: str):
         self.template_path, self.examples, self.queries = template_path, examples, queries
         self.settings_kind = settings_kind
         self.model = self.dataset = None
@@ -156,7 +209,8 @@ class NeuraLogicSide:
 
         neuralogic.manual_seed(0)
         model = Model(model_file=str(self.template_path)).build(nl_settings(self.settings_kind))
-        dataset = model.build_dataset(FileDataset(examples_file=str(self.examples), queries_file=str(self.queries)))
+        queries = str(self.queries) if self.queries else None  # None: XOR's format, one sample per example line
+        dataset = model.build_dataset(FileDataset(examples_file=str(self.examples), queries_file=queries))
         self.model, self.dataset = model, dataset
 
     def set_weights(self, weights) -> None:
@@ -176,7 +230,8 @@ class NeuraLogicSide:
     def outputs(self, n_examples: int):
         from tests.oracles import neuralogic_oracle as oracle
 
-        ws = SimpleNamespace(model=self.model, dataset=self.dataset, examples=[None] * n_examples, queries=[])
+        ws = SimpleNamespace(model=self.model, dataset=self.dataset, examples=[None] * n_examples,
+                             queries=[] if self.queries else None)
         return oracle._outputs(ws)
 
     def epoch(self):
@@ -194,8 +249,8 @@ def _prod(shape) -> int:
 
 
 class RelsqlSide:
-    def __init__(self, db, text: str, template_dir: Path, dtype, head: str = "predict"):
-        self.db, self.text, self.template_dir, self.dtype, self.head = db, text, template_dir, dtype, head
+    def __init__(self, db, text: str, template_dir: Path, dtype, heads: tuple[str, ...] = ("predict",)):
+        self.db, self.text, self.template_dir, self.dtype, self.heads = db, text, template_dir, dtype, heads
         self.tpl = self.net = self.opt = self.targets = None
 
     def build(self):
@@ -204,7 +259,7 @@ class RelsqlSide:
         tpl = relsql.Template.from_datalog(self.text, base_dir=str(self.template_dir))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            net = relsql.compile(tpl, self.db, dtype=self.dtype, seed=7, outputs=[self.head])
+            net = relsql.compile(tpl, self.db, dtype=self.dtype, seed=7, outputs=list(self.heads))
         self.tpl, self.net = tpl, net
 
     def prepare(self, like: RelsqlSide | None = None):
@@ -218,17 +273,20 @@ class RelsqlSide:
             with torch.no_grad():
                 for name, p in self.net.named_weights().items():
                     p.copy_(theirs[name].to(p.dtype))
-        rows = {k: i for i, k in enumerate(keyed_values(self.net, self.head))}
-        table = f"query_{self.head}"
-        out = self.net()[self.head]
-        target = torch.zeros_like(out)
-        mask = torch.zeros(out.shape[0], dtype=torch.bool)
-        for t in self.db.arrow(f'SELECT * FROM "{table}" ORDER BY ordinal').to_pylist():
-            key = (t["sample"], *[t[f"a{i}"] for i in range(len(t) - 3)])
-            target[rows[key]] = torch.as_tensor(t["target"], dtype=out.dtype).reshape(target[rows[key]].shape)
-            mask[rows[key]] = True
-        self.rows = None if bool(mask.all()) else torch.nonzero(mask).reshape(-1)  # queries without a target left out
-        self.targets = target if self.rows is None else target.index_select(0, self.rows)
+        outs = self.net()
+        self.rows, self.targets = {}, {}
+        for head in self.heads:
+            rows = {k: i for i, k in enumerate(keyed_values(self.net, head))}
+            out = outs[head]
+            target = torch.zeros_like(out)
+            mask = torch.zeros(out.shape[0], dtype=torch.bool)
+            for t in self.db.arrow(f'SELECT * FROM "query_{head}" ORDER BY ordinal').to_pylist():
+                key = (t["sample"], *[t[f"a{i}"] for i in range(len(t) - 3)])
+                target[rows[key]] = torch.as_tensor(t["target"], dtype=out.dtype).reshape(target[rows[key]].shape)
+                mask[rows[key]] = True
+            sel = None if bool(mask.all()) else torch.nonzero(mask).reshape(-1)  # queries without a target left out
+            self.rows[head] = sel
+            self.targets[head] = target if sel is None else target.index_select(0, sel)
         self.opt = torch.optim.SGD([p for p in self.net.parameters() if p.requires_grad], lr=LR, foreach=True)
         self.initial = {n: p.detach().clone() for n, p in self.net.named_weights().items()}
 
@@ -242,10 +300,13 @@ class RelsqlSide:
     def epoch(self):
         import torch
 
-        out = self.net()[self.head]
-        if self.rows is not None:
-            out = out.index_select(0, self.rows)
-        loss = torch.nn.functional.mse_loss(out, self.targets, reduction="sum")  # Σ(o − t)², one op
+        outs = self.net()
+        loss = 0.0
+        for head in self.heads:
+            out, sel = outs[head], self.rows[head]
+            if sel is not None:
+                out = out.index_select(0, sel)
+            loss = loss + torch.nn.functional.mse_loss(out, self.targets[head], reduction="sum")  # Σ(o − t)², one op
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
@@ -264,15 +325,19 @@ def check_identical(rel: RelsqlSide, nl: NeuraLogicSide, n_examples: int) -> tup
     from tests.oracles.compare import keyed_values, relsql_weights
 
     nl.set_weights(relsql_weights(rel.tpl, rel.net))
-    ours = keyed_values(rel.net, rel.head)
+    ours = {}  # (predicate, arity) -> keyed values; relsql names a head `p/2` where `p` has two arities
+    for head in rel.heads:
+        values = keyed_values(rel.net, head)
+        ours[(head.split("/")[0], len(next(iter(values), (0,))) - 1)] = values
     worst = 0.0
     outs = nl.outputs(n_examples)
     for out in outs:
         args = tuple(a.strip() for a in out.query[out.query.index("(") + 1:-1].split(",")) if "(" in out.query else ()
         key = (out.sample, *args)
-        if key not in ours:
+        values = ours.get((out.query.split("(")[0].strip(), len(args)), {})
+        if key not in values:
             raise AssertionError(f"{out.query} of sample {out.sample} has no value in relsql")
-        worst = max(worst, float(np.abs(ours[key].reshape(-1) - out.value.reshape(-1)).max()))
+        worst = max(worst, float(np.abs(values[key].reshape(-1) - out.value.reshape(-1)).max()))
     return worst, len(outs)
 
 
@@ -291,28 +356,28 @@ def _timed(fn, reset=None, loops: int = 1) -> float:
 # --------------------------------------------------------------------------- one configuration
 
 
-def run_config(name: str, width: int, db, dataset, n_examples: int, work: Path, reps: int, settings_kind: str,
+def run_config(name: str, width: int | str, db, dataset, work: Path, reps: int, settings_kind: str,
                memory: bool, import_s: float, jvm_s: float, warm: bool = True, loops: int = EPOCH_LOOPS) -> dict:
     """One template at one width; `warm` False (--quick): the first builds are the timed ones, and
     `loops` epochs make an epoch repetition."""
     import torch
 
     row = {c: "" for c in COLUMNS}
-    row.update(template=name, width=width, nl_settings=settings_kind, reps=reps,
+    row.update(dataset=dataset.name, template=name, width=width, nl_settings=settings_kind, reps=reps,
                relsql_import_s=f"{import_s:.4f}", jvm_start_s=f"{jvm_s:.3f}")
     reason = skip_reason(name, width)
     if reason:
         row["note"] = reason
         return row
-    tdir = work / f"{Path(name).stem}_w{width}"
-    text, nl_path = write_template_dir(dataset.template.parent, name, width, tdir)
-    rel = RelsqlSide(db, text, tdir, torch.float64)
+    tdir = work / f"{dataset.name}_{Path(name).stem}_w{width}"
+    text, nl_path = write_template_dir(dataset, name, width, tdir)
+    rel = RelsqlSide(db, text, tdir, torch.float64, dataset.heads)
     nl = NeuraLogicSide(nl_path, dataset.examples, dataset.queries, settings_kind)
     rel.build()
     first_nl_build = _timed(nl.build)
 
     # identical numbers before any timing (fresh float64 weights into NeuraLogic)
-    dev, n_out = check_identical(rel, nl, n_examples)
+    dev, n_out = check_identical(rel, nl, dataset.n_examples)
     row.update(max_abs_dev=f"{dev:.3e}", n_outputs=n_out)
 
     kind = "train"
@@ -330,7 +395,7 @@ def run_config(name: str, width: int, db, dataset, n_examples: int, work: Path, 
     nb = [_timed(nl.build) for _ in range(reps)] if warm else [first_nl_build] + [_timed(nl.build) for _ in range(reps - 1)]
     epoch = nl.epoch if kind == "train" else nl.forward
     ne = [_timed(epoch, nl.reset, loops) for _ in range(reps)]
-    ours = _relsql_subprocess(name, width, kind, reps, work, warm, loops)
+    ours = _relsql_subprocess(dataset.name, name, width, kind, reps, work, warm, loops)
     bmed_r, bmed_n, nl_epoch = ours["build_s"], statistics.median(nb), statistics.median(ne)
     row.update(
         epoch_kind=kind,
@@ -343,18 +408,42 @@ def run_config(name: str, width: int, db, dataset, n_examples: int, work: Path, 
     del rel, nl
     gc.collect()
     if memory:  # side by side: each its own process, their peak RSS is their own
-        probes = {side: _memory_subprocess(side, name, width, kind, settings_kind, work) for side in ("neuralogic", "relsql")}
+        probes = {side: _memory_subprocess(side, dataset.name, name, width, kind, settings_kind, work)
+                  for side in ("neuralogic", "relsql")}
         for side, probe in probes.items():
             row[f"{'nl' if side == 'neuralogic' else 'relsql'}_peak_rss_mib"] = _memory_result(side, name, width, *probe)
     return row
 
 
+def why_not_run(dsname: str) -> str:
+    """Both sides' build of a dataset's template, each side's first error (or "builds")."""
+    import torch
+
+    import relsql
+
+    db = relsql.connect()
+    ds = load_dataset(db.con, dsname)
+    with tempfile.TemporaryDirectory(prefix="relsql_bench_nr_") as tmp:
+        text, nl_path = write_template_dir(ds, "template.txt", SHIPPED, Path(tmp))
+        sides = {"relsql": RelsqlSide(db, text, Path(tmp), torch.float64, ds.heads).build,
+                 "NeuraLogic": NeuraLogicSide(nl_path, ds.examples, ds.queries, "iso").build}
+        said = []
+        for side, build in sides.items():
+            try:
+                build()
+                said.append(f"{side} builds")
+            except Exception as e:  # noqa: BLE001 - the reason is the result
+                said.append(f"{side}: {type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e) else ''}")
+    db.close()
+    return "; ".join(said)
+
+
 # --------------------------------------------------------------------------- relsql timings (fresh process)
 
 
-def _relsql_subprocess(name: str, width: int, kind: str, reps: int, work: Path, warm: bool = True,
+def _relsql_subprocess(dsname: str, name: str, width: int | str, kind: str, reps: int, work: Path, warm: bool = True,
                        loops: int = EPOCH_LOOPS) -> dict:
-    cmd = [sys.executable, "-m", "bench.neuralogic", "--time-relsql", "--probe-template", name,
+    cmd = [sys.executable, "-m", "bench.neuralogic", "--time-relsql", "--probe-dataset", dsname, "--probe-template", name,
            "--probe-width", str(width), "--probe-kind", kind, "--reps", str(reps), "--loops", str(loops),
            *([] if warm else ["--no-warmup"])]
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -365,22 +454,21 @@ def _relsql_subprocess(name: str, width: int, kind: str, reps: int, work: Path, 
     raise RuntimeError(f"relsql timing of {name} w{width} failed:\n{proc.stderr[-2000:]}")
 
 
-def time_relsql(name: str, width: int, kind: str, reps: int, warm: bool = True, loops: int = EPOCH_LOOPS) -> None:
+def time_relsql(dsname: str, name: str, width: int | str, kind: str, reps: int, warm: bool = True,
+                loops: int = EPOCH_LOOPS) -> None:
     """Runs in a fresh process (no JVM): relsql build, then float64 and float32 epochs, alternating
     (`warm` False: the first build and epochs are the timed ones)."""
     import torch
 
     import relsql
-    from connectors.neuralogic_files import builtin_dataset_root, load_builtin
 
     torch.set_num_threads(2)
-    root = builtin_dataset_root() / "molecules" / "mutagenesis"
     with tempfile.TemporaryDirectory(prefix="relsql_bench_time_") as tmp:
-        text, _ = write_template_dir(root / "templates", name, width, Path(tmp))
         db = relsql.connect()
-        load_builtin(db.con, "mutagenesis")
-        rel = RelsqlSide(db, text, Path(tmp), torch.float64)
-        rel32 = RelsqlSide(db, text, Path(tmp), torch.float32)
+        ds = load_dataset(db.con, dsname)
+        text, _ = write_template_dir(ds, name, width, Path(tmp))
+        rel = RelsqlSide(db, text, Path(tmp), torch.float64, ds.heads)
+        rel32 = RelsqlSide(db, text, Path(tmp), torch.float32, ds.heads)
         if warm:
             rel.build()  # warm-up
         builds = [_timed(rel.build) for _ in range(reps)]
@@ -401,9 +489,10 @@ def time_relsql(name: str, width: int, kind: str, reps: int, warm: bool = True, 
 # --------------------------------------------------------------------------- memory (fresh processes)
 
 
-def _memory_subprocess(side: str, name: str, width: int, kind: str, settings_kind: str, work: Path):
+def _memory_subprocess(side: str, dsname: str, name: str, width: int | str, kind: str, settings_kind: str, work: Path):
     """The probe of one side, started: (process, its stdout file, its stderr file)."""
-    cmd = [sys.executable, "-m", "bench.neuralogic", "--memory-probe", side, "--probe-template", name,
+    cmd = [sys.executable, "-m", "bench.neuralogic", "--memory-probe", side, "--probe-dataset", dsname,
+           "--probe-template", name,
            "--probe-width", str(width), "--probe-kind", kind, "--nl-settings", settings_kind]
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cwd = work / f"probe_{side}"
@@ -429,25 +518,23 @@ def _memory_result(side: str, name: str, width: int, proc: subprocess.Popen, out
     return "failed"
 
 
-def memory_probe(side: str, name: str, width: int, kind: str, settings_kind: str) -> None:
+def memory_probe(side: str, dsname: str, name: str, width: int | str, kind: str, settings_kind: str) -> None:
     """Runs in a fresh process: build + one epoch (or forward) of one side, prints its peak RSS."""
-    from connectors.neuralogic_files import builtin_dataset_root
-
-    root = builtin_dataset_root() / "molecules" / "mutagenesis"
     with tempfile.TemporaryDirectory(prefix="relsql_bench_probe_") as tmp:
-        text, nl_path = write_template_dir(root / "templates", name, width, Path(tmp))
         if side == "neuralogic":
+            ds = dataset_files(dsname)
+            _, nl_path = write_template_dir(ds, name, width, Path(tmp))
             _quiet_java()
-            s = NeuraLogicSide(nl_path, root / "examples.txt", root / "queries.txt", settings_kind)
+            s = NeuraLogicSide(nl_path, ds.examples, ds.queries, settings_kind)
         else:
             import torch
 
             import relsql
-            from connectors.neuralogic_files import load_builtin
 
             db = relsql.connect()
-            load_builtin(db.con, "mutagenesis")
-            s = RelsqlSide(db, text, Path(tmp), torch.float64)
+            ds = load_dataset(db.con, dsname)
+            text, _ = write_template_dir(ds, name, width, Path(tmp))
+            s = RelsqlSide(db, text, Path(tmp), torch.float64, ds.heads)
         s.build()
         if side == "relsql":
             s.prepare()
@@ -459,16 +546,16 @@ def memory_probe(side: str, name: str, width: int, kind: str, settings_kind: str
 
 
 def print_table(rows: list[dict]) -> str:
-    head = ("template", "w", "kind", "build NL s", "build rs s", "×", "epoch NL ms", "rs f64 ms", "rs f32 ms",
+    head = ("dataset", "template", "w", "kind", "build NL s", "build rs s", "×", "epoch NL ms", "rs f64 ms", "rs f32 ms",
             "×f64", "×f32", "max|Δ|", "RSS NL MiB", "RSS rs MiB")
-    keys = ("template", "width", "epoch_kind", "nl_build_s", "relsql_build_s", "build_ratio", "nl_epoch_ms",
+    keys = ("dataset", "template", "width", "epoch_kind", "nl_build_s", "relsql_build_s", "build_ratio", "nl_epoch_ms",
             "relsql_epoch_ms_f64", "relsql_epoch_ms_f32", "epoch_ratio_f64", "epoch_ratio_f32", "max_abs_dev",
             "nl_peak_rss_mib", "relsql_peak_rss_mib")
     cells = [head] + [tuple(str(r[k]) if r[k] != "" else "-" for k in keys) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
-    lines = ["  ".join(c[i].ljust(widths[i]) if i < 3 else c[i].rjust(widths[i]) for i in range(len(head))) for c in cells]
+    lines = ["  ".join(c[i].ljust(widths[i]) if i < 4 else c[i].rjust(widths[i]) for i in range(len(head))) for c in cells]
     lines.insert(1, "-" * len(lines[0]))
-    notes = [f"  {r['template']} w{r['width']}: {r['note']}" for r in rows if r["note"]]
+    notes = [f"  {r['dataset']} {r['template']} w{r['width']}: {r['note']}" for r in rows if r["note"]]
     return "\n".join(lines + (["notes:"] + notes if notes else []))
 
 
@@ -481,7 +568,8 @@ def write_chart(rows: list[dict], path: Path) -> None:
     done = [r for r in rows if r["build_ratio"] != ""]
     if not done:
         return
-    labels = [f"{Path(r['template']).stem.removeprefix('template').lstrip('_') or 'template'}\nw{r['width']}"
+    labels = [(f"{Path(r['template']).stem.removeprefix('template').lstrip('_') or 'template'}\nw{r['width']}"
+               if r["dataset"] == "mutagenesis" else r["dataset"].replace("_", "\n"))
               + ("\n(fwd)" if r["epoch_kind"] == "forward" else "") for r in done]
     fig, axes = plt.subplots(2, 1, figsize=(max(8, 0.8 * len(done) + 2), 9))
     x = range(len(done))
@@ -494,7 +582,7 @@ def write_chart(rows: list[dict], path: Path) -> None:
     ax2.bar([i - w / 2 for i in x], [float(r["epoch_ratio_f64"]) for r in done], w, label="relsql float64", color="tab:green")
     ax2.bar([i + w / 2 for i in x], [float(r["epoch_ratio_f32"]) for r in done], w, label="relsql float32", color="tab:olive")
     for i, r in enumerate(done):
-        t = TARGETS["epoch@3"] if r["width"] == 3 else TARGETS["epoch@32"]
+        t = TARGETS["epoch@32"] if str(r["width"]) == "32" else TARGETS["epoch@3"]
         ax2.hlines(t, i - 0.5, i + 0.5, color="red", ls="--", label="target (1× at w3, 20× at w32)" if i == 0 else None)
     ax2.set_title("epoch speed-up: NeuraLogic ms / relsql ms")
     for a in axes:
@@ -514,38 +602,41 @@ def write_chart(rows: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.neuralogic", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true",
-                    help="template.txt at width 3 only, 1 repetition without warm-up, 1 epoch per repetition")
+                    help="Mutagenesis' template.txt at width 3 only, 1 repetition without warm-up, 1 epoch per repetition")
+    ap.add_argument("--datasets", nargs="*", choices=(*DATASETS, *EXTRA), default=None,
+                    help=f"default: all that run on both sides ({', '.join(DATASETS)}); quick: {', '.join(QUICK_DATASETS)}")
     ap.add_argument("--out", default="out/bench")
     ap.add_argument("--reps", type=int, default=None, help="timed repetitions after the warm-up (default 3; quick 1)")
-    ap.add_argument("--templates", nargs="*", default=None)
-    ap.add_argument("--widths", nargs="*", type=int, default=None)
+    ap.add_argument("--templates", nargs="*", default=None, help="Mutagenesis templates (default: all seven)")
+    ap.add_argument("--widths", nargs="*", type=int, default=None, help="Mutagenesis widths (default 3 32)")
     ap.add_argument("--no-memory", action="store_true", help="skip the fresh-process peak-RSS probes")
     ap.add_argument("--nl-settings", choices=("iso", "oracle"), default="iso")
     ap.add_argument("--memory-probe", choices=("neuralogic", "relsql"), help=argparse.SUPPRESS)
     ap.add_argument("--probe-template", help=argparse.SUPPRESS)
-    ap.add_argument("--probe-width", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--probe-dataset", default="mutagenesis", help=argparse.SUPPRESS)
+    ap.add_argument("--probe-width", type=lambda w: w if w == SHIPPED else int(w), help=argparse.SUPPRESS)
     ap.add_argument("--probe-kind", default="train", help=argparse.SUPPRESS)
     ap.add_argument("--time-relsql", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--no-warmup", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--loops", type=int, default=EPOCH_LOOPS, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.time_relsql:
-        time_relsql(args.probe_template, args.probe_width, args.probe_kind, args.reps or 3, not args.no_warmup, args.loops)
+        time_relsql(args.probe_dataset, args.probe_template, args.probe_width, args.probe_kind, args.reps or 3, not args.no_warmup, args.loops)
         return 0
     if args.memory_probe:
-        memory_probe(args.memory_probe, args.probe_template, args.probe_width, args.probe_kind, args.nl_settings)
+        memory_probe(args.memory_probe, args.probe_dataset, args.probe_template, args.probe_width, args.probe_kind, args.nl_settings)
         return 0
 
     templates = args.templates or (("template.txt",) if args.quick else TEMPLATES)
     widths = args.widths or ((3,) if args.quick else WIDTHS)
     reps = args.reps or (1 if args.quick else 3)
+    datasets = args.datasets or (QUICK_DATASETS if args.quick else tuple(DATASETS))
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
 
     import torch
 
     import relsql
-    from connectors.neuralogic_files import load_builtin
 
     old_cwd = os.getcwd()
     rows: list[dict] = []
@@ -554,29 +645,33 @@ def main(argv: list[str] | None = None) -> int:
         os.chdir(work)  # PyNeuraLogic writes ./target/...
         try:
             jvm_s = _quiet_java()
-            t = time.perf_counter()
-            db = relsql.connect()
-            dataset = load_builtin(db.con, "mutagenesis")
-            import_s = time.perf_counter() - t
-            n_examples = sum(1 for ln in dataset.examples.read_text().splitlines() if ln.strip())
-            print(f"JVM start {jvm_s:.2f} s (once, excluded from builds); DuckDB import of the examples {import_s:.3f} s "
-                  f"(excluded from relsql builds); torch threads {torch.get_num_threads()}, cores {os.cpu_count()}; "
-                  f"NeuraLogic settings: {args.nl_settings}; reps {reps}", flush=True)
-            for width in widths:
-                for name in templates:
-                    t0 = time.perf_counter()
-                    try:
-                        row = run_config(name, width, db, dataset, n_examples, work, reps, args.nl_settings,
-                                         not args.no_memory, import_s, jvm_s, warm=not args.quick,
-                                         loops=1 if args.quick else EPOCH_LOOPS)
-                    except Exception as e:  # noqa: BLE001 - report and go on with the other templates
-                        traceback.print_exc()
-                        row = {c: "" for c in COLUMNS}
-                        row.update(template=name, width=width, nl_settings=args.nl_settings, reps=reps,
-                                   note=f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}")
-                    rows.append(row)
-                    print(f"  {name} w{width}: build ×{row['build_ratio'] or '-'}, epoch ×{row['epoch_ratio_f64'] or '-'} "
-                          f"(f64), max|Δ| {row['max_abs_dev'] or '-'}  [{time.perf_counter() - t0:.0f} s]", flush=True)
+            print(f"JVM start {jvm_s:.2f} s (once, excluded from builds); torch threads {torch.get_num_threads()}, "
+                  f"cores {os.cpu_count()}; NeuraLogic settings: {args.nl_settings}; reps {reps}", flush=True)
+            for dsname in datasets:
+                t = time.perf_counter()
+                db = relsql.connect()  # one database per dataset: their relation names overlap
+                dataset = load_dataset(db.con, dsname)
+                import_s = time.perf_counter() - t
+                print(f"{dsname}: DuckDB import of the examples {import_s:.3f} s (excluded from relsql builds)", flush=True)
+                mutagenesis = dsname == "mutagenesis"
+                for width in widths if mutagenesis else (SHIPPED,):
+                    for name in templates if mutagenesis else DATASETS.get(dsname, ("template.txt",)):
+                        t0 = time.perf_counter()
+                        try:
+                            row = run_config(name, width, db, dataset, work, reps, args.nl_settings,
+                                             not args.no_memory, import_s, jvm_s, warm=not args.quick,
+                                             loops=1 if args.quick else EPOCH_LOOPS)
+                        except Exception as e:  # noqa: BLE001 - report and go on with the other templates
+                            traceback.print_exc()
+                            row = {c: "" for c in COLUMNS}
+                            row.update(dataset=dsname, template=name, width=width, nl_settings=args.nl_settings, reps=reps,
+                                       note=f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}")
+                        rows.append(row)
+                        print(f"  {dsname} {name} w{width}: build ×{row['build_ratio'] or '-'}, epoch ×"
+                              f"{row['epoch_ratio_f64'] or '-'} (f64), max|Δ| {row['max_abs_dev'] or '-'}  "
+                              f"[{time.perf_counter() - t0:.0f} s]", flush=True)
+                db.close()
+            not_run = {} if args.quick else {n: why_not_run(n) for n in NOT_RUN if n not in datasets}
         finally:
             os.chdir(old_cwd)
 
@@ -585,6 +680,10 @@ def main(argv: list[str] | None = None) -> int:
     write_chart(rows, png_path)
     print()
     print(print_table(rows))
+    if not_run:
+        print("not run (templates shipped in the wheel that do not run on both sides):")
+        for n, why in not_run.items():
+            print(f"  {n}: {why}")
     print(f"\nbuild = NL Model.build+build_dataset vs relsql from_datalog+compile (import excluded; "
           f"ratio incl. import in the CSV); epoch: NL train() per-sample SGD vs relsql full-batch SGD step; "
           f"× = NeuraLogic / relsql; targets build ≥{TARGETS['build']:g}×, epoch >{TARGETS['epoch@3']:g}× at w3, "
@@ -592,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {png_path}")
     bad = [r for r in rows if (r["max_abs_dev"] != "" and not float(r["max_abs_dev"]) < TOL) or r["note"].startswith("ERROR")]
     if bad:
-        print("FAILED (identical-numbers check or error): " + ", ".join(f"{r['template']} w{r['width']} ({r['max_abs_dev']})" for r in bad))
+        print("FAILED (identical-numbers check or error): " + ", ".join(f"{r['dataset']} {r['template']} w{r['width']} ({r['max_abs_dev']})" for r in bad))
         return 1
     return 0
 

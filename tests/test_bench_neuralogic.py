@@ -1,4 +1,5 @@
-"""bench/neuralogic.py in --quick mode: runs, writes its CSV and chart, identical numbers hold (no timing checks)."""
+"""bench/neuralogic.py in --quick mode: runs, writes its CSV and chart, identical numbers hold (no timing checks);
+every shipped dataset it knows imports with its query heads."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.neuralogic import COLUMNS, TOL, skip_reason, widen
+import duckdb
+
+from bench.neuralogic import COLUMNS, DATASETS, EXTRA, SHIPPED, TOL, dataset_files, load_dataset, skip_reason, widen
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -17,8 +20,22 @@ def test_widen_rewrites_every_dimension_above_one():
     text = "{3,3} a(X) :- b(X). {3,1} c(X) :- d(X). {1,3} p :- c(X). {4,3} e(A) :- f(A). p/0 {1} x/1 {3,1} <-7>"
     assert widen(text, 32) == ("{32,32} a(X) :- b(X). {32,1} c(X) :- d(X). {1,32} p :- c(X). "
                                "{32,32} e(A) :- f(A). p/0 {1} x/1 {32,1} <-7>")
-    assert widen(text, 3) == text
+    assert widen(text, 3) == text == widen(text, SHIPPED)
     assert skip_reason("template_crosssum.txt", 32) and not skip_reason("template_crosssum.txt", 3)
+
+
+def test_small_datasets_import_with_their_heads_and_samples():
+    """The small ones (Mutagenesis runs in the quick test; Nations' import takes seconds)."""
+    heads = {"xor": ("xor",), "xor_vectorized": ("xor",), "family": ("foal", "negFoal"), "trains": ("direction",),
+             "xor_generalized": ("xor_at",), "xor_solution": ("xor",)}
+    samples = {"xor": 4, "xor_vectorized": 4, "family": 1, "trains": 1, "xor_generalized": 4, "xor_solution": 4}
+    assert set(heads) | {"mutagenesis", "nations"} == set(DATASETS) | set(EXTRA)
+    for name in heads:
+        ds = load_dataset(duckdb.connect(), name)
+        assert (ds.heads, ds.n_examples) == (heads[name], samples[name]), name
+        assert all(p.parent == ds.template.parent for p in ds.templates), name
+    nations = dataset_files("nations")
+    assert [p.name for p in nations.templates] == ["template.txt", "embeddings.txt"]
 
 
 def test_quick_benchmark_writes_csv_with_identical_numbers(tmp_path):
@@ -32,7 +49,7 @@ def test_quick_benchmark_writes_csv_with_identical_numbers(tmp_path):
         reader = csv.DictReader(fp)
         assert tuple(reader.fieldnames) == COLUMNS
         rows = list(reader)
-    assert [(r["template"], r["width"]) for r in rows] == [("template.txt", "3")]
+    assert [(r["dataset"], r["template"], r["width"]) for r in rows] == [("mutagenesis", "template.txt", "3")]
     row = rows[0]
     assert float(row["max_abs_dev"]) < TOL
     assert int(row["n_outputs"]) == 188
