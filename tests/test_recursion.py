@@ -35,6 +35,24 @@ def test_recursive_datalog_equals_neuralogic_once_deep_enough(neuralogic_workdir
         compare_template(PATHS.format(depth=2), "/tmp", paths_db(), EXAMPLES, QUERIES, "query_predict", ("path",))
 
 
+@pytest.mark.parametrize("examples, depth", [("examples.txt", 1), ("texamples.txt", 2), ("texamples.txt", 4)])
+def test_the_wheels_recursive_xor_template_equals_neuralogic(examples, depth, neuralogic_workdir):
+    """NeuraLogic's own generalized XOR (simple/xor/generalized): xor_at(Y) reads xor_at(X) along
+    hidden template facts *next(X, Y). Unrolled as deep as the longest chain (or deeper), equal."""
+    from pathlib import Path
+
+    import neuralogic
+
+    from connectors.neuralogic_files import import_files
+
+    folder = Path(neuralogic.__file__).parent / "utils" / "data" / "datasets" / "simple" / "xor" / "generalized"
+    db = relsql.connect()
+    import_files(db.con, str(folder / examples), None)
+    text = f"% relsql: depth {depth}\n" + (folder / "template.txt").read_text()
+    deviations = compare_template(text, str(folder), db, str(folder / examples), None, "query_xor_at", ("xor_at",))
+    assert max(deviations.values()) < 1e-6
+
+
 def test_levels_share_weights_and_the_last_keeps_the_name():
     template = relsql.Template.from_datalog(PATHS.format(depth=2))
     assert list(template.relations) == ["path_level0", "path_level1", "path", "predict"]

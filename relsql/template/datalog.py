@@ -488,8 +488,9 @@ class _Translator:
         1.0 without one; it holds in every sample, and NeuraLogic applies no transformation to it."""
         origin = f"fact {number + 1} ({fact.where})"
         atom = fact.head
-        if atom.hidden or atom.negated or fact.meta:
-            raise TemplateError(f"{origin}: a template fact cannot be hidden, negated or carry metadata")
+        if atom.negated or fact.meta or (atom.hidden and atom.weight is not None):
+            raise TemplateError(f"{origin}: a template fact cannot be negated or carry metadata, nor a weight when "
+                                "hidden (`*f(a).` only states that it holds)")
         variables = [t for t in atom.terms if _is_var(t)]
         if variables:
             raise TemplateError(f"{origin}: a template fact's arguments must be constants; {variables[0]} is a variable "
@@ -566,9 +567,12 @@ class _Translator:
         builder = _QueryBuilder(rule.head, body_atoms, self.heads, origin, [p for p, _ in neural], facts,
                                 self.sampleless)
         head = self.heads[(rule.head.name, len(rule.head.terms))]
+        hidden = sorted({self.heads[(a.name, len(a.terms))] for a in rule.body if isinstance(a, Atom) and a.hidden
+                         and (a.name, len(a.terms)) in self.heads})  # relations joined for their keys only
         self.template.relations[head].rules.append(ir.Rule(
             head=head, query=builder, refs=[r for _, r in neural], expr=expr, grouped=True,
             distinct=builder.merges_hidden, origin=origin, n_columns=len(facts), offset_applies=head_weight is not None,
+            depends=hidden,
         ))
 
 
