@@ -128,3 +128,24 @@ def test_template_fact_errors():
         relsql.Template.from_datalog("{3} emb(x).\nemb(X) :- a(X).\n{1,3} predict :- emb(x).")
     with pytest.raises(TemplateError, match="only template facts"):
         relsql.Template.from_datalog("{3} emb(x).\nemb/1 [transformation=sigmoid]\n{1,3} predict :- emb(x).")
+
+
+def test_the_wheels_xor_solution_with_an_offset_equals_neuralogic(neuralogic_workdir):
+    """simple/xor/solution: hand-set weights, signum hidden units and `xor/0 [offset=1.0]`, a
+    constant NeuraLogic adds (not a learnable weight): outputs 0, 1, 1, 0, as NeuraLogic's."""
+    from pathlib import Path
+
+    import neuralogic
+
+    from connectors.neuralogic_files import import_files
+
+    folder = Path(neuralogic.__file__).parent / "utils" / "data" / "datasets" / "simple" / "xor" / "solution"
+    db = relsql.connect()
+    import_files(db.con, str(folder / "testExamples.txt"), None)
+    text = (folder / "template.txt").read_text()
+    assert compare_template(text, str(folder), db, str(folder / "testExamples.txt"), None, "query_xor")["outputs"] < 1e-6
+    net = relsql.compile(relsql.Template.from_datalog(text), db, dtype=torch.float64)
+    assert sorted(v[0] for v in net.values("xor")["value"].to_list()) == [0.0, 0.0, 1.0, 1.0]  # the offset counted
+    assert not net.weights_by_name()["xor.offset"].requires_grad
+    with pytest.raises(TemplateError, match="offset must be a number"):
+        relsql.Template.from_datalog(text.replace("offset=1.0", "offset=high"))

@@ -457,8 +457,18 @@ class _Translator:
             for key, value in pm.meta.items():
                 if key in ("activation", "transformation"):
                     relation.activation = _lookup(_ACTIVATION_NAMES, value, where, "transformation")
+                elif key == "offset":  # a constant NeuraLogic adds as the offset (not a learnable weight)
+                    try:
+                        number = float(value)
+                    except ValueError:
+                        raise TemplateError(f"metadata for {where}: offset must be a number, got `{value}`") from None
+                    if not math.isfinite(number):
+                        raise TemplateError(f"metadata for {where}: offset must be finite, got `{value}`")
+                    offset = self._weight(WeightRef(value=number, fixed=True), f"{pm.name}.offset", where)
+                    if any(rule.offset_applies for rule in relation.rules):
+                        relation.offset = offset
                 else:
-                    raise TemplateError(f"metadata for {where}: unknown key `{key}`; use transformation=...")
+                    raise TemplateError(f"metadata for {where}: unknown key `{key}`; use transformation=... or offset=<number>")
             if pm.offset is not None:
                 # NeuraLogic adds the offset to the atoms that a head-weighted rule grounds.
                 offset = self._weight(pm.offset, f"{pm.name}.offset", where)
