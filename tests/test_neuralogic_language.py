@@ -123,7 +123,9 @@ def test_fixed_and_plain_template_facts(neuralogic_workdir):
 
 def test_template_fact_errors():
     with pytest.raises(TemplateError, match="must be constants"):
-        relsql.Template.from_datalog("{3} emb(X).\n{1,3} predict :- emb(x).")
+        relsql.Template.from_datalog("{3} emb(X).\n{1,3} predict :- emb(x), a(x).")
+    with pytest.raises(TemplateError, match="reads only template facts"):  # its head would hold in sample 0 only
+        relsql.Template.from_datalog("{3} emb(x).\n{1,3} predict :- emb(x).")
     with pytest.raises(TemplateError, match="both template facts and rules"):
         relsql.Template.from_datalog("{3} emb(x).\nemb(X) :- a(X).\n{1,3} predict :- emb(x).")
     with pytest.raises(TemplateError, match="only template facts"):

@@ -50,7 +50,7 @@ def run(template, db, passes, grounding=None, device="cpu"):
     out = net()
     loss = sum((value.sin() * _loss_weights(value.shape, value.dtype)).sum() for value in out.values())
     loss.backward()
-    grads = {name: (p.grad.clone() if p.grad is not None else torch.zeros_like(p)) for name, p in net.named_weights().items()}
+    grads = {name: (p.grad.clone() if p.grad is not None else torch.zeros_like(p)) for name, p in net.weights_by_name().items()}
     return {k: v.detach() for k, v in out.items()}, grads, net
 
 

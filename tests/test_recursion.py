@@ -173,3 +173,32 @@ def test_recursion_errors_name_the_fix(make, needles):
         make()
     for needle in needles:
         assert needle in str(info.value), str(info.value)
+
+
+def test_a_recursive_statement_may_come_first_and_a_subquery_read_is_recursion_too(tmp_path):
+    """Statements are read as declared anywhere in the template: the recursive statement before
+    its base one gives the same relation; reading oneself only in a subquery is recursion too."""
+    db = graph(tmp_path / "g.duckdb")
+    base, recursive, out = RECURSIVE.replace("-- relsql: depth 3\n", "").strip().split(";\n")[:3]
+    first = relsql.compile(relsql.Template.from_sql(f"{recursive};\n{base};\n{out}", depth=3), db, dtype=torch.float64, seed=3)
+    second = relsql.compile(relsql.Template.from_sql(RECURSIVE), db, dtype=torch.float64, seed=3)
+    assert first.values("out").sort("id").equals(second.values("out").sort("id"))
+    filtered = (f"{base};\nCREATE TABLE reach AS SELECT n.id, linear(n.x, 4, 'w3') AS h FROM node n "
+                f"WHERE n.id IN (SELECT q.id FROM reach q);\n{out}")
+    with pytest.raises(relsql.TemplateError, match="reach -> reach"):
+        relsql.Template.from_sql(filtered)
+    assert list(relsql.Template.from_sql(filtered, depth=1).relations) == ["reach_level0", "reach", "out"]
+
+
+def test_every_relation_of_a_cycle_must_reach_the_depth():
+    """a -> b -> c -> a with a base rule in a only: at depth 1, c has no rule yet (it reads b's
+    level 0, which does not exist): refused rather than left reading the unrolled b."""
+    three = TWO.replace("CREATE TABLE a AS SELECT e.dst AS id, sum(tanh(linear(b.h, 2, 'ba'))) AS h FROM edge e JOIN b ON",
+                        "CREATE TABLE c AS SELECT e.dst AS id, sum(linear(b.h, 2, 'bc')) AS h FROM edge e JOIN b ON "
+                        "b.id = e.src GROUP BY e.dst;\nCREATE TABLE a AS SELECT e.dst AS id, sum(tanh(linear(c.h, 2, 'ca'))) "
+                        "AS h FROM edge e JOIN c ON").replace("JOIN c ON b.id", "JOIN c ON c.id")
+    assert "'ca'" in three and "'bc'" in three
+    with pytest.raises(relsql.TemplateError, match="`c`: no rule reaches depth 1"):
+        relsql.Template.from_sql(three, depth=1)
+    deep = relsql.Template.from_sql(three, depth=3)
+    assert deep.relations["c"].rules[0].refs == ["b_level2"] and deep.relations["a"].rules[1].refs == ["c_level2"]

@@ -226,7 +226,7 @@ def test_datalog_rule_at_the_body_literal_limit_parses():
 
 # 8. template facts (supported since #18 part 4; oracle tests in tests/test_neuralogic_language.py) -----
 @pytest.mark.parametrize("text, fact", [
-    ("h(X) :- f(X).\n{3} f(a).", "f"),
+    ("h(X) :- f(X), a(X).\n{3} f(a).", "f"),
     ("h(X) :- a(X).\n\nf(a).", "f"),
 ])
 def test_template_facts_are_relations_without_a_sample_key(text, fact):

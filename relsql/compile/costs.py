@@ -60,7 +60,7 @@ def measure(device: str) -> Costs:
     """Both constants timed on `device`: a 160k-entry CSR product against a GEMM (per element
     and per multiply-add), and a small sparse product against its dense form at growing sizes."""
     generator = torch.Generator().manual_seed(0)
-    rows, degree, width = 40_000, 4, 64
+    rows, degree, width = 40_000, 4, 64  # GPU timings of this size are launch-bound: the median of 5 runs
     cols = torch.randint(0, rows, (rows * degree,), generator=generator)
     crow = torch.arange(0, rows * degree + 1, degree)
     matrix = sparse.from_csr(crow, cols, torch.rand(rows * degree, generator=generator), (rows, rows)).to(device, torch.float32)
@@ -75,8 +75,8 @@ def measure(device: str) -> Costs:
         small = small * (small > 0.95)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-            as_csr = sparse.compact(small.to_sparse_csr()).to(device, torch.float32)
-            flipped = sparse.transpose(as_csr).to(device, torch.float32)
+            on_cpu = sparse.compact(small.to_sparse_csr())  # transposed here: sparse.transpose works on CPU tensors
+            as_csr, flipped = on_cpu.to(device, torch.float32), sparse.transpose(on_cpu).to(device, torch.float32)
         dense = small.to(device, torch.float32)
         y = torch.rand(n, 32, generator=generator).to(device).requires_grad_()
         as_dense = _seconds(lambda: sparse.matmul(dense, y).sum().backward(), device)  # noqa: B023

@@ -219,8 +219,9 @@ class CompiledNet(nn.Module):
 
     def named_weights(self) -> dict[str, torch.Tensor]:
         """Every weight under its template name (named weights keep their names); a typed linear's
-        matrices one per type, `name[<value>]`, as views of its (types, out, in) parameter:
-        copying into one sets that type's matrix (`weights_by_name` has the parameters whole)."""
+        matrices one per type, `name[<value>]` (the value as str(), NULL for a NULL type), as views
+        of its (types, out, in) parameter: copying into one under torch.no_grad() sets that type's
+        matrix. Views hold no .grad: gradients are on `weights_by_name()`'s whole parameters."""
         found: dict[str, torch.Tensor] = {}
         for name, weight in self.weights_by_name().items():
             if name not in self._typed or name not in self.grounding.dictionaries:
@@ -229,7 +230,7 @@ class CompiledNet(nn.Module):
             dictionary = self.grounding.dictionaries[name]
             for value, code in zip(dictionary.column("value").to_pylist(), dictionary.column("code").to_pylist()):
                 if code < weight.shape[0]:
-                    found[f"{name}[{value}]"] = weight[code]
+                    found[f"{name}[{'NULL' if value is None else value}]"] = weight[code]
         return found
 
     def weights_by_name(self) -> dict[str, nn.Parameter]:

@@ -464,9 +464,10 @@ class _Translator:
                         raise TemplateError(f"metadata for {where}: offset must be a number, got `{value}`") from None
                     if not math.isfinite(number):
                         raise TemplateError(f"metadata for {where}: offset must be finite, got `{value}`")
-                    offset = self._weight(WeightRef(value=number, fixed=True), f"{pm.name}.offset", where)
-                    if any(rule.offset_applies for rule in relation.rules):
-                        relation.offset = offset
+                    if relation.offset is not None:
+                        raise TemplateError(f"metadata for {where}: the offset is given twice; keep one")
+                    if any(rule.offset_applies for rule in relation.rules):  # as NeuraLogic: head-weighted rules only
+                        relation.offset = self._weight(WeightRef(value=number, fixed=True), f"{name}.offset", where)
                 else:
                     raise TemplateError(f"metadata for {where}: unknown key `{key}`; use transformation=... or offset=<number>")
             if pm.offset is not None:
@@ -513,6 +514,11 @@ class _Translator:
 
     def _rule(self, rule: RuleAst, number: int) -> None:
         origin = f"rule {number + 1} ({rule.where})"
+        atoms = [a for a in rule.body if isinstance(a, Atom)]
+        if atoms and all(self.heads.get((a.name, len(a.terms))) in self.sampleless for a in atoms):
+            raise TemplateError(f"{origin}: the body reads only template facts, which hold in every sample; NeuraLogic "
+                                "derives the head in every sample, relsql would only in sample 0: add a literal of the "
+                                "dataset to the body")
         n_literals = sum(1 for item in rule.body if isinstance(item, Atom))
         if n_literals > ir.MAX_BODY_LITERALS:
             raise TemplateError(

@@ -153,15 +153,15 @@ def _unroll_cycle(template: ir.Template, members: list[str], depth: int, names: 
                     rules.append(rule)
                 elif all(r in below for r in {*rule.refs, *rule.depends} & inside):
                     rules.append(_renamed(template, rule, below, level))
+            final = level == depth
+            if final:
+                relation.rules = rules  # the relation itself: none of its original rules may stay
             if not rules:
                 continue
-            final = level == depth
             here[name] = name if final else names(name, level)
             if not final:
                 levels.setdefault(name, []).append(dataclasses.replace(relation, name=here[name], rules=[
                     dataclasses.replace(rule, head=here[name]) for rule in rules]))
-            else:
-                relation.rules = rules
         below = here
     for name in members:
         if not template.relations[name].rules:
@@ -181,9 +181,10 @@ def rename_tables(select: exp.Select, mapping: dict[str, str]) -> exp.Select:
     """Table references to relations in `mapping` read the mapped relation instead, under their
     old name as alias (so `path.a0` still resolves); in place."""
     folded = {k.casefold(): v for k, v in mapping.items()}
+    local = {cte.alias.casefold() for cte in select.find_all(exp.CTE)}  # a CTE of that name shadows the relation
 
     def swap(node: exp.Expression) -> exp.Expression:
-        if isinstance(node, exp.Table) and not node.args.get("db") and node.name.casefold() in folded:
+        if isinstance(node, exp.Table) and not node.args.get("db") and node.name.casefold() in folded.keys() - local:
             table = exp.Table(this=exp.to_identifier(folded[node.name.casefold()], quoted=True))
             return exp.alias_(table, node.alias or node.name, table=True, quoted=True)
         return node

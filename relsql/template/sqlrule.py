@@ -144,17 +144,30 @@ def parse_sql_template(text: str, depth: int | None = None) -> ir.Template:
     if not statements:
         raise TemplateError("SQL template is empty: write at least one CREATE TABLE name AS SELECT ...")
     template = ir.Template(language="sql", source=text)
+    declared = _declared(statements)
     for number, statement in enumerate(statements, start=1):
         line = spans[number - 1][0] if number - 1 < len(spans) else "?"
         origin = f"statement {number} (line {line})"
         try:
-            _Statement(template, statement, origin).translate()
+            _Statement(template, statement, origin, declared).translate()
         except RecursionError:
             raise TemplateError(f"{origin}: the statement nests too deeply for relsql to read; split it into "
                                 "intermediate relations") from None
     ir.check_names(template)
     recursion.unroll(template, depth, comment="--")
     return template
+
+
+def _declared(statements: list[exp.Expression]) -> dict[str, str]:
+    """Every relation the template declares (case-folded -> as first written): a statement may
+    read one declared further down (a recursive relation's own statement, a cycle of them)."""
+    found: dict[str, str] = {}
+    for statement in statements:
+        if isinstance(statement, exp.Create) and statement.kind == "TABLE":
+            target = statement.this if isinstance(statement.this, exp.Table) else statement.this.this
+            if isinstance(target, exp.Table | exp.Identifier) and target.name:
+                found.setdefault(target.name.casefold(), target.name)
+    return found
 
 
 def _too_deep(text: str, spans: list[tuple[int, int, int]]) -> str:
@@ -173,14 +186,20 @@ def _too_deep(text: str, spans: list[tuple[int, int, int]]) -> str:
 class _Statement:
     """Translation state of one statement: its neural aliases, columns and weights."""
 
-    def __init__(self, template: ir.Template, statement: exp.Expression, origin: str):
+    def __init__(self, template: ir.Template, statement: exp.Expression, origin: str,
+                 declared: dict[str, str] | None = None):
         self.template = template
+        self.declared = declared or {}
         self.statement = statement
         self.origin = origin
         self.neural: dict[str, str] = {}  # alias -> relation name
         self.refs: list[str] = []  # alias per ref index
         self.columns: list[exp.Expression] = []
         self.column_keys: dict[str, int] = {}
+
+    def _relation(self, name: str) -> str | None:
+        """The relation a table name means: one declared so far, or further down the template."""
+        return self.template.relation_named(name) or self.declared.get(name.casefold())
 
     def fail(self, message: str, node: exp.Expression | None = None) -> TemplateError:
         at = f" in `{node.sql('duckdb')}`" if node is not None else ""
@@ -241,8 +260,6 @@ class _Statement:
             _check_aggregated(expr, self)
         relation = self.template.relations.get(name)
         if relation is None:
-            if name in self.neural.values():
-                raise self.fail(f"`{name}` refers to itself; relsql does not ground recursive rules yet")
             relation = self.template.relations[name] = ir.Relation(name=name, keys=key_names)
         elif relation.keys != key_names:
             raise self.fail(f"`{name}` was declared with keys {relation.keys}; every statement for it must select the same key names, got {key_names}")
@@ -258,8 +275,8 @@ class _Statement:
             if select.args.get(arg) is not None:
                 query.set(arg, select.args[arg].copy() if not isinstance(select.args[arg], list)
                           else [j.copy() for j in select.args[arg]])
-        depends = sorted({self.template.relation_named(t.name) for t in select.find_all(exp.Table)
-                          if not t.db and self.template.relation_named(t.name) not in (None, name)})
+        depends = sorted({self._relation(t.name) for t in select.find_all(exp.Table)
+                          if not t.db and self._relation(t.name) is not None})  # itself too: a recursive read
         relation.rules.append(ir.Rule(
             head=name, query=query, refs=[self.neural[a] for a in self.refs], expr=expr,
             grouped=grouped, origin=self.origin, n_columns=len(self.columns), depends=depends,
@@ -272,7 +289,7 @@ class _Statement:
                 continue
             table = source.this
             if isinstance(table, exp.Table) and not table.db:
-                relation = self.template.relation_named(table.name)  # as the database reads names: ignoring case
+                relation = self._relation(table.name)  # as the database reads names: ignoring case
                 if relation is not None:
                     self.neural[table.alias_or_name] = relation
 

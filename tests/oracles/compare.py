@@ -92,7 +92,7 @@ def compare_template(text: str, template_dir: str, db, examples, queries, query_
             loss = loss + ((outputs[head][rows[key]] - torch.as_tensor(t["target"], dtype=torch.float64)) ** 2).sum()
         loss.backward()
         expected = result.gradients()
-        ours_named = net.named_weights()
+        ours_named = net.weights_by_name()  # whole parameters: they hold the gradients
         worst = 0.0
         for i, name in enumerate(tpl.weights):
             if i in weights:

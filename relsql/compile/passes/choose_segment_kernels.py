@@ -55,9 +55,9 @@ def choose_segment_kernels(plan: Plan) -> Plan:
         rows, device = plan.meta[op.args[0]].shape[0], plan.device  # timed where the plan will run
         x = torch.randn(rows, *op.shape, device=device, requires_grad=True)
         on_device = ids.to(device), counts.to(device)
-        matrix = _csr(counts, op.attrs["kind"] == "avg").to(device, torch.float32)
+        on_cpu = _csr(counts, op.attrs["kind"] == "avg")  # transposed on CPU, then moved: sparse.transpose is CPU code
+        matrix, transposed = on_cpu.to(device, torch.float32), sparse.transpose(on_cpu).to(device, torch.float32)
         native = _time(lambda: segment_reduce(op.attrs["kind"], x, *on_device).sum().backward(), device)  # noqa: B023
-        transposed = sparse.transpose(matrix).to(device, torch.float32)
         as_csr = _time(lambda: sparse.matmul(matrix, x, transposed).sum().backward(), device)  # noqa: B023
         if as_csr < native:
             slot = plan.add_input(_csr(counts, op.attrs["kind"] == "avg"))
