@@ -43,7 +43,8 @@ def synchronize(device: str | torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def _seconds(step, device: str, repeats: int = 5) -> float:
+def seconds(step, device: str | torch.device, repeats: int = 5) -> float:
+    """Median wall time of `step` on `device` after one warm-up run (CUDA synchronized)."""
     step()
     synchronize(device)
     times = []
@@ -66,8 +67,8 @@ def measure(device: str) -> Costs:
     matrix = sparse.from_csr(crow, cols, torch.rand(rows * degree, generator=generator), (rows, rows)).to(device, torch.float32)
     x = torch.rand(rows, width, generator=generator).to(device)
     w = torch.rand(width, width, generator=generator).to(device)
-    per_element = _seconds(lambda: torch.sparse.mm(matrix, x), device) / (rows * degree * width)
-    per_multiply_add = _seconds(lambda: x @ w, device) / (rows * width * width)
+    per_element = seconds(lambda: torch.sparse.mm(matrix, x), device) / (rows * degree * width)
+    per_multiply_add = seconds(lambda: x @ w, device) / (rows * width * width)
     sparse_element = max(1.0, per_element / max(per_multiply_add, 1e-15))
     dense_limit = 1 << 12
     for n in (64, 128, 256, 512, 1024):  # square constant matrices at ~5% density, width 32, forward + backward
@@ -79,7 +80,7 @@ def measure(device: str) -> Costs:
             as_csr, flipped = on_cpu.to(device, torch.float32), sparse.transpose(on_cpu).to(device, torch.float32)
         dense = small.to(device, torch.float32)
         y = torch.rand(n, 32, generator=generator).to(device).requires_grad_()
-        as_dense = _seconds(lambda: sparse.matmul(dense, y).sum().backward(), device)  # noqa: B023
-        if as_dense <= _seconds(lambda: sparse.matmul(as_csr, y, flipped).sum().backward(), device):  # noqa: B023
+        as_dense = seconds(lambda: sparse.matmul(dense, y).sum().backward(), device)  # noqa: B023
+        if as_dense <= seconds(lambda: sparse.matmul(as_csr, y, flipped).sum().backward(), device):  # noqa: B023
             dense_limit = n * n * 32
     return Costs(sparse_element=sparse_element, dense_limit=dense_limit, measured=True)

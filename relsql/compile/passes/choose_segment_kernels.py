@@ -9,8 +9,6 @@ Small reductions are left alone: timing them would cost more than it could save.
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from relsql.compile import costs, sparse
@@ -27,16 +25,6 @@ def _csr(counts: torch.Tensor, average: bool) -> torch.Tensor:
     if average:
         values = values / torch.repeat_interleave(counts, counts).to(torch.float64)
     return sparse.from_csr(rows, torch.arange(total), values, (counts.shape[0], total))
-
-
-def _time(step, device: str) -> float:
-    step()
-    costs.synchronize(device)
-    started = time.perf_counter()
-    for _ in range(REPEATS):
-        step()
-    costs.synchronize(device)
-    return (time.perf_counter() - started) / REPEATS
 
 
 def choose_segment_kernels(plan: Plan) -> Plan:
@@ -57,10 +45,10 @@ def choose_segment_kernels(plan: Plan) -> Plan:
         on_device = ids.to(device), counts.to(device)
         on_cpu = _csr(counts, op.attrs["kind"] == "avg")  # transposed on CPU, then moved: sparse.transpose is CPU code
         matrix, transposed = on_cpu.to(device, torch.float32), sparse.transpose(on_cpu).to(device, torch.float32)
-        native = _time(lambda: segment_reduce(op.attrs["kind"], x, *on_device).sum().backward(), device)  # noqa: B023
-        as_csr = _time(lambda: sparse.matmul(matrix, x, transposed).sum().backward(), device)  # noqa: B023
+        native = costs.seconds(lambda: segment_reduce(op.attrs["kind"], x, *on_device).sum().backward(), device, REPEATS)  # noqa: B023
+        as_csr = costs.seconds(lambda: sparse.matmul(matrix, x, transposed).sum().backward(), device, REPEATS)  # noqa: B023
         if as_csr < native:
-            slot = plan.add_input(_csr(counts, op.attrs["kind"] == "avg"))
+            slot = plan.add_input(on_cpu)
             ops.append(Op("spmm", op.out, (slot, op.args[0]), {}, op.rows, op.shape, op.note))
             changed += 1
         else:
