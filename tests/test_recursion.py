@@ -110,6 +110,22 @@ def test_recursive_sql_equals_the_hand_unrolled_template(tmp_path):
     assert not np.allclose(np.array(shallow.values("out").sort("id")["value"].to_list()), np.array(a["value"].to_list()))
 
 
+def test_a_database_table_named_like_a_level_is_still_read(tmp_path):
+    """A table `reach_level0` that the template reads stays the table: the level is named apart."""
+    db = graph(tmp_path / "g.duckdb")
+    db.execute("CREATE TABLE reach_level0 AS SELECT id, [x[1] * 2] AS z FROM node")
+    extra = " + linear(w.z, 1, 'side') AS h FROM reach r JOIN reach_level0 w ON w.id = r.id;"
+    ours = RECURSIVE.replace(" AS h FROM reach r;", extra)
+    hand = unrolled(3).replace(" AS h FROM reach3 r;", extra.replace("FROM reach r", "FROM reach3 r"))
+    assert ours != RECURSIVE and hand != unrolled(3)
+    template = relsql.Template.from_sql(ours)
+    assert "reach_level0" not in template.relations and "reach_level0_2" in template.relations
+    a = relsql.compile(template, db, dtype=torch.float64, seed=3).values("out").sort("id")
+    b = relsql.compile(relsql.Template.from_sql(hand), db, dtype=torch.float64, seed=3).values("out").sort("id")
+    assert np.allclose(np.array(a["value"].to_list()), np.array(b["value"].to_list()), atol=1e-12, rtol=0)
+    db.close()
+
+
 def test_recursive_model_trains_in_mini_batches_saves_and_loads(tmp_path):
     db = graph(tmp_path / "g.duckdb")
     kwargs = dict(target="node.y", seed=0, dtype=torch.float64, progress=False)

@@ -119,10 +119,12 @@ def unroll(template: ir.Template, depth: int | None, comment: str = "--") -> Non
 
 class _Levels:
     """Names of relations' lower levels, `name_level<k>` (an identifier wherever the name is one,
-    as engines such as Spark want table names), never one a relation already has."""
+    as engines such as Spark want table names), never a name the template's text holds: a
+    relation's, or a database table's that a rule reads (a level of that name would hide it)."""
 
     def __init__(self, template: ir.Template):
         self.taken = {n.casefold() for n in template.relations}
+        self.taken |= {word.casefold() for word in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", template.source)}
 
     def __call__(self, name: str, level: int) -> str:
         base, n = f"{name}_level{level}", 1
