@@ -149,5 +149,7 @@ def test_the_wheels_xor_solution_with_an_offset_equals_neuralogic(neuralogic_wor
     net = relsql.compile(relsql.Template.from_datalog(text), db, dtype=torch.float64)
     assert sorted(v[0] for v in net.values("xor")["value"].to_list()) == [0.0, 0.0, 1.0, 1.0]  # the offset counted
     assert not net.weights_by_name()["xor.offset"].requires_grad
+    negative = relsql.compile(relsql.Template.from_datalog(text.replace("offset=1.0", "offset=-0.5")), db, dtype=torch.float64)
+    assert negative.weights_by_name()["xor.offset"].item() == -0.5
     with pytest.raises(TemplateError, match="offset must be a number"):
         relsql.Template.from_datalog(text.replace("offset=1.0", "offset=high"))

@@ -315,7 +315,8 @@ class _Parser:
         while True:
             key = self.take(kind="name").text.lower()
             self.take("=")
-            parts = [self.take().text]
+            sign = self.take().text if self.at("-") or self.at("+") else ""  # a signed number: offset=-0.5
+            parts = [sign + self.take().text]
             while self.at("-") and self.peek(1) is not None and self.peek(1).kind == "name":
                 self.take("-")
                 parts.append(self.take().text)
