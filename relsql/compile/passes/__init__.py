@@ -25,6 +25,7 @@ from relsql.compile.passes.linear_across_sparse import linear_across_sparse
 from relsql.compile.passes.merge_sparse_sums import merge_sparse_sums
 from relsql.compile.passes.propagate_gathers import propagate_gathers
 from relsql.compile.passes.scatter_into_sparse import scatter_into_sparse, scatter_through_weights
+from relsql.compile.passes.shared_aggregation import shared_aggregation
 from relsql.compile.passes.sparse_aggregate import sparse_aggregate
 from relsql.compile.passes.sparse_attention import sparse_attention
 from relsql.compile.passes.sparse_backward import sparse_backward
@@ -61,6 +62,7 @@ RULES: tuple[Pass, ...] = (
     stack_scatters,
     scatter_through_weights,
     linear_across_aggregation,  # and again: a weight the scatter hid may now pass a pooling
+    shared_aggregation,
     uniform_segments,
     choose_segment_kernels,
     fuse_affine,
