@@ -219,3 +219,50 @@ def test_sparse_attention_pass_reads_source_rows_in_place_and_keeps_values_and_g
     (theirs * target).sum().backward()
     for name, weight in plain.named_weights().items():
         assert torch.allclose(fast.named_weights()[name].grad, weight.grad, atol=tolerance * 10, rtol=0), name
+
+
+@pytest.mark.parametrize("heads", [1, 2])
+def test_score_linears_are_one_product_and_read_the_constant_features_exactly(heads):
+    """stack_narrow_linears: each layer's two logit weights on W h become one (2 heads, C) product
+    read as column slices, and the first layer's is reassociated, (A W) x, onto the constant
+    features (its backward writes no per-node gradient). Values of every relation (slices among
+    them) and every weight's gradient equal the plain plan's and the pipeline's without the pass."""
+    from relsql.compile.passes import RULES
+
+    db = relsql.connect()
+    db.execute("CREATE TABLE node AS SELECT i AS id, [sin(i), cos(i * 0.7), i / 10] AS x FROM range(15) t(i)")
+    db.execute("CREATE TABLE edge AS SELECT (i * 7 + 3) % 13 AS src, (i * i) % 11 AS dst FROM range(40) t(i)")
+    layers = ["CREATE TABLE h0 AS SELECT n.id, n.x AS h FROM node n;"]
+    for layer in (1, 2):
+        layers.append(f"""
+            CREATE TABLE h{layer - 1} AS SELECT l.id, relu(l.h) AS h FROM gat{layer - 1} l;""" * (layer > 1) + f"""
+            CREATE TABLE wx{layer} AS SELECT p.id, linear(p.h, 6, 'W{layer}') AS h FROM h{layer - 1} p;
+            CREATE TABLE src{layer} AS SELECT w.id, linear(w.h, {heads}, 'src{layer}') AS h FROM wx{layer} w;
+            CREATE TABLE dst{layer} AS SELECT w.id, linear(w.h, {heads}, 'dst{layer}') AS h FROM wx{layer} w;
+            CREATE TABLE gat{layer} AS
+            SELECT e.dst AS id, attention(leaky_relu(s.h + d.h, 0.2), w.h) AS h
+            FROM edge e JOIN src{layer} s ON s.id = e.src JOIN dst{layer} d ON d.id = e.dst
+            JOIN wx{layer} w ON w.id = e.src GROUP BY e.dst;
+            CREATE TABLE gat{layer} AS SELECT n.id, bias(6, 'b{layer}') AS h FROM node n;""")
+    template = relsql.Template.from_sql("\n".join(layers))
+    without = tuple(rule for rule in RULES if rule.__name__ != "stack_narrow_linears")
+    nets = [relsql.compile(template, db, dtype=torch.float64, seed=0, passes=passes) for passes in (None, without, ())]
+    assert "stack_narrow_linears: 2 groups of narrow weights on one input stacked into one product, 1 moved" in nets[0].explain()
+    assert [op.kind for op in nets[0].plan.ops].count("columns") == 4
+    generator = torch.Generator().manual_seed(heads)
+    values = {name: torch.randn(w.shape, dtype=torch.float64, generator=generator) for name, w in nets[0].weights_by_name().items()}
+    results = []
+    for net in nets:
+        with torch.no_grad():
+            for name, weight in net.weights_by_name().items():
+                weight.copy_(values[name])
+        out = net()
+        loss = sum((value.sin() * (1 + torch.arange(value.numel(), dtype=torch.float64).reshape(value.shape) % 3)).sum()
+                   for value in out.values())
+        loss.backward()
+        results.append((out, {name: w.grad for name, w in net.weights_by_name().items()}))
+    for out, grads in results[1:]:
+        for name, value in out.items():
+            assert torch.allclose(results[0][0][name], value, atol=1e-12, rtol=1e-10), name
+        for name, grad in grads.items():
+            assert torch.allclose(results[0][1][name], grad, atol=1e-12, rtol=1e-10), name

@@ -7,8 +7,8 @@ import torch
 from relsql.compile.plan import Op, Plan
 
 
-def _shape(op: Op) -> str:
-    if op.kind == "param":
+def _shape(op: Op, plan: Plan) -> str:
+    if op.kind == "param" or op.out in plan.param_slots:  # a weight, or one computed from weights
         return f"[{' x '.join(map(str, op.shape)) or 'scalar'}]"
     return f"[{op.rows} x {' x '.join(map(str, op.shape)) or '1'}]"
 
@@ -24,6 +24,10 @@ def _describe(op: Op, names: dict[int, str], plan: Plan) -> str:
         return f"{a[0]}[{op.attrs['start']}:{op.attrs['start'] + op.rows}]"
     if k == "linear":
         return f"{a[0]} @ {a[1]}"
+    if k == "matmul":
+        return f"{a[0]} · {a[1]}"
+    if k == "columns":
+        return f"{a[0]}[:, {op.attrs['start']}:{op.attrs['start'] + op.attrs['width']}]"
     if k == "typed_linear":
         counts = plan.inputs.get(op.args[3])
         per_type = "" if counts is None or not counts.numel() else \
@@ -76,7 +80,7 @@ def explain(plan: Plan) -> str:
             current = op.note
             lines.append(f"-- {current}")
         names[op.out] = f"t{op.out}"
-        lines.append(f"  t{op.out} = {_describe(op, names, plan):<60} {_shape(op)}")
+        lines.append(f"  t{op.out} = {_describe(op, names, plan):<60} {_shape(op, plan)}")
     outputs = ", ".join(f"{r}=t{s}" for r, s in plan.outputs.items())
     lines.append(f"outputs: {outputs}")
     if plan.log:

@@ -108,6 +108,10 @@ def kernel(kind: str, attrs: dict) -> Kernel:
         return _dense_reduce(attrs)
     if kind == "cat":  # rows of several results stacked
         return lambda *a: torch.cat(a)
+    if kind == "matmul":  # a weight computed from two (stack_narrow_linears: A W, then read (A W) x)
+        return torch.matmul
+    if kind == "columns":  # consecutive columns, a view (one product's outputs read apart)
+        return lambda x: x.narrow(1, attrs["start"], attrs["width"])
     if kind == "weight_rows":  # (m, 1) weights as the rows of one tensor, optionally times a column
         return _weight_rows(attrs)
     if kind == "as_row":

@@ -29,6 +29,7 @@ from relsql.compile.passes.shared_aggregation import shared_aggregation
 from relsql.compile.passes.sparse_aggregate import sparse_aggregate
 from relsql.compile.passes.sparse_attention import sparse_attention
 from relsql.compile.passes.sparse_backward import sparse_backward
+from relsql.compile.passes.stack_narrow_linears import stack_narrow_linears
 from relsql.compile.passes.stack_scatters import stack_scatters
 from relsql.compile.passes.stack_weights import stack_weights
 from relsql.compile.passes.uniform_segments import uniform_segments
@@ -70,6 +71,7 @@ RULES: tuple[Pass, ...] = (
     identity_gather,  # again: folding and pulling gathers leave some that keep every row
     unit_factors,
     stack_weights,
+    stack_narrow_linears,
     dense_small_matrices,
     sparse_backward,
     inplace_activations,
