@@ -16,16 +16,16 @@ import pyarrow as pa
 import torch
 
 from relsql.compile import make_plan
-from relsql.compile.passes import RULES, choose_segment_kernels, compress_groundings, shared_aggregation
+from relsql.compile.passes import RULES, choose_segment_kernels, compress_groundings, reorder_rows, shared_aggregation
 from relsql.compile.plan import Plan
 from relsql.ground.demand import BatchGrounder, BatchGrounding
 from relsql.ground.store import GroundingStore
 from relsql.train.embeddings import DatabaseEmbedding, EmbeddingTable
 from relsql.train.swapped import SwappedEmbedding
 
-# No kernel timing per batch, and no isomorphic compression: a batch's plan runs once, and finding
+# No kernel timing per batch (nor row renumbering, which times too), and no isomorphic compression: a batch's plan runs once, and finding
 # its row classes cost 6x the rest of planning (TPC-H, 16,384 orders) for one forward and backward.
-PASSES = tuple(rule for rule in RULES if rule not in (choose_segment_kernels, compress_groundings, shared_aggregation))
+PASSES = tuple(rule for rule in RULES if rule not in (choose_segment_kernels, compress_groundings, reorder_rows, shared_aggregation))
 
 
 @dataclass

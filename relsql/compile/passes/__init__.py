@@ -24,6 +24,7 @@ from relsql.compile.passes.linear_across_aggregation import linear_across_aggreg
 from relsql.compile.passes.linear_across_sparse import linear_across_sparse
 from relsql.compile.passes.merge_sparse_sums import merge_sparse_sums
 from relsql.compile.passes.propagate_gathers import propagate_gathers
+from relsql.compile.passes.reorder_rows import reorder_rows
 from relsql.compile.passes.scatter_into_sparse import scatter_into_sparse, scatter_through_weights
 from relsql.compile.passes.shared_aggregation import shared_aggregation
 from relsql.compile.passes.sparse_aggregate import sparse_aggregate
@@ -73,6 +74,7 @@ RULES: tuple[Pass, ...] = (
     stack_weights,
     stack_narrow_linears,
     dense_small_matrices,
+    reorder_rows,  # before sparse_backward, which transposes the renumbered matrices
     sparse_backward,
     inplace_activations,
     dead_code,
