@@ -28,7 +28,8 @@ saves less than MIN_SAVED of the entries, are not timed. `force=True` skips the 
 Limits (stated, not hidden): pairs are counted only in heads of at most MAX_DEGREE sources (the
 pair count of a head grows with its degree squared); such hub heads still take an aggregate
 when they hold both its parts, but do not vote for pairs. The greedy is pure Python: its time
-grows with the entries of the heads it changes.
+grows with the entries of the heads it changes, and it stops after MAX_WORK of them (planning
+must stay short; what it found by then is used).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ MIN_COUNT = 3  # a pair shared by c heads saves c - 2 stored entries: at least o
 MAX_LEVELS = 3  # aggregates of aggregates, at most this deep (each level is one more product)
 CAPACITY = 1.0  # at most this many aggregates per source row (HAG's capacity)
 MAX_AGGREGATES = 50_000  # and at most this many in all: the greedy is Python, about 10 µs per head entry it changes
+MAX_WORK = 400_000  # head entries the greedy may visit in all (a bound on planning time: about 1-4 s)
 MAX_DEGREE = 64  # heads with more sources do not vote for pairs
 PAIR_BUDGET = 20_000_000  # pairs counted at most (heads of high degree left out first)
 MIN_NNZ = 20_000  # smaller products are not worth timing
@@ -160,7 +162,8 @@ def factor(matrix: torch.Tensor, capacity: float = CAPACITY, max_levels: int = M
     heap = [(-c, 1, key) for key, c in counts.items()]
     heapq.heapify(heap)
     most = max(1, min(int(capacity * sources), MAX_AGGREGATES))
-    while heap and len(members) < most:
+    work = 0
+    while heap and len(members) < most and work < MAX_WORK:
         negative, lvl, key = heapq.heappop(heap)
         current = counts.get(key, 0)
         if current != -negative:  # a lazy entry: its count changed since it was pushed
@@ -188,6 +191,7 @@ def factor(matrix: torch.Tensor, capacity: float = CAPACITY, max_levels: int = M
         readers[a] = set()
         for h in sharing:
             r = rows[h]
+            work += len(r)
             wu = r.pop(u)
             del r[v]
             if degree[h] <= limit:  # new pairs (w, a); pairs with u or v are recounted when popped
