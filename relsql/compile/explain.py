@@ -32,7 +32,8 @@ def _describe(op: Op, names: dict[int, str], plan: Plan) -> str:
         counts = plan.inputs.get(op.args[3])
         per_type = "" if counts is None or not counts.numel() else \
             f"; {int((counts > 0).sum())} of {counts.numel()} types present, {int(counts.min())}-{int(counts.max())} rows each"
-        return f"{a[0]}[type of row] @ {a[1]}  (one matrix per type, rows grouped by type{per_type})"
+        grouped = "rows already in type order" if op.attrs.get("sorted") else "rows grouped by type"
+        return f"{a[0]}[type of row] @ {a[1]}  (one matrix per type, {grouped}{per_type})"
     if k == "binary":
         return f"{a[0]} {op.attrs['op']} {a[1]}"
     if k == "act":

@@ -184,19 +184,55 @@ def combine(kind: str, values: list[torch.Tensor]) -> torch.Tensor:
     raise ValueError(f"unknown combination {kind}")
 
 
-def typed_linear(weight: torch.Tensor, x: torch.Tensor, order: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+class _TypedRows(torch.autograd.Function):
+    """Rows already grouped by type (`sizes` rows of type 0, then of type 1, ...) times their
+    type's matrix. Each type's GEMM writes its slice of one result, forwards and backwards: no
+    cat of per-type parts, and the weight's gradient is one (types, out, in) tensor filled type
+    by type (autograd's weight[t] would add a zero-filled (types, out, in) tensor per type)."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+        out = x.new_empty((x.shape[0], weight.shape[1]))
+        start = 0
+        for t, size in enumerate(sizes):
+            if size:
+                torch.mm(x[start:start + size], weight[t].t(), out=out[start:start + size])
+            start += size
+        ctx.save_for_backward(weight, x)
+        ctx.sizes = sizes
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        weight, x = ctx.saved_tensors
+        grad = grad.contiguous()
+        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[0] else None
+        grad_x = x.new_empty(x.shape) if ctx.needs_input_grad[1] else None
+        start = 0
+        for t, size in enumerate(ctx.sizes):
+            if size:
+                part = grad[start:start + size]
+                if grad_weight is not None:
+                    torch.mm(part.t(), x[start:start + size], out=grad_weight[t])
+                if grad_x is not None:
+                    torch.mm(part, weight[t], out=grad_x[start:start + size])
+            start += size
+        return grad_weight, grad_x, None
+
+
+def typed_linear(weight: torch.Tensor, x: torch.Tensor, order: torch.Tensor, counts: torch.Tensor,
+                 in_order: bool = False) -> torch.Tensor:
     """Row i times the matrix of its type: `weight` (types, out, in), `x` (n, in), `order` the
     rows sorted by type (stable), `counts` rows per type. One GEMM per type present over its
-    contiguous rows, then back to the rows' order: no (n, out, in) gather of matrices."""
+    contiguous rows, then back to the rows' order: no (n, out, in) gather of matrices.
+    `in_order`: the rows are already sorted by type (the planner sorts a rule's groundings so),
+    no gather into type order and back."""
     n = x.shape[0]
     if weight.shape[0] == 1:
         return x.reshape(n, -1) @ weight[0].t()
-    sorted_rows = x.reshape(n, -1).index_select(0, order)
-    # split, not one slice per type: a slice's backward fills a whole (n, in) gradient, once per type
-    chunks = sorted_rows.split(counts.tolist())
-    parts = [chunk @ weight[t].t() for t, chunk in enumerate(chunks) if chunk.shape[0]]
-    out = torch.cat(parts) if parts else x.new_zeros((0, weight.shape[1]))
-    return out.new_empty(out.shape).index_copy(0, order, out)
+    flat = x.reshape(n, -1).contiguous()
+    out = _TypedRows.apply(weight, flat if in_order else flat.index_select(0, order), counts.tolist())
+    return out if in_order else out.new_empty(out.shape).index_copy(0, order, out)
 
 
 def _segment_softmax(score: torch.Tensor, rows_of: torch.Tensor, crow: torch.Tensor) -> torch.Tensor:

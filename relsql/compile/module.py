@@ -89,7 +89,8 @@ def kernel(kind: str, attrs: dict) -> Kernel:
     if kind == "segment":
         return lambda x, ids, counts: kernels.segment_reduce(attrs["kind"], x, ids, counts)
     if kind == "typed_linear":
-        return kernels.typed_linear
+        in_order = attrs.get("sorted", False)
+        return lambda w, x, order, counts: kernels.typed_linear(w, x, order, counts, in_order)
     if kind == "attention":
         return lambda score, value, ids, counts: kernels.attention(score, value, ids, counts, attrs["mode"])
     if kind == "sparse_attention":  # (score, source, rows_of, crow, cols, crow_t, rows_t, order_t)

@@ -227,6 +227,8 @@ class PlanBuilder:
             if k <= rg.size // 2 and not self._classes_are_rows(rg, k):
                 ctx.compress(cls, k)
                 self.compressed += 1
+        if ctx.classes is None:
+            ctx.sort_by_type(rule.expr)
         slot, level = ctx.compile(rule.expr)
         if level == "g" and ctx.classes is not None:  # a per-row rule ran once per class: back to every row
             slot = self._emit("gather", (slot, ctx.tensor("classes", ctx.classes)), note, relation="row classes")
@@ -234,11 +236,17 @@ class PlanBuilder:
             slot = self._emit("broadcast", (slot,), note, rows=rg.segment_heads.shape[0])
             level = "h"
         if level == "g":  # per-row statement: every grounding is its own head
-            index = rg.head
+            index = rg.head if ctx.permutation is None else rg.head[ctx.permutation]
         else:
             index = rg.segment_heads
         if index.shape[0] == size and bool(torch.equal(index, torch.arange(size))):
             return slot
+        if ctx.permutation is not None and index.shape[0] == size and bool((torch.bincount(index, minlength=size) == 1).all()):
+            # every row once, in type order: a gather by the inverse order (it composes with the
+            # gathers that read the relation), not a scatter into zeros
+            inverse = torch.empty_like(index)
+            inverse[index] = torch.arange(size)
+            return self._emit("gather", (slot, ctx.tensor("rows_from_type_order", inverse)), note, relation="row order")
         return self._emit("scatter", (slot, ctx.tensor("heads", index)), note, rows=size)
 
 
@@ -250,6 +258,7 @@ class _RuleContext:
         self._cache: dict[str, int] = {}
         self.refs, self.columns, self.rows = rg.refs, rg.columns, rg.size
         self.classes: torch.Tensor | None = None  # grounding classes when compressed
+        self.permutation: torch.Tensor | None = None  # the groundings in type order: position i holds grounding permutation[i]
 
     def compress(self, classes: torch.Tensor, k: int) -> None:
         """Evaluate per-grounding parts on one representative grounding per class."""
@@ -257,6 +266,38 @@ class _RuleContext:
         self.classes, self.rows = classes, k
         self.refs = [r[rep] for r in self.rg.refs]
         self.columns = {i: c[rep] for i, c in self.rg.columns.items()}
+
+    def sort_by_type(self, expr: ir.Expr) -> None:
+        """A rule with a typed linear computes its groundings in the order of the type (stable):
+        each type's rows are then contiguous, and the typed linears multiply slices with no
+        gather into type order and back on every call, forwards and backwards. Values are
+        gathered back into grounding order where they are aggregated (the sparse passes fold
+        that gather into their matrices; an attention's value: into its column indices), and a
+        per-row rule's rows by a gather into row order (which composes with its readers' gathers)."""
+        stack, column = [expr], None
+        while stack and column is None:
+            node = stack.pop()
+            column = node.types if isinstance(node, ir.Apply) and node.types is not None else None
+            stack.extend(node.children())
+        if column is None:
+            return
+        types = self.columns[column]
+        if types.shape[0] < 2 or bool((types[1:] >= types[:-1]).all()):
+            return
+        order = torch.argsort(types, stable=True)
+        self.permutation = order
+        self.refs = [r[order] for r in self.refs]
+        self.columns = {i: c[order] for i, c in self.columns.items()}
+
+    def regroup(self, x: int) -> int:
+        """Per-grounding values (computed once per class, or in type order) in grounding order."""
+        if self.classes is not None:  # per class: back to every grounding
+            return self.b._emit("gather", (x, self.tensor("classes", self.classes)), self.note, relation="grounding classes")
+        if self.permutation is not None:
+            inverse = torch.empty_like(self.permutation)
+            inverse[self.permutation] = torch.arange(self.permutation.shape[0])
+            return self.b._emit("gather", (x, self.tensor("type_order_inverse", inverse)), self.note, relation="grounding order")
+        return x
 
     def tensor(self, key: str, tensor: torch.Tensor) -> int:
         if key not in self._cache:
@@ -299,7 +340,8 @@ class _RuleContext:
             kinds = b.plan.meta[weight].shape[0]
             order = self.tensor(f"type_order{expr.types}", torch.argsort(types, stable=True))
             counts = self.tensor(f"type_counts{expr.types}_{kinds}", torch.bincount(types, minlength=kinds))
-            return b._emit("typed_linear", (weight, x, order, counts), note), level
+            in_order = types.shape[0] < 2 or bool((types[1:] >= types[:-1]).all())  # each type's rows contiguous
+            return b._emit("typed_linear", (weight, x, order, counts), note, **({"sorted": True} if in_order else {})), level
         if isinstance(expr, ir.Binary):
             (left, l1), (right, l2) = self.compile(expr.left), self.compile(expr.right)
             return b._emit("binary", (left, right), note, op=expr.op), _level(l1, l2, note)
@@ -319,9 +361,7 @@ class _RuleContext:
                 x, level = self.compile(part)
                 if level == "c":
                     x = b._emit("broadcast", (x,), note, rows=self.rows)
-                if self.classes is not None:  # per class: back to every grounding, whose softmax differs
-                    x = b._emit("gather", (x, self.tensor("classes", self.classes)), note, relation="grounding classes")
-                parts.append(x)
+                parts.append(self.regroup(x))  # every grounding's own softmax weight, in grounding order
             ids, counts = self.segments()
             return b._emit("attention", (*parts, ids, counts), note, mode=expr.mode), "h"
         if isinstance(expr, ir.Agg):
@@ -336,7 +376,7 @@ class _RuleContext:
                     matrix = compress.multiplicity_matrix(b.pairs(self.rg, b.plan.inputs[ids]), b.plan.inputs[counts],
                                                           self.rows, expr.kind == "avg")
                     return b._emit("spmm", (self.tensor(f"multiplicity_{expr.kind}", matrix), x), note), "h"
-                x = b._emit("gather", (x, self.tensor("classes", self.classes)), note, relation="grounding classes")
+            x = self.regroup(x)
             return b._emit("segment", (x, ids, counts), note, kind=expr.kind), "h"
         raise TypeError(f"unknown expression node {expr!r}")
 
@@ -345,8 +385,7 @@ class _RuleContext:
         """NeuraLogic's concat aggregation: a head's groundings (in grounding order: by body row
         ids, then columns) side by side in one vector; every head needs as many groundings."""
         b = self.b
-        if self.classes is not None:
-            x = b._emit("gather", (x, self.tensor("classes", self.classes)), self.note, relation="grounding classes")
+        x = self.regroup(x)
         counts = self.rg.offsets[1:] - self.rg.offsets[:-1]
         if counts.numel() and bool((counts != counts[0]).any()):
             raise ShapeError(f"{self.note}: a concat aggregation needs the same number of groundings for every head "
