@@ -264,26 +264,27 @@ class SparkDatabase(Database):
 
     def add_codes(self, dictionary: exp.Table, source: exp.Expression, column: str) -> None:
         """The new values numbered like key tables (BIGINT, spread over the cluster, not one
-        partition's window), then shifted past the codes the dictionary has."""
-        fresh = exp.Table(this=ident(f"{dictionary.name}_new"), db=dictionary.args.get("db"),
-                          catalog=dictionary.args.get("catalog"))
-        self.create_key_table(fresh, q.new_dictionary_values(dictionary, source, column), ["v"])
+        partition's window) and inserted shifted past the codes the dictionary has, counted in
+        the same statement."""
+        placed = _beside(dictionary, "new_placed")
+        self._create_from(placed, self._placed(q.new_dictionary_values(dictionary, source, column), ["v"]))
         try:
-            offset = self.scalar(exp.select(exp.Count(this=exp.Star())).from_(dictionary.copy()))[0]
-            self.run(exp.Insert(this=dictionary.copy(), expression=exp.select(
-                q.col("v"), q.alias(exp.Add(this=q.col("_rid"), expression=q.integer(int(offset))), "code")).from_(fresh.copy())))
+            have = exp.Subquery(this=exp.select(exp.Count(this=exp.Star())).from_(dictionary.copy()))
+            numbered = self._numbered(placed, ["v"], shift=have)
+            self.run(exp.Insert(this=dictionary.copy(), expression=exp.select(q.col("v"), q.alias(q.col("_rid"), "code")).from_(
+                q.alias(exp.Subquery(this=numbered), "n", table=True))))
         finally:
-            self.execute(exp.Drop(tables=[fresh], kind="TABLE", exists=True))
+            self.execute(exp.Drop(tables=[placed], kind="TABLE", exists=True))
 
     def create_key_table(self, target: exp.Table, distinct: exp.Query, keys: list[str]) -> None:
         """Numbered without a window over all rows (one partition, INT row numbers): the keys are
         range-partitioned in key order and each row's place in its partition is recorded once and
         stored (Spark may run a plan twice, and these ids differ between runs); then each
         partition's offset (the rows of the partitions before it) is added: BIGINT `_rid`s."""
-        placed = exp.Table(this=ident(f"{target.name}_placed"), db=target.args.get("db"), catalog=target.args.get("catalog"))
+        placed = _beside(target, "placed")
         self._create_from(placed, self._placed(distinct, keys))
         try:
-            self._number_placed(target, placed, keys)
+            self.execute(q.create_temp(target, self._numbered(placed, keys)))
         finally:
             self.execute(exp.Drop(tables=[placed], kind="TABLE", exists=True))
 
@@ -307,13 +308,15 @@ class SparkDatabase(Database):
         finally:
             self.unregister(view)
 
-    def _number_placed(self, target: exp.Table, placed: exp.Table, keys: list[str]) -> None:
-        """Temp table `target`: `placed`'s keys and `_rid`, its id shifted by its partition's
-        offset. The offsets (one row per partition, so their window is small) are broadcast."""
+    def _numbered(self, placed: exp.Table, keys: list[str], shift: exp.Expression | None = None) -> exp.Select:
+        """`placed`'s keys and `_rid`: its id shifted by its partition's offset (and by `shift`).
+        The offsets (one row per partition, so their window is small) are broadcast."""
         sizes = exp.select(q.col(_PART), q.alias(exp.Count(this=exp.Star()), "n"),
                            q.alias(exp.Min(this=q.col(_MID)), "low")).from_(placed.copy()).group_by(q.col(_PART))
         before = exp.Window(this=exp.Sum(this=q.col("n")), order=exp.Order(expressions=[exp.Ordered(this=q.col(_PART))]))
         delta = exp.Sub(this=exp.Sub(this=before, expression=q.col("n")), expression=q.col("low"))
+        if shift is not None:
+            delta = exp.Add(this=delta, expression=shift)
         offsets = exp.select(q.col(_PART), q.alias(delta, "_delta")).from_(q.alias(exp.Subquery(this=sizes), "s", table=True))
         numbered = exp.select(
             *[q.col(k, "p") for k in keys],
@@ -322,7 +325,7 @@ class SparkDatabase(Database):
             q.alias(exp.Subquery(this=offsets), "o", table=True),
             on=exp.EQ(this=q.col(_PART, "p"), expression=q.col(_PART, "o")))
         numbered.set("hint", exp.Hint(expressions=[exp.Anonymous(this="BROADCAST", expressions=[q.ident("o")])]))
-        self.execute(q.create_temp(target, numbered))
+        return numbered
 
     # -- new tables, and tables replaced whole ---------------------------------------------------
     def create_table_as(self, name: str, query: exp.Query, replace: bool) -> None:
@@ -409,6 +412,11 @@ class SparkDatabase(Database):
             raise SchemaError(f"table `{table}` does not exist in {self.description}; known tables: {', '.join(self.tables()) or 'none'}")
         with _spark_errors():
             return [(f.name, duckdb_type(f.dataType.simpleString())) for f in self.spark.table(f"`{table}`").schema.fields]
+
+
+def _beside(table: exp.Table, suffix: str) -> exp.Table:
+    """relsql's own table `<table>_<suffix>`, in the same place as `table`."""
+    return exp.Table(this=ident(f"{table.name}_{suffix}"), db=table.args.get("db"), catalog=table.args.get("catalog"))
 
 
 def _is_temporary(node: object) -> bool:

@@ -115,13 +115,13 @@ def test_spark_numbers_keys_over_several_partitions_like_duckdb(spark, monkeypat
     duck = relsql.connect()
     duck.register("heads", heads)
     partitions = []
-    number = SparkDatabase._number_placed
+    number = SparkDatabase._numbered
 
-    def counted(self, target, placed, keys):
+    def counted(self, placed, keys, shift=None):
         partitions.append(self.scalar(exp.select(exp.Count(this=exp.Distinct(expressions=[q.col(_PART)]))).from_(placed.copy()))[0])
-        number(self, target, placed, keys)
+        return number(self, placed, keys, shift)
 
-    monkeypatch.setattr(SparkDatabase, "_number_placed", counted)
+    monkeypatch.setattr(SparkDatabase, "_numbered", counted)
     coalesce = "spark.sql.adaptive.coalescePartitions.enabled"
     before = spark.conf.get(coalesce)
     spark.conf.set(coalesce, "false")  # else AQE gives these few keys one partition
