@@ -23,8 +23,9 @@ from relsql.ground.store import GroundingStore
 from relsql.train.embeddings import DatabaseEmbedding, EmbeddingTable
 from relsql.train.swapped import SwappedEmbedding
 
-# No kernel timing per batch (nor row renumbering, which times too), and no isomorphic compression: a batch's plan runs once, and finding
-# its row classes cost 6x the rest of planning (TPC-H, 16,384 orders) for one forward and backward.
+# No kernel timing per batch (nor row renumbering, which times too), and no isomorphic compression: a
+# batch's plan runs once, and finding its row classes cost 6x the rest of planning (TPC-H, 16,384
+# orders) for one forward and backward. Nor shared partial sums: their greedy and timing cost more than one step saves.
 PASSES = tuple(rule for rule in RULES if rule not in (choose_segment_kernels, compress_groundings, reorder_rows, shared_aggregation))
 
 
