@@ -52,6 +52,11 @@ def hetero_graph():
 
 @pytest.fixture(scope="module")
 def graph():
+    return hetero_db()
+
+
+def hetero_db():
+    """The hetero graph as tables node(node_id, type, x) and edge(src, dst, type) of a new DuckDB."""
     ids, edges, x = hetero_graph()
     db = relsql.connect()
     types = {n: t for t in NODE_TYPES for n in ids[t]}

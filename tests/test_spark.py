@@ -74,11 +74,26 @@ def molecules_on_spark(spark, molecules):
     return molecules
 
 
-@pytest.mark.parametrize("name", ["gcn.sql", "sage.sql", "gin.sql"])
+@pytest.mark.parametrize("name", ["gcn.sql", "sage.sql", "gin.sql", "rgcn.sql", "gat.sql", "rgat.sql"])
 def test_spark_grounds_the_graph_templates_like_duckdb(spark, mutag_on_spark, name):
     mutag = mutag_on_spark
     with relsql.connect(spark) as on_spark:
         assert_same_groundings(relsql.Template.from_file(ROOT / "sql" / name), mutag, on_spark)
+
+
+def test_spark_grounds_the_hgt_template_like_duckdb(spark, mutag_on_spark):
+    """sql/hgt.sql reads node and edge tables with type columns (another graph than MUTAG's, whose
+    views it replaces for this test and puts back after)."""
+    pytest.importorskip("torch_geometric")
+    from tests.test_hgt import hetero_db
+
+    graph = hetero_db()[0]
+    copy_to_spark(graph, spark)
+    try:
+        with relsql.connect(spark) as on_spark:
+            assert_same_groundings(relsql.Template.from_file(ROOT / "sql" / "hgt.sql"), graph, on_spark)
+    finally:
+        copy_to_spark(mutag_on_spark, spark)
 
 
 def test_spark_grounds_mutagenesis_and_an_auto_template_on_tpch_like_duckdb(spark, molecules_on_spark):
