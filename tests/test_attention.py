@@ -221,12 +221,14 @@ def test_sparse_attention_pass_reads_source_rows_in_place_and_keeps_values_and_g
         assert torch.allclose(fast.named_weights()[name].grad, weight.grad, atol=tolerance * 10, rtol=0), name
 
 
-@pytest.mark.parametrize("heads", [1, 2])
-def test_score_linears_are_one_product_and_read_the_constant_features_exactly(heads):
+@pytest.mark.parametrize("heads, outputs", [(1, None), (2, None), (2, ["gat2"])])
+def test_score_linears_are_one_product_and_read_the_constant_features_exactly(heads, outputs):
     """stack_narrow_linears: each layer's two logit weights on W h become one (2 heads, C) product
     read as column slices, and the first layer's is reassociated, (A W) x, onto the constant
     features (its backward writes no per-node gradient). Values of every relation (slices among
-    them) and every weight's gradient equal the plain plan's and the pipeline's without the pass."""
+    them) and every weight's gradient equal the plain plan's and the pipeline's without the pass.
+    With only the last layer asked for, the ReLU between the layers overwrites the attention's
+    result in place (its backward keeps no output)."""
     from relsql.compile.passes import RULES
 
     db = relsql.connect()
@@ -246,8 +248,10 @@ def test_score_linears_are_one_product_and_read_the_constant_features_exactly(he
             CREATE TABLE gat{layer} AS SELECT n.id, bias(6, 'b{layer}') AS h FROM node n;""")
     template = relsql.Template.from_sql("\n".join(layers))
     without = tuple(rule for rule in RULES if rule.__name__ != "stack_narrow_linears")
-    nets = [relsql.compile(template, db, dtype=torch.float64, seed=0, passes=passes) for passes in (None, without, ())]
+    nets = [relsql.compile(template, db, dtype=torch.float64, seed=0, passes=passes, outputs=outputs)
+            for passes in (None, without, ())]
     assert "stack_narrow_linears: 2 groups of narrow weights on one input stacked into one product, 1 moved" in nets[0].explain()
+    assert ("relu_(" in nets[0].explain()) == (outputs is not None)
     assert [op.kind for op in nets[0].plan.ops].count("columns") == 4
     generator = torch.Generator().manual_seed(heads)
     values = {name: torch.randn(w.shape, dtype=torch.float64, generator=generator) for name, w in nets[0].weights_by_name().items()}

@@ -11,7 +11,8 @@ from relsql.compile.passes._rewrite import only_reader, producers, readers
 from relsql.compile.plan import Plan
 
 IN_PLACE = {"relu", "tanh", "sigmoid", "leaky_relu", "exp"}
-OUTPUT_FREE = {"affine", "linear", "spmm", "addspmm", "sum"}  # their backward does not read their result
+# their backward does not read their result (sparse attention keeps its weights and source, not its output)
+OUTPUT_FREE = {"affine", "linear", "spmm", "addspmm", "sum", "sparse_attention"}
 
 
 def inplace_activations(plan: Plan) -> Plan:
