@@ -29,7 +29,8 @@ Limits (stated, not hidden): pairs are counted only in heads of at most MAX_DEGR
 pair count of a head grows with its degree squared); such hub heads still take an aggregate
 when they hold both its parts, but do not vote for pairs. The greedy is pure Python: its time
 grows with the entries of the heads it changes, and it stops after MAX_WORK of them (planning
-must stay short; what it found by then is used).
+must stay short; what it found by then is used). On large overlapping products that bound finds
+part of the sharing only; `force=True` (tests, bench) runs the greedy to the end.
 """
 
 from __future__ import annotations
@@ -123,8 +124,10 @@ def _degree_limit(degree: np.ndarray) -> int:
     return 1
 
 
-def factor(matrix: torch.Tensor, capacity: float = CAPACITY, max_levels: int = MAX_LEVELS) -> Factoring | None:
-    """HAG's greedy on a CSR matrix's rows; None when no pair is shared by MIN_COUNT heads."""
+def factor(matrix: torch.Tensor, capacity: float = CAPACITY, max_levels: int = MAX_LEVELS,
+           max_work: float = MAX_WORK) -> Factoring | None:
+    """HAG's greedy on a CSR matrix's rows, stopping after `max_work` visited head entries; None
+    when no pair is shared by MIN_COUNT heads."""
     crow = matrix.crow_indices().to(torch.int64).numpy()
     cols = matrix.col_indices().to(torch.int64).numpy()
     vals = matrix.values().to(torch.float64).numpy()
@@ -163,7 +166,7 @@ def factor(matrix: torch.Tensor, capacity: float = CAPACITY, max_levels: int = M
     heapq.heapify(heap)
     most = max(1, min(int(capacity * sources), MAX_AGGREGATES))
     work = 0
-    while heap and len(members) < most and work < MAX_WORK:
+    while heap and len(members) < most and work < max_work:
         negative, lvl, key = heapq.heappop(heap)
         current = counts.get(key, 0)
         if current != -negative:  # a lazy entry: its count changed since it was pushed
@@ -333,7 +336,7 @@ def shared_aggregation(plan: Plan, force: bool = False) -> Plan:
                 or (not force and matrix.values().numel() < MIN_NNZ):
             ops.append(op)
             continue
-        f = factor(matrix)
+        f = factor(matrix, max_work=math.inf if force else MAX_WORK)
         if f is None or (not force and (f.nnz_after > (1 - MIN_SAVED) * f.nnz_before
                                         or not _pays(plan, matrix, f, op.shape))) or f.nnz_after >= f.nnz_before:
             ops.append(op)
