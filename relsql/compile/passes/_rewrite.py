@@ -11,6 +11,16 @@ def producers(plan: Plan) -> dict[int, Op]:
     return {op.out: op for op in plan.ops}
 
 
+def weight_dependent(plan: Plan) -> set[int]:
+    """Slots whose value depends on a weight: only their products run backward (and a product of
+    constants is folded at compile time anyway)."""
+    found = set(plan.param_slots)
+    for op in plan.ops:
+        if op.kind == "param" or any(a in found for a in op.args):
+            found.add(op.out)
+    return found
+
+
 def readers(plan: Plan) -> dict[int, list[Op]]:
     found: dict[int, list[Op]] = defaultdict(list)
     for op in plan.ops:

@@ -26,8 +26,7 @@ import numpy as np
 import torch
 
 from relsql.compile import costs, sparse
-from relsql.compile.passes._rewrite import matrix_position
-from relsql.compile.passes.sparse_backward import _trainable
+from relsql.compile.passes._rewrite import matrix_position, weight_dependent
 from relsql.compile.plan import Op, Plan, make_op
 
 MIN_ENTRIES = 200_000  # pattern entries below which nothing is timed
@@ -270,7 +269,7 @@ def reorder_rows(plan: Plan, force: bool = False) -> Plan:
         rewrite.op(op)
     outputs = rewrite.finish()
     plan.ops = rewrite.ops  # the rewritten plan's inputs are in place for timing
-    trainable = _trainable(plan)  # rewritten ops keep their output slots: the same set serves both plans
+    trainable = weight_dependent(plan)  # rewritten ops keep their output slots: the same set serves both plans
     old = new = 0.0
     if not force:
         for before_op, after_op in rewrite.timed:  # alternated, so that a busy moment hits both sides

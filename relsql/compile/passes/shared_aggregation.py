@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from relsql.compile import costs, sparse
+from relsql.compile.passes._rewrite import weight_dependent
 from relsql.compile.plan import Op, Plan, make_op
 
 MIN_COUNT = 3  # a pair shared by c heads saves c - 2 stored entries: at least one
@@ -289,15 +290,6 @@ def _pays(plan: Plan, matrix: torch.Tensor, f: Factoring, width: tuple[int, ...]
     return after <= SPEEDUP * before
 
 
-def _trainable(plan: Plan) -> set[int]:
-    """Slots that depend on a weight: a product of constants is folded at compile time anyway."""
-    found = set(plan.param_slots)
-    for op in plan.ops:
-        if op.kind == "param" or any(a in found for a in op.args):
-            found.add(op.out)
-    return found
-
-
 def _emit(plan: Plan, ops: list[Op], op: Op, f: Factoring) -> None:
     """The chain as plan ops; the last one writes the original product's slot."""
     x = op.args[1]
@@ -327,7 +319,7 @@ def _emit(plan: Plan, ops: list[Op], op: Op, f: Factoring) -> None:
 def shared_aggregation(plan: Plan, force: bool = False) -> Plan:
     """Factor sparse aggregations through shared partial sums where timing shows it pays
     (`force`: wherever the greedy finds a shared pair, untimed: for tests)."""
-    trainable = _trainable(plan)
+    trainable = weight_dependent(plan)
     rewritten, aggregates, before, after = 0, 0, 0, 0
     ops: list[Op] = []
     for op in plan.ops:

@@ -8,21 +8,12 @@ matmul (relsql/compile/sparse.py: _CsrMatmul). Runs last, after the passes that 
 from __future__ import annotations
 
 from relsql.compile import sparse
-from relsql.compile.passes._rewrite import matrix_position
+from relsql.compile.passes._rewrite import matrix_position, weight_dependent
 from relsql.compile.plan import Plan
 
 
-def _trainable(plan: Plan) -> set[int]:
-    """Slots whose value depends on a weight (only their matmuls run backward)."""
-    found = set(plan.param_slots)
-    for op in plan.ops:
-        if op.kind == "param" or any(a in found for a in op.args):
-            found.add(op.out)
-    return found
-
-
 def sparse_backward(plan: Plan) -> Plan:
-    made, transposes, trainable = 0, {}, _trainable(plan)
+    made, transposes, trainable = 0, {}, weight_dependent(plan)
     for op in plan.ops:
         at = matrix_position(op)
         if at is None or len(op.args) != at + 2 or op.args[-1] not in trainable:
