@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench import plot_ratios, write_csv
+from connectors.tu_format import list_column
 
 ROOT = Path(__file__).resolve().parent.parent
 SQL = ROOT / "sql"
@@ -111,12 +112,6 @@ def synthetic(name: str, seed: int = 0) -> Graphs:
     )
 
 
-def _list_column(matrix: np.ndarray) -> pa.ListArray:
-    rows, width = matrix.shape
-    offsets = pa.array(np.arange(rows + 1, dtype=np.int32) * width, type=pa.int32())
-    return pa.ListArray.from_arrays(offsets, pa.array(matrix.reshape(-1), type=pa.float64()))
-
-
 def load_graphs(con, data: Graphs) -> None:
     """graph / node / edge tables as connectors.tu_format creates them (primary keys included)."""
     n = data.x.shape[0]
@@ -125,7 +120,7 @@ def load_graphs(con, data: Graphs) -> None:
             "graph_id": np.arange(1, data.num_graphs + 1), "label": data.labels})),
         "node": ("node_id BIGINT PRIMARY KEY, graph_id BIGINT, label BIGINT, x DOUBLE[]", pa.table({
             "node_id": np.arange(1, n + 1), "graph_id": data.graph_of_node,
-            "label": np.zeros(n, dtype=np.int64), "x": _list_column(data.x)})),
+            "label": np.zeros(n, dtype=np.int64), "x": list_column(data.x)})),
         "edge": ("src BIGINT, dst BIGINT", pa.table({"src": data.edges[:, 0], "dst": data.edges[:, 1]})),
     }
     for table, (schema, arrow) in tables.items():

@@ -31,6 +31,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from connectors.tu_format import list_column
+
 THREADS = 2
 FEATURES = 32
 HIDDEN = 32
@@ -110,8 +112,7 @@ def load(graph: Graph, features: int | None = None, seed: int = 0):
     width = features or 6
     x = np.random.default_rng(seed).standard_normal((n, width))
     db = relsql.connect()
-    offsets = pa.array(np.arange(n + 1, dtype=np.int32) * width, type=pa.int32())
-    node = pa.table({"node_id": np.arange(n), "x": pa.ListArray.from_arrays(offsets, pa.array(x.reshape(-1)))})
+    node = pa.table({"node_id": np.arange(n), "x": list_column(x)})
     edge = pa.table({"src": both[:, 0], "dst": both[:, 1], "w": w})
     for name, table in (("node", node), ("edge", edge)):
         db.con.register(f"__{name}", table)
@@ -153,7 +154,8 @@ def _epoch(net, weights: torch.Tensor | None) -> Callable[[], None]:
     return step
 
 
-def _median_ms(step: Callable[[], None], budget: float = 0.05) -> float:
+def _mean_ms(step: Callable[[], None], budget: float = 0.05) -> float:
+    """Mean milliseconds of `step` over a short time budget (one round; rounds give the median)."""
     started, runs = time.perf_counter(), 0
     while runs == 0 or time.perf_counter() - started < budget:
         step()
@@ -206,7 +208,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             for r in range(rounds):  # alternating, the order rotated each round
                 labels = list(nets)[r % 3:] + list(nets)[: r % 3]
                 for label in labels:
-                    times[label].append(_median_ms(steps[label]))
+                    times[label].append(_mean_ms(steps[label]))
             ms = {label: statistics.median(t) for label, t in times.items()}
             entries = {label: stored_entries(net) for label, net in nets.items()}
             row = {"graph": name, "agg": kind, "nodes": graph[1], "edges": edges, **{f"entries_{k}": v for k, v in entries.items()},

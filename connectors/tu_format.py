@@ -88,7 +88,7 @@ def _one_hot(labels: np.ndarray) -> np.ndarray:
     return np.concatenate(blocks, axis=1)
 
 
-def _list_column(matrix: np.ndarray) -> pa.ListArray:
+def list_column(matrix: np.ndarray) -> pa.ListArray:
     """A (rows, width) float matrix as an Arrow list<double> column (DuckDB DOUBLE[])."""
     rows, width = matrix.shape
     offsets = pa.array(np.arange(rows + 1, dtype=np.int32) * width, type=pa.int32())
@@ -146,7 +146,7 @@ def _arrow_tables(folder: Path, name: str, edge_labels: bool) -> dict[str, pa.Ta
             "node_id": pa.array(np.arange(1, num_nodes + 1), type=pa.int64()),
             "graph_id": pa.array(indicator, type=pa.int64()),
             "label": node_label,
-            "x": _list_column(x),
+            "x": list_column(x),
         }),
         "edge": pa.table(edge_columns),
     }
