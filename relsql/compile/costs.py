@@ -76,8 +76,7 @@ def measure(device: str) -> Costs:
         small = small * (small > 0.95)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-            on_cpu = sparse.compact(small.to_sparse_csr())  # transposed here: sparse.transpose works on CPU tensors
-            as_csr, flipped = on_cpu.to(device, torch.float32), sparse.transpose(on_cpu).to(device, torch.float32)
+            as_csr, flipped = sparse.moved(sparse.compact(small.to_sparse_csr()), device, torch.float32)
         dense = small.to(device, torch.float32)
         y = torch.rand(n, 32, generator=generator).to(device).requires_grad_()
         as_dense = seconds(lambda: sparse.matmul(dense, y).sum().backward(), device)  # noqa: B023

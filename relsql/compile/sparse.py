@@ -68,6 +68,12 @@ def transpose(matrix: torch.Tensor) -> torch.Tensor:
     return from_coo(cols, rows, values, (matrix.shape[1], matrix.shape[0]))
 
 
+def moved(matrix: torch.Tensor, device: str | torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CSR matrix and its transpose (for `matmul`'s backward) on `device`: the transpose is
+    made first, on the CPU, where `transpose` runs."""
+    return matrix.to(device, dtype), transpose(matrix).to(device, dtype)
+
+
 def select_columns(matrix: torch.Tensor, index: torch.Tensor, source_rows: int) -> torch.Tensor:
     """M · P where P picks rows `index` of a source with `source_rows` rows: M @ gather(S, index) = (M·P) @ S."""
     rows, cols, values = triples(matrix)

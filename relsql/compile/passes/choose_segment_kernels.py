@@ -43,8 +43,8 @@ def choose_segment_kernels(plan: Plan) -> Plan:
         rows, device = plan.meta[op.args[0]].shape[0], plan.device  # timed where the plan will run
         x = torch.randn(rows, *op.shape, device=device, requires_grad=True)
         on_device = ids.to(device), counts.to(device)
-        on_cpu = _csr(counts, op.attrs["kind"] == "avg")  # transposed on CPU, then moved: sparse.transpose is CPU code
-        matrix, transposed = on_cpu.to(device, torch.float32), sparse.transpose(on_cpu).to(device, torch.float32)
+        on_cpu = _csr(counts, op.attrs["kind"] == "avg")
+        matrix, transposed = sparse.moved(on_cpu, device, torch.float32)
         native = costs.seconds(lambda: segment_reduce(op.attrs["kind"], x, *on_device).sum().backward(), device, REPEATS)  # noqa: B023
         as_csr = costs.seconds(lambda: sparse.matmul(matrix, x, transposed).sum().backward(), device, REPEATS)  # noqa: B023
         if as_csr < native:

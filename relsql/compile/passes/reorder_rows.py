@@ -131,8 +131,7 @@ class _Rewrite:
                 index = self.inverses[have] if wanted == 0 else self.perms[wanted] if have == 0 else self.inverses[have][self.perms[wanted]]
                 # a product by a permutation matrix, not a gather: its backward (after sparse_backward) is
                 # the inverse permutation's product, where a gather's is a scatter_add (7x slower here)
-                rows = index.shape[0]
-                permutation = sparse.from_csr(torch.arange(rows + 1), index, torch.ones(rows, dtype=torch.float64), (rows, rows))
+                permutation = sparse.selection(index, index.shape[0])
                 reorder = make_op(self.plan, "spmm", (self._input(permutation), slot), note, row_order=True)
                 self.ops.append(reorder)
                 self.added.append(reorder)
@@ -228,8 +227,10 @@ def _seconds(plan: Plan, op: Op, trainable: set[int]) -> float:
                 out.sum().backward()
     else:
         matrix = plan.inputs[op.args[matrix_position(op)]]
-        flipped = sparse.transpose(matrix).to(device, meta.dtype) if matrix.layout == sparse.CSR and x.requires_grad else None
-        on_device = matrix.to(device, meta.dtype)
+        if matrix.layout == sparse.CSR and x.requires_grad:
+            on_device, flipped = sparse.moved(matrix, device, meta.dtype)
+        else:
+            on_device, flipped = matrix.to(device, meta.dtype), None
 
         def step() -> None:
             out = sparse.matmul(on_device, x, flipped)

@@ -78,7 +78,9 @@ class Factoring:
 
 
 def _ratio_key(wu: float, wv: float, scale: float) -> int:
-    """Integer key of w_v / w_u: equal keys are equal ratios to 1/scale relative precision."""
+    """Integer key of w_v / w_u: equal keys are equal ratios to 1/scale relative precision (0: equal weights)."""
+    if wu == wv:
+        return 0
     ratio = wv / wu
     return int(round(math.log(abs(ratio)) * scale)) * 2 + (ratio < 0)
 
@@ -125,7 +127,7 @@ def _degree_limit(degree: np.ndarray) -> int:
     return 1
 
 
-def factor(matrix: torch.Tensor, capacity: float = CAPACITY, max_levels: int = MAX_LEVELS,
+def factor(matrix: torch.Tensor, max_levels: int = MAX_LEVELS,
            max_work: float = MAX_WORK) -> Factoring | None:
     """HAG's greedy on a CSR matrix's rows, stopping after `max_work` visited head entries; None
     when no pair is shared by MIN_COUNT heads."""
@@ -165,7 +167,7 @@ def factor(matrix: torch.Tensor, capacity: float = CAPACITY, max_levels: int = M
     members: list[tuple[int, int, float]] = []  # per aggregate: (u, v, ρ), a = u + ρ·v
     heap = [(-c, 1, key) for key, c in counts.items()]
     heapq.heapify(heap)
-    most = max(1, min(int(capacity * sources), MAX_AGGREGATES))
+    most = max(1, min(int(CAPACITY * sources), MAX_AGGREGATES))
     work = 0
     while heap and len(members) < most and work < max_work:
         negative, lvl, key = heapq.heappop(heap)
@@ -178,7 +180,7 @@ def factor(matrix: torch.Tensor, capacity: float = CAPACITY, max_levels: int = M
         sharing = []
         for h in sorted(read_by(u) & read_by(v)):
             r = row(h)
-            if u in r and v in r and r[u] != 0 and r[v] != 0 and (0 if r[u] == r[v] else _ratio_key(r[u], r[v], scale)) == q:
+            if u in r and v in r and r[u] != 0 and r[v] != 0 and _ratio_key(r[u], r[v], scale) == q:
                 sharing.append(h)
         voters = sum(1 for h in sharing if degree[h] <= limit)
         if voters != current:  # the counts drifted (ratio keys rounded apart): trust the heads
@@ -202,7 +204,7 @@ def factor(matrix: torch.Tensor, capacity: float = CAPACITY, max_levels: int = M
                 if uniform:
                     made.update(r.keys())
                 else:
-                    made.update((w, 0 if ww == wu else _ratio_key(ww, wu, scale)) for w, ww in r.items() if ww != 0)
+                    made.update((w, _ratio_key(ww, wu, scale)) for w, ww in r.items() if ww != 0)
             r[a] = wu
             read_by(u).discard(h)
             read_by(v).discard(h)
@@ -280,11 +282,11 @@ def _pays(plan: Plan, matrix: torch.Tensor, f: Factoring, width: tuple[int, ...]
     device = plan.device
     x = torch.randn(matrix.shape[1], *width, device=device, requires_grad=True)
     pieces = [f.heads_x, f.heads_z, *(m for level in f.levels for m in level)]
-    moved = {id(m): (m.to(device, torch.float32), sparse.transpose(m).to(device, torch.float32)) for m in pieces}
+    moved = {id(m): sparse.moved(m, device, torch.float32) for m in pieces}
     on = Factoring([(moved[id(a)][0], moved[id(b)][0]) for a, b in f.levels], moved[id(f.heads_x)][0],
                    moved[id(f.heads_z)][0], f.nnz_before, f.aggregates)
     transposes = {id(m): t for m, t in moved.values()}
-    plain, flipped = matrix.to(device, torch.float32), sparse.transpose(matrix).to(device, torch.float32)
+    plain, flipped = sparse.moved(matrix, device, torch.float32)
     before = costs.seconds(lambda: sparse.matmul(plain, x, flipped).sum().backward(), device)
     after = costs.seconds(lambda: apply(on, x, transposes).sum().backward(), device)
     return after <= SPEEDUP * before
