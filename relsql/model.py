@@ -500,10 +500,11 @@ class Model:
         entries for the file (training ranks name their embedding shards there)."""
         steps = {w: worker.run(store.snapshot) for w, store in self._stores().items()}
         best_steps = {w: worker.run(store.keep_best) for w, store in self._stores().items()}
+        names = {id(p): name for name, p in self._weights_by_name().items()}
         checkpoints.save(path, {
             "target": self.target, "template": self.template.source, "epoch": epoch, "batch": batch,
             "weights": self._weights_copy(), "optimizers": [o.state_dict() for o in optimizers],
-            "parameter_names": [[self._name_of(p) for g in o.param_groups for p in g["params"]] for o in optimizers],
+            "parameter_names": [[names[id(p)] for g in o.param_groups for p in g["params"]] for o in optimizers],
             "history": saved.plain(self.history), "best_epoch": self.best_epoch, "best_loss": float(best["loss"]),
             "best_state": best["state"], "stores": steps, "best_stores": best_steps,
             "running": tuple(float(v) for v in self._running) if batch else (0.0, 0.0), **(extra or {}),
@@ -511,14 +512,6 @@ class Model:
         for w, store in self._stores().items():
             worker.run(store.drop_checkpoints, steps[w], best_steps[w])
 
-    def _name_of(self, parameter: nn.Parameter) -> str:
-        for name, p in self.net.weights_by_name().items():
-            if p is parameter:
-                return name
-        for name, p in self.head.named_parameters():
-            if p is parameter:
-                return f"_head.{name}"
-        raise RelsqlError("a parameter of the optimizer belongs to neither the net nor the head")
 
     def _resume(self, path, optimizers, best, worker) -> tuple[int, int]:
         state = checkpoints.load(path)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from relsql.compile import compress, kernels, shapes
+from relsql.compile import compress, kernels, shapes, sparse
 from relsql.errors import ShapeError
 from relsql.ground.execute import Grounding, RuleGrounding
 from relsql.template import ir
@@ -282,7 +282,7 @@ class _RuleContext:
         if column is None:
             return
         types = self.columns[column]
-        if types.shape[0] < 2 or bool((types[1:] >= types[:-1]).all()):
+        if sparse.is_sorted(types):
             return
         order = torch.argsort(types, stable=True)
         self.permutation = order
@@ -340,7 +340,7 @@ class _RuleContext:
             kinds = b.plan.meta[weight].shape[0]
             order = self.tensor(f"type_order{expr.types}", torch.argsort(types, stable=True))
             counts = self.tensor(f"type_counts{expr.types}_{kinds}", torch.bincount(types, minlength=kinds))
-            in_order = types.shape[0] < 2 or bool((types[1:] >= types[:-1]).all())  # each type's rows contiguous
+            in_order = sparse.is_sorted(types)  # each type's rows contiguous
             return b._emit("typed_linear", (weight, x, order, counts), note, **({"sorted": True} if in_order else {})), level
         if isinstance(expr, ir.Binary):
             (left, l1), (right, l2) = self.compile(expr.left), self.compile(expr.right)

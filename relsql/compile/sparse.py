@@ -23,6 +23,11 @@ def _beta_ok():
         yield
 
 
+def is_sorted(x: torch.Tensor) -> bool:
+    """Whether a 1-D tensor is in ascending order (ties allowed)."""
+    return x.numel() < 2 or bool((x[1:] >= x[:-1]).all())
+
+
 def from_coo(rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
     """CSR from (row, col, value) triples; duplicate positions are summed.
 
@@ -30,7 +35,7 @@ def from_coo(rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor, shape
     grounding indexes do) instead of torch's COO coalesce, which is several times slower."""
     rows, cols, values = rows.to(torch.int64), cols.to(torch.int64), values.to(torch.float64)
     key = rows * max(shape[1], 1) + cols
-    if key.numel() > 1 and not bool((key[1:] >= key[:-1]).all()):
+    if not is_sorted(key):
         key, order = torch.sort(key, stable=True)
         values = values[order]
     key, inverse, counts = torch.unique_consecutive(key, return_inverse=True, return_counts=True)

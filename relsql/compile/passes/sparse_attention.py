@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from relsql.compile import sparse
 from relsql.compile.passes._rewrite import only_reader, producers, readers, sum_terms
 from relsql.compile.plan import Op, Plan, make_op
 
@@ -86,15 +87,14 @@ def sparse_attention(plan: Plan) -> Plan:
             folded += 1
         addend = _addend(plan, target, reads)
         key = row_of * max(sources, 1) + cols
-        if entries > 1 and not bool((key[1:] >= key[:-1]).all()):
+        if not sparse.is_sorted(key):
             order = torch.argsort(key, stable=True)
             row_of, cols = row_of[order], cols[order]
             scored = made_by.get(score)
             if scored is not None and scored.kind == "gather" and scored.args[1] in plan.inputs \
                     and scored.args[0] not in plan.param_slots and only_reader(plan, score, op, reads):
                 # the scores are themselves gathered (groundings computed in type order): one gather
-                order, score = plan.inputs[scored.args[1]].to(torch.int64)[order], scored.args[0]
-                absorbed.add(scored.out)
+                order, score = plan.inputs[scored.args[1]].to(torch.int64)[order], scored.args[0]  # dead_code drops that gather
             picked = make_op(plan, "gather", (score, plan.add_input(order)), op.note, relation="entries by (row, column)")
             ops.append(picked)
             score = picked.out
