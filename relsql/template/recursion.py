@@ -182,11 +182,11 @@ def _renamed(template: ir.Template, rule: ir.Rule, below: dict[str, str], level:
 def rename_tables(select: exp.Select, mapping: dict[str, str]) -> exp.Select:
     """Table references to relations in `mapping` read the mapped relation instead, under their
     old name as alias (so `path.a0` still resolves); in place."""
-    folded = {k.casefold(): v for k, v in mapping.items()}
     local = {cte.alias.casefold() for cte in select.find_all(exp.CTE)}  # a CTE of that name shadows the relation
+    folded = {k.casefold(): v for k, v in mapping.items() if k.casefold() not in local}
 
     def swap(node: exp.Expression) -> exp.Expression:
-        if isinstance(node, exp.Table) and not node.args.get("db") and node.name.casefold() in folded.keys() - local:
+        if isinstance(node, exp.Table) and not node.args.get("db") and node.name.casefold() in folded:
             table = exp.Table(this=exp.to_identifier(folded[node.name.casefold()], quoted=True))
             return exp.alias_(table, node.alias or node.name, table=True, quoted=True)
         return node
