@@ -24,10 +24,10 @@ import sqlglot
 import sqlglot.errors
 import sqlglot.expressions as exp
 
-from relsql import keyfile
+from relsql import keyfile, textfile
 from relsql.catalog import ForeignKey, Keys
 from relsql.db import Database, Source, first_line, ident
-from relsql.errors import SchemaError, SourceError
+from relsql.errors import RelsqlError, SchemaError, SourceError
 
 __all__ = ["Folder", "SUFFIXES", "open_folder"]
 
@@ -54,10 +54,9 @@ class Folder(Source):
         if not file.is_file():
             return
         try:
-            text = file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            warnings.warn(f"cannot read {file} ({getattr(err, 'strerror', None) or 'not UTF-8 text'}); its keys are not used",
-                          stacklevel=3)
+            text = textfile.read_text(file, "schema file")
+        except RelsqlError as err:
+            warnings.warn(f"{err}; its keys are not used", stacklevel=3)
             return
         with warnings.catch_warnings():
             warnings.simplefilter("always")
@@ -136,8 +135,8 @@ def _exported_names(path: Path, files: dict[str, Path]) -> dict[str, str]:
     if not load.is_file():
         return {}
     try:
-        statements = sqlglot.parse(load.read_text(encoding="utf-8"), read="duckdb")
-    except (OSError, UnicodeDecodeError, sqlglot.errors.SqlglotError):
+        statements = sqlglot.parse(textfile.read_text(load, "load file"), read="duckdb")
+    except (RelsqlError, sqlglot.errors.SqlglotError):
         return {}
     names = {}
     for statement in statements:

@@ -42,6 +42,7 @@ import pyarrow as pa
 import sqlglot.expressions as exp
 
 from connectors._transaction import atomic
+from relsql import textfile
 from relsql.errors import RelsqlError, SourceError
 
 __all__ = [
@@ -567,13 +568,11 @@ def _write(
 # --------------------------------------------------------------------------- public API
 
 
+DATA_LIMIT = 1 << 30  # bytes: an examples file is data (Nations' is 100 kB), not a hand-written template
+
+
 def _read(path: str | Path) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise SourceError(f"cannot read {path}: {err.strerror or err}") from err
-    except UnicodeDecodeError as err:
-        raise SourceError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from err
+    return textfile.read_text(path, "NeuraLogic file", SourceError, limit=DATA_LIMIT)
 
 
 def import_text(

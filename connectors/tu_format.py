@@ -35,7 +35,10 @@ import pyarrow as pa
 import sqlglot.expressions as exp
 
 from connectors._transaction import atomic
+from relsql import textfile
 from relsql.errors import SourceError
+
+DATA_LIMIT = 4 << 30  # bytes: a data file, not a hand-written one (TU datasets run to hundreds of MB)
 
 __all__ = ["load_tu", "mutag_folder"]
 
@@ -45,12 +48,7 @@ __all__ = ["load_tu", "mutag_folder"]
 
 def _read_ints(path: Path, columns: int | None = None) -> np.ndarray:
     """An int64 matrix (lines × columns) from a comma/space separated text file."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise SourceError(f"cannot read {path}: {err.strerror or err}") from err
-    except UnicodeDecodeError as err:
-        raise SourceError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from err
+    text = textfile.read_text(path, "TU data file", SourceError, limit=DATA_LIMIT)
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         raise SourceError(f"{path}: the file is empty")

@@ -32,6 +32,7 @@ from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import TokenType
 
+from relsql import textfile
 from relsql.errors import SchemaError
 
 __all__ = ["GivenKey", "GivenKeys", "load", "parse", "resolve"]
@@ -94,14 +95,8 @@ def _looks_like_path(text: str) -> bool:
 
 
 def read_file(path: Path) -> GivenKeys:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SchemaError(f"keys file {path} does not exist; pass an existing file of PRIMARY KEY / FOREIGN KEY lines") from None
-    except (OSError, UnicodeDecodeError) as err:
-        why = err.strerror if isinstance(err, OSError) else "it is not UTF-8 text"
-        raise SchemaError(f"cannot read keys file {path}: {why}; pass a readable SQL text file") from None
-    return parse(text, path.name)
+    """A keys file's text, bounded (a keys file is never larger than a few kilobytes of SQL)."""
+    return parse(textfile.read_text(path, "keys file", SchemaError), path.name)
 
 
 def from_tuples(entries: Sequence) -> GivenKeys:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import sqlglot.expressions as exp
 
+from relsql import textfile
 from relsql.errors import TemplateError
 
 if TYPE_CHECKING:
@@ -109,17 +110,8 @@ def check_names(template: Template) -> None:
 
 
 def read_text(path: Path, what: str) -> str:
-    """A template file's text, decoded as UTF-8 (a byte-order mark is allowed)."""
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise TemplateError(f"cannot read {what} {path}: {err.strerror or err}") from None
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        line = data[: err.start].count(b"\n") + 1
-        raise TemplateError(f"{what} {path} is not UTF-8 text (byte 0x{data[err.start]:02x} on line {line}); "
-                            "save it as UTF-8") from None
+    """A template file's text: a bounded regular file, decoded as UTF-8 (a byte-order mark is allowed)."""
+    return textfile.read_text(path, what, TemplateError)
 
 
 def check_text(text: object, what: str = "template") -> str:
