@@ -59,5 +59,5 @@ def read_text(path: str | os.PathLike, what: str, error: type[RelsqlError] = Rel
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         line = data[: err.start].count(b"\n") + 1
-        raise error(f"{what} {path} is not UTF-8 text (byte 0x{data[err.start]:02x} on line {line}); "
+        raise error(f"{what} {path} is not a text file in UTF-8 (byte 0x{data[err.start]:02x} on line {line}); "
                     "save it as UTF-8") from None

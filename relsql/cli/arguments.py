@@ -11,6 +11,7 @@ import zipfile
 from pathlib import Path
 
 from relsql import arguments as relsql_arguments
+from relsql import textfile
 from relsql.cli.demo import demo_tables
 from relsql.db import check_table_name
 from relsql.errors import RelsqlError
@@ -116,11 +117,9 @@ def _text_file(text: str, what: str, fix: str) -> Path:
     """An existing, readable file that is UTF-8 text (a binary file is refused before anything runs)."""
     path = _readable_file(text, what)
     try:
-        path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise argparse.ArgumentTypeError(f"{text} is not a text file (not UTF-8 at byte {err.start}); {fix}") from None
-    except OSError as err:
-        raise argparse.ArgumentTypeError(f"cannot read {what} {text}: {err.strerror}") from None
+        textfile.read_text(path, what)
+    except RelsqlError as err:
+        raise argparse.ArgumentTypeError(f"{err}; {fix}") from None
     return path
 
 
