@@ -17,7 +17,7 @@ import sqlglot.expressions as exp
 
 from connectors import extensions
 from relsql.catalog import ForeignKey, Keys
-from relsql.db import Database, Source, first_line, ident
+from relsql.db import WRITTEN_BY, Database, Source, first_line, ident, marked_kind
 from relsql.errors import SourceError
 
 __all__ = ["ALIAS", "Postgres", "is_url", "open_postgres", "redact"]
@@ -83,6 +83,32 @@ class Postgres(Source):
             else:
                 entry["fks"].append(ForeignKey(cols, ref_table, tuple(ref_columns.split("\x1f")) if ref_columns else ()))
         return {t: Keys(e["pk"], tuple(e["fks"])) for t, e in found.items()}
+
+    def mark(self, db: Database, scope: tuple[str, str], name: str, kind: str) -> None:
+        """A PostgreSQL table comment, set through `postgres_execute` in the open transaction
+        (DuckDB 1.5.5 has no COMMENT ON for attached PostgreSQL tables): the server keeps it with
+        the table and drops it with it."""
+        comment = exp.Comment(this=exp.Table(this=ident(name), db=ident(scope[1])), kind="TABLE",
+                              expression=exp.Literal.string(WRITTEN_BY + kind)).sql("postgres")
+        call = exp.func("postgres_execute", exp.Literal.string(scope[0]), exp.Literal.string(comment))
+        db.execute(exp.Command(this="CALL", expression=call.sql("duckdb")))
+
+    def written_kind(self, db: Database, scope: tuple[str, str], name: str) -> str | None:
+        """The table's comment, read from the server (DuckDB's catalog cache may predate it)."""
+        pg_class = exp.select(exp.func("obj_description", exp.column("oid", "c"), exp.Literal.string("pg_class"))).from_(
+            exp.alias_(exp.table_("pg_class", db="pg_catalog"), "c", table=True)).join(
+            exp.alias_(exp.table_("pg_namespace", db="pg_catalog"), "n", table=True),
+            on=exp.EQ(this=exp.column("oid", "n"), expression=exp.column("relnamespace", "c"))).where(exp.and_(
+                exp.EQ(this=exp.column("nspname", "n"), expression=exp.Literal.string(scope[1])),
+                exp.EQ(this=exp.column("relname", "c"), expression=exp.Literal.string(name))))
+        query = exp.select(exp.Star()).from_(exp.func("postgres_query", exp.Literal.string(scope[0]),
+                                                      exp.Literal.string(pg_class.sql("postgres"))))
+        try:
+            row = db.con.execute(query.sql("duckdb")).fetchone()
+        except duckdb.Error as err:
+            raise SourceError(f"cannot read the comment of table `{name}` in {self.description}: "
+                              f"{_clean(first_line(err), self.url)}") from None
+        return marked_kind(row[0] if row else None)
 
     def after_rollback(self, db: Database) -> None:
         try:  # DuckDB caches the Postgres catalog; a rolled-back CREATE would linger there

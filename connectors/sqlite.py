@@ -8,6 +8,7 @@ inside one transaction of the attached database (all or nothing).
 from __future__ import annotations
 
 import sqlite3
+import uuid
 from pathlib import Path
 
 import duckdb
@@ -15,12 +16,13 @@ import sqlglot.expressions as exp
 
 from connectors import extensions
 from relsql.catalog import ForeignKey, Keys
-from relsql.db import SQLITE_MAGIC, Database, Source, first_line, ident
+from relsql.db import SQLITE_MAGIC, TEMP_PREFIX, Database, Source, first_line, ident, qualified
 from relsql.errors import SourceError
 
 __all__ = ["ALIAS", "SQLiteFile", "open_sqlite", "sqlite_keys"]
 
 ALIAS = "src"
+MARK_INDEX = f"{TEMP_PREFIX}written_"  # relsql's mark on a table it wrote (see SQLiteFile.mark)
 
 
 class SQLiteFile(Source):
@@ -32,6 +34,24 @@ class SQLiteFile(Source):
 
     def keys(self, db: Database, scope: tuple[str, str]) -> dict[str, Keys]:
         return sqlite_keys(self.path)
+
+    def mark(self, db: Database, scope: tuple[str, str], name: str, kind: str) -> None:
+        """SQLite has no table comments (nor does DuckDB's scanner write any): the mark is an index
+        on the table's first column named `__relsql_written_<kind>_<id>`, created in the open
+        transaction. SQLite drops a table's indexes with it, so the mark cannot outlive the table
+        (a registry table could: a user's table made later under the same name would inherit it)."""
+        first = db.con.execute("SELECT column_name FROM information_schema.columns WHERE table_catalog = ? AND "
+                               "table_schema = ? AND table_name = ? ORDER BY ordinal_position LIMIT 1",
+                               [scope[0], scope[1], name]).fetchone()
+        index = exp.Index(this=ident(f"{MARK_INDEX}{kind}_{uuid.uuid4().hex[:12]}"), table=qualified(name, scope),
+                          params=exp.IndexParameters(columns=[exp.Ordered(this=exp.Column(this=ident(first[0])))]))
+        db.execute(exp.Create(this=index, kind="INDEX"))
+
+    def written_kind(self, db: Database, scope: tuple[str, str], name: str) -> str | None:
+        rows = db.con.execute("SELECT index_name FROM duckdb_indexes() WHERE database_name = ? AND schema_name = ? "
+                              "AND table_name = ? ORDER BY index_name", [scope[0], scope[1], name]).fetchall()
+        kinds = {r[0][len(MARK_INDEX):].rsplit("_", 1)[0] for r in rows if r[0].startswith(MARK_INDEX)}
+        return kinds.pop() if len(kinds) == 1 else None
 
 
 def sqlite_keys(path: Path) -> dict[str, Keys]:

@@ -33,6 +33,13 @@ if TYPE_CHECKING:
 TEMP_PREFIX = "__relsql_"
 _session = itertools.count()
 
+# relsql's mark on every table it writes into the user's database (a table comment, or what the
+# engine has instead: see Source.mark). Only a table bearing it, of the same kind, is ever replaced.
+WRITTEN_BY = "written by relsql: "
+WRITTEN_KINDS = {"table": "a table written by Database.write_table", "predictions": "a table of predictions",
+                 "task": "a task table", "gradients": "a table of gradients",
+                 "recommendations": "a table of recommendations"}
+
 
 def ident(name: str) -> exp.Identifier:
     return exp.to_identifier(name, quoted=True)
@@ -70,6 +77,13 @@ def free_name(name: str, taken: set[str]) -> str:
     return found
 
 
+def marked_kind(comment: object) -> str | None:
+    """The kind in a relsql mark (`written by relsql: predictions` -> predictions), else None."""
+    if isinstance(comment, str) and comment.startswith(WRITTEN_BY):
+        return comment[len(WRITTEN_BY):].strip() or None
+    return None
+
+
 class Source:
     """What a kind of source adds to plain DuckDB: its keys, how it writes, how it closes.
 
@@ -93,32 +107,34 @@ class Source:
             raise SourceError(f"cannot write table `{name}`: {self.description} was opened read-only; "
                               "reconnect with relsql.connect(..., read_only=False) to write to it")
 
-    def write_table(self, db: Database, name: str, data: pa.Table, replace: bool) -> None:
-        """All of it or nothing, inside one transaction of the source's default catalog."""
+    def write_table(self, db: Database, name: str, data: pa.Table, replace: bool, kind: str = "table") -> None:
+        """All of it or nothing, inside one transaction of the source's default catalog, marked as
+        relsql's `kind` in the same transaction; an existing table goes only if relsql wrote it as `kind`."""
         self.refuse_read_only(name)
-        scope = db.scopes()[0]
-        exists = name in db._tables_in(scope)
-        if exists and not replace:
-            raise SchemaError(f"table `{name}` already exists in {db.description}; choose another name or pass replace=True")
-        target = qualified(name, scope)
         view = f"{db._prefix}write_{next(_session)}"
         db.con.register(view, data)
         try:
-            db.con.execute("BEGIN TRANSACTION")
-            try:
-                if exists:
-                    db.execute(exp.Drop(tables=[target.copy()], kind="TABLE"))
-                db.execute(exp.Create(this=target.copy(), kind="TABLE",
-                                      expression=exp.select(exp.Star()).from_(exp.Table(this=ident(view)))))
-                db.con.execute("COMMIT")
-            except BaseException:
-                db.con.execute("ROLLBACK")
-                self.after_rollback(db)
-                raise
+            with db.writing(name, kind, replace) as existing:
+                scope = db.scopes()[0]
+                drop = [exp.Drop(tables=[qualified(existing, scope)], kind="TABLE")] if existing else []
+                db.transaction([*drop, exp.Create(this=qualified(name, scope), kind="TABLE",
+                                                  expression=exp.select(exp.Star()).from_(exp.Table(this=ident(view))))])
         except duckdb.Error as err:
             raise SourceError(f"could not write table `{name}` to {db.description} (nothing was written): {first_line(err)}") from None
         finally:
             db.con.unregister(view)
+
+    def mark(self, db: Database, scope: tuple[str, str], name: str, kind: str) -> None:
+        """Mark table `name` (just created, in the open transaction) as relsql's `kind`: a table
+        comment, which DuckDB keeps with the table and drops with it."""
+        db.execute(exp.Comment(this=qualified(name, scope), kind="TABLE", expression=exp.Literal.string(WRITTEN_BY + kind)))
+
+    def written_kind(self, db: Database, scope: tuple[str, str], name: str) -> str | None:
+        """The kind relsql marked table `name` with, or None: a table relsql did not write (or an
+        older relsql, which set no mark)."""
+        row = db.con.execute("SELECT comment FROM duckdb_tables() WHERE database_name = ? AND schema_name = ? "
+                             "AND table_name = ?", [scope[0], scope[1], name]).fetchone()
+        return marked_kind(row[0] if row else None)
 
     def after_rollback(self, db: Database) -> None:
         """Hook: drop catalog caches that a rolled-back transaction left stale."""
@@ -139,6 +155,7 @@ class Database:
         self.source = source or Source(description)
         self._prefix = f"{TEMP_PREFIX}{next(_session)}_"
         self._extra_scopes: list[tuple[str, str]] = []  # frames registered beside another source
+        self._writing: tuple[str, str, bool, str | None] | None = None  # see `writing`
         self.given_keys = None  # keys from connect(keys=...): relsql.keyfile.GivenKeys
 
     def __repr__(self) -> str:
@@ -166,22 +183,71 @@ class Database:
     def execute(self, query: exp.Expression | str) -> None:
         self.con.execute(self.sql(query))
 
-    def create_table_as(self, name: str, query: exp.Query, replace: bool) -> None:
-        """A new table `name` (in the default scope) holding `query`'s rows, atomically; with
-        `replace`, the existing one of that name goes in the same step (the caller checked it exists)."""
-        target = qualified(name, self.scopes()[0])
-        self.transaction([*([exp.Drop(tables=[target.copy()], kind="TABLE")] if replace else []),
-                          exp.Create(this=target.copy(), kind="TABLE", expression=query)])
+    def create_table_as(self, name: str, query: exp.Query, replace: bool, kind: str = "table") -> None:
+        """A new table `name` (in the default scope) holding `query`'s rows, marked as relsql's
+        `kind`, atomically; with `replace`, an existing one that relsql wrote as `kind` goes in the
+        same step (any other existing table is refused)."""
+        with self.writing(name, kind, replace) as existing:
+            scope = self.scopes()[0]
+            drop = [exp.Drop(tables=[qualified(existing, scope)], kind="TABLE")] if existing else []
+            self.transaction([*drop, exp.Create(this=qualified(name, scope), kind="TABLE", expression=query)])
+
+    @contextlib.contextmanager
+    def writing(self, name: str, kind: str, replace: bool, how: str = "replace=True"):
+        """Within this block, the next `transaction` writes table `name` as relsql's `kind`: it
+        checks again, inside the transaction, that what it may drop is relsql's (`replaceable`),
+        and marks the new table before committing. Yields the existing table to drop, or None."""
+        existing = self.replaceable(name, replace, kind, how)
+        self._writing = (name, kind, replace, existing)
+        try:
+            yield existing
+        finally:
+            self._writing = None
+
+    def replaceable(self, name: str, replace: bool, kind: str, how: str = "replace=True") -> str | None:
+        """The existing table that writing `name` as relsql's `kind` replaces (None if there is
+        none). Names are compared as the engine resolves them (case-insensitively: `PRODUCT` is
+        `product`). Refused: any existing table without `replace`, and with it any table that
+        does not bear relsql's mark of the same kind (a user's table, or one an older relsql
+        wrote, which set no mark)."""
+        if kind not in WRITTEN_KINDS:
+            raise ValueError(f"unknown kind of table {kind!r}")
+        scope = self.scopes()[0]
+        clash = sorted((t for t in self._tables_in(scope) if t.casefold() == name.casefold()), key=lambda t: t != name)
+        if not clash:
+            return None
+        existing = clash[0]
+        same = "" if existing == name else f" (the engine takes `{name}` for `{existing}`: names differing only in case are one table)"
+        if not replace:
+            raise SchemaError(f"table `{existing}` already exists in {self.description}{same}; choose another name, or pass "
+                              f"{how} to replace it if it is {WRITTEN_KINDS[kind]} that relsql wrote")
+        found = None if len(clash) > 1 else self.source.written_kind(self, scope, existing)
+        if found != kind:
+            what = (f"it is {WRITTEN_KINDS.get(found, found)}, not {WRITTEN_KINDS[kind]}" if found else
+                    "it is not a table relsql wrote (it bears no relsql mark; tables written by relsql before "
+                    "it marked them are not replaced either)")
+            raise SchemaError(f"cannot replace table `{existing}` in {self.description}{same}: {what}; relsql replaces "
+                              f"only {WRITTEN_KINDS[kind]} it wrote itself. Choose another name (nothing was written)")
+        return existing
 
     def transaction(self, statements: list[exp.Expression]) -> None:
-        """Run `statements` as one transaction: all of them or, on any error or interrupt, none."""
+        """Run `statements` as one transaction: all of them or, on any error or interrupt, none.
+        Inside `writing`, the table written is checked and marked in this same transaction."""
+        writing = getattr(self, "_writing", None)
         self.con.execute("BEGIN TRANSACTION")
         try:
+            if writing is not None:
+                name, kind, replace, existing = writing
+                if self.replaceable(name, replace, kind) != existing:
+                    raise SchemaError(f"table `{name}` changed in {self.description} while relsql wrote it; nothing was written")
             for statement in statements:
                 self.execute(statement)
+            if writing is not None:
+                self.source.mark(self, self.scopes()[0], name, kind)
             self.con.execute("COMMIT")
         except BaseException:
             self.con.execute("ROLLBACK")
+            self.source.after_rollback(self)
             raise
 
     def arrow(self, query: exp.Expression | str) -> pa.Table:
@@ -335,15 +401,20 @@ class Database:
     def has_table(self, table: str) -> bool:
         return table in self.table_scopes()
 
-    def write_table(self, name: str, data: pa.Table, *, replace: bool = False) -> None:
-        """Write `data` as a new user table, atomically: all of it or nothing.
+    def write_table(self, name: str, data: pa.Table, *, replace: bool = False, kind: str = "table") -> None:
+        """Write `data` as a new user table, atomically: all of it or nothing, marked as relsql's
+        `kind` (predictions, task, gradients, ...; see WRITTEN_KINDS).
 
-        An existing table of that name is refused unless `replace`. DuckDB, SQLite and
-        PostgreSQL write inside one transaction; a folder of files writes `<name>.parquet` to a
-        temporary file and renames it into place.
+        An existing table of that name is refused unless `replace`, and even then unless relsql
+        wrote it as the same `kind` (its mark: a table comment, or on SQLite an index; see
+        `Source.mark`): a user's table is never replaced. DuckDB, SQLite and PostgreSQL write
+        inside one transaction; a folder of files writes `<name>.parquet` to a temporary file and
+        renames it into place.
         """
         check_table_name(name)
-        self.source.write_table(self, name, _as_arrow(data, name), replace)
+        if kind not in WRITTEN_KINDS:
+            raise ValueError(f"unknown kind of table {kind!r}")
+        self.source.write_table(self, name, _as_arrow(data, name), replace, kind)
 
     def catalog(self) -> Catalog:
         """Tables, columns (name, type, nullable), primary and foreign keys, row counts."""
@@ -445,7 +516,23 @@ def _own_connection(con: duckdb.DuckDBPyConnection) -> Database:
         cursor = con.cursor()
     except duckdb.ConnectionException as err:
         raise SourceError(f"the DuckDB connection cannot be used: {first_line(err)}; pass an open connection") from None
+    _follow_scope(con, cursor)
     return Database(cursor, "DuckDB connection")
+
+
+def _follow_scope(con: duckdb.DuckDBPyConnection, cursor: duckdb.DuckDBPyConnection) -> None:
+    """The cursor starts in the database's default catalog; the user's connection may have moved
+    (`ATTACH ... ; USE src`): relsql's default scope is theirs. Read through a relation, which
+    leaves the connection's pending result alone; an aborted transaction of theirs keeps the default."""
+    try:
+        current = con.sql("SELECT current_database(), current_schema()").fetchone()
+    except duckdb.Error:
+        return
+    try:
+        cursor.execute(exp.Use(this=exp.Table(this=ident(current[1]), db=ident(current[0]))).sql("duckdb"))
+    except duckdb.Error as err:
+        cursor.close()
+        raise SourceError(f"cannot use the connection's current schema {current[0]}.{current[1]}: {first_line(err)}") from None
 
 
 def set_threads(db: Database, threads: int) -> None:
