@@ -204,12 +204,13 @@ class Database:
         finally:
             self._writing = None
 
-    def replaceable(self, name: str, replace: bool, kind: str, how: str = "replace=True") -> str | None:
+    def replaceable(self, name: str, replace: bool, kind: str, how: str = "replace=True",
+                    other: str = "another name") -> str | None:
         """The existing table that writing `name` as relsql's `kind` replaces (None if there is
         none). Names are compared as the engine resolves them (case-insensitively: `PRODUCT` is
         `product`). Refused: any existing table without `replace`, and with it any table that
         does not bear relsql's mark of the same kind (a user's table, or one an older relsql
-        wrote, which set no mark)."""
+        wrote, which set no mark). `how` and `other` word the fixes (the CLI's flags)."""
         if kind not in WRITTEN_KINDS:
             raise ValueError(f"unknown kind of table {kind!r}")
         scope = self.scopes()[0]
@@ -219,15 +220,15 @@ class Database:
         existing = clash[0]
         same = "" if existing == name else f" (the engine takes `{name}` for `{existing}`: names differing only in case are one table)"
         if not replace:
-            raise SchemaError(f"table `{existing}` already exists in {self.description}{same}; choose another name, or pass "
+            raise SchemaError(f"table `{existing}` already exists in {self.description}{same}; choose {other}, or pass "
                               f"{how} to replace it if it is {WRITTEN_KINDS[kind]} that relsql wrote")
         found = None if len(clash) > 1 else self.source.written_kind(self, scope, existing)
         if found != kind:
             what = (f"it is {WRITTEN_KINDS.get(found, found)}, not {WRITTEN_KINDS[kind]}" if found else
-                    "it is not a table relsql wrote (it bears no relsql mark; tables written by relsql before "
-                    "it marked them are not replaced either)")
+                    f"it is not {WRITTEN_KINDS[kind]} relsql wrote (it bears no relsql mark: a table of yours, "
+                    "or one written by a relsql older than these marks, which is not replaced either)")
             raise SchemaError(f"cannot replace table `{existing}` in {self.description}{same}: {what}; relsql replaces "
-                              f"only {WRITTEN_KINDS[kind]} it wrote itself. Choose another name (nothing was written)")
+                              f"only {WRITTEN_KINDS[kind]} it wrote itself. Choose {other} (nothing was written)")
         return existing
 
     def transaction(self, statements: list[exp.Expression]) -> None:

@@ -594,7 +594,7 @@ class Model:
     def write_predictions(self, name: str, *, replace: bool = False) -> int:
         """Write `predict()` as a new table, atomically; an existing table needs replace=True."""
         frame = self.predict()
-        self.db.write_table(name, frame.to_arrow(), replace=replace)
+        self.db.write_table(name, frame.to_arrow(), replace=replace, kind="predictions")
         return frame.height
 
     @_with_threads

@@ -14,7 +14,7 @@ Exit codes (the same for every command):
 - 130: interrupted (Ctrl-C). Output piped into a reader that quits early (`| head`) ends quietly with 1.
 
 No traceback reaches the terminal; a user's table is never replaced without --replace, and
-`--replace` only replaces a table of predictions (one with a `prediction` column).
+`--replace` only replaces a table of predictions that relsql wrote (it bears relsql's mark).
 """
 
 from __future__ import annotations
@@ -120,16 +120,9 @@ def _template(args: argparse.Namespace) -> int:
 
 
 def _writable_table(db: relsql.Database, name: str, replace: bool, flag: str) -> None:
-    """Refuse, before any work, a predictions table that exists without --replace, or that is not a table
-    of predictions (a user's data is never replaced)."""
-    if not db.has_table(name):
-        return
-    if not replace:
-        raise RelsqlError(f"table `{name}` already exists in {db.description}; choose another {flag} name, or pass "
-                          "--replace to replace it")
-    if "prediction" not in [column for column, _ in db.columns(name)]:
-        raise RelsqlError(f"table `{name}` in {db.description} is not a table of predictions (it has no `prediction` "
-                          f"column), so --replace does not replace it; choose another {flag} name")
+    """Refuse, before any work, a table that exists without --replace, or that is not a table of
+    predictions relsql wrote (its mark, see Database.replaceable): a user's data is never replaced."""
+    db.replaceable(name, replace, "predictions", how="--replace", other=f"another {flag} name")
 
 
 def _train(args: argparse.Namespace) -> int:

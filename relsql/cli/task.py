@@ -3,7 +3,7 @@ query (relsql/predictive/), then say how to train on it.
 
 The query is parsed while the command line is read, so a malformed one is a usage error (exit
 2) naming the position and the fix, before the database is opened. `--replace` replaces only a
-task table (one with task_id, snapshot and label columns): a table of data is never replaced.
+task table that relsql wrote (it bears relsql's mark): a table of data is never replaced.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ import shlex
 
 import relsql
 from relsql.cli.arguments import DB_KINDS, database, table_name
-from relsql.errors import RelsqlError
-from relsql.predictive import GRAMMAR, TASK_COLUMNS, QueryError, parse
+from relsql.predictive import GRAMMAR, QueryError, parse
 
 __all__ = ["add_parser", "run"]
 
@@ -46,18 +45,9 @@ def add_parser(commands, epilog: str) -> argparse.ArgumentParser:
 
 
 def _replaceable(db: relsql.Database, name: str, replace: bool) -> None:
-    """Refuse, before any work, an existing table without --replace, or one that is not a task table."""
-    existing = next((t for t in db.tables() if t.casefold() == name.casefold()), None)
-    if existing is None:
-        return
-    if not replace:
-        raise RelsqlError(f"table `{existing}` already exists in {db.description}; choose another --name, or pass "
-                          "--replace to replace it")
-    columns = {c.casefold() for c, _ in db.columns(existing)}
-    if not set(TASK_COLUMNS) <= columns:
-        raise RelsqlError(f"table `{existing}` in {db.description} is not a task table (it lacks "
-                          f"{', '.join(c for c in TASK_COLUMNS if c not in columns)}), so --replace does not replace it; "
-                          "choose another --name")
+    """Refuse, before any work, an existing table without --replace, or one that is not a task
+    table relsql wrote (its mark, see Database.replaceable)."""
+    db.replaceable(name, replace, "task", how="--replace", other="another --name")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -235,16 +235,13 @@ class PredictiveQuery:
         if not isinstance(db, Database):
             raise RelsqlError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
         check_table_name(name)
-        from relsql.predictive.plan import _Plan, _summary, _write_native
+        from relsql.predictive.plan import _Plan, _summary
 
         plan = _Plan(db, self)
         reads = {plan.entity.casefold(), plan.events.casefold()} | ({plan.path.table.casefold()} if plan.path else set())
         if name.casefold() in reads:
             raise SchemaError(f"cannot write the task table as `{name}`: the query reads that table; choose another name")
-        existing = next((t for t in plan.catalog.names if t.casefold() == name.casefold()), None)
-        if existing is not None and not replace:
-            raise SchemaError(f"table `{existing}` already exists in {db.description}; choose another name or pass "
-                              "replace=True (relsql task: --replace) to replace it")
+        db.replaceable(name, replace, "task")  # early: before the query runs (checked again as it writes)
         db.source.refuse_read_only(name)
         query = plan.select()
         native = db.source.kind in _NATIVE
@@ -252,18 +249,27 @@ class PredictiveQuery:
             raise SchemaError(f"foreign_key=True declares a DuckDB constraint; {db.description} is a {db.source.kind} source: "
                               "leave foreign_key off (Template.auto infers the link from the column's name)")
         if native:
-            _write_native(db, plan, name, existing, query, foreign_key)
+            _write_marked(db, plan, name, replace, query, foreign_key)
             counted = db.arrow(_summary(name, plan.label_type)).to_pylist()[0]
             rows, labelled, positives = counted["rows"], counted["labelled"], counted["positives"]
         else:
             data = db.arrow(query)
-            db.write_table(name, data, replace=replace)
+            db.write_table(name, data, replace=replace, kind="task")
             label = data.column("label")
             rows, labelled = data.num_rows, label.length() - label.null_count
             positives = int(pc.sum(pc.cast(label, pa.int64())).as_py() or 0) if plan.label_type == "BOOLEAN" else None
         time_columns = {} if plan.path else {plan.events: plan.time}
         return TaskTable(name, int(rows), int(labelled or 0), None if plan.label_type != "BOOLEAN" else int(positives or 0),
                          tuple(plan.snapshot_values), tuple(plan.key), plan.label_type, time_columns)
+
+
+def _write_marked(db: Database, plan, name: str, replace: bool, query: exp.Select, foreign_key: bool) -> None:
+    """DuckDB's task table (with its keys, relsql/predictive/plan.py), written as relsql's task
+    table: the table it replaces is checked, and the new one marked, in the write's transaction."""
+    from relsql.predictive.plan import _write_native
+
+    with db.writing(name, "task", replace) as existing:
+        _write_native(db, plan, name, existing, query, foreign_key)
 
 
 # -- resolving names and computing the query -------------------------------------------------------------------
