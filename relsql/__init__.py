@@ -1,7 +1,16 @@
-"""relsql: deep relational learning that runs on a relational database."""
+"""relsql: deep relational learning that runs on a relational database.
 
-from relsql.compile import CompiledNet, compile, tune
-from relsql.db import Database, connect
+The public names are loaded on first use (PEP 562): `import relsql.ground.parts`, which Spark's
+executors run to write a grounding store, must not import torch, and most of relsql needs it.
+`from relsql import Model` and `relsql.Model` work as ever.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+
 from relsql.errors import (
     GroundingError,
     RelsqlError,
@@ -10,12 +19,47 @@ from relsql.errors import (
     SourceError,
     TemplateError,
 )
-from relsql.model import Model
-from relsql.predictive import PredictiveQuery, QueryError
-from relsql.template import Template
+
+_LAZY = {  # public name -> the module that defines it
+    "CompiledNet": "relsql.compile", "compile": "relsql.compile", "tune": "relsql.compile",
+    "Database": "relsql.db", "connect": "relsql.db", "Model": "relsql.model",
+    "PredictiveQuery": "relsql.predictive", "QueryError": "relsql.predictive", "Template": "relsql.template",
+}
 
 __all__ = [
     "CompiledNet", "Database", "GroundingError", "Model", "PredictiveQuery", "QueryError", "RelsqlError", "SchemaError",
     "ShapeError", "SourceError", "Template", "TemplateError", "compile", "connect", "tune",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """A public name, imported from its module on first use; else a submodule (`relsql.db`)."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # straight into the namespace: the next lookup does not come here
+        return value
+    if not name.startswith("_"):
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"{__name__}.{name}":
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    """relsql's module: the function `relsql.compile` keeps its name when the submodule of the
+    same name is first imported (the import system would bind the submodule over it)."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in _LAZY and isinstance(value, types.ModuleType):
+            return  # the submodule stays reachable as sys.modules["relsql.compile"]
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
