@@ -135,7 +135,10 @@ class _Parser:
             raw = token.text[1:-1].replace("''", "'") if token.kind == "string" else token.text
             try:
                 return _when(raw, "date")
-            except RelsqlError:
+            except RelsqlError as err:
+                if "time zone" in str(err):  # a valid time, but one with an offset: say why it is refused
+                    raise _error(self.text, token.at, f"{token.text} has a time zone, but the events' times hold none",
+                                 f"write it in the data's own clock without an offset, e.g. '{raw[:19]}'") from None
                 raise _error(self.text, token.at, f"{token.text} is not a valid date", fix) from None
         raise self.fail("a date such as 2020-01-31", fix)
 

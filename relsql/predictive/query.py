@@ -69,16 +69,31 @@ class TaskTable:
 
 
 def _when(value: object, what: str) -> dt.date:
-    """A date or datetime from a value or ISO text ('2020-01-31', '2020-01-31T12:00')."""
+    """A date or datetime from a value or ISO text ('2020-01-31', '2020-01-31T12:00'), without a
+    time zone (see `_naive`)."""
     if isinstance(value, dt.date):
-        return value
+        return _naive(value, what)
     if isinstance(value, str):
         try:
-            return dt.datetime.fromisoformat(value) if re.search(r"[T ]\d", value) else dt.date.fromisoformat(value)
+            found = dt.datetime.fromisoformat(value) if re.search(r"[T ]\d", value) else dt.date.fromisoformat(value)
         except ValueError:
-            pass
+            found = None
+        if found is not None:
+            return _naive(found, what)
     raise RelsqlError(f"{what} must be a date (datetime.date, or text such as '2020-01-31' or '2020-01-31T12:00'), "
                       f"got {value!r}")
+
+
+def _naive(value: dt.date, what: str) -> dt.date:
+    """Snapshots are compared with the events' DATE or TIMESTAMP column, which holds no time zone
+    (a TIMESTAMP WITH TIME ZONE column is refused): an offset or zone on a snapshot has no meaning
+    against it, and converting to some zone would be a guess. Refused, with the fix."""
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:
+        local = value.replace(tzinfo=None).isoformat(sep=" ")
+        raise RelsqlError(f"{what} {value.isoformat(sep=' ')} has a time zone, but the events' time column holds none "
+                          f"(a DATE or TIMESTAMP in the data's own clock); write the snapshot in that clock without an "
+                          f"offset, e.g. '{local}'")
+    return value
 
 
 def _names(value: object, what: str, optional: bool = True) -> tuple[str, ...] | None:

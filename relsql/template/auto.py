@@ -71,6 +71,12 @@ _ID_TPCH = re.compile(r"[a-z]{1,3}_[a-z]+key", re.IGNORECASE)  # c_custkey, o_or
 _DATE_DIMENSION = re.compile(r"date|day|calendar", re.IGNORECASE)
 
 
+def is_interval(sql_type: str) -> bool:
+    """A duration column (INTERVAL: pandas timedelta, polars Duration, PostgreSQL INTERVAL): a number
+    of seconds to an encoder, though its name holds "INT"."""
+    return sql_type.upper().startswith("INTERVAL")
+
+
 def id_like(name: str) -> bool:
     """Whether a column is named like an identifier: never a number to standardize."""
     return bool(_ID_NAME.search(name) or _ID_CAMEL.search(name) or _ID_TPCH.fullmatch(name))
@@ -285,6 +291,9 @@ class _Writer:
                 continue  # keys only join; the target column is never an input
             upper = col.type.upper()
             text = "CHAR" in upper or "TEXT" in upper or "STRING" in upper or "ENUM" in upper
+            if is_interval(upper):
+                numeric.append(col.name)  # a duration: its seconds (see `rows`), never a code
+                continue
             integer = "INT" in upper and "[]" not in upper
             if id_like(col.name):
                 # an identifier that is not a key: never a number; embedded only if it is a code
@@ -321,8 +330,20 @@ class _Writer:
         if not parts:
             lines.append("-- no usable columns: a learnable constant that still tells rows exist")
         key_sql = ", ".join(f"t.{_qi(k)}" for k in self.schema.primary_keys[table])
-        lines.append(f"CREATE TABLE enc_{t} AS\nSELECT {key_sql}, {value} AS h\nFROM {_qi(table)} t;\n")
+        lines.append(f"CREATE TABLE enc_{t} AS\nSELECT {key_sql}, {value} AS h\nFROM {self.rows(info, numeric)} t;\n")
         self.out.append("\n".join(lines))
+
+    def rows(self, info: Table, numeric: list[str]) -> str:
+        """The encoder's FROM: the table itself, or, when it encodes durations, a subquery reading
+        each INTERVAL column as its seconds (`epoch`, DuckDB's 30-day months): features() takes
+        numbers, and a duration is one."""
+        durations = {c.name for c in info.columns if c.name in numeric and is_interval(c.type)}
+        if not durations:
+            return _qi(info.name)
+        columns = [exp.alias_(exp.Anonymous(this="epoch", expressions=[q.col(c.name)]), q.ident(c.name))
+                   if c.name in durations else q.col(c.name) for c in info.columns
+                   if not (info.name == self.target and c.name == self.column)]  # the target is never an input
+        return exp.Subquery(this=exp.select(*columns).from_(q.ident(info.name))).sql("duckdb")
 
     def distinct(self, table: str, column: str) -> int:
         count = exp.select(exp.Count(this=exp.Distinct(expressions=[exp.column(exp.to_identifier(column, quoted=True))])))

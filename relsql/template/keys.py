@@ -2,8 +2,10 @@
 
 Order of authority: keys the user gives (`keys=` / `--keys FILE`, see relsql/keyfile.py), then
 the catalog's declared keys, then inference. A given primary key replaces the table's; given
-foreign keys replace the table's declared ones and are never re-inferred, while its other
-columns may still be (a table that declares foreign keys in the catalog is taken as it is).
+foreign keys replace the table's declared ones. A table a given key names (`PRIMARY KEY t(...)`,
+`FOREIGN KEY t(...)`) gets no inferred foreign key, as a table that declares foreign keys in the
+catalog is taken as it is; only its primary key, when none is given or declared, is still
+inferred (a primary key links no tables).
 Inference proposes candidates from names the way warehouses write them and the database
 confirms them:
 
@@ -17,7 +19,10 @@ confirms them:
   `current_`), names a parent's single-column key or the parent table, also abbreviated
   (`ss_sold_date_sk` ~ `d_date_sk`, `c_current_addr_sk` ~ `ca_address_sk`, `ss_cdemo_sk` ~
   customer_demographics), of the same type family, whose values the parent key contains.
-  Candidates are scored (name match, type, containment) and the best parent wins.
+  Candidates are scored (name match, type, containment) and the best parent wins. A column
+  that is its own table's whole primary key is a foreign key only as a one-to-one extension:
+  named exactly like the parent's key, which names the parent's table better than the child's
+  (label_spend(c_customer_sk) -> customer); two tables each keyed by `row_idx` are unrelated.
 
 A candidate parent must be a single-column key; a 1% share of orphan values is tolerated only
 when the names match exactly (real warehouses have late-arriving rows). Every inferred key
@@ -34,7 +39,7 @@ from itertools import combinations
 import sqlglot.expressions as exp
 
 from relsql import keyfile
-from relsql.catalog import Catalog, ForeignKey, Table
+from relsql.catalog import Catalog, ForeignKey, Table, check_values
 from relsql.db import Database
 from relsql.errors import SchemaError
 
@@ -82,6 +87,8 @@ def _table(name: str) -> exp.Table:
 
 def _family(sql_type: str) -> str:
     upper = sql_type.upper()
+    if upper.startswith("INTERVAL"):  # a duration, not a number that could be a key ("INT" is in its name)
+        return "INTERVAL"
     if any(n in upper for n in _NUMERIC):
         return "number"
     if "CHAR" in upper or "TEXT" in upper or "STRING" in upper:
@@ -90,7 +97,7 @@ def _family(sql_type: str) -> str:
 
 
 def _integer(sql_type: str) -> bool:
-    return "INT" in sql_type.upper() and "[]" not in sql_type
+    return "INT" in sql_type.upper() and "[]" not in sql_type and not sql_type.upper().startswith("INTERVAL")
 
 
 # -- names -------------------------------------------------------------------------------------------------------
@@ -206,6 +213,7 @@ def schema(db: Database, catalog: Catalog, infer: bool = True, given: object = N
     """Keys for the template generator. `given`: keys the user states (a keys file's path, its
     text, a list of tuples; see relsql.keyfile), applied after those given to `relsql.connect(
     keys=...)`; they override declared and inferred keys for the tables they name."""
+    check_values(db, catalog)
     tables = dict(catalog.tables)
     primary = {name: tuple(t.primary_key) for name, t in tables.items()}
     result = Schema(tables, primary, [(name, fk) for name, t in tables.items() for fk in t.foreign_keys])
@@ -216,9 +224,17 @@ def schema(db: Database, catalog: Catalog, infer: bool = True, given: object = N
     stated = [g for g in (getattr(db, "given_keys", None), keyfile.load(given)) if g is not None]
     stated = [keyfile.resolve(g, {n: t.column_names for n, t in tables.items()}) for g in stated]
     pending = _apply_given(result, stated)
+    trusted |= {key.table for keys in stated for key in keys.keys}  # given keys replace inference for their tables
+    for source, key in pending:  # before any query runs; `REFERENCES parent` alone is checked once resolved
+        if key.references:
+            _check_types(result, key.table, ForeignKey(key.columns, key.parent, key.references), f"given in {source.where(key)}")
+    for child, fk in result.foreign_keys:
+        _check_types(result, child, fk, result.foreign_note(child, fk))
     if infer:
         _infer_primary(db, result)
     _resolve_pending(result, pending)
+    for child, fk in result.foreign_keys:
+        _check_types(result, child, fk, result.foreign_note(child, fk))
     if infer:
         roles = _infer_foreign(db, result, trusted)
         _infer_composite(db, result, roles)
@@ -257,6 +273,29 @@ def _resolve_pending(result: Schema, pending: list[tuple[keyfile.GivenKeys, keyf
         if (key.table, fk) not in result.foreign_keys:
             result.foreign_keys.append((key.table, fk))
             result.origins[("foreign", key.table, fk)] = f"given in {given.where(key)}"
+
+
+def _comparable(sql_type: str) -> str:
+    """What a value can be compared with without a cast that may fail: dates with timestamps,
+    numbers with numbers, text with text; anything else only with its own type."""
+    family = _family(sql_type)
+    return "time" if family.startswith(("DATE", "TIMESTAMP")) else family
+
+
+def _check_types(result: Schema, child: str, fk: ForeignKey, where: str) -> None:
+    """A foreign key whose columns cannot be compared with its parent's (text with numbers) would
+    fail inside the first join with a cast error: refuse it before any query runs, by name."""
+    parent = result.tables.get(fk.table)
+    if parent is None or child not in result.tables:
+        return
+    pairs = [(result.tables[child].column(c), parent.column(r)) for c, r in zip(fk.columns, fk.references)
+             if c in result.tables[child].column_names and r in parent.column_names]
+    wrong = [(c, r) for c, r in pairs if _comparable(c.type) != _comparable(r.type)]
+    if wrong:
+        shown = "; ".join(f"{child}.{c.name} is {c.type}, {fk.table}.{r.name} is {r.type}" for c, r in wrong)
+        raise SchemaError(f"foreign key {child}({', '.join(fk.columns)}) -> {fk.table}({', '.join(fk.references)}) "
+                          f"({where}): column types do not match ({shown}); give columns of matching types (a view "
+                          "casting one side) or leave this key out")
 
 
 def _infer_primary(db: Database, result: Schema) -> None:
@@ -316,9 +355,7 @@ def _infer_foreign(db: Database, result: Schema, trusted: set[str]) -> dict[tupl
                 continue
             candidates = parents
             if result.primary_keys[child] == (column.name,):
-                # a table keyed by another table's key, named exactly alike (label_spend(c_customer_sk) ->
-                # customer): one-to-one, an extension of that table; any looser match is a key of its own
-                candidates = [p for p in parents if p[0] != child and p[1].casefold() == column.name.casefold()]
+                candidates = _extended(child, column.name, prefix, parents, words)
                 if not candidates:
                     continue
             best = _best_parent(db, child, column, prefix, candidates, words)
@@ -329,6 +366,22 @@ def _infer_foreign(db: Database, result: Schema, trusted: set[str]) -> dict[tupl
                 result.origins[("foreign", child, fk)] = "inferred"
                 result.evidence[("foreign", child, fk)] = evidence
     return roles
+
+
+def _extended(child: str, column: str, prefix: str, parents: list, words: dict[str, list[str]]) -> list:
+    """The parents a table's whole primary key `column` may extend one-to-one. A shared name is no
+    evidence (two tables each keyed by `row_idx` or `id` are unrelated); the extension needs the
+    parent's key named exactly alike AND naming the parent's table better than the child's
+    (label_spend(c_customer_sk) extends customer(c_customer_sk): `customer` is named, `label_spend` is not)."""
+    own = _names_table(column, prefix, words[child])
+    return [p for p in parents if p[0] != child and p[1].casefold() == column.casefold()
+            and _names_table(p[1], p[3], words[p[0]]) > own]
+
+
+def _names_table(column: str, prefix: str, table_words: list[str]) -> float:
+    """How well a key-like column's entity names a table (0 when it has no entity: `id`, `row_idx`)."""
+    parts = _key_parts(column, prefix)
+    return _name_score(parts[0], table_words, skip=True) if parts else 0.0
 
 
 def _best_parent(db, child, column, prefix, parents, words) -> tuple[ForeignKey, str, int] | None:
