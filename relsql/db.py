@@ -36,7 +36,8 @@ _session = itertools.count()
 # relsql's mark on every table it writes into the user's database (a table comment, or what the
 # engine has instead: see Source.mark). Only a table bearing it, of the same kind, is ever replaced.
 WRITTEN_BY = "written by relsql: "
-WRITTEN_KINDS = {"table": "a table written by Database.write_table", "predictions": "a table of predictions",
+MARK_KEY = b"relsql"  # the Parquet footer's key for the mark (see with_mark)
+WRITTEN_KINDS = {"table": "a plain table (Database.write_table)", "predictions": "a table of predictions",
                  "task": "a task table", "gradients": "a table of gradients",
                  "recommendations": "a table of recommendations"}
 
@@ -84,6 +85,26 @@ def marked_kind(comment: object) -> str | None:
     return None
 
 
+def with_mark(data: pa.Table, kind: str) -> pa.Table:
+    """`data` with relsql's mark in its schema metadata: a Parquet file written from it carries
+    the mark in its footer (a folder of files has no table comments)."""
+    return data.replace_schema_metadata({**(data.schema.metadata or {}), MARK_KEY: (WRITTEN_BY + kind).encode()})
+
+
+def parquet_mark(path: Path) -> str | None:
+    """The kind of relsql's mark in a Parquet file's footer; None for any other file (a CSV, a
+    user's Parquet file, one that cannot be read)."""
+    if Path(path).suffix.lower() != ".parquet":
+        return None
+    import pyarrow.parquet as pq
+
+    try:
+        metadata = pq.read_schema(path).metadata or {}
+    except (OSError, pa.ArrowException):
+        return None
+    return marked_kind(metadata.get(MARK_KEY, b"").decode("utf-8", "replace"))
+
+
 class Source:
     """What a kind of source adds to plain DuckDB: its keys, how it writes, how it closes.
 
@@ -107,14 +128,15 @@ class Source:
             raise SourceError(f"cannot write table `{name}`: {self.description} was opened read-only; "
                               "reconnect with relsql.connect(..., read_only=False) to write to it")
 
-    def write_table(self, db: Database, name: str, data: pa.Table, replace: bool, kind: str = "table") -> None:
-        """All of it or nothing, inside one transaction of the source's default catalog, marked as
-        relsql's `kind` in the same transaction; an existing table goes only if relsql wrote it as `kind`."""
+    def write_table(self, db: Database, name: str, data: pa.Table, replace: bool) -> None:
+        """All of it or nothing, inside one transaction of the source's default catalog, which also
+        checks what it replaces and marks the new table (`Database.writing`, set by `Database.write_table`)."""
         self.refuse_read_only(name)
         view = f"{db._prefix}write_{next(_session)}"
         db.con.register(view, data)
         try:
-            with db.writing(name, kind, replace) as existing:
+            with contextlib.ExitStack() as stack:
+                existing = db._writing[3] if db._writing else stack.enter_context(db.writing(name, "table", replace))
                 scope = db.scopes()[0]
                 drop = [exp.Drop(tables=[qualified(existing, scope)], kind="TABLE")] if existing else []
                 db.transaction([*drop, exp.Create(this=qualified(name, scope), kind="TABLE",
@@ -134,6 +156,8 @@ class Source:
         older relsql, which set no mark)."""
         row = db.con.execute("SELECT comment FROM duckdb_tables() WHERE database_name = ? AND schema_name = ? "
                              "AND table_name = ?", [scope[0], scope[1], name]).fetchone()
+        if row is None and isinstance(getattr(self, "files", None), dict) and name in self.files:
+            return parquet_mark(self.files[name])  # a folder's file (until connectors/files.py says so itself)
         return marked_kind(row[0] if row else None)
 
     def after_rollback(self, db: Database) -> None:
@@ -225,10 +249,10 @@ class Database:
         found = None if len(clash) > 1 else self.source.written_kind(self, scope, existing)
         if found != kind:
             what = (f"it is {WRITTEN_KINDS.get(found, found)}, not {WRITTEN_KINDS[kind]}" if found else
-                    f"it is not {WRITTEN_KINDS[kind]} relsql wrote (it bears no relsql mark: a table of yours, "
+                    f"it is not {WRITTEN_KINDS[kind]} that relsql wrote (it bears no relsql mark: a table of yours, "
                     "or one written by a relsql older than these marks, which is not replaced either)")
             raise SchemaError(f"cannot replace table `{existing}` in {self.description}{same}: {what}; relsql replaces "
-                              f"only {WRITTEN_KINDS[kind]} it wrote itself. Choose {other} (nothing was written)")
+                              f"only {WRITTEN_KINDS[kind]} that it wrote itself. Choose {other} (nothing was written)")
         return existing
 
     def transaction(self, statements: list[exp.Expression]) -> None:
@@ -413,9 +437,9 @@ class Database:
         renames it into place.
         """
         check_table_name(name)
-        if kind not in WRITTEN_KINDS:
-            raise ValueError(f"unknown kind of table {kind!r}")
-        self.source.write_table(self, name, _as_arrow(data, name), replace, kind)
+        data = with_mark(_as_arrow(data, name), kind)
+        with self.writing(name, kind, replace):
+            self.source.write_table(self, name, data, replace)
 
     def catalog(self) -> Catalog:
         """Tables, columns (name, type, nullable), primary and foreign keys, row counts."""

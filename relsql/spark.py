@@ -57,7 +57,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import sqlglot.expressions as exp
 
-from relsql.db import TEMP_PREFIX, Database, Source, first_line, ident
+from relsql.db import TEMP_PREFIX, WRITTEN_BY, Database, Source, first_line, ident, marked_kind
 from relsql.errors import SchemaError, SourceError
 from relsql.ground import query as q
 
@@ -134,20 +134,27 @@ class SparkSource(Source):
         return {}  # Spark's catalog declares no keys: give them with connect(keys=...) or let them be inferred
 
     def write_table(self, db: Database, name: str, data: pa.Table, replace: bool) -> None:
-        """Written whole under a temporary name, then renamed into place (the old table dropped
-        just before, with replace=True): a failed write leaves no table behind."""
+        """Written whole under a temporary name with relsql's mark as its comment, then renamed into
+        place (with replace=True the old table, if relsql wrote it as `kind`, dropped just before):
+        a failed write leaves no table behind."""
         self.refuse_read_only(name)
-        exists = name in db._tables_in(db.scopes()[0])
-        if exists and not replace:
-            raise SchemaError(f"table `{name}` already exists in {db.description}; choose another name or pass replace=True")
+        kind = db._writing[1] if db._writing else "table"  # set by Database.write_table
         view = f"{db._prefix}write_{next(_results)}"
         db.register(view, data)
         try:
-            db.create_table_as(name, exp.select(exp.Star()).from_(exp.Table(this=exp.to_identifier(view, quoted=True))), exists)
+            db.create_table_as(name, exp.select(exp.Star()).from_(exp.Table(this=exp.to_identifier(view, quoted=True))),
+                               replace, kind)
         except duckdb.Error as err:
             raise SourceError(f"could not write table `{name}` to {db.description}: {first_line(err)}") from None
         finally:
             db.unregister(view)
+
+    def written_kind(self, db: Database, scope: tuple[str, str], name: str) -> str | None:
+        """The table's comment (a temp view has none: not relsql's)."""
+        try:
+            return marked_kind(db.table_comment(name))
+        except duckdb.Error:
+            return None
 
 
 class SparkDatabase(Database):
@@ -257,6 +264,7 @@ class SparkDatabase(Database):
                 summary = {"error": [type(err).__name__, str(err)]}
             yield pa.RecordBatch.from_pydict({"part": [index], "summary": [json.dumps(summary)]}, schema=_SUMMARY)
 
+        check_workers(self.spark, getattr(write, "__module__", None))  # the module `write` is pickled from
         frame = self._frame(query)
         with _spark_errors():
             rows = frame.mapInArrow(run, "part BIGINT, summary STRING").collect()
@@ -328,15 +336,18 @@ class SparkDatabase(Database):
         return numbered
 
     # -- new tables, and tables replaced whole ---------------------------------------------------
-    def create_table_as(self, name: str, query: exp.Query, replace: bool) -> None:
-        """Written whole under a temporary name, then renamed into place (the old table dropped
-        just before, with `replace`): a failed write leaves no table behind."""
+    def create_table_as(self, name: str, query: exp.Query, replace: bool, kind: str = "table") -> None:
+        """Written whole under a temporary name, marked as relsql's `kind` in its comment, then
+        renamed into place (with `replace`, an existing table relsql wrote as `kind` dropped just
+        before; any other is refused): a failed write leaves no table behind."""
+        existing = self.replaceable(name, replace, kind)
         partial = f"{name}{TEMP_PREFIX}writing_{uuid.uuid4().hex[:8]}"
         try:
             self.execute(exp.Create(this=_table(partial, self), kind="TABLE", expression=query, properties=exp.Properties(
-                expressions=[exp.FileFormatProperty(this=exp.Var(this="PARQUET"))])))
-            if replace:
-                self.execute(exp.Drop(tables=[_table(name, self)], kind="TABLE"))
+                expressions=[exp.FileFormatProperty(this=exp.Var(this="PARQUET")),
+                             exp.SchemaCommentProperty(this=exp.Literal.string(WRITTEN_BY + kind))])))
+            if existing is not None:
+                self.execute(exp.Drop(tables=[_table(existing, self)], kind="TABLE"))
             self.execute(exp.Alter(this=_table(partial, self), kind="TABLE", actions=[exp.AlterRename(this=_table(name, self))]))
         except duckdb.Error:
             with contextlib.suppress(duckdb.Error):
@@ -404,14 +415,98 @@ class SparkDatabase(Database):
         scope = self.scopes()[0]
         for name in self._tables_in(scope):
             scopes[name] = scope
-            found[name] = self._columns(name)
+            found[name] = self._schema_of(name)
         return scopes, found
 
     def _columns(self, table: str) -> list[tuple[str, str]]:
         if table not in self.table_scopes():
             raise SchemaError(f"table `{table}` does not exist in {self.description}; known tables: {', '.join(self.tables()) or 'none'}")
+        return self._schema_of(table)
+
+    def _schema_of(self, table: str) -> list[tuple[str, str]]:
+        """A listed table's columns. Not through `table_scopes`: under `frozen_schema` that reads
+        the whole schema, which is made of these (a cycle that ended in RecursionError)."""
         with _spark_errors():
             return [(f.name, duckdb_type(f.dataType.simpleString())) for f in self.spark.table(f"`{table}`").schema.fields]
+
+
+# -- the executors' Python ----------------------------------------------------------------------
+WORKER_MODULES = ("numpy", "pyarrow", "relsql.ground.parts")  # what the executors' store writer imports (no torch)
+_workers_ok: weakref.WeakSet = weakref.WeakSet()  # sessions whose workers passed `check_workers`
+
+
+def check_workers(session, writer_module: str | None = None) -> None:
+    """Once per session, before the first job that runs relsql's code on the executors: a tiny
+    job imports there what the store writer needs (WORKER_MODULES, and `writer_module`, the
+    module the writer is pickled from). A worker Python without them (PySpark's default is
+    `python3` from PATH, not this venv) otherwise fails deep in a job with "An exception was
+    thrown from the Python worker" and the cause only in Spark's log. Modules this driver cannot
+    import itself are not asked of the workers."""
+    if session in _workers_ok:
+        return
+    import importlib.util
+
+    wanted = [m for m in dict.fromkeys((*WORKER_MODULES, *([writer_module] if writer_module else [])))
+              if _importable(importlib.util, m)]
+    try:
+        executable, missing = _probe(session, wanted)
+    except Exception as err:  # the job itself failed: the worker's Python did not start or lacks pyarrow
+        raise SourceError(f"Spark's Python workers could not run a job of relsql ({_one_line(err)}); "
+                          f"{_python_fix(session, None)}") from None
+    if missing:
+        raise SourceError(f"Spark's Python workers run {executable}, which cannot import {missing}: relsql's grounding "
+                          f"store is written there. {_python_fix(session, executable)}")
+    _workers_ok.add(session)
+
+
+def _importable(util, module: str) -> bool:
+    try:
+        return util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _probe(session, modules: list[str]) -> tuple[str, str]:
+    """(the worker's Python, what it failed to import) from a one-task job. The probe is built
+    here, so cloudpickle sends it by value: the worker needs no relsql to run it."""
+    def probe(_rows):
+        import importlib
+        import sys as worker_sys
+
+        failed = []
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception as err:  # noqa: BLE001 (reported to the driver)
+                failed.append(f"{name} ({type(err).__name__}: {err})")
+        yield worker_sys.executable, "; ".join(failed)
+
+    context = getattr(session, "sparkContext", None) if not type(session).__module__.startswith("pyspark.sql.connect") else None
+    if context is not None:  # classic: an RDD job needs nothing but pyspark on the worker
+        return context.parallelize([0], 1).mapPartitions(probe).collect()[0]
+    import pyarrow as arrow
+
+    def batches(rows):
+        for executable, failed in probe(rows):
+            yield arrow.RecordBatch.from_pydict({"python": [executable], "missing": [failed]})
+
+    row = session.range(1).mapInArrow(batches, "python STRING, missing STRING").collect()[0]
+    return row["python"], row["missing"]
+
+
+def _python_fix(session, executable: str | None) -> str:
+    """What to set so that the workers run a Python with relsql (this one, say)."""
+    context = getattr(session, "sparkContext", None) if not type(session).__module__.startswith("pyspark.sql.connect") else None
+    used = executable or getattr(context, "pythonExec", None) or "python3 from PATH"
+    return (f"The workers' Python is {used}; give them one with relsql, numpy and pyarrow (this process runs "
+            f"{sys.executable}): set the PYSPARK_PYTHON environment variable before the SparkSession starts (in-process "
+            "PySpark reads only that variable; spark-submit also reads the spark.pyspark.python setting), or install "
+            "relsql on the workers")
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(first_line(err).split())
+    return text[:300] + ("..." if len(text) > 300 else "")
 
 
 def _beside(table: exp.Table, suffix: str) -> exp.Table:
