@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relsql.errors import RelsqlError
-from relsql.predictive.query import PredictiveQuery, QueryError, TimePath, _when
+from relsql.predictive.query import PredictiveQuery, QueryError, TimePath, ZonedTimeError, _when
 
 GRAMMAR = """\
 query      := aggregate OVER <integer> DAYS [comparison] FOR [EACH] entity [population] [time] AT snapshots
@@ -135,10 +135,10 @@ class _Parser:
             raw = token.text[1:-1].replace("''", "'") if token.kind == "string" else token.text
             try:
                 return _when(raw, "date")
-            except RelsqlError as err:
-                if "time zone" in str(err):  # a valid time, but one with an offset: say why it is refused
-                    raise _error(self.text, token.at, f"{token.text} has a time zone, but the events' times hold none",
-                                 f"write it in the data's own clock without an offset, e.g. '{raw[:19]}'") from None
+            except ZonedTimeError as err:  # a valid time, but with an offset: say why it is refused
+                raise _error(self.text, token.at, f"{token.text} has a time zone, but the events' times hold none",
+                             f"write it in the data's own clock without an offset, e.g. '{err.local}'") from None
+            except RelsqlError:
                 raise _error(self.text, token.at, f"{token.text} is not a valid date", fix) from None
         raise self.fail("a date such as 2020-01-31", fix)
 

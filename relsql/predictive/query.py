@@ -84,15 +84,23 @@ def _when(value: object, what: str) -> dt.date:
                       f"got {value!r}")
 
 
+class ZonedTimeError(RelsqlError):
+    """A snapshot with a time zone; `local` is the same clock time without it (the fix to suggest)."""
+
+    def __init__(self, message: str, local: str):
+        super().__init__(message)
+        self.local = local
+
+
 def _naive(value: dt.date, what: str) -> dt.date:
     """Snapshots are compared with the events' DATE or TIMESTAMP column, which holds no time zone
     (a TIMESTAMP WITH TIME ZONE column is refused): an offset or zone on a snapshot has no meaning
     against it, and converting to some zone would be a guess. Refused, with the fix."""
     if isinstance(value, dt.datetime) and value.tzinfo is not None:
         local = value.replace(tzinfo=None).isoformat(sep=" ")
-        raise RelsqlError(f"{what} {value.isoformat(sep=' ')} has a time zone, but the events' time column holds none "
+        raise ZonedTimeError(f"{what} {value.isoformat(sep=' ')} has a time zone, but the events' time column holds none "
                           f"(a DATE or TIMESTAMP in the data's own clock); write the snapshot in that clock without an "
-                          f"offset, e.g. '{local}'")
+                          f"offset, e.g. '{local}'", local)
     return value
 
 
