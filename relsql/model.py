@@ -24,16 +24,16 @@ import torch
 from torch import nn
 
 from relsql import arguments
-from relsql.compile import make_plan
+from relsql.compile import make_plan, shapes
 from relsql.compile.module import CompiledNet
 from relsql.db import Database, first_line, free_name
 from relsql.errors import RelsqlError, SchemaError
 from relsql.ground import query as q
 from relsql.ground.demand import BatchGrounder, database_embeddings
 from relsql.ground.execute import Presets, ground
-from relsql.ground.store import GroundingStore
+from relsql.ground.store import GroundingStore, fingerprint
 from relsql.template.ir import Template
-from relsql.train import baselines, checks, gradients, saved
+from relsql.train import baselines, checks, gradients, guards, saved
 from relsql.train import checkpoint as checkpoints
 from relsql.train.batched import Batch, Batched
 from relsql.train.batches import Worker, batches
@@ -175,9 +175,21 @@ class Model:
             raise SchemaError(f"target {where} has values {unknown[:5]} the model was not trained on")
         self.y = torch.as_tensor(encoded, dtype=self.dtype, device=self.device)
         width = int(np.prod(plan.meta[plan.outputs[self.output]].shape[1:]))
+        self._check_head(width)
         self.head = nn.Identity() if width == self.task.units else nn.Linear(width, self.task.units, dtype=self.dtype)
         self.net.to(self.device)
         self.head.to(self.device)
+
+    def _check_head(self, width: int) -> None:
+        """The head's weight and its outputs (one row per output row, full batch; per batch row in
+        mini-batches) fit in memory before torch allocates them: a target with 10^5 classes does not."""
+        units = self.task.units
+        rows = min(self.output_rows, self.batch_size) if self.mini_batches and self.batch_size else self.output_rows
+        fix = (f"{units} classes are too many to predict one by one: is {self.target} a key or free text? Predict a "
+               "coarser column, or task='regression' for a number" if self.task.kind == "multiclass" else
+               "use a smaller output width")
+        for shape in ((units, width), (rows, units)):
+            shapes.check_size(shape, self.dtype, f"target {self.target} ({self.task.kind}, output relation {self.output})", fix)
 
     def _encodings(self) -> Presets:
         """The dictionaries and feature statistics in use (database-stored embeddings have none)."""
@@ -199,8 +211,28 @@ class Model:
             started = time.perf_counter()
             store = GroundingStore.open(grounder, None if self.store is True else self.store, self.progress)
             self.timings["bulk_grounding"] = time.perf_counter() - started
+        if hasattr(self, "net"):  # the model was built on an earlier reading of the tables
+            self._check_sizes(grounder)
+        self._fingerprint = fingerprint(grounder) if store is None else None  # batches read the tables live
         return Batched(grounder, self.template, self.output, self.dtype, self.seed,
                        self.embedding_optimizer or "adagrad", self.embedding_lr, store, device=self.device)
+
+    def _check_sizes(self, grounder: BatchGrounder) -> None:
+        """A grounder made after the build (fit(batch_size=...) on a full-batch model) found the
+        rows and categories the model's ids and codes were made for."""
+        built = self.net.grounding
+        guards.check_same({n: r.size for n, r in built.relations.items()}, grounder.sizes, "rows per relation")
+        guards.check_same(built.vocab_sizes, {w: t.num_rows for w, t in grounder.dictionary_tables.items()},
+                          "categories per embedding")
+
+    def _check_unchanged(self, worker: Worker | None = None) -> None:
+        """Mini-batches grounded in the database (store=False) read the tables again: they must
+        still hold the rows the model was built on (a hash of every row, one scan per table)."""
+        built = getattr(self, "_fingerprint", None)
+        if built is None or self.batched is None or self.batched.grounding_store is not None:
+            return
+        now = worker.run(fingerprint, self.batched.grounder) if worker is not None else fingerprint(self.batched.grounder)
+        guards.check_fingerprint(built, now, self.output)
 
     def _labels(self, keys: list[str]) -> pa.Table:
         """(_rid of the output row, target value[, time]) for every target row that has a head."""
@@ -316,23 +348,27 @@ class Model:
         started = time.perf_counter()
         last = None  # the last epoch trained in this call
         self.epoch_cap = epochs
+        self._first_epoch = start_epoch
         bar = tqdm(range(start_epoch, epochs), desc="training", unit="epoch", disable=None if self.progress is None else not self.progress)
         try:
             for epoch in bar:
                 train_loss, last = None, epoch
                 if batched:
+                    self._check_unchanged(worker)
                     order = batches(self.rows["train"], batch_size, np.random.default_rng([self.seed, epoch]))
                     first = start_batch if epoch == start_epoch else 0
                     train_loss = self._train_batches(worker, order, epoch, first, optimizers, checkpoint, checkpoint_every,
                                                      callback, best, lr, weight_decay)
                 else:
-                    train_loss = self._full_step(optimizers)
+                    train_loss = self._full_step(optimizers, epoch)
                     if callback is not None:
                         callback({"epoch": epoch, "batch": 0, "batches": 1, "loss": train_loss})
                 record = {"epoch": epoch, **self._losses(worker, batch_size, train_loss)}
+                guards.check_loss(record[f"{monitor}_loss"], epoch, split="validation" if monitor == "val" else "training")
                 self.history.append(record)
-                log.info("epoch %d of %d: train loss %.4f, validation loss %.4f (%.1fs so far)", epoch + 1, epochs,
-                         record["train_loss"], record["val_loss"], time.perf_counter() - started)
+                if guards.logs_epoch(epoch, start_epoch, epochs):  # a few lines per fit, not one per epoch
+                    log.info("epoch %d of %d: train loss %.4f, validation loss %.4f (%.1fs so far)", epoch + 1, epochs,
+                             record["train_loss"], record["val_loss"], time.perf_counter() - started)
                 current = record[f"{monitor}_loss"]
                 bar.set_postfix(loss=f"{record['train_loss']:.4f}", val=f"{record['val_loss']:.4f}")
                 stop = False
@@ -348,13 +384,12 @@ class Model:
                 self.stopped = "early (no validation improvement for patience epochs)" if stop else "epochs"
                 if stop:
                     break
-            if best["state"] is not None:
-                self._restore_weights(best["state"])
-                if self._stores():
-                    for store in self._stores().values():
-                        if last != self.best_epoch:  # else the table already holds the best epoch's rows
-                            worker.run(store.restore, store.best_table())
-                        worker.run(store.drop, store.best_table())
+            self._keep_best(best, last, worker)
+            self._log_end(started)
+        except guards.Diverged as err:
+            self.stopped = f"diverged ({err.split} loss {err.value} at epoch {err.epoch + 1})"
+            self._keep_best(best, last, worker)
+            raise RelsqlError(guards.diverged_message(err, lr, self.best_epoch, best["loss"])) from None
         finally:
             if worker is not None:
                 worker.close()  # an update already running completes: the database stays at a step boundary
@@ -362,11 +397,30 @@ class Model:
             self.timings["training"] = self.timings.get("training", 0.0) + time.perf_counter() - started
         return self
 
-    def _full_step(self, optimizers) -> float:
+    def _keep_best(self, best: dict, last: int | None, worker: Worker | None) -> None:
+        """Put back the weights (and database-stored embeddings) of the best epoch, if one finished."""
+        if best["state"] is None:
+            return
+        self._restore_weights(best["state"])
+        for store in self._stores().values():
+            if last != self.best_epoch:  # else the table already holds the best epoch's rows
+                worker.run(store.restore, store.best_table())
+            worker.run(store.drop, store.best_table())
+
+    def _log_end(self, started: float) -> None:
+        """The line a log reader looks for: how training ended and which epoch's weights the model has."""
+        kept = next((r for r in self.history if r["epoch"] == self.best_epoch), None)
+        if kept is not None:
+            log.info("trained to epoch %d of %d (stopped by %s) in %.1fs; kept epoch %d: validation loss %.4f",
+                     self.history[-1]["epoch"] + 1, self.epoch_cap, getattr(self, "stopped", "epochs"),
+                     time.perf_counter() - started, self.best_epoch + 1, kept["val_loss"])
+
+    def _full_step(self, optimizers, epoch: int = 0) -> float:
         train_index, train_y = self._split_tensors("train")
         for optimizer in optimizers:
             optimizer.zero_grad()
         loss = self.task.loss(self._outputs().index_select(0, train_index), train_y)
+        guards.check_loss(float(loss.detach()), epoch)  # before a NaN reaches the weights
         loss.backward()
         for optimizer in optimizers:
             optimizer.step()
@@ -402,6 +456,7 @@ class Model:
             out = Batched.outputs(self.net, self.head, batch, external, self.output)
             y = self.y[torch.as_tensor(order[b], device=self.device)]
             loss = self.task.loss(out, y)
+            guards.check_loss(float(loss.detach()), epoch, b, len(order))  # before a NaN reaches the weights
             loss.backward()
             for optimizer in optimizers:
                 optimizer.step()
@@ -412,7 +467,7 @@ class Model:
                 self._checkpoint(checkpoint, epoch, b + 1, optimizers, best, worker)
             bar.update(1)
             bar.set_postfix(loss=f"{total / count:.4f}")
-            if b + 1 - first == min(3, len(order) - first) and len(order) > 3:  # an estimate once a few batches ran
+            if b + 1 - first == min(3, len(order) - first) and len(order) > 3 and epoch == self._first_epoch:  # once per fit
                 each = (time.perf_counter() - epoch_started) / (b + 1 - first)
                 log.info("epoch %d: %d batches, about %.0fs for the epoch (%.2fs per batch so far)", epoch + 1, len(order),
                          each * (len(order) - first), each)
@@ -435,6 +490,8 @@ class Model:
     def _batched_outputs(self, rids: np.ndarray, worker: Worker | None, batch_size: int | None) -> torch.Tensor:
         """Outputs (after the head) for global output rows `rids`, in mini-batches, without gradients."""
         own = worker is None
+        if own:  # predict() or evaluate(): read the tables again only if they are the model's
+            self._check_unchanged()
         worker = worker or Worker()
         try:
             chunks = batches(np.asarray(rids), batch_size or self.batch_size, None)

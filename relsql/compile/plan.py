@@ -74,6 +74,8 @@ def make_op(plan: Plan, op_kind: str, args: tuple[int, ...], note: str, row_coun
         out = shapes.infer(op_kind, metas, attrs, [a in plan.param_slots for a in args], row_count)
     except (ValueError, RuntimeError, IndexError) as err:
         raise ShapeError(f"{note}: {op_kind} does not fit the shapes {[tuple(m.shape[1:]) for m in metas]}: {err}") from None
+    shapes.check_size(tuple(out.shape), out.dtype, note, "use smaller widths (the d of linear(x, d) and embed(c, d)), "
+                      "or train on mini-batches (batch_size=...) so that fewer rows are in memory at once")
     plan.meta[slot] = out
     return Op(op_kind, slot, args, attrs, rows=out.shape[0] if out.dim() else 1, shape=tuple(out.shape[1:]), note=note)
 
@@ -118,6 +120,8 @@ class PlanBuilder:
                     raise ShapeError(f"{spec.origin}: linear '{name}' needs a vector input, got shape {input_shape}")
                 shape[shape.index(None)] = input_shape[0]
         final = tuple(int(s) for s in shape)
+        shapes.check_size(final, self.dtype, f"{spec.origin}: weight '{name}'", "use a smaller width, or fewer categories "
+                          "(embed a column with fewer distinct values)")
         self.plan.params[name] = ParamSpec(name, final, spec.kind, spec.init, spec.fixed,
                                            external=spec.kind == "embed" and spec.storage == "database")
         slot = self.plan.new_slot()

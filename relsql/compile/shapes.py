@@ -8,12 +8,41 @@ kernels for elementwise ops import torch._dynamo, which costs over a second per 
 
 from __future__ import annotations
 
+import functools
+import math
+import os
 import warnings
 
 import torch
 
+from relsql.errors import ShapeError
+from relsql.template.ir import MAX_ELEMENTS
+
 MAX_FULL_PARAM = 1 << 16  # a larger weight is an embedding table: only its row shape matters here
 _RESULTS: dict[tuple, tuple[tuple[int, ...], torch.dtype]] = {}  # stand-in signature -> (row shape, dtype)
+
+
+@functools.cache
+def memory_bytes() -> int | None:
+    """This machine's physical memory, where the OS says (a tensor larger than it cannot be made)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_size(shape: tuple[int, ...], dtype: torch.dtype, what: str, fix: str) -> None:
+    """Refuse a tensor before torch tries to allocate it: more elements than a template's weight may
+    have (ir.MAX_ELEMENTS, the rule `linear` and `embed` widths are checked by), or more bytes than
+    this machine's memory. `what` names the statement, `fix` says what to make smaller."""
+    elements = math.prod(int(d) for d in shape)
+    size = elements * (torch.finfo(dtype).bits // 8 if dtype.is_floating_point else torch.iinfo(dtype).bits // 8)
+    memory = memory_bytes()
+    if elements > MAX_ELEMENTS or (memory is not None and size > memory):
+        limit = f"relsql's limit of {MAX_ELEMENTS} (2**31) elements per tensor" if elements > MAX_ELEMENTS \
+            else f"this machine's memory ({memory / 2**30:.1f} GiB)"
+        raise ShapeError(f"{what}: a {' x '.join(str(int(d)) for d in shape)} tensor of {size} bytes ({size / 2**30:.1f} GiB) "
+                         f"is more than {limit}; {fix}")
 
 
 def _rows(kind: str, args: list[torch.Tensor], attrs: dict, is_param: list[bool]) -> int:

@@ -20,6 +20,7 @@ from relsql.compile.passes import RULES, choose_segment_kernels, compress_ground
 from relsql.compile.plan import Plan
 from relsql.ground.demand import BatchGrounder, BatchGrounding
 from relsql.ground.store import GroundingStore
+from relsql.train import guards
 from relsql.train.embeddings import DatabaseEmbedding, EmbeddingTable
 from relsql.train.swapped import SwappedEmbedding
 
@@ -53,6 +54,7 @@ class Batched:
     def prepare(self, rids: np.ndarray, sample: int = 0) -> Batch:
         """Ground and plan a batch (store or database, and torch work; no weights involved)."""
         grounding = self.source.ground(rids, sample)
+        guards.check_codes(grounding, self.template)  # a category the tables gained after the build has no row to look up
         plan = make_plan(self.template, grounding, self.dtype, PASSES, outputs=[self.output], device=self.device)
         rows = torch.searchsorted(grounding.rows[self.output], torch.from_numpy(np.array(rids, dtype=np.int64)))
         return Batch(np.asarray(rids), grounding, plan, rows)

@@ -81,8 +81,18 @@ class Task:
         return {"accuracy": metrics.accuracy(y, predicted), "f1": metrics.f1(y, predicted, len(self.classes))}
 
 
+def _scalar(kind: pa.DataType, where: str) -> None:
+    """A target is one value per row: a list (e.g. INTEGER[], the keys a row links to), struct or
+    map would be a ranking or set prediction, which relsql does not train yet."""
+    if pa.types.is_nested(kind) or (pa.types.is_dictionary(kind) and pa.types.is_nested(kind.value_type)):
+        raise SchemaError(f"target {where} has type {kind}: a list, struct or map target asks for a ranking or a set "
+                          "of values, and ranking targets are not supported yet; predict a column with one value per "
+                          "row (a class, a number or a boolean), e.g. one row per (row, item) pair with a 0/1 label")
+
+
 def detect(column: pa.ChunkedArray, where: str, kind: str | None = None) -> Task:
     """Pick the task from the target column's type and values (non-NULL rows only)."""
+    _scalar(column.type, where)
     present = column.drop_null()
     distinct = sorted(pc.unique(present).to_pylist(), key=lambda v: (str(type(v)), v))  # distinct values only, not rows
     if not len(present):
