@@ -2,37 +2,54 @@
 
 Per batch, grounding in the database (relsql/ground/demand.py) makes DuckDB scan the tables it
 semi-joins, so a batch costs in proportion to the database. The store grounds each relation the
-output depends on once, in bulk, and keeps the result as plain arrays in a folder:
+output depends on once, in bulk, and keeps the result as plain arrays in a folder of its own:
 
-    manifest.json                  format, fingerprint of the data, per relation its rows and per
-                                   rule its groundings, value columns (dtype, width) and files
-    <relation>.<rule>.offsets      int64 (rows + 1,): CSR offsets, the groundings of row h are
+    .relsql-store                  the mark relsql writes when it makes a folder (new or empty) a
+                                   store; relsql keeps a store in no other folder and writes or
+                                   deletes nothing in it but the mark, the manifest and build folders
+    manifest.json                  format, fingerprint of the data, the build folder, per relation its
+                                   rows and per rule its groundings, value columns (dtype, width) and
+                                   files; per file its bytes, SHA-256, inode and change time; a seal
+    build-<hex>/                   one build's files (a rebuild makes a new one, then removes the old):
+      <relation>.<rule>.offsets    int64 (rows + 1,): CSR offsets, the groundings of row h are
                                    [offsets[h], offsets[h + 1])
-    <part>.r<j>                    int64 (groundings,): row ids into the j-th referenced relation
-    <part>.c<k>                    float64 (groundings, width) encoded values, or int64 codes
-    <part>.heads                   int64 (heads, 2): (head row, its groundings), what the offsets
+      <part>.r<j>                  int64 (groundings,): row ids into the j-th referenced relation
+      <part>.c<k>                  float64 (groundings, width) encoded values, or int64 codes
+      <part>.heads                 int64 (heads, 2): (head row, its groundings), what the offsets
                                    are written from
-    <weight>.keys.arrow            Arrow IPC: the raw keys of a database-stored embedding, by code
+      <weight>.keys.arrow          Arrow IPC: the raw keys of a database-stored embedding, by code
 
 A rule's groundings are one part (`<part>` = `<relation>.<rule>`) when this process streams them
 from DuckDB, or several (`<relation>.<rule>.p<i>`, in head order) when Spark's executors write
-one per partition; the driver then reads only their heads' counts. Raw little-endian arrays and
-JSON, so another engine can write a store and several processes can read one. A batch's demand closure then runs over the CSR offsets in numpy (like a neighbour
-sampler): it reads the offsets of its rows, the row ids and values of their groundings, and
-nothing else, through memory maps whose pages are handed back after every batch (resident memory
-stays bounded by the batch). Fan-out sampling happens there too, seeded by the grounding's
-position, so a head's sample does not depend on the batch it is in.
+one per partition (relsql/ground/parts.py, torch-free); the driver then reads only their heads'
+counts. Raw little-endian arrays and JSON, so another engine can write a store and several
+processes can read one. Files are created exclusively (never through a link), a failed build's
+folder is removed (a full disk is freed), and builds of one folder take turns (a lock on the mark).
+
+Contents are checked, not trusted: opening a kept store checks the manifest's every field (types,
+names, counts against the template and the data, a seal over the rest), each file's size, and each
+file's checksum: a file whose inode, size and change time are those recorded when relsql wrote it
+is unchanged since (the kernel moves the change time on any write, truncation, rename or chmod,
+and only root can set it back), any other file is hashed in full. Per batch, the offsets, row ids
+and codes it reads are range-checked. A batch's demand closure then runs over the CSR offsets in
+numpy (like a neighbour sampler): it reads the offsets of its rows, the row ids and values of their
+groundings, and nothing else, through memory maps whose pages are handed back after every batch
+(resident memory stays bounded by the batch). Fan-out sampling happens there too, seeded by the
+grounding's position, so a head's sample does not depend on the batch it is in.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import mmap
 import os
 import re
+import secrets
 import shutil
+import stat
 import tempfile
 import time
 import weakref
@@ -46,17 +63,24 @@ import sqlglot.expressions as exp
 import torch
 
 from relsql import errors
-from relsql.db import TEMP_PREFIX, first_line
+from relsql.db import TEMP_PREFIX
 from relsql.errors import RelsqlError
 from relsql.ground import query as q
 from relsql.ground.demand import BatchGrounder, BatchGrounding, _grounding_error, _PreparedRule
-from relsql.ground.execute import RelationGrounding, RuleGrounding, _column_tensor, _progress, check_refs
+from relsql.ground.execute import RelationGrounding, RuleGrounding, _progress
+from relsql.ground.parts import HashedFile, PartWriter, io_error, part_files
 from relsql.template import ir
+from relsql.textfile import read_text
 
 log = logging.getLogger("relsql")
-FORMAT = "relsql-store-2"  # 2: a rule's groundings in parts (Spark's executors write one each)
+FORMAT = "relsql-store-3"  # 3: a marked folder, a build folder per build, checksums; 2: a rule's groundings in parts
 MANIFEST = "manifest.json"
-_OWN_FILE = re.compile(r"\w+_[0-9a-f]{8}\.(\d+(\.p\d+)?\.(offsets|heads|r\d+|c\d+)|keys\.arrow)")
+MARK = ".relsql-store"
+_MARK_KIND = "relsql grounding store"
+_BUILD = re.compile(r"build-[0-9a-f]{16}")
+_BUILD_MARK = ".relsql-build"  # in each build folder: what a rebuild may remove
+_NAME = re.compile(r"\w+(\.\w+)*", re.ASCII)  # a file name in a build folder: no separator, no "..", not absolute
+_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 CHUNK = 1 << 20  # rows per Arrow batch read from the database while writing the store
 RESIDENT_BUDGET = 128 << 20  # bytes of the store's pages a process keeps mapped in before handing them back
 
@@ -117,24 +141,39 @@ def fingerprint(grounder: BatchGrounder) -> str:
     return digest.hexdigest()
 
 
+class _Damaged(Exception):
+    """What is wrong with a store's manifest or files (becomes a RelsqlError naming the folder)."""
+
+
 class GroundingStore:
     """Bulk groundings on disk, read per batch in O(batch). Use `GroundingStore.open`."""
 
-    def __init__(self, grounder: BatchGrounder, folder: Path, manifest: dict, owned: bool):
+    def __init__(self, grounder: BatchGrounder, folder: Path, manifest: dict, owned: bool,
+                 verify: bool = False, created: bool = False):
         self.grounder, self.folder, self.manifest = grounder, folder, manifest
         self.template, self.output, self.order = grounder.template, grounder.output, grounder.order
         self.fanout, self.seed = grounder.fanout, grounder.seed
+        self.created = created  # relsql made the folder (the damaged-store message may advise deleting it)
         self._maps: list[mmap.mmap] = []
         self._resident = _resident_file_bytes() or 0  # file-backed resident bytes after the last release
         self.rules: dict[str, list[_Rule]] = {}
-        for name in self.order:
-            described = manifest["relations"][name]["rules"]
-            self.rules[name] = [self._open_rule(prepared, described[str(prepared.index)])
-                                for prepared in grounder.prepared[name]]
-        self.embedding_keys = {w: pa.ipc.open_file(pa.memory_map(str(folder / f"{_file_name(w)}.keys.arrow"))).read_all().column(0)
-                               for w in grounder.stored}
         if owned:  # a temporary store goes with the model that made it
             self._cleanup = weakref.finalize(self, shutil.rmtree, str(folder), True)
+        try:
+            self.data = folder / _check_manifest(manifest)
+            _check_against(manifest, grounder)
+            if verify:
+                _verify_files(self.data, manifest["files"])
+            for name in self.order:
+                described = manifest["relations"][name]["rules"]
+                self.rules[name] = [self._open_rule(prepared, described[str(prepared.index)])
+                                    for prepared in grounder.prepared[name]]
+            self.embedding_keys = {w: self._keys(f"{_file_name(w)}.keys.arrow") for w in grounder.stored}
+        except _Damaged as err:
+            raise self._damaged(str(err)) from None
+
+    def _damaged(self, reason: str) -> RelsqlError:
+        return _damaged(self.folder, reason, self.created)
 
     # -- opening -------------------------------------------------------------------------------
     def detach(self) -> tuple[str, dict, StoreMeta]:
@@ -147,39 +186,57 @@ class GroundingStore:
     @classmethod
     def attach(cls, folder: str, manifest: dict, meta: StoreMeta) -> GroundingStore:
         """A store opened read-only by a process that has no database (its owner removes it)."""
-        return cls(meta, Path(folder), manifest, owned=False)
+        return cls(meta, Path(folder), manifest, owned=False, verify=True)
 
     @classmethod
     def open(cls, grounder: BatchGrounder, folder: str | Path | None = None, progress: bool | None = None) -> GroundingStore:
         """The store of `grounder`'s template and data in `folder` (a temporary one when None):
-        reused when its fingerprint matches the data, else (re)built. Never used stale."""
-        owned = folder is None
-        if owned:  # nothing to compare with: no fingerprint (it reads every table once more)
+        reused when its fingerprint matches the data and its contents check, else (re)built.
+        Never used stale; a folder that is neither empty (or new) nor marked as a store is refused."""
+        if folder is None:  # nothing to compare with: no fingerprint (it reads every table once more)
             path = Path(tempfile.mkdtemp(prefix="relsql-store-"))
             try:
-                return cls(grounder, path, _build(grounder, path, "", progress), owned)
+                return cls(grounder, path, _build(grounder, path, "", progress), owned=True)
             except BaseException:
                 shutil.rmtree(path, ignore_errors=True)
                 raise
         path = Path(folder)
         mark = fingerprint(grounder)
         if _follower():  # a torchrun rank other than 0: rank 0 writes the shared store, this one waits for it
-            return cls(grounder, path, _wait_for(path, mark), owned)
-        manifest = _read_manifest(path)
-        if manifest is not None and manifest.get("format") == FORMAT and manifest.get("fingerprint") == mark:
-            try:
-                return cls(grounder, path, manifest, owned)
-            except (KeyError, TypeError, ValueError, OSError) as err:
-                raise RelsqlError(f"grounding store {path} is damaged ({first_line(err)}); delete the folder to rebuild it") from None
-        if manifest is not None:
-            log.info("grounding store %s was built from other data or another template; rebuilding", path)
-        return cls(grounder, path, _build(grounder, path, mark, progress), owned)
+            return cls(grounder, path, _wait_for(path, mark), owned=False, verify=True)
+        created = _claim(path)
+        manifest = _read_manifest(path, created)
+        if not _current(manifest, mark):
+            with _locked(path):  # one build at a time; another process may have built it meanwhile
+                manifest = _read_manifest(path, created)
+                if not _current(manifest, mark):
+                    if manifest is not None:
+                        log.info("grounding store %s was built from other data or another template; rebuilding", path)
+                    _clear(path)
+                    manifest = _build(grounder, path, mark, progress)
+        return cls(grounder, path, manifest, owned=False, verify=True, created=created)
 
     def _map(self, file: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """A store file as a read-only array of `shape`: a regular file (not a link) of exactly
+        the size the manifest implies."""
         if not shape[0]:
             return np.zeros(shape, dtype=dtype)
-        with open(self.folder / file, "rb") as handle:
-            mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        path, expected = self.data / file, int(np.prod(shape)) * np.dtype(dtype).itemsize
+        try:
+            fd = os.open(path, _READ)
+        except OSError as err:
+            raise _Damaged(f"{file}: {err.strerror or err}") from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise _Damaged(f"{file} is not a regular file")
+            if info.st_size != expected:
+                raise _Damaged(f"{file} has {info.st_size:,} bytes where the manifest implies {expected:,}")
+            mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        except OSError as err:
+            raise _Damaged(f"{file}: {err.strerror or err}") from None
+        finally:
+            os.close(fd)
         mapped.madvise(mmap.MADV_RANDOM)  # a batch reads scattered ranges: no read-ahead around them
         self._maps.append(mapped)
         return np.frombuffer(mapped, dtype=dtype).reshape(shape)
@@ -187,6 +244,8 @@ class GroundingStore:
     def _open_rule(self, prepared: _PreparedRule, described: dict) -> _Rule:
         size, rows, parts = described["groundings"], described["rows"], described["parts"]
         offsets = self._map(f"{described['stem']}.offsets", np.int64, (rows + 1,))
+        if int(offsets[0]) != 0 or int(offsets[-1]) != size:
+            raise _Damaged(f"{described['stem']}.offsets does not run from 0 to the rule's {size:,} groundings")
 
         def column(suffix: str, dtype, width: int | None) -> np.ndarray | _Parts:
             arrays = [self._map(f"{part['stem']}.{suffix}", dtype, (part["groundings"],) if width is None
@@ -199,6 +258,16 @@ class GroundingStore:
         columns = {int(k): column(f"c{k}", np.int64 if kind == "code" else np.float64, None if kind == "code" else width)
                    for k, (kind, width) in described["columns"].items()}
         return _Rule(prepared, size, offsets, refs, columns)
+
+    def _keys(self, file: str) -> pa.Array:
+        """A database-stored embedding's raw keys, by code."""
+        path = self.data / file
+        try:
+            if not stat.S_ISREG(os.lstat(path).st_mode):
+                raise _Damaged(f"{file} is not a regular file")
+            return pa.ipc.open_file(pa.memory_map(str(path))).read_all().column(0)
+        except (OSError, pa.ArrowException, IndexError) as err:
+            raise _Damaged(f"{file}: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}") from None
 
     def release(self, force: bool = False) -> None:
         """Hand the pages read so far back to the page cache once they hold more than
@@ -279,6 +348,8 @@ class GroundingStore:
             return _Picked(rule, np.zeros(len(wanted), np.int64), empty, [empty for _ in rule.refs])
         starts = rule.offsets[wanted]
         counts = rule.offsets[wanted + 1] - starts
+        if len(counts) and (counts.min() < 0 or starts.min() < 0 or int((starts + counts).max()) > rule.size):
+            raise self._damaged(f"the offsets of {name}'s rule {rule.prepared.index} are out of order or past its groundings")
         ends = np.cumsum(counts)
         positions = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) - np.repeat(ends - counts - starts, counts)
         limit = self.fanout.get(name) if isinstance(self.fanout, dict) else self.fanout
@@ -288,7 +359,26 @@ class GroundingStore:
             order = np.lexsort((_mix(positions.view(np.uint64) ^ salt), heads))  # per head, positions by their hash
             keep = np.sort(order[np.arange(len(order)) - np.repeat(ends - counts, counts) < limit])
             positions, counts = positions[keep], np.minimum(counts, limit)
-        return _Picked(rule, counts, positions, [column[positions] for column in rule.refs])
+        refs = [column[positions] for column in rule.refs]
+        for ref, ids in zip(rule.prepared.rule.refs, refs):
+            if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= self.grounder.sizes[ref]):
+                raise self._damaged(f"{name}'s rule {rule.prepared.index} has row ids outside `{ref}`'s "
+                                    f"{self.grounder.sizes[ref]:,} rows")
+        return _Picked(rule, counts, positions, refs)
+
+    def _codes(self, rule: _Rule, k: int, positions: np.ndarray) -> np.ndarray:
+        """Column `k`'s codes at `positions`, each a code of its weight's dictionary (or stored keys)."""
+        taken = rule.columns[k][positions]
+        weight = ir.coded_columns(rule.prepared.rule).get(k)
+        if k in rule.prepared.stored:
+            limit = len(self.embedding_keys[rule.prepared.stored[k]])
+        elif weight in self.grounder.dictionary_tables:
+            limit = self.grounder.dictionary_tables[weight].num_rows
+        else:
+            return taken
+        if len(taken) and (int(taken.min()) < 0 or int(taken.max()) >= limit):
+            raise self._damaged(f"codes of column {k} of rule {rule.prepared.index} are outside `{weight}`'s {limit:,} values")
+        return taken
 
     def _localize(self, demand: dict[str, np.ndarray], picked: dict[str, list[_Picked]]) -> BatchGrounding:
         """Renumber to the batch's own rows (sorted global ids keep the store's order)."""
@@ -296,7 +386,7 @@ class GroundingStore:
         for parts in picked.values():
             for chosen in parts:
                 for k, weight in chosen.rule.prepared.stored.items():
-                    codes.setdefault(weight, []).append(chosen.rule.columns[k][chosen.positions])
+                    codes.setdefault(weight, []).append(self._codes(chosen.rule, k, chosen.positions))
         used = {w: np.unique(np.concatenate(arrays)) for w, arrays in codes.items()}
         embedding_keys = {w: self.embedding_keys[w].take(pa.array(c)) for w, c in used.items()}
         dictionaries = dict(self.grounder.dictionary_tables)
@@ -316,8 +406,9 @@ class GroundingStore:
                 head = torch.from_numpy(np.repeat(np.arange(len(rows), dtype=np.int64), chosen.counts))
                 refs = [torch.from_numpy(np.searchsorted(demand[ref], ids)) for ref, ids in zip(rule.prepared.rule.refs, chosen.refs)]
                 values = {}
+                coded = ir.coded_columns(rule.prepared.rule)
                 for k, column in rule.columns.items():
-                    taken = column[chosen.positions]
+                    taken = self._codes(rule, k, chosen.positions) if k in coded else column[chosen.positions]
                     if k in rule.prepared.stored:
                         taken = np.searchsorted(used[rule.prepared.stored[k]], taken)
                     values[k] = torch.from_numpy(taken)
@@ -350,8 +441,8 @@ def _wait_for(folder: Path, mark: str, timeout: float = 3600.0) -> dict:
     """The manifest rank 0 writes for this data (`mark`), once it is there."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        manifest = _read_manifest(folder)
-        if manifest is not None and manifest.get("format") == FORMAT and manifest.get("fingerprint") == mark:
+        manifest = _read_manifest(folder, False) if (folder / MARK).is_file() else None
+        if _current(manifest, mark):
             return manifest
         time.sleep(0.5)
     raise RelsqlError(f"grounding store {folder}: rank 0 did not write it within {timeout:.0f}s; a kept store shared by "
@@ -382,27 +473,311 @@ def _file_name(name: str) -> str:
     return f"{ir.table_suffix(name)}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
-def _read_manifest(folder: Path) -> dict | None:
+# -- the folder ------------------------------------------------------------------------------------
+def _claim(folder: Path) -> bool:
+    """Make `folder` a store (it is new or empty: relsql writes its mark there) or confirm it is one
+    (it has the mark); refuse any other folder. True when relsql made the folder."""
+    created = False
+    if not os.path.lexists(folder):
+        try:
+            folder.mkdir(parents=True)
+            created = True
+        except FileExistsError:
+            pass
+        except OSError as err:
+            raise io_error(err, folder, "create the folder") from None
+    if not folder.is_dir():
+        raise RelsqlError(f"store {str(folder)!r} is a file; give a folder for the grounding store (made if missing)")
+    marked = _read_mark(folder)
+    if marked is not None:
+        return marked
     try:
-        manifest = json.loads((folder / MANIFEST).read_text())
+        entries = sorted(os.listdir(folder))
+    except OSError as err:
+        raise io_error(err, folder, "list the folder") from None
+    if entries:
+        shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3:,} more" if len(entries) > 3 else "")
+        raise RelsqlError(f"store folder {folder} is not empty ({shown}) and is not a grounding store relsql made; "
+                          "relsql keeps a store only in a folder of its own: pass store= an empty or new folder")
+    try:
+        fd = os.open(folder / MARK, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    except FileExistsError:  # another process claimed it at the same time
+        return bool(_read_mark(folder))
+    except OSError as err:
+        raise io_error(err, folder / MARK, "create") from None
+    try:
+        os.write(fd, json.dumps({"kind": _MARK_KIND, "created": created}).encode())
+    except OSError as err:
+        raise io_error(err, folder / MARK, "write") from None
+    finally:
+        os.close(fd)
+    return created
+
+
+def _read_mark(folder: Path) -> bool | None:
+    """None without a mark; else whether relsql made the folder. A mark that is not relsql's is refused."""
+    path = folder / MARK
+    for _ in range(50):
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            raise io_error(err, path, "read") from None
+        if not stat.S_ISREG(info.st_mode):
+            break
+        text = read_text(path, "grounding store mark", limit=4096)
+        if text:
+            try:
+                mark = json.loads(text)
+            except (ValueError, RecursionError):
+                break
+            if isinstance(mark, dict) and mark.get("kind") == _MARK_KIND and isinstance(mark.get("created"), bool):
+                return mark["created"]
+            break
+        time.sleep(0.01)  # an empty mark: another process is writing it
+    raise RelsqlError(f"store folder {folder} has a {MARK} that is not the mark relsql writes; relsql keeps a store "
+                      "only in a folder of its own: pass store= an empty or new folder")
+
+
+@contextlib.contextmanager
+def _locked(folder: Path):
+    """Builds of one store take turns: an exclusive lock on its mark, released when the process ends."""
+    try:
+        import fcntl
+    except ImportError:  # no advisory locks here: concurrent builds write separate build folders
+        yield
+        return
+    try:
+        fd = os.open(folder / MARK, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:
+        raise io_error(err, folder / MARK, "lock") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _clear(folder: Path) -> None:
+    """Remove the store's old manifest and every build folder (under the lock: none is being written)."""
+    try:
+        if os.path.lexists(folder / MANIFEST):
+            os.unlink(folder / MANIFEST)
+        for entry in os.scandir(folder):
+            if (_BUILD.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False)
+                    and os.path.isfile(os.path.join(entry.path, _BUILD_MARK))):
+                shutil.rmtree(entry.path)
+    except OSError as err:
+        raise io_error(err, err.filename or folder, "remove the old store's") from None
+
+
+def _damaged(folder: Path, reason: str, created: bool) -> RelsqlError:
+    fix = f"delete {folder / MANIFEST} and relsql rebuilds the store"
+    if created:
+        fix += f" (or delete the folder {folder}: relsql made it)"
+    return RelsqlError(f"grounding store {folder} is damaged ({reason}); {fix}")
+
+
+# -- the manifest ----------------------------------------------------------------------------------
+def _current(manifest: dict | None, mark: str) -> bool:
+    return manifest is not None and manifest.get("format") == FORMAT and manifest.get("fingerprint") == mark
+
+
+def _read_manifest(folder: Path, created: bool) -> dict | None:
+    """The store's manifest (None when there is none); one of another format (to be rebuilt) as it
+    is; one of this format checked field by field, or a RelsqlError."""
+    path = folder / MANIFEST
+    try:
+        info = os.lstat(path)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as err:
-        raise RelsqlError(f"grounding store {folder}: {MANIFEST} cannot be read ({err}); delete the folder to rebuild it") from None
-    return manifest if isinstance(manifest, dict) else None
+    except OSError as err:
+        raise io_error(err, path, "read") from None
+    try:
+        if not stat.S_ISREG(info.st_mode):
+            raise _Damaged(f"{MANIFEST} is not a regular file")
+        try:
+            manifest = json.loads(read_text(path, "grounding store manifest"))
+        except RelsqlError as err:
+            raise _Damaged(f"{MANIFEST} cannot be read: {err}") from None
+        except (ValueError, RecursionError) as err:
+            raise _Damaged(f"{MANIFEST} cannot be read: not JSON ({str(err)[:80]})") from None
+        if not isinstance(manifest, dict):
+            raise _Damaged(f"{MANIFEST} is not a JSON object")
+        if manifest.get("format") == FORMAT:
+            _check_manifest(manifest)
+        return manifest
+    except _Damaged as err:
+        raise _damaged(folder, str(err), created) from None
+
+
+def _seal(manifest: dict) -> str:
+    """SHA-256 of the manifest without its seal: an edited field is found, whatever its place."""
+    rest = {k: v for k, v in manifest.items() if k != "seal"}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _need(ok: bool, what: str) -> None:
+    if not ok:
+        raise _Damaged(what)
+
+
+def _count(value: object, what: str) -> int:
+    _need(type(value) is int and value >= 0, f"{what} is not a count")
+    return value
+
+
+def _mapping(value: object, what: str) -> dict:
+    _need(isinstance(value, dict), f"{what} is not a JSON object")
+    return value
+
+
+def _check_manifest(manifest: dict) -> str:
+    """Every field has its type and form (names are plain file names), and the seal matches; the
+    build folder's name."""
+    _need(manifest.get("format") == FORMAT, "format: not this relsql's")
+    for key in ("fingerprint", "output", "build", "seal"):
+        _need(isinstance(manifest.get(key), str), f"{key} is not a string")
+    _need(bool(_BUILD.fullmatch(manifest["build"])), "build is not a build folder's name")
+    for name, relation in _mapping(manifest.get("relations"), "relations").items():
+        relation = _mapping(relation, f"relation {name}")
+        _count(relation.get("rows"), f"{name}: rows")
+        _count(relation.get("bytes"), f"{name}: bytes")
+        for index, rule in _mapping(relation.get("rules"), f"{name}: rules").items():
+            _check_rule(_mapping(rule, f"{name}: rule {index}"), f"{name}: rule {index}")
+    for file, record in _mapping(manifest.get("files"), "files").items():
+        _need(bool(_NAME.fullmatch(file)), f"files: {file!r} is not a plain file name")
+        record = _mapping(record, f"files: {file}")
+        for key in ("bytes", "inode", "ctime_ns"):
+            _count(record.get(key), f"files: {file}: {key}")
+        _need(isinstance(record.get("sha256"), str) and bool(re.fullmatch(r"[0-9a-f]{64}", record["sha256"])),
+              f"files: {file}: sha256 is not a SHA-256")
+    _need(manifest["seal"] == _seal(manifest), "its seal does not match its contents: it was edited")
+    return manifest["build"]
+
+
+def _check_rule(rule: dict, what: str) -> None:
+    _need(isinstance(rule.get("stem"), str) and bool(_NAME.fullmatch(rule["stem"])), f"{what}: stem is not a plain file name")
+    for key in ("rows", "groundings", "bytes"):
+        _count(rule.get(key), f"{what}: {key}")
+    for k, kind in _mapping(rule.get("columns"), f"{what}: columns").items():
+        _need(k.isdigit() and isinstance(kind, list) and len(kind) == 2 and kind[0] in ("code", "value"),
+              f"{what}: column {k} is not [kind, width]")
+        _count(kind[1], f"{what}: column {k}'s width")
+    parts = rule.get("parts")
+    _need(isinstance(parts, list), f"{what}: parts is not a list")
+    for part in parts:
+        part = _mapping(part, f"{what}: a part")
+        _need(isinstance(part.get("stem"), str) and bool(_NAME.fullmatch(part["stem"])), f"{what}: a part's stem is not a plain file name")
+        _count(part.get("groundings"), f"{what}: a part's groundings")
+
+
+def _check_against(manifest: dict, grounder: BatchGrounder | StoreMeta) -> None:
+    """The manifest describes this template's relations, rules and columns, the data's row counts,
+    and exactly the files they need."""
+    _need(manifest["output"] == grounder.output, f"its output is {manifest['output']!r}, not {grounder.output!r}")
+    files: set[str] = {f"{_file_name(w)}.keys.arrow" for w in grounder.stored}
+    for name in grounder.order:
+        relation = manifest["relations"].get(name)
+        _need(relation is not None, f"relation {name} is missing")
+        _need(relation["rows"] == grounder.sizes[name], f"{name}: {relation['rows']:,} rows, the data has {grounder.sizes[name]:,}")
+        _need(set(relation["rules"]) == {str(p.index) for p in grounder.prepared[name]}, f"{name}: other rules")
+        for prepared in grounder.prepared[name]:
+            files.update(_check_rule_against(relation["rules"][str(prepared.index)], prepared, name, relation["rows"]))
+    _need(set(manifest["files"]) == files, "its files are not the ones its relations need")
+
+
+def _check_rule_against(rule: dict, prepared: _PreparedRule, name: str, rows: int) -> list[str]:
+    """One rule's description agrees with the template; the files it needs."""
+    what, stem = f"{name}: rule {prepared.index}", f"{_file_name(name)}.{prepared.index}"
+    _need(rule["stem"] == stem and rule["rows"] == rows, f"{what}: another rule's stem or rows")
+    coded = set(ir.coded_columns(prepared.rule))
+    _need(set(rule["columns"]) == {str(k) for k in range(prepared.rule.n_columns)}, f"{what}: other columns")
+    for k, (kind, _width) in rule["columns"].items():
+        _need((kind == "code") == (int(k) in coded), f"{what}: column {k} is not {'codes' if int(k) in coded else 'values'}")
+    stems = [part["stem"] for part in rule["parts"]]
+    _need(len(set(stems)) == len(stems) and all(s == stem or re.fullmatch(re.escape(stem) + r"\.p\d+", s) for s in stems),
+          f"{what}: parts of another rule")
+    _need(all(part["groundings"] > 0 for part in rule["parts"]), f"{what}: an empty part")
+    _need(sum(part["groundings"] for part in rule["parts"]) == rule["groundings"], f"{what}: parts do not add up")
+    return [f"{stem}.offsets", *[f for s in stems for f in part_files(s, len(prepared.rule.refs), prepared.rule.n_columns)]]
+
+
+def _verify_files(data: Path, files: dict) -> None:
+    """Each file is the one relsql wrote: unchanged since (same inode, size and change time), or
+    of the recorded SHA-256 (hashed in full: a copied store, or one changed behind relsql's back)."""
+    for name, record in files.items():
+        path = data / name
+        try:
+            info = os.lstat(path)
+        except OSError as err:
+            raise _Damaged(f"{name}: {err.strerror or err}") from None
+        _need(stat.S_ISREG(info.st_mode), f"{name} is not a regular file")
+        _need(info.st_size == record["bytes"], f"{name} has {info.st_size:,} bytes, not the {record['bytes']:,} written")
+        if (info.st_ino, info.st_ctime_ns) != (record["inode"], record["ctime_ns"]):
+            _need(_hash_file(path) == record["sha256"], f"{name} is not the file relsql wrote (its checksum differs)")
+
+
+def _hash_file(path: Path) -> str:
+    """SHA-256 of a file (read without following a link)."""
+    digest = hashlib.sha256()
+    try:
+        fd = os.open(path, _READ)
+        try:
+            while chunk := os.read(fd, 1 << 22):
+                digest.update(chunk)
+        finally:
+            os.close(fd)
+    except OSError as err:
+        raise _Damaged(f"{path.name}: {err.strerror or err}") from None
+    return digest.hexdigest()
 
 
 # -- writing ---------------------------------------------------------------------------------------
 def _build(grounder: BatchGrounder, folder: Path, mark: str, progress: bool | None) -> dict:
-    """Ground every relation in bulk into `folder` (its old contents removed); the manifest is
-    written last, atomically, so a store is either complete or rebuilt."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / MANIFEST).unlink(missing_ok=True)
-    for old in folder.iterdir():  # only files of the store's own naming
-        if old.is_file() and _OWN_FILE.fullmatch(old.name):
-            old.unlink()
+    """Ground every relation in bulk into a new build folder of `folder`; the manifest is written
+    last and moved into place atomically, so a store is either complete or rebuilt. On any failure
+    the build folder goes (a full disk is freed) and an OS error becomes a RelsqlError."""
+    build = _new_build(folder)
+    try:
+        manifest = _write_store(grounder, build, mark, progress)
+        manifest["seal"] = _seal(manifest)
+        staged = HashedFile(build / MANIFEST)
+        staged.write(json.dumps(manifest, indent=1).encode())
+        staged.close()
+        os.replace(build / MANIFEST, folder / MANIFEST)
+        return manifest
+    except BaseException as err:
+        shutil.rmtree(build, ignore_errors=True)
+        if isinstance(err, OSError):
+            raise io_error(err, err.filename or build, "write") from None
+        raise
+
+
+def _new_build(folder: Path) -> Path:
+    """A new build folder (a fresh random name, created here) with its mark."""
+    while True:
+        build = folder / f"build-{secrets.token_hex(8)}"
+        try:
+            build.mkdir()
+            break
+        except FileExistsError:
+            continue
+        except OSError as err:
+            raise io_error(err, build, "create the folder") from None
+    try:
+        HashedFile(build / _BUILD_MARK).close()
+    except BaseException:
+        shutil.rmtree(build, ignore_errors=True)
+        raise
+    return build
+
+
+def _write_store(grounder: BatchGrounder, build: Path, mark: str, progress: bool | None) -> dict:
+    """Every relation's rules and the stored embeddings' keys into `build`; the manifest (unsealed)."""
     codes = _stored_dictionaries(grounder)
-    relations = {}
+    relations, written = {}, {}
     bar = _progress(grounder.order, progress)
     for name in bar:
         if hasattr(bar, "set_postfix_str"):
@@ -413,23 +788,40 @@ def _build(grounder: BatchGrounder, folder: Path, mark: str, progress: bool | No
         rules, total = {}, 0
         for prepared in grounder.prepared[name]:
             stem = f"{_file_name(name)}.{prepared.index}"
-            rules[str(prepared.index)] = _write_rule(grounder, relation, prepared, codes, folder, stem, rows)
+            rules[str(prepared.index)] = _write_rule(grounder, relation, prepared, codes, build, stem, rows, written)
             total += rules[str(prepared.index)]["bytes"]
         relations[name] = {"rows": rows, "rules": rules, "bytes": total, "seconds": round(time.perf_counter() - started, 3)}
         log.info("grounding store: %s, %d rows, %d groundings in %.1fs", name, rows,
-                                         sum(r["groundings"] for r in rules.values()), relations[name]["seconds"])
+                 sum(r["groundings"] for r in rules.values()), relations[name]["seconds"])
     for weight, table in codes.items():
-        select = exp.select(q.col("value")).from_(table.copy()).order_by(q.col("code"))
-        reader = grounder.db.reader(select, CHUNK)  # streamed: 10M keys never at once
-        with pa.OSFile(str(folder / f"{_file_name(weight)}.keys.arrow"), "wb") as sink, \
-                pa.ipc.new_file(sink, reader.schema) as writer:
-            for chunk in reader:
-                writer.write_batch(chunk)
-    manifest = {"format": FORMAT, "fingerprint": mark, "output": grounder.output, "relations": relations}
-    partial = folder / (MANIFEST + ".tmp")
-    partial.write_text(json.dumps(manifest, indent=1))
-    os.replace(partial, folder / MANIFEST)
-    return manifest
+        file = f"{_file_name(weight)}.keys.arrow"
+        _write_keys(grounder, table, build / file)
+        written[file] = [(build / file).stat().st_size, _hash_file(build / file)]
+    return {"format": FORMAT, "fingerprint": mark, "output": grounder.output, "build": build.name,
+            "relations": relations, "files": _records(build, written)}
+
+
+def _write_keys(grounder: BatchGrounder, table: exp.Table, path: Path) -> None:
+    """A database-stored embedding's raw keys by code, streamed (10M keys never at once)."""
+    select = exp.select(q.col("value")).from_(table.copy()).order_by(q.col("code"))
+    reader = grounder.db.reader(select, CHUNK)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    with open(fd, "wb") as raw, pa.ipc.new_file(pa.PythonFile(raw, mode="w"), reader.schema) as writer:
+        for chunk in reader:
+            writer.write_batch(chunk)
+
+
+def _records(build: Path, written: dict[str, list]) -> dict[str, dict]:
+    """Per file: bytes and SHA-256 as written, inode and change time as it is now (unchanged since,
+    when they still match)."""
+    records = {}
+    for name, (size, digest) in written.items():
+        info = os.lstat(build / name)
+        if info.st_size != size:
+            raise RelsqlError(f"grounding store: {build / name} has {info.st_size:,} bytes, not the {size:,} its writer "
+                              "wrote; did two builds write one folder? build it again")
+        records[name] = {"bytes": size, "sha256": digest, "inode": info.st_ino, "ctime_ns": info.st_ctime_ns}
+    return records
 
 
 def _stored_dictionaries(grounder: BatchGrounder) -> dict[str, exp.Table]:
@@ -444,11 +836,11 @@ def _stored_dictionaries(grounder: BatchGrounder) -> dict[str, exp.Table]:
 
 
 def _write_rule(grounder: BatchGrounder, relation: ir.Relation, prepared: _PreparedRule, codes: dict[str, exp.Table],
-                folder: Path, stem: str, rows: int) -> dict:
-    """One rule's groundings (ordered by head) into the store's files. The engine hands the
-    ordered rows to `_PartWriter` in runs (parts): DuckDB one, streamed through this process;
+                build: Path, stem: str, rows: int, written: dict[str, list]) -> dict:
+    """One rule's groundings (ordered by head) into the build folder's files. The engine hands the
+    ordered rows to `PartWriter` in runs (parts): DuckDB one, streamed through this process;
     Spark one per partition, written by its executors. This process then writes the offsets from
-    the parts' head counts: it never reads a grounding."""
+    the parts' head counts: it never reads a grounding. `written` gains each file's (bytes, SHA-256)."""
     rule = prepared.rule
     columns = list(prepared.columns)
     for k, weight in prepared.stored.items():  # raw keys become the store's codes
@@ -456,7 +848,7 @@ def _write_rule(grounder: BatchGrounder, relation: ir.Relation, prepared: _Prepa
             exp.NullSafeEQ(this=q.col("value", "d"), expression=q.col(f"_c{k}", "g")))
         columns[k] = exp.Subquery(this=lookup)
     select = q.rule_index_query(prepared.source, grounder.key_tables[relation.name], relation.keys, len(rule.refs), columns)
-    writer = _PartWriter(relation, rule, str(folder), stem)
+    writer = PartWriter(relation, rule, str(build), stem)
     try:
         parts = grounder.db.write_ordered(select, writer, CHUNK)
     except duckdb.Error as err:
@@ -467,32 +859,30 @@ def _write_rule(grounder: BatchGrounder, relation: ir.Relation, prepared: _Prepa
     kept = [part for part in parts if part["groundings"]]
     for part in parts:
         if not part["groundings"]:
-            for name in _part_files(part, len(rule.refs), rule.n_columns):
-                (folder / name).unlink(missing_ok=True)
-    _write_offsets(folder, stem, rows, kept)
+            for name in part_files(part["stem"], len(rule.refs), rule.n_columns):
+                (build / name).unlink(missing_ok=True)
+        else:
+            written.update(part["files"])
+    written[f"{stem}.offsets"] = _write_offsets(build, stem, rows, kept)
     kinds: dict[str, list] = {}
     for part in kept:
         kinds.update({k: v for k, v in part["columns"].items() if k not in kinds})
     embeds = set(ir.coded_columns(rule))
     for k in range(rule.n_columns):
         kinds.setdefault(str(k), ["code", 0] if k in embeds else ["value", 0])
-    size = (folder / f"{stem}.offsets").stat().st_size + sum(
-        (folder / name).stat().st_size for part in kept for name in _part_files(part, len(rule.refs), rule.n_columns))
+    size = written[f"{stem}.offsets"][0] + sum(
+        written[name][0] for part in kept for name in part_files(part["stem"], len(rule.refs), rule.n_columns))
     return {"stem": stem, "rows": rows, "groundings": sum(p["groundings"] for p in kept), "bytes": size, "columns": kinds,
             "parts": [{"stem": p["stem"], "groundings": p["groundings"]} for p in kept]}
 
 
-def _part_files(part: dict, refs: int, columns: int) -> list[str]:
-    return [f"{part['stem']}.heads", *[f"{part['stem']}.r{j}" for j in range(refs)],
-            *[f"{part['stem']}.c{k}" for k in range(columns)]]
-
-
-def _write_offsets(folder: Path, stem: str, rows: int, parts: list[dict]) -> None:
-    """`<stem>.offsets` (rows + 1) from the parts' (head, groundings) pairs, parts in head order."""
+def _write_offsets(build: Path, stem: str, rows: int, parts: list[dict]) -> list:
+    """`<stem>.offsets` (rows + 1) from the parts' (head, groundings) pairs, parts in head order;
+    its (bytes, SHA-256)."""
     written, next_head = 0, 0
-    with open(folder / f"{stem}.offsets", "wb") as offsets:
+    with HashedFile(build / f"{stem}.offsets") as offsets:
         for part in parts:
-            pairs = np.fromfile(folder / f"{part['stem']}.heads", dtype=np.int64).reshape(-1, 2)
+            pairs = np.fromfile(build / f"{part['stem']}.heads", dtype=np.int64).reshape(-1, 2)
             heads, ends = pairs[:, 0], written + np.cumsum(pairs[:, 1])
             starts = np.concatenate([[written], ends[:-1]])
             stop = int(heads[-1]) + 1
@@ -500,58 +890,7 @@ def _write_offsets(folder: Path, stem: str, rows: int, parts: list[dict]) -> Non
             offsets.write(np.append(starts, ends[-1])[np.searchsorted(heads, np.arange(next_head, stop))].astype(np.int64).tobytes())
             written, next_head = int(ends[-1]), stop
         offsets.write(np.full(rows + 1 - next_head, written, dtype=np.int64).tobytes())
-
-
-class _PartWriter:
-    """Writes one run of a rule's ordered groundings (a part) into files `<stem>[.p<i>].r<j>`
-    (row ids), `.c<k>` (encoded values or codes) and `.heads` ((head, groundings) pairs), and
-    returns what the manifest needs. Runs wherever the engine runs it: pickled to Spark's
-    executors, it must hold plain data only."""
-
-    def __init__(self, relation: ir.Relation, rule: ir.Rule, folder: str, stem: str):
-        self.relation, self.rule, self.folder, self.stem = relation, rule, folder, stem
-        self.embeds = set(ir.coded_columns(rule))
-
-    def __call__(self, index: int | None, chunks) -> dict:
-        """Write `chunks` (Arrow record batches) as part `index` (None: the rule's only part)."""
-        stem = self.stem if index is None else f"{self.stem}.p{index}"
-        folder, rule = Path(self.folder), self.rule
-        files = {"r": [open(folder / f"{stem}.r{j}", "wb") for j in range(len(rule.refs))],
-                 "c": {k: open(folder / f"{stem}.c{k}", "wb") for k in range(rule.n_columns)}}
-        kinds: dict[str, list] = {}
-        written, last, count = 0, None, 0
-        try:
-            with open(folder / f"{stem}.heads", "wb") as heads_file:
-                for chunk in chunks:
-                    if not chunk.num_rows:
-                        continue
-                    heads = chunk.column("_head").to_numpy().astype(np.int64)
-                    firsts = np.flatnonzero(np.diff(heads, prepend=heads[0] - 1))  # where a new head starts in the chunk
-                    counts = np.diff(np.append(firsts, len(heads)))
-                    distinct = heads[firsts]
-                    if last is not None and distinct[0] == last:  # a head continued from the previous chunk
-                        count += int(counts[0])
-                        distinct, counts = distinct[1:], counts[1:]
-                    if len(distinct):
-                        if last is not None:
-                            heads_file.write(np.array([last, count], dtype=np.int64).tobytes())
-                        heads_file.write(np.stack([distinct[:-1], counts[:-1]], axis=1).astype(np.int64).tobytes())
-                        last, count = int(distinct[-1]), int(counts[-1])
-                    check_refs(self.relation, rule, chunk)
-                    for j in range(len(rule.refs)):
-                        files["r"][j].write(chunk.column(f"_r{j}").to_numpy().astype(np.int64).tobytes())
-                    for k in range(rule.n_columns):
-                        code = k in self.embeds
-                        values = _column_tensor(chunk.column(f"_c{k}"), rule, k, embedded=code).numpy()
-                        kinds.setdefault(str(k), ["code", 0] if code else ["value", int(values.shape[1])])
-                        files["c"][k].write(np.ascontiguousarray(values).tobytes())
-                    written += chunk.num_rows
-                if last is not None:
-                    heads_file.write(np.array([last, count], dtype=np.int64).tobytes())
-        finally:
-            for handle in [*files["r"], *files["c"].values()]:
-                handle.close()
-        return {"stem": stem, "groundings": written, "columns": kinds}
+    return offsets.close()
 
 
 class _Parts:
