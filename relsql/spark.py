@@ -497,8 +497,8 @@ def _probe(session, modules: list[str]) -> tuple[str, str]:
 def _python_fix(session, executable: str | None) -> str:
     """What to set so that the workers run a Python with relsql (this one, say)."""
     context = getattr(session, "sparkContext", None) if not type(session).__module__.startswith("pyspark.sql.connect") else None
-    used = executable or getattr(context, "pythonExec", None) or "python3 from PATH"
-    return (f"The workers' Python is {used}; give them one with relsql, numpy and pyarrow (this process runs "
+    used = "" if executable else f"The workers' Python is {getattr(context, 'pythonExec', None) or 'python3 from PATH'}; "
+    return (f"{used}Give the workers a Python with relsql, numpy and pyarrow (this process runs "
             f"{sys.executable}): set the PYSPARK_PYTHON environment variable before the SparkSession starts (in-process "
             "PySpark reads only that variable; spark-submit also reads the spark.pyspark.python setting), or install "
             "relsql on the workers")
