@@ -39,6 +39,7 @@ __all__ = ["GivenKey", "GivenKeys", "load", "parse", "resolve"]
 
 _SHORT = (TokenType.PRIMARY_KEY, TokenType.FOREIGN_KEY)
 _STARTS = (TokenType.ALTER, TokenType.CREATE)
+_MAX_NESTING = 16  # parentheses within one statement
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,9 @@ def _statements(text: str, origin: str) -> list[tuple[int, str, bool]]:
         if start is None:
             start = index
         depth += {TokenType.L_PAREN: 1, TokenType.R_PAREN: -1}.get(token.token_type, 0)
+        if depth > _MAX_NESTING:  # sqlglot parses nesting by recursion: refuse before it runs out of stack
+            raise SchemaError(f"{origin} line {tokens[start].line}: parentheses nested more than {_MAX_NESTING} deep; a key "
+                              "statement needs two or three levels (`CREATE TABLE t (c DECIMAL(10, 2) REFERENCES p (k))`)")
     if start is not None:
         found.append((start, len(tokens)))
     return [(tokens[a].line, text[tokens[a].start:tokens[b - 1].end + 1], tokens[a].token_type in _SHORT) for a, b in found]

@@ -209,3 +209,11 @@ def test_aware_datetimes_are_refused_in_the_python_api():
         relsql.PredictiveQuery("customer", "orders", 30, every_days=7, start=aware)
     naive = relsql.PredictiveQuery.parse("COUNT(orders.*) OVER 30 DAYS > 0 FOR customer AT '2020-01-01 12:00:00'")
     assert naive.snapshots == (dt.datetime(2020, 1, 1, 12),)
+
+
+def test_deeply_nested_parentheses_in_a_keys_file_are_a_schema_error(tmp_path):
+    """Found by tests/test_fuzz_inputs.py: RecursionError from sqlglot's parser (a long line of `(`)."""
+    path = tmp_path / "keys.sql"
+    path.write_text("PRIMARY KEY customer(customer_id)\nPRIMARY KEY orders(order_id) " + "(" * 5000 + "\n")
+    with pytest.raises(relsql.SchemaError, match=r"keys\.sql line 2: parentheses nested more than 16 deep"):
+        relsql.connect(keys=path)
