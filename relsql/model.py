@@ -8,13 +8,16 @@ out of a target's groundings is the template's job (see README, "Time").
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import logging
 import os
+import re
 import time
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import polars as pl
 import pyarrow as pa
@@ -27,7 +30,7 @@ from relsql import arguments
 from relsql.compile import make_plan, shapes
 from relsql.compile.module import CompiledNet
 from relsql.db import Database, first_line, free_name
-from relsql.errors import RelsqlError, SchemaError
+from relsql.errors import RelsqlError, SchemaError, SourceError
 from relsql.ground import query as q
 from relsql.ground.demand import BatchGrounder, database_embeddings
 from relsql.ground.execute import Presets, ground
@@ -47,18 +50,58 @@ log = logging.getLogger("relsql")  # progress as log lines, for runs without a t
 
 
 def _with_threads(method):
-    """Run a Model method with torch's threads set for this model (and put back afterwards)."""
+    """Run a Model method with torch's threads set for this model (and put back afterwards), and
+    a database server that went away reported as such."""
     @functools.wraps(method)
     def run(self, *args, **kwargs):
-        with torch_threads(getattr(self, "threads", None)):
+        with torch_threads(getattr(self, "threads", None)), _server_reachable(self):
             return method(self, *args, **kwargs)
 
     return run
 
 
+# How a lost or refused connection reads in the errors of DuckDB's scanners (PostgreSQL's libpq texts)
+_LOST = ("server closed the connection", "unable to connect", "connection refused", "terminating connection",
+         "could not connect", "no connection to the server", "connection to server", "ssl syscall error",
+         "could not receive data from server", "could not send data to server")
+
+
+def _without_secrets(text: str) -> str:
+    """An error text without the password a connection string in it may hold."""
+    text = re.sub(r"(://[^:/@\s]+):[^@\s]*@", r"\1:***@", text)
+    return re.sub(r"(password\s*=\s*)\S+", r"\1***", text, flags=re.IGNORECASE)
+
+
+def _reports_server(method):
+    """A Model method (the constructor) whose lost database connection is a SourceError naming it."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with _server_reachable(self):
+            return method(self, *args, **kwargs)
+
+    return run
+
+
+@contextlib.contextmanager
+def _server_reachable(model: Model):
+    """A database that cannot be reached any more (a PostgreSQL server stopped mid-training) is a
+    SourceError naming it, whether DuckDB raised it raw or relsql already wrapped it for a statement."""
+    try:
+        yield
+    except (duckdb.Error, RelsqlError) as err:
+        text = str(err).lower()
+        db = getattr(model, "db", None)
+        if isinstance(err, SourceError) or db is None or not any(lost in text for lost in _LOST):
+            raise
+        raise SourceError(f"{db.description} could not be reached: {_without_secrets(first_line(err))}. The server stopped or the connection "
+                          "was lost: start the server (or check the network) and run again; a Model built with a kept "
+                          "grounding store (store='folder') trains and predicts from it without the server") from None
+
+
 class Model:
     """Trains a template's output relation to predict `target` ("table.column")."""
 
+    @_reports_server
     def __init__(self, db: Database, template: Template | str | Path, target: str, *, output: str | None = None,
                  task: str | None = None, time_column: str | None = None,
                  split: tuple[float, float, float] = (0.7, 0.15, 0.15), seed: int = 0,
@@ -389,7 +432,7 @@ class Model:
         except guards.Diverged as err:
             self.stopped = f"diverged ({err.split} loss {err.value} at epoch {err.epoch + 1})"
             self._keep_best(best, last, worker)
-            raise RelsqlError(guards.diverged_message(err, lr, self.best_epoch, best["loss"])) from None
+            raise RelsqlError(guards.diverged_message(err, lr, self.best_epoch if best["state"] is not None else None, best["loss"])) from None
         finally:
             if worker is not None:
                 worker.close()  # an update already running completes: the database stays at a step boundary
@@ -411,9 +454,10 @@ class Model:
         """The line a log reader looks for: how training ended and which epoch's weights the model has."""
         kept = next((r for r in self.history if r["epoch"] == self.best_epoch), None)
         if kept is not None:
-            log.info("trained to epoch %d of %d (stopped by %s) in %.1fs; kept epoch %d: validation loss %.4f",
-                     self.history[-1]["epoch"] + 1, self.epoch_cap, getattr(self, "stopped", "epochs"),
-                     time.perf_counter() - started, self.best_epoch + 1, kept["val_loss"])
+            why = "stopped early" if getattr(self, "stopped", "epochs").startswith("early") else "the epoch limit"
+            log.info("trained to epoch %d of %d (%s) in %.1fs; kept epoch %d: validation loss %.4f",
+                     self.history[-1]["epoch"] + 1, self.epoch_cap, why, time.perf_counter() - started,
+                     self.best_epoch + 1, kept["val_loss"])
 
     def _full_step(self, optimizers, epoch: int = 0) -> float:
         train_index, train_y = self._split_tensors("train")

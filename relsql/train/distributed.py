@@ -40,7 +40,7 @@ from relsql.errors import RelsqlError
 from relsql.ground.demand import database_embeddings
 from relsql.ground.store import GroundingStore
 from relsql.train import checkpoint as checkpoints
-from relsql.train import torch_distributor, write_back
+from relsql.train import guards, torch_distributor, write_back
 from relsql.train.batched import Batched
 from relsql.train.batches import Worker, batches
 from relsql.train.sharded import EmbeddingJob, ShardedEmbeddings
@@ -105,6 +105,8 @@ def fit_as_rank(model, epochs: int, batch_size: int | None, lr: float, patience:
             dist.destroy_process_group()
     model.epoch_cap = epochs
     _add_timings(model, {**clock, "training": time.perf_counter() - started})
+    if model.diverged:
+        raise RelsqlError(model.diverged)
 
 
 def _job(owner, world: int, epochs: int, batch_size: int | None, lr: float, patience: int, weight_decay: float,
@@ -155,6 +157,8 @@ def fit(model, workers: int, epochs: int, batch_size: int | None, lr: float, pat
     model.history = list(result["history"])
     model.best_epoch, model.stopped, model.epoch_cap = result["best_epoch"], result["stopped"], epochs
     _add_timings(model, {**result["timings"], "training": time.perf_counter() - started})
+    if result.get("diverged"):  # the ranks stopped at a NaN loss, with the best epoch's weights
+        raise RelsqlError(result["diverged"])
 
 
 def _add_timings(model, seconds: dict[str, float]) -> None:
@@ -263,6 +267,7 @@ def run_rank(job: Job, rank: int) -> dict | None:
     return {"weights": {n: p.detach().cpu() for n, p in model.net.weights_by_name().items()},
             "head": {k: v.cpu() for k, v in model.head.state_dict().items()},
             "history": model.history, "best_epoch": model.best_epoch, "stopped": model.stopped, "timings": clock,
+            "diverged": model.diverged,
             "embedding_updates": {} if shards is None else shards.updates}
 
 
@@ -308,7 +313,22 @@ def _train(model, job: Job, rank: int, shards: ShardedEmbeddings | None = None) 
         start_epoch, start_batch = model._resume_from(job.resume, job.checkpoint, optimizers, best, None)
         if shards is not None:
             _resume_shards(shards, job, best)
-    model.stopped = "epochs"
+    model.stopped, model.diverged = "epochs", None
+    try:
+        _epochs(model, job, rank, start_epoch, start_batch, optimizers, best, clock, shards, monitor, device)
+    except guards.Diverged as err:  # every rank sees the same summed loss: all stop here together
+        model.stopped = f"diverged ({err.split} loss {err.value} at epoch {err.epoch + 1})"
+        model.diverged = guards.diverged_message(err, job.lr, model.best_epoch if best["state"] is not None else None, best["loss"])
+    if best["state"] is not None:
+        model._restore_weights(best["state"])
+        if shards is not None:
+            shards.restore(best["shards"])
+    return clock
+
+
+def _epochs(model, job: Job, rank: int, start_epoch: int, start_batch: int, optimizers, best: dict, clock: dict,
+            shards: ShardedEmbeddings | None, monitor: str, device) -> None:
+    """The epochs of one fit, until the last or early stopping; Diverged at a NaN loss."""
     for epoch in range(start_epoch, job.epochs):
         order = batches(model.rows["train"], job.batch_size, np.random.default_rng([model.seed, epoch]))
         first = start_batch if epoch == start_epoch else 0
@@ -318,8 +338,9 @@ def _train(model, job: Job, rank: int, shards: ShardedEmbeddings | None = None) 
         started = time.perf_counter()
         record.update(_validation(model, job, rank, device, shards))
         clock["validation"] += time.perf_counter() - started
+        guards.check_loss(record[f"{monitor}_loss"], epoch, split="validation" if monitor == "val" else "training")
         model.history.append(record)
-        if rank == 0:
+        if rank == 0 and guards.logs_epoch(epoch, start_epoch, job.epochs):  # a few lines per fit
             log.info("epoch %d of %d: train loss %.4f, validation loss %.4f", epoch + 1, job.epochs,
                      record["train_loss"], record["val_loss"])
         current = record[f"{monitor}_loss"]
@@ -335,11 +356,6 @@ def _train(model, job: Job, rank: int, shards: ShardedEmbeddings | None = None) 
         if stop:
             model.stopped = "early (no validation improvement for patience epochs)"
             break
-    if best["state"] is not None:
-        model._restore_weights(best["state"])
-        if shards is not None:
-            shards.restore(best["shards"])
-    return clock
 
 
 def _import_dynamo_first() -> None:
@@ -424,6 +440,7 @@ def _epoch(model, job: Job, rank: int, order: list[np.ndarray], epoch: int, firs
             started = time.perf_counter()
             batch_loss, reduced = _all_reduce_gradients(model, loss.detach(), shards.gradients(external) if shards else [])
             clock["all_reduce"] += time.perf_counter() - started
+            guards.check_loss(batch_loss, epoch, b, len(order))  # the summed loss: every rank stops at the same step
             started = time.perf_counter()
             for optimizer in optimizers:
                 optimizer.step()
