@@ -121,7 +121,15 @@ def _query_case(rng: random.Random) -> str:
     base = rng.choice(QUERIES)
     if rng.random() < 0.15:
         return base  # valid ones too: the write path must hold the same rules
-    return " ".join(_mutate_tokens(_tokens(base), rng))
+    tokens = _tokens(base)
+    if rng.random() < 0.15:  # a date given a time zone (or a zone-like suffix), the rest intact
+        dates = [i for i, t in enumerate(tokens) if re.fullmatch(r"'?\d{4}-\d{2}-\d{2}.*", t)]
+        if dates:
+            i = rng.choice(dates)
+            day = tokens[i].strip("'")[:10]
+            tokens[i] = "'" + day + rng.choice((" 12:00:00+05:00", "T00:00Z", " 23:59:59-11:30", "T12:00+14:00", " 00:00 UTC")) + "'"
+            return " ".join(tokens)
+    return " ".join(_mutate_tokens(tokens, rng))
 
 
 def _hash_folder(folder: Path) -> dict[str, str]:
