@@ -393,3 +393,17 @@ def test_writing_a_part_imports_no_torch():
               "; assert callable(relsql.compile) and callable(relsql.tune) and relsql.Model.__name__ == 'Model'; print('ok')")
     done = subprocess.run([sys.executable, "-c", public], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_a_model_refuses_a_user_folder_as_its_store_and_leaves_it_byte_identical(tmp_path):
+    """What a user writes (`Model(..., store=folder)`), on a folder holding a project's files."""
+    db = world()
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / MANIFEST).write_text('{"name": "my project"}')
+    (project / "pred_a426dfba.0.offsets").write_bytes(b"a user's file named like a store file")
+    before = hashes(project)
+    with warnings.catch_warnings(), pytest.raises(relsql.RelsqlError, match="proj is not empty"):
+        warnings.simplefilter("ignore")
+        relsql.Model(db, relsql.Template.from_sql(TEMPLATE), target="item.y", batch_size=500, progress=False, store=project)
+    assert hashes(project) == before
