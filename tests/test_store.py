@@ -164,8 +164,8 @@ def test_a_temporary_store_goes_with_its_model_and_bad_stores_are_refused(tmp_pa
     gc.collect()
     assert not folder.exists()
     broken = tmp_path / "broken"
-    broken.mkdir()
-    (broken / MANIFEST).write_text("{not json")
+    quiet(relsql.Model, db, template, target="item.y", batch_size=500, progress=False, store=broken)
+    (broken / MANIFEST).write_text("{not json")  # a store of relsql's whose manifest was damaged
     with pytest.raises(relsql.RelsqlError, match="cannot be read"):
         quiet(relsql.Model, db, template, target="item.y", batch_size=500, progress=False, store=broken)
     a_file = tmp_path / "file.txt"
@@ -176,9 +176,10 @@ def test_a_temporary_store_goes_with_its_model_and_bad_stores_are_refused(tmp_pa
         quiet(relsql.Model, db, template, target="item.y", batch_size=500, progress=False, store=3)
     mine = tmp_path / "mine"
     mine.mkdir()
-    (mine / "notes.c1").write_text("a user's file")  # not of the store's naming: left alone
-    quiet(relsql.Model, db, template, target="item.y", batch_size=500, progress=False, store=mine)
-    assert (mine / "notes.c1").read_text() == "a user's file"
+    (mine / "notes.c1").write_text("a user's file")  # a folder of the user's: refused, left alone
+    with pytest.raises(relsql.RelsqlError, match="not empty"):
+        quiet(relsql.Model, db, template, target="item.y", batch_size=500, progress=False, store=mine)
+    assert [f.name for f in mine.iterdir()] == ["notes.c1"] and (mine / "notes.c1").read_text() == "a user's file"
 
 
 def test_explain_with_a_batch_size_shows_the_store_and_a_batch(tmp_path, capsys):
@@ -205,7 +206,7 @@ def test_a_damaged_store_is_a_clear_error(tmp_path):
     template = relsql.Template.from_sql(SHOP.format(storage="memory"))
     folder = tmp_path / "store"
     quiet(relsql.Model, db, template, target="item.y", batch_size=500, progress=False, store=folder)
-    column = next(f for f in folder.iterdir() if f.name.endswith(".c1"))
+    column = next(folder.rglob("*.c1"))  # in the build's own subfolder
     column.write_bytes(column.read_bytes()[:100])  # cut short behind relsql's back
     with pytest.raises(relsql.RelsqlError, match="damaged.*delete the folder"):
         quiet(relsql.Model, db, template, target="item.y", batch_size=500, progress=False, store=folder)
