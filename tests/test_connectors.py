@@ -176,15 +176,18 @@ def test_failed_write_leaves_nothing(fresh_shop, kind):
     db = relsql.connect(fresh_shop(kind))
     real = db.con
     try:
-        before = _snapshot(db, USER_TABLES)
+        db.write_table("mine", PRED)  # a table of relsql's: replaceable
+        before = _snapshot(db, [*USER_TABLES, "mine"])
         db.con = _FailingCommit(real)
         with pytest.raises(SourceError, match="nothing was written"):
             db.write_table("pred", PRED)
         with pytest.raises(SourceError, match="nothing was written"):
+            db.write_table("mine", PRED.slice(0, 1), replace=True)
+        with pytest.raises(SchemaError, match="`customer`.*not a plain table"):  # a user's: refused before any write
             db.write_table("customer", PRED, replace=True)
         db.con = real
         assert not db.has_table("pred")
-        assert _snapshot(db, USER_TABLES) == before
+        assert _snapshot(db, [*USER_TABLES, "mine"]) == before
     finally:
         db.con = real
         db.close()
@@ -226,8 +229,9 @@ def test_folder_failed_write_leaves_nothing(fresh_shop, kind, monkeypatch):
         assert not db.has_table("pred")
         assert _file_hashes(folder) == hashes
         if kind == "csv":  # relsql writes Parquet; it never replaces (deletes) a user's CSV file
-            with pytest.raises(SourceError, match="CSV"):
+            with pytest.raises(SchemaError, match="`customer`.*not a plain table"):
                 db.write_table("customer", PRED, replace=True)
+            assert _file_hashes(folder) == hashes
     finally:
         db.close()
 
