@@ -26,7 +26,7 @@ import sqlglot.expressions as exp
 
 from relsql import keyfile, textfile
 from relsql.catalog import ForeignKey, Keys
-from relsql.db import Database, Source, first_line, ident
+from relsql.db import Database, Source, first_line, ident, parquet_mark
 from relsql.errors import RelsqlError, SchemaError, SourceError
 
 __all__ = ["Folder", "SUFFIXES", "open_folder"]
@@ -78,6 +78,10 @@ class Folder(Source):
             raise SourceError(f"cannot read {file} as a {file.suffix[1:]} table: {first_line(err)}; "
                               "fix or remove the file") from None
         self.files[name] = file
+
+    def written_kind(self, db: Database, scope: tuple[str, str], name: str) -> str | None:
+        """A folder has no table comments: relsql's mark sits in its Parquet file's footer."""
+        return parquet_mark(self.files[name]) if name in self.files else None
 
     def write_table(self, db: Database, name: str, data: pa.Table, replace: bool) -> None:
         self.refuse_read_only(name)

@@ -156,8 +156,6 @@ class Source:
         older relsql, which set no mark)."""
         row = db.con.execute("SELECT comment FROM duckdb_tables() WHERE database_name = ? AND schema_name = ? "
                              "AND table_name = ?", [scope[0], scope[1], name]).fetchone()
-        if row is None and isinstance(getattr(self, "files", None), dict) and name in self.files:
-            return parquet_mark(self.files[name])  # a folder's file (until connectors/files.py says so itself)
         return marked_kind(row[0] if row else None)
 
     def after_rollback(self, db: Database) -> None:
