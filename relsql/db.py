@@ -350,9 +350,13 @@ class Database:
         return [(current[0], current[1]), *(s for s in self._extra_scopes if s != tuple(current))]
 
     def _tables_in(self, scope: tuple[str, str]) -> list[str]:
-        rows = self.con.execute(
-            "SELECT table_name FROM information_schema.tables WHERE table_catalog = ? AND table_schema = ? "
-            "ORDER BY table_name", list(scope)).fetchall()
+        try:
+            rows = self.con.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_catalog = ? AND table_schema = ? "
+                "ORDER BY table_name", list(scope)).fetchall()
+        except duckdb.Error as err:  # a server gone away, a file removed under an attached catalog
+            raise SourceError(f"cannot list the tables of {self.description}: {first_line(err)}; "
+                              "check that the source is reachable and reconnect") from None
         return [r[0] for r in rows if not r[0].startswith(TEMP_PREFIX)]
 
     @contextlib.contextmanager

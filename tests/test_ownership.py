@@ -209,3 +209,21 @@ def test_a_users_connection_keeps_its_current_catalog_and_schema(tmp_path, model
     with relsql.connect(con) as db:
         assert db.tables() == ["t"] and db.scopes()[0] == ("memory", "side")
     con.close()
+
+
+def test_gradients_replace_only_relsqls_gradient_tables(tmp_path, model_file):
+    path = tmp_path / "grad.duckdb"
+    path.write_bytes(model_file.read_bytes())
+    with relsql.connect(path) as db:
+        model = relsql.Model(db, relsql.Template.from_sql(SIMPLE), target="customer.churned", seed=0, progress=False)
+        model.fit(epochs=1)
+        written = model.gradients_as_relations("g_")
+        assert model.gradients_as_relations("g_", replace=True) == written  # relsql's own gradients: replaced
+        first = sorted(written.values())[0]
+        assert db.source.written_kind(db, db.scopes()[0], first) == "gradients"
+        db.con.execute('CREATE TABLE "u_w_out" AS SELECT 1 AS x')  # a user's table named like a gradient table
+        before = _hashes(db, ["u_w_out", "customer", "orders"])
+        with pytest.raises(relsql.RelsqlError, match="(?i)`u_w_out`.*not a table of gradients that relsql wrote"):
+            model.gradients_as_relations("u_", replace=True)
+        assert _hashes(db, ["u_w_out", "customer", "orders"]) == before
+        assert not any(t.startswith("u_") and t != "u_w_out" for t in db.tables())  # all or nothing

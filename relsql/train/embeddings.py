@@ -405,6 +405,6 @@ class GradientStaging:
         summed = exp.select(q.col("key"), exp.alias_(exp.Array(expressions=[
             exp.Sum(this=q.col(f"g{i}")) for i in range(self.width)]), ident("gradient"))).from_(self.table.copy()).group_by(
             q.col("key")).order_by(q.col("key"))
-        self.db.create_table_as(name, summed, exists)
+        self.db.create_table_as(name, summed, exists, kind="gradients")
         self.db.execute(exp.Drop(tables=[self.table.copy()], kind="TABLE", exists=True))
         return name

@@ -92,5 +92,5 @@ def _write(model: Model, tables: dict[str, str], split: str, rows: np.ndarray, r
         matrix = grad.detach().cpu().double().reshape(grad.shape[0] if grad.dim() else 1, -1).numpy()
         table = pa.table({"parameter": [name] * matrix.shape[0], "row": np.arange(matrix.shape[0], dtype=np.int64),
                           "gradient": pa.array(matrix.tolist(), type=pa.list_(pa.float64()))})
-        model.db.write_table(tables[name], table, replace=replace)
+        model.db.write_table(tables[name], table, replace=replace, kind="gradients")
         written[name] = tables[name]
