@@ -57,6 +57,27 @@ def first_line(err: BaseException) -> str:
     return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
 
 
+_LOST = ("server closed the connection", "unable to connect", "connection refused", "terminating connection",
+         "could not connect", "no connection to the server", "connection to server", "ssl syscall error",
+         "could not receive data from server", "could not send data to server")
+
+
+def _without_secrets(text: str) -> str:
+    """An error text without the password a connection string in it may hold."""
+    text = re.sub(r"(://[^:/@\s]+):[^@\s]*@", r"\1:***@", text)
+    return re.sub(r"(password\s*=\s*)\S+", r"\1***", text, flags=re.IGNORECASE)
+
+
+def lost_connection(description: str, err: BaseException) -> SourceError | None:
+    """A SourceError naming the source when `err` says its server cannot be reached (a PostgreSQL
+    server stopped mid-training), else None: the caller re-raises what it has."""
+    if not any(lost in str(err).lower() for lost in _LOST):
+        return None
+    return SourceError(f"{description} could not be reached: {_without_secrets(first_line(err))}. The server stopped or the "
+                       "connection was lost: start the server (or check the network) and run again; a Model built with a "
+                       "kept grounding store (store='folder') trains and predicts from it without the server")
+
+
 def check_table_name(name: object) -> str:
     """A name relsql may give a new table: non-empty text the database can hold, not relsql's own."""
     if not isinstance(name, str) or not name.strip() or name.startswith(TEMP_PREFIX) or "\x00" in name:
@@ -355,8 +376,9 @@ class Database:
                 "SELECT table_name FROM information_schema.tables WHERE table_catalog = ? AND table_schema = ? "
                 "ORDER BY table_name", list(scope)).fetchall()
         except duckdb.Error as err:  # a server gone away, a file removed under an attached catalog
-            raise SourceError(f"cannot list the tables of {self.description}: {first_line(err)}; "
-                              "check that the source is reachable and reconnect") from None
+            raise lost_connection(self.description, err) or SourceError(
+                f"cannot list the tables of {self.description}: {_without_secrets(first_line(err))}; "
+                "check that the source is reachable and reconnect") from None
         return [r[0] for r in rows if not r[0].startswith(TEMP_PREFIX)]
 
     @contextlib.contextmanager

@@ -13,7 +13,6 @@ import copy
 import functools
 import logging
 import os
-import re
 import time
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from torch import nn
 from relsql import arguments
 from relsql.compile import make_plan, shapes
 from relsql.compile.module import CompiledNet
-from relsql.db import Database, first_line, free_name
+from relsql.db import Database, first_line, free_name, lost_connection
 from relsql.errors import RelsqlError, SchemaError, SourceError
 from relsql.ground import query as q
 from relsql.ground.demand import BatchGrounder, database_embeddings
@@ -61,17 +60,6 @@ def _with_threads(method):
 
 
 # How a lost or refused connection reads in the errors of DuckDB's scanners (PostgreSQL's libpq texts)
-_LOST = ("server closed the connection", "unable to connect", "connection refused", "terminating connection",
-         "could not connect", "no connection to the server", "connection to server", "ssl syscall error",
-         "could not receive data from server", "could not send data to server")
-
-
-def _without_secrets(text: str) -> str:
-    """An error text without the password a connection string in it may hold."""
-    text = re.sub(r"(://[^:/@\s]+):[^@\s]*@", r"\1:***@", text)
-    return re.sub(r"(password\s*=\s*)\S+", r"\1***", text, flags=re.IGNORECASE)
-
-
 def _reports_server(method):
     """A Model method (the constructor) whose lost database connection is a SourceError naming it."""
     @functools.wraps(method)
@@ -89,13 +77,11 @@ def _server_reachable(model: Model):
     try:
         yield
     except (duckdb.Error, RelsqlError) as err:
-        text = str(err).lower()
         db = getattr(model, "db", None)
-        if isinstance(err, SourceError) or db is None or not any(lost in text for lost in _LOST):
+        lost = None if isinstance(err, SourceError) or db is None else lost_connection(db.description, err)
+        if lost is None:
             raise
-        raise SourceError(f"{db.description} could not be reached: {_without_secrets(first_line(err))}. The server stopped or the connection "
-                          "was lost: start the server (or check the network) and run again; a Model built with a kept "
-                          "grounding store (store='folder') trains and predicts from it without the server") from None
+        raise lost from None
 
 
 class Model:

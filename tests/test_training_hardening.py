@@ -166,6 +166,8 @@ def test_a_postgresql_server_stopped_during_training_is_named(tmp_path, store):
             assert model.predict().height == 120
             with pytest.raises(relsql.SourceError, match=named):
                 relsql.Model(db, template, target="customer.churned", progress=False, batch_size=32, store=kept)  # was duckdb.IOException
+        with pytest.raises(relsql.SourceError, match=named):
+            db.tables()  # the Database itself, outside a Model: was a raw duckdb.IOException
     finally:
         server.stop()
 
