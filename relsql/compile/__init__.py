@@ -17,19 +17,21 @@ from relsql.template.ir import Template
 def compile(template: Template, db: Database, dtype: torch.dtype = torch.float32,
             device: str | torch.device = "cpu", seed: int | None = None,
             passes: tuple | None = None, gather_strength: float | None = None,
-            outputs: list[str] | None = None) -> CompiledNet:
+            outputs: list[str] | None = None, max_groundings: int | None = None) -> CompiledNet:
     """Ground `template` in `db` and compile it into a torch module on `device`.
 
     `passes` replaces the optimizer's pass tuple (`()` for the plain vectorized plan);
     `gather_strength` sets how far gathers are propagated (see `relsql.tune` to measure it);
     `outputs` limits what `net()` returns to those relations (default: every relation), which
     lets the optimizer drop or overwrite the others' intermediate values.
+    A rule the database estimates at more than `max_groundings` groundings (default 10^8, see
+    relsql.ground.execute.MAX_GROUNDINGS) is refused before it runs: usually a missing join condition.
     """
     dtype, device, seed, passes, outputs = _checked(template, db, dtype, device, seed, passes, outputs)
     if gather_strength is not None:
         gather_strength = arguments.number("gather_strength", gather_strength, minimum=0.0)
     _memory_embeddings_only(template)
-    grounding = ground(template, db)
+    grounding = ground(template, db, max_groundings=max_groundings)
     if gather_strength is not None:
         passes = with_strength(gather_strength, passes)
     plan = make_plan(template, grounding, dtype, passes, outputs, device=device)
@@ -70,15 +72,15 @@ def _memory_embeddings_only(template: Template) -> None:
 
 def tune(template: Template, db: Database, dtype: torch.dtype = torch.float32,
          device: str | torch.device = "cpu", seed: int | None = None, output: str | None = None,
-         try_torch_compile: bool = False) -> CompiledNet:
+         try_torch_compile: bool = False, max_groundings: int | None = None) -> CompiledNet:
     """Like `compile`, but plans the grounding with every gather-propagation preset (and, if asked,
     under torch.compile), times a training step of `output` on `device` and keeps the fastest;
-    `net.tuning` lists the trials and `net.explain()` ends with them."""
+    `net.tuning` lists the trials and `net.explain()` ends with them; `max_groundings` as in `compile`."""
     dtype, device, seed, _, _ = _checked(template, db, dtype, device, seed, None, None)
     if output is not None:
         arguments.text("output", output)
     _memory_embeddings_only(template)
-    grounding = ground(template, db)
+    grounding = ground(template, db, max_groundings=max_groundings)
     return fastest(template, grounding, dtype, device, seed, output, try_torch_compile=try_torch_compile)
 
 

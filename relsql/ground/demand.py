@@ -27,7 +27,18 @@ import torch
 from relsql.db import Database, to_tensor
 from relsql.errors import GroundingError, SchemaError
 from relsql.ground import query as q
-from relsql.ground.execute import Grounding, Presets, RelationGrounding, RuleGrounding, _column_tensor, _Grounder, check_refs
+from relsql.ground.execute import (
+    Grounding,
+    Presets,
+    RelationGrounding,
+    RuleGrounding,
+    _column_tensor,
+    _Grounder,
+    _interrupted,
+    _progress,
+    check_refs,
+    interruptible,
+)
 from relsql.template import ir
 
 _views = itertools.count()
@@ -74,25 +85,28 @@ class BatchGrounder(_Grounder):
     """Key tables once, groundings per batch. Not thread-safe: use it from one thread at a time."""
 
     def __init__(self, template: ir.Template, db: Database, output: str, presets: Presets | None = None,
-                 fanout: dict[str, int] | int | None = None, seed: int = 0, progress: bool | None = None):
-        super().__init__(template, db, presets or Presets())
+                 fanout: dict[str, int] | int | None = None, seed: int = 0, progress: bool | None = None,
+                 max_groundings: int | None = None):
+        """`max_groundings`: a rule the database estimates beyond it is refused before it runs
+        (default relsql.ground.execute.MAX_GROUNDINGS); on an error or Ctrl-C no temp table stays."""
+        super().__init__(template, db, presets or Presets(), max_groundings)
         self.output, self.seed = output, seed
         self.order = needed_relations(template, output)
         self.fanout = fanout
         self.stored = database_embeddings(template)
         self.prepared: dict[str, list[_PreparedRule]] = {}
-        from relsql.ground.execute import _progress
-
-        bar = _progress(self.order, progress)
-        with db.frozen_schema():
-            for name in bar:
-                self._prepare(template.relations[name])
-        self.sizes = {name: db.scalar(exp.select(exp.Count(this=exp.Star())).from_(self.key_tables[name].copy()))[0]
-                      for name in self.order}
-        if self.sizes[output] == 0:
-            raise GroundingError(f"relation {output} has no rows: none of its statements has groundings")
-        self.dictionary_tables = {w: db.arrow(exp.select(exp.Star()).from_(t.copy()).order_by(q.col("code")))
-                                  for w, t in self.dictionaries.items()}
+        with interruptible(db), self.cleanup_on_error():
+            with db.frozen_schema():
+                bar = _progress(self.order, progress)
+                for name in bar:
+                    bar.set_postfix_str(name)
+                    self._prepare(template.relations[name])
+            self.sizes = {name: db.scalar(exp.select(exp.Count(this=exp.Star())).from_(self.key_tables[name].copy()))[0]
+                          for name in self.order}
+            if self.sizes[output] == 0:
+                raise GroundingError(f"relation {output} has no rows: none of its statements has groundings")
+            self.dictionary_tables = {w: db.arrow(exp.select(exp.Star()).from_(t.copy()).order_by(q.col("code")))
+                                      for w, t in self.dictionaries.items()}
 
     # -- setup ---------------------------------------------------------------------------------
     def _prepare(self, relation: ir.Relation) -> None:
@@ -125,6 +139,10 @@ class BatchGrounder(_Grounder):
     # -- one batch -----------------------------------------------------------------------------
     def ground(self, rids: np.ndarray, sample: int = 0) -> BatchGrounding:
         """The grounding of the output rows with global ids `rids`; `sample` reseeds fan-out sampling."""
+        with interruptible():  # a batch's queries are small: DuckDB's own Ctrl-C check suffices
+            return self._ground(rids, sample)
+
+    def _ground(self, rids: np.ndarray, sample: int) -> BatchGrounding:
         demand: dict[str, torch.Tensor] = {self.output: torch.unique(torch.from_numpy(np.array(rids, dtype=np.int64)))}  # a copy: Arrow arrays are read-only
         fetched: dict[str, list[tuple[_PreparedRule, pa.Table]]] = {}
         for name in reversed(self.order):
@@ -198,7 +216,10 @@ class BatchGrounder(_Grounder):
                               embedding_keys=embedding_keys)
 
 
-def _grounding_error(relation: ir.Relation, rule: ir.Rule, err: Exception) -> Exception:
+def _grounding_error(relation: ir.Relation, rule: ir.Rule, err: BaseException) -> BaseException:
+    """The database's error `err` while grounding `rule` as relsql's; Ctrl-C stays an interrupt."""
+    if _interrupted(err):
+        return KeyboardInterrupt(f"grounding interrupted ({relation.name}, {rule.origin})")
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     if isinstance(err, duckdb.CatalogException | duckdb.BinderException):
         return SchemaError(f"{relation.name}, {rule.origin}: {first}. Check the table and column names and join conditions.")

@@ -8,9 +8,15 @@ Arrow table (a slice per rule) whose columns become torch tensors without copies
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
+import re
+import signal
+import socket
+import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import duckdb
@@ -20,12 +26,26 @@ import pyarrow.compute as pc
 import sqlglot.expressions as exp
 import torch
 
+from relsql import arguments
 from relsql.db import Database, to_tensor
-from relsql.errors import GroundingError, SchemaError
+from relsql.errors import GroundingError, RelsqlError, SchemaError
 from relsql.ground import query as q
 from relsql.template import ir
 
 PADDING_CELLS = 1 << 24  # at most this many empty cells (other rules' columns) in one index query's result
+
+# A rule whose estimated groundings exceed this is refused before it runs (`max_groundings=` raises
+# it). 10^8 groundings are ~3 GB of index columns alone in a full batch (head and one body row id,
+# 8 bytes each, in DuckDB's table and in Arrow) and 25 GB more for one width-64 float32 message per
+# grounding; DuckDB materializes them in seconds to a minute. Past that, a rule is far more often
+# a join missing its condition (a cross join: 10^10 groundings for two 100k-row tables) than meant.
+MAX_GROUNDINGS = 10**8
+
+# Plan operators whose output is bounded only by the product of their inputs' (joins without an
+# equality condition, for which DuckDB's own estimate is absent or far too low).
+_PRODUCT_JOINS = frozenset({"CROSS_PRODUCT", "NESTED_LOOP_JOIN", "BLOCKWISE_NL_JOIN", "PIECEWISE_MERGE_JOIN", "IE_JOIN"})
+
+log = logging.getLogger("relsql")
 
 
 class GroundingWarning(UserWarning):
@@ -78,30 +98,216 @@ class Presets:
 
 
 def ground(template: ir.Template, db: Database, *, presets: Presets | None = None,
-           progress: bool | None = None) -> Grounding:
-    """Ground every relation of `template` in dependency order (a progress bar on a terminal)."""
-    grounder = _Grounder(template, db, presets or Presets())
+           progress: bool | None = None, max_groundings: int | None = None) -> Grounding:
+    """Ground every relation of `template` in dependency order (a progress bar on a terminal, log
+    lines otherwise). A rule estimated at more than `max_groundings` groundings is refused before it
+    runs; on an error or Ctrl-C the temp tables made so far are dropped."""
+    grounder = _Grounder(template, db, presets or Presets(), max_groundings)
     order = template.order()
-    bar = _progress(order, progress)
     seconds = {}
-    with db.frozen_schema():  # relsql only adds temp tables while grounding
+    with interruptible(db), grounder.cleanup_on_error(), db.frozen_schema():  # relsql only adds temp tables
+        bar = _progress(order, progress)
         for name in bar:
-            if hasattr(bar, "set_postfix_str"):
-                bar.set_postfix_str(name)
+            bar.set_postfix_str(name)
             started = time.perf_counter()
             grounder.relation(template.relations[name])
             seconds[name] = time.perf_counter() - started
-    dictionaries = {w: db.arrow(exp.select(exp.Star()).from_(t.copy()).order_by(q.col("code")))
-                    for w, t in grounder.dictionaries.items()}
+            if seconds[name] >= 1.0:
+                log.info("grounding: %s, %d rows, %d groundings in %.1fs", name, grounder.relations[name].size,
+                         sum(r.size for r in grounder.relations[name].rules), seconds[name])
+        dictionaries = {w: db.arrow(exp.select(exp.Star()).from_(t.copy()).order_by(q.col("code")))
+                        for w, t in grounder.dictionaries.items()}
     return Grounding(grounder.relations, dictionaries, grounder.feature_stats, seconds)
 
 
-def _progress(items: list[str], enabled: bool | None):
-    if enabled is False:
-        return items
-    from tqdm.auto import tqdm
+class _Progress:
+    """Relations being grounded: a tqdm bar on a terminal, whose clock a watcher thread keeps
+    ticking while one relation takes long; without a bar, a log line when a relation is still
+    running after 10 s, 30 s, 1 min, 2 min, 4 min... (a few lines, not one per second)."""
 
-    return tqdm(items, desc="grounding", unit="relation", disable=None if enabled is None else not enabled, leave=False)
+    FIRST_LINES = (10.0, 30.0, 60.0)
+
+    def __init__(self, items: list[str], enabled: bool | None, what: str = "grounding"):
+        self.items, self.what = items, what
+        self.bar = None
+        if enabled is not False:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=len(items), desc=what, unit="relation", disable=None if enabled is None else not enabled, leave=False)
+            if self.bar.disable:
+                self.bar = None
+        self.current: tuple[str, float] | None = None
+
+    def set_postfix_str(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(text)
+
+    def __iter__(self) -> Iterator[str]:
+        stop = threading.Event()
+        watcher = threading.Thread(target=self._watch, args=(stop,), name="relsql-progress", daemon=True)
+        watcher.start()
+        try:
+            for item in self.items:
+                self.current = (item, time.monotonic())
+                yield item
+                if self.bar is not None:
+                    self.bar.update(1)
+        finally:
+            stop.set()
+            if self.bar is not None:
+                self.bar.close()
+
+    def _watch(self, stop: threading.Event) -> None:
+        said: tuple[str, float] | None = None
+        delay = 0
+        while not stop.wait(1.0):
+            if self.bar is not None:
+                self.bar.refresh()  # tqdm redraws only on update: keep the elapsed time moving
+                continue
+            current = self.current
+            if current is None:
+                continue
+            if current is not said:
+                said, delay = current, 0
+            elapsed = time.monotonic() - current[1]
+            due = self.FIRST_LINES[delay] if delay < len(self.FIRST_LINES) else self.FIRST_LINES[-1] * 2 ** (delay - len(self.FIRST_LINES) + 1)
+            if elapsed >= due:
+                log.info("%s: %s still running after %.0fs (Ctrl-C stops it)", self.what, current[0], elapsed)
+                delay += 1
+
+
+def _progress(items: list[str], enabled: bool | None, what: str = "grounding") -> Iterable[str]:
+    """`items`, iterated with progress shown (see `_Progress`); `enabled` False: no bar, log lines only."""
+    return _Progress(list(items), enabled, what)
+
+
+def _interrupted(err: BaseException) -> bool:
+    """Whether `err` is DuckDB's answer to Ctrl-C: its Python client turns SIGINT during a query
+    into RuntimeError('Query interrupted'), and `con.interrupt()` into an InterruptException."""
+    return isinstance(err, duckdb.InterruptException) or (
+        type(err) is RuntimeError and str(err).strip() == "Query interrupted")
+
+
+class _CtrlC:
+    """Interrupts `con`'s running query the moment SIGINT arrives. DuckDB's Python client looks for
+    Ctrl-C only between the tasks that the main thread itself runs, and one task of a large join
+    took it minutes; the signal's byte on Python's wakeup fd reaches this thread at once."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, reader: socket.socket, writer: socket.socket, previous: int):
+        self.con, self.reader, self.writer, self.previous = con, reader, writer, previous
+        self.thread = threading.Thread(target=self._watch, name="relsql-ctrl-c", daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def start(cls, db: Database | None) -> _CtrlC | None:
+        """A watcher for `db`'s DuckDB connection; None where another one (or an event loop) holds
+        the wakeup fd, off the main thread, or for another engine."""
+        con = getattr(db, "con", None)
+        if not isinstance(con, duckdb.DuckDBPyConnection) or threading.current_thread() is not threading.main_thread():
+            return None
+        reader, writer = socket.socketpair()
+        writer.setblocking(False)
+        try:
+            previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        except ValueError:
+            previous = None
+        if previous != -1:  # not ours to take: put it back, DuckDB's own check still stops the query
+            if previous is not None:
+                signal.set_wakeup_fd(previous)
+            reader.close()
+            writer.close()
+            return None
+        return cls(con, reader, writer, previous)
+
+    def _watch(self) -> None:
+        while True:
+            try:
+                received = self.reader.recv(64)
+            except OSError:
+                return
+            if not received:  # closed by stop()
+                return
+            if signal.SIGINT in received:
+                self.con.interrupt()
+
+    def stop(self) -> None:
+        signal.set_wakeup_fd(self.previous)
+        self.writer.close()
+        self.thread.join()
+        self.reader.close()
+
+
+@contextlib.contextmanager
+def interruptible(db: Database | None = None, what: str = "grounding") -> Iterator[None]:
+    """Ctrl-C stops `db`'s running query at once (see `_CtrlC`) and reaches the caller as
+    KeyboardInterrupt (DuckDB's RuntimeError or InterruptException would otherwise look like an
+    internal or a grounding error)."""
+    watcher = _CtrlC.start(db)
+    try:
+        yield
+    except KeyboardInterrupt as err:
+        if err.args:
+            raise
+        raise KeyboardInterrupt(f"{what} interrupted") from None
+    except (duckdb.Error, RuntimeError) as err:
+        if _interrupted(err):
+            raise KeyboardInterrupt(f"{what} interrupted") from None
+        raise
+    finally:
+        if watcher is not None:
+            watcher.stop()
+
+
+def groundings_limit(value: object) -> int:
+    """The `max_groundings=` argument, checked; None is the default (MAX_GROUNDINGS)."""
+    return MAX_GROUNDINGS if value is None else arguments.integer("max_groundings", value)
+
+
+def estimate_rows(db: Database, query: exp.Query) -> int | None:
+    """The engine's cheap estimate of the most rows any step of `query` produces (its largest join),
+    without running it; None where the engine cannot tell. An engine provides its own as the
+    database handle's `estimate_rows(query)` method; a DuckDB connection is asked for its plan."""
+    own = getattr(db, "estimate_rows", None)
+    if callable(own):
+        return own(query)
+    if isinstance(db.con, duckdb.DuckDBPyConnection):
+        return duckdb_plan_rows(db.con, query.sql("duckdb"))
+    return None
+
+
+def duckdb_plan_rows(con: duckdb.DuckDBPyConnection, sql: str) -> int | None:
+    """The largest row count of any operator in DuckDB's plan of `sql` (its EXPLAIN, well under a
+    millisecond: nothing runs). A join without an equality condition counts as the product of its
+    inputs (DuckDB gives none, or far too few for an inequality join). None: no estimate."""
+    try:
+        rows = con.execute("EXPLAIN (FORMAT JSON) " + sql).fetchall()  # `sql` is sqlglot's, never user text
+        plans = json.loads(rows[0][1]) if rows else []
+    except duckdb.Error as err:
+        if _interrupted(err):
+            raise
+        return None  # the query itself will fail with a message naming the rule
+    except (ValueError, IndexError, TypeError):
+        return None
+    peaks = [_plan_rows(plan)[1] for plan in plans if isinstance(plan, dict)]
+    known = [p for p in peaks if p is not None]
+    return max(known) if known else None
+
+
+def _plan_rows(node: dict) -> tuple[int | None, int | None]:
+    """(estimated output rows, largest estimate in the subtree) of one plan operator."""
+    children = [_plan_rows(c) for c in node.get("children", []) if isinstance(c, dict)]
+    text = str((node.get("extra_info") or {}).get("Estimated Cardinality", "")) if isinstance(node.get("extra_info"), dict) else ""
+    digits = re.sub(r"[^0-9]", "", text)
+    rows = int(digits) if digits else None
+    if node.get("name") in _PRODUCT_JOINS and children and all(out is not None for out, _ in children):
+        product = 1
+        for out, _ in children:
+            product *= out
+        rows = max(rows or 0, product)
+    elif rows is None and len(children) == 1:
+        rows = children[0][0]  # a pass-through operator
+    peaks = [p for p in (rows, *(peak for _, peak in children)) if p is not None]
+    return rows, max(peaks) if peaks else None
 
 
 def _run(db: Database, statement: exp.Expression, rule: ir.Rule) -> pa.Table | int | None:
@@ -114,6 +320,8 @@ def _reported(db: Database, rule: ir.Rule) -> Iterator[None]:
     """The database's errors within the block as relsql's, naming the rule they are reported for."""
     try:
         yield
+    except duckdb.InterruptException:
+        raise KeyboardInterrupt("grounding interrupted") from None
     except duckdb.CatalogException as err:
         raise SchemaError(f"{rule.head}, {rule.origin}: {_first_line(err)}. Check the table and column names against the database ({db.description}).") from None
     except duckdb.BinderException as err:
@@ -128,6 +336,8 @@ def _run_rules(db: Database, statement: exp.Expression, relation: str,
     try:
         return db.run(statement)
     except duckdb.Error as err:
+        if _interrupted(err):
+            raise KeyboardInterrupt("grounding interrupted") from None
         for rule, select in rules:  # the first rule whose query fails alone raises its own message
             _run(db, exp.select(exp.Count(this=exp.Star())).from_(q.alias(exp.Subquery(this=select.copy()), "s", table=True)), rule)
         raise GroundingError(f"relation {relation}: the database could not enumerate the groundings: {_first_line(err)}") from None
@@ -162,28 +372,71 @@ def _refuse_shadowing(template: ir.Template, db: Database) -> None:
 
 
 class _Grounder:
-    def __init__(self, template: ir.Template, db: Database, presets: Presets):
+    def __init__(self, template: ir.Template, db: Database, presets: Presets, limit: int | None = None):
         self.template, self.db, self.presets = template, db, presets
+        self.max_groundings = groundings_limit(limit)
         self.relations: dict[str, RelationGrounding] = {}
         self.key_tables: dict[str, exp.Table] = {}
         self.dictionaries: dict[str, exp.Table] = {}
         self.feature_stats: dict[str, dict] = {}
+        self.temps: list[exp.Table] = []  # every temp table this grounder names, dropped if it fails
         if template.language == "sql":
             _refuse_shadowing(template, db)
 
+    def temp_table(self, kind: str, name: str) -> exp.Table:
+        """A temp table of the database's, remembered so that a failed grounding can drop it."""
+        table = self.db.temp_table(kind, name)
+        self.temps.append(table)
+        return table
+
+    def drop_temps(self) -> None:
+        """Drop the temp tables made so far (best effort: the database may refuse after an error,
+        e.g. in the user's aborted transaction; they are temporary and go with the connection)."""
+        for table in reversed(self.temps):
+            try:
+                self.db.execute(exp.Drop(tables=[table.copy()], kind="TABLE", exists=True))
+            except (duckdb.Error, RuntimeError, RelsqlError):
+                pass
+        self.temps.clear()
+
+    @contextlib.contextmanager
+    def cleanup_on_error(self) -> Iterator[None]:
+        """On any error or interrupt within the block, no temp table of this grounding stays."""
+        try:
+            yield
+        except BaseException:
+            self.drop_temps()
+            raise
+
     def rule_select(self, relation: ir.Relation, rule: ir.Rule) -> exp.Select | None:
-        """A rule's body query, neural relations read through their key tables (None: no groundings)."""
+        """A rule's body query, neural relations read through their key tables (None: no groundings);
+        refused if the database estimates more groundings than `max_groundings`."""
         select = rule.query(self.db) if callable(rule.query) else rule.query.copy()
         if select is None:
             warnings.warn(f"{relation.name}, {rule.origin}: a body predicate has no table; the rule has no groundings", GroundingWarning, stacklevel=5)
             return None
         select = q.substitute_relations(select, self.key_tables)
-        return select.distinct(copy=False) if rule.distinct else select
+        select = select.distinct(copy=False) if rule.distinct else select
+        self.check_size(relation, rule, select)
+        return select
+
+    def check_size(self, relation: ir.Relation, rule: ir.Rule, select: exp.Select) -> None:
+        """Refuse a rule whose grounding the database estimates beyond `max_groundings`, before it
+        runs: a join without its condition would otherwise run for hours and fill memory or disk."""
+        estimate = estimate_rows(self.db, select)
+        if estimate is None or estimate <= self.max_groundings:
+            return
+        raise GroundingError(
+            f"{relation.name}, {rule.origin}: the database estimates about {estimate:,} groundings for this rule "
+            f"(its largest join step), more than max_groundings={self.max_groundings:,}. A join without an "
+            "equality condition (a cross join, or only <, >, <> between tables) pairs every row with every row: add "
+            "the join condition (JOIN ... ON a.key = b.key, or a shared variable in Datalog). If the rule is meant "
+            "to be this large, pass a larger max_groundings= (relsql.Model(..., max_groundings=...), relsql.compile(...))")
 
     def key_table(self, relation: ir.Relation, sources: list[tuple[ir.Rule, exp.Expression]]) -> exp.Table:
         """The relation's distinct heads over its groundings (`sources`: tables with `_h*` head
         columns, each with the rule an error is reported for), numbered 0..n-1 (`_rid`), as a temp table."""
-        keys_table = self.db.temp_table("k", relation.name)
+        keys_table = self.temp_table("k", relation.name)
         if sources and relation.keys:
             with _reported(self.db, sources[0][0]):
                 distinct = q.distinct_keys([t for _, t in sources], relation.keys)
@@ -205,7 +458,7 @@ class _Grounder:
             select = self.rule_select(relation, rule)
             if select is not None:
                 grounded.append((index, rule, select))
-        groundings, rows = db.temp_table("g", relation.name), 0
+        groundings, rows = self.temp_table("g", relation.name), 0
         if grounded:
             statement = q.create_temp(groundings, q.relation_groundings(
                 [(index, select, n_keys, len(rule.refs), rule.n_columns) for index, rule, select in grounded]))
@@ -307,7 +560,7 @@ class _Grounder:
         tables = self.dictionaries if tables is None else tables
         table = tables.get(weight)
         if table is None:
-            table = db.temp_table("d", weight.replace(".", "_"))
+            table = self.temp_table("d", weight.replace(".", "_"))
             first = exp.select(q.alias(q.col(column), "value"), q.alias(q.integer(0), "code")).from_(source.copy()).where(exp.false())
             _run(db, q.create_temp(table.copy(), first), rule)
             preset = self.presets.dictionaries.get(weight)
