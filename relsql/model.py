@@ -32,7 +32,7 @@ from relsql.db import Database, first_line, free_name, lost_connection
 from relsql.errors import RelsqlError, SchemaError, SourceError
 from relsql.ground import query as q
 from relsql.ground.demand import BatchGrounder, database_embeddings
-from relsql.ground.execute import Presets, ground
+from relsql.ground.execute import Presets, ground, groundings_limit
 from relsql.ground.store import GroundingStore, fingerprint
 from relsql.template.ir import Template
 from relsql.train import baselines, checks, gradients, guards, saved
@@ -94,7 +94,8 @@ class Model:
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", progress: bool | None = None,
                  batch_size: int | None = None, fanout: dict[str, int] | int | None = None,
                  embedding_optimizer: str | None = None, embedding_lr: float = 0.1, allow_target_inputs: bool = False,
-                 threads: int | None = None, store: str | Path | bool | None = None):
+                 threads: int | None = None, store: str | Path | bool | None = None,
+                 max_groundings: int | None = None):
         """`batch_size` (target rows per batch) trains on mini-batches: the database grounds every
         relation once, in bulk, into a grounding store on disk (`store`: a folder to keep it in
         and reuse while the data is unchanged; default a temporary one; False grounds every batch
@@ -107,7 +108,8 @@ class Model:
         A template that reads the target column (or a copy of it) is refused unless
         `allow_target_inputs=True`: a model that sees its label learns nothing. `threads`: torch's
         threads while this model trains and predicts (default: half the cores, see
-        relsql/train/threads.py); torch's own setting is restored afterwards."""
+        relsql/train/threads.py); torch's own setting is restored afterwards. A rule the database
+        estimates at more than `max_groundings` groundings (default 10^8) is refused before it runs."""
         if not isinstance(db, Database):
             raise RelsqlError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
         self.db = db
@@ -132,6 +134,7 @@ class Model:
         self.embedding_optimizer = arguments.choice("embedding_optimizer", embedding_optimizer, (None, "adagrad", "sgd"))
         self.embedding_lr = arguments.number("embedding_lr", embedding_lr, positive=True)
         self.threads = None if threads is None else arguments.integer("threads", threads, maximum=1024)
+        self.max_groundings = groundings_limit(max_groundings)
         arguments.choice("task", task, (None, "binary", "multiclass", "regression"))
         self.batched: Batched | None = None
         if not allow_target_inputs:
@@ -172,7 +175,8 @@ class Model:
             self.output_rows = self.batched.grounder.sizes[self.output]
             plan = probe.plan
         else:
-            grounding = ground(self.template, self.db, presets=presets, progress=self.progress)
+            grounding = ground(self.template, self.db, presets=presets, progress=self.progress,
+                               max_groundings=self.max_groundings)
             self.timings["grounding"] = time.perf_counter() - started
             log.info("grounded %d relations in %.2fs; planning", len(grounding.relations), self.timings["grounding"])
             started = time.perf_counter()
@@ -234,7 +238,7 @@ class Model:
 
     def _batched(self, presets: Presets) -> Batched:
         grounder = BatchGrounder(self.template, self.db, self.output, presets, fanout=self.fanout, seed=self.seed,
-                                 progress=self.progress)
+                                 progress=self.progress, max_groundings=self.max_groundings)
         store = None
         if self.store is not False:
             started = time.perf_counter()
@@ -752,7 +756,7 @@ class Model:
         model.dtype, model.device, model.progress = state.dtype, arguments.device(device), None
         model.history, model.best_epoch, model.timings = state.history, state.best_epoch, {}
         model.batch_size, model.fanout, model.threads = batch_size or state.batch_size, state.fanout, None
-        model.store = True
+        model.store, model.max_groundings = True, groundings_limit(None)
         model.embedding_optimizer, model.embedding_lr = state.embedding_optimizer, state.embedding_lr
         model.batched = None
         model._build(state.presets, state.task, split=state.split)

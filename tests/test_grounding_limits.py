@@ -218,3 +218,36 @@ def test_ctrl_c_stops_a_long_grounding_cleanly(big, tmp_path, mode):
     con = duckdb.connect(str(path), read_only=True)
     assert table_hashes(con) == before
     con.close()
+
+
+def test_the_cli_takes_max_groundings(tmp_path, capsys):
+    from relsql.cli import main
+
+    path = tmp_path / "pairs.duckdb"
+    make_pairs(path, 300, 200)
+    template = tmp_path / "cross.sql"
+    template.write_text(CROSS.replace("sum(linear(b.x, 2, 'w'))", "linear(sum(b.x), 1, 'w')"))
+    common = [str(path), "--template", str(template)]
+    assert main(["explain", *common, "--max-groundings", "1000"]) == 1
+    err = capsys.readouterr().err
+    assert "about 60,000 groundings" in err and "max_groundings=1,000" in err and "Traceback" not in err
+    assert main(["explain", *common, "--max-groundings", "60000"]) == 0
+    assert main(["train", *common, "--target", "a.label", "--epochs", "1", "--model", str(tmp_path / "m.pt"),
+                 "--max-groundings", "1000"]) == 1
+    assert "about 60,000 groundings" in capsys.readouterr().err
+    assert main(["train", *common, "--target", "a.label", "--epochs", "1", "--model", str(tmp_path / "m.pt"),
+                 "--max-groundings", "0"]) == 2
+
+
+@pytest.mark.parametrize("batch_size", [None, 100])
+def test_a_model_takes_max_groundings(tmp_path, batch_size):
+    path = tmp_path / "pairs.duckdb"
+    make_pairs(path, 300, 200)
+    template = relsql.Template.from_sql(CROSS.replace("sum(linear(b.x, 2, 'w'))", "linear(sum(b.x), 1, 'w')"))
+    with relsql.connect(path) as db:
+        with pytest.raises(GroundingError, match="about 60,000 groundings.*max_groundings=59,999"):
+            relsql.Model(db, template, target="a.label", progress=False, batch_size=batch_size, max_groundings=59_999)
+        model = relsql.Model(db, template, target="a.label", progress=False, batch_size=batch_size, max_groundings=60_000)
+        assert model.predict().height == 300
+        with pytest.raises(RelsqlError, match="max_groundings"):
+            relsql.Model(db, template, target="a.label", progress=False, max_groundings=-5)

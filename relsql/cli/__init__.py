@@ -68,7 +68,7 @@ def _explain(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(), relsql.connect(args.db, read_only=True) as db:
         warnings.simplefilter("ignore")
         if args.batch_size is None:
-            net = relsql.compile(template, db)
+            net = relsql.compile(template, db, max_groundings=args.max_groundings)
             print(f"-- grounded and compiled in {time.perf_counter() - started:.2f}s")
             print(net.explain())
             return 0
@@ -79,7 +79,7 @@ def _explain(args: argparse.Namespace) -> int:
         from relsql.train.batched import PASSES
 
         output = args.output or template.output
-        grounder = BatchGrounder(template, db, output)
+        grounder = BatchGrounder(template, db, output, max_groundings=args.max_groundings)
         store = GroundingStore.open(grounder)
         print(f"-- key tables and grounding store of `{output}` built in {time.perf_counter() - started:.2f}s")
         print(store.describe(args.batch_size))
@@ -131,7 +131,7 @@ def _train(args: argparse.Namespace) -> int:
             _writable_table(db, args.predictions, args.replace, "--predictions")
         model = relsql.Model(db, args.template, target=args.target, output=args.output, time_column=args.time_column,
                              seed=args.seed, task=args.task, batch_size=args.batch_size, threads=args.threads,
-                             allow_target_inputs=args.allow_target_inputs)
+                             allow_target_inputs=args.allow_target_inputs, max_groundings=args.max_groundings)
         model.fit(epochs=args.epochs, lr=args.lr, patience=args.patience, checkpoint=args.checkpoint,
                   resume=args.checkpoint is not None, workers=args.workers)
         path = model.save(args.model)
@@ -178,6 +178,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     explain.add_argument("--batch-size", type=positive_int,
                          help="show the grounding store mini-batches of this many output rows read from, and one batch's plan")
     explain.add_argument("--output", help="the output relation the batches are of (default: the template's last relation)")
+    explain.add_argument("--max-groundings", type=positive_int, help=MAX_GROUNDINGS_HELP)
     explain.set_defaults(run=_explain)
     template = command("template", "write an editable SQL template for a target from keys and foreign keys")
     template.add_argument("db", type=database, help=DB_KINDS)
@@ -222,6 +223,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     train.add_argument("--predictions", type=table_name, help="also write predictions to this new table")
     train.add_argument("--replace", action="store_true", help="replace an existing table of predictions (never a table of data)")
     train.add_argument("--threads", type=positive_int, help=THREADS_HELP)
+    train.add_argument("--max-groundings", type=positive_int, help=MAX_GROUNDINGS_HELP)
     train.add_argument("--workers", type=positive_int, default=1,
                        help="train data-parallel on this many processes, each a share of every batch (default 1)")
     train.add_argument("--allow-target-inputs", action="store_true",
@@ -254,6 +256,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
 
 THREADS_HELP = ("threads for DuckDB and for torch (default: DuckDB one per core, torch half the cores: on a busy "
                 "machine more torch threads were 20x slower)")
+MAX_GROUNDINGS_HELP = ("refuse a rule the database estimates at more groundings than this before it runs (default 10^8: "
+                       "more is usually a missing join condition)")
 
 
 @contextlib.contextmanager

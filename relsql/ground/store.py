@@ -67,7 +67,7 @@ from relsql.db import TEMP_PREFIX
 from relsql.errors import RelsqlError
 from relsql.ground import query as q
 from relsql.ground.demand import BatchGrounder, BatchGrounding, _grounding_error, _PreparedRule
-from relsql.ground.execute import RelationGrounding, RuleGrounding, _progress
+from relsql.ground.execute import RelationGrounding, RuleGrounding, _progress, interruptible
 from relsql.ground.parts import HashedFile, PartWriter, io_error, part_files
 from relsql.template import ir
 from relsql.textfile import read_text
@@ -741,7 +741,8 @@ def _build(grounder: BatchGrounder, folder: Path, mark: str, progress: bool | No
     the build folder goes (a full disk is freed) and an OS error becomes a RelsqlError."""
     build = _new_build(folder)
     try:
-        manifest = _write_store(grounder, build, mark, progress)
+        with interruptible(grounder.db, "grounding store build"):  # Ctrl-C stops DuckDB's query at once
+            manifest = _write_store(grounder, build, mark, progress)
         manifest["seal"] = _seal(manifest)
         staged = HashedFile(build / MANIFEST)
         staged.write(json.dumps(manifest, indent=1).encode())
