@@ -1,48 +1,68 @@
-"""Metrics computed with numpy (no scikit-learn dependency); each returns a float."""
+"""Metrics of predictions against labels; each returns a float (nan where undefined).
+
+numpy and scipy only (both runtime dependencies): scikit-learn would be a heavy install for the demo,
+and these give its values (tests/test_metrics.py uses it as the oracle). bench/metrics.py times them.
+"""
 
 from __future__ import annotations
 
 import numpy as np
+from scipy.stats import rankdata
 
 
 def accuracy(y: np.ndarray, predicted: np.ndarray) -> float:
+    """Share of rows predicted exactly."""
     return float((y == predicted).mean()) if len(y) else float("nan")
 
 
 def roc_auc(y: np.ndarray, score: np.ndarray) -> float:
-    """Area under the ROC curve for 0/1 labels, by average ranks (ties count half)."""
-    positives = int(y.sum())
+    """Area under the ROC curve for 0/1 labels (Mann–Whitney U over average ranks, so ties count
+    half); scipy's vectorised rankdata replaces a Python loop over runs of tied scores (5x faster
+    at 300k rows). A NaN score has no rank, so its AUC is nan."""
+    positive = y == 1
+    positives = int(positive.sum())
     negatives = len(y) - positives
-    if positives == 0 or negatives == 0:
+    if positives == 0 or negatives == 0 or np.isnan(score).any():
         return float("nan")
-    order = np.argsort(score, kind="mergesort")
-    ranks = np.empty(len(score))
-    sorted_scores = score[order]
-    start = 0
-    while start < len(score):  # average rank over each run of tied scores
-        end = start
-        while end + 1 < len(score) and sorted_scores[end + 1] == sorted_scores[start]:
-            end += 1
-        ranks[order[start:end + 1]] = (start + end) / 2 + 1
-        start = end + 1
-    return float((ranks[y == 1].sum() - positives * (positives + 1) / 2) / (positives * negatives))
+    ranks = rankdata(score)  # average rank over each run of tied scores
+    return float((ranks[positive].sum() - positives * (positives + 1) / 2) / (positives * negatives))
 
 
 def f1(y: np.ndarray, predicted: np.ndarray, classes: int = 2) -> float:
-    """F1 of the positive class for two classes, macro F1 over classes otherwise."""
-    labels = [1] if classes == 2 else range(classes)
-    scores = []
-    for c in labels:
-        tp = float(((predicted == c) & (y == c)).sum())
-        fp = float(((predicted == c) & (y != c)).sum())
-        fn = float(((predicted != c) & (y == c)).sum())
-        scores.append(2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0)
-    return float(np.mean(scores))
+    """F1 of the positive class for two classes, macro F1 over classes otherwise (a class with no
+    true or predicted row scores 0)."""
+    if classes == 2:
+        return _f1_binary(y, predicted)
+    return float(np.mean(_f1_by_class(y, predicted, classes)))
+
+
+def _f1_binary(y: np.ndarray, predicted: np.ndarray) -> float:
+    """F1 of class 1: three vectorised counts (faster than bincount for one class)."""
+    true, guessed = y == 1, predicted == 1
+    tp = float((true & guessed).sum())
+    denominator = float(true.sum()) + float(guessed.sum())  # 2tp + fp + fn
+    return 2 * tp / denominator if denominator else 0.0
+
+
+def _f1_by_class(y: np.ndarray, predicted: np.ndarray, classes: int) -> np.ndarray:
+    """F1 of each class 0..classes-1, counted with bincount in one pass per array rather than
+    three passes per class; a label that is not a class index counts only against the others."""
+    def counts(labels: np.ndarray) -> np.ndarray:
+        index = labels.astype(np.int64)
+        if len(index) and (index.min() < 0 or index.max() >= classes or (index != labels).any()):
+            index = index[(labels >= 0) & (labels < classes) & (index == labels)]  # rare: drop non-classes
+        return np.bincount(index, minlength=classes).astype(np.float64)
+
+    tp = counts(y[y == predicted])
+    denominator = counts(predicted) + counts(y)  # 2tp + fp + fn
+    return np.divide(2 * tp, denominator, out=np.zeros(classes), where=denominator > 0)
 
 
 def mae(y: np.ndarray, predicted: np.ndarray) -> float:
+    """Mean absolute error."""
     return float(np.abs(y - predicted).mean()) if len(y) else float("nan")
 
 
 def rmse(y: np.ndarray, predicted: np.ndarray) -> float:
+    """Root mean squared error."""
     return float(np.sqrt(((y - predicted) ** 2).mean())) if len(y) else float("nan")

@@ -1,0 +1,87 @@
+"""relsql.train.metrics against scikit-learn as the oracle, on seeded random labels (with ties,
+constant scores, classes nobody predicts and labels outside the classes)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from sklearn import metrics as oracle
+
+from relsql.train import metrics
+
+SEEDS = range(6)
+
+
+def _binary(seed: int, rows: int = 2_000) -> tuple[np.ndarray, np.ndarray]:
+    """0/1 labels as float64 (as Task.scores passes them) and scores that lean towards them."""
+    rng = np.random.default_rng(seed)
+    y = (rng.random(rows) < rng.uniform(0.05, 0.6)).astype(np.float64)
+    return y, rng.normal(size=rows) + y * rng.uniform(0, 2)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("ties", [None, 1, 0])
+def test_roc_auc_is_sklearns(seed, ties):
+    y, score = _binary(seed)
+    if ties is not None:
+        score = score.round(ties)  # 0 decimals: a handful of distinct scores, long runs of ties
+    assert metrics.roc_auc(y, score) == pytest.approx(oracle.roc_auc_score(y, score), abs=1e-12)
+
+
+def test_roc_auc_of_constant_scores_is_one_half_and_of_one_class_is_nan():
+    y, _ = _binary(0)
+    assert metrics.roc_auc(y, np.zeros(len(y))) == oracle.roc_auc_score(y, np.zeros(len(y))) == 0.5
+    assert math.isnan(metrics.roc_auc(np.ones(10), np.arange(10.0)))
+    assert math.isnan(metrics.roc_auc(np.zeros(10), np.arange(10.0)))
+
+
+def test_roc_auc_of_a_nan_score_is_nan():
+    """A NaN has no rank (scikit-learn refuses it); a number computed from it would be made up."""
+    y, score = _binary(1)
+    score[7] = np.nan
+    assert math.isnan(metrics.roc_auc(y, score))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_binary_f1_and_accuracy_are_sklearns(seed):
+    y, score = _binary(seed)
+    predicted = (score > 0.5).astype(np.float64)
+    assert metrics.f1(y, predicted) == pytest.approx(oracle.f1_score(y, predicted), abs=1e-12)
+    assert metrics.accuracy(y, predicted) == pytest.approx(oracle.accuracy_score(y, predicted), abs=1e-12)
+    assert metrics.f1(y, np.zeros(len(y))) == 0.0  # nothing predicted positive
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("classes", [3, 7, 50])
+def test_macro_f1_is_sklearns_over_all_classes(seed, classes):
+    """Macro F1 over classes 0..classes-1, those absent from both arrays scoring 0 as in
+    scikit-learn with zero_division=0; here the last class never occurs."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, classes - 1, 3_000).astype(np.float64)
+    predicted = np.where(rng.random(len(y)) < 0.5, y, rng.integers(0, classes - 1, len(y))).astype(np.float64)
+    expected = oracle.f1_score(y, predicted, labels=list(range(classes)), average="macro", zero_division=0)
+    assert metrics.f1(y, predicted, classes) == pytest.approx(expected, abs=1e-12)
+
+
+def test_macro_f1_counts_a_label_outside_the_classes_only_against_the_others():
+    y = np.array([0, 1, 2, 2, 5, 1.5, -1])
+    predicted = np.array([0, 1, 2, 5, 2, 1, 0], dtype=np.float64)
+    expected = oracle.f1_score(y.astype(str), predicted.astype(str), labels=["0.0", "1.0", "2.0"], average="macro",
+                               zero_division=0)
+    assert metrics.f1(y, predicted, 3) == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_mae_and_rmse_are_sklearns(seed):
+    rng = np.random.default_rng(seed)
+    y = rng.normal(size=1_000) * 10
+    predicted = y + rng.normal(size=1_000)
+    assert metrics.mae(y, predicted) == pytest.approx(oracle.mean_absolute_error(y, predicted), rel=1e-12)
+    assert metrics.rmse(y, predicted) == pytest.approx(oracle.root_mean_squared_error(y, predicted), rel=1e-12)
+
+
+@pytest.mark.parametrize("metric", [metrics.accuracy, metrics.mae, metrics.rmse, metrics.roc_auc])
+def test_no_rows_give_nan(metric):
+    assert math.isnan(metric(np.array([]), np.array([])))
