@@ -115,13 +115,22 @@ def cases(mutag, molecules, neuralogic_mutagenesis, shop) -> dict[str, Case]:
     return {name: Case(template, db) for name, (template, db) in templates(mutag, molecules, neuralogic_mutagenesis, shop).items()}
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_each_pass_alone_and_all_together(case, cases):
+def _case_and_pass() -> list:
+    """(case, pass) for every case and every pass alone (a pass RULES runs more than once is the same
+    pass alone), then (case, None): all passes together. Ids are 'case-pass' so that `-k fuse_affine`
+    selects one pass and `-k "gcn and all_passes"` one case."""
+    passes = [*dict.fromkeys(RULES), None]
+    return [pytest.param(case, rule, id=f"{case}-{rule.__name__ if rule else 'all_passes'}") for case in CASES for rule in passes]
+
+
+@pytest.mark.parametrize("case, rule", _case_and_pass())
+def test_each_pass_alone_and_all_together(case, rule, cases):
     case, name = cases[case], case
-    for rule in dict.fromkeys(RULES):  # a pass RULES runs more than once is the same pass alone
+    if rule is not None:
         assert_same(case.reference, case.run((rule,)), f"{name} with {rule.__name__}")
-    optimized = case.run(None)
-    assert_same(case.reference, optimized, f"{name} with all passes")
+    else:
+        optimized = case.run(None)
+        assert_same(case.reference, optimized, f"{name} with all passes")
 
 
 def _fired(net) -> dict[str, int]:
