@@ -38,7 +38,7 @@ a user wrote reaches SQL.
 
 from __future__ import annotations
 
-from relsql.predictive.parse import GRAMMAR, parse
-from relsql.predictive.query import TASK_COLUMNS, PredictiveQuery, QueryError, TaskTable, TimePath
+from relsql.predictive.parse import GRAMMAR
+from relsql.predictive.query import TASK_COLUMNS, PredictiveQuery, QueryError, TaskTable, TimePath, parse
 
 __all__ = ["GRAMMAR", "TASK_COLUMNS", "PredictiveQuery", "QueryError", "TaskTable", "TimePath", "parse"]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relsql.errors import RelsqlError
-from relsql.predictive.query import PredictiveQuery, QueryError, TimePath, ZonedTimeError, _when
+from relsql.predictive.terms import QueryError, TimePath, ZonedTimeError, when
 
 GRAMMAR = """\
 query      := aggregate OVER <integer> DAYS [comparison] FOR [EACH] entity [population] [time] AT snapshots
@@ -134,7 +134,7 @@ class _Parser:
             self.i += 1
             raw = token.text[1:-1].replace("''", "'") if token.kind == "string" else token.text
             try:
-                return _when(raw, "date")
+                return when(raw, "date")
             except ZonedTimeError as err:  # a valid time, but with an offset: say why it is refused
                 raise _error(self.text, token.at, f"{token.text} has a time zone, but the events' times hold none",
                              f"write it in the data's own clock without an offset, e.g. '{err.local}'") from None
@@ -142,7 +142,7 @@ class _Parser:
                 raise _error(self.text, token.at, f"{token.text} is not a valid date", fix) from None
         raise self.fail("a date such as 2020-01-31", fix)
 
-    def parse(self) -> PredictiveQuery:
+    def parse(self) -> dict[str, Any]:
         fields_: dict[str, Any] = {}
         head = self.keyword("COUNT", "SUM", fix="start with COUNT(<events>.*) or SUM(<events>.<column>)")
         self.punct("(", f"write {head}(<events>.{'*' if head == 'COUNT' else '<column>'})")
@@ -224,19 +224,13 @@ class _Parser:
             fields_["snapshots"] = tuple(dates)
         if self.peek.kind != "end":
             raise self.fail("the end of the query", "the snapshots come last; remove the rest or move it before AT")
-        try:
-            return PredictiveQuery(entity=entity, events=events, **fields_)
-        except RelsqlError as err:
-            raise QueryError(f"predictive query: {err}") from None
+        return {"entity": entity, "events": events, **fields_}
 
 
-def parse(text: str) -> PredictiveQuery:
-    """A `PredictiveQuery` from its one-line text form (grammar: `GRAMMAR`), parsed without eval.
-
-    `COUNT(orders.*) OVER 30 DAYS > 0 FOR customer AT EVERY 30 DAYS` asks, for each customer active
-    before each snapshot, whether it orders in the 30 days from the snapshot. An error names the
-    position (1-based) and the fix.
-    """
+def parse_fields(text: str) -> dict[str, Any]:
+    """The fields of a `PredictiveQuery` from its one-line text form (grammar: `GRAMMAR`), read
+    without eval; a syntax error names the position (1-based) and the fix. The fields' own checks
+    are the query's (relsql.predictive.query.parse builds it)."""
     if not isinstance(text, str) or not text.strip():
         raise QueryError("predictive query is empty; write e.g. COUNT(orders.*) OVER 30 DAYS > 0 FOR customer AT EVERY 30 DAYS")
     return _Parser(text).parse()

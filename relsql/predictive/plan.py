@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import numbers
+from typing import TYPE_CHECKING
 
 import duckdb
 import sqlglot.expressions as exp
@@ -14,7 +15,10 @@ from relsql.db import Database, first_line
 from relsql.errors import SchemaError, SourceError
 from relsql.ground import query as q
 from relsql.ground.query import integer, real
-from relsql.predictive.query import _P, MAX_SNAPSHOTS, OPS, TASK_COLUMNS, PredictiveQuery, TimePath, _as_datetime, _name
+from relsql.predictive.terms import MAX_SNAPSHOTS, OPS, PREFIX, TASK_COLUMNS, TimePath, as_datetime, text_name
+
+if TYPE_CHECKING:
+    from relsql.predictive.query import PredictiveQuery
 
 
 def _time_kind(sql_type: str, where: str) -> str | None:
@@ -43,7 +47,7 @@ def _table(name: str, alias: str | None = None) -> exp.Expression:
     return exp.alias_(table, _id(alias), table=True) if alias else table
 
 
-class _Plan:
+class TaskPlan:
     """A query resolved against one database's catalog: real table and column names, key and time
     columns, the snapshots' values."""
 
@@ -111,7 +115,7 @@ class _Plan:
         key = self.catalog[self.entity].primary_key or self.schema().primary_keys.get(self.entity)
         if not key:
             raise SchemaError(f"entity table `{self.entity}` has no primary key (declared or inferable); name its key: "
-                              f"key='...' (text form: FOR {_name(self.entity)}.<key column>)")
+                              f"key='...' (text form: FOR {text_name(self.entity)}.<key column>)")
         return tuple(key)
 
     def check_unique(self, key: tuple[str, ...]) -> None:
@@ -141,8 +145,8 @@ class _Plan:
         if all(k in names for k in self.key):
             return self.key
         raise SchemaError(f"no foreign key from `{self.events}` to `{self.entity}`({', '.join(self.key)}) is declared or "
-                          f"inferable; name it: event_key='...' (text form: FOR {_name(self.entity)}.{_name(self.key[0])} = "
-                          f"{_name(self.events)}.<column>)")
+                          f"inferable; name it: event_key='...' (text form: FOR {text_name(self.entity)}.{text_name(self.key[0])} = "
+                          f"{text_name(self.events)}.<column>)")
 
     def event_time(self) -> tuple[str, str]:
         given = self.q.event_time
@@ -189,10 +193,10 @@ class _Plan:
         """One row per event with an entity key and a time: the key columns, `t`, and `v` for SUM."""
         e = "e"
         time = _col(self.time, "d") if self.path else _col(self.time, e)
-        select = [exp.alias_(_col(k, e), _id(f"{_P}k{i}")) for i, k in enumerate(self.event_key)]
-        select.append(exp.alias_(time.copy(), _id(f"{_P}t")))
+        select = [exp.alias_(_col(k, e), _id(f"{PREFIX}k{i}")) for i, k in enumerate(self.event_key)]
+        select.append(exp.alias_(time.copy(), _id(f"{PREFIX}t")))
         if self.value:
-            select.append(exp.alias_(exp.cast(_col(self.value, e), exp.DataType.build("DOUBLE")), _id(f"{_P}v")))
+            select.append(exp.alias_(exp.cast(_col(self.value, e), exp.DataType.build("DOUBLE")), _id(f"{PREFIX}v")))
         query = exp.select(*select).from_(_table(self.events, e))
         if self.path:
             query = query.join(_table(self.path.table, "d"),
@@ -201,7 +205,7 @@ class _Plan:
         return query.where(exp.and_(*[exp.Not(this=exp.Is(this=c.copy(), expression=exp.Null())) for c in present]))
 
     def span(self) -> tuple[dt.date, dt.date]:
-        t = _col(f"{_P}t")
+        t = _col(f"{PREFIX}t")
         row = self.db.arrow(exp.select(exp.Min(this=t.copy()), exp.Max(this=t.copy())).from_(
             exp.alias_(exp.Subquery(this=self.events_rows()), _id("ev"), table=True))).to_pylist()[0]
         first, last = row.values()
@@ -212,7 +216,7 @@ class _Plan:
 
     def observed_until(self) -> dt.datetime:
         """Windows ending at or before this are fully covered by the data (events up to `last`)."""
-        last = _as_datetime(self.last)
+        last = as_datetime(self.last)
         return last + dt.timedelta(days=1) if self.kind == "DATE" else last
 
     def snapshots(self) -> list[dt.date]:
@@ -222,7 +226,7 @@ class _Plan:
         else:
             last = (self.observed_until() - window).date()
             end = min(last, _day(q.end)) if q.end is not None else last
-            start = _day(q.start) if q.start is not None else _as_datetime(self.first).date() + dt.timedelta(days=1)
+            start = _day(q.start) if q.start is not None else as_datetime(self.first).date() + dt.timedelta(days=1)
             values, day = [], end
             while day >= start:
                 values.append(day)
@@ -241,30 +245,30 @@ class _Plan:
                     raise SchemaError(f"snapshot {v} has a time of day, but the events' time {self.time} is a DATE; "
                                       "give dates")
             return [v.date() if isinstance(v, dt.datetime) else v for v in values]
-        return [_as_datetime(v) for v in values]
+        return [as_datetime(v) for v in values]
 
     def select(self) -> exp.Select:
         kind, window = self.kind, dt.timedelta(days=self.q.window_days)
         horizon = self.observed_until()
         rows = [exp.Tuple(expressions=[_date_literal(s, kind), _date_literal(s + window, kind),
-                                       exp.true() if _as_datetime(s) + window <= horizon else exp.false()])
+                                       exp.true() if as_datetime(s) + window <= horizon else exp.false()])
                 for s in self.snapshot_values]
-        snaps_name, events_name, window_name, first_name = (f"{_P}{n}" for n in ("snapshots", "events", "window", "first"))
-        s, until, observed = "snapshot", f"{_P}until", f"{_P}observed"
+        snaps_name, events_name, window_name, first_name = (f"{PREFIX}{n}" for n in ("snapshots", "events", "window", "first"))
+        s, until, observed = "snapshot", f"{PREFIX}until", f"{PREFIX}observed"
         values = exp.select(exp.Star()).from_(exp.Values(expressions=rows, alias=exp.TableAlias(
             this=_id("v"), columns=[_id(s), _id(until), _id(observed)])))
-        keys = [f"{_P}k{i}" for i in range(len(self.key))]
-        t = f"{_P}t"
+        keys = [f"{PREFIX}k{i}" for i in range(len(self.key))]
+        t = f"{PREFIX}t"
         counted = exp.select(*[_col(k, "ev") for k in keys], _col(s, "s"),
-                             exp.alias_(exp.Count(this=exp.Star()), _id(f"{_P}n")),
-                             *([exp.alias_(exp.Sum(this=_col(f"{_P}v", "ev")), _id(f"{_P}sum"))] if self.value else []),
+                             exp.alias_(exp.Count(this=exp.Star()), _id(f"{PREFIX}n")),
+                             *([exp.alias_(exp.Sum(this=_col(f"{PREFIX}v", "ev")), _id(f"{PREFIX}sum"))] if self.value else []),
                              ).from_(_table(events_name, "ev")).join(
             _table(snaps_name, "s"), on=exp.and_(exp.GTE(this=_col(t, "ev"), expression=_col(s, "s")),
                                                  exp.LT(this=_col(t, "ev"), expression=_col(until, "s")))
         ).group_by(*[_col(k, "ev") for k in keys], _col(s, "s"))
         ctes = [(snaps_name, values), (events_name, self.events_rows()), (window_name, counted)]
         x = "x"
-        measure = exp.Coalesce(this=_col(f"{_P}sum" if self.value else f"{_P}n", "w"), expressions=[integer(0)])
+        measure = exp.Coalesce(this=_col(f"{PREFIX}sum" if self.value else f"{PREFIX}n", "w"), expressions=[integer(0)])
         if self.q.op is not None:
             number = self.q.threshold
             literal = integer(number) if isinstance(number, numbers.Integral) else real(number)
@@ -282,12 +286,12 @@ class _Plan:
         ).from_(_table(self.entity, x)).join(_table(snaps_name, "s"), join_type="cross")
         conditions = [exp.Not(this=exp.Is(this=_col(k, x), expression=exp.Null())) for k in self.key]
         if self.q.population == "active":  # an event strictly before the snapshot: the template can see it
-            first = exp.select(*[_col(k) for k in keys], exp.alias_(exp.Min(this=_col(t)), _id(f"{_P}first"))).from_(
+            first = exp.select(*[_col(k) for k in keys], exp.alias_(exp.Min(this=_col(t)), _id(f"{PREFIX}first"))).from_(
                 _table(events_name)).group_by(*[_col(k) for k in keys])
             ctes.append((first_name, first))
             query = query.join(_table(first_name, "f"), on=exp.and_(
                 *[exp.EQ(this=_col(k, "f"), expression=_col(c, x)) for k, c in zip(keys, self.key)],
-                exp.LT(this=_col(f"{_P}first", "f"), expression=_col(s, "s"))))
+                exp.LT(this=_col(f"{PREFIX}first", "f"), expression=_col(s, "s"))))
         elif self.q.population == "since":
             conditions.append(exp.LT(this=_col(self.since, x), expression=_col(s, "s")))
         query = query.join(_table(window_name, "w"), join_type="left", on=exp.and_(
@@ -303,7 +307,7 @@ def _day(value: dt.date) -> dt.date:
     return value.date() if isinstance(value, dt.datetime) else value
 
 
-def _write_native(db: Database, plan: _Plan, name: str, existing: str | None, query: exp.Select, foreign_key: bool) -> None:
+def write_native(db: Database, plan: TaskPlan, name: str, existing: str | None, query: exp.Select, foreign_key: bool) -> None:
     """DuckDB: one transaction that drops a table being replaced, creates the task table with its
     primary key (and, if asked, the foreign key), and fills it from `query`."""
     target = exp.Table(this=_id(name))
@@ -342,7 +346,7 @@ def _write_native(db: Database, plan: _Plan, name: str, existing: str | None, qu
                           f"{first_line(err)}") from None
 
 
-def _summary(name: str, label_type: str) -> exp.Select:
+def summary(name: str, label_type: str) -> exp.Select:
     label = _col("label")
     positives = (exp.Sum(this=exp.Case(ifs=[exp.If(this=label.copy(), true=integer(1))], default=integer(0)))
                  if label_type == "BOOLEAN" else exp.Null())

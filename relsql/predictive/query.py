@@ -5,9 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import numbers
-import re
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -16,105 +14,25 @@ import sqlglot.expressions as exp
 from relsql import arguments
 from relsql.db import Database, check_table_name
 from relsql.errors import RelsqlError, SchemaError
+from relsql.predictive.parse import parse_fields
+from relsql.predictive.plan import TaskPlan, summary, write_native
+from relsql.predictive.terms import (
+    MAX_SNAPSHOTS,
+    MAX_WINDOW_DAYS,
+    OPS,
+    POPULATIONS,
+    TASK_COLUMNS,
+    QueryError,
+    TaskTable,
+    TimePath,
+    as_datetime,
+    date_text,
+    names,
+    text_name,
+    when,
+)
 
-OPS = {">": exp.GT, ">=": exp.GTE, "<": exp.LT, "<=": exp.LTE, "=": exp.EQ, "!=": exp.NEQ}
-POPULATIONS = ("active", "all", "since")
-TASK_COLUMNS = ("task_id", "snapshot", "label")
-MAX_WINDOW_DAYS = 100_000
-MAX_SNAPSHOTS = 10_000
 _NATIVE = ("duckdb", "duckdb-file")  # sources where a primary (and foreign) key can be declared
-_P = "__relsql_task_"  # CTE and column names of the generated query: never a user's name
-
-
-class QueryError(RelsqlError):
-    """A predictive query's text that cannot be parsed; `position` is the 0-based offset."""
-
-    def __init__(self, message: str, position: int | None = None):
-        super().__init__(message)
-        self.position = position
-
-
-@dataclass(frozen=True)
-class TimePath:
-    """The events' time read through a dimension table, as in star schemas (TPC-DS: store_sales.
-    ss_sold_date_sk -> date_dim.d_date_sk, time date_dim.d_date): events.`column` = `table`.`key`,
-    and the time is `table`.`date`."""
-
-    column: str
-    table: str
-    key: str
-    date: str
-
-
-@dataclass(frozen=True)
-class TaskTable:
-    """What `PredictiveQuery.write` wrote."""
-
-    name: str
-    rows: int
-    labelled: int  # rows with a label (the others' windows run past the data)
-    positives: int | None  # rows whose label is true (None for a numeric label)
-    snapshots: tuple[Any, ...]
-    key: tuple[str, ...]  # the entity key columns, as named in the task table
-    label_type: str  # BOOLEAN or DOUBLE
-    time_columns: dict[str, str] = field(default_factory=dict)  # what an auto-template should filter by
-
-    def __str__(self) -> str:
-        positive = f", {self.positives:,} positive" if self.positives is not None else ""
-        unlabelled = self.rows - self.labelled
-        open_windows = f", {unlabelled:,} unlabelled (windows past the data's last event)" if unlabelled else ""
-        span = f"{self.snapshots[0]} .. {self.snapshots[-1]}" if len(self.snapshots) > 1 else f"{self.snapshots[0]}"
-        return (f"wrote {self.name}: {self.rows:,} rows{positive}{open_windows}; {len(self.snapshots)} "
-                f"snapshot{'s' if len(self.snapshots) != 1 else ''} {span}")
-
-
-def _when(value: object, what: str) -> dt.date:
-    """A date or datetime from a value or ISO text ('2020-01-31', '2020-01-31T12:00'), without a
-    time zone (see `_naive`)."""
-    if isinstance(value, dt.date):
-        return _naive(value, what)
-    if isinstance(value, str):
-        try:
-            found = dt.datetime.fromisoformat(value) if re.search(r"[T ]\d", value) else dt.date.fromisoformat(value)
-        except ValueError:
-            found = None
-        if found is not None:
-            return _naive(found, what)
-    raise RelsqlError(f"{what} must be a date (datetime.date, or text such as '2020-01-31' or '2020-01-31T12:00'), "
-                      f"got {value!r}")
-
-
-class ZonedTimeError(RelsqlError):
-    """A snapshot with a time zone; `local` is the same clock time without it (the fix to suggest)."""
-
-    def __init__(self, message: str, local: str):
-        super().__init__(message)
-        self.local = local
-
-
-def _naive(value: dt.date, what: str) -> dt.date:
-    """Snapshots are compared with the events' DATE or TIMESTAMP column, which holds no time zone
-    (a TIMESTAMP WITH TIME ZONE column is refused): an offset or zone on a snapshot has no meaning
-    against it, and converting to some zone would be a guess. Refused, with the fix."""
-    if isinstance(value, dt.datetime) and value.tzinfo is not None:
-        local = value.replace(tzinfo=None).isoformat(sep=" ")
-        raise ZonedTimeError(f"{what} {value.isoformat(sep=' ')} has a time zone, but the events' time column holds none "
-                          f"(a DATE or TIMESTAMP in the data's own clock); write the snapshot in that clock without an "
-                          f"offset, e.g. '{local}'", local)
-    return value
-
-
-def _names(value: object, what: str, optional: bool = True) -> tuple[str, ...] | None:
-    if value is None and optional:
-        return None
-    found = (value,) if isinstance(value, str) else tuple(value) if isinstance(value, list | tuple) else None
-    if not found or not all(isinstance(v, str) and v for v in found):
-        raise RelsqlError(f"{what} must be a column name or a list of column names, got {value!r}")
-    return found
-
-
-def _as_datetime(value: dt.date) -> dt.datetime:
-    return value if isinstance(value, dt.datetime) else dt.datetime.combine(value, dt.time())
 
 
 @dataclass(frozen=True)
@@ -164,8 +82,8 @@ class PredictiveQuery:
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, numbers.Real) \
                 or not math.isfinite(self.threshold):
             raise RelsqlError(f"threshold must be a finite number, got {self.threshold!r}")
-        put("key", _names(self.key, "key"))
-        put("event_key", _names(self.event_key, "event_key"))
+        put("key", names(self.key, "key"))
+        put("event_key", names(self.event_key, "event_key"))
         if self.key and self.event_key and len(self.key) != len(self.event_key):
             raise RelsqlError(f"key {self.key} and event_key {self.event_key} must have as many columns")
         if isinstance(self.event_time, tuple | list) and len(self.event_time) == 4:
@@ -182,8 +100,8 @@ class PredictiveQuery:
                 raise RelsqlError(f"snapshots must be a non-empty list of dates, got {self.snapshots!r}")
             if len(self.snapshots) > MAX_SNAPSHOTS:
                 raise RelsqlError(f"at most {MAX_SNAPSHOTS} snapshots, got {len(self.snapshots)}")
-            found = [_when(v, f"snapshots[{i}]") for i, v in enumerate(self.snapshots)]
-            unique = {_as_datetime(d): d for d in found}  # 2020-01-01 as a date and as midnight are one snapshot
+            found = [when(v, f"snapshots[{i}]") for i, v in enumerate(self.snapshots)]
+            unique = {as_datetime(d): d for d in found}  # 2020-01-01 as a date and as midnight are one snapshot
             put("snapshots", tuple(unique[k] for k in sorted(unique)))
             if self.start is not None or self.end is not None:
                 raise RelsqlError("start and end bound every_days snapshots; with a list of snapshots leave them out")
@@ -191,7 +109,7 @@ class PredictiveQuery:
             put("every_days", arguments.integer("every_days", self.every_days, maximum=MAX_WINDOW_DAYS))
             for name in ("start", "end"):
                 if getattr(self, name) is not None:
-                    put(name, _when(getattr(self, name), name))
+                    put(name, when(getattr(self, name), name))
         if self.since is not None:
             arguments.text("since", self.since)
             if self.population == "active":
@@ -205,49 +123,45 @@ class PredictiveQuery:
     @classmethod
     def parse(cls, text: str) -> PredictiveQuery:
         """The query written in one line; see `parse`."""
-        from relsql.predictive.parse import parse
-
         return parse(text)
 
     def __str__(self) -> str:
         """The query in the text form (`parse(str(q)) == q`)."""
-        what = f"COUNT({_name(self.events)}.*)" if self.aggregate == "count" else f"SUM({_name(self.events)}.{_name(self.value)})"
+        what = f"COUNT({text_name(self.events)}.*)" if self.aggregate == "count" else f"SUM({text_name(self.events)}.{text_name(self.value)})"
         out = [what, f"OVER {self.window_days} DAYS"]
         if self.op is not None:
             out.append(f"{self.op} {self.threshold!r}")
-        entity = _name(self.entity)
+        entity = text_name(self.entity)
         if self.key is not None:
             if len(self.key) > 1 or (self.event_key is not None and len(self.event_key) > 1):
                 raise RelsqlError("a composite key has no text form; use the Python API")
-            entity += f".{_name(self.key[0])}"
+            entity += f".{text_name(self.key[0])}"
             if self.event_key is not None:
-                entity += f" = {_name(self.events)}.{_name(self.event_key[0])}"
+                entity += f" = {text_name(self.events)}.{text_name(self.event_key[0])}"
         elif self.event_key is not None:
             raise RelsqlError("the text form names event_key only together with key (FOR t.key = events.fk)")
         out.append(f"FOR {entity}")
-        out.append(f"SINCE {_name(self.entity)}.{_name(self.since)}" if self.since else self.population.upper())
+        out.append(f"SINCE {text_name(self.entity)}.{text_name(self.since)}" if self.since else self.population.upper())
         if isinstance(self.event_time, TimePath):
             p = self.event_time
-            out.append(f"TIME {_name(p.table)}.{_name(p.date)} VIA {_name(self.events)}.{_name(p.column)} = "
-                       f"{_name(p.table)}.{_name(p.key)}")
+            out.append(f"TIME {text_name(p.table)}.{text_name(p.date)} VIA {text_name(self.events)}.{text_name(p.column)} = "
+                       f"{text_name(p.table)}.{text_name(p.key)}")
         elif self.event_time is not None:
-            out.append(f"TIME {_name(self.events)}.{_name(self.event_time)}")
+            out.append(f"TIME {text_name(self.events)}.{text_name(self.event_time)}")
         if self.snapshots is not None:
-            out.append("AT " + ", ".join(_date_text(d) for d in self.snapshots))
+            out.append("AT " + ", ".join(date_text(d) for d in self.snapshots))
         else:
             out.append(f"AT EVERY {self.every_days} DAYS")
             if self.start is not None:
-                out.append(f"FROM {_date_text(self.start)}")
+                out.append(f"FROM {date_text(self.start)}")
             if self.end is not None:
-                out.append(f"TO {_date_text(self.end)}")
+                out.append(f"TO {date_text(self.end)}")
         return " ".join(out)
 
     # -- the database --------------------------------------------------------------------------
     def sql(self, db: Database) -> str:
         """The SELECT that computes the task table's rows, as DuckDB SQL (to read, not to run)."""
-        from relsql.predictive.plan import _Plan
-
-        return _Plan(db, self).select().sql("duckdb", pretty=True)
+        return TaskPlan(db, self).select().sql("duckdb", pretty=True)
 
     def write(self, db: Database, name: str, *, replace: bool = False, foreign_key: bool = False) -> TaskTable:
         """Write the task table `name` as a NEW table (an existing one only with `replace=True`,
@@ -258,9 +172,7 @@ class PredictiveQuery:
         if not isinstance(db, Database):
             raise RelsqlError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
         check_table_name(name)
-        from relsql.predictive.plan import _Plan, _summary
-
-        plan = _Plan(db, self)
+        plan = TaskPlan(db, self)
         reads = {plan.entity.casefold(), plan.events.casefold()} | ({plan.path.table.casefold()} if plan.path else set())
         if name.casefold() in reads:
             raise SchemaError(f"cannot write the task table as `{name}`: the query reads that table; choose another name")
@@ -273,7 +185,7 @@ class PredictiveQuery:
                               "leave foreign_key off (Template.auto infers the link from the column's name)")
         if native:
             _write_marked(db, plan, name, replace, query, foreign_key)
-            counted = db.arrow(_summary(name, plan.label_type)).to_pylist()[0]
+            counted = db.arrow(summary(name, plan.label_type)).to_pylist()[0]
             rows, labelled, positives = counted["rows"], counted["labelled"], counted["positives"]
         else:
             data = db.arrow(query)
@@ -289,27 +201,22 @@ class PredictiveQuery:
 def _write_marked(db: Database, plan, name: str, replace: bool, query: exp.Select, foreign_key: bool) -> None:
     """DuckDB's task table (with its keys, relsql/predictive/plan.py), written as relsql's task
     table: the table it replaces is checked, and the new one marked, in the write's transaction."""
-    from relsql.predictive.plan import _write_native
-
     with db.writing(name, "task", replace) as existing:
-        _write_native(db, plan, name, existing, query, foreign_key)
+        write_native(db, plan, name, existing, query, foreign_key)
 
 
-# -- resolving names and computing the query -------------------------------------------------------------------
+def parse(text: str) -> PredictiveQuery:
+    """A `PredictiveQuery` from its one-line text form (grammar: `GRAMMAR`), parsed without eval.
 
-_KEYWORDS = {"COUNT", "SUM", "OVER", "DAY", "DAYS", "FOR", "EACH", "ACTIVE", "ALL", "SINCE", "TIME", "VIA", "AT",
-             "EVERY", "FROM", "TO"}
+    `COUNT(orders.*) OVER 30 DAYS > 0 FOR customer AT EVERY 30 DAYS` asks, for each customer active
+    before each snapshot, whether it orders in the 30 days from the snapshot. An error names the
+    position (1-based) and the fix.
+    """
+    fields_ = parse_fields(text)
+    try:
+        return PredictiveQuery(**fields_)
+    except RelsqlError as err:
+        raise QueryError(f"predictive query: {err}") from None
 
 
-def _name(name: str) -> str:
-    """A name as the text form writes it: bare if it can be, else double-quoted."""
-    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$]*", name) and name.upper() not in _KEYWORDS:
-        return name
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _date_text(value: dt.date) -> str:
-    if isinstance(value, dt.datetime):
-        return value.isoformat(timespec="seconds" if not value.microsecond else "microseconds")
-    return value.isoformat()
-
+__all__ = ["MAX_SNAPSHOTS", "TASK_COLUMNS", "PredictiveQuery", "QueryError", "TaskTable", "TimePath", "parse"]
