@@ -10,6 +10,32 @@ import pytest
 import relsql
 from connectors.neuralogic_files import load_builtin
 
+# --- markers (registered in pyproject.toml): a fixture that starts a server or an oracle marks
+# every test that uses it, so `-m "not spark"` etc. stay right for new tests; whole files of one
+# kind also say so with `pytestmark`, single tests with a decorator
+
+FIXTURE_MARKS = {"spark": "spark", "pg_server": "postgres", "neuralogic_workdir": "oracle"}
+SHOP_FIXTURES = {"shop_server", "shop_sources", "fresh_shop"}  # they start PostgreSQL beside the other sources
+
+
+def pytest_collection_modifyitems(config, items):
+    """Add the markers implied by the fixtures each test uses."""
+    for item in items:
+        for mark in _implied_marks(item):
+            item.add_marker(mark)
+
+
+def _implied_marks(item) -> set[str]:
+    """spark/postgres/oracle for the Spark session, the PostgreSQL server (also through the shop
+    fixtures, unless the test is parametrized on another kind of source) and PyNeuraLogic's folder."""
+    names = set(item.fixturenames)
+    marks = {mark for fixture, mark in FIXTURE_MARKS.items() if fixture in names}
+    if names & SHOP_FIXTURES:
+        kind = item.callspec.params.get("kind") if hasattr(item, "callspec") else None
+        if kind in (None, "postgres"):
+            marks.add("postgres")
+    return marks
+
 
 @pytest.fixture(scope="session")
 def neuralogic_workdir(tmp_path_factory):

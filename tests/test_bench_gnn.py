@@ -72,6 +72,7 @@ def mutag():
     con.close()
 
 
+@pytest.mark.oracle
 def test_gin_template_matches_pyg_ginconv(mutag):
     db, x, edge_index, batch, y = mutag
     net = relsql.compile(relsql.Template.from_file(ROOT / "sql" / "gin.sql"), db, dtype=torch.float64, seed=0)

@@ -17,6 +17,7 @@ from bench import hetero  # noqa: E402
 TOLERANCE = 1e-4  # float32 agreement asked of the benchmark (relative)
 
 
+@pytest.mark.oracle
 def test_quick_run_writes_one_checked_row_per_model_baseline_and_layers(tmp_path, capsys):
     hetero.main(["--quick", "--out", str(tmp_path), "--datasets", "tiny", "--no-memory", "--threads", "1"])
     printed = capsys.readouterr().out
@@ -48,6 +49,7 @@ def test_quick_run_writes_one_checked_row_per_model_baseline_and_layers(tmp_path
     assert (tmp_path / "hetero.png").stat().st_size > 0
 
 
+@pytest.mark.oracle
 def test_quick_run_covers_rgat_and_hgt(tmp_path):
     """The RGAT and HGT rows, checked against RGATConv and HGTConv (outputs and gradients) before
     one short timing, on the smoke test's graph (AIFB's takes minutes: PyG's HGTConv step loops
@@ -101,6 +103,7 @@ def test_tables_hold_the_graph():
     db.con.close()
 
 
+@pytest.mark.oracle
 @pytest.mark.parametrize("model", ["rgcn", "gat", "rgat", "hgt"])
 def test_the_agreement_check_sees_a_wrong_weight(model):
     """A check that passes whatever the weights would prove nothing: change one PyG weight after

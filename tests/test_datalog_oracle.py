@@ -10,6 +10,8 @@ import pytest
 
 from tests.oracles.compare import compare_template
 
+pytestmark = pytest.mark.oracle  # PyNeuraLogic as the reference
+
 MUTAGENESIS_TEMPLATES = {
     "template.txt": ("atom_embed", "bond_embed", "l1_embed", "l2_embed", "l3_embed"),
     "template_gnn.txt": ("l1_embed", "l3_embed"),

@@ -16,6 +16,8 @@ import relsql
 torch_geometric = pytest.importorskip("torch_geometric")
 from torch_geometric.nn import HGTConv  # noqa: E402
 
+pytestmark = pytest.mark.oracle  # PyTorch Geometric as the reference
+
 ROOT = Path(__file__).resolve().parent.parent
 NODE_TYPES = ["author", "paper", "venue"]
 EDGE_TYPES = [("author", "writes", "paper"), ("paper", "written_by", "author"), ("paper", "published_in", "venue"),

@@ -374,6 +374,7 @@ json.dump(out, open(sys.argv[1], "w"))
 """
 
 
+@pytest.mark.oracle
 def test_ordinal_is_pyneuralogic_output_order(tmp_path: Path) -> None:
     """PyNeuraLogic's built samples (one per query) come in `ordinal` order with our targets.
 

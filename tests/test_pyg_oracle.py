@@ -29,6 +29,8 @@ from torch_geometric.data import Batch, Data  # noqa: E402
 from torch_geometric.datasets import TUDataset  # noqa: E402
 from torch_geometric.nn import GATConv, GCNConv, RGATConv, RGCNConv, SAGEConv, global_mean_pool  # noqa: E402
 
+pytestmark = pytest.mark.oracle  # PyTorch Geometric as the reference
+
 SQL = Path(__file__).resolve().parent.parent / "sql"
 TOL = 1e-6
 HIDDEN = 16

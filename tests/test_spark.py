@@ -23,6 +23,8 @@ pytest.importorskip("pyspark", reason="pyspark is not installed: bash scripts/se
 if shutil.which("java") is None:
     pytest.skip("Spark needs Java 17 (apt-get install -y openjdk-17-jre-headless)", allow_module_level=True)
 
+pytestmark = pytest.mark.spark  # a Spark session or server (JVM)
+
 
 def copy_to_spark(duck: relsql.Database, spark) -> None:
     """Every table of `duck` as a temp view of the session (what a catalog table would be)."""

@@ -22,6 +22,8 @@ from typing import NamedTuple
 
 import pytest
 
+pytestmark = pytest.mark.spark  # a Spark session or server (JVM)
+
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 300  # seconds the client may take (~70 s on 2 idle cores)
 TEMPLATE = """

@@ -24,6 +24,8 @@ pytest.importorskip("pyspark", reason="pyspark is not installed: bash scripts/se
 if shutil.which("java") is None:
     pytest.skip("Spark needs Java 17 (apt-get install -y openjdk-17-jre-headless)", allow_module_level=True)
 
+pytestmark = pytest.mark.spark  # a Spark session or server (JVM)
+
 
 def model(db) -> relsql.Model:
     return relsql.Model(db, shop_template("database"), "item.y", batch_size=256, dtype=torch.float64, progress=False)

@@ -27,6 +27,8 @@ pytest.importorskip("pyspark", reason="pyspark is not installed: bash scripts/se
 if shutil.which("java") is None:
     pytest.skip("Spark needs Java 17 (apt-get install -y openjdk-17-jre-headless)", allow_module_level=True)
 
+pytestmark = pytest.mark.spark  # a Spark session or server (JVM)
+
 
 @pytest.fixture(scope="module")
 def shop_views(spark, tmp_path_factory):

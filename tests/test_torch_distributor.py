@@ -18,6 +18,8 @@ pytest.importorskip("pyspark.ml.torch.distributor", reason="pyspark is not insta
 if shutil.which("java") is None:
     pytest.skip("Spark needs Java 17 (apt-get install -y openjdk-17-jre-headless)", allow_module_level=True)
 
+pytestmark = pytest.mark.spark  # a Spark session or server (JVM)
+
 
 @pytest.fixture(scope="module")
 def on_spark(spark, molecules, tmp_path_factory):
