@@ -58,6 +58,13 @@ def mutagenesis(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def neuralogic_mutagenesis():
+    """PyNeuraLogic's Mutagenesis in an in-memory DuckDB, one per test module (tests/test_passes.py, test_costs.py)."""
+    db = relsql.connect()
+    return db, load_builtin(db.con, "mutagenesis")
+
+
+@pytest.fixture(scope="module")
 def molecules():
     """The Mutagenesis demo's tables in an in-memory DuckDB, one per test module."""
     from demos.mutagenesis import load

@@ -19,14 +19,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def neuralogic_mutagenesis():
-    from connectors.neuralogic_files import load_builtin
-
-    db = relsql.connect()
-    return db, load_builtin(db.con, "mutagenesis")
-
-
-@pytest.fixture(scope="module")
 def shop():
     from demos.synthetic import build
 
@@ -208,30 +200,6 @@ def test_optimized_plan_on_cuda(mutag):
     assert net.plan.device == "cuda" and costs.for_device("cuda").measured  # its costs are the GPU's
 
 
-def test_cost_decisions_are_those_of_the_plans_device(neuralogic_mutagenesis, monkeypatch):
-    """The constants are fixed on CPU and measured on another device (once per process); a plan
-    made for another device takes that device's: with a dense limit of 0 there, no small matrix
-    goes dense. Either plan is exact."""
-    from relsql.compile import costs, ground
-
-    assert costs.for_device("cpu") is costs.CPU and not costs.CPU.measured
-    measured = costs.measure("cpu")  # the experiment a CUDA plan runs on its device
-    assert measured.measured and 1.0 <= measured.sparse_element < 1e5 and measured.dense_limit >= 1 << 12
-    monkeypatch.setattr(costs, "measure", lambda device: costs.Costs(sparse_element=25.0, dense_limit=0, measured=True))
-    db, dataset = neuralogic_mutagenesis
-    template = relsql.Template.from_file(dataset.template.parent / "template_graphlets.txt")
-    grounding = ground(template, db)
-    passes = tuple(rule for rule in RULES if rule.__name__ != "choose_segment_kernels")
-    reference = run(template, db, ())
-    on_cpu, elsewhere = run(template, db, passes, grounding), run(template, db, passes, grounding, device="cuda")
-    assert on_cpu[2].plan.device == "cpu" and elsewhere[2].plan.device == "cuda"  # planned for CUDA, run here
-    dense = [line for line in on_cpu[2].plan.log if line.startswith("dense_small_matrices")]
-    assert dense and not dense[0].startswith("dense_small_matrices: 0 ")
-    assert any(line.startswith("dense_small_matrices: 0 ") for line in elsewhere[2].plan.log), elsewhere[2].plan.log
-    assert_same(reference, on_cpu, "graphlets, CPU constants")
-    assert_same(reference, elsewhere, "graphlets, another device's constants")
-
-
 def test_segment_kernel_choice_is_exact_whatever_it_picks():
     from relsql.compile.passes import choose_segment_kernels
 
@@ -271,21 +239,6 @@ def test_every_prefix_of_the_pipeline_keeps_values(case, cases):
     case, name = cases[case], case
     for end in range(2, len(RULES)):
         assert_same(case.reference, case.run(RULES[:end]), f"{name} through {RULES[end - 1].__name__}")
-
-
-def test_tune_keeps_the_fastest_plan_and_the_same_numbers(mutag):
-    from relsql.compile.passes.propagate_gathers import PRESETS
-
-    tpl = relsql.Template.from_file(ROOT / "sql" / "gin.sql")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        tuned = relsql.tune(tpl, mutag, dtype=torch.float64, seed=3)
-        plain = relsql.compile(tpl, mutag, dtype=torch.float64, seed=3)
-    assert sorted(t.strength for t in tuned.tuning) == sorted(PRESETS)
-    fastest = min(tuned.tuning, key=lambda t: t.step_ms)
-    assert len(tuned.plan.ops) == fastest.ops and "tuned: strength" in tuned.explain()
-    ours, theirs = tuned(), plain()
-    assert all(torch.allclose(ours[k], theirs[k], rtol=1e-9, atol=1e-11) for k in theirs)
 
 
 def test_consecutive_gathers_become_slices():
