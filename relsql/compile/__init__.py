@@ -6,8 +6,7 @@ import torch
 
 from relsql import arguments
 from relsql.compile.module import CompiledNet
-from relsql.compile.passes import optimize
-from relsql.compile.plan import build_plan
+from relsql.compile.planning import make_plan
 from relsql.compile.tune import fastest, with_strength
 from relsql.db import Database
 from relsql.ground.execute import ground
@@ -82,25 +81,6 @@ def tune(template: Template, db: Database, dtype: torch.dtype = torch.float32,
     _memory_embeddings_only(template)
     grounding = ground(template, db, max_groundings=max_groundings)
     return fastest(template, grounding, dtype, device, seed, output, try_torch_compile=try_torch_compile)
-
-
-def make_plan(template: Template, grounding, dtype: torch.dtype, passes: tuple | None = None,
-              outputs: list[str] | None = None, device: str | torch.device = "cpu"):
-    """The optimized plan: built (compressed when `compress_groundings` is among the passes), then
-    passes; with `outputs`, only those relations stay outputs of the plan. The passes' costs and
-    timings are those of `device`, where the plan will run."""
-    from relsql.compile.passes import RULES, compress_groundings
-    from relsql.errors import RelsqlError
-
-    compress = compress_groundings in (RULES if passes is None else passes)
-    plan = build_plan(template, grounding, dtype, compress=compress)
-    plan.device = torch.device(device).type
-    if outputs is not None:
-        unknown = [name for name in outputs if name not in plan.outputs]
-        if unknown or not outputs:
-            raise RelsqlError(f"outputs {unknown or outputs} are not relations of the template; it declares {list(plan.outputs)}")
-        plan.outputs = {name: plan.outputs[name] for name in outputs}
-    return optimize(plan, passes)
 
 
 __all__ = ["compile", "tune", "CompiledNet"]

@@ -4,125 +4,18 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import polars as pl
 import torch
 from torch import nn
 
-from relsql.compile import kernels, sparse
+from relsql.compile.explain import explain
+from relsql.compile.ops import Kernel, kernel
 from relsql.compile.plan import Plan
 
 if TYPE_CHECKING:
     from relsql.ground.execute import Grounding
-
-
-Kernel = Callable[..., torch.Tensor]
-
-
-def _binary(attrs: dict) -> Kernel:
-    shape = attrs.get("reshape_right")
-    add, sub = attrs["op"] == "+", attrs["op"] == "-"
-
-    def run(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
-        if shape is not None:
-            right = right.reshape(1, *shape)
-        return left + right if add else left - right if sub else left * right
-    return run
-
-
-def _sum(*args: torch.Tensor) -> torch.Tensor:
-    out = args[0]
-    for a in args[1:]:
-        out = out + a
-    return out
-
-
-def _gather(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Rows of x; a one-column x as a vector (torch's index kernels run ~1.7x faster, forward and
-    backward, on (n,) than on (n, 1): attention scores are such columns)."""
-    if x.dim() == 2 and x.shape[1] == 1:
-        return x.reshape(-1).index_select(0, rows).reshape(-1, 1)
-    return x.index_select(0, rows)
-
-
-def _dense_reduce(attrs: dict) -> Kernel:
-    width = attrs["width"]
-    if attrs["kind"] == "concat":  # NeuraLogic's concat aggregation: a head's groundings side by side
-        return lambda x: x.reshape(x.shape[0] // width, -1)
-    reduce = {"sum": torch.sum, "avg": torch.mean, "max": torch.amax, "min": torch.amin}[attrs["kind"]]
-
-    def run(x: torch.Tensor) -> torch.Tensor:
-        return reduce(x.reshape(x.shape[0] // width, width, *x.shape[1:]), dim=1)
-    return run
-
-
-def _weight_rows(attrs: dict) -> Kernel:
-    scaled = attrs.get("scaled", False)
-
-    def run(*args: torch.Tensor) -> torch.Tensor:  # one stack: two autograd nodes, not one per weight
-        weights = args[:-1] if scaled else args  # equal (m, 1) columns: stack_weights makes no other
-        rows = torch.stack(weights).reshape(len(weights), -1)
-        return rows * args[-1] if scaled else rows
-    return run
-
-
-def kernel(kind: str, attrs: dict) -> Kernel:
-    """The one place that maps an op to its kernel: a function of the op's argument tensors,
-    with the attributes bound once (the module builds these before the first call)."""
-    if kind == "gather":
-        return _gather
-    if kind == "slice":  # consecutive rows, a view
-        return lambda x: x.narrow(0, attrs["start"], attrs["rows"])
-    if kind == "linear":
-        return kernels.apply_weight
-    if kind == "affine":  # c + x W^T in one GEMM
-        return lambda c, x, w: torch.addmm(c, x, w.t())
-    if kind == "binary":
-        return _binary(attrs)
-    if kind == "act":
-        name, inplace, slope, heads = attrs["name"], attrs.get("inplace", False), attrs.get("slope", 0.01), attrs.get("heads", 1)
-        return lambda x: kernels.activation(name, x, inplace, slope, heads)
-    if kind == "combine":
-        return lambda *values: kernels.combine(attrs["kind"], list(values))
-    if kind == "segment":
-        return lambda x, ids, counts: kernels.segment_reduce(attrs["kind"], x, ids, counts)
-    if kind == "typed_linear":
-        in_order = attrs.get("sorted", False)
-        return lambda w, x, order, counts: kernels.typed_linear(w, x, order, counts, in_order)
-    if kind == "attention":
-        return lambda score, value, ids, counts: kernels.attention(score, value, ids, counts, attrs["mode"])
-    if kind == "sparse_attention":  # (score, source, rows_of, crow, cols, crow_t, rows_t, order_t)
-        return lambda *a: kernels.sparse_attention(*a, mode=attrs["mode"])
-    if kind == "scatter":
-        return lambda x, heads: kernels.scatter_rows(x, heads, attrs["rows"])
-    if kind == "broadcast":
-        return lambda x: kernels.broadcast_rows(x, attrs["rows"])
-    if kind == "sum":
-        return _sum
-    if kind == "spmm":  # (matrix, dense) or (matrix, its transpose for the backward, dense)
-        return lambda *a: sparse.matmul(a[0], a[-1], a[1] if len(a) == 3 else None)
-    if kind == "addspmm":  # c + matrix @ dense: (c, matrix, [transpose,] dense)
-        return lambda *a: sparse.matmul(a[1], a[-1], a[2] if len(a) == 4 else None, add=a[0])
-    if kind == "dense_reduce":
-        return _dense_reduce(attrs)
-    if kind == "cat":  # rows of several results stacked
-        return lambda *a: torch.cat(a)
-    if kind == "matmul":  # a weight computed from two (stack_narrow_linears: A W, then read (A W) x)
-        return torch.matmul
-    if kind == "columns":  # consecutive columns, a view (one product's outputs read apart)
-        return lambda x: x.narrow(1, attrs["start"], attrs["width"])
-    if kind == "weight_rows":  # (m, 1) weights as the rows of one tensor, optionally times a column
-        return _weight_rows(attrs)
-    if kind == "as_row":
-        return lambda x: x.reshape(1, -1) if x.dim() <= 1 else x.unsqueeze(0)
-    raise ValueError(f"unknown op {kind}")
-
-
-def run_op(kind: str, args: list[torch.Tensor], attrs: dict) -> torch.Tensor:
-    """One op on its arguments (constant folding, shapes on meta tensors)."""
-    return kernel(kind, attrs)(*args)
 
 
 def _initial(spec, dtype: torch.dtype, generator: torch.Generator | None) -> torch.Tensor:
@@ -297,6 +190,4 @@ class CompiledNet(nn.Module):
         return pl.from_arrow(self.grounding.dictionaries[weight])
 
     def explain(self) -> str:
-        from relsql.compile.explain import explain
-
         return explain(self.plan)

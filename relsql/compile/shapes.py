@@ -15,6 +15,7 @@ import warnings
 
 import torch
 
+from relsql.compile.ops import op_kind, run_op
 from relsql.errors import ShapeError
 from relsql.template.ir import MAX_ELEMENTS
 
@@ -46,27 +47,10 @@ def check_size(shape: tuple[int, ...], dtype: torch.dtype, what: str, fix: str) 
 
 
 def _rows(kind: str, args: list[torch.Tensor], attrs: dict, is_param: list[bool]) -> int:
-    if kind == "gather":
-        return args[1].shape[0]
-    if kind in ("linear", "typed_linear"):
-        return args[1].shape[0]
-    if kind in ("segment", "attention"):
-        return args[-1].shape[0]
-    if kind == "sparse_attention":  # the CSR pattern's rows
-        return args[3].shape[0] - 1
-    if kind in ("scatter", "broadcast", "slice"):
-        return attrs["rows"]
-    if kind in ("spmm", "addspmm"):
-        matrix = args[0] if kind == "spmm" else args[1]
-        if matrix.shape[1] != args[-1].shape[0]:  # a sparse kernel would read out of bounds, not fail
-            raise ValueError(f"a {tuple(matrix.shape)} matrix cannot multiply {args[-1].shape[0]} rows")
-        return matrix.shape[0]
-    if kind == "dense_reduce":
-        if args[0].shape[0] % attrs["width"]:
-            raise ValueError(f"{args[0].shape[0]} rows do not split into groups of {attrs['width']}")
-        return args[0].shape[0] // attrs["width"]
-    if kind == "as_row":
-        return 1
+    """The op's row count: its kind's rule, else the one row count its data arguments share."""
+    rule = op_kind(kind).rows
+    if rule is not None:
+        return rule(args, attrs)
     counts = {a.shape[0] for a, p in zip(args, is_param) if not p and a.dim() > 0} - {1}
     if len(counts) > 1:
         raise ValueError(f"row counts {sorted(counts)} differ")
@@ -75,14 +59,15 @@ def _rows(kind: str, args: list[torch.Tensor], attrs: dict, is_param: list[bool]
 
 def _stand_in(kind: str, position: int, arg: torch.Tensor, attrs: dict, is_param: bool,
               dtype: torch.dtype) -> torch.Tensor:
-    if arg.layout != torch.strided or (kind, position) in (("spmm", 0), ("addspmm", 1)):  # a constant matrix, cast like the data
+    entry = op_kind(kind)
+    if arg.layout != torch.strided or position in entry.matrices:  # a constant matrix, cast like the data
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # sparse CSR is beta
             return torch.sparse_csr_tensor(torch.tensor([0, 1]), torch.tensor([0]), torch.zeros(1, dtype=dtype), (1, 1))
     if not arg.is_floating_point():
-        if (kind, position) in (("segment", 2), ("attention", 3), ("typed_linear", 3)):
+        if position in entry.counts:
             return torch.ones(1, dtype=arg.dtype)  # counts: one grounding in the one segment
-        if (kind, position) in (("sparse_attention", 3), ("sparse_attention", 5)):
+        if position in entry.offsets:
             return torch.tensor([0, 1], dtype=arg.dtype)  # offsets: one entry in the one row
         return torch.zeros(1, dtype=arg.dtype)  # row ids / segment ids
     if is_param:
@@ -112,8 +97,6 @@ def infer(kind: str, args: list[torch.Tensor], attrs: dict, is_param: list[bool]
 
 
 def _run_small(kind: str, small: list[torch.Tensor], attrs: dict) -> tuple[tuple[int, ...], torch.dtype]:
-    from relsql.compile.module import run_op
-
     small_attrs = {**attrs, "rows": 1} if kind in ("scatter", "broadcast") else attrs
     if kind == "slice":
         small_attrs = {**attrs, "start": 0, "rows": 1}

@@ -18,6 +18,7 @@ from relsql.compile import costs
 from relsql.compile.module import CompiledNet
 from relsql.compile.passes import RULES, propagate_gathers
 from relsql.compile.passes.propagate_gathers import PRESETS
+from relsql.compile.planning import make_plan
 
 
 def with_strength(strength: float, passes: tuple | None = None) -> tuple:
@@ -62,8 +63,6 @@ def fastest(template, grounding, dtype: torch.dtype, device, seed: int | None, o
     Candidates are timed in turn, round after round (so load on the machine hits all alike),
     and compared by their median step time; identical plans are timed once.
     """
-    from relsql.compile import make_plan
-
     output = output or template.output
     candidates: dict[str, tuple[CompiledNet, list[float]]] = {}
     for strength in strengths:

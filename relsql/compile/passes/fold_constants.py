@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from relsql.compile.ops import run_op
 from relsql.compile.plan import Op, Plan
 
 
@@ -19,8 +20,6 @@ def _size(tensor: torch.Tensor) -> int:
 
 
 def fold_constants(plan: Plan) -> Plan:
-    from relsql.compile.module import run_op
-
     folded = 0
     ops: list[Op] = []
     replaced: dict[int, int] = {}
