@@ -84,6 +84,24 @@ def mutag():
     return db
 
 
+@pytest.fixture(scope="module")
+def random_graphs():
+    """Graph batches with continuous random features: nothing is isomorphic, unlike MUTAG
+    (tests/test_passes.py and the tests of single passes), one per test module."""
+    import numpy as np
+
+    from bench.gnn import Graphs, load_graphs
+
+    rng = np.random.default_rng(5)
+    nodes, graphs, edges = 3000, 60, 12000
+    graph_of_node = np.sort(np.concatenate([np.arange(1, graphs + 1), rng.integers(1, graphs + 1, nodes - graphs)]))
+    src, dst = rng.integers(1, nodes + 1, edges), rng.integers(1, nodes + 1, edges)
+    db = relsql.connect()
+    load_graphs(db.con, Graphs("random", rng.standard_normal((nodes, 12)), graph_of_node,
+                               np.stack([src, dst], 1), rng.integers(0, 2, graphs)))
+    return db
+
+
 @pytest.fixture(scope="session")
 def pg_server():
     """A real PostgreSQL server on 127.0.0.1 (high port, temp dir), stopped at session end.
