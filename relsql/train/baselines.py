@@ -10,22 +10,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import sqlglot.expressions as exp
 import torch
 
 from relsql.ground import query as q
 
-if TYPE_CHECKING:
-    from relsql.model import Model
-
 CHEAP_ROWS = 2_000_000  # own_columns reads the target table's rows into memory once
 _NUMERIC = ("INT", "DOUBLE", "FLOAT", "REAL", "DECIMAL", "NUMERIC", "BOOL")
 
 
-def majority(model: Model, split: str) -> dict[str, float]:
+def majority(model, split: str) -> dict[str, float]:
     train, y = _labels(model, "train"), _labels(model, split)
     out = np.zeros((len(y), model.task.units))  # regression: the training mean is 0 in standardized units
     if model.task.kind == "binary":
@@ -35,7 +30,7 @@ def majority(model: Model, split: str) -> dict[str, float]:
     return model.task.scores(out, y)
 
 
-def own_columns(model: Model, split: str) -> tuple[dict[str, float], list[str]] | None:
+def own_columns(model, split: str) -> tuple[dict[str, float], list[str]] | None:
     """Scores on `split` of a linear model of the target table's own columns, and those columns;
     None when there are none to use or the table is too large to be cheap."""
     columns = _columns(model)
@@ -67,11 +62,11 @@ def own_columns(model: Model, split: str) -> tuple[dict[str, float], list[str]] 
     return model.task.scores(out, y[rows].numpy()), columns
 
 
-def _labels(model: Model, split: str) -> np.ndarray:
+def _labels(model, split: str) -> np.ndarray:
     return model.y[model.rows[split]].detach().cpu().double().numpy()
 
 
-def _columns(model: Model) -> list[str]:
+def _columns(model) -> list[str]:
     """Numeric and boolean columns of the target table that say something about a row: not the
     target, the output's keys, the time column, or anything named like an identifier."""
     from relsql.template.auto import id_like
@@ -84,7 +79,7 @@ def _columns(model: Model) -> list[str]:
             and "INTERVAL" not in kind.upper() and "[]" not in kind]
 
 
-def _matrix(model: Model, columns: list[str]) -> np.ndarray:
+def _matrix(model, columns: list[str]) -> np.ndarray:
     """The columns for each labelled row, in the model's order of labelled rows (the output's
     row ids, as `Model._labels` joins them)."""
     keys = model.template.relations[model.output].keys

@@ -13,7 +13,8 @@ from relsql.ground import query as q
 from relsql.template.ir import Template
 
 if TYPE_CHECKING:
-    from relsql.model import Model
+    from relsql.db import Database
+    from relsql.train.target import Target
 
 
 def default_output(template: Template, table: str) -> str:
@@ -35,27 +36,27 @@ def _type_kind(sql_type: str) -> str:
     return name
 
 
-def key_types(model: Model, keys: list[str]) -> None:
+def key_types(db: Database, output: str, table: str, keys: list[str]) -> None:
     """The output's head keys and the target table's key columns must be of one kind: DuckDB
     would compare '1' with 1 by casting, silently matching rows that are not the same key."""
-    produced = dict(model.db.result_columns(exp.select(exp.Star()).from_(model.db.temp_table("k", model.output)).limit(0)))
-    columns = dict(model.db.columns(model.table))
+    produced = dict(db.result_columns(exp.select(exp.Star()).from_(db.temp_table("k", output)).limit(0)))
+    columns = dict(db.columns(table))
     for key in keys:
         mine, theirs = _type_kind(produced.get(key, "")), _type_kind(columns.get(key, ""))
         if mine != theirs:
-            raise SchemaError(f"output relation `{model.output}` has key `{key}` of type {produced.get(key)}, but "
-                              f"`{model.table}.{key}` is {columns.get(key)}; select the target table's own key column "
+            raise SchemaError(f"output relation `{output}` has key `{key}` of type {produced.get(key)}, but "
+                              f"`{table}.{key}` is {columns.get(key)}; select the target table's own key column "
                               f"as the head (or CAST it to {columns.get(key)})")
 
 
-def splits(model: Model, split: dict[str, np.ndarray], labelled: int) -> None:
+def splits(db: Database, target: Target, split: dict[str, np.ndarray], labelled: int) -> None:
     """Every split asked for gets rows: a model trained on one row, or judged on none, is not a
     result. The message says how many target rows the output relation reaches."""
-    empty = [name for name, fraction in zip(("train", "val", "test"), model.fractions) if fraction > 0 and not len(split[name])]
+    empty = [name for name, fraction in zip(("train", "val", "test"), target.fractions) if fraction > 0 and not len(split[name])]
     if not empty:
         return
-    total = model.db.arrow(exp.select(exp.Count(this=q.col(model.column))).from_(exp.Table(this=q.ident(model.table)))).column(0)[0].as_py()
+    total = db.arrow(exp.select(exp.Count(this=q.col(target.column))).from_(exp.Table(this=q.ident(target.table)))).column(0)[0].as_py()
     raise RelsqlError(
-        f"the {' and '.join(empty)} split{'s are' if len(empty) > 1 else ' is'} empty: output relation `{model.output}` "
-        f"has a row for {labelled} of the {total} labelled rows of `{model.table}`. Check that `{model.output}` is the "
-        f"relation that predicts {model.target} (output=...), add labelled rows, or give those splits 0 in split=")
+        f"the {' and '.join(empty)} split{'s are' if len(empty) > 1 else ' is'} empty: output relation `{target.output}` "
+        f"has a row for {labelled} of the {total} labelled rows of `{target.table}`. Check that `{target.output}` is the "
+        f"relation that predicts {target.name} (output=...), add labelled rows, or give those splits 0 in split=")

@@ -9,8 +9,10 @@ additions. Validation rows are shared out the same way and their outputs gathere
 rank makes the same early-stopping choice. Rank 0 hands the result back to the process that
 started the ranks, which owns the database: it keeps checkpoints, predictions and saved models.
 
-Ranks are `python -m relsql.train.distributed` processes; the job (the model's weights, task,
-split and the store's description) reaches them through their stdin, from this process only.
+The ranks run the one training loop (relsql/train/trainer.py) with the `Ranks` strategy, which
+supplies only what differs: shares of batches, the all-reduce, agreeing on new weights,
+validation, embedding shards. Ranks are `python -m relsql.train.distributed` processes; the job
+(the model's saved state with its labels, and the store's description) reaches them through their stdin, from this process only.
 A Spark-grounded model's ranks start through Spark's TorchDistributor instead
 (relsql/train/torch_distributor.py). Database-stored embeddings are sharded over the ranks
 (relsql/train/sharded.py); the parent writes them back (relsql/train/write_back.py).
@@ -40,22 +42,24 @@ from relsql.errors import RelsqlError
 from relsql.ground.demand import database_embeddings
 from relsql.ground.store import GroundingStore
 from relsql.train import checkpoint as checkpoints
-from relsql.train import guards, torch_distributor, write_back
-from relsql.train.batched import Batched
-from relsql.train.batches import Worker, batches
+from relsql.train import torch_distributor, write_back
+from relsql.train.batches import batches
+from relsql.train.learner import Learner, from_state
+from relsql.train.saved import ModelState
 from relsql.train.sharded import EmbeddingJob, ShardedEmbeddings
+from relsql.train.source import BatchSource
 from relsql.train.threads import default_threads
+from relsql.train.trainer import EarlyStopping, OneProcess, Trainer
 
 log = logging.getLogger("relsql")
 RESULT = "result.pt"
-_NOT_SENT = ("db", "batched")  # what stays with the parent: the database and its grounder
 
 
 @dataclass
 class Job:
     """Everything a rank needs: no database handle, nothing that runs code when read."""
 
-    model: dict  # the Model's state without its database (net, head, task, labels, split)
+    model: ModelState | None  # the model's state and labels, without its database (None under torchrun)
     store: tuple  # GroundingStore.detach()
     epochs: int
     batch_size: int
@@ -81,97 +85,87 @@ def launched_by_torchrun() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ and "RELSQL_RANK" not in os.environ
 
 
-def fit_as_rank(model, epochs: int, batch_size: int | None, lr: float, patience: int, weight_decay: float,
+def fit_as_rank(learner: Learner, epochs: int, batch_size: int | None, lr: float, patience: int, weight_decay: float,
                 checkpoint: Path | None = None, checkpoint_every: int | None = None, resume: bool = False,
                 timeout: float = 1800.0) -> None:
     """Train as this process's rank of a torchrun group (env://: RANK, WORLD_SIZE, MASTER_ADDR,
     MASTER_PORT): every rank built the same model on its own engine session, and reads its own or
     a shared grounding store; each ends with the same weights. Rank 0 writes the checkpoints."""
-    _refuse(model, int(os.environ["WORLD_SIZE"]))
-    if database_embeddings(model.template):
+    _refuse(learner, int(os.environ["WORLD_SIZE"]))
+    if database_embeddings(learner.template):
         raise RelsqlError("under torchrun, every rank has its own database session, and database-stored embeddings need "
                           "one writer: train them with model.fit(workers=N) from one process, or declare them storage='memory'")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if model.batched is None:
-        model.batched = model._batched(model._presets())
-    job = _job(model, world, epochs, batch_size, lr, patience, weight_decay, checkpoint, checkpoint_every, resume, timeout,
-               model={}, store=(), init_method="env://", folder="", threads=torch.get_num_threads(), started=time.time())
-    started = time.perf_counter()
+    learner.ensure_batched()
+    job = _job(learner, world, epochs, batch_size, lr, patience, weight_decay, checkpoint, checkpoint_every, resume, timeout,
+               model=None, store=(), init_method="env://", folder="", threads=torch.get_num_threads(), started=time.time())
     owned = not dist.is_initialized()
     try:
-        clock = _train(model, job, rank)
+        diverged = _train(learner, job, rank)
     finally:
         if owned and dist.is_initialized():
             dist.destroy_process_group()
-    model.epoch_cap = epochs
-    _add_timings(model, {**clock, "training": time.perf_counter() - started})
-    if model.diverged:
-        raise RelsqlError(model.diverged)
+    if diverged:
+        raise RelsqlError(diverged)
 
 
-def _job(owner, world: int, epochs: int, batch_size: int | None, lr: float, patience: int, weight_decay: float,
+def _job(owner: Learner, world: int, epochs: int, batch_size: int | None, lr: float, patience: int, weight_decay: float,
          checkpoint: Path | None, checkpoint_every: int | None, resume: bool, timeout: float, **where) -> Job:
-    """The job of every rank of `owner` (the Model): fit's arguments, the checkpoint to resume
-    from, and `where` (the model's state sent to the ranks, the store, the rendezvous, the folder for results, threads)."""
+    """The job of every rank of `owner`: fit's arguments, the checkpoint to resume from, and
+    `where` (the model's state sent to the ranks, the store, the rendezvous, the folder for results, threads)."""
     resumed = checkpoints.load(checkpoint) if resume and checkpoint is not None and Path(checkpoint).exists() else None
-    return Job(epochs=epochs, batch_size=batch_size or owner.batch_size or len(owner.rows["train"]), lr=lr, patience=patience,
-               weight_decay=weight_decay, world=world, timeout=timeout, log_level=log.getEffectiveLevel(),
+    return Job(epochs=epochs, batch_size=batch_size or owner.settings.batch_size or len(owner.rows["train"]), lr=lr,
+               patience=patience, weight_decay=weight_decay, world=world, timeout=timeout, log_level=log.getEffectiveLevel(),
                checkpoint=None if checkpoint is None else str(checkpoint), checkpoint_every=checkpoint_every,
                resume=resumed, **where)
 
 
-def _refuse(model, workers: int) -> None:
+def _refuse(learner: Learner, workers: int) -> None:
     """What ranks cannot do yet, refused before anything starts."""
-    if model.store is False:
+    if learner.settings.store is False:
         raise RelsqlError("fit(workers=N) reads every batch from the grounding store: create the Model without store=False")
-    on_this_machine = not torch_distributor.applies(model.db)  # else Spark's executors hold the GPUs
-    if model.device.type == "cuda" and on_this_machine and torch.cuda.device_count() < workers:
+    on_this_machine = not torch_distributor.applies(learner.db)  # else Spark's executors hold the GPUs
+    if learner.device.type == "cuda" and on_this_machine and torch.cuda.device_count() < workers:
         raise RelsqlError(f"fit(workers={workers}) on CUDA needs a GPU per rank (NCCL); this machine has "
                           f"{torch.cuda.device_count()}: use workers={max(1, torch.cuda.device_count())}, or device='cpu' (gloo)")
 
 
-def fit(model, workers: int, epochs: int, batch_size: int | None, lr: float, patience: int, weight_decay: float,
+def fit(learner: Learner, workers: int, epochs: int, batch_size: int | None, lr: float, patience: int, weight_decay: float,
         checkpoint: Path | None = None, checkpoint_every: int | None = None, resume: bool = False,
-        timeout: float = 1800.0) -> None:
-    """Train `model` on `workers` ranks; its weights, history and best epoch become rank 0's.
+        timeout: float = 1800.0, threads: int | None = None) -> None:
+    """Train `learner` on `workers` ranks; its weights, history and best epoch become rank 0's.
     `timeout`: seconds a rank waits for the others in a collective before giving up."""
-    _refuse(model, workers)
-    if model.batched is None:
-        model.batched = model._batched(model._presets())
-    store = model.batched.grounding_store
+    _refuse(learner, workers)
+    store = learner.ensure_batched().grounding_store
     with tempfile.TemporaryDirectory(prefix="relsql-ranks-") as folder:
-        job = _job(model, workers, epochs, batch_size, lr, patience, weight_decay, checkpoint, checkpoint_every, resume, timeout,
-                   model={k: v for k, v in model.__dict__.items() if k not in _NOT_SENT}, store=store.detach(),
+        job = _job(learner, workers, epochs, batch_size, lr, patience, weight_decay, checkpoint, checkpoint_every, resume,
+                   timeout, model=ModelState.of(learner, labels=True), store=store.detach(),
                    init_method=f"tcp://127.0.0.1:{_free_port()}", folder=folder,
-                   threads=model.threads or max(1, default_threads() // workers))
-        job.embeddings = write_back.export(model, folder, job.resume)
+                   threads=threads or max(1, default_threads() // workers))
+        job.embeddings = write_back.export(learner, folder, job.resume)
         if job.embeddings and job.resume is not None:
             _check_shards(job)
         started = time.perf_counter()
         job.started = time.time()
-        with write_back.CheckpointWriter(model, job.embeddings, job.checkpoint, workers):
-            result = _launch(model, job)
-        write_back.write_result(model, job.embeddings, folder, workers, result["embedding_updates"])
-    model.net.set_named_weights(result["weights"], model._fixed())
-    model.head.load_state_dict(result["head"])
-    model.history = list(result["history"])
-    model.best_epoch, model.stopped, model.epoch_cap = result["best_epoch"], result["stopped"], epochs
-    _add_timings(model, {**result["timings"], "training": time.perf_counter() - started})
+        with write_back.CheckpointWriter(learner, job.embeddings, job.checkpoint, workers):
+            result = _launch(learner, job)
+        write_back.write_result(learner, job.embeddings, folder, workers, result["embedding_updates"])
+    learner.net.set_named_weights(result["weights"], learner.fixed())
+    learner.head.load_state_dict(result["head"])
+    learner.history = list(result["history"])
+    learner.best_epoch, learner.stopped, learner.epoch_cap = result["best_epoch"], result["stopped"], epochs
+    for name, value in {**result["timings"], "training": time.perf_counter() - started}.items():
+        learner.timings[name] = learner.timings.get(name, 0.0) + value
     if result.get("diverged"):  # the ranks stopped at a NaN loss, with the best epoch's weights
         raise RelsqlError(result["diverged"])
 
 
-def _add_timings(model, seconds: dict[str, float]) -> None:
-    for name, value in seconds.items():
-        model.timings[name] = model.timings.get(name, 0.0) + value
-
-
-def _launch(model, job: Job) -> dict:
+def _launch(model: Learner, job: Job) -> dict:
     """Start the ranks, wait for them, and return rank 0's result (weights, history, timings).
     A Spark-grounded model's ranks start through Spark's TorchDistributor, on the executors;
     any other through this module's own rank processes on this machine."""
     if torch_distributor.applies(model.db):
-        return torch_distributor.run(model.db, job)
+        return torch_distributor.run(model.db, job, run_rank)
     _run_ranks(job)
     return torch.load(Path(job.folder) / RESULT, weights_only=True)  # tensors and numbers only
 
@@ -254,108 +248,102 @@ def _rank_main() -> None:
 
 
 def run_rank(job: Job, rank: int) -> dict | None:
-    """One rank's whole part: build the model from the job, train; rank 0 returns the result
-    (weights, head, history, timings as tensors and numbers), the others None."""
-    model = _model(job)
-    shards = _shards(model, job, rank)
-    clock = _train(model, job, rank, shards)
+    """One rank's whole part: build the learner from the job's state, train; rank 0 returns the
+    result (weights, head, history, timings as tensors and numbers), the others None."""
+    learner = from_state(job.model, GroundingStore.attach(*job.store))
+    shards = _shards(learner, job, rank)
+    strategy = Ranks(job, rank, shards)
+    diverged = _train(learner, job, rank, strategy)
     if shards is not None:
         shards.write_result(job.folder)
         dist.barrier()  # every rank's rows are on disk before rank 0 reports
     if rank != 0:
         return None
-    return {"weights": {n: p.detach().cpu() for n, p in model.net.weights_by_name().items()},
-            "head": {k: v.cpu() for k, v in model.head.state_dict().items()},
-            "history": model.history, "best_epoch": model.best_epoch, "stopped": model.stopped, "timings": clock,
-            "diverged": model.diverged,
+    return {"weights": {n: p.detach().cpu() for n, p in learner.net.weights_by_name().items()},
+            "head": {k: v.cpu() for k, v in learner.head.state_dict().items()},
+            "history": learner.history, "best_epoch": learner.best_epoch, "stopped": learner.stopped,
+            "timings": strategy.clock, "diverged": diverged,
             "embedding_updates": {} if shards is None else shards.updates}
 
 
-def _shards(model, job: Job, rank: int) -> ShardedEmbeddings | None:
+def _shards(learner: Learner, job: Job, rank: int) -> ShardedEmbeddings | None:
     if not job.embeddings:
         return None
-    return ShardedEmbeddings(job.embeddings, model.batched.grounding_store.embedding_keys, rank, job.world, model.dtype,
-                             model.device)
+    return ShardedEmbeddings(job.embeddings, learner.batched.grounding_store.embedding_keys, rank, job.world,
+                             learner.dtype, learner.device)
 
 
-def _model(job: Job):
-    from relsql.model import Model
-
-    model = Model.__new__(Model)
-    model.__dict__.update(job.model)
-    store = GroundingStore.attach(*job.store)
-    model.db = None
-    model.batched = Batched(store.grounder, model.template, model.output, model.dtype, model.seed,
-                            model.embedding_optimizer or "adagrad", model.embedding_lr, store, device=model.device)
-    return model
-
-
-def _train(model, job: Job, rank: int, shards: ShardedEmbeddings | None = None) -> dict[str, float]:
-    """The single-process loop of Model.fit, on this rank's share of every batch; the model ends
-    with the best epoch's weights and its history. Returns this rank's time split."""
-    device = model.device
-    if device.type == "cuda":
-        device = model.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))  # this machine's GPU of the rank
-        model.net.to(device)
-        model.head.to(device)
-        model.y = model.y.to(device)
+def _train(learner: Learner, job: Job, rank: int, strategy: Ranks | None = None) -> str | None:
+    """The one training loop (relsql/train/trainer.py) as this rank; the learner ends with the best
+    epoch's weights. Returns the message of a diverged loss, else None."""
+    strategy = strategy or Ranks(job, rank, None)
+    if learner.device.type == "cuda":  # this machine's GPU of the rank
+        learner.move(torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank))))
     if not dist.is_initialized():
         _import_dynamo_first()
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=job.init_method, rank=rank,
-                                world_size=job.world, timeout=timedelta(seconds=job.timeout))
-    clock = {"rank_startup": time.time() - job.started, "epochs": 0.0, "waiting_on_store": 0.0, "compute": 0.0,
-             "all_reduce": 0.0, "validation": 0.0}
-    optimizers = model._optimizers(job.lr, job.weight_decay)
-    monitor = "val" if len(model.rows["val"]) else "train"
-    best = {"loss": float("inf"), "state": None}
-    start_epoch, start_batch, model._running = 0, 0, (0.0, 0)
-    if job.resume is not None:
-        start_epoch, start_batch = model._resume_from(job.resume, job.checkpoint, optimizers, best, None)
-        if shards is not None:
-            _resume_shards(shards, job, best)
-    model.stopped, model.diverged = "epochs", None
-    try:
-        _epochs(model, job, rank, start_epoch, start_batch, optimizers, best, clock, shards, monitor, device)
-    except guards.Diverged as err:  # every rank sees the same summed loss: all stop here together
-        model.stopped = f"diverged ({err.split} loss {err.value} at epoch {err.epoch + 1})"
-        model.diverged = guards.diverged_message(err, job.lr, model.best_epoch if best["state"] is not None else None, best["loss"])
-    if best["state"] is not None:
-        model._restore_weights(best["state"])
-        if shards is not None:
-            shards.restore(best["shards"])
-    return clock
+        dist.init_process_group("nccl" if learner.device.type == "cuda" else "gloo", init_method=job.init_method,
+                                rank=rank, world_size=job.world, timeout=timedelta(seconds=job.timeout))
+    strategy.clock["rank_startup"] = time.time() - job.started
+    trainer = Trainer(learner, strategy, epochs=job.epochs, batch_size=job.batch_size, lr=job.lr, patience=job.patience,
+                      weight_decay=job.weight_decay, checkpoint=job.checkpoint, checkpoint_every=job.checkpoint_every)
+    learner.stopped = "epochs"
+    diverged = trainer.fit(batched=True, resume=job.resume)
+    strategy.clock.update({k: v for k, v in trainer.clock.items() if k != "waiting_on_store"})
+    strategy.clock["waiting_on_store"] = trainer.source.waited
+    return diverged
 
 
-def _epochs(model, job: Job, rank: int, start_epoch: int, start_batch: int, optimizers, best: dict, clock: dict,
-            shards: ShardedEmbeddings | None, monitor: str, device) -> None:
-    """The epochs of one fit, until the last or early stopping; Diverged at a NaN loss."""
-    for epoch in range(start_epoch, job.epochs):
-        order = batches(model.rows["train"], job.batch_size, np.random.default_rng([model.seed, epoch]))
-        first = start_batch if epoch == start_epoch else 0
-        started = time.perf_counter()
-        record = {"epoch": epoch, "train_loss": _epoch(model, job, rank, order, epoch, first, optimizers, best, clock, shards)}
-        clock["epochs"] += time.perf_counter() - started
-        started = time.perf_counter()
-        record.update(_validation(model, job, rank, device, shards))
-        clock["validation"] += time.perf_counter() - started
-        guards.check_loss(record[f"{monitor}_loss"], epoch, split="validation" if monitor == "val" else "training")
-        model.history.append(record)
-        if rank == 0 and guards.logs_epoch(epoch, start_epoch, job.epochs):  # a few lines per fit
-            log.info("epoch %d of %d: train loss %.4f, validation loss %.4f", epoch + 1, job.epochs,
-                     record["train_loss"], record["val_loss"])
-        current = record[f"{monitor}_loss"]
-        stop = False
-        if current < best["loss"] - 1e-7:
-            best["loss"], model.best_epoch, best["state"] = current, epoch, model._weights_copy()
-            if shards is not None:
-                best["shards"] = shards.state()
-        elif epoch - model.best_epoch >= job.patience:
-            stop = True
-        if job.checkpoint is not None:
-            _checkpoint(model, job, rank, epoch + 1, 0, optimizers, best, shards)
-        if stop:
-            model.stopped = "early (no validation improvement for patience epochs)"
-            break
+class Ranks(OneProcess):
+    """The strategy of one rank among job.world: a contiguous share of every global batch, gradients
+    summed in one all-reduce, new weights agreed on, validation shared out and gathered,
+    database-stored embeddings in shards (relsql/train/sharded.py), rank 0 writing checkpoints."""
+
+    bars = False
+
+    def __init__(self, job: Job, rank: int, shards: ShardedEmbeddings | None):
+        self.job, self.rank, self.shards, self.world = job, rank, shards, job.world
+        self.main = rank == 0
+        self.clock: dict[str, float] = {}
+
+    def source(self, learner: Learner, batched: bool) -> BatchSource:
+        return BatchSource(learner.ensure_batched(), fetch=self._fetch)
+
+    def _fetch(self, batch) -> dict:
+        return self.shards.fetch(batch) if self.shards is not None else {}
+
+    def shares(self, order: list[np.ndarray]) -> list[np.ndarray]:
+        return [np.array_split(positions, self.world)[self.rank] for positions in order]
+
+    def create_weights(self, trainer: Trainer, batch) -> list:
+        return _agree_on_weights(trainer.learner, batch, self.world)
+
+    def reduce(self, trainer: Trainer, loss: torch.Tensor, external: dict) -> tuple[float, list[torch.Tensor]]:
+        return _all_reduce_gradients(trainer.learner, loss, self.shards.gradients(external) if self.shards else [])
+
+    def after_step(self, trainer: Trainer, batch, external: dict, reduced) -> None:
+        if self.shards is not None:
+            self.shards.apply(reduced)
+
+    def validate(self, trainer: Trainer, train_loss: float) -> dict[str, float]:
+        return {"train_loss": train_loss, **_validation(trainer.learner, self.job, self.rank, self.shards)}
+
+    def best(self, trainer: Trainer) -> None:
+        if self.shards is not None:
+            trainer.stopping.extra = self.shards.state()
+
+    def keep_best(self, trainer: Trainer, last: int | None) -> None:
+        if self.shards is not None and trainer.stopping.extra is not None:
+            self.shards.restore(trainer.stopping.extra)
+
+    def checkpoint(self, trainer: Trainer, epoch: int, batch: int) -> None:
+        _checkpoint(trainer, self.job, self.rank, epoch, batch, self.shards)
+
+    def resume(self, trainer: Trainer, state: dict, where: str) -> None:
+        if self.shards is not None:
+            _resume_shards(self.shards, self.job, trainer.stopping)
+
+    def timings(self, trainer: Trainer) -> dict[str, float]:
+        return {}
 
 
 def _import_dynamo_first() -> None:
@@ -366,25 +354,24 @@ def _import_dynamo_first() -> None:
     import torch._dynamo  # noqa: F401
 
 
-def _checkpoint(model, job: Job, rank: int, epoch: int, batch: int, optimizers, best: dict,
-                shards: ShardedEmbeddings | None) -> None:
+def _checkpoint(trainer: Trainer, job: Job, rank: int, epoch: int, batch: int, shards: ShardedEmbeddings | None) -> None:
     """Rank 0 writes Model.fit's checkpoint file. With sharded embeddings every rank first writes
     its shards beside it (tagged by the update count), the file names that tag, and only then are
     older shard files dropped: a crash anywhere leaves a file whose shards exist."""
     if shards is None:
         if rank == 0:
-            model._checkpoint(job.checkpoint, epoch, batch, optimizers, best, None)
+            trainer.write_checkpoint(epoch, batch)
         return
     folder = _shard_folder(job)
-    tags = {"now": str(shards.steps), "best": None if "shards" not in best else f"best{best['shards']['steps']}"}
+    best = trainer.stopping.extra
+    tags = {"now": str(shards.steps), "best": None if best is None else f"best{best['steps']}"}
     shards.save(folder, tags["now"])
     if tags["best"] is not None:
-        shards.save(folder, tags["best"], best["shards"])
+        shards.save(folder, tags["best"], best)
     dist.barrier()
     if rank == 0:
         base = {w: spec.step for w, spec in job.embeddings.items()}  # the tables' steps when the run began
-        model._checkpoint(job.checkpoint, epoch, batch, optimizers, best, None,
-                          extra={"shards": {"world": job.world, "base": base, **tags}})
+        trainer.write_checkpoint(epoch, batch, extra={"shards": {"world": job.world, "base": base, **tags}})
     dist.barrier()
     shards.drop_saved(folder, {t for t in tags.values() if t is not None})
 
@@ -402,90 +389,36 @@ def _check_shards(job: Job) -> None:
                           "or start without resume=True")
 
 
-def _resume_shards(shards: ShardedEmbeddings, job: Job, best: dict) -> None:
+def _resume_shards(shards: ShardedEmbeddings, job: Job, stopping: EarlyStopping) -> None:
     """The shards the resumed checkpoint names (written by as many ranks as there are now)."""
     _check_shards(job)
     saved = job.resume["shards"]
     shards.restore(shards.load(_shard_folder(job), saved["now"]))
     if saved["best"] is not None:
-        best["shards"] = shards.load(_shard_folder(job), saved["best"])
+        stopping.extra = shards.load(_shard_folder(job), saved["best"])
 
 
-def _epoch(model, job: Job, rank: int, order: list[np.ndarray], epoch: int, first: int, optimizers, best: dict,
-           clock: dict, shards: ShardedEmbeddings | None) -> float:
-    """One pass over the global batches (from batch `first`); returns the mean loss over the
-    epoch's rows. Rank 0 writes the mid-epoch checkpoints."""
-    shares = [np.array_split(positions, job.world)[rank] for positions in order]
-    total, count = model._running if first else (0.0, 0)
-    with Worker() as worker:
-        pending = worker.prefetch(_prepare, model, shares[first], epoch) if first < len(order) else None
-        for b in range(first, len(order)):
-            positions = order[b]
-            batch = worker.wait(pending)
-            pending = worker.prefetch(_prepare, model, shares[b + 1], epoch) if b + 1 < len(order) else None
-            started = time.perf_counter()
-            external = shards.fetch(batch) if shards is not None else {}
-            clock["all_reduce"] += time.perf_counter() - started
-            started = time.perf_counter()
-            _agree_on_weights(model, batch, optimizers, job)
-            for optimizer in optimizers:
-                optimizer.zero_grad()
-            loss = torch.zeros((), dtype=model.dtype, device=model.device)
-            if batch is not None:
-                out = Batched.outputs(model.net, model.head, batch, external, model.output)
-                y = model.y[torch.as_tensor(shares[b], device=model.device)]
-                loss = model.task.loss(out, y) * (len(shares[b]) / len(positions))  # this share's part of the batch mean
-                loss.backward()
-            clock["compute"] += time.perf_counter() - started
-            started = time.perf_counter()
-            batch_loss, reduced = _all_reduce_gradients(model, loss.detach(), shards.gradients(external) if shards else [])
-            clock["all_reduce"] += time.perf_counter() - started
-            guards.check_loss(batch_loss, epoch, b, len(order))  # the summed loss: every rank stops at the same step
-            started = time.perf_counter()
-            for optimizer in optimizers:
-                optimizer.step()
-            if shards is not None:
-                shards.apply(reduced)
-            clock["compute"] += time.perf_counter() - started
-            total, count = total + batch_loss * len(positions), count + len(positions)
-            model._running = (total, count)
-            if job.checkpoint is not None and job.checkpoint_every and (b + 1) % job.checkpoint_every == 0 and b + 1 < len(order):
-                _checkpoint(model, job, rank, epoch, b + 1, optimizers, best, shards)
-        clock["waiting_on_store"] += worker.waited
-    return total / count if count else float("nan")
-
-
-def _prepare(model, positions: np.ndarray, epoch: int):
-    return model.batched.prepare(model.labelled[positions], epoch) if len(positions) else None
-
-
-def _agree_on_weights(model, batch, optimizers, job: Job) -> None:
+def _agree_on_weights(learner: Learner, batch, world: int) -> list:
     """Every rank creates the weights any rank's share needs first (one process would create
     them for the whole batch at this step), so all hold the same parameters in the same state."""
-    new = {} if batch is None else {n: s for n, s in batch.plan.params.items()
-                                    if not s.external and n not in model.net._param_keys}
+    have = learner.net.weights_by_name()
+    new = {} if batch is None else {n: s for n, s in batch.plan.params.items() if not s.external and n not in have}
     flag = torch.tensor([len(new)], dtype=torch.int64)
     dist.all_reduce(flag)
     if not int(flag):
-        return
-    gathered: list[dict] = [{} for _ in range(job.world)]
+        return []
+    gathered: list[dict] = [{} for _ in range(world)]
     dist.all_gather_object(gathered, new)
     merged = {name: spec for part in gathered for name, spec in sorted(part.items())}
-    created = model.net.add_weights(SimpleNamespace(params=merged))
-    dense = [p for p in created if p.requires_grad and not model._is_embedding(p)]
-    if dense:
-        optimizers[0].add_param_group({"params": dense, "lr": job.lr, "weight_decay": job.weight_decay})
-    sparse = [p for p in created if p.requires_grad and model._is_embedding(p)]
-    if sparse:
-        optimizers.append(model._optimizers_for(sparse))
+    return learner.net.add_weights(SimpleNamespace(params=merged))
 
 
-def _all_reduce_gradients(model, loss: torch.Tensor, extra: list[torch.Tensor]) -> tuple[float, list[torch.Tensor]]:
+def _all_reduce_gradients(learner: Learner, loss: torch.Tensor, extra: list[torch.Tensor]) -> tuple[float, list[torch.Tensor]]:
     """Sum gradients (and the batch loss, and `extra`: the sharded embeddings' part) over the
     ranks in one all-reduce; a weight no rank used keeps no gradient, as in one process (Adam
     then leaves it alone). Returns the batch loss and `extra` summed."""
-    params = [p for _, p in sorted(model.net.weights_by_name().items()) if p.requires_grad]
-    params += [p for p in model.head.parameters() if p.requires_grad]
+    params = [p for _, p in sorted(learner.net.weights_by_name().items()) if p.requires_grad]
+    params += [p for p in learner.head.parameters() if p.requires_grad]
     parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
     used = torch.tensor([p.grad is not None for p in params], dtype=loss.dtype, device=loss.device)
     extra = [e.to(loss.device, loss.dtype) for e in extra]
@@ -505,45 +438,43 @@ def _all_reduce_gradients(model, loss: torch.Tensor, extra: list[torch.Tensor]) 
     return batch_loss, summed
 
 
-def _outputs_in_step(model, job: Job, shares: list[np.ndarray], rids: np.ndarray, shards: ShardedEmbeddings) -> torch.Tensor:
+def _outputs_in_step(learner: Learner, job: Job, shares: list[np.ndarray], rids: np.ndarray,
+                     shards: ShardedEmbeddings) -> torch.Tensor:
     """Outputs of this rank's rows `rids` in batches, every rank taking as many steps as the one
     with the most (fetching the embeddings is collective): the others fetch nothing then."""
     steps = max(len(batches(np.arange(len(s)), job.batch_size, None)) if len(s) else 0 for s in shares)
     chunks = batches(rids, job.batch_size, None) if len(rids) else []
-    outs = [torch.zeros((0, model.task.units), dtype=model.dtype, device=model.device)]
-    for i in range(steps):
-        batch = model.batched.prepare(chunks[i]) if i < len(chunks) else None
-        external = shards.fetch(batch)
-        if batch is not None:
-            outs.append(Batched.outputs(model.net, model.head, batch, external, model.output))
+    chunks += [np.zeros(0, dtype=np.int64)] * (steps - len(chunks))
+    outs = [torch.zeros((0, learner.task.units), dtype=learner.dtype, device=learner.device)]
+    with BatchSource(learner.batched, fetch=shards.fetch) as source:
+        for _, batch, external in source.epoch(chunks):
+            if batch is not None:
+                outs.append(learner.batch_outputs(batch, external))
     return torch.cat(outs)
 
 
-def _validation(model, job: Job, rank: int, device: torch.device, shards: ShardedEmbeddings | None) -> dict[str, float]:
+def _validation(learner: Learner, job: Job, rank: int, shards: ShardedEmbeddings | None) -> dict[str, float]:
     """Validation loss and metrics over all its rows: each rank computes a share, all gather."""
-    positions = model.rows["val"]
+    positions = learner.rows["val"]
     if not len(positions):
         return {"val_loss": float("nan")}
     shares = np.array_split(np.arange(len(positions)), job.world)
     mine = positions[shares[rank]]
     with torch.no_grad():
         if shards is not None:
-            out = _outputs_in_step(model, job, shares, model.labelled[mine], shards)
+            out = _outputs_in_step(learner, job, shares, learner.labelled[mine], shards)
         elif len(mine):
-            out = model._batched_outputs(model.labelled[mine], None, job.batch_size)
+            out = learner.outputs_of(learner.labelled[mine], None, job.batch_size)
         else:
-            out = torch.zeros((0, model.task.units), dtype=model.dtype, device=device)
+            out = torch.zeros((0, learner.task.units), dtype=learner.dtype, device=learner.device)
     widest = max(len(s) for s in shares)
     padded = torch.zeros((widest, out.shape[1]), dtype=out.dtype, device=out.device)
     padded[:len(out)] = out
     gathered = [torch.empty_like(padded) for _ in range(job.world)]
     dist.all_gather(gathered, padded)
     out = torch.cat([g[:len(s)] for g, s in zip(gathered, shares)])
-    y = model.y[torch.as_tensor(positions, device=model.y.device)]
-    record = {"val_loss": float(model.task.loss(out, y))}
-    for name, value in model.task.scores(out.cpu().double().numpy(), y.cpu().double().numpy()).items():
-        record[f"val_{name}"] = value
-    return record
+    y = learner.y[torch.as_tensor(positions, device=learner.y.device)]
+    return learner.scores(out, y, "val_")
 
 
 if __name__ == "__main__":

@@ -6,8 +6,6 @@ gradient is summed per key inside the database over the split's batches (Gradien
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import pyarrow as pa
 import sqlglot.expressions as exp
@@ -17,21 +15,19 @@ from relsql import arguments
 from relsql.db import check_table_name, qualified
 from relsql.errors import RelsqlError, SchemaError
 from relsql.ground.demand import database_embeddings
-from relsql.train.batched import Batched
-from relsql.train.batches import Worker, batches
+from relsql.train.batches import batches
 from relsql.train.embeddings import GradientStaging, table_suffix
+from relsql.train.learner import Learner
+from relsql.train.source import BatchSource
 
-if TYPE_CHECKING:
-    from relsql.model import Model
 
-
-def write(model: Model, prefix: str, split: str, replace: bool) -> dict[str, str]:
+def write(model: Learner, prefix: str, split: str, replace: bool) -> dict[str, str]:
     """Model.gradients_as_relations: every table name checked first, then written; on a failure the
     tables this call created are dropped again."""
     if split not in model.rows or not len(model.rows[split]):
         raise RelsqlError(f"split {split!r} has no rows to take gradients on; use 'train', 'val' or 'test'")
     arguments.text("prefix", prefix)
-    names = [*model._weights_by_name(), *(database_embeddings(model.template) if model.mini_batches else {})]
+    names = [*model.weights_by_name(), *(database_embeddings(model.template) if model.mini_batches else {})]
     tables = {name: check_table_name(prefix + table_suffix(name)) for name in names}
     existing = {t.casefold(): t for t in model.db.tables()}
     _check_new_tables(model, tables, existing, replace)  # all names first: a refused one must not leave others written
@@ -52,7 +48,7 @@ def write(model: Model, prefix: str, split: str, replace: bool) -> dict[str, str
     return written
 
 
-def _check_new_tables(model: Model, tables: dict[str, str], existing: dict[str, str], replace: bool) -> None:
+def _check_new_tables(model: Learner, tables: dict[str, str], existing: dict[str, str], replace: bool) -> None:
     """Refuse before writing: two weights onto one table, an existing table without replace
     (`existing`: folded name -> name; relsql's own prefix is refused by check_table_name)."""
     seen: dict[str, str] = {}
@@ -65,29 +61,29 @@ def _check_new_tables(model: Model, tables: dict[str, str], existing: dict[str, 
                               "choose another prefix or pass replace=True (nothing was written)")
 
 
-def _write(model: Model, tables: dict[str, str], split: str, rows: np.ndarray, replace: bool, written: dict[str, str]) -> None:
+def _write(model: Learner, tables: dict[str, str], split: str, rows: np.ndarray, replace: bool, written: dict[str, str]) -> None:
     """The split's loss backwards (batch by batch for mini-batch models), then one table per weight;
     `written` collects what is written so far, for the caller to undo."""
     if model.mini_batches:
         staging: dict[str, GradientStaging] = {}
-        with Worker() as worker:
-            for positions in batches(rows, model.batch_size, None):
-                batch = worker.run(model.batched.prepare, model.labelled[positions])
-                external = worker.run(model.batched.fetch, batch)
-                out = Batched.outputs(model.net, model.head, batch, external, model.output)
+        chunks = batches(rows, model.settings.batch_size, None)
+        with BatchSource(model.batched) as source:
+            for b, batch, external in source.epoch([model.labelled[positions] for positions in chunks]):
+                positions = chunks[b]
+                out = model.batch_outputs(batch, external)
                 y = model.y[torch.as_tensor(positions, device=model.device)]
                 (model.task.loss(out, y) * (len(positions) / len(rows))).backward()  # the mean over the split
                 for weight, values in external.items():
                     if weight not in staging:
                         staging[weight] = GradientStaging(model.db, weight, values.shape[1])
-                    worker.run(staging[weight].add, batch.grounding.embedding_keys[weight], values.grad)
+                    source.run(staging[weight].add, batch.grounding.embedding_keys[weight], values.grad)
             for weight, stage in staging.items():
-                worker.run(stage.write, tables[weight], replace)
+                source.run(stage.write, tables[weight], replace)
                 written[weight] = tables[weight]
     else:
-        index, y = model._split_tensors(split)
-        model.task.loss(model._outputs().index_select(0, index), y).backward()
-    for name, parameter in model._weights_by_name().items():
+        index, y = model.goal.split_index(split)
+        model.task.loss(model.outputs().index_select(0, index), y).backward()
+    for name, parameter in model.weights_by_name().items():
         grad = parameter.grad if parameter.grad is not None else torch.zeros_like(parameter)
         matrix = grad.detach().cpu().double().reshape(grad.shape[0] if grad.dim() else 1, -1).numpy()
         table = pa.table({"parameter": [name] * matrix.shape[0], "row": np.arange(matrix.shape[0], dtype=np.int64),

@@ -1,4 +1,6 @@
-"""A trained model as a file: what `Model.save` writes and what `Model.load` accepts back.
+"""A trained model's state as plain data: what `Model.save` writes, what `Model.load` accepts
+back, and what the parent process hands its training ranks (with the labels, which a file does
+not hold: a loaded model reads them from its database again).
 
 The file is plain data (relsql/train/checkpoint.py). Reading checks every value the way the
 API checks a user's arguments, since a file may be damaged or crafted: the settings it holds
@@ -9,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -22,16 +23,13 @@ from relsql.template.ir import Template
 from relsql.train import checkpoint as files
 from relsql.train.task import Task
 
-if TYPE_CHECKING:
-    from relsql.model import Model
-
 FORMAT = "relsql-model-3"
 NoneType = type(None)
 
 
 @dataclass
-class Saved:
-    """A model file's contents, checked."""
+class ModelState:
+    """A model's settings, encodings, task, split and weights (a file's contents, checked)."""
 
     template: Template
     target: str
@@ -51,30 +49,50 @@ class Saved:
     presets: Presets
     weights: dict[str, torch.Tensor]
     head: dict[str, torch.Tensor]
+    labelled: np.ndarray | None = None  # a rank's: the output row of each labelled target row
+    y: torch.Tensor | None = None  # a rank's: the encoded labels
+    device: str = "cpu"
+
+    @classmethod
+    def of(cls, learner, labels: bool = False) -> ModelState:
+        """A learner's state (`labels`: with its labels, for training ranks), read through public members."""
+        settings = learner.settings
+        return cls(template=learner.template, target=learner.target, output=learner.output,
+                   time_column=learner.time_column, fractions=learner.fractions, seed=learner.seed,
+                   dtype=settings.dtype, history=list(learner.history), best_epoch=learner.best_epoch,
+                   batch_size=settings.batch_size, fanout=settings.fanout, embedding_optimizer=settings.embedding_optimizer,
+                   embedding_lr=settings.embedding_lr, task=learner.task, split=dict(learner.rows),
+                   presets=learner.encodings(),
+                   weights={k: v.detach().cpu() for k, v in learner.net.weights_by_name().items()},
+                   head={k: v.detach().cpu() for k, v in learner.head.state_dict().items()},
+                   labelled=learner.labelled if labels else None, y=learner.y.detach().cpu() if labels else None,
+                   device=str(settings.device))
 
 
-def write(model: Model, path: str | Path) -> Path:
-    encodings = model._encodings()
-    task = model.task
+Saved = ModelState  # the name it had
+
+
+def write(state: ModelState, path: str | Path) -> Path:
+    """The state as a model file (format FORMAT), atomically."""
+    task, encodings = state.task, state.presets
     return files.write(path, FORMAT, {
-        "template": model.template.source, "language": model.template.language,
-        "target": model.target, "output": model.output, "time_column": model.time_column,
-        "fractions": tuple(float(f) for f in model.fractions), "seed": int(model.seed),
-        "dtype": str(model.dtype).removeprefix("torch."),
+        "template": state.template.source, "language": state.template.language,
+        "target": state.target, "output": state.output, "time_column": state.time_column,
+        "fractions": tuple(float(f) for f in state.fractions), "seed": int(state.seed),
+        "dtype": str(state.dtype).removeprefix("torch."),
         "task": {"kind": task.kind, "classes": files.table_bytes(pa.table({"value": pa.array(task.classes)})),
                  "mean": float(task.mean), "std": float(task.std)},
-        "rows": {k: torch.as_tensor(v, dtype=torch.int64) for k, v in model.rows.items()},
+        "rows": {k: torch.as_tensor(v, dtype=torch.int64) for k, v in state.split.items()},
         "dictionaries": {w: files.table_bytes(t) for w, t in encodings.dictionaries.items()},
         "feature_stats": plain(encodings.feature_stats),
-        "weights": {k: v.detach().cpu() for k, v in model.net.weights_by_name().items()},
-        "head": {k: v.cpu() for k, v in model.head.state_dict().items()},
-        "history": plain(model.history), "best_epoch": model.best_epoch,
-        "batch_size": model.batch_size, "fanout": model.fanout,
-        "embedding_optimizer": model.embedding_optimizer, "embedding_lr": float(model.embedding_lr),
+        "weights": state.weights, "head": state.head,
+        "history": plain(state.history), "best_epoch": state.best_epoch,
+        "batch_size": state.batch_size, "fanout": state.fanout,
+        "embedding_optimizer": state.embedding_optimizer, "embedding_lr": float(state.embedding_lr),
     }, "model file")
 
 
-def read(path: str | Path) -> Saved:
+def read(path: str | Path) -> ModelState:
     state = files.read(path, FORMAT, "model file")
     where = f"model file {path}"
 
@@ -105,7 +123,7 @@ def read(path: str | Path) -> Saved:
     bad = [n for n, v in weights.items() if n not in template.weights or not isinstance(v, torch.Tensor) or not v.is_floating_point()]
     if bad:
         raise RelsqlError(f"{where} does not fit its own template: weights {bad} are not the template's")
-    return Saved(
+    return ModelState(
         template=template, target=target, output=output, time_column=get("time_column", (str, NoneType)),
         fractions=arguments.split(get("fractions", (tuple, list))),
         seed=check("seed", arguments.integer, get("seed", int), minimum=0, maximum=2**31 - 1),

@@ -69,8 +69,9 @@ def applies(db) -> bool:
     return isinstance(db, SparkDatabase)
 
 
-def run(db, job) -> dict:
-    """Train `job` on job.world ranks started by TorchDistributor; rank 0's result."""
+def run(db, job, train) -> dict:
+    """Train `job` on job.world ranks started by TorchDistributor, each calling `train(job, rank)`
+    (relsql.train.distributed.run_rank, passed in so this module does not import it back); rank 0's result."""
     gpu = _on_cuda(job)
     local = not on_executors(db.spark, job.world, gpu)
     log.info("training on %d ranks started by Spark's TorchDistributor on %s", job.world,
@@ -79,7 +80,7 @@ def run(db, job) -> dict:
     output = _Output()
     try:
         with contextlib.redirect_stdout(output), _importable(local):
-            result = distributor.run(_rank, dataclasses.replace(job, init_method="env://"))
+            result = distributor.run(_rank, dataclasses.replace(job, init_method="env://"), train)
     except Exception as err:  # RuntimeError from torchrun, or Spark's error for a failed barrier stage
         chatter.debug("TorchDistributor failed: %s", err)
         raise RelsqlError(_failure(job.world, output, str(err), local)) from None
@@ -165,18 +166,15 @@ def _task_slots(spark, gpu: bool) -> int | None:
 
 
 def _on_cuda(job) -> bool:
-    device = job.model.get("device")
-    return getattr(device, "type", str(device).split(":")[0]) == "cuda"
+    return str(job.model.device).split(":")[0] == "cuda"
 
 
 # -- in each rank ------------------------------------------------------------------------------
-def _rank(job) -> dict | None:
+def _rank(job, train) -> dict | None:
     """One rank under torchrun: train; rank 0 returns the result. A failure prints a line the
     driver reads back. Ranks sharing one torchrun share one output file, so only each node's
     first rank returns through it; the others end here, successfully."""
     import torch
-
-    from relsql.train.distributed import run_rank
 
     rank = int(os.environ["RANK"])
     try:
@@ -184,7 +182,7 @@ def _rank(job) -> dict | None:
         if rank == 0 and job.log_level < logging.WARNING:
             logging.basicConfig(level=job.log_level, stream=sys.stdout, force=True,
                                 format=f"relsql-rank {rank} %(levelname)s: %(message)s")
-        result = run_rank(job, rank)
+        result = train(job, rank)
     except BaseException as err:
         text = str(err).strip()
         print(f"relsql-rank-error {rank}: {type(err).__name__}: {text.splitlines()[0] if text else ''}", flush=True)

@@ -1,0 +1,286 @@
+"""The trainable model (what Lightning calls the LightningModule): the compiled net and its head
+over a target, with the batches it reads. Built from a database (grounding and planning it), or
+from a saved state without one (a training rank's, from the grounding store).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from relsql.compile import make_plan, shapes
+from relsql.compile.module import CompiledNet
+from relsql.db import Database
+from relsql.ground.demand import BatchGrounder, database_embeddings
+from relsql.ground.execute import Presets, ground
+from relsql.ground.store import GroundingStore, fingerprint
+from relsql.template.ir import Template
+from relsql.train import guards
+from relsql.train.batched import Batch, Batched
+from relsql.train.batches import batches
+from relsql.train.saved import ModelState
+from relsql.train.source import BatchSource, Whole
+from relsql.train.target import Target
+from relsql.train.task import Task
+
+log = logging.getLogger("relsql")
+
+
+@dataclass
+class Settings:
+    """How a model grounds, runs and stores its batches (checked by the caller)."""
+
+    dtype: torch.dtype = torch.float32
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    progress: bool | None = None
+    batch_size: int | None = None
+    fanout: dict | int | None = None
+    store: str | bool | None = True
+    embedding_optimizer: str | None = None
+    embedding_lr: float = 0.1
+    max_groundings: int | None = None
+
+
+class Learner:
+    """Net, head and target; outputs, weights, and the record of training (history, best epoch)."""
+
+    def __init__(self, db: Database | None, template: Template, target: Target, settings: Settings):
+        self.db, self.template, self.goal, self.settings = db, template, target, settings
+        self.net: CompiledNet | None = None
+        self.head: nn.Module = nn.Identity()
+        self.batched: Batched | None = None
+        self.mini_batches = settings.batch_size is not None or bool(database_embeddings(template))
+        self.output_rows = 0
+        self.fingerprint: str | None = None
+        self.history: list[dict] = []
+        self.best_epoch: int | None = None
+        self.timings: dict[str, float] = {}
+        self.stopped: str | None = None
+        self.epoch_cap: int | None = None
+
+    # -- the target's names, read through -------------------------------------------------------
+    target = property(lambda self: self.goal.name)
+    table = property(lambda self: self.goal.table)
+    column = property(lambda self: self.goal.column)
+    output = property(lambda self: self.goal.output)
+    time_column = property(lambda self: self.goal.time_column)
+    fractions = property(lambda self: self.goal.fractions)
+    seed = property(lambda self: self.goal.seed)
+    task = property(lambda self: self.goal.task)
+    rows = property(lambda self: self.goal.rows)
+    labelled = property(lambda self: self.goal.labelled)
+    positions = property(lambda self: self.goal.positions)
+    y = property(lambda self: self.goal.y)
+    dtype = property(lambda self: self.settings.dtype)
+    device = property(lambda self: self.settings.device)
+
+    # -- construction -----------------------------------------------------------------------------
+    def build(self, presets: Presets, task: str | Task | None, split: dict | None = None) -> None:
+        """Ground (all of it, or the key tables for mini-batches), plan, read the labels, make the head."""
+        self.goal.check_columns(self.db)
+        torch.manual_seed(self.seed)
+        started = time.perf_counter()
+        if self.mini_batches:  # keys only, up front; each batch grounds its own rows
+            self.batched = self.make_batched(presets)
+            self.timings["grounding"] = time.perf_counter() - started
+            log.info("grounded the key tables of %d relations in %.2fs", len(self.batched.grounder.order), self.timings["grounding"])
+            labels = self.goal.read(self.db)
+            started = time.perf_counter()
+            probe = self.batched.prepare(labels.column("_rid").to_numpy()[: min(labels.num_rows, self.settings.batch_size or 64)])
+            self.net = CompiledNet(probe.plan, probe.grounding, dtype=self.dtype, seed=self.seed)
+            self.timings["planning"] = time.perf_counter() - started
+            self.output_rows = self.batched.grounder.sizes[self.output]
+            plan = probe.plan
+        else:
+            grounding = ground(self.template, self.db, presets=presets, progress=self.settings.progress,
+                               max_groundings=self.settings.max_groundings)
+            self.timings["grounding"] = time.perf_counter() - started
+            log.info("grounded %d relations in %.2fs; planning", len(grounding.relations), self.timings["grounding"])
+            started = time.perf_counter()
+            plan = make_plan(self.template, grounding, self.dtype, outputs=[self.output], device=self.device)
+            self.net = CompiledNet(plan, grounding, dtype=self.dtype, seed=self.seed)
+            self.timings["planning"] = time.perf_counter() - started
+            log.info("planned %d ops in %.2fs", len(plan.ops), self.timings["planning"])
+            self.output_rows = grounding.relations[self.output].size
+            labels = self.goal.read(self.db)
+        self.goal.label(self.db, labels, task, split, self.dtype, self.device)
+        width = int(np.prod(plan.meta[plan.outputs[self.output]].shape[1:]))
+        self.check_head(width)
+        self.head = nn.Identity() if width == self.task.units else nn.Linear(width, self.task.units, dtype=self.dtype)
+        self.net.to(self.device)
+        self.head.to(self.device)
+
+    def check_head(self, width: int) -> None:
+        """The head's weight and its outputs (one row per output row, full batch; per batch row in
+        mini-batches) fit in memory before torch allocates them: a target with 10^5 classes does not."""
+        units, size = self.task.units, self.settings.batch_size
+        rows = min(self.output_rows, size) if self.mini_batches and size else self.output_rows
+        fix = (f"{units} classes are too many to predict one by one: is {self.target} a key or free text? Predict a "
+               "coarser column, or task='regression' for a number" if self.task.kind == "multiclass" else
+               "use a smaller output width")
+        for shape in ((units, width), (rows, units)):
+            shapes.check_size(shape, self.dtype, f"target {self.target} ({self.task.kind}, output relation {self.output})", fix)
+
+    def make_batched(self, presets: Presets) -> Batched:
+        """The mini-batch grounder (and its store) on the database; checked against the build."""
+        settings = self.settings
+        grounder = BatchGrounder(self.template, self.db, self.output, presets, fanout=settings.fanout, seed=self.seed,
+                                 progress=settings.progress, max_groundings=settings.max_groundings)
+        store = None
+        if settings.store is not False:
+            started = time.perf_counter()
+            store = GroundingStore.open(grounder, None if settings.store is True else settings.store, settings.progress)
+            self.timings["bulk_grounding"] = time.perf_counter() - started
+        if self.net is not None:  # the model was built on an earlier reading of the tables
+            built = self.net.grounding
+            guards.check_same({n: r.size for n, r in built.relations.items()}, grounder.sizes, "rows per relation")
+            guards.check_same(built.vocab_sizes, {w: t.num_rows for w, t in grounder.dictionary_tables.items()},
+                              "categories per embedding")
+        self.fingerprint = fingerprint(grounder) if store is None else None  # batches read the tables live
+        return self.attach(grounder, store)
+
+    def attach(self, grounder: BatchGrounder, store: GroundingStore | None) -> Batched:
+        return Batched(grounder, self.template, self.output, self.dtype, self.seed,
+                       self.settings.embedding_optimizer or "adagrad", self.settings.embedding_lr, store, device=self.device)
+
+    def ensure_batched(self) -> Batched:
+        """The mini-batch grounder, made (with the full grounding's encodings) on first use."""
+        if self.batched is None:
+            self.batched = self.make_batched(self.presets())
+        return self.batched
+
+    def check_unchanged(self, source: BatchSource | None = None) -> None:
+        """Mini-batches grounded in the database (store=False) read the tables again: they must
+        still hold the rows the model was built on (a hash of every row, one scan per table)."""
+        built = self.fingerprint
+        if built is None or self.batched is None or self.batched.grounding_store is not None:
+            return
+        now = fingerprint(self.batched.grounder) if source is None else source.run(fingerprint, self.batched.grounder)
+        guards.check_fingerprint(built, now, self.output)
+
+    def encodings(self) -> Presets:
+        """The dictionaries and feature statistics in use (database-stored embeddings have none)."""
+        if self.mini_batches:
+            grounder = self.batched.grounder
+            return Presets(dict(grounder.dictionary_tables), dict(grounder.feature_stats))
+        return self.presets()
+
+    def presets(self) -> Presets:
+        """The encodings of the full grounding, so mini-batches encode features and categories alike."""
+        grounding = self.net.grounding
+        return Presets(dict(grounding.dictionaries), dict(grounding.feature_stats))
+
+    # -- outputs ----------------------------------------------------------------------------------
+    def outputs(self) -> torch.Tensor:
+        """Every output row's outputs after the head, full batch."""
+        value = self.net()[self.output]
+        return self.head(value.reshape(value.shape[0], -1))
+
+    def batch_outputs(self, batch: Batch | Whole, external: dict[str, torch.Tensor]) -> torch.Tensor:
+        """A batch's outputs, in batch order."""
+        if isinstance(batch, Whole):
+            return self.outputs().index_select(0, torch.as_tensor(batch.rids, device=self.device))
+        return Batched.outputs(self.net, self.head, batch, external, self.output)
+
+    def outputs_of(self, rids: np.ndarray, source: BatchSource | None = None, batch_size: int | None = None) -> torch.Tensor:
+        """Outputs for output rows `rids` in mini-batches, without gradients."""
+        own = source is None
+        if own:  # predict() or evaluate(): read the tables again only if they are the model's
+            self.check_unchanged()
+            source = BatchSource(self.batched)
+        try:
+            outs = [torch.zeros((0, self.task.units), dtype=self.dtype, device=self.device)]
+            for _, batch, external in source.epoch(batches(np.asarray(rids), batch_size or self.settings.batch_size, None)):
+                if batch is not None:
+                    with torch.no_grad():
+                        outs.append(self.batch_outputs(batch, external))
+            return torch.cat(outs)
+        finally:
+            if own:
+                source.close()
+
+    def split_outputs(self, split: str, source: BatchSource | None = None,
+                      batch_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(outputs, encoded labels) of a split's rows."""
+        index, y = self.goal.split_index(split)
+        if self.batched is not None and (self.mini_batches or (source is not None and not source.full)):
+            return self.outputs_of(self.labelled[self.rows[split]], source, batch_size), y
+        with torch.no_grad():
+            return self.outputs().index_select(0, index), y
+
+    def scores(self, out: torch.Tensor, y: torch.Tensor, prefix: str = "") -> dict[str, float]:
+        """The loss and the task's metrics of outputs `out` against labels `y`."""
+        record = {f"{prefix}loss": float(self.task.loss(out, y))}
+        for name, value in self.task.scores(out.cpu().double().numpy(), y.cpu().double().numpy()).items():
+            record[f"{prefix}{name}"] = value
+        return record
+
+    # -- weights ----------------------------------------------------------------------------------
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for p in [*self.net.parameters(), *self.head.parameters()] if p.requires_grad]
+
+    def head_weights(self) -> dict[str, nn.Parameter]:
+        return {f"_head.{name}": p for name, p in self.head.named_parameters()}
+
+    def weights_by_name(self) -> dict[str, nn.Parameter]:
+        """Every parameter whole under its name (gradients are taken of these)."""
+        return {**self.net.weights_by_name(), **self.head_weights()}
+
+    def fixed(self) -> set[str]:
+        return {name for name, spec in self.template.weights.items() if spec.fixed}
+
+    def weights_copy(self) -> tuple[dict, dict]:
+        return ({n: p.detach().clone() for n, p in self.net.weights_by_name().items()},
+                copy.deepcopy(self.head.state_dict()))
+
+    def restore_weights(self, state: tuple[dict, dict]) -> None:
+        self.net.set_named_weights(state[0], self.fixed())
+        self.head.load_state_dict(state[1])
+
+    def is_embedding(self, name: str) -> bool:
+        """Whether weight `name` is an in-memory embedding trained by the embedding optimizer."""
+        spec = self.template.weights.get(name)
+        return bool(self.settings.embedding_optimizer) and spec is not None and spec.kind == "embed"
+
+    def embedding_tables(self) -> dict:
+        """The database-stored embeddings' tables met so far."""
+        return self.batched.stores if self.batched is not None else {}
+
+    def move(self, device: torch.device) -> None:
+        """Net, head and labels onto `device` (a rank's own GPU)."""
+        self.settings.device = device
+        self.net.to(device)
+        self.head.to(device)
+        self.goal.y = self.goal.y.to(device)
+
+
+
+def from_state(state: ModelState, store: GroundingStore) -> Learner:
+    """A training rank's learner: the parent's state and its labels, batches from the grounding
+    store (no database). Its net is planned on a first batch, then given the parent's weights."""
+    table, column = state.target.rsplit(".", 1)
+    target = Target(table, column, state.output, state.template.relations[state.output].keys, state.time_column,
+                    state.fractions, state.seed)
+    device = torch.device(state.device)
+    target.restore(state.task, state.labelled, state.split, state.y.to(device))
+    settings = Settings(dtype=state.dtype, device=device, progress=False, batch_size=state.batch_size, fanout=state.fanout,
+                        store=True, embedding_optimizer=state.embedding_optimizer, embedding_lr=state.embedding_lr)
+    learner = Learner(None, state.template, target, settings)
+    learner.history, learner.best_epoch = list(state.history), state.best_epoch
+    learner.batched = learner.attach(store.grounder, store)
+    probe = learner.batched.prepare(state.labelled[: min(len(state.labelled), state.batch_size or 64)])
+    learner.net = CompiledNet(probe.plan, probe.grounding, dtype=state.dtype, seed=state.seed)
+    learner.net.set_named_weights(state.weights, learner.fixed())
+    if state.head:
+        weight = state.head["weight"]
+        learner.head = nn.Linear(weight.shape[1], weight.shape[0], dtype=state.dtype)
+        learner.head.load_state_dict(state.head)
+    learner.net.to(device)
+    learner.head.to(device)
+    return learner

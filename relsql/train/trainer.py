@@ -1,0 +1,372 @@
+"""The one training loop (Lightning's Trainer): epochs of batches from the batch source, the
+optimizers, early stopping and checkpoints as small objects with a `state_dict`, and a strategy
+for what differs between one process and training ranks (relsql/train/distributed.py): how a
+batch is shared out, gradients reduced, new weights agreed on, validation computed, embeddings
+stored and checkpoints written.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from relsql.db import first_line
+from relsql.errors import RelsqlError
+from relsql.train import checkpoint as checkpoints
+from relsql.train import guards
+from relsql.train.batched import Batch
+from relsql.train.batches import batches
+from relsql.train.learner import Learner
+from relsql.train.saved import plain
+from relsql.train.source import BatchSource, Whole
+
+log = logging.getLogger("relsql")
+
+
+class Optimizers:
+    """Adam for the weights; with `embedding_optimizer`, in-memory embeddings get that one (the
+    update database-stored ones get in SQL). The one place an optimizer's kind is chosen."""
+
+    def __init__(self, learner: Learner, lr: float, weight_decay: float, build: bool = True):
+        self.learner, self.lr, self.weight_decay = learner, lr, weight_decay
+        self.all: list[torch.optim.Optimizer] = []
+        if build:
+            dense, sparse = self._parts([p for p in learner.parameters()])
+            self.all.append(self.kind(0)(dense, lr=lr, weight_decay=weight_decay, foreach=True))  # one kernel per step
+            if sparse:
+                self.all.append(self.kind(1)(sparse, lr=learner.settings.embedding_lr))
+
+    def kind(self, index: int) -> type[torch.optim.Optimizer]:
+        """The first optimizer is Adam; the others train embeddings with the embedding optimizer."""
+        if index == 0:
+            return torch.optim.Adam
+        return torch.optim.Adagrad if self.learner.settings.embedding_optimizer == "adagrad" else torch.optim.SGD
+
+    def _parts(self, parameters: list[nn.Parameter]) -> tuple[list, list]:
+        names = {id(p): n for n, p in self.learner.net.weights_by_name().items()}
+        sparse = [p for p in parameters if self.learner.is_embedding(names.get(id(p), ""))]
+        chosen = {id(p) for p in sparse}
+        return [p for p in parameters if id(p) not in chosen], sparse
+
+    def add(self, created: list[nn.Parameter]) -> None:
+        """Weights a batch met first: dense ones join Adam, embeddings get an optimizer of their own."""
+        dense, sparse = self._parts([p for p in created if p.requires_grad])
+        if dense:
+            self.all[0].add_param_group({"params": dense, "lr": self.lr, "weight_decay": self.weight_decay})
+        if sparse:
+            self.all.append(self.kind(1)(sparse, lr=self.learner.settings.embedding_lr))
+
+    def zero_grad(self) -> None:
+        for optimizer in self.all:
+            optimizer.zero_grad()
+
+    def step(self) -> None:
+        for optimizer in self.all:
+            optimizer.step()
+
+    def state_dict(self) -> dict:
+        names = {id(p): name for name, p in self.learner.weights_by_name().items()}
+        return {"optimizers": [o.state_dict() for o in self.all],
+                "parameter_names": [[names[id(p)] for g in o.param_groups for p in g["params"]] for o in self.all]}
+
+    def load_state_dict(self, state: dict, where: str) -> None:
+        weights = self.learner.weights_by_name()
+        self.all = []
+        for names, optimizer_state in zip(state["parameter_names"], state["optimizers"]):
+            optimizer = self.kind(len(self.all))([weights[n] for n in names])
+            optimizer.load_state_dict(optimizer_state)
+            checkpoints.check_optimizer(optimizer, where)
+            self.all.append(optimizer)
+
+
+class EarlyStopping:
+    """The best epoch's loss and weights on the monitored split; stop after `patience` epochs without
+    improvement. `extra`: the strategy's copy of its embeddings at the best epoch."""
+
+    def __init__(self, learner: Learner, patience: int):
+        self.learner, self.patience = learner, patience
+        self.monitor = "val" if len(learner.rows["val"]) else "train"
+        self.loss, self.state, self.extra = float("inf"), None, None
+
+    def update(self, epoch: int, loss: float) -> tuple[bool, bool]:
+        """(improved, stop) after an epoch with monitored loss `loss`."""
+        if loss < self.loss - 1e-7:
+            self.loss, self.learner.best_epoch, self.state = loss, epoch, self.learner.weights_copy()
+            return True, False
+        return False, epoch - self.learner.best_epoch >= self.patience
+
+    def state_dict(self) -> dict:
+        return {"best_epoch": self.learner.best_epoch, "best_loss": float(self.loss), "best_state": self.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.learner.best_epoch, self.loss, self.state = state["best_epoch"], state["best_loss"], state["best_state"]
+
+
+class Checkpoint:
+    """A checkpoint file after every epoch and every `every` batches."""
+
+    def __init__(self, path: str | Path | None, every: int | None):
+        self.path, self.every = None if path is None else str(path), every
+
+    def due(self, batch: int, count: int) -> bool:
+        return self.path is not None and bool(self.every) and (batch + 1) % self.every == 0 and batch + 1 < count
+
+
+class OneProcess:
+    """The strategy of one process: the whole batch here, database-stored embeddings updated in the
+    database per step, checkpoints written here."""
+
+    main, bars, world = True, True, 1
+
+    def source(self, learner: Learner, batched: bool) -> BatchSource:
+        return BatchSource(learner.ensure_batched() if batched else None)
+
+    def shares(self, order: list[np.ndarray]) -> list[np.ndarray]:
+        return order
+
+    def create_weights(self, trainer: Trainer, batch: Batch | Whole | None) -> list[nn.Parameter]:
+        return [] if not isinstance(batch, Batch) else trainer.learner.net.add_weights(batch.plan)
+
+    def reduce(self, trainer: Trainer, loss: torch.Tensor, external: dict) -> tuple[float, None]:
+        return float(loss), None
+
+    def after_step(self, trainer: Trainer, batch, external: dict, reduced) -> None:
+        if isinstance(batch, Batch):
+            trainer.source.submit(trainer.learner.batched.update, batch, external)
+
+    def validate(self, trainer: Trainer, train_loss: float) -> dict[str, float]:
+        learner, record = trainer.learner, {"train_loss": train_loss}
+        if not len(learner.rows["val"]):
+            return {**record, "val_loss": float("nan")}
+        with torch.no_grad():
+            out, y = learner.split_outputs("val", trainer.source, trainer.batch_size)
+            return {**record, **learner.scores(out, y, "val_")}
+
+    def best(self, trainer: Trainer) -> None:
+        for table in trainer.learner.embedding_tables().values():
+            trainer.source.run(table.snapshot, table.best_table())
+
+    def keep_best(self, trainer: Trainer, last: int | None) -> None:
+        for table in trainer.learner.embedding_tables().values():
+            if last != trainer.learner.best_epoch:  # else the table already holds the best epoch's rows
+                trainer.source.run(table.restore, table.best_table())
+            trainer.source.run(table.drop, table.best_table())
+
+    def checkpoint(self, trainer: Trainer, epoch: int, batch: int) -> None:
+        trainer.write_checkpoint(epoch, batch)
+
+    def resume(self, trainer: Trainer, state: dict, where: str) -> None:
+        if state.get("shards"):
+            raise RelsqlError(f"checkpoint {where} was written by {state['shards']['world']} training ranks, which kept the "
+                              "database-stored embeddings in shards beside it: resume with fit(workers="
+                              f"{state['shards']['world']})")
+
+    def timings(self, trainer: Trainer) -> dict[str, float]:
+        return {"waiting_on_database": trainer.source.waited}
+
+
+class Trainer:
+    """Trains a Learner: epochs of shuffled batches of the training rows, the best epoch kept."""
+
+    def __init__(self, learner: Learner, strategy, *, epochs: int, batch_size: int | None, lr: float, patience: int,
+                 weight_decay: float, checkpoint: str | Path | None = None, checkpoint_every: int | None = None,
+                 callback: Callable[[dict], None] | None = None):
+        self.learner, self.strategy, self.epochs, self.batch_size = learner, strategy, epochs, batch_size
+        self.lr, self.weight_decay, self.callback = lr, weight_decay, callback
+        self.checkpointer = Checkpoint(checkpoint, checkpoint_every)
+        self.stopping = EarlyStopping(learner, patience)
+        self.optimizers: Optimizers | None = None
+        self.source: BatchSource | None = None
+        self.running = (0.0, 0)  # (loss x rows, rows) of the epoch so far, kept in mid-epoch checkpoints
+        self.clock = {"epochs": 0.0, "waiting_on_store": 0.0, "compute": 0.0, "all_reduce": 0.0, "validation": 0.0}
+        self.first_epoch = 0
+
+    def fit(self, batched: bool, resume: dict | None = None) -> str | None:
+        """Train; the learner ends with the best epoch's weights. Returns the message of a loss
+        that stopped being a number (the learner then holds the best weights so far), else None."""
+        learner = self.learner
+        self.source = self.strategy.source(learner, batched)
+        self.optimizers = Optimizers(learner, self.lr, self.weight_decay)
+        start_epoch = start_batch = 0
+        started, last = time.perf_counter(), None
+        try:
+            if resume is not None:
+                start_epoch, start_batch = self.resume(resume)
+            learner.epoch_cap, self.first_epoch = self.epochs, start_epoch
+            for epoch in self._bar(range(start_epoch, self.epochs), desc="training", unit="epoch"):
+                last = epoch
+                if self._epoch(epoch, start_batch if epoch == start_epoch else 0, started):
+                    break
+            self.keep_best(last)
+            self._log_end(started)
+            return None
+        except guards.Diverged as err:
+            learner.stopped = f"diverged ({err.split} loss {err.value} at epoch {err.epoch + 1})"
+            self.keep_best(last)
+            best = learner.best_epoch if self.stopping.state is not None else None
+            return guards.diverged_message(err, self.lr, best, self.stopping.loss)
+        finally:
+            self.source.close()  # an update already running completes: the database stays at a step boundary
+            for name, value in {**self.strategy.timings(self), "training": time.perf_counter() - started}.items():
+                learner.timings[name] = learner.timings.get(name, 0.0) + value
+
+    def _epoch(self, epoch: int, first: int, started: float) -> bool:
+        """One epoch, its validation, early stopping and checkpoint; True to stop."""
+        learner, monitor = self.learner, self.stopping.monitor
+        if not self.source.full:
+            learner.check_unchanged(self.source)
+            order = batches(learner.rows["train"], self.batch_size, np.random.default_rng([learner.seed, epoch]))
+        else:
+            order = [learner.rows["train"]]
+        clock = time.perf_counter()
+        train_loss = self.train_batches(order, epoch, first)
+        self.clock["epochs"] += time.perf_counter() - clock
+        clock = time.perf_counter()
+        record = {"epoch": epoch, **self.strategy.validate(self, train_loss)}
+        self.clock["validation"] += time.perf_counter() - clock
+        guards.check_loss(record[f"{monitor}_loss"], epoch, split="validation" if monitor == "val" else "training")
+        learner.history.append(record)
+        if self.strategy.main and guards.logs_epoch(epoch, self.first_epoch, self.epochs):  # a few lines per fit
+            log.info("epoch %d of %d: train loss %.4f, validation loss %.4f (%.1fs so far)", epoch + 1, self.epochs,
+                     record["train_loss"], record["val_loss"], time.perf_counter() - started)
+        if getattr(self, "bar", None) is not None:
+            self.bar.set_postfix(loss=f"{record['train_loss']:.4f}", val=f"{record['val_loss']:.4f}")
+        improved, stop = self.stopping.update(epoch, record[f"{monitor}_loss"])
+        if improved:
+            self.strategy.best(self)
+        if self.checkpointer.path is not None:
+            self.strategy.checkpoint(self, epoch + 1, 0)
+        learner.stopped = "early (no validation improvement for patience epochs)" if stop else "epochs"
+        return stop
+
+    def train_batches(self, order: list[np.ndarray], epoch: int, first: int) -> float:
+        """One pass over the global batches (from batch `first`): batch t + 1 is prepared while batch
+        t trains. Returns the epoch's training loss: the mean over its rows of each batch's loss."""
+        learner, strategy = self.learner, self.strategy
+        shares = strategy.shares(order)
+        total, count = self.running if first else (0.0, 0)
+        bar = self._bar(None, total=len(order), initial=first, desc=f"epoch {epoch}", unit="batch", leave=False,
+                        quiet=self.source.full)
+        epoch_started, loss_value = time.perf_counter(), float("nan")
+        for b, batch, external in self.source.epoch([learner.labelled[s] for s in shares], epoch, first):
+            positions, share = order[b], shares[b]
+            clock = time.perf_counter()
+            self.optimizers.add(strategy.create_weights(self, batch))
+            self.optimizers.zero_grad()
+            loss = torch.zeros((), dtype=learner.dtype, device=learner.device)
+            if batch is not None:
+                loss = learner.task.loss(learner.batch_outputs(batch, external),
+                                         learner.y[torch.as_tensor(share, device=learner.device)])
+                if len(share) != len(positions):
+                    loss = loss * (len(share) / len(positions))  # this share's part of the batch mean
+                loss.backward()
+            self.clock["compute"] += time.perf_counter() - clock
+            clock = time.perf_counter()
+            loss_value, reduced = strategy.reduce(self, loss.detach(), external)
+            self.clock["all_reduce"] += time.perf_counter() - clock
+            guards.check_loss(loss_value, epoch, None if self.source.full else b, len(order))  # before the step
+            self.optimizers.step()
+            strategy.after_step(self, batch, external, reduced)
+            total, count = total + loss_value * len(positions), count + len(positions)
+            self.running = (total, count)
+            if self.checkpointer.due(b, len(order)):
+                strategy.checkpoint(self, epoch, b + 1)
+            self._progress(bar, b, first, len(order), epoch, epoch_started, total / count)
+            if self.callback is not None:
+                self.callback({"epoch": epoch, "batch": b, "batches": len(order), "loss": loss_value})
+        if bar is not None:
+            bar.close()
+        if self.source.full:
+            return loss_value
+        return total / count if count else float("nan")
+
+    def _progress(self, bar, b: int, first: int, count: int, epoch: int, started: float, mean: float) -> None:
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{mean:.4f}")
+        if (self.strategy.bars and b + 1 - first == min(3, count - first) and count > 3
+                and epoch == self.first_epoch):  # once per fit
+            each = (time.perf_counter() - started) / (b + 1 - first)
+            log.info("epoch %d: %d batches, about %.0fs for the epoch (%.2fs per batch so far)", epoch + 1, count,
+                     each * (count - first), each)
+
+    def _bar(self, iterable, quiet: bool = False, **settings):
+        """A tqdm bar where the strategy shows them and the learner's progress allows; else None
+        (or the plain iterable)."""
+        progress = self.learner.settings.progress
+        if not self.strategy.bars or quiet:
+            return iterable
+        from tqdm.auto import tqdm
+
+        bar = tqdm(iterable, disable=None if progress is None else not progress, **settings)
+        if iterable is not None:
+            self.bar = bar
+        return bar
+
+    def keep_best(self, last: int | None) -> None:
+        """Put back the weights (and stored embeddings) of the best epoch, if one finished."""
+        if self.stopping.state is None:
+            return
+        self.learner.restore_weights(self.stopping.state)
+        self.strategy.keep_best(self, last)
+
+    def _log_end(self, started: float) -> None:
+        """The line a log reader looks for: how training ended and which epoch's weights the model has."""
+        learner = self.learner
+        kept = next((r for r in learner.history if r["epoch"] == learner.best_epoch), None)
+        if kept is not None and self.strategy.main:
+            why = "stopped early" if (learner.stopped or "epochs").startswith("early") else "the epoch limit"
+            log.info("trained to epoch %d of %d (%s) in %.1fs; kept epoch %d: validation loss %.4f",
+                     learner.history[-1]["epoch"] + 1, self.epochs, why, time.perf_counter() - started,
+                     learner.best_epoch + 1, kept["val_loss"])
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def write_checkpoint(self, epoch: int, batch: int, extra: dict | None = None) -> None:
+        """The database copies first, then the file that names them, then older copies dropped:
+        a crash between any two leaves a file whose copies exist and match it. `extra`: more
+        entries for the file (training ranks name their embedding shards there)."""
+        learner, tables = self.learner, self.learner.embedding_tables()
+        steps = {w: self.source.run(table.snapshot) for w, table in tables.items()}
+        best_steps = {w: self.source.run(table.keep_best) for w, table in tables.items()}
+        checkpoints.save(self.checkpointer.path, {
+            "target": learner.target, "template": learner.template.source, "epoch": epoch, "batch": batch,
+            "weights": learner.weights_copy(), **self.optimizers.state_dict(),
+            "history": plain(learner.history), **self.stopping.state_dict(), "stores": steps, "best_stores": best_steps,
+            "running": tuple(float(v) for v in self.running) if batch else (0.0, 0.0), **(extra or {}),
+        })
+        for w, table in tables.items():
+            self.source.run(table.drop_checkpoints, steps[w], best_steps[w])
+
+    def resume(self, state: dict) -> tuple[int, int]:
+        """Continue from a checkpoint's state: (epoch, batch) to start at."""
+        where = self.checkpointer.path
+        self.strategy.resume(self, state, where)
+        try:
+            return self._resume_from(state, where)
+        except (KeyError, TypeError, ValueError, IndexError, RuntimeError, AttributeError) as err:
+            raise RelsqlError(f"checkpoint {where} is damaged or does not fit this model ({type(err).__name__}: "
+                              f"{first_line(err)}); start without resume=True") from None
+
+    def _resume_from(self, state: dict, where: str) -> tuple[int, int]:
+        learner = self.learner
+        if state.get("target") != learner.target or state.get("template") != learner.template.source:
+            raise RelsqlError(f"checkpoint {where} was written for another template or target ({state['target']}); "
+                              "resume with the same model, or start without resume=True")
+        learner.restore_weights(state["weights"])
+        self.optimizers.load_state_dict(state, f"checkpoint {where}")
+        learner.history = list(state["history"])
+        self.stopping.load_state_dict(state)
+        best_steps = state.get("best_stores", {})
+        for weight, step in state["stores"].items():
+            table = learner.batched.stores.get(weight) or learner.batched.store(weight, None)  # the table exists already
+            self.source.run(table.restore, int(step))
+            if best_steps.get(weight) is not None:
+                self.source.run(table.load_best, int(best_steps[weight]))
+        self.running = tuple(state["running"])
+        return state["epoch"], state["batch"]
