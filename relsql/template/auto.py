@@ -54,9 +54,10 @@ from relsql.catalog import ForeignKey, Table
 from relsql.db import Database
 from relsql.errors import SchemaError
 from relsql.ground import query as q
+from relsql.predictive.terms import TASK_COLUMNS
+from relsql.targets import output_units
 from relsql.template import ir
 from relsql.template.keys import Schema, schema
-from relsql.train.task import detect
 
 _FEATURE_TYPES = ("INT", "DECIMAL", "NUMERIC", "DOUBLE", "FLOAT", "REAL", "BOOL", "DATE", "TIMESTAMP")
 _TIME_TYPES = ("DATE", "TIMESTAMP")
@@ -598,8 +599,6 @@ def _times(catalog, keys: Schema, target: str, time_column: str, given: dict[str
 def _other_task_tables(keys: Schema, target_table: str) -> list[str]:
     """Task tables written by relsql.PredictiveQuery, other than the target's, taken out of the
     schema: their `label` counts events after their snapshot, which may be after ours."""
-    from relsql.predictive import TASK_COLUMNS
-
     tasks = [name for name, info in keys.tables.items()
              if name != target_table and set(TASK_COLUMNS) <= {c.name for c in info.columns}]
     for name in tasks:
@@ -674,7 +673,7 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
     writer = _Writer(db, keys, table, column, width=width, hops=hops, aggregation=terms,
                      time_column=time_column, time_columns=times, labels=labels, layer=layer)
     values = db.arrow(exp.select(exp.column(exp.to_identifier(column, quoted=True))).from_(exp.Table(this=exp.to_identifier(table, quoted=True)))).column(0)
-    units = detect(values, target).units
+    units = output_units(values, target)
     tables = list(dict.fromkeys(n.table for n in nodes))
     for name in tables:
         writer.encoder(name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -329,47 +330,24 @@ class Template:
             visit(name, [])
         return done
 
+    # Temporary shims (issue #28): relsql/model.py and relsql/train/saved.py still call these on the
+    # IR class. The frontends live above the IR; these reach the package face through the module
+    # table (importing relsql.template.ir has always imported the package first), not an import.
+    # Remove once those files use `relsql.template.Template`.
     @classmethod
     def from_sql(cls, text: str, *, depth: int | None = None) -> Template:
-        """A template of `CREATE TABLE name AS SELECT ...` statements (DuckDB dialect). A
-        relation that reads itself (or a cycle of them) is unrolled to `depth` levels, or to a
-        `-- relsql: depth N` line's (relsql/template/recursion.py)."""
-        from relsql.template.sqlrule import parse_sql_template
-
-        return parse_sql_template(text, depth=depth)
+        """relsql.template.Template.from_sql."""
+        return sys.modules["relsql.template"].Template.from_sql(text, depth=depth)
 
     @classmethod
     def from_datalog(cls, text: str, base_dir: str | None = None, *, depth: int | None = None) -> Template:
-        """A NeuraLogic text template; `import ./file` is resolved against `base_dir`; recursive
-        rules are unrolled to `depth` (or a `% relsql: depth N` line's)."""
-        from relsql.template.datalog import parse_datalog_template
-
-        return parse_datalog_template(text, base_dir=base_dir, depth=depth)
-
-    @classmethod
-    def auto(cls, db, target: str, **options) -> Template:
-        """A template generated from the schema's keys; `.source` is its editable SQL text.
-
-        Options: hops (2), width (16), aggregation ("all": mean, sum, max and count of child
-        rows; or "avg" | "sum" | "max" | a comma list), time_column, time_columns ({table:
-        column}), timeless ("exclude" | "include" child tables whose time is unknown), keys (a
-        keys file, its text or tuples, see relsql/keyfile.py), infer_keys (True), layer ("sage",
-        today's terms; "rgcn", a mean per key and direction; "gat", attention over child rows;
-        "hgt", typed attention).
-        See relsql/template/auto.py.
-        """
-        from relsql.template.auto import generate
-
-        return cls.from_sql(generate(db, target, **options))
+        """relsql.template.Template.from_datalog."""
+        return sys.modules["relsql.template"].Template.from_datalog(text, base_dir, depth=depth)
 
     @classmethod
     def from_file(cls, path, *, depth: int | None = None) -> Template:
-        """`.sql` files are SQL templates; anything else is read as NeuraLogic Datalog."""
-        path = Path(path)
-        text = read_text(path, "template file")
-        if path.suffix.lower() == ".sql":
-            return cls.from_sql(text, depth=depth)
-        return cls.from_datalog(text, base_dir=str(path.parent), depth=depth)
+        """relsql.template.Template.from_file."""
+        return sys.modules["relsql.template"].Template.from_file(path, depth=depth)
 
     @property
     def output(self) -> str:
