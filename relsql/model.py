@@ -18,19 +18,15 @@ from pathlib import Path
 import duckdb
 import polars as pl
 import torch
-from torch import nn
 
 from relsql import arguments
 from relsql.db import Database, first_line, lost_connection
 from relsql.errors import RelsqlError, SourceError
 from relsql.ground.demand import database_embeddings
-from relsql.ground.execute import Presets, groundings_limit
 from relsql.template.ir import Template
+from relsql.train import build, distributed, gradients, results, saved
 from relsql.train import checkpoint as checkpoints
-from relsql.train import checks, distributed, gradients, results, saved
-from relsql.train.learner import Learner, Settings
 from relsql.train.report import LOSSES, plot_history, text_report
-from relsql.train.target import Target
 from relsql.train.threads import torch_threads
 from relsql.train.trainer import OneProcess, Trainer
 
@@ -84,38 +80,17 @@ class Model:
         (default 10^8) is refused before it runs. See docs/training.md."""
         if not isinstance(db, Database):
             raise RelsqlError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
-        self.db, loading = db, _loading.get()
+        self.db = db
         with _server_reachable(db):
-            if not isinstance(template, Template | str | Path):
-                raise RelsqlError(f"template must be a relsql.Template or the path of a template file, got {type(template).__name__}")
-            template = template if isinstance(template, Template) else Template.from_file(template)
-            table, column = arguments.target(target)
-            output = arguments.text("output", output, optional=True) or checks.default_output(template, table)
-            if output not in template.relations:
-                raise RelsqlError(f"output relation `{output}` is not in the template; it declares {list(template.relations)}")
-            time_column = arguments.text("time_column", time_column, optional=True)
-            fractions, seed = arguments.split(split), arguments.integer("seed", seed, minimum=0, maximum=2**31 - 1)
-            settings = Settings(dtype=arguments.dtype(dtype), device=arguments.device(device), progress=progress)
-            settings.batch_size = None if batch_size is None else arguments.integer("batch_size", batch_size)
-            settings.fanout = arguments.fanout(fanout, template.relations)
-            settings.store = arguments.store(store)
-            settings.embedding_optimizer = arguments.choice("embedding_optimizer", embedding_optimizer, (None, "adagrad", "sgd"))
-            settings.embedding_lr = arguments.number("embedding_lr", embedding_lr, positive=True)
             self.threads = None if threads is None else arguments.integer("threads", threads, maximum=1024)
-            settings.max_groundings = groundings_limit(max_groundings)
-            arguments.choice("task", task, (None, "binary", "multiclass", "regression"))
-            goal = Target(table, column, output, template.relations[output].keys, time_column, fractions, seed)
-            if not allow_target_inputs:
-                goal.refuse_leaks(template, db)
-            self.learner = Learner(db, template, goal, settings)
-            if loading is None:
-                self.learner.build(Presets(), task)
-            else:  # Model.load: the saved encodings, task and split
-                self.learner.history, self.learner.best_epoch = loading.history, loading.best_epoch
-                self.learner.build(loading.presets, loading.task, split=loading.split)
+            self.learner = build.learner(db, template, target, output=output, task=task, time_column=time_column,
+                                         split=split, seed=seed, dtype=dtype, device=device, progress=progress,
+                                         batch_size=batch_size, fanout=fanout, embedding_optimizer=embedding_optimizer,
+                                         embedding_lr=embedding_lr, allow_target_inputs=allow_target_inputs, store=store,
+                                         max_groundings=max_groundings, loading=_loading.get())
 
     def __getattr__(self, name: str):
-        """The learner's members (net, task, rows, y, history, ...) and settings read through."""
+        """The learner's members (net, task, rows, y, history, target, parameters, ...) and settings read through."""
         if name == "learner":
             raise AttributeError(name)
         learner = self.learner
@@ -124,22 +99,11 @@ class Model:
                 return getattr(part, name)
         raise AttributeError(f"'Model' object has no attribute {name!r}")
 
-    @property
-    def target(self) -> str:
-        return self.learner.target
-
-    @property
-    def template(self) -> Template:
-        return self.learner.template
-
     def _split_tensors(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         return self.learner.goal.split_index(split)
 
     def _outputs(self) -> torch.Tensor:
         return self.learner.outputs()
-
-    def parameters(self) -> list[nn.Parameter]:
-        return self.learner.parameters()
 
     @_with_threads
     def fit(self, epochs: int = 100, batch_size: int | None = None, lr: float = 0.01, patience: int = 20,

@@ -1,20 +1,17 @@
-"""What `Model` checks before it trains: which relation is the output, that its keys are the
-target table's (of the same type), and that every split asked for gets rows."""
+"""What `Model` checks before it trains: which relation is the output, and that its keys are the
+target table's (of the same type)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
 import sqlglot.expressions as exp
 
-from relsql.errors import RelsqlError, SchemaError
-from relsql.ground import query as q
+from relsql.errors import SchemaError
 from relsql.template.ir import Template
 
 if TYPE_CHECKING:
     from relsql.db import Database
-    from relsql.train.target import Target
 
 
 def default_output(template: Template, table: str) -> str:
@@ -48,15 +45,3 @@ def key_types(db: Database, output: str, table: str, keys: list[str]) -> None:
                               f"`{table}.{key}` is {columns.get(key)}; select the target table's own key column "
                               f"as the head (or CAST it to {columns.get(key)})")
 
-
-def splits(db: Database, target: Target, split: dict[str, np.ndarray], labelled: int) -> None:
-    """Every split asked for gets rows: a model trained on one row, or judged on none, is not a
-    result. The message says how many target rows the output relation reaches."""
-    empty = [name for name, fraction in zip(("train", "val", "test"), target.fractions) if fraction > 0 and not len(split[name])]
-    if not empty:
-        return
-    total = db.arrow(exp.select(exp.Count(this=q.col(target.column))).from_(exp.Table(this=q.ident(target.table)))).column(0)[0].as_py()
-    raise RelsqlError(
-        f"the {' and '.join(empty)} split{'s are' if len(empty) > 1 else ' is'} empty: output relation `{target.output}` "
-        f"has a row for {labelled} of the {total} labelled rows of `{target.table}`. Check that `{target.output}` is the "
-        f"relation that predicts {target.name} (output=...), add labelled rows, or give those splits 0 in split=")

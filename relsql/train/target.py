@@ -15,7 +15,7 @@ import sqlglot.expressions as exp
 import torch
 
 from relsql.db import Database
-from relsql.errors import SchemaError
+from relsql.errors import RelsqlError, SchemaError
 from relsql.ground import query as q
 from relsql.template.ir import Template
 from relsql.train import checks
@@ -96,7 +96,7 @@ class Target:
         if split is None:
             times = labels.column("t").filter(pa.array(labelled)) if self.time_column else None
             split = split_rows(len(raw), self.fractions, self.seed, times)
-            checks.splits(db, self, split, len(raw))
+            self.check_splits(db, split, len(raw))
         self.rows = {k: np.asarray(v, dtype=np.int64) for k, v in split.items()}
         if self.task.kind == "regression" and not isinstance(task, Task):  # standardized by the training rows
             train_values = pc.cast(raw, pa.float64()).to_numpy(zero_copy_only=False)[self.rows["train"]]
@@ -107,6 +107,19 @@ class Target:
             unknown = sorted(set(raw.filter(pa.array(encoded < 0)).unique().to_pylist()), key=str)
             raise SchemaError(f"target {self.name} has values {unknown[:5]} the model was not trained on")
         self.y = torch.as_tensor(encoded, dtype=dtype, device=device)
+
+    def check_splits(self, db: Database, split: dict[str, np.ndarray], labelled: int) -> None:
+        """Every split asked for gets rows: a model trained on one row, or judged on none, is not a
+        result. The message says how many target rows the output relation reaches."""
+        empty = [name for name, fraction in zip(("train", "val", "test"), self.fractions) if fraction > 0 and not len(split[name])]
+        if not empty:
+            return
+        count = exp.select(exp.Count(this=q.col(self.column))).from_(exp.Table(this=q.ident(self.table)))
+        total = db.arrow(count).column(0)[0].as_py()
+        raise RelsqlError(
+            f"the {' and '.join(empty)} split{'s are' if len(empty) > 1 else ' is'} empty: output relation `{self.output}` "
+            f"has a row for {labelled} of the {total} labelled rows of `{self.table}`. Check that `{self.output}` is the "
+            f"relation that predicts {self.name} (output=...), add labelled rows, or give those splits 0 in split=")
 
     def restore(self, task: Task, labelled: np.ndarray, rows: dict[str, np.ndarray], y: torch.Tensor) -> None:
         """The labels a trained model already has (a training rank's), without reading the database."""

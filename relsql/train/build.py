@@ -1,0 +1,53 @@
+"""A Learner from `Model(...)`'s arguments, each checked like a user's (relsql/arguments.py), in
+the order the API documents them; or from a saved state (`loading`: Model.load)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from relsql import arguments
+from relsql.db import Database
+from relsql.errors import RelsqlError
+from relsql.ground.execute import Presets, groundings_limit
+from relsql.template.ir import Template
+from relsql.train import checks
+from relsql.train.learner import Learner, Settings
+from relsql.train.saved import ModelState
+from relsql.train.target import Target
+
+
+def learner(db: Database, template: Template | str | Path, target: str, *, output: str | None, task: str | None,
+            time_column: str | None, split: tuple[float, float, float], seed: int, dtype: torch.dtype,
+            device: str | torch.device, progress: bool | None, batch_size: int | None, fanout: dict | int | None,
+            embedding_optimizer: str | None, embedding_lr: float, allow_target_inputs: bool, store: str | Path | bool | None,
+            max_groundings: int | None, loading: ModelState | None = None) -> Learner:
+    """The checked arguments, the leakage check, then the build (grounding, planning, labels)."""
+    if not isinstance(template, Template | str | Path):
+        raise RelsqlError(f"template must be a relsql.Template or the path of a template file, got {type(template).__name__}")
+    template = template if isinstance(template, Template) else Template.from_file(template)
+    table, column = arguments.target(target)
+    output = arguments.text("output", output, optional=True) or checks.default_output(template, table)
+    if output not in template.relations:
+        raise RelsqlError(f"output relation `{output}` is not in the template; it declares {list(template.relations)}")
+    time_column = arguments.text("time_column", time_column, optional=True)
+    fractions, seed = arguments.split(split), arguments.integer("seed", seed, minimum=0, maximum=2**31 - 1)
+    settings = Settings(dtype=arguments.dtype(dtype), device=arguments.device(device), progress=progress)
+    settings.batch_size = None if batch_size is None else arguments.integer("batch_size", batch_size)
+    settings.fanout = arguments.fanout(fanout, template.relations)
+    settings.store = arguments.store(store)
+    settings.embedding_optimizer = arguments.choice("embedding_optimizer", embedding_optimizer, (None, "adagrad", "sgd"))
+    settings.embedding_lr = arguments.number("embedding_lr", embedding_lr, positive=True)
+    settings.max_groundings = groundings_limit(max_groundings)
+    arguments.choice("task", task, (None, "binary", "multiclass", "regression"))
+    goal = Target(table, column, output, template.relations[output].keys, time_column, fractions, seed)
+    if not allow_target_inputs:
+        goal.refuse_leaks(template, db)
+    made = Learner(db, template, goal, settings)
+    if loading is None:
+        made.build(Presets(), task)
+    else:  # Model.load: the saved encodings, task and split
+        made.history, made.best_epoch = loading.history, loading.best_epoch
+        made.build(loading.presets, loading.task, split=loading.split)
+    return made
