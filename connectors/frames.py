@@ -13,10 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import duckdb
-import pyarrow as pa
 import sqlglot.expressions as exp
 
-from relsql.db import TEMP_PREFIX, Database, Source, first_line, ident, qualified
+from relsql.db import TEMP_PREFIX, Database, Source, first_line, ident, qualified, to_arrow
 from relsql.errors import SchemaError, SourceError
 
 __all__ = ["FRAMES_SCOPE", "Frames", "add_frames", "open_frames", "to_arrow"]
@@ -27,30 +26,6 @@ _counter = itertools.count()
 
 class Frames(Source):
     kind = "frames"
-
-
-def to_arrow(frame: Any, name: str) -> pa.Table:
-    """A polars DataFrame/LazyFrame, pandas DataFrame or pyarrow Table/RecordBatch/reader as Arrow."""
-    try:
-        if isinstance(frame, pa.Table):
-            return frame
-        if isinstance(frame, pa.RecordBatch):
-            return pa.Table.from_batches([frame])
-        if isinstance(frame, pa.RecordBatchReader):
-            return frame.read_all()
-        module = type(frame).__module__.split(".")[0]
-        if module == "polars":
-            if hasattr(frame, "collect"):
-                frame = frame.collect()
-            return frame.to_arrow()
-        if module == "pandas":
-            return pa.Table.from_pandas(frame, preserve_index=False)
-        if hasattr(frame, "__arrow_c_stream__"):
-            return pa.table(frame)
-    except (pa.ArrowException, TypeError, ValueError) as err:
-        raise SourceError(f"cannot convert the data for table `{name}` to Arrow: {err}") from None
-    raise SourceError(f"the data for table `{name}` is a {type(frame).__name__}; pass a polars or pandas DataFrame "
-                      "or a pyarrow Table")
 
 
 def _copy_in(db: Database, frames: Mapping[str, Any], scope: tuple[str, str] | None, temporary: bool = False) -> None:

@@ -22,7 +22,7 @@ from relsql.errors import (
 
 _LAZY = {  # public name -> the module that defines it
     "CompiledNet": "relsql.compile", "compile": "relsql.compile", "tune": "relsql.compile",
-    "Database": "relsql.db", "connect": "relsql.db", "Model": "relsql.model",
+    "Database": "relsql.db", "connect": "relsql.connection", "Model": "relsql.model",
     "PredictiveQuery": "relsql.predictive", "QueryError": "relsql.predictive", "Template": "relsql.template",
 }
 

@@ -17,7 +17,7 @@ import sqlglot.expressions as exp
 
 if TYPE_CHECKING:
     from relsql.db import Database
-    from relsql.template.keys import Schema
+    from relsql.keys import Schema
 
 from relsql.errors import SourceError
 
@@ -188,7 +188,7 @@ def _table(name: str, scope: tuple[str, str]) -> exp.Table:
 
 def format_catalog(catalog: Catalog, keys: Schema | None = None) -> str:
     """A readable listing for `relsql inspect`: tables with row counts, columns, keys. With `keys`
-    (relsql.template.keys.schema), each key is marked declared, given or inferred, and an inferred
+    (relsql.keys.schema), each key is marked declared, given or inferred, and an inferred
     one is followed by its evidence."""
     count = len(catalog.tables)
     lines = [f"{catalog.source}: {count} table{'s' if count != 1 else ''}"]

@@ -12,19 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 import re
-import warnings
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 import sqlglot.expressions as exp
-import torch
 
+from relsql import sources
 from relsql.errors import SchemaError, SourceError
 
 if TYPE_CHECKING:
@@ -313,7 +309,7 @@ class Database:
         """Temp table `target`: the rows of `distinct` (distinct values of `keys`, at least one)
         and `_rid` (BIGINT) numbering them 0..n-1 in key order, ascending with NULLs first. A verb
         of its own because one window over all rows is fine here but one partition on a cluster."""
-        from relsql.ground import query as q
+        from relsql import sql as q
 
         self.run(q.create_temp(target, q.numbered_keys(distinct, keys)))
 
@@ -328,7 +324,7 @@ class Database:
     def add_codes(self, dictionary: exp.Table, source: exp.Expression, column: str) -> None:
         """Append to `dictionary` (value, code) the values of `column` it lacks, with the next free
         codes in value order (NULLs first). A verb because it numbers rows (see create_key_table)."""
-        from relsql.ground import query as q
+        from relsql import sql as q
 
         self.run(q.dictionary_insert(dictionary, source, column))
 
@@ -461,7 +457,7 @@ class Database:
         renames it into place.
         """
         check_table_name(name)
-        data = with_mark(_as_arrow(data, name), kind)
+        data = with_mark(to_arrow(data, name), kind)
         with self.writing(name, kind, replace):
             self.source.write_table(self, name, data, replace)
 
@@ -471,91 +467,31 @@ class Database:
         return read_catalog(self)
 
 
-def _as_arrow(data: Any, name: str) -> pa.Table:
-    from connectors.frames import to_arrow
-    return to_arrow(data, name)
-
-
-DUCKDB_SUFFIXES = (".duckdb", ".ddb")
-SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
 SQLITE_MAGIC = b"SQLite format 3\x00"
-KINDS = "an in-memory DuckDB (None), a .duckdb file, a folder of Parquet/CSV files, a .sqlite file, a postgresql:// URL or a dict of data frames"
 
 
-def _sniff(path: Path) -> str | None:
+def to_arrow(frame: Any, name: str) -> pa.Table:
+    """A polars DataFrame/LazyFrame, pandas DataFrame or pyarrow Table/RecordBatch/reader as Arrow."""
     try:
-        with open(path, "rb") as handle:
-            head = handle.read(16)
-    except OSError as err:
-        raise SourceError(f"cannot read {path}: {err.strerror}; check the path and its permissions") from None
-    if head.startswith(SQLITE_MAGIC):
-        return "sqlite"
-    if head[8:12] == b"DUCK":
-        return "duckdb"
-    return None
-
-
-def connect(source: str | Path | duckdb.DuckDBPyConnection | Mapping[str, Any] | None = None, *,
-            read_only: bool = False, tables: Mapping[str, Any] | None = None,
-            memory_limit: str | None = None, keys: Any = None, threads: int | None = None,
-            scratch: str | Path | None = None) -> Database:
-    """Open a data source as a `Database` whose engine is DuckDB, or Spark for a SparkSession.
-
-    `source`: None or ":memory:" (in-memory DuckDB), an open `duckdb.DuckDBPyConnection` (relsql
-    works in a connection of its own to that database, `con.cursor()`: it sees what is committed,
-    never joins or aborts your open transaction, and closing relsql's handle leaves yours open), a
-    `.duckdb`/`.ddb` path (created if missing unless read_only), a folder of `*.parquet` /
-    `*.csv` files (one table per file, named after its stem), a `.sqlite`/`.sqlite3`/`.db` file,
-    a `postgresql://` URL, or a dict of table name -> polars/pandas/pyarrow frame. A
-    `pyspark.sql.SparkSession`, a `spark://` master URL or an `sc://` Spark Connect URL makes Spark
-    the engine (relsql/spark.py; `scratch`: a folder every executor can read for relsql's own
-    tables and results, default a local temporary folder).
-    `read_only`: open the source so that nothing can write to it (grounding still works: its
-    temporary tables live in DuckDB's in-memory temp catalog). `tables`: extra frames registered
-    as tables beside the source (kept in memory, never written into the source).
-    `threads` sets DuckDB's worker threads (default: DuckDB's, one per core; relsql's training
-    keeps torch to half the cores, see relsql/train/threads.py). `memory_limit` (e.g. "1GB") caps DuckDB's memory; beyond it DuckDB spills to disk, so a
-    database larger than memory trained in mini-batches keeps a bounded footprint.
-    `keys`: primary and foreign keys stated outside the database (a keys file's path,
-    its text, or a list of tuples; see relsql/keyfile.py), used for the tables they name instead
-    of declared or inferred ones; only read, checked against the tables
-    now, and never executed against the database.
-    """
-    from connectors import duckdb_file, files, frames, postgres, sqlite
-
-    if source is None or (isinstance(source, str) and source == ":memory:"):
-        db = Database(duckdb.connect(), "in-memory DuckDB", source=Source("in-memory DuckDB", read_only=False))
-    elif isinstance(source, duckdb.DuckDBPyConnection):
-        db = _own_connection(source)
-    elif isinstance(source, Mapping):
-        db = frames.open_frames(source)
-    elif _is_spark(source):
-        from relsql.spark import open_spark
-        if tables or memory_limit is not None or threads is not None:
-            raise SourceError("tables=, memory_limit= and threads= are DuckDB's settings; give Spark its own in the session")
-        db = open_spark(source, scratch, read_only)
-    elif isinstance(source, str) and postgres.is_url(source):
-        db = postgres.open_postgres(source, read_only=read_only)
-    elif isinstance(source, str | os.PathLike):
-        db = _open_path(Path(source), read_only, duckdb_file, files, sqlite)
-    else:
-        raise SourceError(f"cannot connect to a {type(source).__name__}: pass {KINDS}")
-    if tables:
-        frames.add_frames(db, tables)
-    if memory_limit is not None:
-        set_memory_limit(db, memory_limit)
-    if threads is not None:
-        set_threads(db, threads)
-    if keys is not None:
-        from relsql.keyfile import attach
-        attach(db, keys)
-    return db
-
-
-def _is_spark(source: object) -> bool:
-    if isinstance(source, str):
-        return source.startswith(("spark://", "sc://"))
-    return type(source).__module__.startswith("pyspark.") and type(source).__name__ == "SparkSession"
+        if isinstance(frame, pa.Table):
+            return frame
+        if isinstance(frame, pa.RecordBatch):
+            return pa.Table.from_batches([frame])
+        if isinstance(frame, pa.RecordBatchReader):
+            return frame.read_all()
+        module = type(frame).__module__.split(".")[0]
+        if module == "polars":
+            if hasattr(frame, "collect"):
+                frame = frame.collect()
+            return frame.to_arrow()
+        if module == "pandas":
+            return pa.Table.from_pandas(frame, preserve_index=False)
+        if hasattr(frame, "__arrow_c_stream__"):
+            return pa.table(frame)
+    except (pa.ArrowException, TypeError, ValueError) as err:
+        raise SourceError(f"cannot convert the data for table `{name}` to Arrow: {err}") from None
+    raise SourceError(f"the data for table `{name}` is a {type(frame).__name__}; pass a polars or pandas DataFrame "
+                      "or a pyarrow Table")
 
 
 def _own_connection(con: duckdb.DuckDBPyConnection) -> Database:
@@ -587,7 +523,7 @@ def _follow_scope(con: duckdb.DuckDBPyConnection, cursor: duckdb.DuckDBPyConnect
 def set_threads(db: Database, threads: int) -> None:
     """DuckDB's worker threads (a setting of the whole database instance, so only when asked)."""
     from relsql import arguments
-    from relsql.ground.query import integer
+    from relsql.sql import integer
 
     count = arguments.integer("threads", threads, maximum=1024)
     db.execute(exp.Set(expressions=[exp.SetItem(this=exp.EQ(this=exp.column("threads"), expression=integer(count)))]))
@@ -600,36 +536,14 @@ def set_memory_limit(db: Database, limit: str) -> None:
     db.execute(setting)
 
 
-def _open_path(path: Path, read_only: bool, duckdb_file, files, sqlite) -> Database:
-    suffix = path.suffix.lower()
-    if path.is_dir():
-        return files.open_folder(path, read_only=read_only)
-    if path.exists():
-        if not path.is_file():
-            raise SourceError(f"{path} is neither a file nor a folder; pass {KINDS}")
-        kind = _sniff(path) or ("duckdb" if suffix in DUCKDB_SUFFIXES else "sqlite" if suffix in SQLITE_SUFFIXES else None)
-        if kind == "sqlite":
-            return sqlite.open_sqlite(path, read_only=read_only)
-        if kind == "duckdb":
-            return duckdb_file.open_duckdb_file(path, read_only=read_only)
-        if suffix in (".parquet", ".csv"):
-            raise SourceError(f"{path} is a single {suffix[1:]} file; connect to its folder ({path.parent}) to use every "
-                              "Parquet/CSV file in it as a table")
-        raise SourceError(f"{path} is not a database relsql can open (neither DuckDB nor SQLite); pass {KINDS}")
-    if suffix in DUCKDB_SUFFIXES and not read_only:
-        if not path.parent.is_dir():
-            raise SourceError(f"cannot create DuckDB file {path}: folder {path.parent} does not exist; create it first")
-        return duckdb_file.open_duckdb_file(path, read_only=False)
-    raise SourceError(f"{path} does not exist; check the path (a new DuckDB database is created only for a "
-                      f"path ending in .duckdb opened with read_only=False)")
+def _is_memory(source: object) -> bool:
+    return source is None or (isinstance(source, str) and source == ":memory:")
 
 
-def to_tensor(column: pa.ChunkedArray | pa.Array, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Arrow column → torch tensor, zero-copy for single-chunk numeric columns without NULLs."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-    array = column.to_numpy(zero_copy_only=False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # read-only numpy buffers: never written to
-        tensor = torch.from_numpy(np.asarray(array))
-    return tensor if dtype is None else tensor.to(dtype)
+def _open_memory(source: None, options: sources.Options) -> Database:
+    return Database(duckdb.connect(), "in-memory DuckDB", source=Source("in-memory DuckDB", read_only=False))
+
+
+sources.register(sources.Opener("memory", _is_memory, _open_memory))
+sources.register(sources.Opener("duckdb-connection", lambda s: isinstance(s, duckdb.DuckDBPyConnection),
+                                lambda con, options: _own_connection(con)))

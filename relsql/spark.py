@@ -57,9 +57,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import sqlglot.expressions as exp
 
+from relsql import sql as q
 from relsql.db import TEMP_PREFIX, WRITTEN_BY, Database, Source, first_line, ident, marked_kind
 from relsql.errors import SchemaError, SourceError
-from relsql.ground import query as q
 
 _results = itertools.count()
 _SUMMARY = pa.schema([("part", pa.int64()), ("summary", pa.string())])  # what an executor sends back per part

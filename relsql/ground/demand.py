@@ -24,9 +24,9 @@ import pyarrow.compute as pc
 import sqlglot.expressions as exp
 import torch
 
-from relsql.db import Database, to_tensor
+from relsql import sql as q
+from relsql.db import Database
 from relsql.errors import GroundingError, SchemaError
-from relsql.ground import query as q
 from relsql.ground.execute import (
     Grounding,
     Presets,
@@ -39,6 +39,7 @@ from relsql.ground.execute import (
     check_refs,
     interruptible,
 )
+from relsql.ground.tensors import to_tensor
 from relsql.template import ir
 
 _views = itertools.count()

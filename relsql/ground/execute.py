@@ -27,9 +27,10 @@ import sqlglot.expressions as exp
 import torch
 
 from relsql import arguments
-from relsql.db import Database, to_tensor
+from relsql import sql as q
+from relsql.db import Database
 from relsql.errors import GroundingError, RelsqlError, SchemaError
-from relsql.ground import query as q
+from relsql.ground.tensors import to_tensor
 from relsql.template import ir
 
 PADDING_CELLS = 1 << 24  # at most this many empty cells (other rules' columns) in one index query's result

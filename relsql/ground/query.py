@@ -1,223 +1,43 @@
-"""sqlglot builders for the grounding queries: every statement here is an AST, never pasted text."""
+"""Temporary re-export (issue #28): the sqlglot builders moved to relsql/sql.py, a leaf module, so
+that relsql.db and relsql.spark do not import the grounding package. relsql/train/* and tests
+still import them from here; remove this module once they import relsql.sql."""
 
-from __future__ import annotations
+from relsql.sql import (
+    alias,
+    col,
+    create_temp,
+    dictionary_insert,
+    distinct_keys,
+    ident,
+    integer,
+    keyless_table,
+    new_dictionary_values,
+    numbered_keys,
+    real,
+    relation_groundings,
+    relation_index_query,
+    rule_column,
+    rule_index_query,
+    rule_slice,
+    substitute_relations,
+)
 
-import math
-import numbers
-
-import sqlglot.expressions as exp
-
-from relsql.errors import RelsqlError
-
-
-def integer(value: int) -> exp.Literal:
-    """A typed integer literal. Only an int (or numpy integer) passes, never text or a bool, so no
-    value a user or a saved file supplies can reach SQL as anything but a number."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise RelsqlError(f"expected an integer to use in SQL, got {value!r} ({type(value).__name__})")
-    return exp.Literal.number(str(int(value)))
-
-
-def real(value: float) -> exp.Expression:
-    """A typed, finite DOUBLE literal (`CAST(<repr> AS DOUBLE)`); text, bools and NaN/inf are refused."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise RelsqlError(f"expected a number to use in SQL, got {value!r} ({type(value).__name__})")
-    value = float(value)
-    if not math.isfinite(value):
-        raise RelsqlError(f"expected a finite number to use in SQL, got {value!r}")
-    return exp.cast(exp.Literal.number(repr(value)), exp.DataType.build("DOUBLE"))
-
-
-def ident(name: str) -> exp.Identifier:
-    return exp.to_identifier(name, quoted=True)
-
-
-def col(name: str, table: str | None = None) -> exp.Column:
-    return exp.Column(this=ident(name), table=ident(table) if table else None)
-
-
-def alias(expression: exp.Expression, name: str, table: bool = False) -> exp.Expression:
-    """`expression AS "name"`, taking `expression` over without a copy (builders pass fresh nodes)."""
-    return exp.alias_(expression, name, table=table, quoted=True, copy=False)
-
-
-def create_temp(table: exp.Table, query: exp.Expression) -> exp.Create:
-    return exp.Create(this=table, kind="TABLE", expression=query, replace=True,
-                      properties=exp.Properties(expressions=[exp.TemporaryProperty()]))
-
-
-def substitute_relations(query: exp.Select, key_tables: dict[str, exp.Table]) -> exp.Select:
-    """Point table references that name a neural relation at that relation's key table (in place)."""
-
-    local = {cte.alias.casefold() for cte in query.find_all(exp.CTE)}  # a CTE shadows a relation's name
-    folded = {name.casefold(): table for name, table in key_tables.items()}  # the database ignores case, so does this
-
-    def swap(node: exp.Expression) -> exp.Expression:
-        name = node.name.casefold() if isinstance(node, exp.Table) else ""
-        if name in folded and not node.args.get("db") and name not in local:
-            return alias(folded[name].copy(), node.alias or node.name, table=True)
-        return node
-
-    return query.transform(swap, copy=False)
-
-
-def rule_column(index: int, k: int) -> str:
-    """Rule `index`'s value column `k` in a relation's grounding table (rules differ in column types)."""
-    return f"_s{index}_c{k}"
-
-
-def relation_groundings(rules: list[tuple[int, exp.Select, int, int, int]]) -> exp.Query:
-    """Every rule's groundings of one relation in one query, tagged `_rule`: one statement
-    materializes them all. `rules` holds (rule index, body query, #keys, #refs, #columns). The
-    parts are aligned by position, NULL where a rule lacks another's column (a UNION BY NAME
-    took DuckDB a third longer to plan)."""
-    n_refs = max(n for _, _, _, n, _ in rules)
-    value_columns = [(index, k) for index, *_, n_columns in rules for k in range(n_columns)]
-    parts = []
-    for index, select, n_keys, refs, _ in rules:
-        parts.append(exp.select(
-            alias(integer(index), "_rule"),
-            *[col(f"_h{i}", "s") for i in range(n_keys)],
-            *[alias(col(f"_r{j}", "s") if j < refs else exp.Null(), f"_r{j}") for j in range(n_refs)],
-            *[alias(col(f"_c{k}", "s") if i == index else exp.Null(), rule_column(i, k)) for i, k in value_columns],
-        ).from_(alias(exp.Subquery(this=select), "s", table=True), copy=False))
-    return _union(parts, distinct=False)
-
-
-def rule_slice(groundings: exp.Table, index: int, n_keys: int, n_refs: int, n_columns: int) -> exp.Subquery:
-    """One rule's groundings out of its relation's grounding table, with the rule's own column names."""
-    return exp.Subquery(this=exp.select(
-        *[col(f"_h{i}") for i in range(n_keys)], *[col(f"_r{j}") for j in range(n_refs)],
-        *[alias(col(rule_column(index, k)), f"_c{k}") for k in range(n_columns)],
-    ).from_(groundings.copy()).where(exp.EQ(this=col("_rule"), expression=integer(index))))
-
-
-def _union(parts: list[exp.Query], distinct: bool) -> exp.Query:
-    """A balanced tree of UNIONs: hundreds of rules stay within sqlglot's recursion limit."""
-    while len(parts) > 1:
-        paired = [exp.Union(this=a, expression=b, distinct=distinct)
-                  for a, b in zip(parts[::2], parts[1::2])]
-        parts = paired + ([parts[-1]] if len(parts) % 2 else [])
-    return parts[0]
-
-
-def distinct_keys(grounding_tables: list[exp.Expression], keys: list[str]) -> exp.Query:
-    """Distinct head keys (`keys`, at least one) over all rules of a relation, unordered."""
-    parts = [
-        exp.select(*[alias(col(f"_h{i}"), k) for i, k in enumerate(keys)]).from_(t.copy())
-        for t in grounding_tables
-    ]
-    return _union(parts, distinct=True) if len(parts) > 1 else parts[0].distinct(copy=False)
-
-
-def numbered_keys(distinct: exp.Query, keys: list[str]) -> exp.Select:
-    """`distinct`'s rows numbered 0..n-1 (`_rid`, BIGINT) in key order, ascending with NULLs
-    first: one window over all rows (DuckDB's way; `Database.create_key_table`)."""
-    order = exp.Order(expressions=[exp.Ordered(this=col(k), nulls_first=True) for k in keys])
-    rid = exp.Sub(
-        this=exp.Window(this=exp.RowNumber(), order=order),
-        expression=integer(1),
-    )
-    return exp.select(*[col(k) for k in keys], alias(rid, "_rid")).from_(
-        alias(exp.Subquery(this=distinct), "d", table=True))
-
-
-def keyless_table(keys: list[str], grounded: bool) -> exp.Select:
-    """A key table that needs no numbering: a relation without keys has one row (`_rid` 0) if it
-    has groundings; one without groundings has no rows (typeless NULL keys)."""
-    if grounded and not keys:
-        return exp.select(alias(integer(0), "_rid"))
-    return exp.select(*[alias(exp.Null(), k) for k in keys], alias(integer(0), "_rid")).where(exp.false())
-
-
-def rule_index_query(
-    grounding: exp.Expression, keys_table: exp.Table, keys: list[str], n_refs: int,
-    columns: list[exp.Expression], demand: exp.Table | None = None, per_head: tuple[int, int] | None = None,
-) -> exp.Select:
-    """Per grounding: head row id, body row ids and columns, ordered by head.
-
-    Ties are broken by the body row ids and columns, so the groundings of a head always come in
-    the same order (and float sums over them give the same bits) whatever the source's scan order.
-    `demand` (a table of `_rid`s) keeps only the groundings of those heads: a semi-join.
-    `per_head` = (n, seed) keeps at most n groundings per head, picked by a seeded hash.
-    """
-    select = exp.select(
-        alias(col("_rid", "k") if keys else integer(0), "_head"),
-        *[col(f"_r{j}", "g") for j in range(n_refs)],
-        *[alias(c.copy(), f"_c{i}") for i, c in enumerate(columns)],
-    ).from_(alias(grounding.copy(), "g", table=True), copy=False)
-    select = _join_keys(select, keys_table, keys)
-    if demand is not None:
-        head = col("_rid", "k") if keys else integer(0)
-        select = select.join(alias(demand.copy(), "d", table=True),
-                             on=exp.EQ(this=col("_rid", "d"), expression=head), copy=False)
-    if per_head is not None:
-        limit, seed = per_head
-        tie = exp.Anonymous(this="hash", expressions=[integer(seed), *[col(f"_r{j}", "g") for j in range(n_refs)],
-                                                      *[col(f"_h{i}", "g") for i in range(len(keys))]])
-        rank = exp.Window(this=exp.RowNumber(), partition_by=[col("_rid", "k") if keys else integer(0)],
-                          order=exp.Order(expressions=[exp.Ordered(this=tie)]))
-        select = select.qualify(exp.LTE(this=rank, expression=integer(limit)), copy=False)
-    order = ["_head", *[f"_r{j}" for j in range(n_refs)], *[f"_c{i}" for i in range(len(columns))]]
-    return select.order_by(*[exp.Ordered(this=col(name), nulls_first=True) for name in order], copy=False)
-
-
-def _join_keys(select: exp.Select, keys_table: exp.Table, keys: list[str]) -> exp.Select:
-    """Join groundings `g` to the relation's key table `k` on the head keys (NULL matches NULL)."""
-    if not keys:
-        return select
-    condition = exp.and_(*[
-        exp.NullSafeEQ(this=col(k, "k"), expression=col(f"_h{i}", "g")) for i, k in enumerate(keys)
-    ], copy=False)
-    return select.join(alias(keys_table.copy(), "k", table=True), on=condition, copy=False)
-
-
-def relation_index_query(groundings: exp.Table, keys_table: exp.Table, keys: list[str],
-                         rules: list[tuple[int, int, list[exp.Expression]]], only: int | None = None) -> exp.Select:
-    """`rule_index_query` for every rule of a relation in one statement, ordered by `_rule` first
-    so that each rule's rows come as one slice. `rules` holds (rule index, #refs, encoded columns
-    over alias `g` of `rule_slice`); an encoded column is computed on its own rule's rows only.
-    `only` keeps the rows of that one rule."""
-    n_refs = max((n for _, n, _ in rules), default=0)
-    columns = []
-    for index, _, encoded in rules:
-        for k, column in enumerate(encoded):
-            own = column.transform(lambda n, i=index: col(rule_column(i, int(n.name[2:])), "g")
-                                   if isinstance(n, exp.Column) and n.table == "g" and n.name.startswith("_c") else n)
-            if not isinstance(column, exp.Column):  # encoded: skip the other rules' rows (dictionary lookups)
-                own = exp.Case(ifs=[exp.If(this=exp.EQ(this=col("_rule", "g"), expression=integer(index)), true=own)])
-            columns.append(alias(own, rule_column(index, k)))
-    select = exp.select(
-        col("_rule", "g"), alias(col("_rid", "k") if keys else integer(0), "_head"),
-        *[col(f"_r{j}", "g") for j in range(n_refs)], *columns,
-    ).from_(alias(groundings.copy(), "g", table=True), copy=False)
-    select = _join_keys(select, keys_table, keys)
-    if only is not None:
-        select = select.where(exp.EQ(this=col("_rule", "g"), expression=integer(only)), copy=False)
-    order = ["_rule", "_head", *[f"_r{j}" for j in range(n_refs)], *[c.alias for c in columns]]
-    return select.order_by(*[exp.Ordered(this=col(name), nulls_first=True) for name in order], copy=False)
-
-
-def new_dictionary_values(dictionary: exp.Table, source: exp.Expression, column: str) -> exp.Select:
-    """The distinct values of `column` (as `v`) that the dictionary has no code for yet."""
-    seen = exp.select(integer(1)).from_(alias(dictionary.copy(), "d", table=True)).where(
-        exp.NullSafeEQ(this=col("value", "d"), expression=col("v", "n")))
-    new_values = exp.select(alias(col(column), "v")).distinct().from_(source.copy())
-    return exp.select(col("v", "n")).from_(alias(exp.Subquery(this=new_values), "n", table=True)).where(
-        exp.Not(this=exp.Exists(this=seen)))
-
-
-def dictionary_insert(dictionary: exp.Table, source: exp.Table, column: str) -> exp.Insert:
-    """Append values of `column` not yet in the dictionary, with the next free codes."""
-    seen = exp.select(integer(1)).from_(alias(dictionary.copy(), "d", table=True)).where(
-        exp.NullSafeEQ(this=col("value", "d"), expression=col("v", "n")))
-    offset = exp.select(exp.Count(this=exp.Star())).from_(dictionary.copy())
-    new_values = exp.select(alias(col(column), "v")).distinct().from_(source.copy())
-    code = exp.Add(
-        this=exp.Subquery(this=offset),
-        expression=exp.Sub(this=exp.Window(this=exp.RowNumber(), order=exp.Order(expressions=[exp.Ordered(this=col("v", "n"), nulls_first=True)])), expression=integer(1)),
-    )
-    body = exp.select(col("v", "n"), alias(code, "code")).from_(
-        alias(exp.Subquery(this=new_values), "n", table=True)
-    ).where(exp.Not(this=exp.Exists(this=seen)))
-    return exp.Insert(this=dictionary.copy(), expression=body)
+__all__ = [
+    "alias",
+    "col",
+    "create_temp",
+    "dictionary_insert",
+    "distinct_keys",
+    "ident",
+    "integer",
+    "keyless_table",
+    "new_dictionary_values",
+    "numbered_keys",
+    "real",
+    "relation_groundings",
+    "relation_index_query",
+    "rule_column",
+    "rule_index_query",
+    "rule_slice",
+    "substitute_relations",
+]

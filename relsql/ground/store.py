@@ -63,9 +63,9 @@ import sqlglot.expressions as exp
 import torch
 
 from relsql import errors
+from relsql import sql as q
 from relsql.db import TEMP_PREFIX
 from relsql.errors import RelsqlError
-from relsql.ground import query as q
 from relsql.ground.demand import BatchGrounder, BatchGrounding, _grounding_error, _PreparedRule
 from relsql.ground.execute import RelationGrounding, RuleGrounding, _progress, interruptible
 from relsql.ground.parts import HashedFile, PartWriter, io_error, part_files

@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING
 import duckdb
 import sqlglot.expressions as exp
 
+from relsql import sql as q
 from relsql.catalog import Catalog
 from relsql.db import Database, first_line
 from relsql.errors import SchemaError, SourceError
-from relsql.ground import query as q
-from relsql.ground.query import integer, real
+from relsql.keys import schema
 from relsql.predictive.terms import MAX_SNAPSHOTS, OPS, PREFIX, TASK_COLUMNS, TimePath, as_datetime, text_name
+from relsql.sql import integer, real
 
 if TYPE_CHECKING:
     from relsql.predictive.query import PredictiveQuery
@@ -102,7 +103,6 @@ class TaskPlan:
     def schema(self):
         """Declared keys plus inferred ones (the same inference `Template.auto` uses), computed once."""
         if self._schema is None:
-            from relsql.template.keys import schema
             self._schema = schema(self.db, self.catalog, infer=True)
         return self._schema
 

@@ -50,14 +50,14 @@ from dataclasses import dataclass, field
 import sqlglot.expressions as exp
 
 from relsql import arguments
+from relsql import sql as q
 from relsql.catalog import ForeignKey, Table
 from relsql.db import Database
 from relsql.errors import SchemaError
-from relsql.ground import query as q
+from relsql.keys import Schema, schema
 from relsql.predictive.terms import TASK_COLUMNS
 from relsql.targets import output_units
 from relsql.template import ir
-from relsql.template.keys import Schema, schema
 
 _FEATURE_TYPES = ("INT", "DECIMAL", "NUMERIC", "DOUBLE", "FLOAT", "REAL", "BOOL", "DATE", "TIMESTAMP")
 _TIME_TYPES = ("DATE", "TIMESTAMP")

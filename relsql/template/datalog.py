@@ -637,7 +637,7 @@ class _QueryBuilder:
         self.merges_hidden = any(a is not None and a.hidden for a in body)
 
     def __call__(self, db) -> exp.Select | None:
-        from relsql.ground.query import alias, col, ident
+        from relsql.sql import alias, col, ident
 
         bindings: dict[str, exp.Expression] = {}
         conditions: list[exp.Expression] = []
@@ -720,7 +720,7 @@ class _FactQuery:
         self.terms = terms
 
     def __call__(self, db) -> exp.Select:
-        from relsql.ground.query import alias
+        from relsql.sql import alias
 
         if not self.terms:
             return exp.select(alias(exp.Literal.number(0), "_f"))

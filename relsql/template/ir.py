@@ -32,7 +32,7 @@ MAX_NESTING = 32  # parentheses/brackets inside one SQL statement: sqlglot's par
 MAX_EXPRESSION_DEPTH = 256  # levels of one neural expression (a long `a + b + ...` counts one per term)
 MAX_BODY_LITERALS = 64  # literals of one Datalog rule: DuckDB's join planning grows steeply beyond
 
-# Column names relsql's grounding queries use next to the head keys (relsql/ground/query.py,
+# Column names relsql's grounding queries use next to the head keys (relsql/sql.py,
 # execute.py, demand.py, train/embeddings.py); a head key with one of these names would be
 # shadowed by them, so it is refused. DuckDB compares identifiers case-insensitively.
 _RESERVED = re.compile(r"_(rid|head|rule|global|step|[hrc]\d+|s\d+_c\d+|v_.*)", re.IGNORECASE | re.DOTALL)

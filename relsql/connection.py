@@ -1,0 +1,58 @@
+"""`relsql.connect`: the top of the data layer. It imports the connectors package (which
+registers relsql's kinds of source in relsql.sources) and walks that registry; nothing below
+it imports a connector."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+import connectors  # noqa: F401  (its import registers relsql's kinds of source)
+from connectors import frames
+from relsql.db import Database, set_memory_limit, set_threads
+from relsql.keyfile import attach
+from relsql.sources import Options, opener_for
+
+__all__ = ["connect"]
+
+
+def connect(source: str | Path | duckdb.DuckDBPyConnection | Mapping[str, Any] | None = None, *,
+            read_only: bool = False, tables: Mapping[str, Any] | None = None,
+            memory_limit: str | None = None, keys: Any = None, threads: int | None = None,
+            scratch: str | Path | None = None) -> Database:
+    """Open a data source as a `Database` whose engine is DuckDB, or Spark for a SparkSession.
+
+    `source`: None or ":memory:" (in-memory DuckDB), an open `duckdb.DuckDBPyConnection` (relsql
+    works in a connection of its own to that database, `con.cursor()`: it sees what is committed,
+    never joins or aborts your open transaction, and closing relsql's handle leaves yours open), a
+    `.duckdb`/`.ddb` path (created if missing unless read_only), a folder of `*.parquet` /
+    `*.csv` files (one table per file, named after its stem), a `.sqlite`/`.sqlite3`/`.db` file,
+    a `postgresql://` URL, or a dict of table name -> polars/pandas/pyarrow frame. A
+    `pyspark.sql.SparkSession`, a `spark://` master URL or an `sc://` Spark Connect URL makes Spark
+    the engine (relsql/spark.py; `scratch`: a folder every executor can read for relsql's own
+    tables and results, default a local temporary folder).
+    `read_only`: open the source so that nothing can write to it (grounding still works: its
+    temporary tables live in DuckDB's in-memory temp catalog). `tables`: extra frames registered
+    as tables beside the source (kept in memory, never written into the source).
+    `threads` sets DuckDB's worker threads (default: DuckDB's, one per core; relsql's training
+    keeps torch to half the cores, see relsql/train/threads.py). `memory_limit` (e.g. "1GB") caps DuckDB's memory; beyond it DuckDB spills to disk, so a
+    database larger than memory trained in mini-batches keeps a bounded footprint.
+    `keys`: primary and foreign keys stated outside the database (a keys file's path,
+    its text, or a list of tuples; see relsql/keyfile.py), used for the tables they name instead
+    of declared or inferred ones; only read, checked against the tables
+    now, and never executed against the database.
+    """
+    options = Options(read_only=read_only, tables=tables, memory_limit=memory_limit, threads=threads, scratch=scratch)
+    db = opener_for(source).open(source, options)
+    if tables:
+        frames.add_frames(db, tables)
+    if memory_limit is not None:
+        set_memory_limit(db, memory_limit)
+    if threads is not None:
+        set_threads(db, threads)
+    if keys is not None:
+        attach(db, keys)
+    return db

@@ -1,0 +1,488 @@
+"""Primary and foreign keys for automatic templates: given, declared, else inferred and checked.
+Beside the catalog (relsql/catalog.py) whose declared keys it completes; it reads the database
+only through the `Database` it is handed, and imports no source or template.
+
+Order of authority: keys the user gives (`keys=` / `--keys FILE`, see relsql/keyfile.py), then
+the catalog's declared keys, then inference. A given primary key replaces the table's; given
+foreign keys replace the table's declared ones. A table a given key names (`PRIMARY KEY t(...)`,
+`FOREIGN KEY t(...)`) gets no inferred foreign key, as a table that declares foreign keys in the
+catalog is taken as it is; only its primary key, when none is given or declared, is still
+inferred (a primary key links no tables).
+Inference proposes candidates from names the way warehouses write them and the database
+confirms them:
+
+- a primary key is a column whose name, less the table's column prefix and a key suffix
+  (`_sk`, `key`, `_id`), names its own table (`c_customer_sk` in customer, `d_date_sk` in
+  date_dim, `cd_demo_sk` in customer_demographics, `o_orderkey` in orders), unique and never
+  NULL; an integer surrogate `_sk` beats a text business `_id`. A table without such a column
+  (a fact table) gets the smallest unique, never-NULL set of at most three of its foreign-key
+  and identifier columns (lineitem: l_orderkey, l_linenumber), or none;
+- a foreign key is a key-like column whose entity, after role words (`sold_`, `bill_`,
+  `current_`), names a parent's single-column key or the parent table, also abbreviated
+  (`ss_sold_date_sk` ~ `d_date_sk`, `c_current_addr_sk` ~ `ca_address_sk`, `ss_cdemo_sk` ~
+  customer_demographics), of the same type family, whose values the parent key contains.
+  Candidates are scored (name match, type, containment) and the best parent wins. A column
+  that is its own table's whole primary key is a foreign key only as a one-to-one extension:
+  named exactly like the parent's key, which names the parent's table better than the child's
+  (label_spend(c_customer_sk) -> customer); two tables each keyed by `row_idx` are unrelated.
+
+A candidate parent must be a single-column key; a 1% share of orphan values is tolerated only
+when the names match exactly (real warehouses have late-arriving rows). Every inferred key
+carries its evidence (a short text) so the template and `relsql inspect` can say why. Only
+name-matched candidates reach the database, one query each.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from itertools import combinations
+from typing import TYPE_CHECKING
+
+import sqlglot.expressions as exp
+
+from relsql import keyfile
+from relsql.catalog import Catalog, ForeignKey, Table, check_values
+from relsql.errors import SchemaError
+
+if TYPE_CHECKING:
+    from relsql.db import Database
+
+_NUMERIC = ("INT", "DECIMAL", "NUMERIC", "DOUBLE", "FLOAT", "REAL")
+_SUFFIX_RANK = {"sk": 3, "key": 2, "id": 1}  # a surrogate key before a business key
+_GENERIC = {"dim", "dimension", "fact", "facts", "tbl", "table", "lookup"}
+_IDENTIFIER_WORDS = {"number", "num", "no", "nr", "line", "linenumber", "seq", "sequence", "sk", "key", "id"}
+_EXACT, _ABBREVIATED = 3.0, 2.0
+_MAX_KEY_COLUMNS = 3  # a composite key of more columns is not worth guessing
+_ORPHANS_ALLOWED = 0.01  # a foreign key named exactly like its parent key may miss this share of values
+
+
+@dataclass
+class Schema:
+    """The key structure the template generator walks, and where each key came from."""
+
+    tables: dict[str, Table]
+    primary_keys: dict[str, tuple[str, ...]]
+    foreign_keys: list[tuple[str, ForeignKey]]  # (child table, key)
+    inferred_primary: set[str] = field(default_factory=set)
+    inferred_foreign: list[tuple[str, ForeignKey]] = field(default_factory=list)
+    # ("primary", table) or ("foreign", child, fk) -> "declared", "given in keys.sql line 3", "inferred"
+    origins: dict[tuple, str] = field(default_factory=dict)
+    evidence: dict[tuple, str] = field(default_factory=dict)  # same keys: why an inferred key was taken
+
+    def primary_note(self, table: str) -> str:
+        """How `table`'s primary key is known: "declared", "given in ...", "inferred: <evidence>"."""
+        return self._note(("primary", table))
+
+    def foreign_note(self, child: str, fk: ForeignKey) -> str:
+        return self._note(("foreign", child, fk))
+
+    def _note(self, key: tuple) -> str:
+        origin = self.origins.get(key, "declared")
+        return f"{origin}: {self.evidence[key]}" if key in self.evidence else origin
+
+
+def _q(name: str) -> exp.Identifier:
+    return exp.to_identifier(name, quoted=True)
+
+
+def _table(name: str) -> exp.Table:
+    return exp.Table(this=_q(name))
+
+
+def _family(sql_type: str) -> str:
+    upper = sql_type.upper()
+    if upper.startswith("INTERVAL"):  # a duration, not a number that could be a key ("INT" is in its name)
+        return "INTERVAL"
+    if any(n in upper for n in _NUMERIC):
+        return "number"
+    if "CHAR" in upper or "TEXT" in upper or "STRING" in upper:
+        return "text"
+    return upper
+
+
+def _integer(sql_type: str) -> bool:
+    return "INT" in sql_type.upper() and "[]" not in sql_type and not sql_type.upper().startswith("INTERVAL")
+
+
+# -- names -------------------------------------------------------------------------------------------------------
+def _words(name: str) -> list[str]:
+    """`ss_sold_date_sk` → [ss, sold, date, sk]; `CustomerID` → [customer, id]."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1 \2", name))
+    return [w for w in re.split(r"[^A-Za-z0-9]+", spaced.lower()) if w]
+
+
+def _singular(word: str) -> str:
+    if word.endswith("ies") and len(word) > 4:
+        return word[:-3] + "y"
+    if word.endswith(("sses", "xes", "ches", "shes")):
+        return word[:-2]
+    if word.endswith("s") and not word.endswith(("ss", "us", "is")) and len(word) > 3:
+        return word[:-1]
+    return word
+
+
+def _table_words(table: str) -> list[str]:
+    """A table's name as words, without generic ones (`date_dim` → [date])."""
+    words = _words(table)
+    return [w for w in words if _singular(w) not in _GENERIC] or words
+
+
+def _prefix(table: Table) -> str:
+    """The short column prefix most of a table's columns share (`ss` in store_sales), or ""."""
+    firsts = [w[0] for w in (_words(c.name) for c in table.columns) if len(w) > 1]
+    if len(firsts) < 2:
+        return ""
+    best = max(set(firsts), key=firsts.count)
+    initial = _words(table.name)[:1]
+    if firsts.count(best) * 10 >= len(table.columns) * 6 and len(best) <= 4 and initial and best[0] == initial[0][0]:
+        return best
+    return ""
+
+
+def _key_parts(column: str, prefix: str) -> tuple[list[str], str] | None:
+    """(entity words, suffix) of a key-like column name, else None: `ss_sold_date_sk` with prefix
+    ss → ([sold, date], sk); `o_custkey` → ([cust], key); `c_id` → ([], id)."""
+    words = _words(column)
+    if prefix and len(words) > 1 and words[0] == prefix:
+        words = words[1:]
+    last = words[-1] if words else ""
+    if last in _SUFFIX_RANK:
+        return words[:-1], last
+    if last.endswith("key") and len(last) > 3:
+        return [*words[:-1], last[:-3]], "key"
+    return None
+
+
+def _abbreviates(text: str, words: list[str], skip: bool) -> bool:
+    """`text` is prefixes of `words` in order (`cdemo` = c(ustomer) + demo(graphics), `addr` =
+    addr(ess)); with `skip`, words may be left out (`demo` names customer_demographics)."""
+    if len(text) < 3:
+        return False
+
+    def fits(i: int, j: int) -> bool:
+        if i == len(text):
+            return skip or j == len(words)
+        if j == len(words):
+            return False
+        return any(words[j].startswith(text[i:k]) and fits(k, j + 1) for k in range(len(text), i, -1)) \
+            or (skip and fits(i, j + 1))
+
+    return fits(0, 0)
+
+
+def _name_score(entity: list[str], target: list[str], skip: bool) -> float:
+    if not entity or not target:
+        return 0.0
+    if len(entity) == len(target) and all(_singular(a) == _singular(b) for a, b in zip(entity, target)):
+        return _EXACT
+    return _ABBREVIATED if _abbreviates("".join(entity), target, skip) else 0.0
+
+
+# -- database checks ---------------------------------------------------------------------------------------------
+def _unique_rows(db: Database, table: str, columns: tuple[str, ...]) -> int | None:
+    """The row count if `columns` are unique together and never NULL (and there are rows), else None."""
+    cols = [exp.column(_q(c)) for c in columns]
+    distinct = exp.select(*cols).distinct().from_(_table(table)).where(
+        exp.and_(*[exp.Not(this=exp.Is(this=c.copy(), expression=exp.Null())) for c in cols]))
+    query = exp.select(exp.Count(this=exp.Star()),
+                       exp.select(exp.Count(this=exp.Star())).from_(exp.alias_(exp.Subquery(this=distinct), _q("d"), table=True)).subquery()
+                       ).from_(_table(table))
+    total, count = db.con.execute(query.sql("duckdb")).fetchone()
+    return int(total) if total and total == count else None
+
+
+def _containment(db: Database, child: str, column: str, parent: str, key: str) -> tuple[int, int]:
+    """(non-NULL values of child.column, how many of them parent.key lacks): one query."""
+    c = exp.column(_q(column), table=_q("c"))
+    k = exp.column(_q(key), table=_q("p"))
+    keys = exp.select(exp.column(_q(key))).distinct().from_(_table(parent))
+    query = exp.select(exp.Count(this=c.copy()), exp.Sub(this=exp.Count(this=c.copy()), expression=exp.Count(this=k.copy()))) \
+        .from_(exp.alias_(_table(child), _q("c"), table=True)) \
+        .join(exp.alias_(exp.Subquery(this=keys), _q("p"), table=True), on=exp.EQ(this=c.copy(), expression=k.copy()), join_type="left")
+    present, missing = db.con.execute(query.sql("duckdb")).fetchone()
+    return int(present), int(missing)
+
+
+def _never_null(db: Database, table: str, columns: list[str]) -> list[str]:
+    """Those of `columns` without a NULL, in one query."""
+    if not columns:
+        return []
+    counts = [exp.Count(this=exp.Star())] + [exp.Count(this=exp.column(_q(c))) for c in columns]
+    row = db.con.execute(exp.select(*counts).from_(_table(table)).sql("duckdb")).fetchone()
+    return [c for c, n in zip(columns, row[1:]) if n == row[0]]
+
+
+# -- the schema --------------------------------------------------------------------------------------------------
+def schema(db: Database, catalog: Catalog, infer: bool = True, given: object = None) -> Schema:
+    """Keys for the template generator. `given`: keys the user states (a keys file's path, its
+    text, a list of tuples; see relsql.keyfile), applied after those given to `relsql.connect(
+    keys=...)`; they override declared and inferred keys for the tables they name."""
+    check_values(db, catalog)
+    tables = dict(catalog.tables)
+    primary = {name: tuple(t.primary_key) for name, t in tables.items()}
+    result = Schema(tables, primary, [(name, fk) for name, t in tables.items() for fk in t.foreign_keys])
+    declared = f"declared in {catalog.keys_origin}" if catalog.keys_origin else "declared"
+    result.origins.update({("primary", n): declared for n, k in primary.items() if k})
+    result.origins.update({("foreign", c, fk): declared for c, fk in result.foreign_keys})
+    trusted = {child for child, _ in result.foreign_keys}  # a table that declares foreign keys is taken as it is
+    stated = [g for g in (getattr(db, "given_keys", None), keyfile.load(given)) if g is not None]
+    stated = [keyfile.resolve(g, {n: t.column_names for n, t in tables.items()}) for g in stated]
+    pending = _apply_given(result, stated)
+    trusted |= {key.table for keys in stated for key in keys.keys}  # given keys replace inference for their tables
+    for source, key in pending:  # before any query runs; `REFERENCES parent` alone is checked once resolved
+        if key.references:
+            _check_types(result, key.table, ForeignKey(key.columns, key.parent, key.references), f"given in {source.where(key)}")
+    for child, fk in result.foreign_keys:
+        _check_types(result, child, fk, result.foreign_note(child, fk))
+    if infer:
+        _infer_primary(db, result)
+    _resolve_pending(result, pending)
+    for child, fk in result.foreign_keys:
+        _check_types(result, child, fk, result.foreign_note(child, fk))
+    if infer:
+        roles = _infer_foreign(db, result, trusted)
+        _infer_composite(db, result, roles)
+    return result
+
+
+def _apply_given(result: Schema, stated: list[keyfile.GivenKeys]) -> list[tuple[keyfile.GivenKeys, keyfile.GivenKey]]:
+    """Given primary keys replace the table's; a table's given foreign keys replace all of its
+    declared ones (its other columns may still be inferred). A referenced parent without a key
+    is keyed by the referenced columns.
+    Returns the given foreign keys, resolved once every primary key is known."""
+    pending = []
+    for given in stated:
+        for key in given.primary:
+            result.primary_keys[key.table] = key.columns
+            result.origins[("primary", key.table)] = f"given in {given.where(key)}"
+        children = {key.table for key in given.foreign}
+        result.foreign_keys = [(c, fk) for c, fk in result.foreign_keys if c not in children]
+        pending.extend((given, key) for key in given.foreign)
+    for given, key in pending:
+        if key.references and not result.primary_keys.get(key.parent):
+            result.primary_keys[key.parent] = key.references
+            result.origins[("primary", key.parent)] = f"given in {given.where(key)}, referenced by {key.table}"
+    return pending
+
+
+def _resolve_pending(result: Schema, pending: list[tuple[keyfile.GivenKeys, keyfile.GivenKey]]) -> None:
+    """Add the given foreign keys; `REFERENCES parent` alone means the parent's primary key."""
+    for given, key in pending:
+        references = key.references or result.primary_keys.get(key.parent, ())
+        if len(references) != len(key.columns):
+            raise SchemaError(f"{given.where(key)}: `{key.parent}` has no {len(key.columns)}-column primary key for "
+                              f"{key.table}({', '.join(key.columns)}) to reference; write REFERENCES "
+                              f"{key.parent}(<column>) or give {key.parent} a PRIMARY KEY")
+        fk = ForeignKey(key.columns, key.parent, references)
+        if (key.table, fk) not in result.foreign_keys:
+            result.foreign_keys.append((key.table, fk))
+            result.origins[("foreign", key.table, fk)] = f"given in {given.where(key)}"
+
+
+def _comparable(sql_type: str) -> str:
+    """What a value can be compared with without a cast that may fail: dates with timestamps,
+    numbers with numbers, text with text; anything else only with its own type."""
+    family = _family(sql_type)
+    return "time" if family.startswith(("DATE", "TIMESTAMP")) else family
+
+
+def _check_types(result: Schema, child: str, fk: ForeignKey, where: str) -> None:
+    """A foreign key whose columns cannot be compared with its parent's (text with numbers) would
+    fail inside the first join with a cast error: refuse it before any query runs, by name."""
+    parent = result.tables.get(fk.table)
+    if parent is None or child not in result.tables:
+        return
+    pairs = [(result.tables[child].column(c), parent.column(r)) for c, r in zip(fk.columns, fk.references)
+             if c in result.tables[child].column_names and r in parent.column_names]
+    wrong = [(c, r) for c, r in pairs if _comparable(c.type) != _comparable(r.type)]
+    if wrong:
+        shown = "; ".join(f"{child}.{c.name} is {c.type}, {fk.table}.{r.name} is {r.type}" for c, r in wrong)
+        raise SchemaError(f"foreign key {child}({', '.join(fk.columns)}) -> {fk.table}({', '.join(fk.references)}) "
+                          f"({where}): column types do not match ({shown}); give columns of matching types (a view "
+                          "casting one side) or leave this key out")
+
+
+def _infer_primary(db: Database, result: Schema) -> None:
+    """A single column named after its own table, unique and never NULL; best-named first."""
+    words = {name: _table_words(name) for name in result.tables}
+    for name, table in result.tables.items():
+        if result.primary_keys[name]:
+            continue
+        for _score, column, why in _primary_candidates(table, words):
+            rows = _unique_rows(db, name, (column.name,))
+            if rows is not None:
+                result.primary_keys[name] = (column.name,)
+                result.inferred_primary.add(name)
+                result.origins[("primary", name)] = "inferred"
+                result.evidence[("primary", name)] = f"{why}; unique and never NULL in {rows:,} row{'s' * (rows != 1)}"
+                break
+
+
+def _primary_candidates(table: Table, words: dict[str, list[str]]) -> list[tuple[float, object, str]]:
+    """(score, column, evidence) of key-like columns, best first: named after the table (exactly,
+    then abbreviated), integer before text, `_sk` before `key` before `_id`; last, as a weak
+    guess, key-like columns that name no other table (those look like foreign keys)."""
+    prefix, own = _prefix(table), words[table.name]
+    found = []
+    for position, column in enumerate(table.columns):
+        parts = _key_parts(column.name, prefix)
+        if parts is None:
+            continue
+        entity, suffix = parts
+        score = _EXACT if not entity else _name_score(entity, own, skip=True)
+        if score:
+            why = f"names: {column.name} names its table {table.name}" + (f" (entity {' '.join(entity)})" if entity else "")
+        elif not any(_name_score(entity, w, skip=False) for other, w in words.items() if other != table.name):
+            score, why = 1.0, f"names: {column.name} is the first key-like column (it names no table)"
+        else:
+            continue
+        found.append((-score, not _integer(column.type), -_SUFFIX_RANK[suffix], position, column, why))
+    found.sort(key=lambda f: f[:4])
+    return [(-f[0], f[4], f[5]) for f in found]
+
+
+def _infer_foreign(db: Database, result: Schema, trusted: set[str]) -> dict[tuple[str, str], int]:
+    """For each key-like column of a table without declared foreign keys, not already in a
+    given one, the best scoring parent key that contains its values. Returns how many role words each inferred
+    key's column has (`ss_sold_date_sk`: 1), which a composite key prefers to avoid."""
+    roles: dict[tuple[str, str], int] = {}
+    words = {name: _table_words(name) for name in result.tables}
+    parents = [(p, key[0], result.tables[p].column(key[0]), _prefix(result.tables[p]))
+               for p, key in result.primary_keys.items() if len(key) == 1]
+    for child, table in result.tables.items():
+        if child in trusted:
+            continue
+        prefix = _prefix(table)
+        stated = {c for other, fk in result.foreign_keys if other == child for c in fk.columns}  # given ones stay
+        for column in table.columns:
+            if column.name in stated:
+                continue
+            candidates = parents
+            if result.primary_keys[child] == (column.name,):
+                candidates = _extended(child, column.name, prefix, parents, words)
+                if not candidates:
+                    continue
+            best = _best_parent(db, child, column, prefix, candidates, words)
+            if best is not None:
+                fk, evidence, roles[child, column.name] = best
+                result.foreign_keys.append((child, fk))
+                result.inferred_foreign.append((child, fk))
+                result.origins[("foreign", child, fk)] = "inferred"
+                result.evidence[("foreign", child, fk)] = evidence
+    return roles
+
+
+def _extended(child: str, column: str, prefix: str, parents: list, words: dict[str, list[str]]) -> list:
+    """The parents a table's whole primary key `column` may extend one-to-one. A shared name is no
+    evidence (two tables each keyed by `row_idx` or `id` are unrelated); the extension needs the
+    parent's key named exactly alike AND naming the parent's table better than the child's
+    (label_spend(c_customer_sk) extends customer(c_customer_sk): `customer` is named, `label_spend` is not)."""
+    own = _names_table(column, prefix, words[child])
+    return [p for p in parents if p[0] != child and p[1].casefold() == column.casefold()
+            and _names_table(p[1], p[3], words[p[0]]) > own]
+
+
+def _names_table(column: str, prefix: str, table_words: list[str]) -> float:
+    """How well a key-like column's entity names a table (0 when it has no entity: `id`, `row_idx`)."""
+    parts = _key_parts(column, prefix)
+    return _name_score(parts[0], table_words, skip=True) if parts else 0.0
+
+
+def _best_parent(db, child, column, prefix, parents, words) -> tuple[ForeignKey, str, int] | None:
+    """The parent whose key scores best: name + type + the share of values it contains."""
+    scored = []
+    for parent, key, pcol, pprefix in parents:
+        if (parent == child and column.name == key) or _family(column.type) != _family(pcol.type):
+            continue
+        name, why, roles = _foreign_name_score(column.name, prefix, key, pprefix, words[parent])
+        if name:
+            scored.append((name + (0.5 if column.type == pcol.type else 0.25), name, why, roles, parent, key, pcol))
+    best = None
+    for score, name, why, roles, parent, key, pcol in sorted(scored, key=lambda s: -s[0]):
+        if best is not None and score + 1 <= best[0]:
+            break  # containment adds at most 1: this one cannot win
+        present, missing = _containment(db, child, column.name, parent, key)
+        allowed = present * _ORPHANS_ALLOWED if name >= _EXACT else 0
+        if present == 0 or missing > allowed:
+            continue
+        total = score + (present - missing) / present
+        if best is None or total > best[0]:
+            found = f"all {present:,}" if not missing else f"{present - missing:,} of {present:,} ({missing:,} missing)"
+            text = (f"names: {column.name} ~ {key} ({why}); types {column.type}, {pcol.type}; {found} non-NULL values "
+                    f"found in {parent}.{key}")
+            best = (total, ForeignKey((column.name,), parent, (key,)), text, roles)
+    return None if best is None else best[1:]
+
+
+def _foreign_name_score(column: str, prefix: str, key: str, key_prefix: str,
+                        parent_words: list[str]) -> tuple[float, str, int]:
+    """(score, why, role words): how well a child column names a parent key: the same name;
+    else its entity, after leading role words, equals or abbreviates the key's entity or the
+    parent table's name."""
+    if column.lower() == key.lower():
+        return _EXACT, "same name", 0
+    parts, target = _key_parts(column, prefix), _key_parts(key, key_prefix)
+    if parts is None or not parts[0]:
+        return 0.0, "", 0
+    entity = parts[0]
+    targets = [t for t in ((target[0] if target else []), parent_words) if t]
+    best, why, role_words = 0.0, "", 0
+    for roles in range(len(entity)):
+        for words in targets:
+            score = _name_score(entity[roles:], words, skip=False)
+            if score and score - 0.1 * roles > best:
+                best, role_words = score - 0.1 * roles, roles
+                why = f"entity {' '.join(entity[roles:])}" + (f" ~ {' '.join(words)}" if score < _EXACT else "") \
+                    + (f", role {' '.join(entity[:roles])}" if roles else "")
+    return best, why, role_words
+
+
+def _infer_composite(db: Database, result: Schema, roles: dict[tuple[str, str], int]) -> None:
+    """A table still without a key (a fact or link table): the smallest unique, never-NULL set of
+    its foreign-key and identifier columns, at most three, preferring a foreign key with a line
+    or ticket number; else it stays without one."""
+    for name, table in result.tables.items():
+        if result.primary_keys[name]:
+            continue
+        units = list(dict.fromkeys(fk.columns for child, fk in result.foreign_keys if child == name))
+        in_units = {c for unit in units for c in unit}
+        if not units:
+            continue
+        identifiers = [c.name for c in table.columns if c.name not in in_units and _identifier(c)]
+        solid = set(_never_null(db, name, sorted(in_units | set(identifiers))))
+        units = [u for u in units if set(u) <= solid] + [(c,) for c in identifiers if c in solid]
+        role_words = {c: roles.get((name, c), 0) for unit in units for c in unit}
+        for columns in _composite_candidates(units, set(identifiers), role_words):
+            rows = _unique_rows(db, name, columns)
+            if rows is not None:
+                result.primary_keys[name] = columns
+                result.inferred_primary.add(name)
+                result.origins[("primary", name)] = "inferred"
+                result.evidence[("primary", name)] = (
+                    f"no column names {name}; ({', '.join(columns)}) is the smallest unique, never-NULL set of its "
+                    f"foreign-key and identifier columns ({rows:,} rows)")
+                break
+
+
+def _identifier(column) -> bool:
+    """An integer column that numbers things (`l_linenumber`, `ss_ticket_number`, `seq`, `..._id`)."""
+    words = _words(column.name)
+    return _integer(column.type) and bool(words) and (
+        words[-1] in _IDENTIFIER_WORDS or words[-1].endswith(("number", "key")) or _key_parts(column.name, "") is not None)
+
+
+def _composite_candidates(units: list[tuple[str, ...]], identifiers: set[str],
+                          role_words: dict[str, int]) -> list[tuple[str, ...]]:
+    """Sets of units with at most three columns: fewest columns first, then those pairing a
+    foreign key with an identifier (an order's line number), then those of foreign keys without
+    role words (an order's item, not its return time), then in column order."""
+    found = []
+    for size in range(1, min(len(units), _MAX_KEY_COLUMNS) + 1):
+        for combo in combinations(range(len(units)), size):
+            columns = tuple(c for i in combo for c in units[i])
+            if len(columns) <= _MAX_KEY_COLUMNS:
+                mixed = any(c in identifiers for c in columns) and any(c not in identifiers for c in columns)
+                found.append((len(columns), not mixed, sum(role_words.get(c, 0) for c in columns), combo, columns))
+    found.sort(key=lambda f: f[:4])
+    return [f[4] for f in found]
