@@ -100,11 +100,13 @@ def fit_as_rank(learner: Learner, epochs: int, batch_size: int | None, lr: float
     job = _job(learner, world, epochs, batch_size, lr, patience, weight_decay, checkpoint, checkpoint_every, resume, timeout,
                model=None, store=(), init_method="env://", folder="", threads=torch.get_num_threads(), started=time.time())
     owned = not dist.is_initialized()
+    strategy = Ranks(job, rank, None)
     try:
-        diverged = _train(learner, job, rank)
+        diverged = _train(learner, job, rank, strategy)
     finally:
         if owned and dist.is_initialized():
             dist.destroy_process_group()
+    add_timings(learner, strategy.clock)  # this rank's epochs, compute, all_reduce, ... (the trainer added "training")
     if diverged:
         raise RelsqlError(diverged)
 
@@ -154,10 +156,15 @@ def fit(learner: Learner, workers: int, epochs: int, batch_size: int | None, lr:
     learner.head.load_state_dict(result["head"])
     learner.history = list(result["history"])
     learner.best_epoch, learner.stopped, learner.epoch_cap = result["best_epoch"], result["stopped"], epochs
-    for name, value in {**result["timings"], "training": time.perf_counter() - started}.items():
-        learner.timings[name] = learner.timings.get(name, 0.0) + value
+    add_timings(learner, {**result["timings"], "training": time.perf_counter() - started})
     if result.get("diverged"):  # the ranks stopped at a NaN loss, with the best epoch's weights
         raise RelsqlError(result["diverged"])
+
+
+def add_timings(learner: Learner, seconds: dict[str, float]) -> None:
+    """Add `seconds` per phase to the learner's timings (a model trained twice reports the sum)."""
+    for name, value in seconds.items():
+        learner.timings[name] = learner.timings.get(name, 0.0) + value
 
 
 def _launch(model: Learner, job: Job) -> dict:

@@ -1,0 +1,325 @@
+"""The trainer (relsql/train/trainer.py): the one loop against a hand-written torch loop, full
+batch and mini-batches; early stopping; checkpoints resumed mid-epoch; where the optimizer's kind
+is chosen; and the per-rank times a torchrun rank reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import relsql
+from relsql.train import checkpoint as checkpoints
+from relsql.train.trainer import EarlyStopping, OneProcess, Optimizers, Trainer
+from tests.test_batches import shop_db, shop_template
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# customers labelled by their orders' amounts, one join away; output width 4 so the head is a Linear
+TEMPLATE = """
+CREATE TABLE order_h AS SELECT o.order_id, tanh(linear(features(o.amount, o.express), 6, 'w_order')) FROM orders o;
+CREATE TABLE predict AS
+SELECT c.customer_id, linear(avg(oh.h), 4, 'w_out')
+FROM customer c JOIN orders o ON o.customer_id = c.customer_id JOIN order_h oh ON oh.order_id = o.order_id
+GROUP BY c.customer_id;
+"""
+
+
+def customers(n: int = 240) -> relsql.Database:
+    """n customers with 1-4 orders each; the label is the sign of their mean amount (NULL for every 11th)."""
+    db = relsql.connect()
+    db.execute(f"CREATE TABLE customer AS SELECT i AS customer_id, i % 7 AS region, DATE '2020-01-01' + CAST((i * 37) % 400 AS INTEGER) AS "
+               f"signup FROM range({n}) t(i)")
+    db.execute("CREATE TABLE orders AS SELECT c.customer_id * 10 + k AS order_id, c.customer_id, "
+               "sin(c.customer_id * 1.7 + k) + (c.customer_id % 2) - 0.5 AS amount, (c.customer_id + k) % 3 = 0 AS express "
+               "FROM customer c, range(1 + customer_id % 4) r(k)")
+    db.execute("ALTER TABLE customer ADD COLUMN churned BOOLEAN")
+    db.execute("UPDATE customer SET churned = CASE WHEN customer_id % 11 = 0 THEN NULL ELSE "
+               "(SELECT avg(amount) FROM orders o WHERE o.customer_id = customer.customer_id) > 0 END")
+    return db
+
+
+def model(db: relsql.Database, **kwargs) -> relsql.Model:
+    return relsql.Model(db, relsql.Template.from_sql(TEMPLATE), "customer.churned", seed=3, dtype=torch.float64,
+                        progress=False, **kwargs)
+
+
+def weights(m: relsql.Model) -> dict[str, torch.Tensor]:
+    return {name: w.detach().clone() for name, w in m.named_weights().items()}
+
+
+def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.allclose(a[name], b[name], atol=1e-10, rtol=0), name
+
+
+def train(m: relsql.Model, epochs: int, lr: float, batch_size: int | None = None, patience: int = 1000,
+          strategy: OneProcess | None = None, **kwargs) -> Trainer:
+    trainer = Trainer(m.learner, strategy or OneProcess(), epochs=epochs, batch_size=batch_size, lr=lr, patience=patience,
+                      weight_decay=0.0, **kwargs)
+    assert trainer.fit(batched=batch_size is not None) is None
+    return trainer
+
+
+def reference(m: relsql.Model, epochs: int, lr: float, batch_size: int | None = None) -> list[tuple[float, float, dict]]:
+    """A plain torch loop on a full-batch model: Adam on every weight, binary cross-entropy of the
+    training rows (in shuffled chunks of `batch_size`, seeded by (seed, epoch)); per epoch the
+    training loss (the mean over rows of the batch losses), the validation loss, the weights."""
+    learner = m.learner
+    net, head, output = m.net, learner.head, learner.output
+    params = [p for p in [*net.parameters(), *head.parameters()] if p.requires_grad]
+    adam = torch.optim.Adam(params, lr=lr)
+    labelled, y, train_rows, val_rows = learner.labelled, learner.y, learner.rows["train"], learner.rows["val"]
+
+    def logits(rows: np.ndarray) -> torch.Tensor:
+        value = net()[output]
+        return head(value.reshape(value.shape[0], -1))[torch.as_tensor(labelled[rows]), 0]
+
+    out = []
+    for epoch in range(epochs):
+        if batch_size is None:
+            chunks = [train_rows]
+        else:
+            shuffled = train_rows[np.random.default_rng([m.seed, epoch]).permutation(len(train_rows))]
+            chunks = [shuffled[i:i + batch_size] for i in range(0, len(shuffled), batch_size)]
+        total = 0.0
+        for chunk in chunks:
+            adam.zero_grad()
+            loss = F.binary_cross_entropy_with_logits(logits(chunk), y[torch.as_tensor(chunk)])
+            loss.backward()
+            adam.step()
+            total += float(loss.detach()) * len(chunk)
+        with torch.no_grad():
+            val = float(F.binary_cross_entropy_with_logits(logits(val_rows), y[torch.as_tensor(val_rows)]))
+        out.append((total / len(train_rows), val, weights(m)))
+    return out
+
+
+def best_of(losses: list[float]) -> int:
+    """The epoch early stopping keeps: the last that improved on the best so far by more than 1e-7."""
+    best, kept = float("inf"), -1
+    for epoch, loss in enumerate(losses):
+        if loss < best - 1e-7:
+            best, kept = loss, epoch
+    return kept
+
+
+@pytest.mark.parametrize("batch_size", [None, 50], ids=["full_batch", "mini_batches"])
+def test_the_loop_takes_the_steps_of_a_plain_torch_loop(batch_size):
+    db = customers()
+    trained = model(db, batch_size=batch_size)
+    plain = model(db)  # full batch: a mini-batch's outputs are those rows of the whole relation's
+    assert_same_weights(weights(trained), weights(plain))  # same seed, same start
+    epochs, lr = 6, 0.05
+    train(trained, epochs, lr, batch_size)
+    expected = reference(plain, epochs, lr, batch_size)
+    history = trained.history
+    assert [h["epoch"] for h in history] == list(range(epochs))
+    if batch_size is not None:  # full batch records the loss before its one step (the next test)
+        assert [h["train_loss"] for h in history] == pytest.approx([t for t, _, _ in expected], abs=1e-10)
+    assert [h["val_loss"] for h in history] == pytest.approx([v for _, v, _ in expected], abs=1e-10)
+    kept = best_of([v for _, v, _ in expected])
+    assert trained.best_epoch == kept
+    assert_same_weights(weights(trained), expected[kept][2])
+    if batch_size is None:
+        assert history[0]["train_loss"] > history[-1]["train_loss"]  # it learned something
+
+
+def test_full_batch_records_the_loss_each_step_started_from():
+    db = customers()
+    trained, plain = model(db), model(db)
+    train(trained, 3, 0.05)
+    with torch.no_grad():
+        learner = plain.learner
+        index, y = learner.goal.split_index("train")
+        first = float(F.binary_cross_entropy_with_logits(learner.outputs()[index, 0], y))
+    assert trained.history[0]["train_loss"] == pytest.approx(first, abs=1e-12)
+
+
+class Recording(OneProcess):
+    """The one-process strategy that also records each batch's output rows, in training order."""
+
+    def __init__(self):
+        self.seen: list[np.ndarray] = []
+
+    def after_step(self, trainer, batch, external, reduced) -> None:
+        self.seen.append(np.asarray(batch.rids))
+        super().after_step(trainer, batch, external, reduced)
+
+
+def test_every_training_row_once_per_epoch_in_the_seeded_order():
+    m = model(customers(), batch_size=40)
+    strategy = Recording()
+    train(m, 2, 0.01, batch_size=40, strategy=strategy)
+    learner = m.learner
+    train_rows = learner.rows["train"]
+    per_epoch = -(-len(train_rows) // 40)
+    assert len(strategy.seen) == 2 * per_epoch
+    for epoch in range(2):
+        rids = np.concatenate(strategy.seen[epoch * per_epoch:(epoch + 1) * per_epoch])
+        order = train_rows[np.random.default_rng([m.seed, epoch]).permutation(len(train_rows))]
+        assert rids.tolist() == learner.labelled[order].tolist()
+        assert sorted(rids.tolist()) == sorted(learner.labelled[train_rows].tolist())  # each exactly once
+    assert not np.array_equal(np.concatenate(strategy.seen[:per_epoch]), np.concatenate(strategy.seen[per_epoch:]))
+
+
+def stopping_reference(losses: list[float], patience: int) -> tuple[int | None, int]:
+    """(the epoch training stops after, or None; the best epoch): stop once `patience` epochs
+    passed without a loss below the best by more than 1e-7."""
+    best, kept = float("inf"), -1
+    for epoch, loss in enumerate(losses):
+        if loss < best - 1e-7:
+            best, kept = loss, epoch
+        elif epoch - kept >= patience:
+            return epoch, kept
+    return None, kept
+
+
+def run_stopping(stopping: EarlyStopping, learner, losses: list[float], start: int = 0) -> tuple[int | None, list]:
+    """Feed `losses` from epoch `start`; before each, the weights are set to a value naming the epoch."""
+    stops = None
+    for epoch, loss in enumerate(losses[start:], start):
+        with torch.no_grad():
+            for p in learner.parameters():
+                p.fill_(float(epoch))
+        _, stop = stopping.update(epoch, loss)
+        if stop:
+            stops = epoch
+            break
+    return stops, learner.best_epoch
+
+
+@pytest.mark.parametrize("losses,patience,stops", [
+    ([1.0, 0.8, 0.85, 0.8 - 5e-8, 0.9, 0.7], 2, 3),  # 0.79999995 is no improvement (tolerance 1e-7)
+    ([1.0, 0.9, 0.8, 0.7], 1, None),
+    ([1.0, 1.0, 1.0], 0, 1),
+    ([2.0, 1.5, 1.6, 1.4, 1.45, 1.44, 1.46, 1.3], 3, 6),
+])
+def test_early_stopping_stops_at_the_right_epoch_and_keeps_the_best_weights(losses, patience, stops):
+    m = model(customers(60))
+    learner = m.learner
+    assert stopping_reference(losses, patience)[0] == stops  # the table above agrees with the reference rule
+    stopping = EarlyStopping(learner, patience)
+    assert stopping.monitor == "val"
+    found, best = run_stopping(stopping, learner, losses)
+    assert (found, best) == stopping_reference(losses, patience)
+    for value in stopping.state[0].values():  # the weights as they were at the best epoch
+        assert torch.all(value == float(best))
+    assert stopping.loss == losses[best]
+
+
+def test_early_stopping_state_round_trips_through_a_checkpoint_file(tmp_path):
+    losses, patience = [2.0, 1.5, 1.6, 1.4, 1.45, 1.44, 1.46, 1.3], 3
+    m = model(customers(60))
+    learner = m.learner
+    whole = EarlyStopping(learner, patience)
+    expected = run_stopping(whole, learner, losses)
+    first = EarlyStopping(learner, patience)
+    run_stopping(first, learner, losses[:5])
+    checkpoints.save(tmp_path / "stop.ckpt", first.state_dict())
+    learner.best_epoch = None
+    again = EarlyStopping(learner, patience)
+    again.load_state_dict(checkpoints.load(tmp_path / "stop.ckpt"))
+    assert (again.loss, learner.best_epoch) == (1.4, 3)
+    assert run_stopping(again, learner, losses, start=5) == expected
+    for name, value in again.state[0].items():
+        assert torch.equal(value, whole.state[0][name])
+
+
+class Stop(Exception):
+    pass
+
+
+def test_a_checkpoint_taken_mid_epoch_resumes_to_the_uninterrupted_weights(tmp_path):
+    db, path = customers(), tmp_path / "run.ckpt"
+    epochs, lr, size = 4, 0.05, 50
+    whole = model(db, batch_size=size)
+    train(whole, epochs, lr, size)
+
+    def interrupt(info):
+        if (info["epoch"], info["batch"]) == (1, 1):
+            raise Stop
+
+    interrupted = model(db, batch_size=size)
+    trainer = Trainer(interrupted.learner, OneProcess(), epochs=epochs, batch_size=size, lr=lr, patience=1000,
+                      weight_decay=0.0, checkpoint=path, checkpoint_every=2, callback=interrupt)
+    with pytest.raises(Stop):
+        trainer.fit(batched=True)
+    state = checkpoints.load(path)
+    assert (state["epoch"], state["batch"]) == (1, 2)  # taken inside the epoch, after its second batch
+    resumed = model(db, batch_size=size)  # a new process would start from a model built afresh
+    trainer = Trainer(resumed.learner, OneProcess(), epochs=epochs, batch_size=size, lr=lr, patience=1000,
+                      weight_decay=0.0, checkpoint=path, checkpoint_every=2)
+    assert trainer.fit(batched=True, resume=state) is None
+    assert_same_weights(weights(resumed), weights(whole))
+    assert resumed.best_epoch == whole.best_epoch
+    for a, b in zip(resumed.history, whole.history, strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-10)
+        assert a["val_loss"] == pytest.approx(b["val_loss"], abs=1e-10)
+
+
+def kind_rule(learner, name: str) -> type:
+    """The rule: an in-memory embedding trains with the embedding optimizer where one is set; every other weight with Adam."""
+    spec = learner.template.weights.get(name)
+    if spec is not None and spec.kind == "embed" and learner.settings.embedding_optimizer:
+        return {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad}[learner.settings.embedding_optimizer]
+    return torch.optim.Adam
+
+
+@pytest.mark.parametrize("embedding_optimizer", [None, "sgd", "adagrad"])
+def test_optimizers_give_embedding_rows_and_dense_weights_their_kind(embedding_optimizer):
+    m = relsql.Model(shop_db(), shop_template("memory"), "item.y", dtype=torch.float64, progress=False,
+                     embedding_optimizer=embedding_optimizer, embedding_lr=0.3)
+    learner = m.learner
+    optimizers = Optimizers(learner, lr=0.01, weight_decay=0.5)
+    holder = {id(p): o for o in optimizers.all for g in o.param_groups for p in g["params"]}
+    named = learner.weights_by_name()
+    assert "user" in named and len(holder) == len(named)  # every weight in exactly one optimizer
+    for name, p in named.items():
+        assert type(holder[id(p)]) is kind_rule(learner, name), name
+    assert type(optimizers.all[0]) is torch.optim.Adam
+    assert optimizers.all[0].param_groups[0]["lr"] == 0.01 and optimizers.all[0].param_groups[0]["weight_decay"] == 0.5
+    if embedding_optimizer:
+        assert len(optimizers.all) == 2 and optimizers.all[1].param_groups[0]["lr"] == 0.3
+    extra = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    optimizers.add([extra])  # a dense weight a batch met first joins Adam with fit's settings
+    group = optimizers.all[0].param_groups[-1]
+    assert group["params"] == [extra] and group["lr"] == 0.01 and group["weight_decay"] == 0.5
+    for index in range(len(optimizers.all)):  # a checkpoint's optimizers are rebuilt with the same kinds
+        assert optimizers.kind(index) is type(optimizers.all[index])
+
+
+TORCHRUN_TIMINGS = """
+import os, sys, json, torch, relsql
+from tests.test_batches import shop_db, shop_template
+model = relsql.Model(shop_db(), shop_template("memory"), "item.y", batch_size=512, dtype=torch.float64, progress=False,
+                     store=os.path.join(sys.argv[1], "store"))
+model.fit(epochs=2, lr=0.05)
+with open(os.path.join(sys.argv[1], f"timings{os.environ['RANK']}.json"), "w") as f:
+    json.dump(model.timings, f)
+"""
+
+
+@pytest.mark.slow
+def test_a_torchrun_rank_reports_its_own_phase_times(tmp_path):
+    """Under torchrun each rank's timings hold its epochs, compute, all-reduce, validation and
+    store waits besides the whole training time (they were lost when the loop became one)."""
+    script = tmp_path / "train.py"
+    script.write_text(TORCHRUN_TIMINGS)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(script), str(tmp_path)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 1):
+        timings = json.loads((tmp_path / f"timings{rank}.json").read_text())
+        for phase in ("epochs", "compute", "all_reduce", "validation", "waiting_on_store", "training"):
+            assert phase in timings, (rank, phase, timings)
+        assert 0 < timings["compute"] <= timings["epochs"] <= timings["training"], (rank, timings)
