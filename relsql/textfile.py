@@ -26,7 +26,7 @@ def read_bytes(path: str | os.PathLike, what: str, error: type[RelsqlError] = Re
         # O_NONBLOCK: opening a FIFO with no writer must not hang before fstat can refuse it
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
-        raise error(f"{what} {path} does not exist; check the path") from None
+        raise error(f"{what} {path} does not exist, so relsql cannot read it; check the path") from None
     except OSError as err:
         raise error(f"cannot read {what} {path}: {err.strerror or err}; check the path and its permissions") from None
     try:
