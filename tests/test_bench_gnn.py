@@ -107,6 +107,7 @@ def test_gin_template_matches_pyg_ginconv(mutag):
         assert deviation < TOL, f"gradient of {name} deviates by {deviation:.3e}"
 
 
+@pytest.mark.slow
 def test_bench_quick_writes_csv(tmp_path):
     from bench.gnn import COLUMNS
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import duckdb
+import pytest
 
 from bench.neuralogic import COLUMNS, DATASETS, EXTRA, SHIPPED, TOL, dataset_files, load_dataset, skip_reason, widen
 
@@ -38,6 +39,8 @@ def test_small_datasets_import_with_their_heads_and_samples():
     assert [p.name for p in nations.templates] == ["template.txt", "embeddings.txt"]
 
 
+@pytest.mark.slow
+@pytest.mark.oracle  # PyNeuraLogic's numbers
 def test_quick_benchmark_writes_csv_with_identical_numbers(tmp_path):
     had_target = (REPO / "target").exists()  # PyNeuraLogic writes ./target: the bench keeps it in a temp dir
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import relsql
 from relsql.compile.passes import RULES
-from tests.test_passes import assert_same, run
+from tests.plan_check import assert_same, run
 
 
 def test_cost_decisions_are_those_of_the_plans_device(neuralogic_mutagenesis, monkeypatch):

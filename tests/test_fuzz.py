@@ -61,6 +61,8 @@ from tests.fuzz_world import (
     run_case,
 )
 
+pytestmark = pytest.mark.slow  # hundreds of generated cases: about 3 minutes
+
 COLLECT = os.environ.get("FUZZ_COLLECT") == "1"
 SCALE = float(os.environ.get("FUZZ_SCALE", "1"))
 OUT = REPO / "out"

@@ -26,6 +26,8 @@ import relsql
 from relsql.template.keys import schema
 from tests.fuzz_world import REPO, Counts, run_case
 
+pytestmark = pytest.mark.slow  # 600 seeded cases
+
 CASES = 300  # per surface; each case takes a few milliseconds to a few tenths of a second
 COUNTS = Counts()
 

@@ -189,6 +189,7 @@ def wait_for(path: Path, text: str, seconds: float) -> bool:
     return False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["full", "batches"])
 def test_ctrl_c_stops_a_long_grounding_cleanly(big, tmp_path, mode):
     path = tmp_path / "pairs.duckdb"

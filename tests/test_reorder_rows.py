@@ -13,7 +13,7 @@ import relsql
 from bench.gnn import load_graphs, template_text
 from bench.locality import grid
 from relsql.compile.passes import RULES, reorder_rows
-from tests.test_passes import assert_same, run
+from tests.plan_check import assert_same, run
 
 reorder_module = importlib.import_module("relsql.compile.passes.reorder_rows")  # the package names the function alike
 

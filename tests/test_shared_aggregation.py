@@ -14,7 +14,7 @@ import relsql
 from bench.shared_aggregation import GRAPHS, load, template
 from relsql.compile import sparse
 from relsql.compile.passes import RULES, shared_aggregation
-from tests.test_passes import _fired, assert_same, run
+from tests.plan_check import assert_same, fired_counts, run
 
 module = importlib.import_module("relsql.compile.passes.shared_aggregation")
 
@@ -92,7 +92,7 @@ def test_values_and_gradients_equal_the_plain_plan(graph, kind, graphs):
     reference, factored = run(tpl, graphs[graph], ()), run(tpl, graphs[graph], FORCED)
     assert_same(reference, factored, f"{graph} {kind}")
     log = next(line for line in factored[2].plan.log if line.startswith("shared_aggregation"))
-    assert _fired(factored[2])["shared_aggregation"] > 0 and not log.startswith("shared_aggregation: 0 "), log
+    assert fired_counts(factored[2])["shared_aggregation"] > 0 and not log.startswith("shared_aggregation: 0 "), log
     before, after = (int(w) for w in log.split("(")[1].split(" stored")[0].split(" -> "))
     assert after < before
     assert "shared partial sums" in factored[2].explain()

@@ -23,6 +23,8 @@ import relsql
 from relsql.ground.store import MANIFEST, MARK, GroundingStore
 from tests.test_store_safety import grounder, hashes, reseal, same, world
 
+pytestmark = pytest.mark.slow  # 300 tampered stores
+
 CASES = 300
 
 
