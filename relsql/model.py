@@ -9,7 +9,6 @@ the results (results.py, report.py, gradients.py). Its arguments are checked her
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import logging
 import os
@@ -31,7 +30,8 @@ from relsql.train.threads import torch_threads
 from relsql.train.trainer import OneProcess, Trainer
 
 log = logging.getLogger("relsql")
-_loading: contextvars.ContextVar[saved.ModelState | None] = contextvars.ContextVar("relsql_loading", default=None)
+# the names older code and tests used for the learner's members
+_FORMER = {"_outputs": "outputs", "_weights_copy": "weights_copy", "_restore_weights": "restore_weights"}
 
 
 def _with_threads(method):
@@ -87,23 +87,29 @@ class Model:
                                          split=split, seed=seed, dtype=dtype, device=device, progress=progress,
                                          batch_size=batch_size, fanout=fanout, embedding_optimizer=embedding_optimizer,
                                          embedding_lr=embedding_lr, allow_target_inputs=allow_target_inputs, store=store,
-                                         max_groundings=max_groundings, loading=_loading.get())
+                                         max_groundings=max_groundings)
+
+    @classmethod
+    def _around(cls, db: Database, learner) -> Model:
+        """A Model over a learner built elsewhere (Model.load's, from a saved state): the only
+        other way one is made; it sets what __init__ sets."""
+        model = cls.__new__(cls)
+        model.db, model.threads, model.learner = db, None, learner
+        return model
 
     def __getattr__(self, name: str):
         """The learner's members (net, task, rows, y, history, target, parameters, ...) and settings read through."""
         if name == "learner":
             raise AttributeError(name)
         learner = self.learner
+        if name in _FORMER:
+            return getattr(learner, _FORMER[name])
+        if name == "_split_tensors":
+            return learner.goal.split_index
         for part in (learner, learner.settings):
             if hasattr(part, name):
                 return getattr(part, name)
         raise AttributeError(f"'Model' object has no attribute {name!r}")
-
-    def _split_tensors(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.learner.goal.split_index(split)
-
-    def _outputs(self) -> torch.Tensor:
-        return self.learner.outputs()
 
     @_with_threads
     def fit(self, epochs: int = 100, batch_size: int | None = None, lr: float = 0.01, patience: int = 20,
@@ -227,15 +233,8 @@ class Model:
         if not isinstance(db, Database):
             raise RelsqlError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
         state = saved.read(path)
-        token = _loading.set(state)
-        try:
-            model = cls(db, state.template, state.target, output=state.output, time_column=state.time_column,
-                        split=state.fractions, seed=state.seed, dtype=state.dtype, device=device,
-                        batch_size=batch_size or state.batch_size, fanout=state.fanout, allow_target_inputs=True,
-                        embedding_optimizer=state.embedding_optimizer, embedding_lr=state.embedding_lr)
-        finally:
-            _loading.reset(token)
-        learner = model.learner
+        with _server_reachable(db):
+            learner = build.saved_learner(db, state, device=device, batch_size=batch_size or state.batch_size)
         missing = [n for n in learner.net.weights_by_name() if n not in state.weights]
         if missing:
             raise RelsqlError(f"model file {path} does not fit its own template: weights {missing} are missing")
@@ -246,4 +245,4 @@ class Model:
             raise RelsqlError(f"model file {path} does not fit its own template: {first_line(err)}") from None
         learner.net.to(learner.device)
         learner.head.to(learner.device)
-        return model
+        return cls._around(db, learner)

@@ -1,5 +1,5 @@
 """A Learner from `Model(...)`'s arguments, each checked like a user's (relsql/arguments.py), in
-the order the API documents them; or from a saved state (`loading`: Model.load)."""
+the order the API documents them; or from a saved state (`saved_learner`: Model.load)."""
 
 from __future__ import annotations
 
@@ -51,3 +51,13 @@ def learner(db: Database, template: Template | str | Path, target: str, *, outpu
         made.history, made.best_epoch = loading.history, loading.best_epoch
         made.build(loading.presets, loading.task, split=loading.split)
     return made
+
+
+def saved_learner(db: Database, state: ModelState, *, device: str | torch.device, batch_size: int | None) -> Learner:
+    """Model.load's learner: the saved settings checked like arguments, then built on `db` with the
+    saved encodings, task and split (the saved template may read the target: it was allowed once)."""
+    return learner(db, state.template, state.target, output=state.output, task=None, time_column=state.time_column,
+                   split=state.fractions, seed=state.seed, dtype=state.dtype, device=device, progress=None,
+                   batch_size=batch_size, fanout=state.fanout, embedding_optimizer=state.embedding_optimizer,
+                   embedding_lr=state.embedding_lr, allow_target_inputs=True, store=None, max_groundings=None,
+                   loading=state)

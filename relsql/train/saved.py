@@ -102,6 +102,12 @@ def read(path: str | Path) -> ModelState:
     def check(name, fn, *args, **kwargs):
         return fn(f"{where}: {name}", *args, **kwargs)
 
+    def damaged(fn, *args):  # a check whose message names no place: the file is named in front
+        try:
+            return fn(*args)
+        except RelsqlError as err:
+            raise RelsqlError(f"{where} is damaged: {err}") from None
+
     language = check("language", arguments.choice, get("language", str), ("sql", "datalog"))
     text = get("template", str)
     template = Template.from_sql(text) if language == "sql" else Template.from_datalog(text)
@@ -109,7 +115,7 @@ def read(path: str | Path) -> ModelState:
     if output not in template.relations:
         raise RelsqlError(f"{where} is damaged: its output `{output}` is not a relation of its template")
     target = get("target", str)
-    arguments.target(target)
+    damaged(arguments.target, target)
     batch_size = get("batch_size", (int, NoneType))
     task = get("task", dict)
     classes = files.bytes_table(get("classes", bytes, task), where).column(0).to_pylist()
@@ -125,12 +131,12 @@ def read(path: str | Path) -> ModelState:
         raise RelsqlError(f"{where} does not fit its own template: weights {bad} are not the template's")
     return ModelState(
         template=template, target=target, output=output, time_column=get("time_column", (str, NoneType)),
-        fractions=arguments.split(get("fractions", (tuple, list))),
+        fractions=damaged(arguments.split, get("fractions", (tuple, list))),
         seed=check("seed", arguments.integer, get("seed", int), minimum=0, maximum=2**31 - 1),
         dtype=getattr(torch, check("dtype", arguments.choice, get("dtype", str), ("float32", "float64"))),
         history=list(get("history", list)), best_epoch=get("best_epoch", (int, NoneType)),
         batch_size=None if batch_size is None else check("batch_size", arguments.integer, batch_size),
-        fanout=arguments.fanout(get("fanout", (int, dict, NoneType)), template.relations),
+        fanout=damaged(arguments.fanout, get("fanout", (int, dict, NoneType)), template.relations),
         embedding_optimizer=check("embedding_optimizer", arguments.choice, get("embedding_optimizer", (str, NoneType)),
                                   (None, "adagrad", "sgd")),
         embedding_lr=check("embedding_lr", arguments.number, get("embedding_lr", (int, float)), positive=True),
