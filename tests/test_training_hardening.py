@@ -5,7 +5,6 @@ demo's install and its log. Real DuckDB files, a real PostgreSQL server, the rea
 from __future__ import annotations
 
 import logging
-import math
 import os
 import shutil
 import subprocess
@@ -194,12 +193,3 @@ def test_the_demo_installs_the_runtime_only(tmp_path):
     assert installs == ["python -m pip install -q -e ."], lines  # was -e .[test]: pytest, ruff, PyNeuraLogic, PyG
     assert lines[-1] == "relsql demo --epochs 3"
     assert "PostgreSQL" not in result.stderr and "Java" not in result.stderr
-
-
-def test_the_log_thinning_rule():
-    from relsql.train import guards
-
-    for epochs in (1, 7, 10, 196, 400, 1000):
-        logged = [e for e in range(epochs) if guards.logs_epoch(e, 0, epochs)]
-        assert logged[0] == 0 and logged[-1] == epochs - 1 and len(logged) <= guards.LOG_LINES + 2, (epochs, logged)
-    assert math.isclose(guards.log_every(196), 20)
