@@ -1,7 +1,6 @@
 """relsql's own kinds of source, registered with relsql.sources on import (relsql.connection,
-where `relsql.connect` lives, imports this package): frames, Spark, PostgreSQL, and paths (a
-folder of files, SQLite, DuckDB). The in-memory DuckDB and open DuckDB connections are
-registered by relsql.db itself."""
+where `relsql.connect` lives, imports this package): an in-memory DuckDB, an open DuckDB
+connection, frames, Spark, PostgreSQL, and paths (a folder of files, SQLite, DuckDB)."""
 
 from __future__ import annotations
 
@@ -10,7 +9,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from connectors import frames, paths, postgres
+import duckdb
+
+from connectors import duckdb_connection, frames, paths, postgres
 from relsql.db import Database
 from relsql.errors import SourceError
 from relsql.sources import Opener, Options, register
@@ -33,10 +34,13 @@ def _open_spark(source: Any, options: Options) -> Database:
 
 def _is_path(source: object) -> bool:
     if isinstance(source, str):
-        return source != ":memory:" and not is_spark(source) and not postgres.is_url(source)
+        return not duckdb_connection.is_memory(source) and not is_spark(source) and not postgres.is_url(source)
     return isinstance(source, os.PathLike)
 
 
+register(Opener("memory", duckdb_connection.is_memory, lambda source, options: duckdb_connection.open_memory()))
+register(Opener("duckdb-connection", lambda source: isinstance(source, duckdb.DuckDBPyConnection),
+                lambda source, options: duckdb_connection.open_connection(source)))
 register(Opener("frames", lambda source: isinstance(source, Mapping), lambda source, options: frames.open_frames(source)))
 register(Opener("spark", is_spark, _open_spark))
 register(Opener("postgres", lambda source: isinstance(source, str) and postgres.is_url(source),

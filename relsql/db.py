@@ -20,8 +20,8 @@ import duckdb
 import pyarrow as pa
 import sqlglot.expressions as exp
 
-from relsql import sources
 from relsql.errors import SchemaError, SourceError
+from relsql.sql import integer
 
 if TYPE_CHECKING:
     from relsql.catalog import Catalog, Keys
@@ -494,36 +494,9 @@ def to_arrow(frame: Any, name: str) -> pa.Table:
                       "or a pyarrow Table")
 
 
-def _own_connection(con: duckdb.DuckDBPyConnection) -> Database:
-    """A user's connection, used through a cursor: a statement of relsql that fails (a grounding
-    error, say) must not abort the user's transaction and lose their uncommitted rows."""
-    try:
-        cursor = con.cursor()
-    except duckdb.ConnectionException as err:
-        raise SourceError(f"the DuckDB connection cannot be used: {first_line(err)}; pass an open connection") from None
-    _follow_scope(con, cursor)
-    return Database(cursor, "DuckDB connection")
-
-
-def _follow_scope(con: duckdb.DuckDBPyConnection, cursor: duckdb.DuckDBPyConnection) -> None:
-    """The cursor starts in the database's default catalog; the user's connection may have moved
-    (`ATTACH ... ; USE src`): relsql's default scope is theirs. Read through a relation, which
-    leaves the connection's pending result alone; an aborted transaction of theirs keeps the default."""
-    try:
-        current = con.sql("SELECT current_database(), current_schema()").fetchone()
-    except duckdb.Error:
-        return
-    try:
-        cursor.execute(exp.Use(this=exp.Table(this=ident(current[1]), db=ident(current[0]))).sql("duckdb"))
-    except duckdb.Error as err:
-        cursor.close()
-        raise SourceError(f"cannot use the connection's current schema {current[0]}.{current[1]}: {first_line(err)}") from None
-
-
 def set_threads(db: Database, threads: int) -> None:
     """DuckDB's worker threads (a setting of the whole database instance, so only when asked)."""
-    from relsql import arguments
-    from relsql.sql import integer
+    from relsql import arguments  # it imports torch; relsql.db stays importable without (Spark's workers)
 
     count = arguments.integer("threads", threads, maximum=1024)
     db.execute(exp.Set(expressions=[exp.SetItem(this=exp.EQ(this=exp.column("threads"), expression=integer(count)))]))
@@ -534,16 +507,3 @@ def set_memory_limit(db: Database, limit: str) -> None:
         raise SourceError(f"memory_limit must look like '512MB' or '2GB', got {limit!r}")
     setting = exp.Set(expressions=[exp.SetItem(this=exp.EQ(this=exp.column("memory_limit"), expression=exp.Literal.string(limit.strip())))])
     db.execute(setting)
-
-
-def _is_memory(source: object) -> bool:
-    return source is None or (isinstance(source, str) and source == ":memory:")
-
-
-def _open_memory(source: None, options: sources.Options) -> Database:
-    return Database(duckdb.connect(), "in-memory DuckDB", source=Source("in-memory DuckDB", read_only=False))
-
-
-sources.register(sources.Opener("memory", _is_memory, _open_memory))
-sources.register(sources.Opener("duckdb-connection", lambda s: isinstance(s, duckdb.DuckDBPyConnection),
-                                lambda con, options: _own_connection(con)))

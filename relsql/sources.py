@@ -2,9 +2,9 @@
 
 Each kind of source (a DuckDB database, a folder of files, SQLite, PostgreSQL, data frames,
 Spark) is an `Opener`: a test that says whether it accepts what the user passed, and a function
-that opens it as a `relsql.Database`. The connectors register theirs (connectors/__init__.py,
-and relsql.db the in-memory DuckDB and open DuckDB connections); relsql.db never imports a
-connector. A new kind of source is one `register` call. A leaf: it imports only relsql.errors.
+that opens it as a `relsql.Database`. The connectors package registers relsql's own
+(connectors/__init__.py); relsql.db knows neither this registry nor any connector. A new kind of
+source is one `register` call. It imports only relsql.errors (and relsql.db's name for typing).
 """
 
 from __future__ import annotations

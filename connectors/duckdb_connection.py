@@ -1,0 +1,45 @@
+"""DuckDB without a file of relsql's choosing: a new in-memory database, or the user's own open
+connection (used through a cursor of its own)."""
+
+from __future__ import annotations
+
+import duckdb
+import sqlglot.expressions as exp
+
+from relsql.db import Database, Source, first_line, ident
+from relsql.errors import SourceError
+
+
+def is_memory(source: object) -> bool:
+    """None or ":memory:"."""
+    return source is None or (isinstance(source, str) and source == ":memory:")
+
+
+def open_memory() -> Database:
+    return Database(duckdb.connect(), "in-memory DuckDB", source=Source("in-memory DuckDB", read_only=False))
+
+
+def open_connection(con: duckdb.DuckDBPyConnection) -> Database:
+    """A user's connection, used through a cursor: a statement of relsql that fails (a grounding
+    error, say) must not abort the user's transaction and lose their uncommitted rows."""
+    try:
+        cursor = con.cursor()
+    except duckdb.ConnectionException as err:
+        raise SourceError(f"the DuckDB connection cannot be used: {first_line(err)}; pass an open connection") from None
+    follow_scope(con, cursor)
+    return Database(cursor, "DuckDB connection")
+
+
+def follow_scope(con: duckdb.DuckDBPyConnection, cursor: duckdb.DuckDBPyConnection) -> None:
+    """The cursor starts in the database's default catalog; the user's connection may have moved
+    (`ATTACH ... ; USE src`): relsql's default scope is theirs. Read through a relation, which
+    leaves the connection's pending result alone; an aborted transaction of theirs keeps the default."""
+    try:
+        current = con.sql("SELECT current_database(), current_schema()").fetchone()
+    except duckdb.Error:
+        return
+    try:
+        cursor.execute(exp.Use(this=exp.Table(this=ident(current[1]), db=ident(current[0]))).sql("duckdb"))
+    except duckdb.Error as err:
+        cursor.close()
+        raise SourceError(f"cannot use the connection's current schema {current[0]}.{current[1]}: {first_line(err)}") from None
