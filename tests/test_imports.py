@@ -177,8 +177,8 @@ def test_graph_is_read():
     graph = import_graph()
     assert "relsql.errors" in graph["relsql.db"]  # module level
     assert "relsql.template.auto" in graph["relsql.template"]  # inside Template.auto
-    assert "relsql.arguments" in graph["relsql.predictive.query"]  # from relsql import arguments
-    assert "relsql" not in graph["relsql.predictive.query"]
+    assert "relsql.arguments" in graph["relsql.predictive.terms"]  # from relsql import arguments
+    assert "relsql" not in graph["relsql.predictive.terms"]
     assert "relsql.db" not in graph["relsql.catalog"]  # only under TYPE_CHECKING
     assert all(target in graph for targets in graph.values() for target in targets)
     assert len(graph) > 80

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import numbers
-from typing import TYPE_CHECKING
 
 import duckdb
 import sqlglot.expressions as exp
@@ -15,11 +14,17 @@ from relsql.catalog import Catalog
 from relsql.db import Database, first_line
 from relsql.errors import SchemaError, SourceError
 from relsql.keys import schema
-from relsql.predictive.terms import MAX_SNAPSHOTS, OPS, PREFIX, TASK_COLUMNS, TimePath, as_datetime, text_name
+from relsql.predictive.terms import (
+    MAX_SNAPSHOTS,
+    OPS,
+    PREFIX,
+    TASK_COLUMNS,
+    Question,
+    TimePath,
+    as_datetime,
+    text_name,
+)
 from relsql.sql import integer, real
-
-if TYPE_CHECKING:
-    from relsql.predictive.query import PredictiveQuery
 
 
 def _time_kind(sql_type: str, where: str) -> str | None:
@@ -52,7 +57,7 @@ class TaskPlan:
     """A query resolved against one database's catalog: real table and column names, key and time
     columns, the snapshots' values."""
 
-    def __init__(self, db: Database, query: PredictiveQuery):
+    def __init__(self, db: Database, query: Question):
         self.db, self.q = db, query
         self.catalog: Catalog = db.catalog()
         self._schema = None

@@ -1,16 +1,20 @@
-"""The words of a predictive query, shared by its layers: constants, the small value types and
-the checks of single values. The bottom layer of relsql.predictive: parse (text -> fields) and plan
-(fields -> SQL) stand on it, and query.py (the PredictiveQuery face) on all three."""
+"""A predictive query as data, the bottom layer of relsql.predictive: its constants, small value
+types, the checks of single values, and `Question` (the query's fields, their checks and its text
+form). parse (text -> fields) and plan (Question -> SQL) stand on it, and query.py (the
+PredictiveQuery face: a Question with its parser and its database verbs) on all three."""
 
 from __future__ import annotations
 
 import datetime as dt
+import math
+import numbers
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import sqlglot.expressions as exp
 
+from relsql import arguments
 from relsql.errors import RelsqlError
 
 OPS = {">": exp.GT, ">=": exp.GTE, "<": exp.LT, "<=": exp.LTE, "=": exp.EQ, "!=": exp.NEQ}
@@ -128,3 +132,113 @@ def date_text(value: dt.date) -> str:
         return value.isoformat(timespec="seconds" if not value.microsecond else "microseconds")
     return value.isoformat()
 
+
+@dataclass(frozen=True)
+class Question:
+    """A predictive query as data: its fields, their checks and its text form. The database's
+    verbs (`sql`, `write`) and the parser are added above, by `PredictiveQuery` (query.py)."""
+
+    entity: str
+    events: str
+    window_days: int
+    aggregate: str = "count"
+    value: str | None = None
+    op: str | None = None
+    threshold: int | float = 0
+    key: tuple[str, ...] | None = None
+    event_key: tuple[str, ...] | None = None
+    event_time: str | TimePath | None = None
+    snapshots: tuple[dt.date, ...] | None = None
+    every_days: int | None = None
+    start: dt.date | None = None
+    end: dt.date | None = None
+    population: str = "active"
+    since: str | None = None
+
+    def __post_init__(self) -> None:
+        put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
+        arguments.text("entity", self.entity)
+        arguments.text("events", self.events)
+        put("window_days", arguments.integer("window_days", self.window_days, maximum=MAX_WINDOW_DAYS))
+        arguments.choice("aggregate", self.aggregate, ("count", "sum"))
+        if (self.aggregate == "sum") != (self.value is not None):
+            raise RelsqlError("value (the column to sum) goes with aggregate='sum', and only with it; "
+                              f"got aggregate={self.aggregate!r}, value={self.value!r}")
+        arguments.text("value", self.value, optional=True)
+        arguments.choice("op", self.op, (None, *OPS, "<>"))
+        if self.op == "<>":
+            put("op", "!=")
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, numbers.Real) \
+                or not math.isfinite(self.threshold):
+            raise RelsqlError(f"threshold must be a finite number, got {self.threshold!r}")
+        put("key", names(self.key, "key"))
+        put("event_key", names(self.event_key, "event_key"))
+        if self.key and self.event_key and len(self.key) != len(self.event_key):
+            raise RelsqlError(f"key {self.key} and event_key {self.event_key} must have as many columns")
+        if isinstance(self.event_time, tuple | list) and len(self.event_time) == 4:
+            put("event_time", TimePath(*self.event_time))
+        if self.event_time is not None and not (isinstance(self.event_time, str) and self.event_time) and not (
+                isinstance(self.event_time, TimePath) and all(isinstance(v, str) and v for v in vars(self.event_time).values())):
+            raise RelsqlError("event_time must be a column of the events table, or a path (events' foreign key column, "
+                              f"dimension table, dimension key, dimension date column), got {self.event_time!r}")
+        if (self.snapshots is None) == (self.every_days is None):
+            raise RelsqlError("give the snapshots either as a list of dates (snapshots=[...]) or as every_days=N, "
+                              "exactly one of the two")
+        if self.snapshots is not None:
+            if isinstance(self.snapshots, str | dt.date) or not isinstance(self.snapshots, list | tuple) or not self.snapshots:
+                raise RelsqlError(f"snapshots must be a non-empty list of dates, got {self.snapshots!r}")
+            if len(self.snapshots) > MAX_SNAPSHOTS:
+                raise RelsqlError(f"at most {MAX_SNAPSHOTS} snapshots, got {len(self.snapshots)}")
+            found = [when(v, f"snapshots[{i}]") for i, v in enumerate(self.snapshots)]
+            unique = {as_datetime(d): d for d in found}  # 2020-01-01 as a date and as midnight are one snapshot
+            put("snapshots", tuple(unique[k] for k in sorted(unique)))
+            if self.start is not None or self.end is not None:
+                raise RelsqlError("start and end bound every_days snapshots; with a list of snapshots leave them out")
+        else:
+            put("every_days", arguments.integer("every_days", self.every_days, maximum=MAX_WINDOW_DAYS))
+            for name in ("start", "end"):
+                if getattr(self, name) is not None:
+                    put(name, when(getattr(self, name), name))
+        if self.since is not None:
+            arguments.text("since", self.since)
+            if self.population == "active":
+                put("population", "since")
+        arguments.choice("population", self.population, POPULATIONS)
+        if (self.population == "since") != (self.since is not None):
+            raise RelsqlError("population='since' needs since=<the entity's creation date column>, and since= goes "
+                              f"with no other population; got population={self.population!r}, since={self.since!r}")
+
+    # -- the text form ------------------------------------------------------------------------
+
+    def __str__(self) -> str:
+        """The query in the text form (`parse(str(q)) == q`)."""
+        what = f"COUNT({text_name(self.events)}.*)" if self.aggregate == "count" else f"SUM({text_name(self.events)}.{text_name(self.value)})"
+        out = [what, f"OVER {self.window_days} DAYS"]
+        if self.op is not None:
+            out.append(f"{self.op} {self.threshold!r}")
+        entity = text_name(self.entity)
+        if self.key is not None:
+            if len(self.key) > 1 or (self.event_key is not None and len(self.event_key) > 1):
+                raise RelsqlError("a composite key has no text form; use the Python API")
+            entity += f".{text_name(self.key[0])}"
+            if self.event_key is not None:
+                entity += f" = {text_name(self.events)}.{text_name(self.event_key[0])}"
+        elif self.event_key is not None:
+            raise RelsqlError("the text form names event_key only together with key (FOR t.key = events.fk)")
+        out.append(f"FOR {entity}")
+        out.append(f"SINCE {text_name(self.entity)}.{text_name(self.since)}" if self.since else self.population.upper())
+        if isinstance(self.event_time, TimePath):
+            p = self.event_time
+            out.append(f"TIME {text_name(p.table)}.{text_name(p.date)} VIA {text_name(self.events)}.{text_name(p.column)} = "
+                       f"{text_name(p.table)}.{text_name(p.key)}")
+        elif self.event_time is not None:
+            out.append(f"TIME {text_name(self.events)}.{text_name(self.event_time)}")
+        if self.snapshots is not None:
+            out.append("AT " + ", ".join(date_text(d) for d in self.snapshots))
+        else:
+            out.append(f"AT EVERY {self.every_days} DAYS")
+            if self.start is not None:
+                out.append(f"FROM {date_text(self.start)}")
+            if self.end is not None:
+                out.append(f"TO {date_text(self.end)}")
+        return " ".join(out)
