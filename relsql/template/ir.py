@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -329,25 +328,6 @@ class Template:
         for name in self.relations:
             visit(name, [])
         return done
-
-    # Temporary shims (issue #28): relsql/model.py and relsql/train/saved.py still call these on the
-    # IR class. The frontends live above the IR; these reach the package face through the module
-    # table (importing relsql.template.ir has always imported the package first), not an import.
-    # Remove once those files use `relsql.template.Template`.
-    @classmethod
-    def from_sql(cls, text: str, *, depth: int | None = None) -> Template:
-        """relsql.template.Template.from_sql."""
-        return sys.modules["relsql.template"].Template.from_sql(text, depth=depth)
-
-    @classmethod
-    def from_datalog(cls, text: str, base_dir: str | None = None, *, depth: int | None = None) -> Template:
-        """relsql.template.Template.from_datalog."""
-        return sys.modules["relsql.template"].Template.from_datalog(text, base_dir, depth=depth)
-
-    @classmethod
-    def from_file(cls, path, *, depth: int | None = None) -> Template:
-        """relsql.template.Template.from_file."""
-        return sys.modules["relsql.template"].Template.from_file(path, depth=depth)
 
     @property
     def output(self) -> str:

@@ -14,7 +14,7 @@ import numpy as np
 import sqlglot.expressions as exp
 import torch
 
-from relsql.ground import query as q
+from relsql import sql as q
 
 CHEAP_ROWS = 2_000_000  # own_columns reads the target table's rows into memory once
 _NUMERIC = ("INT", "DOUBLE", "FLOAT", "REAL", "DECIMAL", "NUMERIC", "BOOL")

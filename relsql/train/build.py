@@ -11,22 +11,22 @@ from relsql import arguments
 from relsql.db import Database
 from relsql.errors import RelsqlError
 from relsql.ground.execute import Presets, groundings_limit
-from relsql.template.ir import Template
+from relsql.template import Template, ir
 from relsql.train import checks
 from relsql.train.learner import Learner, Settings
 from relsql.train.saved import ModelState
 from relsql.train.target import Target
 
 
-def learner(db: Database, template: Template | str | Path, target: str, *, output: str | None, task: str | None,
+def learner(db: Database, template: ir.Template | str | Path, target: str, *, output: str | None, task: str | None,
             time_column: str | None, split: tuple[float, float, float], seed: int, dtype: torch.dtype,
             device: str | torch.device, progress: bool | None, batch_size: int | None, fanout: dict | int | None,
             embedding_optimizer: str | None, embedding_lr: float, allow_target_inputs: bool, store: str | Path | bool | None,
             max_groundings: int | None, loading: ModelState | None = None) -> Learner:
     """The checked arguments, the leakage check, then the build (grounding, planning, labels)."""
-    if not isinstance(template, Template | str | Path):
+    if not isinstance(template, ir.Template | str | Path):
         raise RelsqlError(f"template must be a relsql.Template or the path of a template file, got {type(template).__name__}")
-    template = template if isinstance(template, Template) else Template.from_file(template)
+    template = template if isinstance(template, ir.Template) else Template.from_file(template)
     table, column = arguments.target(target)
     output = arguments.text("output", output, optional=True) or checks.default_output(template, table)
     if output not in template.relations:

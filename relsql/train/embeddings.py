@@ -26,9 +26,9 @@ import pyarrow.compute as pc
 import sqlglot.expressions as exp
 import torch
 
+from relsql import sql as q
 from relsql.db import Database, ident, qualified
 from relsql.errors import RelsqlError, SourceError
-from relsql.ground import query as q
 from relsql.template import ir
 
 STEPS = "relsql_embedding_steps"

@@ -10,8 +10,8 @@ from __future__ import annotations
 import duckdb
 import sqlglot.expressions as exp
 
+from relsql import sql as q
 from relsql.db import Database
-from relsql.ground import query as q
 from relsql.template import ir
 
 

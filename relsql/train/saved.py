@@ -19,7 +19,7 @@ import torch
 from relsql import arguments
 from relsql.errors import RelsqlError
 from relsql.ground.execute import Presets
-from relsql.template.ir import Template
+from relsql.template import Template, ir
 from relsql.train import checkpoint as files
 from relsql.train.task import Task
 
@@ -31,7 +31,7 @@ NoneType = type(None)
 class ModelState:
     """A model's settings, encodings, task, split and weights (a file's contents, checked)."""
 
-    template: Template
+    template: ir.Template
     target: str
     output: str
     time_column: str | None

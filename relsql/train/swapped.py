@@ -22,9 +22,9 @@ import pyarrow.compute as pc
 import sqlglot.expressions as exp
 import torch
 
+from relsql import sql as q
 from relsql.db import Database, ident
 from relsql.errors import RelsqlError
-from relsql.ground import query as q
 from relsql.train.embeddings import EmbeddingTable, initial_values
 
 _views = itertools.count()

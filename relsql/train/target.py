@@ -14,9 +14,9 @@ import pyarrow.compute as pc
 import sqlglot.expressions as exp
 import torch
 
+from relsql import sql as q
 from relsql.db import Database
 from relsql.errors import RelsqlError, SchemaError
-from relsql.ground import query as q
 from relsql.template.ir import Template
 from relsql.train import checks
 from relsql.train.leakage import target_reads

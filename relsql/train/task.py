@@ -10,10 +10,8 @@ import pyarrow.compute as pc
 import torch
 import torch.nn.functional as F
 
-from relsql.errors import SchemaError
+from relsql.targets import task_kind
 from relsql.train import metrics
-
-MAX_CLASSES = 20  # integer targets with at most this many distinct values are classes
 
 
 @dataclass
@@ -81,44 +79,8 @@ class Task:
         return {"accuracy": metrics.accuracy(y, predicted), "f1": metrics.f1(y, predicted, len(self.classes))}
 
 
-def _scalar(kind: pa.DataType, where: str) -> None:
-    """A target is one value per row: a list (e.g. INTEGER[], the keys a row links to), struct or
-    map would be a ranking or set prediction, which relsql does not train yet."""
-    if pa.types.is_nested(kind) or (pa.types.is_dictionary(kind) and pa.types.is_nested(kind.value_type)):
-        raise SchemaError(f"target {where} has type {kind}: a list, struct or map target asks for a ranking or a set "
-                          "of values, and ranking targets are not supported yet; predict a column with one value per "
-                          "row (a class, a number or a boolean), e.g. one row per (row, item) pair with a 0/1 label")
-
-
 def detect(column: pa.ChunkedArray, where: str, kind: str | None = None) -> Task:
-    """Pick the task from the target column's type and values (non-NULL rows only)."""
-    _scalar(column.type, where)
-    present = column.drop_null()
-    distinct = sorted(pc.unique(present).to_pylist(), key=lambda v: (str(type(v)), v))  # distinct values only, not rows
-    if not len(present):
-        raise SchemaError(f"target {where} has no non-NULL values to learn from")
-    numeric = pa.types.is_integer(column.type) or pa.types.is_floating(column.type) or pa.types.is_decimal(column.type)
-    if kind is None:
-        if numeric and len(distinct) == 2:
-            kind = "binary"  # a 0/1 (or any two-valued) number column is a class label
-        elif pa.types.is_floating(column.type) or pa.types.is_decimal(column.type):
-            kind = "regression"
-        elif numeric and len(distinct) > MAX_CLASSES:
-            kind = "regression"
-        elif numeric or pa.types.is_boolean(column.type) or pa.types.is_string(column.type) or pa.types.is_large_string(column.type) \
-                or pa.types.is_dictionary(column.type):
-            kind = "binary" if len(distinct) <= 2 else "multiclass"
-        else:
-            raise SchemaError(f"target {where} has type {column.type}, which relsql cannot predict; "
-                              "use a boolean, categorical, integer or numeric column")
-    if kind in ("binary", "multiclass"):
-        if len(distinct) < 2:
-            raise SchemaError(f"target {where} has a single class ({distinct[0]!r}); a classifier needs at least two")
-        if kind == "binary" and len(distinct) > 2:
-            raise SchemaError(f"target {where} has {len(distinct)} classes; use task='multiclass'")
-        return Task(kind, classes=distinct)
-    if kind != "regression":
-        raise SchemaError(f"unknown task {kind!r}; use 'binary', 'multiclass' or 'regression'")
-    if not numeric:
-        raise SchemaError(f"target {where} has type {column.type}; regression needs a numeric column")
-    return Task("regression")
+    """Pick the task from the target column's type and values (non-NULL rows only), by the rule
+    relsql.targets holds for templates and training alike."""
+    kind, classes = task_kind(column, where, kind)
+    return Task(kind, classes=classes)
