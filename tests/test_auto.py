@@ -95,6 +95,7 @@ def test_cli_template_writes_an_editable_file(school, tmp_path, capsys):
     assert "(gat layers)" in gat.read_text() and "attention(" in gat.read_text()
 
 
+@pytest.mark.slow
 def test_auto_template_on_mutagenesis_learns(tmp_path):
     from demos.mutagenesis import load
 
@@ -134,6 +135,7 @@ def test_signal_two_hops_away_beats_majority_and_target_only():
     assert accuracy[2] >= majority + 0.2 and accuracy[2] >= accuracy[0] + 0.2, (accuracy, majority)
 
 
+@pytest.mark.slow
 def test_tpch_from_duckdb_and_postgres_end_to_end(pg_server):
     """dbgen declares no keys: they are inferred; the same template trains one epoch on both."""
     import uuid

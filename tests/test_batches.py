@@ -204,6 +204,7 @@ def test_checkpoints_resume_to_the_uninterrupted_result(tmp_path):
     assert a.keys() == b.keys() and all(np.allclose(a[k], b[k], rtol=1e-9, atol=1e-12) for k in a)
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_training_leaves_a_consistent_database(tmp_path):
     """A real SIGINT to a training process: afterwards the table is exactly `step` updates in."""
     path = tmp_path / "shop.duckdb"

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_bench_quick_prints_counts_and_agreement():
     done = subprocess.run([sys.executable, "-m", "bench.shared_aggregation", "--quick", "--graphs", "collaboration",
                            "no_overlap", "--kinds", "avg"], cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import duckdb
+import pytest
 
 from relsql.cli import main
 from tests.test_model import SIMPLE, build
@@ -56,6 +57,7 @@ def test_task_command_writes_a_task_table(tmp_path, capsys):
         assert con.execute("SELECT count(*) FROM churn WHERE snapshot = DATE '2024-03-01'").fetchone()[0] > 0
 
 
+@pytest.mark.slow
 def test_progress_lines_when_stderr_is_not_a_terminal(tmp_path):
     db, template = _shop(tmp_path)
     run = subprocess.run([sys.executable, "-m", "relsql.cli", "train", db, "--template", template, "--target",

@@ -18,6 +18,8 @@ import torch
 import relsql
 from tests.test_batches import shop_db, shop_template
 
+pytestmark = pytest.mark.slow  # ranks are processes that each start torch: 10-40 s a test
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -76,7 +78,6 @@ def test_uneven_shares_fanout_and_lazily_created_weights():
     assert_same_training(run(1), run(3))
 
 
-@pytest.mark.slow
 def test_checkpoint_written_by_rank_zero_resumes(tmp_path):
     path = tmp_path / "ranks.ckpt"
     trained(2, epochs=2, checkpoint=path)
@@ -129,7 +130,6 @@ def embedding_rows(model: relsql.Model) -> tuple[dict, int]:
     return table.values(), table.step()
 
 
-@pytest.mark.slow
 def test_database_embeddings_sharded_over_ranks_train_like_one_process():
     """`user` rows live in the database; on 2 ranks each owns half of them in memory, and the
     table ends as one process leaves it (rows, step counter). A second fit starts from the table."""
@@ -151,7 +151,6 @@ def test_database_embeddings_sharded_over_ranks_train_like_one_process():
     assert two.evaluate()["loss"] == pytest.approx(one.evaluate()["loss"], abs=1e-10)
 
 
-@pytest.mark.slow
 def test_sharded_embeddings_checkpoint_and_resume(tmp_path):
     """Every rank keeps its shard beside rank 0's checkpoint; a run resumed from it (after the
     first run's table was rolled back to a fresh database) equals one uninterrupted process."""
@@ -284,7 +283,6 @@ def test_ranks_started_by_torchrun_train_like_one_process(tmp_path):
     assert (tmp_path / "store" / "manifest.json").exists()
 
 
-@pytest.mark.slow
 def test_cli_trains_on_two_workers(tmp_path):
     database = tmp_path / "shop.duckdb"
     db = shop_db()

@@ -68,12 +68,17 @@ def cases(mutag, molecules, neuralogic_mutagenesis, shop) -> dict[str, Case]:
     return {name: Case(template, db) for name, (template, db) in templates(mutag, molecules, neuralogic_mutagenesis, shop).items()}
 
 
+LARGE_CASES = {"mutagenesis.sql", "auto-shop", "auto-mutagenesis"}  # 2-10 s a pass: each pass alone is `slow` there
+
+
 def _case_and_pass() -> list:
     """(case, pass) for every case and every pass alone (a pass RULES runs more than once is the same
     pass alone), then (case, None): all passes together. Ids are 'case-pass' so that `-k fuse_affine`
     selects one pass and `-k "gcn and all_passes"` one case."""
     passes = [*dict.fromkeys(RULES), None]
-    return [pytest.param(case, rule, id=f"{case}-{rule.__name__ if rule else 'all_passes'}") for case in CASES for rule in passes]
+    return [pytest.param(case, rule, id=f"{case}-{rule.__name__ if rule else 'all_passes'}",
+                         marks=[pytest.mark.slow] if rule is not None and case in LARGE_CASES else [])
+            for case in CASES for rule in passes]
 
 
 @pytest.mark.parametrize("case, rule", _case_and_pass())

@@ -87,6 +87,7 @@ def test_a_nan_after_good_epochs_keeps_the_best_weights(db):
     assert np.isfinite(model.predict()["probability"].to_numpy()).all()
 
 
+@pytest.mark.slow
 def test_a_diverging_loss_on_two_ranks_stops_with_its_epoch(db):
     model = relsql.Model(db, relsql.Template.from_sql(SIMPLE), target="customer.spend", progress=False, batch_size=64)
     with pytest.raises(relsql.RelsqlError, match="stopped at epoch 1, batch 2 of 4: the training loss is (nan|inf)"):
