@@ -36,9 +36,9 @@ from relsql.ground.execute import (
     _Grounder,
     _interrupted,
     _progress,
-    check_refs,
     interruptible,
 )
+from relsql.ground.parts import check_refs
 from relsql.ground.tensors import to_tensor
 from relsql.template import ir
 

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 import duckdb
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import sqlglot.expressions as exp
 import torch
 
@@ -30,6 +29,7 @@ from relsql import arguments
 from relsql import sql as q
 from relsql.db import Database
 from relsql.errors import GroundingError, RelsqlError, SchemaError
+from relsql.ground.parts import check_refs, column_label, column_values
 from relsql.ground.tensors import to_tensor
 from relsql.template import ir
 
@@ -348,15 +348,6 @@ def _first_line(err: Exception) -> str:
     return str(err).strip().splitlines()[0]
 
 
-def column_label(rule: ir.Rule, k: int) -> str:
-    """The SQL a grounding column came from, for error messages."""
-    if isinstance(rule.query, exp.Select):
-        for item in rule.query.expressions:
-            if item.alias_or_name == f"_c{k}":
-                return (item.unalias() if isinstance(item, exp.Alias) else item).sql("duckdb")
-    return f"value column {k}"
-
-
 def _refuse_shadowing(template: ir.Template, db: Database) -> None:
     """A relation named like a user table hides that table from every statement that reads the
     name: refuse it rather than silently ground with the relation where the table was meant."""
@@ -624,43 +615,9 @@ class _Grounder:
         return exp.Anonymous(this="list_value", expressions=[value, indicator])
 
 
-def check_refs(relation: ir.Relation, rule: ir.Rule, rows: pa.Table | pa.RecordBatch) -> None:
-    """Every grounding must reference a row of each relation its body reads (NULL: an outer join)."""
-    for j, ref in enumerate(rule.refs):
-        if rows.column(f"_r{j}").null_count:
-            raise GroundingError(
-                f"{relation.name}, {rule.origin}: some groundings have no row of `{ref}` (an outer join?); "
-                f"join `{ref}` with an inner JOIN so every grounding has its value")
-
-
 def _column_tensor(column: pa.ChunkedArray | pa.Array, rule: ir.Rule, k: int, embedded: bool) -> torch.Tensor:
-    """A grounding column (of a table, or of a record batch) as a (G, d) float64 tensor (or (G,)
-    codes); lists become vectors."""
-    if embedded:
-        return to_tensor(column, torch.int64)
-    kind = column.type
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-        array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-        label = f"{rule.head}, {rule.origin}: the list column {column_label(rule, k)}"
-        element = kind.value_type
-        if not (pa.types.is_integer(element) or pa.types.is_floating(element) or pa.types.is_decimal(element)
-                or pa.types.is_boolean(element) or pa.types.is_null(element)):
-            raise SchemaError(f"{label} holds {element} values; a vector must be a list of numbers (not nested lists)")
-        lengths = pc.list_value_length(array).to_numpy(zero_copy_only=False)
-        if array.null_count or (len(lengths) and (lengths.min() != lengths.max())):
-            raise SchemaError(f"{label} must hold vectors of one length without NULLs")
-        if len(lengths) == 0:  # no groundings: the width is known only for fixed-size lists
-            return torch.zeros((0, kind.list_size if pa.types.is_fixed_size_list(kind) else 0), dtype=torch.float64)
-        if lengths[0] == 0:
-            raise SchemaError(f"{label} holds empty lists; a vector needs at least one number")
-        flat = pc.list_flatten(array)
-        if flat.null_count:
-            raise SchemaError(f"{label} has NULL inside its vectors; fill them (e.g. list_transform(v, x -> coalesce(x, 0)))")
-        return to_tensor(pc.cast(flat, pa.float64()), torch.float64).reshape(-1, int(lengths[0]))
-    if pa.types.is_boolean(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind):
-        if column.null_count:
-            column = pc.fill_null(column, 0)
-        return to_tensor(pc.cast(column, pa.float64()), torch.float64).reshape(-1, 1)
-    raise SchemaError(
-        f"{rule.head}, {rule.origin}: {column_label(rule, k)} is used as a neural value but has type {kind}; "
-        "use numeric or list-of-number columns, or embed(...) for categorical ones")
+    """A grounding column as a (G, d) float64 tensor (or (G,) codes): the store's rule
+    (relsql/ground/parts.py), as a tensor over the same memory."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # read-only numpy buffers: never written to
+        return torch.from_numpy(column_values(column, rule, k, embedded))
