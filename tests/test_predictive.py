@@ -40,9 +40,22 @@ def shop(n: int = 200, seed: int = 0, path=None):
     db.execute("CREATE TABLE customer(customer_id INTEGER PRIMARY KEY, joined DATE, segment VARCHAR)")
     db.execute("CREATE TABLE orders(order_id INTEGER PRIMARY KEY, customer_id INTEGER REFERENCES customer(customer_id), "
                "ordered_at DATE, amount DOUBLE)")
-    db.con.executemany("INSERT INTO customer VALUES (?, ?, ?)", customers)
-    db.con.executemany("INSERT INTO orders VALUES (?, ?, ?, ?)", orders)
+    _insert(db, "customer", customers)
+    _insert(db, "orders", orders)
     return db, customers, orders
+
+
+def _insert(db, table: str, rows: list[tuple]) -> None:
+    """Append `rows` in order through one Arrow table: the same rows and types as executemany
+    (the column types convert them), many times faster for the thousands of orders."""
+    if not rows:
+        return
+    frame = pa.table({f"c{i}": list(values) for i, values in enumerate(zip(*rows))})
+    db.con.register("_rows", frame)
+    try:
+        db.con.execute(f'INSERT INTO "{table}" SELECT * FROM _rows')
+    finally:
+        db.con.unregister("_rows")
 
 
 @pytest.fixture(scope="module")
