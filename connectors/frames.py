@@ -18,7 +18,7 @@ import sqlglot.expressions as exp
 from relsql.db import TEMP_PREFIX, Database, Source, first_line, ident, qualified, to_arrow
 from relsql.errors import SchemaError, SourceError
 
-__all__ = ["FRAMES_SCOPE", "Frames", "add_frames", "open_frames", "to_arrow"]
+__all__ = ["FRAMES_SCOPE", "Frames", "add_frames", "open_frames"]
 
 FRAMES_SCOPE = ("temp", "main")
 _counter = itertools.count()

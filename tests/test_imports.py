@@ -15,20 +15,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("relsql", "connectors")
 
-# The cycle between Model and the training modules is being split by the product-layer work of
-# issue #28 (item 1). Until that lands it is reported (as a warning) but accepted. This list must
-# be EMPTY once the product-layer split lands; it may only ever name relsql/model.py and
-# modules in relsql/train/.
-ALLOWED_CYCLE_MEMBERS: frozenset[str] = frozenset({
-    "relsql.model",
-    "relsql.train.baselines",
-    "relsql.train.checks",
-    "relsql.train.distributed",
-    "relsql.train.gradients",
-    "relsql.train.report",
-    "relsql.train.saved",
-    "relsql.train.torch_distributor",
-})
+# Modules whose import cycle is accepted: none. (The model/train cycle that issue #28 split is
+# gone; keep this empty. It may only ever name relsql/model.py and modules in relsql/train/.)
+ALLOWED_CYCLE_MEMBERS: frozenset[str] = frozenset()
 
 
 def module_files() -> dict[str, Path]:

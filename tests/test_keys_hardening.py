@@ -16,7 +16,7 @@ import pytest
 
 import relsql
 from relsql.catalog import ForeignKey
-from relsql.template.keys import schema
+from relsql.keys import schema
 
 
 def _fks(keys) -> set[tuple[str, ForeignKey]]:

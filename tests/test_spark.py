@@ -13,7 +13,7 @@ import sqlglot.expressions as exp
 import torch
 
 import relsql
-from relsql.ground import query as q
+from relsql import sql as q
 from relsql.ground.demand import BatchGrounder
 from relsql.ground.store import GroundingStore
 from relsql.spark import _PART, SparkDatabase

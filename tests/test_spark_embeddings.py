@@ -13,7 +13,7 @@ import sqlglot.expressions as exp
 import torch
 
 import relsql
-from relsql.ground import query as q
+from relsql import sql as q
 from relsql.spark import _NEXT
 from relsql.train.embeddings import DatabaseEmbedding
 from relsql.train.swapped import SwappedEmbedding

@@ -13,7 +13,7 @@ import relsql
 from connectors.extensions import load
 from relsql.catalog import ForeignKey
 from relsql.cli import main
-from relsql.template.keys import schema
+from relsql.keys import schema
 
 
 @pytest.fixture(scope="module")
