@@ -25,7 +25,7 @@ import sqlglot.expressions as exp
 import torch
 
 from relsql import sql as q
-from relsql.db import Database
+from relsql.db import Database, lost_connection
 from relsql.errors import GroundingError, SchemaError
 from relsql.ground.execute import (
     Grounding,
@@ -174,8 +174,8 @@ class BatchGrounder(_Grounder):
         try:
             reader = self.db.reader(select, 1 << 20)
             table = pa.Table.from_batches(list(reader), schema=reader.schema)  # Arrow record batches, this batch's rows only
-        except duckdb.Error as err:
-            raise _grounding_error(relation, rule, err) from None
+        except (duckdb.Error, OSError, pa.ArrowException) as err:  # a DuckDB error read through Arrow is an OSError
+            raise _grounding_error(relation, rule, err, self.db.description) from None
         check_refs(relation, rule, table)
         return table
 
@@ -217,10 +217,14 @@ class BatchGrounder(_Grounder):
                               embedding_keys=embedding_keys)
 
 
-def _grounding_error(relation: ir.Relation, rule: ir.Rule, err: BaseException) -> BaseException:
-    """The database's error `err` while grounding `rule` as relsql's; Ctrl-C stays an interrupt."""
+def _grounding_error(relation: ir.Relation, rule: ir.Rule, err: BaseException, source: str) -> BaseException:
+    """The database's error `err` while grounding `rule` as relsql's; Ctrl-C stays an interrupt,
+    and a server gone away is named as such (`source`: the database's description)."""
     if _interrupted(err):
         return KeyboardInterrupt(f"grounding interrupted ({relation.name}, {rule.origin})")
+    lost = lost_connection(source, err)
+    if lost is not None:
+        return lost
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     if isinstance(err, duckdb.CatalogException | duckdb.BinderException):
         return SchemaError(f"{relation.name}, {rule.origin}: {first}. Check the table and column names and join conditions.")

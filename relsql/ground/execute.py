@@ -27,7 +27,7 @@ import torch
 
 from relsql import arguments
 from relsql import sql as q
-from relsql.db import Database
+from relsql.db import Database, lost_connection
 from relsql.errors import GroundingError, RelsqlError, SchemaError
 from relsql.ground.parts import check_refs, column_label, column_values
 from relsql.ground.tensors import to_tensor
@@ -328,7 +328,8 @@ def _reported(db: Database, rule: ir.Rule) -> Iterator[None]:
     except duckdb.BinderException as err:
         raise SchemaError(f"{rule.head}, {rule.origin}: {_first_line(err)}. Check the column names and join conditions.") from None
     except duckdb.Error as err:
-        raise GroundingError(f"{rule.head}, {rule.origin}: the database could not enumerate the groundings: {_first_line(err)}") from None
+        raise lost_connection(db.description, err) or GroundingError(
+            f"{rule.head}, {rule.origin}: the database could not enumerate the groundings: {_first_line(err)}") from None
 
 
 def _run_rules(db: Database, statement: exp.Expression, relation: str,

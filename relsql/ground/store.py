@@ -853,7 +853,7 @@ def _write_rule(grounder: BatchGrounder, relation: ir.Relation, prepared: _Prepa
     try:
         parts = grounder.db.write_ordered(select, writer, CHUNK)
     except duckdb.Error as err:
-        raise _grounding_error(relation, rule, err) from None
+        raise _grounding_error(relation, rule, err, grounder.db.description) from None
     for part in parts:
         if "error" in part:  # raised where the part was written (an executor): its class and message
             raise getattr(errors, part["error"][0], RelsqlError)(part["error"][1])
