@@ -107,7 +107,9 @@ def column_values(column: pa.ChunkedArray | pa.Array, rule: ir.Rule, k: int, emb
     """A grounding column as a (G, d) float64 array (or (G,) int64 codes); lists become vectors."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
-    if embedded:
+    if embedded:  # a NULL code (a category the dictionary lacks) becomes -1, which range checks refuse
+        if column.null_count:
+            column = pc.fill_null(column, -1)
         return np.asarray(column.to_numpy(zero_copy_only=False)).astype(np.int64, copy=False)
     kind = column.type
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
