@@ -223,3 +223,45 @@ def dictionary_insert(dictionary: exp.Table, source: exp.Table, column: str) -> 
         alias(exp.Subquery(this=new_values), "n", table=True)
     ).where(exp.Not(this=exp.Exists(this=seen)))
     return exp.Insert(this=dictionary.copy(), expression=body)
+
+
+def unjoined_tables(select: exp.Select) -> list[list[exp.Table]] | None:
+    """The tables of `select`'s FROM and JOINs in groups that no equality between two of their
+    columns connects (ON, USING or WHERE): more than one group is a cross product of the groups.
+    None where the AST cannot tell (a subquery or table function among the sources, an outer
+    level): an engine's own estimate, if any, decides there."""
+    first = select.args.get("from_") or select.args.get("from")  # the key's name differs between sqlglot versions
+    sources = [first and first.this, *(j.this for j in select.args.get("joins") or [])]
+    if not sources or any(not isinstance(s, exp.Table) or not isinstance(s.this, exp.Identifier) for s in sources):
+        return None
+    names = [s.alias_or_name for s in sources]
+    group = {name: name for name in names}
+
+    def find(name: str) -> str:
+        while group[name] != name:
+            name = group[name]
+        return name
+
+    def connect(a: str, b: str) -> None:
+        group[find(a)] = find(b)
+
+    conditions = [j.args.get("on") for j in select.args.get("joins") or []]
+    conditions.append(select.args.get("where") and select.args["where"].this)
+    for position, join in enumerate(select.args.get("joins") or [], 1):
+        if join.args.get("using") or join.args.get("method"):  # USING (...), NATURAL: shared column names
+            connect(names[position], names[position - 1])
+    for condition in filter(None, conditions):
+        for equal in condition.find_all(exp.EQ):
+            sides = [equal.this, equal.expression]
+            if not all(isinstance(side, exp.Column) for side in sides):
+                continue
+            tables = [side.table for side in sides]
+            if not all(tables):  # an unqualified column: it may join any two tables, so assume it does
+                for other in names[1:]:
+                    connect(names[0], other)
+            elif tables[0] != tables[1] and all(t in group for t in tables):
+                connect(tables[0], tables[1])
+    groups: dict[str, list[exp.Table]] = {}
+    for name, source in zip(names, sources):
+        groups.setdefault(find(name), []).append(source)
+    return list(groups.values())

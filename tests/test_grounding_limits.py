@@ -252,3 +252,28 @@ def test_a_model_takes_max_groundings(tmp_path, batch_size):
         assert model.predict().height == 300
         with pytest.raises(RelsqlError, match="max_groundings"):
             relsql.Model(db, template, target="a.label", progress=False, max_groundings=-5)
+
+
+def test_the_product_rule_for_engines_without_an_estimate(tmp_path):
+    """The estimate an engine without a planner estimate gets (Spark): tables no equality connects
+    are a cross product of their groups, each group counted at its largest table. Checked against
+    the naive count of the same queries, run here by DuckDB."""
+    import sqlglot
+
+    from relsql.ground.execute import product_rows
+
+    path = tmp_path / "pairs.duckdb"
+    make_pairs(path, 300, 200)
+    with relsql.connect(path) as db:
+        def naive(text: str) -> int:
+            return db.con.execute(f"SELECT count(*) FROM ({text})").fetchone()[0]
+
+        cross = "SELECT a.id, b.x FROM a, b"
+        assert product_rows(db, sqlglot.parse_one(cross, read="duckdb")) == naive(cross) == 60_000
+        three = "SELECT a.id FROM a CROSS JOIN b JOIN b AS c ON c.id = b.id"  # b = c on their key: 200 rows
+        assert product_rows(db, sqlglot.parse_one(three, read="duckdb")) == naive(three) == 60_000
+        unequal = "SELECT a.id FROM a JOIN b ON a.x < b.x"  # no equality: bounded by the product
+        assert naive(unequal) <= product_rows(db, sqlglot.parse_one(unequal, read="duckdb")) == 60_000
+        for joined in ("SELECT a.id FROM a JOIN b ON a.id = b.id", "SELECT a.id FROM a, b WHERE b.id = a.id",
+                       "SELECT a.id FROM a JOIN b USING (id)", "SELECT a.id FROM (SELECT * FROM a) AS a, b"):
+            assert product_rows(db, sqlglot.parse_one(joined, read="duckdb")) is None, joined

@@ -112,3 +112,20 @@ def test_workers_without_relsql_are_named_with_the_fix(tmp_path):
     assert "RELSQL ERROR:" in out, out + result.stderr[-3000:]
     assert SYSTEM_PYTHON in out and "PYSPARK_PYTHON" in out and "spark.pyspark.python" in out
     assert "cannot import" in out and "relsql.ground" in out and sys.executable in out
+
+
+def test_spark_refuses_an_explosive_grounding_with_an_estimate(spark):
+    """Spark's planner gives no row estimate relsql can read: the product rule stands in (a join
+    without an equality is the product of its sides), so a cross join is refused before it runs."""
+    spark.range(300).selectExpr("id", "id % 2 = 0 AS label").createOrReplaceTempView("pair_a")
+    spark.range(200).selectExpr("id", "(id % 5) / 5.0 AS x").createOrReplaceTempView("pair_b")
+    template = relsql.Template.from_sql(
+        "CREATE TABLE h AS SELECT a.id, linear(sum(b.x), 1, 'w') AS v FROM pair_a a, pair_b b GROUP BY a.id;")
+    db = relsql.connect(spark)
+    try:
+        with pytest.raises(relsql.GroundingError, match=r"h, statement 1 .*about 60,000 groundings.*max_groundings=1,000"):
+            relsql.compile(template, db, max_groundings=1_000)
+    finally:
+        db.close()
+        for view in ("pair_a", "pair_b"):
+            spark.catalog.dropTempView(view)

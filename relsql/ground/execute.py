@@ -273,7 +273,21 @@ def estimate_rows(db: Database, query: exp.Query) -> int | None:
         return own(query)
     if isinstance(db.con, duckdb.DuckDBPyConnection):
         return duckdb_plan_rows(db.con, query.sql("duckdb"))
-    return None
+    return product_rows(db, query)
+
+
+def product_rows(db: Database, query: exp.Query) -> int | None:
+    """For an engine that gives no estimate (Spark): a query whose tables fall into groups that no
+    equality connects is a cross product of the groups, estimated as the product of each group's
+    largest table (the rows an equi-joined group keeps, as along foreign keys); one count per
+    table, only for such a query. None for a query whose joins all have an equality."""
+    groups = q.unjoined_tables(query) if isinstance(query, exp.Select) else None
+    if groups is None or len(groups) < 2:
+        return None
+    product = 1
+    for tables in groups:
+        product *= max(int(db.scalar(exp.select(exp.Count(this=exp.Star())).from_(t.copy()))[0]) for t in tables)
+    return product
 
 
 def duckdb_plan_rows(con: duckdb.DuckDBPyConnection, sql: str) -> int | None:
