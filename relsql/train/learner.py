@@ -82,9 +82,15 @@ class Learner:
 
     # -- construction -----------------------------------------------------------------------------
     def build(self, presets: Presets, task: str | Task | None, split: dict | None = None) -> None:
-        """Ground (all of it, or the key tables for mini-batches), plan, read the labels, make the head."""
+        """Ground (all of it, or the key tables for mini-batches), plan, read the labels, make the head.
+        What draws random numbers here (the head's initial weights) draws from the model's seed in a
+        stream of its own: the caller's torch generator is left as it was."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            self._build(presets, task, split)
+
+    def _build(self, presets: Presets, task: str | Task | None, split: dict | None) -> None:
         self.goal.check_columns(self.db)
-        torch.manual_seed(self.seed)
         started = time.perf_counter()
         if self.mini_batches:  # keys only, up front; each batch grounds its own rows
             self.batched = self.make_batched(presets)
@@ -279,7 +285,7 @@ def from_state(state: ModelState, store: GroundingStore) -> Learner:
     learner.net.set_named_weights(state.weights, learner.fixed())
     if state.head:
         weight = state.head["weight"]
-        learner.head = nn.Linear(weight.shape[1], weight.shape[0], dtype=state.dtype)
+        learner.head = nn.utils.skip_init(nn.Linear, weight.shape[1], weight.shape[0], dtype=state.dtype)  # loaded next: no draw
         learner.head.load_state_dict(state.head)
     learner.net.to(device)
     learner.head.to(device)
