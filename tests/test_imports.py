@@ -12,6 +12,8 @@ import ast
 import warnings
 from pathlib import Path
 
+from relsql.template import recursion
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("relsql", "connectors")
 
@@ -95,45 +97,10 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The graph's strongly connected components of more than one module (Tarjan, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-    for start in sorted(graph):
-        if start in index:
-            continue
-        work = [(start, iter(sorted(graph[start])))]
-        index[start] = low[start] = len(index)
-        stack.append(start)
-        on_stack.add(start)
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = len(index)
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(graph[child]))))
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                component = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.append(member)
-                    if member == node:
-                        break
-                if len(component) > 1:
-                    found.append(sorted(component))
-    return found
+    """The graph's strongly connected components of more than one module, each sorted (relsql's
+    own Tarjan, relsql/template/recursion.py, over the modules in sorted order)."""
+    ordered = {node: sorted(graph[node]) for node in sorted(graph)}
+    return [sorted(component) for component in recursion.strongly_connected(ordered) if len(component) > 1]
 
 
 def one_cycle(graph: dict[str, set[str]], component: list[str]) -> list[str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterable, Mapping
 
 import sqlglot.expressions as exp
 
@@ -49,16 +50,27 @@ def cycles(template: ir.Template) -> list[list[str]]:
     a cycle), in declaration order."""
     graph = {name: [r for rule in relation.rules for r in (*rule.refs, *rule.depends) if r in template.relations]
              for name, relation in template.relations.items()}
+    order = list(template.relations)
+    found = [[n for n in order if n in component] for component in strongly_connected(graph)]
+    return sorted(found, key=lambda c: order.index(c[0]))
+
+
+def strongly_connected(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """The strongly connected components of `graph` that hold a cycle (more than one node, or a node
+    that points at itself), by Tarjan's algorithm done iteratively (a long chain must not exhaust the
+    stack). Nodes are visited in the graph's order; every node a node points at must be a key."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
+    on_stack: set[str] = set()
     found: list[list[str]] = []
-    for start in graph:  # Tarjan's algorithm, iteratively (a long chain of relations must not exhaust the stack)
+    for start in graph:
         if start in index:
             continue
         work = [(start, iter(graph[start]))]
         index[start] = low[start] = len(index)
         stack.append(start)
+        on_stack.add(start)
         while work:
             node, edges = work[-1]
             step = next(edges, None)
@@ -66,8 +78,9 @@ def cycles(template: ir.Template) -> list[list[str]]:
                 if step not in index:
                     index[step] = low[step] = len(index)
                     stack.append(step)
+                    on_stack.add(step)
                     work.append((step, iter(graph[step])))
-                elif step in stack:
+                elif step in on_stack:
                     low[node] = min(low[node], index[step])
                 continue
             work.pop()
@@ -77,13 +90,13 @@ def cycles(template: ir.Template) -> list[list[str]]:
                 component = []
                 while True:
                     member = stack.pop()
+                    on_stack.discard(member)
                     component.append(member)
                     if member == node:
                         break
                 if len(component) > 1 or node in graph[node]:
-                    found.append([n for n in template.relations if n in component])
-    order = list(template.relations)
-    return sorted(found, key=lambda c: order.index(c[0]))
+                    found.append(component)
+    return found
 
 
 def unroll(template: ir.Template, depth: int | None, comment: str = "--") -> None:
