@@ -44,14 +44,14 @@ def build(path, n=300, seed=0):
         label = None if c % 17 == 0 else mean > 0
         tier = ["bronze", "silver", "gold"][int(np.clip(mean + 1.5, 0, 2.99))]
         customers.append((c, "s", label, mean * 10 + rng.normal(0, 0.1), tier, f"2020-01-{1 + c % 28:02d}"))
-    _insert(db, "customer", customers)
-    _insert(db, "orders", orders)
+    insert_rows(db, "customer", customers)
+    insert_rows(db, "orders", orders)
     return db
 
 
-def _insert(db, table: str, rows: list[tuple]) -> None:
+def insert_rows(db, table: str, rows: list[tuple]) -> None:
     """Append `rows` in order through one Arrow table: the same rows and types as executemany
-    (the column types convert them), 25x faster, which every test that builds this shop pays."""
+    (the column types convert them), 25x faster, which every test that builds a shop pays."""
     if not rows:
         return
     frame = pa.table({f"c{i}": list(values) for i, values in enumerate(zip(*rows))})

@@ -19,6 +19,7 @@ import torch
 import relsql
 from relsql.cli import task as task_cli
 from relsql.predictive import PredictiveQuery, QueryError, TimePath, parse
+from tests.test_model import insert_rows
 
 BASE = dt.date(2021, 1, 1)
 DAY = dt.timedelta(days=1)
@@ -40,22 +41,9 @@ def shop(n: int = 200, seed: int = 0, path=None):
     db.execute("CREATE TABLE customer(customer_id INTEGER PRIMARY KEY, joined DATE, segment VARCHAR)")
     db.execute("CREATE TABLE orders(order_id INTEGER PRIMARY KEY, customer_id INTEGER REFERENCES customer(customer_id), "
                "ordered_at DATE, amount DOUBLE)")
-    _insert(db, "customer", customers)
-    _insert(db, "orders", orders)
+    insert_rows(db, "customer", customers)
+    insert_rows(db, "orders", orders)
     return db, customers, orders
-
-
-def _insert(db, table: str, rows: list[tuple]) -> None:
-    """Append `rows` in order through one Arrow table: the same rows and types as executemany
-    (the column types convert them), many times faster for the thousands of orders."""
-    if not rows:
-        return
-    frame = pa.table({f"c{i}": list(values) for i, values in enumerate(zip(*rows))})
-    db.con.register("_rows", frame)
-    try:
-        db.con.execute(f'INSERT INTO "{table}" SELECT * FROM _rows')
-    finally:
-        db.con.unregister("_rows")
 
 
 @pytest.fixture(scope="module")
