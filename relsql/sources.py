@@ -50,11 +50,6 @@ def register(opener: Opener) -> None:
     _OPENERS[opener.name] = opener
 
 
-def openers() -> list[Opener]:
-    """The registered kinds, in registration order."""
-    return list(_OPENERS.values())
-
-
 def opener_for(source: object) -> Opener:
     """The one kind of source that accepts `source`; a SourceError naming what can be passed."""
     found = [o for o in _OPENERS.values() if o.accepts(source)]
