@@ -2,19 +2,30 @@
 
 - `majority`: the majority class of the training rows (classification) or their mean
   (regression): what a model knows without any input.
+- `gbm_own_columns`: gradient-boosted trees (relsql/train/gbm.py) on the target table's own
+  columns (relsql/train/flat.py: numbers, booleans, dates, text codes; never keys, identifiers,
+  the label or copies of it): what a model knows without the other tables. If the model does
+  not beat it, its joins add nothing.
+- `gbm_one_hop`: the same trees on one-hop features the database computes (own columns, parent
+  rows' columns, per-child count/mean/min/max): what a flat model over SQL features knows.
 - `own_columns`: a linear model (logistic, softmax or least squares) on the target table's own
-  numeric and boolean columns (not its keys, identifiers, or copies of the label): what a model
-  knows without the other tables. If the template's
-  model does not beat it, its joins add nothing.
+  numeric and boolean columns, the baseline of earlier versions.
+
+The GBMs fit on the training rows and stop early on the validation rows, unless they are scored
+on the validation rows themselves (then 200 rounds, no early stopping): a baseline never sees
+the rows it is judged on.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import sqlglot.expressions as exp
 import torch
 
 from relsql import sql as q
+from relsql.train import flat, gbm
 
 CHEAP_ROWS = 2_000_000  # own_columns reads the target table's rows into memory once
 _NUMERIC = ("INT", "DOUBLE", "FLOAT", "REAL", "DECIMAL", "NUMERIC", "BOOL")
@@ -28,6 +39,41 @@ def majority(model, split: str) -> dict[str, float]:
     elif model.task.kind == "multiclass":
         out[:, np.bincount(train.astype(np.int64), minlength=model.task.units).argmax()] = 1.0
     return model.task.scores(out, y)
+
+
+def compare(learner, split: str = "test") -> dict[str, dict[str, float]]:
+    """{name: scores on `split`} of "majority", "gbm_own_columns" and "gbm_one_hop" (a GBM is
+    absent when it has no feature to use), scored with the task's metrics like the model."""
+    out = {"majority": majority(learner, split)}
+    spec = one_hop(learner)
+    x = features(learner, spec)
+    for name, width in (("gbm_own_columns", len(spec.own)), ("gbm_one_hop", x.shape[1])):
+        if width:
+            trees = fit_trees(learner, x[:, :width], early_stopping=split != "val")
+            out[name] = learner.task.scores(trees.raw(x[learner.rows[split], :width]), _labels(learner, split))
+    return out
+
+
+def one_hop(learner) -> flat.Flat:
+    """The target table's one-hop features (own columns first, as `Flat.names` orders them)."""
+    return flat.plan(learner.db, learner.table, learner.column, learner.time_column)
+
+
+def own_only(spec: flat.Flat) -> flat.Flat:
+    return replace(spec, parents=[], children=[])
+
+
+def features(learner, spec: flat.Flat) -> np.ndarray:
+    """`spec`'s features of every labelled row, in the learner's order of labelled rows."""
+    return spec.of_output(learner.db, learner.output, int(learner.output_rows))[learner.labelled]
+
+
+def fit_trees(learner, x: np.ndarray, early_stopping: bool = True) -> gbm.Trees:
+    """A GBM on the training rows of `x` (labelled order), stopping early on the validation rows."""
+    rows = learner.rows
+    val = rows["val"] if early_stopping and len(rows["val"]) else None
+    return gbm.fit(x[rows["train"]], _labels(learner, "train"), learner.task.kind, learner.task.units, learner.seed,
+                   x_val=None if val is None else x[val], y_val=None if val is None else _labels(learner, "val"))
 
 
 def own_columns(model, split: str) -> tuple[dict[str, float], list[str]] | None:
