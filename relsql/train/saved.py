@@ -52,6 +52,7 @@ class ModelState:
     labelled: np.ndarray | None = None  # a rank's: the output row of each labelled target row
     y: torch.Tensor | None = None  # a rank's: the encoded labels
     device: str = "cpu"
+    hybrid: dict | None = None  # the blend with a GBM (relsql/train/hybrid.py), as checked plain data
 
     @classmethod
     def of(cls, learner, labels: bool = False) -> ModelState:
@@ -66,10 +67,15 @@ class ModelState:
                    weights={k: v.detach().cpu() for k, v in learner.net.weights_by_name().items()},
                    head={k: v.detach().cpu() for k, v in learner.head.state_dict().items()},
                    labelled=learner.labelled if labels else None, y=learner.y.detach().cpu() if labels else None,
-                   device=str(settings.device))
+                   device=str(settings.device), hybrid=_hybrid(learner))
 
 
 Saved = ModelState  # the name it had
+
+
+def _hybrid(learner) -> dict | None:
+    blend = getattr(learner, "hybrid", None)
+    return None if blend is None else blend.to_plain()
 
 
 def write(state: ModelState, path: str | Path) -> Path:
@@ -89,6 +95,7 @@ def write(state: ModelState, path: str | Path) -> Path:
         "history": plain(state.history), "best_epoch": state.best_epoch,
         "batch_size": state.batch_size, "fanout": state.fanout,
         "embedding_optimizer": state.embedding_optimizer, "embedding_lr": float(state.embedding_lr),
+        **({} if state.hybrid is None else {"hybrid": state.hybrid}),
     }, "model file")
 
 
@@ -146,8 +153,19 @@ def read(path: str | Path) -> ModelState:
         split=split,
         presets=Presets({w: files.bytes_table(data, where) for w, data in get("dictionaries", dict).items()},
                         feature_stats(get("feature_stats", dict), where)),
-        weights=weights, head=get("head", dict),
+        weights=weights, head=get("head", dict), hybrid=hybrid(state.get("hybrid"), where),
     )
+
+
+def hybrid(data: object, where: str) -> dict | None:
+    """A saved blend with a GBM, checked whole (its names reach SQL, its trees index arrays); files
+    without one (a network alone, or written before blends existed) give None."""
+    from relsql.train.hybrid import Hybrid
+
+    if data is None:
+        return None
+    Hybrid.from_plain(data, f"{where}: hybrid")
+    return data
 
 
 def plain(value: object) -> object:

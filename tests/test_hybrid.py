@@ -1,0 +1,92 @@
+"""relsql/train/hybrid.py with results.py and saved.py: on a database whose label is a threshold of a
+child aggregate that the network does not see, the blend picked on the validation rows scores at
+least the network alone there; evaluate and predict use the blend; the model file keeps it and a
+loaded model predicts the same; predict says which split each row was in."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import relsql
+from relsql.train import hybrid, results, saved
+
+# the network reads the order amounts' mean only; the label is whether a customer has >= 3 orders
+TEMPLATE = """
+CREATE TABLE order_h AS SELECT o.order_id, tanh(linear(features(o.amount), 4, 'w_order')) FROM orders o;
+CREATE TABLE predict AS
+SELECT c.customer_id, linear(avg(oh.h), 1, 'w_out')
+FROM customer c JOIN orders o ON o.customer_id = c.customer_id JOIN order_h oh ON oh.order_id = o.order_id
+GROUP BY c.customer_id;
+"""
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    rng = np.random.default_rng(1)
+    db = relsql.connect(tmp_path_factory.mktemp("hybrid") / "shop.duckdb")
+    db.execute("CREATE TABLE customer(customer_id INT PRIMARY KEY, age DOUBLE, busy BOOLEAN)")
+    db.execute("CREATE TABLE orders(order_id INT PRIMARY KEY, customer_id INT REFERENCES customer(customer_id), amount DOUBLE)")
+    customers, orders = [], []
+    for c in range(300):
+        k = int(rng.integers(1, 6))
+        orders += [(len(orders) + i, c, float(rng.normal())) for i in range(k)]
+        customers.append((c, float(rng.normal()), None if c % 23 == 0 else k >= 3))  # some rows are prediction-only
+    db.con.executemany("INSERT INTO customer VALUES (?, ?, ?)", customers)
+    db.con.executemany("INSERT INTO orders VALUES (?, ?, ?)", orders)
+    model = relsql.Model(db, relsql.Template.from_sql(TEMPLATE), target="customer.busy", progress=False, seed=0,
+                         dtype=torch.float64)
+    model.fit(epochs=20)
+    return db, model
+
+
+def test_the_blend_beats_or_equals_the_network_on_validation_and_is_used_by_evaluate(trained):
+    db, model = trained
+    learner = model.learner
+    alone = results.evaluate(learner, "val")
+    blend = hybrid.fit(learner)
+    assert blend.weight < 1.0  # the count of orders is what the GBM has and the network lacks
+    assert blend.scores[blend.weight] >= blend.scores[1.0] == pytest.approx(alone["roc_auc"], abs=1e-12)
+    learner.hybrid = blend
+    try:
+        blended = results.evaluate(learner, "val")
+        assert blended["roc_auc"] == pytest.approx(blend.scores[blend.weight], abs=1e-12)
+        assert blended["roc_auc"] >= alone["roc_auc"] and blended["roc_auc"] > 0.9
+        assert f"network weight {blend.weight:.1f}" in blend.describe()
+    finally:
+        learner.hybrid = None
+
+
+def test_save_and_load_keep_the_blend_and_its_predictions(trained, tmp_path):
+    db, model = trained
+    learner = model.learner
+    learner.hybrid = hybrid.fit(learner)
+    try:
+        ours = results.predict(learner)
+        path = saved.write(saved.ModelState.of(learner), tmp_path / "m.pt")
+        state = saved.read(path)
+        loaded = relsql.Model.load(path, db)
+        loaded.learner.hybrid = hybrid.Hybrid.from_plain(state.hybrid)  # what Model.load is to do
+        theirs = results.predict(loaded.learner)
+        assert theirs.equals(ours) and ours.height == 300
+    finally:
+        learner.hybrid = None
+    damaged = state.hybrid | {"weight": 0.35}
+    with pytest.raises(relsql.RelsqlError, match="damaged"):
+        hybrid.Hybrid.from_plain(damaged)
+
+
+def test_predict_says_which_split_each_row_was_in(trained):
+    db, model = trained
+    frame = results.predict(model.learner, splits=True)
+    assert frame.columns == ["customer_id", "prediction", "probability", "split"]
+    by_key = dict(zip(frame["customer_id"].to_list(), frame["split"].to_list()))
+    learner = model.learner
+    keys = learner.net.grounding.relations[learner.output].keys.to_pydict()
+    rid_of = dict(zip(keys["customer_id"], keys["_rid"]))
+    for split, positions in learner.rows.items():
+        rids = set(learner.labelled[positions].tolist())
+        assert {k for k, s in by_key.items() if s == split} == {k for k in by_key if rid_of[k] in rids}
+    unlabelled = {k for k, s in by_key.items() if s is None}
+    assert unlabelled == {c for c in range(300) if c % 23 == 0}
