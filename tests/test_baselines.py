@@ -5,6 +5,8 @@ validation rows does not stop early on them."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 import numpy as np
 import pytest
 from sklearn.metrics import accuracy_score, mean_absolute_error, roc_auc_score
@@ -28,20 +30,21 @@ def db():
     regression target, is twice the number of orders (which is independent of the label)."""
     rng = np.random.default_rng(0)
     db = relsql.connect()
-    db.execute("CREATE TABLE customer(customer_id INT PRIMARY KEY, age DOUBLE, churned BOOLEAN, value DOUBLE)")
+    db.execute("CREATE TABLE customer(customer_id INT PRIMARY KEY, age DOUBLE, churned BOOLEAN, value DOUBLE, since DATE)")
     db.execute("CREATE TABLE orders(order_id INT PRIMARY KEY, customer_id INT REFERENCES customer(customer_id), amount DOUBLE)")
     customers, orders = [], []
     for c in range(400):
         amounts = rng.normal(0, 1, int(rng.integers(1, 6))) + (0.8 if c < 200 else -0.8)
         orders += [(len(orders) + i, c, float(a)) for i, a in enumerate(amounts)]
-        customers.append((c, float(rng.normal()), bool(amounts.mean() > 0), float(len(amounts) * 2 + rng.normal(0, 0.1))))
-    db.con.executemany("INSERT INTO customer VALUES (?, ?, ?, ?)", customers)
+        customers.append((c, float(rng.normal()), bool(amounts.mean() > 0), float(len(amounts) * 2 + rng.normal(0, 0.1)),
+                          dt.date(2020, 1, 1) + dt.timedelta(days=int(rng.integers(0, 365)))))
+    db.con.executemany("INSERT INTO customer VALUES (?, ?, ?, ?, ?)", customers)
     db.con.executemany("INSERT INTO orders VALUES (?, ?, ?)", orders)
     return db
 
 
-def model(db, target):
-    return relsql.Model(db, relsql.Template.from_sql(TEMPLATE), target=target, progress=False, seed=0)
+def model(db, target, **kwargs):
+    return relsql.Model(db, relsql.Template.from_sql(TEMPLATE), target=target, progress=False, seed=0, **kwargs)
 
 
 def test_binary_baselines_on_the_models_split_match_scikit_learn(db):
@@ -82,3 +85,20 @@ def test_scored_on_validation_rows_the_gbm_does_not_stop_early_on_them(db):
     scores = baselines.compare(m, "val")
     raw = blind.raw(x[m.rows["val"]])[:, 0]
     assert scores["gbm_one_hop"]["roc_auc"] == pytest.approx(roc_auc_score(m.y[m.rows["val"]].numpy(), raw), abs=1e-12)
+
+
+def test_the_report_names_the_split_lists_the_gbms_and_warns_by_how_much(db):
+    m = model(db, "customer.churned")
+    m.fit(epochs=1, lr=1e-6)  # untrained: the one-hop GBM is far better
+    report = m.report()
+    assert "split: random (0.7/0.15/0.15, seed 0; train" in report
+    gbms = baselines.compare(m, "test")
+    ours, best = m.evaluate("test")["roc_auc"], gbms["gbm_one_hop"]["roc_auc"]
+    assert f"baseline (a GBM on one-hop SQL features: own columns, parent rows' columns, child rows' count/mean/min/max) " \
+           f"on test: accuracy {gbms['gbm_one_hop']['accuracy']:.4f}" in report
+    assert f"baseline (a GBM on customer's own columns) on test: accuracy {gbms['gbm_own_columns']['accuracy']:.4f}" in report
+    assert (f"warning: the best baseline on test roc_auc is the one-hop GBM ({best:.4f}); the model ({ours:.4f}) "
+            f"trails it by {best - ours:.4f}") in report
+    timed = model(db, "customer.churned", time_column="since")
+    timed.fit(epochs=1)
+    assert "split: by time on customer.since (0.7/0.15/0.15: the earliest rows train, the latest test;" in timed.report()

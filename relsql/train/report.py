@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from relsql.errors import RelsqlError
 from relsql.train import baselines
 
 
@@ -60,27 +61,19 @@ def text_report(model) -> str:
            if "waiting_on_database" in model.timings else "")
         + f"over {len(model.history)} epochs (best epoch {model.best_epoch})",
     ]
+    lines.append(f"  split: {describe_split(model)}")
     metric = model.task.metric
     evaluated = {}
     for split in ("val", "test"):
         if len(model.rows[split]):
             scores = evaluated[split] = model.evaluate(split)
             lines.append(f"  {split:>4}: " + ", ".join(f"{k} {v:.4f}" for k, v in scores.items()))
+    blend = getattr(model, "hybrid", None)
+    if blend is not None:
+        lines.append(f"  hybrid: {blend.describe()}")
     split = "test" if len(model.rows["test"]) else "val" if len(model.rows["val"]) else None
     if split is not None:
-        baseline = model.baseline(split)
-        what = "mean of the training rows" if model.task.kind == "regression" else "majority class of the training rows"
-        lines.append(f"  baseline ({what}) on {split}: " + ", ".join(f"{k} {v:.4f}" for k, v in baseline.items()))
-        ours = evaluated[split].get(metric, math.nan)
-        own = baselines.own_columns(model, split)
-        if own is not None:
-            lines.append(f"  baseline (a linear model of {model.table}'s own columns {', '.join(own[1][:6])}"
-                         f"{', ...' if len(own[1]) > 6 else ''}) on {split}: " + ", ".join(f"{k} {v:.4f}" for k, v in own[0].items()))
-        for name, scores in (("the majority baseline" if model.task.kind != "regression" else "the mean baseline", baseline),
-                             ("the own-columns baseline", own[0] if own else None)):
-            theirs = math.nan if scores is None else scores.get(metric, math.nan)
-            if math.isfinite(theirs) and not (ours < theirs if metric in LOWER_IS_BETTER else ours > theirs):
-                lines.append(f"  warning: the model does not beat {name} on {split} {metric} ({ours:.4f} vs {theirs:.4f})")
+        lines += _baselines(model, split, evaluated[split].get(metric, math.nan))
     if getattr(model, "stopped", None) == "epochs" and model.history:
         last = model.history[-1]["epoch"]
         still = " and was still improving: train longer (more epochs)" if model.best_epoch == last else ""
@@ -90,3 +83,67 @@ def text_report(model) -> str:
 
 
 LOWER_IS_BETTER = ("rmse", "mae", "loss")
+
+
+def describe_split(model) -> str:
+    """How the labelled rows were split: at random (seeded) or by time on a column."""
+    fractions = "/".join(f"{f:g}" for f in model.fractions)
+    sizes = f"train {len(model.rows['train'])}, validation {len(model.rows['val'])}, test {len(model.rows['test'])} rows"
+    if model.time_column:
+        return (f"by time on {model.table}.{model.time_column} ({fractions}: the earliest rows train, the latest test; "
+                f"{sizes})")
+    return f"random ({fractions}, seed {model.seed}; {sizes})"
+
+
+def _baselines(model, split: str, ours: float) -> list[str]:
+    """The baselines on `split` and a warning for each the model does not beat, then one for the best."""
+    metric, lines = model.task.metric, []
+    baseline = model.baseline(split)
+    what = "mean of the training rows" if model.task.kind == "regression" else "majority class of the training rows"
+    lines.append(f"  baseline ({what}) on {split}: " + _scores(baseline))
+    named = [("the majority baseline" if model.task.kind != "regression" else "the mean baseline", baseline)]
+    own = baselines.own_columns(model, split)
+    if own is not None:
+        lines.append(f"  baseline (a linear model of {model.table}'s own columns {', '.join(own[1][:6])}"
+                     f"{', ...' if len(own[1]) > 6 else ''}) on {split}: " + _scores(own[0]))
+        named.append(("the own-columns baseline", own[0]))
+    gbms, failed = _gbms(model, split)
+    if failed:
+        lines.append(f"  note: the GBM baselines could not be computed: {failed}")
+    for key, name, text in (("gbm_own_columns", "the own-columns GBM", f"a GBM on {model.table}'s own columns"),
+                            ("gbm_one_hop", "the one-hop GBM", "a GBM on one-hop SQL features: own columns, parent rows' "
+                             "columns, child rows' count/mean/min/max")):
+        if key in gbms:
+            lines.append(f"  baseline ({text}) on {split}: " + _scores(gbms[key]))
+            named.append((name, gbms[key]))
+    lower = metric in LOWER_IS_BETTER
+    best_name, best = None, math.nan
+    for name, scores in named:
+        theirs = scores.get(metric, math.nan)
+        if not math.isfinite(theirs):
+            continue
+        if not (ours < theirs if lower else ours > theirs):
+            lines.append(f"  warning: the model does not beat {name} on {split} {metric} ({ours:.4f} vs {theirs:.4f})")
+        if best_name is None or (theirs < best if lower else theirs > best):
+            best_name, best = name, theirs
+    if best_name is not None and not (ours < best if lower else ours > best):
+        gap = abs(ours - best) if math.isfinite(ours) else math.inf
+        how = "only ties with it" if gap == 0 else f"trails it by {gap:.4f}"
+        lines.append(f"  warning: the best baseline on {split} {metric} is {best_name} ({best:.4f}); the model "
+                     f"({ours:.4f}) {how}")
+    return lines
+
+
+def _gbms(model, split: str) -> tuple[dict, str | None]:
+    """The GBM baselines on `split` ({} and why, when the table is too large or they fail)."""
+    if len(model.labelled) > baselines.CHEAP_ROWS:
+        return {}, f"more than {baselines.CHEAP_ROWS} labelled rows"
+    try:
+        found = baselines.compare(model, split)
+    except RelsqlError as err:
+        return {}, str(err)
+    return {k: v for k, v in found.items() if k != "majority"}, None
+
+
+def _scores(scores: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.4f}" for k, v in scores.items())
