@@ -102,3 +102,16 @@ def test_the_report_names_the_split_lists_the_gbms_and_warns_by_how_much(db):
     timed = model(db, "customer.churned", time_column="since")
     timed.fit(epochs=1)
     assert "split: by time on customer.since (0.7/0.15/0.15: the earliest rows train, the latest test;" in timed.report()
+
+
+def test_the_linear_own_columns_baseline_reads_no_foreign_key_as_a_number():
+    db = relsql.connect()
+    db.execute("CREATE TABLE region(region_id INT PRIMARY KEY, area DOUBLE)")
+    db.execute("CREATE TABLE customer(customer_id INT PRIMARY KEY, home INT REFERENCES region(region_id), age DOUBLE, "
+               "churned BOOLEAN)")
+    db.con.executemany("INSERT INTO region VALUES (?, ?)", [(r, float(r)) for r in range(5)])
+    db.con.executemany("INSERT INTO customer VALUES (?, ?, ?, ?)", [(c, c % 5, float(c % 7), c % 5 > 1) for c in range(60)])
+    template = "CREATE TABLE p AS SELECT c.customer_id, linear(features(c.age), 1) FROM customer c;"
+    m = relsql.Model(db, relsql.Template.from_sql(template), target="customer.churned", progress=False, seed=0)
+    assert baselines.own_columns(m, "test")[1] == ["age"]  # not `home`, a foreign key
+    assert "home" not in baselines.one_hop(m).names and "region(home).area" in baselines.one_hop(m).names

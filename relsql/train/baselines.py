@@ -120,9 +120,17 @@ def _columns(model) -> list[str]:
 
     skip = {c.casefold() for c in (model.column, model.time_column, *model.template.relations[model.output].keys) if c}
     skip |= copies_of(model.db, model.table, model.column)
+    skip |= key_columns(model.db).get(model.table, set())  # a foreign key is no quantity, whatever its name
     return [name for name, kind in model.db.columns(model.table)
             if name.casefold() not in skip and not id_like(name) and any(n in kind.upper() for n in _NUMERIC)
             and "INTERVAL" not in kind.upper() and "[]" not in kind]
+
+
+def key_columns(db) -> dict[str, set[str]]:
+    """Per table, its key columns (folded), declared or inferred (relsql.keys.schema)."""
+    from relsql.keys import schema
+
+    return flat.key_columns(schema(db, db.catalog()))
 
 
 def _matrix(model, columns: list[str]) -> np.ndarray:

@@ -212,13 +212,13 @@ def plan(db: Database, table: str, column: str, time_column: str | None = None, 
         raise RelsqlError(f"one-hop features: table `{table}` does not exist; tables: {', '.join(catalog.names)}")
     found = schema(db, catalog, **({"given": keys} if keys is not None else {}))
     tasks = {n for n, info in found.tables.items() if n != table and set(TASK_COLUMNS) <= {c.name for c in info.columns}}
-    key_columns = _key_columns(found)
+    keyed = key_columns(found)
     primary = list(found.primary_keys.get(table) or ())
     if not primary:
         raise RelsqlError(f"one-hop features: target table `{table}` has no primary key (declared or inferable); declare one")
     skip = {column.casefold(), *(c for c in copies_of(db, table, column))} | ({time_column.casefold()} if time_column else set())
-    own = _features(db, found.tables[table], key_columns.get(table, set()) | skip)
-    parents = [Parent(list(fk.columns), fk.table, list(fk.references), _features(db, found.tables[fk.table], key_columns.get(fk.table, set())))
+    own = _features(db, found.tables[table], keyed.get(table, set()) | skip)
+    parents = [Parent(list(fk.columns), fk.table, list(fk.references), _features(db, found.tables[fk.table], keyed.get(fk.table, set())))
                for child, fk in found.foreign_keys if child == table and fk.table not in tasks and fk.table in found.tables]
     times = _times(catalog, found, table, time_column, {}) if time_column else {}
     children = []
@@ -228,14 +228,14 @@ def plan(db: Database, table: str, column: str, time_column: str | None = None, 
         time = times.get(child)
         if time_column and time is None:
             continue  # events whose time is unknown may lie after the target row's time
-        numbers = [c for c in _features(db, found.tables[child], key_columns.get(child, set()) | ({c.casefold() for c in TASK_COLUMNS}))
+        numbers = [c for c in _features(db, found.tables[child], keyed.get(child, set()) | ({c.casefold() for c in TASK_COLUMNS}))
                    if c.kind != "code"]
         via = [list(time.via.columns), time.via.table, list(time.via.references)] if time and time.via else None
         children.append(Child(child, list(fk.columns), list(fk.references), numbers, time.column if time else None, via))
     return Flat(table, primary, time_column, own, [p for p in parents if p.features], children)
 
 
-def _key_columns(found) -> dict[str, set[str]]:
+def key_columns(found) -> dict[str, set[str]]:
     """Per table, its key columns (folded): primary key, foreign key columns, referenced columns."""
     out: dict[str, set[str]] = {}
     for name, columns in found.primary_keys.items():
