@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import polars as pl
@@ -11,7 +12,7 @@ import torch
 from torch import nn
 
 from relsql.compile.explain import explain
-from relsql.compile.ops import Kernel, kernel
+from relsql.compile.ops import Kernel, is_random, kernel
 from relsql.compile.plan import Plan
 
 if TYPE_CHECKING:
@@ -24,6 +25,8 @@ def _initial(spec, dtype: torch.dtype, generator: torch.Generator | None) -> tor
         return torch.as_tensor(spec.init, dtype=dtype).reshape(spec.shape).clone()
     if spec.kind == "bias":
         return torch.zeros(spec.shape, dtype=dtype)
+    if spec.kind == "gain":  # layer_norm's scale starts as the identity
+        return torch.ones(spec.shape, dtype=dtype)
     if spec.kind == "embed":
         return torch.randn(spec.shape, dtype=dtype, generator=generator)
     if spec.kind == "datalog":
@@ -33,14 +36,17 @@ def _initial(spec, dtype: torch.dtype, generator: torch.Generator | None) -> tor
     return (torch.rand(spec.shape, dtype=dtype, generator=generator) * 2 - 1) * bound
 
 
-def _program(plan: Plan) -> list[tuple[int, Kernel | None, tuple]]:
-    """(output slot, kernel, argument slots) per op; a weight has no kernel and its name as argument."""
-    return [(op.out, None, (op.attrs["name"],)) if op.kind == "param" else (op.out, kernel(op.kind, op.attrs), op.args)
+def _program(plan: Plan, training: Callable[[], bool]) -> list[tuple[int, Kernel | None, tuple]]:
+    """(output slot, kernel, argument slots) per op; a weight has no kernel and its name as argument.
+    Random ops (dropout) read the module's train()/eval() mode through `training` at every call."""
+    return [(op.out, None, (op.attrs["name"],)) if op.kind == "param" else
+            (op.out, kernel(op.kind, {**op.attrs, "training": training} if is_random(op.kind) else op.attrs), op.args)
             for op in plan.ops]
 
 
 class CompiledNet(nn.Module):
-    """A grounded template: `net()` returns {relation: values in row-id order}."""
+    """A grounded template: `net()` returns {relation: values in row-id order}. It starts in eval
+    mode (dropout is the identity); a training loop calls `train()` around its steps."""
 
     def __init__(self, plan: Plan, grounding: Grounding, dtype: torch.dtype = torch.float32,
                  seed: int | None = None):
@@ -59,6 +65,11 @@ class CompiledNet(nn.Module):
             key = f"i{slot}"
             self.register_buffer(key, tensor.to(dtype) if tensor.is_floating_point() else tensor, persistent=False)
             self._inputs[slot] = key
+        self.train(False)  # eval mode until a training loop says otherwise: dropout off, outputs deterministic
+
+    def _training(self) -> bool:
+        """The module's mode (train() or eval()), read by dropout at each call."""
+        return self.training
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_program": None}  # kernels are closures; rebuilt on the next call
@@ -138,7 +149,7 @@ class CompiledNet(nn.Module):
 
     def forward(self) -> dict[str, torch.Tensor]:
         if self._program is None:
-            self._program = _program(self.plan)
+            self._program = _program(self.plan, self._training)
         return self._execute(self.plan, self._program, {s: self._buffers[k] for s, k in self._inputs.items()})
 
     def run(self, plan: Plan, external: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
@@ -149,7 +160,7 @@ class CompiledNet(nn.Module):
         """
         device = next(iter(self.weights.values())).device if len(self.weights) else torch.device("cpu")
         inputs = {slot: t.to(device, self.dtype) if t.is_floating_point() else t.to(device) for slot, t in plan.inputs.items()}
-        return self._execute(plan, _program(plan), inputs, external or {})
+        return self._execute(plan, _program(plan, self._training), inputs, external or {})
 
     def _execute(self, plan: Plan, program: list[tuple[int, Kernel | None, tuple]], slots: dict[int, torch.Tensor],
                  external: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:

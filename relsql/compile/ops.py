@@ -16,6 +16,7 @@ import torch
 from relsql.compile import kernels, sparse
 
 Kernel = Callable[..., torch.Tensor]
+LAYER_NORM_EPS = 1e-5  # layer_norm's variance floor, torch.nn.LayerNorm's default
 Rows = Callable[[list[torch.Tensor], dict], int]
 Describe = Callable[[list[str], Any, Any], str]  # (argument names, op, plan) -> text
 
@@ -35,6 +36,7 @@ class OpKind:
     counts: frozenset[int] = field(default_factory=frozenset)
     offsets: frozenset[int] = field(default_factory=frozenset)
     matrices: frozenset[int] = field(default_factory=frozenset)
+    random: bool = False  # draws random numbers while training: never folded, shared or moved by passes
 
 
 def _binary(attrs: dict) -> Kernel:
@@ -131,6 +133,32 @@ def _last(args: list[torch.Tensor], attrs: dict) -> int:
     return args[-1].shape[0]
 
 
+def _layer_norm(attrs: dict) -> Kernel:
+    eps = attrs.get("eps", LAYER_NORM_EPS)
+
+    def run(x: torch.Tensor, gain: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.layer_norm(x, x.shape[1:], gain.reshape(x.shape[1:]), bias.reshape(x.shape[1:]), eps)
+    return run
+
+
+def _dropout(attrs: dict) -> Kernel:
+    """Inverted dropout while `attrs["training"]()` says the net trains (the module binds its own
+    mode there); the identity otherwise, and wherever no mode is bound (shapes, constant folding)."""
+    p, training = attrs["p"], attrs.get("training")
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        if training is None or not training() or p == 0.0:
+            return x
+        return torch.nn.functional.dropout(x, p, training=True)
+    return run
+
+
+def is_random(kind: str) -> bool:
+    """Whether ops of this kind draw random numbers (passes leave them where they are)."""
+    found = OPS.get(kind)
+    return found is not None and found.random
+
+
 def _no_kernel(attrs: dict) -> Kernel:
     raise ValueError("a weight has no kernel: the module reads it by name")
 
@@ -186,6 +214,9 @@ OPS: dict[str, OpKind] = {
                       describe=lambda a, op, plan: f"{a[0]}[:, {op.attrs['start']}:{op.attrs['start'] + op.attrs['width']}]"),
     # (m, 1) weights as the rows of one tensor, optionally times a column
     "weight_rows": OpKind(_weight_rows),
+    # (x, gain, bias): each row normalized over its elements, then gain * x + bias
+    "layer_norm": OpKind(_layer_norm, describe=lambda a, op, plan: f"layer_norm({a[0]}) * {a[1]} + {a[2]}"),
+    "dropout": OpKind(_dropout, random=True, describe=lambda a, op, plan: f"dropout({a[0]}, p={op.attrs['p']:g})"),
     "as_row": OpKind(lambda attrs: lambda x: x.reshape(1, -1) if x.dim() <= 1 else x.unsqueeze(0),
                      rows=lambda args, attrs: 1, describe=lambda a, op, plan: a[0]),
 }

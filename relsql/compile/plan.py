@@ -324,6 +324,19 @@ class _RuleContext:
         if isinstance(expr, ir.Features):
             data = torch.cat([self.columns[c] for c in expr.columns], dim=1)  # encoded in SQL
             return self.tensor(f"features{expr.columns}", data.to(b.dtype)), "g"
+        if isinstance(expr, ir.Encode):
+            data = torch.cat([self.columns[c] for c in expr.columns], dim=1)  # encoded in SQL
+            return self.tensor(f"encode_{expr.kind}{expr.columns}", data.to(b.dtype)), "g"
+        if isinstance(expr, ir.LayerNorm):
+            x, level = self.compile(expr.arg)
+            width = tuple(b.plan.meta[x].shape[1:])
+            if len(width) != 1:
+                raise ShapeError(f"{note}: layer_norm needs a vector per row, got shape {width}")
+            gain, bias = b._param(expr.gain, width, note), b._param(expr.bias, width, note)
+            return b._emit("layer_norm", (x, gain, bias), note), level
+        if isinstance(expr, ir.Dropout):
+            x, level = self.compile(expr.arg)
+            return b._emit("dropout", (x,), note, p=expr.p), level
         if isinstance(expr, ir.Embed):
             weight = b._param(expr.weight, None, note)
             return b._emit("gather", (weight, self.tensor(f"col{expr.column}", self.columns[expr.column])), note, relation=expr.weight), "g"

@@ -29,6 +29,7 @@ from relsql import arguments
 from relsql import sql as q
 from relsql.db import Database, lost_connection
 from relsql.errors import GroundingError, RelsqlError, SchemaError
+from relsql.ground import encoders as encoders_sql
 from relsql.ground.parts import check_refs, column_label, column_values
 from relsql.ground.tensors import to_tensor
 from relsql.template import ir
@@ -530,17 +531,23 @@ class _Grounder:
         features standardized (statistics from `source`), others raw; columns in `skip` stay raw."""
         embeds = ir.coded_columns(rule)
         features = {c for e in ir.walk(rule.expr) if isinstance(e, ir.Features) for c in e.columns}
-        types = self.db.arrow(exp.select(exp.Star()).from_(source.copy()).limit(0)).schema if features else None
+        encoders = {c: e for e in ir.walk(rule.expr) if isinstance(e, ir.Encode) for c in e.columns}
+        types = self.db.arrow(exp.select(exp.Star()).from_(source.copy()).limit(0)).schema if features or encoders else None
         columns: list[exp.Expression] = []
         for k in range(rule.n_columns):
             if k in embeds and k not in skip:
                 dictionary = self.dictionary(embeds[k], source, f"_c{k}", rule)
                 lookup = exp.select(q.col("code", "d")).from_(q.alias(dictionary.copy(), "d", table=True)).where(
                     exp.NullSafeEQ(this=q.col("value", "d"), expression=q.col(f"_c{k}", "g")))
-                columns.append(exp.Subquery(this=lookup))
+                spec = self.template.weights.get(embeds[k])
+                columns.append(encoders_sql.rare_lookup(lookup) if spec is not None and spec.min_count
+                               else exp.Subquery(this=lookup))
             elif k in features:
                 key = f"{relation.name}#{index}:{k}"
                 columns.append(self.feature(key, types.field(f"_c{k}").type, source, k, rule))
+            elif k in encoders:
+                key = f"{relation.name}#{index}:{k}"
+                columns.append(self.encoded(key, encoders[k], types.field(f"_c{k}").type, source, k, rule))
             else:
                 columns.append(q.col(f"_c{k}", "g"))
         return columns
@@ -571,6 +578,10 @@ class _Grounder:
             first = exp.select(q.alias(q.col(column), "value"), q.alias(q.integer(0), "code")).from_(source.copy()).where(exp.false())
             _run(db, q.create_temp(table.copy(), first), rule)
             preset = self.presets.dictionaries.get(weight)
+            spec = self.template.weights.get(weight)
+            min_count = spec.min_count if spec is not None and spec.kind == "embed" else None
+            if preset is None and min_count:
+                _run(db, exp.Insert(this=table.copy(), expression=encoders_sql.frequent_dictionary(source, column, min_count)), rule)
             if preset is not None:
                 view = f"{table.name}_preset"
                 db.register(view, preset)
@@ -580,9 +591,54 @@ class _Grounder:
                 finally:
                     db.unregister(view)
             tables[weight] = table
+            if min_count:  # fixed when built: other values read the rare row 0
+                return table
+        elif self.template.weights.get(weight) is not None and self.template.weights[weight].min_count:
+            return table
         with _reported(db, rule):
             db.add_codes(table, source, column)
         return table
+
+    def check_finite(self, bare: exp.Expression, grounding: exp.Expression, label: str) -> None:
+        """Refuse a column with infinite or NaN values: no statistics or encoding can hold them."""
+        infinite = exp.Sum(this=exp.Case(ifs=[exp.If(this=exp.Not(this=exp.Anonymous(this="isfinite", expressions=[bare.copy()])),
+                                                     true=q.integer(1))], default=q.integer(0)))
+        bad = self.db.scalar(exp.select(infinite).from_(grounding.copy()))[0]
+        if bad:
+            raise SchemaError(f"{label}: {bad} values are infinite or NaN and cannot be encoded; filter them "
+                              "out (e.g. WHERE isfinite(column)) or replace them in the query")
+
+    def encoded(self, key: str, encoder: ir.Encode, kind: pa.DataType, grounding: exp.Expression, k: int,
+                rule: ir.Rule) -> exp.Expression:
+        """A column encoded by `ple` or `calendar` (relsql/ground/encoders.py) with statistics the
+        database computes once over the groundings (a saved model's: `presets`)."""
+        raw = q.col(f"_c{k}", "g")
+        label = f"{rule.head}, {rule.origin}: {encoder.kind}({column_label(rule, k)})"
+        stats = self.presets.feature_stats.get(key)
+        with _reported(self.db, rule):
+            if encoder.kind == "ple":
+                number = encoders_sql.ple_number(raw, kind, label)
+                if stats is None:
+                    bare = _bare(number, k)
+                    self.check_finite(bare, grounding, label)
+                    edges, nulls = self.db.scalar(exp.select(
+                        encoders_sql.ple_edges_query(bare, grounding, encoder.bins).expressions[0],
+                        exp.Sub(this=exp.Count(this=exp.Star()), expression=exp.Count(this=bare.copy())),
+                    ).from_(grounding.copy()))
+                    stats = encoders_sql.ple_stats(edges, encoder.bins, nulls)
+                self.feature_stats[key] = stats
+                return encoders_sql.ple_sql(number, encoders_sql.checked_edges(stats, encoder.bins, label))
+            if not encoders_sql.is_time(kind):
+                raise SchemaError(f"{label} needs a date or timestamp column, got {kind}")
+            if stats is None:
+                year = _bare(encoders_sql.calendar_year(raw), k)
+                mean, std, nulls = self.db.scalar(exp.select(
+                    exp.Avg(this=year.copy()), exp.StddevPop(this=year.copy()),
+                    exp.Sub(this=exp.Count(this=exp.Star()), expression=exp.Count(this=year.copy())),
+                ).from_(grounding.copy()))
+                stats = encoders_sql.calendar_stats(mean, std, nulls)
+            self.feature_stats[key] = encoders_sql.checked_kind(stats, "calendar", label)
+            return encoders_sql.calendar_sql(raw, pa.types.is_timestamp(kind), stats)
 
     def feature(self, key: str, kind: pa.DataType, grounding: exp.Expression, k: int, rule: ir.Rule) -> exp.Expression:
         """A feature column encoded in SQL: standardized number, NULL as 0 plus an indicator."""
@@ -598,15 +654,10 @@ class _Grounder:
                               f"got {kind}; use embed(...) for categorical columns")
         stats = self.presets.feature_stats.get(key)
         if stats is None:
-            bare = number.transform(lambda n: q.col(f"_c{k}") if isinstance(n, exp.Column) else n)
+            bare = _bare(number, k)
             label = f"{rule.head}, {rule.origin}: features({column_label(rule, k)})"
-            infinite = exp.Sum(this=exp.Case(ifs=[exp.If(this=exp.Not(this=exp.Anonymous(this="isfinite", expressions=[bare.copy()])),
-                                                         true=q.integer(1))], default=q.integer(0)))
             try:
-                bad = self.db.scalar(exp.select(infinite).from_(grounding.copy()))[0]
-                if bad:
-                    raise SchemaError(f"{label}: {bad} values are infinite or NaN and cannot be standardized; filter them "
-                                      "out (e.g. WHERE isfinite(column)) or replace them in the query")
+                self.check_finite(bare, grounding, label)
                 mean, std, nulls = self.db.scalar(exp.select(
                     exp.Avg(this=bare.copy()), exp.StddevPop(this=bare.copy()),
                     exp.Sub(this=exp.Count(this=exp.Star()), expression=exp.Count(this=bare.copy())),
@@ -628,6 +679,11 @@ class _Grounder:
             return value
         indicator = exp.cast(exp.Is(this=number.copy(), expression=exp.Null()), exp.DataType.build("DOUBLE"))
         return exp.Anonymous(this="list_value", expressions=[value, indicator])
+
+
+def _bare(number: exp.Expression, k: int) -> exp.Expression:
+    """`number` over the grounding query's own column `_c{k}` (no `g.` alias): for statistics."""
+    return number.transform(lambda n: q.col(f"_c{k}") if isinstance(n, exp.Column) else n)
 
 
 def _column_tensor(column: pa.ChunkedArray | pa.Array, rule: ir.Rule, k: int, embedded: bool) -> torch.Tensor:

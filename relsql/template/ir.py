@@ -156,6 +156,42 @@ class Features(Expr):
 
 
 @dataclass(frozen=True)
+class Encode(Expr):
+    """Grounding columns encoded by the database with statistics it computes once (kept with a
+    saved model): `kind` "ple" (piecewise-linear over `bins` quantile bins, plus a NULL
+    indicator, per column) or "calendar" (cyclic date parts and the standardized year)."""
+
+    kind: str
+    columns: tuple[int, ...]
+    bins: int = 0
+
+
+@dataclass(frozen=True)
+class LayerNorm(Expr):
+    """Each row's vector normalized to mean 0 and variance 1, then scaled by the weight `gain`
+    and shifted by the weight `bias` (both as wide as the vector)."""
+
+    gain: str
+    bias: str
+    arg: Expr
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.arg,)
+
+
+@dataclass(frozen=True)
+class Dropout(Expr):
+    """While the net trains, each element is zeroed with probability `p` and the rest scaled by
+    1/(1-p); in eval mode the identity."""
+
+    p: float
+    arg: Expr
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.arg,)
+
+
+@dataclass(frozen=True)
 class Embed(Expr):
     """A learnable embedding row per distinct value of a categorical grounding column."""
 
@@ -254,6 +290,7 @@ class WeightSpec:
     kind: str = "matrix"  # matrix | embedding | bias | offset
     origin: str = ""  # where it was declared, for error messages
     storage: str = "memory"  # embeddings: "memory" (a torch parameter) or "database" (a table, see relsql/train/embeddings.py)
+    min_count: int | None = None  # embeddings: values in fewer groundings share row 0 with unseen values and NULL
 
 
 @dataclass

@@ -390,27 +390,90 @@ class _Statement:
         if isinstance(node, exp.Anonymous):
             return self._function(node, node.name.lower(), list(node.expressions), inside_agg)
         raise self.fail(
-            "not a neural expression: use linear, embed, features, bias, + - *, numbers, "
+            "not a neural expression: use linear, embed, features, ple, calendar, bias, layer_norm, dropout, + - *, numbers, "
             "activations (relu tanh sigmoid identity leaky_relu gelu exp log softmax), sum_per_head, "
             "aggregates (sum avg max min count attention) or concat", node)
 
-    def _storage(self, node: exp.Expression, args: list) -> tuple[str, list]:
-        """embed's `storage='memory'|'database'` keyword (also `storage := ...`, `storage => ...`)."""
-        storage, rest = "memory", []
+    def _keywords(self, node: exp.Expression, args: list) -> tuple[dict[str, exp.Expression], list]:
+        """embed's keywords `name=value` (also `name := value`, `name => value`) and the other arguments."""
+        keywords, rest = {}, []
         for arg in args:
-            key = value = None
             if isinstance(arg, exp.EQ) and isinstance(arg.this, exp.Column) and not arg.this.table:
-                key, value = arg.this.name, arg.expression
+                keywords[arg.this.name.lower()] = arg.expression
             elif isinstance(arg, exp.PropertyEQ | exp.Kwarg):
-                key, value = arg.this.name, arg.expression
-            if key is None:
+                keywords[arg.this.name.lower()] = arg.expression
+            else:
                 rest.append(arg)
-                continue
-            if key.lower() != "storage" or not isinstance(value, exp.Literal) or not value.is_string \
-                    or value.this not in ("memory", "database"):
-                raise self.fail("embed's only keyword is storage='memory' or storage='database'", node)
-            storage = value.this
-        return storage, rest
+        unknown = set(keywords) - {"storage", "min_count"}
+        if unknown:
+            raise self.fail(f"embed has no keyword {sorted(unknown)[0]}; its keywords are storage='memory' or "
+                            "storage='database', and min_count=<positive integer>", node)
+        return keywords, rest
+
+    def _storage(self, node: exp.Expression, keywords: dict[str, exp.Expression]) -> str:
+        """embed's `storage='memory'|'database'` keyword."""
+        value = keywords.get("storage")
+        if value is None:
+            return "memory"
+        if not isinstance(value, exp.Literal) or not value.is_string or value.this not in ("memory", "database"):
+            raise self.fail("embed's storage is storage='memory' or storage='database'", node)
+        return value.this
+
+    def _min_count(self, node: exp.Expression, keywords: dict[str, exp.Expression], storage: str) -> int | None:
+        """embed's `min_count=k`: values in fewer than k groundings share the rare row."""
+        value = keywords.get("min_count")
+        if value is None:
+            return None
+        if storage == "database":
+            raise self.fail("min_count= is for embeddings kept in memory; leave out storage='database' or min_count", node)
+        return self._int_arg(node, [value], 0, "embed's min_count")
+
+    def _layer_norm(self, node: exp.Expression, args: list, inside_agg: bool) -> ir.Expr:
+        """layer_norm(x [, 'name']): weights '<name>.gain' (ones) and '<name>.bias' (zeros)."""
+        if not 1 <= len(args) <= 2:
+            raise self.fail("layer_norm(x [, 'name']) normalizes each row's vector, with a learnable gain and bias", node)
+        name = self._name_arg(node, args, 1)
+        if name is None:
+            relation = self.statement.this.name
+            count = sum(1 for w in self.template.weights if w.startswith(f"{relation}.layer_norm") and w.endswith(".gain"))
+            name = f"{relation}.layer_norm{count}"
+        gain = self._weight("gain", (None,), f"{name}.gain", node)
+        bias = self._weight("bias", (None,), f"{name}.bias", node)
+        return ir.LayerNorm(gain, bias, self._neural(args[0], inside_agg))
+
+    def _dropout(self, node: exp.Expression, args: list, inside_agg: bool) -> ir.Expr:
+        """dropout(x, p) with 0 <= p < 1."""
+        if len(args) != 2:
+            raise self.fail("dropout(x, p) zeroes each element with probability p (0 <= p < 1) while training", node)
+        p = self._number_arg(node, args[1], "dropout's probability")
+        if not 0.0 <= p < 1.0:
+            raise self.fail(f"dropout's probability must be at least 0 and below 1, got {p:g}", node)
+        return ir.Dropout(p, self._neural(args[0], inside_agg))
+
+    def _encoded(self, node: exp.Expression, fn: str, args: list) -> ir.Expr:
+        """ple(t.a [, t.b ...], bins) and calendar(t.d [, ...]): columns encoded in SQL."""
+        if fn == "ple":
+            if len(args) < 2:
+                raise self.fail("ple(t.col [, t.col2 ...], bins) encodes numeric columns piecewise-linearly over "
+                                "`bins` quantile bins", node)
+            bins, args = self._int_arg(node, args, len(args) - 1, "ple's number of bins"), args[:-1]
+            if bins > 1024:
+                raise self.fail(f"ple's number of bins must be at most 1024, got {bins}", node)
+        else:
+            bins = 0
+            if not args:
+                raise self.fail("calendar(t.date_col [, ...]) encodes date or timestamp columns", node)
+        for arg in args:
+            self._check_value_expression(node, arg, fn)
+        return ir.Encode(fn, tuple(self._column(a, role=fn) for a in args), bins)
+
+    def _check_value_expression(self, node: exp.Expression, arg: exp.Expression, fn: str) -> None:
+        """A database value per grounding: a column or an expression over columns, without neural values,
+        aggregates or windows (the database computes it per grounding row)."""
+        if arg.find(exp.Column) is None or any(c.table in self.neural for c in arg.find_all(exp.Column)) \
+                or arg.find(exp.AggFunc, exp.Window, exp.Subquery, exp.Star) is not None:
+            raise self.fail(f"{fn}(...) takes database columns or expressions over them (such as "
+                            "epoch(a.t) - epoch(b.t)), not neural values, constants, aggregates or subqueries", node)
 
     def _function(self, node: exp.Expression, fn: str, args: list, inside_agg: bool) -> ir.Expr:
         if fn == "leaky_relu" and len(args) == 2:
@@ -448,21 +511,35 @@ class _Statement:
             name = self._weight("linear", (width, None), self._name_arg(node, args, 2), node)
             return ir.Apply(name, self._neural(args[0], inside_agg))
         if fn == "embed":
-            storage, args = self._storage(node, args)
+            keywords, args = self._keywords(node, args)
+            storage = self._storage(node, keywords)
+            min_count = self._min_count(node, keywords, storage)
             if len(args) < 2 or not isinstance(args[0], exp.Column) or args[0].table in self.neural:
-                raise self.fail("embed(table.column, width [, 'name'] [, storage='database']) embeds a categorical database column", node)
+                raise self.fail("embed(table.column, width [, 'name'] [, storage='database'] [, min_count=k]) embeds a "
+                                "categorical database column", node)
             width = self._int_arg(node, args, 1, "embed's width")
             existed = self._name_arg(node, args, 2) in self.template.weights
             name = self._weight("embed", (None, width), self._name_arg(node, args, 2), node)
             spec = self.template.weights[name]
             if existed and spec.storage != storage:
                 raise self.fail(f"embedding '{name}' is used with storage '{spec.storage}' elsewhere; use one storage per name", node)
-            spec.kind, spec.storage = "embed", storage
+            if existed and spec.min_count != min_count:
+                raise self.fail(f"embedding '{name}' is used with min_count={spec.min_count} elsewhere; use one min_count "
+                                "per name", node)
+            spec.kind, spec.storage, spec.min_count = "embed", storage, min_count
             return ir.Embed(name, self._column(args[0], role=f"embed {name}"))
         if fn == "features":
-            if not args or not all(isinstance(a, exp.Column) and a.table not in self.neural for a in args):
-                raise self.fail("features(t.col, ...) takes numeric database columns", node)
+            if not args:
+                raise self.fail("features(t.col, ...) takes numeric database columns or expressions over them", node)
+            for arg in args:
+                self._check_value_expression(node, arg, fn)
             return ir.Features(tuple(self._column(a, role="features") for a in args))
+        if fn in ("ple", "calendar"):
+            return self._encoded(node, fn, args)
+        if fn == "layer_norm":
+            return self._layer_norm(node, args, inside_agg)
+        if fn == "dropout":
+            return self._dropout(node, args, inside_agg)
         if fn == "bias":
             width = self._int_arg(node, args, 0, "bias's width")
             return ir.Param(self._weight("bias", (width,), self._name_arg(node, args, 1), node))
@@ -480,7 +557,7 @@ def _check_aggregated(expr: ir.Expr, statement: _Statement) -> None:
     """In a grouped statement every per-grounding leaf must sit under an aggregate."""
     if isinstance(expr, ir.Agg):
         return
-    if isinstance(expr, (ir.Ref, ir.Column, ir.Features, ir.Embed)):
+    if isinstance(expr, (ir.Ref, ir.Column, ir.Features, ir.Encode, ir.Embed)):
         raise statement.fail(
             "in a GROUP BY statement every neural value and column must be inside an aggregate "
             "(sum, avg, max, min); wrap it, or compute it in a separate relation")

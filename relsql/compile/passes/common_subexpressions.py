@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from relsql.compile.ops import is_random
 from relsql.compile.passes._rewrite import redirect
 from relsql.compile.plan import Plan
 
@@ -38,7 +39,7 @@ def common_subexpressions(plan: Plan) -> Plan:
     for op in plan.ops:
         args = tuple(mapping.get(a, a) for a in op.args)
         key = (op.kind, args, repr(sorted(op.attrs.items())))
-        if key in seen:
+        if key in seen and not is_random(op.kind):  # two dropouts of one value draw two masks
             mapping[op.out] = seen[key]
             continue
         seen[key] = op.out

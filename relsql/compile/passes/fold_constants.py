@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from relsql.compile.ops import run_op
+from relsql.compile.ops import is_random, run_op
 from relsql.compile.plan import Op, Plan
 
 
@@ -25,7 +25,7 @@ def fold_constants(plan: Plan) -> Plan:
     replaced: dict[int, int] = {}
     for op in plan.ops:
         args = [replaced.get(a, a) for a in op.args]
-        if op.kind == "param" or not args or not all(a in plan.inputs for a in args):
+        if op.kind == "param" or is_random(op.kind) or not args or not all(a in plan.inputs for a in args):
             op.args = tuple(args)
             ops.append(op)
             continue

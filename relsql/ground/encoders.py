@@ -1,0 +1,167 @@
+"""Column encoders the database computes, for `ple(...)`, `calendar(...)` and `embed(..., min_count=k)`.
+
+Each encoder's statistics (quantile edges, the year's mean and spread, the frequent values) come
+from one SQL query over the rule's groundings when a model is built, and are kept with it (the
+grounding's `feature_stats` and dictionaries), so a saved model encodes another database's rows
+exactly as it encoded the rows it learned from. The encodings themselves are SQL expressions over
+the grounding row `g`: no row leaves the database unencoded.
+
+- `ple`: piecewise-linear encoding (Gorishniy et al. 2022). With edges b_0 <= ... <= b_k (the
+  quantiles 0, 1/k, ..., 1 of the column), component i is 0 for x < b_i, 1 for x >= b_{i+1} and
+  (x - b_i) / (b_{i+1} - b_i) between; the first component is not cut below (x < b_0 gives a
+  negative value) nor the last one above (x > b_k gives more than 1), so values beyond the range
+  the model saw stay apart. A bin of zero width is a step: 1 from its edge on. A NULL is all 0
+  and a last indicator component 1 (0 otherwise): k + 1 numbers per column.
+- `calendar`: sin and cos of the month ((month - 1) / 12 of a turn), the day of the week
+  (DuckDB's dayofweek, Sunday 0, / 7), the day of the month ((day - 1) / 31) and, for
+  timestamps, the hour (/ 24); then the time in years (epoch seconds / 31,556,952 + 1970)
+  standardized with the database's mean and population spread; then a NULL indicator (a NULL
+  is all 0 and the indicator 1): 8 numbers per date, 10 per timestamp.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pyarrow as pa
+import sqlglot.expressions as exp
+
+from relsql import sql as q
+from relsql.errors import RelsqlError, SchemaError
+
+SECONDS_PER_YEAR = 31_556_952.0  # the Gregorian calendar's mean year, 365.2425 days
+DOUBLE = exp.DataType.build("DOUBLE")
+
+
+def double(value: exp.Expression) -> exp.Expression:
+    return exp.cast(value, DOUBLE)
+
+
+def _call(name: str, *args: exp.Expression) -> exp.Expression:
+    return exp.Anonymous(this=name, expressions=list(args))
+
+
+def null_indicator(number: exp.Expression) -> exp.Expression:
+    """1.0 for a NULL, 0.0 otherwise."""
+    return double(exp.Is(this=number.copy(), expression=exp.Null()))
+
+
+def ple_number(raw: exp.Expression, kind: pa.DataType, label: str) -> exp.Expression:
+    """The number `ple` cuts: numeric columns as DOUBLE, dates and timestamps as epoch seconds."""
+    if pa.types.is_date(kind) or pa.types.is_timestamp(kind):
+        return double(_call("epoch", raw))
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind):
+        return double(raw)
+    raise SchemaError(f"{label} needs a numeric, date or timestamp column, got {kind}; use embed(...) for "
+                      "categorical columns")
+
+
+def ple_edges_query(bare: exp.Expression, grounding: exp.Expression, bins: int) -> exp.Select:
+    """One query: the column's quantiles 0, 1/bins, ..., 1 (linear interpolation) over its non-NULL values."""
+    levels = exp.Array(expressions=[q.real(i / bins) for i in range(bins + 1)])
+    return exp.select(_call("quantile_cont", bare.copy(), levels)).from_(grounding.copy())
+
+
+def ple_stats(edges: list | None, bins: int, nulls: bool) -> dict:
+    """Statistics kept for a `ple` column (mean/std stay neutral: what every feature entry has)."""
+    values = [0.0] * (bins + 1) if edges is None else [float(e) for e in edges]
+    return {"mean": 0.0, "std": 1.0, "nulls": bool(nulls), "kind": "ple", "edges": values}
+
+
+def checked_edges(stats: dict, bins: int, label: str) -> list[float]:
+    """A `ple` entry's edges, checked (a saved model's become typed literals in SQL): bins + 1
+    finite numbers, ascending."""
+    edges = stats.get("edges")
+    if stats.get("kind") != "ple" or not isinstance(edges, list) or len(edges) != bins + 1 \
+            or not all(isinstance(e, int | float) and not isinstance(e, bool) and math.isfinite(e) for e in edges) \
+            or any(b < a for a, b in zip(edges, edges[1:])):
+        raise RelsqlError(f"{label}: the saved bin edges are damaged (expected {bins + 1} ascending finite numbers); "
+                          "rebuild the model")
+    return [float(e) for e in edges]
+
+
+def ple_sql(number: exp.Expression, edges: list[float]) -> exp.Expression:
+    """The piecewise-linear encoding of `number` over `edges` and its NULL indicator, as one list."""
+    bins = len(edges) - 1
+    parts = [_ple_component(number, edges[i], edges[i + 1], first=i == 0, last=i == bins - 1) for i in range(bins)]
+    return _call("list_value", *parts, null_indicator(number))
+
+
+def _ple_component(number: exp.Expression, low: float, high: float, first: bool, last: bool) -> exp.Expression:
+    one, zero = q.real(1.0), q.real(0.0)
+    if high <= low:  # a bin of zero width (ties at a quantile): a step at its edge
+        return exp.Coalesce(this=exp.Case(ifs=[exp.If(this=exp.GTE(this=number.copy(), expression=q.real(high)), true=one)],
+                                          default=zero.copy()), expressions=[zero.copy()])
+    inside = exp.Div(this=exp.paren(exp.Sub(this=number.copy(), expression=q.real(low))), expression=q.real(high - low))
+    cases = []
+    if not first:
+        cases.append(exp.If(this=exp.LT(this=number.copy(), expression=q.real(low)), true=zero.copy()))
+    if not last:
+        cases.append(exp.If(this=exp.GTE(this=number.copy(), expression=q.real(high)), true=one.copy()))
+    value = exp.Case(ifs=cases, default=inside) if cases else inside
+    return exp.Coalesce(this=value, expressions=[zero.copy()])
+
+
+def is_time(kind: pa.DataType) -> bool:
+    return pa.types.is_date(kind) or pa.types.is_timestamp(kind)
+
+
+def calendar_year(raw: exp.Expression) -> exp.Expression:
+    """The time in (fractional) years: epoch seconds / the mean Gregorian year + 1970."""
+    return exp.Add(this=exp.Div(this=double(_call("epoch", raw)), expression=q.real(SECONDS_PER_YEAR)),
+                   expression=q.real(1970.0))
+
+
+def calendar_stats(mean: float | None, std: float | None, nulls: bool) -> dict:
+    """Statistics kept for a `calendar` column: the year's mean and population spread."""
+    return {"mean": float(mean or 0.0), "std": float(std) if std else 1.0, "nulls": bool(nulls), "kind": "calendar"}
+
+
+def calendar_sql(raw: exp.Expression, timestamp: bool, stats: dict) -> exp.Expression:
+    """Cyclic month, day of week, day of month (and hour), the standardized year, a NULL indicator."""
+    turn = q.real(2.0 * math.pi)
+    parts = []
+    cycles: list[tuple[Callable[[], exp.Expression], float]] = [
+        (lambda: exp.Sub(this=_call("month", raw.copy()), expression=q.integer(1)), 12.0),
+        (lambda: _call("dayofweek", raw.copy()), 7.0),
+        (lambda: exp.Sub(this=_call("day", raw.copy()), expression=q.integer(1)), 31.0),
+    ]
+    if timestamp:
+        cycles.append((lambda: _call("hour", raw.copy()), 24.0))
+    for part, period in cycles:
+        angle = exp.Div(this=exp.Mul(this=turn.copy(), expression=double(part())), expression=q.real(period))
+        for fn in ("sin", "cos"):
+            parts.append(exp.Coalesce(this=_call(fn, angle.copy()), expressions=[q.real(0.0)]))
+    year = exp.Div(this=exp.paren(exp.Sub(this=calendar_year(raw), expression=q.real(stats["mean"]))),
+                   expression=q.real(stats["std"]))
+    parts.append(exp.Coalesce(this=year, expressions=[q.real(0.0)]))
+    parts.append(null_indicator(raw))
+    return _call("list_value", *parts)
+
+
+def checked_kind(stats: dict, kind: str, label: str) -> dict:
+    """A saved entry made by the same encoder (a template and its saved statistics belong together)."""
+    if stats.get("kind") != kind:
+        raise RelsqlError(f"{label}: the saved statistics are for {stats.get('kind') or 'features'}, not {kind}; "
+                          "the saved model is damaged: rebuild it")
+    if kind == "calendar" and not (np.isfinite(stats["mean"]) and np.isfinite(stats["std"]) and stats["std"] > 0):
+        raise RelsqlError(f"{label}: the saved year statistics are damaged; rebuild the model")
+    return stats
+
+
+def frequent_dictionary(source: exp.Expression, column: str, min_count: int) -> exp.Select:
+    """(value, code) for `embed(..., min_count=k)`: code 0 is the shared row of rare values, unseen
+    values and NULL (value NULL); the non-NULL values in at least k groundings get 1, 2, ... in value order."""
+    counted = exp.select(q.alias(q.col(column), "v")).from_(source.copy()).where(
+        exp.Not(this=exp.Is(this=q.col(column), expression=exp.Null()))).group_by(q.col(column)).having(
+        exp.GTE(this=exp.Count(this=exp.Star()), expression=q.integer(min_count)))
+    code = exp.Window(this=exp.RowNumber(), order=exp.Order(expressions=[exp.Ordered(this=q.col("v", "n"))]))
+    frequent = exp.select(q.col("v", "n"), q.alias(code, "code")).from_(q.alias(exp.Subquery(this=counted), "n", table=True))
+    return exp.union(exp.select(exp.Null(), q.integer(0)), frequent, distinct=False)
+
+
+def rare_lookup(lookup: exp.Select) -> exp.Expression:
+    """A code lookup where a value without a code reads the rare row 0."""
+    return exp.Coalesce(this=exp.Subquery(this=lookup), expressions=[q.integer(0)])
