@@ -63,6 +63,7 @@ _FEATURE_TYPES = ("INT", "DECIMAL", "NUMERIC", "DOUBLE", "FLOAT", "REAL", "BOOL"
 _TIME_TYPES = ("DATE", "TIMESTAMP")
 MAX_CATEGORIES = 1000  # text columns with more distinct values are skipped
 SMALL_INTEGER_CATEGORIES = 10  # integer columns with at most this many values are codes
+NUMBER_CODES = 32  # a number with at most this many values is also embedded: a step or lookup function of it
 AGGREGATIONS = ("avg", "sum", "max", "count")  # terms over child rows; "all" is all of them
 TIMELESS = ("exclude", "include")
 LAYERS = ("sage", "rgcn", "gat", "hgt")  # how a node combines the rows of each foreign key and direction
@@ -286,7 +287,7 @@ class _Writer:
         info: Table = self.schema.tables[table]
         keys = set(self.schema.primary_keys[table])
         fks = {c for child, fk in self.schema.foreign_keys if child == table for c in fk.columns}
-        numeric, categorical, skipped, identifiers = [], [], [], []
+        numeric, categorical, skipped, identifiers, copies = [], [], [], [], []
         for col in info.columns:
             if col.name in keys or col.name in fks or (table == self.target and col.name == self.column):
                 continue  # keys only join; the target column is never an input
@@ -308,6 +309,8 @@ class _Writer:
                 categorical.append(col.name)  # a code such as a type or level: embedded
             elif any(t in upper for t in _FEATURE_TYPES) and "[]" not in upper:
                 numeric.append(col.name)
+                if not any(t in upper for t in ("BOOL", *_TIME_TYPES)) and self.few_values(table, col.name):
+                    copies.append(col.name)
             elif text:
                 (categorical if distinct <= MAX_CATEGORIES else skipped).append(col.name)
             else:
@@ -317,7 +320,7 @@ class _Writer:
         if numeric:
             parts.append(f"linear(features({', '.join('t.' + _qi(c) for c in numeric)}), {self.width}, "
                          f"'{self.weight_name(f'enc_{t}_num')}')")
-        for c in categorical:
+        for c in categorical + copies:
             parts.append(f"embed(t.{_qi(c)}, {self.width}, '{self.weight_name(f'enc_{t}_{_safe(c)}')}')")
         value = f"tanh({' + '.join(parts)})" if parts else f"bias({self.width}, '{self.weight_name(f'enc_{t}_bias')}')"
         lines = [f"-- {table}: its own columns encoded into one {self.width}-wide vector per row"]
@@ -326,6 +329,9 @@ class _Writer:
         if identifiers:
             lines.append(f"-- left out, named like identifiers but not keys: {', '.join(identifiers)}")
             self.identifiers += [f"{table}.{c}" for c in identifiers]
+        if copies:
+            lines.append(f"-- numbers with at most {NUMBER_CODES} values, also embedded (a step function of one column): "
+                         f"{', '.join(copies)}")
         if skipped:
             lines.append(f"-- skipped columns (high-cardinality text or unsupported types): {', '.join(skipped)}")
         if not parts:
@@ -350,13 +356,23 @@ class _Writer:
         count = exp.select(exp.Count(this=exp.Distinct(expressions=[exp.column(exp.to_identifier(column, quoted=True))])))
         return self.db.con.execute(count.from_(exp.Table(this=exp.to_identifier(table, quoted=True))).sql("duckdb")).fetchone()[0]
 
+    def few_values(self, table: str, column: str) -> bool:
+        """A number taking few distinct values (a level, a rating, a rounded amount), each on two or
+        more rows on average: its effect may be any function of the value, which an embedding of
+        the value learns directly and a weighted sum of the standardized number cannot."""
+        distinct, present = self.counts(table, column)
+        return 2 < distinct <= NUMBER_CODES and 2 * distinct <= present
+
     def is_code(self, table: str, column: str) -> bool:
         """Few distinct values, each on at least two rows on average: a code, not an identifier."""
+        distinct, present = self.counts(table, column)
+        return 0 < distinct <= SMALL_INTEGER_CATEGORIES and 2 * distinct <= present
+
+    def counts(self, table: str, column: str) -> tuple[int, int]:
+        """(distinct values, non-NULL rows) of a column."""
         col = exp.column(exp.to_identifier(column, quoted=True))
         query = exp.select(exp.Count(this=exp.Distinct(expressions=[col.copy()])), exp.Count(this=col.copy()))
-        distinct, present = self.db.con.execute(
-            query.from_(exp.Table(this=exp.to_identifier(table, quoted=True))).sql("duckdb")).fetchone()
-        return 0 < distinct <= SMALL_INTEGER_CATEGORIES and 2 * distinct <= present
+        return self.db.con.execute(query.from_(exp.Table(this=exp.to_identifier(table, quoted=True))).sql("duckdb")).fetchone()
 
     def fan_out(self, step: Step) -> float:
         """Child rows per parent row over the whole child table (those with the key set), one
@@ -481,6 +497,22 @@ class _Writer:
                  f"* {1 / math.sqrt(w // heads):.9g}")
         return (f"HGT attention ({heads} heads) over its child rows in",
                 f"linear(gelu(attention({score},\n            {message})), {w}, {out})")
+
+    def head(self, root: Node, value: str, units: int) -> None:
+        """The prediction: a linear read-out of the root's value, plus one of the target row's own
+        encoding, so its own columns reach the output in one step rather than through every layer."""
+        keys = ", ".join(f"v.{_qi(k)}" for k in self.target_keys)
+        comment = f"-- the prediction for each {self.target} row ({units} output{'s' if units > 1 else ''}; relsql.Model adds the loss)"
+        t = self.labels[self.target]
+        if not root.children:
+            self.out.append(f"{comment}\nCREATE TABLE predict AS\nSELECT {keys}, linear(v.h, {units}, "
+                            f"'{self.weight_name('w_out')}') AS h\nFROM enc_{t} v;\n")
+            return
+        on = " AND ".join(f"e.{_qi(k)} = v.{_qi(k)}" for k in self.target_keys)
+        self.out.append(f"{comment}: its relational context and, directly, its own encoding\n"
+                        f"CREATE TABLE predict AS\nSELECT {keys}, linear(v.h, {units}, '{self.weight_name('w_out')}') "
+                        f"+ linear(e.h, {units}, '{self.weight_name('w_out_own')}') AS h\n"
+                        f"FROM {value} v\nJOIN enc_{t} e ON {on};\n")
 
     def node_value(self, node: Node) -> str:
         """Statements computing node's value bottom-up; returns the relation holding it."""
@@ -680,11 +712,7 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
     for node in nodes[1:]:
         writer.node_rows(node)
     value = writer.node_value(root)
-    value_keys = ", ".join(f"v.{_qi(k)}" for k in writer.target_keys)
-    writer.out.append(f"-- the prediction for each {table} row ({units} output{'s' if units > 1 else ''}; "
-                      "relsql.Model adds the loss)\n"
-                      f"CREATE TABLE predict AS\nSELECT {value_keys}, linear(v.h, {units}, '{writer.weight_name('w_out')}') AS h\n"
-                      f"FROM {value if root.children else 'enc_' + labels[table]} v;\n")
+    writer.head(root, value, units)
     described = "all: " + ", ".join(terms) if terms == AGGREGATIONS else ", ".join(terms)
     combined = {"gat": "attention over child rows (GAT)", "hgt": "typed attention over child rows (HGT)"}.get(
         layer, f"aggregation over child rows {described}")
