@@ -1,0 +1,217 @@
+"""Accuracy side by side: relsql's defaults vs the GBM baselines vs an RDL peer (issue #29, item 8).
+
+    python -m bench.quality [--quick] [--seeds 0 1 2 3 4] [--targets customer.churned ...]
+                            [--auto '{"width": 32}'] [--fit '{"lr": 0.001}'] [--peer '{"epochs": 200}']
+                            [--scale 1.0] [--json out.json] [--out out/bench/quality]
+
+Targets: bench/relgen.py's 12 planted targets in 4 databases (star, chain of 4, snowflake, a time
+column on the event table); data seed 0, one DuckDB file per target (only its label column in
+it). For every target and model seed, ON THE SAME SPLIT (the relsql model's learner.rows: seed s's
+70/15/15 random split):
+- relsql: `Model(db, Template.auto(db, target=..., **auto), target=..., seed=s).fit(**fit)`;
+- majority, gbm_own_columns, gbm_one_hop: `relsql.train.baselines.compare(model.learner, "test")`
+  (LightGBM on the target table's own columns / on one-hop SQL features, fitted on the training
+  rows, stopped early on the validation rows);
+- rdl_peer: bench/rdl_peer.py (PyG HeteroGraphSAGE with per-table encoders, full batch, AdamW,
+  best validation epoch).
+Scored on the test rows: ROC-AUC (binary), accuracy (multiclass), MAE (regression; R^2 too).
+Wall seconds: relsql = template + model build + fit; baselines = the whole compare() call (all
+three); rdl_peer = graph + training. torch uses 1 thread, the GBMs OMP_NUM_THREADS=1.
+
+"relsql >= one-hop GBM" per target: mean(relsql) >= mean(gbm_one_hop) - std(relsql) over seeds
+(MAE: mean(relsql) <= mean(gbm) + std(relsql)); the count lines tally it against each method.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before LightGBM/sklearn load their OpenMP runtime
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from bench import rdl_peer, relgen  # noqa: E402
+
+QUICK_TARGETS = ["customer.churned", "product.return_rate", "store.tier", "txn.fraud"]
+METHODS = ["relsql", "majority", "gbm_own_columns", "gbm_one_hop", "rdl_peer"]
+PRIMARY = {"binary": "roc_auc", "multiclass": "accuracy", "regression": "mae"}
+
+
+def higher_is_better(metric: str) -> bool:
+    return metric != "mae"
+
+
+def _r2(scores: dict[str, float], y_test: np.ndarray) -> dict[str, float]:
+    """R^2 from the RMSE and the test labels' variance (regression scores only)."""
+    if "rmse" in scores and y_test.var() > 0:
+        return {**scores, "r2": 1.0 - scores["rmse"] ** 2 / float(y_test.var())}
+    return scores
+
+
+def split_positions(learner, table_rows: int) -> dict[str, np.ndarray]:
+    """The model's split as positions of the target table's rows (relgen ids are 1..n in order)."""
+    from relsql.train import results
+
+    frame = results.predict(learner, splits=True)
+    key = frame.columns[0]
+    out = {}
+    for split in ("train", "val", "test"):
+        ids = frame.filter(frame["split"] == split)[key].to_numpy()
+        out[split] = np.sort(ids.astype(np.int64) - 1)
+    assert all(len(v) for v in out.values()) and max(v.max() for v in out.values()) < table_rows
+    return out
+
+
+def run_one(db: relgen.Database, target: relgen.Target, path: Path, seed: int, auto: dict, fit: dict, peer: dict) -> list[dict]:
+    """One target, one seed: a row per method with its test scores and wall seconds."""
+    import torch
+
+    import relsql
+    from relsql.train import baselines
+
+    common = {"target": target.name, "database": db.name, "shape": db.shape, "kind": target.kind,
+              "metric": PRIMARY[target.kind], "seed": seed}
+    rows = []
+    started = time.perf_counter()
+    con = relsql.connect(str(path), read_only=True)
+    model = relsql.Model(con, relsql.Template.auto(con, target=target.name, **auto), target=target.name, seed=seed,
+                         progress=False, threads=1)
+    model.fit(**fit)
+    seconds = time.perf_counter() - started
+    learner = model.learner
+    y_test = np.asarray(target.values[split_positions(learner, len(target.values))["test"]], dtype=np.float64) \
+        if target.kind == "regression" else np.zeros(1)
+    history = {"epochs": len(learner.history), "best_epoch": learner.best_epoch, "stopped": learner.stopped}
+    rows.append({**common, "method": "relsql", "scores": _r2(model.evaluate("test"), y_test), "seconds": seconds, **history})
+    if hasattr(baselines, "compare"):
+        started = time.perf_counter()
+        compared = baselines.compare(learner, "test")
+        seconds = time.perf_counter() - started
+        for name, scores in compared.items():
+            rows.append({**common, "method": name, "scores": _r2(scores, y_test), "seconds": seconds})
+    positions = split_positions(learner, len(target.values))
+    started = time.perf_counter()
+    torch.set_num_threads(1)
+    result = rdl_peer.run(db, target, positions, seed, **peer)
+    rows.append({**common, "method": "rdl_peer", "scores": _r2(result["scores"], y_test), "seconds": time.perf_counter() - started,
+                 "epochs": result["epochs"], "best_epoch": result["best_epoch"]})
+    con.close()
+    for row in rows:
+        row["score"] = row["scores"].get(row["metric"], float("nan"))
+    return rows
+
+
+# --------------------------------------------------------------------------- summary
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per target: per method the mean and std (over seeds) of the primary metric, mean seconds,
+    and whether relsql is at least each other method within relsql's std."""
+    out = []
+    for name in dict.fromkeys(r["target"] for r in rows):
+        mine = [r for r in rows if r["target"] == name]
+        metric = mine[0]["metric"]
+        entry = {"target": name, "kind": mine[0]["kind"], "metric": metric, "seeds": len({r["seed"] for r in mine}), "methods": {}}
+        for method in METHODS:
+            scores = [r["score"] for r in mine if r["method"] == method]
+            if scores:
+                entry["methods"][method] = {"mean": statistics.fmean(scores), "std": statistics.pstdev(scores) if len(scores) > 1 else 0.0,
+                                            "seconds": statistics.fmean(r["seconds"] for r in mine if r["method"] == method)}
+        ours = entry["methods"]["relsql"]
+        entry["relsql_at_least"] = {m: at_least(ours, s, metric) for m, s in entry["methods"].items() if m != "relsql"}
+        out.append(entry)
+    return out
+
+
+def at_least(ours: dict, theirs: dict, metric: str) -> bool:
+    """relsql's mean within its own std of the other's mean, or better."""
+    if higher_is_better(metric):
+        return ours["mean"] >= theirs["mean"] - ours["std"]
+    return ours["mean"] <= theirs["mean"] + ours["std"]
+
+
+def table(summary: list[dict]) -> str:
+    """The summary as a Markdown table and the count lines."""
+    methods = [m for m in METHODS if any(m in e["methods"] for e in summary)]
+    lines = ["| target | metric | " + " | ".join(methods) + " | relsql >= one-hop |",
+             "|---|---|" + "---|" * len(methods) + "---|"]
+    for e in summary:
+        cells = []
+        for m in methods:
+            s = e["methods"].get(m)
+            cells.append("-" if s is None else f"{s['mean']:.3f} ± {s['std']:.3f} ({s['seconds']:.1f} s)")
+        verdict = e["relsql_at_least"].get("gbm_one_hop")
+        lines.append(f"| {e['target']} | {e['metric']} | " + " | ".join(cells) + f" | {'-' if verdict is None else 'yes' if verdict else 'NO'} |")
+    lines.append("")
+    for m in methods[1:]:
+        judged = [e["relsql_at_least"][m] for e in summary if m in e["relsql_at_least"]]
+        lines.append(f"relsql default >= {m} (within one std of relsql): {sum(judged)} of {len(judged)} targets")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- driver
+def _json_arg(text: str, name: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SystemExit(f"--{name} must be a JSON object, e.g. '{{\"width\": 32}}': {err}") from None
+    if not isinstance(value, dict):
+        raise SystemExit(f"--{name} must be a JSON object, got {text!r}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m bench.quality", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help=f"{len(QUICK_TARGETS)} targets x seeds 0 1 (about 5 minutes)")
+    parser.add_argument("--seeds", nargs="*", type=int, default=None)
+    parser.add_argument("--targets", nargs="*", default=None)
+    parser.add_argument("--auto", default="{}", help="Template.auto keyword arguments, JSON")
+    parser.add_argument("--fit", default="{}", help="Model.fit keyword arguments, JSON")
+    parser.add_argument("--peer", default="{}", help="bench/rdl_peer.run keyword arguments, JSON")
+    parser.add_argument("--scale", type=float, default=1.0, help="rows per table, times this")
+    parser.add_argument("--json", default=None, help="write every number here")
+    parser.add_argument("--out", default="out/bench/quality", help="folder of the generated database files")
+    args = parser.parse_args(argv)
+    auto, fit, peer = _json_arg(args.auto, "auto"), _json_arg(args.fit, "fit"), _json_arg(args.peer, "peer")
+    seeds = args.seeds if args.seeds is not None else ([0, 1] if args.quick else [0, 1, 2, 3, 4])
+    everything = relgen.all_targets(0, args.scale)
+    names = args.targets or (QUICK_TARGETS if args.quick else list(everything))
+    unknown = [n for n in names if n not in everything]
+    if unknown:
+        raise SystemExit(f"unknown targets {unknown}; known: {', '.join(everything)}")
+    warnings.simplefilter("ignore")
+    import torch
+
+    torch.set_num_threads(1)
+    print(f"targets {names}, seeds {seeds}, auto {auto}, fit {fit}, peer {peer}, scale {args.scale}", flush=True)
+    rows: list[dict] = []
+    started = time.perf_counter()
+    for name in names:
+        db, target = everything[name]
+        path = relgen.write(db, Path(args.out) / f"{name.replace('.', '_')}.duckdb", name)
+        for seed in seeds:
+            got = run_one(db, target, path, seed, auto, fit, peer)
+            rows += got
+            print(f"{name} seed {seed}: " + ", ".join(f"{r['method']} {r['score']:.4f} ({r['seconds']:.1f} s)" for r in got), flush=True)
+    summary = summarize(rows)
+    print()
+    print(table(summary))
+    machine = f"{platform.node()}: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, python {platform.python_version()}, torch {torch.__version__}"
+    print(f"\n{machine}; total {time.perf_counter() - started:.0f} s")
+    result = {"settings": {"auto": auto, "fit": fit, "peer": peer, "seeds": seeds, "targets": names, "scale": args.scale},
+              "machine": machine, "rows": rows, "summary": summary}
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+        print(f"wrote {args.json}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
