@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 import warnings
+import zlib
 from collections import Counter
 
 import numpy as np
@@ -272,3 +274,73 @@ def test_infinite_values_are_refused(db):
     db.execute("UPDATE t SET a = 'inf'::DOUBLE WHERE id = 5")
     with pytest.raises(relsql.SchemaError, match="infinite"):
         compiled(db, "ple(t.a, 4)")
+
+
+# -- text ------------------------------------------------------------------------------------------
+def naive_text_ids(value: str | None, buckets: int, length: int) -> list[int]:
+    """Words (runs of letters, digits, _; lower case), then each `<word>`'s 3-grams, CRC-32 hashed."""
+    if value is None:
+        return []
+    words = re.findall(r"\w+", value.lower())
+    grams = [("<" + w + ">")[i:i + 3] for w in words for i in range(len(w))]
+    names = ["w " + w for w in words] + ["g " + g for g in grams]
+    return [zlib.crc32(n.encode("utf-8")) % buckets for n in names][:length]
+
+
+def naive_text(values: list, table: np.ndarray, buckets: int, length: int) -> np.ndarray:
+    out = np.zeros((len(values), table.shape[1]))
+    for r, value in enumerate(values):
+        ids = naive_text_ids(value, buckets, length)
+        if ids:
+            out[r] = sum(table[i] for i in ids) / len(ids)
+    return out
+
+
+@pytest.fixture
+def texts():
+    db = relsql.connect()
+    db.execute("CREATE TABLE t(id INT PRIMARY KEY, note VARCHAR, y BOOLEAN)")
+    db.execute("""INSERT INTO t SELECT i, CASE WHEN i % 13 = 0 THEN NULL WHEN i % 17 = 0 THEN '!!' ELSE
+                  concat_ws(' ', ['red', 'Blue', 'green', 'ÉTÉ'][i % 4 + 1], 'item_' || (i % 7), ['a', 'bb'][i % 2 + 1]) END,
+                  i % 4 = 0 FROM range(1, 70) r(i)""")
+    yield db
+    db.con.close()
+
+
+def test_text_is_the_mean_of_hashed_word_and_trigram_vectors(texts):
+    net = compiled(texts, "text(t.note, 4, 'tx', buckets=97, tokens=9)")
+    table = net.named_weights()["tx"].detach().numpy()
+    assert table.shape == (98, 4)
+    values = column(texts, "note")
+    got = net()["f"].detach().numpy()
+    assert np.allclose(got, naive_text(values, table, 97, 9), rtol=0, atol=1e-12)
+    assert not got[[v is None or v == "!!" for v in values]].any()  # no words: a zero vector
+
+
+TEXT_MODEL = "CREATE TABLE f AS SELECT t.id, linear(tanh(text(t.note, 5, 'tx', buckets=61)), 1, 'out') AS h FROM t;"
+
+
+def test_text_in_mini_batches_and_a_saved_model_equals_naive(texts, tmp_path):
+    def build(**kwargs):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return relsql.Model(texts, relsql.Template.from_sql(TEXT_MODEL), "t.y", dtype=torch.float64, progress=False,
+                                **kwargs)
+
+    full, batched = build(), build(batch_size=8)
+    weights = full.net.named_weights()
+    hidden = np.tanh(naive_text(column(texts, "note"), weights["tx"].detach().numpy(), 61, 128))
+    expected = 1 / (1 + np.exp(-(hidden @ weights["out"].detach().numpy().T)[:, 0]))
+    for m in (full, batched, relsql.Model.load(full.save(tmp_path / "t.relsql"), texts, batch_size=5)):
+        assert np.allclose(m.predict()["probability"].to_numpy(), expected, rtol=0, atol=1e-10)
+
+
+def test_text_of_a_number_is_refused(db):
+    with pytest.raises(relsql.SchemaError, match=r"text\(t.a\) needs a text column"):
+        compiled(db, "text(t.a, 4)")
+
+
+@pytest.mark.parametrize("expression", ["text(t.c)", "text(t.c, 0)", "text(t.c, 4, colour=3)", "text(t.c, 4, tokens=5000)"])
+def test_bad_text_arguments_are_template_errors(expression):
+    with pytest.raises(relsql.TemplateError):
+        relsql.Template.from_sql(f"CREATE TABLE f AS SELECT t.id, {expression} FROM t;")

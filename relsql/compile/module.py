@@ -29,6 +29,10 @@ def _initial(spec, dtype: torch.dtype, generator: torch.Generator | None) -> tor
         return torch.ones(spec.shape, dtype=dtype)
     if spec.kind == "embed":
         return torch.randn(spec.shape, dtype=dtype, generator=generator)
+    if spec.kind == "text":  # the last row is padding, never read
+        table = torch.randn(spec.shape, dtype=dtype, generator=generator)
+        table[-1] = 0.0
+        return table
     if spec.kind == "datalog":
         return torch.rand(spec.shape, dtype=dtype, generator=generator) * 2 - 1
     fan_in = spec.shape[-1] if spec.shape else 1

@@ -153,6 +153,17 @@ def _dropout(attrs: dict) -> Kernel:
     return run
 
 
+def _bag(attrs: dict) -> Kernel:
+    """The mean of a row's bucket vectors, padding (id `pad`, the table's last row) left out: a row
+    of only padding is a zero vector."""
+    pad = attrs["pad"]
+
+    def run(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        ids = ids.reshape(ids.shape[0], -1)
+        return torch.nn.functional.embedding_bag(ids, weight, mode="mean", padding_idx=pad)
+    return run
+
+
 def is_random(kind: str) -> bool:
     """Whether ops of this kind draw random numbers (passes leave them where they are)."""
     found = OPS.get(kind)
@@ -216,6 +227,8 @@ OPS: dict[str, OpKind] = {
     "weight_rows": OpKind(_weight_rows),
     # (x, gain, bias): each row normalized over its elements, then gain * x + bias
     "layer_norm": OpKind(_layer_norm, describe=lambda a, op, plan: f"layer_norm({a[0]}) * {a[1]} + {a[2]}"),
+    # (table, ids): the mean of each row's vectors, padding left out (text(...))
+    "bag": OpKind(_bag, rows=_second, describe=lambda a, op, plan: f"mean({a[0]}[{a[1]} != {op.attrs['pad']}])"),
     "dropout": OpKind(_dropout, random=True, describe=lambda a, op, plan: f"dropout({a[0]}, p={op.attrs['p']:g})"),
     "as_row": OpKind(lambda attrs: lambda x: x.reshape(1, -1) if x.dim() <= 1 else x.unsqueeze(0),
                      rows=lambda args, attrs: 1, describe=lambda a, op, plan: a[0]),

@@ -327,6 +327,10 @@ class _RuleContext:
         if isinstance(expr, ir.Encode):
             data = torch.cat([self.columns[c] for c in expr.columns], dim=1)  # encoded in SQL
             return self.tensor(f"encode_{expr.kind}{expr.columns}", data.to(b.dtype)), "g"
+        if isinstance(expr, ir.Text):
+            weight = b._param(expr.weight, None, note)
+            ids = self.tensor(f"text{expr.column}", self.columns[expr.column].to(torch.int64))  # exact integers
+            return b._emit("bag", (weight, ids), note, pad=expr.buckets), "g"
         if isinstance(expr, ir.LayerNorm):
             x, level = self.compile(expr.arg)
             width = tuple(b.plan.meta[x].shape[1:])

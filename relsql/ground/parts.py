@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 import sqlglot.expressions as exp
 
 from relsql.errors import GroundingError, RelsqlError, SchemaError
+from relsql.ground import text as hashing
 from relsql.template import ir
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -112,6 +113,12 @@ def column_values(column: pa.ChunkedArray | pa.Array, rule: ir.Rule, k: int, emb
             column = pc.fill_null(column, -1)
         return np.asarray(column.to_numpy(zero_copy_only=False)).astype(np.int64, copy=False)
     kind = column.type
+    text = next((e for e in ir.walk(rule.expr) if isinstance(e, ir.Text) and e.column == k), None)
+    if text is not None:
+        if not (hashing.is_text(kind) or pa.types.is_null(kind)):
+            raise SchemaError(f"{rule.head}, {rule.origin}: text({column_label(rule, k)}) needs a text column, got {kind}; "
+                              "use features(...) for numbers or embed(...) for codes")
+        return hashing.hashed(column.to_pylist(), text.buckets, text.tokens)
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
         return _vectors(column, rule, k)
     if pa.types.is_boolean(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind):

@@ -167,6 +167,18 @@ class Encode(Expr):
 
 
 @dataclass(frozen=True)
+class Text(Expr):
+    """A text column as the mean of learnable vectors (the rows of weight `weight`, `buckets` + 1
+    of them, the last a padding row) of its hashed words and character 3-grams, at most `tokens`
+    of them per value (relsql/ground/text.py)."""
+
+    weight: str
+    column: int
+    buckets: int
+    tokens: int
+
+
+@dataclass(frozen=True)
 class LayerNorm(Expr):
     """Each row's vector normalized to mean 0 and variance 1, then scaled by the weight `gain`
     and shifted by the weight `bias` (both as wide as the vector)."""

@@ -22,6 +22,8 @@ _ACTIVATION_FUNCS = {"relu", "sigmoid", "leaky_relu", "identity", "softmax", "ta
 _TYPED_ACTIVATIONS = {exp.Tanh: "tanh", exp.Exp: "exp", exp.Ln: "log", exp.Log: "log"}
 _AGGREGATES = {exp.Sum: "sum", exp.Avg: "avg", exp.Max: "max", exp.Min: "min", exp.Count: "count"}
 _BINARY = {exp.Add: "+", exp.Sub: "-", exp.Mul: "*"}
+TEXT_BUCKETS = 2**16  # text(...)'s default number of hash buckets (rows of its table, plus a padding row)
+TEXT_TOKENS = 128  # text(...)'s default most tokens per value: its words first, then their 3-grams
 _OPEN = {TokenType.L_PAREN, TokenType.L_BRACKET, TokenType.L_BRACE}
 _CLOSE = {TokenType.R_PAREN, TokenType.R_BRACKET, TokenType.R_BRACE}
 _KEYWORD_JOIN = "relsql_keyword_join"
@@ -390,7 +392,7 @@ class _Statement:
         if isinstance(node, exp.Anonymous):
             return self._function(node, node.name.lower(), list(node.expressions), inside_agg)
         raise self.fail(
-            "not a neural expression: use linear, embed, features, ple, calendar, bias, layer_norm, dropout, + - *, numbers, "
+            "not a neural expression: use linear, embed, features, ple, calendar, text, bias, layer_norm, dropout, + - *, numbers, "
             "activations (relu tanh sigmoid identity leaky_relu gelu exp log softmax), sum_per_head, "
             "aggregates (sum avg max min count attention) or concat", node)
 
@@ -427,6 +429,29 @@ class _Statement:
         if storage == "database":
             raise self.fail("min_count= is for embeddings kept in memory; leave out storage='database' or min_count", node)
         return self._int_arg(node, [value], 0, "embed's min_count")
+
+    def _text(self, node: exp.Expression, args: list) -> ir.Expr:
+        """text(t.c, d [, 'name'] [, buckets=N] [, tokens=L]): hashed words and character 3-grams."""
+        keywords, rest = {}, []
+        for arg in args:
+            if isinstance(arg, exp.EQ) and isinstance(arg.this, exp.Column) and not arg.this.table:
+                keywords[arg.this.name.lower()] = arg.expression
+            elif isinstance(arg, exp.PropertyEQ | exp.Kwarg):
+                keywords[arg.this.name.lower()] = arg.expression
+            else:
+                rest.append(arg)
+        usage = ("text(table.column, width [, 'name'] [, buckets=N] [, tokens=L]) averages learnable vectors of a "
+                 "text column's hashed words and character 3-grams")
+        if set(keywords) - {"buckets", "tokens"} or len(rest) < 2 or not isinstance(rest[0], exp.Column) \
+                or rest[0].table in self.neural:
+            raise self.fail(usage, node)
+        width = self._int_arg(node, rest, 1, "text's width")
+        buckets = self._int_arg(node, [keywords["buckets"]], 0, "text's buckets") if "buckets" in keywords else TEXT_BUCKETS
+        tokens = self._int_arg(node, [keywords["tokens"]], 0, "text's tokens") if "tokens" in keywords else TEXT_TOKENS
+        if tokens > 4096:
+            raise self.fail(f"text's tokens must be at most 4096, got {tokens}", node)
+        name = self._weight("text", (buckets + 1, width), self._name_arg(node, rest, 2), node)
+        return ir.Text(name, self._column(rest[0], role=f"text {name} {tokens}"), buckets, tokens)
 
     def _layer_norm(self, node: exp.Expression, args: list, inside_agg: bool) -> ir.Expr:
         """layer_norm(x [, 'name']): weights '<name>.gain' (ones) and '<name>.bias' (zeros)."""
@@ -536,6 +561,8 @@ class _Statement:
             return ir.Features(tuple(self._column(a, role="features") for a in args))
         if fn in ("ple", "calendar"):
             return self._encoded(node, fn, args)
+        if fn == "text":
+            return self._text(node, args)
         if fn == "layer_norm":
             return self._layer_norm(node, args, inside_agg)
         if fn == "dropout":
@@ -557,7 +584,7 @@ def _check_aggregated(expr: ir.Expr, statement: _Statement) -> None:
     """In a grouped statement every per-grounding leaf must sit under an aggregate."""
     if isinstance(expr, ir.Agg):
         return
-    if isinstance(expr, (ir.Ref, ir.Column, ir.Features, ir.Encode, ir.Embed)):
+    if isinstance(expr, (ir.Ref, ir.Column, ir.Features, ir.Encode, ir.Embed, ir.Text)):
         raise statement.fail(
             "in a GROUP BY statement every neural value and column must be inside an aggregate "
             "(sum, avg, max, min); wrap it, or compute it in a separate relation")
