@@ -136,7 +136,9 @@ def _metric(kind: str, out: np.ndarray, y: np.ndarray, scale: float) -> dict[str
 
 def select_score(kind: str, scores: dict[str, float]) -> float:
     """Higher is better: ROC-AUC, accuracy, or -MAE."""
-    return {"binary": scores["roc_auc"], "multiclass": scores["accuracy"], "regression": -scores["mae"] if "mae" in scores else 0}[kind]
+    if kind == "binary":
+        return scores["roc_auc"]
+    return scores["accuracy"] if kind == "multiclass" else -scores["mae"]
 
 
 def run(db, target, rows: dict[str, np.ndarray], seed: int, *, width: int = 64, layers: int = 2, dropout: float = 0.1,
