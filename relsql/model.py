@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import polars as pl
 import torch
 
@@ -25,11 +26,14 @@ from relsql.ground.demand import database_embeddings
 from relsql.template.ir import Template
 from relsql.train import build, distributed, gradients, results, saved
 from relsql.train import checkpoint as checkpoints
+from relsql.train import refit as refits
 from relsql.train.report import LOSSES, plot_history, text_report
 from relsql.train.threads import torch_threads
 from relsql.train.trainer import OneProcess, Trainer
 
 log = logging.getLogger("relsql")
+# fit()'s defaults, chosen by measurement (docs in fit's docstring; figures in the commit that set them)
+EPOCHS, LR, PATIENCE, TIME_BUDGET = 300, 0.01, 50, 60.0
 # the names older code and tests used for the learner's members
 _FORMER = {"_outputs": "outputs", "_weights_copy": "weights_copy", "_restore_weights": "restore_weights"}
 
@@ -112,23 +116,41 @@ class Model:
         raise AttributeError(f"'Model' object has no attribute {name!r}")
 
     @_with_threads
-    def fit(self, epochs: int = 100, batch_size: int | None = None, lr: float = 0.01, patience: int = 20,
-            weight_decay: float = 0.0, *, checkpoint: str | Path | None = None, resume: bool = False,
-            checkpoint_every: int | None = None, callback=None, workers: int = 1) -> Model:
-        """Adam on the training rows; keeps the weights of the best validation loss.
+    def fit(self, epochs: int = EPOCHS, batch_size: int | None = None, lr: float = LR, patience: int = PATIENCE,
+            weight_decay: float = 0.0, *, schedule: str | None = "cosine", warmup: float = 0.05, clip: float | None = 1.0,
+            monitor: str = "auto", time_budget: float | None = TIME_BUDGET, loss: str | None = None,
+            class_weight: str | None = None, refit: bool = False, checkpoint: str | Path | None = None,
+            resume: bool = False, checkpoint_every: int | None = None, callback=None, workers: int = 1) -> Model:
+        """AdamW on the training rows; keeps the weights of the epoch with the best validation score.
+
+        Training stops at whichever comes first: `epochs`, `time_budget` seconds (None: no limit;
+        checked after each epoch), or `patience` epochs without a better validation score
+        (`model.stopped` says which). `schedule`: "cosine" (linear warm-up over `warmup` of the
+        steps, then cosine decay to 0 over the epoch budget), "plateau" (the rate halves after
+        patience/4 epochs without improvement) or None (constant `lr`). `clip`: the largest norm
+        of the dense weights' gradient (None: unclipped). `monitor`: the validation score model
+        selection and early stopping compare: "auto" is ROC-AUC (binary), accuracy (multi-class)
+        or MAE (regression), as RelBench selects; "loss", or another of the task's metrics; the
+        loss breaks ties and stands in where the metric is undefined. `loss` (regression):
+        "huber" (default; delta 1 on the standardized target), "mse" or "mae". `class_weight`
+        (classification): "balanced" weighs each row's loss by n / (classes x its class's count
+        among the training rows). `refit=True`: after selection, train again from the same
+        initial weights on training + validation rows for the selected number of epochs
+        (`model.refit` says so; validation scores are then no longer held out).
 
         `batch_size` (default: the model's) trains on mini-batches, the next one prepared in the
         background (time waiting in `timings["waiting_on_database"]`); without it every step is
         full-batch. `checkpoint`: a file written atomically after every epoch (and every
-        `checkpoint_every` batches); `resume=True` continues from it. `callback(info)` is called
-        after every step with epoch, batch, batches and loss; an exception from it (or Ctrl-C)
-        stops training with the database consistent. `workers=N` trains data-parallel on N
-        processes (the steps of one process; relsql/train/distributed.py). Under torchrun (RANK
-        and WORLD_SIZE set), fit() trains as this process's rank instead."""
+        `checkpoint_every` batches); `resume=True` continues from it, schedule included.
+        `callback(info)` is called after every step with epoch, batch, batches and loss; an
+        exception from it (or Ctrl-C) stops training with the database consistent. `workers=N`
+        trains data-parallel on N processes (the steps of one process; relsql/train/distributed.py).
+        Under torchrun (RANK and WORLD_SIZE set), fit() trains as this process's rank instead."""
         epochs = arguments.integer("epochs", epochs)
         lr = arguments.number("lr", lr, positive=True)
         patience = arguments.integer("patience", patience, minimum=0)
         weight_decay = arguments.number("weight_decay", weight_decay, minimum=0.0)
+        options = self._options(schedule, warmup, clip, monitor, time_budget, loss, class_weight)
         if batch_size is not None:
             batch_size = arguments.integer("batch_size", batch_size)
         if checkpoint_every is not None:
@@ -140,13 +162,18 @@ class Model:
         if len(self.rows["train"]) == 0:
             raise RelsqlError(f"no labelled target rows to train on in {self.target}")
         workers = arguments.integer("workers", workers, maximum=1024)
+        if not isinstance(refit, bool):
+            raise RelsqlError(f"refit must be True or False, got {refit!r}")
         learner, common = self.learner, (epochs, batch_size, lr, patience, weight_decay, checkpoint, checkpoint_every, resume)
+        if refit:
+            refits.check(learner, workers)
+        learner.refit = None
         if distributed.launched_by_torchrun():  # this process is one rank of a torchrun group
             world = int(os.environ["WORLD_SIZE"])
-            if workers not in (1, world) or callback is not None:
-                raise RelsqlError(f"under torchrun, fit() trains as one of its {world} ranks: pass no callback, and "
+            if workers not in (1, world) or callback is not None or refit:
+                raise RelsqlError(f"under torchrun, fit() trains as one of its {world} ranks: pass no callback nor refit, and "
                                   f"workers=1 or workers={world} (torchrun's --nproc_per_node x --nnodes)")
-            distributed.fit_as_rank(learner, *common)
+            distributed.fit_as_rank(learner, *common, options=options)
             return self
         swapped = sorted(database_embeddings(self.template)) if not self.db.transactional else []
         if workers > 1 or swapped:  # an engine without transactions trains its stored embeddings on ranks only
@@ -157,20 +184,64 @@ class Model:
             if workers == 1:
                 log.info("%s has no transactions: training embeddings %s on one rank, which writes them back whole",
                          self.db.description, swapped)
-            distributed.fit(learner, workers, *common, threads=self.threads)
+            distributed.fit(learner, workers, *common, threads=self.threads, options=options)
             return self
         batch_size = batch_size if batch_size is not None else learner.settings.batch_size
         state = checkpoints.load(checkpoint) if resume and checkpoint is not None and Path(checkpoint).exists() else None
-        trainer = Trainer(learner, OneProcess(), epochs=epochs, batch_size=batch_size, lr=lr, patience=patience,
-                          weight_decay=weight_decay, checkpoint=checkpoint, checkpoint_every=checkpoint_every, callback=callback)
-        diverged = trainer.fit(learner.mini_batches or batch_size is not None, state)
+        initial = learner.weights_copy() if refit else None
+        diverged = self._train(epochs, batch_size, lr, patience, weight_decay, options, checkpoint=checkpoint,
+                               checkpoint_every=checkpoint_every, callback=callback, resume=state)
+        if not diverged and refit:
+            diverged = refits.retrain(learner, initial, lambda n: self._train(
+                n, batch_size, lr, patience, weight_decay, {**options, "time_budget": None}, callback=callback,
+                keep="last", horizon=epochs))
         if diverged:
             raise RelsqlError(diverged) from None
         return self
 
+    def _options(self, schedule, warmup, clip, monitor, time_budget, loss, class_weight) -> dict:
+        """fit()'s convergence settings checked, as the Trainer's keyword arguments (and the loss's)."""
+        task = self.task
+        arguments.choice("schedule", schedule, ("cosine", "plateau", None))
+        warmup = arguments.number("warmup", warmup, minimum=0.0)
+        if warmup >= 1:
+            raise RelsqlError(f"warmup is the share of the steps spent warming up, below 1; got {warmup!r}")
+        if clip is not None:
+            clip = arguments.number("clip", clip, positive=True)
+        if time_budget is not None:
+            time_budget = arguments.number("time_budget", time_budget, positive=True)
+        metrics = ("loss", *task.scores(np.zeros((2, task.units)), np.zeros(2)))
+        arguments.choice("monitor", monitor, ("auto", *metrics))
+        if task.kind == "regression":
+            loss = arguments.choice("loss", "huber" if loss is None else loss, ("huber", "mse", "mae"))
+            if class_weight is not None:
+                raise RelsqlError(f"class_weight weighs classes, but {self.target} is a regression target: drop class_weight=")
+        elif loss is not None:
+            raise RelsqlError(f"loss= chooses a regression loss; {self.target} is {task.kind} (cross-entropy): drop loss=")
+        arguments.choice("class_weight", class_weight, ("balanced", None))
+        task.regression_loss = loss or task.regression_loss
+        task.class_weights = None
+        if class_weight == "balanced":
+            task.balance(self.y[self.rows["train"]].cpu().numpy())
+        return {"optimizer": "adamw", "schedule": schedule, "warmup": warmup, "clip": clip, "time_budget": time_budget,
+                "monitor": task.selects_on if monitor == "auto" else monitor,
+                "regression_loss": task.regression_loss, "class_weights": task.class_weights}
+
+    def _train(self, epochs: int, batch_size: int | None, lr: float, patience: int, weight_decay: float, options: dict,
+               **more) -> str | None:
+        """One Trainer's fit in this process: the message of a diverged loss, else None."""
+        learner, resume = self.learner, more.pop("resume", None)
+        settings = {k: v for k, v in options.items() if k not in ("regression_loss", "class_weights")}
+        trainer = Trainer(learner, OneProcess(), epochs=epochs, batch_size=batch_size, lr=lr, patience=patience,
+                          weight_decay=weight_decay, **settings, **more)
+        return trainer.fit(learner.mini_batches or batch_size is not None, resume)
+
     @_with_threads
     def evaluate(self, split: str = "test") -> dict[str, float]:
         """Metrics on a split: accuracy, ROC-AUC, F1 (classification) or MAE, RMSE (regression)."""
+        if split == "test" and split in self.rows and not len(self.rows["test"]) and self.fractions[2] == 0:
+            raise RelsqlError(f"this model has no test split (split={tuple(self.fractions)} gives the test part 0): "
+                              "evaluate('val') scores the validation rows, or build the Model with a test part in split=")
         return results.evaluate(self.learner, split)
 
     @_with_threads

@@ -323,3 +323,115 @@ def test_a_torchrun_rank_reports_its_own_phase_times(tmp_path):
         for phase in ("epochs", "compute", "all_reduce", "validation", "waiting_on_store", "training"):
             assert phase in timings, (rank, phase, timings)
         assert 0 < timings["compute"] <= timings["epochs"] <= timings["training"], (rank, timings)
+
+
+# -- convergence settings (issue #29): AdamW, warm-up + cosine, clipping, selection on a metric -----
+def closed_form_rate(lr: float, step: int, total: int, warm: int) -> float:
+    """The rate of step `step` (0-based): linear warm-up over `warm` steps, then cosine decay to 0."""
+    if step < warm:
+        return lr * (step + 1) / warm
+    return lr * 0.5 * (1 + np.cos(np.pi * (step - warm) / (total - warm)))
+
+
+def scheduled_reference(m: relsql.Model, epochs: int, lr: float, batch_size: int, warm: int, clip: float | None,
+                        weight_decay: float) -> dict:
+    """A plain torch loop: AdamW, each step's rate from the closed form, the gradient's norm
+    clipped to `clip` before the step; returns the last epoch's weights."""
+    learner = m.learner
+    net, head, output = m.net, learner.head, learner.output
+    params = [p for p in [*net.parameters(), *head.parameters()] if p.requires_grad]
+    adamw = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    labelled, y, train_rows = learner.labelled, learner.y, learner.rows["train"]
+    steps_per_epoch = -(-len(train_rows) // batch_size)
+    total, step = epochs * steps_per_epoch, 0
+    for epoch in range(epochs):
+        shuffled = train_rows[np.random.default_rng([m.seed, epoch]).permutation(len(train_rows))]
+        for i in range(0, len(shuffled), batch_size):
+            chunk = shuffled[i:i + batch_size]
+            adamw.zero_grad()
+            value = net()[output]
+            logits = head(value.reshape(value.shape[0], -1))[torch.as_tensor(labelled[chunk]), 0]
+            F.binary_cross_entropy_with_logits(logits, y[torch.as_tensor(chunk)]).backward()
+            if clip is not None:
+                norm = torch.sqrt(sum((p.grad ** 2).sum() for p in params if p.grad is not None))
+                scale = min(1.0, clip / (float(norm) + 1e-6))
+                for p in params:
+                    if p.grad is not None:
+                        p.grad.mul_(scale)
+            for group in adamw.param_groups:
+                group["lr"] = closed_form_rate(lr, step, total, warm)
+            adamw.step()
+            step += 1
+    return weights(m)
+
+
+@pytest.mark.parametrize("clip", [None, 0.05], ids=["unclipped", "clipped"])
+def test_adamw_cosine_and_clipping_take_the_steps_of_a_plain_torch_loop(clip):
+    db = customers()
+    epochs, lr, size, decay = 5, 0.05, 50, 0.1
+    trained, plain = model(db, batch_size=size), model(db)
+    trainer = Trainer(trained.learner, OneProcess(), epochs=epochs, batch_size=size, lr=lr, patience=1000,
+                      weight_decay=decay, optimizer="adamw", schedule="cosine", warmup=0.1, clip=clip, keep="last")
+    assert trainer.fit(batched=True) is None
+    steps = epochs * -(-len(trained.rows["train"]) // size)
+    warm = round(0.1 * steps)
+    expected = scheduled_reference(plain, epochs, lr, size, warm, clip, decay)
+    assert_same_weights(weights(trained), expected)
+    for record in trained.history:  # the rate the next step gets, after each epoch
+        done = (record["epoch"] + 1) * steps // epochs
+        assert record["lr"] == pytest.approx(closed_form_rate(lr, done, steps, warm), abs=1e-12)
+    if clip is not None:  # clipping changed the steps: the unclipped loop ends elsewhere
+        unclipped = scheduled_reference(model(db), epochs, lr, size, warm, None, decay)
+        assert max(float((expected[n] - unclipped[n]).abs().max()) for n in expected) > 1e-4
+
+
+def test_a_checkpoint_resumes_the_schedule_to_the_uninterrupted_weights(tmp_path):
+    db, path = customers(), tmp_path / "run.ckpt"
+    epochs, lr, size = 4, 0.05, 50
+    settings = dict(optimizer="adamw", schedule="cosine", warmup=0.2, clip=0.5, monitor="roc_auc")
+    whole = model(db, batch_size=size)
+    train(whole, epochs, lr, size, **settings)
+
+    def interrupt(info):
+        if (info["epoch"], info["batch"]) == (2, 1):
+            raise Stop
+
+    interrupted = model(db, batch_size=size)
+    trainer = Trainer(interrupted.learner, OneProcess(), epochs=epochs, batch_size=size, lr=lr, patience=1000,
+                      weight_decay=0.0, checkpoint=path, checkpoint_every=2, callback=interrupt, **settings)
+    with pytest.raises(Stop):
+        trainer.fit(batched=True)
+    state = checkpoints.load(path)
+    assert state["schedule"]["step"] == 2 * 4 + 2  # 4 batches an epoch: two epochs and two batches taken
+    resumed = model(db, batch_size=size)
+    trainer = Trainer(resumed.learner, OneProcess(), epochs=epochs, batch_size=size, lr=lr, patience=1000,
+                      weight_decay=0.0, checkpoint=path, checkpoint_every=2, **settings)
+    assert trainer.fit(batched=True, resume=state) is None
+    assert_same_weights(weights(resumed), weights(whole))
+    assert resumed.best_epoch == whole.best_epoch
+    assert [h["lr"] for h in resumed.history] == pytest.approx([h["lr"] for h in whole.history], abs=1e-15)
+
+
+def test_selection_picks_the_best_metric_where_the_loss_disagrees():
+    """Validation ROC-AUC best at epoch 1, validation loss best at epoch 3: the metric decides;
+    equal AUCs fall to the loss; an undefined AUC ranks below any defined one."""
+    learner = model(customers()).learner
+    records = [{"val_loss": 0.70, "val_roc_auc": 0.80}, {"val_loss": 0.60, "val_roc_auc": 0.95},
+               {"val_loss": 0.50, "val_roc_auc": 0.90}, {"val_loss": 0.40, "val_roc_auc": 0.91},
+               {"val_loss": 0.30, "val_roc_auc": float("nan")}]
+    stopping = EarlyStopping(learner, patience=1000, metric="roc_auc")
+    for epoch, record in enumerate(records):
+        stopping.update(epoch, record)
+    assert learner.best_epoch == 1 and stopping.key == "val_roc_auc"
+    by_loss = EarlyStopping(learner, patience=1000)
+    for epoch, record in enumerate(records):
+        by_loss.update(epoch, record)
+    assert learner.best_epoch == 4
+    ties = EarlyStopping(learner, patience=1000, metric="roc_auc")
+    for epoch, record in enumerate([{"val_loss": 0.5, "val_roc_auc": 1.0}, {"val_loss": 0.3, "val_roc_auc": 1.0},
+                                    {"val_loss": 0.4, "val_roc_auc": 1.0}]):
+        ties.update(epoch, record)
+    assert learner.best_epoch == 1
+    mae = EarlyStopping(learner, patience=1, metric="mae")  # minimized; patience counts epochs without a better MAE
+    results = [mae.update(e, {"val_loss": 1.0 - e / 10, "val_mae": m}) for e, m in enumerate([0.5, 0.3, 0.4, 0.35])]
+    assert learner.best_epoch == 1 and results[-1] == (False, True)

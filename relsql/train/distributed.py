@@ -77,6 +77,7 @@ class Job:
     resume: dict | None = None
     started: float = 0.0  # time.time() when the parent started the ranks
     embeddings: dict[str, EmbeddingJob] = field(default_factory=dict)  # database-stored ones, sharded over the ranks
+    options: dict = field(default_factory=dict)  # the Trainer's convergence settings (optimizer, schedule, clip, ...) and the loss's
 
 
 # -- the parent: start the ranks, wait, take the result ------------------------------------------
@@ -87,7 +88,7 @@ def launched_by_torchrun() -> bool:
 
 def fit_as_rank(learner: Learner, epochs: int, batch_size: int | None, lr: float, patience: int, weight_decay: float,
                 checkpoint: Path | None = None, checkpoint_every: int | None = None, resume: bool = False,
-                timeout: float = 1800.0) -> None:
+                timeout: float = 1800.0, options: dict | None = None) -> None:
     """Train as this process's rank of a torchrun group (env://: RANK, WORLD_SIZE, MASTER_ADDR,
     MASTER_PORT): every rank built the same model on its own engine session, and reads its own or
     a shared grounding store; each ends with the same weights. Rank 0 writes the checkpoints."""
@@ -98,7 +99,8 @@ def fit_as_rank(learner: Learner, epochs: int, batch_size: int | None, lr: float
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     learner.ensure_batched()
     job = _job(learner, world, epochs, batch_size, lr, patience, weight_decay, checkpoint, checkpoint_every, resume, timeout,
-               model=None, store=(), init_method="env://", folder="", threads=torch.get_num_threads(), started=time.time())
+               model=None, store=(), init_method="env://", folder="", threads=torch.get_num_threads(), started=time.time(),
+               options=dict(options or {}))
     owned = not dist.is_initialized()
     strategy = Ranks(job, rank, None)
     try:
@@ -134,7 +136,7 @@ def _refuse(learner: Learner, workers: int) -> None:
 
 def fit(learner: Learner, workers: int, epochs: int, batch_size: int | None, lr: float, patience: int, weight_decay: float,
         checkpoint: Path | None = None, checkpoint_every: int | None = None, resume: bool = False,
-        timeout: float = 1800.0, threads: int | None = None) -> None:
+        timeout: float = 1800.0, threads: int | None = None, options: dict | None = None) -> None:
     """Train `learner` on `workers` ranks; its weights, history and best epoch become rank 0's.
     `timeout`: seconds a rank waits for the others in a collective before giving up."""
     _refuse(learner, workers)
@@ -143,7 +145,7 @@ def fit(learner: Learner, workers: int, epochs: int, batch_size: int | None, lr:
         job = _job(learner, workers, epochs, batch_size, lr, patience, weight_decay, checkpoint, checkpoint_every, resume,
                    timeout, model=ModelState.of(learner, labels=True), store=store.detach(),
                    init_method=f"tcp://127.0.0.1:{_free_port()}", folder=folder,
-                   threads=threads or max(1, default_threads() // workers))
+                   threads=threads or max(1, default_threads() // workers), options=dict(options or {}))
         job.embeddings = write_back.export(learner, folder, job.resume)
         if job.embeddings and job.resume is not None:
             _check_shards(job)
@@ -156,6 +158,7 @@ def fit(learner: Learner, workers: int, epochs: int, batch_size: int | None, lr:
     learner.head.load_state_dict(result["head"])
     learner.history = list(result["history"])
     learner.best_epoch, learner.stopped, learner.epoch_cap = result["best_epoch"], result["stopped"], epochs
+    learner.monitor, learner.time_budget = result.get("monitor"), (options or {}).get("time_budget")
     add_timings(learner, {**result["timings"], "training": time.perf_counter() - started})
     if result.get("diverged"):  # the ranks stopped at a NaN loss, with the best epoch's weights
         raise RelsqlError(result["diverged"])
@@ -269,7 +272,7 @@ def run_rank(job: Job, rank: int) -> dict | None:
     return {"weights": {n: p.detach().cpu() for n, p in learner.net.weights_by_name().items()},
             "head": {k: v.cpu() for k, v in learner.head.state_dict().items()},
             "history": learner.history, "best_epoch": learner.best_epoch, "stopped": learner.stopped,
-            "timings": strategy.clock, "diverged": diverged,
+            "monitor": learner.monitor, "timings": strategy.clock, "diverged": diverged,
             "embedding_updates": {} if shards is None else shards.updates}
 
 
@@ -291,8 +294,12 @@ def _train(learner: Learner, job: Job, rank: int, strategy: Ranks | None = None)
         dist.init_process_group("nccl" if learner.device.type == "cuda" else "gloo", init_method=job.init_method,
                                 rank=rank, world_size=job.world, timeout=timedelta(seconds=job.timeout))
     strategy.clock["rank_startup"] = time.time() - job.started
+    options = dict(job.options)
+    learner.task.regression_loss = options.pop("regression_loss", learner.task.regression_loss)
+    learner.task.class_weights = options.pop("class_weights", learner.task.class_weights)
     trainer = Trainer(learner, strategy, epochs=job.epochs, batch_size=job.batch_size, lr=job.lr, patience=job.patience,
-                      weight_decay=job.weight_decay, checkpoint=job.checkpoint, checkpoint_every=job.checkpoint_every)
+                      weight_decay=job.weight_decay, checkpoint=job.checkpoint, checkpoint_every=job.checkpoint_every,
+                      **options)
     learner.stopped = "epochs"
     diverged = trainer.fit(batched=True, resume=job.resume)
     strategy.clock.update({k: v for k, v in trainer.clock.items() if k != "waiting_on_store"})
@@ -351,6 +358,16 @@ class Ranks(OneProcess):
 
     def timings(self, trainer: Trainer) -> dict[str, float]:
         return {}
+
+    def agree(self, stop: bool) -> bool:
+        """Every rank stops if any would (each reads its own clock for the time budget)."""
+        flag = torch.tensor([1.0 if stop else 0.0], device=self.job_device())
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item() > 0)
+
+    def job_device(self) -> torch.device:
+        """Where collectives' tensors live: the GPU under NCCL, else the CPU."""
+        return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
 def _import_dynamo_first() -> None:

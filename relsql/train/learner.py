@@ -61,8 +61,12 @@ class Learner:
         self.history: list[dict] = []
         self.best_epoch: int | None = None
         self.timings: dict[str, float] = {}
-        self.stopped: str | None = None
+        self.stopped: str | None = None  # what ended training: "epochs", "time budget (..s)", "early (...)", "diverged (...)"
         self.epoch_cap: int | None = None
+        self.time_budget: float | None = None
+        self.monitor: str | None = None  # the history entry model selection compared, e.g. "val_roc_auc"
+        self.refit: dict | None = None  # after fit(refit=True): {"epochs": ..., "rows": ...} of the final retraining
+        self.hybrid = None  # a GBM blended with the network (relsql/train/hybrid.py), where one is picked
 
     # -- the target's names, read through -------------------------------------------------------
     target = property(lambda self: self.goal.name)

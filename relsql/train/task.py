@@ -20,6 +20,8 @@ class Task:
     classes: list = field(default_factory=list)  # original values, in label order
     mean: float = 0.0  # regression targets are standardized with the training rows' statistics
     std: float = 1.0
+    regression_loss: str = "mse"  # mse | mae | huber (delta 1 on the standardized target)
+    class_weights: list[float] | None = None  # per class (0/1 for binary), multiplying each row's loss
 
     @property
     def units(self) -> int:
@@ -27,8 +29,14 @@ class Task:
 
     @property
     def metric(self) -> str:
-        """The validation metric reported while training (early stopping uses the loss)."""
+        """The validation metric reported while training."""
         return {"binary": "roc_auc", "multiclass": "accuracy", "regression": "rmse"}[self.kind]
+
+    @property
+    def selects_on(self) -> str:
+        """The validation metric model selection and early stopping compare by default, as RelBench
+        selects: ROC-AUC (binary), accuracy (multi-class), MAE (regression)."""
+        return {"binary": "roc_auc", "multiclass": "accuracy", "regression": "mae"}[self.kind]
 
     def encode(self, values: list | pa.Array | pa.ChunkedArray) -> np.ndarray:
         """Target values → float labels (0/1, class index, or standardized number); -1 for an
@@ -48,11 +56,26 @@ class Task:
         return pc.fill_null(codes, -1).to_numpy(zero_copy_only=False).astype(np.float64)
 
     def loss(self, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The mean over rows of each row's loss (times its class's weight where weights are set):
+        a mean over rows, so the shares of a batch add up to the batch's loss on training ranks."""
+        if self.kind == "regression":
+            return REGRESSION_LOSSES[self.regression_loss](output[:, 0], y)
         if self.kind == "binary":
-            return F.binary_cross_entropy_with_logits(output[:, 0], y)
-        if self.kind == "multiclass":
-            return F.cross_entropy(output, y.long())
-        return F.mse_loss(output[:, 0], y)
+            each = F.binary_cross_entropy_with_logits(output[:, 0], y, reduction="none")
+        else:
+            each = F.cross_entropy(output, y.long(), reduction="none")
+        if self.class_weights is not None:
+            each = each * torch.as_tensor(self.class_weights, dtype=each.dtype, device=each.device)[y.long()]
+        return each.mean()
+
+    def balance(self, y: np.ndarray) -> None:
+        """Class weights n / (classes x count of the class) from the training rows' labels `y`
+        (scikit-learn's "balanced"): each class then weighs as much in the loss; a class absent
+        from the training rows gets weight 1."""
+        classes = 2 if self.kind == "binary" else len(self.classes)
+        counts = np.bincount(np.asarray(y, dtype=np.int64), minlength=classes).astype(np.float64)
+        weights = np.where(counts > 0, len(y) / (classes * np.maximum(counts, 1)), 1.0)
+        self.class_weights = [float(w) for w in weights]
 
     def decode(self, output: np.ndarray) -> tuple[list, np.ndarray | None]:
         """Raw outputs → (predictions as original values, class probabilities or None)."""
@@ -77,6 +100,13 @@ class Task:
                     "f1": metrics.f1(y, predicted)}
         predicted = output.argmax(1).astype(np.float64)
         return {"accuracy": metrics.accuracy(y, predicted), "f1": metrics.f1(y, predicted, len(self.classes))}
+
+
+REGRESSION_LOSSES = {
+    "mse": F.mse_loss,
+    "mae": F.l1_loss,
+    "huber": lambda output, y: F.huber_loss(output, y, delta=1.0),
+}
 
 
 def detect(column: pa.ChunkedArray, where: str, kind: str | None = None) -> Task:

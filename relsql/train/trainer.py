@@ -24,17 +24,22 @@ from relsql.train.batched import Batch
 from relsql.train.batches import batches
 from relsql.train.learner import Learner
 from relsql.train.saved import plain
+from relsql.train.schedule import LearningRate
 from relsql.train.source import BatchSource, Whole
 
 log = logging.getLogger("relsql")
 
 
-class Optimizers:
-    """Adam for the weights; with `embedding_optimizer`, in-memory embeddings get that one (the
-    update database-stored ones get in SQL). The one place an optimizer's kind is chosen."""
+MAXIMIZED = {"roc_auc", "accuracy", "f1"}  # the other monitored scores (loss, mae, rmse) are minimized
 
-    def __init__(self, learner: Learner, lr: float, weight_decay: float, build: bool = True):
-        self.learner, self.lr, self.weight_decay = learner, lr, weight_decay
+
+class Optimizers:
+    """Adam (`dense="adam"`) or AdamW (`"adamw"`: weight decay decoupled from the gradient) for the
+    weights; with `embedding_optimizer`, in-memory embeddings get that one (the update
+    database-stored ones get in SQL). The one place an optimizer's kind is chosen."""
+
+    def __init__(self, learner: Learner, lr: float, weight_decay: float, build: bool = True, dense: str = "adam"):
+        self.learner, self.lr, self.weight_decay, self.dense = learner, lr, weight_decay, dense
         self.all: list[torch.optim.Optimizer] = []
         if build:
             dense, sparse = self._parts([p for p in learner.parameters()])
@@ -43,9 +48,9 @@ class Optimizers:
                 self.all.append(self.kind(1)(sparse, lr=learner.settings.embedding_lr))
 
     def kind(self, index: int) -> type[torch.optim.Optimizer]:
-        """The first optimizer is Adam; the others train embeddings with the embedding optimizer."""
+        """The first optimizer is Adam or AdamW; the others train embeddings with the embedding optimizer."""
         if index == 0:
-            return torch.optim.Adam
+            return torch.optim.AdamW if self.dense == "adamw" else torch.optim.Adam
         return torch.optim.Adagrad if self.learner.settings.embedding_optimizer == "adagrad" else torch.optim.SGD
 
     def _parts(self, parameters: list[nn.Parameter]) -> tuple[list, list]:
@@ -70,6 +75,10 @@ class Optimizers:
         for optimizer in self.all:
             optimizer.step()
 
+    def dense_parameters(self) -> list[nn.Parameter]:
+        """The weights the first optimizer trains (gradient clipping bounds their norm)."""
+        return [p for group in self.all[0].param_groups for p in group["params"]] if self.all else []
+
     def state_dict(self) -> dict:
         names = {id(p): name for name, p in self.learner.weights_by_name().items()}
         return {"optimizers": [o.state_dict() for o in self.all],
@@ -86,26 +95,51 @@ class Optimizers:
 
 
 class EarlyStopping:
-    """The best epoch's loss and weights on the monitored split; stop after `patience` epochs without
-    improvement. `extra`: the strategy's copy of its embeddings at the best epoch."""
+    """Model selection and early stopping: the best epoch's score and weights on the monitored split
+    (validation, else training); stop after `patience` epochs without improvement. `metric`: the
+    score compared ("loss", or a task metric such as "roc_auc" or "mae" where validation rows
+    exist), the loss breaking ties and standing in where the metric is undefined (NaN).
+    `extra`: the strategy's copy of its embeddings at the best epoch."""
 
-    def __init__(self, learner: Learner, patience: int):
+    def __init__(self, learner: Learner, patience: int, metric: str = "loss"):
         self.learner, self.patience = learner, patience
         self.monitor = "val" if len(learner.rows["val"]) else "train"
-        self.loss, self.state, self.extra = float("inf"), None, None
+        self.metric = metric if self.monitor == "val" else "loss"
+        self.loss, self.score, self.state, self.extra = float("inf"), float("-inf"), None, None
 
-    def update(self, epoch: int, loss: float) -> tuple[bool, bool]:
-        """(improved, stop) after an epoch with monitored loss `loss`."""
-        if loss < self.loss - 1e-7:
-            self.loss, self.learner.best_epoch, self.state = loss, epoch, self.learner.weights_copy()
+    @property
+    def key(self) -> str:
+        """The history's entry compared: e.g. "val_roc_auc"."""
+        return f"{self.monitor}_{self.metric}"
+
+    def ranked(self, record: dict) -> tuple[float, float]:
+        """(score, -loss), larger better; an undefined score ranks below every defined one."""
+        loss = record[f"{self.monitor}_loss"]
+        if self.metric == "loss":
+            return -loss, -loss
+        value = record.get(self.key, float("nan"))
+        if value != value:  # NaN: the metric is undefined (one class only among the rows)
+            return float("-inf"), -loss
+        return (value if self.metric in MAXIMIZED else -value), -loss
+
+    def update(self, epoch: int, record: dict | float) -> tuple[bool, bool]:
+        """(improved, stop) after an epoch with record `record` (a bare number: the monitored loss)."""
+        record = record if isinstance(record, dict) else {f"{self.monitor}_loss": record}
+        score, loss = self.ranked(record)
+        better = score > self.score + 1e-7 or (score >= self.score - 1e-7 and loss > -self.loss + 1e-7)
+        if better:
+            self.score, self.loss = score, -loss
+            self.learner.best_epoch, self.state = epoch, self.learner.weights_copy()
             return True, False
         return False, epoch - self.learner.best_epoch >= self.patience
 
     def state_dict(self) -> dict:
-        return {"best_epoch": self.learner.best_epoch, "best_loss": float(self.loss), "best_state": self.state}
+        return {"best_epoch": self.learner.best_epoch, "best_loss": float(self.loss), "best_score": float(self.score),
+                "best_state": self.state}
 
     def load_state_dict(self, state: dict) -> None:
         self.learner.best_epoch, self.loss, self.state = state["best_epoch"], state["best_loss"], state["best_state"]
+        self.score = float(state.get("best_score", -self.loss))
 
 
 class Checkpoint:
@@ -170,35 +204,53 @@ class OneProcess:
     def timings(self, trainer: Trainer) -> dict[str, float]:
         return {"waiting_on_database": trainer.source.waited}
 
+    def agree(self, stop: bool) -> bool:
+        """Whether every process stops (one process: its own choice; ranks: any rank's, e.g. a time budget)."""
+        return stop
+
 
 class Trainer:
     """Trains a Learner: epochs of shuffled batches of the training rows, the best epoch kept."""
 
     def __init__(self, learner: Learner, strategy, *, epochs: int, batch_size: int | None, lr: float, patience: int,
                  weight_decay: float, checkpoint: str | Path | None = None, checkpoint_every: int | None = None,
-                 callback: Callable[[dict], None] | None = None):
+                 callback: Callable[[dict], None] | None = None, optimizer: str = "adam", schedule: str | None = None,
+                 warmup: float = 0.05, clip: float | None = None, monitor: str = "loss", time_budget: float | None = None,
+                 keep: str = "best", horizon: int | None = None):
+        """The defaults are the plain loop (Adam, constant rate, no clipping, the best loss kept);
+        Model.fit passes the ones that converge (AdamW, cosine, clipping, the task's metric).
+        `horizon`: the epochs the schedule spans (default `epochs`; a refit stops early on the
+        selection run's schedule). `keep="last"`: the last epoch's weights, not the best one's."""
         self.learner, self.strategy, self.epochs, self.batch_size = learner, strategy, epochs, batch_size
         self.lr, self.weight_decay, self.callback = lr, weight_decay, callback
+        self.optimizer, self.clip, self.time_budget, self.keep = optimizer, clip, time_budget, keep
+        self.rate = LearningRate(lr, schedule, warmup=warmup, patience=max(1, patience // 4))
+        self.horizon = horizon or epochs
         self.checkpointer = Checkpoint(checkpoint, checkpoint_every)
-        self.stopping = EarlyStopping(learner, patience)
+        self.stopping = EarlyStopping(learner, patience, monitor)
         self.optimizers: Optimizers | None = None
         self.source: BatchSource | None = None
         self.running = (0.0, 0)  # (loss x rows, rows) of the epoch so far, kept in mid-epoch checkpoints
         self.clock = {"epochs": 0.0, "waiting_on_store": 0.0, "compute": 0.0, "all_reduce": 0.0, "validation": 0.0}
         self.first_epoch = 0
+        self.started = 0.0
 
     def fit(self, batched: bool, resume: dict | None = None) -> str | None:
         """Train; the learner ends with the best epoch's weights. Returns the message of a loss
         that stopped being a number (the learner then holds the best weights so far), else None."""
         learner = self.learner
         self.source = self.strategy.source(learner, batched)
-        self.optimizers = Optimizers(learner, self.lr, self.weight_decay)
+        self.optimizers = Optimizers(learner, self.lr, self.weight_decay, dense=self.optimizer)
+        self.rate.plan(self.horizon * self.steps_per_epoch())
+        learner.monitor = self.stopping.key
         start_epoch = start_batch = 0
         started, last = time.perf_counter(), None
+        self.started = started
         try:
             if resume is not None:
                 start_epoch, start_batch = self.resume(resume)
             learner.epoch_cap, self.first_epoch = self.epochs, start_epoch
+            learner.time_budget = self.time_budget
             for epoch in self._bar(range(start_epoch, self.epochs), desc="training", unit="epoch"):
                 last = epoch
                 if self._epoch(epoch, start_batch if epoch == start_epoch else 0, started):
@@ -212,12 +264,19 @@ class Trainer:
             best = learner.best_epoch if self.stopping.state is not None else None
             return guards.diverged_message(err, self.lr, best, self.stopping.loss)
         finally:
+            learner.net.train(False)
             self.source.close()  # an update already running completes: the database stays at a step boundary
             for name, value in {**self.strategy.timings(self), "training": time.perf_counter() - started}.items():
                 learner.timings[name] = learner.timings.get(name, 0.0) + value
 
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps in one epoch: one full batch, or the global batches of the training rows."""
+        if self.source.full or not self.batch_size:
+            return 1
+        return -(-len(self.learner.rows["train"]) // self.batch_size)
+
     def _epoch(self, epoch: int, first: int, started: float) -> bool:
-        """One epoch, its validation, early stopping and checkpoint; True to stop."""
+        """One epoch, its validation, model selection, early stopping, budgets and checkpoint; True to stop."""
         learner, monitor = self.learner, self.stopping.monitor
         if not self.source.full:
             learner.check_unchanged(self.source)
@@ -225,25 +284,47 @@ class Trainer:
         else:
             order = [learner.rows["train"]]
         clock = time.perf_counter()
-        train_loss = self.train_batches(order, epoch, first)
+        learner.net.train(True)  # dropout on for the steps only
+        try:
+            train_loss = self.train_batches(order, epoch, first)
+        finally:
+            learner.net.train(False)
         self.clock["epochs"] += time.perf_counter() - clock
         clock = time.perf_counter()
-        record = {"epoch": epoch, **self.strategy.validate(self, train_loss)}
+        record = {"epoch": epoch, **self.strategy.validate(self, train_loss), "lr": self.rate.now()}
         self.clock["validation"] += time.perf_counter() - clock
         guards.check_loss(record[f"{monitor}_loss"], epoch, split="validation" if monitor == "val" else "training")
         learner.history.append(record)
-        if self.strategy.main and guards.logs_epoch(epoch, self.first_epoch, self.epochs):  # a few lines per fit
-            log.info("epoch %d of %d: train loss %.4f, validation loss %.4f (%.1fs so far)", epoch + 1, self.epochs,
-                     record["train_loss"], record["val_loss"], time.perf_counter() - started)
-        if getattr(self, "bar", None) is not None:
-            self.bar.set_postfix(loss=f"{record['train_loss']:.4f}", val=f"{record['val_loss']:.4f}")
-        improved, stop = self.stopping.update(epoch, record[f"{monitor}_loss"])
+        self._log_epoch(epoch, record, started)
+        if self.keep == "last":  # a refit: its last epoch is the one wanted, no selection
+            improved, stop, learner.best_epoch = False, False, epoch
+        else:
+            improved, stop = self.stopping.update(epoch, record)
+        self.rate.epoch_end(improved)
         if improved:
             self.strategy.best(self)
+        out_of_time = self.strategy.agree(self.time_budget is not None and time.perf_counter() - started >= self.time_budget
+                                          and epoch + 1 < self.epochs)
         if self.checkpointer.path is not None:
             self.strategy.checkpoint(self, epoch + 1, 0)
-        learner.stopped = "early (no validation improvement for patience epochs)" if stop else "epochs"
-        return stop
+        learner.stopped = self._why(stop, out_of_time)
+        return stop or out_of_time
+
+    def _why(self, stop: bool, out_of_time: bool) -> str:
+        """What ended (or will end) training: early stopping, the time budget, or the epoch budget."""
+        if stop:
+            return f"early (no validation improvement in {self.stopping.metric} for {self.stopping.patience} epochs)"
+        if out_of_time:
+            return f"time budget ({self.time_budget:g}s)"
+        return "epochs"
+
+    def _log_epoch(self, epoch: int, record: dict, started: float) -> None:
+        if self.strategy.main and guards.logs_epoch(epoch, self.first_epoch, self.epochs):  # a few lines per fit
+            extra = "" if self.stopping.metric == "loss" else f", {self.stopping.key} {record.get(self.stopping.key, float('nan')):.4f}"
+            log.info("epoch %d of %d: train loss %.4f, validation loss %.4f%s (%.1fs so far)", epoch + 1, self.epochs,
+                     record["train_loss"], record["val_loss"], extra, time.perf_counter() - started)
+        if getattr(self, "bar", None) is not None:
+            self.bar.set_postfix(loss=f"{record['train_loss']:.4f}", val=f"{record['val_loss']:.4f}")
 
     def train_batches(self, order: list[np.ndarray], epoch: int, first: int) -> float:
         """One pass over the global batches (from batch `first`): batch t + 1 is prepared while batch
@@ -271,6 +352,9 @@ class Trainer:
             loss_value, reduced = strategy.reduce(self, loss.detach(), external)
             self.clock["all_reduce"] += time.perf_counter() - clock
             guards.check_loss(loss_value, epoch, None if self.source.full else b, len(order))  # before the step
+            self.clip_gradients()
+            if self.optimizers.all:
+                self.rate.apply(self.optimizers.all[0])
             self.optimizers.step()
             strategy.after_step(self, batch, external, reduced)
             total, count = total + loss_value * len(positions), count + len(positions)
@@ -285,6 +369,15 @@ class Trainer:
         if self.source.full:
             return loss_value
         return total / count if count else float("nan")
+
+    def clip_gradients(self) -> None:
+        """Bound the norm of the dense weights' gradient (all of them at once) by `clip`: after the
+        ranks' all-reduce, so every rank clips the same sum."""
+        if self.clip is None:
+            return
+        grads = [p for p in self.optimizers.dense_parameters() if p.grad is not None]
+        if grads:
+            nn.utils.clip_grad_norm_(grads, self.clip, foreach=True)
 
     def _progress(self, bar, b: int, first: int, count: int, epoch: int, started: float, mean: float) -> None:
         if bar is not None:
@@ -321,10 +414,13 @@ class Trainer:
         learner = self.learner
         kept = next((r for r in learner.history if r["epoch"] == learner.best_epoch), None)
         if kept is not None and self.strategy.main:
-            why = "stopped early" if (learner.stopped or "epochs").startswith("early") else "the epoch limit"
+            why = {"early": "stopped early", "time ": "the time budget"}.get((learner.stopped or "epochs")[:5], "the epoch limit")
             log.info("trained to epoch %d of %d (%s) in %.1fs; kept epoch %d: validation loss %.4f",
                      learner.history[-1]["epoch"] + 1, self.epochs, why, time.perf_counter() - started,
                      learner.best_epoch + 1, kept["val_loss"])
+            if self.stopping.metric != "loss":
+                log.info("model selection: epoch %d had the best %s, %.4f (the loss breaks ties)", learner.best_epoch + 1,
+                         self.stopping.key, kept.get(self.stopping.key, float("nan")))
 
     # -- checkpoints ------------------------------------------------------------------------------
     def write_checkpoint(self, epoch: int, batch: int, extra: dict | None = None) -> None:
@@ -338,7 +434,8 @@ class Trainer:
             "target": learner.target, "template": learner.template.source, "epoch": epoch, "batch": batch,
             "weights": learner.weights_copy(), **self.optimizers.state_dict(),
             "history": plain(learner.history), **self.stopping.state_dict(), "stores": steps, "best_stores": best_steps,
-            "running": tuple(float(v) for v in self.running) if batch else (0.0, 0.0), **(extra or {}),
+            "running": tuple(float(v) for v in self.running) if batch else (0.0, 0.0), "schedule": self.rate.state_dict(),
+            **(extra or {}),
         })
         for w, table in tables.items():
             self.source.run(table.drop_checkpoints, steps[w], best_steps[w])
@@ -362,6 +459,7 @@ class Trainer:
         self.optimizers.load_state_dict(state, f"checkpoint {where}")
         learner.history = list(state["history"])
         self.stopping.load_state_dict(state)
+        self.rate.load_state_dict(state.get("schedule"))
         best_steps = state.get("best_stores", {})
         for weight, step in state["stores"].items():
             table = learner.batched.stores.get(weight) or learner.batched.store(weight, None)  # the table exists already

@@ -1,0 +1,178 @@
+"""Training that converges by default (issue #29 item 3): losses and class weights against hand
+formulas, model selection on the task's metric, the time budget, the final refit on training +
+validation rows, and a split without a test part. The trainer's steps against a plain torch loop
+(AdamW, cosine, clipping, resume) are in tests/test_trainer.py."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import relsql
+from relsql.train.task import Task
+from relsql.train.trainer import OneProcess, Trainer
+from tests.test_trainer import TEMPLATE, assert_same_weights, customers, weights
+
+
+def shop(n: int = 240) -> relsql.Database:
+    """customers() with a numeric target too: the customer's mean order amount."""
+    db = customers(n)
+    db.execute("ALTER TABLE customer ADD COLUMN spend DOUBLE")
+    db.execute("UPDATE customer SET spend = (SELECT avg(amount) FROM orders o WHERE o.customer_id = customer.customer_id)")
+    return db
+
+
+def model(db: relsql.Database, target: str = "customer.churned", **kwargs) -> relsql.Model:
+    return relsql.Model(db, relsql.Template.from_sql(TEMPLATE), target, seed=3, dtype=torch.float64, progress=False,
+                        **kwargs)
+
+
+# -- losses ------------------------------------------------------------------------------------------
+def test_regression_losses_are_the_hand_formulas():
+    rng = np.random.default_rng(0)
+    out, y = rng.normal(size=(50, 1)) * 2, rng.normal(size=50)
+    r = out[:, 0] - y
+    expected = {"mse": np.mean(r ** 2), "mae": np.mean(np.abs(r)),
+                "huber": np.mean(np.where(np.abs(r) <= 1, 0.5 * r ** 2, np.abs(r) - 0.5))}
+    assert np.abs(r).max() > 1 and np.abs(r).min() < 1  # both branches of the Huber loss
+    for name, value in expected.items():
+        task = Task("regression", regression_loss=name)
+        assert float(task.loss(torch.as_tensor(out), torch.as_tensor(y))) == pytest.approx(value, abs=1e-12), name
+
+
+def test_balanced_class_weights_are_the_hand_weighted_loss():
+    rng = np.random.default_rng(1)
+    y = (rng.random(40) < 0.2).astype(np.float64)  # about one positive in five
+    task = Task("binary", classes=[False, True])
+    task.balance(y)
+    n, positives = len(y), y.sum()
+    assert task.class_weights == pytest.approx([n / (2 * (n - positives)), n / (2 * positives)], abs=1e-12)
+    logits = rng.normal(size=(40, 1))
+    p = 1 / (1 + np.exp(-logits[:, 0]))
+    each = -(y * np.log(p) + (1 - y) * np.log(1 - p))
+    weighted = np.mean(each * np.where(y == 1, task.class_weights[1], task.class_weights[0]))
+    assert float(task.loss(torch.as_tensor(logits), torch.as_tensor(y))) == pytest.approx(weighted, abs=1e-12)
+    assert abs(weighted - each.mean()) > 1e-3  # the weights changed the loss
+
+    labels = rng.integers(0, 3, size=30).astype(np.float64)
+    multi = Task("multiclass", classes=["a", "b", "c"])
+    multi.balance(labels)
+    counts = np.bincount(labels.astype(int), minlength=3)
+    assert multi.class_weights == pytest.approx(list(30 / (3 * counts)), abs=1e-12)
+    scores = rng.normal(size=(30, 3))
+    log_p = scores - np.log(np.exp(scores).sum(1, keepdims=True))
+    nll = -log_p[np.arange(30), labels.astype(int)]
+    expected = np.mean(nll * (30 / (3 * counts))[labels.astype(int)])
+    assert float(multi.loss(torch.as_tensor(scores), torch.as_tensor(labels))) == pytest.approx(expected, abs=1e-12)
+
+
+def test_fit_takes_the_loss_and_class_weights_it_is_given():
+    db = shop()
+    m = model(db)
+    m.fit(epochs=3, class_weight="balanced")
+    train_y = m.y[m.rows["train"]].numpy()
+    n, positives = len(train_y), train_y.sum()
+    assert m.task.class_weights == pytest.approx([n / (2 * (n - positives)), n / (2 * positives)])
+    r = model(db, "customer.spend")
+    r.fit(epochs=3)
+    assert r.task.regression_loss == "huber"  # the default for regression
+    r.fit(epochs=3, loss="mae")
+    assert r.task.regression_loss == "mae"
+    with pytest.raises(relsql.RelsqlError, match="regression target: drop class_weight"):
+        r.fit(epochs=1, class_weight="balanced")
+    with pytest.raises(relsql.RelsqlError, match="drop loss="):
+        m.fit(epochs=1, loss="mae")
+    with pytest.raises(relsql.RelsqlError, match="monitor must be one of"):
+        m.fit(epochs=1, monitor="mae")
+
+
+# -- selection and budgets ----------------------------------------------------------------------------
+def ranked_best(history: list[dict], key: str, larger: bool) -> int:
+    """The epoch with the best `key` (ties to the lower validation loss, then the earlier epoch)."""
+    best = None
+    for record in history:
+        score = record[key] if larger else -record[key]
+        rank = (score, -record["val_loss"])
+        if best is None or rank[0] > best[0][0] + 1e-7 or (rank[0] >= best[0][0] - 1e-7 and rank[1] > best[0][1] + 1e-7):
+            best = (rank, record["epoch"])
+    return best[1]
+
+
+def test_fit_selects_on_the_task_metric_and_says_so(caplog):
+    db = shop()
+    m = model(db, "customer.spend")
+    with caplog.at_level("INFO", logger="relsql"):
+        m.fit(epochs=40, lr=0.05)
+    assert m.monitor == "val_mae"
+    assert m.best_epoch == ranked_best(m.history, "val_mae", larger=False)
+    assert any("model selection" in r.getMessage() and "val_mae" in r.getMessage() for r in caplog.records)
+    b = model(db)
+    b.fit(epochs=30, lr=0.05)
+    assert b.monitor == "val_roc_auc" and b.best_epoch == ranked_best(b.history, "val_roc_auc", larger=True)
+    loss = model(db)
+    loss.fit(epochs=30, lr=0.05, monitor="loss")
+    assert loss.monitor == "val_loss"
+    assert loss.best_epoch == min(range(30), key=lambda e: loss.history[e]["val_loss"])
+
+
+def test_the_time_budget_stops_training_and_says_so():
+    m = model(shop())
+    started = time.perf_counter()
+    m.fit(epochs=100_000, patience=100_000, time_budget=1.0)
+    took = time.perf_counter() - started
+    assert m.stopped == "time budget (1s)"
+    assert 1 < len(m.history) < 100_000 and took < 20
+    assert m.time_budget == 1.0 and m.epoch_cap == 100_000
+    before = len(m.history)  # a second fit's epochs follow the first's in the history
+    m.fit(epochs=3, time_budget=1000.0)
+    assert m.stopped == "epochs" and len(m.history) == before + 3
+
+
+def test_defaults_train_longer_than_100_epochs_within_a_time_budget():
+    m = model(shop())
+    m.fit()
+    assert m.epoch_cap > 100 and m.time_budget is not None
+    assert m.stopped in ("epochs", f"time budget ({m.time_budget:g}s)") or m.stopped.startswith("early")
+
+
+# -- refit and splits ---------------------------------------------------------------------------------
+def test_refit_trains_from_the_initial_weights_on_training_and_validation_rows():
+    db = shop()
+    epochs, lr = 30, 0.05
+    m = model(db)
+    m.fit(epochs=epochs, lr=lr, refit=True)
+    selected = m.best_epoch + 1
+    assert m.refit["epochs"] == selected and m.refit["rows"] == len(m.rows["train"]) + len(m.rows["val"])
+    assert len(m.history) >= selected and m.monitor == "val_roc_auc"
+    # by hand: the same model, its training rows the training and validation rows, for the selected epochs
+    by_hand = model(db)
+    learner = by_hand.learner
+    rows = dict(learner.rows)
+    learner.goal.rows = {**rows, "train": np.concatenate([rows["train"], rows["val"]]), "val": rows["val"][:0]}
+    trainer = Trainer(learner, OneProcess(), epochs=selected, batch_size=None, lr=lr, patience=50, weight_decay=0.0,
+                      optimizer="adamw", schedule="cosine", clip=1.0, keep="last", horizon=epochs)
+    assert trainer.fit(batched=False) is None
+    assert_same_weights(weights(m), weights(by_hand))
+    without = model(db)
+    without.fit(epochs=epochs, lr=lr)
+    assert without.refit is None
+    assert max(float((weights(m)[n] - weights(without)[n]).abs().max()) for n in weights(m)) > 1e-4
+
+
+def test_refit_needs_validation_rows():
+    m = model(shop(), split=(1.0, 0.0, 0.0))
+    with pytest.raises(relsql.RelsqlError, match="no validation rows"):
+        m.fit(epochs=2, refit=True)
+
+
+def test_a_split_without_a_test_part_trains_predicts_and_says_there_is_no_test_split():
+    m = model(shop(), split=(0.85, 0.15, 0))
+    assert len(m.rows["test"]) == 0 and len(m.rows["val"]) > 0
+    m.fit(epochs=5, refit=True)
+    assert m.evaluate("val")["roc_auc"] == m.evaluate("val")["roc_auc"]
+    assert m.predict().height == 240
+    with pytest.raises(relsql.RelsqlError, match="no test split"):
+        m.evaluate("test")
