@@ -344,3 +344,58 @@ def test_text_of_a_number_is_refused(db):
 def test_bad_text_arguments_are_template_errors(expression):
     with pytest.raises(relsql.TemplateError):
         relsql.Template.from_sql(f"CREATE TABLE f AS SELECT t.id, {expression} FROM t;")
+
+
+# -- lists -----------------------------------------------------------------------------------------
+@pytest.fixture
+def lists():
+    db = relsql.connect()
+    db.execute("CREATE TABLE t(id INT PRIMARY KEY, xs DOUBLE[], codes INTEGER[], y BOOLEAN)")
+    db.execute("""INSERT INTO t SELECT i,
+                  CASE WHEN i % 11 = 0 THEN NULL WHEN i % 7 = 0 THEN [] ELSE [i * 0.5, (i * 13 % 17) - 8.0, sin(i)] END,
+                  CASE WHEN i % 9 = 0 THEN NULL ELSE [i % 5, i % 3 + 10, NULL, i % 5] END, i % 2 = 0
+                  FROM range(1, 60) r(i)""")
+    yield db
+    db.con.close()
+
+
+def test_numeric_lists_through_features_of_list_aggregates(lists):
+    net = compiled(lists, "features(list_avg(t.xs), list_min(t.xs), list_max(t.xs), len(t.xs))")
+    xs = column(lists, "xs")
+    parts = [[None if not x else f(x) for x in xs] for f in (np.mean, min, max)] + [[None if x is None else len(x) for x in xs]]
+    expected = []
+    for values in parts:
+        present = np.array([v for v in values if v is not None], dtype=float)
+        expected.append(standardized(values, present.mean(), present.std(), True))
+    assert np.allclose(net()["f"].numpy(), np.hstack(expected), rtol=0, atol=1e-10)
+
+
+def naive_bag(values: list, table: np.ndarray, buckets: int) -> np.ndarray:
+    out = np.zeros((len(values), table.shape[1]))
+    for r, value in enumerate(values):
+        ids = [zlib.crc32(f"c {v}".encode()) % buckets for v in value or [] if v is not None]
+        if ids:
+            out[r] = sum(table[i] for i in ids) / len(ids)
+    return out
+
+
+def test_bag_of_codes_is_the_mean_of_hashed_element_vectors(lists, tmp_path):
+    template = "CREATE TABLE f AS SELECT t.id, linear(bag(t.codes, 3, 'codes', buckets=31), 1, 'out') AS h FROM t;"
+    net = compiled(lists, "bag(t.codes, 3, 'codes', buckets=31)")
+    table = net.named_weights()["codes"].detach().numpy()
+    assert np.allclose(net()["f"].detach().numpy(), naive_bag(column(lists, "codes"), table, 31), rtol=0, atol=1e-12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        full = relsql.Model(lists, relsql.Template.from_sql(template), "t.y", dtype=torch.float64, progress=False)
+        batched = relsql.Model(lists, relsql.Template.from_sql(template), "t.y", dtype=torch.float64, progress=False,
+                               batch_size=6)
+    weights = full.net.named_weights()
+    hidden = naive_bag(column(lists, "codes"), weights["codes"].detach().numpy(), 31)
+    expected = 1 / (1 + np.exp(-(hidden @ weights["out"].detach().numpy().T)[:, 0]))
+    for m in (full, batched, relsql.Model.load(full.save(tmp_path / "b.relsql"), lists, batch_size=4)):
+        assert np.allclose(m.predict()["probability"].to_numpy(), expected, rtol=0, atol=1e-10)
+
+
+def test_bag_of_a_scalar_column_is_refused(db):
+    with pytest.raises(relsql.SchemaError, match=r"bag\(t.c\) needs a list column"):
+        compiled(db, "bag(t.c, 4)")

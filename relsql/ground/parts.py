@@ -114,6 +114,10 @@ def column_values(column: pa.ChunkedArray | pa.Array, rule: ir.Rule, k: int, emb
         return np.asarray(column.to_numpy(zero_copy_only=False)).astype(np.int64, copy=False)
     kind = column.type
     text = next((e for e in ir.walk(rule.expr) if isinstance(e, ir.Text) and e.column == k), None)
+    if text is not None and text.kind == "codes":
+        if not (hashing.is_list(kind) or pa.types.is_null(kind)):
+            raise SchemaError(f"{rule.head}, {rule.origin}: bag({column_label(rule, k)}) needs a list column, got {kind}")
+        return hashing.hashed(column.to_pylist(), text.buckets, text.tokens, hashing.element_tokens)
     if text is not None:
         if not (hashing.is_text(kind) or pa.types.is_null(kind)):
             raise SchemaError(f"{rule.head}, {rule.origin}: text({column_label(rule, k)}) needs a text column, got {kind}; "

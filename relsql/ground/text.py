@@ -5,13 +5,15 @@ the character 3-grams of each word wrapped as `<word>` (so prefixes and suffixes
 hashed with CRC-32 (stable across processes and machines, unlike Python's salted `hash()`) into
 one of `buckets` rows. The first `tokens` of them are kept; the rest of the row is padding, the
 value `buckets` (the table's extra row, which the mean leaves out). A NULL or a value without
-words is all padding: a zero vector.
+words is all padding: a zero vector. `bag(t.codes, d)` hashes a list column's elements the same
+way (token `c <element>`), so codes never seen before still find a row.
 """
 
 from __future__ import annotations
 
 import re
 import zlib
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -30,21 +32,32 @@ def bucket(token: str, buckets: int) -> int:
     return zlib.crc32(token.encode("utf-8")) % buckets
 
 
-def hashed(values: list[str | None], buckets: int, length: int) -> np.ndarray:
-    """(rows, length) float64 bucket ids (exact integers), padded with `buckets`."""
+def hashed(values: list, buckets: int, length: int, split: Callable[[str], list[str]] | None = None) -> np.ndarray:
+    """(rows, length) float64 bucket ids (exact integers), padded with `buckets`; `split` makes a
+    value's tokens (default: a text's words and 3-grams)."""
+    split = split or tokens
     out = np.full((len(values), length), float(buckets))
     cache: dict[str, int] = {}
     for r, value in enumerate(values):
         if value is None:
             continue
-        ids = []
-        for token in tokens(value)[:length]:
+        ids: list[int] = []
+        for token in split(value)[:length]:
             found = cache.get(token)
             if found is None:
                 found = cache[token] = bucket(token, buckets)
             ids.append(found)
         out[r, :len(ids)] = ids
     return out
+
+
+def element_tokens(value: list | None) -> list[str]:
+    """A list's elements (codes) as tokens, NULL elements left out: `bag(t.codes, d)`."""
+    return [] if value is None else [f"c {v}" for v in value if v is not None]
+
+
+def is_list(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
 
 
 def is_text(kind: pa.DataType) -> bool:

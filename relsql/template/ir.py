@@ -170,12 +170,13 @@ class Encode(Expr):
 class Text(Expr):
     """A text column as the mean of learnable vectors (the rows of weight `weight`, `buckets` + 1
     of them, the last a padding row) of its hashed words and character 3-grams, at most `tokens`
-    of them per value (relsql/ground/text.py)."""
+    of them per value (relsql/ground/text.py); `kind` "codes": a list column's hashed elements."""
 
     weight: str
     column: int
     buckets: int
     tokens: int
+    kind: str = "text"
 
 
 @dataclass(frozen=True)

@@ -392,7 +392,7 @@ class _Statement:
         if isinstance(node, exp.Anonymous):
             return self._function(node, node.name.lower(), list(node.expressions), inside_agg)
         raise self.fail(
-            "not a neural expression: use linear, embed, features, ple, calendar, text, bias, layer_norm, dropout, + - *, numbers, "
+            "not a neural expression: use linear, embed, features, ple, calendar, text, bag, bias, layer_norm, dropout, + - *, numbers, "
             "activations (relu tanh sigmoid identity leaky_relu gelu exp log softmax), sum_per_head, "
             "aggregates (sum avg max min count attention) or concat", node)
 
@@ -430,8 +430,9 @@ class _Statement:
             raise self.fail("min_count= is for embeddings kept in memory; leave out storage='database' or min_count", node)
         return self._int_arg(node, [value], 0, "embed's min_count")
 
-    def _text(self, node: exp.Expression, args: list) -> ir.Expr:
-        """text(t.c, d [, 'name'] [, buckets=N] [, tokens=L]): hashed words and character 3-grams."""
+    def _text(self, node: exp.Expression, fn: str, args: list) -> ir.Expr:
+        """text(t.c, d [, 'name'] [, buckets=N] [, tokens=L]): hashed words and character 3-grams;
+        bag(t.list, d, ...): a list column's hashed elements (codes)."""
         keywords, rest = {}, []
         for arg in args:
             if isinstance(arg, exp.EQ) and isinstance(arg.this, exp.Column) and not arg.this.table:
@@ -440,18 +441,19 @@ class _Statement:
                 keywords[arg.this.name.lower()] = arg.expression
             else:
                 rest.append(arg)
-        usage = ("text(table.column, width [, 'name'] [, buckets=N] [, tokens=L]) averages learnable vectors of a "
-                 "text column's hashed words and character 3-grams")
+        usage = (f"{fn}(table.column, width [, 'name'] [, buckets=N] [, tokens=L]) averages learnable vectors of "
+                 + ("a text column's hashed words and character 3-grams" if fn == "text" else "a list column's hashed elements"))
         if set(keywords) - {"buckets", "tokens"} or len(rest) < 2 or not isinstance(rest[0], exp.Column) \
                 or rest[0].table in self.neural:
             raise self.fail(usage, node)
-        width = self._int_arg(node, rest, 1, "text's width")
-        buckets = self._int_arg(node, [keywords["buckets"]], 0, "text's buckets") if "buckets" in keywords else TEXT_BUCKETS
-        tokens = self._int_arg(node, [keywords["tokens"]], 0, "text's tokens") if "tokens" in keywords else TEXT_TOKENS
+        width = self._int_arg(node, rest, 1, f"{fn}'s width")
+        buckets = self._int_arg(node, [keywords["buckets"]], 0, f"{fn}'s buckets") if "buckets" in keywords else TEXT_BUCKETS
+        tokens = self._int_arg(node, [keywords["tokens"]], 0, f"{fn}'s tokens") if "tokens" in keywords else TEXT_TOKENS
         if tokens > 4096:
-            raise self.fail(f"text's tokens must be at most 4096, got {tokens}", node)
+            raise self.fail(f"{fn}'s tokens must be at most 4096, got {tokens}", node)
         name = self._weight("text", (buckets + 1, width), self._name_arg(node, rest, 2), node)
-        return ir.Text(name, self._column(rest[0], role=f"text {name} {tokens}"), buckets, tokens)
+        kind = "text" if fn == "text" else "codes"
+        return ir.Text(name, self._column(rest[0], role=f"{fn} {name} {tokens}"), buckets, tokens, kind)
 
     def _layer_norm(self, node: exp.Expression, args: list, inside_agg: bool) -> ir.Expr:
         """layer_norm(x [, 'name']): weights '<name>.gain' (ones) and '<name>.bias' (zeros)."""
@@ -561,8 +563,8 @@ class _Statement:
             return ir.Features(tuple(self._column(a, role="features") for a in args))
         if fn in ("ple", "calendar"):
             return self._encoded(node, fn, args)
-        if fn == "text":
-            return self._text(node, args)
+        if fn in ("text", "bag"):
+            return self._text(node, fn, args)
         if fn == "layer_norm":
             return self._layer_norm(node, args, inside_agg)
         if fn == "dropout":
