@@ -51,6 +51,7 @@ from relsql.cli.arguments import (
     non_negative_int,
     output_file,
     positive_int,
+    search_budget,
     seed,
     table_name,
     target,
@@ -132,10 +133,17 @@ def _train(args: argparse.Namespace) -> int:
         model = relsql.Model(db, args.template, target=args.target, output=args.output, time_column=args.time_column,
                              seed=args.seed, task=args.task, batch_size=args.batch_size, threads=args.threads,
                              allow_target_inputs=args.allow_target_inputs, max_groundings=args.max_groundings)
-        model.fit(epochs=args.epochs, lr=args.lr, patience=args.patience, checkpoint=args.checkpoint,
-                  resume=args.checkpoint is not None, workers=args.workers)
+        if args.search is not None:
+            from relsql.train import search
+
+            search.search(model, budget=args.search, trials=args.trials, epochs=args.epochs, patience=args.patience)
+        else:
+            model.fit(epochs=args.epochs, lr=args.lr, patience=args.patience, checkpoint=args.checkpoint,
+                      resume=args.checkpoint is not None, workers=args.workers)
         path = model.save(args.model)
         print(model.report())
+        if args.search is not None:
+            print(search.summary(model.learner.trials))
         print(f"model saved to {path} (metrics plot {path.with_suffix('.png')})")
         if args.predictions:
             rows = model.write_predictions(args.predictions, replace=args.replace)
@@ -226,6 +234,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     train.add_argument("--max-groundings", type=positive_int, help=MAX_GROUNDINGS_HELP)
     train.add_argument("--workers", type=positive_int, default=1,
                        help="train data-parallel on this many processes, each a share of every batch (default 1)")
+    train.add_argument("--search", type=search_budget, metavar="BUDGET",
+                       help="tune within this time (90s, 10m, 1h): learning rate and weight decay, and for a template "
+                            "`relsql template` wrote unedited also its width, hops, aggregation and layer; every trial on "
+                            "the same split, the best trained again and saved (--epochs: the longest trial's)")
+    train.add_argument("--trials", type=positive_int, help="with --search: at most this many configurations")
     train.add_argument("--allow-target-inputs", action="store_true",
                        help="train even though the template reads the target column (or a copy of it)")
     train.set_defaults(run=_train)

@@ -225,6 +225,11 @@ def check_together(args: argparse.Namespace) -> str | None:
                     return f"{flag} {value} is {other} ({path}): it would be overwritten; choose another file"
         if _same_file(args.model, args.checkpoint):
             return f"--model and --checkpoint are the same file ({args.model}); give each its own file"
+        if args.search is not None and (args.checkpoint is not None or args.workers > 1):
+            return ("--search trains many models in this process, without checkpoints: drop --checkpoint and --workers, "
+                    "or drop --search")
+        if args.search is None and args.trials is not None:
+            return "--trials bounds a search: give --search BUDGET too (e.g. --search 10m --trials 30)"
     if args.command == "demo":
         tables = demo_tables()
         if args.predictions in tables:
@@ -232,6 +237,16 @@ def check_together(args: argparse.Namespace) -> str | None:
         if _same_file(args.model, args.db):
             return f"--model {args.model} is the demo database (--db); choose another file"
     return None
+
+
+def search_budget(text: str) -> float:
+    """--search: a time budget such as 90s, 10m or 1h (or seconds), checked as Model.search checks it."""
+    from relsql.train.search import budget_seconds
+
+    try:
+        return budget_seconds(text)
+    except RelsqlError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def aggregation(text: str) -> str:

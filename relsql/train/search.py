@@ -43,6 +43,7 @@ from relsql.train.trainer import MAXIMIZED
 
 log = logging.getLogger("relsql")
 
+METRICS = {"binary": "roc_auc", "multiclass": "accuracy", "regression": "mae"}  # trials compare on these, as RelBench
 BRACKET, ETA, RUNGS = 9, 3, 3  # configurations per bracket; kept share 1/ETA per rung; rungs per bracket
 _BUDGET = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(s|sec|m|min|h)?", re.IGNORECASE)
 _UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
@@ -51,7 +52,8 @@ _HEADER = re.compile(r"-- relsql automatic template \((\w+) layers\): predict \S
 _OWN = {"epochs", "lr", "weight_decay", "checkpoint", "resume", "checkpoint_every", "callback", "workers"}
 FIT_SPACE = {"lr": (1e-3, 3e-2), "weight_decay": (0.0, 1e-5, 1e-4, 1e-3, 1e-2)}  # lr: log-uniform between
 TEMPLATE_SPACE = {"width": (8, 16, 32, 64), "hops": (1, 2, 3), "aggregation": ("all", "avg", "avg,count", "sum,max,count"),
-                  "layer": ("sage", "rgcn", "gat", "hgt"), "dropout": (0.0, 0.1, 0.2, 0.3)}
+                  "layer": ("sage", "rgcn", "gat", "hgt"), "dropout": (0.0, 0.1, 0.2, 0.3), "numbers": ("ple", "standardized")}
+_DROPOUT = re.compile(r"\bdropout\(.*, ([0-9.]+)\) AS ")
 
 
 def budget_seconds(budget: object) -> float:
@@ -89,6 +91,12 @@ def header_options(source: str) -> dict | None:
         return None
     if layer == "sage":
         options["aggregation"] = "all" if combined.startswith("aggregation over child rows all:") else terms.group(1).replace(" ", "")
+    accepted = generate_options()
+    if "numbers" in accepted:  # encoders the header does not name, read from the body
+        options["numbers"] = "ple" if re.search(r"\bple\(", source) else "standardized"
+    dropout = _DROPOUT.search(source)
+    if "dropout" in accepted:
+        options["dropout"] = float(dropout.group(1)) if dropout else 0.0
     return options
 
 
@@ -259,11 +267,14 @@ def train(built: Built, keywords: dict) -> None:
         model.fit(**keywords)
 
 
-def selected_score(learner) -> tuple[str, float]:
-    """(metric, value) of the epoch fit kept: the validation score it selected on."""
+def selected_score(learner) -> tuple[str, float, float]:
+    """(metric, value, validation loss) at the epoch fit kept, the metric the task's (as RelBench
+    compares: ROC-AUC, accuracy, MAE) whatever fit selected its epoch on."""
     kept = next((r for r in learner.history if r["epoch"] == learner.best_epoch), None)
-    key = learner.monitor or f"val_{learner.task.selects_on}"
-    return key, float("nan") if kept is None else float(kept.get(key, float("nan")))
+    key = f"val_{METRICS[learner.task.kind]}"
+    if kept is None:
+        return key, float("nan"), float("nan")
+    return key, float(kept.get(key, float("nan"))), float(kept.get("val_loss", float("nan")))
 
 
 def run_trial(search: Search, built: dict[int, Built], config: Config, rung: int, bracket: int, epochs: int) -> dict:
@@ -279,12 +290,12 @@ def run_trial(search: Search, built: dict[int, Built], config: Config, rung: int
         model = built[config.number].model
         train(built[config.number], fit_keywords(model, search, epochs, config))
         learner = model.learner
-        metric, score = selected_score(learner)
-        record.update(metric=metric, score=score, best_epoch=(learner.best_epoch or 0) + 1,
+        metric, score, loss = selected_score(learner)
+        record.update(metric=metric, score=score, val_loss=loss, best_epoch=(learner.best_epoch or 0) + 1,
                       epochs_run=len(learner.history), stopped=learner.stopped, error=None)
     except RelsqlError as err:  # a configuration that cannot be built or trained (too many groundings, ...)
         built.pop(config.number, None)
-        record.update(metric=None, score=float("nan"), best_epoch=None, epochs_run=0, stopped=None,
+        record.update(metric=None, score=float("nan"), val_loss=float("nan"), best_epoch=None, epochs_run=0, stopped=None,
                       error=str(err).splitlines()[0][:200])
     record["seconds"] = time.perf_counter() - started
     search.records.append(record)
@@ -295,11 +306,13 @@ def run_trial(search: Search, built: dict[int, Built], config: Config, rung: int
     return record
 
 
-def better(metric: str | None, score: float) -> float:
-    """A score as larger-is-better, NaN (a failed trial) last."""
+def better(record: dict) -> tuple[float, float]:
+    """A trial's (score, -validation loss), larger better: the loss breaks ties (two ROC-AUCs of
+    1.0); a failed or unscored trial last."""
+    metric, score, loss = record["metric"], record["score"], record["val_loss"]
     if metric is None or score != score:
-        return -math.inf
-    return score if metric.split("_", 1)[-1] in MAXIMIZED else -score
+        return -math.inf, -math.inf
+    return (score if metric.split("_", 1)[-1] in MAXIMIZED else -score), (-loss if loss == loss else -math.inf)
 
 
 def rung_epochs(epochs: int) -> list[int]:
@@ -327,7 +340,7 @@ def bracket(search: Search, configs: list[Config], number: int) -> None:
             if search.out_of_time():
                 return
             records.append((run_trial(search, built, config, rung, number, epochs), config))
-        ranked = sorted(records, key=lambda rc: (-better(rc[0]["metric"], rc[0]["score"]), rc[1].number))
+        ranked = sorted(records, key=lambda rc: (*(-v for v in better(rc[0])), rc[1].number))
         alive = [config for record, config in ranked[:max(1, len(ranked) // ETA)] if record["error"] is None]
         for gone in set(built) - {c.number for c in alive}:
             del built[gone]
@@ -342,7 +355,7 @@ def best_record(records: list[dict]) -> dict:
         errors = "; ".join(dict.fromkeys(r["error"] for r in records if r["error"]))
         raise RelsqlError(f"no trial of the search could be scored on the validation rows ({errors or 'no trials ran'}); "
                           "give the search more budget, or check that the model trains with fit()")
-    return max(scored, key=lambda r: (better(r["metric"], r["score"]), r["epochs"], -r["trial"]))
+    return max(scored, key=lambda r: (better(r), r["epochs"], -r["trial"]))
 
 
 def check(model) -> None:
@@ -414,7 +427,7 @@ def finish(model, state: Search):
         (pl.col("trial") == best["trial"]).alias("chosen"))
     model.learner = built.model.learner
     model.learner.trials = frame
-    metric, score = selected_score(model.learner)
+    metric, score, _ = selected_score(model.learner)
     log.info("search: %d trials in %.0fs; best config %d (%s %.4f), trained again in full: %s %.4f (%.1fs)", frame.height,
              time.perf_counter() - state.started, best["config"], best["metric"], best["score"], metric, score,
              time.perf_counter() - started)
@@ -433,7 +446,7 @@ def summary(trials: pl.DataFrame, top: int = 5) -> str:
              f"{trials['seconds'].sum():.1f}s{f' ({failed} failed)' if failed else ''}, all on the model's split; "
              f"chosen: configuration {chosen['config']} ({metric} {chosen['score']:.4f} on validation), trained again in full"]
     ranked = sorted(trials.filter(pl.col("error").is_null()).iter_rows(named=True),
-                    key=lambda r: (-better(r["metric"], r["score"]), r["trial"]))
+                    key=lambda r: (*(-v for v in better(r)), r["trial"]))
     for row in ranked[:top]:
         shown = ", ".join(f"{c}={row[c]:.3g}" if isinstance(row[c], float) else f"{c}={row[c]}" for c in settings
                           if row[c] is not None)
