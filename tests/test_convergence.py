@@ -102,7 +102,7 @@ def ranked_best(history: list[dict], key: str, larger: bool) -> int:
 
 
 def test_fit_selects_on_the_task_metric_and_says_so(caplog):
-    db = shop()
+    db = shop(800)  # 109 validation rows: enough to select on the metric
     m = model(db, "customer.spend")
     with caplog.at_level("INFO", logger="relsql"):
         m.fit(epochs=40, lr=0.05)
@@ -116,6 +116,9 @@ def test_fit_selects_on_the_task_metric_and_says_so(caplog):
     loss.fit(epochs=30, lr=0.05, monitor="loss")
     assert loss.monitor == "val_loss"
     assert loss.best_epoch == min(range(30), key=lambda e: loss.history[e]["val_loss"])
+    small = model(shop())  # 33 validation rows: the loss selects
+    small.fit(epochs=2)
+    assert small.monitor == "val_loss"
 
 
 def test_the_time_budget_stops_training_and_says_so():
@@ -129,6 +132,15 @@ def test_the_time_budget_stops_training_and_says_so():
     before = len(m.history)  # a second fit's epochs follow the first's in the history
     m.fit(epochs=3, time_budget=1000.0)
     assert m.stopped == "epochs" and len(m.history) == before + 3
+
+
+def test_selection_needs_a_validation_part_that_can_measure_the_metric():
+    binary = Task("binary", classes=[False, True])
+    assert binary.selects_on(np.array([0.0, 1.0] * 60)) == "roc_auc"
+    assert binary.selects_on(np.array([0.0, 1.0] * 40)) == "loss"  # 80 rows
+    assert binary.selects_on(np.array([0.0] * 195 + [1.0] * 5)) == "loss"  # 5 positives
+    assert Task("regression").selects_on(np.zeros(100)) == "mae"
+    assert Task("multiclass", classes=[1, 2, 3]).selects_on(np.zeros(150)) == "accuracy"
 
 
 def test_defaults_train_longer_than_100_epochs_within_a_time_budget():
@@ -146,7 +158,7 @@ def test_refit_trains_from_the_initial_weights_on_training_and_validation_rows()
     m.fit(epochs=epochs, lr=lr, refit=True)
     selected = m.best_epoch + 1
     assert m.refit["epochs"] == selected and m.refit["rows"] == len(m.rows["train"]) + len(m.rows["val"])
-    assert len(m.history) >= selected and m.monitor == "val_roc_auc"
+    assert len(m.history) >= selected and m.monitor == "val_loss"  # 33 validation rows: too few for ROC-AUC
     # by hand: the same model, its training rows the training and validation rows, for the selected epochs
     by_hand = model(db)
     learner = by_hand.learner
