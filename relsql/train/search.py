@@ -7,7 +7,7 @@ model's own settings first; each bracket trains up to `BRACKET` of them for a ni
 epoch budget, keeps the best third for a third of it, and the best of those for all of it
 (successive halving, eta = 3). Every trial learns from the same training rows and is scored on
 the same validation rows with the task's metric (as fit selects: ROC-AUC, accuracy or MAE),
-so scores compare. The best configuration is then trained again in full and becomes the model.
+so scores compare. The best trial is then trained again (its epochs) and becomes the model.
 
 What is searched: the fit settings (learning rate, weight decay) always; for a template that
 `Template.auto` made (its text is exactly what `generate` writes for the options its header
@@ -234,6 +234,8 @@ def fit_keywords(model, search: Search, epochs: int, config: Config, final: bool
     final training has fit's own)."""
     accepted = inspect.signature(model.fit).parameters
     keywords = {**search.fit_options, **config.fit, "epochs": epochs}
+    if not final:  # a trial's validation rows stay held out: only the final training may refit on them
+        keywords.pop("refit", None)
     if search.patience is not None:
         keywords["patience"] = min(search.patience, epochs)
     if "time_budget" in accepted and not final:
@@ -371,13 +373,14 @@ def check(model) -> None:
 def search(model, budget: float | str = "10m", trials: int | None = None, *, auto: dict | None = None,
            epochs: int | None = None, patience: int | None = None, seed: int | None = None, **fit_options):
     """Tune `model` within `budget` (seconds, or "90s", "10m", "1h") and at most `trials`
-    configurations; the best by validation score is trained again in full and becomes the model
+    configurations; the best by validation score is trained again (at its epochs) and becomes the model
     (its learner), with `model.trials` (a polars frame, one row per trial) beside it.
 
     `auto`: generate()'s options to search the template from (default: read from a template
     Template.auto made, else only the fit settings are searched). `epochs`/`patience`: the full
     rung's (default fit's). `seed`: the draws of configurations (default the model's seed).
-    Other keywords go to every fit (e.g. refit=True for the final one too)."""
+    Other keywords go to every fit (refit=True to the final one only: trials score held-out rows).
+    The final training comes after the budget, with fit's own time budget."""
     seconds = budget_seconds(budget)
     limit = None if trials is None else arguments.integer("trials", trials, maximum=10_000)
     check(model)
@@ -414,13 +417,13 @@ def search(model, budget: float | str = "10m", trials: int | None = None, *, aut
 
 
 def finish(model, state: Search):
-    """Train the best configuration in full (a fresh build: its weights, split and tables are the
-    latest) and make it the model; the trials frame goes beside it."""
+    """Train the best trial again (a fresh build: its weights, split and tables are the latest;
+    its rung's epochs) and make it the model; the trials frame goes beside it."""
     best = best_record(state.records)
     config = state.drawn[best["config"]]
     with quiet():
         built = build(state, config)
-    keywords = fit_keywords(built.model, state, state.epochs, config, final=True)
+    keywords = fit_keywords(built.model, state, best["epochs"], config, final=True)  # its rung's epochs: its score again
     started = time.perf_counter()
     train(built, keywords)
     frame = pl.from_dicts(state.records, infer_schema_length=None).with_columns(
@@ -428,7 +431,7 @@ def finish(model, state: Search):
     model.learner = built.model.learner
     model.learner.trials = frame
     metric, score, _ = selected_score(model.learner)
-    log.info("search: %d trials in %.0fs; best config %d (%s %.4f), trained again in full: %s %.4f (%.1fs)", frame.height,
+    log.info("search: %d trials in %.0fs; best config %d (%s %.4f), trained again: %s %.4f (%.1fs)", frame.height,
              time.perf_counter() - state.started, best["config"], best["metric"], best["score"], metric, score,
              time.perf_counter() - started)
     return model
@@ -444,12 +447,13 @@ def summary(trials: pl.DataFrame, top: int = 5) -> str:
     settings = [c for c in (*TEMPLATE_SPACE, *FIT_SPACE) if c in trials.columns]
     lines = [f"search: {trials.height} trials of {trials['config'].n_unique()} configurations in "
              f"{trials['seconds'].sum():.1f}s{f' ({failed} failed)' if failed else ''}, all on the model's split; "
-             f"chosen: configuration {chosen['config']} ({metric} {chosen['score']:.4f} on validation), trained again in full"]
+             f"chosen: configuration {chosen['config']} ({metric} {chosen['score']:.4f} on validation at {chosen['epochs']} "
+             "epochs), trained again"]
     ranked = sorted(trials.filter(pl.col("error").is_null()).iter_rows(named=True),
                     key=lambda r: (*(-v for v in better(r)), r["trial"]))
     for row in ranked[:top]:
         shown = ", ".join(f"{c}={row[c]:.3g}" if isinstance(row[c], float) else f"{c}={row[c]}" for c in settings
                           if row[c] is not None)
-        lines.append(f"  {'*' if row['chosen'] else ' '} {row[metric] if metric in row else row['score']:.4f} "
+        lines.append(f"  {'*' if row['chosen'] else ' '} {row['score']:.4f} "
                      f"config {row['config']}, {row['epochs']} epochs (kept {row['best_epoch']}), {row['seconds']:.1f}s: {shown}")
     return "\n".join(lines)
