@@ -155,7 +155,7 @@ def test_refit_trains_from_the_initial_weights_on_training_and_validation_rows()
     db = shop()
     epochs, lr = 30, 0.05
     m = model(db)
-    m.fit(epochs=epochs, lr=lr, refit=True)
+    m.fit(epochs=epochs, lr=lr, refit=True, schedule="cosine")
     selected = m.best_epoch + 1
     assert m.refit["epochs"] == selected and m.refit["rows"] == len(m.rows["train"]) + len(m.rows["val"])
     assert len(m.history) >= selected and m.monitor == "val_loss"  # 33 validation rows: too few for ROC-AUC
@@ -168,8 +168,22 @@ def test_refit_trains_from_the_initial_weights_on_training_and_validation_rows()
                       optimizer="adamw", schedule="cosine", clip=1.0, keep="last", horizon=epochs)
     assert trainer.fit(batched=False) is None
     assert_same_weights(weights(m), weights(by_hand))
+    # the default plateau schedule: the refit replays the rates the selection run had, epoch by epoch
+    p = model(db)
+    fast = 0.5  # a rate that stalls, so plateaus halve it
+    p.fit(epochs=60, lr=fast, patience=12, refit=True)
+    rates = [h["lr"] for h in p.history]
+    assert len(set(rates[:p.best_epoch])) > 1  # the rate halved on a plateau before the selected epoch
+    by_hand = model(db)
+    learner = by_hand.learner
+    learner.goal.rows = {**rows, "train": np.concatenate([rows["train"], rows["val"]]), "val": rows["val"][:0]}
+    trainer = Trainer(learner, OneProcess(), epochs=p.best_epoch + 1, batch_size=None, lr=fast, patience=12,
+                      weight_decay=0.0, optimizer="adamw", schedule="plateau", clip=1.0, keep="last",
+                      replay=[r / fast for r in rates])
+    assert trainer.fit(batched=False) is None
+    assert_same_weights(weights(p), weights(by_hand))
     without = model(db)
-    without.fit(epochs=epochs, lr=lr)
+    without.fit(epochs=epochs, lr=lr, schedule="cosine")
     assert without.refit is None
     assert max(float((weights(m)[n] - weights(without)[n]).abs().max()) for n in weights(m)) > 1e-4
 
@@ -188,3 +202,16 @@ def test_a_split_without_a_test_part_trains_predicts_and_says_there_is_no_test_s
     assert m.predict().height == 240
     with pytest.raises(relsql.RelsqlError, match="no test split"):
         m.evaluate("test")
+
+
+# -- on training ranks --------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_ranks_train_with_class_weights_and_the_schedule_like_one_process_and_agree_on_the_time_budget():
+    from tests.test_distributed import assert_same_training, trained
+
+    one, two = trained(1, epochs=3, class_weight="balanced", clip=0.1), trained(2, epochs=3, class_weight="balanced", clip=0.1)
+    assert one.task.class_weights is not None and one.task.class_weights[0] != one.task.class_weights[1]
+    assert_same_training(one, two)
+    assert [h["lr"] for h in two.history] == pytest.approx([h["lr"] for h in one.history], abs=1e-15)
+    budget = trained(2, epochs=100_000, patience=100_000, time_budget=2.0)
+    assert budget.stopped == "time budget (2s)" and 1 <= len(budget.history) < 100_000

@@ -216,16 +216,18 @@ class Trainer:
                  weight_decay: float, checkpoint: str | Path | None = None, checkpoint_every: int | None = None,
                  callback: Callable[[dict], None] | None = None, optimizer: str = "adam", schedule: str | None = None,
                  warmup: float = 0.05, clip: float | None = None, monitor: str = "loss", time_budget: float | None = None,
-                 keep: str = "best", horizon: int | None = None):
+                 keep: str = "best", horizon: int | None = None, replay: list[float] | None = None):
         """The defaults are the plain loop (Adam, constant rate, no clipping, the best loss kept);
         Model.fit passes the ones that converge (AdamW, cosine, clipping, the task's metric).
         `horizon`: the epochs the schedule spans (default `epochs`; a refit stops early on the
-        selection run's schedule). `keep="last"`: the last epoch's weights, not the best one's."""
+        selection run's schedule). `keep="last"`: the last epoch's weights, not the best one's.
+        `replay`: the rate's share after each epoch, taken from another run (a refit replays the
+        plateaus its selection run met, having no validation of its own)."""
         self.learner, self.strategy, self.epochs, self.batch_size = learner, strategy, epochs, batch_size
         self.lr, self.weight_decay, self.callback = lr, weight_decay, callback
         self.optimizer, self.clip, self.time_budget, self.keep = optimizer, clip, time_budget, keep
         self.rate = LearningRate(lr, schedule, warmup=warmup, patience=max(1, patience // 4))
-        self.horizon = horizon or epochs
+        self.horizon, self.replay = horizon or epochs, replay
         self.checkpointer = Checkpoint(checkpoint, checkpoint_every)
         self.stopping = EarlyStopping(learner, patience, monitor)
         self.optimizers: Optimizers | None = None
@@ -300,7 +302,10 @@ class Trainer:
             improved, stop, learner.best_epoch = False, False, epoch
         else:
             improved, stop = self.stopping.update(epoch, record)
-        self.rate.epoch_end(improved)
+        if self.replay:
+            self.rate.scale = self.replay[min(epoch, len(self.replay) - 1)]
+        else:
+            self.rate.epoch_end(improved)
         if improved:
             self.strategy.best(self)
         out_of_time = self.strategy.agree(self.time_budget is not None and time.perf_counter() - started >= self.time_budget
