@@ -399,3 +399,32 @@ def test_bag_of_codes_is_the_mean_of_hashed_element_vectors(lists, tmp_path):
 def test_bag_of_a_scalar_column_is_refused(db):
     with pytest.raises(relsql.SchemaError, match=r"bag\(t.c\) needs a list column"):
         compiled(db, "bag(t.c, 4)")
+
+
+# -- default-size tables ---------------------------------------------------------------------------
+@pytest.mark.parametrize("fn", ["text", "bag"])
+def test_default_buckets_train_in_full_and_mini_batches_and_reload(fn, texts, lists, tmp_path):
+    """The default 2**16 buckets make a table larger than shape inference builds in full (it stands
+    in one row), so its padding id must still be a row there; trained models then equal the naive
+    evaluator with their own weights, batched or not, and after save/load."""
+    db, col, naive = (texts, "note", lambda v, w: naive_text(v, w, 2**16, 128)) if fn == "text" \
+        else (lists, "codes", lambda v, w: naive_bag(v, w, 2**16))
+    template = relsql.Template.from_sql(f"CREATE TABLE f AS SELECT t.id, linear({fn}(t.{col}, 3, 'tb'), 1, 'out') AS h FROM t;")
+    values = column(db, col)
+    for batch_size in (None, 10):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            m = relsql.Model(db, template, "t.y", dtype=torch.float64, progress=False)
+            before = m.net.named_weights()["tb"].detach().clone()
+            m.fit(epochs=3, batch_size=batch_size, lr=0.1)
+        weights = m.net.named_weights()
+        assert weights["tb"].shape == (2**16 + 1, 3)
+        assert not torch.equal(weights["tb"], before)  # the table trained
+        hidden = naive(values, weights["tb"].detach().numpy())
+        expected = 1 / (1 + np.exp(-(hidden @ weights["out"].detach().numpy().T)[:, 0]))
+        got = m.predict()["probability"].to_numpy()
+        assert np.allclose(got, expected, rtol=0, atol=1e-10)
+        path = m.save(tmp_path / f"{fn}{batch_size}.relsql")
+        for load_batch in (None, 7):
+            loaded = relsql.Model.load(path, db, batch_size=load_batch).predict()["probability"].to_numpy()
+            assert np.allclose(loaded, got, rtol=0, atol=1e-12)
