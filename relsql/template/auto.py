@@ -63,6 +63,9 @@ _FEATURE_TYPES = ("INT", "DECIMAL", "NUMERIC", "DOUBLE", "FLOAT", "REAL", "BOOL"
 _TIME_TYPES = ("DATE", "TIMESTAMP")
 MAX_CATEGORIES = 1000  # text columns with more distinct values are skipped
 SMALL_INTEGER_CATEGORIES = 10  # integer columns with at most this many values are codes
+PLE_BINS = 8  # ranges per number (piecewise-linear encoding at the database's quantiles)
+RARE = 3  # a code on fewer rows shares the vector of rare and unseen values
+NUMBERS = ("ple", "standardized")  # encoders: ranges, calendars, rare buckets, text | the earlier standardized numbers
 NUMBER_CODES = 32  # a number with at most this many values is also embedded: a step or lookup function of it
 AGGREGATIONS = ("avg", "sum", "max", "count")  # terms over child rows; "all" is all of them
 TIMELESS = ("exclude", "include")
@@ -261,8 +264,9 @@ def _walk(node: Node):
 class _Writer:
     def __init__(self, db: Database, schema: Schema, target: str, column: str, *, width: int, hops: int,
                  aggregation: tuple[str, ...], time_column: str | None, time_columns: dict[str, Time],
-                 labels: dict[str, str], layer: str = "sage"):
+                 labels: dict[str, str], layer: str = "sage", numbers: str = "ple", dropout: float = 0.0):
         self.db, self.schema, self.target, self.column = db, schema, target, column
+        self.numbers, self.dropout = numbers, dropout
         self.labels = labels
         self.weight_name = _Names()
         self.per_table: dict[str, str] = {}  # HGT's weights of a table (node type), shared by its statements
@@ -287,7 +291,7 @@ class _Writer:
         info: Table = self.schema.tables[table]
         keys = set(self.schema.primary_keys[table])
         fks = {c for child, fk in self.schema.foreign_keys if child == table for c in fk.columns}
-        numeric, categorical, skipped, identifiers, copies = [], [], [], [], []
+        numeric, categorical, skipped, identifiers, copies, texts = [], [], [], [], [], []
         for col in info.columns:
             if col.name in keys or col.name in fks or (table == self.target and col.name == self.column):
                 continue  # keys only join; the target column is never an input
@@ -312,17 +316,13 @@ class _Writer:
                 if not any(t in upper for t in ("BOOL", *_TIME_TYPES)) and self.few_values(table, col.name):
                     copies.append(col.name)
             elif text:
-                (categorical if distinct <= MAX_CATEGORIES else skipped).append(col.name)
+                (categorical if distinct <= MAX_CATEGORIES else texts if self.numbers == "ple" else skipped).append(col.name)
             else:
                 skipped.append(col.name)
-        parts = []
+        parts = self.encodings(table, numeric, categorical + copies, texts)
         t = self.labels[table]
-        if numeric:
-            parts.append(f"linear(features({', '.join('t.' + _qi(c) for c in numeric)}), {self.width}, "
-                         f"'{self.weight_name(f'enc_{t}_num')}')")
-        for c in categorical + copies:
-            parts.append(f"embed(t.{_qi(c)}, {self.width}, '{self.weight_name(f'enc_{t}_{_safe(c)}')}')")
-        value = f"tanh({' + '.join(parts)})" if parts else f"bias({self.width}, '{self.weight_name(f'enc_{t}_bias')}')"
+        value = self.activation(" + ".join(parts)) if parts else \
+            f"bias({self.width}, '{self.weight_name(f'enc_{t}_bias')}')"
         lines = [f"-- {table}: its own columns encoded into one {self.width}-wide vector per row"]
         if table == self.target:
             lines.append(f"-- (the target column {self.column} is never an input)")
@@ -332,6 +332,8 @@ class _Writer:
         if copies:
             lines.append(f"-- numbers with at most {NUMBER_CODES} values, also embedded (a step function of one column): "
                          f"{', '.join(copies)}")
+        if texts:
+            lines.append(f"-- text with more than {MAX_CATEGORIES} values, as hashed words and 3-grams: {', '.join(texts)}")
         if skipped:
             lines.append(f"-- skipped columns (high-cardinality text or unsupported types): {', '.join(skipped)}")
         if not parts:
@@ -339,6 +341,45 @@ class _Writer:
         key_sql = ", ".join(f"t.{_qi(k)}" for k in self.schema.primary_keys[table])
         lines.append(f"CREATE TABLE enc_{t} AS\nSELECT {key_sql}, {value} AS h\nFROM {self.rows(info, numeric)} t;\n")
         self.out.append("\n".join(lines))
+
+    def encodings(self, table: str, numeric: list[str], codes: list[str], texts: list[str]) -> list[str]:
+        """The terms of a table's encoder. numbers="ple": numbers cut into ranges at the database's
+        quantiles (a learnable function of each, not only a slope), dates by calendar parts and
+        year, booleans as 0/1, codes embedded with one shared vector for rare and unseen values,
+        long text hashed; numbers="standardized": the earlier encoder (standardized numbers,
+        plain embeddings). On bench.quality --quick, "ple" beat "standardized" on all 4 targets
+        (docs/quality.md)."""
+        t, w = self.labels[table], self.width
+        types = {c.name: c.type.upper() for c in self.schema.tables[table].columns}
+        parts = []
+        if self.numbers == "standardized":
+            if numeric:
+                parts.append(f"linear(features({', '.join('t.' + _qi(c) for c in numeric)}), {w}, "
+                             f"'{self.weight_name(f'enc_{t}_num')}')")
+            return parts + [f"embed(t.{_qi(c)}, {w}, '{self.weight_name(f'enc_{t}_{_safe(c)}')}')" for c in codes]
+        flags = [c for c in numeric if "BOOL" in types[c]]
+        dates = [c for c in numeric if any(k in types[c] for k in _TIME_TYPES) and c not in flags]
+        numbers = [c for c in numeric if c not in flags and c not in dates]
+        if numbers:
+            parts.append(f"linear(ple({', '.join('t.' + _qi(c) for c in numbers)}, {PLE_BINS}), {w}, "
+                         f"'{self.weight_name(f'enc_{t}_num')}')")
+        if flags:
+            parts.append(f"linear(features({', '.join('t.' + _qi(c) for c in flags)}), {w}, "
+                         f"'{self.weight_name(f'enc_{t}_flags')}')")
+        if dates:
+            parts.append(f"linear(calendar({', '.join('t.' + _qi(c) for c in dates)}), {w}, "
+                         f"'{self.weight_name(f'enc_{t}_dates')}')")
+        parts += [f"embed(t.{_qi(c)}, {w}, '{self.weight_name(f'enc_{t}_{_safe(c)}')}', min_count={RARE})" for c in codes]
+        parts += [f"text(t.{_qi(c)}, {w}, '{self.weight_name(f'enc_{t}_{_safe(c)}')}')" for c in texts]
+        return parts
+
+    def activation(self, value: str) -> str:
+        """A layer's nonlinearity: tanh, then dropout when asked for. Measured on bench.quality
+        --quick (4 targets x 2 seeds, ple encoders), tanh against gelu followed by layer_norm:
+        ROC-AUC 0.867 vs 0.831 and 0.935 vs 0.932, MAE 0.423 vs 0.541; accuracy 0.831 vs 0.840
+        the one where the layer norm was ahead."""
+        out = f"tanh({value})"
+        return f"dropout({out}, {self.dropout:g})" if self.dropout else out
 
     def rows(self, info: Table, numeric: list[str]) -> str:
         """The encoder's FROM: the table itself, or, when it encodes durations, a subquery reading
@@ -570,7 +611,7 @@ class _Writer:
                 f"GROUP BY {', '.join(head)};\n")
         value = f"h_{node.name}"
         key_list = ", ".join(f"p.{_qi(k)}" if is_root else f"p.{k}" for k in keys)
-        self.out.append(f"CREATE TABLE {value} AS\nSELECT {key_list}, tanh(p.h) AS h\nFROM {relation} p;\n")
+        self.out.append(f"CREATE TABLE {value} AS\nSELECT {key_list}, {self.activation('p.h')} AS h\nFROM {relation} p;\n")
         return value
 
 
@@ -643,7 +684,8 @@ def _other_task_tables(keys: Schema, target_table: str) -> list[str]:
 
 def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggregation="all",
              time_column: str | None = None, time_columns: dict[str, str] | None = None, infer_keys: bool = True,
-             timeless: str = "exclude", keys=None, layer: str = "sage") -> str:
+             timeless: str = "exclude", keys=None, layer: str = "sage", numbers: str = "ple",
+             dropout: float = 0.0) -> str:
     """An editable SQL template predicting `target` ("table.column") from its relational context.
 
     `aggregation`: "all" (mean, sum, max and count over child rows), one of avg/sum/max, or
@@ -653,7 +695,9 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
     direction, each with its own weights: "sage" (the aggregation terms plus the row's own
     term), "rgcn" (a mean per key and direction plus the own term: RGCN on the tree of rows),
     "gat" (GAT's attention over the child rows, scored from both ends) or "hgt" (HGT: keys,
-    queries, values and outputs per table, attention and messages per key and direction)."""
+    queries, values and outputs per table, attention and messages per key and direction).
+    `numbers`: "ple" (numbers cut into ranges at the database's quantiles, calendar parts of
+    dates, rare-value buckets, hashed long text) or "standardized" (the earlier encoders). `dropout`: the rate after each layer (0: none)."""
     table, column = arguments.target(target)
     hops = arguments.integer("hops", hops, minimum=0, maximum=16)
     width = arguments.integer("width", width, maximum=ir.MAX_WIDTH)
@@ -664,6 +708,11 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
     if not isinstance(timeless, str) or timeless not in TIMELESS:
         raise SchemaError(f"timeless must be exclude or include, got {timeless!r}")
     terms = aggregation_terms(aggregation)
+    if not isinstance(numbers, str) or numbers not in NUMBERS:
+        raise SchemaError(f"numbers must be one of {', '.join(NUMBERS)}, got {numbers!r}")
+    dropout = arguments.number("dropout", dropout)
+    if not 0 <= dropout < 1:
+        raise SchemaError(f"dropout must be at least 0 and below 1, got {dropout!r}")
     if not isinstance(layer, str) or layer not in LAYERS:
         raise SchemaError(f"layer must be one of {', '.join(LAYERS)}, got {layer!r}")
     if layer == "rgcn":
@@ -703,7 +752,8 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
     root = _tree(keys, table, hops, labels, keep, dropped, has_rows=lambda node: _path_has_rows(db, node), empty=empty)
     nodes = list(_walk(root))
     writer = _Writer(db, keys, table, column, width=width, hops=hops, aggregation=terms,
-                     time_column=time_column, time_columns=times, labels=labels, layer=layer)
+                     time_column=time_column, time_columns=times, labels=labels, layer=layer, numbers=numbers,
+                     dropout=dropout)
     values = db.arrow(exp.select(exp.column(exp.to_identifier(column, quoted=True))).from_(exp.Table(this=exp.to_identifier(table, quoted=True)))).column(0)
     units = output_units(values, target)
     tables = list(dict.fromkeys(n.table for n in nodes))
