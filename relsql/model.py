@@ -126,7 +126,7 @@ class Model:
     def fit(self, epochs: int = EPOCHS, batch_size: int | None = None, lr: float = LR, patience: int = PATIENCE,
             weight_decay: float = 0.0, *, schedule: str | None = "plateau", warmup: float = 0.05, clip: float | None = 1.0,
             monitor: str = "auto", time_budget: float | None = TIME_BUDGET, loss: str | None = None,
-            class_weight: str | None = None, refit: bool = False, checkpoint: str | Path | None = None,
+            class_weight: str | None = None, refit: bool = False, hybrid: bool | None = None, checkpoint: str | Path | None = None,
             resume: bool = False, checkpoint_every: int | None = None, callback=None, workers: int = 1) -> Model:
         """AdamW on the training rows; keeps the weights of the epoch with the best validation score.
 
@@ -146,7 +146,12 @@ class Model:
         (classification): "balanced" weighs each row's loss by n / (classes x its class's count
         among the training rows). `refit=True`: after selection, train again from the same
         initial weights on training + validation rows for the selected number of epochs
-        (`model.refit` says so; validation scores are then no longer held out).
+        (`model.refit` says so; validation scores are then no longer held out). `hybrid=True`:
+        after training, a GBM on one-hop features the database computes is blended with the
+        network by a weight picked on the validation rows (1: the network alone; the report
+        says which; relsql/train/hybrid.py); False keeps the network alone; None (default):
+        True for a template Template.auto generated (its header line), False for one written
+        by hand, which means what it meant.
 
         `batch_size` (default: the model's) trains on mini-batches, the next one prepared in the
         background (time waiting in `timings["waiting_on_database"]`); without it every step is
@@ -174,6 +179,13 @@ class Model:
         workers = arguments.integer("workers", workers, maximum=1024)
         if not isinstance(refit, bool):
             raise RelsqlError(f"refit must be True or False, got {refit!r}")
+        if hybrid is not None and not isinstance(hybrid, bool):
+            raise RelsqlError(f"hybrid must be True, False or None (automatic templates only), got {hybrid!r}")
+        if hybrid is None:
+            from relsql.template.auto import is_automatic
+
+            hybrid = is_automatic(self.template.source)
+        self.learner.hybrid = None
         learner, common = self.learner, (epochs, batch_size, lr, patience, weight_decay, checkpoint, checkpoint_every, resume)
         if refit:
             refits.check(learner, workers)
@@ -195,7 +207,7 @@ class Model:
                 log.info("%s has no transactions: training embeddings %s on one rank, which writes them back whole",
                          self.db.description, swapped)
             distributed.fit(learner, workers, *common, threads=self.threads, options=options)
-            return self
+            return self._blend(hybrid)
         batch_size = batch_size if batch_size is not None else learner.settings.batch_size
         state = checkpoints.load(checkpoint) if resume and checkpoint is not None and Path(checkpoint).exists() else None
         initial, before = (learner.weights_copy() if refit else None), len(learner.history)
@@ -208,7 +220,23 @@ class Model:
                 keep="last", horizon=epochs, replay=replay))
         if diverged:
             raise RelsqlError(diverged) from None
+        return self._blend(hybrid)
+
+    def _blend(self, hybrid: bool) -> Model:
+        """The trained network blended with a GBM where the validation rows pick one (hybrid.py)."""
+        if hybrid and self.learner.refit is None:  # after a refit the validation rows are no judge
+            from relsql.train import hybrid as hybrids
+
+            self.learner.hybrid = hybrids.fit(self.learner)
         return self
+
+    def search(self, budget: float | str = "10m", trials: int | None = None, **options) -> Model:
+        """Tune within `budget` ("90s", "10m", "1h" or seconds), every trial on this model's split;
+        the best trial becomes this model, the trials are in `model.trials` and the report
+        (relsql/train/search.py)."""
+        from relsql.train import search as searching
+
+        return searching.search(self, budget, trials, **options)
 
     def _options(self, schedule, warmup, clip, monitor, time_budget, loss, class_weight) -> dict:
         """fit()'s convergence settings checked, as the Trainer's keyword arguments (and the loss's)."""
@@ -261,12 +289,15 @@ class Model:
         the positive class, `task.classes[1]`), for a multi-class task `probabilities` (a list in
         the order of `task.classes`; a native list column in the database). A key column that
         already has one of those names keeps it; the prediction's column then gets the first free
-        name `prediction_1`, `prediction_2`, ... (compared as the database does, ignoring case)."""
-        return results.predict(self.learner)
+        name `prediction_1`, `prediction_2`, ... (compared as the database does, ignoring case).
+        The last column, `split`, says which part each row was in: "train", "val", "test", or
+        null for prediction-only rows (NULL target)."""
+        return results.predict(self.learner, splits=True)
 
     def write_predictions(self, name: str, *, replace: bool = False) -> int:
-        """Write `predict()` as a new table, atomically; an existing table needs replace=True."""
-        frame = self.predict()
+        """Write `predict()` (without its `split` column) as a new table, atomically; an existing
+        table needs replace=True."""
+        frame = results.predict(self.learner)
         self.db.write_table(name, frame.to_arrow(), replace=replace, kind="predictions")
         return frame.height
 

@@ -78,7 +78,11 @@ def test_binary_classification_learns_a_signal_one_join_away(db):
     scores = model.evaluate()
     assert scores["accuracy"] > 0.8 and scores["roc_auc"] > 0.85, scores
     frame = model.predict()
-    assert frame.height == 300 and frame.columns == ["customer_id", "prediction", "probability"]
+    assert frame.height == 300 and frame.columns == ["customer_id", "prediction", "probability", "split"]
+    unlabelled = {c for c in range(300) if not c % 17}  # their target is NULL: prediction-only, in no split
+    assert {c for c, s in zip(frame["customer_id"], frame["split"]) if s is None} == unlabelled
+    assert frame["split"].value_counts().sort("split").drop_nulls()["count"].to_list() == \
+        [len(model.rows["test"]), len(model.rows["train"]), len(model.rows["val"])]
     probability = frame["probability"].to_numpy()  # of the positive class, True: predicted where above 1/2
     assert ((probability > 0) & (probability < 1)).all()
     assert (frame["prediction"].to_numpy() == (probability > 0.5)).all()
@@ -90,7 +94,7 @@ def test_multiclass_and_regression_tasks(db):
     multi.fit(epochs=80, lr=0.03)
     assert multi.evaluate()["accuracy"] > 0.6
     frame = multi.predict()
-    assert frame.columns == ["customer_id", "prediction", "probabilities"]
+    assert frame.columns == ["customer_id", "prediction", "probabilities", "split"]
     probabilities = np.array(frame["probabilities"].to_list())
     assert probabilities.shape == (300, 3) and np.allclose(probabilities.sum(1), 1.0)
     assert frame["prediction"].to_list() == [multi.task.classes[i] for i in probabilities.argmax(1)]

@@ -72,7 +72,7 @@ def test_best_trial_by_validation_becomes_the_model_deterministically(shop, monk
     monkeypatch.setattr(searching, "build", lambda state, config: built.append(original(state, config)) or built[-1])
     model = _auto_model(shop)
     before, generator = _split_keys(model), torch.random.get_rng_state()
-    searching.search(model, budget="10m", trials=6, epochs=27)
+    searching.search(model, budget="10m", trials=6, epochs=27, hybrid=False)  # the network alone, as its trials
     trials = model.trials
     assert torch.equal(torch.random.get_rng_state(), generator)  # the caller's generator is left as it was
     scored = trials.filter(pl.col("error").is_null())

@@ -63,6 +63,7 @@ _FEATURE_TYPES = ("INT", "DECIMAL", "NUMERIC", "DOUBLE", "FLOAT", "REAL", "BOOL"
 _TIME_TYPES = ("DATE", "TIMESTAMP")
 MAX_CATEGORIES = 1000  # text columns with more distinct values are skipped
 SMALL_INTEGER_CATEGORIES = 10  # integer columns with at most this many values are codes
+HEADER = "-- relsql automatic template"  # the first line's start: fit() blends such a model with a GBM by default
 PLE_BINS = 8  # ranges per number (piecewise-linear encoding at the database's quantiles)
 RARE = 3  # a code on fewer rows shares the vector of rare and unseen values
 NUMBERS = ("ple", "standardized")  # encoders: ranges, calendars, rare buckets, text | the earlier standardized numbers
@@ -74,6 +75,11 @@ _ID_NAME = re.compile(r"(?:^|_)(?:id|sk|key|uuid|guid)$", re.IGNORECASE)  # id, 
 _ID_CAMEL = re.compile(r"[a-z0-9](?:Id|ID|Key|SK)$")  # customerId, CustomerID, OrderKey
 _ID_TPCH = re.compile(r"[a-z]{1,3}_[a-z]+key", re.IGNORECASE)  # c_custkey, o_orderkey, ps_suppkey
 _DATE_DIMENSION = re.compile(r"date|day|calendar", re.IGNORECASE)
+
+
+def is_automatic(source: str) -> bool:
+    """Whether a template's text was generated here (edited or not): its first line is the header."""
+    return source.startswith(HEADER)
 
 
 def is_interval(sql_type: str) -> bool:
@@ -766,7 +772,7 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
     described = "all: " + ", ".join(terms) if terms == AGGREGATIONS else ", ".join(terms)
     combined = {"gat": "attention over child rows (GAT)", "hgt": "typed attention over child rows (HGT)"}.get(
         layer, f"aggregation over child rows {described}")
-    header = [f"-- relsql automatic template ({layer} layers): predict {target} from up to {hops} foreign-key hops away",
+    header = [f"{HEADER} ({layer} layers): predict {target} from up to {hops} foreign-key hops away",
               f"-- width {width}, {combined}; edit freely and retrain.",
               f"-- tables used: {', '.join(tables)}"]
     if empty:

@@ -50,6 +50,10 @@ def learner(db: Database, template: ir.Template | str | Path, target: str, *, ou
     else:  # Model.load: the saved encodings, task and split
         made.history, made.best_epoch = loading.history, loading.best_epoch
         made.build(loading.presets, loading.task, split=loading.split)
+        if loading.hybrid is not None:
+            from relsql.train.hybrid import Hybrid
+
+            made.hybrid = Hybrid.from_plain(loading.hybrid)
     return made
 
 

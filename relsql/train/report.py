@@ -74,6 +74,11 @@ def text_report(model) -> str:
     split = "test" if len(model.rows["test"]) else "val" if len(model.rows["val"]) else None
     if split is not None:
         lines += _baselines(model, split, evaluated[split].get(metric, math.nan))
+    lines += _training(model)
+    if getattr(model, "trials", None) is not None:
+        from relsql.train.search import summary
+
+        lines += ["  " + line for line in summary(model.trials).splitlines()]
     if getattr(model, "stopped", None) == "epochs" and model.history:
         last = model.history[-1]["epoch"]
         still = " and was still improving: train longer (more epochs)" if model.best_epoch == last else ""
@@ -83,6 +88,22 @@ def text_report(model) -> str:
 
 
 LOWER_IS_BETTER = ("rmse", "mae", "loss")
+
+
+def _training(model) -> list[str]:
+    """How training ended and what chose the kept epoch: the metric, the budgets, a refit."""
+    learner, lines = model.learner, []
+    if not model.history:
+        return lines
+    monitor = (getattr(learner, "monitor", None) or "loss").removeprefix("val_")
+    budget = getattr(learner, "time_budget", None)
+    lines.append(f"  training: kept the epoch with the best validation {monitor}; stopped by {learner.stopped or 'epochs'} "
+                 f"(limits: {learner.epoch_cap} epochs" + (f", {budget:g}s" if budget else "") + ")")
+    refit = getattr(learner, "refit", None)
+    if refit:
+        lines.append(f"  refit: trained again on training + validation rows for {refit.get('epochs')} epochs; the "
+                     "validation scores above are no longer held out")
+    return lines
 
 
 def describe_split(model) -> str:

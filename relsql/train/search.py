@@ -236,6 +236,7 @@ def fit_keywords(model, search: Search, epochs: int, config: Config, final: bool
     keywords = {**search.fit_options, **config.fit, "epochs": epochs}
     if not final:  # a trial's validation rows stay held out: only the final training may refit on them
         keywords.pop("refit", None)
+        keywords["hybrid"] = False  # trials compare networks; the final one is blended as fit() blends
     if search.patience is not None:
         keywords["patience"] = min(search.patience, epochs)
     if "time_budget" in accepted and not final:

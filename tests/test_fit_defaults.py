@@ -1,0 +1,57 @@
+"""What `Model.fit()` adds by default to an automatic template and never to a hand-written one:
+the GBM blend picked on validation (kept by save/load), the report's training and split lines,
+and `Model.search` on the façade."""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import pytest
+
+import relsql
+from demos.synthetic import build
+
+HAND = """
+CREATE TABLE enc AS SELECT c.customer_id, tanh(linear(features(c.age), 8)) AS h FROM customer c;
+CREATE TABLE out AS SELECT e.customer_id, linear(e.h, 1) AS h FROM enc e;
+"""
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    path = tmp_path_factory.mktemp("fit_defaults") / "shop.duckdb"
+    con = duckdb.connect(str(path))
+    build(con, customers=600, products=60, seed=3)
+    con.close()
+    return relsql.connect(str(path))
+
+
+def test_an_automatic_template_is_blended_and_the_blend_is_saved(db, tmp_path):
+    model = relsql.Model(db, relsql.Template.auto(db, target="customer.churned"), target="customer.churned", seed=0,
+                         progress=False)
+    model.fit(epochs=30)
+    blend = model.learner.hybrid
+    assert blend is not None and 0.0 <= blend.weight <= 1.0
+    report = model.report()
+    assert "hybrid:" in report and "training: kept the epoch with the best validation" in report
+    assert "split: random (0.7/0.15/0.15, seed 0" in report
+    path = model.save(tmp_path / "m.pt")
+    loaded = relsql.Model.load(path, db)
+    assert loaded.learner.hybrid is not None and loaded.learner.hybrid.weight == blend.weight
+    assert np.allclose(loaded.predict()["probability"].to_numpy(), model.predict()["probability"].to_numpy(), atol=1e-6)
+
+
+def test_a_hand_written_template_means_what_it_meant(db):
+    model = relsql.Model(db, relsql.Template.from_sql(HAND), target="customer.churned", seed=0, progress=False)
+    model.fit(epochs=5)
+    assert model.learner.hybrid is None and "hybrid:" not in model.report()
+    model.fit(epochs=5, hybrid=True)  # asked for: blended
+    assert model.learner.hybrid is not None
+    with pytest.raises(relsql.RelsqlError, match="hybrid must be"):
+        model.fit(epochs=1, hybrid="yes")
+
+
+def test_search_is_a_model_method(db):
+    model = relsql.Model(db, relsql.Template.from_sql(HAND), target="customer.churned", seed=0, progress=False)
+    assert model.search(budget="1s", trials=1, epochs=3) is model
+    assert model.trials.height == 1 and model.trials["chosen"].to_list() == [True]
