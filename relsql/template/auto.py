@@ -487,8 +487,18 @@ class _Writer:
             when = ", unfiltered: no time known" + (" (a parent row: an attribute, not an event)" if not node.step.to_child else "")
         self.out.append(
             f"-- {node.name}: the {direction} of {node.parent.table} in {node.table} (via {', '.join(node.step.fk.columns)})"
-            + when + f"\nCREATE TABLE x_{node.name} AS\nSELECT {', '.join(select)}, avg(e.h) AS h\n{source}\n"
+            + when + f"\nCREATE TABLE x_{node.name} AS\nSELECT {', '.join(select)}, {self.row_value(node, time, target_time)} AS h\n{source}\n"
             f"JOIN {_qi(node.table)} x ON {condition}{dimension}\nJOIN enc_{t} e ON {join_enc}\nGROUP BY {group};\n")
+
+    def row_value(self, node: Node, time: Time | None, target_time: str) -> str:
+        """A node row's value: its table's encoding and, in a temporal template with encoders, its
+        age at the target row's time (seconds, standardized), as RelBench's encoders add: how
+        recent an event was often says more than its calendar date."""
+        if time is None or self.numbers != "ple":
+            return "avg(e.h)"
+        at = f"{'x' if time.via is None else 'xd'}.{_qi(time.column)}"
+        name = self.weight_name(f"age_{node.name}")
+        return f"avg(e.h + linear(features(epoch({target_time}) - epoch({at})), {self.width}, '{name}'))"
 
     def aggregate(self, child: Node, node: Node, own: str) -> tuple[str, str]:
         """(comment, neural expression) combining `child`'s values over its rows for `node`
