@@ -11,6 +11,7 @@ import torch
 from relsql.db import free_name
 from relsql.errors import RelsqlError
 from relsql.train import baselines
+from relsql.train import rows as chosen
 from relsql.train.learner import Learner
 
 
@@ -35,20 +36,44 @@ def baseline(learner: Learner, split: str) -> dict[str, float]:
     return baselines.majority(learner, split)
 
 
-def _all_outputs(learner: Learner) -> tuple[pl.DataFrame, np.ndarray]:
-    """(key columns with `_rid`, outputs) of every output row, in row-id order; blended with the
-    learner's GBM when it has a hybrid."""
+def _key_frame(learner: Learner) -> pl.DataFrame:
+    """Every output row's key columns and `_rid`, in row-id order."""
     if learner.mini_batches:
-        keys = pl.from_arrow(learner.batched.grounder.keys(learner.output)).sort("_rid")
-        out = learner.outputs_of(keys["_rid"].to_numpy())
-    else:
-        keys = pl.from_arrow(learner.net.grounding.relations[learner.output].keys).sort("_rid")
-        with torch.no_grad():
-            out = learner.outputs()
+        return pl.from_arrow(learner.batched.grounder.keys(learner.output)).sort("_rid")
+    return pl.from_arrow(learner.net.grounding.relations[learner.output].keys).sort("_rid")
+
+
+def _outputs(learner: Learner, rids: np.ndarray) -> np.ndarray:
+    """The outputs of output rows `rids`, in that order, blended with the learner's GBM when it has
+    a hybrid. Mini-batches compute only the rows asked for."""
+    with torch.no_grad():
+        if learner.mini_batches:
+            out = learner.outputs_of(rids)
+        else:
+            out = learner.outputs().index_select(0, torch.as_tensor(rids, dtype=torch.long, device=learner.device))
     hybrid = getattr(learner, "hybrid", None)
-    if hybrid is not None:
-        out = hybrid.blend(learner, keys["_rid"].to_numpy(), out)
-    return keys, out.detach().cpu().double().numpy()
+    if hybrid is not None and len(rids):
+        out = hybrid.blend(learner, rids, out)
+    return out.detach().cpu().double().numpy()
+
+
+def chosen_rows(learner: Learner, keys: object = None, where: object = None) -> pl.DataFrame:
+    """The key columns and `_rid` of the output rows `keys` and `where` choose (relsql/train/rows.py):
+    the rows of `keys` in its order, those satisfying `where` in row-id order, or with both the rows
+    of `keys` that satisfy `where`; every row when both are None."""
+    known = _key_frame(learner)
+    names = list(learner.goal.keys)
+    if keys is None and where is None:
+        return known
+    rids = None if keys is None else chosen.of_keys(known, keys, names, learner.table)
+    if where is not None:
+        passing = chosen.of_where(learner.db, known, where, names, learner.table)
+        rids = passing if rids is None else rids[np.isin(rids, passing)]
+    if not len(rids):
+        return known.head(0)
+    position = np.zeros(int(known["_rid"].max()) + 1, dtype=np.int64)  # known's row of each _rid
+    position[known["_rid"].to_numpy()] = np.arange(known.height)
+    return known[position[rids].tolist()]
 
 
 SPLITS = {"train": "train", "val": "val", "test": "test"}  # the split names predict() writes
@@ -64,13 +89,15 @@ def splits_of(learner: Learner, rids: np.ndarray) -> list[str | None]:
     return [where.get(rid) for rid in rids.tolist()]
 
 
-def predict(learner: Learner, splits: bool = False) -> pl.DataFrame:
-    """Every output row: its keys, `prediction`, and the class probabilities (see Model.predict);
-    with `splits`, last a column `split`: the part of the labelled rows the row was in ("train",
-    "val", "test"), null for prediction-only rows."""
-    keys, out = _all_outputs(learner)
-    rids = keys["_rid"].to_numpy()
-    keys = keys.drop("_rid")
+def predict(learner: Learner, splits: bool = False, keys: object = None, where: object = None) -> pl.DataFrame:
+    """The output rows chosen by `keys` and `where` (see `chosen_rows`; default every row): their
+    keys, `prediction`, and the class probabilities (see Model.predict); with `splits`, last a
+    column `split`: the part of the labelled rows the row was in ("train", "val", "test"), null for
+    prediction-only rows."""
+    rows = chosen_rows(learner, keys, where)
+    rids = rows["_rid"].to_numpy()
+    out = _outputs(learner, rids)
+    keys = rows.drop("_rid")
     predictions, probabilities = learner.task.decode(out)
     taken = {k.casefold() for k in keys.columns}
     frame = keys.with_columns(pl.Series(free_name("prediction", taken), predictions))

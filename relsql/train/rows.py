@@ -1,0 +1,159 @@
+"""Which output rows `predict(keys=..., where=...)` scores.
+
+`keys`: a frame of the target table's key columns; the rows come back in the frame's order.
+`where`: a SQL condition on the target table's columns. It is parsed by sqlglot and checked
+node by node (one boolean expression; no statement, subquery, other table, aggregate, window,
+parameter or function sqlglot does not know), its columns are replaced by quoted references
+to the table's real columns, and the database evaluates the rebuilt AST: the user's text is
+never pasted into SQL, and nothing but a filter over the target table can run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import sqlglot
+import sqlglot.expressions as exp
+from sqlglot.errors import SqlglotError
+
+from relsql import sql as q
+from relsql.db import Database, to_arrow
+from relsql.errors import RelsqlError, SchemaError
+
+# nodes a condition on one table's row never needs; each would reach beyond that row
+REFUSED = {
+    exp.Query: "a query", exp.Subquery: "a subquery", exp.Exists: "a subquery (EXISTS)", exp.Table: "a table",
+    exp.AggFunc: "an aggregate", exp.Window: "a window function", exp.Placeholder: "a parameter",
+    exp.Parameter: "a parameter", exp.Star: "*", exp.Anonymous: "a function sqlglot does not know",
+    exp.ReadCSV: "a file reader", exp.ReadParquet: "a file reader",
+}
+BOOLEAN_NODES = (exp.Predicate, exp.Connector, exp.Not, exp.Boolean, exp.Xor)
+
+
+class WhereError(RelsqlError):
+    """A `where` condition that is not a boolean expression over the target table's columns."""
+
+
+def _fix(table: str) -> str:
+    return (f"write one condition on the columns of `{table}`, e.g. \"spend > 100 AND tier = 'gold'\" "
+            "(no statements, subqueries or other tables)")
+
+
+def parse_condition(text: object, table: str) -> exp.Expression:
+    """`text` parsed as exactly one expression, with every node a filter may hold (no columns checked yet)."""
+    if not isinstance(text, str) or not text.strip():
+        raise WhereError(f"where must be a SQL condition on `{table}` (a non-empty string), got {text!r}; {_fix(table)}")
+    try:
+        parsed = [p for p in sqlglot.parse(text, read="duckdb") if p is not None]
+    except SqlglotError as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise WhereError(f"where {text!r} is not valid SQL ({first}); {_fix(table)}") from None
+    if len(parsed) != 1:
+        raise WhereError(f"where {text!r} holds {len(parsed)} statements; {_fix(table)}")
+    condition = parsed[0]
+    for node in condition.walk():
+        for kind, what in REFUSED.items():
+            if isinstance(node, kind):
+                raise WhereError(f"where {text!r} contains {what} (`{node.sql('duckdb')[:60]}`); {_fix(table)}")
+    inner = condition.unnest() if isinstance(condition, exp.Paren) else condition
+    if not isinstance(inner, (*BOOLEAN_NODES, exp.Column)):
+        raise WhereError(f"where {text!r} is not a condition (it is {type(inner).__name__}); {_fix(table)}")
+    return condition
+
+
+def _resolve(column: exp.Column, text: str, table: str, columns: dict[str, str], folded: dict[str, list[str]]) -> str:
+    """The table's real name of a column the condition names (quoted: exact; unquoted: ignoring case)."""
+    parts = [p.name for p in column.parts]
+    if len(parts) > 2 or (len(parts) == 2 and parts[0].casefold() != table.casefold()):
+        raise WhereError(f"where {text!r} names `{'.'.join(parts)}`, not a column of `{table}`; {_fix(table)}")
+    identifier = column.this
+    name = identifier.name
+    if identifier.quoted and name in columns:
+        return name
+    matches = [] if identifier.quoted else folded.get(name.casefold(), [])
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        raise WhereError(f"where {text!r}: `{name}` matches columns {matches} of `{table}` that differ only in case; "
+                         "quote the one you mean")
+    raise WhereError(f"where {text!r}: `{table}` has no column `{name}`; its columns: {', '.join(columns)}")
+
+
+def condition(db: Database, table: str, text: object, alias: str = "t") -> exp.Expression:
+    """The checked condition with each column a quoted reference `alias."column"` of `table`."""
+    parsed = parse_condition(text, table)
+    columns = dict(db.columns(table))
+    folded: dict[str, list[str]] = {}
+    for name in columns:
+        folded.setdefault(name.casefold(), []).append(name)
+    inner = parsed.unnest() if isinstance(parsed, exp.Paren) else parsed
+    if isinstance(inner, exp.Column):
+        name = _resolve(inner, text, table, columns, folded)
+        if columns[name].upper() != "BOOLEAN":
+            raise WhereError(f"where {text!r} is column `{name}` of type {columns[name]}, not a condition; {_fix(table)}")
+
+    def quote(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Column):
+            return q.col(_resolve(node, text, table, columns, folded), alias)
+        return node
+
+    return parsed.transform(quote)
+
+
+def where_keys(db: Database, table: str, keys: list[str], text: object) -> pl.DataFrame:
+    """The key columns of the rows of `table` that satisfy `text` (evaluated by the database)."""
+    rebuilt = condition(db, table, text)
+    query = (exp.select(*[q.col(k, "t") for k in keys])
+             .from_(exp.alias_(exp.Table(this=q.ident(table)), q.ident("t"), table=True))
+             .where(rebuilt))
+    try:
+        found = db.arrow(query)
+    except Exception as err:  # the engine's own verdict on a well-formed condition (a type mismatch, ...)
+        message = " ".join(str(err).split())[:300]
+        raise WhereError(f"the database could not evaluate where {text!r} on `{table}`: {message}; {_fix(table)}") from None
+    return pl.from_arrow(found)
+
+
+def _as_frame(keys: object, names: list[str], table: str) -> pl.DataFrame:
+    """`keys` (a polars or pandas frame, an Arrow table or a dict of lists) as a polars frame of the key columns."""
+    if isinstance(keys, dict):
+        try:
+            frame = pl.DataFrame(keys)
+        except (TypeError, ValueError, pl.exceptions.PolarsError) as err:
+            raise RelsqlError(f"keys: cannot read the dict as columns of equal length ({err}); pass "
+                              f"{{{', '.join(repr(k) + ': [...]' for k in names)}}}") from None
+    else:
+        frame = pl.from_arrow(to_arrow(keys, "keys"))
+    if not isinstance(frame, pl.DataFrame):
+        raise RelsqlError(f"keys must be a frame of {table}'s key columns {names}, got {type(keys).__name__}")
+    if sorted(frame.columns) != sorted(names):
+        raise RelsqlError(f"keys must have exactly the key columns of `{table}`: {names}; got {frame.columns}")
+    return frame.select(names)
+
+
+def of_keys(known: pl.DataFrame, keys: object, names: list[str], table: str) -> np.ndarray:
+    """The `_rid` of each row of `keys`, in its order; `known` holds every output row's keys and `_rid`."""
+    frame = _as_frame(keys, names, table)
+    try:
+        frame = frame.with_columns([pl.col(k).cast(known.schema[k], strict=True) for k in names])
+    except pl.exceptions.PolarsError as err:
+        raise RelsqlError(f"keys: a value does not fit the type of `{table}`'s key column(s) "
+                          f"{ {k: str(known.schema[k]) for k in names} } ({' '.join(str(err).split())[:200]})") from None
+    ordered = frame.with_row_index("_order").join(known, on=names, how="left", nulls_equal=True).sort("_order")
+    unknown = ordered.filter(pl.col("_rid").is_null())
+    if unknown.height:
+        shown = unknown.select(names).head(3).rows()
+        raise RelsqlError(f"keys: {unknown.height} key(s) are not rows the model predicts on `{table}`, e.g. "
+                          f"{dict(zip(names, shown[0]))}{'' if unknown.height == 1 else f' (first {len(shown)}: {shown})'}; "
+                          "pass keys of existing rows of the target table")
+    return ordered["_rid"].to_numpy()
+
+
+def of_where(db: Database, known: pl.DataFrame, text: object, names: list[str], table: str) -> np.ndarray:
+    """The `_rid` of the output rows whose target-table row satisfies `text`, in row-id order."""
+    found = where_keys(db, table, names, text)
+    try:
+        found = found.with_columns([pl.col(k).cast(known.schema[k], strict=True) for k in names])
+    except pl.exceptions.PolarsError as err:
+        raise SchemaError(f"the key columns of `{table}` no longer have the model's types: {err}") from None
+    return known.join(found.unique(), on=names, how="semi", nulls_equal=True).sort("_rid")["_rid"].to_numpy()
