@@ -172,3 +172,114 @@ def test_split_is_the_models(tmp_path, targets):
         assert np.array_equal(np.sort(labels), np.sort(model.learner.y[rows].double().numpy()))
     assert not set(positions["train"]) & set(positions["test"])
     con.close()
+
+
+def test_search_column_counted(tmp_path, capsys):
+    """--search adds relsql_search per seed, on the model's split, and a count against the one-hop GBM."""
+    out = tmp_path / "quality.json"
+    quality.main(["--targets", "region.growth", "--seeds", "0", "1", "--scale", "0.4", "--search", "3s", "--fit", '{"epochs": 3}',
+                  "--peer", '{"epochs": 3}', "--out", str(tmp_path / "db"), "--json", str(out)])
+    result = json.loads(out.read_text())
+    searched = [r for r in result["rows"] if r["method"] == quality.SEARCH]
+    assert sorted(r["seed"] for r in searched) == [0, 1]
+    assert all(r["score"] > 0 and "r2" in r["scores"] and r["trials"] >= 1 for r in searched)
+    entry = result["summary"][0]
+    assert entry["methods"][quality.SEARCH]["mean"] == pytest.approx(np.mean([r["score"] for r in searched]))
+    flat = entry["methods"]["gbm_one_hop"]
+    assert entry["search_at_least_one_hop"] == quality.at_least(entry["methods"][quality.SEARCH], flat, "mae")
+    assert quality.SEARCH not in entry["relsql_at_least"]
+    printed = capsys.readouterr().out
+    assert f"relsql with search >= gbm_one_hop (within one std of relsql_search): {int(entry['search_at_least_one_hop'])} of 1" in printed
+    assert result["settings"]["search"] == "3s"
+
+
+def test_peer_reads_a_database_file_as_relgen_frames(tmp_path, targets):
+    """rdl_peer.read + graph_of on a written relgen file give the encodings and edges graph() builds from its frames."""
+    from bench import rdl_peer
+
+    db, target = targets["txn.fraud"]
+    path = relgen.write(db, tmp_path / "bank.duckdb", "txn.fraud")
+    direct, direct_edges = rdl_peer.graph(db, target.column, target.table)
+    read, read_edges = rdl_peer.graph_of(rdl_peer.read(path), target.table, target.column)
+    assert set(direct) == set(read)
+    for name in direct:
+        np.testing.assert_allclose(read[name].numbers.numpy(), direct[name].numbers.numpy(), rtol=0, atol=1e-6)
+        assert read[name].sizes == direct[name].sizes
+    forward = {k: v for k, v in direct_edges.items() if not k[1].startswith("rev_")}
+    assert {k: v.tolist() for k, v in forward.items()} == {k: read_edges[k].tolist() for k in forward}
+    assert len(read_edges) == len(direct_edges)
+
+
+def _declared(con) -> set[tuple[str, str, tuple[str, ...]]]:
+    rows = con.execute("SELECT table_name, constraint_type, constraint_column_names FROM duckdb_constraints() "
+                       "WHERE constraint_type IN ('PRIMARY KEY', 'FOREIGN KEY')").fetchall()
+    return {(t, kind, tuple(c)) for t, kind, c in rows}
+
+
+def test_mutagenesis_and_nations_files(tmp_path):
+    from bench import realdata
+
+    con = duckdb.connect(str(realdata.write("molecule.mutagenic", tmp_path / "m.duckdb")), read_only=True)
+    assert con.execute("SELECT count(*), sum(mutagenic::INT) FROM molecule").fetchone() == (188, 125)
+    assert ("bond", "FOREIGN KEY", ("atom1_id",)) in _declared(con)
+    con.close()
+    facts, queries = realdata.nations_facts()
+    con = duckdb.connect(str(realdata.write("holds.label", tmp_path / "n.duckdb")), read_only=True)
+    assert con.execute("SELECT count(*), sum(label::INT) FROM holds").fetchone() == (806, 541)
+    assert con.execute("SELECT count(*) FROM tie").fetchone()[0] == sum(len(f) == 3 for f in facts) == 996
+    # every holds row is the query it came from, label included
+    got = set(con.execute("SELECT n.name, a.name, h.label FROM holds h JOIN nation n USING (nation_id) "
+                          "JOIN attribute a USING (attribute_id)").fetchall())
+    assert got == {(a[0], a[1], v > 0.5) for v, a in queries if len(a) == 2}
+    # no positive fact r(nation, attribute) is an input: the file has no table of them
+    assert {t for (t,) in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()} == {"nation", "attribute", "tie", "holds"}
+    assert ("holds", "FOREIGN KEY", ("attribute_id",)) in _declared(con)
+    con.close()
+
+
+def test_tpcds_labels_come_from_later_sales_the_inputs_lack(tmp_path):
+    """customer.buys_again / customer.spend recomputed from a separate dsdgen run; no input sale on or after the cut."""
+    from bench import realdata
+    from connectors.extensions import load
+
+    path = realdata.write_tpcds(tmp_path / "tpcds.duckdb", "buys_again")
+    spend = realdata.write_tpcds(tmp_path / "spend.duckdb", "spend")
+    ref = duckdb.connect()
+    load(ref, "tpcds")
+    ref.execute("CALL dsdgen(sf=0.01)")
+    expected = dict(ref.execute("""
+        SELECT ss_customer_sk, bool_or(d_date >= DATE '2002-07-01') FROM store_sales JOIN date_dim ON d_date_sk = ss_sold_date_sk
+        WHERE ss_customer_sk IS NOT NULL GROUP BY 1 HAVING bool_or(d_date < DATE '2002-07-01')""").fetchall())
+    later = dict(ref.execute("""
+        SELECT k, ln(1 + sum(p)) FROM (
+          SELECT ss_customer_sk AS k, ss_net_paid AS p, d_date FROM store_sales JOIN date_dim ON d_date_sk = ss_sold_date_sk
+          UNION ALL SELECT ws_bill_customer_sk, ws_net_paid, d_date FROM web_sales JOIN date_dim ON d_date_sk = ws_sold_date_sk)
+        WHERE d_date >= DATE '2002-07-01' GROUP BY 1""").fetchall())
+    ref.close()
+    con = duckdb.connect(str(path), read_only=True)
+    assert dict(con.execute("SELECT c_customer_sk, buys_again FROM customer").fetchall()) == expected
+    assert 0.1 < np.mean(list(expected.values())) < 0.5
+    assert con.execute("SELECT max(ss_sold_date) FROM store_sales").fetchone()[0].isoformat() < "2002-07-01"
+    assert con.execute("SELECT max(ws_sold_date) FROM web_sales").fetchone()[0].isoformat() < "2002-07-01"
+    assert ("store_sales", "FOREIGN KEY", ("ss_customer_sk",)) in _declared(con)
+    con.close()
+    con = duckdb.connect(str(spend), read_only=True)
+    got = dict(con.execute("SELECT c_customer_sk, spend FROM customer").fetchall())
+    con.close()
+    assert set(got) == set(expected)
+    np.testing.assert_allclose([got[k] for k in got], [later.get(k, 0.0) for k in got], rtol=1e-9, atol=1e-9)
+
+
+def test_tiny_run_on_the_extra_targets(tmp_path):
+    """Mutagenesis (text keys) and Nations through the harness: every method scored on the model's split."""
+    out = tmp_path / "quality.json"
+    names = ["molecule.mutagenic", "holds.label"]
+    quality.main(["--targets", *names, "--seeds", "0", "--fit", '{"epochs": 3}', "--peer", '{"epochs": 3}',
+                  "--out", str(tmp_path / "db"), "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    for name in names:
+        methods = {r["method"] for r in rows if r["target"] == name}
+        assert {"relsql", "majority", "gbm_one_hop", "rdl_peer"} <= methods, name
+        assert all(0 <= r["score"] <= 1 and r["metric"] == "roc_auc" for r in rows if r["target"] == name)
+    case = quality.make_case("molecule.mutagenic", tmp_path / "again", 1.0)
+    assert len(case.keys) == 188 and case.keys.dtype == object and case.values.sum() == 125
