@@ -7,7 +7,8 @@ Exit codes (the same for every command):
   column, a table that already exists), in a template's text or in a model file's contents.
   One line ``relsql: <message>`` on stderr. An unexpected failure prints one line
   ``relsql: internal error: ...`` and also exits 1 (RELSQL_DEBUG=1 shows its traceback).
-- 2: a usage error: the command line itself is wrong, found before anything runs: an unknown
+- 2: a usage error: the command line itself is wrong, found before anything runs (or, for a
+  --where naming a column the target table lacks, once the database is open): an unknown
   or missing argument, a value of the wrong type or range (--epochs, --lr, --hops, ...), a
   target not written table.column, a file that does not exist or cannot be read, an output
   path whose folder does not exist or that is a folder, two arguments naming the same file.
@@ -23,6 +24,7 @@ import argparse
 import contextlib
 import logging
 import os
+import shlex
 import sys
 import time
 import warnings
@@ -33,16 +35,19 @@ import torch
 
 import relsql
 from relsql.cli import demo as demo_command
+from relsql.cli import output as outputs
 from relsql.cli import task as task_command
 from relsql.cli.arguments import (
     DB_KINDS,
     EPILOG,
     KEYS_HELP,
+    UsageError,
     aggregation,
     check_together,
     checkpoint_file,
     database,
     demo_database,
+    device,
     keys_file,
     learning_rate,
     memory_limit,
@@ -51,13 +56,19 @@ from relsql.cli.arguments import (
     non_negative_int,
     output_file,
     positive_int,
+    predictions_file,
     search_budget,
     seed,
+    split_fractions,
     table_name,
     target,
+    template_beside,
     template_file,
+    time_budget,
+    where_condition,
 )
 from relsql.errors import RelsqlError
+from relsql.train.threads import torch_threads
 
 
 # -- commands ----------------------------------------------------------------------------------------------------
@@ -101,23 +112,45 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _template(args: argparse.Namespace) -> int:
+def _generate(db: relsql.Database, args: argparse.Namespace) -> str:
+    """The automatic template's text from `relsql template`'s options (given ones only; generate's
+    defaults otherwise), checked to parse."""
     from relsql.template.auto import generate
 
-    with relsql.connect(args.db, read_only=True, keys=args.keys) as db:
-        text = generate(db, args.target, hops=args.hops, width=args.width, aggregation=args.aggregation,
-                        time_column=args.time_column, infer_keys=not args.no_infer, timeless=args.timeless,
-                        layer=args.layer)
+    given = {"hops": args.hops, "width": args.width, "aggregation": args.aggregation, "layer": args.layer,
+             "timeless": args.timeless, "time_column": args.time_column}
+    options = {k: v for k, v in given.items() if v is not None}
+    text = generate(db, args.target, infer_keys=not args.no_infer, **options)
     relsql.Template.from_sql(text)  # what we write must parse
+    return text
+
+
+def _command(*words: object) -> str:
+    return " ".join(shlex.quote(str(w)) for w in words)
+
+
+def _template(args: argparse.Namespace) -> int:
+    with relsql.connect(args.db, read_only=True, keys=args.keys) as db:
+        text = _generate(db, args)
     if args.output:
         try:
             Path(args.output).write_text(text, encoding="utf-8")
         except OSError as err:
             raise RelsqlError(f"cannot write the template to {args.output} (-o): {err.strerror}; choose another file") from None
-        print(f"wrote {args.output}: edit it, then `relsql train {args.db} --template {args.output} --target {args.target}`")
+        print(f"wrote {args.output}: edit it, then `{_next_train(args)}`")
     else:
         print(text)
     return 0
+
+
+def _next_train(args: argparse.Namespace) -> str:
+    """`relsql train` on the template `relsql template -o` wrote, with the options training needs
+    to see the same data: --time-column (the split, and only earlier rows) and --keys."""
+    carried = []
+    for flag, value in (("--time-column", args.time_column), ("--keys", args.keys)):
+        if value is not None:
+            carried += [flag, value]
+    return _command("relsql", "train", args.db, "--template", args.output, "--target", args.target, *carried)
 
 
 def _writable_table(db: relsql.Database, name: str, replace: bool, flag: str) -> None:
@@ -126,42 +159,107 @@ def _writable_table(db: relsql.Database, name: str, replace: bool, flag: str) ->
     db.replaceable(name, replace, "predictions", how="--replace", other=f"another {flag} name")
 
 
+def _fit_options(args: argparse.Namespace) -> dict:
+    """fit()'s keyword arguments the user gave (fit's own defaults for the rest, see Model.fit)."""
+    given = {"epochs": args.epochs, "lr": args.lr, "patience": args.patience, "loss": args.loss,
+             "class_weight": args.class_weight}
+    options = {k: v for k, v in given.items() if v is not None}
+    if args.time_budget is not None:
+        options["time_budget"] = None if args.time_budget == "none" else args.time_budget
+    if args.schedule is not None:
+        options["schedule"] = None if args.schedule == "none" else args.schedule
+    if args.refit:
+        options["refit"] = True
+    if args.no_hybrid:
+        options["hybrid"] = False
+    return options
+
+
+def _automatic(db: relsql.Database, args: argparse.Namespace) -> tuple[relsql.Template, Path]:
+    """`relsql train` without --template: the automatic template and the file beside the model it
+    goes to. An existing different file there (perhaps an edited template) is refused before training."""
+    text = _generate(db, args)
+    beside = template_beside(args.model)
+    if beside.exists() and beside.read_text(encoding="utf-8", errors="replace") != text:
+        raise RelsqlError(f"{beside} (where the automatic template beside --model {args.model} goes) already exists and "
+                          f"differs from the template generated now: train on it with --template {beside}, or move it "
+                          "away, or choose another --model")
+    return relsql.Template.from_sql(text), beside
+
+
 def _train(args: argparse.Namespace) -> int:
     with relsql.connect(args.db, memory_limit=args.memory_limit, keys=args.keys, threads=args.threads) as db:
         if args.predictions:
             _writable_table(db, args.predictions, args.replace, "--predictions")
-        model = relsql.Model(db, args.template, target=args.target, output=args.output, time_column=args.time_column,
+        template, beside = (args.template, None) if args.template is not None else _automatic(db, args)
+        model = relsql.Model(db, template, target=args.target, output=args.output, time_column=args.time_column,
                              seed=args.seed, task=args.task, batch_size=args.batch_size, threads=args.threads,
-                             allow_target_inputs=args.allow_target_inputs, max_groundings=args.max_groundings)
+                             allow_target_inputs=args.allow_target_inputs, max_groundings=args.max_groundings,
+                             **({"split": args.split} if args.split is not None else {}), device=args.device)
+        options = _fit_options(args)
         if args.search is not None:
             from relsql.train import search
 
-            search.search(model, budget=args.search, trials=args.trials, epochs=args.epochs, patience=args.patience)
+            search.search(model, budget=args.search, trials=args.trials, **options)
         else:
-            model.fit(epochs=args.epochs, lr=args.lr, patience=args.patience, checkpoint=args.checkpoint,
-                      resume=args.checkpoint is not None, workers=args.workers)
+            model.fit(**options, checkpoint=args.checkpoint, resume=args.checkpoint is not None, workers=args.workers)
         path = model.save(args.model)
         print(model.report())
         if args.search is not None:
             print(search.summary(model.learner.trials))
         print(f"model saved to {path} (metrics plot {path.with_suffix('.png')})")
+        if beside is not None:
+            outputs.write_text_atomically(beside, template.source)
+            print(f"automatic template saved to {beside}: edit it, then `"
+                  + _command("relsql", "train", args.db, "--template", beside, "--target", args.target,
+                             *_carried(args), "--model", args.model) + "`")
         if args.predictions:
             rows = model.write_predictions(args.predictions, replace=args.replace)
             print(f"wrote {rows} predictions to table {args.predictions}")
+        print("predict: `" + _command("relsql", "predict", args.db, "--model", path, "--out", "predictions.parquet") + "`")
     return 0
 
 
+def _carried(args: argparse.Namespace) -> list[str]:
+    """What a printed `relsql train --template` next step repeats: the options that shaped the
+    data the template sees (--time-column, --keys) and the split (--split, --seed, --task)."""
+    carried = [w for flag in ("--time-column", "--keys") for w in _flag(args, flag)]
+    for flag in ("--split", "--seed", "--task"):
+        carried += _flag(args, flag)
+    return carried
+
+
+def _flag(args: argparse.Namespace, flag: str) -> list[str]:
+    value = getattr(args, flag[2:].replace("-", "_"), None)
+    if value is None or (flag == "--seed" and value == 0):
+        return []
+    if flag == "--split":
+        value = ",".join(f"{v:g}" for v in value)
+    return [flag, str(value)]
+
+
 def _predict(args: argparse.Namespace) -> int:
+    from relsql.train import results
+    from relsql.train.rows import WhereError
+
     with relsql.connect(args.db, threads=args.threads) as db:
         if args.table:
             _writable_table(db, args.table, args.replace, "--table")
-        model = relsql.Model.load(args.model, db, batch_size=args.batch_size)
+        model = relsql.Model.load(args.model, db, batch_size=args.batch_size, device=args.device)
         model.threads = args.threads
+        try:
+            with torch_threads(args.threads):
+                frame = results.predict(model.learner, splits=args.out is not None or not args.table, where=args.where)
+        except WhereError as err:
+            raise UsageError(f"--where: {err}") from None
         if args.table:
-            rows = model.write_predictions(args.table, replace=args.replace)
-            print(f"wrote {rows} predictions to table {args.table}")
+            db.write_table(args.table, frame.to_arrow(), replace=args.replace, kind="predictions")
+            print(f"wrote {frame.height} predictions to table {args.table}")
+        elif args.out:
+            outputs.write_predictions(frame, Path(args.out), args.replace)
+            print(outputs.summary(frame, model.task, args.out, args.where))
         else:
-            print(model.predict())
+            print(frame)
     return 0
 
 
@@ -192,39 +290,48 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     template.add_argument("db", type=database, help=DB_KINDS)
     template.add_argument("--target", required=True, type=target, help="table.column to predict")
     template.add_argument("-o", "--output", type=output_file, help="write the template to this file (default: print it)")
-    template.add_argument("--hops", type=non_negative_int, default=2, help="foreign-key hops from the target (default 2)")
-    template.add_argument("--width", type=positive_int, default=16, help="hidden width (default 16)")
-    template.add_argument("--aggregation", type=aggregation, default="all",
-                          help="over child rows: all (mean, sum, max and count, the default), avg, sum, max, or a "
-                               "comma list such as avg,count")
-    template.add_argument("--layer", choices=["sage", "rgcn", "gat", "hgt"], default="sage",
-                          help="per foreign key and direction: sage (the aggregation terms, the default), rgcn (a "
-                               "mean), gat (attention over child rows), hgt (typed attention: HGT)")
-    template.add_argument("--timeless", choices=["exclude", "include"], default="exclude",
-                          help="with --time-column: leave out (default) or keep child tables whose time is unknown")
+    _template_options(template)
     template.add_argument("--time-column", help="column of the target table: only earlier rows reach a target")
-    template.add_argument("--no-infer", action="store_true", help="use declared keys only; do not infer missing ones")
     template.add_argument("--keys", type=keys_file, help=KEYS_HELP)
     template.set_defaults(run=_template)
     train = command("train", "train a template to predict a target column; saves the model")
     train.add_argument("db", type=database, help=DB_KINDS)
-    train.add_argument("--template", required=True, type=template_file,
-                       help="a .sql template or a NeuraLogic Datalog file")
+    train.add_argument("--template", type=template_file,
+                       help="a .sql template or a NeuraLogic Datalog file (default: the automatic template, shaped by "
+                            "the options of `relsql template` below and saved beside --model as .sql)")
     train.add_argument("--target", required=True, type=target, help="table.column to predict")
     train.add_argument("--keys", type=keys_file, help=KEYS_HELP)
     train.add_argument("--output", help="the template relation that predicts it (default: the last one)")
     train.add_argument("--task", choices=["binary", "multiclass", "regression"], help="override the detected task")
-    train.add_argument("--time-column", help="split by this column of the target table (earliest rows train)")
-    train.add_argument("--epochs", type=positive_int, default=100, help="at most this many epochs (default 100)")
-    train.add_argument("--lr", type=learning_rate, default=0.01, help="learning rate (default 0.01)")
+    train.add_argument("--time-column",
+                       help="split by this column of the target table (earliest rows train); the automatic template "
+                            "then lets only earlier rows reach a target")
+    train.add_argument("--split", type=split_fractions, metavar="TRAIN,VAL,TEST",
+                       help="fractions of the labelled rows (default 0.7,0.15,0.15); 0.85,0.15,0 keeps no test part")
+    train.add_argument("--epochs", type=positive_int, help="at most this many epochs (default: fit's, 400)")
+    train.add_argument("--lr", type=learning_rate, help="learning rate (default: fit's, 0.01)")
+    train.add_argument("--patience", type=positive_int,
+                       help="epochs without validation improvement before stopping (default: fit's, 100)")
+    train.add_argument("--time-budget", type=time_budget, metavar="SECONDS",
+                       help="stop training after this many seconds, or none for no limit (default: fit's, 60)")
+    train.add_argument("--schedule", choices=["plateau", "cosine", "none"],
+                       help="learning-rate schedule: plateau (halve on plateaus, fit's default), cosine (warm-up then "
+                            "cosine decay) or none (constant)")
+    train.add_argument("--refit", action="store_true",
+                       help="after selection, train again on training + validation rows for the selected epochs")
+    train.add_argument("--no-hybrid", action="store_true",
+                       help="keep the network alone: do not blend it with a GBM on one-hop features (fit blends an "
+                            "automatic template's network by default)")
+    train.add_argument("--loss", choices=["huber", "mse", "mae"], help="regression loss (default huber)")
+    train.add_argument("--class-weight", choices=["balanced"],
+                       help="classification: weigh each row's loss by the inverse of its class's frequency")
+    train.add_argument("--device", type=device, default="cpu", help=DEVICE_HELP)
     train.add_argument("--batch-size", type=positive_int,
                        help="target rows per step, each batch grounded on demand (default: all at once)")
     train.add_argument("--memory-limit", type=memory_limit,
                        help="cap DuckDB's memory, e.g. 1GB (it spills to disk beyond it)")
     train.add_argument("--checkpoint", type=checkpoint_file,
                        help="write a training checkpoint here every epoch; an existing one is resumed")
-    train.add_argument("--patience", type=positive_int, default=20,
-                       help="epochs without validation improvement before stopping (default 20)")
     train.add_argument("--seed", type=seed, default=0)
     train.add_argument("--model", type=model_output, default="relsql-model.pt",
                        help="where to save the model (default relsql-model.pt); its folder must exist")
@@ -241,12 +348,21 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     train.add_argument("--trials", type=positive_int, help="with --search: at most this many configurations")
     train.add_argument("--allow-target-inputs", action="store_true",
                        help="train even though the template reads the target column (or a copy of it)")
+    _template_options(train.add_argument_group("the automatic template (without --template; see `relsql template`)"))
     train.set_defaults(run=_train)
     predict = command("predict", "predict with a saved model; print or write a new table")
     predict.add_argument("db", type=database, help="the database to predict on: " + DB_KINDS)
     predict.add_argument("--model", required=True, type=model_file, help="a model saved by `relsql train` or Model.save")
+    predict.add_argument("--out", type=predictions_file, metavar="FILE",
+                         help="write the predictions (with each row's split) to this new .parquet or .csv file, "
+                              "atomically, and print a summary")
     predict.add_argument("--table", type=table_name, help="write predictions to this new table instead of printing them")
-    predict.add_argument("--replace", action="store_true", help="replace an existing table of predictions")
+    predict.add_argument("--replace", action="store_true",
+                         help="replace an existing table or --out file of predictions relsql wrote (never data)")
+    predict.add_argument("--where", type=where_condition, metavar="CONDITION",
+                         help="score only the target table's rows satisfying this SQL condition on its columns, "
+                              "e.g. \"signup >= DATE '2024-01-01' AND tier = 'gold'\"")
+    predict.add_argument("--device", type=device, default="cpu", help=DEVICE_HELP)
     predict.add_argument("--batch-size", type=positive_int,
                          help="predict in mini-batches of this many rows, each grounded on demand (bounded memory)")
     predict.add_argument("--threads", type=positive_int, help=THREADS_HELP)
@@ -265,6 +381,25 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     demo.set_defaults(run=demo_command.run)
     task_command.add_parser(commands, EPILOG)
     return parser, commands.choices
+
+
+DEVICE_HELP = "cpu (default), cuda or cuda:N: a CUDA GPU this machine has"
+
+
+def _template_options(group) -> None:
+    """The options that shape an automatic template: `relsql template`'s, and `relsql train`'s
+    without --template. Their defaults are generate()'s: only what the user gives is passed on."""
+    group.add_argument("--hops", type=non_negative_int, help="foreign-key hops from the target (default 2)")
+    group.add_argument("--width", type=positive_int, help="hidden width (default 16)")
+    group.add_argument("--aggregation", type=aggregation,
+                       help="over child rows: all (mean, sum, max and count, the default), avg, sum, max, or a "
+                            "comma list such as avg,count")
+    group.add_argument("--layer", choices=["sage", "rgcn", "gat", "hgt"],
+                       help="per foreign key and direction: sage (the aggregation terms, the default), rgcn (a "
+                            "mean), gat (attention over child rows), hgt (typed attention: HGT)")
+    group.add_argument("--timeless", choices=["exclude", "include"],
+                       help="with --time-column: leave out (default) or keep child tables whose time is unknown")
+    group.add_argument("--no-infer", action="store_true", help="use declared keys only; do not infer missing ones")
 
 
 THREADS_HELP = ("threads for DuckDB and for torch (default: DuckDB one per core, torch half the cores: on a busy "
@@ -308,6 +443,9 @@ def _run(argv: list[str] | None) -> int:
     try:
         with _log_lines():
             return args.run(args)
+    except UsageError as err:  # the command line's fault, found once the database was open
+        print(f"relsql {args.command}: error: {err}", file=sys.stderr)
+        return 2
     except RelsqlError as err:
         print(f"relsql: {err}", file=sys.stderr)
         return 1

@@ -213,23 +213,97 @@ def _same_file(a: str | None, b: str | None) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
+TEMPLATE_SHAPERS = ("hops", "width", "aggregation", "layer", "timeless", "no_infer")  # `relsql template`'s own options
+
+
+def template_beside(model: str) -> Path:
+    """Where `relsql train` without --template writes the automatic template: beside the model."""
+    return Path(model).with_suffix(".sql")
+
+
+def _check_train(args: argparse.Namespace, db: str | None) -> str | None:
+    for flag, value in (("--model", args.model), ("--checkpoint", args.checkpoint)):
+        for other, path in (("the database", db), ("--template", args.template)):
+            if _same_file(value, path):
+                return f"{flag} {value} is {other} ({path}): it would be overwritten; choose another file"
+    if _same_file(args.model, args.checkpoint):
+        return f"--model and --checkpoint are the same file ({args.model}); give each its own file"
+    if args.search is not None and (args.checkpoint is not None or args.workers > 1):
+        return ("--search trains many models in this process, without checkpoints: drop --checkpoint and --workers, "
+                "or drop --search")
+    if args.search is not None and args.lr is not None:
+        return "--search tunes the learning rate itself: drop --lr, or drop --search"
+    if args.search is None and args.trials is not None:
+        return "--trials bounds a search: give --search BUDGET too (e.g. --search 10m --trials 30)"
+    if args.loss is not None and args.task in ("binary", "multiclass"):
+        return f"--loss chooses a regression loss; --task {args.task} trains with cross-entropy: drop --loss"
+    if args.class_weight is not None and args.task == "regression":
+        return "--class-weight weighs classes; --task regression has none: drop --class-weight"
+    given = [f"--{n.replace('_', '-')}" for n in TEMPLATE_SHAPERS if getattr(args, n) not in (None, False)]
+    if args.template is not None and given:
+        return (f"{', '.join(given)} shape{'s' if len(given) == 1 else ''} the automatic template; with --template the "
+                f"template file decides: drop {', '.join(given)}, or drop --template to train the automatic one")
+    if args.template is None:
+        beside = template_beside(args.model)
+        if Path(args.model).suffix.lower() == ".sql":
+            return (f"--model {args.model}: the automatic template is written beside the model as {beside}, so the "
+                    "model cannot be a .sql file; use e.g. model.pt")
+        for flag, path in (("the database", db), ("--checkpoint", args.checkpoint)):
+            if _same_file(str(beside), path):
+                return f"the automatic template {beside} (beside --model) would overwrite {flag}; choose another --model"
+        if beside.exists() and not beside.is_file():
+            return f"the automatic template {beside} (beside --model) would go onto a folder; choose another --model"
+    return None
+
+
+def _replaceable_file(path: Path) -> str | None:
+    """Why an existing --out file may not be replaced (None: it holds predictions relsql wrote)."""
+    from relsql.db import parquet_mark
+
+    if path.suffix.lower() == ".parquet":
+        if parquet_mark(path) != "predictions":
+            return f"--out {path} exists and is not a Parquet file of predictions relsql wrote (it has no relsql mark)"
+        return None
+    try:
+        with path.open(encoding="utf-8", errors="replace") as handle:
+            header = handle.readline().rstrip("\r\n").split(",")
+    except OSError as err:
+        return f"cannot read --out {path}: {err.strerror}"
+    if not any(re.fullmatch(r'"?prediction(_\d+)?"?', c) for c in header):
+        return f"--out {path} exists and is not a CSV of predictions (its header has no prediction column)"
+    return None
+
+
+def _check_predict(args: argparse.Namespace, db: str | None) -> str | None:
+    if args.out is None:
+        return None
+    if args.table is not None:
+        return "--out writes a file and --table a table: give one of them"
+    for other, path in (("the database", db), ("--model", args.model)):
+        if _same_file(args.out, path):
+            return f"--out {args.out} is {other} ({path}): it would be overwritten; choose another file"
+    if db and Path(db).is_dir() and Path(os.path.realpath(args.out)).is_relative_to(os.path.realpath(db)):
+        return (f"--out {args.out} is inside the database folder {db}, where a file is a table: write a table with "
+                "--table NAME, or choose a path outside the folder")
+    out = Path(args.out)
+    if out.exists() and not args.replace:
+        return f"--out {args.out} already exists; choose another file, or pass --replace to replace predictions relsql wrote"
+    if out.exists():
+        refused = _replaceable_file(out)
+        if refused:
+            return f"{refused}; relsql replaces only its own predictions: choose another file"
+    return None
+
+
 def check_together(args: argparse.Namespace) -> str | None:
     """Arguments that are each fine but clash: a message naming them, or None."""
     db = getattr(args, "db", None)
     if args.command == "template" and _same_file(args.output, db):
         return f"-o {args.output} is the database itself: writing the template there would destroy it; choose another file"
     if args.command == "train":
-        for flag, value in (("--model", args.model), ("--checkpoint", args.checkpoint)):
-            for other, path in (("the database", db), ("--template", args.template)):
-                if _same_file(value, path):
-                    return f"{flag} {value} is {other} ({path}): it would be overwritten; choose another file"
-        if _same_file(args.model, args.checkpoint):
-            return f"--model and --checkpoint are the same file ({args.model}); give each its own file"
-        if args.search is not None and (args.checkpoint is not None or args.workers > 1):
-            return ("--search trains many models in this process, without checkpoints: drop --checkpoint and --workers, "
-                    "or drop --search")
-        if args.search is None and args.trials is not None:
-            return "--trials bounds a search: give --search BUDGET too (e.g. --search 10m --trials 30)"
+        return _check_train(args, db)
+    if args.command == "predict":
+        return _check_predict(args, db)
     if args.command == "demo":
         tables = demo_tables()
         if args.predictions in tables:
@@ -255,6 +329,76 @@ def aggregation(text: str) -> str:
 
     try:
         aggregation_terms(text)
+    except RelsqlError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+class UsageError(RelsqlError):
+    """A command-line value found wrong only once the database is open (a --where naming a column
+    the target table lacks): still the command line's fault, so exit 2 like argparse's errors."""
+
+
+def time_budget(text: str) -> float | str:
+    """--time-budget: seconds above 0, or `none` for no limit (kept as the string "none")."""
+    if text.strip().lower() == "none":
+        return "none"
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be seconds above 0 (e.g. 60) or none for no limit, got {text!r}")
+    return value
+
+
+def split_fractions(text: str) -> tuple[float, float, float]:
+    """--split: three comma-separated fractions (train, validation, test) summing to 1, e.g. 0.85,0.15,0."""
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        numbers = tuple(float(p) for p in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be three numbers separated by commas (train,validation,test) such as "
+                                         f"0.7,0.15,0.15 or 0.85,0.15,0, got {text!r}") from None
+    if not all(math.isfinite(n) for n in numbers):
+        raise argparse.ArgumentTypeError(f"must be three finite fractions such as 0.85,0.15,0, got {text!r}")
+    try:
+        return relsql_arguments.split(numbers)
+    except RelsqlError as err:
+        raise argparse.ArgumentTypeError(f"{err} (e.g. 0.85,0.15,0)") from None
+
+
+def device(text: str) -> str:
+    """--device: cpu, cuda or cuda:N, and only a GPU this machine has (found before anything runs)."""
+    import torch
+
+    try:
+        found = relsql_arguments.device(text)
+    except RelsqlError as err:
+        raise argparse.ArgumentTypeError(f"{err}".replace("pass device='cpu'", "use --device cpu")) from None
+    if found.type == "cuda" and found.index is not None and found.index >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(f"{text}: this machine has {torch.cuda.device_count()} CUDA GPU(s), numbered from 0; "
+                                         "pass --device cuda:0 or --device cpu")
+    return text
+
+
+PREDICTION_SUFFIXES = (".parquet", ".csv")
+
+
+def predictions_file(text: str) -> str:
+    """--out: a new .parquet or .csv file in a folder that exists (an existing one needs --replace)."""
+    if Path(text).suffix.lower() not in PREDICTION_SUFFIXES:
+        raise argparse.ArgumentTypeError(f"must end in .parquet or .csv (the format is read from it), got {text!r}")
+    return output_file(text)
+
+
+def where_condition(text: str) -> str:
+    """--where: one SQL condition; what parsing alone can refuse (statements, subqueries, other
+    tables) is refused here, the columns once the target table is known."""
+    from relsql.train.rows import parse_condition
+
+    try:
+        parse_condition(text)
     except RelsqlError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     return text

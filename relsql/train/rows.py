@@ -34,15 +34,20 @@ class WhereError(RelsqlError):
     """A `where` condition that is not a boolean expression over the target table's columns."""
 
 
+def _named(table: str) -> str:
+    return f"`{table}`" if table else "the target table"
+
+
 def _fix(table: str) -> str:
-    return (f"write one condition on the columns of `{table}`, e.g. \"spend > 100 AND tier = 'gold'\" "
+    return (f"write one condition on the columns of {_named(table)}, e.g. \"spend > 100 AND tier = 'gold'\" "
             "(no statements, subqueries or other tables)")
 
 
-def parse_condition(text: object, table: str) -> exp.Expression:
-    """`text` parsed as exactly one expression, with every node a filter may hold (no columns checked yet)."""
+def parse_condition(text: object, table: str = "") -> exp.Expression:
+    """`text` parsed as exactly one expression, with every node a filter may hold (no columns checked
+    yet); `table` names the target table in messages ("" before it is known)."""
     if not isinstance(text, str) or not text.strip():
-        raise WhereError(f"where must be a SQL condition on `{table}` (a non-empty string), got {text!r}; {_fix(table)}")
+        raise WhereError(f"where must be a SQL condition on {_named(table)} (a non-empty string), got {text!r}; {_fix(table)}")
     try:
         parsed = [p for p in sqlglot.parse(text, read="duckdb") if p is not None]
     except SqlglotError as err:

@@ -1,0 +1,98 @@
+"""Files `relsql` writes besides tables: predictions (`predict --out`) and the automatic template
+(`train` without --template). Each is written to a temporary file in the same folder and renamed
+into place, so a reader never sees half a file and an interrupted run leaves the old one whole."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+import polars as pl
+import pyarrow.parquet as pq
+
+from relsql.db import with_mark
+from relsql.errors import RelsqlError
+
+
+@contextlib.contextmanager
+def _temporary(path: Path):
+    """A temporary file beside `path` (yielded); removed if it was not moved into place."""
+    handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(handle)
+    try:
+        yield Path(name)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
+
+
+def _move(temporary: Path, path: Path, replace: bool) -> None:
+    """Rename into place; without `replace`, never over a file that appeared meanwhile."""
+    if replace:
+        os.replace(temporary, path)
+        return
+    try:
+        os.link(temporary, path)  # fails if `path` exists: no check-then-write race
+    except FileExistsError:
+        raise RelsqlError(f"{path} appeared while relsql wrote it; nothing was replaced: choose another file") from None
+    except OSError:  # a file system without hard links
+        if path.exists():
+            raise RelsqlError(f"{path} already exists; nothing was replaced: choose another file") from None
+        os.replace(temporary, path)
+
+
+def _writable(path: Path, what: str, err: OSError) -> RelsqlError:
+    return RelsqlError(f"cannot write {what} {path}: {err.strerror or err}; choose another path")
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """`text` as `path` (UTF-8), replacing it whole."""
+    try:
+        with _temporary(path) as temporary:
+            temporary.write_text(text, encoding="utf-8")
+            _move(temporary, path, replace=True)
+    except OSError as err:
+        raise _writable(path, "the template", err) from None
+
+
+def _for_csv(frame: pl.DataFrame) -> pl.DataFrame:
+    """A CSV cell holds no list: class probabilities become JSON arrays as text."""
+    lists = [c for c, t in frame.schema.items() if isinstance(t, pl.List)]
+    return frame.with_columns([
+        (pl.lit("[") + pl.col(c).list.eval(pl.element().cast(pl.String)).list.join(",") + pl.lit("]")).alias(c)
+        for c in lists])
+
+
+def write_predictions(frame: pl.DataFrame, path: Path, replace: bool) -> None:
+    """`frame` as a Parquet file (bearing relsql's predictions mark, so a later --replace knows it)
+    or a CSV file, by `path`'s suffix; atomically."""
+    try:
+        with _temporary(path) as temporary:
+            if path.suffix.lower() == ".parquet":
+                pq.write_table(with_mark(frame.to_arrow(), "predictions"), temporary)
+            else:
+                _for_csv(frame).write_csv(temporary)
+            _move(temporary, path, replace)
+    except OSError as err:
+        raise _writable(path, "predictions", err) from None
+
+
+def summary(frame: pl.DataFrame, task, path: str, where: str | None) -> str:
+    """A few lines on what was written: rows, their splits and the predictions' spread."""
+    chosen = f" (rows where {where})" if where else ""
+    lines = [f"wrote {frame.height:,} predictions{chosen} to {path}; columns: {', '.join(frame.columns)}"]
+    if frame.height == 0:
+        return lines[0] + "\nnote: no row matched"
+    split = frame.columns[-1]
+    counts = frame[split].fill_null("none (unlabelled)").value_counts(sort=True)
+    lines.append("rows by split: " + ", ".join(f"{name} {n:,}" for name, n in counts.iter_rows()))
+    prediction = frame.columns[-2 if task.kind == "regression" else -3]  # keys, prediction[, probabilities], split
+    values = frame[prediction]
+    if task.kind == "regression":
+        lines.append(f"{prediction}: mean {values.mean():.4g}, min {values.min():.4g}, max {values.max():.4g}")
+    else:
+        tally = values.value_counts(sort=True)
+        lines.append(f"{prediction}: " + ", ".join(f"{v} {n:,}" for v, n in tally.iter_rows()))
+    return "\n".join(lines)
