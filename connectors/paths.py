@@ -1,11 +1,11 @@
-"""A path given to `relsql.connect`: a folder of Parquet/CSV files, a SQLite file or a DuckDB file
+"""A path given to `relsql.connect`: a RelBench dataset folder, a folder of Parquet/CSV files, a SQLite file or a DuckDB file
 (created when the path is new and ends in .duckdb)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from connectors import duckdb_file, files, sqlite
+from connectors import duckdb_file, files, relbench, sqlite
 from relsql.db import SQLITE_MAGIC, Database
 from relsql.errors import SourceError
 from relsql.sources import KINDS
@@ -33,6 +33,8 @@ def open_path(path: Path, read_only: bool) -> Database:
     or a new DuckDB file for a path ending in .duckdb."""
     suffix = path.suffix.lower()
     if path.is_dir():
+        if relbench.is_relbench_folder(path):  # a RelBench dataset: keys and tasks from its manifests
+            return relbench.open_relbench_folder(path, read_only=read_only)
         return files.open_folder(path, read_only=read_only)
     if path.exists():
         if not path.is_file():
