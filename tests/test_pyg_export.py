@@ -106,6 +106,41 @@ def test_database_features_and_times_are_the_rows_values():
         to_heterodata(relsql.connect(con), time_columns={"visit": "note"})
 
 
+def test_a_relbench_database_brought_in_gives_relbenchs_graph_exactly():
+    pytest.importorskip("relbench")
+    import pandas as pd
+    from relbench.base import Database, Table
+    from relbench.modeling.graph import make_pkey_fkey_graph
+    from torch_frame import stype
+
+    from relsql.relbench import from_relbench
+
+    rng = np.random.default_rng(5)
+    users = pd.DataFrame({"user_id": np.arange(20), "age": rng.integers(18, 80, 20).astype(float),
+                          "joined": pd.date_range("2020-01-01", periods=20, freq="7D")})
+    posts = pd.DataFrame({"post_id": np.arange(70), "user_id": rng.integers(0, 20, 70).astype(float),
+                          "length": rng.uniform(1, 500, 70), "at": pd.date_range("2021-01-01", periods=70, freq="1D")})
+    posts.loc[[3, 17], "user_id"] = np.nan
+    likes = pd.DataFrame({"user_id": rng.integers(0, 20, 90), "post_id": rng.integers(0, 70, 90),
+                          "weight": rng.normal(size=90)})
+    database = Database({"users": Table(users, {}, "user_id", "joined"),
+                         "posts": Table(posts, {"user_id": "users"}, "post_id", "at"),
+                         "likes": Table(likes, {"user_id": "users", "post_id": "posts"}, None, None)})
+    stypes = {"users": {"user_id": stype.numerical, "age": stype.numerical, "joined": stype.timestamp},
+              "posts": {"post_id": stype.numerical, "user_id": stype.numerical, "length": stype.numerical,
+                        "at": stype.timestamp},
+              "likes": {"user_id": stype.numerical, "post_id": stype.numerical, "weight": stype.numerical}}
+    theirs, _ = make_pkey_fkey_graph(database, stypes)
+    ours = to_heterodata(from_relbench(database))  # keys and time columns come with the database
+    assert set(ours.node_types) == set(theirs.node_types) and set(ours.edge_types) == set(theirs.edge_types)
+    for table in theirs.node_types:
+        assert ours[table].num_nodes == theirs[table].num_nodes
+    for edge_type in theirs.edge_types:
+        assert torch.equal(ours[edge_type].edge_index, theirs[edge_type].edge_index), edge_type
+    for table in ("users", "posts"):
+        assert torch.equal(ours[table].time, theirs[table].time), table
+
+
 TEMPLATE = """
 CREATE TABLE atom_h AS SELECT a.atom_id, linear(features(a.charge, a.mass), 4, 'w_in') AS h FROM atom a;
 CREATE TABLE nb AS SELECT b.src AS atom_id, avg(linear(x.h, 4, 'w_nb')) AS h
@@ -159,5 +194,5 @@ def test_a_mini_batch_model_exports_the_whole_grounding_as_full_batch_does():
 def test_anything_else_is_refused():
     with pytest.raises(relsql.RelsqlError, match="to_heterodata takes"):
         to_heterodata(42)
-    with pytest.raises(relsql.RelsqlError, match="keys= and time_columns="):
+    with pytest.raises(relsql.RelsqlError, match="keys=, time_columns= and tables="):
         to_heterodata(relsql.Model(molecules(), relsql.Template.from_sql(TEMPLATE), "atom.label"), time_columns={"atom": "x"})

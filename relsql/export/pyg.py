@@ -46,17 +46,21 @@ if TYPE_CHECKING:
 _FLOATING = (ir.Features, ir.Encode, ir.Column)
 
 
-def to_heterodata(source: Any, *, keys: object = None, time_columns: dict[str, str] | None = None) -> HeteroData:
+def to_heterodata(source: Any, *, keys: object = None, time_columns: dict[str, str] | None = None,
+                  tables: list[str] | None = None) -> HeteroData:
     """`source` (a relsql.Model, a Learner, a CompiledNet, or a relsql.Database) as HeteroData.
 
     A model's own grounding (a mini-batch model's database is grounded whole, with the model's
-    encodings); a database's foreign-key graph, with `keys` (a keys file, its text or tuples, as
-    Template.auto takes them) completing the declared keys, and `time_columns` {table: column}."""
+    encodings); a database's foreign-key graph of `tables` (default all), with `keys` (a keys
+    file, its text or tuples, as Template.auto takes them) completing the declared keys, and
+    `time_columns` {table: column} (default the database's own, e.g. a RelBench database's)."""
     HeteroData = _pyg()
     if isinstance(source, Database):
-        return _database_graph(HeteroData(), source, keys, time_columns or {})
-    if keys is not None or time_columns:
-        raise RelsqlError("keys= and time_columns= describe a database's key graph; a model's grounding has its own: drop them")
+        times = dict(getattr(source, "time_columns", {})) if time_columns is None else dict(time_columns)
+        return _database_graph(HeteroData(), source, keys, times, tables, explicit=time_columns is not None)
+    if keys is not None or time_columns is not None or tables is not None:
+        raise RelsqlError("keys=, time_columns= and tables= describe a database's key graph; a model's grounding has "
+                          "its own: drop them")
     learner = getattr(source, "learner", None)
     if learner is not None or _is_learner(source):
         learner = learner or source
@@ -187,16 +191,22 @@ def _labels(store, learner: Learner, rows: int) -> None:
 
 
 # -- a database's foreign-key graph -----------------------------------------------------------------
-def _database_graph(data: HeteroData, db: Database, given: object, time_columns: dict[str, str]) -> HeteroData:
+def _database_graph(data: HeteroData, db: Database, given: object, time_columns: dict[str, str],
+                    tables: list[str] | None, explicit: bool) -> HeteroData:
     from relsql import keys as keyspec
 
     schema = keyspec.schema(db, db.catalog(), given=given)
-    for table in time_columns:
+    chosen = list(schema.tables) if tables is None else list(tables)
+    for table in [*chosen, *(time_columns if explicit else ())]:
         if table not in schema.tables:
-            raise SchemaError(f"time_columns names table `{table}`, which is not in {db.description}")
+            what = "tables" if table in chosen else "time_columns"
+            raise SchemaError(f"{what} names table `{table}`, which is not in {db.description}; known tables: "
+                              f"{', '.join(schema.tables)}")
+    time_columns = {t: c for t, c in time_columns.items() if t in chosen}
     scopes = db.table_scopes()
-    frames = {name: _read_table(db, name, scopes[name], schema.primary_keys.get(name, ())) for name in schema.tables}
-    references = {(child, c) for child, fk in schema.foreign_keys for c in fk.columns}
+    frames = {name: _read_table(db, name, scopes[name], schema.primary_keys.get(name, ())) for name in chosen}
+    foreign = [(child, fk) for child, fk in schema.foreign_keys if child in frames and fk.table in frames]
+    references = {(child, c) for child, fk in foreign for c in fk.columns}
     for name, frame in frames.items():
         store = data[name]
         store.num_nodes = frame.num_rows
@@ -207,7 +217,7 @@ def _database_graph(data: HeteroData, db: Database, given: object, time_columns:
         _table_features(store, frame, skip)
         if name in time_columns:
             store.time = _epoch_seconds(frame, name, time_columns[name])
-    for child, fk in schema.foreign_keys:
+    for child, fk in foreign:
         _key_edges(data, frames[child], frames[fk.table], child, fk)
     return data
 
