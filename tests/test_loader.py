@@ -77,3 +77,31 @@ def test_bad_arguments_are_refused():
         Loader(m, batch_size=0)
     with pytest.raises(relsql.RelsqlError, match="Loader takes"):
         Loader(object())
+
+
+def test_database_stored_embeddings_are_updated_between_batches_as_fit_updates_them():
+    from tests.test_store_safety import TEMPLATE as STORED
+    from tests.test_store_safety import world
+
+    def build() -> relsql.Model:
+        return relsql.Model(world(600), relsql.Template.from_sql(STORED), "item.y", dtype=torch.float64, progress=False,
+                            batch_size=150, seed=1)
+
+    expected = []
+    fitted = build()
+    fitted.fit(epochs=3, batch_size=150, lr=LR, patience=1000, schedule=None, clip=None, hybrid=False, time_budget=None,
+               monitor="loss", callback=lambda info: expected.append(info["loss"]))
+    m = build()
+    loader = Loader(m)
+    optimizer = torch.optim.AdamW(loader.parameters(), lr=LR, weight_decay=0.0)
+    loader.optimizer = optimizer
+    losses = []
+    for _ in range(3):
+        for batch in loader:
+            optimizer.zero_grad()
+            loss = batch.loss()
+            loss.backward()
+            optimizer.step()
+            losses.append(float(loss.detach()))
+    assert len(losses) == len(expected) == 3 * 3
+    assert losses == pytest.approx(expected, abs=1e-6, rel=0)

@@ -16,7 +16,9 @@ takes fit's steps::
 
 This is `model.fit(epochs=20, batch_size=64, lr=0.01, schedule=None, clip=None, hybrid=False,
 time_budget=None)` without its model selection (fit keeps the best validation epoch's weights).
-Database-stored embeddings are updated in the database after each step, as fit updates them.
+Database-stored embeddings are updated in the database with each batch's gradient when the loop
+asks for the next batch (and at the epoch's end), as fit updates them after each step; a loop that
+leaves an epoch early (break) leaves its last batch's stored rows as they were.
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ class Loader:
                 rows = order[b]
                 last[0] = (batch, external)
                 yield MiniBatch(learner, batch, external, rows, learner.y[torch.as_tensor(rows, device=learner.device)])
-            self._update(source, last[0])
+            self._update(source, last)
         finally:
             learner.net.train(False)
             source.close()
@@ -126,16 +128,17 @@ class Loader:
         """The source's batches; before the next one is read, the last one's stored embeddings are updated."""
         stream = source.epoch([self.learner.labelled[rows] for rows in order], epoch)
         while True:
-            self._update(source, last[0])
+            self._update(source, last)
             try:
                 yield next(stream)
             except StopIteration:
                 return
 
-    def _update(self, source: BatchSource, done) -> None:
+    def _update(self, source: BatchSource, last: list) -> None:
+        """The stepped batch's database-stored embeddings updated (queued, in order before the next read), once."""
+        done, last[0] = last[0], None
         if done is not None and isinstance(done[0], Batch) and done[1]:
             source.submit(self.learner.batched.update, done[0], done[1])
-            done[1].clear()  # updated once
 
     def _new_weights(self, batch) -> None:
         """Weights a batch meets first are made now; they join `optimizer` (else your optimizer misses them)."""
