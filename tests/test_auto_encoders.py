@@ -84,3 +84,23 @@ def test_a_temporal_template_encodes_each_events_age_and_learns_recency(db):
     # the dates alone (standardized epoch seconds of each order and of the snapshot) leave recency to
     # a difference the network must find; the age gives it directly
     assert scores["ple"] > 0.9 and scores["ple"] > scores["standardized"] + 0.02, scores
+
+
+def test_events_two_hops_away_in_a_temporal_template_ground(db, tmp_path):
+    """Rows two hops away keep their encoding only (the target's time reaches them as a key of a
+    computed relation); the template grounds and trains."""
+    con = duckdb.connect(str(tmp_path / "two_hops.duckdb"))
+    con.execute("CREATE TABLE store(store_id INTEGER PRIMARY KEY, size DOUBLE)")
+    con.execute("CREATE TABLE visit(visit_id INTEGER PRIMARY KEY, store_id INTEGER REFERENCES store(store_id), "
+                "seen DATE, label BOOLEAN)")
+    con.execute("CREATE TABLE line(line_id INTEGER PRIMARY KEY, visit_id INTEGER REFERENCES visit(visit_id), "
+                "qty DOUBLE, seen DATE)")
+    con.execute("INSERT INTO store SELECT i, i % 7 FROM range(20) r(i)")
+    con.execute("INSERT INTO visit SELECT i, i % 20, DATE '2025-01-01' + (i % 90)::INTEGER, i % 3 = 0 FROM range(300) r(i)")
+    con.execute("INSERT INTO line SELECT i, i % 300, i % 5, DATE '2025-01-01' + (i % 80)::INTEGER FROM range(900) r(i)")
+    con.close()
+    two = relsql.connect(str(tmp_path / "two_hops.duckdb"))
+    tpl = relsql.Template.auto(two, target="visit.label", time_column="seen", time_columns={"line": "seen"}, hops=2)
+    assert tpl.source.count("features(epoch(") == 1  # the store's visits two hops away: no age term
+    model = relsql.Model(two, tpl, target="visit.label", time_column="seen", seed=0, progress=False)
+    assert len(model.fit(epochs=3, hybrid=False).history) == 3

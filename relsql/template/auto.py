@@ -491,11 +491,11 @@ class _Writer:
             f"JOIN {_qi(node.table)} x ON {condition}{dimension}\nJOIN enc_{t} e ON {join_enc}\nGROUP BY {group};\n")
 
     def row_value(self, node: Node, time: Time | None, target_time: str) -> str:
-        """A node row's value: its table's encoding and, in a temporal template with encoders, its
-        age at the target row's time (seconds, standardized), as RelBench's encoders add: how
+        """A node row's value: its table's encoding and, in a temporal template with encoders, for
+        rows one hop from the target row, their age at the target row's time (seconds, standardized), as RelBench's encoders add: how
         recent an event was often says more than its calendar date."""
-        if time is None or self.numbers != "ple":
-            return "avg(e.h)"
+        if time is None or self.numbers != "ple" or node.parent.parent is not None:
+            return "avg(e.h)"  # deeper rows: the target time is a key of a computed relation, which features() cannot read
         at = f"{'x' if time.via is None else 'xd'}.{_qi(time.column)}"
         name = self.weight_name(f"age_{node.name}")
         return f"avg(e.h + linear(features(epoch({target_time}) - epoch({at})), {self.width}, '{name}'))"
