@@ -196,6 +196,8 @@ class Database:
         self._extra_scopes: list[tuple[str, str]] = []  # frames registered beside another source
         self._writing: tuple[str, str, bool, str | None] | None = None  # see `writing`
         self.given_keys = None  # keys from connect(keys=...): relsql.keyfile.GivenKeys
+        self.time_columns: dict[str, str] = {}  # {table: time column} a source declared (a RelBench dataset)
+        self.relbench_tasks: dict = {}  # {task table: relsql.relbench.RelbenchTask} of a RelBench dataset
 
     def __repr__(self) -> str:
         return f"relsql.Database({self.description})"

@@ -756,7 +756,8 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
     if time_column is not None:
         if time_column not in [c.name for c in catalog[table].columns]:
             raise SchemaError(f"time_column `{time_column}` is not a column of `{table}`")
-        times = _times(catalog, keys, table, time_column, time_columns or {})
+        declared = getattr(db, "time_columns", {}) if time_columns is None else time_columns  # a RelBench dataset's
+        times = _times(catalog, keys, table, time_column, {t: c for t, c in declared.items() if t != table})
 
     def keep(step: Step, far: str) -> bool:
         """Child rows (events) of a table with no known time would bring the target's future in."""
