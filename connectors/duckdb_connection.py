@@ -6,7 +6,7 @@ from __future__ import annotations
 import duckdb
 import sqlglot.expressions as exp
 
-from relsql.db import Database, Source, first_line, ident
+from relsql.db import Database, first_line, ident
 from relsql.errors import SourceError
 
 
@@ -16,7 +16,7 @@ def is_memory(source: object) -> bool:
 
 
 def open_memory() -> Database:
-    return Database(duckdb.connect(), "in-memory DuckDB", source=Source("in-memory DuckDB", read_only=False))
+    return Database.in_memory()
 
 
 def open_connection(con: duckdb.DuckDBPyConnection) -> Database:

@@ -199,6 +199,11 @@ class Database:
         self.time_columns: dict[str, str] = {}  # {table: time column} a source declared (a RelBench dataset)
         self.relbench_tasks: dict = {}  # {task table: relsql.relbench.RelbenchTask} of a RelBench dataset
 
+    @classmethod
+    def in_memory(cls) -> Database:
+        """A new in-memory DuckDB: `relsql.connect()`'s, for modules below the connection layer."""
+        return cls(duckdb.connect(), "in-memory DuckDB", source=Source("in-memory DuckDB", read_only=False))
+
     def __repr__(self) -> str:
         return f"relsql.Database({self.description})"
 

@@ -112,9 +112,7 @@ def from_relbench(database: Any, db: Database | None = None, *, tasks: Mapping[s
     tables = _relbench_tables(database)
     specs = {name: _task_spec(name, task) for name, task in (tasks or {}).items()}
     if db is None:
-        from relsql.connection import connect  # the top of the data layer imports this module's callers
-
-        db = connect()
+        db = Database.in_memory()  # as relsql.connect() (which imports the connectors, and they this module)
     elif not isinstance(db, Database):
         raise SchemaError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
     _refuse_taken(db, [*tables, *specs])
