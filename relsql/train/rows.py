@@ -56,6 +56,8 @@ def parse_condition(text: object, table: str = "") -> exp.Expression:
     if len(parsed) != 1:
         raise WhereError(f"where {text!r} holds {len(parsed)} statements; {_fix(table)}")
     condition = parsed[0]
+    if not isinstance(condition, exp.Condition):
+        raise WhereError(f"where {text!r} is a statement ({type(condition).__name__.upper()}), not a condition; {_fix(table)}")
     for node in condition.walk():
         for kind, what in REFUSED.items():
             if isinstance(node, kind):
