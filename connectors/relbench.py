@@ -24,6 +24,7 @@ import sqlglot.expressions as exp
 
 from connectors import files
 from relsql import relbench, textfile
+from relsql import sql as q
 from relsql.catalog import ForeignKey, Keys
 from relsql.db import Database, first_line, free_name, ident
 from relsql.errors import SourceError
@@ -225,7 +226,7 @@ def _task_view(db: Database, name: str, splits: dict[str, Path], rows: dict[str,
         if split not in splits:
             continue
         present = {c for c, _ in _described(db, splits[split])}
-        number = exp.cast(exp.Add(this=exp.column("file_row_number"), expression=exp.Literal.number(offset)), "BIGINT")
+        number = exp.cast(exp.Add(this=exp.column("file_row_number"), expression=q.integer(offset)), "BIGINT")
         columns = [exp.alias_(number, ident(key))]
         columns += [exp.column(ident(c)) if c in present else exp.alias_(exp.cast(exp.Null(), kind), ident(c))
                     for c, kind in types.items()]
