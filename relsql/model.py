@@ -284,15 +284,23 @@ class Model:
         return results.evaluate(self.learner, split)
 
     @_with_threads
-    def predict(self) -> pl.DataFrame:
+    def predict(self, keys=None, *, where: str | None = None) -> pl.DataFrame:
         """Every output row: its key columns, `prediction` and, for a binary task, `probability` (of
         the positive class, `task.classes[1]`), for a multi-class task `probabilities` (a list in
         the order of `task.classes`; a native list column in the database). A key column that
         already has one of those names keeps it; the prediction's column then gets the first free
         name `prediction_1`, `prediction_2`, ... (compared as the database does, ignoring case).
         The last column, `split`, says which part each row was in: "train", "val", "test", or
-        null for prediction-only rows (NULL target)."""
-        return results.predict(self.learner, splits=True)
+        null for prediction-only rows (NULL target).
+
+        `keys`: only these rows, in this order: a polars or pandas frame (or a dict of lists) of
+        the target table's key columns; a key the model has no row for is a RelsqlError naming it.
+        `where`: only the target table's rows satisfying this SQL condition on its columns, e.g.
+        "signup >= DATE '2024-01-01' AND tier = 'gold'": parsed by sqlglot, one boolean
+        expression over that table's columns only (no statements, subqueries or other tables),
+        columns quoted, evaluated by the database. Both: the rows of `keys` that satisfy
+        `where`. After Model.load on another database this scores that database's rows."""
+        return results.predict(self.learner, splits=True, keys=keys, where=where)
 
     def write_predictions(self, name: str, *, replace: bool = False) -> int:
         """Write `predict()` (without its `split` column) as a new table, atomically; an existing

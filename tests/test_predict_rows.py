@@ -145,3 +145,25 @@ def test_after_load_on_another_database(trained, tmp_path, batch_size):
     by_id = {r["customer_id"]: i for i, r in enumerate(every.iter_rows(named=True))}
     assert same(picked, every[[by_id[i] for i in ids]])
     other.con.close()
+
+
+def test_model_predict_takes_keys_and_where(tmp_path):
+    """The façade passes both through: Model.predict(keys=...) and Model.predict(where=...)."""
+    import duckdb
+    import polars as pl
+
+    import relsql
+
+    con = duckdb.connect(str(tmp_path / "facade.duckdb"))
+    con.execute("CREATE TABLE c(id INTEGER PRIMARY KEY, x DOUBLE, tier VARCHAR, y DOUBLE)")
+    con.execute("INSERT INTO c SELECT i, i / 10, CASE WHEN i % 2 = 0 THEN 'gold' ELSE 'lead' END, i % 3 FROM range(60) r(i)")
+    con.close()
+    db = relsql.connect(str(tmp_path / "facade.duckdb"))
+    tpl = relsql.Template.from_sql("CREATE TABLE p AS SELECT c.id, linear(features(c.x), 1) AS h FROM c;")
+    model = relsql.Model(db, tpl, target="c.y", seed=0, progress=False)
+    model.fit(epochs=2)
+    chosen = model.predict(keys=pl.DataFrame({"id": [41, 3]}))
+    assert chosen["id"].to_list() == [41, 3]
+    whole = model.predict()
+    assert chosen["prediction"].to_list() == [whole.filter(pl.col("id") == k)["prediction"][0] for k in (41, 3)]
+    assert sorted(model.predict(where="tier = 'gold' AND x < 2")["id"].to_list()) == [0, 2, 4, 6, 8, 10, 12, 14, 16, 18]
