@@ -398,14 +398,7 @@ class _Statement:
 
     def _keywords(self, node: exp.Expression, args: list) -> tuple[dict[str, exp.Expression], list]:
         """embed's keywords `name=value` (also `name := value`, `name => value`) and the other arguments."""
-        keywords, rest = {}, []
-        for arg in args:
-            if isinstance(arg, exp.EQ) and isinstance(arg.this, exp.Column) and not arg.this.table:
-                keywords[arg.this.name.lower()] = arg.expression
-            elif isinstance(arg, exp.PropertyEQ | exp.Kwarg):
-                keywords[arg.this.name.lower()] = arg.expression
-            else:
-                rest.append(arg)
+        keywords, rest = _split_keywords(args)
         unknown = set(keywords) - {"storage", "min_count"}
         if unknown:
             raise self.fail(f"embed has no keyword {sorted(unknown)[0]}; its keywords are storage='memory' or "
@@ -433,14 +426,7 @@ class _Statement:
     def _text(self, node: exp.Expression, fn: str, args: list) -> ir.Expr:
         """text(t.c, d [, 'name'] [, buckets=N] [, tokens=L]): hashed words and character 3-grams;
         bag(t.list, d, ...): a list column's hashed elements (codes)."""
-        keywords, rest = {}, []
-        for arg in args:
-            if isinstance(arg, exp.EQ) and isinstance(arg.this, exp.Column) and not arg.this.table:
-                keywords[arg.this.name.lower()] = arg.expression
-            elif isinstance(arg, exp.PropertyEQ | exp.Kwarg):
-                keywords[arg.this.name.lower()] = arg.expression
-            else:
-                rest.append(arg)
+        keywords, rest = _split_keywords(args)
         usage = (f"{fn}(table.column, width [, 'name'] [, buckets=N] [, tokens=L]) averages learnable vectors of "
                  + ("a text column's hashed words and character 3-grams" if fn == "text" else "a list column's hashed elements"))
         if set(keywords) - {"buckets", "tokens"} or len(rest) < 2 or not isinstance(rest[0], exp.Column) \
@@ -592,3 +578,17 @@ def _check_aggregated(expr: ir.Expr, statement: _Statement) -> None:
             "(sum, avg, max, min); wrap it, or compute it in a separate relation")
     for child in expr.children():
         _check_aggregated(child, statement)
+
+
+def _split_keywords(args: list) -> tuple[dict[str, exp.Expression], list]:
+    """A function's keyword arguments `name=value` (also `name := value`, `name => value`), by
+    lower-cased name, and its other arguments in order."""
+    keywords, rest = {}, []
+    for arg in args:
+        if isinstance(arg, exp.EQ) and isinstance(arg.this, exp.Column) and not arg.this.table:
+            keywords[arg.this.name.lower()] = arg.expression
+        elif isinstance(arg, exp.PropertyEQ | exp.Kwarg):
+            keywords[arg.this.name.lower()] = arg.expression
+        else:
+            rest.append(arg)
+    return keywords, rest
