@@ -97,7 +97,8 @@ def _training(model) -> list[str]:
         return lines
     monitor = (getattr(learner, "monitor", None) or "loss").removeprefix("val_")
     budget = getattr(learner, "time_budget", None)
-    lines.append(f"  training: kept the epoch with the best validation {monitor}; stopped by {learner.stopped or 'epochs'} "
+    ended = {"epochs": "at the epoch limit"}.get(learner.stopped or "epochs", learner.stopped)
+    lines.append(f"  training: kept the epoch with the best validation {monitor}; ended {ended} "
                  f"(limits: {learner.epoch_cap} epochs" + (f", {budget:g}s" if budget else "") + ")")
     refit = getattr(learner, "refit", None)
     if refit:
