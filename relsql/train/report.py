@@ -97,7 +97,8 @@ def _training(model) -> list[str]:
         return lines
     monitor = (getattr(learner, "monitor", None) or "loss").removeprefix("val_")
     budget = getattr(learner, "time_budget", None)
-    ended = {"epochs": "at the epoch limit"}.get(learner.stopped or "epochs", learner.stopped)
+    stopped = learner.stopped or "epochs"
+    ended = "at the epoch limit" if stopped == "epochs" else f"at the {stopped}" if stopped.startswith("time") else stopped
     lines.append(f"  training: kept the epoch with the best validation {monitor}; ended {ended} "
                  f"(limits: {learner.epoch_cap} epochs" + (f", {budget:g}s" if budget else "") + ")")
     refit = getattr(learner, "refit", None)
