@@ -33,10 +33,17 @@ def open_connection(con: duckdb.DuckDBPyConnection) -> Database:
 def follow_scope(con: duckdb.DuckDBPyConnection, cursor: duckdb.DuckDBPyConnection) -> None:
     """The cursor starts in the database's default catalog; the user's connection may have moved
     (`ATTACH ... ; USE src`): relsql's default scope is theirs. Read through a relation, which
-    leaves the connection's pending result alone; an aborted transaction of theirs keeps the default."""
+    leaves the connection's pending result alone (fetchall: duckdb 2's relations have no fetchone);
+    an aborted transaction of theirs, or an unread result that duckdb 2 guards, keeps the default."""
     try:
-        current = con.sql("SELECT current_database(), current_schema()").fetchone()
-    except duckdb.Error:
+        current = con.sql("SELECT current_database(), current_schema()").fetchall()[0]
+    except duckdb.Error as err:
+        if "unfinished result" in str(err):  # duckdb 2: reading the scope would cost the user's unread rows
+            cursor.close()
+            raise SourceError("the DuckDB connection has an unread result from execute(), and duckdb "
+                              f"{duckdb.__version__} runs nothing else on it until that is read to its end or let go: "
+                              "fetch the rest (fetchall()) or call con.abort() before relsql.connect(con), or open "
+                              "another connection for the query") from None
         return
     try:
         cursor.execute(exp.Use(this=exp.Table(this=ident(current[1]), db=ident(current[0]))).sql("duckdb"))

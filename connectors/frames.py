@@ -34,7 +34,7 @@ def _copy_in(db: Database, frames: Mapping[str, Any], scope: tuple[str, str] | N
             raise SchemaError(f"table name {name!r} is not usable: give a non-empty string not starting with {TEMP_PREFIX}")
         data = to_arrow(frame, name)
         view = f"{db._prefix}frame_{next(_counter)}"
-        db.con.register(view, data)
+        db.register(view, data)  # the Database's verb: duckdb 2 needs an unread result dropped first
         try:
             db.execute(exp.Create(this=qualified(name, scope), kind="TABLE",
                                   properties=exp.Properties(expressions=[exp.TemporaryProperty()]) if temporary else None,
@@ -42,7 +42,7 @@ def _copy_in(db: Database, frames: Mapping[str, Any], scope: tuple[str, str] | N
         except duckdb.Error as err:
             raise SourceError(f"cannot register the data for table `{name}`: {first_line(err)}") from None
         finally:
-            db.con.unregister(view)
+            db.unregister(view)
 
 
 def open_frames(frames: Mapping[str, Any]) -> Database:

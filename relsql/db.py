@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 
 TEMP_PREFIX = "__relsql_"
 _session = itertools.count()
+# duckdb 2 reads a query's Arrow output through a relation (`con.sql`; through execute() it warns of an
+# extra copy) and refuses other work on a connection whose execute() result is unread (see drop_result)
+DUCKDB2 = int(duckdb.__version__.split(".")[0]) >= 2
 
 # relsql's mark on every table it writes into the user's database (a table comment, or what the
 # engine has instead: see Source.mark). Only a table bearing it, of the same kind, is ever replaced.
@@ -47,6 +50,32 @@ def qualified(name: str, scope: tuple[str, str] | None = None) -> exp.Table:
     if scope is None:
         return exp.Table(this=ident(name))
     return exp.Table(this=ident(name), db=ident(scope[1]), catalog=ident(scope[0]))
+
+
+def fetch_arrow(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
+    """A query's rows as one Arrow table, without the extra copy duckdb 2 warns of on an execute() result."""
+    if DUCKDB2:
+        drop_result(con)
+        return con.sql(sql).to_arrow_table()
+    result = con.execute(sql)
+    return result.to_arrow_table() if hasattr(result, "to_arrow_table") else result.fetch_arrow_table()
+
+
+def arrow_reader(con: duckdb.DuckDBPyConnection, sql: str, chunk: int) -> pa.RecordBatchReader:
+    """A query's rows streamed in Arrow record batches of about `chunk` rows (see fetch_arrow)."""
+    if DUCKDB2:
+        drop_result(con)
+        return con.sql(sql).to_arrow_reader(chunk)
+    return con.execute(sql).to_arrow_reader(chunk)
+
+
+def drop_result(con: duckdb.DuckDBPyConnection) -> None:
+    """Let go of the unread rest of a read query's execute() result (`execute(q).fetchone()` leaves
+    one). duckdb 1.5 dropped it at the connection's next call; duckdb 2 refuses register(), sql()
+    and the like until it is gone. relsql never reads such a result after another call, and
+    statements (DDL, INSERT, CREATE ... AS) have run to their end at execute(): nothing is lost."""
+    if DUCKDB2:
+        con.abort()
 
 
 def first_line(err: BaseException) -> str:
@@ -150,7 +179,7 @@ class Source:
         checks what it replaces and marks the new table (`Database.writing`, set by `Database.write_table`)."""
         self.refuse_read_only(name)
         view = f"{db._prefix}write_{next(_session)}"
-        db.con.register(view, data)
+        db.register(view, data)
         try:
             with contextlib.ExitStack() as stack:
                 existing = db._writing[3] if db._writing else stack.enter_context(db.writing(name, "table", replace))
@@ -161,7 +190,7 @@ class Source:
         except duckdb.Error as err:
             raise SourceError(f"could not write table `{name}` to {db.description} (nothing was written): {first_line(err)}") from None
         finally:
-            db.con.unregister(view)
+            db.unregister(view)
 
     def mark(self, db: Database, scope: tuple[str, str], name: str, kind: str) -> None:
         """Mark table `name` (just created, in the open transaction) as relsql's `kind`: a table
@@ -299,8 +328,7 @@ class Database:
 
     def arrow(self, query: exp.Expression | str) -> pa.Table:
         """Run a query and return its result as an Arrow table."""
-        result = self.con.execute(self.sql(query))
-        return result.to_arrow_table() if hasattr(result, "to_arrow_table") else result.fetch_arrow_table()
+        return fetch_arrow(self.con, self.sql(query))
 
     def run(self, statement: exp.Expression) -> pa.Table | int | None:
         """A query's rows as Arrow, else the count the engine reports (rows a CREATE ... AS wrote).
@@ -309,8 +337,8 @@ class Database:
         sql = statement.sql("duckdb", copy=False)
         if isinstance(statement, exp.Query):
             return self.arrow(sql)
-        row = self.con.execute(sql).fetchone()
-        return row[0] if row else None
+        rows = self.con.execute(sql).fetchall()  # all (one row at most): duckdb 2 holds an unread result open
+        return rows[0][0] if rows else None
 
     def create_key_table(self, target: exp.Table, distinct: exp.Query, keys: list[str]) -> None:
         """Temp table `target`: the rows of `distinct` (distinct values of `keys`, at least one)
@@ -322,11 +350,13 @@ class Database:
 
     def scalar(self, query: exp.Expression) -> tuple:
         """Run a query and return its first row."""
-        return self.con.execute(self.sql(query)).fetchone()
+        row = self.con.execute(self.sql(query)).fetchone()
+        drop_result(self.con)
+        return row
 
     def reader(self, query: exp.Expression, chunk: int) -> pa.RecordBatchReader:
         """Run a query and stream its result in Arrow record batches of about `chunk` rows, in order."""
-        return self.con.execute(self.sql(query)).to_arrow_reader(chunk)
+        return arrow_reader(self.con, self.sql(query), chunk)
 
     def add_codes(self, dictionary: exp.Table, source: exp.Expression, column: str) -> None:
         """Append to `dictionary` (value, code) the values of `column` it lacks, with the next free
@@ -343,9 +373,11 @@ class Database:
 
     def register(self, name: str, data: pa.Table) -> None:
         """Make `data` readable as table `name` (relsql's own, prefixed names) until `unregister`."""
+        drop_result(self.con)
         self.con.register(name, data)
 
     def unregister(self, name: str) -> None:
+        drop_result(self.con)
         self.con.unregister(name)
 
     def row_summary(self, table: exp.Table) -> tuple:
@@ -358,7 +390,9 @@ class Database:
 
     def result_columns(self, query: exp.Expression) -> list[tuple[str, str]]:
         """(name, type) of a query's result columns, by the engine's type names (DuckDB's)."""
-        return [(d[0], str(d[1])) for d in self.con.execute(self.sql(query)).description]
+        description = self.con.execute(self.sql(query)).description
+        drop_result(self.con)
+        return [(d[0], str(d[1])) for d in description]
 
     def temp_table(self, kind: str, name: str) -> exp.Table:
         """A table in DuckDB's temp catalog, unique to this handle, for relsql's own data."""

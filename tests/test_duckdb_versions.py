@@ -126,3 +126,16 @@ def test_sqlite_source_on_duckdb_2_without_the_wheel_says_what_is_missing(tmp_pa
         pytest.skip("a sqlite_scanner wheel for this duckdb is installed")
     with pytest.raises(SourceError, match=r"`sqlite_scanner` extension to read SQLite file .*relsql\[sources\]"):
         relsql.connect(path)
+
+
+@pytest.mark.skipif(MAJOR == 1, reason="duckdb 1.5 lets relsql read the scope beside an unread result")
+def test_a_connection_with_an_unread_result_is_refused_clearly_on_duckdb_2():
+    """duckdb 2 runs nothing on a connection whose execute() result is unread; relsql cannot learn
+    its current scope without dropping the user's rows, so it says what to do and leaves them."""
+    con = duckdb.connect()
+    pending = con.execute("SELECT * FROM range(5)")
+    assert pending.fetchone() == (0,)
+    with pytest.raises(SourceError, match=r"unread result from execute\(\).*fetchall\(\).*con\.abort\(\)"):
+        relsql.connect(con)
+    assert con.fetchall() == [(1,), (2,), (3,), (4,)]
+    con.close()
