@@ -38,7 +38,7 @@ def follow_scope(con: duckdb.DuckDBPyConnection, cursor: duckdb.DuckDBPyConnecti
     try:
         current = con.sql("SELECT current_database(), current_schema()").fetchall()[0]
     except duckdb.Error as err:
-        if "unfinished result" in str(err):  # duckdb 2: reading the scope would cost the user's unread rows
+        if "unfinished result" in str(err) and not _only_scope(cursor):  # duckdb 2: asking would cost their unread rows
             cursor.close()
             raise SourceError("the DuckDB connection has an unread result from execute(), and duckdb "
                               f"{duckdb.__version__} runs nothing else on it until that is read to its end or let go: "
@@ -50,3 +50,12 @@ def follow_scope(con: duckdb.DuckDBPyConnection, cursor: duckdb.DuckDBPyConnecti
     except duckdb.Error as err:
         cursor.close()
         raise SourceError(f"cannot use the connection's current schema {current[0]}.{current[1]}: {first_line(err)}") from None
+
+
+def _only_scope(cursor: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the database has one user schema, so the connection's current scope can only be the
+    cursor's (asked through the cursor, which leaves the user's connection alone)."""
+    schemas = cursor.execute("SELECT database_name, schema_name FROM duckdb_schemas() WHERE database_name IN "
+                             "(SELECT database_name FROM duckdb_databases() WHERE NOT internal) "
+                             "AND schema_name NOT IN ('information_schema', 'pg_catalog')").fetchall()
+    return len(schemas) == 1

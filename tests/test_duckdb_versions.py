@@ -129,10 +129,20 @@ def test_sqlite_source_on_duckdb_2_without_the_wheel_says_what_is_missing(tmp_pa
 
 
 @pytest.mark.skipif(MAJOR == 1, reason="duckdb 1.5 lets relsql read the scope beside an unread result")
-def test_a_connection_with_an_unread_result_is_refused_clearly_on_duckdb_2():
-    """duckdb 2 runs nothing on a connection whose execute() result is unread; relsql cannot learn
-    its current scope without dropping the user's rows, so it says what to do and leaves them."""
+def test_a_connection_with_an_unread_result_on_duckdb_2(tmp_path):
+    """duckdb 2 runs nothing on a connection whose execute() result is unread. With one schema in the
+    database its scope is known without asking it; with more, relsql says what to do. The user's
+    unread rows stay theirs either way."""
     con = duckdb.connect()
+    con.execute("CREATE TABLE customer (id INTEGER PRIMARY KEY)")
+    pending = con.execute("SELECT * FROM range(5)")
+    assert pending.fetchone() == (0,)
+    with relsql.connect(con) as db:
+        assert db.tables() == ["customer"]
+    assert con.fetchone() == (1,)
+    con.execute(f"ATTACH '{tmp_path / 'other.duckdb'}' AS other")
+    con.execute("CREATE TABLE other.orders (id INTEGER)")
+    con.execute("USE other")
     pending = con.execute("SELECT * FROM range(5)")
     assert pending.fetchone() == (0,)
     with pytest.raises(SourceError, match=r"unread result from execute\(\).*fetchall\(\).*con\.abort\(\)"):
