@@ -5,6 +5,7 @@ Everything is built in the tests (nothing downloaded)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import numpy as np
@@ -13,11 +14,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-relbench_base = pytest.importorskip("relbench.base")
-relbench_load = pytest.importorskip("relbench.load")
-relbench_manifest = pytest.importorskip("relbench.manifest")
-relbench_metrics = pytest.importorskip("relbench.metrics")
-skm = pytest.importorskip("sklearn.metrics")
+relbench_base = importlib.import_module("relbench.base")
+relbench_load = importlib.import_module("relbench.load")
+relbench_manifest = importlib.import_module("relbench.manifest")
+relbench_metrics = importlib.import_module("relbench.metrics")
+skm = importlib.import_module("sklearn.metrics")
 
 import relsql  # noqa: E402
 from relsql import relbench as rb  # noqa: E402

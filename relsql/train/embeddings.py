@@ -27,7 +27,7 @@ import sqlglot.expressions as exp
 import torch
 
 from relsql import sql as q
-from relsql.db import Database, ident, qualified
+from relsql.db import Database, fetch_arrow, ident, qualified
 from relsql.errors import RelsqlError, SourceError
 from relsql.template import ir
 
@@ -73,7 +73,7 @@ def initial_values(keys: pa.Array, width: int, seed: int) -> np.ndarray:
         _hasher.con = duckdb.connect()
     _hasher.con.register(_FRESH, pa.table({"key": keys}))
     try:
-        table = _hasher.con.execute(initial_rows(_FRESH, width, seed).sql("duckdb")).to_arrow_table()
+        table = fetch_arrow(_hasher.con, initial_rows(_FRESH, width, seed).sql("duckdb"))
     finally:
         _hasher.con.unregister(_FRESH)
     return np.stack([table.column(i).to_numpy() for i in range(width)], axis=1)
