@@ -211,16 +211,32 @@ class Model:
         batch_size = batch_size if batch_size is not None else learner.settings.batch_size
         state = checkpoints.load(checkpoint) if resume and checkpoint is not None and Path(checkpoint).exists() else None
         initial, before = (learner.weights_copy() if refit else None), len(learner.history)
-        diverged = self._train(epochs, batch_size, lr, patience, weight_decay, options, checkpoint=checkpoint,
-                               checkpoint_every=checkpoint_every, callback=callback, resume=state)
-        if not diverged and refit:
-            replay = [h["lr"] / lr for h in learner.history[before:]]  # the plateaus the selection met, epoch by epoch
-            diverged = refits.retrain(learner, initial, lambda n: self._train(
-                n, batch_size, lr, patience, weight_decay, {**options, "time_budget": None}, callback=callback,
-                keep="last", horizon=epochs, replay=replay))
+        with self._own_random_stream():
+            diverged = self._train(epochs, batch_size, lr, patience, weight_decay, options, checkpoint=checkpoint,
+                                   checkpoint_every=checkpoint_every, callback=callback, resume=state)
+            if not diverged and refit:
+                replay = [h["lr"] / lr for h in learner.history[before:]]  # the plateaus the selection met, epoch by epoch
+                diverged = refits.retrain(learner, initial, lambda n: self._train(
+                    n, batch_size, lr, patience, weight_decay, {**options, "time_budget": None}, callback=callback,
+                    keep="last", horizon=epochs, replay=replay))
         if diverged:
             raise RelsqlError(diverged) from None
         return self._blend(hybrid)
+
+    @contextlib.contextmanager
+    def _own_random_stream(self):
+        """fit's random draws (dropout masks) come from the model's own torch generator state,
+        seeded by its seed and carried from one fit to the next: the caller's generator is left
+        as it was, and the model's draws do not depend on what the caller drew before."""
+        learner = self.learner
+        if getattr(learner, "random_state", None) is None:
+            learner.random_state = torch.Generator().manual_seed(learner.seed).get_state()
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(learner.random_state)
+            try:
+                yield
+            finally:
+                learner.random_state = torch.get_rng_state()
 
     def _blend(self, hybrid: bool) -> Model:
         """The trained network blended with a GBM where the validation rows pick one (hybrid.py)."""

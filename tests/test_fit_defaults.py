@@ -7,6 +7,7 @@ from __future__ import annotations
 import duckdb
 import numpy as np
 import pytest
+import torch
 
 import relsql
 from demos.synthetic import build
@@ -55,3 +56,20 @@ def test_search_is_a_model_method(db):
     model = relsql.Model(db, relsql.Template.from_sql(HAND), target="customer.churned", seed=0, progress=False)
     assert model.search(budget="1s", trials=1, epochs=3) is model
     assert model.trials.height == 1 and model.trials["chosen"].to_list() == [True]
+
+
+def test_fit_draws_from_the_models_own_generator(db):
+    """Dropout masks come from the model's seeded stream: the caller's generator is untouched, and
+    what the caller drew before does not change the model."""
+    tpl = relsql.Template.auto(db, target="customer.churned", hops=1, dropout=0.3)
+    outputs = []
+    for caller_seed in (1, 2):
+        torch.manual_seed(caller_seed)
+        before = torch.random.get_rng_state()
+        model = relsql.Model(db, tpl, target="customer.churned", seed=5, progress=False)
+        model.fit(epochs=4, hybrid=False, patience=10)
+        assert torch.equal(torch.random.get_rng_state(), before)
+        outputs.append(model.predict()["probability"].to_numpy())
+    assert np.array_equal(outputs[0], outputs[1])
+    again = relsql.Model(db, tpl, target="customer.churned", seed=6, progress=False).fit(epochs=4, hybrid=False)
+    assert not np.array_equal(again.predict()["probability"].to_numpy(), outputs[0])  # another seed, other draws

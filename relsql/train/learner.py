@@ -66,6 +66,7 @@ class Learner:
         self.time_budget: float | None = None
         self.monitor: str | None = None  # the history entry model selection compared, e.g. "val_roc_auc"
         self.refit: dict | None = None  # after fit(refit=True): {"epochs": ..., "rows": ...} of the final retraining
+        self.random_state: torch.Tensor | None = None  # the model's own torch generator state (Model.fit's draws)
         self.trials = None  # after Model.search: one row per trial (relsql/train/search.py)
         self.hybrid = None  # a GBM blended with the network (relsql/train/hybrid.py), where one is picked
 

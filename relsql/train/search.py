@@ -263,8 +263,8 @@ def train(built: Built, keywords: dict) -> None:
     learner = model.learner
     learner.restore_weights(built.initial)
     learner.history, learner.best_epoch, learner.stopped = [], None, None
-    if hasattr(learner, "hybrid"):
-        learner.hybrid = None
+    learner.hybrid = None
+    learner.random_state = None  # each training draws its dropout masks from the seed, as the trial did
     with quiet(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(model.seed)
         model.fit(**keywords)
