@@ -235,7 +235,7 @@ def _json_arg(text: str, name: str) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m bench.quality", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help=f"{len(QUICK_TARGETS)} targets x seeds 0 1 (about 5 minutes)")
+    parser.add_argument("--quick", action="store_true", help=f"{len(QUICK_TARGETS)} targets x seeds 0 1 (about 2-3 minutes)")
     parser.add_argument("--seeds", nargs="*", type=int, default=None)
     parser.add_argument("--targets", nargs="*", default=None, help="relgen's and bench/realdata.py's target names")
     parser.add_argument("--extra", action="store_true", help=f"add {', '.join(EXTRA_TARGETS)}")
