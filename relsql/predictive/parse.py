@@ -11,9 +11,11 @@ from relsql.errors import RelsqlError
 from relsql.predictive.terms import QueryError, TimePath, ZonedTimeError, when
 
 GRAMMAR = """\
-query      := aggregate OVER <integer> DAYS [comparison] FOR [EACH] entity [population] [time] AT snapshots
+query      := aggregate OVER <integer> DAYS [comparison] [rank] FOR [EACH] entity [population] [time] AT snapshots [rank]
 aggregate  := COUNT(<events>.*) | SUM(<events>.<column>)
+            | LIST_DISTINCT(<events>.<key column>)   (a list of the keys in the window, sorted; no comparison)
 comparison := (> | >= | < | <= | = | != | <>) <number>         (absent: the label is the number itself)
+rank       := RANK TOP <integer>                 (LIST_DISTINCT only: k, how many items a ranking is judged on)
 entity     := <table> [.<key column> [= <events>.<foreign key column>]]
 population := ACTIVE                 (default: entities with an event before the snapshot)
             | ALL                    (every entity row)
@@ -23,7 +25,8 @@ time       := TIME <events>.<column>                              (default: the 
 snapshots  := <date> {, <date>} | EVERY <integer> DAYS [FROM <date>] [TO <date>]
 <date>     := 2020-01-31 | 2020-01-31T12:00[:00] | '2020-01-31 12:00:00'
 names: letters, digits, _ and $ (not first), or "double quoted" ("" for a quote); keywords in any case
-the label aggregates the events with snapshot <= time < snapshot + N days; NULL if that runs past the last event"""
+the label aggregates the events with snapshot <= time < snapshot + N days; NULL if that runs past the last event
+LIST_DISTINCT writes a row only where the window holds a key (or is past the data: a NULL list, to predict)"""
 
 _TOKEN = re.compile(r"""
     (?P<space>\s+)
@@ -142,21 +145,43 @@ class _Parser:
                 raise _error(self.text, token.at, f"{token.text} is not a valid date", fix) from None
         raise self.fail("a date such as 2020-01-31", fix)
 
+    def rank(self, fields_: dict[str, Any], head: str) -> None:
+        """RANK TOP k, if it is here (after the window, or last): LIST_DISTINCT's only, once."""
+        token = self.peek
+        if not self.accept("RANK"):
+            return
+        if head != "LIST_DISTINCT":
+            raise _error(self.text, token.at, f"RANK TOP ranks the keys of a LIST_DISTINCT query, not a {head}",
+                         "remove RANK TOP k, or write LIST_DISTINCT(<events>.<key column>)")
+        if "k" in fields_:
+            raise _error(self.text, token.at, "a second RANK TOP", "give RANK TOP k once")
+        self.keyword("TOP", fix="write RANK TOP 10")
+        fields_["k"] = self.integer("k, how many items to rank", "write e.g. RANK TOP 10 (k must be at least 1)")
+
     def parse(self) -> dict[str, Any]:
         fields_: dict[str, Any] = {}
-        head = self.keyword("COUNT", "SUM", fix="start with COUNT(<events>.*) or SUM(<events>.<column>)")
+        head = self.keyword("COUNT", "SUM", "LIST_DISTINCT",
+                            fix="start with COUNT(<events>.*), SUM(<events>.<column>) or LIST_DISTINCT(<events>.<key column>)")
         self.punct("(", f"write {head}(<events>.{'*' if head == 'COUNT' else '<column>'})")
         events, _ = self.name("the events table", "write e.g. COUNT(orders.*)")
         self.punct(".", f"write {head}({events}.{'*' if head == 'COUNT' else '<column>'})")
         if head == "COUNT":
             self.punct("*", f"COUNT counts events: write COUNT({events}.*)")
-        else:
+        elif head == "SUM":
             fields_["aggregate"] = "sum"
             fields_["value"], _ = self.name("the column to sum", f"write SUM({events}.<numeric column>)")
+        else:
+            fields_["aggregate"] = "list_distinct"
+            fields_["value"], _ = self.name("the key column to list", f"write LIST_DISTINCT({events}.<key column>), e.g. "
+                                            f"LIST_DISTINCT({events}.item_id)")
         self.punct(")", "close the parenthesis")
         self.keyword("OVER", fix="give the label's window: OVER 30 DAYS")
         fields_["window_days"] = self.integer("the window's length in days", "write e.g. OVER 30 DAYS")
         self.days("write e.g. OVER 30 DAYS")
+        if self.peek.kind == "op" and head == "LIST_DISTINCT":
+            raise _error(self.text, self.peek.at, f"LIST_DISTINCT gives a list of keys, not a number to compare with "
+                         f"{self.peek.text}", f"remove the comparison (for a yes/no label write COUNT({events}.*) "
+                         f"OVER {fields_['window_days']} DAYS > 0)")
         if self.peek.kind == "op":
             op = self.peek.text
             self.i += 1
@@ -166,6 +191,7 @@ class _Parser:
             self.i += 1
             fields_["op"] = op
             fields_["threshold"] = int(token.text) if re.fullmatch(r"[+-]?\d+", token.text) else float(token.text)
+        self.rank(fields_, head)
         self.keyword("FOR", fix="name the entity: FOR customer (after the window and an optional comparison such as > 0)")
         if self.peek.word == "EACH" and self.tokens[self.i + 1].kind in ("word", "quoted"):
             self.i += 1
@@ -222,8 +248,9 @@ class _Parser:
                 self.i += 1
                 dates.append(self.date("write a date after the comma, e.g. 2020-07-01"))
             fields_["snapshots"] = tuple(dates)
+        self.rank(fields_, head)
         if self.peek.kind != "end":
-            raise self.fail("the end of the query", "the snapshots come last; remove the rest or move it before AT")
+            raise self.fail("the end of the query", "the snapshots come last (then only RANK TOP k); remove the rest or move it before AT")
         return {"entity": entity, "events": events, **fields_}
 
 

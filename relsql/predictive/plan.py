@@ -3,6 +3,7 @@ writing (a declared primary key where the source has them)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import numbers
 
@@ -10,7 +11,7 @@ import duckdb
 import sqlglot.expressions as exp
 
 from relsql import sql as q
-from relsql.catalog import Catalog
+from relsql.catalog import Catalog, ForeignKey
 from relsql.db import Database, first_line
 from relsql.errors import SchemaError, SourceError
 from relsql.keys import schema
@@ -19,6 +20,7 @@ from relsql.predictive.terms import (
     OPS,
     PREFIX,
     TASK_COLUMNS,
+    QueryError,
     Question,
     TimePath,
     as_datetime,
@@ -72,14 +74,18 @@ class TaskPlan:
         self.path: TimePath | None = None
         self.time, self.kind = self.event_time()
         self.value = self.column(self.events, query.value, "value") if query.value else None
-        if self.value and not any(t in self.type(self.events, self.value) for t in ("INT", "DECIMAL", "NUMERIC", "DOUBLE", "FLOAT", "REAL")):
+        self.listed = query.aggregate == "list_distinct"
+        self.references = self.listed_key() if self.listed else None
+        self.target = self.references[1] if self.references else "label"
+        if self.value and not self.listed and not any(t in self.type(self.events, self.value) for t in ("INT", "DECIMAL", "NUMERIC", "DOUBLE", "FLOAT", "REAL")):
             raise SchemaError(f"SUM({self.events}.{self.value}): the column is {self.type(self.events, self.value)}, not a number; "
                               "sum a numeric column or use COUNT")
         self.since = self.column(self.entity, query.since, "since") if query.since else None
         if self.since and _time_kind(self.type(self.entity, self.since), f"{self.entity}.{self.since}") is None:
             raise SchemaError(f"SINCE {self.entity}.{self.since}: the column is {self.type(self.entity, self.since)}; it must be the "
                               "entity's creation DATE or TIMESTAMP")
-        self.label_type = "BOOLEAN" if query.op is not None else "DOUBLE"
+        self.label_type = (f"{self.type(self.events, self.value)}[]" if self.listed else
+                           "BOOLEAN" if query.op is not None else "DOUBLE")
         self.first, self.last = self.span()
         self.snapshot_values = self.snapshots()
 
@@ -106,9 +112,11 @@ class TaskPlan:
         return self.catalog[table].column(column).type
 
     def schema(self):
-        """Declared keys plus inferred ones (the same inference `Template.auto` uses), computed once."""
+        """Declared keys plus inferred ones (the same inference `Template.auto` uses), computed once.
+        List, struct and map columns (a LIST_DISTINCT task table's list) are left out: no key is one,
+        and the inference's containment test cannot compare a list with a key."""
         if self._schema is None:
-            self._schema = schema(self.db, self.catalog, infer=True)
+            self._schema = schema(self.db, _flat(self.catalog), infer=True)
         return self._schema
 
     def entity_key(self) -> tuple[str, ...]:
@@ -133,6 +141,34 @@ class TaskPlan:
             raise SchemaError(f"key ({', '.join(key)}) of `{self.entity}` is not unique and non-NULL ({n} distinct of "
                               f"{self.catalog[self.entity].rows} rows): each task row must be one entity; name the "
                               "entity's key")
+
+    def listed_key(self) -> tuple[str, str]:
+        """LIST_DISTINCT(events.c): c must be a one-column foreign key (declared, else inferred) from
+        the events to a table R other than the entity link; returns (R, R's key column). The list
+        column is named like R's key column (no list can be declared a foreign key, so a ranking
+        target finds R by that name), which must not clash with the task table's other columns."""
+        value, where = self.value, f"LIST_DISTINCT({self.events}.{self.value})"
+        if value in self.event_key:
+            raise QueryError(f"{where}: `{value}` is the events' link to the entity `{self.entity}`, so each list would hold "
+                             f"the entity itself; list the key of what the events reference, e.g. {self.events}.<item key>")
+        def key_of(fks) -> ForeignKey | None:
+            return next((fk for fk in fks if fk.columns == (value,) and fk.table in self.catalog.tables), None)
+        found = key_of(self.catalog[self.events].foreign_keys) or key_of(
+            fk for child, fk in self.schema().foreign_keys if child == self.events)
+        if found is None:
+            keys = sorted({fk.columns[0] for child, fk in self.schema().foreign_keys
+                           if child == self.events and len(fk.columns) == 1 and fk.columns[0] not in self.event_key})
+            raise QueryError(f"{where}: `{value}` is not a foreign key (declared or inferable from its name) to another "
+                             f"table's key, so there is nothing to rank; list a key column"
+                             + (f" ({', '.join(keys)})" if keys else ", or declare the foreign key: "
+                                f"{self.events}({value}) REFERENCES <table>(<key>)"))
+        column = found.references[0]
+        clash = [c for c in (*self.key, "task_id", "snapshot") if c.casefold() == column.casefold()]
+        if clash:
+            raise QueryError(f"{where}: the list column is named like the key it holds, `{found.table}.{column}`, but the "
+                             f"task table already has a column `{clash[0]}` (the entity's key or a task column); expose "
+                             f"`{found.table}` through a view that renames its key")
+        return found.table, column
 
     def events_key(self) -> tuple[str, ...]:
         if self.q.event_key is not None:
@@ -200,7 +236,9 @@ class TaskPlan:
         time = _col(self.time, "d") if self.path else _col(self.time, e)
         select = [exp.alias_(_col(k, e), _id(f"{PREFIX}k{i}")) for i, k in enumerate(self.event_key)]
         select.append(exp.alias_(time.copy(), _id(f"{PREFIX}t")))
-        if self.value:
+        if self.listed:
+            select.append(exp.alias_(_col(self.value, e), _id(f"{PREFIX}v")))
+        elif self.value:
             select.append(exp.alias_(exp.cast(_col(self.value, e), exp.DataType.build("DOUBLE")), _id(f"{PREFIX}v")))
         query = exp.select(*select).from_(_table(self.events, e))
         if self.path:
@@ -264,30 +302,22 @@ class TaskPlan:
             this=_id("v"), columns=[_id(s), _id(until), _id(observed)])))
         keys = [f"{PREFIX}k{i}" for i in range(len(self.key))]
         t = f"{PREFIX}t"
-        counted = exp.select(*[_col(k, "ev") for k in keys], _col(s, "s"),
-                             exp.alias_(exp.Count(this=exp.Star()), _id(f"{PREFIX}n")),
-                             *([exp.alias_(exp.Sum(this=_col(f"{PREFIX}v", "ev")), _id(f"{PREFIX}sum"))] if self.value else []),
-                             ).from_(_table(events_name, "ev")).join(
+        counted = exp.select(*[_col(k, "ev") for k in keys], _col(s, "s"), *self.measures()).from_(_table(events_name, "ev")).join(
             _table(snaps_name, "s"), on=exp.and_(exp.GTE(this=_col(t, "ev"), expression=_col(s, "s")),
                                                  exp.LT(this=_col(t, "ev"), expression=_col(until, "s")))
         ).group_by(*[_col(k, "ev") for k in keys], _col(s, "s"))
+        if self.listed:  # a NULL key is no item: an entity with only such events has no list (no row)
+            counted = counted.where(exp.Not(this=exp.Is(this=_col(f"{PREFIX}v", "ev"), expression=exp.Null())))
         ctes = [(snaps_name, values), (events_name, self.events_rows()), (window_name, counted)]
         x = "x"
-        measure = exp.Coalesce(this=_col(f"{PREFIX}sum" if self.value else f"{PREFIX}n", "w"), expressions=[integer(0)])
-        if self.q.op is not None:
-            number = self.q.threshold
-            literal = integer(number) if isinstance(number, numbers.Integral) else real(number)
-            label = OPS[self.q.op](this=measure, expression=literal)
-        else:
-            label = exp.cast(measure, exp.DataType.build("DOUBLE"))
-        label = exp.Case(ifs=[exp.If(this=_col(observed, "s"), true=label)])
+        label = exp.Case(ifs=[exp.If(this=_col(observed, "s"), true=self.label())])
         order = [exp.Ordered(this=_col(s, "s")), *[exp.Ordered(this=_col(k, x)) for k in self.key]]
         task_id = exp.Window(this=exp.RowNumber(), order=exp.Order(expressions=order))
         query = exp.select(
             exp.alias_(exp.cast(task_id, exp.DataType.build("BIGINT")), _id("task_id")),
             *[exp.alias_(_col(k, x), _id(k)) for k in self.key],
             exp.alias_(_col(s, "s"), _id("snapshot")),
-            exp.alias_(exp.cast(label, exp.DataType.build(self.label_type)), _id("label")),
+            exp.alias_(exp.cast(label, exp.DataType.build(self.label_type, dialect="duckdb")), _id(self.target)),
         ).from_(_table(self.entity, x)).join(_table(snaps_name, "s"), join_type="cross")
         conditions = [exp.Not(this=exp.Is(this=_col(k, x), expression=exp.Null())) for k in self.key]
         if self.q.population == "active":  # an event strictly before the snapshot: the template can see it
@@ -302,10 +332,51 @@ class TaskPlan:
         query = query.join(_table(window_name, "w"), join_type="left", on=exp.and_(
             *[exp.EQ(this=_col(k, "w"), expression=_col(c, x)) for k, c in zip(keys, self.key)],
             exp.EQ(this=_col(s, "w"), expression=_col(s, "s"))))
+        if self.listed:  # a ranking row needs an item: observed windows without one get no row (the package docstring says why)
+            conditions.append(exp.or_(exp.Not(this=_col(observed, "s")),
+                                      exp.Not(this=exp.Is(this=_col(f"{PREFIX}items", "w"), expression=exp.Null()))))
         query = query.where(exp.and_(*conditions))
         for name, body in ctes:
             query = query.with_(_id(name), as_=body)
         return query
+
+
+    def label(self) -> exp.Expression:
+        """The label of an observed window, from its aggregates (CTE alias `w`): the list, the
+        comparison, or the number; an entity without events in the window counts 0."""
+        if self.listed:
+            return _col(f"{PREFIX}items", "w")
+        measure = exp.Coalesce(this=_col(f"{PREFIX}sum" if self.value else f"{PREFIX}n", "w"), expressions=[integer(0)])
+        if self.q.op is not None:
+            number = self.q.threshold
+            literal = integer(number) if isinstance(number, numbers.Integral) else real(number)
+            return OPS[self.q.op](this=measure, expression=literal)
+        return exp.cast(measure, exp.DataType.build("DOUBLE"))
+
+    def measures(self) -> list[exp.Expression]:
+        """The window's aggregates per (entity, snapshot): the count, and the sum for SUM, or for
+        LIST_DISTINCT the distinct keys sorted ascending."""
+        v = _col(f"{PREFIX}v", "ev")
+        if self.listed:
+            items = exp.Anonymous(this="list_sort", expressions=[exp.Anonymous(this="list_distinct", expressions=[
+                exp.ArrayAgg(this=v)])])
+            return [exp.alias_(items, _id(f"{PREFIX}items"))]
+        out = [exp.alias_(exp.Count(this=exp.Star()), _id(f"{PREFIX}n"))]
+        if self.value:
+            out.append(exp.alias_(exp.Sum(this=v), _id(f"{PREFIX}sum")))
+        return out
+
+
+def _nested(sql_type: str) -> bool:
+    upper = sql_type.upper()
+    return upper.endswith("]") or upper.startswith(("STRUCT", "MAP", "UNION"))
+
+
+def _flat(catalog: Catalog) -> Catalog:
+    """`catalog` without its nested-type columns (see TaskPlan.schema)."""
+    tables = {name: dataclasses.replace(t, columns=tuple(c for c in t.columns if not _nested(c.type)))
+              for name, t in catalog.tables.items()}
+    return dataclasses.replace(catalog, tables=tables)
 
 
 def _day(value: dt.date) -> dt.date:
@@ -334,11 +405,11 @@ def write_native(db: Database, plan: TaskPlan, name: str, existing: str | None, 
                                   f"(`{plan.entity}.{k}`); leave foreign_key off") from None
             columns.append(exp.ColumnDef(this=_id(k), kind=kind, constraints=[exp.ColumnConstraint(kind=exp.NotNullColumnConstraint())]))
         columns += [exp.ColumnDef(this=_id("snapshot"), kind=exp.DataType.build(snapshot_type)),
-                    exp.ColumnDef(this=_id("label"), kind=exp.DataType.build(plan.label_type))]
+                    exp.ColumnDef(this=_id(plan.target), kind=exp.DataType.build(plan.label_type, dialect="duckdb"))]
         reference = exp.ForeignKey(expressions=[_id(k) for k in plan.key], reference=exp.Reference(
             this=exp.Schema(this=exp.Table(this=_id(plan.entity)), expressions=[_id(k) for k in plan.key])))
         statements.append(exp.Create(this=exp.Schema(this=target.copy(), expressions=[*columns, reference]), kind="TABLE"))
-        statements.append(exp.Insert(this=exp.Schema(this=target.copy(), expressions=[_id(c) for c in ("task_id", *plan.key, "snapshot", "label")]),
+        statements.append(exp.Insert(this=exp.Schema(this=target.copy(), expressions=[_id(c) for c in ("task_id", *plan.key, "snapshot", plan.target)]),
                                      expression=query))
     else:
         statements.append(exp.Create(this=target.copy(), kind="TABLE", expression=query))
@@ -351,8 +422,9 @@ def write_native(db: Database, plan: TaskPlan, name: str, existing: str | None, 
                           f"{first_line(err)}") from None
 
 
-def summary(name: str, label_type: str) -> exp.Select:
-    label = _col("label")
+def summary(name: str, label_type: str, target: str = "label") -> exp.Select:
+    """rows, labelled (a non-NULL target) and positives (BOOLEAN labels only) of task table `name`."""
+    label = _col(target)
     positives = (exp.Sum(this=exp.Case(ifs=[exp.If(this=label.copy(), true=integer(1))], default=integer(0)))
                  if label_type == "BOOLEAN" else exp.Null())
     return exp.select(exp.alias_(exp.Count(this=exp.Star()), _id("rows")), exp.alias_(exp.Count(this=label.copy()), _id("labelled")),

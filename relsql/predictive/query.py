@@ -24,7 +24,9 @@ _NATIVE = ("duckdb", "duckdb-file")  # sources where a primary (and foreign) key
 
 class PredictiveQuery(Question):
     """"For each `entity` at each snapshot: the COUNT (or SUM of `value`) of its `events` in the
-    next `window_days`" — compared with `threshold` by `op` for a boolean label, or as a number.
+    next `window_days`" — compared with `threshold` by `op` for a boolean label, or as a number;
+    or with aggregate="list_distinct" the sorted distinct keys `value` of those events (a ranking
+    target, see the package docstring), `k` (RANK TOP k) the ranking's cut-off.
 
     Names default from the catalog: `key` is the entity's primary key (declared, else inferred),
     `event_key` the events' foreign key to it (declared, else inferred, else the columns named like
@@ -67,17 +69,18 @@ class PredictiveQuery(Question):
                               "leave foreign_key off (Template.auto infers the link from the column's name)")
         if native:
             _write_marked(db, plan, name, replace, query, foreign_key)
-            counted = db.arrow(summary(name, plan.label_type)).to_pylist()[0]
+            counted = db.arrow(summary(name, plan.label_type, plan.target)).to_pylist()[0]
             rows, labelled, positives = counted["rows"], counted["labelled"], counted["positives"]
         else:
             data = db.arrow(query)
             db.write_table(name, data, replace=replace, kind="task")
-            label = data.column("label")
+            label = data.column(plan.target)
             rows, labelled = data.num_rows, label.length() - label.null_count
             positives = int(pc.sum(pc.cast(label, pa.int64())).as_py() or 0) if plan.label_type == "BOOLEAN" else None
         time_columns = {} if plan.path else {plan.events: plan.time}
         return TaskTable(name, int(rows), int(labelled or 0), None if plan.label_type != "BOOLEAN" else int(positives or 0),
-                         tuple(plan.snapshot_values), tuple(plan.key), plan.label_type, time_columns)
+                         tuple(plan.snapshot_values), tuple(plan.key), plan.label_type, time_columns,
+                         target=plan.target, k=self.k, references=plan.references)
 
 
 def _write_marked(db: Database, plan, name: str, replace: bool, query: exp.Select, foreign_key: bool) -> None:

@@ -20,6 +20,7 @@ from relsql.errors import RelsqlError
 OPS = {">": exp.GT, ">=": exp.GTE, "<": exp.LT, "<=": exp.LTE, "=": exp.EQ, "!=": exp.NEQ}
 POPULATIONS = ("active", "all", "since")
 TASK_COLUMNS = ("task_id", "snapshot", "label")
+AGGREGATES = ("count", "sum", "list_distinct")
 MAX_WINDOW_DAYS = 100_000
 MAX_SNAPSHOTS = 10_000
 PREFIX = "__relsql_task_"  # CTE and column names of the generated query: never a user's name
@@ -55,11 +56,17 @@ class TaskTable:
     positives: int | None  # rows whose label is true (None for a numeric label)
     snapshots: tuple[Any, ...]
     key: tuple[str, ...]  # the entity key columns, as named in the task table
-    label_type: str  # BOOLEAN or DOUBLE
+    label_type: str  # BOOLEAN or DOUBLE; for LIST_DISTINCT the list's type, e.g. BIGINT[]
     time_columns: dict[str, str] = field(default_factory=dict)  # what an auto-template should filter by
+    target: str = "label"  # the column to learn: `label`, or for LIST_DISTINCT the list column (e.g. item_id)
+    k: int | None = None  # RANK TOP k: how many items a ranking model is judged on (None: not given)
+    references: tuple[str, str] | None = None  # LIST_DISTINCT: the (table, key column) the list's items are keys of
 
     def __str__(self) -> str:
         positive = f", {self.positives:,} positive" if self.positives is not None else ""
+        if self.references is not None:
+            top = f", RANK TOP {self.k}" if self.k is not None else ""
+            positive = f" (`{self.target}`: lists of {self.references[0]}.{self.references[1]}{top})"
         unlabelled = self.rows - self.labelled
         open_windows = f", {unlabelled:,} unlabelled (windows past the data's last event)" if unlabelled else ""
         span = f"{self.snapshots[0]} .. {self.snapshots[-1]}" if len(self.snapshots) > 1 else f"{self.snapshots[0]}"
@@ -116,7 +123,7 @@ def as_datetime(value: dt.date) -> dt.datetime:
     return value if isinstance(value, dt.datetime) else dt.datetime.combine(value, dt.time())
 
 
-_KEYWORDS = {"COUNT", "SUM", "OVER", "DAY", "DAYS", "FOR", "EACH", "ACTIVE", "ALL", "SINCE", "TIME", "VIA", "AT",
+_KEYWORDS = {"COUNT", "SUM", "LIST_DISTINCT", "RANK", "TOP", "OVER", "DAY", "DAYS", "FOR", "EACH", "ACTIVE", "ALL", "SINCE", "TIME", "VIA", "AT",
              "EVERY", "FROM", "TO"}
 
 
@@ -154,18 +161,20 @@ class Question:
     end: dt.date | None = None
     population: str = "active"
     since: str | None = None
+    k: int | None = None
 
     def __post_init__(self) -> None:
         put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
         arguments.text("entity", self.entity)
         arguments.text("events", self.events)
         put("window_days", arguments.integer("window_days", self.window_days, maximum=MAX_WINDOW_DAYS))
-        arguments.choice("aggregate", self.aggregate, ("count", "sum"))
-        if (self.aggregate == "sum") != (self.value is not None):
-            raise RelsqlError("value (the column to sum) goes with aggregate='sum', and only with it; "
-                              f"got aggregate={self.aggregate!r}, value={self.value!r}")
+        arguments.choice("aggregate", self.aggregate, AGGREGATES)
+        if (self.aggregate != "count") != (self.value is not None):
+            raise RelsqlError("value (the column to sum, or to list) goes with aggregate='sum' or 'list_distinct', and "
+                              f"only with them; got aggregate={self.aggregate!r}, value={self.value!r}")
         arguments.text("value", self.value, optional=True)
         arguments.choice("op", self.op, (None, *OPS, "<>"))
+        self.check_ranking()
         if self.op == "<>":
             put("op", "!=")
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, numbers.Real) \
@@ -208,11 +217,29 @@ class Question:
             raise RelsqlError("population='since' needs since=<the entity's creation date column>, and since= goes "
                               f"with no other population; got population={self.population!r}, since={self.since!r}")
 
+    def check_ranking(self) -> None:
+        """LIST_DISTINCT's rules: its label is a list (nothing to compare), and RANK TOP k goes with
+        it only, with k >= 1."""
+        if self.aggregate == "list_distinct" and self.op is not None:
+            raise QueryError(f"LIST_DISTINCT({self.events}.{self.value}) gives a list of keys, not a number to compare with "
+                             f"{self.op} {self.threshold!r}: remove the comparison (for a yes/no label write "
+                             f"COUNT({self.events}.*) OVER {self.window_days} DAYS > 0)")
+        if self.k is None:
+            return
+        if self.aggregate != "list_distinct":
+            raise QueryError(f"RANK TOP {self.k!r} ranks the keys of a LIST_DISTINCT query; with {self.aggregate.upper()} "
+                             "remove it, or write LIST_DISTINCT(<events>.<key column>)")
+        if isinstance(self.k, bool) or not isinstance(self.k, numbers.Integral) or self.k <= 0:
+            raise QueryError(f"RANK TOP k needs a whole number k of at least 1 (how many items to rank), got {self.k!r}; "
+                             "write e.g. RANK TOP 10 (k=10), or leave it out")
+        object.__setattr__(self, "k", int(self.k))
+
     # -- the text form ------------------------------------------------------------------------
 
     def __str__(self) -> str:
         """The query in the text form (`parse(str(q)) == q`)."""
-        what = f"COUNT({text_name(self.events)}.*)" if self.aggregate == "count" else f"SUM({text_name(self.events)}.{text_name(self.value)})"
+        what = (f"COUNT({text_name(self.events)}.*)" if self.aggregate == "count" else
+                f"{self.aggregate.upper()}({text_name(self.events)}.{text_name(self.value)})")
         out = [what, f"OVER {self.window_days} DAYS"]
         if self.op is not None:
             out.append(f"{self.op} {self.threshold!r}")
@@ -241,4 +268,6 @@ class Question:
                 out.append(f"FROM {date_text(self.start)}")
             if self.end is not None:
                 out.append(f"TO {date_text(self.end)}")
+        if self.k is not None:
+            out.append(f"RANK TOP {self.k}")
         return " ".join(out)
