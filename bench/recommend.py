@@ -41,7 +41,7 @@ from bench.recommend_data import Dataset
 
 METHODS = ["popularity", "past_items", "peer", "relsql"]
 METRICS = ("map", "recall", "ndcg")
-QUICK = {"shop": {"customers": 400, "items": 200, "purchases": 6000}, "tpcds": {"sf": 0.01},
+QUICK = {"shop": {"customers": 400, "items": 200, "purchases": 6000}, "tpcds": {"sf": 0.01, "first": 1460},
          "links": {"nodes": 500}}
 QUICK_PEER = {"epochs": 15, "patience": 5, "width": 32}
 QUICK_FIT = {"epochs": 15}

@@ -234,8 +234,9 @@ TPCDS_FILL = [
 TPCDS_EPOCH = np.datetime64("1998-01-02")  # the first sale date of dsdgen's store_sales
 
 
-def write_tpcds(path: str | Path, sf: float = 0.01) -> Dataset:
-    """TPC-DS store sales at `path` with `task_rec` over every 30 days from a month after the first sale."""
+def write_tpcds(path: str | Path, sf: float = 0.01, first: int = 730) -> Dataset:
+    """TPC-DS store sales at `path` with `task_rec` every 30 days from `first` days after the first
+    sale (the default: its last three years; the history before stays as input)."""
     from connectors.extensions import load
 
     con = _fresh(path)
@@ -251,7 +252,7 @@ def write_tpcds(path: str | Path, sf: float = 0.01) -> Dataset:
         buyer = sales.column(0).to_numpy().astype(np.int64)
         bought = sales.column(1).to_numpy().astype(np.int64)
         day = (sales.column(2).to_numpy().astype("datetime64[D]") - TPCDS_EPOCH).astype(np.int64)
-        snapshots = np.arange(WINDOW, int(day.max()) - WINDOW + 2, WINDOW)
+        snapshots = np.arange(max(WINDOW, first), int(day.max()) - WINDOW + 2, WINDOW)
         query, days, offsets, ids = window_tasks(buyer, bought, day, snapshots)
         task_id = _task_frame(con, "task_rec", query, days, offsets, ids, TPCDS_EPOCH)
         candidates = np.sort(con.execute("SELECT item_id FROM item").fetch_arrow_table().column(0).to_numpy().astype(np.int64))
