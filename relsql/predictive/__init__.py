@@ -19,7 +19,24 @@ snapshot):
 - `snapshot` (DATE, or TIMESTAMP when the events' time is a TIMESTAMP): the prediction time;
   pass it as `time_column` so that only rows earlier than it feed the prediction.
 - `label`: BOOLEAN for a comparison (`> 0`), else DOUBLE (the count or sum, a regression
-  target; DOUBLE so that relsql detects regression rather than classes of small counts).
+  target; DOUBLE so that relsql detects regression rather than classes of small counts); for
+  LIST_DISTINCT a list column instead (see Ranking).
+
+Ranking. `LIST_DISTINCT(purchase.item_id) OVER 30 DAYS FOR customer AT EVERY 30 DAYS RANK TOP 10`
+(Python: `PredictiveQuery(entity="customer", events="purchase", aggregate="list_distinct",
+value="item_id", window_days=30, every_days=30, k=10)`) asks which items each customer buys in
+the window: instead of `label` the table has a LIST column holding the window's distinct keys,
+sorted ascending, typed as the events' column (`item_id BIGINT[]`). That column must be a foreign
+key of the events (declared, or inferred from its name) to a table R; the list column is named
+like R's key column (`item.item_id` -> `item_id`), which is how a ranking target finds R: DuckDB
+cannot declare a list a foreign key, so `foreign_key=True` declares only the entity's. An
+observed window without any key gives NO row (a ranking row needs at least one positive to be
+judged on; RelBench's recommendation tasks do the same), so the rows are (entity, snapshot)
+pairs with a purchase; a window past the data gives every existing entity a row with a NULL list,
+to predict. `RANK TOP k` (k >= 1) is the cut-off a ranking model is judged on (MAP@k): it is not
+stored in the table, but returned as `TaskTable.k` (None when absent), with `TaskTable.target`
+(the list column) and `TaskTable.references` ((R, key column)). A comparison (`> 0`) does not go
+with a list.
 
 Time safety. The label aggregates the events with snapshot <= time < snapshot + window. The
 window is half-open on that side because relsql's templates (and `Template.auto` with

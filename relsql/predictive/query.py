@@ -20,6 +20,7 @@ from relsql.predictive.terms import (
 )
 
 _NATIVE = ("duckdb", "duckdb-file")  # sources where a primary (and foreign) key can be declared
+_NO_LISTS = ("sqlite",)  # sources that cannot store a LIST_DISTINCT task table's list column
 
 
 class PredictiveQuery(Question):
@@ -64,6 +65,10 @@ class PredictiveQuery(Question):
         db.source.refuse_read_only(name)
         query = plan.select()
         native = db.source.kind in _NATIVE
+        if plan.listed and db.source.kind in _NO_LISTS:
+            raise SchemaError(f"LIST_DISTINCT writes a list column, and {db.description} (a {db.source.kind} source) has no list "
+                              "type (it would store the list as text); write the task table to a DuckDB file or a folder of "
+                              "Parquet files holding the same tables")
         if foreign_key and not native:
             raise SchemaError(f"foreign_key=True declares a DuckDB constraint; {db.description} is a {db.source.kind} source: "
                               "leave foreign_key off (Template.auto infers the link from the column's name)")
