@@ -138,3 +138,126 @@ def test_top_k_float32_scores_agree_with_full_matmul():
     assert torch.allclose(scores, want.values, atol=1e-5)
     assert (indices == want.indices).float().mean() > 0.99  # float32 rounding may swap near-ties only
     assert math.isfinite(float(scores.sum()))
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def naive_ranking_scores(predicted: list[list[int]], truths: list[list[int]], k: int) -> dict[str, float]:
+    """Per-row loops straight from the definitions."""
+    sums = {"map": 0.0, "recall": 0.0, "ndcg": 0.0, "mrr": 0.0, "precision": 0.0}
+    rows = 0
+    for ranked, truth_list in zip(predicted, truths, strict=True):
+        truth = set(truth_list)
+        if not truth:
+            continue
+        rows += 1
+        seen, hits, precision_sum, dcg, first = set(), 0, 0.0, 0.0, 0.0
+        for rank, item in enumerate(ranked[:k], start=1):
+            if item != -1 and item in truth and item not in seen:
+                hits += 1
+                precision_sum += hits / rank
+                dcg += 1 / math.log2(rank + 1)
+                first = first or 1 / rank
+            seen.add(item)
+        ideal = sum(1 / math.log2(rank + 1) for rank in range(1, min(k, len(truth)) + 1))
+        sums["map"] += precision_sum / min(k, len(truth))
+        sums["recall"] += hits / len(truth)
+        sums["ndcg"] += dcg / ideal
+        sums["mrr"] += first
+        sums["precision"] += hits / k
+    out = {f"{name}@{k}" if name != "mrr" else name: value / rows for name, value in sums.items()}
+    out["rows"] = rows
+    return out
+
+
+def random_ranking_case(seed: int, n: int = 300, items: int = 40, k: int = 10):
+    """Predictions with -1 slots and repeats, truths with duplicates and empty rows."""
+    rng = np.random.default_rng(seed)
+    predicted = rng.integers(-1, items, (n, k))
+    truths = [rng.integers(0, items, rng.integers(0, 15)).tolist() for _ in range(n)]
+    offsets = np.concatenate([[0], np.cumsum([len(t) for t in truths])])
+    ids = np.array([i for t in truths for i in t], dtype=np.int64)
+    return predicted, truths, offsets, ids
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("k", [1, 5, 10, 14])
+def test_ranking_scores_match_naive_loops(seed, k):
+    from relsql.train.ranking.metrics import ranking_scores
+
+    predicted, truths, offsets, ids = random_ranking_case(seed)
+    got = ranking_scores(predicted, offsets, ids, k)
+    want = naive_ranking_scores(np.pad(predicted, ((0, 0), (0, max(0, k - 10))), constant_values=-1).tolist(), truths, k)
+    assert got.keys() == want.keys()
+    assert got["rows"] == want["rows"] < len(truths)  # some rows have no truth and are skipped
+    for name in want:
+        assert got[name] == pytest.approx(want[name], rel=1e-12), name
+
+
+def test_ranking_scores_worked_example_and_duplicates():
+    from relsql.train.ranking.metrics import ranking_scores
+
+    # row 0: truth {1, 2, 3} (2 listed twice), ranked [1, 9, 2]: hits at ranks 1 and 3
+    # row 1: truth {5}, ranked [7, 5, 5]: the repeated 5 counts once
+    got = ranking_scores(np.array([[1, 9, 2], [7, 5, 5]]), np.array([0, 4, 5]), np.array([1, 2, 3, 2, 5]), 3)
+    map0, map1 = (1 + 2 / 3) / 3, (1 / 2) / 1
+    ndcg0 = (1 + 1 / math.log2(4)) / (1 + 1 / math.log2(3) + 1 / math.log2(4))
+    ndcg1 = (1 / math.log2(3)) / 1
+    assert got["map@3"] == pytest.approx((map0 + map1) / 2)
+    assert got["recall@3"] == pytest.approx((2 / 3 + 1) / 2)
+    assert got["ndcg@3"] == pytest.approx((ndcg0 + ndcg1) / 2)
+    assert got["mrr"] == pytest.approx((1 + 1 / 2) / 2)
+    assert got["precision@3"] == pytest.approx((2 / 3 + 1 / 3) / 2)
+    assert got["rows"] == 2
+
+
+def test_ranking_scores_map_equals_relbench():
+    from relbench.metrics import map as relbench_map
+
+    from relsql.train.ranking.metrics import ranking_scores
+
+    rng = np.random.default_rng(4)
+    n, items, k = 500, 60, 10
+    predicted = np.stack([rng.permutation(items)[:k] for _ in range(n)])  # distinct ids per row, as top_k gives
+    truths = [rng.choice(items, rng.integers(0, 20), replace=False) for _ in range(n)]
+    offsets = np.concatenate([[0], np.cumsum([len(t) for t in truths])])
+    pred_isin = np.stack([np.isin(p, t) for p, t in zip(predicted, truths, strict=True)])
+    dst_count = np.array([len(t) for t in truths])
+    got = ranking_scores(predicted, offsets, np.concatenate(truths).astype(np.int64), k)
+    assert got[f"map@{k}"] == pytest.approx(float(relbench_map(pred_isin, dst_count)), rel=1e-12)
+    assert got["rows"] == int((dst_count > 0).sum())
+
+
+def test_ranking_scores_ndcg_equals_sklearn():
+    from sklearn.metrics import ndcg_score
+
+    from relsql.train.ranking.metrics import ranking_scores
+
+    # Binary relevance over a universe of items, strictly ordered scores: sklearn's ideal DCG is the
+    # one over min(k, |truth|) hits, as ours.
+    rng = np.random.default_rng(5)
+    n, items, k = 200, 50, 10
+    scores = rng.normal(size=(n, items))
+    relevant = rng.random((n, items)) < 0.15
+    relevant[relevant.sum(1) == 0, 0] = True
+    predicted = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    offsets = np.concatenate([[0], np.cumsum(relevant.sum(1))])
+    ids = np.concatenate([np.flatnonzero(row) for row in relevant])
+    got = ranking_scores(predicted, offsets, ids, k)
+    assert got[f"ndcg@{k}"] == pytest.approx(ndcg_score(relevant.astype(float), scores, k=k), rel=1e-12)
+
+
+def test_ranking_scores_edge_cases_and_bad_input():
+    from relsql.train.ranking.metrics import ranking_scores
+
+    empty = ranking_scores(np.array([[1, 2]]), np.array([0, 0]), np.array([], dtype=np.int64), 2)
+    assert empty["rows"] == 0 and math.isnan(empty["map@2"])
+    short = ranking_scores(np.array([[4]]), np.array([0, 2]), np.array([4, 6]), 3)  # one column for k=3: padded
+    assert short["precision@3"] == pytest.approx(1 / 3) and short["map@3"] == pytest.approx(1 / 2)
+    with pytest.raises(RelsqlError, match="k >= 1"):
+        ranking_scores(np.array([[1]]), np.array([0, 1]), np.array([1]), 0)
+    with pytest.raises(RelsqlError, match="2 integers"):
+        ranking_scores(np.array([[1]]), np.array([0, 1, 1]), np.array([1]), 1)
+    with pytest.raises(RelsqlError, match="end at len"):
+        ranking_scores(np.array([[1]]), np.array([0, 3]), np.array([1]), 1)

@@ -1,0 +1,100 @@
+"""MAP@k, recall@k, NDCG@k, MRR and precision@k of ranked predictions against sets of true ids.
+
+The definitions are RelBench's link-prediction ones (its MAP@k divides by min(k, |truth|)),
+computed for all rows at once with numpy: a (row, id) pair is a hit when the id is in the row's
+truth. A true id listed twice counts once; a predicted id repeated in a row counts at its first
+rank only; -1 marks an empty slot (fewer than k candidates). Rows with no truth are skipped.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from relsql.errors import RelsqlError
+
+NO_ITEM = -1
+
+
+def ranking_scores(predicted: np.ndarray, truth_offsets: np.ndarray, truth_ids: np.ndarray, k: int) -> dict[str, float]:
+    """Mean over rows with a non-empty truth of f"map@{k}", f"recall@{k}", f"ndcg@{k}", "mrr" and
+    f"precision@{k}"; "rows" is how many rows were counted (nan metrics when none).
+
+    predicted: [n, w] candidate ids per row, best first (only the first k columns count; a row
+    shorter than k is padded with -1); truth of row i: truth_ids[truth_offsets[i]:truth_offsets[i+1]].
+    """
+    predicted, truth_offsets, truth_ids = _checked(predicted, truth_offsets, truth_ids, k)
+    n = predicted.shape[0]
+    truth_rows, truth_ids = _distinct_truth(truth_offsets, truth_ids, n)
+    truth_count = np.bincount(truth_rows, minlength=n)
+    counted = truth_count > 0
+    hits = _hits(predicted, truth_rows, truth_ids)[counted]
+    truth_count = truth_count[counted]
+    names = [f"map@{k}", f"recall@{k}", f"ndcg@{k}", "mrr", f"precision@{k}"]
+    if not counted.any():
+        return {**dict.fromkeys(names, float("nan")), "rows": 0}
+    values = [_average_precision(hits, truth_count), hits.sum(1) / truth_count, _ndcg(hits, truth_count),
+              _reciprocal_rank(hits), hits.sum(1) / k]
+    return {**{name: float(np.mean(value)) for name, value in zip(names, values, strict=True)}, "rows": int(counted.sum())}
+
+
+def _checked(predicted: np.ndarray, truth_offsets: np.ndarray, truth_ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Arrays of the agreed shapes, predicted cut or padded to exactly k columns."""
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k <= 0:
+        raise RelsqlError(f"ranking_scores: k must be a positive whole number, got {k!r}; use k >= 1 (for example k=10)")
+    predicted, truth_offsets, truth_ids = np.asarray(predicted), np.asarray(truth_offsets), np.asarray(truth_ids)
+    if predicted.ndim != 2 or not np.issubdtype(predicted.dtype, np.integer):
+        raise RelsqlError(f"ranking_scores: predicted must be a 2-D integer array [rows, k] of candidate ids, got {predicted.dtype} {predicted.shape}")
+    n = predicted.shape[0]
+    if truth_offsets.shape != (n + 1,) or not np.issubdtype(truth_offsets.dtype, np.integer):
+        raise RelsqlError(f"ranking_scores: truth_offsets must be {n + 1} integers (one more than the predicted rows), got {truth_offsets.dtype} {truth_offsets.shape}")
+    if truth_offsets[0] != 0 or truth_offsets[-1] != len(truth_ids) or (np.diff(truth_offsets) < 0).any():
+        raise RelsqlError("ranking_scores: truth_offsets must start at 0, never decrease, and end at len(truth_ids)")
+    if truth_ids.ndim != 1 or not np.issubdtype(truth_ids.dtype, np.integer):
+        raise RelsqlError(f"ranking_scores: truth_ids must be a 1-D integer array, got {truth_ids.dtype} {truth_ids.shape}")
+    if predicted.shape[1] < k:
+        predicted = np.pad(predicted, ((0, 0), (0, k - predicted.shape[1])), constant_values=NO_ITEM)
+    return predicted[:, :k].astype(np.int64), truth_offsets.astype(np.int64), truth_ids.astype(np.int64)
+
+
+def _distinct_truth(truth_offsets: np.ndarray, truth_ids: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row, id) of each distinct true pair: a duplicated true id counts once."""
+    rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(truth_offsets))
+    order = np.lexsort((truth_ids, rows))
+    rows, ids = rows[order], truth_ids[order]
+    first = np.ones(len(rows), dtype=bool)
+    first[1:] = (rows[1:] != rows[:-1]) | (ids[1:] != ids[:-1])
+    return rows[first], ids[first]
+
+
+def _hits(predicted: np.ndarray, truth_rows: np.ndarray, truth_ids: np.ndarray) -> np.ndarray:
+    """[n, k] bool: slot (i, j) holds an id in row i's truth, seen for the first time in the row."""
+    n, k = predicted.shape
+    codes, inverse = np.unique(np.concatenate([truth_ids, predicted.ravel()]), return_inverse=True)
+    truth_keys = truth_rows * len(codes) + inverse[: len(truth_ids)]
+    keys = np.repeat(np.arange(n, dtype=np.int64), k) * len(codes) + inverse[len(truth_ids):]
+    _, first_slot = np.unique(keys, return_index=True)  # row-major, so the first slot is the best rank
+    first = np.zeros(n * k, dtype=bool)
+    first[first_slot] = True
+    hit = first & np.isin(keys, truth_keys) & (predicted.ravel() != NO_ITEM)
+    return hit.reshape(n, k)
+
+
+def _average_precision(hits: np.ndarray, truth_count: np.ndarray) -> np.ndarray:
+    """Sum of precision@i over the ranks i that hit, over min(k, |truth|)."""
+    k = hits.shape[1]
+    precision = np.cumsum(hits, axis=1) / np.arange(1, k + 1)
+    return (precision * hits).sum(1) / np.minimum(truth_count, k)
+
+
+def _ndcg(hits: np.ndarray, truth_count: np.ndarray) -> np.ndarray:
+    """Binary-relevance DCG over the ideal DCG of min(k, |truth|) hits at the top."""
+    k = hits.shape[1]
+    discount = 1.0 / np.log2(np.arange(2, k + 2))
+    ideal = np.cumsum(discount)[np.minimum(truth_count, k) - 1]
+    return (hits * discount).sum(1) / ideal
+
+
+def _reciprocal_rank(hits: np.ndarray) -> np.ndarray:
+    """1 / rank of the first hit within k; 0 when there is none."""
+    first = np.argmax(hits, axis=1)
+    return np.where(hits.any(1), 1.0 / (first + 1), 0.0)
