@@ -78,6 +78,8 @@ def test_list_target_makes_two_towers(shop):
     assert list(tpl.relations)[-1] == "predict"  # the output stays the last statement
     candidate = _candidate(tpl)
     assert candidate == "candidate_item"
+    assert 'embed(r."customer_id", 32, ' in tpl.source  # the customer's own vector (matrix factorization's)
+    assert 'embed(t."item_id", 32, ' in tpl.source and 'price' in tpl.source  # the item's id and own columns
     out = relsql.compile(tpl, shop, dtype=torch.float64, seed=0)()
     assert out["predict"].shape == (shop.scalar("SELECT count(*) FROM task_rec")[0], 32)
     assert out[candidate].shape == (16, 32)

@@ -694,12 +694,19 @@ class _Ranking:
         w, ref, d = self.writer, self.reference, self.dimension
         key = _qi(ref.key)
         t = w.labels[ref.table]
+        codes = [fk.columns[0] for child, fk in w.schema.foreign_keys if child == ref.table and len(fk.columns) == 1]
+        terms = [f"embed(t.{key}, {d}, '{w.weight_name(f'id_{t}')}')",
+                 f"linear(e.h, {d}, '{w.weight_name(f'w_{self.name}_own')}')"]
+        terms += [f"embed(t.{_qi(c)}, {d}, '{w.weight_name(f'{self.name}_{_safe(c)}')}', min_count={RARE})"
+                  for c in dict.fromkeys(codes)]
         w.out.append(
             f"-- {self.name}: the candidate tower, one {d}-wide vector per {ref.table} row (relsql.Model scores a target "
-            f"row's vector against it): an ID embedding of {ref.table}.{ref.key} and its own columns' encoding\n"
+            f"row's vector against it): an ID embedding of {ref.table}.{ref.key} (its own row for every key, no rare "
+            f"bucket: each key is on one row here), its own columns' encoding"
+            + (f" and its foreign keys as codes ({', '.join(dict.fromkeys(codes))}: items of one category are alike)"
+               if codes else "") + "\n"
             f"CREATE TABLE {self.name} AS\n"
-            f"SELECT t.{key}, embed(t.{key}, {d}, '{w.weight_name(f'id_{t}')}') + linear(e.h, {d}, "
-            f"'{w.weight_name(f'w_{self.name}_own')}') AS h\n"
+            f"SELECT t.{key}, {' + '.join(terms)} AS h\n"
             f"FROM {_qi(ref.table)} t\nJOIN enc_{t} e ON e.{key} = t.{key};\n")
         for table in dict.fromkeys(i.table for i in interactions if not i.itself):
             for fk in dict.fromkeys(i.candidate for i in interactions if i.table == table):
@@ -727,6 +734,21 @@ class _Ranking:
             f"CREATE TABLE {self.name} AS\n"
             f"SELECT t.{_qi(ref.key)}, linear(log(1 + count(*)), {self.dimension}, "
             f"'{w.weight_name(f'w_{self.name}_{_safe(table)}_count')}') AS h\n{source}\nGROUP BY t.{_qi(ref.key)};\n")
+
+    def identities(self) -> None:
+        """The query tower's ID embeddings of the target row's one-column foreign keys (not the
+        target column): a vector per customer, learnt from the training rows, as matrix
+        factorization has; a key on fewer than RARE target rows shares the rare vector."""
+        w = self.writer
+        codes = [fk.columns[0] for child, fk in w.schema.foreign_keys
+                 if child == w.target and len(fk.columns) == 1 and fk.columns[0] != w.column]
+        keys = ", ".join(f"r.{_qi(k)}" for k in w.target_keys)
+        for column in dict.fromkeys(codes):
+            w.out.append(
+                f"-- identity: an ID embedding of the target row's {column} (learnt from the training rows; a key on "
+                f"fewer than {RARE} {w.target} rows shares one vector)\n"
+                f"CREATE TABLE predict AS\nSELECT {keys}, embed(r.{_qi(column)}, {self.dimension}, "
+                f"'{w.weight_name(f'query_{_safe(column)}')}', min_count={RARE}) AS h\nFROM {_qi(w.target)} r;\n")
 
     def past(self, interactions: list[Interaction]) -> None:
         """The query tower's history term: the average candidate vector of the candidates the target
@@ -959,6 +981,7 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
         ranking = _Ranking(writer, reference, dimension, history is not False, timeless)
         ranking.candidate(interactions)
         writer.head(root, value, dimension, ranking=True)
+        ranking.identities()
         ranking.past(interactions)
     else:
         writer.head(root, value, units)
