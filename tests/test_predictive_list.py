@@ -17,6 +17,7 @@ import pytest
 
 import relsql
 from relsql.predictive import PredictiveQuery, QueryError, parse
+from relsql.predictive.terms import is_task_table
 from tests.test_model import insert_rows
 
 BASE = dt.date(2021, 1, 1)
@@ -241,3 +242,12 @@ def test_a_list_column_clashing_with_the_entity_key_is_refused():
             parse("LIST_DISTINCT(follows.followed) OVER 30 DAYS FOR customer AT 2021-01-15").write(db, "t")
     finally:
         db.close()
+
+
+def test_is_task_table_recognises_list_and_label_task_tables(small):
+    db, _, _ = small
+    parse("COUNT(purchase.*) OVER 30 DAYS > 0 FOR customer AT 2021-04-01").write(db, "t_label")
+    parse("LIST_DISTINCT(purchase.item_id) OVER 30 DAYS FOR customer AT 2021-04-01").write(db, "t_list")
+    catalog = db.catalog()
+    assert is_task_table(catalog["t_label"].columns) and is_task_table(catalog["t_list"].columns)
+    assert not any(is_task_table(catalog[t].columns) for t in ("customer", "item", "purchase"))

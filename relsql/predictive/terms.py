@@ -9,6 +9,7 @@ import datetime as dt
 import math
 import numbers
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,6 +126,16 @@ def as_datetime(value: dt.date) -> dt.datetime:
 
 _KEYWORDS = {"COUNT", "SUM", "LIST_DISTINCT", "RANK", "TOP", "OVER", "DAY", "DAYS", "FOR", "EACH", "ACTIVE", "ALL", "SINCE", "TIME", "VIA", "AT",
              "EVERY", "FROM", "TO"}
+
+
+def is_task_table(columns: Iterable[Any]) -> bool:
+    """Whether a table with these columns (objects with .name and .type, e.g. catalog Columns) looks
+    like a task table relsql.PredictiveQuery wrote: task_id, snapshot and a `label`, or a list column
+    (LIST_DISTINCT). Automatic templates leave other task tables out: their labels and lists hold
+    events after their snapshots."""
+    found = list(columns)
+    names = {c.name for c in found}
+    return {"task_id", "snapshot"} <= names and ("label" in names or any(c.type.upper().endswith("]") for c in found))
 
 
 def text_name(name: str) -> str:
