@@ -261,3 +261,141 @@ def test_ranking_scores_edge_cases_and_bad_input():
         ranking_scores(np.array([[1]]), np.array([0, 1, 1]), np.array([1]), 1)
     with pytest.raises(RelsqlError, match="end at len"):
         ranking_scores(np.array([[1]]), np.array([0, 3]), np.array([1]), 1)
+
+
+# ---------------------------------------------------------------- negatives
+
+
+def test_uniform_negatives_are_seeded_in_range_with_log_q():
+    from relsql.train.ranking.negatives import sample_negatives
+
+    first, log_q = sample_negatives("uniform", 5000, 37, torch.Generator().manual_seed(1))
+    again, _ = sample_negatives("uniform", 5000, 37, torch.Generator().manual_seed(1))
+    other, _ = sample_negatives("uniform", 5000, 37, torch.Generator().manual_seed(2))
+    assert first.dtype == torch.long and first.shape == (5000,)
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    assert first.min() >= 0 and first.max() == 36
+    assert torch.allclose(log_q, torch.full((5000,), -math.log(37)))
+    assert sample_negatives("uniform", 0, 5, torch.Generator())[0].shape == (0,)
+
+
+def test_popularity_negatives_follow_count_to_the_three_quarters():
+    from relsql.train.ranking.negatives import sample_negatives
+
+    counts = torch.tensor([0.0, 1.0, 16.0, 81.0, 0.0, 256.0])
+    weights = np.array([1, 1, 8, 27, 1, 64], dtype=np.float64)  # max(count, 1) ** 0.75
+    want = weights / weights.sum()
+    generator = torch.Generator().manual_seed(3)
+    drawn, log_q = sample_negatives("popularity", 200_000, 6, generator, popularity=counts)
+    frequency = np.bincount(drawn.numpy(), minlength=6) / 200_000
+    assert np.abs(frequency - want).max() < 0.005  # about 5 standard errors at these sizes
+    assert frequency.min() > 0  # never-seen candidates are still drawn
+    assert np.allclose(log_q.double().numpy(), np.log(want)[drawn.numpy()], atol=1e-6)
+    again, _ = sample_negatives("popularity", 200_000, 6, torch.Generator().manual_seed(3), popularity=counts)
+    assert torch.equal(drawn, again)
+
+
+@pytest.mark.parametrize(
+    "kind,kwargs,message",
+    [
+        ("hard", {}, "'uniform', 'popularity', 'in-batch'"),
+        ("in-batch", {}, "in_batch_softmax"),
+        ("popularity", {}, "needs popularity="),
+        ("popularity", {"popularity": torch.ones(3)}, "4 counts"),
+        ("popularity", {"popularity": torch.tensor([1.0, -1.0, 2.0, 0.0])}, ">= 0"),
+    ],
+)
+def test_negatives_bad_input_names_the_fix(kind, kwargs, message):
+    from relsql.train.ranking.negatives import sample_negatives
+
+    with pytest.raises(RelsqlError, match=message):
+        sample_negatives(kind, 10, 4, torch.Generator(), **kwargs)
+    with pytest.raises(RelsqlError, match="nothing to draw"):
+        sample_negatives("uniform", 10, 0, torch.Generator())
+
+
+# ---------------------------------------------------------------- losses
+
+
+def naive_loss(kind: str, positive: list[float], negative: list[list[float]], log_q: list[list[float]] | None = None) -> float:
+    """The losses from their formulas, one positive at a time."""
+    def sigmoid(x: float) -> float:
+        return 1 / (1 + math.exp(-x))
+
+    total = 0.0
+    for i, p in enumerate(positive):
+        negatives = negative[i]
+        if kind == "bce":
+            total += -math.log(sigmoid(p)) + sum(-math.log(1 - sigmoid(n)) for n in negatives) / len(negatives)
+        elif kind == "bpr":
+            total += sum(-math.log(sigmoid(p - n)) for n in negatives) / len(negatives)
+        else:
+            shift = [0.0] * len(negatives)
+            if log_q:  # log q_j + log mean_k(1 / q_k)
+                centre = math.log(sum(math.exp(-v) for v in log_q[i]) / len(log_q[i]))
+                shift = [v + centre for v in log_q[i]]
+            logits = [p] + [n - shift[j] for j, n in enumerate(negatives)]
+            total += -(p - math.log(sum(math.exp(v) for v in logits)))
+    return total / len(positive)
+
+
+@pytest.mark.parametrize("kind", ["bce", "bpr", "softmax"])
+def test_ranking_losses_match_their_formulas(kind):
+    from relsql.train.ranking.losses import ranking_loss
+
+    generator = torch.Generator().manual_seed(6)
+    positive = torch.randn(7, generator=generator, dtype=torch.float64, requires_grad=True)
+    negative = torch.randn(7, 5, generator=generator, dtype=torch.float64, requires_grad=True)
+    loss = ranking_loss(kind, positive, negative)
+    assert loss.dim() == 0
+    assert float(loss.detach()) == pytest.approx(naive_loss(kind, positive.tolist(), negative.tolist()), rel=1e-12)
+    loss.backward()
+    assert torch.isfinite(positive.grad).all() and torch.isfinite(negative.grad).all()
+    assert (positive.grad < 0).all()  # raising a positive's score always lowers each of these losses
+    shared = negative[0].detach()
+    assert float(ranking_loss(kind, positive, shared).detach()) == pytest.approx(
+        naive_loss(kind, positive.tolist(), [shared.tolist()] * 7), rel=1e-12)
+
+
+def test_sampled_softmax_log_q_correction():
+    from relsql.train.ranking.losses import ranking_loss
+
+    generator = torch.Generator().manual_seed(7)
+    positive = torch.randn(6, generator=generator, dtype=torch.float64)
+    negative = torch.randn(6, 4, generator=generator, dtype=torch.float64)
+    log_q = torch.log(torch.rand(4, generator=generator, dtype=torch.float64))
+    got = ranking_loss("softmax", positive, negative, log_q=log_q)
+    assert float(got) == pytest.approx(naive_loss("softmax", positive.tolist(), negative.tolist(), [log_q.tolist()] * 6), rel=1e-12)
+    assert float(got) != pytest.approx(float(ranking_loss("softmax", positive, negative)))
+    for constant in (0.0, -math.log(1000.0), 3.5):  # uniform sampling: the correction is no correction
+        for shape in ((4,), (6, 4)):
+            flat = torch.full(shape, constant, dtype=torch.float64)
+            assert float(ranking_loss("softmax", positive, negative, log_q=flat)) == pytest.approx(
+                float(ranking_loss("softmax", positive, negative)), rel=1e-14)
+    per_row = log_q[None, :].expand(6, 4) + torch.arange(6, dtype=torch.float64)[:, None]  # a per-row constant changes nothing
+    assert float(ranking_loss("softmax", positive, negative, log_q=per_row)) == pytest.approx(float(got), rel=1e-14)
+
+
+def test_in_batch_softmax_and_loss_errors():
+    from relsql.train.ranking.losses import in_batch_softmax, ranking_loss
+
+    generator = torch.Generator().manual_seed(8)
+    query = torch.randn(5, 3, generator=generator, dtype=torch.float64, requires_grad=True)
+    item = torch.randn(5, 3, generator=generator, dtype=torch.float64, requires_grad=True)
+    loss = in_batch_softmax(query, item)
+    scores = (query @ item.T).tolist()
+    want = sum(math.log(sum(math.exp(v) for v in row)) - row[i] for i, row in enumerate(scores)) / 5
+    assert float(loss.detach()) == pytest.approx(want, rel=1e-12)
+    loss.backward()
+    assert torch.isfinite(query.grad).all() and torch.isfinite(item.grad).all()
+    positive, negative = torch.zeros(3), torch.zeros(3, 2)
+    with pytest.raises(RelsqlError, match="'bce', 'bpr', 'softmax'"):
+        ranking_loss("hinge", positive, negative)
+    with pytest.raises(RelsqlError, match="sampled softmax only"):
+        ranking_loss("bpr", positive, negative, log_q=torch.zeros(2))
+    with pytest.raises(RelsqlError, match="at least one sample"):
+        ranking_loss("bce", positive, torch.zeros(4, 2))
+    with pytest.raises(RelsqlError, match="log_q must be"):
+        ranking_loss("softmax", positive, negative, log_q=torch.zeros(3))
+    with pytest.raises(RelsqlError, match="batch, dimension"):
+        in_batch_softmax(torch.zeros(4, 3), torch.zeros(5, 3))
