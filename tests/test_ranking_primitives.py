@@ -61,6 +61,34 @@ def test_top_k_random_float64_default_chunks_over_several_column_blocks():
     assert torch.equal(scores, full.gather(1, indices))
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("k,column_chunk", [(1, 64), (3, 256), (10, 512), (10, 700), (20, 1024)])
+def test_top_k_group_pruning_with_some_ties(seed, k, column_chunk):
+    # wide integer range: scores tie sometimes, group maxima tie sometimes, often not
+    query, candidates = integer_embeddings(40, 3, 20 + seed, -30, 31), integer_embeddings(2100, 3, 40 + seed, -30, 31)
+    scores, indices = top_k(query, candidates, k, row_chunk=9, column_chunk=column_chunk)
+    want_scores, want_indices = naive_top_k(query, candidates, k)
+    assert indices.tolist() == want_indices
+    assert scores.tolist() == want_scores
+
+
+def test_top_k_ties_across_groups_of_columns():
+    from relsql.train.ranking.topk import GROUP
+
+    # one column of scores over 8 groups: ties at the k-th value across groups whose maxima differ,
+    # and groups whose maxima tie at the k-th group
+    values = torch.zeros(8 * GROUP, 1, dtype=torch.float64)
+    values[GROUP - 1], values[3 * GROUP], values[3 * GROUP + 1] = 5.0, 9.0, 5.0
+    _, indices = top_k(torch.ones(3, 1, dtype=torch.float64), values, 2, column_chunk=8 * GROUP)
+    assert indices.tolist() == [[3 * GROUP, GROUP - 1]] * 3
+    for order in (1, -1):  # every group's maximum is 5, at varying places: the three lowest indices win
+        fives = (torch.arange(8) * GROUP + GROUP - 1 - torch.arange(8)).flip(0) if order < 0 else torch.arange(8) * GROUP + torch.arange(8)
+        values = torch.zeros(8 * GROUP, 1, dtype=torch.float64)
+        values[fives] = 5.0
+        _, indices = top_k(torch.ones(3, 1, dtype=torch.float64), values, 3, column_chunk=8 * GROUP)
+        assert indices.tolist() == [sorted(fives.tolist())[:3]] * 3
+
+
 def test_top_k_ties_go_to_the_lower_index():
     query, candidates = torch.ones(4, 3), torch.zeros(20, 3)
     scores, indices = top_k(query, candidates, 5, row_chunk=3, column_chunk=7)
