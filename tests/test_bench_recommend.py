@@ -4,8 +4,6 @@ baselines and the peer's time cut checked against naive recomputations; the benc
 from __future__ import annotations
 
 import json
-import sys
-import types
 from collections import Counter
 
 import duckdb
@@ -36,17 +34,6 @@ def naive_scores(predicted: np.ndarray, offsets: np.ndarray, ids: np.ndarray, k:
         mrrs.append(reciprocal)
     return {f"map@{k}": float(np.mean(maps)), f"recall@{k}": float(np.mean(recalls)),
             f"ndcg@{k}": float(np.mean(ndcgs)), "mrr": float(np.mean(mrrs))}
-
-
-@pytest.fixture
-def metrics(monkeypatch):
-    """relsql's ranking_scores, or (until it exists) the naive one above under its name."""
-    try:
-        from relsql.train.ranking.metrics import ranking_scores  # noqa: F401
-    except ImportError:
-        module = types.ModuleType("relsql.train.ranking.metrics")
-        module.ranking_scores = naive_scores
-        monkeypatch.setitem(sys.modules, "relsql.train.ranking.metrics", module)
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +124,7 @@ def test_the_peer_sees_only_events_before_the_snapshot(shop):
         assert edges[graph.event_type].shape[1] == sum(day < snapshot for *_, day in purchases)
 
 
-def test_bench_quick_json_end_to_end(tmp_path, monkeypatch, metrics):
+def test_bench_quick_json_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setitem(recommend.QUICK, "shop", {"customers": 120, "items": 50, "purchases": 1800,
                                                   "categories": 5, "regions": 3})
     out = tmp_path / "r.json"
@@ -158,7 +145,8 @@ def test_bench_quick_json_end_to_end(tmp_path, monkeypatch, metrics):
 
 
 def test_relsql_ranking_scores_equal_the_naive_metrics():
-    metrics = pytest.importorskip("relsql.train.ranking.metrics")
+    from relsql.train.ranking import metrics
+
     rng = np.random.default_rng(0)
     lengths = rng.integers(1, 15, 30)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
