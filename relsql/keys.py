@@ -101,6 +101,12 @@ def _family(sql_type: str) -> str:
     return upper
 
 
+def _nested(sql_type: str) -> bool:
+    """A list, struct, map or union column: never a key, and not comparable with one."""
+    upper = sql_type.upper().rstrip()
+    return upper.endswith("]") or upper.startswith(("STRUCT", "MAP", "UNION", "LIST"))
+
+
 def _integer(sql_type: str) -> bool:
     return "INT" in sql_type.upper() and "[]" not in sql_type and not sql_type.upper().startswith("INTERVAL")
 
@@ -356,7 +362,7 @@ def _infer_foreign(db: Database, result: Schema, trusted: set[str]) -> dict[tupl
         prefix = _prefix(table)
         stated = {c for other, fk in result.foreign_keys if other == child for c in fk.columns}  # given ones stay
         for column in table.columns:
-            if column.name in stated:
+            if column.name in stated or _nested(column.type):  # a list of keys is no foreign key (a ranking target's)
                 continue
             candidates = parents
             if result.primary_keys[child] == (column.name,):

@@ -15,7 +15,6 @@ import os
 from pathlib import Path
 
 import duckdb
-import numpy as np
 import polars as pl
 import torch
 
@@ -27,6 +26,8 @@ from relsql.template.ir import Template
 from relsql.train import build, distributed, gradients, results, saved
 from relsql.train import checkpoint as checkpoints
 from relsql.train import refit as refits
+from relsql.train.options import fit_options
+from relsql.train.ranking import results as ranked
 from relsql.train.report import LOSSES, plot_history, text_report
 from relsql.train.threads import torch_threads
 from relsql.train.trainer import OneProcess, Trainer
@@ -79,7 +80,7 @@ class Model:
                  batch_size: int | None = None, fanout: dict[str, int] | int | None = None,
                  embedding_optimizer: str | None = None, embedding_lr: float = 0.1, allow_target_inputs: bool = False,
                  threads: int | None = None, store: str | Path | bool | None = None,
-                 max_groundings: int | None = None):
+                 max_groundings: int | None = None, candidates: str | None = None):
         """`batch_size` (target rows per batch) trains on mini-batches read from a grounding store
         on disk (`store`: a folder to keep and reuse it; default a temporary one; False grounds every
         batch in the database). `fanout` caps the groundings per head (a seeded sample; off by
@@ -88,7 +89,9 @@ class Model:
         in-memory embeddings that way. A template that reads the target is refused unless
         `allow_target_inputs=True`. `threads`: torch's threads while this model trains and predicts
         (default half the cores). A rule estimated at more than `max_groundings` groundings
-        (default 10^8) is refused before it runs. See docs/training.md."""
+        (default 10^8) is refused before it runs. A target that references a table (a foreign key,
+        or a list of keys) ranks that table's rows: `candidates` names the template's tower for
+        them (see recommend(), docs/recommendation.md). See docs/training.md."""
         if not isinstance(db, Database):
             raise RelsqlError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
         self.db = db
@@ -98,7 +101,7 @@ class Model:
                                          split=split, seed=seed, dtype=dtype, device=device, progress=progress,
                                          batch_size=batch_size, fanout=fanout, embedding_optimizer=embedding_optimizer,
                                          embedding_lr=embedding_lr, allow_target_inputs=allow_target_inputs, store=store,
-                                         max_groundings=max_groundings)
+                                         max_groundings=max_groundings, candidates=candidates)
 
     @classmethod
     def _around(cls, db: Database, learner) -> Model:
@@ -126,7 +129,8 @@ class Model:
     def fit(self, epochs: int = EPOCHS, batch_size: int | None = None, lr: float = LR, patience: int = PATIENCE,
             weight_decay: float = 0.0, *, schedule: str | None = "plateau", warmup: float = 0.05, clip: float | None = 1.0,
             monitor: str = "auto", time_budget: float | None = TIME_BUDGET, loss: str | None = None,
-            class_weight: str | None = None, refit: bool = False, hybrid: bool | None = None, checkpoint: str | Path | None = None,
+            class_weight: str | None = None, negatives: str | None = None, refit: bool = False, hybrid: bool | None = None,
+            checkpoint: str | Path | None = None,
             resume: bool = False, checkpoint_every: int | None = None, callback=None, workers: int = 1) -> Model:
         """AdamW on the training rows; keeps the weights of the epoch with the best validation score.
 
@@ -144,7 +148,9 @@ class Model:
         loss breaks ties and stands in where the metric is undefined. `loss` (regression):
         "huber" (default; delta 1 on the standardized target), "mse" or "mae". `class_weight`
         (classification): "balanced" weighs each row's loss by n / (classes x its class's count
-        among the training rows). `refit=True`: after selection, train again from the same
+        among the training rows). A ranking target: `loss` "softmax" (default; sampled softmax),
+        "bce" or "bpr", `negatives` "uniform" (default), "popularity" or "in-batch", monitor
+        "auto" = MAP@k. `refit=True`: after selection, train again from the same
         initial weights on training + validation rows for the selected number of epochs
         (`model.refit` says so; validation scores are then no longer held out). `hybrid=True`:
         after training, a GBM on one-hop features the database computes is blended with the
@@ -165,7 +171,7 @@ class Model:
         lr = arguments.number("lr", lr, positive=True)
         patience = arguments.integer("patience", patience, minimum=0)
         weight_decay = arguments.number("weight_decay", weight_decay, minimum=0.0)
-        options = self._options(schedule, warmup, clip, monitor, time_budget, loss, class_weight)
+        options = fit_options(self.learner, schedule, warmup, clip, monitor, time_budget, loss, class_weight, negatives)
         if batch_size is not None:
             batch_size = arguments.integer("batch_size", batch_size)
         if checkpoint_every is not None:
@@ -184,7 +190,9 @@ class Model:
         if hybrid is None:
             from relsql.template.auto import is_automatic
 
-            hybrid = is_automatic(self.template.source)
+            hybrid = is_automatic(self.template.source) and self.task.kind != "ranking"
+        elif hybrid and self.task.kind == "ranking":
+            raise RelsqlError("hybrid=True blends a GBM with a label's prediction; a ranking target has none: drop hybrid=")
         self.learner.hybrid = None
         learner, common = self.learner, (epochs, batch_size, lr, patience, weight_decay, checkpoint, checkpoint_every, resume)
         if refit:
@@ -211,7 +219,7 @@ class Model:
         batch_size = batch_size if batch_size is not None else learner.settings.batch_size
         state = checkpoints.load(checkpoint) if resume and checkpoint is not None and Path(checkpoint).exists() else None
         initial, before = (learner.weights_copy() if refit else None), len(learner.history)
-        with self._own_random_stream():
+        with learner.own_random_stream():
             diverged = self._train(epochs, batch_size, lr, patience, weight_decay, options, checkpoint=checkpoint,
                                    checkpoint_every=checkpoint_every, callback=callback, resume=state)
             if not diverged and refit:
@@ -222,21 +230,6 @@ class Model:
         if diverged:
             raise RelsqlError(diverged) from None
         return self._blend(hybrid)
-
-    @contextlib.contextmanager
-    def _own_random_stream(self):
-        """fit's random draws (dropout masks) come from the model's own torch generator state,
-        seeded by its seed and carried from one fit to the next: the caller's generator is left
-        as it was, and the model's draws do not depend on what the caller drew before."""
-        learner = self.learner
-        if getattr(learner, "random_state", None) is None:
-            learner.random_state = torch.Generator().manual_seed(learner.seed).get_state()
-        with torch.random.fork_rng(devices=[]):
-            torch.set_rng_state(learner.random_state)
-            try:
-                yield
-            finally:
-                learner.random_state = torch.get_rng_state()
 
     def _blend(self, hybrid: bool) -> Model:
         """The trained network blended with a GBM where the validation rows pick one (hybrid.py)."""
@@ -254,34 +247,6 @@ class Model:
 
         return searching.search(self, budget, trials, **options)
 
-    def _options(self, schedule, warmup, clip, monitor, time_budget, loss, class_weight) -> dict:
-        """fit()'s convergence settings checked, as the Trainer's keyword arguments (and the loss's)."""
-        task = self.task
-        arguments.choice("schedule", schedule, ("cosine", "plateau", None))
-        warmup = arguments.number("warmup", warmup, minimum=0.0)
-        if warmup >= 1:
-            raise RelsqlError(f"warmup is the share of the steps spent warming up, below 1; got {warmup!r}")
-        if clip is not None:
-            clip = arguments.number("clip", clip, positive=True)
-        if time_budget is not None:
-            time_budget = arguments.number("time_budget", time_budget, positive=True)
-        metrics = ("loss", *task.scores(np.zeros((2, task.units)), np.zeros(2)))
-        arguments.choice("monitor", monitor, ("auto", *metrics))
-        if task.kind == "regression":
-            loss = arguments.choice("loss", "huber" if loss is None else loss, ("huber", "mse", "mae"))
-            if class_weight is not None:
-                raise RelsqlError(f"class_weight weighs classes, but {self.target} is a regression target: drop class_weight=")
-        elif loss is not None:
-            raise RelsqlError(f"loss= chooses a regression loss; {self.target} is {task.kind} (cross-entropy): drop loss=")
-        arguments.choice("class_weight", class_weight, ("balanced", None))
-        task.regression_loss = loss or task.regression_loss
-        task.class_weights = None
-        if class_weight == "balanced":
-            task.balance(self.y[self.rows["train"]].cpu().numpy())
-        return {"optimizer": "adamw", "schedule": schedule, "warmup": warmup, "clip": clip, "time_budget": time_budget,
-                "monitor": task.selects_on(self.y[self.rows["val"]].cpu().numpy()) if monitor == "auto" else monitor,
-                "regression_loss": task.regression_loss, "class_weights": task.class_weights}
-
     def _train(self, epochs: int, batch_size: int | None, lr: float, patience: int, weight_decay: float, options: dict,
                **more) -> str | None:
         """One Trainer's fit in this process: the message of a diverged loss, else None."""
@@ -297,6 +262,8 @@ class Model:
         if split == "test" and split in self.rows and not len(self.rows["test"]) and self.fractions[2] == 0:
             raise RelsqlError(f"this model has no test split (split={tuple(self.fractions)} gives the test part 0): "
                               "evaluate('val') scores the validation rows, or build the Model with a test part in split=")
+        if self.task.kind == "ranking":
+            return ranked.evaluate(self.learner, split)
         return results.evaluate(self.learner, split)
 
     @_with_threads
@@ -316,13 +283,36 @@ class Model:
         expression over that table's columns only (no statements, subqueries or other tables),
         columns quoted, evaluated by the database. Both: the rows of `keys` that satisfy
         `where`. After Model.load on another database this scores that database's rows."""
+        self._not_ranking("predict")
         return results.predict(self.learner, splits=True, keys=keys, where=where)
 
     def write_predictions(self, name: str, *, replace: bool = False) -> int:
         """Write `predict()` (without its `split` column) as a new table, atomically; an existing
         table needs replace=True."""
+        self._not_ranking("write_predictions")
         frame = results.predict(self.learner)
         self.db.write_table(name, frame.to_arrow(), replace=replace, kind="predictions")
+        return frame.height
+
+    def _not_ranking(self, method: str) -> None:
+        if self.task.kind == "ranking":
+            raise RelsqlError(f"{self.target} is a ranking target: {method}() gives one value per row; recommend(k=...) "
+                              "and write_recommendations(name) give each row's k best candidates")
+
+    @_with_threads
+    def recommend(self, k: int = 10, keys=None, *, where: str | None = None) -> pl.DataFrame:
+        """For a ranking target, each row's `k` best candidates, best first: the target table's key
+        columns, the candidate's key under the target column's name, `rank` (1..k) and `score`.
+        Rows: those with a NULL target (to predict), or those `keys`/`where` choose (as predict())."""
+        if self.task.kind != "ranking":
+            raise RelsqlError(f"recommend() ranks the rows a foreign-key target references; {self.target} is "
+                              f"{self.task.kind}: use predict()")
+        return ranked.recommend(self.learner, k, keys, where)
+
+    def write_recommendations(self, name: str, k: int = 10, *, replace: bool = False) -> int:
+        """Write `recommend(k)` as a new table, atomically; an existing table needs replace=True."""
+        frame = self.recommend(k)
+        self.db.write_table(name, frame.to_arrow(), replace=replace, kind="recommendations")
         return frame.height
 
     @_with_threads
@@ -351,7 +341,7 @@ class Model:
         The file holds plain tensors, numbers, strings and Arrow IPC bytes only, so loading it
         cannot run code (see relsql/train/checkpoint.py)."""
         path = saved.write(saved.ModelState.of(self.learner), path)
-        if self.history:
+        if self.history and self.task.kind != "ranking":
             split = "val" if len(self.rows["val"]) else "train"
             plot_history(self.history, path.with_suffix(".png"), self.task.metric, title=f"{self.target}: {self.output}",
                          loss=LOSSES[self.task.kind], best_epoch=self.best_epoch,

@@ -30,15 +30,18 @@ def is_list(sql_type: str) -> bool:
     return sql_type.rstrip().endswith("]") or sql_type.upper().startswith("LIST")
 
 
-def referenced(db: Database, table: str, column: str) -> Reference | None:
-    """The table `table.column` references, or None for an ordinary (label) column."""
+def referenced(db: Database, table: str, column: str, infer: bool = False) -> Reference | None:
+    """The table `table.column` references, or None for an ordinary (label) column. Keys are the
+    declared and given ones; `infer=True` adds inferred keys (a warehouse without declarations),
+    which `Model(task="ranking")` and Template.auto(infer_keys=True) ask for: an inferred foreign
+    key alone does not turn a class label such as `store_id` into a ranking."""
     from relsql.keys import schema
 
     columns = dict(db.columns(table))
     if column not in columns:
         return None
     many = is_list(columns[column])
-    keys = schema(db, db.catalog())
+    keys = schema(db, db.catalog(), infer=infer or many)  # a list needs its table's key, declared or inferred
     if not many:
         for child, fk in keys.foreign_keys:
             if child == table and fk.columns == (column,) and len(fk.references) == 1:

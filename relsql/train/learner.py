@@ -5,6 +5,7 @@ from a saved state without one (a training rank's, from the grounding store).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import time
@@ -85,6 +86,20 @@ class Learner:
     y = property(lambda self: self.goal.y)
     dtype = property(lambda self: self.settings.dtype)
     device = property(lambda self: self.settings.device)
+
+    @contextlib.contextmanager
+    def own_random_stream(self):
+        """fit's random draws (dropout masks, negatives) come from the model's own torch generator
+        state, seeded by its seed and carried from one fit to the next: the caller's generator is
+        left as it was, and the model's draws do not depend on what the caller drew before."""
+        if self.random_state is None:
+            self.random_state = torch.Generator().manual_seed(self.seed).get_state()
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(self.random_state)
+            try:
+                yield
+            finally:
+                self.random_state = torch.get_rng_state()
 
     # -- construction -----------------------------------------------------------------------------
     def build(self, presets: Presets, task: str | Task | None, split: dict | None = None) -> None:
@@ -225,6 +240,16 @@ class Learner:
             return self.outputs_of(self.labelled[self.rows[split]], source, batch_size), y
         with torch.no_grad():
             return self.outputs().index_select(0, index), y
+
+    def batch_loss(self, batch: Batch | Whole, external: dict[str, torch.Tensor], share: np.ndarray) -> torch.Tensor:
+        """The training loss of a batch whose labelled rows are `share` (positions into `labelled`)."""
+        return self.task.loss(self.batch_outputs(batch, external), self.y[torch.as_tensor(share, device=self.device)])
+
+    def split_scores(self, split: str, source: BatchSource | None = None, batch_size: int | None = None,
+                     prefix: str = "") -> dict[str, float]:
+        """The loss and the task's metrics on a split's rows."""
+        out, y = self.split_outputs(split, source, batch_size)
+        return self.scores(out, y, prefix)
 
     def scores(self, out: torch.Tensor, y: torch.Tensor, prefix: str = "") -> dict[str, float]:
         """The loss and the task's metrics of outputs `out` against labels `y`."""

@@ -21,6 +21,8 @@ from relsql.errors import RelsqlError
 from relsql.ground.execute import Presets
 from relsql.template import Template, ir
 from relsql.train import checkpoint as files
+from relsql.train.ranking.task import LOSSES as RANKING_LOSSES
+from relsql.train.ranking.task import NEGATIVES, RankingTask
 from relsql.train.task import Task
 
 FORMAT = "relsql-model-3"
@@ -87,7 +89,7 @@ def write(state: ModelState, path: str | Path) -> Path:
         "fractions": tuple(float(f) for f in state.fractions), "seed": int(state.seed),
         "dtype": str(state.dtype).removeprefix("torch."),
         "task": {"kind": task.kind, "classes": files.table_bytes(pa.table({"value": pa.array(task.classes)})),
-                 "mean": float(task.mean), "std": float(task.std)},
+                 "mean": float(task.mean), "std": float(task.std), **ranking_fields(task)},
         "rows": {k: torch.as_tensor(v, dtype=torch.int64) for k, v in state.split.items()},
         "dictionaries": {w: files.table_bytes(t) for w, t in encodings.dictionaries.items()},
         "feature_stats": plain(encodings.feature_stats),
@@ -147,14 +149,38 @@ def read(path: str | Path) -> ModelState:
         embedding_optimizer=check("embedding_optimizer", arguments.choice, get("embedding_optimizer", (str, NoneType)),
                                   (None, "adagrad", "sgd")),
         embedding_lr=check("embedding_lr", arguments.number, get("embedding_lr", (int, float)), positive=True),
-        task=Task(check("task", arguments.choice, get("kind", str, task), ("binary", "multiclass", "regression")), classes,
-                  check("task mean", arguments.number, get("mean", (int, float), task)),
-                  check("task std", arguments.number, get("std", (int, float), task), positive=True)),
+        task=saved_task(task, classes, template, where),
         split=split,
         presets=Presets({w: files.bytes_table(data, where) for w, data in get("dictionaries", dict).items()},
                         feature_stats(get("feature_stats", dict), where)),
         weights=weights, head=get("head", dict), hybrid=hybrid(state.get("hybrid"), where),
     )
+
+
+def ranking_fields(task) -> dict:
+    """A ranking task's settings, for the file (other tasks have none)."""
+    if task.kind != "ranking":
+        return {}
+    return {"k": int(task.k), "loss": task.loss, "negatives": task.negatives, "count": int(task.count),
+            "candidates": task.candidates}
+
+
+def saved_task(task: dict, classes: list, template: ir.Template, where: str) -> Task | RankingTask:
+    """The task of a model file, every field checked like an argument."""
+    def get(name, types):
+        return files.field(task, name, types, where)
+
+    kind = arguments.choice(f"{where}: task", get("kind", str), ("binary", "multiclass", "regression", "ranking"))
+    if kind == "ranking":
+        candidates = get("candidates", str)
+        if candidates not in template.relations:
+            raise RelsqlError(f"{where} is damaged: its candidate relation `{candidates}` is not in its template")
+        return RankingTask(k=arguments.integer(f"{where}: k", get("k", int)),
+                           loss=arguments.choice(f"{where}: loss", get("loss", str), RANKING_LOSSES),
+                           negatives=arguments.choice(f"{where}: negatives", get("negatives", str), NEGATIVES),
+                           count=arguments.integer(f"{where}: count", get("count", int)), candidates=candidates)
+    return Task(kind, classes, arguments.number(f"{where}: task mean", get("mean", (int, float))),
+                arguments.number(f"{where}: task std", get("std", (int, float)), positive=True))
 
 
 def hybrid(data: object, where: str) -> dict | None:

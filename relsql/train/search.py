@@ -315,7 +315,7 @@ def better(record: dict) -> tuple[float, float]:
     metric, score, loss = record["metric"], record["score"], record["val_loss"]
     if metric is None or score != score:
         return -math.inf, -math.inf
-    return (score if metric.split("_", 1)[-1] in MAXIMIZED else -score), (-loss if loss == loss else -math.inf)
+    return (score if metric.split("_", 1)[-1].split("@", 1)[0] in MAXIMIZED else -score), (-loss if loss == loss else -math.inf)
 
 
 def rung_epochs(epochs: int) -> list[int]:

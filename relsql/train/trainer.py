@@ -30,7 +30,9 @@ from relsql.train.source import BatchSource, Whole
 log = logging.getLogger("relsql")
 
 
-MAXIMIZED = {"roc_auc", "accuracy", "f1"}  # the other monitored scores (loss, mae, rmse) are minimized
+# the monitored scores that are better larger; the others (loss, mae, rmse) are minimized. A ranking
+# metric is named with its cut-off (map@10): its name before the @ is looked up.
+MAXIMIZED = {"roc_auc", "accuracy", "f1", "map", "recall", "ndcg", "mrr", "precision"}
 
 
 class Optimizers:
@@ -120,7 +122,7 @@ class EarlyStopping:
         value = record.get(self.key, float("nan"))
         if value != value:  # NaN: the metric is undefined (one class only among the rows)
             return float("-inf"), -loss
-        return (value if self.metric in MAXIMIZED else -value), -loss
+        return (value if self.metric.split("@", 1)[0] in MAXIMIZED else -value), -loss
 
     def update(self, epoch: int, record: dict | float) -> tuple[bool, bool]:
         """(improved, stop) after an epoch with record `record` (a bare number: the monitored loss)."""
@@ -179,8 +181,7 @@ class OneProcess:
         if not len(learner.rows["val"]):
             return {**record, "val_loss": float("nan")}
         with torch.no_grad():
-            out, y = learner.split_outputs("val", trainer.source, trainer.batch_size)
-            return {**record, **learner.scores(out, y, "val_")}
+            return {**record, **learner.split_scores("val", trainer.source, trainer.batch_size, "val_")}
 
     def best(self, trainer: Trainer) -> None:
         for table in trainer.learner.embedding_tables().values():
@@ -347,8 +348,7 @@ class Trainer:
             self.optimizers.zero_grad()
             loss = torch.zeros((), dtype=learner.dtype, device=learner.device)
             if batch is not None:
-                loss = learner.task.loss(learner.batch_outputs(batch, external),
-                                         learner.y[torch.as_tensor(share, device=learner.device)])
+                loss = learner.batch_loss(batch, external, share)
                 if len(share) != len(positions):
                     loss = loss * (len(share) / len(positions))  # this share's part of the batch mean
                 loss.backward()

@@ -1,0 +1,21 @@
+"""The baseline a ranking model must beat, on its own split: the most popular candidates.
+
+Popularity counts each candidate's positives among the training rows (RelBench's and every
+recommender paper's first baseline); every row gets the same k candidates. A model that does
+not beat it has learned nothing personal."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from relsql.train.ranking.metrics import ranking_scores
+
+
+def popularity(learner, split: str) -> dict[str, float]:
+    """The ranking metrics of recommending the training rows' k most frequent candidates to every row of `split`."""
+    k = learner.task.k
+    counts = np.bincount(learner.goal.pairs(learner.rows["train"])[1], minlength=learner.candidate_rows)
+    top = np.argsort(-counts, kind="stable")[:k]
+    offsets, ids = learner.goal.truth(split)
+    scores = ranking_scores(np.tile(top, (len(learner.rows[split]), 1)), offsets, ids, k)
+    return {name: float(scores[name]) for name in learner.task.metric_names()}

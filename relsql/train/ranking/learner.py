@@ -1,0 +1,136 @@
+"""The learner of a ranking target: two towers from one compiled net, scored by dot product.
+
+The query tower is the output relation (one vector per target row), the candidate tower the
+relation keyed by the referenced table's key (one vector per candidate). A step scores every
+training positive against negatives shared by the step (sampled uniformly, by popularity, or
+from the step's own positives) with the task's loss; validation ranks all candidates exactly
+(chunked top-k) and measures MAP@k. Full batch: the net computes both towers whole.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+from relsql.compile import make_plan
+from relsql.compile.module import CompiledNet
+from relsql.errors import SchemaError
+from relsql.ground.execute import Presets, ground
+from relsql.train.learner import Learner
+from relsql.train.ranking import losses, negatives
+from relsql.train.ranking.metrics import ranking_scores
+from relsql.train.ranking.task import RankingTask, empty_scores
+from relsql.train.ranking.topk import top_k
+
+log = logging.getLogger("relsql")
+VALIDATION_SEED = 7919  # the validation loss's negatives: the same every epoch, so epochs compare
+
+
+class RankingLearner(Learner):
+    """A Learner whose outputs are rankings of the candidate relation's rows."""
+
+    candidates = property(lambda self: self.goal.candidates)
+
+    def _build(self, presets: Presets, task: RankingTask | None, split: dict | None) -> None:
+        goal = self.goal
+        goal.check_columns(self.db)
+        if self.mini_batches:
+            raise SchemaError(f"target {goal.name} is a ranking target, which trains full-batch: drop batch_size= "
+                              "(and database-stored embeddings) for it")
+        started = time.perf_counter()
+        grounding = ground(self.template, self.db, presets=presets, progress=self.settings.progress,
+                           max_groundings=self.settings.max_groundings)
+        self.timings["grounding"] = time.perf_counter() - started
+        started = time.perf_counter()
+        plan = make_plan(self.template, grounding, self.dtype, outputs=[self.output, goal.candidates], device=self.device)
+        self.net = CompiledNet(plan, grounding, dtype=self.dtype, seed=self.seed)
+        self.timings["planning"] = time.perf_counter() - started
+        widths = {name: int(np.prod(plan.meta[plan.outputs[name]].shape[1:])) for name in (self.output, goal.candidates)}
+        if widths[self.output] != widths[goal.candidates]:
+            raise SchemaError(f"the towers of ranking target {goal.name} differ in width: output `{self.output}` is "
+                              f"{widths[self.output]} wide, candidates `{goal.candidates}` {widths[goal.candidates]}; their dot "
+                              "product scores a pair, so give both the same width")
+        self.output_rows = grounding.relations[self.output].size
+        goal.candidate_keys = grounding.relations[goal.candidates].keys
+        if not goal.candidate_keys.num_rows:
+            raise SchemaError(f"the candidate relation `{goal.candidates}` of ranking target {goal.name} has no rows: "
+                              f"table `{goal.reference.table}` is empty or the relation's query selects none of its rows")
+        goal.label(self.db, goal.read(self.db), task, split, self.dtype, self.device)
+        self.head = nn.Identity()
+        self.net.to(self.device)
+        self.popularity = torch.as_tensor(np.bincount(goal.pairs(self.rows["train"])[1], minlength=self.candidate_rows),
+                                          dtype=torch.float64)
+
+    @property
+    def candidate_rows(self) -> int:
+        return self.goal.candidate_keys.num_rows
+
+    def check_head(self, width: int) -> None:  # no head: the towers' dot product is the score
+        pass
+
+    def towers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(query vectors per output row, candidate vectors per candidate row)."""
+        values = self.net()
+        query, candidate = values[self.output], values[self.candidates]
+        return query.reshape(query.shape[0], -1), candidate.reshape(candidate.shape[0], -1)
+
+    def outputs(self) -> torch.Tensor:
+        return self.towers()[0]
+
+    def pair_loss(self, positions: np.ndarray, generator: torch.Generator | None = None) -> torch.Tensor:
+        """The task's loss over the positives of labelled rows `positions`, negatives drawn from
+        `generator` (default torch's, i.e. the model's own stream during fit)."""
+        task = self.task
+        rows, items = self.goal.pairs(positions)
+        query, candidate = self.towers()
+        device = query.device
+        query = query.index_select(0, torch.as_tensor(rows, device=device))
+        items = torch.as_tensor(items, device=device)
+        positive = (query * candidate.index_select(0, items)).sum(1)
+        drawn, log_q = self.draw(items, generator)
+        scores = query @ candidate.index_select(0, drawn).T
+        scores = scores.masked_fill(drawn[None, :] == items[:, None], -1e4)  # a drawn positive is no negative
+        return losses.ranking_loss(task.loss, positive, scores, log_q=log_q if task.loss == "softmax" else None)
+
+    def draw(self, items: torch.Tensor, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's shared negatives and their log sampling probabilities."""
+        task, m = self.task, self.candidate_rows
+        generator = generator if generator is not None else _default_generator()
+        count = min(task.count, m)
+        if task.negatives == "in-batch":  # the step's positive items: popular items are drawn as often as they are bought
+            pick = torch.randint(len(items), (count,), generator=generator).to(items.device)
+            drawn = items[pick]
+            frequency = torch.bincount(items, minlength=m).to(torch.float64) / len(items)
+            return drawn, frequency[drawn].log().to(self.dtype)
+        drawn, log_q = negatives.sample_negatives(task.negatives, count, m, generator, popularity=self.popularity)
+        return drawn.to(items.device), log_q.to(device=items.device, dtype=self.dtype)
+
+    def batch_loss(self, batch, external: dict, share: np.ndarray) -> torch.Tensor:
+        return self.pair_loss(np.asarray(share, dtype=np.int64))
+
+    def rank(self, rids: np.ndarray, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scores, candidate row ids) of the k best candidates of output rows `rids`, exact."""
+        with torch.no_grad():
+            query, candidate = self.towers()
+            return top_k(query.index_select(0, torch.as_tensor(rids, device=query.device)), candidate, k)
+
+    def split_scores(self, split: str, source=None, batch_size: int | None = None, prefix: str = "") -> dict[str, float]:
+        """The loss (negatives drawn alike every time) and the ranking metrics on a split."""
+        positions = self.rows[split]
+        if not len(positions):
+            return {f"{prefix}loss": float("nan"), **{f"{prefix}{k}": v for k, v in empty_scores(self.task).items()}}
+        with torch.no_grad():
+            loss = float(self.pair_loss(positions, torch.Generator().manual_seed(VALIDATION_SEED)))
+            _, index = self.rank(self.labelled[positions], self.task.k)
+        offsets, ids = self.goal.truth(split)
+        scores = ranking_scores(index.cpu().numpy(), offsets, ids, self.task.k)
+        return {f"{prefix}loss": loss, **{f"{prefix}{name}": float(scores[name]) for name in self.task.metric_names()}}
+
+
+def _default_generator() -> torch.Generator:
+    """A generator continuing torch's default stream (fit runs inside the model's own stream)."""
+    return torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,)).item()))

@@ -1,0 +1,57 @@
+"""What a ranking target is trained and judged with: k, the loss, the negatives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# the ranking metrics early stopping may compare (all larger-is-better); MAP@k by default
+METRICS = ("map", "recall", "ndcg", "mrr", "precision")
+LOSSES = ("softmax", "bce", "bpr")
+NEGATIVES = ("uniform", "popularity", "in-batch")
+SELECTION_ROWS = 20  # validation rows with positives needed before MAP@k (not the loss) selects the epoch
+
+
+@dataclass
+class RankingTask:
+    """A foreign-key target's task: rank the candidate relation's rows for each target row.
+
+    The attributes other tasks have (classes, mean, std, class_weights) keep their neutral values,
+    so that code reading a task's kind and metric works alike for every target."""
+
+    kind: str = "ranking"
+    k: int = 10
+    loss: str = "softmax"  # softmax (sampled softmax, logQ-corrected) | bce | bpr
+    negatives: str = "uniform"  # uniform | popularity | in-batch (the step's positive items)
+    count: int = 512  # negatives per step, shared by the step's positives
+    candidates: str = ""  # the candidate relation (the tower keyed by the referenced table's key)
+    classes: list = field(default_factory=list)
+    mean: float = 0.0
+    std: float = 1.0
+    regression_loss: str = "mse"
+    class_weights: list[float] | None = None
+
+    units = 1
+
+    @property
+    def metric(self) -> str:
+        return f"map@{self.k}"
+
+    def metric_names(self) -> tuple[str, ...]:
+        """The names evaluate() reports, e.g. map@10, recall@10, ndcg@10, mrr, precision@10."""
+        return tuple(name if name == "mrr" else f"{name}@{self.k}" for name in METRICS)
+
+    def selects_on(self, rows_with_positives: int) -> str:
+        """MAP@k where enough validation rows have positives to measure it, else the loss."""
+        return self.metric if rows_with_positives >= SELECTION_ROWS else "loss"
+
+
+def maximized(metric: str) -> bool:
+    """Whether a ranking metric name (map@10, mrr, ...) is better when larger: all of them are."""
+    return metric.split("@", 1)[0] in METRICS
+
+
+def empty_scores(task: RankingTask) -> dict[str, float]:
+    """The metrics of a split without rows to rank: undefined."""
+    return {name: float(np.nan) for name in task.metric_names()}
