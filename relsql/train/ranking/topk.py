@@ -18,6 +18,7 @@ from relsql.errors import RelsqlError, ShapeError
 # ones spilled the caches for no gain. The block's element count is what we hold fixed.
 BLOCK_ELEMENTS = 1024 * 8192
 COLUMN_CHUNK = 8192
+MERGE_EVERY = 16  # blocks whose best k are merged at once (one wide sort instead of many narrow ones)
 GROUP = 32  # columns per max-reduction group in _block_best (32 floats reduced fastest of 8..128)
 
 
@@ -152,14 +153,16 @@ def _chunked(query: Tensor, candidates: Tensor, k: int, pairs: Tensor | None, ro
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
         row_pairs = _pairs_in_rows(pairs, r0, r1, m)
-        best = (query.new_empty((r1 - r0, 0)), torch.empty((r1 - r0, 0), dtype=torch.long, device=query.device))
+        pending: list[tuple[Tensor, Tensor]] = []  # blocks' best k, merged MERGE_EVERY at a time
         for c0 in range(0, m, columns):
             c1 = min(m, c0 + columns)
             block = buffer[: (r1 - r0) * (c1 - c0)].view(r1 - r0, c1 - c0)
             torch.mm(query[r0:r1], candidates[c0:c1].T, out=block)
             _mask_pairs(block, row_pairs, r0, c0, c1, m)
-            best = _merge(best, _block_best(block, k, c0), k)
-        scores[r0:r1], indices[r0:r1] = best
+            pending.append(_block_best(block, k, c0))
+            if len(pending) == MERGE_EVERY:
+                pending = [_merge(pending, k)]
+        scores[r0:r1], indices[r0:r1] = _merge(pending, k)
     indices[torch.isneginf(scores)] = -1  # excluded pairs that filled a short row
     return scores, indices
 
@@ -187,25 +190,21 @@ def _block_best(block: Tensor, k: int, c0: int) -> tuple[Tensor, Tensor]:
     """The block's best k per row (scores, candidate indices), ties to the lower index.
 
     Where the block splits into more than k groups of GROUP columns, only the k groups with the
-    highest maxima can hold the best k (every other element is below the k-th group maximum, which
-    is itself below the k-th best): a max-reduction and a selection over a GROUP-th of the columns
-    replace most of the full selection. A row whose k-th and (k+1)-th group maxima tie is ranked in
-    full instead."""
+    highest maxima can hold the best k (no other element exceeds the k-th group maximum, which is
+    at most the k-th best): a max-reduction and a selection over a GROUP-th of the columns
+    replace most of the full selection. Where group maxima tie at the k-th, the lower groups win:
+    each holds an element equal to that maximum at a lower index than any in a later group, so the
+    lowest-index elements tied at the k-th best are still among the chosen groups."""
     width = block.shape[1]
     if width % GROUP or width // GROUP <= k:
         values, order = _exact_best(block, k)
         return values, order + c0
     group_max = torch.amax(block.view(block.shape[0], width // GROUP, GROUP), dim=2)
-    top_groups, chosen = torch.topk(group_max, k + 1, dim=1, sorted=True)
-    chosen = chosen[:, :k].sort(dim=1).values  # ascending groups keep the candidate order
+    _, chosen = _exact_best(group_max, k)  # ties among group maxima go to the lower group
+    chosen = chosen.sort(dim=1).values  # ascending groups keep the candidate order
     columns = (chosen[:, :, None] * GROUP + torch.arange(GROUP, device=block.device)).flatten(1)
     values, order = _exact_best(block.gather(1, columns), k)
-    order = columns.gather(1, order)
-    tied = (top_groups[:, k - 1] == top_groups[:, k]) & ~torch.isneginf(top_groups[:, k - 1])
-    if bool(tied.any()):
-        rows = tied.nonzero().flatten()
-        values[rows], order[rows] = _exact_best(block[rows], k)
-    return values, order + c0
+    return values, columns.gather(1, order) + c0
 
 
 def _exact_best(block: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -224,10 +223,10 @@ def _exact_best(block: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return values, order
 
 
-def _merge(best: tuple[Tensor, Tensor], block: tuple[Tensor, Tensor], k: int) -> tuple[Tensor, Tensor]:
-    """The best k of two lists per row, ordered by score descending, then candidate index ascending."""
-    values = torch.cat([best[0], block[0]], dim=1)
-    indices = torch.cat([best[1], block[1]], dim=1)
+def _merge(lists: list[tuple[Tensor, Tensor]], k: int) -> tuple[Tensor, Tensor]:
+    """The best k of several lists per row, ordered by score descending, then candidate index ascending."""
+    values = torch.cat([values for values, _ in lists], dim=1)
+    indices = torch.cat([indices for _, indices in lists], dim=1)
     by_index = torch.argsort(indices, dim=1, stable=True)
     values, indices = values.gather(1, by_index), indices.gather(1, by_index)
     by_score = torch.argsort(values, dim=1, descending=True, stable=True)[:, :k]
