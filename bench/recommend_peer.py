@@ -10,8 +10,9 @@ events dated before s: the graph is rebuilt per snapshot (full batch), so no fut
 `layers` HeteroConv layers of SAGEConv (mean), each with a residual and LayerNorm; the query tower
 and the candidate tower are MLPs on a row's final and initial states; score = their dot product.
 
-Trained on the split's training rows with the bench's negatives: sampled softmax, each positive
-(row, item) against `negatives` candidates drawn uniformly (seeded); AdamW; the epoch of the best
+Trained on the split's training rows with relsql's default negatives (relsql/train/ranking/task.py):
+sampled softmax, each positive (row, item) of a step against the same `negatives` candidates drawn
+uniformly with replacement (seeded; uniform draws need no logQ correction); AdamW; the epoch of the best
 validation MAP@k kept; the test rows' top-k over every candidate returned.
 """
 
@@ -162,7 +163,7 @@ def top_k(net: TwoTower, graph: Graph, ds: Dataset, rows: np.ndarray, k: int) ->
 
 
 def run(ds: Dataset, seed: int, score, *, k: int = 10, width: int = 64, layers: int = 2, dropout: float = 0.1,
-        lr: float = 0.003, weight_decay: float = 1e-4, negatives: int = 100, epochs: int = 60, patience: int = 10) -> dict:
+        lr: float = 0.003, weight_decay: float = 1e-4, negatives: int = 512, epochs: int = 60, patience: int = 10) -> dict:
     """Train on ds.split["train"], select on "val" by MAP@k (`score(predicted, rows)` -> metrics dict),
     return {"predicted": test top-k keys, "seconds": graph + training, "best_epoch", "epochs"}."""
     started = time.perf_counter()
@@ -185,9 +186,9 @@ def run(ds: Dataset, seed: int, score, *, k: int = 10, width: int = 64, layers: 
                 query, candidate = net(graph.tables, edges_before(graph, day))
                 q = query[torch.as_tensor(graph.query_rows[group][owner])]
                 c = candidate[candidate_rows]
-                drawn = torch.randint(0, len(ds.candidates), (len(owner), negatives), generator=generator)
+                drawn = torch.randint(0, len(ds.candidates), (negatives,), generator=generator)
                 pos = (q * c[torch.as_tensor(positive)]).sum(1, keepdim=True)
-                neg = torch.einsum("pd,pnd->pn", q, c[drawn])
+                neg = q @ c[drawn].T
                 loss = F.cross_entropy(torch.cat([pos, neg], 1), torch.zeros(len(owner), dtype=torch.long))
                 loss.backward()
                 nn.utils.clip_grad_norm_(net.parameters(), 1.0)
