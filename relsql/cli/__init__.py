@@ -1,4 +1,4 @@
-"""`relsql` command line: inspect a database, write a template, train, predict, explain, demo.
+"""`relsql` command line: inspect a database, write a template, train, predict, recommend, explain, demo.
 
 Exit codes (the same for every command):
 
@@ -162,7 +162,7 @@ def _writable_table(db: relsql.Database, name: str, replace: bool, flag: str) ->
 def _fit_options(args: argparse.Namespace) -> dict:
     """fit()'s keyword arguments the user gave (fit's own defaults for the rest, see Model.fit)."""
     given = {"epochs": args.epochs, "lr": args.lr, "patience": args.patience, "loss": args.loss,
-             "class_weight": args.class_weight}
+             "class_weight": args.class_weight, "negatives": args.negatives}
     options = {k: v for k, v in given.items() if v is not None}
     if args.time_budget is not None:
         options["time_budget"] = None if args.time_budget == "none" else args.time_budget
@@ -213,10 +213,14 @@ def _train(args: argparse.Namespace) -> int:
             print(f"automatic template saved to {beside}: edit it, then `"
                   + _command("relsql", "train", args.db, "--template", beside, "--target", args.target,
                              *_carried(args), "--model", args.model) + "`")
-        if args.predictions:
+        if args.predictions and model.task.kind == "ranking":
+            rows = model.write_recommendations(args.predictions, replace=args.replace)
+            print(f"wrote {rows} recommendations to table {args.predictions}")
+        elif args.predictions:
             rows = model.write_predictions(args.predictions, replace=args.replace)
             print(f"wrote {rows} predictions to table {args.predictions}")
-        print("predict: `" + _command("relsql", "predict", args.db, "--model", path, "--out", "predictions.parquet") + "`")
+        verb, out = ("recommend", "recommendations.parquet") if model.task.kind == "ranking" else ("predict", "predictions.parquet")
+        print(f"{verb}: `" + _command("relsql", verb, args.db, "--model", path, "--out", out) + "`")
     return 0
 
 
@@ -263,6 +267,34 @@ def _predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _recommend(args: argparse.Namespace) -> int:
+    from relsql.train.ranking import results as ranked
+    from relsql.train.rows import WhereError
+
+    with relsql.connect(args.db, threads=args.threads) as db:
+        if args.table:
+            db.replaceable(args.table, args.replace, "recommendations", how="--replace", other="another --table name")
+        model = relsql.Model.load(args.model, db, device=args.device)
+        if model.task.kind != "ranking":
+            raise RelsqlError(f"{args.model} predicts {model.target} ({model.task.kind}), a value per row: use `relsql predict`")
+        try:
+            with torch_threads(args.threads):
+                frame = ranked.recommend(model.learner, args.k, where=args.where)
+        except WhereError as err:
+            raise UsageError(f"--where: {err}") from None
+        if args.table:
+            db.write_table(args.table, frame.to_arrow(), replace=args.replace, kind="recommendations")
+            print(f"wrote {frame.height} recommendations to table {args.table}")
+        elif args.out:
+            outputs.write_predictions(frame, Path(args.out), args.replace, kind="recommendations")
+            print(f"wrote {frame.height:,} recommendations (top {args.k} per row) to {args.out}; columns: {', '.join(frame.columns)}")
+            if not frame.height:
+                print("note: no row matched: by default the rows whose target is NULL are ranked; choose others with --where")
+        else:
+            print(frame)
+    return 0
+
+
 # -- the parser --------------------------------------------------------------------------------------------------
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(prog="relsql", description="Deep relational learning on a relational database.",
@@ -302,7 +334,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     train.add_argument("--target", required=True, type=target, help="table.column to predict")
     train.add_argument("--keys", type=keys_file, help=KEYS_HELP)
     train.add_argument("--output", help="the template relation that predicts it (default: the last one)")
-    train.add_argument("--task", choices=["binary", "multiclass", "regression"], help="override the detected task")
+    train.add_argument("--task", choices=["binary", "multiclass", "regression", "ranking"],
+                       help="override the detected task (ranking: a target that references a table, see `relsql recommend`)")
     train.add_argument("--time-column",
                        help="split by this column of the target table (earliest rows train); the automatic template "
                             "then lets only earlier rows reach a target")
@@ -322,7 +355,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     train.add_argument("--no-hybrid", action="store_true",
                        help="keep the network alone: do not blend it with a GBM on one-hop features (fit blends an "
                             "automatic template's network by default)")
-    train.add_argument("--loss", choices=["huber", "mse", "mae"], help="regression loss (default huber)")
+    train.add_argument("--loss", choices=["huber", "mse", "mae", "softmax", "bce", "bpr"],
+                       help="regression loss (default huber); for a ranking target softmax (default), bce or bpr")
+    train.add_argument("--negatives", choices=["uniform", "popularity", "in-batch"],
+                       help="ranking target: how each step draws its non-matching candidates (default uniform)")
     train.add_argument("--class-weight", choices=["balanced"],
                        help="classification: weigh each row's loss by the inverse of its class's frequency")
     train.add_argument("--device", type=device, default="cpu", help=DEVICE_HELP)
@@ -367,6 +403,21 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                          help="predict in mini-batches of this many rows, each grounded on demand (bounded memory)")
     predict.add_argument("--threads", type=positive_int, help=THREADS_HELP)
     predict.set_defaults(run=_predict)
+    recommend = command("recommend", "rank the referenced rows with a saved ranking model; print or write a new table")
+    recommend.add_argument("db", type=database, help="the database to recommend on: " + DB_KINDS)
+    recommend.add_argument("--model", required=True, type=model_file, help="a ranking model saved by `relsql train`")
+    recommend.add_argument("--k", type=positive_int, default=10, help="candidates per row (default 10)")
+    recommend.add_argument("--out", type=predictions_file, metavar="FILE",
+                           help="write the recommendations to this new .parquet or .csv file, atomically")
+    recommend.add_argument("--table", type=table_name, help="write them to this new table instead of printing them")
+    recommend.add_argument("--replace", action="store_true",
+                           help="replace an existing table or --out file of recommendations relsql wrote (never data)")
+    recommend.add_argument("--where", type=where_condition, metavar="CONDITION",
+                           help="rank for the target table's rows satisfying this SQL condition (default: the rows "
+                                "whose target is NULL)")
+    recommend.add_argument("--device", type=device, default="cpu", help=DEVICE_HELP)
+    recommend.add_argument("--threads", type=positive_int, help=THREADS_HELP)
+    recommend.set_defaults(run=_recommend)
     demo = command("demo", "Mutagenesis on the embedded DuckDB: train sql/mutagenesis.sql, write predictions")
     demo.add_argument("--db", type=demo_database,
                       help="build the demo database in this .duckdb file instead of memory (its folder must exist)")

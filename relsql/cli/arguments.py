@@ -256,25 +256,30 @@ def _check_train(args: argparse.Namespace, db: str | None) -> str | None:
     return None
 
 
-def _replaceable_file(path: Path) -> str | None:
-    """Why an existing --out file may not be replaced (None: it holds predictions relsql wrote)."""
+def _replaceable_file(path: Path, kind: str = "predictions") -> str | None:
+    """Why an existing --out file may not be replaced (None: it holds predictions, or
+    recommendations, relsql wrote)."""
     from relsql.db import parquet_mark
 
     if path.suffix.lower() == ".parquet":
-        if parquet_mark(path) != "predictions":
-            return f"--out {path} exists and is not a Parquet file of predictions relsql wrote (it has no relsql mark)"
+        if parquet_mark(path) != kind:
+            return f"--out {path} exists and is not a Parquet file of {kind} relsql wrote (it has no relsql mark)"
         return None
     try:
         with path.open(encoding="utf-8", errors="replace") as handle:
             header = handle.readline().rstrip("\r\n").split(",")
     except OSError as err:
         return f"cannot read --out {path}: {err.strerror}"
+    if kind == "recommendations":
+        if not {"rank", "score"} <= {c.strip('"') for c in header}:
+            return f"--out {path} exists and is not a CSV of recommendations (its header has no rank and score columns)"
+        return None
     if not any(re.fullmatch(r'"?prediction(_\d+)?"?', c) for c in header):
         return f"--out {path} exists and is not a CSV of predictions (its header has no prediction column)"
     return None
 
 
-def _check_predict(args: argparse.Namespace, db: str | None) -> str | None:
+def _check_predict(args: argparse.Namespace, db: str | None, kind: str = "predictions") -> str | None:
     if args.out is None:
         return None
     if args.table is not None:
@@ -287,11 +292,11 @@ def _check_predict(args: argparse.Namespace, db: str | None) -> str | None:
                 "--table NAME, or choose a path outside the folder")
     out = Path(args.out)
     if out.exists() and not args.replace:
-        return f"--out {args.out} already exists; choose another file, or pass --replace to replace predictions relsql wrote"
+        return f"--out {args.out} already exists; choose another file, or pass --replace to replace {kind} relsql wrote"
     if out.exists():
-        refused = _replaceable_file(out)
+        refused = _replaceable_file(out, kind)
         if refused:
-            return f"{refused}; relsql replaces only its own predictions: choose another file"
+            return f"{refused}; relsql replaces only its own {kind}: choose another file"
     return None
 
 
@@ -302,8 +307,8 @@ def check_together(args: argparse.Namespace) -> str | None:
         return f"-o {args.output} is the database itself: writing the template there would destroy it; choose another file"
     if args.command == "train":
         return _check_train(args, db)
-    if args.command == "predict":
-        return _check_predict(args, db)
+    if args.command in ("predict", "recommend"):
+        return _check_predict(args, db, "predictions" if args.command == "predict" else "recommendations")
     if args.command == "demo":
         tables = demo_tables()
         if args.predictions in tables:

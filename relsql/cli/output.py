@@ -65,18 +65,18 @@ def _for_csv(frame: pl.DataFrame) -> pl.DataFrame:
         for c in lists])
 
 
-def write_predictions(frame: pl.DataFrame, path: Path, replace: bool) -> None:
-    """`frame` as a Parquet file (bearing relsql's predictions mark, so a later --replace knows it)
+def write_predictions(frame: pl.DataFrame, path: Path, replace: bool, kind: str = "predictions") -> None:
+    """`frame` as a Parquet file (bearing relsql's mark of `kind`, so a later --replace knows it)
     or a CSV file, by `path`'s suffix; atomically."""
     try:
         with _temporary(path) as temporary:
             if path.suffix.lower() == ".parquet":
-                pq.write_table(with_mark(frame.to_arrow(), "predictions"), temporary)
+                pq.write_table(with_mark(frame.to_arrow(), kind), temporary)
             else:
                 _for_csv(frame).write_csv(temporary)
             _move(temporary, path, replace)
     except OSError as err:
-        raise _writable(path, "predictions", err) from None
+        raise _writable(path, kind, err) from None
 
 
 def summary(frame: pl.DataFrame, task, path: str, where: str | None) -> str:

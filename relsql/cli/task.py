@@ -58,12 +58,16 @@ def run(args: argparse.Namespace) -> int:
     if written.labelled == 0:
         print("note: no row has a label yet (every window runs past the data's last event); these rows can be "
               "predicted, not trained on")
-    target, quoted_db = f"{written.name}.label", shlex.quote(args.db)
+    target, quoted_db = f"{written.name}.{written.target}", shlex.quote(args.db)
     sql = shlex.quote(f"{written.name}.sql")
     if not written.time_columns:
         print("note: the events' time is read through a dimension table; an automatic template filters only a "
               "table's own date columns, so edit the template to join the events only when earlier than the snapshot")
     print(f"next: relsql template {quoted_db} --target {shlex.quote(target)} --time-column snapshot -o {sql}")
+    ranking = written.references is not None
     print(f"      relsql train {quoted_db} --template {sql} --target {shlex.quote(target)} --time-column snapshot"
-          + ("" if written.label_type == "BOOLEAN" else " --task regression"))
+          + ("" if written.label_type == "BOOLEAN" or ranking else " --task regression")
+          + (" --model model.relsql" if ranking else ""))
+    if ranking:
+        print(f"      relsql recommend {quoted_db} --model model.relsql --k {written.k or 10} --out recommendations.parquet")
     return 0
