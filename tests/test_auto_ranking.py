@@ -79,7 +79,8 @@ def test_list_target_makes_two_towers(shop):
     candidate = _candidate(tpl)
     assert candidate == "candidate_item"
     assert 'embed(r."customer_id", 32, ' in tpl.source  # the customer's own vector (matrix factorization's)
-    assert 'embed(t."item_id", 32, ' in tpl.source and 'price' in tpl.source  # the item's id and own columns
+    assert 'embed(t."item_id", 32, ' in tpl.source and "price" in tpl.source  # the item's id and own columns
+    assert "* 0.1768" in tpl.source  # ID embeddings scaled by 1/sqrt(32)
     out = relsql.compile(tpl, shop, dtype=torch.float64, seed=0)()
     assert out["predict"].shape == (shop.scalar("SELECT count(*) FROM task_rec")[0], 32)
     assert out[candidate].shape == (16, 32)
