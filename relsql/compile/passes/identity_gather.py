@@ -16,8 +16,11 @@ def _consecutive(index: torch.Tensor) -> int | None:
     """The first row if `index` is first, first + 1, ..., else None."""
     if index.dim() != 1 or index.numel() == 0:
         return None
-    first = int(index[0])
-    return first if torch.equal(index, torch.arange(first, first + index.numel(), dtype=index.dtype)) else None
+    # compared in torch before the first row is read out: a batch plan replayed per shape
+    # (relsql/compile/reuse.py) then depends on whether the rows are consecutive, not on where they start
+    if not torch.equal(index - index[0], torch.arange(index.numel(), dtype=index.dtype)):
+        return None
+    return int(index[0])
 
 
 def identity_gather(plan: Plan) -> Plan:
