@@ -66,7 +66,7 @@ def main() -> None:
     print(f"{args.rows:,} rows x {args.candidates:,} candidates, dim {args.dim}, k {args.k}, "
           f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f}")
     columns = min(args.candidates, topk.COLUMN_CHUNK)
-    print(f"default block {topk.BLOCK_ELEMENTS // columns} x {columns} ({topk.BLOCK_ELEMENTS * 4 / 2**20:.0f} MB of float32 scores)")
+    print(f"default block {topk.BLOCK_BYTES // (4 * columns)} x {columns} ({topk.BLOCK_BYTES / 2**20:.0f} MB of float32 scores)")
     before = peak_rss_mb()
     seconds, (scores, indices) = timed(lambda: topk.top_k(query, candidates, args.k))
     growth = peak_rss_mb() - before

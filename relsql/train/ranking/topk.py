@@ -13,10 +13,11 @@ from torch import Tensor
 
 from relsql.errors import RelsqlError, ShapeError
 
-# Measured on 2 cores (bench/topk.py, 100k x 100k, d=32, k=10, float32): blocks of 1024 x 8192
-# (32 MB) ran at the matmul's pace, smaller ones paid more per-block overhead in the merges, larger
-# ones spilled the caches for no gain. The block's element count is what we hold fixed.
-BLOCK_ELEMENTS = 1024 * 8192
+# Measured with bench/topk.py --sweep (100k candidates, d=32, k=10, float32, CPU seconds per 10^10
+# scores on one thread): 256 x 2048 (2 MB) 48.7, 1024 x 4096 34.6, 1024 x 8192 (32 MB) 29.7,
+# 2048 x 8192 (64 MB) 27.4, 2048 x 16384 (128 MB) 27.2: per-block overheads fall until ~64 MB,
+# then nothing more is gained. Blocks hold BLOCK_BYTES of scores, COLUMN_CHUNK candidates wide.
+BLOCK_BYTES = 64 * 2**20
 COLUMN_CHUNK = 8192
 MERGE_EVERY = 16  # blocks whose best k are merged at once (one wide sort instead of many narrow ones)
 GROUP = 32  # columns per max-reduction group in _block_best (32 floats reduced fastest of 8..128)
@@ -50,7 +51,7 @@ def top_k(
         kept = min(k, m)
         pairs = _excluded_keys(exclude, positions, original, m, query.device)
         columns = min(column_chunk or COLUMN_CHUNK, m)
-        rows = row_chunk or max(1, BLOCK_ELEMENTS // columns)
+        rows = row_chunk or max(1, BLOCK_BYTES // (columns * query.element_size()))
         scores, indices = _chunked(query, candidates, kept, pairs, rows, columns)
         if positions is not None:
             indices = torch.where(indices >= 0, positions[indices.clamp(min=0)], indices)
