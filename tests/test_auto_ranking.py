@@ -153,6 +153,24 @@ def test_without_time_the_candidate_tower_counts_every_interaction(shop):
     assert "min(s." not in tpl.source
 
 
+def test_interactions_without_time_or_key(shop):
+    """rating(customer_id, item_id) has neither a time nor a key: left out of a temporal template's
+    towers by default (its rows may be later than the snapshot), read unfiltered on request."""
+    shop.execute("CREATE TABLE rating(customer_id BIGINT REFERENCES customer(customer_id), "
+                 "item_id BIGINT REFERENCES item(item_id), stars INT)")
+    shop.execute("INSERT INTO rating SELECT customer_id, item_id, 1 + purchase_id % 5 FROM purchase WHERE purchase_id % 3 = 0")
+    text = relsql.Template.auto(shop, "task_rec.item_id", time_column="snapshot").source
+    assert "-- no history from rating in the query tower: its rows' time is unknown" in text
+    assert 'JOIN "rating"' not in text
+    tpl = relsql.Template.auto(shop, "task_rec.item_id", time_column="snapshot", timeless="include")
+    assert "met in rating (its customer_id -> item_id), unfiltered" in tpl.source
+    assert 'JOIN "rating" y ON y."customer_id" = r."customer_id"\n' in tpl.source
+    out = relsql.compile(tpl, shop, dtype=torch.float64, seed=0)()
+    assert out["predict"].shape == (90, 32)
+    untimed = relsql.Template.auto(shop, "task_rec.item_id").source  # no time column: every interaction counts
+    assert "met in rating" in untimed and "candidate_item <- rating" in untimed
+
+
 def test_bad_ranking_options(shop):
     with pytest.raises(relsql.SchemaError, match="ranking targets"):
         relsql.Template.auto(shop, "purchase.quantity", dimension=8)

@@ -656,9 +656,8 @@ def _interactions(keys: Schema, target: str, column: str, reference: Reference) 
     target_pk = tuple(keys.primary_keys[target])
     target_fks = [fk for child, fk in keys.foreign_keys if child == target and fk.columns != (column,)]
     for table, to_candidate in keys.foreign_keys:
-        if to_candidate.table != reference.table or to_candidate.references != (reference.key,) \
-                or not keys.primary_keys.get(table):
-            continue
+        if to_candidate.table != reference.table or to_candidate.references != (reference.key,):
+            continue  # (an interaction table needs no key of its own: it is only aggregated)
         for child, to_entity in keys.foreign_keys:
             if child != table or to_entity == to_candidate:
                 continue
@@ -776,7 +775,8 @@ class _Ranking:
                 on += (f" AND y.{_qi(pk[0])} <> r.{_qi(pk[0])}" if len(pk) == 1 else
                        " AND NOT (" + " AND ".join(f"y.{_qi(k)} = r.{_qi(k)}" for k in pk) + ")")
             on_time, dimension = w.time_join(inter.table, "y", target_time) if target_time else ("", "")
-            when = f", strictly before the target row's {w.time_column}" if target_time else ""
+            when = "" if not target_time else f", strictly before the target row's {w.time_column}" \
+                if inter.table in w.time_columns else ", unfiltered: its time is unknown (timeless='include')"
             w.out.append(
                 f"-- history: the average {self.name} vector of the {self.reference.table} rows the target row's "
                 f"{', '.join(b for _, b in inter.on)} met in {inter.table} (its {', '.join(a for a, _ in inter.on)} -> "
