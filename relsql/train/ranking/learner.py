@@ -21,8 +21,9 @@ from relsql.compile.module import CompiledNet
 from relsql.errors import SchemaError
 from relsql.ground.execute import Presets, ground
 from relsql.train.learner import Learner
-from relsql.train.ranking import losses, negatives
+from relsql.train.ranking import hard, losses, negatives
 from relsql.train.ranking.metrics import ranking_scores
+from relsql.train.ranking.pairs import PairIndex, rank_with_pairs
 from relsql.train.ranking.task import RankingTask, empty_scores
 from relsql.train.ranking.topk import top_k
 
@@ -46,7 +47,8 @@ class RankingLearner(Learner):
                            max_groundings=self.settings.max_groundings)
         self.timings["grounding"] = time.perf_counter() - started
         started = time.perf_counter()
-        plan = make_plan(self.template, grounding, self.dtype, outputs=[self.output, goal.candidates], device=self.device)
+        outputs = [self.output, goal.candidates] + ([goal.pair_relation] if goal.pair_relation else [])
+        plan = make_plan(self.template, grounding, self.dtype, outputs=outputs, device=self.device)
         self.net = CompiledNet(plan, grounding, dtype=self.dtype, seed=self.seed)
         self.timings["planning"] = time.perf_counter() - started
         widths = {name: int(np.prod(plan.meta[plan.outputs[name]].shape[1:])) for name in (self.output, goal.candidates)}
@@ -54,6 +56,7 @@ class RankingLearner(Learner):
             raise SchemaError(f"the towers of ranking target {goal.name} differ in width: output `{self.output}` is "
                               f"{widths[self.output]} wide, candidates `{goal.candidates}` {widths[goal.candidates]}; their dot "
                               "product scores a pair, so give both the same width")
+        self.check_pair_width(plan)
         self.output_rows = grounding.relations[self.output].size
         goal.candidate_keys = grounding.relations[goal.candidates].keys
         if not goal.candidate_keys.num_rows:
@@ -62,8 +65,23 @@ class RankingLearner(Learner):
         goal.label(self.db, goal.read(self.db), task, split, self.dtype, self.device)
         self.head = nn.Identity()
         self.net.to(self.device)
+        self.pair_index = None if goal.pair_relation is None else \
+            PairIndex.of(grounding, goal.pair_relation, self.output, goal.candidates, goal.reference)
+        self.hard = None  # hard negatives (use_hard_negatives), kept across fits until replaced
         self.popularity = torch.as_tensor(np.bincount(goal.pairs(self.rows["train"])[1], minlength=self.candidate_rows),
                                           dtype=torch.float64)
+
+    def check_pair_width(self, plan) -> None:
+        """A pair relation adds one number to a pair's score: it must be one wide."""
+        pair = self.goal.pair_relation
+        if pair is not None and int(np.prod(plan.meta[plan.outputs[pair]].shape[1:])) != 1:
+            raise SchemaError(f"the pair relation `{pair}` of ranking target {self.goal.name} must be 1 wide (one number "
+                              f"added to a pair's score), but it is {int(np.prod(plan.meta[plan.outputs[pair]].shape[1:]))} "
+                              "wide: end it in linear(..., 1)")
+
+    def use_hard_negatives(self, sql: str | None) -> None:
+        """Hard negatives from SQL `sql` (hard.py) for the following fits; None drops them."""
+        self.hard = None if sql is None else hard.hard_negatives(self, sql)
 
     @property
     def candidate_rows(self) -> int:
@@ -74,9 +92,20 @@ class RankingLearner(Learner):
 
     def towers(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(query vectors per output row, candidate vectors per candidate row)."""
+        return self.computed()[:2]
+
+    def computed(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The towers and the pair relation's values ([pairs], None without one), from one pass of the net."""
         values = self.net()
         query, candidate = values[self.output], values[self.candidates]
-        return query.reshape(query.shape[0], -1), candidate.reshape(candidate.shape[0], -1)
+        pair = values[self.goal.pair_relation].reshape(-1) if self.goal.pair_relation else None
+        return query.reshape(query.shape[0], -1), candidate.reshape(candidate.shape[0], -1), pair
+
+    def pair_term(self, pair: torch.Tensor | None):
+        """A function (output rows, candidate rows) -> each pair's added score (0 without a pair relation)."""
+        if pair is None:
+            return lambda rows, items: torch.zeros((), dtype=self.dtype, device=rows.device)
+        return lambda rows, items: self.pair_index.term(pair, rows, items)
 
     def outputs(self) -> torch.Tensor:
         return self.towers()[0]
@@ -86,15 +115,22 @@ class RankingLearner(Learner):
         `generator` (default torch's, i.e. the model's own stream during fit)."""
         task = self.task
         rows, items = self.goal.pairs(positions)
-        query, candidate = self.towers()
-        device = query.device
-        query = query.index_select(0, torch.as_tensor(rows, device=device))
+        full_query, candidate, pair = self.computed()
+        added = self.pair_term(pair)
+        device = full_query.device
+        rows = torch.as_tensor(rows, device=device)
+        query = full_query.index_select(0, rows)
         items = torch.as_tensor(items, device=device)
-        positive = (query * candidate.index_select(0, items)).sum(1)
+        positive = (query * candidate.index_select(0, items)).sum(1) + added(rows, items)
         drawn, log_q = self.draw(items, generator)
-        scores = query @ candidate.index_select(0, drawn).T
+        scores = query @ candidate.index_select(0, drawn).T + added(rows[:, None], drawn[None, :])
         scores = scores.masked_fill(drawn[None, :] == items[:, None], -1e4)  # a drawn positive is no negative
-        return losses.ranking_loss(task.loss, positive, scores, log_q=log_q if task.loss == "softmax" else None)
+        loss = losses.ranking_loss(task.loss, positive, scores, log_q=log_q if task.loss == "softmax" else None)
+        if self.hard is not None:
+            extra = hard.hard_loss(self, np.asarray(positions, dtype=np.int64), full_query, candidate, added,
+                                   generator if generator is not None else _default_generator())
+            loss = loss if extra is None else loss + extra
+        return loss
 
     def draw(self, items: torch.Tensor, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The step's shared negatives and their log sampling probabilities."""
@@ -115,7 +151,9 @@ class RankingLearner(Learner):
     def rank(self, rids: np.ndarray, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(scores, candidate row ids) of the k best candidates of output rows `rids`, exact."""
         with torch.no_grad():
-            query, candidate = self.towers()
+            query, candidate, pair = self.computed()
+            if pair is not None:
+                return rank_with_pairs(query, candidate, pair, self.pair_index, np.asarray(rids, dtype=np.int64), k)
             return top_k(query.index_select(0, torch.as_tensor(rids, device=query.device)), candidate, k)
 
     def split_scores(self, split: str, source=None, batch_size: int | None = None, prefix: str = "") -> dict[str, float]:

@@ -19,6 +19,7 @@ from relsql.db import Database
 from relsql.errors import SchemaError
 from relsql.references import Reference
 from relsql.template.ir import Template
+from relsql.train.ranking.pairs import pair_relation
 from relsql.train.ranking.task import RankingTask
 from relsql.train.split import split_rows
 from relsql.train.target import Target
@@ -30,9 +31,11 @@ class RankingTarget(Target):
     `offsets`/`items`: per labelled row (in `labelled` order) its positives' candidate row ids."""
 
     def __init__(self, table: str, column: str, output: str, keys: list[str], time_column: str | None,
-                 fractions: tuple[float, float, float], seed: int, reference: Reference, candidates: str):
+                 fractions: tuple[float, float, float], seed: int, reference: Reference, candidates: str,
+                 pair_relation: str | None = None):
         super().__init__(table, column, output, keys, time_column, fractions, seed)
         self.reference, self.candidates = reference, candidates
+        self.pair_relation = pair_relation  # the relation whose value adds to a pair's score (pairs.py), or None
         self.candidate_keys: pa.Table | None = None  # the candidate relation's key column and _rid
         self.offsets = np.zeros(1, dtype=np.int64)
         self.items = np.zeros(0, dtype=np.int64)
@@ -41,6 +44,7 @@ class RankingTarget(Target):
               dtype: torch.dtype, device: torch.device) -> None:
         """Positives, labelled rows and split from `labels` (Target.read: _rid, y[, t])."""
         self.task = task if isinstance(task, RankingTask) else RankingTask(candidates=self.candidates)
+        self.task.pairs = self.pair_relation or ""
         self.positions = labels.column("_rid").to_numpy()
         rows, items = self.positives(labels.column("y").combine_chunks())
         counts = np.bincount(rows, minlength=labels.num_rows)
@@ -116,9 +120,11 @@ def candidate_relation(template: Template, reference: Reference, output: str) ->
 
 
 def ranking_target(template: Template, table: str, column: str, output: str, reference: Reference, candidates: str | None,
-                   time_column: str | None, fractions: tuple[float, float, float], seed: int, loading=None) -> RankingTarget:
+                   time_column: str | None, fractions: tuple[float, float, float], seed: int, loading=None,
+                   pairs: str | None = None) -> RankingTarget:
     """The target of Model(...) on a column that references `reference.table`; the candidate relation
-    is `candidates`, the saved model's, or the template's last one keyed by the referenced key."""
+    is `candidates`, the saved model's, or the template's last one keyed by the referenced key; the
+    pair relation `pairs`, the saved model's, or the last one keyed by both (pairs.py), if any."""
     if candidates is None and loading is not None:
         candidates = loading.task.candidates
     if candidates is None:
@@ -126,5 +132,8 @@ def ranking_target(template: Template, table: str, column: str, output: str, ref
     elif candidates not in template.relations or candidates == output:
         raise SchemaError(f"candidates=`{candidates}` is not a relation of the template other than the output `{output}`; "
                           f"it declares {list(template.relations)}")
+    if pairs is None and loading is not None and getattr(loading.task, "pairs", ""):
+        pairs = loading.task.pairs
+    pair = pair_relation(template, output, candidates, reference, pairs)
     return RankingTarget(table, column, output, template.relations[output].keys, time_column, fractions, seed,
-                         reference, candidates)
+                         reference, candidates, pair)

@@ -26,6 +26,7 @@ class RankingTask:
     negatives: str = "uniform"  # uniform | popularity | in-batch (the step's positive items)
     count: int = 512  # negatives per step, shared by the step's positives
     candidates: str = ""  # the candidate relation (the tower keyed by the referenced table's key)
+    pairs: str = ""  # the pair relation (keyed by the output's keys and the referenced key), "" if none
     classes: list = field(default_factory=list)
     mean: float = 0.0
     std: float = 1.0
