@@ -1,0 +1,153 @@
+"""Hard negatives from a SQL rule: pairs (target row, candidate) the user knows are wrong answers.
+
+`fit(hard_negatives="SELECT t.task_id, i.item_id FROM ...")`: one SELECT, parsed with sqlglot and
+run by the database, returning the target table's key column(s) and the candidate key (under the
+target column's name, as recommend() names it, or the referenced key's). Each pair becomes
+(labelled row, candidate row); pairs that are positives of their row are dropped, pairs of rows
+without a label have nothing to train and are dropped too, and keys the model does not know are a
+SchemaError. In each step, each hard pair of the step's rows is scored against one of its row's
+positives, drawn from the step's stream: the term softplus(s_hard - s_positive) (BPR), averaged
+over the step's hard pairs and added to the step's loss with weight HARD_WEIGHT.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import sqlglot
+import torch
+import torch.nn.functional as F
+from sqlglot import exp
+
+from relsql import sql as q
+from relsql.errors import SchemaError
+
+HARD_WEIGHT = 1.0
+FIX = ("hard_negatives= is one SELECT returning the target table's key column(s) and the candidate key, e.g. "
+       "\"SELECT t.task_id, i.item_id FROM task_rec t JOIN item i ON ...\"")
+
+
+class HardNegatives:
+    """Hard pairs per labelled row, as CSR: `offsets` per labelled position, `items` candidate rows."""
+
+    def __init__(self, positions: np.ndarray, items: np.ndarray, labelled_rows: int):
+        order = np.lexsort((items, positions))
+        self.items = items[order].astype(np.int64)
+        counts = np.bincount(positions, minlength=labelled_rows)
+        self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    @property
+    def size(self) -> int:
+        return len(self.items)
+
+    def of(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(index into `positions`, candidate row) of every hard pair of labelled rows `positions`."""
+        starts, ends = self.offsets[positions], self.offsets[positions + 1]
+        counts = ends - starts
+        total = int(counts.sum())
+        index = np.repeat(starts - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts) + np.arange(total)
+        return np.repeat(np.arange(len(positions)), counts), self.items[index]
+
+
+def parse(db, text: object) -> exp.Select:
+    """The user's query as one sqlglot SELECT (nothing that writes), or a SchemaError naming the fix."""
+    if not isinstance(text, str) or not text.strip():
+        raise SchemaError(f"hard_negatives must be SQL text, got {type(text).__name__}; {FIX}")
+    try:
+        statements = [s for s in sqlglot.parse(text, read="duckdb") if s is not None]
+    except sqlglot.errors.ParseError as err:
+        raise SchemaError(f"hard_negatives is not valid SQL ({' '.join(str(err).split())[:200]}); {FIX}") from None
+    if len(statements) != 1 or not isinstance(statements[0], exp.Select):
+        raise SchemaError(f"hard_negatives must be a single SELECT, got {len(statements)} statement(s) "
+                          f"({', '.join(type(s).__name__.upper() for s in statements)}); {FIX}")
+    select = statements[0]
+    if select.find(exp.Insert, exp.Update, exp.Delete, exp.Create, exp.Drop, exp.Alter, exp.Command) is not None:
+        raise SchemaError(f"hard_negatives must only read: its SELECT holds a statement that writes; {FIX}")
+    return select
+
+
+def read_pairs(db, select: exp.Select, keys: list[str], candidate: list[str]) -> pl.DataFrame:
+    """The query's target keys and candidate key (renamed to candidate[0]), run by the database."""
+    try:
+        columns = [name for name, _ in db.result_columns(select.copy().limit(0))]
+    except Exception as err:  # the engine's verdict: an unknown table or column, a type error
+        raise SchemaError(f"the database could not run hard_negatives: {' '.join(str(err).split())[:300]}; {FIX}") from None
+    folded = {c.casefold(): c for c in columns}
+    missing = [k for k in keys if k.casefold() not in folded]
+    found = next((folded[c.casefold()] for c in candidate if c.casefold() in folded), None)
+    if missing or found is None:
+        need = [*keys, " or ".join(dict.fromkeys(candidate))]
+        raise SchemaError(f"hard_negatives returns columns {columns}; it must return {need} (alias them: "
+                          f"SELECT ... AS {candidate[0]}); {FIX}")
+    inner = exp.alias_(exp.Subquery(this=select), q.ident("hard"), table=True)
+    query = exp.select(*[exp.alias_(q.col(folded[k.casefold()], "hard"), q.ident(k)) for k in keys],
+                       exp.alias_(q.col(found, "hard"), q.ident(candidate[0]))).from_(inner)
+    return pl.from_arrow(db.arrow(query))
+
+
+def hard_negatives(learner, text: str) -> HardNegatives:
+    """The hard pairs of `text` mapped to (labelled row, candidate row), checked (see the module)."""
+    goal = learner.goal
+    keys = list(goal.keys)
+    name = goal.column if goal.column.casefold() not in {k.casefold() for k in keys} else goal.reference.key
+    found = read_pairs(learner.db, parse(learner.db, text), keys, [name, goal.reference.key])
+    out_keys = pl.from_arrow(learner.net.grounding.relations[learner.output].keys)
+    cand_keys = pl.from_arrow(goal.candidate_keys).rename({goal.reference.key: name}) \
+        if goal.reference.key != name else pl.from_arrow(goal.candidate_keys)
+    try:
+        found = found.with_columns([pl.col(k).cast(out_keys.schema[k], strict=True) for k in keys]
+                                   + [pl.col(name).cast(cand_keys.schema[name], strict=True)])
+    except pl.exceptions.PolarsError as err:
+        raise SchemaError(f"hard_negatives' columns do not have the key types of `{goal.table}` and "
+                          f"`{goal.reference.table}` ({' '.join(str(err).split())[:200]}); cast them") from None
+    joined = (found.join(out_keys.rename({"_rid": "_out"}), on=keys, how="left", nulls_equal=True)
+              .join(cand_keys.rename({"_rid": "_cand"}), on=name, how="left"))
+    _refuse_unknown(joined, "_out", keys, f"no row of `{goal.table}` (output `{learner.output}`)")
+    _refuse_unknown(joined, "_cand", [name], f"no candidate row in `{goal.candidates}` ({goal.reference.table})")
+    return _labelled_pairs(learner, joined["_out"].to_numpy(), joined["_cand"].to_numpy())
+
+
+def _refuse_unknown(joined: pl.DataFrame, column: str, keys: list[str], what: str) -> None:
+    """Keys that matched nothing: a SchemaError with examples."""
+    unknown = joined.filter(pl.col(column).is_null()).select(keys).unique()
+    if unknown.height:
+        examples = unknown.head(5).to_dicts()
+        raise SchemaError(f"hard_negatives returns {unknown.height} key(s) with {what}, e.g. {examples}; keep only "
+                          "existing keys (join the query with the table)")
+
+
+def _labelled_pairs(learner, out_rids: np.ndarray, cand_rids: np.ndarray) -> HardNegatives:
+    """Pairs on labelled rows, positives and repeats dropped, as CSR per labelled position."""
+    goal = learner.goal
+    position = np.full(learner.output_rows, -1, dtype=np.int64)
+    position[goal.labelled] = np.arange(len(goal.labelled))
+    at = position[out_rids.astype(np.int64)]
+    keep = at >= 0
+    at, cand = at[keep], cand_rids.astype(np.int64)[keep]
+    m = learner.candidate_rows
+    pairs = np.unique(at * m + cand)
+    rows, items = goal.pairs(np.arange(len(goal.labelled)))
+    positives = position[rows] * m + items
+    pairs = pairs[~np.isin(pairs, positives)]
+    return HardNegatives(pairs // m, pairs % m, len(goal.labelled))
+
+
+def hard_loss(learner, positions: np.ndarray, query: torch.Tensor, candidate: torch.Tensor, pair_term,
+              generator: torch.Generator) -> torch.Tensor | None:
+    """The hard pairs' term for labelled rows `positions` (None when they have none): BPR of each
+    hard pair against one of its row's positives drawn from `generator`."""
+    which, items = learner.hard.of(positions)
+    if not len(which):
+        return None
+    goal = learner.goal
+    rows = positions[which]
+    starts, counts = goal.offsets[rows], goal.offsets[rows + 1] - goal.offsets[rows]
+    draw = torch.rand(len(rows), generator=generator, dtype=torch.float64).numpy()
+    positive_items = goal.items[starts + np.minimum((draw * counts).astype(np.int64), counts - 1)]
+    device = query.device
+    out = torch.as_tensor(goal.labelled[rows], device=device)
+    hard_items, positive_items = torch.as_tensor(items, device=device), torch.as_tensor(positive_items, device=device)
+    q = query.index_select(0, out)
+    hard = (q * candidate.index_select(0, hard_items)).sum(1) + pair_term(out, hard_items)
+    positive = (q * candidate.index_select(0, positive_items)).sum(1) + pair_term(out, positive_items)
+    return HARD_WEIGHT * F.softplus(hard - positive).mean()
