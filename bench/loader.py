@@ -136,6 +136,9 @@ def run_relsql(path: str, batch_size: int, fanout: list[int], batches: int) -> d
             rows.append({name: r.size for name, r in grounding.relations.items()})
             groundings.append(sum(rule.size for r in grounding.relations.values() for rule in r.rules))
     timings = {k: round(v, 2) for k, v in model.timings.items()}
+    plans = getattr(batched, "plans", None)  # relsql/compile/reuse.py: plans recorded once per shape, replayed
+    if plans is not None:
+        timings.update({f"plans_{k}": v for k, v in plans.stats.items()})
     mean_rows = {name: round(float(np.mean([r[name] for r in rows]))) for name in rows[0]}
     return {"side": "relsql", "per_batch_ms": _median_ms(prepare), "ground_ms": _median_ms(ground),
             "plan_ms": round(_median_ms(prepare) - _median_ms(ground), 2),

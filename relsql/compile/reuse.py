@@ -75,20 +75,37 @@ def _pad_rule(rg: RuleGrounding, n: int, k_heads: int, k_rows: int, per_head: in
     they can and zero-valued columns."""
     if k_heads == 0:
         return rg
-    heads = torch.arange(n, n + k_heads, dtype=torch.int64)
-    if per_head is not None:
-        head = heads.unsqueeze(1).expand(k_heads, per_head).reshape(-1)
-        ends = torch.arange(1, k_heads + 1, dtype=torch.int64) * per_head
-    else:  # one grounding per pad head, the last takes the rest (no parallel kernels: 2 busy cores stall them)
-        head = torch.cat([heads, torch.full((k_rows - k_heads,), n + k_heads - 1, dtype=torch.int64)])
-        ends = torch.arange(1, k_heads + 1, dtype=torch.int64)
-        ends[-1] = k_rows
-    k = int(head.shape[0])
-    refs = [torch.cat([r, torch.arange(k, dtype=torch.int64) % max(size, 1)]) for r, size in zip(rg.refs, ref_sizes)]
-    columns = {i: torch.cat([c, torch.zeros((k, *c.shape[1:]), dtype=c.dtype)]) for i, c in rg.columns.items()}
-    offsets = torch.cat([rg.offsets, rg.offsets[-1] + ends])
-    return dataclasses.replace(rg, head=torch.cat([rg.head, head]), refs=refs, columns=columns,
-                               segment_heads=torch.cat([rg.segment_heads, heads]), offsets=offsets)
+    columns_spec = tuple((i, c.dtype, tuple(c.shape[1:])) for i, c in rg.columns.items())
+    heads, head, ends, refs, columns = _pad_pieces(n, k_heads, k_rows, per_head, tuple(ref_sizes), columns_spec)
+    return dataclasses.replace(rg, head=torch.cat([rg.head, head]), refs=[torch.cat([r, p]) for r, p in zip(rg.refs, refs)],
+                               columns={i: torch.cat([c, columns[i]]) for i, c in rg.columns.items()},
+                               segment_heads=torch.cat([rg.segment_heads, heads]),
+                               offsets=torch.cat([rg.offsets, ends + rg.offsets[-1]]))
+
+
+_PIECES: dict[tuple, tuple] = {}  # the pad tensors of a (rows, pad heads, pad groundings, ...) combination
+
+
+def _pad_pieces(n: int, k_heads: int, k_rows: int, per_head: int | None, ref_sizes: tuple, columns: tuple) -> tuple:
+    """Pad heads, pad groundings' heads, offsets past the real ones, refs and zero columns;
+    made once per combination (batches of one shape mostly repeat them)."""
+    key = (n, k_heads, k_rows, per_head, ref_sizes, columns)
+    if key not in _PIECES:
+        if len(_PIECES) > 256:
+            _PIECES.clear()
+        heads = torch.arange(n, n + k_heads, dtype=torch.int64)
+        if per_head is not None:
+            head = heads.unsqueeze(1).expand(k_heads, per_head).reshape(-1)
+            ends = torch.arange(1, k_heads + 1, dtype=torch.int64) * per_head
+        else:  # one grounding per pad head, the last takes the rest
+            head = torch.cat([heads, torch.full((k_rows - k_heads,), n + k_heads - 1, dtype=torch.int64)])
+            ends = torch.arange(1, k_heads + 1, dtype=torch.int64)
+            ends[-1] = k_rows
+        k = int(head.shape[0])
+        refs = [torch.arange(k, dtype=torch.int64) % max(size, 1) for size in ref_sizes]
+        zeros = {i: torch.zeros((k, *shape), dtype=dtype) for i, dtype, shape in columns}
+        _PIECES[key] = (heads, head, ends, refs, zeros)
+    return _PIECES[key]
 
 
 def _has_concat(expr: ir.Expr) -> bool:
@@ -214,6 +231,9 @@ class _Ref:
     node: int
 
 
+# calls whose result's shape depends on their arguments' values, not only on their shapes
+VARYING_SHAPE = {"unique", "unique_consecutive", "nonzero", "argwhere", "masked_select", "repeat_interleave", "bincount",
+                 "to_sparse", "to_sparse_csr", "to_sparse_coo", "coalesce", "histogram", "tolist", "item"}
 METADATA = {"__get__", "numel", "dim", "size", "is_floating_point", "is_contiguous", "stride", "__len__"}
 ESCAPES = {"numpy", "__array__", "data_ptr", "untyped_storage", "storage", "__reduce_ex__", "__deepcopy__"}
 
@@ -234,6 +254,12 @@ def _leaves(value, found: list) -> None:
         found.append(value)
 
 
+def _flat(value) -> list:
+    found: list = []
+    _leaves(value, found)
+    return found
+
+
 def _in_place(func, kwargs: dict) -> bool:
     name = getattr(func, "__name__", "")
     return "out" in kwargs or name == "__setitem__" or (name.endswith("_") and not name.endswith("__"))
@@ -249,6 +275,8 @@ class _Recorder(TorchFunctionMode):
         self.steps: list[tuple] = []  # (func, args, kwargs, out nodes, expected python values or None)
         self.raw = len(raw)
         self.seen: set = set()  # metadata guards already recorded (shapes do not change in place)
+        self.generation = 0  # in-place writes so far (a repeated check after one is checked again)
+        self.varying: set[int] = set()  # nodes whose shape the padded sizes do not fix (a unique's result)
 
     def _template(self, value):
         if type(value) in (list, tuple):
@@ -290,23 +318,34 @@ class _Recorder(TorchFunctionMode):
                 self._snapshot(target)
         args_t, kwargs_t = self._template(args), self._template(kwargs)
         out = func(*args, **kwargs)
+        writes = _in_place(func, kwargs)
+        if writes:
+            self.generation += 1
+        elif isinstance(out, torch.Tensor) and any(out is t for t in inputs):
+            return out  # a conversion to what it already is (.to, .contiguous): the same tensor, the same node
         values: list = []
         _leaves(out, values)
         python = [v for v in values if not isinstance(v, torch.Tensor)]
         expected = copy.deepcopy(out) if python else None
-        if expected is not None and self._known(name, func, args_t, kwargs_t):
+        if expected is not None and (self._known(name, func, args_t, kwargs_t) or self._repeated(func, args_t, kwargs_t)):
             return out
-        self.steps.append((func, args_t, kwargs_t, self._out(out), expected))
+        made = self._out(out)
+        if name in VARYING_SHAPE or (name == "where" and len(args) == 1) \
+                or (name == "__getitem__" and any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in inputs)) \
+                or any(type(r) is _Ref and r.node in self.varying for r in _flat((args_t, kwargs_t))):
+            self.varying.update(r.node for r in _flat(made) if type(r) is _Ref)
+        self.steps.append((func, args_t, kwargs_t, made, expected))
         return out
 
     def _known(self, name: str, func, args: tuple, kwargs: dict) -> bool:
-        """A metadata read (a shape, a dtype) of a grounding tensor, whose shape the padded sizes
-        fix, or one already recorded: a replay need not check it again."""
+        """A metadata read (a shape, a dtype) of a tensor whose shape the padded sizes fix (a
+        grounding tensor, or one computed from such by shape-preserving calls), or one already
+        recorded: a replay need not check it again."""
         if name not in METADATA:
             return False
         refs: list = []
         _leaves((args, kwargs), refs)
-        if all(r.node < self.raw for r in refs if type(r) is _Ref):
+        if not any(r.node in self.varying for r in refs if type(r) is _Ref):
             return True
         try:
             signature = (func, args, tuple(sorted(kwargs.items())))
@@ -314,6 +353,18 @@ class _Recorder(TorchFunctionMode):
                 return True
             self.seen.add(signature)
         except TypeError:  # an unhashable argument: keep the check
+            pass
+        return False
+
+    def _repeated(self, func, args: tuple, kwargs: dict) -> bool:
+        """A check already recorded on the same tensors with no write since (the passes test one
+        index several times): a replay need not repeat it."""
+        try:
+            signature = (self.generation, func, args, tuple(sorted(kwargs.items())))
+            if signature in self.seen:
+                return True
+            self.seen.add(signature)
+        except TypeError:
             pass
         return False
 
@@ -359,6 +410,7 @@ class Trace:
     def __init__(self, plan: Plan, recorder: _Recorder):
         self.plan, self.steps, self.count = plan, [_fast(step) for step in _live(recorder, plan)], recorder.count
         self.inputs = {slot: recorder.nodes.get(id(t)) for slot, t in plan.inputs.items()}
+        self.shapes = [(node, tuple(plan.inputs[slot].shape)) for slot, node in self.inputs.items() if node is not None]
         self.attrs = {i: {k: recorder.nodes[id(v)] for k, v in op.attrs.items()
                           if isinstance(v, torch.Tensor) and id(v) in recorder.nodes}
                       for i, op in enumerate(plan.ops)}
@@ -391,6 +443,8 @@ class Trace:
                 env[out.node] = value
             elif out is not None:
                 _bind(out, value, env)
+        if any(tuple(env[node].shape) != shape for node, shape in self.shapes):
+            return None  # a shape the skipped metadata checks took as fixed was not
         plan = copy.copy(self.plan)
         plan.inputs = {slot: t if self.inputs[slot] is None else env[self.inputs[slot]] for slot, t in self.plan.inputs.items()}
         plan.ops = list(self.plan.ops)
