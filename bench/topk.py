@@ -43,7 +43,7 @@ def sweep(query: torch.Tensor, candidates: torch.Tensor, k: int) -> None:
     """Wall and CPU seconds per 10^10 scores for a few block shapes, extrapolated from the slice."""
     print(f"{'block rows x columns':>22s} {'MB':>5s} {'s per 1e10 scores':>18s} {'CPU s per 1e10':>15s}")
     per = 1e10 / (query.shape[0] * candidates.shape[0])
-    for rows, columns in [(256, 2048), (256, 8192), (1024, 4096), (1024, 8192), (2048, 8192), (4096, 4096), (2048, 16384)]:
+    for rows, columns in [(256, 2048), (1024, 8192), (2048, 8192), (1024, 16384), (512, 32768), (256, 65536), (128, 131072), (64, 131072), (512, 65536)]:
         seconds, _ = timed(lambda r=rows, c=columns: topk.top_k(query, candidates, k, row_chunk=r, column_chunk=c))
         print(f"{rows:>10d} x {columns:<10d} {rows * columns * 4 / 2**20:5.0f} {seconds * per:18.1f} {CPU[0] * per:15.1f}")
 

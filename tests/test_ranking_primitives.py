@@ -49,20 +49,30 @@ def test_top_k_matches_full_sort_with_ties(row_chunk, column_chunk, k):
     assert indices.shape == (45, min(k, 53))
 
 
-def test_top_k_random_float64_default_chunks_over_several_column_blocks():
+@pytest.mark.parametrize("column_chunk", [None, 4096, 3000])
+def test_top_k_random_float64_default_and_several_column_blocks(column_chunk):
     generator = torch.Generator().manual_seed(3)
     query = torch.randn(30, 8, generator=generator, dtype=torch.float64)
     candidates = torch.randn(20000, 8, generator=generator, dtype=torch.float64)
     candidates[15000] = candidates[3]  # an exact duplicate candidate: its tie goes to index 3
-    scores, indices = top_k(query, candidates, 10)
+    scores, indices = top_k(query, candidates, 10, column_chunk=column_chunk)
     full = query @ candidates.T
     order = np.lexsort((np.arange(20000)[None, :].repeat(30, 0), -full.numpy()), axis=1)[:, :10]
     assert indices.tolist() == order.tolist()
     assert torch.equal(scores, full.gather(1, indices))
 
 
+@pytest.mark.parametrize("m,columns", [(100, 40), (1000, 1000), (1000, 64), (33, 33), (31, 100), (5, 3), (2100, 700)])
+def test_column_ranges_cover_the_candidates_in_whole_groups(m, columns):
+    from relsql.train.ranking.topk import GROUP, _column_ranges
+
+    ranges = _column_ranges(m, columns)
+    assert [c for r in ranges for c in range(*r)] == list(range(m))
+    assert all((c1 - c0) % GROUP == 0 or c1 - c0 < GROUP for c0, c1 in ranges) or columns < GROUP
+
+
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("k,column_chunk", [(1, 64), (3, 256), (10, 512), (10, 700), (20, 1024)])
+@pytest.mark.parametrize("k,column_chunk", [(1, 64), (3, 256), (10, 512), (10, 700), (20, 1024), (10, None)])
 def test_top_k_group_pruning_with_some_ties(seed, k, column_chunk):
     # wide integer range: scores tie sometimes, group maxima tie sometimes, often not
     query, candidates = integer_embeddings(40, 3, 20 + seed, -30, 31), integer_embeddings(2100, 3, 40 + seed, -30, 31)
