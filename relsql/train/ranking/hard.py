@@ -1,7 +1,7 @@
 """Hard negatives from a SQL rule: pairs (target row, candidate) the user knows are wrong answers.
 
-`fit(hard_negatives="SELECT t.task_id, i.item_id FROM ...")`: one SELECT, parsed with sqlglot and
-run by the database, returning the target table's key column(s) and the candidate key (under the
+`fit(hard_negatives="SELECT t.task_id, i.item_id FROM ...")`: one SELECT (or SELECTs joined by
+UNION, INTERSECT or EXCEPT), parsed with sqlglot and run by the database, returning the target table's key column(s) and the candidate key (under the
 target column's name, as recommend() names it, or the referenced key's). Each pair becomes
 (labelled row, candidate row); pairs that are positives of their row are dropped, pairs of rows
 without a label have nothing to train and are dropped too, and keys the model does not know are a
@@ -49,15 +49,16 @@ class HardNegatives:
         return np.repeat(np.arange(len(positions)), counts), self.items[index]
 
 
-def parse(db, text: object) -> exp.Select:
-    """The user's query as one sqlglot SELECT (nothing that writes), or a SchemaError naming the fix."""
+def parse(db, text: object) -> exp.Query:
+    """The user's query as one sqlglot query: a SELECT, or SELECTs joined by UNION/INTERSECT/EXCEPT
+    (nothing that writes); anything else is a SchemaError naming the fix."""
     if not isinstance(text, str) or not text.strip():
         raise SchemaError(f"hard_negatives must be SQL text, got {type(text).__name__}; {FIX}")
     try:
         statements = [s for s in sqlglot.parse(text, read="duckdb") if s is not None]
     except sqlglot.errors.ParseError as err:
         raise SchemaError(f"hard_negatives is not valid SQL ({' '.join(str(err).split())[:200]}); {FIX}") from None
-    if len(statements) != 1 or not isinstance(statements[0], exp.Select):
+    if len(statements) != 1 or not isinstance(statements[0], exp.Select | exp.SetOperation):
         raise SchemaError(f"hard_negatives must be a single SELECT, got {len(statements)} statement(s) "
                           f"({', '.join(type(s).__name__.upper() for s in statements)}); {FIX}")
     select = statements[0]
@@ -66,7 +67,7 @@ def parse(db, text: object) -> exp.Select:
     return select
 
 
-def read_pairs(db, select: exp.Select, keys: list[str], candidate: list[str]) -> pl.DataFrame:
+def read_pairs(db, select: exp.Query, keys: list[str], candidate: list[str]) -> pl.DataFrame:
     """The query's target keys and candidate key (renamed to candidate[0]), run by the database."""
     try:
         columns = [name for name, _ in db.result_columns(select.copy().limit(0))]
