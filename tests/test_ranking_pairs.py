@@ -265,3 +265,9 @@ def test_bad_hard_negative_sql_is_a_relsql_error_naming_the_fix(shop_db, sql, ma
     with pytest.raises(RelsqlError, match=match):
         model.learner.use_hard_negatives(sql)
     assert shop_db.arrow("SELECT count(*) AS n FROM item").column("n")[0].as_py() == 240
+
+
+def test_save_load_keeps_the_pair_relation(paired, tmp_path, shop_db):
+    loaded = relsql.Model.load(paired.save(tmp_path / "pairs.relsql"), shop_db)
+    assert loaded.task.pairs == "pair_h"
+    assert loaded.recommend(k=5).equals(paired.recommend(k=5))

@@ -12,6 +12,8 @@ over the step's hard pairs and added to the step's loss with weight HARD_WEIGHT.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import polars as pl
 import sqlglot
@@ -23,8 +25,15 @@ from relsql import sql as q
 from relsql.errors import SchemaError
 
 HARD_WEIGHT = 1.0
-FIX = ("hard_negatives= is one SELECT returning the target table's key column(s) and the candidate key, e.g. "
-       "\"SELECT t.task_id, i.item_id FROM task_rec t JOIN item i ON ...\"")
+ESCAPES = re.compile(r"\x1b\[[0-9;]*m")  # sqlglot underlines the bad token with terminal escapes
+
+
+def fix(goal) -> str:
+    """How a hard_negatives query looks for this target, e.g. SELECT t.task_id, c.item_id FROM ..."""
+    keys = ", ".join(f"t.{k}" for k in goal.keys)
+    return (f"hard_negatives= is one SELECT returning {goal.table}'s key column(s) and the candidate key, e.g. "
+            f"\"SELECT {keys}, c.{goal.reference.key} AS {goal.column} FROM {goal.table} t JOIN {goal.reference.table} c "
+            "ON ...\"")
 
 
 class HardNegatives:
@@ -49,37 +58,38 @@ class HardNegatives:
         return np.repeat(np.arange(len(positions)), counts), self.items[index]
 
 
-def parse(db, text: object) -> exp.Query:
+def parse(text: object, fix: str) -> exp.Query:
     """The user's query as one sqlglot query: a SELECT, or SELECTs joined by UNION/INTERSECT/EXCEPT
     (nothing that writes); anything else is a SchemaError naming the fix."""
     if not isinstance(text, str) or not text.strip():
-        raise SchemaError(f"hard_negatives must be SQL text, got {type(text).__name__}; {FIX}")
+        raise SchemaError(f"hard_negatives must be SQL text, got {type(text).__name__}; {fix}")
     try:
         statements = [s for s in sqlglot.parse(text, read="duckdb") if s is not None]
     except sqlglot.errors.ParseError as err:
-        raise SchemaError(f"hard_negatives is not valid SQL ({' '.join(str(err).split())[:200]}); {FIX}") from None
+        message = " ".join(ESCAPES.sub("", str(err)).split())[:200]
+        raise SchemaError(f"hard_negatives is not valid SQL ({message}); {fix}") from None
     if len(statements) != 1 or not isinstance(statements[0], exp.Select | exp.SetOperation):
         raise SchemaError(f"hard_negatives must be a single SELECT, got {len(statements)} statement(s) "
-                          f"({', '.join(type(s).__name__.upper() for s in statements)}); {FIX}")
+                          f"({', '.join(type(s).__name__.upper() for s in statements)}); {fix}")
     select = statements[0]
     if select.find(exp.Insert, exp.Update, exp.Delete, exp.Create, exp.Drop, exp.Alter, exp.Command) is not None:
-        raise SchemaError(f"hard_negatives must only read: its SELECT holds a statement that writes; {FIX}")
+        raise SchemaError(f"hard_negatives must only read: its SELECT holds a statement that writes; {fix}")
     return select
 
 
-def read_pairs(db, select: exp.Query, keys: list[str], candidate: list[str]) -> pl.DataFrame:
+def read_pairs(db, select: exp.Query, keys: list[str], candidate: list[str], fix: str) -> pl.DataFrame:
     """The query's target keys and candidate key (renamed to candidate[0]), run by the database."""
     try:
         columns = [name for name, _ in db.result_columns(select.copy().limit(0))]
     except Exception as err:  # the engine's verdict: an unknown table or column, a type error
-        raise SchemaError(f"the database could not run hard_negatives: {' '.join(str(err).split())[:300]}; {FIX}") from None
+        raise SchemaError(f"the database could not run hard_negatives: {' '.join(str(err).split())[:300]}; {fix}") from None
     folded = {c.casefold(): c for c in columns}
     missing = [k for k in keys if k.casefold() not in folded]
     found = next((folded[c.casefold()] for c in candidate if c.casefold() in folded), None)
     if missing or found is None:
         need = [*keys, " or ".join(dict.fromkeys(candidate))]
         raise SchemaError(f"hard_negatives returns columns {columns}; it must return {need} (alias them: "
-                          f"SELECT ... AS {candidate[0]}); {FIX}")
+                          f"SELECT ... AS {candidate[0]}); {fix}")
     inner = exp.alias_(exp.Subquery(this=select), q.ident("hard"), table=True)
     query = exp.select(*[exp.alias_(q.col(folded[k.casefold()], "hard"), q.ident(k)) for k in keys],
                        exp.alias_(q.col(found, "hard"), q.ident(candidate[0]))).from_(inner)
@@ -91,7 +101,8 @@ def hard_negatives(learner, text: str) -> HardNegatives:
     goal = learner.goal
     keys = list(goal.keys)
     name = goal.column if goal.column.casefold() not in {k.casefold() for k in keys} else goal.reference.key
-    found = read_pairs(learner.db, parse(learner.db, text), keys, [name, goal.reference.key])
+    how = fix(goal)
+    found = read_pairs(learner.db, parse(text, how), keys, [name, goal.reference.key], how)
     out_keys = pl.from_arrow(learner.net.grounding.relations[learner.output].keys)
     cand_keys = pl.from_arrow(goal.candidate_keys).rename({goal.reference.key: name}) \
         if goal.reference.key != name else pl.from_arrow(goal.candidate_keys)
