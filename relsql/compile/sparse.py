@@ -69,8 +69,14 @@ def triples(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 
 
 def transpose(matrix: torch.Tensor) -> torch.Tensor:
+    """The CSR matrix's transpose: its entries stably sorted by column (each column's entries
+    stay in row order: the row-major order of the transpose), with no duplicate to merge in a
+    valid CSR matrix; a third of the calls of going through `from_coo`."""
     rows, cols, values = triples(matrix)
-    return from_coo(cols, rows, values, (matrix.shape[1], matrix.shape[0]))
+    order = torch.argsort(cols, stable=True)
+    crow = torch.zeros(matrix.shape[1] + 1, dtype=torch.int64)
+    crow[1:] = torch.cumsum(torch.bincount(cols, minlength=matrix.shape[1]), 0)
+    return from_csr(crow, rows[order], values[order], (matrix.shape[1], matrix.shape[0]))
 
 
 def moved(matrix: torch.Tensor, device: str | torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
