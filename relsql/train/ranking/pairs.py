@@ -6,6 +6,13 @@ computes) is the PAIR relation: score(row, item) = dot(query, candidate) + its v
 has a row, else + 0. The pairs that exist are the shortlist: ranking takes the exact top-k of the
 dot products with those pairs left out, then merges in the pairs' full scores, so the result is the
 exact top-k of the sum and no n x m matrix is ever held.
+
+In SQL templates the count is `linear(count(*), 1)` (the frontend refuses `features(count(*))`:
+features() takes database columns, an aggregate is a neural value), for example
+`CREATE TABLE pair_h AS SELECT t.task_id, i.item_id, linear(count(*), 1) AS h FROM task_rec t JOIN
+purchase p ON p.customer_id = t.customer_id AND p.day < t.snapshot JOIN item q ON q.item_id =
+p.item_id JOIN item i ON i.category = q.category GROUP BY t.task_id, i.item_id`. The output must
+stay the template's last statement (or be named with output=).
 """
 
 from __future__ import annotations
