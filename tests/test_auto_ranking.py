@@ -90,17 +90,29 @@ def test_list_target_makes_two_towers(shop):
 
 
 def test_scalar_foreign_key_target(shop):
-    """purchase.item_id: the label's own key is never followed; the customer's other purchases are."""
+    """purchase.item_id: the label's own key is never followed, and no statement reads the target
+    column of any row; the customer's other purchases come as a commented-out history term."""
     tpl = relsql.Template.auto(shop, "purchase.item_id")
     assert tpl.relations["predict"].keys == ["purchase_id"] and _candidate(tpl) == "candidate_item"
-    assert 'x."item_id" = r."item_id"' not in tpl.source  # no parent node over the target column
+    assert list(tpl.relations)[-1] == "predict"
+    assert '-- JOIN "purchase" y ON y."customer_id" = r."customer_id" AND y."purchase_id" <> r."purchase_id"' in tpl.source
     out = relsql.compile(tpl, shop, dtype=torch.float64, seed=0)()
     assert out["predict"].shape == (300, 32) and out["candidate_item"].shape == (16, 32)
     before = _vectors(shop, tpl, "predict", "purchase_id")
+    items = _vectors(shop, tpl, "candidate_item", "item_id")
+    shop.execute("UPDATE purchase SET item_id = (item_id * 7 + 3) % 16")  # every label changed
+    after = _vectors(shop, tpl, "predict", "purchase_id")
+    assert all(_same(before[p], after[p]) for p in before)
+    assert all(_same(items[i], v) for i, v in _vectors(shop, tpl, "candidate_item", "item_id").items())
+    uncommented = "\n".join(line[3:] if line.startswith("-- ") and not line.startswith("-- history")
+                             and line[3:].split(" ")[0] in ("CREATE", "SELECT", "FROM", "JOIN", "GROUP") else line
+                             for line in tpl.source.splitlines())
+    edited = relsql.Template.from_sql(uncommented)  # the user's edit: the history over the customer's other purchases
     customer, = shop.scalar("SELECT customer_id FROM purchase WHERE purchase_id = 5")
     sibling, = shop.scalar(f"SELECT min(purchase_id) FROM purchase WHERE customer_id = {customer} AND purchase_id <> 5")
+    before = _vectors(shop, edited, "predict", "purchase_id")
     shop.execute("UPDATE purchase SET item_id = (item_id + 1) % 16 WHERE purchase_id = 5")
-    after = _vectors(shop, tpl, "predict", "purchase_id")
+    after = _vectors(shop, edited, "predict", "purchase_id")
     assert _same(before[5], after[5])  # its own label never reaches its query vector
     assert not _same(before[sibling], after[sibling])  # but it is history for the customer's others
 

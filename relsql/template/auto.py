@@ -756,16 +756,19 @@ class _Ranking:
                 f"CREATE TABLE predict AS\nSELECT {keys}, {self.embed(f'r.{_qi(column)}', f'query_{_safe(column)}', RARE)} AS h\n"
                 f"FROM {_qi(w.target)} r;\n")
 
-    def past(self, interactions: list[Interaction]) -> None:
+    def past(self, interactions: list[Interaction], itself: bool) -> None:
         """The query tower's history term: the average candidate vector of the candidates the target
         row's entity interacted with before its time (the same relation the candidates are scored
-        by, so the weights are shared exactly): items like those bought before score higher."""
+        by, so the weights are shared exactly): items like those bought before score higher.
+        `itself`: the terms over the target table's own rows, written commented out (they read the
+        target column); they go before the output's first statement, as a file's last statement
+        cannot be a comment."""
         if not self.history:
             return
         w = self.writer
         keys = ", ".join(f"r.{_qi(k)}" for k in w.target_keys)
         target_time = f"r.{_qi(w.time_column)}" if w.time_column else ""
-        for inter in interactions:
+        for inter in [i for i in interactions if i.itself == itself]:
             if not self.timed(inter.table):
                 self.notes.append(f"-- no history from {inter.table} in the query tower: its rows' time is unknown")
                 continue
@@ -777,15 +780,21 @@ class _Ranking:
             on_time, dimension = w.time_join(inter.table, "y", target_time) if target_time else ("", "")
             when = "" if not target_time else f", strictly before the target row's {w.time_column}" \
                 if inter.table in w.time_columns else ", unfiltered: its time is unknown (timeless='include')"
-            w.out.append(
-                f"-- history: the average {self.name} vector of the {self.reference.table} rows the target row's "
-                f"{', '.join(b for _, b in inter.on)} met in {inter.table} (its {', '.join(a for a, _ in inter.on)} -> "
-                f"{inter.candidate.columns[0]}){when}"
-                + (" (the target row itself left out)" if inter.itself else "") + "\n"
-                f"CREATE TABLE predict AS\nSELECT {keys}, avg(c.h) AS h\nFROM {_qi(w.target)} r\n"
-                f"JOIN {_qi(inter.table)} y ON {on}{on_time}{dimension}\n"
-                f"JOIN {self.name} c ON c.{_qi(self.reference.key)} = y.{_qi(inter.candidate.columns[0])}\n"
-                f"GROUP BY {keys};\n")
+            comment = (f"-- history: the average {self.name} vector of the {self.reference.table} rows the target row's "
+                       f"{', '.join(b for _, b in inter.on)} met in {inter.table} (its {', '.join(a for a, _ in inter.on)} "
+                       f"-> {inter.candidate.columns[0]}){when}" + (" (the target row itself left out)" if inter.itself else ""))
+            statement = (f"CREATE TABLE predict AS\nSELECT {keys}, avg(c.h) AS h\nFROM {_qi(w.target)} r\n"
+                         f"JOIN {_qi(inter.table)} y ON {on}{on_time}{dimension}\n"
+                         f"JOIN {self.name} c ON c.{_qi(self.reference.key)} = y.{_qi(inter.candidate.columns[0])}\n"
+                         f"GROUP BY {keys};")
+            if inter.itself:  # other rows' values of the target column: relsql.Model refuses a template reading it
+                statement = "\n".join("-- " + line for line in statement.splitlines())
+                comment += (f"\n-- written as a comment: it reads other rows' {w.column}, the target column, which "
+                            f"relsql.Model refuses unless told those values are known before prediction time; "
+                            f"uncomment it and pass allow_target_inputs=True if they are"
+                            + (f" (each row reads only rows before its {w.time_column})" if target_time else ""))
+                self.notes.append(f"-- history from {inter.table} itself is written commented out (it reads the target column)")
+            w.out.append(f"{comment}\n{statement}\n")
 
 
 def _date_dimension(keys: Schema, table: str, fk: ForeignKey, named: bool) -> Time | None:
@@ -988,9 +997,10 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
     if reference is not None:
         ranking = _Ranking(writer, reference, dimension, history is not False, timeless)
         ranking.candidate(interactions)
+        ranking.past(interactions, itself=True)
         writer.head(root, value, dimension, ranking=True)
         ranking.identities()
-        ranking.past(interactions)
+        ranking.past(interactions, itself=False)
     else:
         writer.head(root, value, units)
     described = "all: " + ", ".join(terms) if terms == AGGREGATIONS else ", ".join(terms)
