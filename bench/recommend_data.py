@@ -20,7 +20,8 @@ A DuckDB list column cannot carry a FOREIGN KEY: the list column is named as the
 The split is the bench's (`Dataset.split`, positions into the task rows in task_id order): by whole
 snapshots for temporal data (the latest ~15% of rows test, the ~15% before validation), so that the
 fractions `Dataset.fractions` reproduce it exactly under relsql's time split (a stable sort on the
-snapshot, whole snapshots on each side); seeded at random for links.
+snapshot, whole snapshots on each side); for links relsql's random split of seed 0 (bench/recommend.py
+draws it again per model seed, as relsql's Model seeds its split with its seed).
 """
 
 from __future__ import annotations

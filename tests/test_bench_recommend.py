@@ -155,3 +155,12 @@ def test_relsql_ranking_scores_equal_the_naive_metrics():
     got = metrics.ranking_scores(predicted, offsets, ids, K)
     for name, value in naive_scores(predicted, offsets, ids, K).items():
         assert got[name] == pytest.approx(value, abs=1e-9), name
+
+
+def test_links_relsql_trains_on_the_benchs_rows_for_another_seed(tmp_path):
+    ds = recommend_data.write_links(tmp_path / "links.duckdb", nodes=150, degree=6, communities=4)
+    rows = recommend.run_one(ds, 1, K, {"epochs": 2}, {"epochs": 2, "width": 8})
+    fitted = next(r for r in rows if r["method"] == "relsql")
+    assert fitted["available"], fitted.get("why")
+    assert fitted["same_split"] is True  # relsql's split of seed 1, not the data's seed 0
+    assert fitted["scores"]["map@10"] == pytest.approx(fitted["own_evaluate"]["map@10"], abs=1e-12)
