@@ -283,3 +283,27 @@ def test_save_load_keeps_the_pair_relation(paired, tmp_path, shop_db):
     loaded = relsql.Model.load(paired.save(tmp_path / "pairs.relsql"), shop_db)
     assert loaded.task.pairs == "pair_h"
     assert loaded.recommend(k=5).equals(paired.recommend(k=5))
+
+
+def test_the_pair_matrix_of_a_step_equals_a_lookup_per_cell():
+    """Training's [rows x drawn] pair values (scattered from the rows' pairs) equal one lookup per
+    cell, with repeated rows and a candidate drawn twice, and carry gradients to the pair values."""
+    generator = torch.Generator().manual_seed(1)
+    n, m = 30, 25
+    present = torch.rand(n, m, generator=generator) < 0.3
+    rows, items = present.nonzero(as_tuple=True)
+    index = PairIndex(rows.numpy(), items.numpy(), np.arange(len(rows))[::-1].copy(), n, m)
+    values = torch.randn(len(rows), generator=generator, dtype=torch.float64, requires_grad=True)
+    step_rows = torch.tensor([3, 3, 0, 29, 17, 3, 8])
+    drawn = torch.tensor([4, 0, 24, 4, 11, 7, 7, 7, 19])
+    matrix = index.matrix(values, step_rows, drawn)
+    plain = matrix.detach()
+    naive = index.term(values, step_rows[:, None], drawn[None, :])
+    assert torch.equal(matrix, naive)
+    stored = {(int(r), int(c)): i for r, c, i in zip(rows, items, np.arange(len(rows))[::-1], strict=True)}
+    for i, r in enumerate(step_rows.tolist()):
+        for j, c in enumerate(drawn.tolist()):
+            expected = float(values.detach()[stored[(r, c)]]) if (r, c) in stored else 0.0
+            assert float(plain[i, j]) == expected
+    matrix.sum().backward()
+    assert values.grad.abs().sum() > 0

@@ -123,7 +123,9 @@ class RankingLearner(Learner):
         items = torch.as_tensor(items, device=device)
         positive = (query * candidate.index_select(0, items)).sum(1) + added(rows, items)
         drawn, log_q = self.draw(items, generator)
-        scores = query @ candidate.index_select(0, drawn).T + added(rows[:, None], drawn[None, :])
+        scores = query @ candidate.index_select(0, drawn).T
+        if pair is not None:
+            scores = scores + self.pair_index.matrix(pair, rows, drawn)
         scores = scores.masked_fill(drawn[None, :] == items[:, None], -1e4)  # a drawn positive is no negative
         loss = losses.ranking_loss(task.loss, positive, scores, log_q=log_q if task.loss == "softmax" else None)
         if self.hard is not None:

@@ -109,6 +109,27 @@ class PairIndex:
         picked = values.index_select(0, found.clamp(min=0).reshape(-1)).reshape(found.shape)
         return torch.where(found >= 0, picked, torch.zeros((), dtype=values.dtype, device=values.device))
 
+    def matrix(self, values: Tensor, rows: Tensor, drawn: Tensor) -> Tensor:
+        """The [len(rows), len(drawn)] pair values of every row against every drawn candidate (0 without
+        a pair), from the pairs of `rows` alone: those whose candidate was drawn are scattered into a
+        matrix of the distinct rows, then spread to every row; no lookup per cell."""
+        values = values.reshape(-1)
+        distinct, inverse = torch.unique(rows, return_inverse=True)
+        position, items, stored = (torch.as_tensor(a, device=rows.device) for a in self.entries(distinct.cpu().numpy()))
+        hit = torch.zeros(self.m, dtype=torch.bool, device=rows.device)
+        hit[drawn] = True
+        keep = hit[items]
+        position, items, stored = position[keep], items[keep], stored[keep]
+        ordered, order = torch.sort(drawn, stable=True)  # a candidate drawn twice fills both columns
+        lo = torch.searchsorted(ordered, items)
+        counts = torch.searchsorted(ordered, items, right=True) - lo
+        at = torch.repeat_interleave(lo - torch.cumsum(counts, 0) + counts, counts) + torch.arange(int(counts.sum()),
+                                                                                                   device=rows.device)
+        grid = torch.zeros((len(distinct), len(drawn)), dtype=values.dtype, device=values.device)
+        grid = grid.index_put((torch.repeat_interleave(position, counts), order[at]),
+                              values.index_select(0, torch.repeat_interleave(stored, counts)))
+        return grid.index_select(0, inverse)
+
     def entries(self, rids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(position in `rids`, candidate row, pair relation row) of every pair of output rows `rids`."""
         starts, ends = self.offsets[rids], self.offsets[rids + 1]
