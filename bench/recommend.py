@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import platform
 import statistics
 import time
@@ -256,7 +257,7 @@ def time_topk(rows: int = 100_000, candidates: int = 100_000, dim: int = 32, k: 
     finally:
         torch.set_num_threads(previous)
     return {"rows": rows, "candidates": candidates, "dim": dim, "k": k, "seconds": seconds, "threads": threads,
-            "peak_rss_growth_mb": topk_bench.peak_rss_mb() - before}
+            "peak_rss_growth_mb": topk_bench.peak_rss_mb() - before, "load_average": os.getloadavg()[0]}
 
 
 # --------------------------------------------------------------------------- summary and printing
@@ -352,10 +353,11 @@ def main(argv: list[str] | None = None) -> dict:
     topk = time_topk(k=args.k) if args.topk else None
     if topk is not None:
         print(f"exact top-{topk['k']} of {topk['rows']:,} rows x {topk['candidates']:,} candidates (dim {topk['dim']}, "
-              f"{topk['threads']} threads): {topk['seconds']:.1f} s, peak RSS growth {topk['peak_rss_growth_mb']:.0f} MB")
+              f"{topk['threads']} threads): {topk['seconds']:.1f} s, peak RSS growth {topk['peak_rss_growth_mb']:.0f} MB, "
+              f"load average {topk['load_average']:.1f}")
     report = {"rows": [{key: v for key, v in r.items() if key != "predicted"} for r in rows], "table": table,
               "ratios": ratio, "sizes": sizes, "topk": topk, "seeds": seeds, "fit": fit, "peer": peer,
-              "machine": platform.platform()}
+              "machine": platform.platform(), "load_average": os.getloadavg()}
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1, default=str))
