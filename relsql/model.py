@@ -129,7 +129,8 @@ class Model:
     def fit(self, epochs: int = EPOCHS, batch_size: int | None = None, lr: float = LR, patience: int = PATIENCE,
             weight_decay: float = 0.0, *, schedule: str | None = "plateau", warmup: float = 0.05, clip: float | None = 1.0,
             monitor: str = "auto", time_budget: float | None = TIME_BUDGET, loss: str | None = None,
-            class_weight: str | None = None, negatives: str | None = None, refit: bool = False, hybrid: bool | None = None,
+            class_weight: str | None = None, negatives: str | None = None, hard_negatives: str | None = None,
+            refit: bool = False, hybrid: bool | None = None,
             checkpoint: str | Path | None = None,
             resume: bool = False, checkpoint_every: int | None = None, callback=None, workers: int = 1) -> Model:
         """AdamW on the training rows; keeps the weights of the epoch with the best validation score.
@@ -149,8 +150,9 @@ class Model:
         "huber" (default; delta 1 on the standardized target), "mse" or "mae". `class_weight`
         (classification): "balanced" weighs each row's loss by n / (classes x its class's count
         among the training rows). A ranking target: `loss` "softmax" (default; sampled softmax),
-        "bce" or "bpr", `negatives` "uniform" (default), "popularity" or "in-batch", monitor
-        "auto" = MAP@k. `refit=True`: after selection, train again from the same
+        "bce" or "bpr", `negatives` "uniform" (default), "popularity" or "in-batch",
+        `hard_negatives` a SQL SELECT of (target keys, candidate key) pairs pushed down, monitor
+        "auto" = MAP@k (docs/recommendation.md). `refit=True`: after selection, train again from the same
         initial weights on training + validation rows for the selected number of epochs
         (`model.refit` says so; validation scores are then no longer held out). `hybrid=True`:
         after training, a GBM on one-hop features the database computes is blended with the
@@ -171,7 +173,8 @@ class Model:
         lr = arguments.number("lr", lr, positive=True)
         patience = arguments.integer("patience", patience, minimum=0)
         weight_decay = arguments.number("weight_decay", weight_decay, minimum=0.0)
-        options = fit_options(self.learner, schedule, warmup, clip, monitor, time_budget, loss, class_weight, negatives)
+        options = fit_options(self.learner, schedule, warmup, clip, monitor, time_budget, loss, class_weight, negatives,
+                              hard_negatives)
         if batch_size is not None:
             batch_size = arguments.integer("batch_size", batch_size)
         if checkpoint_every is not None:

@@ -11,7 +11,8 @@ from relsql.train.ranking.task import LOSSES as RANKING_LOSSES
 from relsql.train.ranking.task import NEGATIVES
 
 
-def fit_options(learner, schedule, warmup, clip, monitor, time_budget, loss, class_weight, negatives=None) -> dict:
+def fit_options(learner, schedule, warmup, clip, monitor, time_budget, loss, class_weight, negatives=None,
+                hard_negatives=None) -> dict:
     """The checked settings as {"optimizer", "schedule", "warmup", "clip", "time_budget", "monitor", ...}."""
     arguments.choice("schedule", schedule, ("cosine", "plateau", None))
     warmup = arguments.number("warmup", warmup, minimum=0.0)
@@ -23,10 +24,10 @@ def fit_options(learner, schedule, warmup, clip, monitor, time_budget, loss, cla
         time_budget = arguments.number("time_budget", time_budget, positive=True)
     common = {"optimizer": "adamw", "schedule": schedule, "warmup": warmup, "clip": clip, "time_budget": time_budget}
     if learner.task.kind == "ranking":
-        return {**common, **_ranking(learner, monitor, loss, class_weight, negatives)}
-    if negatives is not None:
-        raise RelsqlError(f"negatives= draws non-matches for a ranking target; {learner.target} is {learner.task.kind}: "
-                          "drop negatives=")
+        return {**common, **_ranking(learner, monitor, loss, class_weight, negatives, hard_negatives)}
+    if negatives is not None or hard_negatives is not None:
+        raise RelsqlError(f"negatives= and hard_negatives= are for a ranking target; {learner.target} is {learner.task.kind}: "
+                          "drop them")
     return {**common, **_labels(learner, monitor, loss, class_weight)}
 
 
@@ -50,14 +51,15 @@ def _labels(learner, monitor, loss, class_weight) -> dict:
             "regression_loss": task.regression_loss, "class_weights": task.class_weights}
 
 
-def _ranking(learner, monitor, loss, class_weight, negatives) -> dict:
-    """A ranking target's monitor (MAP@k by default), loss and negatives."""
+def _ranking(learner, monitor, loss, class_weight, negatives, hard_negatives) -> dict:
+    """A ranking target's monitor (MAP@k by default), loss and negatives (hard ones: this fit's only)."""
     task = learner.task
     arguments.choice("monitor", monitor, ("auto", "loss", *task.metric_names()))
     if class_weight is not None:
         raise RelsqlError(f"class_weight weighs classes; {learner.target} is a ranking target: drop class_weight=")
     task.loss = arguments.choice("loss", task.loss if loss is None else loss, RANKING_LOSSES)
     task.negatives = arguments.choice("negatives", task.negatives if negatives is None else negatives, NEGATIVES)
+    learner.use_hard_negatives(hard_negatives)
     if monitor == "auto":
         monitor = task.selects_on(len(learner.rows["val"]))
     return {"monitor": monitor, "regression_loss": task.regression_loss, "class_weights": None}
