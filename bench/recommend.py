@@ -184,12 +184,14 @@ def run_relsql(ds: Dataset, seed: int, k: int, fit: dict) -> dict:
         frame = model.recommend(k=k, keys=pl.DataFrame({"task_id": ds.task_id[test]}))
         predicted = _frame_to_keys(frame, ds, test, k)
         own = model.evaluate()
+        history = {"epochs": len(getattr(model.learner, "history", []) or []),
+                   "best_epoch": getattr(model.learner, "best_epoch", None)}
     except Exception as err:  # noqa: BLE001 - the API may not have landed: report, do not fail the bench
         return {"available": False, "why": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:200]}
     finally:
         con.close()
     return {"available": True, "predicted": predicted, "seconds": seconds, "same_split": same,
-            "own_evaluate": {name: float(v) for name, v in own.items()}}
+            "own_evaluate": {name: float(v) for name, v in own.items()}, **history}
 
 
 def _frame_to_keys(frame, ds: Dataset, rows: np.ndarray, k: int) -> np.ndarray:
@@ -225,7 +227,8 @@ def run_one(ds: Dataset, seed: int, k: int, fit: dict, peer: dict, with_relsql: 
         row = {"method": "relsql", "available": fitted["available"]}
         if fitted["available"]:
             row.update(scores=scores(ds, fitted["predicted"], test, k), seconds=fitted["seconds"],
-                       same_split=fitted["same_split"], own_evaluate=fitted["own_evaluate"])
+                       same_split=fitted["same_split"], own_evaluate=fitted["own_evaluate"],
+                       epochs=fitted["epochs"], best_epoch=fitted["best_epoch"])
         else:
             row["why"] = fitted["why"]
         out.append(row)
