@@ -80,7 +80,8 @@ class RankingLearner(Learner):
                               "wide: end it in linear(..., 1)")
 
     def use_hard_negatives(self, sql: str | None) -> None:
-        """Hard negatives from SQL `sql` (hard.py) for the following fits; None drops them."""
+        """Hard negatives from SQL `sql` (hard.py) for the fits that follow (fit(hard_negatives=) sets them
+        for its own run); None drops them."""
         self.hard = None if sql is None else hard.hard_negatives(self, sql)
 
     @property
