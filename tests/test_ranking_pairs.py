@@ -10,7 +10,6 @@ Hard negatives: pairs from a SQL rule, mapped (checked naively) and pushed down 
 from __future__ import annotations
 
 import datetime as dt
-import inspect
 
 import numpy as np
 import polars as pl
@@ -182,15 +181,6 @@ def test_pair_relation_errors_name_the_fix(shop_db):
 
 # ---- hard negatives -------------------------------------------------------------------------
 
-def fit_with_hard(model, sql: str, **options) -> None:
-    """fit(hard_negatives=sql) where Model.fit takes it, else the learner's hard negatives set before fit."""
-    if "hard_negatives" in inspect.signature(relsql.Model.fit).parameters:
-        model.fit(hard_negatives=sql, **options)
-    else:
-        model.learner.use_hard_negatives(sql)
-        model.fit(**options)
-
-
 REBOUGHT = ("SELECT t.task_id, p.item_id FROM task_rec t JOIN purchase p ON p.customer_id = t.customer_id "
             "AND p.day < t.snapshot")
 
@@ -252,7 +242,7 @@ def test_hard_negatives_push_their_pairs_down(shop_db, seed):
                              seed=seed)
         options = {"epochs": 15, "time_budget": None, "lr": 0.05, "patience": 100, "monitor": "loss"}
         if name == "with":
-            fit_with_hard(model, REBOUGHT, **options)
+            model.fit(hard_negatives=REBOUGHT, **options)
         else:
             model.fit(**options)
         model.learner.use_hard_negatives(REBOUGHT)  # the same pairs measured in both
@@ -275,7 +265,7 @@ def test_hard_negatives_push_their_pairs_down(shop_db, seed):
 def test_bad_hard_negative_sql_is_a_relsql_error_naming_the_fix(shop_db, sql, match):
     model = relsql.Model(shop_db, relsql.Template.from_sql(BASE), target="task_rec.item_id", time_column="snapshot")
     with pytest.raises(RelsqlError, match=match):
-        model.learner.use_hard_negatives(sql)
+        model.fit(epochs=1, hard_negatives=sql)
     assert shop_db.arrow("SELECT count(*) AS n FROM item").column("n")[0].as_py() == 240
 
 
