@@ -10,6 +10,7 @@ Hard negatives: pairs from a SQL rule, mapped (checked naively) and pushed down 
 from __future__ import annotations
 
 import datetime as dt
+import inspect
 
 import numpy as np
 import polars as pl
@@ -297,3 +298,21 @@ def test_the_pair_matrix_of_a_step_equals_a_lookup_per_cell():
             assert float(plain[i, j]) == expected
     matrix.sum().backward()
     assert values.grad.abs().sum() > 0
+
+
+@pytest.mark.skipif("pairs" not in inspect.signature(relsql.Model.__init__).parameters,
+                    reason="Model(pairs=) not wired yet (relsql/model.py, relsql/train/build.py)")
+def test_pairs_names_the_pair_relation_and_is_saved(shop_db, tmp_path):
+    second = PAIR.replace("pair_h", "pair_first").replace("linear(count(*), 1)", "linear(count(*), 1, 'first')")
+    template = relsql.Template.from_sql(second + PAIR + BASE)
+    assert relsql.Model(shop_db, template, target="task_rec.item_id").task.pairs == "pair_h"  # the last one
+    model = relsql.Model(shop_db, template, target="task_rec.item_id", time_column="snapshot", pairs="pair_first")
+    assert model.task.pairs == "pair_first"
+    model.fit(epochs=2, time_budget=None)
+    loaded = relsql.Model.load(model.save(tmp_path / "first.relsql"), shop_db)
+    assert loaded.task.pairs == "pair_first"
+    assert loaded.recommend(k=5).equals(model.recommend(k=5))
+    with pytest.raises(RelsqlError, match="other than the output `task_h` and the candidates `item_h`"):
+        relsql.Model(shop_db, template, target="task_rec.item_id", pairs="item_h")
+    with pytest.raises(RelsqlError, match="pairs="):
+        relsql.Model(shop_db, relsql.Template.from_sql(BASE), target="customer.customer_id", pairs="pair_h")
