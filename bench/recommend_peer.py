@@ -163,7 +163,7 @@ def top_k(net: TwoTower, graph: Graph, ds: Dataset, rows: np.ndarray, k: int) ->
 
 
 def run(ds: Dataset, seed: int, score, *, k: int = 10, width: int = 64, layers: int = 2, dropout: float = 0.1,
-        lr: float = 0.003, weight_decay: float = 1e-4, negatives: int = 512, epochs: int = 60, patience: int = 10) -> dict:
+        lr: float = 0.003, weight_decay: float = 1e-4, negatives: int = 512, epochs: int = 150, patience: int = 15) -> dict:
     """Train on ds.split["train"], select on "val" by MAP@k (`score(predicted, rows)` -> metrics dict),
     return {"predicted": test top-k keys, "seconds": graph + training, "best_epoch", "epochs"}."""
     started = time.perf_counter()
