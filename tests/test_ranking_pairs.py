@@ -316,3 +316,13 @@ def test_pairs_names_the_pair_relation_and_is_saved(shop_db, tmp_path):
         relsql.Model(shop_db, template, target="task_rec.item_id", pairs="item_h")
     with pytest.raises(RelsqlError, match="pairs="):
         relsql.Model(shop_db, relsql.Template.from_sql(BASE), target="customer.customer_id", pairs="pair_h")
+
+
+def test_fits_with_pairs_and_hard_negatives_are_seeded(shop_db):
+    runs = []
+    for _ in range(2):
+        model = relsql.Model(shop_db, relsql.Template.from_sql(PAIR + BASE), target="task_rec.item_id",
+                             time_column="snapshot", seed=2)
+        model.fit(epochs=3, time_budget=None, hard_negatives=REBOUGHT, loss="bpr")
+        runs.append([h["train_loss"] for h in model.history])
+    assert runs[0] == runs[1] and all(np.isfinite(runs[0]))
