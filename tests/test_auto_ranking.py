@@ -159,6 +159,16 @@ def test_time_keeps_later_purchases_out(shop):
     assert any(not _same(changed[i], v) for i, v in _vectors(shop, tpl, "candidate_item", "item_id").items())
 
 
+def test_no_popularity_when_nothing_precedes_the_earliest_snapshot(shop):
+    """A statement without groundings is an error: with no purchase before the earliest snapshot,
+    the candidate tower has no popularity term, and the header says so."""
+    shop.execute("INSERT INTO task_rec VALUES (1000, 0, DATE '2023-06-01', [1, 2])")
+    tpl = relsql.Template.auto(shop, "task_rec.item_id", time_column="snapshot")
+    assert "-- no popularity from purchase in the candidate tower: no rows before the earliest task_rec.snapshot" in tpl.source
+    assert "log(1 + count(*))" not in tpl.source.split("CREATE TABLE candidate_item")[1]
+    assert relsql.compile(tpl, shop, dtype=torch.float64, seed=0)()["candidate_item"].shape == (16, 32)
+
+
 def test_without_time_the_candidate_tower_counts_every_interaction(shop):
     tpl = relsql.Template.auto(shop, "task_rec.item_id")
     assert "log(1 + count(*))" in tpl.source.split("CREATE TABLE candidate_item")[2]

@@ -708,7 +708,7 @@ class _Ranking:
             f"-- {self.name}: the candidate tower, one {d}-wide vector per {ref.table} row (relsql.Model scores a target "
             f"row's vector against it): an ID embedding of {ref.table}.{ref.key} (its own row for every key, no rare "
             f"bucket: each key is on one row here; ID embeddings are scaled by 1/sqrt({d})), its own columns' encoding"
-            + (f" and its foreign keys as codes ({', '.join(dict.fromkeys(codes))}: items of one category are alike)"
+            + (f" and its foreign keys as codes ({', '.join(dict.fromkeys(codes))}: candidates sharing one are alike)"
                if codes else "") + "\n"
             f"CREATE TABLE {self.name} AS\n"
             f"SELECT t.{key}, {' + '.join(terms)} AS h\n"
@@ -730,8 +730,8 @@ class _Ranking:
         source = (f"FROM {_qi(ref.table)} t\nJOIN {_qi(table)} y ON y.{_qi(fk.columns[0])} = t.{_qi(ref.key)}"
                   f"{on_time}{dimension}")
         if not w.db.arrow(sqlglot.parse_one(f"SELECT 1 {source} LIMIT 1", read="duckdb")).num_rows:
-            self.notes.append(f"-- no popularity from {table} in the candidate tower: no rows before the earliest "
-                              f"{w.target}.{w.time_column}")
+            self.notes.append(f"-- no popularity from {table} in the candidate tower: no rows"
+                              + (f" before the earliest {w.target}.{w.time_column}" if earliest else ""))
             return
         when = f", counting only rows before the earliest {w.target}.{w.time_column} (no label window's rows)" if earliest else ""
         w.out.append(
