@@ -162,23 +162,58 @@ def rank_with_pairs(query: Tensor, candidate: Tensor, values: Tensor, index: Pai
 
 def _rank_chunk(query: Tensor, candidate: Tensor, values: Tensor, index: PairIndex, rids: np.ndarray,
                 k: int) -> tuple[Tensor, Tensor]:
-    """One chunk of rows: dense top-k without the rows' pairs, merged with the pairs' full scores."""
+    """One chunk of rows: the dense top-k, its pair candidates replaced by the pairs' full scores.
+
+    Every candidate outside the dense top-k comes after its last entry (score, then index), so a
+    row whose merged k-th entry comes no later than that last entry is exact. The other rows (a
+    pair candidate fell out of the dense list and a negative pair value let others catch up) are
+    ranked again with their pairs left out of the dense top-k, which is exact for them too."""
     device = query.device
     rows = query.index_select(0, torch.as_tensor(rids, device=device))
     position, items, stored = (torch.as_tensor(a, device=device) for a in index.entries(rids))
-    dense, dense_items = top_k(rows, candidate, k, exclude=(position, items) if len(position) else None)
+    dense, dense_items = top_k(rows, candidate, k)
     dtype = dense.dtype
     pair_scores = ((rows.index_select(0, position).to(dtype) * candidate.index_select(0, items).to(dtype)).sum(1)
                    + values.reshape(-1).index_select(0, stored).to(dtype))
-    valid = dense_items >= 0
-    row_of = torch.arange(len(rids), device=device)[:, None].expand_as(dense_items)
-    all_rows = torch.cat([row_of[valid], position])
-    all_items = torch.cat([dense_items[valid], items])
-    all_scores = torch.cat([dense[valid], pair_scores])
+    paired = index.lookup(torch.as_tensor(rids, device=device)[:, None].expand_as(dense_items), dense_items) >= 0
+    scores, best = _merge(len(rids), min(k, candidate.shape[0]), (dense, dense_items, ~paired),
+                          (position, items, pair_scores))
+    last_score, last_item = dense[:, -1], dense_items[:, -1]
+    exact = (scores[:, -1] > last_score) | ((scores[:, -1] == last_score) & (best[:, -1] <= last_item)) | ~paired.any(1)
+    redo = (~exact).nonzero().flatten()
+    if len(redo):
+        scores[redo], best[redo] = _ranked_apart(rows[redo], candidate, k, position, items, pair_scores, redo)
+    return scores, best
+
+
+def _ranked_apart(rows: Tensor, candidate: Tensor, k: int, position: Tensor, items: Tensor, pair_scores: Tensor,
+                  chosen: Tensor) -> tuple[Tensor, Tensor]:
+    """Rows `chosen` (positions in the chunk): the dense top-k without their pairs, merged with the pairs."""
+    size = max(int(position.max()) if len(position) else 0, int(chosen.max())) + 1
+    renumber = torch.full((size,), -1, dtype=torch.long, device=rows.device)
+    renumber[chosen] = torch.arange(len(chosen), device=rows.device)
+    mine = renumber[position] >= 0 if len(position) else torch.zeros(0, dtype=torch.bool, device=rows.device)
+    position, items, pair_scores = renumber[position[mine]], items[mine], pair_scores[mine]
+    dense, dense_items = top_k(rows, candidate, k, exclude=(position, items) if len(position) else None)
+    return _merge(len(chosen), min(k, candidate.shape[0]), (dense, dense_items, dense_items >= 0),
+                  (position, items, pair_scores))
+
+
+def _merge(n: int, kept: int, dense: tuple[Tensor, Tensor, Tensor], pairs: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    """The best `kept` per row of the dense entries (scores [n, k], candidates [n, k], kept [n, k] bool)
+    and the pair entries (row, candidate, score), by score descending, then candidate ascending."""
+    scores, items, keep = dense
+    row_of = torch.arange(n, device=scores.device)[:, None].expand_as(items)
+    position, pair_items, pair_scores = pairs
+    all_rows = torch.cat([row_of[keep], position])
+    all_items = torch.cat([items[keep], pair_items])
+    all_scores = torch.cat([scores[keep], pair_scores])
     for key, descending in ((1, False), (2, True), (0, False)):  # by row, then score descending, then item
         order = torch.argsort((all_rows, all_items, all_scores)[key], descending=descending, stable=True)
         all_rows, all_items, all_scores = all_rows[order], all_items[order], all_scores[order]
-    kept = min(k, candidate.shape[0])
-    starts = torch.searchsorted(all_rows, torch.arange(len(rids), device=device))
-    take = (starts[:, None] + torch.arange(kept, device=device)).reshape(-1)
-    return all_scores[take].reshape(len(rids), kept), all_items[take].reshape(len(rids), kept)
+    starts = torch.searchsorted(all_rows, torch.arange(n, device=scores.device))
+    take = (starts[:, None] + torch.arange(kept, device=scores.device)).reshape(-1).clamp(max=max(len(all_rows) - 1, 0))
+    found = torch.arange(kept, device=scores.device)[None, :] < (torch.bincount(all_rows, minlength=n)[:, None])
+    best_scores = torch.where(found, all_scores[take].reshape(n, kept), torch.full((), float("-inf"), dtype=scores.dtype))
+    best_items = torch.where(found, all_items[take].reshape(n, kept), torch.full((), -1, dtype=torch.long))
+    return best_scores, best_items
