@@ -260,7 +260,7 @@ def _print(sf: float, results: list[dict]) -> None:
     print(f"sf={sf:g}: one-time costs (s)")
     for r in results:
         print(f"  {r['side']:<16} {r['one_time_s']:>10.2f}  {r['one_time_detail']}")
-    print(f"  relsql per batch = ground (store read) + plan (make_plan); PyG per batch = next(it); "
+    print(f"  relsql per batch = ground (store read) + plan (replayed per padded shape, or make_plan); PyG per batch = next(it); "
           f"sampler: {results[-1]['sampler']}", flush=True)
 
 
