@@ -124,9 +124,11 @@ def test_recommend_is_the_exact_top_k_of_the_sum(paired):
         assert group.sort("rank")["item_id"].to_list() == naive, task
 
 
-def test_rank_with_pairs_equals_a_full_sort_with_short_rows_and_chunks(monkeypatch):
+@pytest.mark.parametrize("sign", [1.0, -1.0, 0.0])
+def test_rank_with_pairs_equals_a_full_sort_with_short_rows_and_chunks(monkeypatch, sign):
     """Random towers and pairs: rows whose pairs cover most or all candidates, equal scores, and
-    shortlists split into many chunks still give a stable full sort's top-k."""
+    shortlists split into many chunks still give a stable full sort's top-k; pair values of either
+    sign (negative ones make rows fall back to ranking with their pairs left out) or mixed (0)."""
     generator = torch.Generator().manual_seed(0)
     n, m, k = 40, 12, 10
     query = torch.randn(n, 4, generator=generator, dtype=torch.float64).round(decimals=1)
@@ -136,12 +138,18 @@ def test_rank_with_pairs_equals_a_full_sort_with_short_rows_and_chunks(monkeypat
     present[-1] = True  # one row with every candidate paired
     rows, items = present.nonzero(as_tuple=True)
     values = torch.randn(len(rows), generator=generator, dtype=torch.float64).round(decimals=1)
+    values = values.abs() * sign if sign else values
     index = PairIndex(rows.numpy(), items.numpy(), np.arange(len(rows)), n, m)
     full = query @ candidate.T
     full[rows, items] += values
     rids = np.array([39, 0, 5, 17, 17, 30, 2])
     monkeypatch.setattr(pair_module, "SHORTLIST_CHUNK", 7)
+    apart = []
+    ranked_apart = pair_module._ranked_apart
+    monkeypatch.setattr(pair_module, "_ranked_apart", lambda rows, *rest: apart.append(len(rows)) or ranked_apart(rows, *rest))
     got_scores, got_items = rank_with_pairs(query, candidate, values, index, rids, k)
+    if sign:  # positive values never let an outside candidate catch up; here negative ones do
+        assert (sum(apart) > 0) == (sign < 0), apart
     for position, rid in enumerate(rids.tolist()):
         naive = sorted(range(m), key=lambda j: (-float(full[rid, j]), j))[:k]
         assert got_items[position].tolist() == naive
