@@ -902,9 +902,19 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
     keyed by the target table's key, is the query tower (the usual context of the target row, no
     1-unit head) plus, with `history` (default True), the average candidate vector of the R rows
     the target row's entity (its key, or a foreign key it shares with an interaction table)
-    referenced before its time; the candidate relation `candidate_<R>`, keyed by R's key, holds
-    an ID embedding of R's key, R's own columns and, where time allows, a popularity count. The
-    target column's own foreign key is never followed (it is the label).
+    referenced before its time, and an ID embedding of each of the target row's foreign keys; the
+    candidate relation `candidate_<R>`, keyed by R's key, holds an ID embedding of R's key, R's own
+    columns, R's foreign keys as codes and a popularity count (in a temporal template only from
+    rows before the target table's earliest time: the tower is shared by every target row). ID
+    embeddings are scaled by 1/sqrt(dimension). The history averages the candidate relation's own
+    vectors (joined by key) rather than a second embed() of the interaction's key column: one
+    named embedding does share its dictionary across columns, but with min_count it is fixed by
+    the first statement (R's keys, one row each: all rare), and the join also carries R's columns.
+    The target column's own foreign key is never followed (it is the label); history over the
+    target table's own rows (a scalar target such as purchase.item_id) reads other rows' labels
+    and is written commented out. Measured on bench.recommend_data's shop (2000 customers, 1000
+    items, 40,000 purchases, seed 0, test MAP@10; popularity 0.050, the customer's past items
+    0.108): dimension 32 with history 0.104, without 0.065; dimension 16 0.097 and 0.060.
 
     Defaults by measurement (bench.quality --quick, 4 targets x seeds 0 1, with fit()'s GBM
     blend): width 32 against 16 scored within one std on all four (ROC-AUC 0.904 vs 0.898,
