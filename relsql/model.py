@@ -80,7 +80,7 @@ class Model:
                  batch_size: int | None = None, fanout: dict[str, int] | int | None = None,
                  embedding_optimizer: str | None = None, embedding_lr: float = 0.1, allow_target_inputs: bool = False,
                  threads: int | None = None, store: str | Path | bool | None = None,
-                 max_groundings: int | None = None, candidates: str | None = None):
+                 max_groundings: int | None = None, candidates: str | None = None, pairs: str | None = None):
         """`batch_size` (target rows per batch) trains on mini-batches read from a grounding store
         on disk (`store`: a folder to keep and reuse it; default a temporary one; False grounds every
         batch in the database). `fanout` caps the groundings per head (a seeded sample; off by
@@ -91,7 +91,8 @@ class Model:
         (default half the cores). A rule estimated at more than `max_groundings` groundings
         (default 10^8) is refused before it runs. A target that references a table (a foreign key,
         or a list of keys) ranks that table's rows: `candidates` names the template's tower for
-        them (see recommend(), docs/recommendation.md). See docs/training.md."""
+        them, `pairs` a relation keyed by both keys whose 1-wide value adds to a pair's score (see
+        recommend(), docs/recommendation.md). See docs/training.md."""
         if not isinstance(db, Database):
             raise RelsqlError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
         self.db = db
@@ -101,7 +102,7 @@ class Model:
                                          split=split, seed=seed, dtype=dtype, device=device, progress=progress,
                                          batch_size=batch_size, fanout=fanout, embedding_optimizer=embedding_optimizer,
                                          embedding_lr=embedding_lr, allow_target_inputs=allow_target_inputs, store=store,
-                                         max_groundings=max_groundings, candidates=candidates)
+                                         max_groundings=max_groundings, candidates=candidates, pairs=pairs)
 
     @classmethod
     def _around(cls, db: Database, learner) -> Model:

@@ -25,7 +25,8 @@ def learner(db: Database, template: ir.Template | str | Path, target: str, *, ou
             time_column: str | None, split: tuple[float, float, float], seed: int, dtype: torch.dtype,
             device: str | torch.device, progress: bool | None, batch_size: int | None, fanout: dict | int | None,
             embedding_optimizer: str | None, embedding_lr: float, allow_target_inputs: bool, store: str | Path | bool | None,
-            max_groundings: int | None, candidates: str | None = None, loading: ModelState | None = None) -> Learner:
+            max_groundings: int | None, candidates: str | None = None, loading: ModelState | None = None,
+            pairs: str | None = None) -> Learner:
     """The checked arguments, the leakage check, then the build (grounding, planning, labels)."""
     if not isinstance(template, ir.Template | str | Path):
         raise RelsqlError(f"template must be a relsql.Template or the path of a template file, got {type(template).__name__}")
@@ -44,15 +45,17 @@ def learner(db: Database, template: ir.Template | str | Path, target: str, *, ou
     settings.embedding_lr = arguments.number("embedding_lr", embedding_lr, positive=True)
     settings.max_groundings = groundings_limit(max_groundings)
     arguments.choice("task", task, (None, "binary", "multiclass", "regression", "ranking"))
+    pairs = arguments.text("pairs", pairs, optional=True)
     reference = None
     if task in (None, "ranking") and (loading is None or loading.task.kind == "ranking"):
         reference = referenced(db, table, column, infer=task == "ranking")
     if reference is not None:
-        goal = ranking_target(template, table, column, output, reference, candidates, time_column, fractions, seed, loading)
-    elif task == "ranking" or candidates is not None:
+        goal = ranking_target(template, table, column, output, reference, candidates, time_column, fractions, seed, loading,
+                              pairs=pairs)
+    elif task == "ranking" or candidates is not None or pairs is not None:
         raise SchemaError(f"target {table}.{column} references no table, so it cannot be ranked: a ranking target is a "
                           "foreign key (declared, or given to relsql.connect(keys=...)) or a list named after a table's "
-                          "one-column primary key; drop task='ranking' and candidates= for a label column")
+                          "one-column primary key; drop task='ranking', candidates= and pairs= for a label column")
     else:
         goal = Target(table, column, output, template.relations[output].keys, time_column, fractions, seed)
     if not allow_target_inputs:

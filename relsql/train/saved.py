@@ -162,7 +162,7 @@ def ranking_fields(task) -> dict:
     if task.kind != "ranking":
         return {}
     return {"k": int(task.k), "loss": task.loss, "negatives": task.negatives, "count": int(task.count),
-            "candidates": task.candidates}
+            "candidates": task.candidates, "pairs": task.pairs}
 
 
 def saved_task(task: dict, classes: list, template: ir.Template, where: str) -> Task | RankingTask:
@@ -175,10 +175,14 @@ def saved_task(task: dict, classes: list, template: ir.Template, where: str) -> 
         candidates = get("candidates", str)
         if candidates not in template.relations:
             raise RelsqlError(f"{where} is damaged: its candidate relation `{candidates}` is not in its template")
+        pairs = task.get("pairs", "")  # files written before pair relations have none
+        if not isinstance(pairs, str) or (pairs and pairs not in template.relations):
+            raise RelsqlError(f"{where} is damaged: its pair relation {pairs!r} is not in its template")
         return RankingTask(k=arguments.integer(f"{where}: k", get("k", int)),
                            loss=arguments.choice(f"{where}: loss", get("loss", str), RANKING_LOSSES),
                            negatives=arguments.choice(f"{where}: negatives", get("negatives", str), NEGATIVES),
-                           count=arguments.integer(f"{where}: count", get("count", int)), candidates=candidates)
+                           count=arguments.integer(f"{where}: count", get("count", int)), candidates=candidates,
+                           pairs=pairs)
     return Task(kind, classes, arguments.number(f"{where}: task mean", get("mean", (int, float))),
                 arguments.number(f"{where}: task std", get("std", (int, float)), positive=True))
 
