@@ -401,7 +401,9 @@ def search(model, budget: float | str = "10m", trials: int | None = None, *, aut
     allowed = generate_options() if base_options is not None else set()
     state = Search(model, seconds, limit, epochs, patience, fit_options, set(TEMPLATE_SPACE) & allowed)
     rng = np.random.default_rng([seed, 29])
-    own_fit = {"lr": float(accepted["lr"].default), "weight_decay": float(accepted["weight_decay"].default)}
+    from relsql.model import LR, RANKING_LR
+
+    own_fit = {"lr": RANKING_LR if model.task.kind == "ranking" else LR, "weight_decay": float(accepted["weight_decay"].default)}
     log.info("search: up to %s trials in %.0fs, %s", limit or "any number of", seconds,
              f"template options {sorted(set(TEMPLATE_SPACE) & allowed)} and fit settings" if allowed else "fit settings only")
     number = 0
