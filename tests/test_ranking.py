@@ -200,6 +200,7 @@ def test_fit_draws_are_seeded(tmp_path):
         model.fit(epochs=4, time_budget=None)
         runs.append([h["train_loss"] for h in model.history])
     assert runs[0] == runs[1]
+    assert model.history[0]["lr"] == pytest.approx(0.03)  # a ranking target's default rate
 
 
 def test_a_scalar_foreign_key_target_ranks(tmp_path):
