@@ -269,3 +269,12 @@ def test_avg_over_a_bare_embedding_relation_equals_a_naive_mean():
     for t in range(10):
         expected = np.mean([item[p % 40] for p in range(200) if p % 7 == t % 7], axis=0)
         np.testing.assert_allclose(task[t], expected, atol=1e-12)
+
+
+def test_automatic_templates_leave_list_task_tables_out(tmp_path):
+    """A LIST_DISTINCT task table holds the items of windows after its snapshots: another target's
+    automatic template must not read it as data."""
+    db = shop(tmp_path / "s.duckdb", customers=20, items=10)
+    relsql.PredictiveQuery.parse("LIST_DISTINCT(purchase.item_id) OVER 30 DAYS FOR customer AT EVERY 30 DAYS").write(db, "future")
+    text = relsql.Template.auto(db, target="customer.age").source
+    assert '"future"' not in text and " future " not in text

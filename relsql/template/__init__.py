@@ -44,7 +44,9 @@ class Template(ir.Template):
         column}), timeless ("exclude" | "include" child tables whose time is unknown), keys (a
         keys file, its text or tuples, see relsql/keyfile.py), infer_keys (True), layer ("sage",
         today's terms; "rgcn", a mean per key and direction; "gat", attention over child rows;
-        "hgt", typed attention).
+        "hgt", typed attention). For a ranking target (a foreign key or a list of keys, see
+        relsql/references.py): dimension (32), the towers' width, and history (True), the
+        average candidate vector of the entity's earlier interactions (docs/recommendation.md).
         See relsql/template/auto.py.
         """
         from relsql.template.auto import generate  # the database layer, loaded only here (Spark's workers read IR)

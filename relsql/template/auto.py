@@ -56,7 +56,7 @@ from relsql.catalog import ForeignKey, Table
 from relsql.db import Database
 from relsql.errors import SchemaError
 from relsql.keys import Schema, schema
-from relsql.predictive.terms import TASK_COLUMNS
+from relsql.predictive.terms import is_task_table
 from relsql.references import Reference, referenced
 from relsql.targets import output_units
 from relsql.template import ir
@@ -855,7 +855,7 @@ def _other_task_tables(keys: Schema, target_table: str) -> list[str]:
     """Task tables written by relsql.PredictiveQuery, other than the target's, taken out of the
     schema: their `label` counts events after their snapshot, which may be after ours."""
     tasks = [name for name, info in keys.tables.items()
-             if name != target_table and set(TASK_COLUMNS) <= {c.name for c in info.columns}]
+             if name != target_table and is_task_table(info.columns)]
     for name in tasks:
         del keys.tables[name]
         keys.primary_keys.pop(name, None)

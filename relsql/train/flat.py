@@ -203,7 +203,7 @@ def _value(column: Column, table: str) -> exp.Expression:
 def plan(db: Database, table: str, column: str, time_column: str | None = None, keys=None) -> Flat:
     """The one-hop features of target `table.column` (see the module docstring)."""
     from relsql.keys import schema
-    from relsql.predictive.terms import TASK_COLUMNS
+    from relsql.predictive.terms import TASK_COLUMNS, is_task_table
     from relsql.template.auto import _times
     from relsql.train.leakage import copies_of
 
@@ -211,7 +211,7 @@ def plan(db: Database, table: str, column: str, time_column: str | None = None, 
     if table not in catalog.tables:
         raise RelsqlError(f"one-hop features: table `{table}` does not exist; tables: {', '.join(catalog.names)}")
     found = schema(db, catalog, **({"given": keys} if keys is not None else {}))
-    tasks = {n for n, info in found.tables.items() if n != table and set(TASK_COLUMNS) <= {c.name for c in info.columns}}
+    tasks = {n for n, info in found.tables.items() if n != table and is_task_table(info.columns)}
     keyed = key_columns(found)
     primary = list(found.primary_keys.get(table) or ())
     if not primary:
