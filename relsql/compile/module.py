@@ -1,4 +1,5 @@
-"""Executes a plan as a torch.nn.Module: parameters, index buffers, one kernel call per op."""
+"""Executes a plan as a torch.nn.Module: parameters, index buffers, one kernel call per op, or
+a small plan as one generated function with one autograd node (relsql/compile/fused.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import polars as pl
 import torch
 from torch import nn
 
+from relsql.compile import fused
 from relsql.compile.explain import explain
 from relsql.compile.ops import Kernel, is_random, kernel
 from relsql.compile.plan import Plan
@@ -50,7 +52,12 @@ def _program(plan: Plan, training: Callable[[], bool]) -> list[tuple[int, Kernel
 
 class CompiledNet(nn.Module):
     """A grounded template: `net()` returns {relation: values in row-id order}. It starts in eval
-    mode (dropout is the identity); a training loop calls `train()` around its steps."""
+    mode (dropout is the identity); a training loop calls `train()` around its steps.
+
+    `execution` says how `net()` runs the plan: "auto" (the default) fuses a small plan whose ops
+    all have a fused rule into one generated function with one autograd node and runs others op
+    by op; "ops" always runs op by op; "fused" fuses whatever size the values (where every op
+    has a rule). `fused_reason` says why the last call did not fuse (None when it did)."""
 
     def __init__(self, plan: Plan, grounding: Grounding, dtype: torch.dtype = torch.float32,
                  seed: int | None = None):
@@ -62,6 +69,10 @@ class CompiledNet(nn.Module):
         self._param_keys: dict[str, str] = {}
         self._typed: set[str] = set()  # typed linears' weights: one matrix per value of a type column
         self._program: list | None = None  # the plan's bound kernels, made on the first call
+        self.execution = "auto"
+        self.fused_reason: str | None = None
+        self._fused: dict[tuple, fused.Fused | str] = {}  # (plan, weights needing gradients) -> code or why not
+        self._shapes: tuple | None = None  # (plan, its slots' shapes), recorded on the first fused try
         self.weights = nn.ParameterDict()
         self.add_weights(plan)
         self._inputs: dict[int, str] = {}
@@ -76,7 +87,7 @@ class CompiledNet(nn.Module):
         return self.training
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_program": None}  # kernels are closures; rebuilt on the next call
+        return {**self.__dict__, "_program": None, "_fused": {}}  # closures and generated code: rebuilt on the next call
 
     def add_weights(self, plan: Plan) -> list[nn.Parameter]:
         """Create the weights of `plan` this module does not have yet; returns the new ones.
@@ -154,7 +165,39 @@ class CompiledNet(nn.Module):
     def forward(self) -> dict[str, torch.Tensor]:
         if self._program is None:
             self._program = _program(self.plan, self._training)
-        return self._execute(self.plan, self._program, {s: self._buffers[k] for s, k in self._inputs.items()})
+        slots = {s: self._buffers[k] for s, k in self._inputs.items()}
+        if self.execution != "ops":
+            code = self._fused_code(slots)
+            if isinstance(code, fused.Fused):
+                self.fused_reason = None
+                weights, keys = self.weights._parameters, self._param_keys
+                return fused.run(code, [weights[keys[n]] for n in code.names], [slots[s] for s in code.inputs])
+            self.fused_reason = code
+        return self._execute(self.plan, self._program, slots)
+
+    def _fused_code(self, slots: dict[int, torch.Tensor]) -> fused.Fused | str:
+        """This plan's generated code for the weights that now need gradients (made once per
+        such set), or why the plan runs op by op."""
+        weights, keys = self.weights._parameters, self._param_keys
+        trainable = frozenset(n for n, k in keys.items() if weights[k].requires_grad)
+        key = (id(self.plan), self.execution, trainable)
+        if key not in self._fused:
+            self._fused[key] = self._generate(slots, trainable)
+        return self._fused[key]
+
+    def _generate(self, slots: dict[int, torch.Tensor], trainable: frozenset[str]) -> fused.Fused | str:
+        if any(spec.external for spec in self.plan.params.values()):
+            return "weights supplied per call"
+        if self._shapes is None or self._shapes[0] is not self.plan:
+            weights, keys = self.weights._parameters, self._param_keys
+            self._shapes = (self.plan, fused.record_shapes(self._program, dict(slots), lambda n: weights[keys[n]]))
+        shapes = self._shapes[1]
+        if self.execution == "auto" and fused.largest(shapes) > fused.SMALL_ELEMENTS:
+            return f"a value of {fused.largest(shapes)} elements (fused up to {fused.SMALL_ELEMENTS})"
+        try:
+            return fused.generate(self.plan, shapes, set(trainable))
+        except fused.NotFusable as why:
+            return str(why)
 
     def run(self, plan: Plan, external: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """Execute another plan of the same template (a mini-batch's) with this module's weights.

@@ -1,0 +1,417 @@
+"""A small plan run as one generated straight-line function with one autograd node.
+
+On tiny tensors (NeuraLogic's XOR, Family, Trains: a few rows of one value each) an op's cost is
+not its arithmetic but torch's fixed price per call: the interpreter loop, the kernel's shape
+branches, one autograd node recorded per torch call (reshapes included) and walked again by the
+backward engine. Here the plan becomes Python source: the forward is one function of the
+weights and inputs run under no_grad with each op's shape case decided once, at generation
+(a width-1 average is no op at all), and the backward is a second generated function of
+hand-written vector-Jacobian products (torch's own backward kernels where aten has one:
+tanh_backward, sigmoid_backward, threshold_backward). One torch.autograd.Function joins them,
+so autograd records one node for the whole plan.
+
+Only ops whose VJP is written here are fused; a plan with any other op (or a random one:
+dropout) keeps the interpreter (`fusable` says why not). Values are those of the same torch
+kernels; gradients equal autograd's to rounding (tests/test_small_plans.py, float64 1e-12).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from relsql.compile import sparse
+from relsql.compile.ops import is_random
+from relsql.compile.plan import Op, Plan
+
+SMALL_ELEMENTS = 1 << 15  # the largest value a fused plan holds: above it the ops' arithmetic, not their call, costs
+_ACT_BACKWARD = {  # activation -> VJP from (grad, output y, input x)
+    "identity": None,
+    "tanh": "_tanh_backward({g}, {y})",  # aten's kernels: autograd's own formulas
+    "sigmoid": "_sigmoid_backward({g}, {y})",
+    "relu": "_threshold_backward({g}, {y}, 0)",
+    "exp": "{g} * {y}",
+}
+_ACT_FORWARD = {"identity": "{x}", "tanh": "torch.tanh({x})", "sigmoid": "torch.sigmoid({x})",
+                "relu": "torch.relu({x})", "exp": "torch.exp({x})"}
+
+
+class NotFusable(Exception):
+    """An op this module has no VJP for (the plan then runs op by op)."""
+
+
+@dataclass
+class _Rule:
+    """One op's generated code: `forward` lines writing v<out>; `back` maps an argument's
+    position to an expression of its gradient contribution (in g, the output's gradient)."""
+
+    forward: list[str]
+    back: dict[int, str] = field(default_factory=dict)
+    alias: bool = False  # v<out> is v<arg0> itself: its gradient is passed on unchanged
+    column: int | None = None  # a (1,) weight times this (n, 1) value slot: its gradient, sum(g * x),
+    # is taken for all such weights of n rows at once (one cat, product and sum, not two calls each)
+
+
+def _v(slot: int) -> str:
+    return f"v{slot}"
+
+
+def _shape(shapes: dict[int, tuple], slot: int) -> tuple:
+    return shapes[slot][0]
+
+
+def _linear(op: Op, shapes: dict) -> _Rule:
+    """kernels.apply_weight's cases, each as the one torch call it makes."""
+    w, x = op.args
+    ws, xs = _shape(shapes, w), _shape(shapes, x)
+    out, vw, vx = _v(op.out), _v(w), _v(x)
+    if len(xs) != 2:
+        raise NotFusable("linear of a matrix-valued atom")
+    if len(ws) == 0 or ws == (1,):  # a scalar weight scales the value (broadcast: no reshaped view)
+        column = ws == (1,) and xs[1] == 1
+        grad_w = f"({{g}} * {vx}).sum(0)" if column else f"({{g}} * {vx}).sum().reshape({ws})"
+        return _Rule([f"{out} = {vx} * {vw}"], {0: grad_w, 1: f"{{g}} * {vw}"}, column=x if column else None)
+    if len(ws) == 1 and xs[1] == 1:  # (m,) weight times a scalar value
+        return _Rule([f"{out} = {vx} * {vw}.unsqueeze(0)"],
+                     {0: f"({{g}} * {vx}).sum(0)", 1: f"({{g}} * {vw}.unsqueeze(0)).sum(1, keepdim=True)"})
+    if len(ws) == 1 and xs[1] == ws[0]:  # elementwise
+        return _Rule([f"{out} = {vx} * {vw}.reshape(1, {ws[0]})"],
+                     {0: f"({{g}} * {vx}).sum(0)", 1: f"{{g}} * {vw}.reshape(1, {ws[0]})"})
+    if len(ws) == 2 and xs[1] == ws[1]:
+        return _Rule([f"{out} = torch.nn.functional.linear({vx}, {vw})"],
+                     {0: f"{{g}}.t().mm({vx})", 1: f"{{g}}.mm({vw})"})
+    raise NotFusable(f"linear of a {ws} weight on {xs} values")
+
+
+def _act(op: Op, shapes: dict) -> _Rule:
+    name = op.attrs["name"]
+    if name not in _ACT_FORWARD or op.attrs.get("heads", 1) != 1:
+        raise NotFusable(f"activation {name}")
+    x, out = _v(op.args[0]), _v(op.out)
+    if name == "identity":
+        return _Rule([f"{out} = {x}"], alias=True)
+    back = _ACT_BACKWARD[name].format(g="{g}", y=out)
+    return _Rule([f"{out} = " + _ACT_FORWARD[name].format(x=x)], {0: back})
+
+
+def _dense_reduce(op: Op, shapes: dict) -> _Rule:
+    kind, width = op.attrs["kind"], op.attrs["width"]
+    x, out = op.args[0], _v(op.out)
+    xs = _shape(shapes, x)
+    if kind not in ("sum", "avg"):
+        raise NotFusable(f"dense {kind}")
+    if width == 1:  # a sum or mean of one element is that element, exactly
+        return _Rule([f"{out} = {_v(x)}"], alias=True)
+    grouped = (xs[0] // width, width, *xs[1:])
+    reduce = "sum" if kind == "sum" else "mean"
+    back = f"{{g}}.unsqueeze(1).expand({grouped}).reshape({xs})"
+    return _Rule([f"{out} = {_v(x)}.reshape({grouped}).{reduce}(dim=1)"],
+                 {0: back if kind == "sum" else f"({back} / {width})"})
+
+
+def _sum_like(op: Op, shapes: dict, kind: str) -> _Rule:
+    """combine sum/avg and sum: a chain of adds of equally shaped values."""
+    if kind not in ("sum", "avg") or len({_shape(shapes, a) for a in op.args}) != 1:
+        raise NotFusable(f"combine {kind} of values of different shapes")
+    out = _v(op.out)
+    lines = [f"{out} = {_v(op.args[0])}"] + [f"{out} = {out} + {_v(a)}" for a in op.args[1:]]
+    if len(op.args) == 1:
+        return _Rule(lines, alias=True) if kind == "sum" else _Rule(lines + [f"{out} = {out} / 1"], {0: "{g}"})
+    if kind == "avg":
+        lines.append(f"{out} = {out} / {len(op.args)}")
+    grad = "{g}" if kind == "sum" else f"({{g}} / {len(op.args)})"
+    return _Rule(lines, dict.fromkeys(range(len(op.args)), grad))
+
+
+def _gather(op: Op, shapes: dict) -> _Rule:
+    x, rows = op.args
+    xs = _shape(shapes, x)
+    return _Rule([f"{_v(op.out)} = _gather({_v(x)}, {_v(rows)})"],
+                 {0: f"{{g}}.new_zeros({xs}).index_add_(0, {_v(rows)}, {{g}})"})
+
+
+def _scatter(op: Op, shapes: dict) -> _Rule:
+    x, heads = op.args
+    xs = _shape(shapes, x)
+    return _Rule([f"{_v(op.out)} = {_v(x)}.new_zeros(({op.attrs['rows']}, *{xs[1:]})).index_add_(0, {_v(heads)}, {_v(x)})"],
+                 {0: f"{{g}}.index_select(0, {_v(heads)})"})
+
+
+def _cat(op: Op, shapes: dict) -> _Rule:
+    back, start = {}, 0
+    for i, a in enumerate(op.args):
+        rows = _shape(shapes, a)[0]
+        back[i] = f"{{g}}.narrow(0, {start}, {rows})"
+        start += rows
+    return _Rule([f"{_v(op.out)} = torch.cat(({', '.join(_v(a) for a in op.args)},))"], back)
+
+
+def _spmm(op: Op, shapes: dict) -> _Rule:
+    """add + A @ x for a constant A (a CSR matrix with its stored transpose, or a dense one)."""
+    add = op.kind == "addspmm"
+    args = op.args[1:] if add else op.args
+    matrix, dense = args[0], args[-1]
+    transposed = args[1] if len(args) == 3 else None
+    layout, ds = shapes[matrix][1], _shape(shapes, dense)
+    if len(ds) != 2:
+        raise NotFusable("sparse product of matrix-valued rows")
+    call = f"_matmul({_v(matrix)}, {_v(dense)}, {'None' if transposed is None else _v(transposed)}, " \
+           f"{_v(op.args[0]) if add else 'None'})"
+    if layout != torch.strided and transposed is None:
+        raise NotFusable("CSR product without its stored transpose")
+    through = f"_product({_v(transposed)}, {{g}}.contiguous(), None)" if layout != torch.strided \
+        else f"{_v(matrix)}.t().mm({{g}})"
+    back = {len(op.args) - 1: through}
+    if add:
+        back[0] = f"{{g}}.sum_to_size({_shape(shapes, op.args[0])})"
+    return _Rule([f"{_v(op.out)} = {call}"], back)
+
+
+def _affine(op: Op, shapes: dict) -> _Rule:
+    c, x, w = op.args
+    if len(_shape(shapes, x)) != 2 or len(_shape(shapes, w)) != 2:
+        raise NotFusable("affine of matrix-valued atoms")
+    return _Rule([f"{_v(op.out)} = torch.addmm({_v(c)}, {_v(x)}, {_v(w)}.t())"],
+                 {0: f"{{g}}.sum_to_size({_shape(shapes, c)})", 1: f"{{g}}.mm({_v(w)})", 2: f"{{g}}.t().mm({_v(x)})"})
+
+
+def _narrow(op: Op, shapes: dict, dim: int, start: int, length: int) -> _Rule:
+    xs = _shape(shapes, op.args[0])
+    return _Rule([f"{_v(op.out)} = {_v(op.args[0])}.narrow({dim}, {start}, {length})"],
+                 {0: f"_widen({{g}}, {xs}, {dim}, {start})"})
+
+
+RULES: dict[str, Callable[[Op, dict], _Rule]] = {
+    "linear": _linear,
+    "act": _act,
+    "dense_reduce": _dense_reduce,
+    "combine": lambda op, shapes: _sum_like(op, shapes, op.attrs["kind"]),
+    "sum": lambda op, shapes: _sum_like(op, shapes, "sum"),
+    "gather": _gather,
+    "scatter": _scatter,
+    "cat": _cat,
+    "spmm": _spmm,
+    "addspmm": _spmm,
+    "affine": _affine,
+    "slice": lambda op, shapes: _narrow(op, shapes, 0, op.attrs["start"], op.attrs["rows"]),
+    "columns": lambda op, shapes: _narrow(op, shapes, 1, op.attrs["start"], op.attrs["width"]),
+}
+
+
+def _widen(g: torch.Tensor, shape: tuple, dim: int, start: int) -> torch.Tensor:
+    """The gradient of a narrow: g in its place, zeros elsewhere."""
+    full = g.new_zeros(shape)
+    full.narrow(dim, start, g.shape[dim]).copy_(g)
+    return full
+
+
+def _gather_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """ops._gather's rows of x (the same index kernel, a (n, 1) column read as a vector)."""
+    if x.dim() == 2 and x.shape[1] == 1:
+        return x.reshape(-1).index_select(0, rows).reshape(-1, 1)
+    return x.index_select(0, rows)
+
+
+def _aten(overload) -> Callable:
+    """The op's C++ binding where torch exposes it (0.3 us a call less than the overload's __call__)."""
+    return getattr(overload, "_op", overload)
+
+
+_GLOBALS = {"torch": torch, "_tanh_backward": _aten(torch.ops.aten.tanh_backward.default),
+            "_sigmoid_backward": _aten(torch.ops.aten.sigmoid_backward.default),
+            "_threshold_backward": _aten(torch.ops.aten.threshold_backward.default), "_gather": _gather_rows, "_matmul": sparse.matmul, "_product": sparse._product,
+            "_widen": _widen}
+
+
+@dataclass
+class Fused:
+    """The generated pair for one plan and one set of weights needing gradients."""
+
+    names: list[str]  # the weights, in the order the functions take them
+    inputs: list[int]  # the plan's input slots, in order after the weights
+    outputs: list[str]  # relation names, in the order the forward returns them
+    forward: Callable
+    backward: Callable
+    source: str
+
+
+def _rules(plan: Plan, shapes: dict) -> dict[int, _Rule]:
+    rules = {}
+    for op in plan.ops:
+        if op.kind == "param":
+            continue
+        if is_random(op.kind) or op.kind not in RULES:
+            raise NotFusable(f"op {op.kind}")
+        rules[op.out] = RULES[op.kind](op, shapes)
+    return rules
+
+
+def _needing(plan: Plan, trainable: set[str]) -> set[int]:
+    """Slots whose value depends on a weight that needs a gradient."""
+    need = set()
+    for op in plan.ops:
+        if op.kind == "param":
+            if op.attrs["name"] in trainable:
+                need.add(op.out)
+        elif any(a in need for a in op.args):
+            need.add(op.out)
+    return need
+
+
+def generate(plan: Plan, shapes: dict[int, tuple], trainable: set[str]) -> Fused:
+    """Source for the forward (weights, inputs -> outputs, saved values) and the backward (saved
+    values, output gradients -> weight gradients); NotFusable if an op has no rule here."""
+    rules = _rules(plan, shapes)
+    params = [op for op in plan.ops if op.kind == "param"]
+    names = list(dict.fromkeys(op.attrs["name"] for op in params))
+    inputs = sorted(plan.inputs)
+    need = _needing(plan, trainable)
+    forward = [f"def forward({', '.join([f'w{i}' for i in range(len(names))] + [_v(s) for s in inputs])}):"]
+    for op in plan.ops:
+        if op.kind == "param":
+            forward.append(f"    {_v(op.out)} = w{names.index(op.attrs['name'])}")
+        else:
+            forward += ["    " + line for line in rules[op.out].forward]
+    backward, grads, reads = [], set(), set()
+    columns: dict[int, list[tuple[int, str, int]]] = {}  # rows -> (weight slot, gradient, value slot)
+    out_slots = list(dict.fromkeys(plan.outputs.values()))
+    for op in reversed(plan.ops):
+        if op.kind == "param" or op.out not in need:
+            continue
+        if op.out in out_slots:  # its gradient from the loss, plus what later ops sent back
+            term = f"d{out_slots.index(op.out)}"
+            backward.append(f"    g{op.out} = g{op.out} + {term}" if op.out in grads else f"    g{op.out} = {term}")
+            grads.add(op.out)
+        if op.out not in grads:
+            continue
+        rule = rules[op.out]
+        for position, arg in enumerate(op.args):
+            if arg not in need:
+                continue
+            if position == 0 and rule.column is not None:
+                columns.setdefault(shapes[rule.column][0][0], []).append((arg, f"g{op.out}", rule.column))
+                reads.add(rule.column)
+                continue
+            if rule.alias:
+                expr = f"g{op.out}"
+            else:
+                expr = rule.back[position].format(g=f"g{op.out}")
+                reads.update(int(t[1:]) for t in _names(expr) if t[0] == "v")
+            backward.append(f"    g{arg} = g{arg} + {expr}" if arg in grads else f"    g{arg} = {expr}")
+            grads.add(arg)
+    backward += _column_sums(columns, grads)
+    for op in params:  # a weight read by an output directly: its gradient is the loss's
+        if op.out in out_slots and op.out in need:
+            term = f"d{out_slots.index(op.out)}"
+            backward.append(f"    g{op.out} = g{op.out} + {term}" if op.out in grads else f"    g{op.out} = {term}")
+            grads.add(op.out)
+    root = _roots(plan, rules)
+    outputs_at = {root(s) for s in out_slots}
+    held = [s for s in sorted(reads) if root(s) in plan.param_slots or root(s) in outputs_at]
+    kept = [s for s in sorted(reads) if s not in held]
+    forward.append(f"    return ({''.join(_v(s) + ', ' for s in out_slots)}), ({''.join(_v(s) + ', ' for s in held)}), "
+                   f"({''.join(_v(s) + ', ' for s in kept)})")
+    slot_of = {}
+    for op in params:
+        slot_of.setdefault(op.attrs["name"], []).append(op.out)
+    result = ["None" if not any(s in grads for s in slot_of[n]) else
+              " + ".join(f"g{s}" for s in slot_of[n] if s in grads) for n in names]
+    head = f"def backward(held, kept, grads):\n    ({''.join(_v(s) + ', ' for s in held)}) = held\n" \
+           f"    ({''.join(_v(s) + ', ' for s in kept)}) = kept\n" \
+           f"    ({''.join(f'd{i}, ' for i in range(len(out_slots)))}) = grads\n"
+    source = "\n".join(forward) + "\n\n" + head + "\n".join(backward) + f"\n    return ({''.join(r + ', ' for r in result)})\n"
+    scope = dict(_GLOBALS)
+    exec(compile(source, "<relsql fused plan>", "exec"), scope)  # our own generated source, never user text
+    by_slot = {s: i for i, s in enumerate(out_slots)}
+    return Fused(names, inputs, [(name, by_slot[s]) for name, s in plan.outputs.items()],
+                 scope["forward"], scope["backward"], source)
+
+
+def _roots(plan: Plan, rules: dict[int, _Rule]) -> Callable[[int], int]:
+    """Each slot's origin through aliases (a width-1 mean is its input itself)."""
+    origin: dict[int, int] = {}
+    for op in plan.ops:
+        if op.kind != "param" and rules[op.out].alias:
+            origin[op.out] = origin.get(op.args[0], op.args[0])
+    return lambda slot: origin.get(slot, slot)
+
+
+def _column_sums(columns: dict[int, list[tuple[int, str, int]]], grads: set[int]) -> list[str]:
+    """Lines adding sum(g * x) to each (1,) weight's gradient: one product per row count, its
+    columns split by weight (a weight read by several products sums its columns)."""
+    lines = []
+    for group in columns.values():
+        group = sorted(group)
+        slots = list(dict.fromkeys(slot for slot, _, _ in group))
+        counts = [sum(1 for s, _, _ in group if s == slot) for slot in slots]
+        if len(group) == 1:
+            parts = [f"({group[0][1]} * {_v(group[0][2])}).sum(0)"]
+        else:
+            lines.append(f"    _s = (torch.cat(({', '.join(g for _, g, _ in group)},), 1) * "
+                         f"torch.cat(({', '.join(_v(x) for _, _, x in group)},), 1)).sum(0)"
+                         + (".split(1)" if len(slots) == len(group) else f".split({counts})"))
+            parts = [f"_s[{i}]" if n == 1 else f"_s[{i}].sum(0, keepdim=True)" for i, n in enumerate(counts)]
+        for slot, expr in zip(slots, parts):
+            lines.append(f"    g{slot} = g{slot} + {expr}" if slot in grads else f"    g{slot} = {expr}")
+            grads.add(slot)
+    return lines
+
+
+def _names(expr: str) -> list[str]:
+    import re
+
+    return re.findall(r"\bv\d+\b", expr)
+
+
+class _Plan(torch.autograd.Function):
+    """The whole plan as one autograd node: forward and backward are the generated functions.
+    The plan's inputs come as one list (constants: autograd need not look at each); values the
+    backward reads are saved for it (weights and outputs, with autograd's in-place checks) or
+    kept on ctx (intermediates made under no_grad, which nothing else can reach)."""
+
+    @staticmethod
+    def forward(ctx, fused: Fused, inputs: list[torch.Tensor], *weights: torch.Tensor):
+        outputs, held, kept = fused.forward(*weights, *inputs)
+        outputs = tuple(o.clone() if o._base is not None or any(o is t for t in (*weights, *inputs)) else o
+                        for o in outputs)
+        ctx.fused, ctx.kept = fused, kept
+        ctx.save_for_backward(*held)
+        return outputs
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor):
+        return (None, None, *ctx.fused.backward(ctx.saved_tensors, ctx.kept, grads))
+
+
+def largest(shapes: dict[int, tuple]) -> int:
+    """The most elements any value of the plan holds (a sparse matrix counts its stored entries)."""
+    return max((n for _, _, n in shapes.values()), default=0)
+
+
+def record_shapes(program: list, slots: dict[int, torch.Tensor], weight: Callable[[str], torch.Tensor]) -> dict[int, tuple]:
+    """Run the interpreter's program once without gradients and note each slot's (row shape,
+    layout, elements): the generated code is specialized to them."""
+    found = {s: _describe(t) for s, t in slots.items()}
+    with torch.no_grad():
+        for out, run, args in program:
+            slots[out] = weight(args[0]) if run is None else run(*[slots[a] for a in args])
+            found[out] = _describe(slots[out])
+    return found
+
+
+def _describe(t: torch.Tensor) -> tuple:
+    if t.layout == torch.strided:
+        return tuple(t.shape), t.layout, t.numel()
+    return tuple(t.shape), t.layout, int(t._nnz())
+
+
+def run(fused: Fused, weights: list[torch.Tensor], inputs: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The plan's outputs by relation, through the one autograd node (or plainly without grad)."""
+    if torch.is_grad_enabled() and any(w.requires_grad for w in weights):
+        values = _Plan.apply(fused, inputs, *weights)
+    else:
+        with torch.no_grad():
+            values = fused.forward(*weights, *inputs)[0]
+    return {name: values[i] for name, i in fused.outputs}
