@@ -127,7 +127,7 @@ class RankingLearner(Learner):
         scores = query @ candidate.index_select(0, drawn).T
         if pair is not None:
             scores = scores + self.pair_index.matrix(pair, rows, drawn)
-        scores = scores.masked_fill(drawn[None, :] == items[:, None], -1e4)  # a drawn positive is no negative
+        scores = scores.masked_fill_(drawn[None, :] == items[:, None], -1e4)  # a drawn positive is no negative
         loss = losses.ranking_loss(task.loss, positive, scores, log_q=log_q if task.loss == "softmax" else None)
         if self.hard is not None:
             extra = hard.hard_loss(self, np.asarray(positions, dtype=np.int64), full_query, candidate, added,

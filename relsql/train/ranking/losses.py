@@ -37,8 +37,7 @@ def ranking_loss(kind: str, positive: Tensor, negative: Tensor, *, log_q: Tensor
         return F.softplus(negative - positive[:, None]).mean()
     if log_q is not None:
         negative = negative - _log_q_per_negative(log_q, negative)
-    logits = torch.cat([positive[:, None], negative], dim=1)
-    return (torch.logsumexp(logits, dim=1) - positive).mean()
+    return (torch.logaddexp(positive, torch.logsumexp(negative, dim=1)) - positive).mean()  # no [b, 1 + s] copy
 
 
 def in_batch_softmax(query: Tensor, item: Tensor) -> Tensor:
