@@ -113,7 +113,8 @@ def test_the_default_configuration_is_the_first_trial(shop):
     searching.search(model, budget="10m", trials=2, epochs=9)
     first, fit = model.trials.row(0, named=True), inspect.signature(relsql.Model.fit).parameters
     assert (first["config"], first["width"], first["hops"]) == (0, 8, 1)
-    assert (first["lr"], first["weight_decay"]) == (fit["lr"].default, fit["weight_decay"].default)
+    assert fit["lr"].default is None  # None: 0.01 for a label target (relsql.model.LR), 0.03 for a ranking one
+    assert (first["lr"], first["weight_decay"]) == (relsql.model.LR, fit["weight_decay"].default) == (0.01, 0.0)
 
 
 def test_a_tiny_budget_bounds_the_trials(shop):

@@ -51,6 +51,10 @@ class Settings:
 class Learner:
     """Net, head and target; outputs, weights, and the record of training (history, best epoch)."""
 
+    # a batch_size cuts the training rows into steps that each run the whole net (ranking: both
+    # towers whole, the loss on some rows' positives), rather than mini-batches from the store
+    whole_net_batches = False
+
     def __init__(self, db: Database | None, template: Template, target: Target, settings: Settings):
         self.db, self.template, self.goal, self.settings = db, template, target, settings
         self.net: CompiledNet | None = None

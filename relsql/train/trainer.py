@@ -274,7 +274,7 @@ class Trainer:
 
     def steps_per_epoch(self) -> int:
         """Optimizer steps in one epoch: one full batch, or the global batches of the training rows."""
-        if self.source.full or not self.batch_size:
+        if not self.batch_size or (self.source.full and not self.learner.whole_net_batches):
             return 1
         return -(-len(self.learner.rows["train"]) // self.batch_size)
 
@@ -283,6 +283,8 @@ class Trainer:
         learner, monitor = self.learner, self.stopping.monitor
         if not self.source.full:
             learner.check_unchanged(self.source)
+            order = batches(learner.rows["train"], self.batch_size, np.random.default_rng([learner.seed, epoch]))
+        elif self.batch_size and learner.whole_net_batches:  # several steps, each of the whole net and some rows
             order = batches(learner.rows["train"], self.batch_size, np.random.default_rng([learner.seed, epoch]))
         else:
             order = [learner.rows["train"]]
@@ -371,7 +373,7 @@ class Trainer:
                 self.callback({"epoch": epoch, "batch": b, "batches": len(order), "loss": loss_value})
         if bar is not None:
             bar.close()
-        if self.source.full:
+        if self.source.full and len(order) == 1:
             return loss_value
         return total / count if count else float("nan")
 

@@ -35,6 +35,7 @@ class RankingLearner(Learner):
     """A Learner whose outputs are rankings of the candidate relation's rows."""
 
     candidates = property(lambda self: self.goal.candidates)
+    whole_net_batches = True  # fit(batch_size=B): steps of B target rows' positives, both towers whole
 
     def _build(self, presets: Presets, task: RankingTask | None, split: dict | None) -> None:
         goal = self.goal
