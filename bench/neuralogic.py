@@ -40,6 +40,14 @@ and chain_pruning=False: chain pruning changes NeuraLogic's outputs (max |Δ| 0.
 template.txt with the same weights), so no identical numbers with it. ``--nl-settings oracle``
 also switches iso-value compression off, exactly as the oracle tests do.
 Results: a printed table, ``neuralogic.csv`` and ``neuralogic.png`` in ``--out``.
+
+relsql runs a small plan fused (relsql/compile/fused.py: one generated function, one autograd
+node); the float64 epoch is also timed op by op (``CompiledNet.execution = "ops"``, the plan as
+it ran before fusing), alternated with it in the same process: columns ``f64 op-by-op ms`` and
+``×f64 op-by-op``, and ``relsql_execution`` in the CSV says whether the plan fused (or why not).
+A full run ends with the fixed cost per op, forward and backward, op by op and fused, measured
+on chains of ``tanh(w * h)`` over 4 x 1 values (``--per-op`` prints only that); ``--threads``
+sets the relsql side's torch threads (default 2).
 """
 
 from __future__ import annotations
@@ -100,6 +108,7 @@ COLUMNS = (
     "dataset", "template", "width", "epoch_kind",
     "nl_build_s", "relsql_build_s", "build_ratio", "build_ratio_incl_import",
     "nl_epoch_ms", "relsql_epoch_ms_f64", "relsql_epoch_ms_f32", "epoch_ratio_f64", "epoch_ratio_f32",
+    "relsql_epoch_ms_f64_ops", "epoch_ratio_f64_ops", "relsql_execution",
     "max_abs_dev", "n_outputs", "nl_peak_rss_mib", "relsql_peak_rss_mib",
     "relsql_import_s", "jvm_start_s", "nl_settings", "reps", "note",
 )
@@ -358,7 +367,8 @@ def _timed(fn, reset=None, loops: int = 1) -> float:
 
 
 def run_config(name: str, width: int | str, db, dataset, work: Path, reps: int, settings_kind: str,
-               memory: bool, import_s: float, jvm_s: float, warm: bool = True, loops: int = EPOCH_LOOPS) -> dict:
+               memory: bool, import_s: float, jvm_s: float, warm: bool = True, loops: int = EPOCH_LOOPS,
+               threads: int = 2) -> dict:
     """One template at one width; `warm` False (--quick): the first builds are the timed ones, and
     `loops` epochs make an epoch repetition."""
     import torch
@@ -396,7 +406,7 @@ def run_config(name: str, width: int | str, db, dataset, work: Path, reps: int, 
     nb = [_timed(nl.build) for _ in range(reps)] if warm else [first_nl_build] + [_timed(nl.build) for _ in range(reps - 1)]
     epoch = nl.epoch if kind == "train" else nl.forward
     ne = [_timed(epoch, nl.reset, loops) for _ in range(reps)]
-    ours = _relsql_subprocess(dataset.name, name, width, kind, reps, work, warm, loops)
+    ours = _relsql_subprocess(dataset.name, name, width, kind, reps, work, warm, loops, threads)
     bmed_r, bmed_n, nl_epoch = ours["build_s"], statistics.median(nb), statistics.median(ne)
     row.update(
         epoch_kind=kind,
@@ -405,6 +415,8 @@ def run_config(name: str, width: int | str, db, dataset, work: Path, reps: int, 
         nl_epoch_ms=f"{nl_epoch * 1e3:.2f}", relsql_epoch_ms_f64=f"{ours['f64'] * 1e3:.2f}",
         relsql_epoch_ms_f32=f"{ours['f32'] * 1e3:.2f}",
         epoch_ratio_f64=f"{nl_epoch / ours['f64']:.2f}", epoch_ratio_f32=f"{nl_epoch / ours['f32']:.2f}",
+        relsql_epoch_ms_f64_ops=f"{ours['f64_ops'] * 1e3:.2f}", epoch_ratio_f64_ops=f"{nl_epoch / ours['f64_ops']:.2f}",
+        relsql_execution=ours["execution"],
     )
     del rel, nl
     gc.collect()
@@ -439,14 +451,98 @@ def why_not_run(dsname: str) -> str:
     return "; ".join(said)
 
 
+# --------------------------------------------------------------------------- the fixed cost per op
+
+
+def chain_net(links: int, rows: int = 4, weights: int | None = None):
+    """A CompiledNet of `links` links `h = tanh(w_i * h)` over a (rows, 1) column: NeuraLogic's
+    small templates in their simplest form, 2 ops a link, every tensor tiny. `weights`: how many
+    distinct scalar weights the links cycle through (default one per link)."""
+    import torch
+
+    from relsql.compile.module import CompiledNet
+    from relsql.compile.plan import Op, ParamSpec, Plan, make_op
+
+    plan = Plan()
+    h = plan.add_input(torch.linspace(-1, 1, rows, dtype=torch.float64).reshape(rows, 1))
+    slots: dict[str, int] = {}
+    for i in range(links):
+        name = f"w{i % (weights or links)}"
+        if name not in slots:
+            plan.params[name] = ParamSpec(name, (1,), "datalog", 0.5, False)
+            slots[name] = plan.new_slot()
+            plan.meta[slots[name]] = torch.empty((1,), dtype=torch.float64, device="meta")
+            plan.param_slots.add(slots[name])
+            plan.ops.append(Op("param", slots[name], (), {"name": name}, rows=1, shape=(1,)))
+        w = slots[name]
+        for kind, args, attrs in (("linear", (w, h), {}), ("act", None, {"name": "tanh"})):
+            op = make_op(plan, kind, args or (h,), f"link {i}", **attrs)
+            plan.ops.append(op)
+            h = op.out
+    plan.outputs["out"] = h
+    return CompiledNet(plan, None, dtype=torch.float64)
+
+
+def per_op_cost(execution: str, weights: int | None = None, short: int = 10, long: int = 60,
+                reps: int = 7) -> tuple[float, float]:
+    """Microseconds per op, forward and backward: the slope between a short and a long chain (the
+    fixed cost of a call and of the backward engine cancels), median over `reps` rounds.
+    `weights` as in chain_net (None: a weight per link, so each op also carries half a weight's
+    autograd leaf; 1: one shared weight, the ops' own cost)."""
+    nets = {n: chain_net(n, weights=weights) for n in (short, long)}
+    fwd, bwd = [], []
+    for _ in range(reps):
+        got = {}
+        for n, net in nets.items():
+            net.execution = execution
+            got[n] = _forward_backward(net)
+        ops = 2 * (long - short)
+        fwd.append((got[long][0] - got[short][0]) / ops * 1e6)
+        bwd.append((got[long][1] - got[short][1]) / ops * 1e6)
+    return statistics.median(fwd), statistics.median(bwd)
+
+
+def _forward_backward(net, loops: int = 200) -> tuple[float, float]:
+    """Seconds of one forward and of one backward (of the output's sum), each the mean of `loops`;
+    gradients are reset to None before each step, as a training step's zero_grad does."""
+    weights = list(net.parameters())
+    for _ in range(20):
+        net()["out"].sum().backward()
+    forward = backward = 0.0
+    for _ in range(loops):
+        for w in weights:
+            w.grad = None
+        t = time.perf_counter()
+        loss = net()["out"].sum()
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        forward, backward = forward + t1 - t, backward + t2 - t1
+    return forward / loops, backward / loops
+
+
+def print_per_op(threads: int) -> None:
+    """The fixed cost per op op by op (the interpreter) and fused, alternated in this process, twice."""
+    import torch
+
+    torch.set_num_threads(threads)
+    print(f"fixed cost per op (chains of tanh(w * h) on 4 x 1 values, float64, {threads} thread(s)), us:")
+    for round_ in (1, 2):
+        for weights, what in ((1, "one shared weight"), (None, "a weight per link")):
+            ops = per_op_cost("ops", weights)
+            fused = per_op_cost("fused", weights)
+            print(f"  round {round_}, {what}: op by op fwd {ops[0]:.2f} + bwd {ops[1]:.2f} = {sum(ops):.2f};  fused fwd "
+                  f"{fused[0]:.2f} + bwd {fused[1]:.2f} = {sum(fused):.2f};  ×{sum(ops) / sum(fused):.2f}", flush=True)
+
+
 # --------------------------------------------------------------------------- relsql timings (fresh process)
 
 
 def _relsql_subprocess(dsname: str, name: str, width: int | str, kind: str, reps: int, work: Path, warm: bool = True,
-                       loops: int = EPOCH_LOOPS) -> dict:
+                       loops: int = EPOCH_LOOPS, threads: int = 2) -> dict:
     cmd = [sys.executable, "-m", "bench.neuralogic", "--time-relsql", "--probe-dataset", dsname, "--probe-template", name,
            "--probe-width", str(width), "--probe-kind", kind, "--reps", str(reps), "--loops", str(loops),
-           *([] if warm else ["--no-warmup"])]
+           "--threads", str(threads), *([] if warm else ["--no-warmup"])]
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=900)
     for line in proc.stdout.splitlines()[::-1]:
@@ -455,15 +551,24 @@ def _relsql_subprocess(dsname: str, name: str, width: int | str, kind: str, reps
     raise RuntimeError(f"relsql timing of {name} w{width} failed:\n{proc.stderr[-2000:]}")
 
 
+def _in(side: RelsqlSide, execution: str, fn):
+    """`fn` (an epoch) with the net run as `execution` says (CompiledNet.execution)."""
+    def run():
+        side.net.execution = execution
+        fn()
+    return run
+
+
 def time_relsql(dsname: str, name: str, width: int | str, kind: str, reps: int, warm: bool = True,
-                loops: int = EPOCH_LOOPS) -> None:
-    """Runs in a fresh process (no JVM): relsql build, then float64 and float32 epochs, alternating
-    (`warm` False: the first build and epochs are the timed ones)."""
+                loops: int = EPOCH_LOOPS, threads: int = 2) -> None:
+    """Runs in a fresh process (no JVM): relsql build, then float64 and float32 epochs, and float64
+    op by op (execution "ops": the plan before fusing), alternating (`warm` False: the first build
+    and epochs are the timed ones)."""
     import torch
 
     import relsql
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory(prefix="relsql_bench_time_") as tmp:
         db = relsql.connect()
         ds = load_dataset(db.con, dsname)
@@ -476,15 +581,21 @@ def time_relsql(dsname: str, name: str, width: int | str, kind: str, reps: int, 
         rel32.build()
         rel.prepare()
         rel32.prepare(like=rel)
-        fns = {"f64": rel.epoch if kind == "train" else rel.forward, "f32": rel32.epoch if kind == "train" else rel32.forward}
-        resets = {"f64": rel.reset, "f32": rel32.reset}
+        f64 = rel.epoch if kind == "train" else rel.forward
+        fns = {"f64": _in(rel, "auto", f64), "f32": rel32.epoch if kind == "train" else rel32.forward,
+               "f64_ops": _in(rel, "ops", f64)}
+        resets = {"f64": rel.reset, "f32": rel32.reset, "f64_ops": rel.reset}
+        rel.net.execution = "auto"
+        rel.net()
+        execution = "fused" if rel.net.fused_reason is None else f"ops ({rel.net.fused_reason})"
         for fn in fns.values() if warm else ():
             fn()
         times = {k: [] for k in fns}
         for i in range(reps):
             for k in (list(fns) if i % 2 == 0 else list(fns)[::-1]):
                 times[k].append(_timed(fns[k], resets[k], loops))
-    print(json.dumps({"build_s": statistics.median(builds), **{k: statistics.median(v) for k, v in times.items()}}))
+    print(json.dumps({"build_s": statistics.median(builds), "execution": execution,
+                      **{k: statistics.median(v) for k, v in times.items()}}))
 
 
 # --------------------------------------------------------------------------- memory (fresh processes)
@@ -548,15 +659,17 @@ def memory_probe(side: str, dsname: str, name: str, width: int | str, kind: str,
 
 def print_table(rows: list[dict]) -> str:
     head = ("dataset", "template", "w", "kind", "build NL s", "build rs s", "×", "epoch NL ms", "rs f64 ms", "rs f32 ms",
-            "×f64", "×f32", "max|Δ|", "RSS NL MiB", "RSS rs MiB")
+            "×f64", "×f32", "f64 op-by-op ms", "×f64 op-by-op", "max|Δ|", "RSS NL MiB", "RSS rs MiB")
     keys = ("dataset", "template", "width", "epoch_kind", "nl_build_s", "relsql_build_s", "build_ratio", "nl_epoch_ms",
-            "relsql_epoch_ms_f64", "relsql_epoch_ms_f32", "epoch_ratio_f64", "epoch_ratio_f32", "max_abs_dev",
-            "nl_peak_rss_mib", "relsql_peak_rss_mib")
+            "relsql_epoch_ms_f64", "relsql_epoch_ms_f32", "epoch_ratio_f64", "epoch_ratio_f32", "relsql_epoch_ms_f64_ops",
+            "epoch_ratio_f64_ops", "max_abs_dev", "nl_peak_rss_mib", "relsql_peak_rss_mib")
     cells = [head] + [tuple(str(r[k]) if r[k] != "" else "-" for k in keys) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
     lines = ["  ".join(c[i].ljust(widths[i]) if i < 4 else c[i].rjust(widths[i]) for i in range(len(head))) for c in cells]
     lines.insert(1, "-" * len(lines[0]))
     notes = [f"  {r['dataset']} {r['template']} w{r['width']}: {r['note']}" for r in rows if r["note"]]
+    notes += [f"  {r['dataset']} {r['template']} w{r['width']}: relsql ran {r['relsql_execution']}"
+              for r in rows if r["relsql_execution"] and r["relsql_execution"] != "fused"]
     return "\n".join(lines + (["notes:"] + notes if notes else []))
 
 
@@ -612,6 +725,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--widths", nargs="*", type=int, default=None, help="Mutagenesis widths (default 3 32)")
     ap.add_argument("--no-memory", action="store_true", help="skip the fresh-process peak-RSS probes")
     ap.add_argument("--nl-settings", choices=("iso", "oracle"), default="iso")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads of the relsql side (default 2)")
+    ap.add_argument("--per-op", action="store_true", help="only print the fixed cost per op, op by op and fused")
     ap.add_argument("--memory-probe", choices=("neuralogic", "relsql"), help=argparse.SUPPRESS)
     ap.add_argument("--probe-template", help=argparse.SUPPRESS)
     ap.add_argument("--probe-dataset", default="mutagenesis", help=argparse.SUPPRESS)
@@ -622,7 +737,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loops", type=int, default=EPOCH_LOOPS, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.time_relsql:
-        time_relsql(args.probe_dataset, args.probe_template, args.probe_width, args.probe_kind, args.reps or 3, not args.no_warmup, args.loops)
+        time_relsql(args.probe_dataset, args.probe_template, args.probe_width, args.probe_kind, args.reps or 3,
+                    not args.no_warmup, args.loops, args.threads)
+        return 0
+    if args.per_op:
+        print_per_op(args.threads)
         return 0
     if args.memory_probe:
         memory_probe(args.memory_probe, args.probe_dataset, args.probe_template, args.probe_width, args.probe_kind, args.nl_settings)
@@ -661,7 +780,7 @@ def main(argv: list[str] | None = None) -> int:
                         try:
                             row = run_config(name, width, db, dataset, work, reps, args.nl_settings,
                                              not args.no_memory, import_s, jvm_s, warm=not args.quick,
-                                             loops=1 if args.quick else EPOCH_LOOPS)
+                                             loops=1 if args.quick else EPOCH_LOOPS, threads=args.threads)
                         except Exception as e:  # noqa: BLE001 - report and go on with the other templates
                             traceback.print_exc()
                             row = {c: "" for c in COLUMNS}
@@ -669,7 +788,8 @@ def main(argv: list[str] | None = None) -> int:
                                        note=f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}")
                         rows.append(row)
                         print(f"  {dsname} {name} w{width}: build ×{row['build_ratio'] or '-'}, epoch ×"
-                              f"{row['epoch_ratio_f64'] or '-'} (f64), max|Δ| {row['max_abs_dev'] or '-'}  "
+                              f"{row['epoch_ratio_f64'] or '-'} (f64; op by op ×{row['epoch_ratio_f64_ops'] or '-'}), "
+                              f"max|Δ| {row['max_abs_dev'] or '-'}  "
                               f"[{time.perf_counter() - t0:.0f} s]", flush=True)
                 db.close()
             not_run = {} if args.quick else {n: why_not_run(n) for n in NOT_RUN if n not in datasets}
@@ -681,6 +801,9 @@ def main(argv: list[str] | None = None) -> int:
     write_chart(rows, png_path)
     print()
     print(print_table(rows))
+    if not args.quick:
+        print()
+        print_per_op(args.threads)
     if not_run:
         print("not run (templates shipped in the wheel that do not run on both sides):")
         for n, why in not_run.items():

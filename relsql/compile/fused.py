@@ -26,7 +26,13 @@ from relsql.compile import sparse
 from relsql.compile.ops import is_random
 from relsql.compile.plan import Op, Plan
 
-SMALL_ELEMENTS = 1 << 15  # the largest value a fused plan holds: above it the ops' arithmetic, not their call, costs
+# Measured on chains of tanh(w * h) over (n, 1) values, fwd + bwd, one thread (bench.neuralogic
+# chain_net): fused / op by op 0.70 at n = 512, 0.80 at 2048, 0.93 at 8192, 1.02 at 16384, 1.06
+# at 32768 and 131072 (its non-in-place activations allocate more); summing (1,) weights'
+# gradients as one (n, k) product pays up to ~1k rows (331 against 360 us at 512, 1050
+# against 829 at 4096: a column-wise sum over a wide product is slow).
+SMALL_ELEMENTS = 1 << 14  # the largest value a fused plan holds: above it the ops' arithmetic, not their call, costs
+COLUMN_ROWS = 1024  # (1,) weights read by values of at most this many rows get their gradients in one product
 _ACT_BACKWARD = {  # activation -> VJP from (grad, output y, input x)
     "identity": None,
     "tanh": "_tanh_backward({g}, {y})",  # aten's kernels: autograd's own formulas
@@ -70,7 +76,7 @@ def _linear(op: Op, shapes: dict) -> _Rule:
     if len(xs) != 2:
         raise NotFusable("linear of a matrix-valued atom")
     if len(ws) == 0 or ws == (1,):  # a scalar weight scales the value (broadcast: no reshaped view)
-        column = ws == (1,) and xs[1] == 1
+        column = ws == (1,) and xs[1] == 1 and xs[0] <= COLUMN_ROWS
         grad_w = f"({{g}} * {vx}).sum(0)" if column else f"({{g}} * {vx}).sum().reshape({ws})"
         return _Rule([f"{out} = {vx} * {vw}"], {0: grad_w, 1: f"{{g}} * {vw}"}, column=x if column else None)
     if len(ws) == 1 and xs[1] == 1:  # (m,) weight times a scalar value
@@ -311,7 +317,9 @@ def generate(plan: Plan, shapes: dict[int, tuple], trainable: set[str]) -> Fused
     outputs_at = {root(s) for s in out_slots}
     held = [s for s in sorted(reads) if root(s) in plan.param_slots or root(s) in outputs_at]
     kept = [s for s in sorted(reads) if s not in held]
-    forward.append(f"    return ({''.join(_v(s) + ', ' for s in out_slots)}), ({''.join(_v(s) + ', ' for s in held)}), "
+    copied = _copied_outputs(plan, out_slots, root)
+    forward.append(f"    return ({''.join(_v(s) + ('.clone(), ' if s in copied else ', ') for s in out_slots)}), "
+                   f"({''.join(_v(s) + ', ' for s in held)}), "
                    f"({''.join(_v(s) + ', ' for s in kept)})")
     slot_of = {}
     for op in params:
@@ -327,6 +335,15 @@ def generate(plan: Plan, shapes: dict[int, tuple], trainable: set[str]) -> Fused
     by_slot = {s: i for i, s in enumerate(out_slots)}
     return Fused(names, inputs, [(name, by_slot[s]) for name, s in plan.outputs.items()],
                  scope["forward"], scope["backward"], source)
+
+
+def _copied_outputs(plan: Plan, out_slots: list[int], root: Callable[[int], int]) -> set[int]:
+    """Outputs returned as copies: a weight or input itself (through aliases), or a view (slice,
+    columns), which could be one of a weight's or an input's: the caller may write into what
+    the plan returns, and autograd must not take a weight for a new tensor of the plan's."""
+    views = {op.out for op in plan.ops if op.kind in ("slice", "columns")}
+    sources = set(plan.param_slots) | set(plan.inputs) | views
+    return {s for s in out_slots if root(s) in sources}
 
 
 def _roots(plan: Plan, rules: dict[int, _Rule]) -> Callable[[int], int]:
@@ -351,7 +368,7 @@ def _column_sums(columns: dict[int, list[tuple[int, str, int]]], grads: set[int]
         else:
             lines.append(f"    _s = (torch.cat(({', '.join(g for _, g, _ in group)},), 1) * "
                          f"torch.cat(({', '.join(_v(x) for _, _, x in group)},), 1)).sum(0)"
-                         + (".split(1)" if len(slots) == len(group) else f".split({counts})"))
+                         + (f".reshape({len(group)}, 1).unbind(0)" if len(slots) == len(group) else f".split({counts})"))
             parts = [f"_s[{i}]" if n == 1 else f"_s[{i}].sum(0, keepdim=True)" for i, n in enumerate(counts)]
         for slot, expr in zip(slots, parts):
             lines.append(f"    g{slot} = g{slot} + {expr}" if slot in grads else f"    g{slot} = {expr}")
@@ -374,8 +391,6 @@ class _Plan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, fused: Fused, inputs: list[torch.Tensor], *weights: torch.Tensor):
         outputs, held, kept = fused.forward(*weights, *inputs)
-        outputs = tuple(o.clone() if o._base is not None or any(o is t for t in (*weights, *inputs)) else o
-                        for o in outputs)
         ctx.fused, ctx.kept = fused, kept
         ctx.save_for_backward(*held)
         return outputs
