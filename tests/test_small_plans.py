@@ -221,3 +221,30 @@ def test_neuralogic_small_datasets_fuse_exactly(name, tmp_path):
         warnings.simplefilter("ignore")
         net = relsql.compile(template, db, dtype=torch.float64, seed=3, outputs=heads)
     assert_same(net)
+
+
+def test_outputs_sharing_a_tensor_and_views_of_outputs():
+    """Two outputs that are one tensor come back as two; a view of an output that the backward
+    reads is saved with autograd's checks, not kept on ctx: the outputs die with their last
+    reference, without the cycle collector."""
+    import gc
+    import weakref
+
+    b = Build()
+    x = b.input(column(0.1, 0.2, 0.3))
+    h = b.op("act", b.op("linear", b.weight("w", torch.tensor([0.7], dtype=torch.float64)), x), name="tanh")
+    same = b.op("dense_reduce", h, kind="avg", width=1)
+    y = b.op("linear", b.weight("v", torch.tensor([1.5], dtype=torch.float64)), b.op("slice", h, start=1, rows=2))
+    net = b.net(h=h, same=same, y=y)
+    assert_same(net)
+    net.execution = "fused"
+    out = net()
+    assert out["h"] is not out["same"]
+    gc.disable()
+    try:
+        out = net()
+        alive = weakref.ref(out["h"])
+        del out
+        assert alive() is None
+    finally:
+        gc.enable()

@@ -17,6 +17,8 @@ kernels; gradients equal autograd's to rounding (tests/test_small_plans.py, floa
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -313,9 +315,10 @@ def generate(plan: Plan, shapes: dict[int, tuple], trainable: set[str]) -> Fused
             term = f"d{out_slots.index(op.out)}"
             backward.append(f"    g{op.out} = g{op.out} + {term}" if op.out in grads else f"    g{op.out} = {term}")
             grads.add(op.out)
-    root = _roots(plan, rules)
-    outputs_at = {root(s) for s in out_slots}
-    held = [s for s in sorted(reads) if root(s) in plan.param_slots or root(s) in outputs_at]
+    rebuilt = _rebuilt_views(plan, rules, reads)
+    root, storage = _roots(plan, rules)
+    outputs_at = {storage(s) for s in out_slots}
+    held = [s for s in sorted(reads) if storage(s) in plan.param_slots or storage(s) in outputs_at]
     kept = [s for s in sorted(reads) if s not in held]
     copied = _copied_outputs(plan, out_slots, root)
     forward.append(f"    return ({''.join(_v(s) + ('.clone(), ' if s in copied else ', ') for s in out_slots)}), "
@@ -328,7 +331,8 @@ def generate(plan: Plan, shapes: dict[int, tuple], trainable: set[str]) -> Fused
               " + ".join(f"g{s}" for s in slot_of[n] if s in grads) for n in names]
     head = f"def backward(held, kept, grads):\n    ({''.join(_v(s) + ', ' for s in held)}) = held\n" \
            f"    ({''.join(_v(s) + ', ' for s in kept)}) = kept\n" \
-           f"    ({''.join(f'd{i}, ' for i in range(len(out_slots)))}) = grads\n"
+           f"    ({''.join(f'd{i}, ' for i in range(len(out_slots)))}) = grads\n" + \
+           "".join(f"    {line}\n" for line in rebuilt)
     source = "\n".join(forward) + "\n\n" + head + "\n".join(backward) + f"\n    return ({''.join(r + ', ' for r in result)})\n"
     scope = dict(_GLOBALS)
     exec(compile(source, "<relsql fused plan>", "exec"), scope)  # our own generated source, never user text
@@ -337,22 +341,47 @@ def generate(plan: Plan, shapes: dict[int, tuple], trainable: set[str]) -> Fused
                  scope["forward"], scope["backward"], source)
 
 
+def _rebuilt_views(plan: Plan, rules: dict[int, _Rule], reads: set[int]) -> list[str]:
+    """Views (slice, columns) the backward reads are made again from their base there, not
+    saved: a saved view holds its base, and the base may be an output whose grad_fn holds what
+    is saved (a reference cycle). Updates `reads` to the bases; returns the lines, in plan order."""
+    views = [op for op in plan.ops if op.kind in ("slice", "columns")]
+    lines = []
+    for op in reversed(views):  # a view of a view: its base is read, then rebuilt first
+        if op.out in reads:
+            reads.discard(op.out)
+            reads.add(op.args[0])
+            lines.extend(reversed(rules[op.out].forward))
+    return lines[::-1]
+
+
 def _copied_outputs(plan: Plan, out_slots: list[int], root: Callable[[int], int]) -> set[int]:
-    """Outputs returned as copies: a weight or input itself (through aliases), or a view (slice,
-    columns), which could be one of a weight's or an input's: the caller may write into what
-    the plan returns, and autograd must not take a weight for a new tensor of the plan's."""
+    """Outputs returned as copies: a weight or input itself (through aliases), a view (slice,
+    columns), which could be one of a weight's or an input's, or a tensor another output already
+    is (the caller may write into what the plan returns; autograd must not take a weight for a
+    new tensor of the plan's, nor one tensor for two outputs)."""
     views = {op.out for op in plan.ops if op.kind in ("slice", "columns")}
     sources = set(plan.param_slots) | set(plan.inputs) | views
-    return {s for s in out_slots if root(s) in sources}
+    copied, seen = set(), set()
+    for s in out_slots:
+        if root(s) in sources or root(s) in seen:
+            copied.add(s)
+        seen.add(root(s))
+    return copied
 
 
-def _roots(plan: Plan, rules: dict[int, _Rule]) -> Callable[[int], int]:
-    """Each slot's origin through aliases (a width-1 mean is its input itself)."""
+def _roots(plan: Plan, rules: dict[int, _Rule]) -> tuple[Callable[[int], int], Callable[[int], int]]:
+    """Each slot's origin through aliases (a width-1 mean is its input itself), and the tensor
+    whose memory it shares through aliases and views (slice, columns): a value the backward
+    keeps on ctx must not hold an output (a reference cycle through the output's grad_fn)."""
     origin: dict[int, int] = {}
+    memory: dict[int, int] = {}
     for op in plan.ops:
         if op.kind != "param" and rules[op.out].alias:
             origin[op.out] = origin.get(op.args[0], op.args[0])
-    return lambda slot: origin.get(slot, slot)
+        if op.kind in ("slice", "columns") or (op.kind != "param" and rules[op.out].alias):
+            memory[op.out] = memory.get(op.args[0], op.args[0])
+    return (lambda slot: origin.get(slot, slot)), (lambda slot: memory.get(slot, slot))
 
 
 def _column_sums(columns: dict[int, list[tuple[int, str, int]]], grads: set[int]) -> list[str]:
@@ -377,8 +406,6 @@ def _column_sums(columns: dict[int, list[tuple[int, str, int]]], grads: set[int]
 
 
 def _names(expr: str) -> list[str]:
-    import re
-
     return re.findall(r"\bv\d+\b", expr)
 
 
@@ -398,6 +425,19 @@ class _Plan(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads: torch.Tensor):
         return (None, None, *ctx.fused.backward(ctx.saved_tensors, ctx.kept, grads))
+
+
+def precheck(plan: Plan, limit: int | None) -> str | None:
+    """Why the plan cannot or should not fuse, from its ops alone (no run): an op without a
+    rule, or (with `limit`) a value of more elements than `limit`; None if it may."""
+    for op in plan.ops:
+        if op.kind != "param" and (is_random(op.kind) or op.kind not in RULES):
+            return f"op {op.kind}"
+    if limit is not None:
+        biggest = max((op.rows * math.prod(op.shape) for op in plan.ops), default=0)
+        if biggest > limit:
+            return f"a value of {biggest} elements (fused up to {limit})"
+    return None
 
 
 def largest(shapes: dict[int, tuple]) -> int:

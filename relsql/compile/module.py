@@ -87,7 +87,7 @@ class CompiledNet(nn.Module):
         return self.training
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_program": None, "_fused": {}}  # closures and generated code: rebuilt on the next call
+        return {**self.__dict__, "_program": None, "_fused": {}, "_shapes": None}  # closures and generated code: rebuilt on the next call
 
     def add_weights(self, plan: Plan) -> list[nn.Parameter]:
         """Create the weights of `plan` this module does not have yet; returns the new ones.
@@ -188,6 +188,9 @@ class CompiledNet(nn.Module):
     def _generate(self, slots: dict[int, torch.Tensor], trainable: frozenset[str]) -> fused.Fused | str:
         if any(spec.external for spec in self.plan.params.values()):
             return "weights supplied per call"
+        why = fused.precheck(self.plan, fused.SMALL_ELEMENTS if self.execution == "auto" else None)
+        if why is not None:  # decided from the plan alone: a large plan is not run once more to see
+            return why
         if self._shapes is None or self._shapes[0] is not self.plan:
             weights, keys = self.weights._parameters, self._param_keys
             self._shapes = (self.plan, fused.record_shapes(self._program, dict(slots), lambda n: weights[keys[n]]))
