@@ -14,12 +14,13 @@ MAX_CLASSES = 20  # integer targets with at most this many distinct values are c
 
 
 def check_scalar(kind: pa.DataType, where: str) -> None:
-    """A target is one value per row: a list (e.g. INTEGER[], the keys a row links to), struct or
-    map would be a ranking or set prediction, which relsql does not train yet."""
+    """A label is one value per row. A list of keys is a ranking target (relsql/references.py finds
+    the table it references before this is asked); a struct, map or other list is not a label."""
     if pa.types.is_nested(kind) or (pa.types.is_dictionary(kind) and pa.types.is_nested(kind.value_type)):
-        raise SchemaError(f"target {where} has type {kind}: a list, struct or map target asks for a ranking or a set "
-                          "of values, and ranking targets are not supported yet; predict a column with one value per "
-                          "row (a class, a number or a boolean), e.g. one row per (row, item) pair with a 0/1 label")
+        raise SchemaError(f"target {where} has type {kind}: a list, struct or map is not one value per row. A list of "
+                          "keys ranks the table they reference when it is named after that table's one-column primary "
+                          "key (docs/recommendation.md); otherwise predict a column with one value per row (a class, a "
+                          "number or a boolean)")
 
 
 def _guess(column: pa.ChunkedArray, distinct: list, numeric: bool, where: str) -> str:

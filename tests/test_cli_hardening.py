@@ -267,7 +267,7 @@ def misuse(shop: Path) -> list[tuple[list, int]]:
         ["train", db, "--template", tpl], [*train, "--epochs", "-1"], [*train, "--epochs", "0"],
         [*train, "--epochs", "ten"], [*train, "--lr", "nan"], [*train, "--lr=-1"], [*train, "--lr", "inf"],
         [*train, "--lr", "fast"], [*train, "--batch-size", "0"], [*train, "--patience=-3"], [*train, "--seed=-1"],
-        [*train, "--memory-limit", "lots"], [*train, "--task", "ranking"], [*train, "--model", shop],
+        [*train, "--memory-limit", "lots"], [*train, "--task", "clustering"], [*train, "--model", shop],
         [*train, "--model", shop / "missing" / "m.pt"], [*train, "--checkpoint", text], [*train, "--predictions", ""],
         ["predict", db], ["predict", db, "--model", shop / "missing.pt"], ["predict", db, "--model", text],
         ["predict", shop / "missing.duckdb", "--model", text], ["demo", "--epochs", "-1"], ["demo", "--lr", "nan"],
