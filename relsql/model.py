@@ -182,6 +182,9 @@ class Model:
         if len(self.rows["train"]) == 0:
             raise RelsqlError(f"no labelled target rows to train on in {self.target}")
         workers = arguments.integer("workers", workers, maximum=1024)
+        if ranking and (workers > 1 or distributed.launched_by_torchrun()):
+            raise RelsqlError(f"{self.target} is a ranking target, which trains in one process (both towers whole): "
+                              "drop workers= (and run it without torchrun)")
         if not isinstance(refit, bool):
             raise RelsqlError(f"refit must be True or False, got {refit!r}")
         if hybrid is not None and not isinstance(hybrid, bool):

@@ -179,6 +179,8 @@ def test_bad_arguments_name_the_fix(trained):
         model.fit(epochs=1, class_weight="balanced")
     with pytest.raises(RelsqlError, match="loss"):
         model.fit(epochs=1, loss="mse")
+    with pytest.raises(RelsqlError, match="drop workers"):  # was a rank's TypeError
+        model.fit(epochs=1, workers=2)
 
 
 def test_negatives_and_losses_train(tmp_path):
