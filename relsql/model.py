@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
-import os
 from pathlib import Path
 
 import duckdb
@@ -19,20 +17,15 @@ import polars as pl
 import torch
 
 from relsql import arguments
-from relsql.db import Database, first_line, lost_connection
+from relsql.db import Database, lost_connection
 from relsql.errors import RelsqlError, SourceError
-from relsql.ground.demand import database_embeddings
 from relsql.template.ir import Template
-from relsql.train import build, distributed, gradients, results, saved
-from relsql.train import checkpoint as checkpoints
-from relsql.train import refit as refits
-from relsql.train.options import EPOCHS, LR, PATIENCE, RANKING_BATCH, RANKING_LR, RANKING_PATIENCE, TIME_BUDGET, fit_options
+from relsql.train import build, fitting, gradients, results, saved
+from relsql.train.options import EPOCHS, TIME_BUDGET
 from relsql.train.ranking import results as ranked
 from relsql.train.report import LOSSES, plot_history, text_report
 from relsql.train.threads import torch_threads
-from relsql.train.trainer import OneProcess, Trainer
 
-log = logging.getLogger("relsql")
 # the names older code and tests used for the learner's members
 _FORMER = {"_outputs": "outputs", "_weights_copy": "weights_copy", "_restore_weights": "restore_weights"}
 
@@ -72,18 +65,15 @@ class Model:
                  embedding_optimizer: str | None = None, embedding_lr: float = 0.1, allow_target_inputs: bool = False,
                  threads: int | None = None, store: str | Path | bool | None = None,
                  max_groundings: int | None = None, candidates: str | None = None, pairs: str | None = None):
-        """`batch_size` (target rows per batch) trains on mini-batches read from a grounding store
-        on disk (`store`: a folder to keep and reuse it; default a temporary one; False grounds every
-        batch in the database). `fanout` caps the groundings per head (a seeded sample; off by
-        default). Embeddings with storage='database' live in database tables, trained in SQL by
-        `embedding_optimizer` ("adagrad" or "sgd") at `embedding_lr`; setting it also trains
-        in-memory embeddings that way. A template that reads the target is refused unless
-        `allow_target_inputs=True`. `threads`: torch's threads while this model trains and predicts
-        (default half the cores). A rule estimated at more than `max_groundings` groundings
-        (default 10^8) is refused before it runs. A target that references a table (a foreign key,
-        or a list of keys) ranks that table's rows: `candidates` names the template's tower for
-        them, `pairs` a relation keyed by both keys whose 1-wide value adds to a pair's score (see
-        recommend(), docs/recommendation.md). See docs/training.md."""
+        """`batch_size` trains on mini-batches of target rows read from a grounding store on disk
+        (`store`: a folder to keep; False grounds every batch in the database); `fanout` caps the
+        groundings per head (seeded). Embeddings with storage='database' live in tables, trained in
+        SQL by `embedding_optimizer` ("adagrad" | "sgd") at `embedding_lr`. A template reading the
+        target is refused unless `allow_target_inputs=True`. `threads`: torch's threads (default
+        half the cores). A rule estimated above `max_groundings` (10^8) is refused before it runs.
+        A target referencing a table (a foreign key or a list of keys) ranks its rows: `candidates`
+        names their tower, `pairs` a relation keyed by both keys adding to a pair's score
+        (docs/recommendation.md). See docs/training.md."""
         if not isinstance(db, Database):
             raise RelsqlError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
         self.db = db
@@ -125,120 +115,27 @@ class Model:
             refit: bool = False, hybrid: bool | None = None,
             checkpoint: str | Path | None = None,
             resume: bool = False, checkpoint_every: int | None = None, callback=None, workers: int = 1) -> Model:
-        """AdamW on the training rows; keeps the weights of the epoch with the best validation score.
-        `lr` defaults to 0.01, `patience` to 100 (a ranking target: 0.03, 40, and steps of
-        `batch_size` 4096 target rows, each running both towers whole).
+        """AdamW on the training rows, keeping the weights of the epoch with the best validation score
+        (docs/training.md has every option and why its default was chosen).
 
-        Training stops at whichever comes first: `epochs`, `time_budget` seconds (None: no limit;
-        checked after each epoch), or `patience` epochs without a better validation score
-        (`model.stopped` says which). `schedule`: "plateau" (default: the rate halves after
-        patience/4 epochs without a better validation score), "cosine" (linear warm-up over
-        `warmup` of the steps, then cosine decay to 0 over the epoch budget) or None (constant
-        `lr`). Plateau is the default because it does not depend on the epoch budget: a run the
-        time budget stops has already decayed where it stalled, and a run resumed with more
-        epochs continues as one uninterrupted run would; it also measured best (see EPOCHS). `clip`: the largest norm
-        of the dense weights' gradient (None: unclipped). `monitor`: the validation score model
-        selection and early stopping compare: "auto" is ROC-AUC (binary), accuracy (multi-class)
-        or MAE (regression), as RelBench selects; "loss", or another of the task's metrics; the
-        loss breaks ties and stands in where the metric is undefined. `loss` (regression):
-        "huber" (default; delta 1 on the standardized target), "mse" or "mae". `class_weight`
-        (classification): "balanced" weighs each row's loss by n / (classes x its class's count
-        among the training rows). A ranking target: `loss` "softmax" (default; sampled softmax),
-        "bce" or "bpr", `negatives` "uniform" (default), "popularity" or "in-batch",
-        `hard_negatives` a SQL SELECT of (target keys, candidate key) pairs pushed down, monitor
-        "auto" = MAP@k (docs/recommendation.md). `refit=True`: after selection, train again from the same
-        initial weights on training + validation rows for the selected number of epochs
-        (`model.refit` says so; validation scores are then no longer held out). `hybrid=True`:
-        after training, a GBM on one-hop features the database computes is blended with the
-        network by a weight picked on the validation rows (1: the network alone; the report
-        says which; relsql/train/hybrid.py); False keeps the network alone; None (default):
-        True for a template Template.auto generated (its header line), False for one written
-        by hand, which means what it meant.
-
-        `batch_size` (default: the model's) trains on mini-batches, the next one prepared in the
-        background (time waiting in `timings["waiting_on_database"]`); without it every step is
-        full-batch. `checkpoint`: a file written atomically after every epoch (and every
-        `checkpoint_every` batches); `resume=True` continues from it, schedule included.
-        `callback(info)` is called after every step with epoch, batch, batches and loss; an
-        exception from it (or Ctrl-C) stops training with the database consistent. `workers=N`
-        trains data-parallel on N processes (the steps of one process; relsql/train/distributed.py).
-        Under torchrun (RANK and WORLD_SIZE set), fit() trains as this process's rank instead."""
-        epochs = arguments.integer("epochs", epochs)
-        ranking = self.task.kind == "ranking"
-        lr = arguments.number("lr", (RANKING_LR if ranking else LR) if lr is None else lr, positive=True)
-        patience = arguments.integer("patience", (RANKING_PATIENCE if ranking else PATIENCE) if patience is None else patience,
-                                     minimum=0)
-        weight_decay = arguments.number("weight_decay", weight_decay, minimum=0.0)
-        options = fit_options(self.learner, schedule, warmup, clip, monitor, time_budget, loss, class_weight, negatives,
-                              hard_negatives)
-        if batch_size is not None:
-            batch_size = arguments.integer("batch_size", batch_size)
-        if checkpoint_every is not None:
-            checkpoint_every = arguments.integer("checkpoint_every", checkpoint_every)
-        if checkpoint is not None:
-            checkpoint = checkpoints.writable(checkpoint, "checkpoint")
-        if callback is not None and not callable(callback):
-            raise RelsqlError(f"callback must be callable (a function of one dict), got {type(callback).__name__}")
-        if len(self.rows["train"]) == 0:
-            raise RelsqlError(f"no labelled target rows to train on in {self.target}")
-        workers = arguments.integer("workers", workers, maximum=1024)
-        if ranking and (workers > 1 or distributed.launched_by_torchrun()):
-            raise RelsqlError(f"{self.target} is a ranking target, which trains in one process (both towers whole): "
-                              "drop workers= (and run it without torchrun)")
-        if not isinstance(refit, bool):
-            raise RelsqlError(f"refit must be True or False, got {refit!r}")
-        if hybrid is not None and not isinstance(hybrid, bool):
-            raise RelsqlError(f"hybrid must be True, False or None (automatic templates only), got {hybrid!r}")
-        if hybrid is None:
-            from relsql.template.auto import is_automatic
-
-            hybrid = is_automatic(self.template.source) and self.task.kind != "ranking"
-        elif hybrid and self.task.kind == "ranking":
-            raise RelsqlError("hybrid=True blends a GBM with a label's prediction; a ranking target has none: drop hybrid=")
-        self.learner.hybrid = None
-        learner, common = self.learner, (epochs, batch_size, lr, patience, weight_decay, checkpoint, checkpoint_every, resume)
-        if refit:
-            refits.check(learner, workers)
-        learner.refit = None
-        if distributed.launched_by_torchrun():  # this process is one rank of a torchrun group
-            world = int(os.environ["WORLD_SIZE"])
-            if workers not in (1, world) or callback is not None or refit:
-                raise RelsqlError(f"under torchrun, fit() trains as one of its {world} ranks: pass no callback nor refit, and "
-                                  f"workers=1 or workers={world} (torchrun's --nproc_per_node x --nnodes)")
-            distributed.fit_as_rank(learner, *common, options=options)
-            return self
-        swapped = sorted(database_embeddings(self.template)) if not self.db.transactional else []
-        if workers > 1 or swapped:  # an engine without transactions trains its stored embeddings on ranks only
-            if callback is not None:
-                raise RelsqlError("fit(workers=N) takes no callback (the steps run in other processes): train with one worker to use one"
-                                  if workers > 1 else f"{self.db.description} has no transactions to update embeddings {swapped} "
-                                  "step by step, so fit() trains them on a rank process, which takes no callback: drop callback=")
-            if workers == 1:
-                log.info("%s has no transactions: training embeddings %s on one rank, which writes them back whole",
-                         self.db.description, swapped)
-            distributed.fit(learner, workers, *common, threads=self.threads, options=options)
-            return self._blend(hybrid)
-        batch_size = batch_size if batch_size is not None else RANKING_BATCH if ranking else learner.settings.batch_size
-        state = checkpoints.load(checkpoint) if resume and checkpoint is not None and Path(checkpoint).exists() else None
-        initial, before = (learner.weights_copy() if refit else None), len(learner.history)
-        with learner.own_random_stream():
-            diverged = self._train(epochs, batch_size, lr, patience, weight_decay, options, checkpoint=checkpoint,
-                                   checkpoint_every=checkpoint_every, callback=callback, resume=state)
-            if not diverged and refit:
-                replay = [h["lr"] / lr for h in learner.history[before:]]  # the plateaus the selection met, epoch by epoch
-                diverged = refits.retrain(learner, initial, lambda n: self._train(
-                    n, batch_size, lr, patience, weight_decay, {**options, "time_budget": None}, callback=callback,
-                    keep="last", horizon=epochs, replay=replay))
-        if diverged:
-            raise RelsqlError(diverged) from None
-        return self._blend(hybrid)
-
-    def _blend(self, hybrid: bool) -> Model:
-        """The trained network blended with a GBM where the validation rows pick one (hybrid.py)."""
-        if hybrid and self.learner.refit is None:  # after a refit the validation rows are no judge
-            from relsql.train import hybrid as hybrids
-
-            self.learner.hybrid = hybrids.fit(self.learner)
+        Stops at `epochs`, `time_budget` seconds or `patience` epochs without a better score
+        (`model.stopped` says which). `lr`/`patience` default to 0.01/100; for a ranking target to
+        0.03/40 with steps of 4096 target rows. `schedule` "plateau" | "cosine" | None; `clip` the
+        dense gradient's largest norm; `monitor` "auto" (ROC-AUC, accuracy, MAE, or MAP@k for a
+        ranking target), "loss" or another metric. `loss`: "huber" | "mse" | "mae" (regression),
+        "softmax" | "bce" | "bpr" (ranking); `class_weight="balanced"`; `negatives` "uniform" |
+        "popularity" | "in-batch" and `hard_negatives` (a SQL SELECT of pairs) for ranking.
+        `refit=True` retrains on training + validation rows for the selected epochs. `hybrid`:
+        blend a GBM on one-hop SQL features by a validation-picked weight (None: only for
+        Template.auto's templates). `batch_size` trains on mini-batches; `checkpoint` is written
+        atomically every epoch (and `checkpoint_every` batches), `resume=True` continues from it;
+        `callback(info)` after every step (raising stops training, database consistent);
+        `workers=N` trains data-parallel on N processes, and under torchrun as this rank."""
+        fitting.fit(self.db, self.learner, self.threads, epochs=epochs, batch_size=batch_size, lr=lr, patience=patience,
+                    weight_decay=weight_decay, schedule=schedule, warmup=warmup, clip=clip, monitor=monitor,
+                    time_budget=time_budget, loss=loss, class_weight=class_weight, negatives=negatives,
+                    hard_negatives=hard_negatives, refit=refit, hybrid=hybrid, checkpoint=checkpoint, resume=resume,
+                    checkpoint_every=checkpoint_every, callback=callback, workers=workers)
         return self
 
     def search(self, budget: float | str = "10m", trials: int | None = None, **options) -> Model:
@@ -248,15 +145,6 @@ class Model:
         from relsql.train import search as searching
 
         return searching.search(self, budget, trials, **options)
-
-    def _train(self, epochs: int, batch_size: int | None, lr: float, patience: int, weight_decay: float, options: dict,
-               **more) -> str | None:
-        """One Trainer's fit in this process: the message of a diverged loss, else None."""
-        learner, resume = self.learner, more.pop("resume", None)
-        settings = {k: v for k, v in options.items() if k not in ("regression_loss", "class_weights")}
-        trainer = Trainer(learner, OneProcess(), epochs=epochs, batch_size=batch_size, lr=lr, patience=patience,
-                          weight_decay=weight_decay, **settings, **more)
-        return trainer.fit(learner.mini_batches or (batch_size is not None and not learner.whole_net_batches), resume)
 
     @_with_threads
     def evaluate(self, split: str = "test") -> dict[str, float]:
@@ -270,21 +158,16 @@ class Model:
 
     @_with_threads
     def predict(self, keys=None, *, where: str | None = None) -> pl.DataFrame:
-        """Every output row: its key columns, `prediction` and, for a binary task, `probability` (of
-        the positive class, `task.classes[1]`), for a multi-class task `probabilities` (a list in
-        the order of `task.classes`; a native list column in the database). A key column that
-        already has one of those names keeps it; the prediction's column then gets the first free
-        name `prediction_1`, `prediction_2`, ... (compared as the database does, ignoring case).
-        The last column, `split`, says which part each row was in: "train", "val", "test", or
-        null for prediction-only rows (NULL target).
+        """Every output row: its key columns, `prediction`, for a binary task `probability` (of
+        `task.classes[1]`), for a multi-class one `probabilities` (in `task.classes`' order), and
+        `split` ("train", "val", "test", or null for prediction-only rows). A key column that has
+        one of those names keeps it; the prediction's column gets the first free `prediction_1`, ...
 
-        `keys`: only these rows, in this order: a polars or pandas frame (or a dict of lists) of
-        the target table's key columns; a key the model has no row for is a RelsqlError naming it.
-        `where`: only the target table's rows satisfying this SQL condition on its columns, e.g.
-        "signup >= DATE '2024-01-01' AND tier = 'gold'": parsed by sqlglot, one boolean
-        expression over that table's columns only (no statements, subqueries or other tables),
-        columns quoted, evaluated by the database. Both: the rows of `keys` that satisfy
-        `where`. After Model.load on another database this scores that database's rows."""
+        `keys`: only these rows, in this order (a polars or pandas frame, or a dict of lists, of
+        the target table's key columns; an unknown key is a RelsqlError naming it). `where`: only
+        the rows satisfying one SQL boolean expression over the target table's own columns
+        (parsed by sqlglot, no subqueries), evaluated by the database. After Model.load on
+        another database this scores that database's rows (docs/training.md)."""
         self._not_ranking("predict")
         return results.predict(self.learner, splits=True, keys=keys, where=where)
 
@@ -361,17 +244,6 @@ class Model:
             batch_size = arguments.integer("batch_size", batch_size)
         if not isinstance(db, Database):
             raise RelsqlError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
-        state = saved.read(path)
         with _server_reachable(db):
-            learner = build.saved_learner(db, state, device=device, batch_size=batch_size or state.batch_size)
-        missing = [n for n in learner.net.weights_by_name() if n not in state.weights]
-        if missing:
-            raise RelsqlError(f"model file {path} does not fit its own template: weights {missing} are missing")
-        try:
-            learner.net.set_named_weights(state.weights, learner.fixed())
-            learner.head.load_state_dict(state.head)
-        except (RuntimeError, KeyError, TypeError, ValueError) as err:
-            raise RelsqlError(f"model file {path} does not fit its own template: {first_line(err)}") from None
-        learner.net.to(learner.device)
-        learner.head.to(learner.device)
+            learner = build.loaded_learner(db, path, device=device, batch_size=batch_size)
         return cls._around(db, learner)

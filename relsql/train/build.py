@@ -8,12 +8,12 @@ from pathlib import Path
 import torch
 
 from relsql import arguments
-from relsql.db import Database
+from relsql.db import Database, first_line
 from relsql.errors import RelsqlError, SchemaError
 from relsql.ground.execute import Presets, groundings_limit
 from relsql.references import referenced
 from relsql.template import Template, ir
-from relsql.train import checks
+from relsql.train import checks, saved
 from relsql.train.learner import Learner, Settings
 from relsql.train.ranking.learner import RankingLearner
 from relsql.train.ranking.target import ranking_target
@@ -81,3 +81,21 @@ def saved_learner(db: Database, state: ModelState, *, device: str | torch.device
                    batch_size=batch_size, fanout=state.fanout, embedding_optimizer=state.embedding_optimizer,
                    embedding_lr=state.embedding_lr, allow_target_inputs=True, store=None, max_groundings=None,
                    loading=state)
+
+
+def loaded_learner(db: Database, path: str | Path, *, device: str | torch.device, batch_size: int | None) -> Learner:
+    """Model.load's learner from the file at `path`, its saved weights set; a file whose weights do
+    not fit its own template is a RelsqlError."""
+    state = saved.read(path)
+    made = saved_learner(db, state, device=device, batch_size=batch_size or state.batch_size)
+    missing = [n for n in made.net.weights_by_name() if n not in state.weights]
+    if missing:
+        raise RelsqlError(f"model file {path} does not fit its own template: weights {missing} are missing")
+    try:
+        made.net.set_named_weights(state.weights, made.fixed())
+        made.head.load_state_dict(state.head)
+    except (RuntimeError, KeyError, TypeError, ValueError) as err:
+        raise RelsqlError(f"model file {path} does not fit its own template: {first_line(err)}") from None
+    made.net.to(made.device)
+    made.head.to(made.device)
+    return made
