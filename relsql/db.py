@@ -215,6 +215,7 @@ class Database:
     """Wraps a DuckDB connection; see `relsql.connect`."""
 
     transactional = True  # `transaction` runs statements atomically (Spark's Parquet tables cannot)
+    key_catalog = True  # catalog() reads declared and inferred keys (Spark keeps none, and has no `con` to infer them)
 
     def __init__(self, con: duckdb.DuckDBPyConnection, description: str = "in-memory DuckDB", *,
                  source: Source | None = None):

@@ -161,6 +161,7 @@ class SparkDatabase(Database):
     """A SparkSession behind relsql's database verbs; see the module's docstring."""
 
     transactional = False
+    key_catalog = False
 
     def __init__(self, session, scratch: str | Path | None = None, description: str | None = None, read_only: bool = False):
         context = session.sparkContext if hasattr(session, "sparkContext") else None

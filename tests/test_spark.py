@@ -197,3 +197,18 @@ def test_spark_errors_name_the_statement(spark, molecules_on_spark):
     template = relsql.Template.from_sql("CREATE TABLE p AS SELECT m.molecule_id, linear(features(m.nope), 1, 'w') AS h FROM molecule m;")
     with relsql.connect(spark) as on_spark, pytest.raises(relsql.RelsqlError, match="nope"):
         relsql.Model(on_spark, template, "molecule.mutagenic", batch_size=64, progress=False)
+
+
+def test_a_list_target_on_spark_is_refused_with_where_ranking_trains(spark):
+    """Spark keeps no catalog of keys (SparkDatabase.key_catalog is False): a list target, which
+    ranks the table its keys reference, gets a message naming the engines that can, not a
+    failure reading a DuckDB catalog."""
+    spark.createDataFrame([(1, [10, 11]), (2, [11])], "customer_id long, item_id array<long>") \
+        .createOrReplaceTempView("wishes")
+    spark.createDataFrame([(10, 1.0), (11, 2.0)], "item_id long, price double").createOrReplaceTempView("item")
+    template = relsql.Template.from_sql(
+        "CREATE TABLE p AS SELECT w.customer_id, linear(features(w.customer_id), 4, 'w') AS h FROM wishes w;")
+    with relsql.connect(spark) as on_spark:
+        assert not on_spark.key_catalog
+        with pytest.raises(relsql.RelsqlError, match="not on Spark"):
+            relsql.Model(on_spark, template, "wishes.item_id", progress=False)
