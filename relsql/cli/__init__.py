@@ -387,36 +387,19 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     _template_options(train.add_argument_group("the automatic template (without --template; see `relsql template`)"))
     train.set_defaults(run=_train)
     predict = command("predict", "predict with a saved model; print or write a new table")
-    predict.add_argument("db", type=database, help="the database to predict on: " + DB_KINDS)
-    predict.add_argument("--model", required=True, type=model_file, help="a model saved by `relsql train` or Model.save")
-    predict.add_argument("--out", type=predictions_file, metavar="FILE",
-                         help="write the predictions (with each row's split) to this new .parquet or .csv file, "
-                              "atomically, and print a summary")
-    predict.add_argument("--table", type=table_name, help="write predictions to this new table instead of printing them")
-    predict.add_argument("--replace", action="store_true",
-                         help="replace an existing table or --out file of predictions relsql wrote (never data)")
-    predict.add_argument("--where", type=where_condition, metavar="CONDITION",
-                         help="score only the target table's rows satisfying this SQL condition on its columns, "
-                              "e.g. \"signup >= DATE '2024-01-01' AND tier = 'gold'\"")
-    predict.add_argument("--device", type=device, default="cpu", help=DEVICE_HELP)
+    _scoring_options(predict, "predictions", "a model saved by `relsql train` or Model.save",
+                     "write the predictions (with each row's split) to this new .parquet or .csv file, atomically, "
+                     "and print a summary", "score only the target table's rows satisfying this SQL condition on its "
+                     "columns, e.g. \"signup >= DATE '2024-01-01' AND tier = 'gold'\"")
     predict.add_argument("--batch-size", type=positive_int,
                          help="predict in mini-batches of this many rows, each grounded on demand (bounded memory)")
-    predict.add_argument("--threads", type=positive_int, help=THREADS_HELP)
     predict.set_defaults(run=_predict)
     recommend = command("recommend", "rank the referenced rows with a saved ranking model; print or write a new table")
-    recommend.add_argument("db", type=database, help="the database to recommend on: " + DB_KINDS)
-    recommend.add_argument("--model", required=True, type=model_file, help="a ranking model saved by `relsql train`")
+    _scoring_options(recommend, "recommendations", "a ranking model saved by `relsql train`",
+                     "write the recommendations to this new .parquet or .csv file, atomically",
+                     "rank for the target table's rows satisfying this SQL condition (default: the rows whose target "
+                     "is NULL)")
     recommend.add_argument("--k", type=positive_int, default=10, help="candidates per row (default 10)")
-    recommend.add_argument("--out", type=predictions_file, metavar="FILE",
-                           help="write the recommendations to this new .parquet or .csv file, atomically")
-    recommend.add_argument("--table", type=table_name, help="write them to this new table instead of printing them")
-    recommend.add_argument("--replace", action="store_true",
-                           help="replace an existing table or --out file of recommendations relsql wrote (never data)")
-    recommend.add_argument("--where", type=where_condition, metavar="CONDITION",
-                           help="rank for the target table's rows satisfying this SQL condition (default: the rows "
-                                "whose target is NULL)")
-    recommend.add_argument("--device", type=device, default="cpu", help=DEVICE_HELP)
-    recommend.add_argument("--threads", type=positive_int, help=THREADS_HELP)
     recommend.set_defaults(run=_recommend)
     demo = command("demo", "Mutagenesis on the embedded DuckDB: train sql/mutagenesis.sql, write predictions")
     demo.add_argument("--db", type=demo_database,
@@ -435,6 +418,20 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
 
 
 DEVICE_HELP = "cpu (default), cuda or cuda:N: a CUDA GPU this machine has"
+
+
+def _scoring_options(parser, what: str, model_help: str, out_help: str, where_help: str) -> None:
+    """What `predict` and `recommend` both take: the database, the saved model, where the
+    `what` (predictions or recommendations) go, which rows, device and threads."""
+    parser.add_argument("db", type=database, help=f"the database to score on: {DB_KINDS}")
+    parser.add_argument("--model", required=True, type=model_file, help=model_help)
+    parser.add_argument("--out", type=predictions_file, metavar="FILE", help=out_help)
+    parser.add_argument("--table", type=table_name, help=f"write the {what} to this new table instead of printing them")
+    parser.add_argument("--replace", action="store_true",
+                        help=f"replace an existing table or --out file of {what} relsql wrote (never data)")
+    parser.add_argument("--where", type=where_condition, metavar="CONDITION", help=where_help)
+    parser.add_argument("--device", type=device, default="cpu", help=DEVICE_HELP)
+    parser.add_argument("--threads", type=positive_int, help=THREADS_HELP)
 
 
 def _template_options(group) -> None:
