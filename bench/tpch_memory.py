@@ -35,6 +35,7 @@ from pathlib import Path
 from bench import peak_rss_mib, write_csv
 
 ROOT = Path(__file__).resolve().parent.parent
+GENERATE_MEMORY = os.environ.get("RELSQL_BENCH_GENERATE_MEMORY", "8GB")  # DuckDB memory_limit while generating TPC-H
 
 TEMPLATE = """
 -- an order: its line items (averaged) and its own total price
@@ -79,7 +80,9 @@ def database_file(sf: float, folder: Path) -> Path:
     partial = path.with_suffix(".partial")
     partial.unlink(missing_ok=True)
     started = time.perf_counter()
-    con = duckdb.connect(str(partial))
+    # dbgen holds the whole scale factor in one transaction: cap DuckDB's memory so that sf 10 spills
+    # to disk instead of taking the shared machine's RAM (DuckDB's default is 80 % of it).
+    con = duckdb.connect(str(partial), config={"memory_limit": GENERATE_MEMORY, "threads": 2})
     try:
         rows = tpch.generate(con, sf=sf)
     finally:
