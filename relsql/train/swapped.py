@@ -7,18 +7,19 @@ new table swapped in (`Database.replace_table`), at each checkpoint and at the e
 step counter travels in the table's own comment, so the rows and their step change together;
 a swap cut short is finished when the table is next opened.
 
-The parent reads rows with one join per call (`fetch`: evaluation and prediction); keys the
-table does not hold start from the same hashed value as on DuckDB (`initial_values`).
+The parent reads rows (`fetch`: evaluation and prediction) by array indexing into the table's
+rows, read once into memory-mapped arrays (relsql/train/rowcache.py) and again after a swap; keys
+the table does not hold start from the same hashed value as on DuckDB (`initial_values`).
 """
 
 from __future__ import annotations
 
 import itertools
 import re
+import tempfile
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import sqlglot.expressions as exp
 import torch
 
@@ -26,9 +27,11 @@ from relsql import sql as q
 from relsql.db import Database, ident
 from relsql.errors import RelsqlError
 from relsql.train.embeddings import EmbeddingTable, initial_values
+from relsql.train.rowcache import RowCache
 
 _views = itertools.count()
 _STEP = re.compile(r"step (\d+)\)?$")
+_generations: dict[tuple[int, str], int] = {}  # (database, table) -> how many times this process replaced the table
 _SQL_TYPES = {"BIGINT": pa.int64(), "DOUBLE": pa.float64()}  # any other key is kept as a string
 
 
@@ -39,6 +42,8 @@ class SwappedEmbedding(EmbeddingTable):
                  optimizer: str = "adagrad", lr: float = 0.1):
         super().__init__(db, weight, width, seed=seed, optimizer=optimizer, lr=lr)
         self.table = exp.Table(this=ident(self.name), db=ident(self.scope[1]))
+        self._identity = (id(db), self.name)
+        self._changed()  # opening may finish a swap cut short (and another may have written it meanwhile)
         db.recover_table(self.name)
         if self.name in db._tables_in(self.scope):
             self._check_columns([c for c, _ in db._columns(self.name)])
@@ -63,26 +68,29 @@ class SwappedEmbedding(EmbeddingTable):
         return None if found is None else int(found.group(1))
 
     def fetch(self, keys: pa.Array) -> torch.Tensor:
-        """The rows of `keys` in the order of `keys`: (n, width) float64, one join."""
+        """The rows of `keys` in the order of `keys`: (n, width) float64, by array indexing into
+        the table's rows, read once (one scan) and again only after the table changed."""
         keys = self._checked(keys)
-        view = f"{self.db._prefix}emb_{next(_views)}"
-        self.db.register(view, pa.table({"key": keys, "_pos": np.arange(len(keys), dtype=np.int64)}))
-        try:
-            found = self.db.arrow(exp.select(q.col("_pos", "n"), exp.alias_(exp.Not(this=exp.Is(
-                this=q.col("key", "t"), expression=exp.null())), ident("_found")), *[q.col(f"e{i}", "t") for i in range(self.width)]).from_(
-                exp.alias_(exp.Table(this=ident(view)), ident("n"), table=True)).join(
-                exp.alias_(self.table.copy(), ident("t"), table=True), join_type="left",
-                on=exp.EQ(this=q.col("key", "t"), expression=q.col("key", "n"))))
-        finally:
-            self.db.unregister(view)
-        order = found.column("_pos").to_numpy()  # Spark's join gives no order: put rows back by position
-        values = np.zeros((len(keys), self.width))
-        for i in range(self.width):
-            values[order, i] = pc.fill_null(found.column(f"e{i}"), 0.0).to_numpy()
-        missing = np.sort(order[~pc.fill_null(found.column("_found"), False).to_numpy()])
-        if len(missing):
-            values[missing] = initial_values(keys.take(pa.array(missing)), self.width, self.seed)
-        return torch.from_numpy(values)
+        rows = self._rows()
+        _, values = rows.read(keys, lambda fresh: initial_values(fresh, self.width, self.seed))
+        return torch.from_numpy(np.ascontiguousarray(values[:, :self.width]))
+
+    def _rows(self) -> RowCache:
+        """This table's rows in memory-mapped arrays, read again when any SwappedEmbedding of
+        this process replaced the table since (its generation moved)."""
+        generation = _generations.get(self._identity, 0)
+        if self._cache is None or self._cache[0] != generation:
+            rows = RowCache(self.width, self.key_arrow, tempfile.gettempdir())
+            columns = [q.col(c) for c in self.columns()]
+            for batch in self.db.reader(exp.select(*columns).from_(self.table.copy()), 1 << 17):
+                rows.load(batch)
+            self._cache = (generation, rows)
+        return self._cache[1]
+
+    def _changed(self) -> None:
+        """The table was replaced: every instance's rows of it are stale."""
+        _generations[self._identity] = _generations.get(self._identity, 0) + 1
+        self._cache = None
 
     def update(self, keys: pa.Array, grad: torch.Tensor) -> None:
         raise RelsqlError(f"{self.db.description} has no transactions to update embedding `{self.weight}` step by step: "
@@ -103,3 +111,4 @@ class SwappedEmbedding(EmbeddingTable):
             self.db.replace_table(self.name, exp.union(kept, new, distinct=False), self._comment(step))
         finally:
             self.db.unregister(view)
+            self._changed()
