@@ -67,3 +67,28 @@ def test_recommend_refuses_a_model_that_predicts_a_label(tmp_path, capsys):
         model.save(model_path)
     code, _, err = cli(capsys, "recommend", db_path, "--model", model_path)
     assert code == 1 and "relsql predict" in err
+
+
+def test_train_takes_the_candidate_tower_pairs_and_hard_negatives(tmp_path, capsys):
+    """--candidates, --pairs and --hard-negatives reach Model and fit: the saved model names the
+    towers given, and a hard-negative rule over a missing table or a tower that does not exist is
+    one line naming it (exit 1), no traceback."""
+    from tests.test_ranking_pairs import BASE, PAIR, REBOUGHT, habit_shop
+
+    db_path = tmp_path / "habits.duckdb"
+    habit_shop(db_path, customers=20).close()
+    template = tmp_path / "paired.sql"
+    template.write_text(BASE + PAIR)
+    model_path = tmp_path / "paired.relsql"
+    common = ("train", db_path, "--template", template, "--target", "task_rec.item_id", "--output", "task_h", "--time-column", "snapshot",
+              "--epochs", "3", "--model", model_path)
+    code, out, err = cli(capsys, *common, "--candidates", "item_h", "--pairs", "pair_h", "--hard-negatives", REBOUGHT)
+    assert code == 0, out + err
+    with relsql.connect(str(db_path)) as db:
+        model = relsql.Model.load(model_path, db)
+        assert (model.task.candidates, model.task.pairs) == ("item_h", "pair_h")
+    code, _, err = cli(capsys, *common, "--candidates", "nope_h")
+    assert code == 1 and "nope_h" in err
+    code, _, err = cli(capsys, *common, "--hard-negatives", "SELECT t.task_id, m.item_id FROM task_rec t JOIN missing_t m "
+                       "ON m.customer_id = t.customer_id")
+    assert code == 1 and "missing_t" in err

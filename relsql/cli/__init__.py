@@ -162,7 +162,7 @@ def _writable_table(db: relsql.Database, name: str, replace: bool, flag: str) ->
 def _fit_options(args: argparse.Namespace) -> dict:
     """fit()'s keyword arguments the user gave (fit's own defaults for the rest, see Model.fit)."""
     given = {"epochs": args.epochs, "lr": args.lr, "patience": args.patience, "loss": args.loss,
-             "class_weight": args.class_weight, "negatives": args.negatives}
+             "class_weight": args.class_weight, "negatives": args.negatives, "hard_negatives": args.hard_negatives}
     options = {k: v for k, v in given.items() if v is not None}
     if args.time_budget is not None:
         options["time_budget"] = None if args.time_budget == "none" else args.time_budget
@@ -195,6 +195,7 @@ def _train(args: argparse.Namespace) -> int:
         model = relsql.Model(db, template, target=args.target, output=args.output, time_column=args.time_column,
                              seed=args.seed, task=args.task, batch_size=args.batch_size, threads=args.threads,
                              allow_target_inputs=args.allow_target_inputs, max_groundings=args.max_groundings,
+                             candidates=args.candidates, pairs=args.pairs,
                              **({"split": args.split} if args.split is not None else {}), device=args.device)
         options = _fit_options(args)
         if args.search is not None:
@@ -359,6 +360,14 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                        help="regression loss (default huber); for a ranking target softmax (default), bce or bpr")
     train.add_argument("--negatives", choices=["uniform", "popularity", "in-batch"],
                        help="ranking target: how each step draws its non-matching candidates (default uniform)")
+    train.add_argument("--hard-negatives", metavar="SELECT",
+                       help="ranking target: a SQL SELECT of (target key columns, candidate key) pairs that should rank "
+                            "below the row's positives, each adding a BPR term (docs/recommendation.md)")
+    train.add_argument("--candidates", metavar="RELATION",
+                       help="ranking target: the template's relation that is the candidate tower (default: the last one "
+                            "keyed by the referenced table's key)")
+    train.add_argument("--pairs", metavar="RELATION",
+                       help="ranking target: a template relation keyed by both keys whose 1-wide value adds to a pair's score")
     train.add_argument("--class-weight", choices=["balanced"],
                        help="classification: weigh each row's loss by the inverse of its class's frequency")
     train.add_argument("--device", type=device, default="cpu", help=DEVICE_HELP)
