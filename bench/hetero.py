@@ -470,6 +470,22 @@ class Case:
         logits = torch.cat(list(out.values())) if isinstance(out, dict) else out
         return F.cross_entropy(logits, self.pyg_y)
 
+    def to(self, device: torch.device) -> None:
+        """Move the nets and their inputs to `device` (after the CPU agreement check)."""
+        def moved(value):
+            if isinstance(value, dict):
+                return {k: moved(v) for k, v in value.items()}
+            if isinstance(value, tuple):
+                return tuple(moved(v) for v in value)
+            return value.to(device)
+
+        if self.net is not None:
+            self.net.to(device)
+            self.net_params = list(self.net.parameters())
+        for pyg in self.baselines.values():
+            pyg.to(device)
+        self.x, self.y, self.pyg_y, self.inputs = moved(self.x), moved(self.y), moved(self.pyg_y), moved(self.inputs)
+
     # timed tasks
     def relsql_forward(self):
         return self.net()[self.last]
@@ -586,6 +602,14 @@ def available_gb() -> float:
 
 
 # --------------------------------------------------------------------------- timing
+
+
+def synchronized(task, device: str):
+    """`task` followed by waiting for the device, so a call's time includes its kernels."""
+    def run():
+        task()
+        torch.cuda.synchronize(device)
+    return run
 
 
 def time_alternately(tasks: dict, warmup: int, max_reps: int, budget_s: float) -> tuple[dict[str, float], int]:
@@ -724,9 +748,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         help="seconds of timed repetitions per (model, dataset, layers), at least one repetition")
     parser.add_argument("--threads", type=int, default=THREADS, help="torch.set_num_threads (2 as bench/gnn.py)")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu or cuda: timed there after the agreement check on the CPU (each call synchronizes the "
+                             "device; memory probes are CPU only, so cuda implies --no-memory)")
     parser.add_argument("--memory-probe", nargs=4, metavar=("FRAMEWORK", "MODEL", "DATASET", "LAYERS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    args.no_memory = args.no_memory or args.device != "cpu"  # the probes read the CPU peak RSS
     if args.hidden % args.heads:
         parser.error(f"--hidden {args.hidden} does not split into --heads {args.heads}")
     if args.memory_probe:
@@ -745,7 +773,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     import torch_geometric
 
     print(f"relsql vs PyG {torch_geometric.__version__} on synthetic heterogeneous graphs, hidden width {args.hidden}, "
-          f"GAT heads {args.heads}, float32, CPU, torch {torch.__version__}, torch.set_num_threads({args.threads}), commit {commit}")
+          f"GAT heads {args.heads}, float32, {args.device}, torch {torch.__version__}, torch.set_num_threads({args.threads}), commit {commit}")
     print(f"PyG extensions: pyg-lib {torch_geometric.typing.WITH_PYG_LIB} (segment_matmul {torch_geometric.typing.WITH_SEGMM}), "
           f"torch-scatter {torch_geometric.typing.WITH_TORCH_SCATTER}, torch-sparse {torch_geometric.typing.WITH_TORCH_SPARSE}")
     if "am" in names and args.am_scale != 1:
@@ -797,7 +825,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                            f"(outputs) / {grad_diff:.2e} (gradients), relative; not timing")
                 print(f"  {model} {layers} layer(s): grounding + compile {case.ground_s:.2f} s; plan: {case.summary()}; "
                       + "; ".join(f"max rel |relsql - {b}| {d:.1e}, gradients {g:.1e}" for b, (d, g) in diffs.items()))
-                times, reps = time_alternately(case.tasks(frozenset(no_step)), warmup, max_reps, args.budget)
+                tasks = case.tasks(frozenset(no_step))
+                if args.device != "cpu":
+                    case.to(torch.device(args.device))
+                    tasks = {key: synchronized(task, args.device) for key, task in tasks.items()}
+                times, reps = time_alternately(tasks, warmup, max_reps, args.budget)
                 ops = int(case.summary().split()[0])
                 ground_s = case.ground_s
                 del case
