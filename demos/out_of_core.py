@@ -6,15 +6,19 @@ Writes a DuckDB file `out/demo/clicks.duckdb` with a table `click(id, user_id, x
 clicks by --users distinct users (every user clicks at least once), a numeric feature x, and a
 label y that depends on x. The template embeds the user id with its embedding kept in the table
 `relsql_embedding_user` of that file: every batch reads the rows of its users (creating those
-not seen before), trains them, and applies their gradient with Adagrad in SQL, one transaction
-per step. Printed: the table's rows and steps, the epoch's wall time and the time waiting on
-the database, and the peak resident memory, next to what the embedding alone would take in
-torch memory (with Adam's two moment tensors).
+not seen before) from memory-mapped arrays beside the database, trains them, and applies their
+gradient with Adagrad there; the changed rows go into the table with its step counter in one
+transaction at each write-back (here: the best epoch's copy after validation). Printed: the
+table's rows and steps, the epoch's wall time and the time waiting on the database worker, the
+step time at the start and at the end of the epoch, the load average, and the peak resident
+memory, next to what the embedding alone would take in torch memory (with Adam's two moment
+tensors).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import warnings
@@ -101,6 +105,13 @@ def main(argv: list[str] | None = None) -> dict:
           f"(medians of 5 steps; ratio {result['last_steps_s'] / result['first_steps_s']:.2f})")
     print(f"peak resident memory {result['peak_rss_mib']:,} MiB; the same embedding in torch with Adam's moments: "
           f"{result['in_torch_mib']:,} MiB for its tensors alone")
+    status = Path("/proc/self/status")
+    if status.exists():  # Linux: resident memory now, anonymous vs pages of mapped files (the row arrays'; reclaimable)
+        fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+        result.update({f"{k.lower()}_mib": round(int(fields[k].split()[0]) / 1024) for k in ("RssAnon", "RssFile") if k in fields})
+        print(f"resident now: anonymous {result.get('rssanon_mib', 0):,} MiB, mapped files {result.get('rssfile_mib', 0):,} MiB")
+    result["load_average"] = tuple(round(v, 2) for v in os.getloadavg())
+    print(f"load average (1, 5, 15 min) {result['load_average']}")
     db.close()
     return result
 

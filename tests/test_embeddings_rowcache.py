@@ -78,6 +78,17 @@ def test_absent_codes_are_not_inserted_when_looking_up_only():
     assert index.count == 2
 
 
+def test_reading_keys_without_a_step_keeps_no_row_for_them():
+    """Evaluation on keys never trained: their initial rows, and nothing kept for them."""
+    db = relsql.connect()
+    table = DatabaseEmbedding(db, "w", 2, pa.int64(), seed=1)
+    keys = pa.array(np.arange(5000, dtype=np.int64))
+    assert np.array_equal(table.fetch(keys).numpy(), initial_values(keys, 2, 1))
+    assert table._live.rows.index.count == 0 and table.values() == {} and table.step() == 0
+    table.update(keys[:3], torch.ones(3, 2, dtype=torch.float64))
+    assert table._live.rows.index.count == 3 and len(table.values()) == 3
+
+
 def _table_rows(db: relsql.Database, width: int) -> dict:
     """The embedding table as plain SQL reads it: {key: (e.., a..)}."""
     rows = db.con.execute("SELECT * FROM relsql_embedding_w").fetchall()

@@ -3,9 +3,12 @@ value in a database table, never the whole table in torch.
 
 Each batch reads the rows of the keys it uses (keys never seen before start from a seeded,
 key-determined initial value), trains them as an ordinary leaf tensor, and hands back their
-gradient; an SGD or Adagrad step computes the batch's new rows, which replace the old ones in
-the table. Every step is one transaction that also advances the table's step counter, so an
-interrupted run leaves the table at the previous step or the next one, never in between.
+gradient; an SGD or Adagrad step computes the batch's new rows. A step reads and writes rows
+in memory-mapped arrays by key (relsql/train/rowcache.py), not the table: its cost does not grow
+with the table. The rows changed since the last write-back go into the table with its step
+counter in one transaction (`flush`) at every checkpoint and best-epoch copy, before anything
+reads the table, and when the process exits; a crash (SIGKILL) leaves the table at its last
+write-back, whole, and a resumed run starts from the checkpoint's copy as before.
 
 The table `relsql_embedding_<weight>` has columns `key`, `e0..e{d-1}` and, for Adagrad, the
 accumulated squared gradients `a0..a{d-1}`; `relsql_embedding_steps` holds each table's step.
@@ -165,6 +168,7 @@ class DatabaseEmbedding(EmbeddingTable):
         stored = dict(self.db._columns(self.name))["key"]
         self.key_arrow = {"UBIGINT": pa.uint64(), "BIGINT": pa.int64(), "DOUBLE": pa.float64()}.get(stored, pa.string())
         self._live = LiveRows(self)
+        self._fetched: tuple[RowCache, pa.Array, np.ndarray] | None = None
         weakref.finalize(self, self._live.flush_quietly)  # collected, or the process exits: its rows reach the table
 
     # -- the table -----------------------------------------------------------------------------
@@ -235,7 +239,9 @@ class DatabaseEmbedding(EmbeddingTable):
         initial rows, which the database holds only once a step updated them."""
         keys = self._checked(keys)
         with self._live.lock:
-            _, rows = self._live.cache(self).read(keys, self._initial)
+            cache = self._live.cache(self)
+            _, rows = cache.peek(keys, self._initial)
+            self._fetched = (cache, keys, rows)  # what `update` starts from when it gets the same keys
         return torch.from_numpy(np.ascontiguousarray(rows[:, :self.width]))
 
     def _initial(self, keys: pa.Array) -> np.ndarray:
@@ -248,7 +254,11 @@ class DatabaseEmbedding(EmbeddingTable):
         g = grad.detach().to("cpu", torch.float64).reshape(len(keys), self.width).numpy()
         with self._live.lock:
             cache = self._live.cache(self)
-            slots, rows = cache.read(keys, self._initial)
+            fetched, self._fetched = self._fetched, None
+            if fetched is not None and fetched[0] is cache and fetched[1].equals(keys):
+                slots, rows = cache.assign(keys), fetched[2]  # no step since the fetch: its rows are current
+            else:
+                slots, rows = cache.read(keys, self._initial)
             e, a = step(rows[:, :self.width], rows[:, self.width:], g, self.optimizer, self.lr)
             cache.write(slots, np.concatenate([e, a], axis=1))
             self._live.step += 1
@@ -438,23 +448,26 @@ class LiveRows:
         with self.lock:
             if self.rows is None:
                 return
-            slots, changed = self.rows.changed()
+            slots = self.rows.changed_slots()
             if not len(slots) and self.step == self.stored:
                 return
-            name = f"{self.db._prefix}emb_{next(_views)}"
-            self.db.con.register(name, changed)
+            keys, rows = f"{self.db._prefix}emb_{next(_views)}", f"{self.db._prefix}emb_{next(_views)}"
+            old = slots[self.rows.stored(slots)]
+            self.db.con.register(keys, self.rows.table(old).select(["key"]))
+            self.db.con.register(rows, self.rows.stream(slots))  # read once, by the INSERT
             try:
                 statements = []
-                if len(slots) and self.rows.any_stored(slots):  # else no old row to delete: no scan of the table's keys
+                if len(old):  # else no old row to delete: no scan of the table's keys
                     statements.append(exp.Delete(this=self.table.copy(), where=exp.Where(this=exp.In(
-                        this=q.col("key"), query=exp.Subquery(this=exp.select(q.col("key")).from_(exp.Table(this=ident(name))))))))
+                        this=q.col("key"), query=exp.Subquery(this=exp.select(q.col("key")).from_(exp.Table(this=ident(keys))))))))
                 if len(slots):
-                    statements.append(exp.Insert(this=self.table.copy(), expression=exp.select(exp.Star()).from_(exp.Table(this=ident(name)))))
+                    statements.append(exp.Insert(this=self.table.copy(), expression=exp.select(exp.Star()).from_(exp.Table(this=ident(rows)))))
                 statements.append(exp.Update(this=self.steps.copy(), expressions=[exp.EQ(this=q.col("step"), expression=q.integer(self.step))],
                                              where=exp.Where(this=exp.EQ(this=q.col("weight"), expression=exp.Literal.string(self.weight)))))
                 self.db.transaction(statements)
             finally:
-                self.db.con.unregister(name)
+                self.db.con.unregister(keys)
+                self.db.con.unregister(rows)
             self.rows.clean(slots)
             self.stored = self.step
 

@@ -148,6 +148,10 @@ class RowCache:
             codes[i] = code
         return codes
 
+    def assign(self, keys: pa.Array) -> np.ndarray:
+        """Every key's slot, keys never seen given one (their rows are for the caller to write)."""
+        return self._slots(keys)[0]
+
     def _slots(self, keys: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         """(slots, new): every key's slot, and the positions of one of each key never seen before
         (which are given slots now)."""
@@ -175,6 +179,19 @@ class RowCache:
             self.rows.array[slots[new]] = fresh
         return slots, self.rows.array[slots]
 
+    def peek(self, keys: pa.Array, initial) -> tuple[np.ndarray, np.ndarray]:
+        """(slots, rows) of `keys` like `read`, without giving keys never seen a slot (slot -1,
+        initial rows): evaluating on many keys does not grow the arrays."""
+        codes = self._codes(keys)
+        slots = self.index.slots(codes, insert=False)
+        rows = np.zeros((len(keys), 2 * self.width))
+        found = slots >= 0
+        rows[found] = self.rows.array[slots[found]]
+        absent = np.flatnonzero(~found)
+        if len(absent):
+            rows[absent, :self.width] = initial(keys.take(pa.array(absent)))
+        return slots, rows
+
     def write(self, slots: np.ndarray, rows: np.ndarray) -> None:
         self.rows.array[slots] = rows
         flags = self.flags.array
@@ -183,8 +200,18 @@ class RowCache:
 
     def changed(self) -> tuple[np.ndarray, pa.Table]:
         """(slots, rows key, e.., a..) of the rows changed since `clean`."""
-        slots = np.flatnonzero(self.flags.array[:self.index.count, 0])
+        slots = self.changed_slots()
         return slots, self.table(slots)
+
+    def changed_slots(self) -> np.ndarray:
+        return np.flatnonzero(self.flags.array[:self.index.count, 0])
+
+    def stream(self, slots: np.ndarray, chunk: int = 1 << 17) -> pa.RecordBatchReader:
+        """The rows at `slots` (key, e.., a..), `chunk` at a time: a write-back of millions of
+        rows never holds a copy of them all."""
+        schema = self.table(slots[:0]).schema
+        batches = (self.table(slots[i:i + chunk]).to_batches()[0] for i in range(0, len(slots), chunk))
+        return pa.RecordBatchReader.from_batches(schema, batches)
 
     def table(self, slots: np.ndarray) -> pa.Table:
         codes = self.index.codes.array[slots, 0]
@@ -206,5 +233,6 @@ class RowCache:
         self.flags.array[slots, 1] = True
         self.dirty_count = 0
 
-    def any_stored(self, slots: np.ndarray) -> bool:
-        return bool(self.flags.array[slots, 1].any())
+    def stored(self, slots: np.ndarray) -> np.ndarray:
+        """Whether the table holds a row (maybe older) of each slot's key."""
+        return self.flags.array[slots, 1].copy()
