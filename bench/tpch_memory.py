@@ -99,7 +99,8 @@ TARGETS = {"auto": "orders.o_orderpriority", "customer": "customer.c_mktsegment"
 MAX_GROUNDINGS = 10**11
 
 
-def one_epoch(path: str, batch_size: int, memory_limit: str, template: str = "customer", store: bool = True) -> dict:
+def one_epoch(path: str, batch_size: int, memory_limit: str, template: str = "customer", store: bool = True,
+              threads: int = 2) -> dict:
     """In this (fresh) process: set up a batched model on `path` and train one epoch."""
     import warnings
 
@@ -107,7 +108,7 @@ def one_epoch(path: str, batch_size: int, memory_limit: str, template: str = "cu
 
     import relsql
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     warnings.simplefilter("ignore")
     db = relsql.connect(path, read_only=True, memory_limit=memory_limit)
     started = time.perf_counter()
@@ -127,30 +128,38 @@ def one_epoch(path: str, batch_size: int, memory_limit: str, template: str = "cu
             "peak_rss_mib": round(peak_rss_mib(), 1)}
 
 
+def _load() -> str:
+    """The 1, 5 and 15 minute load averages (the machine is shared: printed with every figure)."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(prog="python -m bench.tpch_memory", description=__doc__.split("\n\n")[0])
     parser.add_argument("--scales", nargs="*", type=float, default=[1, 10])
     parser.add_argument("--batch-size", type=int, default=16384)
     parser.add_argument("--memory-limit", default="256MB", help="DuckDB's memory_limit for the training process")
     parser.add_argument("--template", choices=sorted(TARGETS), default="auto", help="auto (orders-level, default) or customer")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="torch threads in the training process (1 on a machine shared with other jobs: 2 threads on "
+                             "2 busy cores wait on each other)")
     parser.add_argument("--no-store", action="store_true", help="ground every batch in DuckDB instead of reading a grounding store")
     parser.add_argument("--data", default=str(ROOT / "out" / "tpch"), help="where the generated DuckDB files are kept")
     parser.add_argument("--out", default="out/bench")
-    parser.add_argument("--one-epoch", nargs=5, metavar=("PATH", "BATCH", "LIMIT", "TEMPLATE", "STORE"), help=argparse.SUPPRESS)
+    parser.add_argument("--one-epoch", nargs=6, metavar=("PATH", "BATCH", "LIMIT", "TEMPLATE", "STORE", "THREADS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one_epoch:
-        path, batch, limit, template, store = args.one_epoch
-        print(json.dumps(one_epoch(path, int(batch), limit, template, store == "store")))
+        path, batch, limit, template, store, threads = args.one_epoch
+        print(json.dumps(one_epoch(path, int(batch), limit, template, store == "store", int(threads))))
         return []
 
     rows = []
     mode = "per-batch grounding in DuckDB" if args.no_store else "grounding store"
     print(f"one epoch of the {args.template} template ({TARGETS[args.template]}), {mode}, batch_size {args.batch_size}, "
-          f"DuckDB memory_limit {args.memory_limit}, 2 threads")
+          f"DuckDB memory_limit {args.memory_limit}, {args.threads} torch threads; load average {_load()}")
     for sf in args.scales:
         path = database_file(sf, Path(args.data))
         command = [sys.executable, "-m", "bench.tpch_memory", "--one-epoch", str(path), str(args.batch_size), args.memory_limit,
-                   args.template, "none" if args.no_store else "store"]
+                   args.template, "none" if args.no_store else "store", str(args.threads)]
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
         if done.returncode != 0:
             raise SystemExit(f"sf={sf:g} failed:\n{done.stderr[-3000:]}")
@@ -159,7 +168,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(f"  sf={sf:g}: {row['rows']:,} target rows, file {row['file_mib']:,} MiB, setup {row['setup_s']} s "
               f"(bulk grounding {row['bulk_grounding_s']} s, store {row['store_mib']:,} MiB), "
               f"epoch {row['epoch_s']} s (waiting on the database {row['waiting_on_database_s']} s), "
-              f"peak RSS {row['peak_rss_mib']:,} MiB", flush=True)
+              f"peak RSS {row['peak_rss_mib']:,} MiB; load average {_load()}", flush=True)
     if len(rows) > 1:
         data = rows[-1]["file_mib"] / rows[0]["file_mib"]
         print(f"sf={rows[-1]['sf']:g} / sf={rows[0]['sf']:g} for {data:.1f}x the data: "
