@@ -21,6 +21,7 @@ from relsql.references import Reference
 from relsql.template.ir import Template
 from relsql.train.ranking.pairs import pair_relation
 from relsql.train.ranking.task import RankingTask
+from relsql.train.ranking.timed import timed_relation
 from relsql.train.split import split_rows
 from relsql.train.target import Target
 
@@ -36,6 +37,7 @@ class RankingTarget(Target):
         super().__init__(table, column, output, keys, time_column, fractions, seed)
         self.reference, self.candidates = reference, candidates
         self.pair_relation = pair_relation  # the relation whose value adds to a pair's score (pairs.py), or None
+        self.timed_relation: str | None = None  # the relation keyed by (time, candidate) (timed.py), or None
         self.candidate_keys: pa.Table | None = None  # the candidate relation's key column and _rid
         self.offsets = np.zeros(1, dtype=np.int64)
         self.items = np.zeros(0, dtype=np.int64)
@@ -124,7 +126,8 @@ def ranking_target(template: Template, table: str, column: str, output: str, ref
                    pairs: str | None = None) -> RankingTarget:
     """The target of Model(...) on a column that references `reference.table`; the candidate relation
     is `candidates`, the saved model's, or the template's last one keyed by the referenced key; the
-    pair relation `pairs`, the saved model's, or the last one keyed by both (pairs.py), if any."""
+    pair relation `pairs`, the saved model's, or the last one keyed by both (pairs.py), if any; the
+    timed relation the last one keyed by the time column and the referenced key (timed.py), if any."""
     if candidates is None and loading is not None:
         candidates = loading.task.candidates
     if candidates is None:
@@ -135,5 +138,7 @@ def ranking_target(template: Template, table: str, column: str, output: str, ref
     if pairs is None and loading is not None and getattr(loading.task, "pairs", ""):
         pairs = loading.task.pairs
     pair = pair_relation(template, output, candidates, reference, pairs)
-    return RankingTarget(table, column, output, template.relations[output].keys, time_column, fractions, seed,
+    made = RankingTarget(table, column, output, template.relations[output].keys, time_column, fractions, seed,
                          reference, candidates, pair)
+    made.timed_relation = timed_relation(template, output, candidates, pair, reference, time_column)
+    return made
