@@ -31,9 +31,11 @@ Times are medians over ``--reps`` repetitions after one warm-up; an epoch repeti
 mean of 10 epochs in a row on either side. ``--quick`` (a check that the bench runs and that the
 numbers are identical, not a measurement) times each side's first build (no warm-up) and one
 epoch per repetition, on Mutagenesis' template.txt only. NeuraLogic is timed in this
-process, then relsql back to back in a fresh process without a JVM: the JVM's JIT and GC
-threads go on working after its calls and slowed whatever ran next on these 2 cores (relsql
-builds measured 0.15 s alone and 0.3–0.8 s right after a NeuraLogic build).
+process, relsql in a fresh process without a JVM (the JVM's JIT and GC threads go on working
+after its calls and slowed whatever ran next on these 2 cores: relsql builds measured 0.15 s
+alone and 0.3–0.8 s right after a NeuraLogic build); the two sides' epoch repetitions alternate
+(relsql's after a 0.3 s pause), so load from other processes reaches both medians alike
+(column ``load_avg``: the 1-minute load average over the repetitions).
 NeuraLogic settings (``--nl-settings iso``, the default): its defaults (iso-value compression on,
 Glorot init) except optimizer SGD(lr=1e-9) and MSE(reduction="sum"), the same step relsql takes,
 and chain_pruning=False: chain pruning changes NeuraLogic's outputs (max |Δ| 0.13 on
@@ -101,6 +103,7 @@ EXTRA = {  # templates in the wheel with no loader in connectors.neuralogic_file
 NOT_RUN = ("xor_generalized",)  # tried (builds only) in full runs to print why they do not run
 TOL = 1e-6
 EPOCH_LOOPS = 10  # epochs per timed repetition, on both sides
+SETTLE_S = 0.3  # pause after NeuraLogic's epochs before relsql's (its JVM threads settle)
 LR = 1e-9  # timing does not depend on it; tiny so that no template diverges (identity-activation GNNs at width 32 do at 1e-4)
 TARGETS = {"build": 10.0, "epoch@3": 1.0, "epoch@32": 20.0}
 
@@ -110,7 +113,7 @@ COLUMNS = (
     "nl_epoch_ms", "relsql_epoch_ms_f64", "relsql_epoch_ms_f32", "epoch_ratio_f64", "epoch_ratio_f32",
     "relsql_epoch_ms_f64_ops", "epoch_ratio_f64_ops", "relsql_execution",
     "max_abs_dev", "n_outputs", "nl_peak_rss_mib", "relsql_peak_rss_mib",
-    "relsql_import_s", "jvm_start_s", "nl_settings", "reps", "note",
+    "relsql_import_s", "jvm_start_s", "nl_settings", "reps", "load_avg", "note",
 )
 
 
@@ -405,8 +408,8 @@ def run_config(name: str, width: int | str, db, dataset, work: Path, reps: int, 
     # keep running after its calls and would slow whatever runs next on these 2 cores
     nb = [_timed(nl.build) for _ in range(reps)] if warm else [first_nl_build] + [_timed(nl.build) for _ in range(reps - 1)]
     epoch = nl.epoch if kind == "train" else nl.forward
-    ne = [_timed(epoch, nl.reset, loops) for _ in range(reps)]
-    ours = _relsql_subprocess(dataset.name, name, width, kind, reps, work, warm, loops, threads)
+    ne, ours = _interleaved(epoch, nl.reset, RelsqlWorker(dataset.name, name, width, kind, reps, work, warm, loops, threads),
+                            reps, loops)
     bmed_r, bmed_n, nl_epoch = ours["build_s"], statistics.median(nb), statistics.median(ne)
     row.update(
         epoch_kind=kind,
@@ -416,7 +419,7 @@ def run_config(name: str, width: int | str, db, dataset, work: Path, reps: int, 
         relsql_epoch_ms_f32=f"{ours['f32'] * 1e3:.2f}",
         epoch_ratio_f64=f"{nl_epoch / ours['f64']:.2f}", epoch_ratio_f32=f"{nl_epoch / ours['f32']:.2f}",
         relsql_epoch_ms_f64_ops=f"{ours['f64_ops'] * 1e3:.2f}", epoch_ratio_f64_ops=f"{nl_epoch / ours['f64_ops']:.2f}",
-        relsql_execution=ours["execution"],
+        relsql_execution=ours["execution"], load_avg=ours["load_avg"],
     )
     del rel, nl
     gc.collect()
@@ -538,17 +541,59 @@ def print_per_op(threads: int) -> None:
 # --------------------------------------------------------------------------- relsql timings (fresh process)
 
 
-def _relsql_subprocess(dsname: str, name: str, width: int | str, kind: str, reps: int, work: Path, warm: bool = True,
-                       loops: int = EPOCH_LOOPS, threads: int = 2) -> dict:
-    cmd = [sys.executable, "-m", "bench.neuralogic", "--time-relsql", "--probe-dataset", dsname, "--probe-template", name,
-           "--probe-width", str(width), "--probe-kind", kind, "--reps", str(reps), "--loops", str(loops),
-           "--threads", str(threads), *([] if warm else ["--no-warmup"])]
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=900)
-    for line in proc.stdout.splitlines()[::-1]:
-        if line.startswith("{"):
-            return json.loads(line)
-    raise RuntimeError(f"relsql timing of {name} w{width} failed:\n{proc.stderr[-2000:]}")
+class RelsqlWorker:
+    """relsql's side in a fresh process without a JVM (`--time-relsql`), timing one repetition of
+    its epochs each time it is asked: the two sides' repetitions alternate, so a change of the
+    machine's load (shared cores) reaches both sides' medians alike."""
+
+    def __init__(self, dsname: str, name: str, width: int | str, kind: str, reps: int, work: Path, warm: bool = True,
+                 loops: int = EPOCH_LOOPS, threads: int = 2):
+        cmd = [sys.executable, "-m", "bench.neuralogic", "--time-relsql", "--probe-dataset", dsname, "--probe-template", name,
+               "--probe-width", str(width), "--probe-kind", kind, "--reps", str(reps), "--loops", str(loops),
+               "--threads", str(threads), *([] if warm else ["--no-warmup"])]
+        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.what = f"relsql timing of {name} w{width}"
+        self.err = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(cmd, cwd=work, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.err, text=True)
+        self.ready = self._answer()  # build times, execution: the process is built and warm
+
+    def _answer(self) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                return json.loads(line)
+        self.proc.wait()
+        self.err.seek(0)
+        raise RuntimeError(f"{self.what} failed:\n{self.err.read()[-2000:]}")
+
+    def rep(self, i: int) -> dict:
+        """One repetition: seconds per epoch of each variant (f64, f32, f64 op by op)."""
+        self.proc.stdin.write(f"{i}\n")
+        self.proc.stdin.flush()
+        return self._answer()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+        self.err.close()
+
+
+def _interleaved(epoch, reset, worker: RelsqlWorker, reps: int, loops: int) -> tuple[list[float], dict]:
+    """NeuraLogic's epoch repetitions in this process alternated with relsql's in the worker;
+    (NeuraLogic's seconds per epoch, relsql's medians with its build and the load average)."""
+    ne, times, loads = [], {}, []
+    try:
+        for i in range(reps):
+            ne.append(_timed(epoch, reset, loops))
+            time.sleep(SETTLE_S)  # the JVM's JIT and GC threads run on after its calls
+            for k, v in worker.rep(i).items():
+                times.setdefault(k, []).append(v)
+            loads.append(os.getloadavg()[0])
+    finally:
+        worker.close()
+    return ne, {**worker.ready, **{k: statistics.median(v) for k, v in times.items()},
+                "load_avg": f"{min(loads):.1f}-{max(loads):.1f}"}
 
 
 def _in(side: RelsqlSide, execution: str, fn):
@@ -561,9 +606,10 @@ def _in(side: RelsqlSide, execution: str, fn):
 
 def time_relsql(dsname: str, name: str, width: int | str, kind: str, reps: int, warm: bool = True,
                 loops: int = EPOCH_LOOPS, threads: int = 2) -> None:
-    """Runs in a fresh process (no JVM): relsql build, then float64 and float32 epochs, and float64
-    op by op (execution "ops": the plan before fusing), alternating (`warm` False: the first build
-    and epochs are the timed ones)."""
+    """Runs in a fresh process (no JVM): relsql builds (printed once built and warm), then per
+    line the parent writes, one repetition of the float64 and float32 epochs and float64 op by op
+    (execution "ops": the plan before fusing), in alternating order (`warm` False: the first
+    build and epochs are the timed ones)."""
     import torch
 
     import relsql
@@ -590,12 +636,11 @@ def time_relsql(dsname: str, name: str, width: int | str, kind: str, reps: int, 
         execution = "fused" if rel.net.fused_reason is None else f"ops ({rel.net.fused_reason})"
         for fn in fns.values() if warm else ():
             fn()
-        times = {k: [] for k in fns}
-        for i in range(reps):
-            for k in (list(fns) if i % 2 == 0 else list(fns)[::-1]):
-                times[k].append(_timed(fns[k], resets[k], loops))
-    print(json.dumps({"build_s": statistics.median(builds), "execution": execution,
-                      **{k: statistics.median(v) for k, v in times.items()}}))
+        print(json.dumps({"build_s": statistics.median(builds), "execution": execution}), flush=True)
+        for line in sys.stdin:  # the parent asks for repetition i between its own (RelsqlWorker)
+            i = int(line)
+            order = list(fns) if i % 2 == 0 else list(fns)[::-1]
+            print(json.dumps({k: _timed(fns[k], resets[k], loops) for k in order}), flush=True)
 
 
 # --------------------------------------------------------------------------- memory (fresh processes)
