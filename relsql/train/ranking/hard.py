@@ -23,6 +23,7 @@ from sqlglot import exp
 
 from relsql import sql as q
 from relsql.errors import SchemaError
+from relsql.train.ranking.rows import key_rows
 
 HARD_WEIGHT = 1.0
 ESCAPES = re.compile(r"\x1b\[[0-9;]*m")  # sqlglot underlines the bad token with terminal escapes
@@ -106,14 +107,9 @@ def hard_negatives(learner, text: str) -> HardNegatives:
     out_keys = pl.from_arrow(learner.net.grounding.relations[learner.output].keys)
     cand_keys = pl.from_arrow(goal.candidate_keys).rename({goal.reference.key: name}) \
         if goal.reference.key != name else pl.from_arrow(goal.candidate_keys)
-    try:
-        found = found.with_columns([pl.col(k).cast(out_keys.schema[k], strict=True) for k in keys]
-                                   + [pl.col(name).cast(cand_keys.schema[name], strict=True)])
-    except pl.exceptions.PolarsError as err:
-        raise SchemaError(f"hard_negatives' columns do not have the key types of `{goal.table}` and "
-                          f"`{goal.reference.table}` ({' '.join(str(err).split())[:200]}); cast them") from None
-    joined = (found.join(out_keys.rename({"_rid": "_out"}), on=keys, how="left", nulls_equal=True)
-              .join(cand_keys.rename({"_rid": "_cand"}), on=name, how="left"))
+    joined = key_rows(found, out_keys, cand_keys, name, keep_unmatched=True,
+                      mismatch=f"hard_negatives' columns do not have the key types of `{goal.table}` and "
+                               f"`{goal.reference.table}`; cast them")
     _refuse_unknown(joined, "_out", keys, f"no row of `{goal.table}` (output `{learner.output}`)")
     _refuse_unknown(joined, "_cand", [name], f"no candidate row in `{goal.candidates}` ({goal.reference.table})")
     return _labelled_pairs(learner, joined["_out"].to_numpy(), joined["_cand"].to_numpy())

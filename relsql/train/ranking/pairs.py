@@ -25,6 +25,7 @@ from torch import Tensor
 from relsql.errors import SchemaError
 from relsql.references import Reference
 from relsql.template.ir import Template
+from relsql.train.ranking.rows import key_rows
 from relsql.train.ranking.topk import top_k
 
 SHORTLIST_CHUNK = 1 << 22  # pair entries merged at once while ranking (bounds the merge's memory)
@@ -82,14 +83,9 @@ class PairIndex:
         ref = next(c for c in cand_keys.columns if c != "_rid")
         frame = frame.select([pl.col(names[c.casefold()]).alias(c) for c in out_names]
                              + [pl.col(names[reference.key.casefold()]).alias(ref), pl.col("_rid").alias("_pair")])
-        try:
-            frame = frame.with_columns([pl.col(c).cast(out_keys.schema[c], strict=True) for c in out_names]
-                                       + [pl.col(ref).cast(cand_keys.schema[ref], strict=True)])
-        except pl.exceptions.PolarsError as err:
-            raise SchemaError(f"the pair relation `{pair}`'s keys do not have the types of `{output}`'s and "
-                              f"`{candidates}`'s keys ({' '.join(str(err).split())[:200]}); select the same columns") from None
-        joined = (frame.join(out_keys.rename({"_rid": "_out"}), on=out_names, how="inner", nulls_equal=True)
-                  .join(cand_keys.rename({"_rid": "_cand"}), on=ref, how="inner"))
+        joined = key_rows(frame, out_keys, cand_keys, ref, keep_unmatched=False,
+                          mismatch=f"the pair relation `{pair}`'s keys do not have the types of `{output}`'s and "
+                                   f"`{candidates}`'s keys; select the same columns")
         return cls(joined["_out"].to_numpy(), joined["_cand"].to_numpy(), joined["_pair"].to_numpy(),
                    out_keys.height, cand_keys.height)
 

@@ -12,13 +12,14 @@ from relsql.train.results import chosen_rows
 
 
 def recommend(learner, k: int, keys: object = None, where: object = None) -> pl.DataFrame:
-    """Per chosen target row (default: those without a label, the rows to predict), its k best
-    candidates: the target table's key columns, the candidate's key under the target column's
-    name, `rank` (1..k) and `score` (the towers' dot product), best first."""
+    """Per chosen target row (default: those whose target is NULL, the rows to predict; an empty
+    list is a label with nothing in it), its k best candidates: the target table's key columns, the
+    candidate's key under the target column's name, `rank` (1..k) and `score` (the towers' dot
+    product), best first."""
     k = arguments.integer("k", k)
     rows = chosen_rows(learner, keys, where)
     if keys is None and where is None:
-        rows = rows.filter(~pl.col("_rid").is_in(learner.labelled.tolist()))
+        rows = rows.filter(pl.col("_rid").is_in(learner.goal.to_predict.tolist()))
     rids = rows["_rid"].to_numpy().astype(np.int64)
     scores, index = learner.rank(rids, k)
     scores, index = scores.cpu().double().numpy(), index.cpu().numpy()

@@ -41,6 +41,7 @@ class RankingTarget(Target):
         self.candidate_keys: pa.Table | None = None  # the candidate relation's key column and _rid
         self.offsets = np.zeros(1, dtype=np.int64)
         self.items = np.zeros(0, dtype=np.int64)
+        self.to_predict = np.zeros(0, dtype=np.int64)  # output rows whose target is NULL (recommend()'s default)
 
     def label(self, db: Database, labels: pa.Table, task: RankingTask | None, split: dict | None,
               dtype: torch.dtype, device: torch.device) -> None:
@@ -48,7 +49,9 @@ class RankingTarget(Target):
         self.task = task if isinstance(task, RankingTask) else RankingTask(candidates=self.candidates)
         self.task.pairs = self.pair_relation or ""
         self.positions = labels.column("_rid").to_numpy()
-        rows, items = self.positives(labels.column("y").combine_chunks())
+        column = labels.column("y").combine_chunks()
+        self.to_predict = self.positions[pc.is_null(column).to_numpy(zero_copy_only=False)]  # NULL: no label yet
+        rows, items = self.positives(column)
         counts = np.bincount(rows, minlength=labels.num_rows)
         labelled = counts > 0
         self.labelled = self.positions[labelled]
