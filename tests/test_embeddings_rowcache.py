@@ -220,3 +220,47 @@ def test_a_killed_process_leaves_the_table_at_a_step_and_resumes_to_the_uninterr
         assert ours.step() == theirs.step() > 55
         a, b = ours.values(), theirs.values()
         assert a.keys() == b.keys() and all(np.allclose(a[k], b[k], rtol=1e-9, atol=1e-12) for k in a)
+
+
+def test_the_best_epochs_copy_is_made_only_when_the_table_changes_and_restores_exactly():
+    """The best epoch's (temp) copy is noted, not written, while the table stays as it was; any
+    write-back first makes it; either way restoring it gives back exactly the rows and step,
+    and a checkpoint's kept best copy holds them too."""
+    db = relsql.connect()
+    table = DatabaseEmbedding(db, "w", 2, pa.int64(), seed=2, optimizer="adagrad", lr=0.5)
+    keys = pa.array(np.arange(40, dtype=np.int64))
+
+    def train(steps: int) -> None:
+        for i in range(steps):
+            picked = keys[i % 4 * 10:(i % 4 + 1) * 10]
+            table.fetch(picked)
+            table.update(picked, torch.full((10, 2), 0.1 * (i + 1), dtype=torch.float64))
+
+    def same(a: dict, b: dict) -> bool:
+        return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+    def kept(step: int) -> dict:
+        return {r[0]: np.array(r[1:-1]) for r in db.con.execute(f'SELECT * FROM "relsql_embedding_w_best_{step}"').fetchall()}
+
+    def temp_tables() -> list[str]:
+        return [r[0] for r in db.con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()]
+
+    train(6)
+    best = table.best_table()
+    assert table.snapshot(best) == 6 and best.name not in temp_tables()  # noted only
+    at_best = _table_rows(db, 2)
+    train(3)
+    assert table.restore(best) == 6 and same(_table_rows(db, 2), at_best) and table.step() == 6
+    train(2)  # from the best rows again
+    assert table.snapshot(best) == 8
+    at_best = _table_rows(db, 2)
+    train(3)
+    assert table.snapshot() == 11  # a checkpoint's write-back: the best copy is made first
+    assert best.name in temp_tables()
+    assert table.keep_best() == 8 and same(kept(8), at_best)
+    assert table.restore(best) == 8 and same(_table_rows(db, 2), at_best) and table.step() == 8
+    train(1)
+    assert table.snapshot(best) == 9 and best.name not in temp_tables()
+    assert table.keep_best() == 9 and same(kept(9), _table_rows(db, 2))  # made from the table, which is that copy
+    table.drop(best)
+    assert best.name not in temp_tables() and table.step() == 9

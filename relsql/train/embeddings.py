@@ -274,6 +274,7 @@ class DatabaseEmbedding(EmbeddingTable):
         transaction: the table is at the run's start or at its end, never in between."""
         self.flush()
         self._live.forget()
+        self._live.materialize()
         rows = rows.set_column(0, "key", self._keys(rows.column("key")))
         view = self._view(rows)
         try:
@@ -299,7 +300,11 @@ class DatabaseEmbedding(EmbeddingTable):
         return self.db.temp_table("best", self.name)
 
     def snapshot(self, copy: exp.Table | None = None) -> int:
-        """Copy the table aside (to `copy`, default: its checkpoint copy), atomically; returns its step."""
+        """Copy the table aside (to `copy`, default: its checkpoint copy), atomically; returns its step.
+        A temp copy (the best epoch's) is only noted: the table is that copy until it next
+        changes, and is copied then, if ever (`LiveRows.materialize`)."""
+        if copy is not None and copy.catalog == "temp":
+            return self._defer(copy)
         step = self.step()
         copy = copy if copy is not None else self.checkpoint_table(step)
         create = exp.Create(this=copy.copy(), kind="TABLE", replace=True, expression=exp.select(
@@ -309,10 +314,31 @@ class DatabaseEmbedding(EmbeddingTable):
         self.db.transaction([create])
         return step
 
+    def _defer(self, copy: exp.Table) -> int:
+        live = self._live
+        live.claim()
+        with live.lock:
+            if live.deferred is not None and live.deferred[0].name == copy.name:
+                live.deferred = None  # superseded: never copied
+            self.flush()
+            step = self._table_step()
+            self.db.execute(exp.Drop(tables=[copy.copy()], kind="TABLE", exists=True))  # an older copy made under that name
+            live.deferred = (copy.copy(), step)
+        return step
+
+    def _deferred(self, copy: exp.Table) -> bool:
+        """Whether `copy` is the noted one: the table itself, unchanged since."""
+        deferred = self._live.deferred
+        return deferred is not None and deferred[0].name == copy.name and deferred[0].catalog == copy.catalog
+
     def restore(self, copy: exp.Table | int) -> int:
         """Put a copy back (table and step counter, one transaction): a table, or the checkpoint
         copy of a step. Returns its step."""
         copy = self.checkpoint_table(copy) if isinstance(copy, int) else copy
+        if self._deferred(copy):  # the table is still that copy: only the rows trained since go
+            self._live.claim()
+            self._live.forget()
+            return self._live.deferred[1]
         if not self._exists(copy):
             raise RelsqlError(f"no copy {copy.name} of embedding `{self.weight}` in the database: the checkpoint "
                               "does not match the database (was the table dropped?); train without resume=True")
@@ -321,6 +347,7 @@ class DatabaseEmbedding(EmbeddingTable):
         fresh = qualified(f"{self.name}__restoring", self.scope)
         self._live.claim()
         self._live.forget()  # rows trained since the last flush: the copy replaces them
+        self._live.materialize()
         self.db.transaction([  # a new table swapped in: no row-by-row delete and re-insert
             exp.Create(this=fresh, kind="TABLE", replace=True, expression=exp.select(*[q.col(c) for c in columns]).from_(copy.copy())),
             exp.Drop(tables=[self.table.copy()], kind="TABLE"),
@@ -332,10 +359,14 @@ class DatabaseEmbedding(EmbeddingTable):
 
     def _step_of(self, copy: exp.Table) -> int:
         """The step a copy holds (recorded in its `_step` column when it was made)."""
+        if self._deferred(copy):
+            return self._live.deferred[1]
         row = self.db.con.execute(exp.select(exp.Max(this=q.col("_step"))).from_(copy.copy()).sql("duckdb")).fetchone()
         return int(row[0]) if row and row[0] is not None else 0
 
     def _exists(self, table: exp.Table) -> bool:
+        if self._deferred(table):
+            return True
         if table.catalog == "temp":
             found = self.db.con.execute("SELECT count(*) FROM duckdb_tables() WHERE temporary AND table_name = ?",
                                         [table.name]).fetchone()[0]
@@ -343,6 +374,8 @@ class DatabaseEmbedding(EmbeddingTable):
         return table.name in self.db._tables_in(self.scope)
 
     def drop(self, copy: exp.Table) -> None:
+        if self._deferred(copy):
+            self._live.deferred = None
         self.db.execute(exp.Drop(tables=[copy.copy()], kind="TABLE", exists=True))
 
     def kept_best_table(self, step: int) -> exp.Table:
@@ -357,11 +390,15 @@ class DatabaseEmbedding(EmbeddingTable):
         step = self._step_of(best)
         kept = self.kept_best_table(step)
         if not self._exists(kept):
-            self.db.transaction([exp.Create(this=kept, kind="TABLE", expression=exp.select(exp.Star()).from_(best.copy()))])
+            source = exp.select(exp.Star()).from_(best.copy()) if not self._deferred(best) else exp.select(
+                exp.Star(), exp.alias_(q.integer(step), ident("_step"))).from_(self.table.copy())  # the table is that copy
+            self.db.transaction([exp.Create(this=kept, kind="TABLE", expression=source)])
         return step
 
     def load_best(self, step: int) -> None:
         """A resumed run's temp best copy, from the one a checkpoint kept."""
+        if self._deferred(self.best_table()):
+            self._live.deferred = None
         kept = self.kept_best_table(step)
         if not self._exists(kept):
             raise RelsqlError(f"no copy {kept.name} of embedding `{self.weight}` in the database: the checkpoint "
@@ -416,6 +453,7 @@ class LiveRows:
         self.rows: RowCache | None = None
         self.step = 0  # steps taken (while `rows` is held)
         self.stored = 0  # the table's step counter as of the last load or flush
+        self.deferred: tuple[exp.Table, int] | None = None  # a temp copy the table still is, and its step
 
     def claim(self) -> None:
         """Make this the table's only LiveRows: the current one flushes and lets go of its rows."""
@@ -442,15 +480,29 @@ class LiveRows:
             rows.load(batch)
         self.rows, self.step, self.stored = rows, step, step
 
-    def flush(self) -> None:
+    def materialize(self) -> None:
+        """Make the noted temp copy for real, before the table changes."""
+        with self.lock:
+            if self.deferred is None:
+                return
+            (copy, step), self.deferred = self.deferred, None
+            self.db.transaction([exp.Create(this=copy.copy(), kind="TABLE", replace=True, expression=exp.select(
+                exp.Star(), exp.alias_(q.integer(step), ident("_step"))).from_(self.table.copy()),
+                properties=exp.Properties(expressions=[exp.TemporaryProperty()]))])
+
+    def flush(self, keep_copy: bool = True) -> None:
         """The changed rows into the table (DELETE of their old rows + INSERT) and the step
-        counter, one transaction; the rows stay held, clean."""
+        counter, one transaction; the rows stay held, clean. `keep_copy` False: a noted temp
+        copy is dropped, not made (at exit, when temp tables go anyway)."""
         with self.lock:
             if self.rows is None:
                 return
             slots = self.rows.changed_slots()
             if not len(slots) and self.step == self.stored:
                 return
+            if keep_copy:
+                self.materialize()
+            self.deferred = None
             keys, rows = f"{self.db._prefix}emb_{next(_views)}", f"{self.db._prefix}emb_{next(_views)}"
             old = slots[self.rows.stored(slots)]
             self.db.con.register(keys, self.rows.table(old).select(["key"]))
@@ -472,8 +524,10 @@ class LiveRows:
             self.stored = self.step
 
     def release(self) -> None:
+        """Let another LiveRows own the table: rows flushed, a noted copy made (it will write)."""
         with self.lock:
             self.flush()
+            self.materialize()
             self.rows = None
 
     def forget(self) -> None:
@@ -484,7 +538,7 @@ class LiveRows:
     def flush_quietly(self) -> None:
         """`flush` at collection or exit: a closed database can only be reported."""
         try:
-            self.flush()
+            self.flush(keep_copy=False)
         except Exception as err:  # noqa: BLE001 - nothing left to raise it to
             log.warning("embedding `%s`: the rows of the steps since the last checkpoint could not be written to the "
                         "table (%s); the table is at its step %d", self.weight, err, self.stored)
