@@ -21,7 +21,8 @@ relsql's own 70/15/15 random split seeded by the model seed), every method gives
   `.fit(**fit)`, `.recommend(k, keys=the test rows)`; its own `.evaluate()` is printed beside it,
   and the model's test rows are checked against the bench's. "not available" when the API raises.
 All are scored by relsql.train.ranking.metrics.ranking_scores: MAP@10, recall@10, NDCG@10.
-Seconds: training only (peer: graph + training; relsql: template + model build + fit). torch uses 1
+Seconds: training only (peer: graph + training; relsql: template + model build + fit), wall and CPU
+(this process's, the peer's including its test ranking), with the load average after each. torch uses 1
 thread. With --topk, relsql's chunked top_k ranks 100k random query rows x 100k candidates (dimension
 32, k 10; timed with bench/topk.py's helpers, which also compares it with a full sort).
 """
@@ -170,13 +171,13 @@ def run_relsql(ds: Dataset, seed: int, k: int, fit: dict) -> dict:
 
     con = relsql.connect(str(ds.path), read_only=True)
     try:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         extra = {"time_column": ds.time_column} if ds.time_column else {}
         template = relsql.Template.auto(con, target=ds.target, **extra)
         model = relsql.Model(con, template, target=ds.target, split=ds.fractions, seed=seed, progress=False,
                              threads=1, **extra)
         model.fit(**fit)
-        seconds = time.perf_counter() - started
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
         split = _model_split_keys(model, "task_id")
         same = None if split is None else all(
             np.array_equal(split[s], ds.task_id[ds.split[s]]) for s in ("train", "val", "test"))
@@ -190,7 +191,7 @@ def run_relsql(ds: Dataset, seed: int, k: int, fit: dict) -> dict:
         return {"available": False, "why": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:200]}
     finally:
         con.close()
-    return {"available": True, "predicted": predicted, "seconds": seconds, "same_split": same,
+    return {"available": True, "predicted": predicted, "seconds": seconds, "cpu_seconds": cpu, "same_split": same,
             "own_evaluate": {name: float(v) for name, v in own.items()}, **history}
 
 
@@ -219,14 +220,17 @@ def run_one(ds: Dataset, seed: int, k: int, fit: dict, peer: dict, with_relsql: 
         started = time.perf_counter()
         predicted = method(ds, test, k)
         out.append({"method": name, "scores": scores(ds, predicted, test, k), "seconds": time.perf_counter() - started})
+    cpu = time.process_time()
     result = recommend_peer.run(ds, seed, lambda p, r: scores(ds, p, r, k), k=k, **peer)
     out.append({"method": "peer", "scores": scores(ds, result["predicted"], test, k), "seconds": result["seconds"],
+                "cpu_seconds": time.process_time() - cpu, "load_average": os.getloadavg()[0],
                 "epochs": result["epochs"], "best_epoch": result["best_epoch"]})
     if with_relsql:
         fitted = run_relsql(ds, seed, k, fit)
         row = {"method": "relsql", "available": fitted["available"]}
         if fitted["available"]:
             row.update(scores=scores(ds, fitted["predicted"], test, k), seconds=fitted["seconds"],
+                       cpu_seconds=fitted["cpu_seconds"], load_average=os.getloadavg()[0],
                        same_split=fitted["same_split"], own_evaluate=fitted["own_evaluate"],
                        epochs=fitted["epochs"], best_epoch=fitted["best_epoch"])
         else:
@@ -283,6 +287,9 @@ def summarize(rows: list[dict], k: int) -> list[dict]:
                 line[f"{metric}@{k}"] = statistics.fmean(values)
                 line[f"{metric}@{k}_std"] = statistics.pstdev(values) if len(values) > 1 else 0.0
             line["seconds"] = statistics.fmean(r["seconds"] for r in done)
+            if all("cpu_seconds" in r for r in done):
+                line["cpu_seconds"] = statistics.fmean(r["cpu_seconds"] for r in done)
+                line["load_average"] = statistics.fmean(r["load_average"] for r in done)
             if method == "relsql":
                 line["same_split"] = [r.get("same_split") for r in done]
                 line["own_map"] = statistics.fmean(r["own_evaluate"].get(f"map@{k}", float("nan")) for r in done)
@@ -301,7 +308,8 @@ def ratios(table: list[dict], k: int) -> dict[str, dict[str, float]]:
         key = f"map@{k}"
         out[dataset] = {"map_vs_popularity": relsql[key] / by["popularity"][key] if by["popularity"][key] else float("inf"),
                         "map_vs_peer": relsql[key] / by["peer"][key] if by["peer"][key] else float("inf"),
-                        "seconds_vs_peer": relsql["seconds"] / by["peer"]["seconds"]}
+                        "seconds_vs_peer": relsql["seconds"] / by["peer"]["seconds"],
+                        "cpu_seconds_vs_peer": relsql.get("cpu_seconds", float("nan")) / by["peer"].get("cpu_seconds", float("nan"))}
     return out
 
 
@@ -311,14 +319,16 @@ def render(table: list[dict], k: int, sizes: dict[str, dict]) -> str:
         info = sizes.get(dataset, {})
         lines.append(f"\n{dataset}: {info.get('rows', '?')} task rows (test {info.get('test', '?')}), "
                      f"{info.get('candidates', '?')} candidates")
-        lines.append(f"  {'method':<12}{'MAP@' + str(k):>14}{'recall@' + str(k):>14}{'NDCG@' + str(k):>14}{'train s':>10}")
+        lines.append(f"  {'method':<12}{'MAP@' + str(k):>14}{'recall@' + str(k):>14}{'NDCG@' + str(k):>14}{'train s':>10}"
+                     f"{'CPU s':>8}{'load':>6}")
         for r in (r for r in table if r["dataset"] == dataset):
             if f"map@{k}" not in r:
                 lines.append(f"  {r['method']:<12}not available ({r.get('why', '')})")
                 continue
             cells = "".join(f"{r[f'{m}@{k}']:>8.4f}±{r[f'{m}@{k}_std']:<5.3f}" for m in METRICS)
             extra = f"   (own evaluate() MAP {r['own_map']:.4f}, same split {r['same_split']})" if r["method"] == "relsql" else ""
-            lines.append(f"  {r['method']:<12}{cells}{r['seconds']:>10.1f}{extra}")
+            cpu = f"{r['cpu_seconds']:>8.1f}{r['load_average']:>6.1f}" if "cpu_seconds" in r else ""
+            lines.append(f"  {r['method']:<12}{cells}{r['seconds']:>10.1f}{cpu}{extra}")
     return "\n".join(lines)
 
 
@@ -352,7 +362,8 @@ def main(argv: list[str] | None = None) -> dict:
     ratio = ratios(table, args.k)
     for dataset, r in ratio.items():
         print(f"{dataset}: relsql/popularity MAP {r['map_vs_popularity']:.2f}x, relsql/peer MAP {r['map_vs_peer']:.2f}x, "
-              f"relsql/peer seconds {r['seconds_vs_peer']:.2f}x")
+              f"relsql/peer seconds {r['seconds_vs_peer']:.2f}x (CPU seconds {r['cpu_seconds_vs_peer']:.2f}x), "
+              f"load average {os.getloadavg()}")
     topk = time_topk(k=args.k) if args.topk else None
     if topk is not None:
         print(f"exact top-{topk['k']} of {topk['rows']:,} rows x {topk['candidates']:,} candidates (dim {topk['dim']}, "
