@@ -43,11 +43,13 @@ def timed_relation(template: Template, output: str, candidates: str, pairs: str 
 
 
 class TimedIndex:
-    """Each output row's time (its position among the relation's distinct times, -1 if absent) and each
-    relation row's (time position, candidate row)."""
+    """Each output row's time (its position among the relation's distinct times, -1 if absent) and, for
+    the relation's rows `rows` that have a candidate row, their (time position, candidate row)."""
 
-    def __init__(self, row_time: np.ndarray, time_of: np.ndarray, candidate_of: np.ndarray, times: int, m: int):
+    def __init__(self, row_time: np.ndarray, rows: np.ndarray, time_of: np.ndarray, candidate_of: np.ndarray,
+                 times: int, m: int):
         self.row_time = torch.as_tensor(row_time, dtype=torch.long)
+        self.rows = torch.as_tensor(rows, dtype=torch.long)
         self.time_of = torch.as_tensor(time_of, dtype=torch.long)
         self.candidate_of = torch.as_tensor(candidate_of, dtype=torch.long)
         self.times, self.m = times, m
@@ -79,9 +81,8 @@ class TimedIndex:
         row_time = np.full(output_rows, -1, dtype=np.int64)
         dated = stamps.join(positions, left_on="t", right_on="_time", how="inner")
         row_time[dated["_rid"].to_numpy().astype(np.int64)] = dated["_at"].to_numpy()
-        index = cls(row_time, joined["_at"].to_numpy(), joined["_cand"].to_numpy(), times.len(), candidate_keys.num_rows)
-        index.rows = torch.as_tensor(joined["_timed"].to_numpy().astype(np.int64))
-        return index
+        return cls(row_time, joined["_timed"].to_numpy().astype(np.int64), joined["_at"].to_numpy(),
+                   joined["_cand"].to_numpy(), times.len(), candidate_keys.num_rows)
 
     def columns(self, values: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """([output rows, times] one-hot of each row's time, [candidates, times] the values per time):
