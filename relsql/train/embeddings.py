@@ -268,6 +268,7 @@ class DatabaseEmbedding(EmbeddingTable):
         transaction (a no-op when nothing changed)."""
         self._live.claim()
         self._live.flush()
+
     # -- training ranks (relsql/train/sharded.py) --------------------------------------------------
     def replace_rows(self, rows: pa.Table, step: int) -> None:
         """Put the ranks' rows back (those keys' old rows replaced) and set the step counter, in one
