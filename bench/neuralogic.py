@@ -35,7 +35,9 @@ process, relsql in a fresh process without a JVM (the JVM's JIT and GC threads g
 after its calls and slowed whatever ran next on these 2 cores: relsql builds measured 0.15 s
 alone and 0.3–0.8 s right after a NeuraLogic build); the two sides' epoch repetitions alternate
 (relsql's after a 0.3 s pause), so load from other processes reaches both medians alike
-(column ``load_avg``: the 1-minute load average over the repetitions).
+(column ``load_avg``: the 1-minute load average over the repetitions). Each side's process CPU
+time per epoch is recorded too (``×f64 cpu``; NeuraLogic's includes its JVM's threads): on a
+shared machine it moves far less with the load than wall time does.
 NeuraLogic settings (``--nl-settings iso``, the default): its defaults (iso-value compression on,
 Glorot init) except optimizer SGD(lr=1e-9) and MSE(reduction="sum"), the same step relsql takes,
 and chain_pruning=False: chain pruning changes NeuraLogic's outputs (max |Δ| 0.13 on
@@ -113,7 +115,8 @@ COLUMNS = (
     "nl_epoch_ms", "relsql_epoch_ms_f64", "relsql_epoch_ms_f32", "epoch_ratio_f64", "epoch_ratio_f32",
     "relsql_epoch_ms_f64_ops", "epoch_ratio_f64_ops", "relsql_execution",
     "max_abs_dev", "n_outputs", "nl_peak_rss_mib", "relsql_peak_rss_mib",
-    "relsql_import_s", "jvm_start_s", "nl_settings", "reps", "load_avg", "note",
+    "relsql_import_s", "jvm_start_s", "nl_settings", "reps", "load_avg",
+    "nl_epoch_cpu_ms", "relsql_epoch_cpu_ms_f64", "epoch_ratio_cpu_f64", "note",
 )
 
 
@@ -354,6 +357,18 @@ def check_identical(rel: RelsqlSide, nl: NeuraLogicSide, n_examples: int) -> tup
     return worst, len(outs)
 
 
+def _timed_cpu(fn, reset=None, loops: int = 1) -> tuple[float, float]:
+    """(wall, CPU) seconds per call of `fn`, as `_timed`; CPU is the whole process's (the JVM's
+    JIT and GC threads count for NeuraLogic), which other processes' load barely moves."""
+    if reset is not None:
+        reset()
+    gc.collect()
+    t, c = time.perf_counter(), time.process_time()
+    for _ in range(loops):
+        fn()
+    return (time.perf_counter() - t) / loops, (time.process_time() - c) / loops
+
+
 def _timed(fn, reset=None, loops: int = 1) -> float:
     """Seconds per call of `fn`, over `loops` calls in a row (timeit-style: a millisecond epoch
     timed alone is mostly timer and cache noise)."""
@@ -420,6 +435,8 @@ def run_config(name: str, width: int | str, db, dataset, work: Path, reps: int, 
         epoch_ratio_f64=f"{nl_epoch / ours['f64']:.2f}", epoch_ratio_f32=f"{nl_epoch / ours['f32']:.2f}",
         relsql_epoch_ms_f64_ops=f"{ours['f64_ops'] * 1e3:.2f}", epoch_ratio_f64_ops=f"{nl_epoch / ours['f64_ops']:.2f}",
         relsql_execution=ours["execution"], load_avg=ours["load_avg"],
+        nl_epoch_cpu_ms=f"{ours['nl_cpu'] * 1e3:.2f}", relsql_epoch_cpu_ms_f64=f"{ours['f64_cpu'] * 1e3:.2f}",
+        epoch_ratio_cpu_f64=f"{ours['nl_cpu'] / ours['f64_cpu']:.2f}",
     )
     del rel, nl
     gc.collect()
@@ -585,7 +602,9 @@ def _interleaved(epoch, reset, worker: RelsqlWorker, reps: int, loops: int) -> t
     ne, times, loads = [], {}, []
     try:
         for i in range(reps):
-            ne.append(_timed(epoch, reset, loops))
+            wall, cpu = _timed_cpu(epoch, reset, loops)
+            ne.append(wall)
+            times.setdefault("nl_cpu", []).append(cpu)
             time.sleep(SETTLE_S)  # the JVM's JIT and GC threads run on after its calls
             for k, v in worker.rep(i).items():
                 times.setdefault(k, []).append(v)
@@ -640,7 +659,10 @@ def time_relsql(dsname: str, name: str, width: int | str, kind: str, reps: int, 
         for line in sys.stdin:  # the parent asks for repetition i between its own (RelsqlWorker)
             i = int(line)
             order = list(fns) if i % 2 == 0 else list(fns)[::-1]
-            print(json.dumps({k: _timed(fns[k], resets[k], loops) for k in order}), flush=True)
+            found = {}
+            for k in order:
+                found[k], found[f"{k}_cpu"] = _timed_cpu(fns[k], resets[k], loops)
+            print(json.dumps(found), flush=True)
 
 
 # --------------------------------------------------------------------------- memory (fresh processes)
@@ -704,10 +726,10 @@ def memory_probe(side: str, dsname: str, name: str, width: int | str, kind: str,
 
 def print_table(rows: list[dict]) -> str:
     head = ("dataset", "template", "w", "kind", "build NL s", "build rs s", "×", "epoch NL ms", "rs f64 ms", "rs f32 ms",
-            "×f64", "×f32", "f64 op-by-op ms", "×f64 op-by-op", "max|Δ|", "RSS NL MiB", "RSS rs MiB")
+            "×f64", "×f32", "f64 op-by-op ms", "×f64 op-by-op", "×f64 cpu", "load", "max|Δ|", "RSS NL MiB", "RSS rs MiB")
     keys = ("dataset", "template", "width", "epoch_kind", "nl_build_s", "relsql_build_s", "build_ratio", "nl_epoch_ms",
             "relsql_epoch_ms_f64", "relsql_epoch_ms_f32", "epoch_ratio_f64", "epoch_ratio_f32", "relsql_epoch_ms_f64_ops",
-            "epoch_ratio_f64_ops", "max_abs_dev", "nl_peak_rss_mib", "relsql_peak_rss_mib")
+            "epoch_ratio_f64_ops", "epoch_ratio_cpu_f64", "load_avg", "max_abs_dev", "nl_peak_rss_mib", "relsql_peak_rss_mib")
     cells = [head] + [tuple(str(r[k]) if r[k] != "" else "-" for k in keys) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
     lines = ["  ".join(c[i].ljust(widths[i]) if i < 4 else c[i].rjust(widths[i]) for i in range(len(head))) for c in cells]
