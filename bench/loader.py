@@ -1,6 +1,6 @@
 """Per-batch loading time: relsql's grounding store vs PyG's NeighborLoader, same TPC-H graph.
 
-    python -m bench.loader [--scales 0.1 1] [--batch-size 512] [--fanout 128 64] [--batches 20]
+    python -m bench.loader [--scales 0.1 1] [--batch-size 512] [--fanout 128 64] [--batches 20] [--interleaved]
                            [--data out/tpch] [--out out/bench]
 
 Target rows: orders. The neighbourhood, 2 hops: order ← lineitem ← part, and order ← customer.
@@ -31,7 +31,12 @@ Each side runs in a fresh subprocess (peak RSS per run); 3 warm-up batches, then
 `--batches` (≥ 20). One-time costs: relsql's `model.timings` (grounding = key tables + bulk
 grounding into the store; bulk_grounding alone; planning the probe batch) and the whole
 `Model(...)` call; PyG's reading of the tables from DuckDB into numpy, building HeteroData, and
-constructing the NeighborLoader (its CSC). Writes out/bench/loader.csv.
+constructing the NeighborLoader (its CSC). Writes out/bench/loader.csv. `prepare` is timed
+before the store read alone on each batch (a read of the same rows just before warms its pages).
+
+`--interleaved`: only the ratio, robust to other processes' load: one process alternates
+relsql's `prepare` and PyG's `next(loader)` (template edges) batch by batch and prints the
+medians of wall and thread CPU time with the load average.
 """
 
 from __future__ import annotations
@@ -124,12 +129,12 @@ def run_relsql(path: str, batch_size: int, fanout: list[int], batches: int) -> d
     ground, prepare, rows, groundings = [], [], [], []
     for b in range(WARMUP + batches):
         rids = chunks[b % len(chunks)]
+        started = time.perf_counter()  # first: its store read is not warmed by one of the same rows just before
+        batched.prepare(rids)
+        p = time.perf_counter() - started
         started = time.perf_counter()
         grounding = batched.source.ground(rids)
         g = time.perf_counter() - started
-        started = time.perf_counter()
-        batched.prepare(rids)
-        p = time.perf_counter() - started
         if b >= WARMUP:
             ground.append(g)
             prepare.append(p)
@@ -189,6 +194,51 @@ def run_pyg(path: str, batch_size: int, fanout: list[int], batches: int, edges: 
             "batches": batches}
 
 
+def run_interleaved(path: str, batch_size: int, fanout: list[int], batches: int) -> dict:
+    """In this (fresh) process: relsql's `prepare` (store read + plan) and PyG's `next(loader)`
+    alternated batch by batch (load from other processes reaches both alike); medians of wall
+    and thread CPU time, with the load average."""
+    import warnings
+
+    import numpy as np
+    import torch
+
+    import relsql
+    from bench import tpch_graph
+
+    torch.set_num_threads(THREADS)
+    warnings.simplefilter("ignore")
+    model = relsql.Model(relsql.connect(path, read_only=True), relsql.Template.from_sql(TEMPLATE),
+                         target="orders.o_orderstatus", seed=0, batch_size=batch_size, fanout={HOP1: fanout[0]},
+                         progress=False, threads=THREADS)
+    order = np.random.default_rng(0).permutation(model.output_rows)
+    chunks = [order[i:i + batch_size] for i in range(0, len(order) - batch_size + 1, batch_size)]
+    data, _, _ = tpch_graph.build(path, "template")
+    loader = tpch_graph.neighbor_loader(data, fanout, batch_size, ("order", None), shuffle=True)
+    it = iter(loader)
+
+    def pyg() -> None:
+        nonlocal it
+        try:
+            next(it)
+        except StopIteration:
+            it = iter(loader)
+            next(it)
+
+    times: dict[str, list[float]] = {"relsql": [], "pyg": [], "relsql_cpu": [], "pyg_cpu": []}
+    for b in range(WARMUP + batches):
+        rids = chunks[b % len(chunks)]
+        for side in ("relsql", "pyg"):
+            wall, cpu = time.perf_counter(), time.thread_time()
+            model.batched.prepare(rids) if side == "relsql" else pyg()
+            if b >= WARMUP:
+                times[side].append(time.perf_counter() - wall)
+                times[f"{side}_cpu"].append(time.thread_time() - cpu)
+    found = {k: _median_ms(v) for k, v in times.items()}
+    return {**found, "ratio": round(found["relsql"] / found["pyg"], 3), "ratio_cpu": round(found["relsql_cpu"] / found["pyg_cpu"], 3),
+            "plans": dict(model.batched.plans.stats), "load_avg": [round(x, 1) for x in os.getloadavg()]}
+
+
 def _subprocess(args: list[str]) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p))
     done = subprocess.run([sys.executable, "-m", "bench.loader", *args], cwd=ROOT, capture_output=True, text=True, env=env)
@@ -208,6 +258,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--edges", nargs="*", default=["template", "both"], choices=["template", "both"],
                         help="PyG edge sets to time (see bench/tpch_graph.py)")
     parser.add_argument("--threads", type=int, default=THREADS, help="torch threads in each measured subprocess")
+    parser.add_argument("--interleaved", action="store_true",
+                        help="only the ratio: relsql's prepare and PyG's next(loader) (template edges) alternated "
+                             "batch by batch in one process, wall and thread CPU time")
     parser.add_argument("--data", default=str(ROOT / "out" / "tpch"))
     parser.add_argument("--out", default="out/bench")
     parser.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
@@ -215,7 +268,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.worker:
         THREADS = args.threads
         side, path = args.worker[0], args.worker[1]
-        if side == "relsql":
+        if side == "interleaved":
+            result = run_interleaved(path, args.batch_size, args.fanout, args.batches)
+        elif side == "relsql":
             result = run_relsql(path, args.batch_size, args.fanout, args.batches)
         else:
             result = run_pyg(path, args.batch_size, args.fanout, args.batches, side.split(":")[1])
@@ -235,6 +290,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         path = str(wait_for(sf, Path(args.data)))
         common = ["--batch-size", str(args.batch_size), "--fanout", *map(str, args.fanout), "--batches", str(args.batches),
                   "--threads", str(args.threads)]
+        if args.interleaved:
+            r = _subprocess(["--worker", "interleaved", path, *common])
+            print(f"sf={sf:g} interleaved (ms, median of {args.batches}): relsql prepare {r['relsql']:.2f} (cpu {r['relsql_cpu']:.2f}), "
+                  f"PyG next(loader) {r['pyg']:.2f} (cpu {r['pyg_cpu']:.2f}): relsql/PyG {r['ratio']:.3f} (cpu {r['ratio_cpu']:.3f}); "
+                  f"plans {r['plans']}; load average {r['load_avg']}", flush=True)
+            continue
         results = [_subprocess(["--worker", "relsql", path, *common])]
         results += [_subprocess(["--worker", f"pyg:{edges}", path, *common]) for edges in args.edges]
         pyg = {r["side"]: r["per_batch_ms"] for r in results[1:]}
@@ -245,7 +306,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 r[f"ratio_vs_pyg_{edges}"] = "" if base is None else round(r["per_batch_ms"] / base, 3)
             rows.append({k: r.get(k, "") for k in COLUMNS})
         _print(sf, results)
-    write_csv(Path(args.out) / "loader.csv", rows)
+    if rows:
+        write_csv(Path(args.out) / "loader.csv", rows)
     return rows
 
 
