@@ -117,7 +117,8 @@ def one_epoch(path: str, batch_size: int, memory_limit: str, template: str = "cu
     model = relsql.Model(db, chosen, target=target, seed=0, batch_size=batch_size, progress=False, store=store,
                          max_groundings=MAX_GROUNDINGS)
     setup = time.perf_counter() - started
-    store_mib = (sum(f.stat().st_size for f in model.batched.grounding_store.folder.iterdir()) / 2**20) if store else 0.0
+    store_mib = (sum(f.stat().st_size for f in model.batched.grounding_store.folder.rglob("*") if f.is_file()) / 2**20
+                 if store else 0.0)  # the store's files sit in a build folder below its own
     started = time.perf_counter()
     model.fit(epochs=1)
     epoch = time.perf_counter() - started
