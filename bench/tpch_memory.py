@@ -126,7 +126,20 @@ def one_epoch(path: str, batch_size: int, memory_limit: str, template: str = "cu
             "store_mib": round(store_mib, 1), "epoch_s": round(epoch, 1),
             "waiting_on_database_s": round(model.timings["waiting_on_database"], 1),
             "val_accuracy": round(model.history[-1].get("val_accuracy", float("nan")), 3),
-            "peak_rss_mib": round(peak_rss_mib(), 1)}
+            "peak_rss_mib": round(peak_rss_mib(), 1), **resident_split_mib()}
+
+
+def resident_split_mib() -> dict[str, float]:
+    """Resident memory now, anonymous (the process's own) vs file-backed (mapped store files and
+    libraries: page cache the kernel can drop), from /proc/self/status; VmHWM counts both."""
+    wanted = {"RssAnon:": "rss_anon_mib_end", "RssFile:": "rss_file_mib_end"}
+    found = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            name = line.split()[0] if line.strip() else ""
+            if name in wanted:
+                found[wanted[name]] = round(int(line.split()[1]) / 1024, 1)
+    return found
 
 
 def _load() -> str:
@@ -169,7 +182,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(f"  sf={sf:g}: {row['rows']:,} target rows, file {row['file_mib']:,} MiB, setup {row['setup_s']} s "
               f"(bulk grounding {row['bulk_grounding_s']} s, store {row['store_mib']:,} MiB), "
               f"epoch {row['epoch_s']} s (waiting on the database {row['waiting_on_database_s']} s), "
-              f"peak RSS {row['peak_rss_mib']:,} MiB; load average {_load()}", flush=True)
+              f"peak RSS {row['peak_rss_mib']:,} MiB (after the epoch: anonymous {row.get('rss_anon_mib_end', '?')} MiB, "
+              f"file-backed {row.get('rss_file_mib_end', '?')} MiB); load average {_load()}", flush=True)
     if len(rows) > 1:
         data = rows[-1]["file_mib"] / rows[0]["file_mib"]
         print(f"sf={rows[-1]['sf']:g} / sf={rows[0]['sf']:g} for {data:.1f}x the data: "
