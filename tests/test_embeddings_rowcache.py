@@ -264,3 +264,30 @@ def test_the_best_epochs_copy_is_made_only_when_the_table_changes_and_restores_e
     assert table.keep_best() == 9 and same(kept(9), _table_rows(db, 2))  # made from the table, which is that copy
     table.drop(best)
     assert best.name not in temp_tables() and table.step() == 9
+
+
+def test_a_fit_stopped_by_its_callback_leaves_every_step_in_the_table(tmp_path):
+    """A callback that raises stops training mid-epoch, before any epoch-end copy or read of the
+    table; the trainer still writes the rows trained ahead of it back before fit() raises, so a
+    raw SQL read in the same process sees the step counter at the steps the callback counted."""
+    path = tmp_path / "shop.duckdb"
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_7(info):
+        steps.append(info)
+        if len(steps) == 7:
+            raise Stop
+
+    with relsql.connect(path) as db:
+        db.execute("CREATE TABLE users AS SELECT i AS user_id, (i % 50) * 1.0 AS age FROM range(300) t(i)")
+        db.execute("CREATE TABLE item AS SELECT i AS id, (i * 7919) % 300 AS user_id, (i % 13) * 0.1 AS x, "
+                   "((i * 7919) % 300) % 3 = 0 AS y FROM range(2000) t(i)")
+        model = relsql.Model(db, shop_template("database"), target="item.y", seed=0, progress=False, batch_size=100,
+                             embedding_optimizer="sgd")
+        steps = []
+        with pytest.raises(Stop):
+            quiet(model.fit, epochs=2, lr=0.02, callback=stop_at_7)
+        stored = db.con.execute("SELECT step FROM relsql_embedding_steps WHERE weight = 'user'").fetchone()[0]
+        assert stored == len(steps) == 7

@@ -268,6 +268,8 @@ class Trainer:
             return guards.diverged_message(err, self.lr, best, self.stopping.loss)
         finally:
             learner.net.train(False)
+            for table in learner.embedding_tables().values():  # rows trained ahead of their tables reach them
+                self.source.run(table.flush)
             self.source.close()  # an update already running completes: the database stays at a step boundary
             for name, value in {**self.strategy.timings(self), "training": time.perf_counter() - started}.items():
                 learner.timings[name] = learner.timings.get(name, 0.0) + value
