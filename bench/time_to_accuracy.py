@@ -11,7 +11,9 @@ Labels (both need 2 hops, orders ← lineitem → part), in the column `label_y`
   items is above its median over all orders", then `--noise` of the orders (a seeded hash of
   o_orderkey) get the label flipped. The brand × size checkerboard must be learnt in the part's
   hidden state before the average: at sf 0.1 both sides are at chance (0.50) after one epoch
-  and climb to 0.82 over ten.
+  and climb to 0.82 over ten. When a side leaves the 0.50 plateau depends on its initial
+  weights (relsql at sf 1: seed 0 not within 4 epochs, seed 1 at epoch 2.5; PyG seed 0 within
+  its first): one run per side is one draw.
 - `brand`: does the order contain a line item whose part is of brand `--brand`? Both sides
   learn it within the first epoch (so it measures setup more than training).
 The TPC-H file (bench.tpch_memory.database_file) is opened read-only and the needed tables are
