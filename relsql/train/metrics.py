@@ -7,7 +7,6 @@ and these give its values (tests/test_metrics.py uses it as the oracle). bench/m
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import rankdata
 
 
 def accuracy(y: np.ndarray, predicted: np.ndarray) -> float:
@@ -24,6 +23,8 @@ def roc_auc(y: np.ndarray, score: np.ndarray) -> float:
     negatives = len(y) - positives
     if positives == 0 or negatives == 0 or np.isnan(score).any():
         return float("nan")
+    from scipy.stats import rankdata  # here, not at import: scipy.stats costs ~100 MiB and seconds to load
+
     ranks = rankdata(score)  # average rank over each run of tied scores
     return float((ranks[positive].sum() - positives * (positives + 1) / 2) / (positives * negatives))
 
