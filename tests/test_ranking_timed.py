@@ -162,3 +162,81 @@ def test_recommend_ranks_null_targets_not_empty_lists(tmp_path):
     assert sorted(frame["task_id"].unique().to_list()) == nulls
     assert top + 1 not in frame["task_id"].to_list()
     assert model.recommend(k=3, keys=pl.DataFrame({"task_id": [top + 1]})).height == 3  # asked for: ranked
+
+
+def _naive_map(ranked: list[list[int]], truth: list[set[int]], k: int) -> float:
+    """MAP@k as RelBench defines it, written out: precision at each hit over min(k, |truth|)."""
+    total = 0.0
+    for items, true in zip(ranked, truth):
+        hits, score = 0, 0.0
+        for i, item in enumerate(items[:k]):
+            if item in true:
+                hits += 1
+                score += hits / (i + 1)
+        total += score / min(k, len(true))
+    return total / len(ranked)
+
+
+@pytest.fixture(scope="module")
+def blended_model(tmp_path_factory):
+    db = shop(tmp_path_factory.mktemp("blend") / "shop.duckdb")
+    tpl = relsql.Template.from_sql("-- relsql: blend\n" + TIMED)
+    model = relsql.Model(db, tpl, target="task_rec.item_id", time_column="snapshot", seed=0)
+    model.fit(epochs=3, time_budget=None)
+    return db, model
+
+
+def test_a_blend_line_picks_the_dot_products_share_with_the_best_validation_map(blended_model):
+    """`-- relsql: blend`: the kept share of the dot product is the one of BLEND_ALPHAS whose ranking
+    of the validation rows has the best MAP@10, each computed here from the towers by a full sort."""
+    from relsql.train.ranking.learner import BLEND_ALPHAS, TowerBlend
+
+    _, model = blended_model
+    learner = model.learner
+    assert isinstance(learner.head, TowerBlend)
+    picked = float(learner.head.alpha)
+    assert picked in BLEND_ALPHAS
+    with torch.no_grad():
+        query, candidate, _ = learner.computed()
+    own = query.shape[1] - learner.timed.times
+    rows = learner.labelled[learner.rows["val"]]
+    offsets, ids = learner.goal.truth("val")
+    truth = [set(ids[offsets[i]:offsets[i + 1]].tolist()) for i in range(len(rows))]
+    found = {}
+    for alpha in BLEND_ALPHAS:
+        q = query[rows].double()
+        scores = alpha * q[:, :own] @ candidate[:, :own].double().T + q[:, own:] @ candidate[:, own:].double().T
+        ranked = [list(np.argsort(-row, kind="stable")[:10]) for row in scores.numpy()]
+        found[alpha] = _naive_map(ranked, truth, 10)
+    assert found[picked] == pytest.approx(max(found.values()), abs=1e-6)
+    kept = next(r for r in learner.history if r["epoch"] == learner.best_epoch)
+    assert kept["val_map@10"] == pytest.approx(found[picked], abs=1e-6)
+
+
+def test_a_blended_models_scores_and_saved_share(blended_model, tmp_path):
+    """recommend()'s scores are alpha * dot(query, candidate) + the timed value; the share is saved."""
+    db, model = blended_model
+    alpha = float(model.learner.head.alpha)
+    query = {r["task_id"]: np.array(r["value"]) for r in model.net.values("task_h").to_dicts()}
+    item = {r["item_id"]: np.array(r["value"]) for r in model.net.values("item_h").to_dicts()}
+    sold = {(r["snapshot"], r["item_id"]): float(np.ravel(r["value"])[0]) for r in model.net.values("sold").to_dicts()}
+    snapshot = {r["task_id"]: r["snapshot"] for r in db.arrow("SELECT task_id, snapshot FROM task_rec").to_pylist()}
+    frame = model.recommend(k=10, keys=pl.DataFrame({"task_id": list(range(0, 200, 9))}))
+    for row in frame.to_dicts():
+        expected = alpha * float(query[row["task_id"]] @ item[row["item_id"]]) + sold.get((snapshot[row["task_id"]], row["item_id"]), 0.0)
+        assert row["score"] == pytest.approx(expected, rel=1e-5, abs=1e-5)
+    loaded = relsql.Model.load(model.save(tmp_path / "blend.relsql"), db)
+    assert float(loaded.learner.head.alpha) == alpha
+    assert loaded.recommend(k=5).equals(model.recommend(k=5))
+
+
+def test_auto_writes_the_blend_line(auto_shop):
+    from relsql.train.ranking.learner import TowerBlend
+
+    tpl = relsql.Template.auto(auto_shop, "task_rec.item_id", time_column="snapshot")
+    assert "-- relsql: blend" in tpl.source
+    model = relsql.Model(auto_shop, tpl, target="task_rec.item_id", time_column="snapshot", seed=0)
+    assert isinstance(model.learner.head, TowerBlend)
+    plain = relsql.Template.from_sql(tpl.source.replace("-- relsql: blend", "-- blend"))
+    model = relsql.Model(auto_shop, plain, target="task_rec.item_id", time_column="snapshot", seed=0)
+    assert not isinstance(model.learner.head, TowerBlend)

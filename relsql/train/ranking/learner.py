@@ -31,10 +31,11 @@ from relsql.train.ranking import hard, losses, negatives
 from relsql.train.ranking.metrics import ranking_scores
 from relsql.train.ranking.pairs import PairIndex, rank_with_pairs
 from relsql.train.ranking.task import RankingTask, empty_scores
-from relsql.train.ranking.timed import TimedIndex
+from relsql.train.ranking.timed import TimedIndex, blends
 from relsql.train.ranking.topk import top_k
 
-VALIDATION_SEED = 7919  # the validation loss's negatives: the same every epoch, so epochs compare
+VALIDATION_SEED = 7919
+BLEND_ALPHAS = (1.0, 0.5, 0.25, 0.0)  # the dot product's share beside a timed relation, the fitted model's first  # the validation loss's negatives: the same every epoch, so epochs compare
 
 
 class RankingLearner(Learner):
@@ -82,7 +83,7 @@ class RankingLearner(Learner):
         self.step_positives: int | None = RANKING_STEP_POSITIVES  # a step's loss over at most this many positives
         self.popularity = torch.as_tensor(np.bincount(goal.pairs(self.rows["train"])[1], minlength=self.candidate_rows),
                                           dtype=torch.float64)
-        self.head = nn.Identity()
+        self.head = TowerBlend(self.dtype) if self.timed is not None and blends(self.template) else nn.Identity()
 
     def check_one_wide(self, plan, name: str) -> None:
         """A pair or timed relation adds one number to a pair's score: it must be one wide."""
@@ -182,9 +183,31 @@ class RankingLearner(Learner):
         the towers of computed() when already at hand."""
         with torch.no_grad():
             query, candidate, pair = computed if computed is not None else self.computed()
+            query = self.blended(query, float(self.head.alpha) if isinstance(self.head, TowerBlend) else 1.0)
             if pair is not None:
                 return rank_with_pairs(query, candidate, pair, self.pair_index, np.asarray(rids, dtype=np.int64), k)
             return top_k(query.index_select(0, torch.as_tensor(rids, device=query.device)), candidate, k)
+
+    def blended(self, query: torch.Tensor, alpha: float) -> torch.Tensor:
+        """The query tower's own columns times `alpha` (the timed relation's columns as they are)."""
+        if alpha == 1.0 or self.timed is None:
+            return query
+        own = query.shape[1] - self.timed.times
+        return torch.cat([query[:, :own] * alpha, query[:, own:]], 1)
+
+    def pick_blend(self, positions: np.ndarray, computed: tuple) -> torch.Tensor:
+        """Set the head's alpha to the one of BLEND_ALPHAS whose ranking of `positions` has the best MAP@k
+        (the first on ties); the candidate row ids of that ranking."""
+        offsets, ids = self.goal.truth("val")
+        best, index = None, None
+        for alpha in BLEND_ALPHAS:
+            self.head.alpha.fill_(alpha)
+            _, ranked = self.rank(self.labelled[positions], self.task.k, computed)
+            found = float(ranking_scores(ranked.cpu().numpy(), offsets, ids, self.task.k)[f"map@{self.task.k}"])
+            if best is None or found > best[0]:
+                best, index = (found, alpha), ranked
+        self.head.alpha.fill_(best[1])
+        return index
 
     def split_scores(self, split: str, source=None, batch_size: int | None = None, prefix: str = "") -> dict[str, float]:
         """The loss (negatives drawn alike every time) and the ranking metrics on a split."""
@@ -194,10 +217,31 @@ class RankingLearner(Learner):
         with torch.no_grad():
             computed = self.computed()  # one pass of the net for the loss and the ranking
             loss = float(self.pair_loss(positions, torch.Generator().manual_seed(VALIDATION_SEED), computed))
-            _, index = self.rank(self.labelled[positions], self.task.k, computed)
+            if split == "val" and isinstance(self.head, TowerBlend):
+                index = self.pick_blend(positions, computed)
+            else:
+                _, index = self.rank(self.labelled[positions], self.task.k, computed)
         offsets, ids = self.goal.truth(split)
         scores = ranking_scores(index.cpu().numpy(), offsets, ids, self.task.k)
         return {f"{prefix}loss": loss, **{f"{prefix}{name}": float(scores[name]) for name in self.task.metric_names()}}
+
+
+class TowerBlend(nn.Module):
+    """How much of the towers' dot product a ranking adds to the timed relation's value: `alpha`, picked
+    on the validation rows each epoch among BLEND_ALPHAS (training always scores with the whole dot
+    product). Where items are bought uniformly (TPC-DS) the towers add noise to what sells as of each
+    snapshot, and validation picks little or none of them; on the shop it keeps them whole."""
+
+    def __init__(self, dtype: torch.dtype):
+        super().__init__()
+        self.register_buffer("alpha", torch.ones((), dtype=dtype))
+
+    def load_state_dict(self, state, strict: bool = True, assign: bool = False):
+        """A model saved before the blend existed has no alpha: its towers count whole."""
+        if "alpha" not in state:
+            self.alpha.fill_(1.0)
+            return nn.modules.module._IncompatibleKeys([], [])
+        return super().load_state_dict(state, strict, assign)
 
 
 def _default_generator() -> torch.Generator:

@@ -15,6 +15,8 @@ exact top-k need no case of their own.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import polars as pl
 import pyarrow as pa
@@ -25,6 +27,7 @@ from relsql.errors import SchemaError
 from relsql.references import Reference
 from relsql.template.ir import Template
 
+_BLEND = re.compile(r"^[ \t]*(?:--|%|//)[ \t]*relsql:[ \t]*blend\b", re.MULTILINE | re.IGNORECASE)
 MAX_TIMES = 1024  # one tower column per distinct time: beyond this the towers grow wider than they are useful
 
 
@@ -40,6 +43,12 @@ def timed_relation(template: Template, output: str, candidates: str, pairs: str 
     found = [name for name, relation in template.relations.items() if name not in (output, candidates, pairs)
              and sorted(k.casefold() for k in relation.keys) == wanted]
     return found[-1] if found else None
+
+
+def blends(template: Template) -> bool:
+    """Whether the template asks (a `-- relsql: blend` line, which Template.auto writes) for validation to
+    pick how much of the towers' dot product joins the timed relation's value (learner.TowerBlend)."""
+    return bool(_BLEND.search(template.source or ""))
 
 
 class TimedIndex:
