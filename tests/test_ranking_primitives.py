@@ -437,3 +437,12 @@ def test_in_batch_softmax_and_loss_errors():
         ranking_loss("softmax", positive, negative, log_q=torch.zeros(3))
     with pytest.raises(RelsqlError, match="batch, dimension"):
         in_batch_softmax(torch.zeros(4, 3), torch.zeros(5, 3))
+
+
+def test_ranking_batch_takes_several_steps_only_where_rows_are_fewer_than_a_step():
+    from relsql.train.options import RANKING_BATCH, RANKING_MIN_BATCH, ranking_batch
+
+    assert ranking_batch(9400) == ranking_batch(RANKING_BATCH) == RANKING_BATCH
+    assert ranking_batch(974) == RANKING_MIN_BATCH  # 4 steps of 244 would be under the minimum
+    assert ranking_batch(3000) == 750 and -(-3000 // 750) == 4
+    assert ranking_batch(10) == RANKING_MIN_BATCH
