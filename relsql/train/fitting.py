@@ -17,7 +17,7 @@ from relsql.train import checkpoint as checkpoints
 from relsql.train import distributed
 from relsql.train import refit as refits
 from relsql.train.learner import Learner
-from relsql.train.options import LR, PATIENCE, RANKING_BATCH, RANKING_LR, RANKING_PATIENCE, fit_options
+from relsql.train.options import LR, PATIENCE, RANKING_LR, RANKING_PATIENCE, fit_options, ranking_batch
 from relsql.train.trainer import OneProcess, Trainer
 
 log = logging.getLogger("relsql")
@@ -101,7 +101,8 @@ def _in_this_process(learner: Learner, epochs: int, batch_size: int | None, lr: 
                      checkpoint_every: int | None, callback, resume: bool) -> None:
     """This process's Trainer, then the refit where asked; a diverged loss is a RelsqlError."""
     ranking = learner.task.kind == "ranking"
-    batch_size = batch_size if batch_size is not None else RANKING_BATCH if ranking else learner.settings.batch_size
+    batch_size = (batch_size if batch_size is not None else ranking_batch(len(learner.rows["train"])) if ranking
+                  else learner.settings.batch_size)
     state = checkpoints.load(checkpoint) if resume and checkpoint is not None and Path(checkpoint).exists() else None
     initial, before = (learner.weights_copy() if refit else None), len(learner.history)
     with learner.own_random_stream():
