@@ -23,7 +23,9 @@ def test_bench_quick_prints_counts_and_agreement():
     for graph, line in rows.items():
         entries, diff = _parts(line)
         off, on, forced = (int(v) for v in entries[:3])
-        assert on in (off, forced)  # the timed pass either declines or factors as the forced one does
+        # the timed pass decides product by product (and its greedy stops at MAX_WORK), so it keeps
+        # between none and all of the forced factoring's savings
+        assert forced <= on <= off, line
         if graph == "collaboration":
             assert forced < 0.8 * off, line  # cliques of authors share partial sums
         else:
