@@ -33,7 +33,7 @@ import sqlglot.expressions as exp
 import torch
 
 from relsql import sql as q
-from relsql.db import Database, fetch_arrow, ident, qualified
+from relsql.db import Database, drop_result, fetch_arrow, ident, qualified
 from relsql.errors import RelsqlError, SourceError
 from relsql.template import ir
 from relsql.train.rowcache import RowCache
@@ -217,8 +217,8 @@ class DatabaseEmbedding(EmbeddingTable):
         return self._table_step()
 
     def _table_step(self) -> int | None:
-        row = self.db.con.execute(exp.select(q.col("step")).from_(self.steps.copy()).where(
-            exp.EQ(this=q.col("weight"), expression=exp.Literal.string(self.weight))).sql("duckdb")).fetchone()
+        row = self.db.scalar(exp.select(q.col("step")).from_(self.steps.copy()).where(
+            exp.EQ(this=q.col("weight"), expression=exp.Literal.string(self.weight))))
         return None if row is None else int(row[0])
 
     def _view(self, data: pa.Table) -> str:
@@ -362,7 +362,7 @@ class DatabaseEmbedding(EmbeddingTable):
         """The step a copy holds (recorded in its `_step` column when it was made)."""
         if self._deferred(copy):
             return self._live.deferred[1]
-        row = self.db.con.execute(exp.select(exp.Max(this=q.col("_step"))).from_(copy.copy()).sql("duckdb")).fetchone()
+        row = self.db.scalar(exp.select(exp.Max(this=q.col("_step"))).from_(copy.copy()))
         return int(row[0]) if row and row[0] is not None else 0
 
     def _exists(self, table: exp.Table) -> bool:
@@ -371,6 +371,7 @@ class DatabaseEmbedding(EmbeddingTable):
         if table.catalog == "temp":
             found = self.db.con.execute("SELECT count(*) FROM duckdb_tables() WHERE temporary AND table_name = ?",
                                         [table.name]).fetchone()[0]
+            drop_result(self.db.con)  # duckdb 2 keeps a result open until a fetch finds no row
             return bool(found)
         return table.name in self.db._tables_in(self.scope)
 
@@ -426,6 +427,7 @@ _owning = threading.Lock()
 def _database_file(db: Database) -> str | None:
     """The DuckDB file behind `db` (None: in memory)."""
     row = db.con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()
+    drop_result(db.con)  # duckdb 2 keeps a result open until a fetch finds no row
     return row[0] if row and row[0] else None
 
 
