@@ -163,6 +163,18 @@ def _model_split_keys(model, key: str) -> dict[str, np.ndarray] | None:
         return None
 
 
+def fitted_model(con, ds: Dataset, seed: int, fit: dict):
+    """Template.auto and Model on the bench's split, fitted: (model, wall seconds, CPU seconds)."""
+    import relsql
+
+    started, cpu = time.perf_counter(), time.process_time()
+    extra = {"time_column": ds.time_column} if ds.time_column else {}
+    template = relsql.Template.auto(con, target=ds.target, **extra)
+    model = relsql.Model(con, template, target=ds.target, split=ds.fractions, seed=seed, progress=False, threads=1, **extra)
+    model.fit(**fit)
+    return model, time.perf_counter() - started, time.process_time() - cpu
+
+
 def run_relsql(ds: Dataset, seed: int, k: int, fit: dict) -> dict:
     """relsql through its public API on the bench's split; {"available": False, "why"} when it raises."""
     import polars as pl
@@ -171,13 +183,7 @@ def run_relsql(ds: Dataset, seed: int, k: int, fit: dict) -> dict:
 
     con = relsql.connect(str(ds.path), read_only=True)
     try:
-        started, cpu = time.perf_counter(), time.process_time()
-        extra = {"time_column": ds.time_column} if ds.time_column else {}
-        template = relsql.Template.auto(con, target=ds.target, **extra)
-        model = relsql.Model(con, template, target=ds.target, split=ds.fractions, seed=seed, progress=False,
-                             threads=1, **extra)
-        model.fit(**fit)
-        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+        model, seconds, cpu = fitted_model(con, ds, seed, fit)
         split = _model_split_keys(model, "task_id")
         same = None if split is None else all(
             np.array_equal(split[s], ds.task_id[ds.split[s]]) for s in ("train", "val", "test"))

@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from pathlib import Path
 
 import torch
 
 from bench import recommend_data
+from bench.recommend import fitted_model
 from relsql.train.ranking.metrics import ranking_scores
 
 
@@ -39,13 +39,7 @@ def run(ds, seed: int, fit: dict, alphas: list[float]) -> dict:
 
     con = relsql.connect(str(ds.path), read_only=True)
     try:
-        started, cpu = time.perf_counter(), time.process_time()
-        extra = {"time_column": ds.time_column} if ds.time_column else {}
-        template = relsql.Template.auto(con, target=ds.target, **extra)
-        model = relsql.Model(con, template, target=ds.target, split=ds.fractions, seed=seed, progress=False,
-                             threads=1, **extra)
-        model.fit(**fit)
-        wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+        model, wall, cpu = fitted_model(con, ds, seed, fit)
         learner = model.learner
         out = {"dataset": ds.name, "seed": seed, "wall": round(wall, 1), "cpu": round(cpu, 1),
                "load": round(os.getloadavg()[0], 2), "epochs": len(getattr(learner, "history", []) or []),
