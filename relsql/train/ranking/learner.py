@@ -34,8 +34,8 @@ from relsql.train.ranking.task import RankingTask, empty_scores
 from relsql.train.ranking.timed import TimedIndex, blends
 from relsql.train.ranking.topk import top_k
 
-VALIDATION_SEED = 7919
-BLEND_ALPHAS = (1.0, 0.5, 0.25, 0.0)  # the dot product's share beside a timed relation, the fitted model's first  # the validation loss's negatives: the same every epoch, so epochs compare
+VALIDATION_SEED = 7919  # the validation loss's negatives: the same every epoch, so epochs compare
+BLEND_ALPHAS = (1.0, 0.5, 0.25, 0.0)  # the dot product's share beside a timed relation, the whole first (wins ties)
 
 
 class RankingLearner(Learner):
