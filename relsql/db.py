@@ -14,17 +14,15 @@ import contextlib
 import itertools
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import duckdb
 import pyarrow as pa
 import sqlglot.expressions as exp
 
+from relsql.catalog import Catalog, Column, Keys, Table, duckdb_keys, scoped_table
 from relsql.errors import SchemaError, SourceError
 from relsql.sql import integer
-
-if TYPE_CHECKING:
-    from relsql.catalog import Catalog, Keys
 
 TEMP_PREFIX = "__relsql_"
 _session = itertools.count()
@@ -166,7 +164,6 @@ class Source:
         self.read_only = read_only
 
     def keys(self, db: Database, scope: tuple[str, str]) -> dict[str, Keys]:
-        from relsql.catalog import duckdb_keys
         return duckdb_keys(db.con, scope)
 
     def refuse_read_only(self, name: str) -> None:
@@ -504,9 +501,40 @@ class Database:
             self.source.write_table(self, name, data, replace)
 
     def catalog(self) -> Catalog:
-        """Tables, columns (name, type, nullable), primary and foreign keys, row counts."""
-        from relsql.catalog import read_catalog
-        return read_catalog(self)
+        """Tables, columns (name, type, nullable), primary and foreign keys, row counts: columns and
+        types as DuckDB's `information_schema` shows them to the grounder, keys from each source's
+        own catalog (`Source.keys`)."""
+        catalog = Catalog(self.description, self.source.kind, keys_origin=self.source.keys_origin)
+        scopes = self.scopes()
+        placement = self.table_scopes()
+        for index, scope in enumerate(scopes):
+            names = [n for n, s in placement.items() if s == scope]
+            if not names:
+                continue
+            keys = self.source.keys(self, scope) if index == 0 else duckdb_keys(self.con, scope)
+            kinds = dict(self.con.execute(
+                "SELECT table_name, table_type FROM information_schema.tables WHERE table_catalog = ? AND table_schema = ?",
+                list(scope)).fetchall())
+            columns: dict[str, list[tuple[str, str, str]]] = {}
+            for table, name, dtype, nullable in self.con.execute(
+                    "SELECT table_name, column_name, data_type, is_nullable FROM information_schema.columns "
+                    "WHERE table_catalog = ? AND table_schema = ? ORDER BY table_name, ordinal_position", list(scope)).fetchall():
+                columns.setdefault(table, []).append((name, dtype, nullable))
+            for table in names:
+                key = keys.get(table, Keys())
+                not_null = set(key.not_null) | set(key.primary_key)
+                count = exp.select(exp.Count(this=exp.Star())).from_(scoped_table(table, scope))
+                rows = self.con.execute(count.sql("duckdb")).fetchone()[0]
+                catalog.tables[table] = Table(
+                    name=table,
+                    columns=tuple(Column(n, t, nullable == "YES" and n not in not_null) for n, t, nullable in columns.get(table, [])),
+                    primary_key=key.primary_key,
+                    foreign_keys=key.foreign_keys,
+                    rows=int(rows),
+                    kind="view" if "VIEW" in str(kinds.get(table, "")).upper() else "table",
+                )
+        catalog.tables = dict(sorted(catalog.tables.items()))
+        return catalog
 
 
 SQLITE_MAGIC = b"SQLite format 3\x00"

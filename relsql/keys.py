@@ -39,11 +39,12 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import TYPE_CHECKING
 
+import duckdb
 import sqlglot.expressions as exp
 
 from relsql import keyfile
-from relsql.catalog import Catalog, ForeignKey, Table, check_values
-from relsql.errors import SchemaError
+from relsql.catalog import Catalog, ForeignKey, Table, scoped_table
+from relsql.errors import SchemaError, SourceError
 
 if TYPE_CHECKING:
     from relsql.db import Database
@@ -492,3 +493,38 @@ def _composite_candidates(units: list[tuple[str, ...]], identifiers: set[str],
                 found.append((len(columns), not mixed, sum(role_words.get(c, 0) for c in columns), combo, columns))
     found.sort(key=lambda f: f[:4])
     return [f[4] for f in found]
+
+
+# -- values SQLite stores against their declared type ----------------------------------------------------------
+def check_values(db: Database, catalog: Catalog) -> None:
+    """SQLite stores any value in any column, and DuckDB reads a column by its declared type: text
+    in an INTEGER column fails every query that reads it. Read each table's columns once (one
+    count per table) and name the first column DuckDB cannot read, before a template or a key
+    inference trips over it. Other sources enforce their types: nothing to check."""
+    if catalog.kind != "sqlite":
+        return
+    for table in catalog:
+        problem = _unreadable(db, table.name, table.column_names) if table.columns else ""
+        if not problem:
+            continue
+        shown = f"table {table.name}"
+        for column in table.columns:
+            found = _unreadable(db, table.name, [column.name])
+            if found:
+                shown, problem = f"column {table.name}.{column.name} (declared {column.type})", found
+                break
+        raise SourceError(f"{catalog.source}: {shown} holds values DuckDB cannot read as that type ({problem}); SQLite "
+                          "does not enforce column types: store values of the declared type there (or NULL), or give "
+                          "relsql a copy whose column has the type of its values")
+
+
+def _unreadable(db: Database, table: str, columns: list[str]) -> str:
+    """DuckDB's complaint reading `columns` of `table` (one count each), or "" when they read."""
+    scope = db.table_scopes().get(table)
+    source = scoped_table(table, scope) if scope else exp.Table(this=exp.to_identifier(table, quoted=True))
+    query = exp.select(*[exp.Count(this=exp.column(exp.to_identifier(c, quoted=True))) for c in columns]).from_(source)
+    try:
+        db.con.execute(query.sql("duckdb")).fetchall()
+    except duckdb.Error as err:
+        return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return ""

@@ -103,7 +103,7 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from relsql.catalog import format_catalog
+    from relsql.cli.output import format_catalog
     from relsql.keys import schema
 
     with relsql.connect(args.db, read_only=True, keys=args.keys) as db:

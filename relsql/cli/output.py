@@ -12,8 +12,10 @@ from pathlib import Path
 import polars as pl
 import pyarrow.parquet as pq
 
+from relsql.catalog import Catalog, Table
 from relsql.db import with_mark
 from relsql.errors import RelsqlError
+from relsql.keys import Schema
 
 
 @contextlib.contextmanager
@@ -96,3 +98,44 @@ def summary(frame: pl.DataFrame, task, path: str, where: str | None) -> str:
         tally = values.value_counts(sort=True)
         lines.append(f"{prediction}: " + ", ".join(f"{v} {n:,}" for v, n in tally.iter_rows()))
     return "\n".join(lines)
+
+
+def format_catalog(catalog: Catalog, keys: Schema | None = None) -> str:
+    """A readable listing for `relsql inspect`: tables with row counts, columns, keys. With `keys`
+    (relsql.keys.schema), each key is marked declared, given or inferred, and an inferred
+    one is followed by its evidence."""
+    count = len(catalog.tables)
+    lines = [f"{catalog.source}: {count} table{'s' if count != 1 else ''}"]
+    for table in catalog:
+        kind = " (view)" if table.kind == "view" else ""
+        lines.append("")
+        lines.append(f"{table.name}{kind}: {table.rows:,} row{'s' if table.rows != 1 else ''}")
+        lines.extend(_table_lines(table, keys))
+    return "\n".join(lines)
+
+
+def _table_lines(table: Table, keys: Schema | None) -> list[str]:
+    """Column lines (`PK`, `FK -> t.c` notes), then multi-column and inferred keys on lines of their own."""
+    primary = keys.primary_keys.get(table.name, ()) if keys else table.primary_key
+    foreign = [fk for child, fk in keys.foreign_keys if child == table.name] if keys else list(table.foreign_keys)
+    pk_note = keys.primary_note(table.name) if keys and primary else ""
+    fk_notes = {fk: keys.foreign_note(table.name, fk) for fk in foreign} if keys else {}
+    tag = (lambda note: f" ({note.split(':')[0]})") if keys else (lambda note: "")  # noqa: E731
+    width = max((len(c.name) for c in table.columns), default=0)
+    type_width = max((len(c.type) for c in table.columns), default=0)
+    lines = []
+    for column in table.columns:
+        notes = []
+        if column.name in primary:
+            notes.append("PK" + tag(pk_note))
+        notes.extend(f"FK -> {fk.table}.{fk.references[fk.columns.index(column.name)] if fk.references else '?'}"
+                     + tag(fk_notes.get(fk, "")) for fk in foreign if column.name in fk.columns)
+        notes.append("NULL" if column.nullable else "NOT NULL")
+        lines.append(f"  {column.name:<{width}}  {column.type:<{type_width}}  {'  '.join(notes)}".rstrip())
+    if len(primary) > 1 or ":" in pk_note:
+        lines.append(f"  primary key ({', '.join(primary)})" + (f", {pk_note}" if pk_note else ""))
+    for fk in foreign:
+        note = fk_notes.get(fk, "")
+        if len(fk.columns) > 1 or ":" in note:
+            lines.append(f"  foreign key {fk}" + (f", {note}" if note else ""))
+    return lines
