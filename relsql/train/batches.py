@@ -57,6 +57,7 @@ class Worker:
             result = future.result()
         finally:
             self.waited += time.perf_counter() - started
+            self._required = [f for f in self._required if f is not future]  # its error reaches the caller here, once
         self._raise_failed()  # work queued before this one (an update) that failed
         return result
 

@@ -8,6 +8,7 @@ stored and checkpoints written.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -268,11 +269,22 @@ class Trainer:
             return guards.diverged_message(err, self.lr, best, self.stopping.loss)
         finally:
             learner.net.train(False)
-            for table in learner.embedding_tables().values():  # rows trained ahead of their tables reach them
-                self.source.run(table.flush)
+            unwritten = self._flush_tables()
             self.source.close()  # an update already running completes: the database stays at a step boundary
             for name, value in {**self.strategy.timings(self), "training": time.perf_counter() - started}.items():
                 learner.timings[name] = learner.timings.get(name, 0.0) + value
+            _report_unwritten(unwritten, sys.exc_info()[1])
+
+    def _flush_tables(self) -> Exception | None:
+        """Write the rows trained ahead of their tables into them, every table tried; the first
+        failure is returned so that fit's own error, if one is on its way, is not replaced by it."""
+        failure = None
+        for table in self.learner.embedding_tables().values():
+            try:
+                self.source.run(table.flush)
+            except Exception as err:  # noqa: BLE001 - handed to _report_unwritten
+                failure = failure or err
+        return failure
 
     def steps_per_epoch(self) -> int:
         """Optimizer steps in one epoch: one full batch, or the global batches of the training rows."""
@@ -477,3 +489,16 @@ class Trainer:
                 self.source.run(table.load_best, int(best_steps[weight]))
         self.running = tuple(state["running"])
         return state["epoch"], state["batch"]
+
+
+def _report_unwritten(failure: Exception | None, pending: BaseException | None) -> None:
+    """A write-back that failed while fit was already raising (a callback's error, a lost
+    connection) becomes a note on that error, which stays the one the user sees; otherwise it is
+    raised: rows that did not reach their table are never dropped silently."""
+    if failure is None:
+        return
+    if pending is None:
+        raise failure
+    pending.add_note(f"relsql: the embedding rows trained since the last write-back did not reach their table "
+                     f"({type(failure).__name__}: {str(failure).splitlines()[0] if str(failure) else ''}); "
+                     "the table holds the last step that was written")
