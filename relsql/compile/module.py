@@ -184,6 +184,15 @@ class CompiledNet(nn.Module):
             self.fused_reason = code
         return self._execute(self.plan, self._program, slots)
 
+    def fused_code(self) -> fused.Fused | str:
+        """The generated code `forward()` runs for the weights that now need gradients, or why the
+        plan runs op by op (relsql/compile/step.py calls the code directly, a whole step at once)."""
+        if self.execution == "ops":
+            return "execution is 'ops'"
+        if self._program is None:
+            self._program = _program(self.plan, self._training)
+        return self._fused_code({s: self._buffers[k] for s, k in self._inputs.items()})
+
     def _remember(self, code: fused.Fused) -> None:
         """The fused code just run, its weights' keys and which of them needed gradients: the
         next call reruns it after checking only those (the code depends on no other weight's
