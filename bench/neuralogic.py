@@ -113,7 +113,8 @@ COLUMNS = (
     "dataset", "template", "width", "epoch_kind",
     "nl_build_s", "relsql_build_s", "build_ratio", "build_ratio_incl_import",
     "nl_epoch_ms", "relsql_epoch_ms_f64", "relsql_epoch_ms_f32", "epoch_ratio_f64", "epoch_ratio_f32",
-    "relsql_epoch_ms_f64_ops", "epoch_ratio_f64_ops", "relsql_execution",
+    "relsql_epoch_ms_f64_ops", "epoch_ratio_f64_ops", "relsql_epoch_ms_f64_autograd", "epoch_ratio_f64_autograd",
+    "relsql_execution",
     "max_abs_dev", "n_outputs", "nl_peak_rss_mib", "relsql_peak_rss_mib",
     "relsql_import_s", "jvm_start_s", "nl_settings", "reps", "load_avg",
     "nl_epoch_cpu_ms", "relsql_epoch_cpu_ms_f64", "epoch_ratio_cpu_f64", "note",
@@ -305,6 +306,18 @@ class RelsqlSide:
             self.targets[head] = target if sel is None else target.index_select(0, sel)
         self.opt = torch.optim.SGD([p for p in self.net.parameters() if p.requires_grad], lr=LR, foreach=True)
         self.initial = {n: p.detach().clone() for n, p in self.net.named_weights().items()}
+        self.step = None
+
+    def use_fused_step(self) -> str:
+        """Epochs as relsql/compile/step.py's FusedStep where the plan fuses (no autograd, no
+        torch.optim: the same SGD update on a flat buffer); returns what the epoch runs."""
+        from relsql.compile.step import FusedStep, SquaredError
+
+        self.step = FusedStep.build(self.net, self.opt, SquaredError(self.targets, self.rows))
+        self.net()
+        if self.step is not None:
+            return "fused step"
+        return "fused" if self.net.fused_reason is None else f"ops ({self.net.fused_reason})"
 
     def reset(self):
         import torch
@@ -316,6 +329,9 @@ class RelsqlSide:
     def epoch(self):
         import torch
 
+        if self.step is not None and self.net.execution == "auto":
+            self.step.step()
+            return
         outs = self.net()
         loss = 0.0
         for head in self.heads:
@@ -435,6 +451,8 @@ def run_config(name: str, width: int | str, db, dataset, work: Path, reps: int, 
         epoch_ratio_f64=f"{nl_epoch / ours['f64']:.2f}", epoch_ratio_f32=f"{nl_epoch / ours['f32']:.2f}",
         relsql_epoch_ms_f64_ops=f"{ours['f64_ops'] * 1e3:.2f}", epoch_ratio_f64_ops=f"{nl_epoch / ours['f64_ops']:.2f}",
         relsql_execution=ours["execution"], load_avg=ours["load_avg"],
+        **({"relsql_epoch_ms_f64_autograd": f"{ours['f64_autograd'] * 1e3:.2f}",
+            "epoch_ratio_f64_autograd": f"{nl_epoch / ours['f64_autograd']:.2f}"} if "f64_autograd" in ours else {}),
         nl_epoch_cpu_ms=f"{ours['nl_cpu'] * 1e3:.2f}", relsql_epoch_cpu_ms_f64=f"{ours['f64_cpu'] * 1e3:.2f}",
         epoch_ratio_cpu_f64=f"{ours['nl_cpu'] / ours['f64_cpu']:.2f}",
     )
@@ -541,6 +559,33 @@ def _forward_backward(net, loops: int = 200) -> tuple[float, float]:
     return forward / loops, backward / loops
 
 
+def per_op_step(weights: int | None = None, short: int = 10, long: int = 60, reps: int = 7, loops: int = 200) -> float:
+    """Microseconds per op of a whole FusedStep (forward, loss gradient, backward, SGD update),
+    the slope between a short and a long chain as in per_op_cost, median over `reps` rounds."""
+    import torch
+
+    from relsql.compile.step import FusedStep, SquaredError
+
+    steps = {}
+    for n in (short, long):
+        net = chain_net(n, weights=weights)
+        out = net()["out"]
+        opt = torch.optim.SGD(list(net.parameters()), lr=LR)
+        steps[n] = FusedStep.build(net, opt, SquaredError({"out": torch.zeros_like(out)}, {"out": None}))
+        for _ in range(20):
+            steps[n].step()
+    slopes = []
+    for _ in range(reps):
+        got = {}
+        for n, step in steps.items():
+            t = time.perf_counter()
+            for _ in range(loops):
+                step.step()
+            got[n] = (time.perf_counter() - t) / loops
+        slopes.append((got[long] - got[short]) / (2 * (long - short)) * 1e6)
+    return statistics.median(slopes)
+
+
 def print_per_op(threads: int) -> None:
     """The fixed cost per op op by op (the interpreter) and fused, alternated in this process, twice."""
     import torch
@@ -551,8 +596,10 @@ def print_per_op(threads: int) -> None:
         for weights, what in ((1, "one shared weight"), (None, "a weight per link")):
             ops = per_op_cost("ops", weights)
             fused = per_op_cost("fused", weights)
+            step = per_op_step(weights)
             print(f"  round {round_}, {what}: op by op fwd {ops[0]:.2f} + bwd {ops[1]:.2f} = {sum(ops):.2f};  fused fwd "
-                  f"{fused[0]:.2f} + bwd {fused[1]:.2f} = {sum(fused):.2f};  ×{sum(ops) / sum(fused):.2f}", flush=True)
+                  f"{fused[0]:.2f} + bwd {fused[1]:.2f} = {sum(fused):.2f} (×{sum(ops) / sum(fused):.2f});  fused step "
+                  f"(fwd + bwd + SGD) {step:.2f} (×{sum(ops) / step:.2f});  load {os.getloadavg()[0]:.1f}", flush=True)
 
 
 # --------------------------------------------------------------------------- relsql timings (fresh process)
@@ -647,12 +694,17 @@ def time_relsql(dsname: str, name: str, width: int | str, kind: str, reps: int, 
         rel.prepare()
         rel32.prepare(like=rel)
         f64 = rel.epoch if kind == "train" else rel.forward
+        execution = rel.use_fused_step() if kind == "train" else "fused"
+        if kind == "train":
+            rel32.use_fused_step()
         fns = {"f64": _in(rel, "auto", f64), "f32": rel32.epoch if kind == "train" else rel32.forward,
-               "f64_ops": _in(rel, "ops", f64)}
-        resets = {"f64": rel.reset, "f32": rel32.reset, "f64_ops": rel.reset}
+               "f64_ops": _in(rel, "ops", f64), "f64_autograd": _in(rel, "fused", f64)}
+        resets = {"f64": rel.reset, "f32": rel32.reset, "f64_ops": rel.reset, "f64_autograd": rel.reset}
         rel.net.execution = "auto"
         rel.net()
-        execution = "fused" if rel.net.fused_reason is None else f"ops ({rel.net.fused_reason})"
+        if rel.net.fused_reason is not None:
+            execution = f"ops ({rel.net.fused_reason})"
+            del fns["f64_autograd"]
         for fn in fns.values() if warm else ():
             fn()
         print(json.dumps({"build_s": statistics.median(builds), "execution": execution}), flush=True)
@@ -726,17 +778,17 @@ def memory_probe(side: str, dsname: str, name: str, width: int | str, kind: str,
 
 def print_table(rows: list[dict]) -> str:
     head = ("dataset", "template", "w", "kind", "build NL s", "build rs s", "×", "epoch NL ms", "rs f64 ms", "rs f32 ms",
-            "×f64", "×f32", "f64 op-by-op ms", "×f64 op-by-op", "×f64 cpu", "load", "max|Δ|", "RSS NL MiB", "RSS rs MiB")
+            "×f64", "×f32", "f64 op-by-op ms", "×f64 op-by-op", "×f64 autograd", "×f64 cpu", "load", "max|Δ|", "RSS NL MiB", "RSS rs MiB")
     keys = ("dataset", "template", "width", "epoch_kind", "nl_build_s", "relsql_build_s", "build_ratio", "nl_epoch_ms",
             "relsql_epoch_ms_f64", "relsql_epoch_ms_f32", "epoch_ratio_f64", "epoch_ratio_f32", "relsql_epoch_ms_f64_ops",
-            "epoch_ratio_f64_ops", "epoch_ratio_cpu_f64", "load_avg", "max_abs_dev", "nl_peak_rss_mib", "relsql_peak_rss_mib")
+            "epoch_ratio_f64_ops", "epoch_ratio_f64_autograd", "epoch_ratio_cpu_f64", "load_avg", "max_abs_dev", "nl_peak_rss_mib", "relsql_peak_rss_mib")
     cells = [head] + [tuple(str(r[k]) if r[k] != "" else "-" for k in keys) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
     lines = ["  ".join(c[i].ljust(widths[i]) if i < 4 else c[i].rjust(widths[i]) for i in range(len(head))) for c in cells]
     lines.insert(1, "-" * len(lines[0]))
     notes = [f"  {r['dataset']} {r['template']} w{r['width']}: {r['note']}" for r in rows if r["note"]]
     notes += [f"  {r['dataset']} {r['template']} w{r['width']}: relsql ran {r['relsql_execution']}"
-              for r in rows if r["relsql_execution"] and r["relsql_execution"] != "fused"]
+              for r in rows if r["relsql_execution"] and r["relsql_execution"] not in ("fused", "fused step")]
     return "\n".join(lines + (["notes:"] + notes if notes else []))
 
 

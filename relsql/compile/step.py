@@ -134,10 +134,12 @@ class FusedStep:
         with torch.no_grad():
             outputs, held, kept = code.forward(*[weights[n] for n in code.names], *[net._buffers[net._inputs[s]] for s in code.inputs])
             reached = code.backward(held, kept, tuple(torch.ones_like(o) for o in outputs))
-        trained = [i for i, n in enumerate(code.names) if weights[n].requires_grad and reached[i] is not None]
+        upstream = _upstream(net.plan, {net.plan.outputs[name] for name in loss.targets})
+        trained = [i for i, n in enumerate(code.names)
+                   if weights[n].requires_grad and reached[i] is not None and n in upstream]
         moved = {id(weights[code.names[i]]) for i in trained}  # torch.optim skips a weight without a gradient
-        if moved != {id(p) for p in optimizer.param_groups[0]["params"] if p.requires_grad} or not trained:
-            return None  # the optimizer trains weights this plan does not reach, or misses some it does
+        if not trained or not moved <= {id(p) for p in optimizer.param_groups[0]["params"]}:
+            return None  # the optimizer misses a weight the loss reaches (its others get no gradient: skipped)
         if len({weights[code.names[i]].dtype for i in trained}) != 1:
             return None
         if any(reached[i].shape != weights[code.names[i]].shape for i in trained):
@@ -217,3 +219,15 @@ class FusedStep:
         bias1, bias2 = 1 - beta1 ** step, 1 - beta2 ** step
         denom = (v.sqrt() / bias2 ** 0.5).add_(group["eps"])
         w.addcdiv_(m, denom, value=-(lr / bias1))
+
+
+def _upstream(plan, slots: set[int]) -> set[str]:
+    """The weights (by name) some of `slots` depend on: autograd gives the others no gradient
+    (not even zeros), and torch.optim then skips them, weight decay and moments included."""
+    needed, names = set(slots), set()
+    for op in reversed(plan.ops):
+        if op.out in needed:
+            needed.update(op.args)
+            if op.kind == "param":
+                names.add(op.attrs["name"])
+    return names
