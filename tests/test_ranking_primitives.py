@@ -99,6 +99,25 @@ def test_top_k_ties_across_groups_of_columns():
         assert indices.tolist() == [sorted(fives.tolist())[:3]] * 3
 
 
+@pytest.mark.parametrize("k,column_chunk", [(1, 64), (3, 256), (10, 512), (20, 1024)])
+def test_top_k_group_pruning_of_narrow_blocks_when_forced(monkeypatch, k, column_chunk):
+    """Blocks narrower than GROUPED_FROM are selected whole (faster there); forced through the grouped
+    path they must give the same exact answer, ties included."""
+    from relsql.train.ranking import topk as module
+
+    monkeypatch.setattr(module, "GROUPED_FROM", 0)
+    query, candidates = integer_embeddings(40, 3, 20, -30, 31), integer_embeddings(2100, 3, 40, -30, 31)
+    scores, indices = top_k(query, candidates, k, row_chunk=9, column_chunk=column_chunk)
+    want_scores, want_indices = naive_top_k(query, candidates, k)
+    assert indices.tolist() == want_indices
+    assert scores.tolist() == want_scores
+    values = torch.zeros(8 * module.GROUP, 1, dtype=torch.float64)  # group maxima tied at the k-th group
+    fives = torch.arange(8) * module.GROUP + module.GROUP - 1 - torch.arange(8)
+    values[fives] = 5.0
+    _, indices = top_k(torch.ones(3, 1, dtype=torch.float64), values, 3, column_chunk=8 * module.GROUP)
+    assert indices.tolist() == [sorted(fives.tolist())[:3]] * 3
+
+
 def test_top_k_ties_go_to_the_lower_index():
     query, candidates = torch.ones(4, 3), torch.zeros(20, 3)
     scores, indices = top_k(query, candidates, 5, row_chunk=3, column_chunk=7)
@@ -284,6 +303,22 @@ def test_ranking_scores_ndcg_equals_sklearn():
     ids = np.concatenate([np.flatnonzero(row) for row in relevant])
     got = ranking_scores(predicted, offsets, ids, k)
     assert got[f"ndcg@{k}"] == pytest.approx(ndcg_score(relevant.astype(float), scores, k=k), rel=1e-12)
+
+
+def test_judge_prepared_once_scores_several_rankings_like_naive_loops():
+    """Validation judges one truth several times (one ranking per blend share): each call matches the
+    naive loops, including ids outside every truth, large ids and rankings with repeats."""
+    from relsql.train.ranking.metrics import Judge
+
+    _, truths, offsets, ids = random_ranking_case(3, items=40)
+    judge = Judge(offsets, ids * 10**12, 10)
+    for seed in range(4):
+        predicted = np.random.default_rng(seed).integers(-1, 60, (len(truths), 10))
+        predicted = np.where(predicted >= 0, predicted * 10**12, -1)  # ids 40..59 are in no truth
+        got = judge(predicted)
+        want = naive_ranking_scores(predicted.tolist(), [[i * 10**12 for i in t] for t in truths], 10)
+        for name in want:
+            assert got[name] == pytest.approx(want[name], rel=1e-12), (seed, name)
 
 
 def test_ranking_scores_edge_cases_and_bad_input():

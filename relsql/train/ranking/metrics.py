@@ -22,38 +22,76 @@ def ranking_scores(predicted: np.ndarray, truth_offsets: np.ndarray, truth_ids: 
     predicted: [n, w] candidate ids per row, best first (only the first k columns count; a row
     shorter than k is padded with -1); truth of row i: truth_ids[truth_offsets[i]:truth_offsets[i+1]].
     """
-    predicted, truth_offsets, truth_ids = _checked(predicted, truth_offsets, truth_ids, k)
-    n = predicted.shape[0]
-    truth_rows, truth_ids = _distinct_truth(truth_offsets, truth_ids, n)
-    truth_count = np.bincount(truth_rows, minlength=n)
-    counted = truth_count > 0
-    hits = _hits(predicted, truth_rows, truth_ids)[counted]
-    truth_count = truth_count[counted]
-    names = [f"map@{k}", f"recall@{k}", f"ndcg@{k}", "mrr", f"precision@{k}"]
-    if not counted.any():
-        return {**dict.fromkeys(names, float("nan")), "rows": 0}
-    values = [_average_precision(hits, truth_count), hits.sum(1) / truth_count, _ndcg(hits, truth_count),
-              _reciprocal_rank(hits), hits.sum(1) / k]
-    return {**{name: float(np.mean(value)) for name, value in zip(names, values, strict=True)}, "rows": int(counted.sum())}
+    return Judge(truth_offsets, truth_ids, k)(predicted)
 
 
-def _checked(predicted: np.ndarray, truth_offsets: np.ndarray, truth_ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Arrays of the agreed shapes, predicted cut or padded to exactly k columns."""
+class Judge:
+    """ranking_scores against one truth, prepared once: validation judges several rankings of the same
+    rows each epoch (one per blend share), and the truth's sorting is most of a judgement's cost."""
+
+    def __init__(self, truth_offsets: np.ndarray, truth_ids: np.ndarray, k: int):
+        _check_k(k)
+        truth_offsets, truth_ids = _checked_truth(truth_offsets, truth_ids)
+        self.k, self.n = int(k), len(truth_offsets) - 1
+        truth_rows, truth_ids = _distinct_truth(truth_offsets, truth_ids, self.n)
+        self.codes = np.unique(truth_ids)  # the true ids, sorted: only these can hit
+        self.truth_keys = np.sort(truth_rows * len(self.codes) + np.searchsorted(self.codes, truth_ids))
+        self.truth_count = np.bincount(truth_rows, minlength=self.n)
+        self.counted = self.truth_count > 0
+
+    def __call__(self, predicted: np.ndarray) -> dict[str, float]:
+        """The metrics of `predicted` ([n, w] ids, best first), as ranking_scores gives them."""
+        k = self.k
+        predicted = _checked_predicted(predicted, self.n, k)
+        names = [f"map@{k}", f"recall@{k}", f"ndcg@{k}", "mrr", f"precision@{k}"]
+        if not self.counted.any():
+            return {**dict.fromkeys(names, float("nan")), "rows": 0}
+        hits = self.hits(predicted)[self.counted]
+        truth_count = self.truth_count[self.counted]
+        values = [_average_precision(hits, truth_count), hits.sum(1) / truth_count, _ndcg(hits, truth_count),
+                  _reciprocal_rank(hits), hits.sum(1) / k]
+        return {**{name: float(np.mean(value)) for name, value in zip(names, values, strict=True)},
+                "rows": int(self.counted.sum())}
+
+    def hits(self, predicted: np.ndarray) -> np.ndarray:
+        """[n, k] bool: slot (i, j) holds an id in row i's truth, seen for the first time in the row."""
+        n, k = predicted.shape
+        if not len(self.codes):
+            return np.zeros((n, k), dtype=bool)
+        code = np.minimum(np.searchsorted(self.codes, predicted), len(self.codes) - 1)
+        known = (self.codes[code] == predicted) & (predicted != NO_ITEM)
+        keys = np.arange(n, dtype=np.int64)[:, None] * len(self.codes) + code
+        found = np.minimum(np.searchsorted(self.truth_keys, keys), len(self.truth_keys) - 1)
+        return known & (self.truth_keys[found] == keys) & _first_in_row(predicted)
+
+
+def _check_k(k: int) -> None:
     if isinstance(k, bool) or not isinstance(k, int | np.integer) or k <= 0:
         raise RelsqlError(f"ranking_scores: k must be a positive whole number, got {k!r}; use k >= 1 (for example k=10)")
-    predicted, truth_offsets, truth_ids = np.asarray(predicted), np.asarray(truth_offsets), np.asarray(truth_ids)
-    if predicted.ndim != 2 or not np.issubdtype(predicted.dtype, np.integer):
-        raise RelsqlError(f"ranking_scores: predicted must be a 2-D integer array [rows, k] of candidate ids, got {predicted.dtype} {predicted.shape}")
-    n = predicted.shape[0]
-    if truth_offsets.shape != (n + 1,) or not np.issubdtype(truth_offsets.dtype, np.integer):
-        raise RelsqlError(f"ranking_scores: truth_offsets must be {n + 1} integers (one more than the predicted rows), got {truth_offsets.dtype} {truth_offsets.shape}")
+
+
+def _checked_truth(truth_offsets: np.ndarray, truth_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The truth's arrays as int64, checked for the agreed CSR form."""
+    truth_offsets, truth_ids = np.asarray(truth_offsets), np.asarray(truth_ids)
+    if truth_offsets.ndim != 1 or len(truth_offsets) < 1 or not np.issubdtype(truth_offsets.dtype, np.integer):
+        raise RelsqlError(f"ranking_scores: truth_offsets must be a 1-D integer array (one more than the predicted rows), got {truth_offsets.dtype} {truth_offsets.shape}")
     if truth_offsets[0] != 0 or truth_offsets[-1] != len(truth_ids) or (np.diff(truth_offsets) < 0).any():
         raise RelsqlError("ranking_scores: truth_offsets must start at 0, never decrease, and end at len(truth_ids)")
     if truth_ids.ndim != 1 or not np.issubdtype(truth_ids.dtype, np.integer):
         raise RelsqlError(f"ranking_scores: truth_ids must be a 1-D integer array, got {truth_ids.dtype} {truth_ids.shape}")
+    return truth_offsets.astype(np.int64), truth_ids.astype(np.int64)
+
+
+def _checked_predicted(predicted: np.ndarray, n: int, k: int) -> np.ndarray:
+    """`predicted` as [n, k] int64, cut or padded (with NO_ITEM) to exactly k columns."""
+    predicted = np.asarray(predicted)
+    if predicted.ndim != 2 or not np.issubdtype(predicted.dtype, np.integer):
+        raise RelsqlError(f"ranking_scores: predicted must be a 2-D integer array [rows, k] of candidate ids, got {predicted.dtype} {predicted.shape}")
+    if predicted.shape[0] != n:
+        raise RelsqlError(f"ranking_scores: truth_offsets must be {predicted.shape[0] + 1} integers (one more than the predicted rows), got {n + 1}")
     if predicted.shape[1] < k:
         predicted = np.pad(predicted, ((0, 0), (0, k - predicted.shape[1])), constant_values=NO_ITEM)
-    return predicted[:, :k].astype(np.int64), truth_offsets.astype(np.int64), truth_ids.astype(np.int64)
+    return predicted[:, :k].astype(np.int64)
 
 
 def _distinct_truth(truth_offsets: np.ndarray, truth_ids: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -66,17 +104,15 @@ def _distinct_truth(truth_offsets: np.ndarray, truth_ids: np.ndarray, n: int) ->
     return rows[first], ids[first]
 
 
-def _hits(predicted: np.ndarray, truth_rows: np.ndarray, truth_ids: np.ndarray) -> np.ndarray:
-    """[n, k] bool: slot (i, j) holds an id in row i's truth, seen for the first time in the row."""
-    n, k = predicted.shape
-    codes, inverse = np.unique(np.concatenate([truth_ids, predicted.ravel()]), return_inverse=True)
-    truth_keys = truth_rows * len(codes) + inverse[: len(truth_ids)]
-    keys = np.repeat(np.arange(n, dtype=np.int64), k) * len(codes) + inverse[len(truth_ids):]
-    _, first_slot = np.unique(keys, return_index=True)  # row-major, so the first slot is the best rank
-    first = np.zeros(n * k, dtype=bool)
-    first[first_slot] = True
-    hit = first & np.isin(keys, truth_keys) & (predicted.ravel() != NO_ITEM)
-    return hit.reshape(n, k)
+def _first_in_row(predicted: np.ndarray) -> np.ndarray:
+    """[n, k] bool: the slot is the first (best) of its id in its row."""
+    order = np.argsort(predicted, axis=1, kind="stable")  # equal ids keep their rank order
+    ranked = np.take_along_axis(predicted, order, 1)
+    first_sorted = np.ones(predicted.shape, dtype=bool)
+    first_sorted[:, 1:] = ranked[:, 1:] != ranked[:, :-1]
+    first = np.empty_like(first_sorted)
+    np.put_along_axis(first, order, first_sorted, 1)
+    return first
 
 
 def _average_precision(hits: np.ndarray, truth_count: np.ndarray) -> np.ndarray:
