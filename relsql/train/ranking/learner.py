@@ -23,18 +23,23 @@ from torch import nn
 
 from relsql.compile import make_plan
 from relsql.compile.module import CompiledNet
+from relsql.compile.passes import RULES, shared_aggregation
 from relsql.errors import SchemaError
 from relsql.ground.execute import Presets, ground
 from relsql.train.learner import Learner
 from relsql.train.options import RANKING_STEP_POSITIVES
 from relsql.train.ranking import hard, losses, negatives
-from relsql.train.ranking.metrics import ranking_scores
+from relsql.train.ranking.metrics import Judge
 from relsql.train.ranking.pairs import PairIndex, rank_with_pairs
 from relsql.train.ranking.task import RankingTask, empty_scores
 from relsql.train.ranking.timed import TimedIndex, blends
 from relsql.train.ranking.topk import top_k
 
 VALIDATION_SEED = 7919  # the validation loss's negatives: the same every epoch, so epochs compare
+# the plan's passes but shared_aggregation: its greedy and timing took 3.1 s CPU (5.2 s wall) of the
+# shop's 5.3 s planning in bench.recommend and rewrote no product (Template.auto's towers; the plan is
+# the same for every model seed); a step took as long without it (0.093-0.096 s vs 0.095-0.104 s)
+PASSES = tuple(rule for rule in RULES if rule is not shared_aggregation)
 BLEND_ALPHAS = (1.0, 0.5, 0.25, 0.0)  # the dot product's share beside a timed relation, the whole first (wins ties)
 
 
@@ -57,7 +62,7 @@ class RankingLearner(Learner):
         started = time.perf_counter()
         extra = [name for name in (goal.pair_relation, goal.timed_relation) if name]
         outputs = [self.output, goal.candidates] + extra
-        plan = make_plan(self.template, grounding, self.dtype, outputs=outputs, device=self.device)
+        plan = make_plan(self.template, grounding, self.dtype, passes=PASSES, outputs=outputs, device=self.device)
         self.net = CompiledNet(plan, grounding, dtype=self.dtype, seed=self.seed)
         self.timings["planning"] = time.perf_counter() - started
         widths = {name: int(np.prod(plan.meta[plan.outputs[name]].shape[1:])) for name in (self.output, goal.candidates)}
@@ -195,34 +200,44 @@ class RankingLearner(Learner):
         own = query.shape[1] - self.timed.times
         return torch.cat([query[:, :own] * alpha, query[:, own:]], 1)
 
-    def pick_blend(self, positions: np.ndarray, computed: tuple) -> torch.Tensor:
+    def pick_blend(self, positions: np.ndarray, computed: tuple, judge: Judge) -> tuple[torch.Tensor, dict[str, float]]:
         """Set the head's alpha to the one of BLEND_ALPHAS whose ranking of `positions` has the best MAP@k
-        (the first on ties); the candidate row ids of that ranking."""
-        offsets, ids = self.goal.truth("val")
-        best, index = None, None
+        (the first on ties); that ranking's candidate row ids and its scores by `judge`."""
+        best = None
         for alpha in BLEND_ALPHAS:
             self.head.alpha.fill_(alpha)
             _, ranked = self.rank(self.labelled[positions], self.task.k, computed)
-            found = float(ranking_scores(ranked.cpu().numpy(), offsets, ids, self.task.k)[f"map@{self.task.k}"])
-            if best is None or found > best[0]:
-                best, index = (found, alpha), ranked
+            found = judge(ranked.cpu().numpy())
+            if best is None or found[f"map@{self.task.k}"] > best[0][f"map@{self.task.k}"]:
+                best = found, alpha, ranked
         self.head.alpha.fill_(best[1])
-        return index
+        return best[2], best[0]
+
+    def judge(self, split: str) -> Judge:
+        """The metrics of rankings of a split's rows, its truth prepared once (validation judges every
+        epoch, and up to len(BLEND_ALPHAS) rankings each time)."""
+        positions, k = self.rows[split], self.task.k
+        judges = self.__dict__.setdefault("_judges", {})  # split -> (its rows, k, judge)
+        kept = judges.get(split)
+        if kept is None or kept[0] is not positions or kept[1] != k:
+            offsets, ids = self.goal.truth(split)
+            kept = judges[split] = positions, k, Judge(offsets, ids, k)
+        return kept[2]
 
     def split_scores(self, split: str, source=None, batch_size: int | None = None, prefix: str = "") -> dict[str, float]:
         """The loss (negatives drawn alike every time) and the ranking metrics on a split."""
         positions = self.rows[split]
         if not len(positions):
             return {f"{prefix}loss": float("nan"), **{f"{prefix}{k}": v for k, v in empty_scores(self.task).items()}}
+        judge = self.judge(split)
         with torch.no_grad():
             computed = self.computed()  # one pass of the net for the loss and the ranking
             loss = float(self.pair_loss(positions, torch.Generator().manual_seed(VALIDATION_SEED), computed))
             if split == "val" and isinstance(self.head, TowerBlend):
-                index = self.pick_blend(positions, computed)
+                _, scores = self.pick_blend(positions, computed, judge)
             else:
                 _, index = self.rank(self.labelled[positions], self.task.k, computed)
-        offsets, ids = self.goal.truth(split)
-        scores = ranking_scores(index.cpu().numpy(), offsets, ids, self.task.k)
+                scores = judge(index.cpu().numpy())
         return {f"{prefix}loss": loss, **{f"{prefix}{name}": float(scores[name]) for name in self.task.metric_names()}}
 
 
