@@ -12,7 +12,9 @@ On the bench's own split and test rows (bench/recommend_data.py), scored by rels
   WINDOW [snapshot, snapshot + 30 days) — future popularity, which no model may see;
 - oracle_rows: the items in the most test rows' lists of that snapshot (the best ranking shared by
   all rows of a snapshot for precision@k; the row's own list counts too, so it is generous);
-- oracle_past: the customer's earlier items first, then oracle_rows' order.
+- oracle_past: the customer's earlier items first, then oracle_rows' order;
+- popularity_not_past, oracle_not_past: popularity's and oracle_rows' orders with the customer's
+  earlier items moved last (where buying an item makes buying it again LESS likely, as on TPC-DS).
 When items are drawn independently of the customer, no ranking that ignores the customer beats
 oracle_rows by much, and the customer adds nothing: oracle_rows bounds what a model can reach.
 """
@@ -96,15 +98,36 @@ def oracle_rows(ds: Dataset, rows: np.ndarray, k: int) -> np.ndarray:
 
 def oracle_past(ds: Dataset, rows: np.ndarray, k: int) -> np.ndarray:
     """[rows, k]: the customer's earlier items (most bought first), then oracle_rows' order."""
+    return _with_past(ds, rows, k, _oracle_order, first=True)
+
+
+def oracle_not_past(ds: Dataset, rows: np.ndarray, k: int) -> np.ndarray:
+    """[rows, k]: oracle_rows' order, the customer's earlier items moved last."""
+    return _with_past(ds, rows, k, _oracle_order, first=False)
+
+
+def popularity_not_past(ds: Dataset, rows: np.ndarray, k: int) -> np.ndarray:
+    """[rows, k]: popularity before the snapshot, the customer's earlier items moved last."""
+    return _with_past(ds, rows, k, lambda ds, rows, day: recommend._ranked(recommend._event_counts(ds, day)), first=False)
+
+
+def _oracle_order(ds: Dataset, rows: np.ndarray, day: int) -> np.ndarray:
+    """Candidate positions by how many of the snapshot's test lists hold them."""
+    return np.argsort(-_row_frequency(ds, rows[ds.task_day[rows] == day]), kind="stable")
+
+
+def _with_past(ds: Dataset, rows: np.ndarray, k: int, order_of, first: bool) -> np.ndarray:
+    """[rows, k]: per snapshot `order_of(ds, rows, day)` (candidate positions), with each row's customer's
+    earlier items (most bought first) put first, or else moved after every other candidate."""
     out = np.zeros((len(rows), k), dtype=np.int64)
     for day in np.unique(ds.task_day[rows]):
-        same = np.flatnonzero(ds.task_day[rows] == day)
-        order = np.argsort(-_row_frequency(ds, rows[same]), kind="stable")
-        for i in same:
+        order = order_of(ds, rows, day)
+        for i in np.flatnonzero(ds.task_day[rows] == day):
             mine = (ds.event_query == ds.task_query[rows[i]]) & (ds.event_day < day)
             items, counts = np.unique(np.searchsorted(ds.candidates, ds.event_item[mine]), return_counts=True)
             own = items[np.argsort(-counts, kind="stable")]
-            out[i] = ds.candidates[recommend._fill(own, order, k)]
+            ranked = recommend._fill(own, order, k) if first else np.concatenate([order[~np.isin(order, own)], own])[:k]
+            out[i] = ds.candidates[ranked]
     return out
 
 
@@ -116,7 +139,8 @@ def ceiling(ds: Dataset, k: int) -> dict:
            "repeat_share_shuffled": float(np.mean([repeat_share(ds, rows, shuffled_customers(ds, rows, seed))
                                                    for seed in range(SHUFFLES)]))}
     methods = {"popularity": recommend.popularity, "past_items": recommend.past_items, "oracle_window": oracle_window,
-               "oracle_rows": oracle_rows, "oracle_past": oracle_past}
+               "oracle_rows": oracle_rows, "oracle_past": oracle_past, "popularity_not_past": popularity_not_past,
+               "oracle_not_past": oracle_not_past}
     for name, method in methods.items():
         out[name] = recommend.scores(ds, method(ds, rows, k), rows, k)[f"map@{k}"]
     return out
@@ -138,7 +162,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
               f"customer {result['repeat_share']:.3f} (customers shuffled within a snapshot: "
               f"{result['repeat_share_shuffled']:.3f})")
         print(f"  MAP@{args.k}: " + ", ".join(f"{m} {result[m]:.4f}" for m in
-              ("popularity", "past_items", "oracle_window", "oracle_rows", "oracle_past"))
+              ("popularity", "past_items", "popularity_not_past", "oracle_window", "oracle_rows", "oracle_past",
+               "oracle_not_past"))
               + f"; 2x popularity = {2 * result['popularity']:.4f}; load average {os.getloadavg()}")
     return found
 
