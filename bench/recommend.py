@@ -319,6 +319,21 @@ def ratios(table: list[dict], k: int) -> dict[str, dict[str, float]]:
     return out
 
 
+def per_seed(rows: list[dict], k: int) -> str:
+    """One line per dataset and seed: the peer's and relsql's MAP@k, wall and CPU seconds, load average."""
+    lines = []
+    for (dataset, seed) in dict.fromkeys((r["dataset"], r["seed"]) for r in rows):
+        cells = []
+        for r in (r for r in rows if r["dataset"] == dataset and r["seed"] == seed and r["method"] in ("peer", "relsql")):
+            if "scores" not in r:
+                continue
+            cells.append(f"{r['method']} {r['scores'][f'map@{k}']:.4f} ({r['seconds']:.1f} s wall, {r['cpu_seconds']:.1f} s CPU, "
+                         f"epochs {r.get('epochs')}, best {r.get('best_epoch')}, load {r['load_average']:.1f})")
+        if cells:
+            lines.append(f"  {dataset} seed {seed}: " + "; ".join(cells))
+    return "\n".join(lines)
+
+
 def render(table: list[dict], k: int, sizes: dict[str, dict]) -> str:
     lines = []
     for dataset in dict.fromkeys(r["dataset"] for r in table):
@@ -367,6 +382,7 @@ def main(argv: list[str] | None = None) -> dict:
     sizes = {ds.name: {"rows": len(ds.task_id), "test": len(ds.split["test"]), "candidates": len(ds.candidates)}
              for ds in datasets}
     print(render(table, args.k, sizes))
+    print("\nper seed:\n" + per_seed(rows, args.k))
     ratio = ratios(table, args.k)
     for dataset, r in ratio.items():
         print(f"{dataset}: relsql/popularity MAP {r['map_vs_popularity']:.2f}x, relsql/peer MAP {r['map_vs_peer']:.2f}x, "
