@@ -201,3 +201,18 @@ def test_bad_ranking_options(shop):
     shop.execute("CREATE TABLE wish(wish_id BIGINT PRIMARY KEY, gift_id BIGINT[])")
     with pytest.raises(relsql.SchemaError, match="no table has one"):
         relsql.Template.auto(shop, "wish.gift_id")
+
+
+def test_ranking_aggregates_child_rows_without_max_by_default(shop):
+    """A ranking target's query tower takes avg, sum and count over child rows (max's backward was half
+    of each step on bench.recommend's shop, for the same MAP); asked for, max comes back; a label
+    target keeps all four."""
+    ranking = relsql.Template.auto(shop, "task_rec.item_id", time_column="snapshot")
+    assert "avg(c.h)" in ranking.source and "sum(c.h)" in ranking.source and "count(*)" in ranking.source
+    assert "max(c.h)" not in ranking.source
+    asked = relsql.Template.auto(shop, "task_rec.item_id", time_column="snapshot", aggregation="all")
+    assert "max(c.h)" in asked.source
+    label = relsql.Template.auto(shop, "customer.age")  # customer's purchases are its child rows
+    assert "max(c.h)" in label.source
+    out = relsql.compile(ranking, shop, dtype=torch.float64, seed=0)()
+    assert out["predict"].shape == (shop.scalar("SELECT count(*) FROM task_rec")[0], 32)
