@@ -389,10 +389,12 @@ class GroundingStore:
         at a time with the resident budget checked in between. A batch's rows scattered over a
         large file would otherwise map most of it in at once: each page fault maps the 64 KiB
         around it, whatever madvise says (TPC-H sf 10: 2 GB of the store resident, sf 1: 0.2 GB)."""
-        row = array.dtype.itemsize * int(np.prod(array.shape[1:]))
+        if len(positions) * FAULT_AROUND <= RESIDENT_BUDGET:
+            return array[positions]  # maps in at most the budget: at once (a small batch's reads)
+        row = array.dtype.itemsize * (array.shape[1] if len(array.shape) > 1 else 1)
         span = max(1, WINDOW // max(row, 1))
-        if len(positions) * FAULT_AROUND <= RESIDENT_BUDGET or int(positions[-1]) - int(positions[0]) < span:
-            return array[positions]  # maps in at most the budget, or one window: at once (a small batch's reads)
+        if int(positions[-1]) - int(positions[0]) < span:
+            return array[positions]
         cuts = np.searchsorted(positions, np.arange(int(positions[0]) + span, int(positions[-1]) + 1, span))
         cuts = np.maximum.accumulate(np.concatenate([[0], cuts, [len(positions)]]))  # any order still reads every position
         out = np.empty((len(positions), *array.shape[1:]), dtype=array.dtype)
