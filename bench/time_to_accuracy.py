@@ -2,7 +2,8 @@
 
     python -m bench.time_to_accuracy [--scales 0.1 1] [--label signed-size|brand] [--noise 0.1] [--epochs N]
                                      [--batch-size 1024] [--width 32] [--fanout 128 64] [--lr 0.01]
-                                     [--edges template|both] [--brand Brand#13]
+                                     [--edges template|both] [--brand Brand#13] [--seeds 0 1 2]
+                                     [--duckdb-flush-threshold 32MB]
 
 Labels (both need 2 hops, orders ← lineitem → part), in the column `label_y`:
 - `signed-size` (default; takes several epochs): the brands get a seeded sign w(brand) = ±1
@@ -11,9 +12,8 @@ Labels (both need 2 hops, orders ← lineitem → part), in the column `label_y`
   items is above its median over all orders", then `--noise` of the orders (a seeded hash of
   o_orderkey) get the label flipped. The brand × size checkerboard must be learnt in the part's
   hidden state before the average: at sf 0.1 both sides are at chance (0.50) after one epoch
-  and climb to 0.82 over ten. When a side leaves the 0.50 plateau depends on its initial
-  weights (relsql at sf 1: seed 0 not within 4 epochs, seed 1 at epoch 2.5; PyG seed 0 within
-  its first): one run per side is one draw.
+  and climb to 0.82-0.86 over ten. When a side leaves the 0.50 plateau depends on its initial
+  weights and batch order: one run per side is one draw, hence `--seeds`.
 - `brand`: does the order contain a line item whose part is of brand `--brand`? Both sides
   learn it within the first epoch (so it measures setup more than training).
 The TPC-H file (bench.tpch_memory.database_file) is opened read-only and the needed tables are
@@ -26,8 +26,16 @@ relsql gets it as `time_column="split_rank"` (earliest 70 % train, next 15 % val
 
 Both sides: width `--width`, batch size `--batch-size` target orders, Adam at `--lr`, the same
 2 hops and fan-out (relsql `fanout={"items_h": f1}` = line items per order; PyG
-`num_neighbors=[f1, f2]`; see bench/loader.py), float32, torch.set_num_threads(2), each in its
-own subprocess (its own peak RSS, VmHWM). After every epoch the validation pass runs (on the clock, as
+`num_neighbors=[f1, f2]`; see bench/loader.py), float32, `--threads` torch threads, each in its
+own subprocess (its own peak RSS, VmHWM). The relsql template (TEMPLATE) is the peer's kind of
+net: tanh encoders with biases, a ReLU per line item over its part's state inside the average
+(the peer's first SAGEConv), a ReLU layer per order, a linear head with a bias; the peer also
+has SAGEConv's root weights and a second layer on the orders. relsql's DuckDB connection gets
+`--duckdb-flush-threshold` as its allocator_flush_threshold (DuckDB's 128 MiB default cache of
+freed memory otherwise stays in relsql's peak RSS; the peer closes its connection after reading).
+`--seeds`: per seed, PyG then relsql with that model seed (initial weights, batch order), relsql
+against that seed's PyG best; a table per scale with each seed's times, ratio, peak RSS and load
+average, and the medians (a relsql run that never reached the target counts as the slowest). After every epoch the validation pass runs (on the clock, as
 relsql's `fit` does it) and the test accuracy is measured (off the clock on both sides).
 
 PyG runs first, for `--epochs` epochs; the clock starts before the tables are read from DuckDB
