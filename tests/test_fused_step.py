@@ -51,10 +51,11 @@ def regular_step(net, opt, loss: SquaredError) -> torch.Tensor:
     return value.detach()
 
 
-def trained(make_net, optimizer: str, fused_steps: int, regular_steps: int = 0, sync: bool = True):
+def trained(make_net, optimizer, fused_steps: int, regular_steps: int = 0, sync: bool = True):
     """Weights and losses after `fused_steps` FusedSteps then `regular_steps` regular ones (op by op)."""
     net = make_net()
-    opt = OPTIMIZERS[optimizer]([p for p in net.parameters() if p.requires_grad])
+    make = OPTIMIZERS[optimizer] if isinstance(optimizer, str) else optimizer
+    opt = make([p for p in net.parameters() if p.requires_grad])
     loss = loss_of(net)
     losses = []
     if fused_steps:
@@ -186,3 +187,27 @@ def test_neuralogic_small_datasets_step_exactly(name, optimizer):
     for n in theirs:
         torch.testing.assert_close(ours[n], theirs[n], rtol=0, atol=TOL)
     assert our_losses == pytest.approx(their_losses, abs=TOL, rel=0)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd_momentum", "adam"])
+def test_choice_by_timing_leaves_no_trace(optimizer):
+    """`choose` times the regular path and the fused steps on the real weights, then puts the
+    weights and the optimizer state back: whichever it picks, training from there equals the
+    regular path from the start."""
+    from relsql.compile.step import choose
+    from relsql.compile.step import regular_step as step_of
+
+    net = dense_net()
+    opt = OPTIMIZERS[optimizer]([p for p in net.parameters() if p.requires_grad])
+    loss = loss_of(net)
+    start = {n: p.detach().clone() for n, p in net.weights_by_name().items()}
+    chosen = choose(net, opt, loss)
+    assert chosen is None or isinstance(chosen, FusedStep)
+    assert not opt.state
+    for n, p in net.weights_by_name().items():
+        assert torch.equal(p.detach(), start[n]) and (p.grad is None or not p.grad.any())  # a FusedStep's grads start at 0
+    losses = [float(chosen.step() if chosen is not None else step_of(net, opt, loss)) for _ in range(STEPS)]
+    theirs, their_losses, _ = trained(dense_net, optimizer, 0, STEPS)
+    for n, p in net.weights_by_name().items():
+        torch.testing.assert_close(p.detach(), theirs[n], rtol=0, atol=TOL)
+    assert losses == pytest.approx(their_losses, abs=TOL, rel=0)

@@ -120,17 +120,31 @@ def _dense_reduce(op: Op, shapes: dict) -> _Rule:
 
 
 def _sum_like(op: Op, shapes: dict, kind: str) -> _Rule:
-    """combine sum/avg and sum: a chain of adds of equally shaped values."""
-    if kind not in ("sum", "avg") or len({_shape(shapes, a) for a in op.args}) != 1:
-        raise NotFusable(f"combine {kind} of values of different shapes")
+    """combine sum/avg/elementproduct and sum: the chain of binary ops kernels.combine runs, in its
+    order, a (n, 1) column broadcast against (n, m) values as torch broadcasts it; each value's
+    gradient summed back to its shape (autograd's sum_to_size). A one-row value (a constant)
+    broadcasts over the rows as kernels.broadcast_rows expands it."""
+    if kind not in ("sum", "avg", "elementproduct"):
+        raise NotFusable(f"combine {kind}")
+    arg_shapes = [tuple(_shape(shapes, a)) for a in op.args]
+    out_shape = tuple(_shape(shapes, op.out))
+    if len(out_shape) != 2 or any(len(a) != 2 or a[0] not in (1, out_shape[0]) or a[1] not in (1, out_shape[1]) for a in arg_shapes):
+        raise NotFusable(f"combine {kind} of values of shapes {arg_shapes}")
     out = _v(op.out)
-    lines = [f"{out} = {_v(op.args[0])}"] + [f"{out} = {out} + {_v(a)}" for a in op.args[1:]]
+    symbol = " * " if kind == "elementproduct" else " + "
+    lines = [f"{out} = {_v(op.args[0])}"] + [f"{out} = {out}{symbol}{_v(a)}" for a in op.args[1:]]
     if len(op.args) == 1:
-        return _Rule(lines, alias=True) if kind == "sum" else _Rule(lines + [f"{out} = {out} / 1"], {0: "{g}"})
+        return _Rule(lines, alias=True) if kind != "avg" else _Rule(lines + [f"{out} = {out} / 1"], {0: "{g}"})
     if kind == "avg":
         lines.append(f"{out} = {out} / {len(op.args)}")
-    grad = "{g}" if kind == "sum" else f"({{g}} / {len(op.args)})"
-    return _Rule(lines, dict.fromkeys(range(len(op.args)), grad))
+    back = {}
+    for i, shape in enumerate(arg_shapes):
+        if kind == "elementproduct":
+            expr = "{g} * " + " * ".join(_v(a) for j, a in enumerate(op.args) if j != i)
+        else:
+            expr = "{g}" if kind == "sum" else f"({{g}} / {len(op.args)})"
+        back[i] = expr if shape == out_shape else f"({expr}).sum_to_size({shape})"
+    return _Rule(lines, back)
 
 
 def _gather(op: Op, shapes: dict) -> _Rule:
@@ -191,6 +205,52 @@ def _narrow(op: Op, shapes: dict, dim: int, start: int, length: int) -> _Rule:
                  {0: f"_widen({{g}}, {xs}, {dim}, {start})"})
 
 
+def _binary(op: Op, shapes: dict) -> _Rule:
+    """left + - * right, the right side optionally reshaped to (1, *shape) (ops._binary): each
+    side's gradient summed back to its own shape where it was broadcast (autograd's sum_to_size)."""
+    left, right = op.args
+    ls, rs, os_ = _shape(shapes, left), _shape(shapes, right), _shape(shapes, op.out)
+    reshaped = op.attrs.get("reshape_right")
+    r = f"{_v(right)}.reshape({(1, *reshaped)})" if reshaped is not None else _v(right)
+    rs_used = (1, *reshaped) if reshaped is not None else rs
+    symbol = op.attrs["op"]
+    if symbol not in ("+", "-", "*"):
+        raise NotFusable(f"binary {symbol}")
+
+    def back(expr: str, used: tuple, own: tuple) -> str:
+        if tuple(used) != tuple(os_):
+            expr = f"({expr}).sum_to_size({tuple(used)})"
+        return expr if tuple(used) == tuple(own) else f"({expr}).reshape({tuple(own)})"
+    if symbol == "*":
+        grads = {0: back(f"{{g}} * {r}", ls, ls), 1: back(f"{{g}} * {_v(left)}", rs_used, rs)}
+    else:
+        grads = {0: back("{g}", ls, ls), 1: back("{g}" if symbol == "+" else "-{g}", rs_used, rs)}
+    return _Rule([f"{_v(op.out)} = {_v(left)} {symbol} {r}"], grads)
+
+
+def _as_row(op: Op, shapes: dict) -> _Rule:
+    """A weight as one row (ops' as_row): a view; its gradient is the row reshaped back."""
+    x = op.args[0]
+    xs = _shape(shapes, x)
+    view = f"{_v(x)}.reshape(1, -1)" if len(xs) <= 1 else f"{_v(x)}.unsqueeze(0)"
+    return _Rule([f"{_v(op.out)} = {view}"], {0: f"{{g}}.reshape({tuple(xs)})"})
+
+
+def _weight_rows(op: Op, shapes: dict) -> _Rule:
+    """Equal (m, 1) weight columns stacked as rows, optionally times a constant column (ops'
+    weight_rows): weight i's gradient is row i (times its constant), reshaped back."""
+    scaled = op.attrs.get("scaled", False)
+    weights = op.args[:-1] if scaled else op.args
+    k = len(weights)
+    rows = f"torch.stack(({''.join(_v(w) + ', ' for w in weights)})).reshape({k}, -1)"
+    if not scaled:
+        return _Rule([f"{_v(op.out)} = {rows}"],
+                     {i: f"{{g}}[{i}].reshape({tuple(_shape(shapes, w))})" for i, w in enumerate(weights)})
+    scale = _v(op.args[-1])
+    return _Rule([f"{_v(op.out)} = {rows} * {scale}"],
+                 {i: f"({{g}}[{i}] * {scale}[{i}]).reshape({tuple(_shape(shapes, w))})" for i, w in enumerate(weights)})
+
+
 RULES: dict[str, Callable[[Op, dict], _Rule]] = {
     "linear": _linear,
     "act": _act,
@@ -205,7 +265,11 @@ RULES: dict[str, Callable[[Op, dict], _Rule]] = {
     "affine": _affine,
     "slice": lambda op, shapes: _narrow(op, shapes, 0, op.attrs["start"], op.attrs["rows"]),
     "columns": lambda op, shapes: _narrow(op, shapes, 1, op.attrs["start"], op.attrs["width"]),
+    "binary": _binary,
+    "as_row": _as_row,
+    "weight_rows": _weight_rows,
 }
+VIEWS = ("slice", "columns", "as_row")  # ops whose value is a view of their argument's memory
 
 
 def _widen(g: torch.Tensor, shape: tuple, dim: int, start: int) -> torch.Tensor:
@@ -345,7 +409,7 @@ def _rebuilt_views(plan: Plan, rules: dict[int, _Rule], reads: set[int]) -> list
     """Views (slice, columns) the backward reads are made again from their base there, not
     saved: a saved view holds its base, and the base may be an output whose grad_fn holds what
     is saved (a reference cycle). Updates `reads` to the bases; returns the lines, in plan order."""
-    views = [op for op in plan.ops if op.kind in ("slice", "columns")]
+    views = [op for op in plan.ops if op.kind in VIEWS]
     lines = []
     for op in reversed(views):  # a view of a view: its base is read, then rebuilt first
         if op.out in reads:
@@ -360,7 +424,7 @@ def _copied_outputs(plan: Plan, out_slots: list[int], root: Callable[[int], int]
     columns), which could be one of a weight's or an input's, or a tensor another output already
     is (the caller may write into what the plan returns; autograd must not take a weight for a
     new tensor of the plan's, nor one tensor for two outputs)."""
-    views = {op.out for op in plan.ops if op.kind in ("slice", "columns")}
+    views = {op.out for op in plan.ops if op.kind in VIEWS}
     sources = set(plan.param_slots) | set(plan.inputs) | views
     copied, seen = set(), set()
     for s in out_slots:
@@ -379,7 +443,7 @@ def _roots(plan: Plan, rules: dict[int, _Rule]) -> tuple[Callable[[int], int], C
     for op in plan.ops:
         if op.kind != "param" and rules[op.out].alias:
             origin[op.out] = origin.get(op.args[0], op.args[0])
-        if op.kind in ("slice", "columns") or (op.kind != "param" and rules[op.out].alias):
+        if op.kind in VIEWS or (op.kind != "param" and rules[op.out].alias):
             memory[op.out] = memory.get(op.args[0], op.args[0])
     return (lambda slot: origin.get(slot, slot)), (lambda slot: memory.get(slot, slot))
 

@@ -121,13 +121,21 @@ class FusedStep:
         self.inputs = [net._buffers[net._inputs[s]] for s in code.inputs]
 
     @classmethod
-    def build(cls, net: CompiledNet, optimizer: torch.optim.Optimizer, loss: SquaredError) -> FusedStep | None:
+    def build(cls, net: CompiledNet, optimizer: torch.optim.Optimizer, loss: SquaredError,
+              force: bool = False) -> FusedStep | None:
         """The fused step of `net` trained by `optimizer` on `loss`, or None where only the
-        regular path reproduces it (see the module docstring)."""
+        regular path reproduces it (see the module docstring). `force`: the plan's code fused
+        whatever the size of its values (CompiledNet.execution "fused"), as `choose` tries it."""
         settings = _settings(optimizer)
         if settings is None:
             return None
-        code = net.fused_code()
+        execution = net.execution
+        if force and execution != "ops":
+            net.execution = "fused"
+        try:
+            code = net.fused_code()
+        finally:
+            net.execution = execution
         if not isinstance(code, fused.Fused) or any(n not in dict(code.outputs) for n in loss.targets):
             return None
         weights = net.weights_by_name()
@@ -231,3 +239,72 @@ def _upstream(plan, slots: set[int]) -> set[str]:
             if op.kind == "param":
                 names.add(op.attrs["name"])
     return names
+
+
+def regular_step(net: CompiledNet, optimizer: torch.optim.Optimizer, loss: SquaredError) -> torch.Tensor:
+    """The step FusedStep replaces: net() (fused through autograd or op by op, as `net.execution`
+    says), torch's squared error, backward, torch.optim's step; the loss before it."""
+    outputs = net()
+    value = None
+    for name, target in loss.targets.items():
+        rows = loss.rows.get(name)
+        out = outputs[name] if rows is None else outputs[name].index_select(0, rows)
+        part = torch.nn.functional.mse_loss(out, target.reshape(out.shape), reduction="mean" if loss.mean else "sum")
+        value = part if value is None else value + part
+    optimizer.zero_grad(set_to_none=True)
+    value.backward()
+    optimizer.step()
+    return value.detach()
+
+
+BLOCK_S = 0.005  # each candidate's timed block lasts about this long (several steps of a small plan)
+
+
+def choose(net: CompiledNet, optimizer: torch.optim.Optimizer, loss: SquaredError, rounds: int = 3) -> FusedStep | None:
+    """The fastest way to step `net` on this data, by measurement: the regular path (None), the
+    fused step of the plan as `net()` runs it, or the fused step of the plan fused whatever its
+    size. Blocks of steps alternate over `rounds`, medians compared; the weights, gradients and
+    optimizer state are put back after every block, so the choice leaves no trace."""
+    import copy
+    import statistics
+    import time
+
+    params = [p for p in net.parameters()]
+    saved = [p.detach().clone() for p in params]
+    state = copy.deepcopy(optimizer.state_dict())
+
+    def restore() -> None:
+        with torch.no_grad():
+            for p, value in zip(params, saved):
+                p.copy_(value)
+                p.grad = None
+        optimizer.load_state_dict(copy.deepcopy(state))
+
+    def fused(force: bool):
+        step = FusedStep.build(net, optimizer, loss, force=force)
+        return None if step is None else step.step
+
+    makers = {"regular": lambda: (lambda: regular_step(net, optimizer, loss)),
+              False: lambda: fused(False), True: lambda: fused(True)}
+    counts, times = {}, {}
+    for name, make in makers.items():
+        run = make()
+        if run is not None:
+            started = time.perf_counter()
+            run()  # warm-up, and how many steps fill a block
+            counts[name] = max(1, min(50, int(BLOCK_S / max(time.perf_counter() - started, 1e-6))))
+        restore()
+    if False in counts:
+        counts.pop(True, None)  # the plan fuses as it runs: forcing it gives the same code
+    if counts.keys() == {"regular"}:
+        return None
+    for _ in range(rounds):
+        for name in counts:
+            run = makers[name]()
+            started = time.perf_counter()
+            for _ in range(counts[name]):
+                run()
+            times.setdefault(name, []).append((time.perf_counter() - started) / counts[name])
+            restore()
+    best = min(times, key=lambda name: statistics.median(times[name]))
+    return None if best == "regular" else FusedStep.build(net, optimizer, loss, force=best)

@@ -1,0 +1,95 @@
+"""The fused rules for binary ops, weights read as rows (as_row, weight_rows) and combinations of
+broadcast values (a (n, 1) column or a one-row constant among (n, m) values; element products):
+values and gradients equal the op-by-op plan's (autograd), the generated backward equals finite
+differences, and a FusedStep over them equals the regular path. Mutagenesis' templates, which
+use them, fuse (whatever their size) and agree with op by op."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from relsql.compile import fused
+from tests.test_small_plans import Build, assert_same, column
+
+
+def broadcast_net():
+    b = Build()
+    x = b.input(torch.tensor([[0.3, -1.0, 0.5], [1.2, 0.5, -0.2], [-0.7, 0.8, 0.1], [0.4, 0.0, -0.9]], dtype=torch.float64))
+    c = b.input(column(0.5, -1.5, 2.0, 0.25))
+    one = b.input(torch.tensor([[0.7]], dtype=torch.float64))  # a one-row constant
+    vec = b.weight("vec", torch.tensor([0.2, -0.4, 0.9], dtype=torch.float64))
+    row = b.op("as_row", vec)  # (1, 3)
+    col = b.weight("col", torch.tensor([[0.3], [-0.6], [1.1]], dtype=torch.float64))  # (3, 1) column weights
+    col2 = b.weight("col2", torch.tensor([[-0.2], [0.5], [0.8]], dtype=torch.float64))
+    stacked = b.op("weight_rows", col, col2, col)  # (3, 3), one weight read twice
+    scale = b.input(column(2.0, -0.5, 3.0))
+    scaled = b.op("weight_rows", col2, col, col2, scale, scaled=True)
+    h = b.op("act", b.op("linear", b.weight("m", torch.tensor([[0.4, -0.2, 0.1], [0.1, 0.9, -0.3], [-0.6, 0.3, 0.2]],
+                                                               dtype=torch.float64)), x), name="tanh")  # (4, 3)
+    plus = b.op("binary", h, row, op="+")  # broadcast over rows
+    minus = b.op("binary", plus, b.weight("flat", torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)), op="-",
+                 reshape_right=(3,))
+    times = b.op("binary", minus, c, op="*")  # (4, 3) * (4, 1)
+    summed = b.op("combine", times, c, h, one, kind="sum")  # a column and a one-row constant among (4, 3)
+    avg = b.op("combine", c, times, kind="avg")
+    product = b.op("combine", h, times, c, h, kind="elementproduct")  # h twice
+    rows = b.op("linear", stacked, b.op("act", summed, name="sigmoid"))
+    rows2 = b.op("linear", scaled, product)
+    return b.net(summed=summed, avg=avg, product=product, rows=rows, rows2=rows2)
+
+
+def test_broadcast_rules_equal_the_op_by_op_plan():
+    net = broadcast_net()
+    net.execution = "auto"
+    net()
+    assert net.fused_reason is None
+    assert_same(net)
+
+
+def test_broadcast_rules_match_finite_differences():
+    net = broadcast_net()
+    net.execution = "fused"
+    net()
+    code = next(c for c in net._fused.values() if isinstance(c, fused.Fused))
+    inputs = [net._buffers[net._inputs[s]] for s in code.inputs]
+    weights = net.weights_by_name()
+    start = [weights[n].detach().clone().requires_grad_(True) for n in code.names]
+    assert torch.autograd.gradcheck(lambda *w: tuple(fused.run(code, list(w), inputs).values()), start)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_fused_step_over_broadcast_rules(optimizer):
+    from tests.test_fused_step import trained
+
+    make = {"sgd": lambda ps: torch.optim.SGD(ps, lr=0.001), "adam": lambda ps: torch.optim.Adam(ps, lr=0.01)}[optimizer]
+    ours, our_losses, _ = trained(broadcast_net, make, 6)
+    theirs, their_losses, _ = trained(broadcast_net, make, 0, 6)
+    assert their_losses[-1] < their_losses[0]
+    for n in theirs:
+        torch.testing.assert_close(ours[n], theirs[n], rtol=0, atol=1e-12)
+    assert our_losses == pytest.approx(their_losses, abs=1e-12, rel=0)
+
+
+TEMPLATES = ("template.txt", "template_gnn.txt", "template_elementProduct.txt", "template_graphlets.txt",
+             "template_partial.txt")
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_mutagenesis_templates_fuse_exactly(name, tmp_path):
+    """Mutagenesis with the wheel's templates at width 32 (as bench.neuralogic widens them):
+    fused whatever the size, equal to op by op."""
+    pytest.importorskip("neuralogic")
+    import relsql
+    from bench.neuralogic import load_dataset, write_template_dir
+
+    db = relsql.connect()
+    dataset = load_dataset(db.con, "mutagenesis")
+    text, _ = write_template_dir(dataset, name, 32, tmp_path)
+    template = relsql.Template.from_datalog(text, base_dir=str(tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        net = relsql.compile(template, db, dtype=torch.float64, seed=7, outputs=list(dataset.heads))
+    assert_same(net)
