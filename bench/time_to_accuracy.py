@@ -39,9 +39,10 @@ average, and the medians (a relsql run that never reached the target counts as t
 relsql's `fit` does it) and the test accuracy is measured (off the clock on both sides).
 
 PyG runs first, for `--epochs` epochs; the clock starts before the tables are read from DuckDB
-(then HeteroData, NeighborLoader). Its best test accuracy is the target. relsql then trains up
-to `--epochs` epochs (`Model.fit(callback=...)`, stopped by the callback once the target is
-reached); its clock starts before `relsql.Model(...)` (key tables, bulk grounding into the
+(then HeteroData, NeighborLoader). Its best test accuracy is the target. relsql then trains
+(`Model.fit(callback=...)`) until the callback sees the target, or its clock passes PyG's time
+to the target (the ratio would be above 1), at most 4x `--epochs` epochs (`--full-budget`:
+`--epochs` epochs, no stop); its clock starts before `relsql.Model(...)` (key tables, bulk grounding into the
 grounding store, planning). Printed: both curves (seconds on the clock, test accuracy, per
 epoch), each side's test accuracy after its first epoch against its best (a label that takes
 several epochs shows a clear gap on both), both times to target and their ratio relsql/PyG,
@@ -64,6 +65,7 @@ ROOT = Path(__file__).resolve().parent.parent
 THREADS = 2  # torch threads per subprocess (--threads)
 SPLIT = (0.7, 0.15, 0.15)
 SEED = 0
+RELSQL_EPOCHS = 4  # relsql's epoch cap, x PyG's epochs (its real budget is PyG's time to the target)
 
 # A 2-hop GraphSAGE-style net of the peer's widths: per table a tanh encoder with a bias (parts: +
 # the brand's embedding); per line item a ReLU layer over its part's state and its own columns
@@ -294,7 +296,10 @@ class _Reached(Exception):
 
 
 def run_relsql(path: str, epochs: int, batch_size: int, width: int, fanout: list[int], lr: float, target: float,
-               per_epoch: int, stop: bool = True, seed: int = SEED, flush_threshold: str = "32MB") -> dict:
+               per_epoch: int, stop: bool = True, seed: int = SEED, flush_threshold: str = "32MB",
+               deadline: float | None = None) -> dict:
+    """relsql's curve up to `target` (with `stop`), at most `epochs` epochs; stopped once its clock
+    passes `deadline` seconds (PyG's time to the target: beyond it the ratio is above 1 anyway)."""
     import warnings
 
     import torch
@@ -334,6 +339,8 @@ def run_relsql(path: str, epochs: int, batch_size: int, width: int, fanout: list
         print(json.dumps({"progress": curve[-1]}), file=sys.stderr, flush=True)
         if test_accuracy >= target and stop:
             raise _Reached
+        if stop and deadline is not None and curve[-1]["s"] > deadline:
+            raise _Reached  # not reached within PyG's time
 
     try:
         # The optimizer PyG gets: Adam at a constant `lr`, no warm-up, no clipping. With fit's defaults
@@ -446,7 +453,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         else:
             result = run_relsql(path, epochs, args.batch_size, args.width, args.fanout, args.lr, float(args.worker[3]),
                                 args.evals_per_epoch, stop=not args.full_budget, seed=args.seed,
-                                flush_threshold=args.duckdb_flush_threshold)
+                                flush_threshold=args.duckdb_flush_threshold,
+                                deadline=float(args.worker[4]) if len(args.worker) > 4 else None)
         print(json.dumps(result))
         return []
 
@@ -466,7 +474,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                      "the average over the order's line items of ±1 (a seeded sign per brand) × cos(2π p_size / 20) is above its median")
         print(f"\nsf={sf:g}: label orders.label_y = {described}, {noise:.0%} of the labels flipped: "
               f"positive rate {rate:.3f} (majority accuracy {max(rate, 1 - rate):.3f}, at best {1 - noise:.2f}); batch {args.batch_size}, width "
-              f"{args.width}, fan-out {args.fanout}, lr {args.lr}, {epochs} epochs budget, PyG edges: {args.edges}, seeds "
+              f"{args.width}, fan-out {args.fanout}, lr {args.lr}, PyG {epochs} epochs, relsql until PyG's time to its best "
+              f"(at most {epochs * RELSQL_EPOCHS} epochs), PyG edges: {args.edges}, seeds "
               f"{args.seeds}, relsql's DuckDB allocator_flush_threshold {args.duckdb_flush_threshold or 'DuckDB default'}; "
               f"load average {_load()}", flush=True)
         common = ["--batch-size", str(args.batch_size), "--width", str(args.width), "--fanout", *map(str, args.fanout),
@@ -479,7 +488,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
             pyg = _subprocess(["--worker", "pyg", str(path), str(epochs), *common, "--seed", str(seed)])
             target = pyg["best_test_accuracy"]
             print(f"  PyG best test accuracy {target:.5f} (after {pyg['time_to_target_s']} s): the target", flush=True)
-            ours = _subprocess(["--worker", "relsql", str(path), str(epochs), str(target), *common, "--seed", str(seed)])
+            # relsql's budget: until its clock passes PyG's time to the target (then the ratio is above 1),
+            # at most RELSQL_EPOCHS x PyG's epochs; with --full-budget, PyG's epochs and no deadline
+            budget = (["--worker", "relsql", str(path), str(epochs), str(target)] if args.full_budget else
+                      ["--worker", "relsql", str(path), str(epochs * RELSQL_EPOCHS), str(target), str(pyg["time_to_target_s"])])
+            ours = _subprocess([*budget, *common, "--seed", str(seed)])
             ratio = None if ours["time_to_target_s"] is None else round(ours["time_to_target_s"] / pyg["time_to_target_s"], 3)
             load = _load()
             for r in (pyg, ours):
