@@ -36,7 +36,10 @@ before the store read alone on each batch (a read of the same rows just before w
 
 `--interleaved`: only the ratio, robust to other processes' load: one process alternates
 relsql's `prepare` and PyG's `next(loader)` (template edges) batch by batch and prints the
-medians of wall and thread CPU time with the load average.
+medians of wall and thread CPU time with the load average. `--keep-mapped` (with
+`--interleaved`): relsql keeps its store's pages mapped between batches, as PyG keeps its whole
+graph in memory (by default relsql hands them back past 128 MiB and the next batches re-fault
+them); the peak RSS of the process (both sides) is printed with it.
 """
 
 from __future__ import annotations
@@ -194,10 +197,12 @@ def run_pyg(path: str, batch_size: int, fanout: list[int], batches: int, edges: 
             "batches": batches}
 
 
-def run_interleaved(path: str, batch_size: int, fanout: list[int], batches: int) -> dict:
+def run_interleaved(path: str, batch_size: int, fanout: list[int], batches: int, keep_mapped: bool = False) -> dict:
     """In this (fresh) process: relsql's `prepare` (store read + plan) and PyG's `next(loader)`
     alternated batch by batch (load from other processes reaches both alike); medians of wall
-    and thread CPU time, with the load average."""
+    and thread CPU time, with the load average. `keep_mapped`: the store's pages stay mapped
+    between batches (its resident budget is its size), as PyG holds its whole graph in memory;
+    by default relsql hands them back past 128 MiB and re-faults them."""
     import warnings
 
     import numpy as np
@@ -211,6 +216,9 @@ def run_interleaved(path: str, batch_size: int, fanout: list[int], batches: int)
     model = relsql.Model(relsql.connect(path, read_only=True), relsql.Template.from_sql(TEMPLATE),
                          target="orders.o_orderstatus", seed=0, batch_size=batch_size, fanout={HOP1: fanout[0]},
                          progress=False, threads=THREADS)
+    store = model.batched.grounding_store
+    if keep_mapped:
+        store.resident_budget = max(store.resident_budget, sum(v["bytes"] for v in store.sizes.values()))
     order = np.random.default_rng(0).permutation(model.output_rows)
     chunks = [order[i:i + batch_size] for i in range(0, len(order) - batch_size + 1, batch_size)]
     data, _, _ = tpch_graph.build(path, "template")
@@ -236,7 +244,8 @@ def run_interleaved(path: str, batch_size: int, fanout: list[int], batches: int)
                 times[f"{side}_cpu"].append(time.thread_time() - cpu)
     found = {k: _median_ms(v) for k, v in times.items()}
     return {**found, "ratio": round(found["relsql"] / found["pyg"], 3), "ratio_cpu": round(found["relsql_cpu"] / found["pyg_cpu"], 3),
-            "plans": dict(model.batched.plans.stats), "load_avg": [round(x, 1) for x in os.getloadavg()]}
+            "plans": dict(model.batched.plans.stats), "load_avg": [round(x, 1) for x in os.getloadavg()],
+            "resident_budget_mib": round(store.resident_budget / 2**20, 1), "peak_rss_mib": round(peak_rss_mib(), 1)}
 
 
 def _subprocess(args: list[str]) -> dict:
@@ -261,6 +270,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--interleaved", action="store_true",
                         help="only the ratio: relsql's prepare and PyG's next(loader) (template edges) alternated "
                              "batch by batch in one process, wall and thread CPU time")
+    parser.add_argument("--keep-mapped", action="store_true",
+                        help="with --interleaved: relsql keeps the store's pages mapped between batches (like PyG's "
+                             "in-memory graph) instead of handing them back past 128 MiB")
     parser.add_argument("--data", default=str(ROOT / "out" / "tpch"))
     parser.add_argument("--out", default="out/bench")
     parser.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
@@ -269,7 +281,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         THREADS = args.threads
         side, path = args.worker[0], args.worker[1]
         if side == "interleaved":
-            result = run_interleaved(path, args.batch_size, args.fanout, args.batches)
+            result = run_interleaved(path, args.batch_size, args.fanout, args.batches, args.keep_mapped)
         elif side == "relsql":
             result = run_relsql(path, args.batch_size, args.fanout, args.batches)
         else:
@@ -291,10 +303,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         common = ["--batch-size", str(args.batch_size), "--fanout", *map(str, args.fanout), "--batches", str(args.batches),
                   "--threads", str(args.threads)]
         if args.interleaved:
-            r = _subprocess(["--worker", "interleaved", path, *common])
+            r = _subprocess(["--worker", "interleaved", path, *common, *(["--keep-mapped"] if args.keep_mapped else [])])
             print(f"sf={sf:g} interleaved (ms, median of {args.batches}): relsql prepare {r['relsql']:.2f} (cpu {r['relsql_cpu']:.2f}), "
                   f"PyG next(loader) {r['pyg']:.2f} (cpu {r['pyg_cpu']:.2f}): relsql/PyG {r['ratio']:.3f} (cpu {r['ratio_cpu']:.3f}); "
-                  f"plans {r['plans']}; load average {r['load_avg']}", flush=True)
+                  f"plans {r['plans']}; store pages kept mapped up to {r['resident_budget_mib']:,} MiB, peak RSS "
+                  f"{r['peak_rss_mib']:,} MiB (both sides); load average {r['load_avg']}", flush=True)
             continue
         results = [_subprocess(["--worker", "relsql", path, *common])]
         results += [_subprocess(["--worker", f"pyg:{edges}", path, *common]) for edges in args.edges]

@@ -172,7 +172,7 @@ def test_reads_a_window_at_a_time_equal_whole_reads(tmp_path, monkeypatch, windo
     store = GroundingStore.open(g, tmp_path / "store", progress=False)
     expected = [(rows, store.ground(rows)) for rows in _batches(g)]
     monkeypatch.setattr(store_module, "WINDOW", window)
-    monkeypatch.setattr(store_module, "RESIDENT_BUDGET", 0)  # every read windowed, pages handed back at every check
+    store.resident_budget = 0  # every read windowed, pages handed back at every check
     for rows, whole in expected:
         ours = store.ground(rows)
         _assert_same(ours, whole)

@@ -164,6 +164,9 @@ class GroundingStore:
         self.fanout, self.seed = grounder.fanout, grounder.seed
         self.created = created  # relsql made the folder (the damaged-store message may advise deleting it)
         self._maps: list[mmap.mmap] = []
+        # bytes of the store's pages kept mapped between batches: raised towards the store's size
+        # (`sizes`), batches read without page faults (as a loader holding its graph in memory does)
+        self.resident_budget = RESIDENT_BUDGET
         self._resident = _resident_file_bytes() or 0  # file-backed resident bytes after the last release
         self.rules: dict[str, list[_Rule]] = {}
         if owned:  # a temporary store goes with the model that made it
@@ -289,7 +292,7 @@ class GroundingStore:
         RESIDENT_BUDGET bytes (resident memory stays bounded; dropping them after every batch
         made small batches re-fault their pages, doubling a 512-row read at TPC-H sf 1)."""
         resident = _resident_file_bytes()
-        if not force and resident is not None and resident - self._resident < RESIDENT_BUDGET:
+        if not force and resident is not None and resident - self._resident < self.resident_budget:
             return
         for mapped in self._maps:
             mapped.madvise(mmap.MADV_DONTNEED)
@@ -389,7 +392,7 @@ class GroundingStore:
         at a time with the resident budget checked in between. A batch's rows scattered over a
         large file would otherwise map most of it in at once: each page fault maps the 64 KiB
         around it, whatever madvise says (TPC-H sf 10: 2 GB of the store resident, sf 1: 0.2 GB)."""
-        if len(positions) * FAULT_AROUND <= RESIDENT_BUDGET:
+        if len(positions) * FAULT_AROUND <= self.resident_budget:
             return array[positions]  # maps in at most the budget: at once (a small batch's reads)
         row = array.dtype.itemsize * (array.shape[1] if len(array.shape) > 1 else 1)
         span = max(1, WINDOW // max(row, 1))
