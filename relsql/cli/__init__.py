@@ -449,8 +449,8 @@ def _template_options(group) -> None:
     group.add_argument("--hops", type=non_negative_int, help="foreign-key hops from the target (default 2)")
     group.add_argument("--width", type=positive_int, help="hidden width (default 16)")
     group.add_argument("--aggregation", type=aggregation,
-                       help="over child rows: all (mean, sum, max and count, the default), avg, sum, max, or a "
-                            "comma list such as avg,count")
+                       help="over child rows: all (mean, sum, max and count, the default; a ranking target's default "
+                            "is avg,sum,count), avg, sum, max, or a comma list such as avg,count")
     group.add_argument("--layer", choices=["sage", "rgcn", "gat", "hgt"],
                        help="per foreign key and direction: sage (the aggregation terms, the default), rgcn (a "
                             "mean), gat (attention over child rows), hgt (typed attention: HGT)")
