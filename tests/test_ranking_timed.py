@@ -240,3 +240,14 @@ def test_auto_writes_the_blend_line(auto_shop):
     plain = relsql.Template.from_sql(tpl.source.replace("-- relsql: blend", "-- blend"))
     model = relsql.Model(auto_shop, plain, target="task_rec.item_id", time_column="snapshot", seed=0)
     assert not isinstance(model.learner.head, TowerBlend)
+
+
+def test_a_head_saved_before_the_blend_loads_with_the_towers_whole():
+    """A state without `alpha` (saved before the blend existed) loads strictly, with alpha 1."""
+    from relsql.train.ranking.learner import TowerBlend
+    head = TowerBlend(torch.float64)
+    head.alpha.fill_(0.25)
+    result = head.load_state_dict({})
+    assert float(head.alpha) == 1.0 and not result.missing_keys and not result.unexpected_keys
+    head.load_state_dict({"alpha": torch.tensor(0.5, dtype=torch.float64)})
+    assert float(head.alpha) == 0.5

@@ -254,8 +254,7 @@ class TowerBlend(nn.Module):
     def load_state_dict(self, state, strict: bool = True, assign: bool = False):
         """A model saved before the blend existed has no alpha: its towers count whole."""
         if "alpha" not in state:
-            self.alpha.fill_(1.0)
-            return nn.modules.module._IncompatibleKeys([], [])
+            state = {**state, "alpha": torch.ones_like(self.alpha)}
         return super().load_state_dict(state, strict, assign)
 
 
