@@ -506,7 +506,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                              "curve": json.dumps([(p["epoch"], p["s"], p["test_accuracy"]) for p in r["curve"]]), "sampler": r["sampler"]})
             _print(sf, pyg, ours, target, ratio, load)
             pairs.append((pyg, ours, target, ratio))
-        _print_seeds(sf, pairs)
+        _print_seeds(sf, pairs, max(rate, 1 - rate))
     write_csv(Path(args.out) / "time_to_accuracy.csv", rows)
     return rows
 
@@ -550,8 +550,17 @@ def _seconds(value: float | None) -> str:
     return "not reached" if value is None else f"{value:.1f} s"
 
 
-def _print_seeds(sf: float, pairs: list[tuple[dict, dict, float, float | None]]) -> None:
-    """Per seed, then the medians: time to PyG's best on both sides, their ratio, peak RSS, load."""
+LEARNT = 0.05  # a PyG run whose best is within this of the majority class's accuracy learnt nothing
+
+
+def learnt(pairs: list[tuple[dict, dict, float, float | None]], majority: float) -> list[tuple[dict, dict, float, float | None]]:
+    """The seeds whose PyG run left the chance plateau: a target at chance level measures nothing."""
+    return [pair for pair in pairs if pair[2] >= majority + LEARNT]
+
+
+def _print_seeds(sf: float, pairs: list[tuple[dict, dict, float, float | None]], majority: float) -> None:
+    """Per seed, then the medians (over the seeds whose PyG run learnt the label): time to PyG's best
+    on both sides, their ratio, peak RSS, load."""
     print(f"\nsf={sf:g}: per seed (target = that seed's PyG best test accuracy)")
     print(f"  {'seed':>4} {'target':>8} {'PyG time':>12} {'relsql time':>12} {'ratio':>7} {'relsql best':>11} "
           f"{'PyG RSS MiB':>12} {'relsql RSS MiB':>15} {'PyG s/ep':>9} {'relsql s/ep':>12}   load")
@@ -559,7 +568,13 @@ def _print_seeds(sf: float, pairs: list[tuple[dict, dict, float, float | None]])
         print(f"  {pyg['seed']:>4} {target:>8.4f} {_seconds(pyg['time_to_target_s']):>12} {_seconds(ours['time_to_target_s']):>12} "
               f"{'-' if ratio is None else f'{ratio:.3f}':>7} {ours['best_test_accuracy']:>11.4f} {pyg['peak_rss_mib']:>12,.1f} "
               f"{ours['peak_rss_mib']:>15,.1f} {pyg['s_per_epoch']:>9.2f} {ours['s_per_epoch']:>12.2f}   {ours['loadavg']}")
-    m = seed_summary(pairs)
+    kept = learnt(pairs, majority)
+    if len(kept) < len(pairs):
+        print(f"  seeds {[pair[0]['seed'] for pair in pairs if pair not in kept]}: PyG's best is within {LEARNT} of the "
+              f"majority class ({majority:.4f}): it stayed on the chance plateau; left out of the medians")
+    if not kept:
+        return
+    m = seed_summary(kept)
     ratio = "-" if m["ratio"] is None else f"{m['ratio']:.3f}"
     print(f"  median {m['target']:>8.4f} {_seconds(m['pyg_time_s']):>12} {_seconds(m['relsql_time_s']):>12} {ratio:>7} "
           f"{'':>11} {m['pyg_rss_mib']:>12,.1f} {m['relsql_rss_mib']:>15,.1f}   relsql reached PyG's best in {m['reached']} of "

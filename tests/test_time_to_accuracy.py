@@ -161,6 +161,17 @@ def test_seed_summary_medians_count_unreached_runs_as_slowest():
     assert tta.seed_summary(two_never)["ratio"] is None
 
 
+def test_chance_level_seeds_are_left_out(capsys):
+    """A seed whose PyG run stayed at chance (its best within 0.05 of the majority class) is printed
+    but not in the medians."""
+    pairs = [(_side(10.0, 600, 0) | {"best_test_accuracy": 0.86, "s_per_epoch": 1.0}, _side(4.0, 500) | {"best_test_accuracy": 0.87, "s_per_epoch": 1.0, "loadavg": "1"}, 0.86, 0.4),
+             (_side(9.0, 600, 2) | {"best_test_accuracy": 0.5003, "s_per_epoch": 1.0}, _side(None, 500) | {"best_test_accuracy": 0.4997, "s_per_epoch": 1.0, "loadavg": "1"}, 0.5003, None)]
+    assert tta.learnt(pairs, 0.501) == pairs[:1]
+    tta._print_seeds(1.0, pairs, 0.501)
+    out = capsys.readouterr().out
+    assert "seeds [2]" in out and "reached PyG's best in 1 of 1 seeds" in out
+
+
 @pytest.mark.parametrize("text", ["32MB", "1GiB", " 512 KB "])
 def test_flush_threshold_accepts_sizes(text):
     assert tta._checked_size(text) == text.strip()
