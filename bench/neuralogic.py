@@ -45,10 +45,17 @@ template.txt with the same weights), so no identical numbers with it. ``--nl-set
 also switches iso-value compression off, exactly as the oracle tests do.
 Results: a printed table, ``neuralogic.csv`` and ``neuralogic.png`` in ``--out``.
 
-relsql runs a small plan fused (relsql/compile/fused.py: one generated function, one autograd
-node); the float64 epoch is also timed op by op (``CompiledNet.execution = "ops"``, the plan as
-it ran before fusing), alternated with it in the same process: columns ``f64 op-by-op ms`` and
-``×f64 op-by-op``, and ``relsql_execution`` in the CSV says whether the plan fused (or why not).
+relsql's epoch is the fastest of three ways to take the step, timed on the data before the
+repetitions (relsql/compile/step.py ``choose``, which puts the weights back): the regular path
+(``net()``, torch's squared error, autograd, torch.optim), a FusedStep of the plan fused as
+``net()`` runs it (one generated forward and backward, the squared error's gradient and the SGD
+update on a flat buffer, no autograd or torch.optim), or a FusedStep of the plan fused whatever
+its size. The float64 epoch is also timed op by op (``CompiledNet.execution = "ops"``) and fused
+through autograd (``"fused"``, where every op has a fused rule), alternated with it in the same
+process: columns ``f64 op-by-op ms``, ``×f64 op-by-op``, ``×f64 autograd``; ``relsql_execution``
+in the CSV says which way the epoch ran (or why the plan does not fuse). On a shared machine
+run it with ``OMP_WAIT_POLICY=PASSIVE``: torch's spinning OpenMP threads made Nations' epoch
+34-243 ms with 2 threads at load 6 (7-10 ms with 1 thread, 11 ms with 2 passive ones).
 A full run ends with the fixed cost per op, forward and backward, op by op and fused, measured
 on chains of ``tanh(w * h)`` over 4 x 1 values (``--per-op`` prints only that); ``--threads``
 sets the relsql side's torch threads (default 2).
