@@ -12,9 +12,18 @@ and AdamW without amsgrad), elementwise on the flat buffer, so the numbers are t
 regular path (tests/test_fused_step.py: float64, several steps, 1e-12).
 
 `FusedStep.build` returns None where the step cannot run this way (a plan that does not fuse,
-another optimizer or option, several parameter groups, weights the plan does not read): the
-caller keeps its regular path. `sync()` writes the moments back into the torch optimizer's
-state, so the regular path can take over (a checkpoint, a plan that changed).
+another optimizer or option such as amsgrad, several parameter groups, a weight the loss reaches
+that the optimizer does not train): the caller keeps its regular path. `sync()` writes the
+moments back into the torch optimizer's state, so the regular path can take over (a checkpoint,
+a plan that changed). `choose` decides by measurement, as the other passes do: it times the
+regular path (`regular_step`), the fused step of the plan as `net()` fuses it and the fused step
+of the plan fused whatever its size, and returns the fastest (None: the regular path).
+
+Usage, in a loop of one's own over a `relsql.compile`d net:
+
+    step = choose(net, optimizer, SquaredError({"out": target}, {"out": None}))
+    for epoch in range(epochs):
+        loss = step.step() if step is not None else regular_step(net, optimizer, loss_spec)
 """
 
 from __future__ import annotations
