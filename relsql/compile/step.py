@@ -21,9 +21,10 @@ of the plan fused whatever its size, and returns the fastest (None: the regular 
 
 Usage, in a loop of one's own over a `relsql.compile`d net:
 
-    step = choose(net, optimizer, SquaredError({"out": target}, {"out": None}))
+    loss = SquaredError({"out": target}, {"out": None})  # Σ (net()["out"] - target)²
+    step = choose(net, optimizer, loss)
     for epoch in range(epochs):
-        loss = step.step() if step is not None else regular_step(net, optimizer, loss_spec)
+        value = step.step() if step is not None else regular_step(net, optimizer, loss)
 """
 
 from __future__ import annotations
