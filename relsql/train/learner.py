@@ -166,7 +166,8 @@ class Learner:
         store = None
         if settings.store is not False:
             started = time.perf_counter()
-            store = GroundingStore.open(grounder, None if settings.store is True else settings.store, settings.progress)
+            store = GroundingStore.open(grounder, None if settings.store is True else settings.store, settings.progress,
+                                        dtype=self.dtype)
             self.timings["bulk_grounding"] = time.perf_counter() - started
         if self.net is not None:  # the model was built on an earlier reading of the tables
             built = self.net.grounding
