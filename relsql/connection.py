@@ -12,7 +12,7 @@ import duckdb
 
 import connectors  # noqa: F401  (its import registers relsql's kinds of source)
 from connectors import frames
-from relsql.db import Database, set_memory_limit, set_threads
+from relsql.db import Database, set_flush_threshold, set_memory_limit, set_threads
 from relsql.keyfile import attach
 from relsql.sources import Options, opener_for
 
@@ -47,6 +47,8 @@ def connect(source: str | Path | duckdb.DuckDBPyConnection | Mapping[str, Any] |
     """
     options = Options(read_only=read_only, tables=tables, memory_limit=memory_limit, threads=threads, scratch=scratch)
     db = opener_for(source).open(source, options)
+    if db.con is not None and not isinstance(source, duckdb.DuckDBPyConnection):
+        set_flush_threshold(db)  # a database instance relsql opened: its settings are relsql's to choose
     if tables:
         frames.add_frames(db, tables)
     if memory_limit is not None:

@@ -85,3 +85,12 @@ def test_mae_and_rmse_are_sklearns(seed):
 @pytest.mark.parametrize("metric", [metrics.accuracy, metrics.mae, metrics.rmse, metrics.roc_auc])
 def test_no_rows_give_nan(metric):
     assert math.isnan(metric(np.array([]), np.array([])))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_average_ranks_are_scipys_rankdata_with_ties(seed):
+    from scipy.stats import rankdata
+    rng = np.random.default_rng(seed)
+    values = rng.integers(0, 7, size=300).astype(float)  # many ties
+    assert np.array_equal(metrics.average_ranks(values), rankdata(values))
+    assert np.array_equal(metrics.average_ranks(values[:1]), [1.0])
