@@ -281,11 +281,7 @@ def test_a_fit_stopped_by_its_callback_leaves_every_step_in_the_table(tmp_path):
             raise Stop
 
     with relsql.connect(path) as db:
-        db.execute("CREATE TABLE users AS SELECT i AS user_id, (i % 50) * 1.0 AS age FROM range(300) t(i)")
-        db.execute("CREATE TABLE item AS SELECT i AS id, (i * 7919) % 300 AS user_id, (i % 13) * 0.1 AS x, "
-                   "((i * 7919) % 300) % 3 = 0 AS y FROM range(2000) t(i)")
-        model = relsql.Model(db, shop_template("database"), target="item.y", seed=0, progress=False, batch_size=100,
-                             embedding_optimizer="sgd")
+        model = _users_items_model(db)
         steps = []
         with pytest.raises(Stop):
             quiet(model.fit, epochs=2, lr=0.02, callback=stop_at_7)
@@ -309,13 +305,18 @@ def test_a_write_back_that_fails_while_fit_raises_leaves_fits_error_with_a_note(
             raise Stop
 
     db = relsql.connect(path)
-    db.execute("CREATE TABLE users AS SELECT i AS user_id, (i % 50) * 1.0 AS age FROM range(300) t(i)")
-    db.execute("CREATE TABLE item AS SELECT i AS id, (i * 7919) % 300 AS user_id, (i % 13) * 0.1 AS x, "
-               "((i * 7919) % 300) % 3 = 0 AS y FROM range(2000) t(i)")
-    model = relsql.Model(db, shop_template("database"), target="item.y", seed=0, progress=False, batch_size=100,
-                         embedding_optimizer="sgd")
+    model = _users_items_model(db)
     steps = []
     with pytest.raises(Stop) as caught:
         quiet(model.fit, epochs=2, lr=0.02, callback=close_and_stop)
     notes = getattr(caught.value, "__notes__", [])
     assert len(notes) == 1 and "did not reach their table" in notes[0]
+
+
+def _users_items_model(db):
+    """300 users, 2,000 items whose label follows their user; a database-stored user embedding, batches of 100."""
+    db.execute("CREATE TABLE users AS SELECT i AS user_id, (i % 50) * 1.0 AS age FROM range(300) t(i)")
+    db.execute("CREATE TABLE item AS SELECT i AS id, (i * 7919) % 300 AS user_id, (i % 13) * 0.1 AS x, "
+               "((i * 7919) % 300) % 3 = 0 AS y FROM range(2000) t(i)")
+    return relsql.Model(db, shop_template("database"), target="item.y", seed=0, progress=False, batch_size=100,
+                        embedding_optimizer="sgd")

@@ -11,8 +11,7 @@ import warnings
 import pytest
 import torch
 
-from relsql.compile import fused
-from tests.test_small_plans import Build, assert_same, column
+from tests.test_small_plans import Build, assert_same, column, fused_gradcheck
 
 
 def broadcast_net():
@@ -50,14 +49,7 @@ def test_broadcast_rules_equal_the_op_by_op_plan():
 
 
 def test_broadcast_rules_match_finite_differences():
-    net = broadcast_net()
-    net.execution = "fused"
-    net()
-    code = next(c for c in net._fused.values() if isinstance(c, fused.Fused))
-    inputs = [net._buffers[net._inputs[s]] for s in code.inputs]
-    weights = net.weights_by_name()
-    start = [weights[n].detach().clone().requires_grad_(True) for n in code.names]
-    assert torch.autograd.gradcheck(lambda *w: tuple(fused.run(code, list(w), inputs).values()), start)
+    assert fused_gradcheck(broadcast_net())
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
