@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 from relsql.errors import SchemaError
 
 MAX_CLASSES = 20  # integer targets with at most this many distinct values are classes
+MAX_TIMES = 1024  # a ranking target's timed relation: one tower column per distinct time, beyond this wider than useful
 
 
 def check_scalar(kind: pa.DataType, where: str) -> None:

@@ -58,9 +58,8 @@ from relsql.errors import SchemaError
 from relsql.keys import Schema, schema
 from relsql.predictive.terms import is_task_table
 from relsql.references import Reference, referenced
-from relsql.targets import output_units
+from relsql.targets import MAX_TIMES, output_units
 from relsql.template import ir
-from relsql.train.ranking.timed import MAX_TIMES
 
 _FEATURE_TYPES = ("INT", "DECIMAL", "NUMERIC", "DOUBLE", "FLOAT", "REAL", "BOOL", "DATE", "TIMESTAMP")
 _TIME_TYPES = ("DATE", "TIMESTAMP")

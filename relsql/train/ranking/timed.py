@@ -25,10 +25,10 @@ from torch import Tensor
 
 from relsql.errors import SchemaError
 from relsql.references import Reference
+from relsql.targets import MAX_TIMES
 from relsql.template.ir import Template
 
 _BLEND = re.compile(r"^[ \t]*(?:--|%|//)[ \t]*relsql:[ \t]*blend\b", re.MULTILINE | re.IGNORECASE)
-MAX_TIMES = 1024  # one tower column per distinct time: beyond this the towers grow wider than they are useful
 
 
 def timed_relation(template: Template, output: str, candidates: str, pairs: str | None, reference: Reference,
