@@ -31,8 +31,9 @@ own subprocess (its own peak RSS, VmHWM). The relsql template (TEMPLATE) is the 
 net: tanh encoders with biases, a ReLU per line item over its part's state inside the average
 (the peer's first SAGEConv), a ReLU layer per order, a linear head with a bias; the peer also
 has SAGEConv's root weights and a second layer on the orders. relsql's DuckDB connection gets
-`--duckdb-flush-threshold` as its allocator_flush_threshold (DuckDB's 128 MiB default cache of
-freed memory otherwise stays in relsql's peak RSS; the peer closes its connection after reading).
+`--duckdb-flush-threshold` as its allocator_flush_threshold (relsql.connect's default is 32MB:
+DuckDB's own 128 MiB cache of freed memory stayed in relsql's peak RSS; the peer closes its
+connection after reading).
 `--seeds`: per seed, PyG then relsql with that model seed (initial weights, batch order), relsql
 against that seed's PyG best; a table per scale with each seed's times, ratio, peak RSS and load
 average, and the medians (a relsql run that never reached the target counts as the slowest). After every epoch the validation pass runs (on the clock, as
@@ -305,6 +306,7 @@ def run_relsql(path: str, epochs: int, batch_size: int, width: int, fanout: list
     import torch
 
     import relsql
+    from relsql.db import set_flush_threshold
 
     torch.set_num_threads(THREADS)
     warnings.simplefilter("ignore")
@@ -316,12 +318,8 @@ def run_relsql(path: str, epochs: int, batch_size: int, width: int, fanout: list
     relsql.Model  # noqa: B018 -- relsql imports relsql.model (and its scipy, pandas) on first use: off the clock too
 
     db = relsql.connect(path, read_only=True)
-    if flush_threshold:
-        # DuckDB's allocator keeps up to allocator_flush_threshold (128 MiB by default) of freed memory
-        # after each task: relsql's connection runs queries through setup and every batch, and that
-        # cache stayed in its peak RSS (+45 to 56 MiB at sf 0.1 after 3 epochs; the PyG side closes
-        # its connection after one read). A proposed relsql default for connections it opens itself.
-        db.con.execute(f"SET allocator_flush_threshold = '{_checked_size(flush_threshold)}'")
+    if flush_threshold:  # relsql.connect already sets its default (32MB, relsql.db.FLUSH_THRESHOLD); this overrides it
+        set_flush_threshold(db, _checked_size(flush_threshold))
     clock = _Clock()
     model = relsql.Model(db, relsql.Template.from_sql(TEMPLATE.format(w=width)), target="orders.label_y",
                          time_column="split_rank", split=SPLIT, seed=seed, batch_size=batch_size, fanout={"items_h": fanout[0]},
@@ -438,7 +436,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         help="model seeds (initial weights, batch order); per seed PyG then relsql, each against that seed's "
                              "PyG best; medians over the seeds")
     parser.add_argument("--duckdb-flush-threshold", default="32MB",
-                        help="relsql's DuckDB allocator_flush_threshold ('' = DuckDB's default, 128 MiB)")
+                        help="relsql's DuckDB allocator_flush_threshold ('' = relsql.connect's default, 32MB)")
     parser.add_argument("--seed", type=int, default=SEED, help=argparse.SUPPRESS)  # a worker's seed
     parser.add_argument("--data", default=str(ROOT / "out" / "tpch"))
     parser.add_argument("--out", default="out/bench")
@@ -476,7 +474,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
               f"positive rate {rate:.3f} (majority accuracy {max(rate, 1 - rate):.3f}, at best {1 - noise:.2f}); batch {args.batch_size}, width "
               f"{args.width}, fan-out {args.fanout}, lr {args.lr}, PyG {epochs} epochs, relsql until PyG's time to its best "
               f"(at most {epochs * RELSQL_EPOCHS} epochs), PyG edges: {args.edges}, seeds "
-              f"{args.seeds}, relsql's DuckDB allocator_flush_threshold {args.duckdb_flush_threshold or 'DuckDB default'}; "
+              f"{args.seeds}, relsql's DuckDB allocator_flush_threshold {args.duckdb_flush_threshold or 'relsql default'}; "
               f"load average {_load()}", flush=True)
         common = ["--batch-size", str(args.batch_size), "--width", str(args.width), "--fanout", *map(str, args.fanout),
                   "--lr", str(args.lr), "--edges", args.edges, "--evals-per-epoch", str(args.evals_per_epoch),

@@ -131,6 +131,7 @@ def resident_budget(store_bytes: int) -> int:
     (at sf 10, a 512 MiB budget took the peak RSS from 1.2 to 1.5 times sf 1's)."""
     return store_bytes + RESIDENT_BUDGET if store_bytes <= MAPPED_WHOLE else RESIDENT_BUDGET
 
+
 def fingerprint(grounder: BatchGrounder) -> str:
     """What the store's contents follow from: the template, the encodings, and every row of every
     table the template reads (count and an order-independent sum of row hashes, in the database)."""
