@@ -72,3 +72,51 @@ def test_apply_weight_shape_rules():
     assert kernels.apply_weight(torch.tensor(3.0), torch.tensor([[1.0, 2.0]])).tolist() == [[3, 6]]
     with pytest.raises(ValueError):
         kernels.apply_weight(w, torch.tensor([[1.0, 2.0, 3.0]]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_numpy_tanh_matches_torch_values_and_gradients(dtype, inplace):
+    """Large CPU values take numpy's tanh (faster here): within 2 ulp of torch.tanh, and the same
+    gradient through autograd, in place or not."""
+    gen = torch.Generator().manual_seed(1)
+    base = torch.randn(4608, 32, generator=gen, dtype=dtype) * 3
+    assert kernels._numpy_tanh_pays(base) == (torch.get_num_threads() <= kernels._NUMPY_TANH_MAX_THREADS[dtype])
+    leaf = base.clone().requires_grad_()
+    x = leaf * 1.0  # not a leaf: in place is allowed
+    y = kernels.activation("tanh", x, inplace=inplace)
+    weights = torch.randn(base.shape, generator=gen, dtype=dtype)
+    (y * weights).sum().backward()
+    reference_leaf = base.clone().requires_grad_()
+    reference = torch.tanh(reference_leaf * 1.0)
+    (reference * weights).sum().backward()
+    ulp = torch.finfo(dtype).eps
+    assert torch.allclose(y.detach(), reference.detach(), rtol=2 * ulp, atol=2 * ulp)
+    assert torch.allclose(leaf.grad, reference_leaf.grad, rtol=8 * ulp, atol=8 * ulp)
+
+
+def test_numpy_tanh_gradcheck():
+    x = torch.randn(64, 80, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).requires_grad_()
+    assert x.numel() >= kernels._NUMPY_TANH_MIN_ELEMENTS
+    assert torch.autograd.gradcheck(lambda v: kernels._NumpyTanh.apply(v, False), (x,))
+
+
+@pytest.mark.parametrize("columns", [1, 2, 3, 32, 40])
+def test_affine_and_linear_with_a_contiguous_transpose_match_plain_products(columns):
+    """c + x Wᵀ and x Wᵀ (the copy of Wᵀ for narrow weights) give the values and gradients of the
+    plain expressions."""
+    from relsql.compile.ops import OPS
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(50, columns, generator=gen, dtype=torch.float64)
+    c = torch.randn(50, 32, generator=gen, dtype=torch.float64)
+    grad = torch.randn(50, 32, generator=gen, dtype=torch.float64)
+    affine = OPS["affine"].kernel({})
+    for compute, plain in ((lambda w: affine(c, x, w), lambda w: c + x @ w.T),
+                           (lambda w: kernels.apply_weight(w, x), lambda w: x @ w.T)):
+        w = torch.randn(32, columns, generator=gen, dtype=torch.float64, requires_grad=True)
+        w_ref = w.detach().clone().requires_grad_()
+        out, ref = compute(w), plain(w_ref)
+        out.backward(grad)
+        ref.backward(grad)
+        assert torch.allclose(out, ref, atol=1e-12) and torch.allclose(w.grad, w_ref.grad, atol=1e-12)

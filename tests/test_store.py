@@ -210,3 +210,15 @@ def test_a_damaged_store_is_a_clear_error(tmp_path):
     column.write_bytes(column.read_bytes()[:100])  # cut short behind relsql's back
     with pytest.raises(relsql.RelsqlError, match="damaged.*delete the folder"):
         quiet(relsql.Model, db, template, target="item.y", batch_size=500, progress=False, store=folder)
+
+
+def test_unique_inverse_matches_numpy():
+    """The batch's row ids and each reference's batch row number, against np.unique."""
+    from relsql.ground.store import _unique_inverse
+
+    rng = np.random.default_rng(5)
+    for values in (rng.integers(0, 50, 400), rng.integers(0, 10**12, 1000), np.zeros(0, np.int64), np.array([7, 7, 7])):
+        expected, expected_inverse = np.unique(values, return_inverse=True)
+        got, inverse = _unique_inverse(values)
+        assert np.array_equal(got, expected) and np.array_equal(inverse, expected_inverse.reshape(-1))
+        assert np.array_equal(got[inverse], values)

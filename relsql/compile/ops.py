@@ -181,7 +181,7 @@ OPS: dict[str, OpKind] = {
     "slice": OpKind(lambda attrs: lambda x: x.narrow(0, attrs["start"], attrs["rows"]), rows=_by_attribute,  # a view
                     describe=lambda a, op, plan: f"{a[0]}[{op.attrs['start']}:{op.attrs['start'] + op.rows}]"),
     "linear": OpKind(lambda attrs: kernels.apply_weight, rows=_second, describe=lambda a, op, plan: f"{a[0]} @ {a[1]}"),
-    "affine": OpKind(lambda attrs: lambda c, x, w: torch.addmm(c, x, w.t()),  # c + x W^T in one GEMM
+    "affine": OpKind(lambda attrs: lambda c, x, w: torch.addmm(c, x, kernels.transposed(w)),  # c + x W^T in one GEMM
                      describe=lambda a, op, plan: f"{a[0]} + {a[2]} @ {a[1]}"),
     "binary": OpKind(_binary, describe=lambda a, op, plan: f"{a[0]} {op.attrs['op']} {a[1]}"),
     "act": OpKind(_act, describe=_describe_act),

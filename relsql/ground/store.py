@@ -57,7 +57,7 @@ import stat
 import tempfile
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
@@ -347,21 +347,29 @@ class GroundingStore:
     # -- one batch -----------------------------------------------------------------------------
     def ground(self, rids: np.ndarray, sample: int = 0) -> BatchGrounding:
         """The grounding of the output rows with global ids `rids`, read from the store."""
-        pending: dict[str, list[np.ndarray]] = {self.output: [np.asarray(rids, dtype=np.int64)]}
+        # per relation: the global ids asked for, each with the picked rule and reference they fill
+        pending: dict[str, list[tuple[np.ndarray, _Picked | None, int]]] = {
+            self.output: [(np.asarray(rids, dtype=np.int64), None, 0)]}
         demand: dict[str, np.ndarray] = {}
         picked: dict[str, list[_Picked]] = {}
         for name in reversed(self.order):  # every relation's demand is complete before it is read
             parts = pending.pop(name, None)
             if not parts:
                 continue
-            wanted = demand[name] = _unique(np.concatenate(parts))
+            wanted, inverse = _unique_inverse(np.concatenate([ids for ids, _, _ in parts]))
+            demand[name] = wanted
+            start = 0
+            for ids, owner, k in parts:  # the batch's own row numbers of each reference, from the sort
+                if owner is not None:
+                    owner.local[k] = inverse[start:start + len(ids)]
+                start += len(ids)
             picked[name] = []
             for rule in self.rules[name]:
                 picked[name].append(self._pick(name, rule, wanted, sample))
                 self.release()  # per rule: a large batch of random rows would otherwise map in most of the store
             for chosen in picked[name]:
-                for ref, ids in zip(chosen.rule.prepared.rule.refs, chosen.refs):
-                    pending.setdefault(ref, []).append(ids)
+                for k, (ref, ids) in enumerate(zip(chosen.rule.prepared.rule.refs, chosen.refs)):
+                    pending.setdefault(ref, []).append((ids, chosen, k))
         try:
             grounding = self._localize(demand, picked)
         finally:
@@ -454,7 +462,7 @@ class GroundingStore:
                 rule = chosen.rule
                 grounded = np.flatnonzero(chosen.counts)
                 head = torch.from_numpy(np.repeat(np.arange(len(rows), dtype=np.int64), chosen.counts))
-                refs = [torch.from_numpy(np.searchsorted(demand[ref], ids)) for ref, ids in zip(rule.prepared.rule.refs, chosen.refs)]
+                refs = [torch.from_numpy(local) for local in chosen.local]
                 values = {}
                 coded = rule.coded
                 for k, column in rule.columns.items():
@@ -481,6 +489,10 @@ class _Picked:
     counts: np.ndarray
     positions: np.ndarray
     refs: list[np.ndarray]
+    local: list[np.ndarray | None] = field(init=False)  # refs as the batch's row numbers (set by ground)
+
+    def __post_init__(self) -> None:
+        self.local = [None] * len(self.refs)
 
 
 def _follower() -> bool:
@@ -539,14 +551,30 @@ def _trim_heap() -> None:
 
 def _unique(values: np.ndarray) -> np.ndarray:
     """The sorted distinct values of a 1-d array; by sorting, which takes a quarter of
-    np.unique's time on a batch's row ids (numpy 2's np.unique hashes first, then sorts)."""
-    ordered = np.sort(values)
+    np.unique's time on a batch's row ids (numpy 2's np.unique hashes first, then sorts), and
+    stably (numpy's timsort and radix sort beat its quicksort on row ids: 47 against 80 us for 4,000)."""
+    ordered = np.sort(values, kind="stable")
     if len(ordered) < 2:
         return ordered
     keep = np.empty(len(ordered), dtype=bool)
     keep[0] = True
     np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
     return ordered[keep]
+
+
+def _unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the sorted distinct values, each value's index among them): one stable argsort, which
+    numpy runs as a radix sort on integers; 70 against 205 us for a sort and a binary search of
+    4,000 row ids (a TPC-H sf 1 batch's parts)."""
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    keep = np.empty(len(ordered), dtype=bool)
+    if len(ordered):
+        keep[0] = True
+        np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
+    inverse = np.empty(len(values), dtype=np.int64)
+    inverse[order] = np.cumsum(keep) - 1
+    return ordered[keep], inverse
 
 
 def _mix(values: np.ndarray) -> np.ndarray:

@@ -143,7 +143,7 @@ def field(state: dict, name: str, types: type | tuple[type, ...], where: str) ->
     return value
 
 
-FLAGS_OFF = ("differentiable", "capturable", "fused", "maximize")  # relsql never turns these on
+FLAGS_OFF = ("differentiable", "capturable", "maximize")  # relsql never turns these on (it does turn on fused)
 
 
 def check_optimizer(optimizer: torch.optim.Optimizer, where: str) -> None:
