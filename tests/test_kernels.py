@@ -120,3 +120,13 @@ def test_affine_and_linear_with_a_contiguous_transpose_match_plain_products(colu
         out.backward(grad)
         ref.backward(grad)
         assert torch.allclose(out, ref, atol=1e-12) and torch.allclose(w.grad, w_ref.grad, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(8, 4), (4608, 32)])
+def test_tanh_values_without_autograd_match_torch(shape):
+    """The generated (fused) code's tanh: numpy's for large values, torch's for small ones."""
+    x = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(4)).requires_grad_()
+    with torch.no_grad():  # as the generated code calls it
+        y = kernels.tanh_values(x)
+    assert not y.requires_grad and y.shape == x.shape
+    assert torch.allclose(y, torch.tanh(x.detach()), rtol=2e-16, atol=2e-16)

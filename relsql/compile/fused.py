@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from relsql.compile import sparse
+from relsql.compile import kernels, sparse
 from relsql.compile.ops import is_random
 from relsql.compile.plan import Op, Plan
 
@@ -46,7 +46,7 @@ _ACT_BACKWARD = {  # activation -> VJP from (grad, output y, input x)
     "relu": "_threshold_backward({g}, {y}, 0)",
     "exp": "{g} * {y}",
 }
-_ACT_FORWARD = {"identity": "{x}", "tanh": "torch.tanh({x})", "sigmoid": "torch.sigmoid({x})",
+_ACT_FORWARD = {"identity": "{x}", "tanh": "_tanh({x})", "sigmoid": "torch.sigmoid({x})",
                 "relu": "torch.relu({x})", "exp": "torch.exp({x})"}
 
 
@@ -304,7 +304,7 @@ def _aten(overload) -> Callable:
     return getattr(overload, "_op", overload)
 
 
-_GLOBALS = {"torch": torch, "_tanh_backward": _aten(torch.ops.aten.tanh_backward.default),
+_GLOBALS = {"torch": torch, "_tanh": kernels.tanh_values, "_tanh_backward": _aten(torch.ops.aten.tanh_backward.default),
             "_sigmoid_backward": _aten(torch.ops.aten.sigmoid_backward.default),
             "_threshold_backward": _aten(torch.ops.aten.threshold_backward.default), "_gather": _gather_rows, "_matmul": sparse.matmul, "_product": sparse._product,
             "_widen": _widen}

@@ -78,6 +78,16 @@ def _numpy_tanh_pays(x: torch.Tensor) -> bool:
             and torch.get_num_threads() <= _NUMPY_TANH_MAX_THREADS.get(x.dtype, 0))
 
 
+def tanh_values(x: torch.Tensor) -> torch.Tensor:
+    """tanh without autograd (generated code that does its own backward), through numpy where it
+    pays; the size test first, so that a small plan's call costs a single attribute read more."""
+    if x.numel() >= _NUMPY_TANH_MIN_ELEMENTS and _numpy_tanh_pays(x):
+        out = torch.empty_like(x)
+        np.tanh(x.detach().numpy(), out=out.numpy())
+        return out
+    return torch.tanh(x)
+
+
 class _NumpyTanh(torch.autograd.Function):
     """tanh through numpy's vectorized loop (it releases the GIL); the backward is aten's own
     tanh_backward, 1 - y², as torch.tanh's."""

@@ -71,7 +71,9 @@ class BatchSource:
         return self.batched.prepare(rids, sample) if len(rids) else None
 
     def _fetch(self, batch: Batch | None) -> dict[str, torch.Tensor]:
-        return {} if batch is None else self.worker.run(self.batched.fetch, batch)
+        if batch is None or not batch.grounding.embedding_keys:  # no database-stored embedding: no round trip
+            return {}
+        return self.worker.run(self.batched.fetch, batch)
 
     def run(self, fn: Callable, *args):
         """Database work that must happen now, in order with the queue."""
