@@ -319,10 +319,12 @@ class RelsqlSide:
         """Epochs as relsql/compile/step.py's FusedStep (no autograd, no torch.optim: the same SGD
         update on a flat buffer) where `choose` measures it faster than the regular path;
         returns what the epoch runs."""
-        from relsql.compile.step import SquaredError, choose
+        from relsql.compile.step import RegularStep, SquaredError, choose
 
         self.step = choose(self.net, self.opt, SquaredError(self.targets, self.rows))
         self.net()
+        if isinstance(self.step, RegularStep):
+            return f"ops on {self.step.threads} thread ({self.net.fused_reason or 'fastest'})"
         if self.step is not None:
             return "fused step" if self.net.fused_reason is None else "fused step (fused whatever the size)"
         return "fused" if self.net.fused_reason is None else f"ops ({self.net.fused_reason})"

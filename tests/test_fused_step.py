@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import relsql
-from relsql.compile.step import FusedStep, SquaredError
+from relsql.compile.step import FusedStep, RegularStep, SquaredError
 from tests.test_small_plans import dense_net, index_net
 
 TOL = 1e-12
@@ -202,12 +202,37 @@ def test_choice_by_timing_leaves_no_trace(optimizer):
     loss = loss_of(net)
     start = {n: p.detach().clone() for n, p in net.weights_by_name().items()}
     chosen = choose(net, opt, loss)
-    assert chosen is None or isinstance(chosen, FusedStep)
+    assert chosen is None or isinstance(chosen, FusedStep | RegularStep)
     assert not opt.state
     for n, p in net.weights_by_name().items():
         assert torch.equal(p.detach(), start[n]) and (p.grad is None or not p.grad.any())  # a FusedStep's grads start at 0
     losses = [float(chosen.step() if chosen is not None else step_of(net, opt, loss)) for _ in range(STEPS)]
     theirs, their_losses, _ = trained(dense_net, optimizer, 0, STEPS)
+    for n, p in net.weights_by_name().items():
+        torch.testing.assert_close(p.detach(), theirs[n], rtol=0, atol=TOL)
+    assert losses == pytest.approx(their_losses, abs=TOL, rel=0)
+
+
+@pytest.mark.parametrize("kind", ["fused", "regular"])
+def test_a_step_on_one_thread_trains_alike_and_gives_the_threads_back(kind):
+    """A step `choose` puts on one torch thread (small plans: no waking of the others for each
+    product), fused or regular, trains as the regular path does and leaves the caller's count."""
+    net = dense_net()
+    opt = OPTIMIZERS["adam"]([p for p in net.parameters() if p.requires_grad])
+    if kind == "fused":
+        step = FusedStep.build(net, opt, loss_of(net))
+        step.threads = 1
+    else:
+        net.execution = "ops"  # as `trained` runs the regular path
+        step = RegularStep(net, opt, loss_of(net), 1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        losses = [float(step.step()) for _ in range(STEPS)]
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    theirs, their_losses, _ = trained(dense_net, "adam", 0, STEPS)
     for n, p in net.weights_by_name().items():
         torch.testing.assert_close(p.detach(), theirs[n], rtol=0, atol=TOL)
     assert losses == pytest.approx(their_losses, abs=TOL, rel=0)

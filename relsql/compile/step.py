@@ -17,7 +17,9 @@ that the optimizer does not train): the caller keeps its regular path. `sync()` 
 moments back into the torch optimizer's state, so the regular path can take over (a checkpoint,
 a plan that changed). `choose` decides by measurement, as the other passes do: it times the
 regular path (`regular_step`), the fused step of the plan as `net()` fuses it and the fused step
-of the plan fused whatever its size, and returns the fastest (None: the regular path).
+of the plan fused whatever its size, each also on one torch thread where several are set (small
+plans' products otherwise wake the other threads for every call), and returns the fastest (None:
+the regular path as set; a `RegularStep`: the regular path on one thread).
 
 Usage, in a loop of one's own over a `relsql.compile`d net:
 
@@ -194,8 +196,13 @@ class FusedStep:
             for p in self.params:
                 self.optimizer.state[p]["step"] = torch.tensor(float(self.step_count), dtype=torch.float32)
 
+    threads: int | None = None  # torch threads for the step (None: as set); choose() sets 1 where that measures faster
+
     def step(self) -> torch.Tensor:
         """One training step; the loss before it."""
+        return _on_threads(self.threads, self._step)
+
+    def _step(self) -> torch.Tensor:
         code = self.code
         with torch.no_grad():
             outputs, held, kept = code.forward(*self.weights, *self.inputs)
@@ -251,6 +258,32 @@ def _upstream(plan, slots: set[int]) -> set[str]:
     return names
 
 
+def _on_threads(threads: int | None, fn, *args):
+    """fn(*args) with torch on `threads` threads (None: as set), the caller's count put back."""
+    before = torch.get_num_threads()
+    if threads is None or threads == before:
+        return fn(*args)
+    torch.set_num_threads(threads)  # 0.2 us the pair
+    try:
+        return fn(*args)
+    finally:
+        torch.set_num_threads(before)
+
+
+class RegularStep:
+    """`regular_step` on `threads` torch threads: what `choose` returns where a plan that does not
+    fuse steps faster on one thread than on the several set."""
+
+    def __init__(self, net: CompiledNet, optimizer: torch.optim.Optimizer, loss: SquaredError, threads: int | None):
+        self.net, self.optimizer, self.loss, self.threads = net, optimizer, loss, threads
+
+    def step(self) -> torch.Tensor:
+        return _on_threads(self.threads, regular_step, self.net, self.optimizer, self.loss)
+
+    def sync(self) -> None:
+        """Nothing to write back: the optimizer's own state is the state."""
+
+
 def regular_step(net: CompiledNet, optimizer: torch.optim.Optimizer, loss: SquaredError) -> torch.Tensor:
     """The step FusedStep replaces: net() (fused through autograd or op by op, as `net.execution`
     says), torch's squared error, backward, torch.optim's step; the loss before it."""
@@ -270,11 +303,13 @@ def regular_step(net: CompiledNet, optimizer: torch.optim.Optimizer, loss: Squar
 BLOCK_S = 0.005  # each candidate's timed block lasts about this long (several steps of a small plan)
 
 
-def choose(net: CompiledNet, optimizer: torch.optim.Optimizer, loss: SquaredError, rounds: int = 3) -> FusedStep | None:
+def choose(net: CompiledNet, optimizer: torch.optim.Optimizer, loss: SquaredError,
+           rounds: int = 3) -> FusedStep | RegularStep | None:
     """The fastest way to step `net` on this data, by measurement: the regular path (None), the
     fused step of the plan as `net()` runs it, or the fused step of the plan fused whatever its
-    size. Blocks of steps alternate over `rounds`, medians compared; the weights, gradients and
-    optimizer state are put back after every block, so the choice leaves no trace."""
+    size; with several torch threads, each of them on one thread too (a `RegularStep` for the
+    regular path). Blocks of steps alternate over `rounds`, medians compared; the weights,
+    gradients and optimizer state are put back after every block, so the choice leaves no trace."""
     import copy
     import statistics
     import time
@@ -290,31 +325,37 @@ def choose(net: CompiledNet, optimizer: torch.optim.Optimizer, loss: SquaredErro
                 p.grad = None
         optimizer.load_state_dict(copy.deepcopy(state))
 
-    def fused(force: bool):
-        step = FusedStep.build(net, optimizer, loss, force=force)
-        return None if step is None else step.step
+    def made(kind: str, threads: int | None) -> FusedStep | RegularStep | None:
+        if kind == "regular":
+            return RegularStep(net, optimizer, loss, threads)
+        step = FusedStep.build(net, optimizer, loss, force=kind == "forced")
+        if step is not None:
+            step.threads = threads
+        return step
 
-    makers = {"regular": lambda: (lambda: regular_step(net, optimizer, loss)),
-              False: lambda: fused(False), True: lambda: fused(True)}
+    # (kind, threads): with several threads, small matrix products wake the others for each call
+    # (MKL's [139, 8] x [8, 32] in float64: 5.6 us on one thread, 95 with two passive OpenMP threads)
     counts, times = {}, {}
-    for name, make in makers.items():
-        run = make()
-        if run is not None:
+    for name in [(kind, threads) for threads in (None, 1)[:1 + (torch.get_num_threads() > 1)]
+                 for kind in ("regular", "fused", "forced")]:
+        step = made(*name)
+        if step is not None:
             started = time.perf_counter()
-            run()  # warm-up, and how many steps fill a block
+            step.step()  # warm-up, and how many steps fill a block
             counts[name] = max(1, min(50, int(BLOCK_S / max(time.perf_counter() - started, 1e-6))))
         restore()
-    if False in counts:
-        counts.pop(True, None)  # the plan fuses as it runs: forcing it gives the same code
-    if counts.keys() == {"regular"}:
+    if ("fused", None) in counts:  # the plan fuses as it runs: forcing it gives the same code
+        counts.pop(("forced", None), None)
+        counts.pop(("forced", 1), None)
+    if counts.keys() == {("regular", None)}:
         return None
     for _ in range(rounds):
         for name in counts:
-            run = makers[name]()
+            run = made(*name).step
             started = time.perf_counter()
             for _ in range(counts[name]):
                 run()
             times.setdefault(name, []).append((time.perf_counter() - started) / counts[name])
             restore()
     best = min(times, key=lambda name: statistics.median(times[name]))
-    return None if best == "regular" else FusedStep.build(net, optimizer, loss, force=best)
+    return None if best == ("regular", None) else made(*best)
