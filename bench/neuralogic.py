@@ -326,7 +326,8 @@ class RelsqlSide:
         if isinstance(self.step, RegularStep):
             return f"ops on {self.step.threads} thread ({self.net.fused_reason or 'fastest'})"
         if self.step is not None:
-            return "fused step" if self.net.fused_reason is None else "fused step (fused whatever the size)"
+            on = " on 1 thread" if self.step.threads == 1 else ""
+            return f"fused step{on}" if self.net.fused_reason is None else f"fused step{on} (fused whatever the size)"
         return "fused" if self.net.fused_reason is None else f"ops ({self.net.fused_reason})"
 
     def reset(self):
@@ -716,7 +717,7 @@ def time_relsql(dsname: str, name: str, width: int | str, kind: str, reps: int, 
             del fns["f64_autograd"]
         rel.net.execution = "auto"
         rel.net()
-        if rel.net.fused_reason is not None and not execution.startswith("fused step"):
+        if rel.net.fused_reason is not None and not execution.startswith(("fused step", "ops on")):
             execution = f"ops ({rel.net.fused_reason})"
         for fn in fns.values() if warm else ():
             fn()
