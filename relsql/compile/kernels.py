@@ -74,14 +74,14 @@ _NUMPY_TANH_MIN_ELEMENTS = 4096  # below, the extra autograd Function's ~5 us is
 
 
 def _numpy_tanh_pays(x: torch.Tensor) -> bool:
-    return (x.device.type == "cpu" and x.is_contiguous() and x.numel() >= _NUMPY_TANH_MIN_ELEMENTS
+    """The size test first: a small plan's call then costs a single attribute read more."""
+    return (x.numel() >= _NUMPY_TANH_MIN_ELEMENTS and x.device.type == "cpu" and x.is_contiguous()
             and torch.get_num_threads() <= _NUMPY_TANH_MAX_THREADS.get(x.dtype, 0))
 
 
 def tanh_values(x: torch.Tensor) -> torch.Tensor:
-    """tanh without autograd (generated code that does its own backward), through numpy where it
-    pays; the size test first, so that a small plan's call costs a single attribute read more."""
-    if x.numel() >= _NUMPY_TANH_MIN_ELEMENTS and _numpy_tanh_pays(x):
+    """tanh without autograd (generated code that does its own backward), through numpy where it pays."""
+    if _numpy_tanh_pays(x):
         out = torch.empty_like(x)
         np.tanh(x.detach().numpy(), out=out.numpy())
         return out
@@ -107,13 +107,16 @@ class _NumpyTanh(torch.autograd.Function):
         return torch.ops.aten.tanh_backward(grad, y), None
 
 
+def _narrow(weight: torch.Tensor) -> bool:
+    """A matrix with fewer columns than rows, and at least 2 (one column: F.linear's own path is faster)."""
+    return weight.dim() == 2 and 1 < weight.shape[1] < weight.shape[0]
+
+
 def transposed(weight: torch.Tensor) -> torch.Tensor:
-    """Wᵀ for `x @ Wᵀ`, as a contiguous copy where W has fewer columns than rows (2 or more): the
-    gradient of W is then one (in, rows) x (rows, out) product instead of (out, rows) x (rows, in) on a
-    transposed view, which MKL runs 3-4x slower (4,608 rows, W 32 x 3: 289 -> 141 us fwd + bwd)."""
-    if weight.dim() == 2 and 1 < weight.shape[1] < weight.shape[0]:
-        return weight.t().contiguous()
-    return weight.t()
+    """Wᵀ for `x @ Wᵀ`, as a contiguous copy where W is narrow: the gradient of W is then one
+    (in, rows) x (rows, out) product instead of (out, rows) x (rows, in) on a transposed view,
+    which MKL runs 3-4x slower (4,608 rows, W 32 x 3: 289 -> 141 us fwd + bwd)."""
+    return weight.t().contiguous() if _narrow(weight) else weight.t()
 
 
 def sparsemax(z: torch.Tensor) -> torch.Tensor:
@@ -144,7 +147,7 @@ def apply_weight(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return x * weight.reshape(1, *weight.shape)
     if len(value_shape) == 1:
         if value_shape[0] == weight.shape[1]:
-            if x.dim() == 2 and 1 < weight.shape[1] < weight.shape[0]:
+            if x.dim() == 2 and _narrow(weight):
                 return torch.mm(x, transposed(weight))
             return F.linear(x, weight)  # x Wᵀ without a transposed view (one autograd node)
         if value_shape[0] == 1:

@@ -335,9 +335,9 @@ def choose(net: CompiledNet, optimizer: torch.optim.Optimizer, loss: SquaredErro
 
     # (kind, threads): with several threads, small matrix products wake the others for each call
     # (MKL's [139, 8] x [8, 32] in float64: 5.6 us on one thread, 95 with two passive OpenMP threads)
+    thread_counts = [None, 1] if torch.get_num_threads() > 1 else [None]
     counts, times = {}, {}
-    for name in [(kind, threads) for threads in (None, 1)[:1 + (torch.get_num_threads() > 1)]
-                 for kind in ("regular", "fused", "forced")]:
+    for name in [(kind, threads) for threads in thread_counts for kind in ("regular", "fused", "forced")]:
         step = made(*name)
         if step is not None:
             started = time.perf_counter()
