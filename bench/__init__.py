@@ -18,6 +18,26 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
+def children_private_mib() -> float:
+    """Memory only this process's children hold (Private_Clean + Private_Dirty of each child's
+    smaps_rollup, Linux): a forked child's RSS also counts every page it shares with its parent,
+    which the parent's own peak already holds. 0 where there is no child or no /proc."""
+    total = 0
+    for children in Path("/proc/self/task").glob("*/children"):
+        try:
+            pids = children.read_text().split()
+        except OSError:
+            continue
+        for pid in pids:
+            try:
+                for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                    if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                        total += int(line.split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    return total / 1024
+
+
 def write_csv(path: Path, rows: list[dict]) -> None:
     """`rows` as a CSV file (columns from the first row), its folder created; says where."""
     path.parent.mkdir(parents=True, exist_ok=True)

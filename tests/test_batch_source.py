@@ -79,7 +79,8 @@ class Stop(Exception):
     pass
 
 
-def test_no_thread_is_left_when_the_consumer_breaks_or_raises(learner):
+def test_no_thread_is_left_when_the_consumer_breaks_or_raises(learner, monkeypatch):
+    monkeypatch.setenv("RELSQL_BATCH_PROCESS", "0")  # batches prepared in the worker thread
     before = db_threads()
     chunks = chunks_of(learner, 0)
     with BatchSource(learner.batched) as source:

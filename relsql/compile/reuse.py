@@ -407,12 +407,15 @@ class Trace:
 
     def __init__(self, plan: Plan, recorder: _Recorder):
         self.plan, self.steps, self.count = plan, [_fast(step) for step in _live(recorder, plan)], recorder.count
-        self.inputs = {slot: recorder.nodes.get(id(t)) for slot, t in plan.inputs.items()}
-        self.shapes = [(node, tuple(plan.inputs[slot].shape)) for slot, node in self.inputs.items() if node is not None]
-        self.attrs = {i: {k: recorder.nodes[id(v)] for k, v in op.attrs.items()
-                          if isinstance(v, torch.Tensor) and id(v) in recorder.nodes}
-                      for i, op in enumerate(plan.ops)}
-        self.attrs = {i: found for i, found in self.attrs.items() if found}
+        inputs = {slot: recorder.nodes.get(id(t)) for slot, t in plan.inputs.items()}
+        self.shapes = [(node, tuple(plan.inputs[slot].shape)) for slot, node in inputs.items() if node is not None]
+        attrs = {i: {k: recorder.nodes[id(v)] for k, v in op.attrs.items()
+                     if isinstance(v, torch.Tensor) and id(v) in recorder.nodes}
+                 for i, op in enumerate(plan.ops)}
+        attrs = {i: found for i, found in attrs.items() if found}
+        self.frame = Frame(plan, [slot for slot, node in inputs.items() if node is not None],
+                           [(i, k) for i, found in attrs.items() for k in found])
+        self.nodes = [inputs[slot] for slot in self.frame.inputs] + [attrs[i][k] for i, k in self.frame.attrs]
         self.verified = False
 
     @staticmethod
@@ -443,12 +446,30 @@ class Trace:
                 _bind(out, value, env)
         if any(tuple(env[node].shape) != shape for node, shape in self.shapes):
             return None  # a shape the skipped metadata checks took as fixed was not
+        return self.frame.fill([env[node] for node in self.nodes])
+
+
+class Frame:
+    """A recorded plan less its batch tensors: which inputs and op attributes a batch swaps in.
+    A replay fills it; so does a process that gets only a batch's tensors (relsql/train/batch_process.py)."""
+
+    def __init__(self, plan: Plan, inputs: list[int], attrs: list[tuple[int, str]]):
+        self.plan, self.inputs, self.attrs = plan, inputs, attrs  # input slots, then (op index, attribute)
+
+    def tensors(self, plan: Plan) -> list[torch.Tensor]:
+        """The batch tensors of `plan` (a fill of this frame), in `fill`'s order."""
+        return [plan.inputs[slot] for slot in self.inputs] + [plan.ops[i].attrs[k] for i, k in self.attrs]
+
+    def fill(self, tensors: list[torch.Tensor]) -> Plan:
+        """The recorded plan with a batch's tensors in place of its own (the recorded plan is left alone)."""
         plan = copy.copy(self.plan)
-        plan.inputs = {slot: t if self.inputs[slot] is None else env[self.inputs[slot]] for slot, t in self.plan.inputs.items()}
+        plan.inputs = {**self.plan.inputs, **dict(zip(self.inputs, tensors))}
         plan.ops = list(self.plan.ops)
-        for i, found in self.attrs.items():
-            op = plan.ops[i]
-            plan.ops[i] = dataclasses.replace(op, attrs={**op.attrs, **{k: env[node] for k, node in found.items()}})
+        swapped: dict[int, dict] = {}
+        for (i, k), tensor in zip(self.attrs, tensors[len(self.inputs):]):
+            swapped.setdefault(i, {})[k] = tensor
+        for i, found in swapped.items():
+            plan.ops[i] = dataclasses.replace(plan.ops[i], attrs={**plan.ops[i].attrs, **found})
         return plan
 
 
@@ -535,37 +556,41 @@ class PlanCache:
 
     def plan(self, grounding: Grounding) -> Plan:
         """The batch's plan: replayed where a recorded variant of its shape fits, else made."""
+        return self.traced(grounding)[0]
+
+    def traced(self, grounding: Grounding) -> tuple[Plan, Trace | None]:
+        """The batch's plan and the trace it fills (None: planned afresh)."""
         with self.lock:  # a replay fills its steps' argument lists in place
             return self._plan(grounding)
 
-    def _plan(self, grounding: Grounding) -> Plan:
+    def _plan(self, grounding: Grounding) -> tuple[Plan, Trace | None]:
         need = needs(grounding)
         if need is None:
-            return self.fresh(grounding)
+            return self.fresh(grounding), None
         key = self._shape(need)
         padded_grounding = pad_to(grounding, key)
         if key in self.refused or (key not in self.traces and len(self.traces) >= self.MAX_SHAPES):
-            return self.fresh(grounding)
+            return self.fresh(grounding), None
         variants = self.traces.setdefault(key, [])
         for i, trace in enumerate(reversed(variants)):
             plan = trace.replay(padded_grounding)
             if plan is None:
                 continue
             if not trace.verified and not self._verify(trace, plan, padded_grounding, key):
-                return self.fresh(grounding)
+                return self.fresh(grounding), None
             variants.append(variants.pop(len(variants) - 1 - i))
             self.stats["replayed"] += 1
-            return plan
+            return plan, trace
         if len(variants) >= self.MAX_VARIANTS:
-            return self.fresh(grounding)
+            return self.fresh(grounding), None
         try:
             trace = Trace.record(self.template, padded_grounding, self.dtype, self.passes, self.outputs, self.device)
         except Unsupported:
             self.refused.add(key)
-            return self.fresh(grounding)
+            return self.fresh(grounding), None
         variants.append(trace)
         self.stats["recorded"] += 1
-        return trace.plan
+        return trace.plan, trace
 
     def _shape(self, need: tuple) -> tuple:
         """The smallest recorded shape `need` pads to, if at most SLACK times its own bucketed

@@ -24,7 +24,7 @@ from relsql.compile.passes import (
     shared_aggregation,
 )
 from relsql.compile.plan import Plan
-from relsql.compile.reuse import PlanCache
+from relsql.compile.reuse import PlanCache, Trace
 from relsql.ground.demand import BatchGrounder, BatchGrounding
 from relsql.ground.store import GroundingStore
 from relsql.train import guards
@@ -52,9 +52,11 @@ def _positions(ordered: torch.Tensor, rids: np.ndarray) -> torch.Tensor:
 @dataclass
 class Batch:
     rids: np.ndarray  # global row ids of the batch's output rows, in batch order
-    grounding: BatchGrounding
     plan: Plan
     rows: torch.Tensor  # the plan's output row of each rid
+    embedding_keys: dict[str, pa.Array]  # per database-stored embedding, its batch rows' keys in code order
+    embedding_codes: dict[str, np.ndarray]  # their codes in the grounding store (read from one)
+    grounding: BatchGrounding | None = None  # None where another process prepared the batch (relsql/train/batch_process.py)
 
 
 class Batched:
@@ -73,12 +75,16 @@ class Batched:
 
     def prepare(self, rids: np.ndarray, sample: int = 0) -> Batch:
         """Ground and plan a batch (store or database, and torch work; no weights involved)."""
+        return self.traced(rids, sample)[0]
+
+    def traced(self, rids: np.ndarray, sample: int = 0) -> tuple[Batch, Trace | None]:
+        """The batch, and the recorded plan its plan fills (None: planned afresh)."""
         grounding = self.source.ground(rids, sample)
         if self.grounding_store is None:  # a category the tables gained after the build has no row to look up;
             guards.check_codes(grounding, self.template)  # the store range-checks every code it reads (GroundingStore._codes)
-        plan = self.plans.plan(grounding)
-        rows = _positions(grounding.rows[self.output], rids)
-        return Batch(np.asarray(rids), grounding, plan, rows)
+        plan, trace = self.plans.traced(grounding)
+        return Batch(np.asarray(rids), plan, _positions(grounding.rows[self.output], rids), grounding.embedding_keys,
+                     grounding.embedding_codes, grounding), trace
 
     def store(self, weight: str, key_type: pa.DataType) -> EmbeddingTable:
         """A database-stored embedding's table: updated per step where the database has
@@ -93,7 +99,7 @@ class Batched:
     def fetch(self, batch: Batch) -> dict[str, torch.Tensor]:
         """The batch's rows of every database-stored embedding, as leaves that collect gradients."""
         found = {}
-        for weight, keys in batch.grounding.embedding_keys.items():
+        for weight, keys in batch.embedding_keys.items():
             values = self.store(weight, keys.type).fetch(keys)
             found[weight] = values.to(self.dtype).requires_grad_(True)
         return found
@@ -102,7 +108,7 @@ class Batched:
         """Apply each embedding's gradient (a relation: key, gradient) as an optimizer step in SQL."""
         for weight, values in external.items():
             if values.grad is not None:
-                self.stores[weight].update(batch.grounding.embedding_keys[weight], values.grad)
+                self.stores[weight].update(batch.embedding_keys[weight], values.grad)
 
     @staticmethod
     def outputs(net, head, batch: Batch, external: dict[str, torch.Tensor], output: str) -> torch.Tensor:

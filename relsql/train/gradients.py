@@ -76,7 +76,7 @@ def _write(model: Learner, tables: dict[str, str], split: str, rows: np.ndarray,
                 for weight, values in external.items():
                     if weight not in staging:
                         staging[weight] = GradientStaging(model.db, weight, values.shape[1])
-                    source.run(staging[weight].add, batch.grounding.embedding_keys[weight], values.grad)
+                    source.run(staging[weight].add, batch.embedding_keys[weight], values.grad)
             for weight, stage in staging.items():
                 source.run(stage.write, tables[weight], replace)
                 written[weight] = tables[weight]

@@ -108,7 +108,7 @@ class Loader:
         self.epoch += 1
         if not len(learner.rows[self.split]):
             return
-        source = BatchSource(learner.ensure_batched() if self.batched else None)
+        source = BatchSource(learner.ensure_batched() if self.batched else None, fork=True)
         last: list = [None]  # (batch, its stored embeddings) the user is stepping on
         learner.net.train(True)  # dropout on while your steps run, as in fit
         try:

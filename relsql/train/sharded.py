@@ -126,7 +126,7 @@ class ShardedEmbeddings:
     def fetch(self, batch) -> dict[str, torch.Tensor]:
         """The rows of this rank's share (None: no rows this step), as leaves collecting gradients.
         Collective: every rank calls it once per step, in the same order."""
-        codes = {w: (batch.grounding.embedding_codes.get(w) if batch is not None else None) for w in self.names}
+        codes = {w: (batch.embedding_codes.get(w) if batch is not None else None) for w in self.names}
         codes = {w: np.zeros(0, np.int64) if c is None else np.asarray(c, np.int64) for w, c in codes.items()}
         counts = torch.tensor([len(codes[w]) for w in self.names], dtype=torch.int64)
         every = [torch.zeros_like(counts) for _ in range(self.world)]
@@ -155,7 +155,7 @@ class ShardedEmbeddings:
             width = self.shards[w].job.width
             block = values[start:start + len(self._union[w]) * width].view(-1, width)
             start += len(self._union[w]) * width
-            if batch is not None and w in batch.grounding.embedding_keys:
+            if batch is not None and w in batch.embedding_keys:
                 found[w] = block[torch.from_numpy(self._mine[w])].to(self.device, self.dtype).requires_grad_(True)
         return found
 

@@ -171,7 +171,7 @@ class OneProcess:
     main, bars, world = True, True, 1
 
     def source(self, learner: Learner, batched: bool) -> BatchSource:
-        return BatchSource(learner.ensure_batched() if batched else None)
+        return BatchSource(learner.ensure_batched() if batched else None, fork=True)
 
     def shares(self, order: list[np.ndarray]) -> list[np.ndarray]:
         return order
