@@ -38,6 +38,39 @@ def children_private_mib() -> float:
     return total / 1024
 
 
+class TreeMemory:
+    """The peak memory of this process and its children together, the way PyG's side gets its
+    VmHWM: this process's RSS plus its children's private pages, sampled every `interval` seconds
+    in a thread (never below this process's own VmHWM). A forked child's private pages include
+    those it inherited and the parent has freed since (parent and child together hold them), so
+    this process's peak plus the child's peak would count them twice."""
+
+    def __init__(self, interval: float = 0.02):
+        import threading
+
+        self.interval, self.peak, self.children = interval, 0.0, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-memory", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        page = resource.getpagesize()
+        while not self._stop.wait(self.interval):
+            try:
+                own = int(Path("/proc/self/statm").read_text().split()[1]) * page / 2**20
+            except (OSError, ValueError, IndexError):
+                return
+            children = children_private_mib()
+            self.children = max(self.children, children)
+            self.peak = max(self.peak, own + children)
+
+    def stop(self) -> float:
+        """The peak in MiB."""
+        self._stop.set()
+        self._thread.join()
+        return max(self.peak, peak_rss_mib())
+
+
 def write_csv(path: Path, rows: list[dict]) -> None:
     """`rows` as a CSV file (columns from the first row), its folder created; says where."""
     path.parent.mkdir(parents=True, exist_ok=True)

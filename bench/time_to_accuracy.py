@@ -27,8 +27,8 @@ relsql gets it as `time_column="split_rank"` (earliest 70 % train, next 15 % val
 Both sides: width `--width`, batch size `--batch-size` target orders, Adam at `--lr`, the same
 2 hops and fan-out (relsql `fanout={"items_h": f1}` = line items per order; PyG
 `num_neighbors=[f1, f2]`; see bench/loader.py), float32, `--threads` torch threads, each in its
-own subprocess (its own peak RSS, VmHWM; relsql's adds the most memory its batch process held
-alone, sampled at each evaluation: bench.children_private_mib). The relsql template (TEMPLATE) is the peer's kind of
+own subprocess (its own peak RSS, VmHWM; relsql's is the peak of its RSS plus its batch
+process's private pages, sampled every 0.25 s: bench.TreeMemory). The relsql template (TEMPLATE) is the peer's kind of
 net: tanh encoders with biases, a ReLU per line item over its part's state inside the average
 (the peer's first SAGEConv), a ReLU layer per order, a linear head with a bias; the peer also
 has SAGEConv's root weights and a second layer on the orders. relsql's DuckDB connection gets
@@ -61,7 +61,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench import children_private_mib, peak_rss_mib, write_csv
+from bench import TreeMemory, peak_rss_mib, write_csv
 
 ROOT = Path(__file__).resolve().parent.parent
 THREADS = 2  # torch threads per subprocess (--threads)
@@ -322,18 +322,17 @@ def run_relsql(path: str, epochs: int, batch_size: int, width: int, fanout: list
     if flush_threshold:  # relsql.connect already sets its default (32MB, relsql.db.FLUSH_THRESHOLD); this overrides it
         set_flush_threshold(db, _checked_size(flush_threshold))
     clock = _Clock()
+    memory = TreeMemory(interval=0.25)  # relsql's batch process counts too (sampling more often slowed relsql's epoch)
     model = relsql.Model(db, relsql.Template.from_sql(TEMPLATE.format(w=width)), target="orders.label_y",
                          time_column="split_rank", split=SPLIT, seed=seed, batch_size=batch_size, fanout={"items_h": fanout[0]},
                          progress=False, threads=THREADS)
     setup = clock.elapsed()
     curve: list[dict] = []
-    child = [0.0]  # the most memory relsql's batch process held alone (sampled at each evaluation)
 
     def callback(info: dict) -> None:
         if info["batch"] not in eval_points(info["batches"], per_epoch):
             return
         with clock.paused():  # mid-epoch, the next batch's prefetch may run meanwhile (off the clock)
-            child[0] = max(child[0], children_private_mib())
             test_accuracy = model.evaluate("test")["accuracy"]
         curve.append({"epoch": round(info["epoch"] + (info["batch"] + 1) / info["batches"], 2), "s": round(clock.elapsed(), 2),
                       "test_accuracy": test_accuracy})
@@ -352,6 +351,7 @@ def run_relsql(path: str, epochs: int, batch_size: int, width: int, fanout: list
                   callback=callback)
     except _Reached:
         pass
+    peak = memory.stop()
     reached = any(p["test_accuracy"] >= target for p in curve)
     ends = [p for p in curve if float(p["epoch"]).is_integer()]
     for point, record in zip(ends, model.history):  # the validation accuracy fit computed after each epoch
@@ -361,8 +361,8 @@ def run_relsql(path: str, epochs: int, batch_size: int, width: int, fanout: list
     return {"side": "relsql", "setup_s": round(setup, 2), "one_time": {k: round(v, 2) for k, v in model.timings.items()},
             "curve": curve, "best_test_accuracy": best, "epochs_run": curve[-1]["epoch"],
             "time_to_target_s": next(p["s"] for p in curve if p["test_accuracy"] >= target) if reached else None,
-            "s_per_epoch": round(epoch_s[0], 2), "peak_rss_mib": round(peak_rss_mib() + child[0], 1),
-            "batch_process_mib": round(child[0], 1), "train_rows": len(model.rows["train"]), "test_rows": len(model.rows["test"]),
+            "s_per_epoch": round(epoch_s[0], 2), "peak_rss_mib": round(peak, 1),
+            "batch_process_mib": round(memory.children, 1), "train_rows": len(model.rows["train"]), "test_rows": len(model.rows["test"]),
             "sampler": "grounding store"}
 
 
@@ -587,7 +587,7 @@ def _print(sf: float, pyg: dict, ours: dict, target: float, ratio: float | None,
     for r in (pyg, ours):
         points = ", ".join(f"{p['epoch']:g}: {p['s']:.1f}s {p['test_accuracy']:.5f}"
                            + (f" ({p['val_accuracy']:.5f})" if "val_accuracy" in p else "") for p in r["curve"])
-        child = f" (batch process {r['batch_process_mib']:,.1f} MiB of its peak RSS)" if "batch_process_mib" in r else ""
+        child = f" (its batch process held up to {r['batch_process_mib']:,.1f} MiB alone)" if "batch_process_mib" in r else ""
         print(f"  {r['side']:<22} setup {r['setup_s']:.1f} s {r['one_time']}{child}; {points}")
     print(f"  {'side':<22} {'time to target':>15} {'to target-0.001':>16} {'acc 1 epoch':>12} {'best test acc':>14} {'setup s':>8} "
           f"{'s/epoch':>8} {'peak RSS MiB':>13}   (load average {load})")

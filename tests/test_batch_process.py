@@ -4,6 +4,7 @@ RelsqlErrors, and no child left however the consumer stops."""
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import signal
@@ -80,12 +81,13 @@ def test_no_child_is_left_when_the_consumer_breaks_raises_or_closes(learner):
     with BatchSource(learner.batched, fork=True) as source:
         for b, _, _ in source.epoch(chunks):
             assert children() - before  # the child runs
+            assert gc.get_freeze_count() > 0  # this process's objects are out of the collector's way meanwhile
             if b == 1:
                 break  # batch 2 was being prepared
         # an epoch abandoned mid-way leaves a reply in the pipe: the next epoch skips it
         again = [batch.rids.tolist() for _, batch, _ in source.epoch(chunks)]
         assert again == [c.tolist() for c in chunks]
-    assert not children() - before
+    assert not children() - before and gc.get_freeze_count() == 0  # and back in its care
     with pytest.raises(ZeroDivisionError):
         with BatchSource(learner.batched, fork=True) as source:
             for _ in source.epoch(chunks):

@@ -181,3 +181,34 @@ def test_flush_threshold_accepts_sizes(text):
 def test_flush_threshold_refuses_other_text(text):
     with pytest.raises(SystemExit, match="duckdb-flush-threshold"):
         tta._checked_size(text)
+
+
+def test_tree_memory_counts_a_forked_childs_own_pages_once():
+    """bench.TreeMemory: a child's freshly written pages count, the pages it shares with this process do not twice."""
+    import multiprocessing
+    import time
+
+    from bench import TreeMemory
+
+    def hold(ready, done):
+        block = np.ones(160 * 2**20 // 8)  # 160 MiB written: the child's own pages
+        ready.set()
+        done.wait(30)
+        del block
+
+    shared = np.ones(200 * 2**20 // 8)  # 200 MiB this process holds; the child maps it too, unwritten
+    context = multiprocessing.get_context("fork")
+    ready, done = context.Event(), context.Event()
+    memory = TreeMemory(interval=0.01)
+    child = context.Process(target=hold, args=(ready, done))
+    child.start()
+    try:
+        assert ready.wait(30)
+        time.sleep(0.2)  # several samples while the child holds its block
+        peak, children = memory.stop(), memory.children
+    finally:
+        done.set()
+        child.join(30)
+    assert 150 <= children <= 200  # the child's 160 MiB, not the 200 MiB it shares
+    assert peak >= 200 + 150  # this process's 200 MiB (and the interpreter), plus the child's own block
+    assert shared.sum() > 0

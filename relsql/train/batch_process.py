@@ -29,7 +29,9 @@ import numpy as np
 import torch
 
 from relsql.compile.reuse import Frame
+from relsql.db import release_freed_memory
 from relsql.errors import RelsqlError
+from relsql.ground.store import _trim_heap
 from relsql.train.batched import Batch, Batched
 
 ENV = "RELSQL_BATCH_PROCESS"
@@ -178,11 +180,32 @@ def _serve(connection, other, batched: Batched) -> None:
 
 # -- the trainer's side ----------------------------------------------------------------------------
 
+_CHILDREN = [0]  # batch processes alive
+
+
+def _frozen(change: int) -> None:
+    """The first child freezes this process's objects out of the garbage collector, the last one
+    gives them back: a collection writes into every object it visits, and each page written after
+    the fork is copied, the child keeping the old one. Before it, garbage is freed and the C heap
+    and DuckDB's allocator hand their free pages back: pages freed after the fork would stay
+    mapped in the child (TPC-H sf 0.1: the child held 66-86 MiB alone, 17-29 with all this)."""
+    if change > 0 and _CHILDREN[0] == 0:
+        gc.collect()
+        _trim_heap()
+        release_freed_memory()
+        gc.freeze()
+    _CHILDREN[0] += change
+    if change < 0 and _CHILDREN[0] == 0:
+        gc.unfreeze()
+
+
+
 class BatchProcess:
     """A forked child that prepares batches of `batched`: `request` queues one, `receive` takes
     it back (replies come in request order; replies to requests nobody waits for are skipped)."""
 
     def __init__(self, batched: Batched):
+        _frozen(+1)
         context = multiprocessing.get_context("fork")
         self.connection, child = context.Pipe()
         self.process = context.Process(target=_serve, args=(child, self.connection, batched),
@@ -240,3 +263,4 @@ class BatchProcess:
             self.process.terminate()
             self.process.join(timeout=5.0)
         self.connection.close()
+        _frozen(-1)
