@@ -541,10 +541,13 @@ def _trim_heap() -> None:
         import ctypes
         import ctypes.util
 
-        try:
-            _LIBC.append(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim)
+        try:  # glibc's own name first: find_library runs ldconfig in a subprocess
+            _LIBC.append(ctypes.CDLL("libc.so.6").malloc_trim)
         except (OSError, AttributeError):
-            _LIBC.append(None)
+            try:
+                _LIBC.append(ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim)
+            except (OSError, AttributeError, TypeError):
+                _LIBC.append(None)
     if _LIBC[0] is not None:
         _LIBC[0](0)
 
