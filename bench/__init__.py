@@ -45,7 +45,7 @@ class TreeMemory:
     those it inherited and the parent has freed since (parent and child together hold them), so
     this process's peak plus the child's peak would count them twice."""
 
-    def __init__(self, interval: float = 0.02):
+    def __init__(self, interval: float = 0.25):  # sampling more often slowed relsql's epoch
         import threading
 
         self.interval, self.peak, self.children = interval, 0.0, 0.0

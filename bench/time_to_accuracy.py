@@ -322,7 +322,7 @@ def run_relsql(path: str, epochs: int, batch_size: int, width: int, fanout: list
     if flush_threshold:  # relsql.connect already sets its default (32MB, relsql.db.FLUSH_THRESHOLD); this overrides it
         set_flush_threshold(db, _checked_size(flush_threshold))
     clock = _Clock()
-    memory = TreeMemory(interval=0.25)  # relsql's batch process counts too (sampling more often slowed relsql's epoch)
+    memory = TreeMemory()  # relsql's batch process counts too
     model = relsql.Model(db, relsql.Template.from_sql(TEMPLATE.format(w=width)), target="orders.label_y",
                          time_column="split_rank", split=SPLIT, seed=seed, batch_size=batch_size, fanout={"items_h": fanout[0]},
                          progress=False, threads=THREADS)

@@ -124,7 +124,7 @@ def one_epoch(path: str, batch_size: int, memory_limit: str, template: str = "cu
     store_mib = (sum(f.stat().st_size for f in model.batched.grounding_store.folder.rglob("*") if f.is_file()) / 2**20
                  if store else 0.0)  # the store's files sit in a build folder below its own
     started = time.perf_counter()
-    memory = TreeMemory(interval=0.25)  # the epoch's batch process counts too
+    memory = TreeMemory()  # the epoch's batch process counts too
     model.fit(epochs=1)
     epoch = time.perf_counter() - started
     phases["peak_epoch_mib"] = round(memory.stop(), 1)

@@ -210,8 +210,14 @@ class BatchProcess:
         self.connection, child = context.Pipe()
         self.process = context.Process(target=_serve, args=(child, self.connection, batched),
                                        name="relsql-batches", daemon=True)
-        self.process.start()
-        child.close()
+        try:
+            self.process.start()
+        except BaseException:
+            self.connection.close()
+            _frozen(-1)  # no child: the objects go back to the collector
+            raise
+        finally:
+            child.close()
         self.frames: dict[int, Frame] = {}
         self.token = 0
         self.waited = 0.0  # seconds the trainer spent waiting for a batch
