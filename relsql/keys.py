@@ -56,6 +56,11 @@ _IDENTIFIER_WORDS = {"number", "num", "no", "nr", "line", "linenumber", "seq", "
 _EXACT, _ABBREVIATED = 3.0, 2.0
 _MAX_KEY_COLUMNS = 3  # a composite key of more columns is not worth guessing
 _ORPHANS_ALLOWED = 0.01  # a foreign key named exactly like its parent key may miss this share of values
+_MOSTLY = 2 / 3  # a reference by the very same column name(s): at least this share of distinct values and rows found
+_BY_VALUES = 0.9  # a reference without a name match: at least this share of distinct values and rows found
+_YEARS = (1800, 2100)  # a year-like integer column's values lie within these
+_YEAR_WORDS = {"year", "yr", "season"}
+_SHARED_PAIRS = 12  # composite candidates (column pairs shared by name) whose uniqueness one table's query checks
 
 
 @dataclass
@@ -70,6 +75,14 @@ class Schema:
     # ("primary", table) or ("foreign", child, fk) -> "declared", "given in keys.sql line 3", "inferred"
     origins: dict[tuple, str] = field(default_factory=dict)
     evidence: dict[tuple, str] = field(default_factory=dict)  # same keys: why an inferred key was taken
+    # per table, integer columns named like identifiers that hold years (`yearID`) and are no key: values, see is_value
+    values: dict[str, set[str]] = field(default_factory=dict)
+
+    def is_value(self, table: str, column: str) -> bool:
+        """Whether `table.column`, though named like an identifier (`yearID`), is a value a model may
+        use as a feature: an integer holding years (within 1800..2100, on two or more rows each on
+        average) that is no part of a primary, foreign or referenced key."""
+        return column in self.values.get(table, ())
 
     def primary_note(self, table: str) -> str:
         """How `table`'s primary key is known: "declared", "given in ...", "inferred: <evidence>"."""
@@ -199,16 +212,65 @@ def _unique_rows(db: Database, table: str, columns: tuple[str, ...]) -> int | No
     return int(total) if total and total == count else None
 
 
-def _containment(db: Database, child: str, column: str, parent: str, key: str) -> tuple[int, int]:
-    """(non-NULL values of child.column, how many of them parent.key lacks): one query."""
-    c = exp.column(_q(column), table=_q("c"))
-    k = exp.column(_q(key), table=_q("p"))
-    keys = exp.select(exp.column(_q(key))).distinct().from_(_table(parent))
-    query = exp.select(exp.Count(this=c.copy()), exp.Sub(this=exp.Count(this=c.copy()), expression=exp.Count(this=k.copy()))) \
+def _containment(db: Database, child: str, columns: tuple[str, ...], parent: str, keys: tuple[str, ...]) -> tuple[int, int, int, int]:
+    """(child rows whose `columns` are all non-NULL, how many of them parent's `keys` lack, their distinct
+    values, how many of those parent's `keys` lack): one query. The keys are unique in the parent."""
+    c = [exp.column(_q(col), table=_q("c")) for col in columns]
+    k = [exp.column(_q(key), table=_q("p")) for key in keys]
+    found = exp.Not(this=exp.Is(this=k[0].copy(), expression=exp.Null()))
+
+    def distinct():
+        return exp.Count(this=exp.Distinct(expressions=[exp.Tuple(expressions=[x.copy() for x in c]) if len(c) > 1 else c[0].copy()]))
+
+    on = exp.and_(*[exp.EQ(this=a.copy(), expression=b.copy()) for a, b in zip(c, k)])
+    query = exp.select(exp.Count(this=exp.Star()), exp.Count(this=k[0].copy()), distinct(),
+                       exp.Filter(this=distinct(), expression=exp.Where(this=found))) \
         .from_(exp.alias_(_table(child), _q("c"), table=True)) \
-        .join(exp.alias_(exp.Subquery(this=keys), _q("p"), table=True), on=exp.EQ(this=c.copy(), expression=k.copy()), join_type="left")
-    present, missing = db.con.execute(query.sql("duckdb")).fetchone()
-    return int(present), int(missing)
+        .join(exp.alias_(exp.Subquery(this=exp.select(*[exp.column(_q(key)) for key in keys]).distinct().from_(_table(parent))),
+                         _q("p"), table=True), on=on, join_type="left") \
+        .where(exp.and_(*[exp.Not(this=exp.Is(this=x.copy(), expression=exp.Null())) for x in c]))
+    present, hits, values, value_hits = db.con.execute(query.sql("duckdb")).fetchone()
+    return int(present), int(present - hits), int(values), int(values - value_hits)
+
+
+def _mostly(found: tuple[int, int, int, int], share: float) -> bool:
+    """At least `share` of the rows and of the distinct values were found (and there are some)."""
+    present, missing, values, missing_values = found
+    return present > 0 and present - missing >= share * present and values - missing_values >= share * values
+
+
+def _found_text(found: tuple[int, int, int, int]) -> str:
+    present, missing, values, missing_values = found
+    if not missing:
+        return f"all {present:,}"
+    return f"{present - missing:,} of {present:,} ({missing:,} missing), {values - missing_values:,} of {values:,} distinct"
+
+
+def _stats(db: Database, table: str, columns: list[str], lengths: bool = False, approximate: bool = False) -> dict:
+    """One query: {"rows": n, column: (non-NULL, distinct[, shortest, longest])} for `columns` (text with
+    `lengths`; distinct values estimated with `approximate`)."""
+    aggregates = [exp.Count(this=exp.Star())]
+    for c in columns:
+        col = exp.column(_q(c))
+        distinct = exp.ApproxDistinct(this=col.copy()) if approximate else exp.Count(this=exp.Distinct(expressions=[col.copy()]))
+        aggregates += [exp.Count(this=col.copy()), distinct]
+        if lengths:
+            aggregates += [exp.Min(this=exp.Length(this=col.copy())), exp.Max(this=exp.Length(this=col.copy()))]
+    row = db.con.execute(exp.select(*aggregates).from_(_table(table)).sql("duckdb")).fetchone()
+    width = 4 if lengths else 2
+    out = {"rows": int(row[0])}
+    for i, c in enumerate(columns):
+        out[c] = tuple(row[1 + width * i: 1 + width * (i + 1)])
+    return out
+
+
+def _pair_stats(db: Database, table: str, pairs: list[tuple[str, str]]) -> tuple[int, list[int], dict[str, int]]:
+    """One query: rows, distinct values of each pair, non-NULL values of each column."""
+    columns = sorted({c for pair in pairs for c in pair})
+    aggregates = [exp.Count(this=exp.Star())] + [exp.Count(this=exp.column(_q(c))) for c in columns] + [
+        exp.Count(this=exp.Distinct(expressions=[exp.Tuple(expressions=[exp.column(_q(a)), exp.column(_q(b))])])) for a, b in pairs]
+    row = db.con.execute(exp.select(*aggregates).from_(_table(table)).sql("duckdb")).fetchone()
+    return int(row[0]), [int(n) for n in row[1 + len(columns):]], dict(zip(columns, (int(n) for n in row[1:1 + len(columns)])))
 
 
 def _never_null(db: Database, table: str, columns: list[str]) -> list[str]:
@@ -244,12 +306,16 @@ def schema(db: Database, catalog: Catalog, infer: bool = True, given: object = N
         _check_types(result, child, fk, result.foreign_note(child, fk))
     if infer:
         _infer_primary(db, result)
+        _infer_shared_pairs(db, result)
     _resolve_pending(result, pending)
     for child, fk in result.foreign_keys:
         _check_types(result, child, fk, result.foreign_note(child, fk))
     if infer:
         roles = _infer_foreign(db, result, trusted)
+        _infer_composite_foreign(db, result, trusted)
+        _infer_by_values(db, result, trusted)
         _infer_composite(db, result, roles)
+    result.values = _year_values(db, result)
     return result
 
 
@@ -311,25 +377,98 @@ def _check_types(result: Schema, child: str, fk: ForeignKey, where: str) -> None
 
 
 def _infer_primary(db: Database, result: Schema) -> None:
-    """A single column named after its own table, unique and never NULL; best-named first."""
+    """A single column named after its own table, unique and never NULL; best-named first. Next, a
+    column unique here whose name other tables share (and whose values they mostly hold): the key
+    they reference (`playerID` in People, `carrier` in airlines). Last, a bare `id` or a weak guess."""
     words = {name: _table_words(name) for name in result.tables}
+    shared = _shared_references(db, result)
     for name, table in result.tables.items():
         if result.primary_keys[name]:
             continue
-        for _score, column, why in _primary_candidates(table, words):
-            rows = _unique_rows(db, name, (column.name,))
+        strong, weak = [], []
+        for _score, column, why, named in _primary_candidates(table, words):
+            (strong if named else weak).append((column.name, why, None))
+        reference = [(shared[name][0], shared[name][1], shared[name][2])] if name in shared else []
+        for column, why, rows in strong + reference + weak:
+            rows = rows if rows is not None else _unique_rows(db, name, (column,))
             if rows is not None:
-                result.primary_keys[name] = (column.name,)
+                result.primary_keys[name] = (column,)
                 result.inferred_primary.add(name)
                 result.origins[("primary", name)] = "inferred"
                 result.evidence[("primary", name)] = f"{why}; unique and never NULL in {rows:,} row{'s' * (rows != 1)}"
                 break
 
 
+def _single_key_part(column) -> bool:
+    """Text, or an integer named like an identifier: what a key shared by name holds (never a float, a
+    time, a list, a count such as `G` or `AB` that box-score tables share)."""
+    return not _nested(column.type) and (_family(column.type) == "text" or (_integer(column.type) and _key_parts(column.name, "") is not None))
+
+
+def _shared_references(db: Database, result: Schema) -> dict[str, tuple[str, str, int]]:
+    """{table: (column, evidence, rows)} for a table without a key whose column is unique and never NULL
+    there, while other tables hold a column of the very same name (case aside) with repeated values
+    most of which (a share of _MOSTLY of rows and distinct values) it contains: many rows referencing
+    one; the (up to) three largest such tables must all agree. The table holding the most distinct
+    values is the column's home; two tables each unique on a shared `id` or `row_idx` reference
+    nothing. One statistics query per table with shared columns, then at most three containment
+    queries per candidate."""
+    by_name: dict[str, list[tuple[str, str]]] = {}
+    for name, table in result.tables.items():
+        for c in table.columns:
+            if _single_key_part(c):
+                by_name.setdefault(c.name.casefold(), []).append((name, c.name))
+    shared = {n: places for n, places in by_name.items() if len({t for t, _ in places}) > 1}
+    homes = {t for places in shared.values() for t, _ in places if not result.primary_keys[t]}
+    if not homes:
+        return {}
+    columns: dict[str, list[str]] = {}
+    for places in shared.values():
+        if any(t in homes for t, _ in places):
+            for t, c in places:
+                columns.setdefault(t, []).append(c)
+    stats = {t: _stats(db, t, cs) for t, cs in columns.items()}
+
+    def unique(t: str, c: str) -> bool:
+        return stats[t]["rows"] > 0 and stats[t][c][0] == stats[t][c][1] == stats[t]["rows"]
+
+    found: dict[str, list[tuple]] = {}
+    for places in shared.values():
+        if not any(t in homes for t, _ in places) or not all(t in stats for t, _ in places):
+            continue
+        unique_here = sorted([(stats[t][c][1], t, c) for t, c in places if unique(t, c)], reverse=True)
+        if not unique_here or (len(unique_here) > 1 and unique_here[0][0] == unique_here[1][0]):
+            continue
+        _, home, column = unique_here[0]
+        if home not in homes:
+            continue
+        family = _comparable(result.tables[home].column(column).type)
+        referencing = sorted([(stats[t]["rows"], t, c) for t, c in places if t != home and not unique(t, c) and stats[t][c][0]
+                              and _comparable(result.tables[t].column(c).type) == family], reverse=True)
+        first = None
+        for _, child, child_column in referencing[:3]:  # the largest referencing tables must all agree
+            contained = _containment(db, child, (child_column,), home, (column,))
+            if not _mostly(contained, _MOSTLY):
+                first = None
+                break
+            first = first or (child, child_column, contained)
+        if first is None:
+            continue
+        child, child_column, contained = first
+        why = (f"references: {column} is unique here and named alike in {len(referencing)} other "
+               f"table{'s' * (len(referencing) != 1)} ({', '.join(t for _, t, _ in referencing[:3])}"
+               f"{', ...' if len(referencing) > 3 else ''}); {_found_text(contained)} non-NULL values of "
+               f"{child}.{child_column} found here")
+        found.setdefault(home, []).append((-len(referencing), _key_parts(column, "") is None,
+                                           result.tables[home].column_names.index(column), column, why))
+    return {t: (f[0][3], f[0][4], stats[t]["rows"]) for t, f in ((t, sorted(f)) for t, f in found.items())}
+
+
 def _primary_candidates(table: Table, words: dict[str, list[str]]) -> list[tuple[float, object, str]]:
-    """(score, column, evidence) of key-like columns, best first: named after the table (exactly,
+    """(score, column, evidence, named) of key-like columns, best first: named after the table (exactly,
     then abbreviated), integer before text, `_sk` before `key` before `_id`; last, as a weak
-    guess, key-like columns that name no other table (those look like foreign keys)."""
+    guess, key-like columns that name no other table (those look like foreign keys). `named`: the
+    column's entity names the table (not a bare `id`, not a guess)."""
     prefix, own = _prefix(table), words[table.name]
     found = []
     for position, column in enumerate(table.columns):
@@ -344,9 +483,9 @@ def _primary_candidates(table: Table, words: dict[str, list[str]]) -> list[tuple
             score, why = 1.0, f"names: {column.name} is the first key-like column (it names no table)"
         else:
             continue
-        found.append((-score, not _integer(column.type), -_SUFFIX_RANK[suffix], position, column, why))
+        found.append((-score, not _integer(column.type), -_SUFFIX_RANK[suffix], position, column, why, bool(entity) and score > 1))
     found.sort(key=lambda f: f[:4])
-    return [(-f[0], f[4], f[5]) for f in found]
+    return [(-f[0], f[4], f[5], f[6]) for f in found]
 
 
 def _infer_foreign(db: Database, result: Schema, trusted: set[str]) -> dict[tuple[str, str], int]:
@@ -409,15 +548,15 @@ def _best_parent(db, child, column, prefix, parents, words) -> tuple[ForeignKey,
     for score, name, why, roles, parent, key, pcol in sorted(scored, key=lambda s: -s[0]):
         if best is not None and score + 1 <= best[0]:
             break  # containment adds at most 1: this one cannot win
-        present, missing = _containment(db, child, column.name, parent, key)
+        found = _containment(db, child, (column.name,), parent, (key,))
+        present, missing = found[:2]
         allowed = present * _ORPHANS_ALLOWED if name >= _EXACT else 0
-        if present == 0 or missing > allowed:
-            continue
+        if present == 0 or (missing > allowed and not (why == "same name" and _mostly(found, _MOSTLY))):
+            continue  # the very same name may miss a third (real data has orphans), an entity 1%, an abbreviation none
         total = score + (present - missing) / present
         if best is None or total > best[0]:
-            found = f"all {present:,}" if not missing else f"{present - missing:,} of {present:,} ({missing:,} missing)"
-            text = (f"names: {column.name} ~ {key} ({why}); types {column.type}, {pcol.type}; {found} non-NULL values "
-                    f"found in {parent}.{key}")
+            text = (f"names: {column.name} ~ {key} ({why}); types {column.type}, {pcol.type}; {_found_text(found)} "
+                    f"non-NULL values found in {parent}.{key}")
             best = (total, ForeignKey((column.name,), parent, (key,)), text, roles)
     return None if best is None else best[1:]
 
@@ -443,6 +582,186 @@ def _foreign_name_score(column: str, prefix: str, key: str, key_prefix: str,
                 why = f"entity {' '.join(entity[roles:])}" + (f" ~ {' '.join(words)}" if score < _EXACT else "") \
                     + (f", role {' '.join(entity[:roles])}" if roles else "")
     return best, why, role_words
+
+
+def _pair_part(column) -> bool:
+    """A column that can be half of a composite key shared by name: text, a date or time, or an integer
+    named like an identifier (`yearID`); never a float or a plain count."""
+    family = _comparable(column.type)
+    return not _nested(column.type) and (family in ("text", "time") or (_integer(column.type) and _key_parts(column.name, "") is not None))
+
+
+def _infer_shared_pairs(db: Database, result: Schema) -> None:
+    """A table still without a key, unique and never NULL on two columns that other tables share by name
+    and whose pairs of values repeat there, most of them (_MOSTLY) found here, in each of the (up to)
+    three largest such tables: the pair they reference
+    (Teams(yearID, teamID) from Batting, Salaries, ...; weather(origin, time_hour) from flights). Pairs
+    shared by more tables are tried first; one query checks a table's _SHARED_PAIRS best pairs."""
+    names = {t: {c.name.casefold(): c for c in table.columns if _pair_part(c)} for t, table in result.tables.items()}
+    sizes = {t: table.rows for t, table in result.tables.items()}  # the catalog's row counts: an order, not a proof
+    for name, table in result.tables.items():
+        if result.primary_keys[name]:
+            continue
+        mine = [c for c in table.columns if c.name.casefold() in names[name]]
+        pairs = []
+        for a, b in combinations(mine, 2):
+            fa, fb = a.name.casefold(), b.name.casefold()
+            others = [t for t in result.tables if t != name and fa in names[t] and fb in names[t]
+                      and _comparable(names[t][fa].type) == _comparable(a.type) and _comparable(names[t][fb].type) == _comparable(b.type)]
+            if others:
+                pairs.append((-len(others), mine.index(a), mine.index(b), (a.name, b.name), others))
+        if not pairs:
+            continue
+        pairs = sorted(pairs)[:_SHARED_PAIRS]
+        rows, distinct, present = _pair_stats(db, name, [p[3] for p in pairs])
+        for (_, _, _, (a, b), others), count in zip(pairs, distinct):
+            if not rows or count != rows or present[a] != rows or present[b] != rows:
+                continue
+            confirmed = None
+            for other in sorted(others, key=lambda t: -sizes[t])[:3]:  # the largest referencing tables must all agree
+                ca, cb = names[other][a.casefold()].name, names[other][b.casefold()].name
+                contained = _containment(db, other, (ca, cb), name, (a, b))
+                if not (contained[0] > contained[2] and _mostly(contained, _MOSTLY)):  # repeated there: many rows, one here
+                    confirmed = None
+                    break
+                confirmed = confirmed or (other, contained)
+            if confirmed is None:
+                continue
+            other, contained = confirmed
+            result.primary_keys[name] = (a, b)
+            result.inferred_primary.add(name)
+            result.origins[("primary", name)] = "inferred"
+            result.evidence[("primary", name)] = (
+                f"references: ({a}, {b}) is unique and never NULL here ({rows:,} rows) and named alike in {len(others)} other "
+                f"table{'s' * (len(others) != 1)} ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}); "
+                f"{_found_text(contained)} non-NULL pairs of {other} found here")
+            break
+
+
+def _infer_composite_foreign(db: Database, result: Schema, trusted: set[str]) -> None:
+    """A table (not one taken as it is) holding every column of another table's composite primary key,
+    by the very same names: a foreign key when most (_MOSTLY) of its rows' and distinct tuples' values
+    are found there. One query per candidate."""
+    for parent, key in list(result.primary_keys.items()):
+        if len(key) < 2:
+            continue
+        ptable = result.tables[parent]
+        for child, table in result.tables.items():
+            if child == parent or child in trusted:
+                continue
+            folded = {c.name.casefold(): c for c in table.columns}
+            if not all(k.casefold() in folded for k in key):
+                continue
+            columns = tuple(folded[k.casefold()].name for k in key)
+            if any(_comparable(folded[k.casefold()].type) != _comparable(ptable.column(k).type) for k in key):
+                continue
+            if any(fk.columns == columns for c, fk in result.foreign_keys if c == child):
+                continue
+            contained = _containment(db, child, columns, parent, key)
+            if not _mostly(contained, _MOSTLY):
+                continue
+            fk = ForeignKey(columns, parent, key)
+            result.foreign_keys.append((child, fk))
+            result.inferred_foreign.append((child, fk))
+            result.origins[("foreign", child, fk)] = "inferred"
+            result.evidence[("foreign", child, fk)] = (
+                f"names: ({', '.join(columns)}) ~ {parent}'s primary key (same names); {_found_text(contained)} "
+                f"non-NULL rows' values found in {parent}({', '.join(key)})")
+
+
+def _infer_by_values(db: Database, result: Schema, trusted: set[str]) -> None:
+    """Codes named by their role, not their parent (flights.origin, flights.dest -> airports.faa): a text
+    column of repeated short codes (at most half as many values as rows, at least two) whose values
+    (_BY_VALUES of distinct values and rows) a single-column text key of another table holds: its
+    primary key, or, for a table without one, its first column when unique and never NULL (then that
+    becomes its key). Only pairs whose value lengths fit are queried, one query each; a child already
+    linked to that parent by name, and a column already in a single-column foreign key, are left alone."""
+    parents: dict[str, str] = {}
+    for name, table in result.tables.items():
+        key = result.primary_keys[name]
+        if len(key) == 1 and _family(table.column(key[0]).type) == "text":
+            parents[name] = key[0]
+        elif not key and table.columns and _family(table.columns[0].type) == "text" and not _nested(table.columns[0].type):
+            parents[name] = table.columns[0].name  # a candidate, if unique
+    if not parents:
+        return
+    single = {(c, fk.columns[0]) for c, fk in result.foreign_keys if len(fk.columns) == 1}
+    linked = {(c, fk.table) for c, fk in result.foreign_keys}
+    children: dict[str, list[str]] = {}
+    for name, table in result.tables.items():
+        if name in trusted:
+            continue
+        cols = [c.name for c in table.columns if _family(c.type) == "text" and not _nested(c.type) and (name, c.name) not in single
+                and result.primary_keys[name] != (c.name,)]
+        if cols:
+            children[name] = cols
+    stats = {t: _stats(db, t, sorted(set(children.get(t, [])) | ({parents[t]} if t in parents else set())), lengths=True,
+                       approximate=True) for t in set(children) | set(parents)}  # a first guess: which pairs to query
+    keys = {}
+    for p, k in parents.items():
+        exact = stats[p] if result.primary_keys[p] else _stats(db, p, [k], lengths=True)  # a candidate must be unique
+        rows, (present, distinct, shortest, longest) = exact["rows"], exact[k]
+        if rows and present == rows and (result.primary_keys[p] or distinct == rows):
+            keys[p] = (k, rows, shortest, longest)
+    for child, cols in children.items():
+        rows = stats[child]["rows"]
+        for column in cols:
+            present, distinct, shortest, longest = stats[child][column]
+            if distinct < 2 or 2 * distinct > present:
+                continue  # not a code: values on a row or two each (names, ids of this table's own rows)
+            distinct = min(distinct, present)
+            best = None
+            for parent, (key, values, kshort, klong) in keys.items():
+                if parent == child or (child, parent) in linked or distinct > values or shortest < kshort or longest > klong:
+                    continue
+                contained = _containment(db, child, (column,), parent, (key,))
+                if _mostly(contained, _BY_VALUES):
+                    share = (contained[2] - contained[3]) / contained[2]
+                    if best is None or share > best[0]:
+                        best = (share, parent, key, contained)
+            if best is None:
+                continue
+            _, parent, key, contained = best
+            if not result.primary_keys[parent]:
+                result.primary_keys[parent] = (key,)
+                result.inferred_primary.add(parent)
+                result.origins[("primary", parent)] = "inferred"
+                result.evidence[("primary", parent)] = (f"references: {key}, its first column, is unique and never NULL "
+                                                        f"({stats[parent]['rows']:,} rows) and holds the codes of {child}.{column}")
+            fk = ForeignKey((column,), parent, (key,))
+            result.foreign_keys.append((child, fk))
+            result.inferred_foreign.append((child, fk))
+            result.origins[("foreign", child, fk)] = "inferred"
+            result.evidence[("foreign", child, fk)] = (
+                f"values: {column} holds {contained[2]:,} codes on {rows:,} rows; {_found_text(contained)} non-NULL values "
+                f"found in {parent}.{key} (no name match: at least {_BY_VALUES:.0%} needed)")
+
+
+def _year_values(db: Database, result: Schema) -> dict[str, set[str]]:
+    """Per table, its integer columns named like identifiers and after years (`yearID`, `season_id`) that
+    are in no key (primary, foreign or referenced) and hold years: within _YEARS, on two or more rows each
+    on average. One query per table with such a column; none for most schemas."""
+    keyed = {name: set(key) for name, key in result.primary_keys.items()}
+    for child, fk in result.foreign_keys:
+        keyed.setdefault(child, set()).update(fk.columns)
+        keyed.setdefault(fk.table, set()).update(fk.references)
+    out: dict[str, set[str]] = {}
+    for name, table in result.tables.items():
+        candidates = [c.name for c in table.columns if _integer(c.type) and c.name not in keyed.get(name, set())
+                      and _key_parts(c.name, "") is not None and _YEAR_WORDS & set(_words(c.name))]
+        if not candidates:
+            continue
+        aggregates = [exp.Count(this=exp.Star())]
+        for c in candidates:
+            col = exp.column(_q(c))
+            aggregates += [exp.Min(this=col.copy()), exp.Max(this=col.copy()), exp.Count(this=col.copy()),
+                           exp.Count(this=exp.Distinct(expressions=[col.copy()]))]
+        row = db.con.execute(exp.select(*aggregates).from_(_table(name)).sql("duckdb")).fetchone()
+        for i, c in enumerate(candidates):
+            low, high, present, distinct = row[1 + 4 * i: 5 + 4 * i]
+            if present and _YEARS[0] <= low and high <= _YEARS[1] and 2 * distinct <= present:
+                out.setdefault(name, set()).add(c)
+    return out
 
 
 def _infer_composite(db: Database, result: Schema, roles: dict[tuple[str, str], int]) -> None:
