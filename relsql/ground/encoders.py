@@ -67,6 +67,9 @@ def ple_edges_query(bare: exp.Expression, grounding: exp.Expression, bins: int) 
 def ple_stats(edges: list | None, bins: int, nulls: bool) -> dict:
     """Statistics kept for a `ple` column (mean/std stay neutral: what every feature entry has)."""
     values = [0.0] * (bins + 1) if edges is None else [float(e) for e in edges]
+    # quantile_cont interpolates: on a column with few distinct values its edges can step back in
+    # the last bit (..676, ..675, ..676); a running maximum keeps them ascending (a tie is a step)
+    values = [float(v) for v in np.maximum.accumulate(np.asarray(values, dtype=np.float64))]
     return {"mean": 0.0, "std": 1.0, "nulls": bool(nulls), "kind": "ple", "edges": values}
 
 

@@ -504,15 +504,13 @@ class _Grounder:
         for index, rule, _ in grounded:
             rule_grounding = self.index_rule(relation, rule, tables.get(index))
             if rule_grounding.size == 0:
-                if template.language == "sql":
-                    raise GroundingError(
-                        f"{relation.name}, {rule.origin}: the statement has no groundings (its FROM/JOIN/WHERE "
-                        "returns no rows). Check the join conditions and that the tables hold data.")
-                warnings.warn(f"{relation.name}, {rule.origin}: the rule has no groundings", GroundingWarning, stacklevel=4)
+                # an empty statement is an empty aggregate: its rows get nothing from it (a time cut or a
+                # filter can leave a statement empty in one database and not in another)
+                what = "statement" if template.language == "sql" else "rule"
+                warnings.warn(f"{relation.name}, {rule.origin}: the {what} has no groundings (its FROM/JOIN/WHERE "
+                              "returns no rows); it adds nothing", GroundingWarning, stacklevel=4)
                 continue
             result.rules.append(rule_grounding)
-        if result.size == 0 and template.language == "sql":
-            raise GroundingError(f"relation {relation.name} has no rows: none of its statements has groundings")
         self.relations[relation.name] = result
         self.key_tables[relation.name] = keys_table
 

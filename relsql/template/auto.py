@@ -69,6 +69,7 @@ HEADER = "-- relsql automatic template"  # the first line's start: fit() blends 
 PLE_BINS = 8  # ranges per number (piecewise-linear encoding at the database's quantiles)
 RARE = 3  # a code on fewer rows shares the vector of rare and unseen values
 NUMBERS = ("ple", "standardized")  # encoders: ranges, calendars, rare buckets, text | the earlier standardized numbers
+FEW_VALUES = 3  # a number with at most this many values is only embedded: quantile ranges of it would mostly be empty
 NUMBER_CODES = 32  # a number with at most this many values is also embedded: a step or lookup function of it
 AGGREGATIONS = ("avg", "sum", "max", "count")  # terms over child rows; "all" is all of them
 TIMELESS = ("exclude", "include")
@@ -77,6 +78,7 @@ _ID_NAME = re.compile(r"(?:^|_)(?:id|sk|key|uuid|guid)$", re.IGNORECASE)  # id, 
 _ID_CAMEL = re.compile(r"[a-z0-9](?:Id|ID|Key|SK)$")  # customerId, CustomerID, OrderKey
 _ID_TPCH = re.compile(r"[a-z]{1,3}_[a-z]+key", re.IGNORECASE)  # c_custkey, o_orderkey, ps_suppkey
 _DATE_DIMENSION = re.compile(r"date|day|calendar", re.IGNORECASE)
+_YEAR_NAME = re.compile(r"^(?:year|yr|season)(?:_?id)?$|_(?:year|season)$", re.IGNORECASE)  # year, yearID, season, fiscal_year
 
 
 def is_automatic(source: str) -> bool:
@@ -118,6 +120,7 @@ class Time:
 
     column: str  # the date column (of the table, or of `dimension`)
     via: ForeignKey | None = None  # the table's foreign key to the date dimension
+    kind: str = "date"  # "date" (DATE/TIMESTAMP), "year" (an integer year) or "number" (another ordered number)
 
     def describe(self, table: str) -> str:
         if self.via is None:
@@ -127,6 +130,48 @@ class Time:
 
 def _qi(name: str) -> str:
     return exp.to_identifier(name, quoted=True).sql("duckdb")
+
+
+YEARS = (1000, 3000)  # an integer time column whose values all lie within these is a year
+
+
+def before(event: str, event_kind: str, target: str, target_kind: str) -> str | None:
+    """SQL for "the event is earlier than the target time", across kinds of time columns (None:
+    the two cannot be compared). An integer year is known once it is over: an event of year y
+    is before a date d only if y < year(d), and a date is before year Y only if before Y's first day."""
+    if event_kind == target_kind:
+        return f"{event} < {target}"
+    if event_kind == "year" and target_kind == "date":
+        return f"{event} < year({target})"
+    if event_kind == "date" and target_kind == "year":
+        return f"{event} < make_date(CAST({target} AS INTEGER), 1, 1)"
+    return None
+
+
+def seconds(value: str, kind: str) -> str | None:
+    """A time as seconds since 1970 (a year as its first day), for ages; None for other numbers."""
+    if kind == "date":
+        return f"epoch({value})"
+    if kind == "year":
+        return f"epoch(make_date(CAST({value} AS INTEGER), 1, 1))"
+    return None
+
+
+def time_kind(db: Database, table: str, column: str, sql_type: str) -> str | None:
+    """How a time column orders rows: "date", "year" (integers within YEARS) or "number" (other
+    integers and numbers); None for a column that is no time at all (text, lists)."""
+    upper = sql_type.upper()
+    if any(t in upper for t in _TIME_TYPES):
+        return "date"
+    if "[]" in upper or is_interval(upper) or not any(t in upper for t in ("INT", "DECIMAL", "NUMERIC", "DOUBLE", "FLOAT", "REAL")):
+        return None
+    if "INT" in upper:
+        col = exp.column(exp.to_identifier(column, quoted=True))
+        low, high = db.con.execute(exp.select(exp.Min(this=col.copy()), exp.Max(this=col.copy())).from_(
+            exp.Table(this=exp.to_identifier(table, quoted=True))).sql("duckdb")).fetchone()
+        if low is not None and YEARS[0] <= low and high <= YEARS[1]:
+            return "year"
+    return "number"
 
 
 def _safe(name: str) -> str:
@@ -232,10 +277,13 @@ def _tree(schema: Schema, target: str, hops: int, labels: dict[str, str], keep=N
     return root
 
 
-def _path_has_rows(db: Database, node: Node) -> bool:
+def _path_has_rows(db: Database, node: Node, times: dict[str, Time] | None = None, time_column: str | None = None) -> bool:
     """Whether the joins from the root table to `node` along its foreign keys meet any row (one
     query with LIMIT 1): sparse data can leave a path empty (customers' first ship-to dates that
-    are no call center's opening date), and its statement would have no groundings."""
+    are no call center's opening date), and its statement would have no groundings. With
+    `time_column`, event rows along the path must be earlier than the root row's time: child
+    rows reached by a key that holds the time itself (a team's season rows by (yearID, teamID))
+    can never be."""
     path = []
     while node is not None:
         path.append(node)
@@ -250,6 +298,12 @@ def _path_has_rows(db: Database, node: Node) -> bool:
             near_col, far_col = (parent_col, child_col) if step.to_child else (child_col, parent_col)
             pairs.append(exp.EQ(this=exp.column(exp.to_identifier(far_col, quoted=True), table=alias[i].copy()),
                                 expression=exp.column(exp.to_identifier(near_col, quoted=True), table=alias[i - 1].copy())))
+        time = (times or {}).get(far.table) if time_column and step.to_child else None
+        if time is not None and time.via is None:
+            root = times[path[0].table]
+            cut = before(f"{alias[i].sql('duckdb')}.{_qi(time.column)}", time.kind,
+                         f"{alias[0].sql('duckdb')}.{_qi(time_column)}", root.kind)
+            pairs.append(exp.condition(cut, dialect="duckdb"))
         query = query.join(exp.Table(this=exp.to_identifier(far.table, quoted=True), alias=exp.TableAlias(this=alias[i])),
                            on=exp.and_(*pairs))
     return bool(db.arrow(query.limit(1)).num_rows)
@@ -283,6 +337,8 @@ class _Writer:
         self.out: list[str] = []
         self.identifiers: list[str] = []  # table.column named like an identifier and left out
         self.fan_outs: dict[tuple, float] = {}  # (child table, foreign key) -> child rows per parent row
+        self.row_counts: dict[str, int] = {}
+        self.counted: dict[tuple[str, str], tuple[int, int]] = {}
         self.target_keys = list(schema.primary_keys[target])
         # Key columns of node relations: r_<target key> (and r_time), then n_<node table key>.
         r_names = _distinct([f"r_{_safe(k)}" for k in self.target_keys] + (["r_time"] if time_column else []))
@@ -320,9 +376,18 @@ class _Writer:
             if integer and distinct <= SMALL_INTEGER_CATEGORIES:
                 categorical.append(col.name)  # a code such as a type or level: embedded
             elif any(t in upper for t in _FEATURE_TYPES) and "[]" not in upper:
-                numeric.append(col.name)
-                if not any(t in upper for t in ("BOOL", *_TIME_TYPES)) and self.few_values(table, col.name):
-                    copies.append(col.name)
+                if any(t in upper for t in ("BOOL", *_TIME_TYPES)):
+                    numeric.append(col.name)
+                    continue
+                distinct, present = self.counts(table, col.name)
+                if distinct == 0 or (distinct == 1 and present == self.rows_of(table)):
+                    skipped.append(col.name)  # constant or all NULL: nothing to learn from
+                elif distinct <= FEW_VALUES:
+                    categorical.append(col.name)  # a few values (a flag, a level): embedded, not cut into ranges
+                else:
+                    numeric.append(col.name)
+                    if self.few_values(table, col.name):
+                        copies.append(col.name)
             elif text:
                 (categorical if distinct <= MAX_CATEGORIES else texts if self.numbers == "ple" else skipped).append(col.name)
             else:
@@ -343,7 +408,7 @@ class _Writer:
         if texts:
             lines.append(f"-- text with more than {MAX_CATEGORIES} values, as hashed words and 3-grams: {', '.join(texts)}")
         if skipped:
-            lines.append(f"-- skipped columns (high-cardinality text or unsupported types): {', '.join(skipped)}")
+            lines.append(f"-- skipped columns (constant, all NULL, high-cardinality text or unsupported types): {', '.join(skipped)}")
         if not parts:
             lines.append("-- no usable columns: a learnable constant that still tells rows exist")
         key_sql = ", ".join(f"t.{_qi(k)}" for k in self.schema.primary_keys[table])
@@ -417,11 +482,20 @@ class _Writer:
         distinct, present = self.counts(table, column)
         return 0 < distinct <= SMALL_INTEGER_CATEGORIES and 2 * distinct <= present
 
+    def rows_of(self, table: str) -> int:
+        if table not in self.row_counts:
+            self.row_counts[table] = self.db.con.execute(exp.select(exp.Count(this=exp.Star())).from_(
+                exp.Table(this=exp.to_identifier(table, quoted=True))).sql("duckdb")).fetchone()[0]
+        return self.row_counts[table]
+
     def counts(self, table: str, column: str) -> tuple[int, int]:
         """(distinct values, non-NULL rows) of a column."""
+        if (table, column) in self.counted:
+            return self.counted[table, column]
         col = exp.column(exp.to_identifier(column, quoted=True))
         query = exp.select(exp.Count(this=exp.Distinct(expressions=[col.copy()])), exp.Count(this=col.copy()))
-        return self.db.con.execute(query.from_(exp.Table(this=exp.to_identifier(table, quoted=True))).sql("duckdb")).fetchone()
+        self.counted[table, column] = self.db.con.execute(query.from_(exp.Table(this=exp.to_identifier(table, quoted=True))).sql("duckdb")).fetchone()
+        return self.counted[table, column]
 
     def fan_out(self, step: Step) -> float:
         """Child rows per parent row over the whole child table (those with the key set), one
@@ -450,16 +524,29 @@ class _Writer:
         on = " AND ".join(f"q.{_qi(k)} = p.{name}" for k, name in self.n(node.table).items())
         return f"JOIN {_qi(node.table)} q ON {on}"
 
-    def time_join(self, table: str, alias: str, target_time: str) -> tuple[str, str]:
+    def event_time(self, table: str, step: Step | None = None) -> Time | None:
+        """The time that cuts `table`'s rows: none for a parent row reached by its key (an attribute
+        of the row that references it, known when that row is: a parent keyed by a time, such as
+        hourly weather, would otherwise never match), nor for a table without a comparable time."""
+        if not self.time_column or (step is not None and not step.to_child):
+            return None
+        return self.time_columns.get(table)
+
+    @property
+    def target_kind(self) -> str:
+        return self.time_columns[self.target].kind if self.target in self.time_columns else "date"
+
+    def time_join(self, table: str, alias: str, target_time: str, step: Step | None = None) -> tuple[str, str]:
         """(extra ON condition for `alias`, extra JOIN of a date dimension) keeping later rows out."""
-        time = self.time_columns.get(table) if self.time_column else None
+        time = self.event_time(table, step)
         if time is None:
             return "", ""
         if time.via is None:
-            return f" AND {alias}.{_qi(time.column)} < {target_time}", ""
+            return f" AND {before(f'{alias}.{_qi(time.column)}', time.kind, target_time, self.target_kind)}", ""
         dim = f"{alias}d"
         on = " AND ".join(f"{dim}.{_qi(r)} = {alias}.{_qi(c)}" for c, r in zip(time.via.columns, time.via.references))
-        return "", f"\nJOIN {_qi(time.via.table)} {dim} ON {on} AND {dim}.{_qi(time.column)} < {target_time}"
+        cut = before(f"{dim}.{_qi(time.column)}", time.kind, target_time, self.target_kind)
+        return "", f"\nJOIN {_qi(time.via.table)} {dim} ON {on} AND {cut}"
 
     def node_rows(self, node: Node) -> None:
         """x_<node>: the node's rows for each target row (its encoding, once per row)."""
@@ -474,17 +561,19 @@ class _Writer:
             target_time = f"p.{self.r_time}"
             source = f"FROM x_{node.parent.name} p\n{self.near_row(node.parent)}"
             target_keys = [f"p.{self.r[k]}" for k in self.target_keys] + ([f"p.{self.r_time}"] if self.time_column else [])
-        on_time, dimension = self.time_join(node.table, "x", target_time)
+        on_time, dimension = self.time_join(node.table, "x", target_time, node.step)
         condition = node.step.condition(near, near_cols, "x") + on_time
         names = self.keys(node)
         select = [f"{expr} AS {name}" for expr, name in zip(target_keys + [f"x.{_qi(k)}" for k in pk], names)]
         group = ", ".join(target_keys + [f"x.{_qi(k)}" for k in pk])
         join_enc = " AND ".join(f"e.{_qi(k)} = x.{_qi(k)}" for k in pk)
         direction = "child rows" if node.step.to_child else "parent row"
-        time = self.time_columns.get(node.table) if self.time_column else None
+        time = self.event_time(node.table, node.step)
         when = ""
         if time is not None:
             when = f", earlier than the target row's time (by {time.describe(node.table)})"
+        elif self.time_column and not node.step.to_child:
+            when = ", not cut by time: a parent row, reached by its key"
         elif self.time_column:
             when = ", unfiltered: no time known" + (" (a parent row: an attribute, not an event)" if not node.step.to_child else "")
         self.out.append(
@@ -499,8 +588,13 @@ class _Writer:
         if time is None or self.numbers != "ple" or node.parent.parent is not None:
             return "avg(e.h)"  # deeper rows: the target time is a key of a computed relation, which features() cannot read
         at = f"{'x' if time.via is None else 'xd'}.{_qi(time.column)}"
+        now, then = seconds(target_time, self.target_kind), seconds(at, time.kind)
+        if time.kind == "number" == self.target_kind:
+            now, then = f"CAST({target_time} AS DOUBLE)", f"CAST({at} AS DOUBLE)"
+        if now is None or then is None:
+            return "avg(e.h)"
         name = self.weight_name(f"age_{node.name}")
-        return f"avg(e.h + linear(features(epoch({target_time}) - epoch({at})), {self.width}, '{name}'))"
+        return f"avg(e.h + linear(features({now} - {then}), {self.width}, '{name}'))"
 
     def aggregate(self, child: Node, node: Node, own: str) -> tuple[str, str]:
         """(comment, neural expression) combining `child`'s values over its rows for `node`
@@ -612,7 +706,7 @@ class _Writer:
                 if self.time_column:
                     target_match.append(f"c.{self.r_time} = p.{self.r_time}")
                 target_time = f"p.{self.r_time}"
-            on_time, dimension = self.time_join(child.table, "y", target_time)
+            on_time, dimension = self.time_join(child.table, "y", target_time, child.step)
             condition = child.step.condition(near, near_cols, "y") + on_time
             match = " AND ".join(target_match + [f"c.{name} = y.{_qi(k)}" for k, name in self.n(child.table).items()])
             own, own_join = "p.h", ""
@@ -891,9 +985,22 @@ def _date_dimension(keys: Schema, table: str, fk: ForeignKey, named: bool) -> Ti
     return Time(preferred[0], via=fk)
 
 
-def _times(catalog, keys: Schema, target: str, time_column: str, given: dict[str, str]) -> dict[str, Time]:
-    """Each table's time (see the module docstring); tables without one are absent."""
-    times: dict[str, Time] = {}
+def _times(db: Database, catalog, keys: Schema, target: str, time_column: str, given: dict[str, str]) -> dict[str, Time]:
+    """Each table's time (see the module docstring); tables without one, or with one that cannot
+    be compared with the target's (a number that is not a year against a date), are absent."""
+    target_type = next(c.type for c in keys.tables[target].columns if c.name == time_column)
+    target_kind = time_kind(db, target, time_column, target_type)
+    if target_kind is None:
+        raise SchemaError(f"time_column {target}.{time_column} ({target_type}) is not a time: give a date, timestamp or "
+                          "number column (an integer year is one)")
+    times: dict[str, Time] = {target: Time(time_column, kind=target_kind)}
+
+    def comparable(name: str, column: str, sql_type: str) -> Time | None:
+        kind = time_kind(db, name, column, sql_type)
+        if kind is None or before("e", kind, "t", target_kind) is None:
+            return None
+        return Time(column, kind=kind)
+
     for name, column in given.items():
         if name not in keys.tables:
             raise SchemaError(f"time_columns names table `{name}`, which does not exist; tables: {', '.join(catalog.names)}")
@@ -904,25 +1011,39 @@ def _times(catalog, keys: Schema, target: str, time_column: str, given: dict[str
         if not any(t in col.type.upper() for t in _TIME_TYPES):
             fk = next((fk for child, fk in keys.foreign_keys if child == name and fk.columns == (column,)), None)
             time = _date_dimension(keys, name, fk, named=False) if fk is not None else None
-            if time is not None:
+            if time is not None and before("e", "date", "t", target_kind) is not None:
                 times[name] = Time(time.column, via=fk)
                 continue
-            target_type = next(c.type for c in keys.tables[target].columns if c.name == time_column)
-            if col.type.upper() != target_type.upper():
+            time = comparable(name, column, col.type)
+            if time is None:
                 raise SchemaError(f"time_columns: {name}.{column} ({col.type}) is neither a date/timestamp column, nor "
-                                  f"a foreign key to a table with one, nor of {time_column}'s type ({target_type})")
+                                  f"a foreign key to a table with one, nor a number comparable with {time_column} ({target_type})")
+            times[name] = time
+            continue
+        if before("e", "date", "t", target_kind) is None:
+            raise SchemaError(f"time_columns: {name}.{column} ({col.type}) is a date, which cannot be compared with "
+                              f"{time_column} ({target_type}), a number that is not a year")
         times[name] = Time(column)
     for name, info in keys.tables.items():
         if name in times:
             continue
-        if name == target:
-            times[name] = Time(time_column)
+        # a column named like the target's time, of a kind comparable with it (a season's yearID), else
+        # the table's first DATE/TIMESTAMP column
+        same = next((c for c in info.columns if c.name == time_column), None)
+        time = comparable(name, same.name, same.type) if same is not None else None
+        if time is None:
+            stamp = next((c for c in info.columns if any(t in c.type.upper() for t in _TIME_TYPES)), None)
+            time = comparable(name, stamp.name, stamp.type) if stamp is not None else None
+        if time is None:  # an integer year named as one (year, yearID, season)
+            for col in info.columns:
+                time = comparable(name, col.name, col.type) if _YEAR_NAME.search(col.name) else None
+                if time is not None and time.kind == "year":
+                    break
+                time = None
+        if time is not None:
+            times[name] = time
             continue
-        stamp = next((c.name for c in info.columns if any(t in c.type.upper() for t in _TIME_TYPES)), None)
-        if stamp:
-            times[name] = Time(stamp)
-            continue
-        for child, fk in keys.foreign_keys:
+        for child, fk in keys.foreign_keys if before("e", "date", "t", target_kind) is not None else ():
             time = _date_dimension(keys, name, fk, named=True) if child == name and keys.primary_keys.get(fk.table) else None
             if time is not None:
                 times[name] = time
@@ -1060,7 +1181,7 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
         if time_column not in [c.name for c in catalog[table].columns]:
             raise SchemaError(f"time_column `{time_column}` is not a column of `{table}`")
         declared = getattr(db, "time_columns", {}) if time_columns is None else time_columns  # a RelBench dataset's
-        times = _times(catalog, keys, table, time_column, {t: c for t, c in declared.items() if t != table})
+        times = _times(db, catalog, keys, table, time_column, {t: c for t, c in declared.items() if t != table})
 
     def keep(step: Step, far: str) -> bool:
         """Child rows (events) of a table with no known time would bring the target's future in."""
@@ -1069,7 +1190,8 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
     dropped: list[tuple[Node, Step]] = []
     labels = dict(zip(keys.tables, _distinct([_safe(t) for t in keys.tables])))
     empty: list[Node] = []
-    root = _tree(keys, table, hops, labels, keep, dropped, has_rows=lambda node: _path_has_rows(db, node), empty=empty)
+    root = _tree(keys, table, hops, labels, keep, dropped, has_rows=lambda node: _path_has_rows(db, node, times, time_column),
+                 empty=empty)
     nodes = list(_walk(root))
     writer = _Writer(db, keys, table, column, width=width, hops=hops, aggregation=terms,
                      time_column=time_column, time_columns=times, labels=labels, layer=layer, numbers=numbers,
@@ -1131,14 +1253,15 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
     if writer.identifiers:
         header.append(f"-- left out, named like identifiers but not keys (never numeric features): {', '.join(writer.identifiers)}")
     if time_column:
-        used = [times[t].describe(t) for t in tables if t in times and t != table]
+        events = {n.table for n in nodes[1:] if n.step.to_child}
+        used = [times[t].describe(t) for t in tables if t in times and t != table and t in events]
         header.append(f"-- time: rows of {', '.join(used) or 'no table'} join a target row only if earlier than its "
                       f"{time_column}")
         for name, child, fk in dict.fromkeys((node.table, step.child, step.fk) for node, step in dropped):
             header.append(f"-- left out, no time known: {child} (the child rows of {name} via "
                           f"{', '.join(fk.columns)}): events that may lie after the target row's time; give its "
                           "time with time_columns={table: column} or pass timeless='include'")
-        timeless_parents = [t for t in tables if t not in times]
+        timeless_parents = [t for t in tables if t not in times and t != table]
         if timeless_parents:
             verb = "joined unfiltered (timeless='include')" if timeless == "include" else \
                 "joined only as parent rows (attributes of an entity, not events)"

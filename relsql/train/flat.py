@@ -61,6 +61,7 @@ class Child:
     features: list[Column]
     time: str | None = None  # the child's time column (or the date dimension's, with `via`)
     via: list | None = None  # [fk columns, dimension table, referenced columns] for a date dimension
+    time_kind: str = "date"  # how its time orders rows (relsql.template.auto.time_kind): date, year, number
 
 
 @dataclass
@@ -73,6 +74,7 @@ class Flat:
     own: list[Column]
     parents: list[Parent]
     children: list[Child]
+    time_kind: str = "date"  # the target time's kind (relsql.template.auto.time_kind)
 
     @property
     def names(self) -> list[str]:
@@ -95,7 +97,8 @@ class Flat:
             flat = cls(table=data["table"], keys=list(data["keys"]), time_column=data["time_column"],
                        own=[Column(**c) for c in data["own"]],
                        parents=[Parent(**{**p, "features": [Column(**c) for c in p["features"]]}) for p in data["parents"]],
-                       children=[Child(**{**c, "features": [Column(**f) for f in c["features"]]}) for c in data["children"]])
+                       children=[Child(**{**c, "features": [Column(**f) for f in c["features"]]}) for c in data["children"]],
+                       **({"time_kind": data["time_kind"]} if "time_kind" in data else {}))
         except (KeyError, TypeError):
             raise RelsqlError(f"{where} is damaged: not a description of one-hop features") from None
         texts = [flat.table, *flat.keys, *([flat.time_column] if flat.time_column else [])]
@@ -111,6 +114,8 @@ class Flat:
                 texts += [*c.via[0], c.via[1], *c.via[2]]
         if not all(isinstance(t, str) for t in texts) or any(c.kind not in ("number", "time", "code") for c in columns):
             raise RelsqlError(f"{where} is damaged: its names are not all text")
+        if any(kind not in ("date", "year", "number") for kind in [flat.time_kind, *[c.time_kind for c in flat.children]]):
+            raise RelsqlError(f"{where} is damaged: a time's kind")
         return flat
 
     # -- the query --------------------------------------------------------------------------------
@@ -158,7 +163,10 @@ class Flat:
                 select = select.join(exp.alias_(_table(dimension), q.ident("d"), table=True), on=exp.and_(*link))
                 when = q.col(child.time, "d")
                 link = []
-            link.append(exp.LT(this=when, expression=q.col(self.time_column, t)))
+            from relsql.template.auto import before
+
+            cut = before(when.sql("duckdb"), child.time_kind, q.col(self.time_column, t).sql("duckdb"), self.time_kind)
+            link.append(exp.condition(cut, dialect="duckdb") if cut is not None else exp.false())
         if link:
             select = select.join(exp.alias_(_table(child.table), q.ident(c), table=True), on=exp.and_(*link))
         return select.group_by(*[q.col(k, t) for k in self.keys])
@@ -220,7 +228,7 @@ def plan(db: Database, table: str, column: str, time_column: str | None = None, 
     own = _features(db, found.tables[table], keyed.get(table, set()) | skip)
     parents = [Parent(list(fk.columns), fk.table, list(fk.references), _features(db, found.tables[fk.table], keyed.get(fk.table, set())))
                for child, fk in found.foreign_keys if child == table and fk.table not in tasks and fk.table in found.tables]
-    times = _times(catalog, found, table, time_column, {}) if time_column else {}
+    times = _times(db, catalog, found, table, time_column, {}) if time_column else {}
     children = []
     for child, fk in found.foreign_keys:
         if fk.table != table or child in tasks:
@@ -231,8 +239,10 @@ def plan(db: Database, table: str, column: str, time_column: str | None = None, 
         numbers = [c for c in _features(db, found.tables[child], keyed.get(child, set()) | ({c.casefold() for c in TASK_COLUMNS}))
                    if c.kind != "code"]
         via = [list(time.via.columns), time.via.table, list(time.via.references)] if time and time.via else None
-        children.append(Child(child, list(fk.columns), list(fk.references), numbers, time.column if time else None, via))
-    return Flat(table, primary, time_column, own, [p for p in parents if p.features], children)
+        children.append(Child(child, list(fk.columns), list(fk.references), numbers, time.column if time else None, via,
+                              time.kind if time else "date"))
+    kind = times[table].kind if time_column else "date"
+    return Flat(table, primary, time_column, own, [p for p in parents if p.features], children, kind)
 
 
 def key_columns(found) -> dict[str, set[str]]:

@@ -18,6 +18,7 @@ from torch import nn
 from relsql.compile import make_plan, shapes
 from relsql.compile.module import CompiledNet
 from relsql.db import Database
+from relsql.errors import GroundingError
 from relsql.ground.demand import BatchGrounder, database_embeddings
 from relsql.ground.execute import Presets, ground
 from relsql.ground.store import GroundingStore, fingerprint
@@ -140,6 +141,9 @@ class Learner:
             log.info("planned %d ops in %.2fs", len(plan.ops), self.timings["planning"])
             self.output_rows = grounding.relations[self.output].size
             labels = self.goal.read(self.db)
+        if not self.output_rows:
+            raise GroundingError(f"the output relation {self.output} has no rows: none of its statements has groundings "
+                                 "(their FROM/JOIN/WHERE return no rows); check the join conditions and that the tables hold data")
         self.goal.label(self.db, labels, task, split, self.dtype, self.device)
         width = int(np.prod(plan.meta[plan.outputs[self.output]].shape[1:]))
         self.check_head(width)
