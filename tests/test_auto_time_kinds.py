@@ -1,0 +1,157 @@
+"""Shapes of databases nobody here made, each once a crash of the defaults: quantile edges that step
+back in the last bit, a parent keyed by a time, integer (year) time columns against dates, a time
+cut that leaves a statement empty, columns with few values."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+
+import duckdb
+import numpy as np
+import pytest
+
+import relsql
+from relsql.ground import encoders
+
+LEVELS = "[0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1]"
+FEW = 0.007074363487381676  # quantile_cont of a column holding it 315 times returns ..676, ..675, ..676
+
+
+def test_duckdb_quantiles_step_back_and_the_kept_edges_do_not():
+    con = duckdb.connect()
+    edges = con.execute(f"SELECT quantile_cont(x, {LEVELS}) FROM (SELECT CASE WHEN i < 315 THEN {FEW} WHEN i < 603 "
+                        "THEN 0.05 ELSE 1.5 END::DOUBLE AS x FROM range(604) r(i))").fetchone()[0]
+    assert any(b < a for a, b in zip(edges, edges[1:]))  # the database's own answer is not sorted
+    kept = encoders.ple_stats(edges, 8, nulls=False)["edges"]
+    assert all(b >= a for a, b in zip(kept, kept[1:]))
+    assert kept[0] == edges[0] and kept[-1] == max(edges) and max(abs(a - b) for a, b in zip(kept, edges)) < 1e-17
+    assert encoders.checked_edges({"kind": "ple", "edges": kept}, 8, "x") == kept
+
+
+def _few_values_db(path) -> relsql.Database:
+    con = duckdb.connect(str(path))
+    rng = np.random.default_rng(0)
+    con.execute("CREATE TABLE item(item_id INTEGER PRIMARY KEY, x DOUBLE, flag DOUBLE, constant DOUBLE, empty DOUBLE, "
+                "big DOUBLE, y DOUBLE)")
+    rows = []
+    for i in range(612):
+        x = FEW if i < 315 else 0.05 if i < 603 else 1.5 if i < 604 else None
+        flag = float(i % 2)
+        rows.append((i, x, flag, 7.0, None, float(rng.choice([1e308, -1e308, 5e-324, 0.0])), (x or 0) * 10 + flag + rng.normal(0, .1)))
+    con.executemany("INSERT INTO item VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+    con.close()
+    return relsql.connect(path)
+
+
+def test_a_column_with_few_values_trains_saves_and_loads(tmp_path):
+    db = _few_values_db(tmp_path / "few.duckdb")
+    tpl = relsql.Template.auto(db, target="item.y")
+    source = tpl.source
+    assert 'embed(t."x"' in source and 'ple(t."x"' not in source  # three values: embedded, not cut
+    assert "skipped columns (constant, all NULL" in source and "constant, empty" in source
+    assert 't."constant"' not in source and 't."empty"' not in source  # nothing to learn from
+    model = relsql.Model(db, tpl, target="item.y", seed=0).fit(epochs=3)
+    first = model.predict()["prediction"].to_numpy()
+    assert np.isfinite(first).all()
+    model.save(tmp_path / "m.pt")
+    again = relsql.Model.load(tmp_path / "m.pt", db).predict()["prediction"].to_numpy()
+    np.testing.assert_array_equal(first, again)
+
+
+def test_ple_over_a_column_whose_quantiles_step_back(tmp_path):
+    """A hand-written ple over the column the database's quantiles fail on: the model builds, and
+    its saved edges read back (never 'damaged' for a model built a second ago)."""
+    db = _few_values_db(tmp_path / "few.duckdb")
+    text = ("CREATE TABLE predict AS SELECT t.item_id, linear(ple(t.x, 8), 1, 'w') AS h FROM item t;")
+    model = relsql.Model(db, relsql.Template.from_sql(text), target="item.y", seed=0).fit(epochs=2)
+    model.save(tmp_path / "m.pt")
+    np.testing.assert_array_equal(relsql.Model.load(tmp_path / "m.pt", db).predict()["prediction"].to_numpy(),
+                                  model.predict()["prediction"].to_numpy())
+
+
+def _seasons_db(path, season_type: str = "INTEGER") -> relsql.Database:
+    """Teams keyed by (season, team) with their players' season rows keyed the same way, players
+    with a DATE debut, and an hourly-weather-like parent keyed by (city, season)."""
+    con = duckdb.connect(str(path))
+    rng = np.random.default_rng(1)
+    season = "INTEGER" if season_type == "INTEGER" else "DATE"
+
+    def s(year: int):
+        return year if season == "INTEGER" else dt.date(year, 4, 1)
+
+    con.execute("CREATE TABLE people(player VARCHAR PRIMARY KEY, debut DATE, born INTEGER)")
+    con.execute(f"CREATE TABLE city_season(city VARCHAR, season {season}, rain DOUBLE, PRIMARY KEY (city, season))")
+    con.execute(f"CREATE TABLE teams(season {season}, team VARCHAR, city VARCHAR, share DOUBLE, PRIMARY KEY (season, team), "
+                "FOREIGN KEY (city, season) REFERENCES city_season(city, season))")
+    con.execute(f"CREATE TABLE batting(player VARCHAR REFERENCES people(player), season {season}, team VARCHAR, hr INTEGER, "
+                "PRIMARY KEY (player, season), FOREIGN KEY (season, team) REFERENCES teams(season, team))")
+    players = [f"p{i}" for i in range(120)]
+    con.executemany("INSERT INTO people VALUES (?, ?, ?)",
+                    [(p, dt.date(1990 + i % 15, 5, 1), 1970 + i % 15) for i, p in enumerate(players)])
+    cities = ["A", "B", "C", "D"]
+    con.executemany("INSERT INTO city_season VALUES (?, ?, ?)",
+                    [(c, s(y), float(rng.normal())) for c in cities for y in range(1995, 2010)])
+    con.executemany("INSERT INTO teams VALUES (?, ?, ?, ?)",
+                    [(s(y), f"T{k}", cities[k % 4], float(rng.uniform())) for y in range(1995, 2010) for k in range(8)])
+    rows = []
+    for y in range(1995, 2010):
+        for p in rng.choice(players, 60, replace=False):
+            rows.append((str(p), s(y), f"T{int(rng.integers(8))}", int(rng.integers(40))))
+    con.executemany("INSERT INTO batting VALUES (?, ?, ?, ?)", rows)
+    con.close()
+    return relsql.connect(path)
+
+
+@pytest.mark.parametrize("season_type", ["INTEGER", "DATE"])
+def test_seasons_keyed_by_time_train(tmp_path, season_type):
+    """The target's time is part of its key: its parent keyed by (city, season) joins unfiltered
+    (a parent reached by its key is an attribute), its children keyed by (season, team) can never
+    be earlier and are left out of the template; players' DATE debuts meet INTEGER seasons."""
+    db = _seasons_db(tmp_path / "seasons.duckdb", season_type)
+    tpl = relsql.Template.auto(db, target="teams.share", time_column="season")
+    source = tpl.source
+    assert "x_city_season" in source  # the parent keyed by the time: joined, not cut
+    statement = source.split("CREATE TABLE x_city_season AS")[1].split(";")[0]
+    assert "<" not in statement
+    assert "left out, no rows along the way" in source and "batting (via teams -> batting)" in source
+    model = relsql.Model(db, tpl, target="teams.share", time_column="season", seed=0).fit(epochs=3)
+    assert np.isfinite(model.predict()["prediction"].to_numpy()).all()
+
+
+def test_players_read_integer_seasons_before_their_date(tmp_path):
+    """A DATE target time against an INTEGER season column: a season counts only once it is over
+    (year < the target's year); the age feature reads the season as its first day."""
+    db = _seasons_db(tmp_path / "seasons.duckdb", "INTEGER")
+    db.execute("CREATE TABLE label AS SELECT player, debut AS at, born % 2 AS y FROM people")
+    db.execute("ALTER TABLE label ADD PRIMARY KEY (player)")
+    tpl = relsql.Template.auto(db, target="people.born", time_column="debut")
+    source = tpl.source
+    assert 'x."season" < year(r."debut")' in source
+    expected = db.con.execute("SELECT count(*) FROM people p JOIN batting b ON b.player = p.player "
+                              "WHERE b.season < year(p.debut)").fetchone()[0]
+    grouped = db.con.execute("SELECT count(*) FROM batting b JOIN people p ON b.player = p.player "
+                             "WHERE make_date(b.season, 12, 31) < p.debut").fetchone()[0]
+    assert expected == grouped > 0  # the same rows as "the whole season before the debut"
+    model = relsql.Model(db, tpl, target="people.born", time_column="debut", seed=0).fit(epochs=2)
+    assert np.isfinite(model.predict()["prediction"].to_numpy()).all()
+
+
+def test_a_time_column_that_is_no_time_is_refused(tmp_path):
+    db = _seasons_db(tmp_path / "seasons.duckdb")
+    with pytest.raises(relsql.SchemaError, match="is not a time"):
+        relsql.Template.auto(db, target="teams.share", time_column="team")
+
+
+def test_time_kinds_compare_as_documented():
+    from relsql.template.auto import before, seconds
+
+    assert before("e", "year", "t", "year") == "e < t"
+    assert before("e", "year", "t", "date") == "e < year(t)"
+    assert before("e", "date", "t", "year") == "e < make_date(CAST(t AS INTEGER), 1, 1)"
+    assert before("e", "number", "t", "date") is None and before("e", "date", "t", "number") is None
+    con = duckdb.connect()
+    assert con.execute(f"SELECT {seconds('2001', 'year')}").fetchone()[0] == \
+        (dt.datetime(2001, 1, 1) - dt.datetime(1970, 1, 1)).total_seconds()
+    day = seconds("DATE '1970-01-02'", "date")
+    assert math.isclose(con.execute(f"SELECT {day}").fetchone()[0], 86400)
