@@ -27,9 +27,33 @@ confirms them:
   (label_spend(c_customer_sk) -> customer); two tables each keyed by `row_idx` are unrelated.
 
 A candidate parent must be a single-column key; a 1% share of orphan values is tolerated only
-when the names match exactly (real warehouses have late-arriving rows). Every inferred key
-carries its evidence (a short text) so the template and `relsql inspect` can say why. Only
-name-matched candidates reach the database, one query each.
+when the entity names match exactly (real warehouses have late-arriving rows), a third when the
+child column has the very same name as the parent key (below). Every inferred key carries its
+evidence (a short text) so the template and `relsql inspect` can say why. Only name-matched
+candidates reach the database, one query each.
+
+Real schemas that do not prefix their columns (nycflights13, Lahman) name a key the same in every
+table that holds it. So, after the names above:
+
+- a column unique and never NULL in one table, whose very name other tables hold with repeated
+  values, most of them found in it, is that table's key (People.playerID, airlines.carrier,
+  planes.tailnum) -- before a bare `id` or a weak guess; the table with the most values is home;
+- a table still without a key, unique on a pair of such shared columns (text, dates and times,
+  integers named like identifiers) that repeats in other tables, is keyed by the pair the most
+  tables share (Teams(yearID, teamID), weather(origin, time_hour));
+- a child holding every column of a composite primary key by the same names references it;
+- "most" (_MOSTLY): at least two thirds of the child's distinct values and of its rows are found,
+  in each of the (up to) three largest referencing tables: real data has orphans (a sixth of
+  flights name a plane that planes lacks), while unrelated columns that merely share a name
+  (`name`, `id`) overlap far less;
+- a column named by its role (flights.origin, flights.dest) has no name to match: a text column of
+  repeated codes whose values (90% of distinct values and rows, _BY_VALUES) a single-column text
+  key of another table holds references it (airports.faa: that table's first column, unique and
+  never NULL, becomes its key). Only pairs whose value lengths fit are queried; a child already
+  linked to that parent by name gets no second key to it by value.
+
+Integer columns named like identifiers that hold years (`yearID`: within 1800..2100, repeated)
+and are in no key are values, not identifiers: `Schema.is_value(table, column)`.
 """
 
 from __future__ import annotations
