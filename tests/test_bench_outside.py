@@ -1,0 +1,86 @@
+"""bench/outside.py in CI: a sample of the outside corpus through the runner (slow).
+
+8 hostile databases (bench/outside_hostile.py, seeded, generated here at their smallest sizes) and
+3 small PluRel databases committed as Parquet under tests/data/outside (one per key mode:
+declared, keys file, none), each in a fresh process with small fit overrides. The product
+requirement: every VALID database ends `ok` (trains, predicts, evaluates, saves, loads with the
+same predictions, writes its predictions). The runner must classify honestly: a deliberately
+invalid database is a RelsqlError ("refused"), never ok; a process over its timeout is a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import outside, outside_hostile, outside_plurel
+
+pytestmark = pytest.mark.slow
+
+DATA = Path(__file__).parent / "data" / "outside"
+FIT = {"epochs": 5}
+HOSTILE_SEEDS = range(8)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("outside")
+    manifests = []
+    for seed in HOSTILE_SEEDS:
+        outside_hostile.generate(seed, root / "hostile", small=True)
+        manifests.append(root / "hostile" / f"hostile_{seed}.json")
+    for folder in sorted(DATA.glob("plurel_*")):
+        m = outside_plurel.load(folder, root / "plurel")
+        manifests.append(root / "plurel" / f"{m['name']}.json")
+    outside_hostile.invalid(root / "hostile")
+    manifests.append(root / "hostile" / "invalid_nolabels.json")
+    rows = outside.run(manifests, FIT, timeout=600, out=root / "run")
+    return root, rows
+
+
+def test_sample_covers_the_hostile_features_and_key_modes():
+    features = set().union(*(outside_hostile.features_of(s) for s in HOSTILE_SEEDS))
+    assert features == set(outside_hostile.FEATURES)
+    assert {outside_hostile.key_mode(s) for s in HOSTILE_SEEDS} == set(outside_hostile.KEY_MODES)
+    modes = {outside_plurel.KEY_MODES[json.loads((f / "meta.json").read_text())["seed"] % 3] for f in DATA.glob("plurel_*")}
+    assert modes == set(outside_plurel.KEY_MODES)
+    assert sum(f.stat().st_size for f in DATA.rglob("*") if f.is_file()) < 1_000_000
+
+
+def test_invalid_database_is_refused_not_ok(sweep):
+    _, rows = sweep
+    invalid = [r for r in rows if not r["valid"]]
+    assert invalid and all(r["outcome"] == "relsql_error" and r["verdict"] == "refused" for r in invalid), invalid
+
+
+def test_results_and_summary_written(sweep):
+    root, rows = sweep
+    lines = (root / "run" / "results.jsonl").read_text().splitlines()
+    assert len(lines) == len(rows)
+    summary = (root / "run" / "summary.md").read_text()
+    assert "| hostile |" in summary and "| plurel |" in summary
+    for r in rows:
+        assert r["outcome"] in ("ok", *outside.FAILURES)
+        if r["outcome"] == "ok":  # timings, metric and the peer's on the same split
+            assert r["construct_s"] > 0 and r["fit_predict_s"] > 0 and r["save_load_s"] > 0
+            assert r["score"] is not None and r["load_max_diff"] <= 1e-6
+            assert "gbm_s" in r or "gbm_error" in r
+        else:
+            assert r.get("message"), r
+
+
+def test_timeout_is_recorded_not_fatal(tmp_path):
+    m = outside_hostile.generate(0, tmp_path / "hostile", small=True)
+    rows = outside.run_database(tmp_path / "hostile" / f"{m['name']}.json", FIT, timeout=1.0, out=tmp_path / "run")
+    assert rows and all(r["outcome"] == "timeout" for r in rows), rows
+    assert rows[0]["message"] == "after 1 s"
+
+
+def test_every_valid_database_trains_and_predicts(sweep):
+    """The product requirement: 0 crashes, 0 raw exceptions on valid databases."""
+    _, rows = sweep
+    failures = [f"{r['database']} {r['target']}: {r['outcome']} [{r.get('stage')}] {r.get('error_type', '')}: "
+                f"{(r.get('message') or '')[:300]}" for r in rows if r["valid"] and r["outcome"] != "ok"]
+    assert not failures, "\n".join(failures)
