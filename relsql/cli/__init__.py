@@ -347,7 +347,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     train.add_argument("--patience", type=positive_int,
                        help="epochs without validation improvement before stopping (default: fit's, 100)")
     train.add_argument("--time-budget", type=time_budget, metavar="SECONDS",
-                       help="stop training after this many seconds, or none for no limit (default: fit's, 60)")
+                       help="stop training after this many seconds, or none for no limit (default: none; the same seed then "
+                            "gives the same model under any load)")
     train.add_argument("--schedule", choices=["plateau", "cosine", "none"],
                        help="learning-rate schedule: plateau (halve on plateaus, fit's default), cosine (warm-up then "
                             "cosine decay) or none (constant)")
