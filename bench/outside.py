@@ -305,7 +305,7 @@ def summarize(rows: list[dict], fit: dict) -> str:
                   f"fit+predict {statistics.median(r['fit_predict_s'] for r in ratios):.2f}, "
                   f"save+load {statistics.median(r['save_load_s'] for r in ratios):.2f}, "
                   f"GBM {statistics.median(r['gbm_s'] for r in ratios):.2f}", ""]
-        better = {"roc_auc": 1, "accuracy": 1, "mae": -1}
+        better = {"roc_auc": 1, "accuracy": 1, "mae": -1, "rmse": -1}
         wins = [r for r in ratios if r.get("gbm_score") is not None and r.get("score") is not None]
         at_least = sum((r["score"] - r["gbm_score"]) * better.get(r["metric"], 1) >= -0.005 for r in wins)
         lines += [f"relsql within 0.005 of the GBM or better on the test split: {at_least} of {len(wins)}", "",
@@ -369,10 +369,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--plurel-seeds", default="0-119")
     parser.add_argument("--real", default=None, help="comma list of real databases (default: all)")
     parser.add_argument("--manifests", nargs="*", default=None, help="run these manifest files instead of --corpus")
+    parser.add_argument("--summarize", default=None, metavar="DIR", help="only (re)write DIR/summary.md from DIR/results.jsonl")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--results", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     fit = json.loads(args.fit) if args.fit else {}
+    if args.summarize:  # a summary of a run so far (results.jsonl is written as each database ends)
+        folder = Path(args.summarize)
+        rows = [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines() if line.strip()]
+        (folder / "summary.md").write_text(summarize(rows, rows[0]["fit"] if rows else fit))
+        print((folder / "summary.md").read_text())
+        return
     if args.child:
         child(args.child, args.results, fit)
         return
@@ -381,10 +388,12 @@ def main(argv: list[str] | None = None) -> None:
         manifests = [Path(m) for m in args.manifests]
     else:
         names = [n.strip() for n in args.corpus.split(",") if n.strip()]
-        manifests = []
+        by_source = []
         for name in names:
             got = corpus([name], out, args)
-            manifests += got[: args.limit] if args.limit else got
+            by_source.append(got[: args.limit] if args.limit else got)
+        # interleaved, so that a run stopped early has covered every source
+        manifests = [m for i in range(max(map(len, by_source), default=0)) for got in by_source if i < len(got) for m in [got[i]]]
         if args.invalid:
             from bench import outside_hostile
             folder = (Path(args.corpus_dir) if args.corpus_dir else out / "corpus") / "hostile"

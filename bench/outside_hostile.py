@@ -21,6 +21,8 @@ the target is learnable from other columns. What makes it hostile, each switched
 - `rare`: a multiclass target with a class of exactly 2 rows (in addition to the other targets);
 - `parent_time`: the parent (grp) table has its own time column;
 - `year`: integer (year) time columns instead of DATE, on the target table and the events;
+- `mixed_year`: the target table's time and the events' (and the parent's) of different kinds,
+  one an integer year, the other a DATE;
 - `orphan`: event rows whose item_id is in no item row (that foreign key is then not declared in
   DuckDB; it is given in a keys file, or left to inference);
 - keys: `declared` (PRIMARY/FOREIGN KEY in the catalog), `keysfile` (nothing declared; a keys file
@@ -43,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 
 FEATURES = ["few", "const", "null", "huge", "subnormal", "ties", "word", "list", "composite", "selfref", "bridge", "hub",
-            "empty", "rare", "parent_time", "year", "orphan", "timed"]
+            "empty", "rare", "parent_time", "year", "orphan", "timed", "mixed_year"]
 KEY_MODES = ["declared", "keysfile", "inferred"]
 WORDS = ["alpha", "beta", "gamma", "delta", "omega"]
 
@@ -67,6 +69,10 @@ def _dates(rng, n: int, start: str = "2015-01-01", days: int = 3000) -> np.ndarr
     return np.datetime64(start) + rng.integers(0, days, n).astype("timedelta64[D]")
 
 
+def _year(v: np.ndarray) -> np.ndarray:
+    return v if v.dtype.kind in "iu" else v.astype("datetime64[Y]").astype(int) + 1970
+
+
 def generate(seed: int, out: Path, *, small: bool = False) -> dict:
     """Write hostile_<seed>.duckdb (+ keys file) into `out`; return its manifest."""
     rng = np.random.default_rng(seed)
@@ -79,14 +85,15 @@ def generate(seed: int, out: Path, *, small: bool = False) -> dict:
     n_grp = int(rng.integers(3, 12))
     n_item = int(rng.integers(150, 400 if small else 900))
     n_event = int(rng.integers(2 * n_item, 5 * n_item))
-    timed = "timed" in f or "year" in f
+    timed = "timed" in f or "year" in f or "mixed_year" in f
     year = "year" in f
+    other_year = year != ("mixed_year" in f)  # the events' and the parent's time: the other kind with mixed_year
 
     # -- grp: the parent table ---------------------------------------------------------------------
     grp = {"grp_id": np.arange(1, n_grp + 1), "grp_rate": rng.normal(0, 1, n_grp).round(3),
            "grp_kind": np.array([WORDS[i % 2] for i in range(n_grp)])}
     if "parent_time" in f:
-        grp["opened"] = (rng.integers(2000, 2015, n_grp) if year else _dates(rng, n_grp, "2000-01-01", 5000))
+        grp["opened"] = (rng.integers(2000, 2015, n_grp) if other_year else _dates(rng, n_grp, "2000-01-01", 5000))
 
     # -- item: the target table ----------------------------------------------------------------------
     item: dict[str, object] = {}
@@ -168,13 +175,16 @@ def generate(seed: int, out: Path, *, small: bool = False) -> dict:
         event["null_num"] = pa.nulls(n_ev, pa.int64())
     if timed or "hub" in f:
         created = np.asarray(item["created"]) if timed else None
-        if year:
+        if other_year:
             ts = rng.integers(2014, 2025, n_ev)
         else:
             ts = _dates(rng, n_ev, "2014-01-01", 3600)
         event["ts"] = ts
-        if created is not None:  # events before the item's time: those a prediction may see
-            before = ts < created[owner]
+        if created is not None:  # events before the item's time: those a prediction may see (by year if mixed)
+            if year == other_year:
+                before = ts < created[owner]
+            else:
+                before = _year(ts) < _year(created[owner])
         else:
             before = np.ones(n_ev, bool)
     else:

@@ -10,8 +10,12 @@ per seed: a Parquet file per table plus `meta.json` (each table's primary key, f
 column, rows; the chosen targets; the layout). The two environments exchange Parquet only: a
 DuckDB 2 file cannot be opened by duckdb 1.5.5.
 
-Per seed: the table layout cycles BarabasiAlbert / ReverseRandomTree / WattsStrogatz, 3-6
-tables, entity tables 500-1,500 rows, activity tables 1,000-5,000. Targets are chosen among
+Per seed: the table layout cycles BarabasiAlbert / ReverseRandomTree / WattsStrogatz; sizes
+(`SIZES`, `--sizes`, recorded in meta.json): 3-4 tables, entity tables 500-1,000 rows, activity
+tables 1,000-2,500 (PluRel's row-by-row sources take ~10 s per database on a loaded 2-core
+machine at these sizes). Seeds 0-19 of the first corpus were made with 3-6 tables, entity
+500-1,500 and activity 1,000-5,000 rows (`--sizes '{"tables": [3, 6], "entity_rows": [500, 1500],
+"activity_rows": [1000, 5000]}'`). Targets are chosen among
 columns WITH CAUSAL PARENTS IN OTHER TABLES: PluRel feeds every non-source node of a table's
 SCM with the embeddings of the rows its foreign keys reference, so a column whose SCM node is
 not a source node, in a table with a foreign key, depends on other tables. One regression target
@@ -38,7 +42,10 @@ _MADE: dict = {}  # table name -> its SCM, while PluRel makes one database
 
 
 # --------------------------------------------------------------------------- in the PluRel venv
-def generate_one(seed: int, out: Path) -> dict:
+SIZES = {"tables": (3, 4), "entity_rows": (500, 1000), "activity_rows": (1000, 2500), "columns": (3, 12)}
+
+
+def generate_one(seed: int, out: Path, sizes: dict | None = None) -> dict:
     """One PluRel database as Parquet + meta.json in out/plurel_<seed>."""
     import numpy as np
     import plurel.dataset as plurel_dataset
@@ -55,11 +62,12 @@ def generate_one(seed: int, out: Path) -> dict:
                 return super().generate_df(*args, **kwargs)
         plurel_dataset.SCM = Recorded
     layout = LAYOUTS[seed % len(LAYOUTS)]
+    sizes = {**SIZES, **(sizes or {})}
     params = DatabaseParams(table_layout_choices=Choices(kind="set", value=[layout]),
-                            num_tables_choices=Choices(kind="range", value=[3, 6]),
-                            num_rows_entity_table_choices=Choices(kind="range", value=[500, 1500]),
-                            num_rows_activity_table_choices=Choices(kind="range", value=[1000, 5000]),
-                            num_cols_choices=Choices(kind="range", value=[3, 12]))
+                            num_tables_choices=Choices(kind="range", value=list(sizes["tables"])),
+                            num_rows_entity_table_choices=Choices(kind="range", value=list(sizes["entity_rows"])),
+                            num_rows_activity_table_choices=Choices(kind="range", value=list(sizes["activity_rows"])),
+                            num_cols_choices=Choices(kind="range", value=list(sizes["columns"])))
     dataset = SyntheticDataset(seed=seed, config=Config(database_params=params))
     db = dataset.make_db()
     folder = out / f"plurel_{seed}"
@@ -99,12 +107,13 @@ def generate_one(seed: int, out: Path) -> dict:
         targets.append({"target": f"{t[0]}.{t[1]}_high", "kind": "binary", "binarized": t[1]})
     for name, table in db.table_dict.items():
         table.df.to_parquet(folder / f"{name}.parquet", index=False)
-    meta = {"seed": seed, "layout": layout, "tables": tables, "targets": targets, "generator": "plurel 1.1.0"}
+    meta = {"seed": seed, "layout": layout, "tables": tables, "targets": targets, "generator": "plurel 1.1.0",
+            "sizes": {k: list(v) for k, v in sizes.items()}}
     (folder / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
     return meta
 
 
-def generate(seeds: list[int], out: Path) -> None:
+def generate(seeds: list[int], out: Path, sizes: dict | None = None) -> None:
     import os
     import time
 
@@ -114,7 +123,7 @@ def generate(seeds: list[int], out: Path) -> None:
             continue
         started = time.perf_counter()
         try:
-            meta = generate_one(seed, out)
+            meta = generate_one(seed, out, sizes)
         except Exception as err:  # PluRel's own failure: skip the seed, say so
             print(f"plurel_{seed}: PluRel failed: {type(err).__name__}: {err}", file=sys.stderr)
             continue
@@ -211,12 +220,14 @@ def main(argv: list[str] | None = None) -> None:
     g = sub.add_parser("generate", help="in the PluRel venv: Parquet folders")
     g.add_argument("--out", default="/tmp/outside/plurel-parquet")
     g.add_argument("--seeds", default="0-119")
+    g.add_argument("--sizes", default=None, help='JSON, e.g. \'{"tables": [3, 6], "activity_rows": [1000, 5000]}\' '
+                   f"(default {SIZES})")
     g_load = sub.add_parser("load", help="in relsql's venv: DuckDB files and manifests")
     g_load.add_argument("--parquet", default="/tmp/outside/plurel-parquet")
     g_load.add_argument("--out", default="/tmp/outside/corpus/plurel")
     args = parser.parse_args(argv)
     if args.command == "generate":
-        generate(parse_seeds(args.seeds), Path(args.out))
+        generate(parse_seeds(args.seeds), Path(args.out), json.loads(args.sizes) if args.sizes else None)
     else:
         for m in load_all(Path(args.parquet), Path(args.out)):
             print(f"{m['name']}: {m['key_mode']}, {[t['target'] for t in m['targets']]}", file=sys.stderr)
