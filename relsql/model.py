@@ -19,6 +19,7 @@ import torch
 from relsql import arguments
 from relsql.db import Database, lost_connection
 from relsql.errors import RelsqlError, SourceError
+from relsql.progress import lines as progress_lines
 from relsql.template.ir import Template
 from relsql.train import build, fitting, gradients, results, saved
 from relsql.train.options import EPOCHS, TIME_BUDGET
@@ -35,7 +36,7 @@ def _with_threads(method):
     database server that went away reported as such."""
     @functools.wraps(method)
     def run(self, *args, **kwargs):
-        with torch_threads(self.threads), _server_reachable(self.db):
+        with torch_threads(self.threads), _server_reachable(self.db), progress_lines(self.learner.settings.progress):
             return method(self, *args, **kwargs)
 
     return run
@@ -77,7 +78,7 @@ class Model:
         if not isinstance(db, Database):
             raise RelsqlError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
         self.db = db
-        with _server_reachable(db):
+        with _server_reachable(db), progress_lines(progress):
             self.threads = None if threads is None else arguments.integer("threads", threads, maximum=1024)
             self.learner = build.learner(db, template, target, output=output, task=task, time_column=time_column,
                                          split=split, seed=seed, dtype=dtype, device=device, progress=progress,
@@ -245,6 +246,6 @@ class Model:
             batch_size = arguments.integer("batch_size", batch_size)
         if not isinstance(db, Database):
             raise RelsqlError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
-        with _server_reachable(db):
+        with _server_reachable(db), progress_lines(None):
             learner = build.loaded_learner(db, path, device=device, batch_size=batch_size)
         return cls._around(db, learner)

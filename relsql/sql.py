@@ -68,11 +68,12 @@ def rule_column(index: int, k: int) -> str:
     return f"_s{index}_c{k}"
 
 
-def relation_groundings(rules: list[tuple[int, exp.Select, int, int, int]]) -> exp.Query:
+def relation_groundings(rules: list[tuple[int, exp.Select, int, int, int]], limit: int | None = None) -> exp.Query:
     """Every rule's groundings of one relation in one query, tagged `_rule`: one statement
     materializes them all. `rules` holds (rule index, body query, #keys, #refs, #columns). The
     parts are aligned by position, NULL where a rule lacks another's column (a UNION BY NAME
-    took DuckDB a third longer to plan)."""
+    took DuckDB a third longer to plan). `limit`: at most this many rows of each rule (the
+    run-time bound on a rule whose size the planner misjudged)."""
     n_refs = max(n for _, _, _, n, _ in rules)
     value_columns = [(index, k) for index, *_, n_columns in rules for k in range(n_columns)]
     parts = []
@@ -83,6 +84,8 @@ def relation_groundings(rules: list[tuple[int, exp.Select, int, int, int]]) -> e
             *[alias(col(f"_r{j}", "s") if j < refs else exp.Null(), f"_r{j}") for j in range(n_refs)],
             *[alias(col(f"_c{k}", "s") if i == index else exp.Null(), rule_column(i, k)) for i, k in value_columns],
         ).from_(alias(exp.Subquery(this=select), "s", table=True), copy=False))
+        if limit is not None:
+            parts[-1] = exp.select(exp.Star()).from_(alias(exp.Subquery(this=parts[-1]), "b", table=True)).limit(integer(limit))
     return _union(parts, distinct=False)
 
 

@@ -277,3 +277,28 @@ def test_the_product_rule_for_engines_without_an_estimate(tmp_path):
         for joined in ("SELECT a.id FROM a JOIN b ON a.id = b.id", "SELECT a.id FROM a, b WHERE b.id = a.id",
                        "SELECT a.id FROM a JOIN b USING (id)", "SELECT a.id FROM (SELECT * FROM a) AS a, b"):
             assert product_rows(db, sqlglot.parse_one(joined, read="duckdb")) is None, joined
+
+
+def test_a_hub_the_planner_underestimates_is_stopped_while_it_runs(tmp_path):
+    """100 rows of a and 9,000 of b share one key (a hub), the rest are unique: the join has
+    901,000 rows, which DuckDB's planner estimates at about 10,000, so the estimate lets it
+    through; the run-time bound stops the rule at max_groundings + 1 rows and refuses it, leaving
+    no temp table behind."""
+    path = tmp_path / "hub.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE a AS SELECT range AS id, CASE WHEN range < 100 THEN 0 ELSE range END AS k, "
+                "(range % 7) / 7.0 AS x, range % 2 = 0 AS label FROM range(10000)")
+    con.execute("CREATE TABLE b AS SELECT range AS id, CASE WHEN range < 9000 THEN 0 ELSE range END AS k, "
+                "(range % 7) / 7.0 AS x FROM range(10000)")
+    con.close()
+    db = relsql.connect(path)
+    hub = "CREATE TABLE h AS SELECT a.id, sum(linear(b.x, 2, 'w')) AS v FROM a JOIN b ON a.k = b.k GROUP BY a.id;"
+    from relsql.ground.execute import estimate_rows
+    estimate = estimate_rows(db, relsql.Template.from_sql(hub).relations["h"].rules[0].query)
+    true_rows = db.con.execute("SELECT count(*) FROM a JOIN b ON a.k = b.k").fetchone()[0]
+    assert true_rows == 901_000 and estimate is not None and estimate < 100_000  # the planner's misjudgement
+    with pytest.raises(GroundingError, match=r"h, statement 1.*more than max_groundings=100,000 groundings"):
+        relsql.compile(relsql.Template.from_sql(hub), db, max_groundings=100_000)
+    assert not db.con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()
+    net = relsql.compile(relsql.Template.from_sql(hub), db, max_groundings=1_000_000)  # within the bound: all of it
+    assert net.grounding.relations["h"].rules[0].size == true_rows

@@ -21,8 +21,6 @@ No traceback reaches the terminal; a user's table is never replaced without --re
 from __future__ import annotations
 
 import argparse
-import contextlib
-import logging
 import os
 import shlex
 import sys
@@ -68,6 +66,7 @@ from relsql.cli.arguments import (
     where_condition,
 )
 from relsql.errors import RelsqlError
+from relsql.progress import lines as progress_lines
 from relsql.train.threads import torch_threads
 
 
@@ -466,23 +465,10 @@ MAX_GROUNDINGS_HELP = ("refuse a rule the database estimates at more groundings 
                        "more is usually a missing join condition)")
 
 
-@contextlib.contextmanager
 def _log_lines():
     """Without a terminal (a log file, a CI job), progress bars are off: say what happens in lines
     on stderr instead, for the length of the command."""
-    logger = logging.getLogger("relsql")
-    if sys.stderr.isatty() or logger.handlers:
-        yield
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("relsql: %(message)s"))
-    logger.addHandler(handler)
-    level, logger.level = logger.level, logging.INFO
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
+    return progress_lines(None)
 
 
 def _debug() -> bool:

@@ -239,7 +239,8 @@ def _steps(schema: Schema, table: str) -> list[Step]:
 
 
 def _tree(schema: Schema, target: str, hops: int, labels: dict[str, str], keep=None,
-          dropped: list[tuple[Node, Step]] | None = None, has_rows=None, empty: list[Node] | None = None) -> Node:
+          dropped: list[tuple[Node, Step]] | None = None, has_rows=None, empty: list[Node] | None = None,
+          fits=None, large: list[Node] | None = None) -> Node:
     """The computation tree; `labels` are the tables' distinct sanitized names. Node names are
     distinct too (they name relations x_<node>, p_<node>, h_<node> and weights). A step that
     `keep(step, far_table)` refuses is not taken (nor anything beyond it) and goes to `dropped`."""
@@ -266,6 +267,10 @@ def _tree(schema: Schema, target: str, hops: int, labels: dict[str, str], keep=N
             if seen[label] > 1 or neighbours[far] > 1:
                 label = f"{label}_by_{_safe('_'.join(step.fk.columns))}"
             child = Node(node_names(f"{node.name}__{label}" if node.parent else label), far, step, node)
+            if fits is not None and not fits(child):
+                if large is not None:
+                    large.append(child)  # rows multiplied along the path: groundings beyond the data
+                continue
             if has_rows is not None and not has_rows(child):
                 if empty is not None:
                     empty.append(child)  # a statement with no groundings is an error: never write one
@@ -307,6 +312,46 @@ def _path_has_rows(db: Database, node: Node, times: dict[str, Time] | None = Non
         query = query.join(exp.Table(this=exp.to_identifier(far.table, quoted=True), alias=exp.TableAlias(this=alias[i])),
                            on=exp.and_(*pairs))
     return bool(db.arrow(query.limit(1)).num_rows)
+
+
+def fan_out(db: Database, step: Step, cache: dict) -> float:
+    """Child rows per parent row over the whole child table (those with the key set), one
+    query per foreign key however many tree nodes and sum terms use it (`cache`)."""
+    key = (step.child, step.fk)
+    if key not in cache:
+        columns = [q.col(c) for c in step.fk.columns]
+        present = exp.and_(*[exp.Not(this=exp.Is(this=c.copy(), expression=exp.Null())) for c in columns])
+        distinct = exp.select(*[c.copy() for c in columns]).distinct().from_(q.ident(step.child)).where(present.copy())
+        row = db.arrow(exp.select(
+            exp.alias_(exp.Subquery(this=exp.select(exp.Count(this=exp.Star())).from_(q.ident(step.child)).where(present)),
+                       q.ident("n")),
+            exp.alias_(exp.Subquery(this=exp.select(exp.Count(this=exp.Star())).from_(
+                q.alias(exp.Subquery(this=distinct), "d", table=True))), q.ident("k")))).to_pylist()[0]
+        cache[key] = row["n"] / row["k"] if row["k"] else 1.0
+    return cache[key]
+
+
+# A node whose rows per target row multiply along its path (a hub: every flight of an airport reading
+# all that airport's hourly weather) is left out when its estimated groundings pass both of these:
+# PATH_GROUNDINGS, and PATH_GROWTH times the largest table on its path (a long child table read once
+# per parent, as orders -> lineitem, stays: that is the data, not a product of it).
+PATH_GROUNDINGS, PATH_GROWTH = 10**7, 10
+
+
+def path_groundings(db: Database, node: Node, rows: dict[str, int], cache: dict) -> tuple[float, int]:
+    """(the groundings `node`'s statement is estimated at: the target's rows times each child step's
+    rows per parent, the largest table on the path's rows)."""
+    estimate, largest = 1.0, 0
+    while node is not None:
+        if node.table not in rows:
+            rows[node.table] = db.con.execute(exp.select(exp.Count(this=exp.Star())).from_(q.ident(node.table)).sql("duckdb")).fetchone()[0]
+        largest = max(largest, rows[node.table])
+        if node.step is None:
+            estimate *= rows[node.table]
+        elif node.step.to_child:
+            estimate *= fan_out(db, node.step, cache)
+        node = node.parent
+    return estimate, largest
 
 
 def _path_tables(node: Node) -> list[str]:
@@ -498,20 +543,7 @@ class _Writer:
         return self.counted[table, column]
 
     def fan_out(self, step: Step) -> float:
-        """Child rows per parent row over the whole child table (those with the key set), one
-        query per foreign key however many tree nodes and sum terms use it."""
-        key = (step.child, step.fk)
-        if key not in self.fan_outs:
-            columns = [q.col(c) for c in step.fk.columns]
-            present = exp.and_(*[exp.Not(this=exp.Is(this=c.copy(), expression=exp.Null())) for c in columns])
-            distinct = exp.select(*[c.copy() for c in columns]).distinct().from_(q.ident(step.child)).where(present.copy())
-            row = self.db.arrow(exp.select(
-                exp.alias_(exp.Subquery(this=exp.select(exp.Count(this=exp.Star())).from_(q.ident(step.child)).where(present)),
-                           q.ident("n")),
-                exp.alias_(exp.Subquery(this=exp.select(exp.Count(this=exp.Star())).from_(
-                    q.alias(exp.Subquery(this=distinct), "d", table=True))), q.ident("k")))).to_pylist()[0]
-            self.fan_outs[key] = row["n"] / row["k"] if row["k"] else 1.0
-        return self.fan_outs[key]
+        return fan_out(self.db, step, self.fan_outs)
 
     # -- tree -------------------------------------------------------------------------------
     def keys(self, node: Node) -> list[str]:
@@ -1190,12 +1222,21 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
     dropped: list[tuple[Node, Step]] = []
     labels = dict(zip(keys.tables, _distinct([_safe(t) for t in keys.tables])))
     empty: list[Node] = []
+    large: list[Node] = []
+    fan_outs: dict = {}
+    row_counts: dict[str, int] = {}
+
+    def fits(node: Node) -> bool:
+        estimate, largest = path_groundings(db, node, row_counts, fan_outs)
+        return estimate <= max(PATH_GROUNDINGS, PATH_GROWTH * largest)
+
     root = _tree(keys, table, hops, labels, keep, dropped, has_rows=lambda node: _path_has_rows(db, node, times, time_column),
-                 empty=empty)
+                 empty=empty, fits=fits, large=large)
     nodes = list(_walk(root))
     writer = _Writer(db, keys, table, column, width=width, hops=hops, aggregation=terms,
                      time_column=time_column, time_columns=times, labels=labels, layer=layer, numbers=numbers,
                      dropout=dropout)
+    writer.fan_outs, writer.row_counts = fan_outs, row_counts
     if reference is None:
         values = db.arrow(exp.select(exp.column(exp.to_identifier(column, quoted=True))).from_(exp.Table(this=exp.to_identifier(table, quoted=True)))).column(0)
         units = output_units(values, target)
@@ -1226,6 +1267,10 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
               f"-- tables used: {', '.join(tables)}"]
     if ranking is not None:
         header += _ranking_header(ranking, target, interactions)
+    if large:
+        header.append(f"-- left out, rows multiplied along the way (estimated over {PATH_GROUNDINGS:,} groundings and "
+                      f"{PATH_GROWTH}x the largest table on the path; a hub's children read once per row): "
+                      + ", ".join(dict.fromkeys(f"{n.table} (via {' -> '.join(_path_tables(n))})" for n in large)))
     if empty:
         header.append("-- left out, no rows along the way (a statement without groundings): "
                       + ", ".join(f"{n.table} (via {' -> '.join(_path_tables(n))})" for n in empty))
