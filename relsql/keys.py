@@ -340,6 +340,7 @@ def schema(db: Database, catalog: Catalog, infer: bool = True, given: object = N
         _infer_composite_foreign(db, result, trusted)
         _infer_by_values(db, result, trusted)
         _infer_composite(db, result, roles)
+        _infer_row_identifier(db, result)
     result.values = _year_values(db, result)
     return result
 
@@ -823,6 +824,31 @@ def _infer_composite(db: Database, result: Schema, roles: dict[tuple[str, str], 
                 result.evidence[("primary", name)] = (
                     f"no column names {name}; ({', '.join(columns)}) is the smallest unique, never-NULL set of its "
                     f"foreign-key and identifier columns ({rows:,} rows)")
+                break
+
+
+_ROW_WORDS = {"idx", "index", "rowid", "row", "id"}
+
+
+def _infer_row_identifier(db: Database, result: Schema) -> None:
+    """Last, a table still without a key whose column numbers its rows (`row_idx`, `index`, `id`),
+    unique and never NULL, is keyed by it: a generator's or a dump's own row numbers. (What its
+    other columns reference stays unknown where no name says which table: `foreign_row_0`.)"""
+    for name, table in result.tables.items():
+        if result.primary_keys[name]:
+            continue
+        for column in table.columns:
+            words = _words(column.name)
+            if not words or words[-1] not in _ROW_WORDS or _nested(column.type) or \
+                    not (_integer(column.type) or _family(column.type) == "text"):
+                continue
+            rows = _unique_rows(db, name, (column.name,))
+            if rows is not None:
+                result.primary_keys[name] = (column.name,)
+                result.inferred_primary.add(name)
+                result.origins[("primary", name)] = "inferred"
+                result.evidence[("primary", name)] = (f"{column.name} numbers the rows: unique and never NULL in "
+                                                      f"{rows:,} row{'s' * (rows != 1)}, and no other key was found")
                 break
 
 

@@ -238,3 +238,20 @@ def test_full_nycflights_and_lahman(tmp_path):
         db.close()
         check(keys)
         assert seconds < 60, (load.__name__, seconds)
+
+
+def test_a_generator_s_row_numbers_key_its_tables(tmp_path):
+    """An outside generator's tables, each numbered by `row_idx`, with foreign keys named
+    `foreign_row_0` that say no table: every table is keyed by its row numbers (so any of them can
+    be a target), and no foreign key is guessed."""
+    path = tmp_path / "generated.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE table_0 AS SELECT range AS row_idx, random() AS feature_1 FROM range(300)")
+    con.execute("CREATE TABLE table_1 AS SELECT range AS row_idx, range % 300 AS foreign_row_0, random() AS feature_2 "
+                "FROM range(900)")
+    con.close()
+    db = relsql.connect(path)
+    found = schema(db, db.catalog())
+    assert found.primary_keys == {"table_0": ("row_idx",), "table_1": ("row_idx",)}
+    assert found.foreign_keys == []
+    assert "numbers the rows" in found.evidence[("primary", "table_1")]

@@ -410,8 +410,9 @@ class _Writer:
                 numeric.append(col.name)  # a duration: its seconds (see `rows`), never a code
                 continue
             integer = "INT" in upper and "[]" not in upper
-            if id_like(col.name):
+            if id_like(col.name) and not self.schema.is_value(table, col.name):
                 # an identifier that is not a key: never a number; embedded only if it is a code
+                # (a year named like one, `yearID`, in no key is a value: relsql.keys.Schema.is_value)
                 if (text or integer) and self.is_code(table, col.name):
                     categorical.append(col.name)
                 else:

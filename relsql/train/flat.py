@@ -225,8 +225,8 @@ def plan(db: Database, table: str, column: str, time_column: str | None = None, 
     if not primary:
         raise RelsqlError(f"one-hop features: target table `{table}` has no primary key (declared or inferable); declare one")
     skip = {column.casefold(), *(c for c in copies_of(db, table, column))} | ({time_column.casefold()} if time_column else set())
-    own = _features(db, found.tables[table], keyed.get(table, set()) | skip)
-    parents = [Parent(list(fk.columns), fk.table, list(fk.references), _features(db, found.tables[fk.table], keyed.get(fk.table, set())))
+    own = _features(db, found.tables[table], keyed.get(table, set()) | skip, found.values.get(table, set()))
+    parents = [Parent(list(fk.columns), fk.table, list(fk.references), _features(db, found.tables[fk.table], keyed.get(fk.table, set()), found.values.get(fk.table, set())))
                for child, fk in found.foreign_keys if child == table and fk.table not in tasks and fk.table in found.tables]
     times = _times(db, catalog, found, table, time_column, {}) if time_column else {}
     children = []
@@ -236,7 +236,8 @@ def plan(db: Database, table: str, column: str, time_column: str | None = None, 
         time = times.get(child)
         if time_column and time is None:
             continue  # events whose time is unknown may lie after the target row's time
-        numbers = [c for c in _features(db, found.tables[child], keyed.get(child, set()) | ({c.casefold() for c in TASK_COLUMNS}))
+        numbers = [c for c in _features(db, found.tables[child], keyed.get(child, set()) | ({c.casefold() for c in TASK_COLUMNS}),
+                                        found.values.get(child, set()))
                    if c.kind != "code"]
         via = [list(time.via.columns), time.via.table, list(time.via.references)] if time and time.via else None
         children.append(Child(child, list(fk.columns), list(fk.references), numbers, time.column if time else None, via,
@@ -256,14 +257,15 @@ def key_columns(found) -> dict[str, set[str]]:
     return out
 
 
-def _features(db: Database, info, skip: set[str]) -> list[Column]:
-    """A table's columns that may enter as features, with their kinds."""
+def _features(db: Database, info, skip: set[str], values: set[str] = frozenset()) -> list[Column]:
+    """A table's columns that may enter as features, with their kinds. `values`: columns named like
+    identifiers that are values (a year no key holds, relsql.keys.Schema.is_value)."""
     from relsql.template.auto import id_like, is_interval
 
     out = []
     for c in info.columns:
         kind, upper = None, c.type.upper()
-        if c.name.casefold() in skip or id_like(c.name) or "[]" in upper or is_interval(upper) or "STRUCT" in upper or "MAP" in upper:
+        if c.name.casefold() in skip or (id_like(c.name) and c.name not in values) or "[]" in upper or is_interval(upper) or "STRUCT" in upper or "MAP" in upper:
             continue
         if any(t in upper for t in _TIMES):
             kind = "time"
