@@ -426,6 +426,11 @@ class Database:
         finally:
             self._schema_cache = None
 
+    def written_kind(self, table: str) -> str | None:
+        """The kind relsql marked a user table with when it wrote it (predictions, task, ...), or None."""
+        scope = self.table_scopes().get(table)
+        return None if scope is None else self.source.written_kind(self, scope, table)
+
     def table_scopes(self) -> dict[str, tuple[str, str]]:
         """Each user table's (catalog, schema); the default scope wins a name clash."""
         cache = getattr(self, "_schema_cache", None)

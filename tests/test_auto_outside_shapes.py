@@ -155,3 +155,18 @@ def test_time_kinds_compare_as_documented():
         (dt.datetime(2001, 1, 1) - dt.datetime(1970, 1, 1)).total_seconds()
     day = seconds("DATE '1970-01-02'", "date")
     assert math.isclose(con.execute(f"SELECT {day}").fetchone()[0], 86400)
+
+
+def test_a_model_s_written_predictions_are_never_read_by_the_next_template(tmp_path):
+    """write_predictions puts a table keyed like the target beside it; the next Template.auto (and
+    the one-hop GBM) must not read it: it holds predictions of the very target."""
+    db = _few_values_db(tmp_path / "few.duckdb")
+    model = relsql.Model(db, relsql.Template.auto(db, target="item.y"), target="item.y", seed=0).fit(epochs=2)
+    model.write_predictions("item_predictions")
+    source = relsql.Template.auto(db, target="item.y", keys="FOREIGN KEY item_predictions(item_id) REFERENCES item(item_id)").source
+    assert "left out, tables of a model's outputs (predictions, gradients): item_predictions" in source
+    assert "enc_item_predictions" not in source
+    from relsql.train.flat import plan
+
+    flat = plan(db, "item", "y", keys="FOREIGN KEY item_predictions(item_id) REFERENCES item(item_id)")
+    assert all(c.table != "item_predictions" for c in flat.children)
