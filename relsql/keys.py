@@ -78,6 +78,7 @@ _SUFFIX_RANK = {"sk": 3, "key": 2, "id": 1}  # a surrogate key before a business
 _GENERIC = {"dim", "dimension", "fact", "facts", "tbl", "table", "lookup"}
 _IDENTIFIER_WORDS = {"number", "num", "no", "nr", "line", "linenumber", "seq", "sequence", "sk", "key", "id"}
 _EXACT, _ABBREVIATED = 3.0, 2.0
+MODEL_OUTPUTS = ("predictions", "gradients", "recommendations")  # kinds of tables a model writes (relsql.db.WRITTEN_KINDS)
 _MAX_KEY_COLUMNS = 3  # a composite key of more columns is not worth guessing
 _ORPHANS_ALLOWED = 0.01  # a foreign key named exactly like its parent key may miss this share of values
 _MOSTLY = 2 / 3  # a reference by the very same column name(s): at least this share of distinct values and rows found
@@ -102,6 +103,17 @@ class Schema:
     evidence: dict[tuple, str] = field(default_factory=dict)  # same keys: why an inferred key was taken
     # per table, integer columns named like identifiers that hold years (`yearID`) and are no key: values, see is_value
     values: dict[str, set[str]] = field(default_factory=dict)
+    # tables a model wrote (predictions, gradients, recommendations): left out, never a parent or an input
+    outputs: list[str] = field(default_factory=list)
+
+    def leave_out(self, names: list[str]) -> None:
+        """Take tables out of the schema, with every key to or from them."""
+        for name in names:
+            self.tables.pop(name, None)
+            self.primary_keys.pop(name, None)
+            self.inferred_primary.discard(name)
+        self.foreign_keys[:] = [(c, fk) for c, fk in self.foreign_keys if c not in names and fk.table not in names]
+        self.inferred_foreign[:] = [(c, fk) for c, fk in self.inferred_foreign if c not in names and fk.table not in names]
 
     def is_value(self, table: str, column: str) -> bool:
         """Whether `table.column`, though named like an identifier (`yearID`), is a value a model may
@@ -329,10 +341,14 @@ def schema(db: Database, catalog: Catalog, infer: bool = True, given: object = N
             _check_types(result, key.table, ForeignKey(key.columns, key.parent, key.references), f"given in {source.where(key)}")
     for child, fk in result.foreign_keys:
         _check_types(result, child, fk, result.foreign_note(child, fk))
+    written = getattr(db, "written_kind", None)
+    result.outputs = [name for name in tables if callable(written) and written(name) in MODEL_OUTPUTS]
+    result.leave_out(result.outputs)  # a model's predictions are keyed like its target: they would pass for a parent
     if infer:
         _infer_primary(db, result)
         _infer_shared_pairs(db, result)
     _resolve_pending(result, pending)
+    result.leave_out(result.outputs)  # a given key to or from one
     for child, fk in result.foreign_keys:
         _check_types(result, child, fk, result.foreign_note(child, fk))
     if infer:
@@ -340,6 +356,7 @@ def schema(db: Database, catalog: Catalog, infer: bool = True, given: object = N
         _infer_composite_foreign(db, result, trusted)
         _infer_by_values(db, result, trusted)
         _infer_composite(db, result, roles)
+        _infer_counted(db, result)
         _infer_row_identifier(db, result)
     result.values = _year_values(db, result)
     return result
@@ -828,6 +845,40 @@ def _infer_composite(db: Database, result: Schema, roles: dict[tuple[str, str], 
 
 
 _ROW_WORDS = {"idx", "index", "rowid", "row", "id"}
+# an integer that counts a row's repeats within its foreign keys: a player's second spell with a team
+# in a season (Lahman's batting.stint), a half season, a round
+_COUNTER_WORDS = {"stint", "seq", "sequence", "round", "half", "split", "part", "version", "period", "occurrence", "instance"}
+
+
+def _infer_counted(db: Database, result: Schema) -> None:
+    """A table still without a key whose foreign keys become unique with one counter column added
+    (batting: (playerID, yearID, teamID, stint)): that set, of at most four columns."""
+    for name, table in result.tables.items():
+        if result.primary_keys[name]:
+            continue
+        units = list(dict.fromkeys(fk.columns for child, fk in result.foreign_keys if child == name))
+        counters = [c.name for c in table.columns if _integer(c.type) and _words(c.name) and _words(c.name)[-1] in _COUNTER_WORDS
+                    and not any(c.name in unit for unit in units)]
+        if not units or not counters:
+            continue
+        candidates = []
+        for size in range(1, len(units) + 1):
+            for combo in combinations(units, size):
+                columns = tuple(c for unit in combo for c in unit)
+                if len(columns) < _MAX_KEY_COLUMNS + 1:
+                    candidates += [(len(columns), columns + (counter,)) for counter in counters]
+        for _, columns in sorted(candidates, key=lambda c: c[0]):
+            if len(_never_null(db, name, list(columns))) != len(columns):
+                continue
+            rows = _unique_rows(db, name, columns)
+            if rows is not None:
+                result.primary_keys[name] = columns
+                result.inferred_primary.add(name)
+                result.origins[("primary", name)] = "inferred"
+                result.evidence[("primary", name)] = (
+                    f"its foreign keys ({', '.join(columns[:-1])}) with the counter {columns[-1]} are unique and never "
+                    f"NULL in {rows:,} rows")
+                break
 
 
 def _infer_row_identifier(db: Database, result: Schema) -> None:

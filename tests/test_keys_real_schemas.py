@@ -255,3 +255,25 @@ def test_a_generator_s_row_numbers_key_its_tables(tmp_path):
     assert found.primary_keys == {"table_0": ("row_idx",), "table_1": ("row_idx",)}
     assert found.foreign_keys == []
     assert "numbers the rows" in found.evidence[("primary", "table_1")]
+
+
+def test_a_counter_completes_a_key_of_foreign_keys(tmp_path):
+    """A player's spells with teams within a season (Lahman's batting): (player, season, team) repeats
+    when a player comes back to a team, `stint` counts the spells; the key is the four together,
+    and a statistic that happens to make the rows unique (`hr`) is never taken for a counter."""
+    path = tmp_path / "spells.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE people(player_code VARCHAR PRIMARY KEY, born INTEGER)")
+    con.execute("INSERT INTO people SELECT 'p' || range, 1970 + range % 20 FROM range(50)")
+    con.execute("CREATE TABLE teams(season INTEGER, team VARCHAR, PRIMARY KEY (season, team))")
+    con.execute("INSERT INTO teams SELECT 2000 + s.range, 'T' || t.range FROM range(5) s, range(4) t")
+    con.execute("CREATE TABLE spells(player_code VARCHAR, season INTEGER, team VARCHAR, stint INTEGER, hr INTEGER)")
+    con.execute("INSERT INTO spells SELECT 'p' || (range % 50), 2000 + (range // 50) % 5, 'T' || (range % 250 % 4), "
+                "1 + range // 250, range FROM range(500)")
+    con.close()
+    db = relsql.connect(path, keys="FOREIGN KEY spells(player_code) REFERENCES people(player_code)\n"
+                                   "FOREIGN KEY spells(season, team) REFERENCES teams(season, team)")
+    found = schema(db, db.catalog())
+    assert db.con.execute("SELECT count(*) FROM (SELECT DISTINCT player_code, season, team FROM spells)").fetchone()[0] < 500
+    assert found.primary_keys["spells"] == ("player_code", "season", "team", "stint")
+    assert "counter stint" in found.evidence[("primary", "spells")]

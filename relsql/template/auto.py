@@ -1084,22 +1084,6 @@ def _times(db: Database, catalog, keys: Schema, target: str, time_column: str, g
     return times
 
 
-MODEL_OUTPUTS = ("predictions", "gradients", "recommendations")  # tables a model wrote: never inputs of another
-
-
-def model_outputs(db: Database, keys: Schema, target_table: str) -> list[str]:
-    """Tables relsql wrote as a model's output (its mark: predictions, gradients, recommendations),
-    taken out of the schema: they hold some model's predictions, often of this very target."""
-    outputs = [name for name in keys.tables if name != target_table and db.written_kind(name) in MODEL_OUTPUTS]
-    for name in outputs:
-        del keys.tables[name]
-        keys.primary_keys.pop(name, None)
-        keys.inferred_primary.discard(name)
-    keys.foreign_keys[:] = [(c, fk) for c, fk in keys.foreign_keys if c not in outputs and fk.table not in outputs]
-    keys.inferred_foreign[:] = [(c, fk) for c, fk in keys.inferred_foreign if c not in outputs and fk.table not in outputs]
-    return outputs
-
-
 def _other_task_tables(keys: Schema, target_table: str) -> list[str]:
     """Task tables written by relsql.PredictiveQuery, other than the target's, taken out of the
     schema: their `label` counts events after their snapshot, which may be after ours."""
@@ -1220,7 +1204,7 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
                 raise SchemaError(f"{'table' if label == name else f'table {name!r}: column'} {label!r} has a line break "
                                   "or control character in its name; rename it to generate a template")
     tasks = _other_task_tables(keys, table)
-    outputs = model_outputs(db, keys, table)
+    outputs = keys.outputs  # tables a model wrote (relsql.keys.schema leaves them out): some model's predictions
     interactions = _interactions(keys, table, column, reference) if reference is not None else []
     if reference is not None and not reference.many:  # the label's own key is never followed
         keys.foreign_keys[:] = [(c, fk) for c, fk in keys.foreign_keys if not (c == table and fk.columns == (column,))]

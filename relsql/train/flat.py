@@ -219,9 +219,6 @@ def plan(db: Database, table: str, column: str, time_column: str | None = None, 
     if table not in catalog.tables:
         raise RelsqlError(f"one-hop features: table `{table}` does not exist; tables: {', '.join(catalog.names)}")
     found = schema(db, catalog, **({"given": keys} if keys is not None else {}))
-    from relsql.template.auto import model_outputs
-
-    model_outputs(db, found, table)
     tasks = {n for n, info in found.tables.items() if n != table and is_task_table(info.columns)}
     keyed = key_columns(found)
     primary = list(found.primary_keys.get(table) or ())
