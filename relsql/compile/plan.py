@@ -50,6 +50,9 @@ class Plan:
     log: list[str] = field(default_factory=list)  # what each optimizer pass changed
     param_slots: set[int] = field(default_factory=set)  # slots holding a weight (no row dimension)
     device: str = "cpu"  # the device type the plan will run on: cost and timing decisions are made for it
+    # classes of an input's rows the builder found while compressing (None: more than half of them
+    # distinct), so that deduplicate_rows does not classify a wide feature matrix a second time
+    row_classes: dict[int, torch.Tensor | None] = field(default_factory=dict)
 
     def new_slot(self) -> int:
         self.slots += 1
@@ -78,6 +81,9 @@ def make_op(plan: Plan, op_kind: str, args: tuple[int, ...], note: str, row_coun
                       "or train on mini-batches (batch_size=...) so that fewer rows are in memory at once")
     plan.meta[slot] = out
     return Op(op_kind, slot, args, attrs, rows=out.shape[0] if out.dim() else 1, shape=tuple(out.shape[1:]), note=note)
+
+
+EXACT_CLASSES_BELOW = 10_000  # smaller rules get their exact grounding classes (they are cheap there)
 
 
 class PlanBuilder:
@@ -184,10 +190,60 @@ class PlanBuilder:
 
     def _grounding_classes(self, rg: RuleGrounding) -> torch.Tensor:
         if id(rg) not in self._memo:
-            columns = [self.classes[r][index] if r in self.classes else index for r, index in zip(rg.rule.refs, rg.refs)]
-            columns += [compress.classes_of(c) for c in rg.columns.values()]
-            self._memo[id(rg)] = compress.combine(columns, rg.size)
+            self._memo[id(rg)] = self._classes_of_groundings(rg)
         return self._memo[id(rg)]
+
+    def _classes_of_groundings(self, rg: RuleGrounding) -> torch.Tensor:
+        """A grounding's class: the tuple of its body rows' classes and its column values, the
+        columns a features(...) or encoder reads taken together as the plan reads them (in its
+        dtype: values equal there compute equally). A large rule whose groundings are known to be
+        mostly distinct (more than half, from the cheapest parts first: row classes, codes, then
+        values by width) is not compressed, and each of its groundings is its own class: finer than
+        exact, which is always sound (equal class still means equal value), and it saves
+        classifying the rest in full. The classes found for a value are kept for deduplicate_rows."""
+        columns = [self.classes[r][index] if r in self.classes else index for r, index in zip(rg.rule.refs, rg.refs)]
+        groups = self._value_groups(rg)
+        if rg.size < EXACT_CLASSES_BELOW:
+            return compress.combine(columns + [self._group_classes(rg, key, None) for key in groups], rg.size)
+        limit = rg.size // 2
+        found = compress.combine(columns, rg.size)
+        for key in sorted(groups, key=lambda k: groups[k][0].numel() if groups[k].shape[0] else 0):
+            if columns and compress._count(found) > limit:
+                return torch.arange(rg.size)  # the rest (wider values) left unread
+            classes = self._group_classes(rg, key, limit)
+            if classes is None:
+                return torch.arange(rg.size)
+            found = compress.combine([found, classes], rg.size) if columns else classes
+            columns.append(classes)
+        return found
+
+    def _value_groups(self, rg: RuleGrounding) -> dict[tuple, torch.Tensor]:
+        """The rule's columns as the plan reads them: each features(...)/encoder's columns
+        concatenated in the plan's dtype (the tensor the plan's input will be), others alone, raw."""
+        key = ("groups", id(rg))
+        if key not in self._memo:
+            groups, used = {}, set()
+            for e in ir.walk(rg.rule.expr):
+                if isinstance(e, ir.Features | ir.Encode) and e.columns and not used & set(e.columns) \
+                        and all(rg.columns[c].dim() == 2 and rg.columns[c].is_floating_point() for c in e.columns):
+                    groups[tuple(e.columns)] = torch.cat([rg.columns[c] for c in e.columns], dim=1).to(self.dtype)
+                    used |= set(e.columns)
+            groups.update({(k,): c for k, c in rg.columns.items() if k not in used})
+            self._memo[key] = groups
+        return self._memo[key]
+
+    def _group_classes(self, rg: RuleGrounding, columns: tuple, limit: int | None) -> torch.Tensor | None:
+        key = ("group classes", id(rg), columns)
+        if key not in self._memo:
+            self._memo[key] = compress.classes_of(self._value_groups(rg)[columns], limit)
+        return self._memo[key]
+
+    def known_values(self, rg: RuleGrounding, columns: tuple) -> tuple[torch.Tensor | None, bool, object]:
+        """(the concatenated tensor the builder classified for these columns, whether its classes
+        are known, the classes or None for more than half distinct)."""
+        groups = self._memo.get(("groups", id(rg)), {})
+        key = ("group classes", id(rg), columns)
+        return groups.get(columns), key in self._memo, self._memo.get(key)
 
     def pairs(self, rg: RuleGrounding, segment_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(segment, grounding class, multiplicity) of a grouped rule, computed once."""
@@ -308,6 +364,19 @@ class _RuleContext:
             self._cache[key] = self.b._input(tensor)
         return self._cache[key]
 
+    def values(self, key: str, columns: tuple[int, ...]) -> int:
+        """Columns encoded in SQL, side by side in the plan's dtype: the tensor the builder already
+        made (and classified) when every grounding is computed in order, with its known classes."""
+        if key in self._cache:
+            return self._cache[key]
+        made, known, classes = self.b.known_values(self.rg, tuple(columns))
+        if made is None or self.classes is not None or self.permutation is not None:
+            return self.tensor(key, torch.cat([self.columns[c] for c in columns], dim=1).to(self.b.dtype))
+        slot = self.tensor(key, made)
+        if known:
+            self.b.plan.row_classes[slot] = classes
+        return slot
+
     def segments(self) -> tuple[int, int]:
         counts = self.rg.offsets[1:] - self.rg.offsets[:-1]
         ids = torch.repeat_interleave(torch.arange(counts.shape[0]), counts)
@@ -322,11 +391,9 @@ class _RuleContext:
         if isinstance(expr, ir.Column):
             return self.tensor(f"col{expr.index}", self.columns[expr.index].to(b.dtype)), "g"
         if isinstance(expr, ir.Features):
-            data = torch.cat([self.columns[c] for c in expr.columns], dim=1)  # encoded in SQL
-            return self.tensor(f"features{expr.columns}", data.to(b.dtype)), "g"
+            return self.values(f"features{expr.columns}", expr.columns), "g"
         if isinstance(expr, ir.Encode):
-            data = torch.cat([self.columns[c] for c in expr.columns], dim=1)  # encoded in SQL
-            return self.tensor(f"encode_{expr.kind}{expr.columns}", data.to(b.dtype)), "g"
+            return self.values(f"encode_{expr.kind}{expr.columns}", expr.columns), "g"
         if isinstance(expr, ir.Text):
             weight = b._param(expr.weight, None, note)
             ids = self.tensor(f"text{expr.column}", self.columns[expr.column].to(torch.int64))  # exact integers

@@ -25,10 +25,13 @@ def deduplicate_rows(plan: Plan) -> Plan:
         if slot not in read or tensor.layout != torch.strided or not tensor.is_floating_point() or tensor.dim() != 2 \
                 or tensor.shape[0] < 16:
             continue
-        inverse = compress.classes_of(tensor)
-        count = int(inverse.max()) + 1
-        if count > MAX_SHARE * tensor.shape[0]:
+        limit = int(MAX_SHARE * tensor.shape[0])
+        inverse = plan.row_classes[slot] if slot in plan.row_classes else compress.classes_of(tensor, limit)
+        if inverse is not None and int(inverse.max()) + 1 > limit:
+            inverse = None  # too many distinct rows to gain
+        if inverse is None:
             continue
+        count = int(inverse.max()) + 1
         distinct = tensor[compress.representatives(inverse, count)]
         rows = plan.add_input(distinct)
         index = plan.add_input(inverse)
