@@ -130,3 +130,24 @@ def test_tanh_values_without_autograd_match_torch(shape):
         y = kernels.tanh_values(x)
     assert not y.requires_grad and y.shape == x.shape
     assert torch.allclose(y, torch.tanh(x.detach()), rtol=2e-16, atol=2e-16)
+
+
+def test_bag_mean_equals_embedding_bag_and_its_gradient():
+    """The bag mean over a row's real ids only, with its backward by index, equals embedding_bag's
+    mean with padding_idx: values and the weight's gradient (a row of only padding is zero)."""
+    from relsql.compile.kernels import bag_mean
+
+    torch.manual_seed(0)
+    weight = torch.randn(41, 3, dtype=torch.float64, requires_grad=True)
+    ids = torch.full((30, 9), 40)
+    ids[:, :4] = torch.randint(0, 41, (30, 4))  # some of these are the padding id too
+    ids[2] = 40
+    out = bag_mean(weight, ids, 40)
+    expected = torch.nn.functional.embedding_bag(ids, weight, mode="mean", padding_idx=40)
+    assert torch.equal(out, expected) and torch.equal(out[2], torch.zeros(3, dtype=torch.float64))
+    upstream = torch.randn_like(out)
+    (grad,) = torch.autograd.grad((out * upstream).sum(), weight)
+    (reference,) = torch.autograd.grad((expected * upstream).sum(), weight)
+    torch.testing.assert_close(grad, reference, rtol=0, atol=1e-14)
+    assert torch.autograd.gradcheck(lambda w: bag_mean(w, ids, 40), (weight,))
+    assert torch.equal(bag_mean(weight, ids, 40), out)  # the packed ids are reused: same values
