@@ -331,11 +331,15 @@ def run(manifests: list[Path], fit: dict, timeout: float, out: Path, jobs: int =
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     jsonl = open(out / "results.jsonl", "w")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=str(Path(__file__).resolve().parent.parent)).stdout.strip() or None
     total = len(manifests)
 
     def one(i_path):
         i, path = i_path
         got = run_database(path, fit, timeout, out)
+        for r in got:
+            r["relsql_head"] = head  # the commit checked out when the run began (a working tree may differ)
         for r in got:
             jsonl.write(json.dumps(r, default=str) + "\n")
         jsonl.flush()
