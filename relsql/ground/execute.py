@@ -387,6 +387,7 @@ class _Grounder:
         self.key_tables: dict[str, exp.Table] = {}
         self.dictionaries: dict[str, exp.Table] = {}
         self.feature_stats: dict[str, dict] = {}
+        self.measured: dict[str, tuple] = {}  # statistics of a rule's columns from one query (see `measure`)
         self.temps: list[exp.Table] = []  # every temp table this grounder names, dropped if it fails
         if template.language == "sql":
             _refuse_shadowing(template, db)
@@ -572,6 +573,8 @@ class _Grounder:
         features = {c for e in ir.walk(rule.expr) if isinstance(e, ir.Features) for c in e.columns}
         encoders = {c: e for e in ir.walk(rule.expr) if isinstance(e, ir.Encode) for c in e.columns}
         types = self.db.arrow(exp.select(exp.Star()).from_(source.copy()).limit(0)).schema if features or encoders else None
+        if types is not None:
+            self.measure(relation, index, rule, source, types, features, encoders)
         columns: list[exp.Expression] = []
         for k in range(rule.n_columns):
             if k in embeds and k not in skip:
@@ -638,14 +641,53 @@ class _Grounder:
             db.add_codes(table, source, column)
         return table
 
+    def measure(self, relation: ir.Relation, index: int, rule: ir.Rule, source: exp.Expression, types: pa.Schema,
+                features: set[int], encoders: dict[int, ir.Encode]) -> None:
+        """Every statistic the rule's features and encoders need, in ONE query over its groundings
+        (a wide table's 17 ple() columns took 34 scans, each running the rule's query again). Kept
+        in `measured` by column key; where the query fails (a type no encoder takes, a spread that
+        overflows) nothing is kept and each column measures itself, raising its own message."""
+        wanted: list[tuple[str, list[exp.Expression]]] = []
+        for k in sorted(features | set(encoders)):
+            key = f"{relation.name}#{index}:{k}"
+            if key in self.presets.feature_stats:
+                continue
+            raw, kind = q.col(f"_c{k}", "g"), types.field(f"_c{k}").type
+            try:
+                if k in features:
+                    number, _ = _feature_number(raw, kind, rule, k)
+                    bare = _bare(number, k)
+                    parts = [_infinite_count(bare), exp.Avg(this=bare.copy()), exp.StddevPop(this=bare.copy()), _nulls(bare)]
+                elif encoders[k].kind == "ple":
+                    bare = _bare(encoders_sql.ple_number(raw, kind, ""), k)
+                    parts = [_infinite_count(bare), encoders_sql.ple_edges_query(bare, source, encoders[k].bins).expressions[0],
+                             _nulls(bare)]
+                elif encoders_sql.is_time(kind):
+                    year = _bare(encoders_sql.calendar_year(raw), k)
+                    parts = [exp.Avg(this=year.copy()), exp.StddevPop(this=year.copy()), _nulls(year)]
+                else:
+                    continue
+            except SchemaError:
+                continue
+            wanted.append((key, parts))
+        if len(wanted) < 2:
+            return
+        try:
+            row = self.db.scalar(exp.select(*[p for _, parts in wanted for p in parts]).from_(source.copy()))
+        except (duckdb.Error, RelsqlError) as err:
+            if _interrupted(err):
+                raise
+            return
+        at = 0
+        for key, parts in wanted:
+            self.measured[key] = tuple(row[at:at + len(parts)])
+            at += len(parts)
+
     def check_finite(self, bare: exp.Expression, grounding: exp.Expression, label: str) -> None:
         """Refuse a column with infinite or NaN values: no statistics or encoding can hold them."""
-        infinite = exp.Sum(this=exp.Case(ifs=[exp.If(this=exp.Not(this=exp.Anonymous(this="isfinite", expressions=[bare.copy()])),
-                                                     true=q.integer(1))], default=q.integer(0)))
-        bad = self.db.scalar(exp.select(infinite).from_(grounding.copy()))[0]
+        bad = self.db.scalar(exp.select(_infinite_count(bare)).from_(grounding.copy()))[0]
         if bad:
-            raise SchemaError(f"{label}: {bad} values are infinite or NaN and cannot be encoded; filter them "
-                              "out (e.g. WHERE isfinite(column)) or replace them in the query")
+            raise SchemaError(_infinite_message(label, bad))
 
     def encoded(self, key: str, encoder: ir.Encode, kind: pa.DataType, grounding: exp.Expression, k: int,
                 rule: ir.Rule) -> exp.Expression:
@@ -657,6 +699,11 @@ class _Grounder:
         with _reported(self.db, rule):
             if encoder.kind == "ple":
                 number = encoders_sql.ple_number(raw, kind, label)
+                if stats is None and key in self.measured:
+                    bad, edges, nulls = self.measured.pop(key)
+                    if bad:
+                        raise SchemaError(_infinite_message(label, bad))
+                    stats = encoders_sql.ple_stats(edges, encoder.bins, nulls)
                 if stats is None:
                     bare = _bare(number, k)
                     self.check_finite(bare, grounding, label)
@@ -669,6 +716,8 @@ class _Grounder:
                 return encoders_sql.ple_sql(number, encoders_sql.checked_edges(stats, encoder.bins, label))
             if not encoders_sql.is_time(kind):
                 raise SchemaError(f"{label} needs a date or timestamp column, got {kind}")
+            if stats is None and key in self.measured:
+                stats = encoders_sql.calendar_stats(*self.measured.pop(key))
             if stats is None:
                 year = _bare(encoders_sql.calendar_year(raw), k)
                 mean, std, nulls = self.db.scalar(exp.select(
@@ -681,17 +730,15 @@ class _Grounder:
 
     def feature(self, key: str, kind: pa.DataType, grounding: exp.Expression, k: int, rule: ir.Rule) -> exp.Expression:
         """A feature column encoded in SQL: standardized number, NULL as 0 plus an indicator."""
-        raw = q.col(f"_c{k}", "g")
-        if pa.types.is_boolean(kind):
-            number, scaled = exp.cast(raw, exp.DataType.build("DOUBLE")), False
-        elif pa.types.is_date(kind) or pa.types.is_timestamp(kind):
-            number, scaled = exp.cast(exp.Anonymous(this="epoch", expressions=[raw]), exp.DataType.build("DOUBLE")), True
-        elif pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind):
-            number, scaled = exp.cast(raw, exp.DataType.build("DOUBLE")), True
-        else:
-            raise SchemaError(f"{rule.head}, {rule.origin}: features({column_label(rule, k)}) needs a numeric, boolean or date column, "
-                              f"got {kind}; use embed(...) for categorical columns")
+        number, scaled = _feature_number(q.col(f"_c{k}", "g"), kind, rule, k)
         stats = self.presets.feature_stats.get(key)
+        if stats is None and key in self.measured:
+            bad, mean, std, nulls = self.measured.pop(key)
+            if bad:
+                raise SchemaError(_infinite_message(f"{rule.head}, {rule.origin}: features({column_label(rule, k)})", bad))
+            if all(v is None or np.isfinite(v) for v in (mean, std)):
+                stats = {"mean": float(mean or 0.0) if scaled else 0.0,
+                         "std": float(std) if scaled and std else 1.0, "nulls": bool(nulls)}
         if stats is None:
             bare = _bare(number, k)
             label = f"{rule.head}, {rule.origin}: features({column_label(rule, k)})"
@@ -718,6 +765,32 @@ class _Grounder:
             return value
         indicator = exp.cast(exp.Is(this=number.copy(), expression=exp.Null()), exp.DataType.build("DOUBLE"))
         return exp.Anonymous(this="list_value", expressions=[value, indicator])
+
+
+def _feature_number(raw: exp.Expression, kind: pa.DataType, rule: ir.Rule, k: int) -> tuple[exp.Expression, bool]:
+    """(the number features() standardizes for a column of arrow type `kind`, whether it is scaled)."""
+    if pa.types.is_boolean(kind):
+        return exp.cast(raw, exp.DataType.build("DOUBLE")), False
+    if pa.types.is_date(kind) or pa.types.is_timestamp(kind):
+        return exp.cast(exp.Anonymous(this="epoch", expressions=[raw]), exp.DataType.build("DOUBLE")), True
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind):
+        return exp.cast(raw, exp.DataType.build("DOUBLE")), True
+    raise SchemaError(f"{rule.head}, {rule.origin}: features({column_label(rule, k)}) needs a numeric, boolean or date column, "
+                      f"got {kind}; use embed(...) for categorical columns")
+
+
+def _infinite_count(bare: exp.Expression) -> exp.Expression:
+    return exp.Sum(this=exp.Case(ifs=[exp.If(this=exp.Not(this=exp.Anonymous(this="isfinite", expressions=[bare.copy()])),
+                                             true=q.integer(1))], default=q.integer(0)))
+
+
+def _nulls(bare: exp.Expression) -> exp.Expression:
+    return exp.Sub(this=exp.Count(this=exp.Star()), expression=exp.Count(this=bare.copy()))
+
+
+def _infinite_message(label: str, bad: int) -> str:
+    return (f"{label}: {bad} values are infinite or NaN and cannot be encoded; filter them "
+            "out (e.g. WHERE isfinite(column)) or replace them in the query")
 
 
 def _bare(number: exp.Expression, k: int) -> exp.Expression:
