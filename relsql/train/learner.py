@@ -30,6 +30,7 @@ from relsql.train.saved import ModelState
 from relsql.train.source import BatchSource, Whole
 from relsql.train.target import Target
 from relsql.train.task import Task
+from relsql.train.threads import torch_threads
 
 log = logging.getLogger("relsql")
 
@@ -110,8 +111,11 @@ class Learner:
     def build(self, presets: Presets, task: str | Task | None, split: dict | None = None) -> None:
         """Ground (all of it, or the key tables for mini-batches), plan, read the labels, make the head.
         What draws random numbers here (the head's initial weights) draws from the model's seed in a
-        stream of its own: the caller's torch generator is left as it was."""
-        with torch.random.fork_rng(devices=[]):
+        stream of its own: the caller's torch generator is left as it was. Planning runs on the
+        threads training uses by default (half the cores), so that the kernels it times are timed
+        as they will run; on a busy 2-core machine torch's every-core default made Lahman's planning
+        34 s instead of 10 s (its threads spinning against each other and the other jobs)."""
+        with torch.random.fork_rng(devices=[]), torch_threads(None):  # fit's default threads: see below
             torch.manual_seed(self.seed)
             self._build(presets, task, split)
 
