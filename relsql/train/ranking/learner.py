@@ -24,7 +24,7 @@ from torch import nn
 from relsql.compile import make_plan
 from relsql.compile.module import CompiledNet
 from relsql.compile.passes import RULES, shared_aggregation
-from relsql.errors import SchemaError
+from relsql.errors import GroundingError, SchemaError
 from relsql.ground.execute import Presets, ground
 from relsql.train.learner import Learner
 from relsql.train.options import RANKING_STEP_POSITIVES
@@ -59,6 +59,12 @@ class RankingLearner(Learner):
         grounding = ground(self.template, self.db, presets=presets, progress=self.settings.progress,
                            max_groundings=self.settings.max_groundings)
         self.timings["grounding"] = time.perf_counter() - started
+        if not grounding.relations[goal.candidates].size:  # before widths: an empty relation has none to compare
+            raise SchemaError(f"the candidate relation `{goal.candidates}` of ranking target {goal.name} has no rows: "
+                              f"table `{goal.reference.table}` is empty or the relation's query selects none of its rows")
+        if not grounding.relations[self.output].size:
+            raise GroundingError(f"the output relation {self.output} has no rows: none of its statements has groundings "
+                                 "(their FROM/JOIN/WHERE return no rows); check the join conditions and that the tables hold data")
         started = time.perf_counter()
         extra = [name for name in (goal.pair_relation, goal.timed_relation) if name]
         outputs = [self.output, goal.candidates] + extra
