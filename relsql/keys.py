@@ -435,10 +435,7 @@ def _infer_primary(db: Database, result: Schema) -> None:
         for column, why, rows in strong + reference + weak:
             rows = rows if rows is not None else _unique_rows(db, name, (column,))
             if rows is not None:
-                result.primary_keys[name] = (column,)
-                result.inferred_primary.add(name)
-                result.origins[("primary", name)] = "inferred"
-                result.evidence[("primary", name)] = f"{why}; unique and never NULL in {rows:,} row{'s' * (rows != 1)}"
+                _infer_key(result, name, (column,), f"{why}; unique and never NULL in {rows:,} row{'s' * (rows != 1)}")
                 break
 
 
@@ -681,13 +678,10 @@ def _infer_shared_pairs(db: Database, result: Schema) -> None:
             if confirmed is None:
                 continue
             other, contained = confirmed
-            result.primary_keys[name] = (a, b)
-            result.inferred_primary.add(name)
-            result.origins[("primary", name)] = "inferred"
-            result.evidence[("primary", name)] = (
+            _infer_key(result, name, (a, b), (
                 f"references: ({a}, {b}) is unique and never NULL here ({rows:,} rows) and named alike in {len(others)} other "
                 f"table{'s' * (len(others) != 1)} ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}); "
-                f"{_found_text(contained)} non-NULL pairs of {other} found here")
+                f"{_found_text(contained)} non-NULL pairs of {other} found here"))
             break
 
 
@@ -776,11 +770,8 @@ def _infer_by_values(db: Database, result: Schema, trusted: set[str]) -> None:
                 continue
             _, parent, key, contained = best
             if not result.primary_keys[parent]:
-                result.primary_keys[parent] = (key,)
-                result.inferred_primary.add(parent)
-                result.origins[("primary", parent)] = "inferred"
-                result.evidence[("primary", parent)] = (f"references: {key}, its first column, is unique and never NULL "
-                                                        f"({stats[parent]['rows']:,} rows) and holds the codes of {child}.{column}")
+                _infer_key(result, parent, (key,), f"references: {key}, its first column, is unique and never NULL "
+                                                   f"({stats[parent]['rows']:,} rows) and holds the codes of {child}.{column}")
             fk = ForeignKey((column,), parent, (key,))
             result.foreign_keys.append((child, fk))
             result.inferred_foreign.append((child, fk))
@@ -835,13 +826,17 @@ def _infer_composite(db: Database, result: Schema, roles: dict[tuple[str, str], 
         for columns in _composite_candidates(units, set(identifiers), role_words):
             rows = _unique_rows(db, name, columns)
             if rows is not None:
-                result.primary_keys[name] = columns
-                result.inferred_primary.add(name)
-                result.origins[("primary", name)] = "inferred"
-                result.evidence[("primary", name)] = (
-                    f"no column names {name}; ({', '.join(columns)}) is the smallest unique, never-NULL set of its "
-                    f"foreign-key and identifier columns ({rows:,} rows)")
+                _infer_key(result, name, columns, f"no column names {name}; ({', '.join(columns)}) is the smallest unique, "
+                                                  f"never-NULL set of its foreign-key and identifier columns ({rows:,} rows)")
                 break
+
+
+def _infer_key(result: Schema, table: str, columns: tuple[str, ...], evidence: str) -> None:
+    """Take `columns` as `table`'s inferred primary key, with the evidence `relsql inspect` shows."""
+    result.primary_keys[table] = columns
+    result.inferred_primary.add(table)
+    result.origins[("primary", table)] = "inferred"
+    result.evidence[("primary", table)] = evidence
 
 
 _ROW_WORDS = {"idx", "index", "rowid", "row", "id"}
@@ -872,12 +867,8 @@ def _infer_counted(db: Database, result: Schema) -> None:
                 continue
             rows = _unique_rows(db, name, columns)
             if rows is not None:
-                result.primary_keys[name] = columns
-                result.inferred_primary.add(name)
-                result.origins[("primary", name)] = "inferred"
-                result.evidence[("primary", name)] = (
-                    f"its foreign keys ({', '.join(columns[:-1])}) with the counter {columns[-1]} are unique and never "
-                    f"NULL in {rows:,} rows")
+                _infer_key(result, name, columns, f"its foreign keys ({', '.join(columns[:-1])}) with the counter "
+                                                  f"{columns[-1]} are unique and never NULL in {rows:,} rows")
                 break
 
 
@@ -895,11 +886,8 @@ def _infer_row_identifier(db: Database, result: Schema) -> None:
                 continue
             rows = _unique_rows(db, name, (column.name,))
             if rows is not None:
-                result.primary_keys[name] = (column.name,)
-                result.inferred_primary.add(name)
-                result.origins[("primary", name)] = "inferred"
-                result.evidence[("primary", name)] = (f"{column.name} numbers the rows: unique and never NULL in "
-                                                      f"{rows:,} row{'s' * (rows != 1)}, and no other key was found")
+                _infer_key(result, name, (column.name,), f"{column.name} numbers the rows: unique and never NULL in "
+                                                         f"{rows:,} row{'s' * (rows != 1)}, and no other key was found")
                 break
 
 
