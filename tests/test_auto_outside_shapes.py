@@ -170,3 +170,28 @@ def test_a_model_s_written_predictions_are_never_read_by_the_next_template(tmp_p
 
     flat = plan(db, "item", "y", keys="FOREIGN KEY item_predictions(item_id) REFERENCES item(item_id)")
     assert all(c.table != "item_predictions" for c in flat.children)
+
+
+def test_a_hub_parent_s_children_are_not_read_back_down(tmp_path):
+    """Flights reference their airport, and each airport has hundreds of hourly weather rows: a
+    flight reading all of its airport's earlier weather multiplies rows (the node is left out and
+    listed); the flight's own weather row, referenced by (origin, hour), is still read."""
+    path = tmp_path / "flights.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE airport(faa VARCHAR PRIMARY KEY, alt DOUBLE)")
+    con.execute("INSERT INTO airport VALUES ('EWR', 18), ('JFK', 13), ('LGA', 22)")
+    con.execute("CREATE TABLE weather(origin VARCHAR REFERENCES airport(faa), hour TIMESTAMP, temp DOUBLE, "
+                "PRIMARY KEY (origin, hour))")
+    con.execute("INSERT INTO weather SELECT o, TIMESTAMP '2013-01-01' + INTERVAL (h) HOUR, (h % 24) * 1.5 "
+                "FROM (VALUES ('EWR'), ('JFK'), ('LGA')) v(o), range(300) r(h)")
+    con.execute("CREATE TABLE flight(flight_id INTEGER PRIMARY KEY, origin VARCHAR REFERENCES airport(faa), hour TIMESTAMP, "
+                "late DOUBLE, FOREIGN KEY (origin, hour) REFERENCES weather(origin, hour))")
+    con.execute("INSERT INTO flight SELECT i, ['EWR', 'JFK', 'LGA'][1 + i % 3], TIMESTAMP '2013-01-01' + INTERVAL (i % 300) HOUR, "
+                "((i % 300) % 24) * 0.1 FROM range(900) r(i)")
+    con.close()
+    db = relsql.connect(path)
+    source = relsql.Template.auto(db, target="flight.late", time_column="hour").source
+    assert "left out, rows multiplied along the way" in source and "weather (via flight -> airport -> weather)" in source
+    assert "CREATE TABLE x_weather AS" in source  # the flight's own weather row
+    model = relsql.Model(db, relsql.Template.from_sql(source), target="flight.late", time_column="hour", seed=0).fit(epochs=2)
+    assert np.isfinite(model.predict()["prediction"].to_numpy()).all()
