@@ -18,11 +18,15 @@ LEVELS = "[0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1]"
 FEW = 0.007074363487381676  # quantile_cont of a column holding it 315 times returns ..676, ..675, ..676
 
 
-def test_duckdb_quantiles_step_back_and_the_kept_edges_do_not():
+def test_quantile_edges_that_step_back_are_kept_ascending():
     con = duckdb.connect()
     edges = con.execute(f"SELECT quantile_cont(x, {LEVELS}) FROM (SELECT CASE WHEN i < 315 THEN {FEW} WHEN i < 603 "
                         "THEN 0.05 ELSE 1.5 END::DOUBLE AS x FROM range(604) r(i))").fetchone()[0]
-    assert any(b < a for a, b in zip(edges, edges[1:]))  # the database's own answer is not sorted
+    # duckdb 1.5.5 answers ..676, ..675, ..676 here (interpolation rounding); whatever it answers,
+    # the kept edges ascend, and the issue's own edges are mended
+    reported = [FEW, 0.007074363487381675, FEW, FEW, FEW, 0.05, 0.05, 0.05, 1.5]
+    mended = encoders.ple_stats(reported, 8, nulls=False)["edges"]
+    assert mended == [FEW, FEW, FEW, FEW, FEW, 0.05, 0.05, 0.05, 1.5]
     kept = encoders.ple_stats(edges, 8, nulls=False)["edges"]
     assert all(b >= a for a, b in zip(kept, kept[1:]))
     assert kept[0] == edges[0] and kept[-1] == max(edges) and max(abs(a - b) for a, b in zip(kept, edges)) < 1e-17
