@@ -559,10 +559,7 @@ def _infer_foreign(db: Database, result: Schema, trusted: set[str]) -> dict[tupl
             best = _best_parent(db, child, column, prefix, candidates, words)
             if best is not None:
                 fk, evidence, roles[child, column.name] = best
-                result.foreign_keys.append((child, fk))
-                result.inferred_foreign.append((child, fk))
-                result.origins[("foreign", child, fk)] = "inferred"
-                result.evidence[("foreign", child, fk)] = evidence
+                _infer_reference(result, child, fk, evidence)
     return roles
 
 
@@ -707,13 +704,9 @@ def _infer_composite_foreign(db: Database, result: Schema, trusted: set[str]) ->
             contained = _containment(db, child, columns, parent, key)
             if not _mostly(contained, _MOSTLY):
                 continue
-            fk = ForeignKey(columns, parent, key)
-            result.foreign_keys.append((child, fk))
-            result.inferred_foreign.append((child, fk))
-            result.origins[("foreign", child, fk)] = "inferred"
-            result.evidence[("foreign", child, fk)] = (
+            _infer_reference(result, child, ForeignKey(columns, parent, key), (
                 f"names: ({', '.join(columns)}) ~ {parent}'s primary key (same names); {_found_text(contained)} "
-                f"non-NULL rows' values found in {parent}({', '.join(key)})")
+                f"non-NULL rows' values found in {parent}({', '.join(key)})"))
 
 
 def _infer_by_values(db: Database, result: Schema, trusted: set[str]) -> None:
@@ -772,13 +765,9 @@ def _infer_by_values(db: Database, result: Schema, trusted: set[str]) -> None:
             if not result.primary_keys[parent]:
                 _infer_key(result, parent, (key,), f"references: {key}, its first column, is unique and never NULL "
                                                    f"({stats[parent]['rows']:,} rows) and holds the codes of {child}.{column}")
-            fk = ForeignKey((column,), parent, (key,))
-            result.foreign_keys.append((child, fk))
-            result.inferred_foreign.append((child, fk))
-            result.origins[("foreign", child, fk)] = "inferred"
-            result.evidence[("foreign", child, fk)] = (
+            _infer_reference(result, child, ForeignKey((column,), parent, (key,)), (
                 f"values: {column} holds {contained[2]:,} codes on {rows:,} rows; {_found_text(contained)} non-NULL values "
-                f"found in {parent}.{key} (no name match: at least {_BY_VALUES:.0%} needed)")
+                f"found in {parent}.{key} (no name match: at least {_BY_VALUES:.0%} needed)"))
 
 
 def _year_values(db: Database, result: Schema) -> dict[str, set[str]]:
@@ -837,6 +826,14 @@ def _infer_key(result: Schema, table: str, columns: tuple[str, ...], evidence: s
     result.inferred_primary.add(table)
     result.origins[("primary", table)] = "inferred"
     result.evidence[("primary", table)] = evidence
+
+
+def _infer_reference(result: Schema, child: str, fk: ForeignKey, evidence: str) -> None:
+    """Take `fk` as an inferred foreign key of `child`, with its evidence."""
+    result.foreign_keys.append((child, fk))
+    result.inferred_foreign.append((child, fk))
+    result.origins[("foreign", child, fk)] = "inferred"
+    result.evidence[("foreign", child, fk)] = evidence
 
 
 _ROW_WORDS = {"idx", "index", "rowid", "row", "id"}

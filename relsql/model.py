@@ -119,9 +119,8 @@ class Model:
         """AdamW on the training rows, keeping the weights of the epoch with the best validation score
         (docs/training.md has every option and why its default was chosen).
 
-        Stops at `epochs`, `patience` epochs without a better score or, when set, `time_budget`
-        seconds (none by default: the same seed gives the same model whatever the machine's load;
-        `model.stopped` says which). `lr`/`patience` default to 0.01/100; for a ranking target to
+        Stops at `epochs`, `patience` epochs without a better score or a `time_budget` in seconds if
+        given (none by default: same seed, same model under any load; `model.stopped` says which). `lr`/`patience` default to 0.01/100; for a ranking target to
         0.03/16, steps of 4096 target rows (fewer rows: 4 steps). `schedule` "plateau" | "cosine" |
         None; `clip` the dense gradient's largest norm; `monitor` "auto" (ROC-AUC, accuracy, MAE, or MAP@k for a
         ranking target), "loss" or another metric. `loss`: "huber" | "mse" | "mae" (regression),
