@@ -343,14 +343,19 @@ PATH_GROUNDINGS, PATH_GROWTH = 10**7, 10
 HUB_CHILDREN = 100
 
 
+def table_rows(db: Database, table: str, cache: dict[str, int]) -> int:
+    """A table's row count, one query per table (`cache`)."""
+    if table not in cache:
+        cache[table] = db.con.execute(exp.select(exp.Count(this=exp.Star())).from_(q.ident(table)).sql("duckdb")).fetchone()[0]
+    return cache[table]
+
+
 def path_groundings(db: Database, node: Node, rows: dict[str, int], cache: dict) -> tuple[float, int]:
     """(the groundings `node`'s statement is estimated at: the target's rows times each child step's
     rows per parent, the largest table on the path's rows)."""
     estimate, largest = 1.0, 0
     while node is not None:
-        if node.table not in rows:
-            rows[node.table] = db.con.execute(exp.select(exp.Count(this=exp.Star())).from_(q.ident(node.table)).sql("duckdb")).fetchone()[0]
-        largest = max(largest, rows[node.table])
+        largest = max(largest, table_rows(db, node.table, rows))
         if node.step is None:
             estimate *= rows[node.table]
         elif node.step.to_child:
@@ -534,10 +539,7 @@ class _Writer:
         return 0 < distinct <= SMALL_INTEGER_CATEGORIES and 2 * distinct <= present
 
     def rows_of(self, table: str) -> int:
-        if table not in self.row_counts:
-            self.row_counts[table] = self.db.con.execute(exp.select(exp.Count(this=exp.Star())).from_(
-                exp.Table(this=exp.to_identifier(table, quoted=True))).sql("duckdb")).fetchone()[0]
-        return self.row_counts[table]
+        return table_rows(self.db, table, self.row_counts)
 
     def counts(self, table: str, column: str) -> tuple[int, int]:
         """(distinct values, non-NULL rows) of a column."""
