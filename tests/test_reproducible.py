@@ -27,18 +27,21 @@ print(model.stopped)
 """
 
 
+CUSTOMERS = 3000  # about 12k orders: reductions large enough for the kernel choice (MIN_ROWS = 10k)
+
+
 def _shop(path) -> None:
     db = relsql.connect(path)
     rng = np.random.default_rng(0)
     db.execute("CREATE TABLE customer(customer_id INTEGER PRIMARY KEY, age DOUBLE, tier VARCHAR, churned BOOLEAN)")
     db.execute("CREATE TABLE orders(order_id INTEGER PRIMARY KEY, customer_id INTEGER REFERENCES customer(customer_id), "
                "amount DOUBLE, ordered DATE)")
-    ages = rng.uniform(18, 80, 400)
-    counts = rng.poisson(3, 400)
+    ages = rng.uniform(18, 80, CUSTOMERS)
+    counts = rng.poisson(4, CUSTOMERS)
     db.con.executemany("INSERT INTO customer VALUES (?, ?, ?, ?)",
-                       [(i, float(ages[i]), str(rng.choice(["a", "b", "c"])), bool(counts[i] > 3 or ages[i] > 70))
-                        for i in range(400)])
-    orders = [(k, i, float(rng.gamma(2, 20))) for k, i in enumerate(np.repeat(np.arange(400), counts))]
+                       [(i, float(ages[i]), str(rng.choice(["a", "b", "c"])), bool(counts[i] > 4 or ages[i] > 70))
+                        for i in range(CUSTOMERS)])
+    orders = [(k, i, float(rng.gamma(2, 20))) for k, i in enumerate(np.repeat(np.arange(CUSTOMERS), counts))]
     db.con.executemany("INSERT INTO orders VALUES (?, ?, ?, DATE '2024-01-01' + ?::INTEGER)",
                        [(k, int(i), a, k % 300) for k, i, a in orders])
     db.con.close()
@@ -72,5 +75,5 @@ def test_the_same_seed_gives_bitwise_equal_predictions_idle_and_under_load(tmp_p
             hog.kill()
     assert idle == loaded  # the same stopping reason
     first, second = np.load(tmp_path / "idle.npy"), np.load(tmp_path / "loaded.npy")
-    assert first.shape == (400,) and np.isfinite(first).all()
+    assert first.shape == (CUSTOMERS,) and np.isfinite(first).all()
     assert np.array_equal(first, second)

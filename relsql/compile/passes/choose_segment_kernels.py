@@ -1,10 +1,13 @@
 """Pick each remaining sum/avg reduction's kernel by measuring it on its own sizes.
 
 Candidates: index_add (sorted scatter) and a CSR sparse × dense matmul with a
-heads × groundings matrix of ones (or 1/degree). Both are exact; which is faster depends on
-the sizes, the width and the machine, so it is timed (forward + backward, on the device the plan
-will run on) rather than guessed.
-Small reductions are left alone: timing them would cost more than it could save. A choice is
+heads × groundings matrix of ones (or 1/degree). Both are exact up to the order of the terms
+summed, so the choice changes the last bits of a model's numbers: it must not depend on the
+machine's load. On the CPU it is a rule: CSR up to CSR_WIDTH columns (timed on these cores
+forward + backward, 10^4–10^6 rows, 2–100 groundings per head: CSR was faster at widths 1–32 in
+every case and the two were a coin flip at 128). On any other device (CUDA) it is timed on the
+device the plan will run on, as the balance there is different.
+Small reductions are left alone: timing them would cost more than it could save. A timed choice is
 remembered per shape (kind, rows, heads, width, device, torch threads) for the process: a model
 built again, a search's trials and a refit time nothing twice. At most MAX_SECONDS of timing per
 plan; a reduction met after that takes the choice measured for the nearest size of its kind, or
@@ -23,6 +26,7 @@ from relsql.compile import costs, sparse
 from relsql.compile.plan import Op, Plan
 
 MIN_ROWS = 10_000  # below this, index_add is kept without measuring
+CSR_WIDTH = 64  # on the CPU: CSR for reductions up to this width, index_add for wider ones
 REPEATS = 3
 MAX_SECONDS = 1.0  # timing per plan, at most (then the nearest measured shape decides)
 CHOICES: dict[tuple, bool] = {}  # (kind, rows, heads, width, device, threads) -> CSR faster
@@ -50,7 +54,7 @@ def choose_segment_kernels(plan: Plan) -> Plan:
             continue
         rows, device = plan.meta[op.args[0]].shape[0], plan.device  # timed where the plan will run
         key = (op.attrs["kind"], rows, counts.shape[0], tuple(op.shape), str(device), torch.get_num_threads())
-        faster = CHOICES.get(key)
+        faster = CHOICES.get(key) if torch.device(device).type != "cpu" else math.prod(op.shape) <= CSR_WIDTH
         if faster is None and time.perf_counter() - started > MAX_SECONDS:
             faster = bool(_nearest(key))  # none timed yet: index_add, the default
         if faster is None:
@@ -66,8 +70,9 @@ def choose_segment_kernels(plan: Plan) -> Plan:
         else:
             ops.append(op)
     plan.ops = ops
-    plan.log.append(f"choose_segment_kernels: {measured} reductions timed on {plan.device} ({remembered} chosen as an "
-                    f"earlier timing of their shape or size did), {changed} faster as CSR matmuls")
+    how = (f"{measured} reductions timed on {plan.device} ({remembered} chosen as an earlier timing of their shape "
+           f"or size did)") if torch.device(plan.device).type != "cpu" else f"{remembered} reductions chosen by width"
+    plan.log.append(f"choose_segment_kernels: {how}, {changed} faster as CSR matmuls")
     return plan
 
 
