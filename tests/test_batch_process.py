@@ -117,6 +117,22 @@ def test_a_killed_child_is_a_relsql_error_not_a_hang(learner):
             list(stream)
 
 
+def test_a_stopped_child_is_a_relsql_error_not_a_hang(learner, monkeypatch):
+    """A child stopped by SIGSTOP never answers nor dies: the trainer names it and the way out
+    instead of waiting forever, and closing the source still ends the child."""
+    monkeypatch.setattr(batch_process, "STOPPED_LIMIT", 2.0)
+    chunks = chunks_of(learner, 0)
+    with BatchSource(learner.batched, fork=True) as source:
+        stream = source.epoch(chunks)
+        next(stream)
+        child = source.process.process
+        os.kill(child.pid, signal.SIGSTOP)
+        with pytest.raises(relsql.RelsqlError, match=f"stopped by a signal.*kill -CONT {child.pid}"):
+            list(stream)
+    child.join(10)
+    assert not child.is_alive()
+
+
 def test_messages_keep_arrays_writable_and_aligned():
     arrays = [np.arange(5, dtype=np.int64), np.ones((3, 2), dtype=np.float32), np.zeros(0, dtype=np.int64)]
     message = ("batch", 7, arrays, {"s": torch.arange(4)})

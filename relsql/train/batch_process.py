@@ -36,6 +36,9 @@ from relsql.train.batched import Batch, Batched
 
 ENV = "RELSQL_BATCH_PROCESS"
 ALIGN = 64  # each array's bytes start at a multiple of this in a message
+POLL = 1.0  # seconds between the trainer's looks at a child it waits for
+STOPPED_LIMIT = 10.0  # seconds a child may sit stopped (SIGSTOP, Ctrl-Z of it alone) before the trainer gives up
+IDLE_LIMIT = 300.0  # seconds a child may use no CPU at all while a batch is asked of it
 
 
 def usable(batched: Batched | None) -> bool:
@@ -141,6 +144,21 @@ def _decode(data: bytes):
 
 # -- the child -----------------------------------------------------------------------------------
 
+def _process_state(pid: int) -> tuple[str, int]:
+    """(state letter, user + system clock ticks) of a process from /proc; ("?", -1) where unreadable
+    (not Linux, or the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            text = file.read().decode("ascii", "replace")
+    except OSError:
+        return "?", -1
+    fields = text[text.rfind(")") + 2:].split()  # after the command name, which may hold spaces
+    try:
+        return fields[0], int(fields[11]) + int(fields[12])
+    except (IndexError, ValueError):
+        return "?", -1
+
+
 def _serve(connection, other, batched: Batched) -> None:
     """The child's loop: (token, rids, sample) in, the prepared batch out, until None or the pipe closes."""
     gc.freeze()  # the parent's objects are never collected here: a DuckDB connection's finalizer crashed a child
@@ -234,6 +252,7 @@ class BatchProcess:
         started = time.perf_counter()
         try:
             while True:
+                self._wait()
                 try:
                     reply = _decode(self.connection.recv_bytes())
                 except (EOFError, OSError) as error:
@@ -253,6 +272,29 @@ class BatchProcess:
             made = self.frames[plan[1]].fill([_unpack(t) for t in plan[3]])
         return Batch(rids, made, torch.from_numpy(rows), keys, codes)
 
+    def _wait(self) -> None:
+        """Wait until a reply can be read, watching the child: a dead child, one stopped by a signal
+        for STOPPED_LIMIT seconds, or one that used no CPU for IDLE_LIMIT seconds is a RelsqlError,
+        where a plain read would wait forever."""
+        stopped_since = idle_since = None
+        last_cpu = -1
+        while not self.connection.poll(POLL):
+            if not self.process.is_alive():
+                raise self._stopped()
+            state, cpu = _process_state(self.process.pid)
+            now = time.monotonic()
+            stopped_since = (stopped_since or now) if state in ("T", "t") else None
+            if stopped_since is not None and now - stopped_since >= STOPPED_LIMIT:
+                raise RelsqlError(f"the process preparing mini-batches (pid {self.process.pid}) has been stopped by a "
+                                  f"signal for {now - stopped_since:.0f}s; continue it (kill -CONT {self.process.pid}) "
+                                  f"and run again, or set {ENV}=0 to prepare batches in a thread")
+            idle_since = (idle_since or now) if cpu >= 0 and cpu == last_cpu else None
+            last_cpu = cpu
+            if idle_since is not None and now - idle_since >= IDLE_LIMIT:
+                raise RelsqlError(f"the process preparing mini-batches (pid {self.process.pid}) used no CPU for "
+                                  f"{now - idle_since:.0f}s while a batch was asked of it; set {ENV}=0 to prepare "
+                                  "batches in a thread")
+
     def _stopped(self) -> RelsqlError:
         self.process.join(timeout=1.0)
         return RelsqlError(f"the process preparing mini-batches (pid {self.process.pid}) stopped "
@@ -267,6 +309,9 @@ class BatchProcess:
         self.process.join(timeout=5.0)
         if self.process.is_alive():
             self.process.terminate()
+            self.process.join(timeout=5.0)
+        if self.process.is_alive():  # a stopped child keeps SIGTERM pending; SIGKILL ends it all the same
+            self.process.kill()
             self.process.join(timeout=5.0)
         self.connection.close()
         _frozen(-1)
