@@ -241,7 +241,8 @@ def test_predict_out_parquet_and_csv(scored, capsys):
     from_csv = pl.read_csv(scored / "p.csv")
     assert code == 0 and from_csv["customer_id"].to_list() == written["customer_id"].to_list()
     assert np.allclose(from_csv["probability"].to_numpy(), written["probability"].to_numpy())
-    assert sorted(p.name for p in scored.iterdir()) == ["m.pt", "p.csv", "p.parquet", "shop.duckdb"]  # no temp files
+    # no temp files; the CSV's mark is its sidecar (relsql/ownfiles.py)
+    assert sorted(p.name for p in scored.iterdir()) == [".p.csv.relsql", "m.pt", "p.csv", "p.parquet", "shop.duckdb"]
     assert tables(db) == before
 
 

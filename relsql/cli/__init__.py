@@ -16,6 +16,8 @@ Exit codes (the same for every command):
 
 No traceback reaches the terminal; a user's table is never replaced without --replace, and
 `--replace` only replaces a table of predictions that relsql wrote (it bears relsql's mark).
+Files likewise: a model, its plot, a template or an --out file replaces only a file of that kind
+relsql wrote and nobody changed since (relsql/ownfiles.py), never a user's, even with --replace.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import numpy as np
 import torch
 
 import relsql
+from relsql import ownfiles
 from relsql.cli import demo as demo_command
 from relsql.cli import output as outputs
 from relsql.cli import task as task_command
@@ -132,10 +135,7 @@ def _template(args: argparse.Namespace) -> int:
     with relsql.connect(args.db, read_only=True, keys=args.keys) as db:
         text = _generate(db, args)
     if args.output:
-        try:
-            Path(args.output).write_text(text, encoding="utf-8")
-        except OSError as err:
-            raise RelsqlError(f"cannot write the template to {args.output} (-o): {err.strerror}; choose another file") from None
+        outputs.write_text_atomically(Path(args.output), text, "choose another -o file, or move that one away")
         print(f"wrote {args.output}: edit it, then `{_next_train(args)}`")
     else:
         print(text)
@@ -179,7 +179,12 @@ def _automatic(db: relsql.Database, args: argparse.Namespace) -> tuple[relsql.Te
     goes to. An existing different file there (perhaps an edited template) is refused before training."""
     text = _generate(db, args)
     beside = template_beside(args.model)
-    if beside.exists() and beside.read_text(encoding="utf-8", errors="replace") != text:
+    try:
+        differs = beside.exists() and beside.read_bytes() != text.encode("utf-8")
+    except OSError as err:
+        raise RelsqlError(f"cannot read {beside} (where the automatic template beside --model {args.model} goes): "
+                          f"{err.strerror or err}; choose another --model") from None
+    if differs:
         raise RelsqlError(f"{beside} (where the automatic template beside --model {args.model} goes) already exists and "
                           f"differs from the template generated now: train on it with --template {beside}, or move it "
                           "away, or choose another --model")
@@ -196,6 +201,7 @@ def _train(args: argparse.Namespace) -> int:
                              allow_target_inputs=args.allow_target_inputs, max_groundings=args.max_groundings,
                              candidates=args.candidates, pairs=args.pairs,
                              **({"split": args.split} if args.split is not None else {}), device=args.device)
+        _plot_beside(args.model, model)
         options = _fit_options(args)
         if args.search is not None:
             from relsql.train import search
@@ -222,6 +228,15 @@ def _train(args: argparse.Namespace) -> int:
         verb, out = ("recommend", "recommendations.parquet") if model.task.kind == "ranking" else ("predict", "predictions.parquet")
         print(f"{verb}: `" + _command("relsql", verb, args.db, "--model", path, "--out", out) + "`")
     return 0
+
+
+def _plot_beside(path: str, model: relsql.Model) -> None:
+    """Refuse, before training, a file relsql did not write where the metrics plot goes (Model.save
+    plots a model that is not a ranking model beside it): it would be refused after training."""
+    plot = Path(path).with_suffix(".png")
+    if model.task.kind != "ranking":
+        ownfiles.check(plot, "metrics plot", f"choose another --model (its plot goes beside it as {plot.name}), or "
+                       "move that file away")
 
 
 def _carried(args: argparse.Namespace) -> list[str]:

@@ -11,7 +11,7 @@ import zipfile
 from pathlib import Path
 
 from relsql import arguments as relsql_arguments
-from relsql import textfile
+from relsql import ownfiles, textfile
 from relsql.cli.demo import demo_tables
 from relsql.db import check_table_name
 from relsql.errors import RelsqlError
@@ -228,6 +228,9 @@ def _check_train(args: argparse.Namespace, db: str | None) -> str | None:
                 return f"{flag} {value} is {other} ({path}): it would be overwritten; choose another file"
     if _same_file(args.model, args.checkpoint):
         return f"--model and --checkpoint are the same file ({args.model}); give each its own file"
+    refused = _not_owned("--model", args.model, "model", "choose another --model, or move that file away")
+    if refused:
+        return refused
     if args.search is not None and (args.checkpoint is not None or args.workers > 1):
         return ("--search trains many models in this process, without checkpoints: drop --checkpoint and --workers, "
                 "or drop --search")
@@ -258,25 +261,15 @@ def _check_train(args: argparse.Namespace, db: str | None) -> str | None:
 
 def _replaceable_file(path: Path, kind: str = "predictions") -> str | None:
     """Why an existing --out file may not be replaced (None: it holds predictions, or
-    recommendations, relsql wrote)."""
-    from relsql.db import parquet_mark
+    recommendations, relsql wrote and nobody changed since: its mark, see relsql/ownfiles.py)."""
+    refused = ownfiles.refusal(path, kind)
+    return None if refused is None else f"--out {refused}"
 
-    if path.suffix.lower() == ".parquet":
-        if parquet_mark(path) != kind:
-            return f"--out {path} exists and is not a Parquet file of {kind} relsql wrote (it has no relsql mark)"
-        return None
-    try:
-        with path.open(encoding="utf-8", errors="replace") as handle:
-            header = handle.readline().rstrip("\r\n").split(",")
-    except OSError as err:
-        return f"cannot read --out {path}: {err.strerror}"
-    if kind == "recommendations":
-        if not {"rank", "score"} <= {c.strip('"') for c in header}:
-            return f"--out {path} exists and is not a CSV of recommendations (its header has no rank and score columns)"
-        return None
-    if not any(re.fullmatch(r'"?prediction(_\d+)?"?', c) for c in header):
-        return f"--out {path} exists and is not a CSV of predictions (its header has no prediction column)"
-    return None
+
+def _not_owned(flag: str, path: str | Path, kind: str, fix: str) -> str | None:
+    """Why `flag`'s file may not be written (an existing file relsql did not write), or None."""
+    refused = ownfiles.refusal(path, kind)
+    return None if refused is None else f"{flag} {refused}; relsql never replaces a file it did not write: {fix}"
 
 
 def _check_predict(args: argparse.Namespace, db: str | None, kind: str = "predictions") -> str | None:
@@ -305,6 +298,8 @@ def check_together(args: argparse.Namespace) -> str | None:
     db = getattr(args, "db", None)
     if args.command == "template" and _same_file(args.output, db):
         return f"-o {args.output} is the database itself: writing the template there would destroy it; choose another file"
+    if args.command == "template" and args.output:
+        return _not_owned("-o", args.output, "template", "choose another -o file, or move that one away")
     if args.command == "train":
         return _check_train(args, db)
     if args.command in ("predict", "recommend"):
@@ -315,6 +310,8 @@ def check_together(args: argparse.Namespace) -> str | None:
             return f"--predictions {args.predictions} is one of the demo's tables ({', '.join(tables)}); choose another name"
         if _same_file(args.model, args.db):
             return f"--model {args.model} is the demo database (--db); choose another file"
+        if args.model:
+            return _not_owned("--model", args.model, "model", "choose another --model, or move that file away")
     return None
 
 

@@ -1,62 +1,27 @@
 """Files `relsql` writes besides tables: predictions (`predict --out`) and the automatic template
 (`train` without --template). Each is written to a temporary file in the same folder and renamed
-into place, so a reader never sees half a file and an interrupted run leaves the old one whole."""
+into place, so a reader never sees half a file and an interrupted run leaves the old one whole;
+each bears relsql's mark, and only a file bearing it is ever replaced (relsql/ownfiles.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 from pathlib import Path
 
 import polars as pl
 import pyarrow.parquet as pq
 
+from relsql import ownfiles
 from relsql.catalog import Catalog, Table
 from relsql.db import with_mark
 from relsql.errors import RelsqlError
 from relsql.keys import Schema
 
 
-@contextlib.contextmanager
-def _temporary(path: Path):
-    """A temporary file beside `path` (yielded); removed if it was not moved into place."""
-    handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(handle)
-    try:
-        yield Path(name)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(name)
-
-
-def _move(temporary: Path, path: Path, replace: bool) -> None:
-    """Rename into place; without `replace`, never over a file that appeared meanwhile."""
-    if replace:
-        os.replace(temporary, path)
-        return
-    try:
-        os.link(temporary, path)  # fails if `path` exists: no check-then-write race
-    except FileExistsError:
-        raise RelsqlError(f"{path} appeared while relsql wrote it; nothing was replaced: choose another file") from None
-    except OSError:  # a file system without hard links
-        if path.exists():
-            raise RelsqlError(f"{path} already exists; nothing was replaced: choose another file") from None
-        os.replace(temporary, path)
-
-
-def _writable(path: Path, what: str, err: OSError) -> RelsqlError:
-    return RelsqlError(f"cannot write {what} {path}: {err.strerror or err}; choose another path")
-
-
-def write_text_atomically(path: Path, text: str) -> None:
-    """`text` as `path` (UTF-8), replacing it whole."""
-    try:
-        with _temporary(path) as temporary:
-            temporary.write_text(text, encoding="utf-8")
-            _move(temporary, path, replace=True)
-    except OSError as err:
-        raise _writable(path, "the template", err) from None
+def write_text_atomically(path: Path, text: str, fix: str = "choose another file, or move that one away") -> None:
+    """`text` as `path` (UTF-8), whole, as a template relsql wrote (relsql/ownfiles.py): a file there
+    that relsql did not write, or that was edited since, is refused, never replaced."""
+    ownfiles.write_text(path, text, "template", fix)
 
 
 def _for_csv(frame: pl.DataFrame) -> pl.DataFrame:
@@ -68,17 +33,21 @@ def _for_csv(frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def write_predictions(frame: pl.DataFrame, path: Path, replace: bool, kind: str = "predictions") -> None:
-    """`frame` as a Parquet file (bearing relsql's mark of `kind`, so a later --replace knows it)
-    or a CSV file, by `path`'s suffix; atomically."""
-    try:
-        with _temporary(path) as temporary:
-            if path.suffix.lower() == ".parquet":
-                pq.write_table(with_mark(frame.to_arrow(), kind), temporary)
-            else:
-                _for_csv(frame).write_csv(temporary)
-            _move(temporary, path, replace)
-    except OSError as err:
-        raise _writable(path, kind, err) from None
+    """`frame` as a Parquet file or a CSV file, by `path`'s suffix, atomically, bearing relsql's
+    mark of `kind` (relsql/ownfiles.py) so a later --replace knows it. Without `replace` an existing
+    file is never replaced; with it, only a file of `kind` relsql wrote."""
+    if not replace and os.path.lexists(path):
+        raise RelsqlError(f"{path} already exists; nothing was replaced: choose another file, or pass --replace to "
+                          f"replace {kind} relsql wrote")
+    fix = "choose another --out file" if replace else "choose another file"
+
+    def fill(temporary: Path) -> None:
+        if path.suffix.lower() == ".parquet":
+            pq.write_table(with_mark(frame.to_arrow(), kind), temporary)
+        else:
+            _for_csv(frame).write_csv(temporary)
+
+    ownfiles.write_marked(path, kind, fix, fill)
 
 
 def summary(frame: pl.DataFrame, task, path: str, where: str | None) -> str:

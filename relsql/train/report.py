@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 from relsql.errors import RelsqlError
+from relsql.ownfiles import save_figure
 from relsql.train import baselines
 
 
@@ -39,8 +40,10 @@ def plot_history(history: list[dict], path: Path, metric: str, *, title: str = "
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        save_figure(fig, path, "save the model under another name, or move that file away", dpi=100)
+    finally:
+        plt.close(fig)
     return path
 
 

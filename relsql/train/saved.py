@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from relsql import arguments
+from relsql import arguments, ownfiles
 from relsql.errors import RelsqlError
 from relsql.ground.execute import Presets
 from relsql.template import Template, ir
@@ -80,10 +80,20 @@ def _hybrid(learner) -> dict | None:
     return None if blend is None else blend.to_plain()
 
 
+SAVE_FIX = "save the model under another name, or move that file away"
+
+
 def write(state: ModelState, path: str | Path) -> Path:
-    """The state as a model file (format FORMAT), atomically."""
+    """The state as a model file (format FORMAT), atomically; never over a file relsql did not
+    write (relsql/ownfiles.py), nor when Model.save's plot beside it would go over one."""
+    path = files.writable(path, "model file")
+    ownfiles.check(path, "model", SAVE_FIX)
+    if state.history and state.task.kind != "ranking":  # Model.save then plots the history beside it
+        plot = path.with_suffix(".png")
+        ownfiles.check(plot, "metrics plot", f"save the model under another name (its plot goes beside it as "
+                       f"{plot.name}), or move that file away")
     task, encodings = state.task, state.presets
-    return files.write(path, FORMAT, {
+    return ownfiles.write_marked(path, "model", SAVE_FIX, lambda partial: files.write(partial, FORMAT, {
         "template": state.template.source, "language": state.template.language,
         "target": state.target, "output": state.output, "time_column": state.time_column,
         "fractions": tuple(float(f) for f in state.fractions), "seed": int(state.seed),
@@ -98,7 +108,7 @@ def write(state: ModelState, path: str | Path) -> Path:
         "batch_size": state.batch_size, "fanout": state.fanout,
         "embedding_optimizer": state.embedding_optimizer, "embedding_lr": float(state.embedding_lr),
         **({} if state.hybrid is None else {"hybrid": state.hybrid}),
-    }, "model file")
+    }, "model file"))
 
 
 def read(path: str | Path) -> ModelState:
