@@ -8,6 +8,10 @@ keys (only parsed, never run; `load.sql`'s COPY statements map exported table na
 names). Writing a
 table writes `<name>.parquet` to a temporary file in the folder and renames it into place
 (`os.replace`, atomic on one file system), then registers the view.
+
+A folder may come from anyone (a download, an archive), so a link in it is followed only when it
+leads to a file inside the folder: `orders.parquet -> /etc/passwd` would otherwise make a file
+outside it a table (`inside` refuses it, naming the link).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from relsql.catalog import ForeignKey, Keys
 from relsql.db import Database, Source, first_line, ident, parquet_mark
 from relsql.errors import RelsqlError, SchemaError, SourceError
 
-__all__ = ["Folder", "SUFFIXES", "open_folder"]
+__all__ = ["Folder", "SUFFIXES", "inside", "open_folder"]
 
 SUFFIXES = {".parquet": "read_parquet", ".csv": "read_csv"}
 
@@ -54,6 +58,7 @@ class Folder(Source):
         if not file.is_file():
             return
         try:
+            inside(self.path, file)
             text = textfile.read_text(file, "schema file")
         except RelsqlError as err:
             warnings.warn(f"{err}; its keys are not used", stacklevel=3)
@@ -114,7 +119,10 @@ def open_folder(path: Path, *, read_only: bool = False) -> Database:
         raise SourceError(f"cannot read folder {path}: permission denied; fix its permissions")
     found: dict[str, Path] = {}
     for file in sorted(path.iterdir()):
-        if not file.is_file() or file.name.startswith(".") or file.suffix.lower() not in SUFFIXES:
+        if file.name.startswith(".") or file.suffix.lower() not in SUFFIXES:
+            continue
+        inside(path, file)
+        if not file.is_file():
             continue
         if file.stem in found:
             raise SourceError(f"folder {path} has two files for table `{file.stem}` ({found[file.stem].name} and "
@@ -132,6 +140,19 @@ def open_folder(path: Path, *, read_only: bool = False) -> Database:
     return db
 
 
+def inside(root: Path, path: Path) -> Path:
+    """`path`, checked to stay inside folder `root` once links are followed: a link (or a linked
+    folder on the way) that leads elsewhere is a SourceError naming it, never read."""
+    try:
+        resolved, base = path.resolve(), root.resolve()
+    except (OSError, RuntimeError) as err:  # a loop of links
+        raise SourceError(f"cannot follow {path}: {err}; remove the link") from None
+    if resolved != base and not resolved.is_relative_to(base):
+        raise SourceError(f"{path} is a link to {resolved}, outside the folder {root}; relsql reads only the "
+                          "folder's own files: copy the file into the folder instead of linking it")
+    return path
+
+
 def _exported_names(path: Path, files: dict[str, Path]) -> dict[str, str]:
     """Table name → this folder's table (file stem), from load.sql's `COPY "Odd Name" FROM
     '.../odd_name.parquet'`: EXPORT DATABASE names files after tables, but not always alike."""
@@ -139,6 +160,7 @@ def _exported_names(path: Path, files: dict[str, Path]) -> dict[str, str]:
     if not load.is_file():
         return {}
     try:
+        inside(path, load)
         statements = sqlglot.parse(textfile.read_text(load, "load file"), read="duckdb")
     except (RelsqlError, sqlglot.errors.SqlglotError):
         return {}

@@ -5,15 +5,24 @@ Two layouts. RelBench 3: `manifest.yaml` (each table's `pkey`, `fkeys` {column: 
 `time_col`), `db/<table>.parquet`, `tasks/<task>/manifest.yaml` beside `{train,val,test}.parquet`.
 Older releases: no manifest; every Parquet file's footer holds JSON under `pkey_col`,
 `fkey_col_to_pkey_table` and `time_col` (relbench's `Table.save`), for the tables in `db/` and the
-task tables in `tasks/<task>/`. A manifest is read with `yaml.safe_load` (no tags, no code), and
-bounded like every text file relsql reads. The tables are views of the files (nothing copied);
-a task's three files become one view numbered train, val, test. Nothing in the folder is written.
+task tables in `tasks/<task>/`. The tables are views of the files (nothing copied); a task's
+three files become one view numbered train, val, test. Nothing in the folder is written.
+
+A dataset folder is a download: every byte of it is untrusted. A manifest is read bounded
+(MANIFEST_LIMIT bytes, a regular file: a FIFO, folder or dangling link named `manifest.yaml` is
+refused, not skipped), parsed as plain data (safe loader: no tags, no code) after a pass over its
+YAML events that refuses anchors and aliases (one alias can stand for billions of values: the
+"billion laughs") and nesting deeper than YAML_DEPTH, and every field is type-checked before use.
+Footer JSON is bounded the same way. A link inside the folder is followed only to a file inside it
+(connectors/files.py, `inside`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import reprlib
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +42,13 @@ __all__ = ["is_relbench_folder", "open_relbench_folder"]
 
 MANIFEST = "manifest.yaml"
 METADATA_KEYS = (b"pkey_col", b"fkey_col_to_pkey_table", b"time_col")  # relbench's Table.save before manifests
+MANIFEST_LIMIT = 1 << 20  # bytes: RelBench's manifests are a few kB, its largest (a forecast's SQL) far below
+YAML_DEPTH = 16  # nested mappings/lists: a manifest uses 3 (tables -> table -> fkeys)
+YAML_EVENTS = 100_000  # scalars, mappings and lists in one manifest
+_shown = reprlib.Repr()  # a value in an error: short, whatever the file holds
+_shown.maxstring = _shown.maxother = 60
+_shown.maxlist = _shown.maxdict = 4
+_shown.maxlevel = 2
 
 
 class RelbenchFolder(files.Folder):
@@ -49,74 +65,128 @@ class RelbenchFolder(files.Folder):
 
 
 def is_relbench_folder(path: Path) -> bool:
-    """A folder with `manifest.yaml` and `db/`, or a `db/` whose Parquet files carry relbench's keys."""
+    """A folder with `manifest.yaml` and `db/`, or a `db/` whose Parquet files carry relbench's keys.
+    A `manifest.yaml` that is not a file (a FIFO, a folder, a dangling link) still marks the folder
+    as a dataset, so that opening it refuses the manifest instead of showing a folder of no tables."""
     db_dir = path / "db"
     if not db_dir.is_dir():
         return False
-    if (path / MANIFEST).is_file():
+    if os.path.lexists(path / MANIFEST):
         return True
     return any(_footer(file) is not None for file in sorted(db_dir.glob("*.parquet"))[:1])
 
 
 def _footer(file: Path) -> dict[str, Any] | None:
-    """The relbench keys in a Parquet file's footer, or None when it has none."""
+    """The relbench keys in a Parquet file's footer, checked, or None when it has none."""
     try:
         metadata = pq.read_schema(file).metadata or {}
     except (OSError, pa.ArrowException):
         return None
     if not all(key in metadata for key in METADATA_KEYS):
         return None
+    where = f"{file}: its relbench keys (Parquet metadata)"
     try:
-        return {key.decode(): json.loads(metadata[key]) for key in METADATA_KEYS}
-    except (ValueError, UnicodeDecodeError):
-        raise SourceError(f"{file}: its relbench keys (Parquet metadata) are not JSON; rewrite the file with relbench") from None
+        if any(len(metadata[key]) > MANIFEST_LIMIT for key in METADATA_KEYS):
+            raise ValueError("too long")
+        footer = {key.decode(): json.loads(metadata[key]) for key in METADATA_KEYS}
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: JSON nested thousands deep
+        raise SourceError(f"{where} are not short, plain JSON; rewrite the file with relbench") from None
+    fix = "rewrite the file with relbench"
+    return {"pkey_col": _text(footer["pkey_col"], f"{where}: pkey_col", fix),
+            "time_col": _text(footer["time_col"], f"{where}: time_col", fix),
+            "fkey_col_to_pkey_table": _names(footer["fkey_col_to_pkey_table"], f"{where}: fkey_col_to_pkey_table", fix)}
 
 
 def _manifest(file: Path) -> dict[str, Any]:
-    """A manifest's YAML, safely (plain data only) and bounded."""
+    """A manifest's YAML as plain data: bounded, no anchors or aliases, nested at most YAML_DEPTH."""
     try:
         import yaml
     except ImportError:
         raise SourceError(f"reading {file} needs PyYAML: pip install pyyaml") from None
-    text = textfile.read_text(file, "RelBench manifest", SourceError)
+    text = textfile.read_text(file, "RelBench manifest", SourceError, limit=MANIFEST_LIMIT)
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: the pure parser is slow
     try:
-        data = yaml.safe_load(text)
+        _check_events(yaml, yaml.parse(text, Loader=loader), file)
+        data = yaml.load(text, Loader=loader)  # noqa: S506 (a safe loader)
     except yaml.YAMLError as err:
-        raise SourceError(f"{file} is not valid YAML ({first_line(err)}); fix or restore the file") from None
+        raise SourceError(f"{file} is not valid YAML ({first_line(err)[:200]}); fix or restore the file") from None
     if not isinstance(data, dict):
         raise SourceError(f"{file} holds no mapping of settings; it is not a RelBench manifest")
     return data
 
 
-def _text(value: Any, where: str) -> str | None:
-    if value is None or isinstance(value, str):
+def _check_events(yaml: Any, events: Any, file: Path) -> None:
+    """Refuse, before anything is built, what plain manifests never hold: anchors and aliases
+    (expanding them is unbounded), deep nesting (the loader recurses), and too many values."""
+    depth = count = 0
+    for event in events:
+        count += 1
+        line = f"{file}, line {event.start_mark.line + 1}" if event.start_mark else str(file)
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise SourceError(f"{line}: a YAML anchor or alias (`&name` / `*name`); relsql does not expand them in a "
+                              "manifest (one alias can stand for billions of values): write the values out")
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > YAML_DEPTH:
+                raise SourceError(f"{line}: YAML nested more than {YAML_DEPTH} deep; a RelBench manifest nests 3 deep: "
+                                  "fix or restore the file")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+        if count > YAML_EVENTS:
+            raise SourceError(f"{line}: more than {YAML_EVENTS:,} YAML values; this is not a RelBench manifest")
+
+
+FIX = "fix the manifest"
+
+
+def _text(value: Any, where: str, fix: str = FIX) -> str | None:
+    """A name (column, table, task type) or None: anything else is refused, shown short."""
+    if value is None or (isinstance(value, str) and value):
         return value
-    raise SourceError(f"{where} must be a name, got {value!r}; fix the manifest")
+    raise SourceError(f"{where} must be a name (text), got {_shown.repr(value)}; {fix}")
+
+
+def _name(value: Any, where: str, fix: str = FIX) -> str:
+    """A name that must be there."""
+    if value is None:
+        raise SourceError(f"{where} is missing; {fix}")
+    return _text(value, where, fix)
+
+
+def _names(value: Any, where: str, fix: str = FIX) -> dict[str, str]:
+    """A mapping of names to names ({column: table}); absent is empty."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SourceError(f"{where} must map names to names ({{column: table}}), got {_shown.repr(value)}; {fix}")
+    return {_name(k, f"{where} key", fix): _name(v, f"{where}.{k}", fix) for k, v in value.items()}
 
 
 def _table_specs(path: Path) -> tuple[dict[str, dict[str, Any]], str]:
     """{table: {pkey, fkeys, time_col}} and where they were read."""
-    if (path / MANIFEST).is_file():
-        tables = _manifest(path / MANIFEST).get("tables") or {}
+    if os.path.lexists(path / MANIFEST):
+        tables = _manifest(files.inside(path, path / MANIFEST)).get("tables") or {}
         if not isinstance(tables, dict):
-            raise SourceError(f"{path / MANIFEST}: `tables` must map table names to their pkey, fkeys and time_col")
+            raise SourceError(f"{path / MANIFEST}: `tables` must map table names to their pkey, fkeys and time_col, "
+                              f"got {_shown.repr(tables)}; fix the manifest")
         specs = {}
         for name, spec in tables.items():
-            spec = spec or {}
-            fkeys = spec.get("fkeys") or {}
-            if not isinstance(spec, dict) or not isinstance(fkeys, dict):
-                raise SourceError(f"{path / MANIFEST}: table {name!r} needs pkey, fkeys {{column: table}} and time_col")
-            where = f"{path / MANIFEST}: table {name}"
-            specs[str(name)] = {"pkey": _text(spec.get("pkey"), f"{where} pkey"),
-                                "time_col": _text(spec.get("time_col"), f"{where} time_col"),
-                                "fkeys": {str(c): _text(t, f"{where} fkeys.{c}") for c, t in fkeys.items()}}
+            where = f"{path / MANIFEST}: table {_shown.repr(name)}"
+            name = _name(name, f"{path / MANIFEST}: a table's name")
+            spec = {} if spec is None else spec
+            if not isinstance(spec, dict):
+                raise SourceError(f"{where} needs pkey, fkeys {{column: table}} and time_col, got {_shown.repr(spec)}; "
+                                  "fix the manifest")
+            specs[name] = {"pkey": _text(spec.get("pkey"), f"{where} pkey"),
+                           "time_col": _text(spec.get("time_col"), f"{where} time_col"),
+                           "fkeys": _names(spec.get("fkeys"), f"{where} fkeys")}
         return specs, MANIFEST
     specs = {}
     for file in sorted((path / "db").glob("*.parquet")):
-        footer = _footer(file)
+        footer = _footer(files.inside(path, file))
         if footer is not None:
             specs[file.stem] = {"pkey": footer["pkey_col"], "time_col": footer["time_col"],
-                                "fkeys": dict(footer["fkey_col_to_pkey_table"] or {})}
+                                "fkeys": footer["fkey_col_to_pkey_table"]}
     return specs, "Parquet metadata"
 
 
@@ -142,21 +212,23 @@ def _declared(specs: dict[str, dict[str, Any]], columns: dict[str, list[str]], o
 def open_relbench_folder(path: Path, *, read_only: bool = False) -> Database:
     """The dataset folder as a Database (see the module docstring)."""
     path = Path(path)
+    files.inside(path, path / "db")
     specs, origin = _table_specs(path)
     source = RelbenchFolder(path / "db", read_only=read_only)
     db = Database(duckdb.connect(), f"RelBench dataset {path}{' (read-only)' if read_only else ''}", source=source)
     try:
         for file in sorted((path / "db").iterdir()):
-            if file.is_file() and not file.name.startswith(".") and file.suffix.lower() in files.SUFFIXES:
-                source.register(db, file.stem, file)
+            if not file.name.startswith(".") and file.suffix.lower() in files.SUFFIXES:
+                if files.inside(path, file).is_file():
+                    source.register(db, file.stem, file)
         columns = {name: [c for c, _ in db.columns(name)] for name in source.files}
         source.declared = _declared(specs, columns, origin)
         source.keys_origin = origin
         db.time_columns = {name: spec["time_col"] for name, spec in specs.items() if spec["time_col"]}
         tasks = path / "tasks"
-        for folder in sorted(tasks.iterdir()) if tasks.is_dir() else ():
-            if folder.is_dir():
-                _open_task(db, source, folder, specs)
+        for folder in sorted(files.inside(path, tasks).iterdir()) if tasks.is_dir() else ():
+            if files.inside(path, folder).is_dir():
+                _open_task(db, source, folder, specs, path)
     except BaseException:
         db.con.close()
         raise
@@ -164,26 +236,42 @@ def open_relbench_folder(path: Path, *, read_only: bool = False) -> Database:
 
 
 def _task_spec(folder: Path, specs: dict[str, dict[str, Any]], splits: dict[str, Path]) -> relbench._Spec:
-    """What a task folder's manifest (or, before manifests, its files' footers) says."""
-    if (folder / MANIFEST).is_file():
-        m = _manifest(folder / MANIFEST)
-        task_type = str(m.get("task_type") or "")
-        hidden = tuple(tuple(pair) for pair in m.get("remove_columns") or ())
-        if m.get("src_entity_col"):
-            entities = {m["src_entity_col"]: m["src_entity_table"], m["dst_entity_col"]: m["dst_entity_table"]}
-            return relbench._Spec(str(m.get("target_col") or ""), m.get("time_col"), task_type, entities, hidden)
-        table = m.get("entity_table")
+    """What a task folder's manifest (or, before manifests, its files' footers) says, every field checked."""
+    file = folder / MANIFEST
+    if os.path.lexists(file):
+        m = _manifest(files.inside(folder.parent.parent, file))
+
+        def name(field: str, needed: bool = False) -> str | None:
+            return (_name if needed else _text)(m.get(field), f"{file}: {field}")
+
+        task_type = name("task_type") or ""
+        hidden = _hidden(m.get("remove_columns"), file)
+        target = name("target_col") or ""
+        if m.get("src_entity_col") is not None:
+            entities = {name("src_entity_col", True): name("src_entity_table", True),
+                        name("dst_entity_col", True): name("dst_entity_table", True)}
+            unknown = [t for t in entities.values() if t not in specs]
+            if unknown or len(entities) != 2:
+                raise SourceError(f"{file}: its source and destination must be two columns, each naming a table of "
+                                  f"the dataset ({', '.join(specs)}); fix the manifest")
+            return relbench._Spec(target, name("time_col"), task_type, entities, hidden)
+        table = name("entity_table", True)
         if table not in specs:
-            raise SourceError(f"{folder / MANIFEST}: entity_table {table!r} is not a table of the dataset")
-        entity = m.get("entity_col") or specs[table]["pkey"]  # autocomplete: the entity table's key
-        time = m.get("time_col") or specs[table]["time_col"]
-        if m.get("kind") == "autocomplete":
-            hidden = (*hidden, (table, m.get("target_col")))
-        return relbench._Spec(str(m.get("target_col") or ""), time, task_type, {entity: table}, hidden)
+            raise SourceError(f"{file}: entity_table {_shown.repr(table)} is not a table of the dataset "
+                              f"({', '.join(specs) or 'none'}); fix the manifest")
+        entity = name("entity_col") or specs[table]["pkey"]  # autocomplete: the entity table's key
+        if entity is None:
+            raise SourceError(f"{file}: no entity_col, and entity table `{table}` has no pkey; fix the manifest")
+        time = name("time_col") or specs[table]["time_col"]
+        if name("kind") == "autocomplete":
+            if not target:
+                raise SourceError(f"{file}: an autocomplete task needs its target_col; fix the manifest")
+            hidden = (*hidden, (table, target))
+        return relbench._Spec(target, time, task_type, {entity: table}, hidden)
     footer = _footer(splits["train"])
     if footer is None:
         raise SourceError(f"task folder {folder} has neither {MANIFEST} nor relbench's keys in train.parquet")
-    entities = dict(footer["fkey_col_to_pkey_table"] or {})
+    entities = footer["fkey_col_to_pkey_table"]
     names = pq.read_schema(splits["train"]).names
     rest = [c for c in names if c not in entities and c != footer["time_col"]]
     if len(rest) != 1:
@@ -192,9 +280,21 @@ def _task_spec(folder: Path, specs: dict[str, dict[str, Any]], splits: dict[str,
     return relbench._Spec(rest[0], footer["time_col"], "", entities)
 
 
-def _open_task(db: Database, source: RelbenchFolder, folder: Path, specs: dict[str, dict[str, Any]]) -> None:
+def _hidden(value: Any, file: Path) -> tuple[tuple[str, str], ...]:
+    """remove_columns: a list of [table, column] pairs."""
+    pairs = [] if value is None else value
+    if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+        raise SourceError(f"{file}: remove_columns must list [table, column] pairs, got {_shown.repr(value)}; "
+                          "fix the manifest")
+    return tuple((_name(t, f"{file}: remove_columns table"), _name(c, f"{file}: remove_columns column"))
+                 for t, c in pairs)
+
+
+def _open_task(db: Database, source: RelbenchFolder, folder: Path, specs: dict[str, dict[str, Any]],
+               root: Path) -> None:
     """A view over a task's split files, numbered train, val, test; registered as a RelBench task."""
-    splits = {s: folder / f"{s}.parquet" for s in relbench.SPLITS if (folder / f"{s}.parquet").is_file()}
+    splits = {s: folder / f"{s}.parquet" for s in relbench.SPLITS
+              if files.inside(root, folder / f"{s}.parquet").is_file()}
     if "train" not in splits:
         return  # a task whose labels are regenerated from SQL (no files): nothing to train on here
     spec = _task_spec(folder, specs, splits)
