@@ -763,18 +763,18 @@ class _Grounder:
             expression=q.real(stats["std"])), expressions=[q.integer(0)])
         if not stats["nulls"]:
             return value
-        indicator = exp.cast(exp.Is(this=number.copy(), expression=exp.Null()), exp.DataType.build("DOUBLE"))
+        indicator = exp.cast(exp.Is(this=number.copy(), expression=exp.Null()), exp.DataType.build(exp.DataType.Type.DOUBLE))
         return exp.Anonymous(this="list_value", expressions=[value, indicator])
 
 
 def _feature_number(raw: exp.Expression, kind: pa.DataType, rule: ir.Rule, k: int) -> tuple[exp.Expression, bool]:
     """(the number features() standardizes for a column of arrow type `kind`, whether it is scaled)."""
     if pa.types.is_boolean(kind):
-        return exp.cast(raw, exp.DataType.build("DOUBLE")), False
+        return exp.cast(raw, exp.DataType.build(exp.DataType.Type.DOUBLE)), False
     if pa.types.is_date(kind) or pa.types.is_timestamp(kind):
-        return exp.cast(exp.Anonymous(this="epoch", expressions=[raw]), exp.DataType.build("DOUBLE")), True
+        return exp.cast(exp.Anonymous(this="epoch", expressions=[raw]), exp.DataType.build(exp.DataType.Type.DOUBLE)), True
     if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind):
-        return exp.cast(raw, exp.DataType.build("DOUBLE")), True
+        return exp.cast(raw, exp.DataType.build(exp.DataType.Type.DOUBLE)), True
     raise SchemaError(f"{rule.head}, {rule.origin}: features({column_label(rule, k)}) needs a numeric, boolean or date column, "
                       f"got {kind}; use embed(...) for categorical columns")
 
