@@ -393,7 +393,14 @@ class Trainer:
                 strategy.checkpoint(self, epoch, b + 1)
             self._progress(bar, b, first, len(order), epoch, epoch_started, total / count)
             if self.callback is not None:
-                self.callback({"epoch": epoch, "batch": b, "batches": len(order), "loss": loss_value})
+                try:
+                    self.callback({"epoch": epoch, "batch": b, "batches": len(order), "loss": loss_value})
+                except Exception as err:  # the user's code: said as relsql's error, naming it, its own chained
+                    name = getattr(self.callback, "__qualname__", None) or type(self.callback).__name__
+                    raise RelsqlError(f"fit's callback {name} raised {type(err).__name__}: {first_line(err)[:300]}; "
+                                      f"training stopped after step {b + 1} of epoch {epoch + 1} (the model holds that "
+                                      "step's weights, its history the epochs that finished): fix the callback, then "
+                                      "fit again") from err
         if bar is not None:
             bar.close()
         if self.source.full and len(order) == 1:
