@@ -23,6 +23,7 @@ rows; `evaluate` scores a model on RelBench's metrics, in the order of RelBench'
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +35,7 @@ import sqlglot.expressions as exp
 
 from relsql import keyfile
 from relsql import sql as q
-from relsql.db import Database, free_name
+from relsql.db import Database, first_line, free_name
 from relsql.errors import RelsqlError, SchemaError
 
 __all__ = ["RelbenchTask", "evaluate", "from_relbench", "metrics", "tasks", "time_columns"]
@@ -107,20 +108,24 @@ def from_relbench(database: Any, db: Database | None = None, *, tasks: Mapping[s
     """A relbench `Database`'s tables as new tables of `db` (default a new in-memory DuckDB),
     with their primary and foreign keys given to relsql's key layer and their time columns in
     `db.time_columns`; `tasks` ({table name: relbench task}) adds each task's train/val/test
-    tables as one task table (see the module docstring). Existing names are refused before
-    anything is written."""
+    tables as one task table (see the module docstring). Everything is read and checked (frames
+    converted, names and types checked) before anything is written, and existing names are
+    refused first."""
     tables = _relbench_tables(database)
-    specs = {name: _task_spec(name, task) for name, task in (tasks or {}).items()}
+    if tasks is not None and not isinstance(tasks, Mapping):
+        raise SchemaError(f"tasks must map table names to relbench tasks ({{name: task}}), got {type(tasks).__name__}")
+    specs = {name: _task_spec(name, task, tables) for name, task in (tasks or {}).items()}
     if db is None:
         db = Database.in_memory()  # as relsql.connect() (which imports the connectors, and they this module)
     elif not isinstance(db, Database):
         raise SchemaError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
     _refuse_taken(db, [*tables, *specs])
+    data = {name: _arrow(name, table, tables) for name, table in tables.items()}
+    frames = {name: _task_frame(name, spec) for name, spec in specs.items()}
     pkeys = {name: table.pkey_col for name, table in tables.items()}
     given: list[tuple] = []
     for name, table in tables.items():
-        data = _arrow(name, table, tables)
-        db.write_table(name, data)
+        db.write_table(name, data[name])
         if table.pkey_col:
             given.append(("PRIMARY KEY", name, [table.pkey_col]))
         given.extend(_foreign(name, table.fkey_col_to_pkey_table, pkeys))
@@ -128,29 +133,86 @@ def from_relbench(database: Any, db: Database | None = None, *, tasks: Mapping[s
             _record_time(db, name, table.time_col)
     _give_keys(db, given)
     for name, spec in specs.items():
-        write_task(db, name, spec)
+        write_task(db, name, spec, frames[name])
     return db
 
 
+def _is_frame(value: Any) -> bool:
+    """A pandas DataFrame (relbench's `Table.df`), without importing pandas: if it is not loaded,
+    nothing is a DataFrame."""
+    pandas = sys.modules.get("pandas")
+    return pandas is not None and isinstance(value, pandas.DataFrame)
+
+
+def _frame_columns(frame: Any, where: str) -> list[str]:
+    """A DataFrame's column names, checked: distinct text (they become SQL identifiers)."""
+    if not _is_frame(frame):
+        raise SchemaError(f"{where}: `df` must be a pandas DataFrame, got {type(frame).__name__}; pass relbench Tables")
+    columns = list(frame.columns)
+    odd = [c for c in columns if not isinstance(c, str) or not c]
+    if odd:
+        raise SchemaError(f"{where}: column names must be text, got {odd[0]!r}; rename them "
+                          "(df.columns = [str(c) for c in df.columns])")
+    if len(set(columns)) != len(columns):
+        twice = sorted({c for c in columns if columns.count(c) > 1})
+        raise SchemaError(f"{where}: column(s) {', '.join(twice)} appear twice; rename them")
+    return columns
+
+
+def _optional_name(value: Any, where: str) -> str | None:
+    if value is None or (isinstance(value, str) and value):
+        return value
+    raise SchemaError(f"{where} must be a column or table name (text) or None, got {type(value).__name__} "
+                      f"{str(value)[:60]!r}")
+
+
 def _relbench_tables(database: Any) -> dict[str, Any]:
-    """`database.table_dict`, checked to look like relbench's tables."""
+    """`database.table_dict`, checked to look like relbench's tables: frames, names and keys."""
     table_dict = getattr(database, "table_dict", None)
     if not isinstance(table_dict, Mapping) or not table_dict:
         raise SchemaError(f"from_relbench takes a relbench Database (its table_dict of Tables), got {type(database).__name__}")
     for name, table in table_dict.items():
         missing = [a for a in ("df", "fkey_col_to_pkey_table", "pkey_col", "time_col") if not hasattr(table, a)]
-        if not isinstance(name, str) or missing:
+        if not isinstance(name, str) or not name or missing:
             raise SchemaError(f"relbench table {name!r} lacks {', '.join(missing) or 'a text name'}; pass relbench Tables")
-        columns = list(table.df.columns)
-        for column in [table.pkey_col, table.time_col, *table.fkey_col_to_pkey_table]:
+        where = f"relbench table `{name}`"
+        columns = _frame_columns(table.df, where)
+        fkeys = table.fkey_col_to_pkey_table
+        if not isinstance(fkeys, Mapping):
+            raise SchemaError(f"{where}: fkey_col_to_pkey_table must map columns to tables, got {type(fkeys).__name__}")
+        for column, parent in fkeys.items():
+            _optional_name(column, f"{where}: a foreign key column")
+            _optional_name(parent, f"{where}: foreign key `{column}`'s table")
+        for attribute in ("pkey_col", "time_col"):
+            _optional_name(getattr(table, attribute), f"{where}: {attribute}")
+        for column in [table.pkey_col, table.time_col, *fkeys]:
             if column is not None and column not in columns:
                 raise SchemaError(f"relbench table `{name}` names column `{column}`, which its frame lacks; columns: "
                                   f"{', '.join(map(str, columns))}")
-        for column, parent in table.fkey_col_to_pkey_table.items():
+        for column, parent in fkeys.items():
             if parent not in table_dict:
                 raise SchemaError(f"relbench table `{name}`: foreign key `{column}` refers to table `{parent}`, which the "
                                   f"Database lacks; tables: {', '.join(table_dict)}")
     return dict(table_dict)
+
+
+def _from_pandas(frame: Any, where: str) -> pa.Table:
+    """A DataFrame as Arrow; a column Arrow cannot type (mixed values, Python objects) is named."""
+    try:
+        return pa.Table.from_pandas(frame, preserve_index=False)
+    except (pa.ArrowException, ValueError, TypeError) as err:
+        bad = next((c for c in frame.columns if not _converts(frame[[c]])), None)
+        column = f"column `{bad}`" if bad is not None else "a column"
+        raise SchemaError(f"{where}: {column} holds values of no one type Arrow can store ({first_line(err)[:200]}); "
+                          f"convert it to one type first, e.g. df[{bad!r}] = df[{bad!r}].astype(str)") from None
+
+
+def _converts(frame: Any) -> bool:
+    try:
+        pa.Table.from_pandas(frame, preserve_index=False)
+        return True
+    except (pa.ArrowException, ValueError, TypeError):
+        return False
 
 
 def _refuse_taken(db: Database, names: list[str]) -> None:
@@ -160,18 +222,20 @@ def _refuse_taken(db: Database, names: list[str]) -> None:
         raise SchemaError(f"{db.description} already has table(s) {', '.join(clash)}; relsql adds RelBench's tables as new "
                           "tables only: pass another database (or none, for a new in-memory one)")
     if len({n.casefold() for n in names}) != len(names):
-        raise SchemaError(f"table names {', '.join(names)} differ only in case; rename the tasks")
+        twice = sorted({n for n in names if [m.casefold() for m in names].count(n.casefold()) > 1})
+        raise SchemaError(f"table name(s) {', '.join(twice)} are used twice (names are compared ignoring case): "
+                          "a task needs a name of its own; rename the tasks")
 
 
 def _arrow(name: str, table: Any, tables: Mapping[str, Any]) -> pa.Table:
     """The frame as Arrow; a foreign key column pandas made float (NaN for a missing parent)
     becomes integers with NULLs when the parent's key is an integer."""
-    data = pa.Table.from_pandas(table.df, preserve_index=False)
+    data = _from_pandas(table.df, f"relbench table `{name}`")
     for column, parent in table.fkey_col_to_pkey_table.items():
         key = tables[parent].pkey_col
         if key is None:
             continue
-        parent_type = pa.Table.from_pandas(tables[parent].df[[key]], preserve_index=False).schema.field(key).type
+        parent_type = _from_pandas(tables[parent].df[[key]], f"relbench table `{parent}`").schema.field(key).type
         index = data.schema.get_field_index(column)
         values = data.column(index)
         if pa.types.is_floating(values.type) and pa.types.is_integer(parent_type):
@@ -218,30 +282,72 @@ def _value(attribute: Any) -> str:
     return str(getattr(attribute, "value", attribute) or "")
 
 
-def _task_spec(name: str, task: Any) -> _Spec:
-    """Read a relbench task object's three tables and what they mean."""
-    if not isinstance(name, str) or not hasattr(task, "get_table"):
+def _task_spec(name: str, task: Any, tables: Mapping[str, Any]) -> _Spec:
+    """Read a relbench task object's three tables and what they mean, each checked: the task is
+    the user's object, and what it returns or raises is named, not passed through."""
+    if not isinstance(name, str) or not name or not hasattr(task, "get_table"):
         raise SchemaError(f"tasks must map table names to relbench tasks (with get_table), got {name!r}: {type(task).__name__}")
-    frames = {}
-    for split in SPLITS:
-        table = task.get_table(split, mask_input_cols=False)
-        frames[split] = pa.Table.from_pandas(table.df, preserve_index=False)
-    if hasattr(task, "src_entity_col"):
+    where = f"task `{name}`"
+    recommendation = hasattr(task, "src_entity_col")
+    wanted = (("src_entity_col", "src_entity_table", "dst_entity_col", "dst_entity_table") if recommendation
+              else ("entity_col", "entity_table", "target_col"))
+    missing = [a for a in wanted if not isinstance(getattr(task, a, None), str) or not getattr(task, a)]
+    if missing:
+        raise SchemaError(f"{where} needs {', '.join(wanted)} as names (text); {', '.join(missing)} "
+                          f"{'is' if len(missing) == 1 else 'are'} missing or not text: pass a relbench task")
+    time = _optional_name(getattr(task, "time_col", None), f"{where}: time_col")
+    if recommendation:
         entities = {task.src_entity_col: task.src_entity_table, task.dst_entity_col: task.dst_entity_table}
         target = ""
     else:
         entities, target = {task.entity_col: task.entity_table}, task.target_col
-    hidden = tuple(tuple(pair) for pair in getattr(task, "remove_columns", ()) or ())
-    return _Spec(target, getattr(task, "time_col", None), _value(getattr(task, "task_type", "")), entities, hidden, frames)
+    for table in entities.values():
+        if table not in tables:
+            raise SchemaError(f"{where}: its entity table `{table}` is not a table of the relbench Database "
+                              f"({', '.join(tables)})")
+    hidden = getattr(task, "remove_columns", ()) or ()
+    try:
+        hidden = tuple((t, c) for t, c in hidden)
+    except (TypeError, ValueError):
+        hidden = None
+    if hidden is None or not all(isinstance(x, str) for pair in hidden for x in pair):
+        raise SchemaError(f"{where}: remove_columns must list (table, column) pairs of names")
+    frames = {}
+    for split in SPLITS:
+        try:
+            table = task.get_table(split, mask_input_cols=False)
+        except Exception as err:  # the user's code: whatever it raises is named, with the task  # noqa: BLE001
+            raise SchemaError(f"{where}: get_table({split!r}) raised {type(err).__name__}: {first_line(err)[:200]}; "
+                              "fix the task (relsql reads its train, val and test tables)") from None
+        part = f"{where}: get_table({split!r})"
+        if not hasattr(table, "df"):
+            raise SchemaError(f"{part} returned {type(table).__name__}, not a relbench Table (with a `df` DataFrame)")
+        columns = _frame_columns(table.df, part)
+        for column in [*entities, *([time] if time else []), *([target] if target else [])]:
+            if column not in columns:
+                raise SchemaError(f"{part} has no column `{column}`, which the task names; columns: {', '.join(columns)}")
+        frames[split] = _from_pandas(table.df, part)
+    return _Spec(target, time, _value(getattr(task, "task_type", "")), entities, hidden, frames)
 
 
-def write_task(db: Database, name: str, spec: _Spec) -> RelbenchTask:
-    """One task table from the split frames (train, val, test rows in order, numbered by a new
-    key column), written as a new table of `db`, with its keys and time column recorded."""
+def _task_frame(name: str, spec: _Spec) -> pa.Table:
+    """The split frames as one table (train, val, test rows in order), numbered by a new key column
+    (the first); splits whose columns cannot be merged are named."""
     frames = [spec.frames[s] for s in SPLITS if s in spec.frames]
-    data = pa.concat_tables(frames, promote_options="default")  # a masked test table lacks the label: NULLs
+    try:
+        data = pa.concat_tables(frames, promote_options="default")  # a masked test table lacks the label: NULLs
+    except (pa.ArrowException, ValueError, TypeError) as err:
+        raise SchemaError(f"task `{name}`: its train, val and test tables hold different types in one column "
+                          f"({first_line(err)[:200]}); give each column one type in every split") from None
     key = free_name("id", {c.casefold() for c in data.column_names})
-    data = data.add_column(0, key, pa.array(np.arange(data.num_rows, dtype=np.int64)))
+    return data.add_column(0, key, pa.array(np.arange(data.num_rows, dtype=np.int64)))
+
+
+def write_task(db: Database, name: str, spec: _Spec, data: pa.Table | None = None) -> RelbenchTask:
+    """One task table from the split frames (`_task_frame`, made here unless given), written as a
+    new table of `db`, with its keys and time column recorded."""
+    data = _task_frame(name, spec) if data is None else data
+    key = data.column_names[0]
     db.write_table(name, data, kind="task")
     pkeys = {**_primary_keys(db), name: key}
     _give_keys(db, [("PRIMARY KEY", name, [key]), *_foreign(name, spec.entities, pkeys)])

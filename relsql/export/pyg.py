@@ -24,6 +24,7 @@ So a PyG user can run their own modules on what relsql grounded. Two shapes:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -54,10 +55,14 @@ def to_heterodata(source: Any, *, keys: object = None, time_columns: dict[str, s
     encodings); a database's foreign-key graph of `tables` (default all), with `keys` (a keys
     file, its text or tuples, as Template.auto takes them) completing the declared keys, and
     `time_columns` {table: column} (default the database's own, e.g. a RelBench database's)."""
+    if isinstance(source, Database):  # the arguments first: a wrong one fails before PyG's slow import
+        times = dict(getattr(source, "time_columns", {})) if time_columns is None else _names_map(time_columns)
+        if tables is not None and (isinstance(tables, str) or not isinstance(tables, list | tuple)
+                                   or not all(isinstance(t, str) for t in tables)):
+            raise SchemaError(f"tables must be a list of table names, got {type(tables).__name__} {str(tables)[:60]!r}; "
+                              "e.g. tables=['orders', 'customers']")
+        return _database_graph(_pyg()(), source, keys, times, tables, explicit=time_columns is not None)
     HeteroData = _pyg()
-    if isinstance(source, Database):
-        times = dict(getattr(source, "time_columns", {})) if time_columns is None else dict(time_columns)
-        return _database_graph(HeteroData(), source, keys, times, tables, explicit=time_columns is not None)
     if keys is not None or time_columns is not None or tables is not None:
         raise RelsqlError("keys=, time_columns= and tables= describe a database's key graph; a model's grounding has "
                           "its own: drop them")
@@ -68,6 +73,15 @@ def to_heterodata(source: Any, *, keys: object = None, time_columns: dict[str, s
     if hasattr(source, "grounding") and hasattr(source, "run"):  # a CompiledNet
         return _grounding_graph(HeteroData(), source.grounding, None)
     raise RelsqlError(f"to_heterodata takes a relsql.Model, a compiled net or a relsql.Database, got {type(source).__name__}")
+
+
+def _names_map(time_columns: object) -> dict[str, str]:
+    """time_columns as {table: column}, checked: a list or a name is refused with the form it takes."""
+    if not isinstance(time_columns, Mapping) or not all(
+            isinstance(t, str) and isinstance(c, str) for t, c in time_columns.items()):
+        raise SchemaError(f"time_columns must map each table to its time column, e.g. {{'orders': 'date'}}; got "
+                          f"{type(time_columns).__name__} {str(time_columns)[:60]!r}")
+    return dict(time_columns)
 
 
 def _pyg():
