@@ -262,7 +262,8 @@ def _reachable(uri: str) -> None:
     except ValueError:
         seconds = PROBE_SECONDS
     try:
-        with urllib.request.urlopen(urllib.request.Request(str(uri), method="GET"), timeout=seconds):
+        # without credentials: any answer, 401 included, tells the server is there
+        with urllib.request.urlopen(urllib.request.Request(_shown(uri), method="GET"), timeout=seconds):
             return
     except urllib.error.HTTPError:  # it answered: reachable, whatever it thinks of the request
         return
