@@ -27,6 +27,15 @@ def model(**settings) -> relsql.Model:
                         progress=False, batch_size=40, fanout={"predict": 2}, **settings)
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """fit's default on two cores (half of them): a core left for the child, so it forks (batch_process.usable)."""
+    from relsql.train.threads import torch_threads
+
+    with torch_threads(1):
+        yield
+
+
 @pytest.fixture(scope="module")
 def learner():
     return model().learner
@@ -37,6 +46,11 @@ def children() -> set[int]:
 
 
 def test_one_process_training_from_a_store_prepares_in_a_child(learner, monkeypatch):
+    from relsql.train.threads import torch_threads
+
+    with torch_threads(os.cpu_count()):  # torch on every core: the child would take one of its threads' cores
+        assert not batch_process.usable(learner.batched)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # fit's default on two cores: half of them
     assert batch_process.usable(learner.batched)  # this machine has two cores and fork
     monkeypatch.setenv("RELSQL_BATCH_PROCESS", "0")
     assert not batch_process.usable(learner.batched)

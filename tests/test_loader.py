@@ -115,9 +115,11 @@ def test_the_batch_process_serves_every_epoch_and_close_ends_it():
     def batch_children() -> set[int]:
         return {p.pid for p in multiprocessing.active_children() if p.name == "relsql-batches"}
 
+    from relsql.train.threads import torch_threads
+
     m = model(customers(), batch_size=32)
     before = batch_children()
-    with Loader(m, batch_size=32) as loader:
+    with torch_threads(1), Loader(m, batch_size=32) as loader:  # a core left for the child (batch_process.usable)
         first = [batch.rows for batch in loader]
         started = batch_children() - before
         assert len(started) == 1  # this machine has two cores and fork (tests/test_batch_process.py)

@@ -44,8 +44,8 @@ IDLE_LIMIT = 300.0  # seconds a child may use no CPU at all while a batch is ask
 def usable(batched: Batched | None) -> bool:
     """Whether `batched`'s batches should be prepared in a child process: read from a grounding
     store (no database connection in the child), planned for the CPU (a child must not touch a
-    GPU context), with fork available, a second core to run on, and not inside a training rank
-    (ranks already are processes, one per core)."""
+    GPU context), with fork available, a core that torch's threads leave free (fit's default
+    takes half of them), and not inside a training rank (ranks already are processes, one per core)."""
     if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         return False
     if batched is None or batched.grounding_store is None or batched.device != "cpu":
@@ -54,7 +54,10 @@ def usable(batched: Batched | None) -> bool:
             or int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         return False
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return cores >= 2
+    # a core torch leaves free: with torch's threads on every core the child takes one of theirs and
+    # they spin-wait for it (a Loader epoch at batch 512 on the 25k-row shop, 2 cores, torch on both:
+    # 1.8 s with the child, 0.3-0.4 s with the batch prepared in the thread)
+    return cores >= 2 and torch.get_num_threads() < cores
 
 
 # -- messages ------------------------------------------------------------------------------------
