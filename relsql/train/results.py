@@ -94,6 +94,10 @@ def predict(learner: Learner, splits: bool = False, keys: object = None, where: 
     keys, `prediction`, and the class probabilities (see Model.predict); with `splits`, last a
     column `split`: the part of the labelled rows the row was in ("train", "val", "test"), null for
     prediction-only rows."""
+    if learner.task.kind == "ranking":  # the CLI and a loaded model's learner come here without Model.predict's check
+        raise RelsqlError(f"{learner.goal.name} is a ranking target: its model ranks candidates, it has no single value "
+                          "per row to predict; use recommend (Model.recommend(k=10), or `relsql recommend --model ...` "
+                          "on the command line) for each row's k best candidates")
     rows = chosen_rows(learner, keys, where)
     rids = rows["_rid"].to_numpy()
     out = _outputs(learner, rids)

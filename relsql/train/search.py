@@ -364,6 +364,10 @@ def best_record(records: list[dict]) -> dict:
 
 def check(model) -> None:
     """Search scores trials on validation rows and builds models of its own: refuse what cannot be."""
+    if model.task.kind not in METRICS:  # a ranking target: its split, labels and metrics are the ranking learner's
+        raise RelsqlError(f"search tunes {', '.join(METRICS)} targets; {model.target} is a {model.task.kind} target, "
+                          "which it cannot tune yet: train it with fit() and compare a few settings by hand, e.g. "
+                          "fit(lr=0.01) and fit(lr=0.03), each scored by evaluate('val')")
     if not len(model.rows.get("val", ())):
         raise RelsqlError("search scores every trial on the validation rows, and this model's split has none: build "
                           "the Model with a validation part in split=, e.g. split=(0.7, 0.15, 0.15)")
