@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from relsql.errors import RelsqlError
+from relsql.train.ranking.task import MAX_K
 
 NO_ITEM = -1
 
@@ -68,6 +69,9 @@ class Judge:
 def _check_k(k: int) -> None:
     if isinstance(k, bool) or not isinstance(k, int | np.integer) or k <= 0:
         raise RelsqlError(f"ranking_scores: k must be a positive whole number, got {k!r}; use k >= 1 (for example k=10)")
+    if k > MAX_K:  # predictions are padded to [rows, k]
+        raise RelsqlError(f"ranking_scores: k={int(k):,} is more than {MAX_K:,} ranks per row; use k <= {MAX_K:,} "
+                          "(for example k=10)")
 
 
 def _checked_truth(truth_offsets: np.ndarray, truth_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from relsql import arguments
 from relsql.db import free_name
 from relsql.errors import RelsqlError
+from relsql.train.ranking.task import checked_k
 from relsql.train.results import chosen_rows
 
 
@@ -16,7 +16,7 @@ def recommend(learner, k: int, keys: object = None, where: object = None) -> pl.
     list is a label with nothing in it), its k best candidates: the target table's key columns, the
     candidate's key under the target column's name, `rank` (1..k) and `score` (the towers' dot
     product), best first."""
-    k = arguments.integer("k", k)
+    k = checked_k(k)
     rows = chosen_rows(learner, keys, where)
     if keys is None and where is None:
         rows = rows.filter(pl.col("_rid").is_in(learner.goal.to_predict.tolist()))

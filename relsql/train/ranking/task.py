@@ -6,11 +6,25 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from relsql import arguments
+from relsql.errors import RelsqlError
+
 # the ranking metrics early stopping may compare (all larger-is-better); MAP@k by default
 METRICS = ("map", "recall", "ndcg", "mrr", "precision")
 LOSSES = ("softmax", "bce", "bpr")
 NEGATIVES = ("uniform", "popularity", "in-batch")
 SELECTION_ROWS = 20  # validation rows with positives needed before MAP@k (not the loss) selects the epoch
+# ranks scored or returned per row: metrics hold [rows, k] arrays (a saved model's k is input too)
+MAX_K = 100_000
+
+
+def checked_k(k: object, where: str = "k") -> int:
+    """`k` as a whole number in 1..MAX_K; `where` names the argument in the message."""
+    value = arguments.integer(where, k)
+    if value > MAX_K:
+        raise RelsqlError(f"{where}={value:,} asks for more than {MAX_K:,} ranked candidates per row, which every row's "
+                          f"[rows, k] arrays would have to hold; ask for k <= {MAX_K:,} (10 to 100 is usual)")
+    return value
 
 
 @dataclass
@@ -34,6 +48,9 @@ class RankingTask:
     class_weights: list[float] | None = None
 
     units = 1
+
+    def __post_init__(self) -> None:
+        self.k = checked_k(self.k, "ranking k")
 
     @property
     def metric(self) -> str:
