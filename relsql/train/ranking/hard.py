@@ -5,7 +5,10 @@ UNION, INTERSECT or EXCEPT), parsed with sqlglot and run by the database, return
 target column's name, as recommend() names it, or the referenced key's). Each pair becomes
 (labelled row, candidate row); pairs that are positives of their row are dropped, pairs of rows
 without a label have nothing to train and are dropped too, and keys the model does not know are a
-SchemaError. In each step, each hard pair of the step's rows is scored against one of its row's
+SchemaError. The query is bounded as a template rule is: the model's max_groundings (10^8 by
+default) refuses one the database estimates larger before it runs (unless its tables are all
+joined by equalities: then it is counted), and stops one that returns more rows while it runs;
+running out of the database's memory is a GroundingError naming the fix. In each step, each hard pair of the step's rows is scored against one of its row's
 positives, drawn from the step's stream: the term softplus(s_hard - s_positive) (BPR), averaged
 over the step's hard pairs and added to the step's loss with weight HARD_WEIGHT.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import re
 
+import duckdb
 import numpy as np
 import polars as pl
 import sqlglot
@@ -22,7 +26,8 @@ import torch.nn.functional as F
 from sqlglot import exp
 
 from relsql import sql as q
-from relsql.errors import SchemaError
+from relsql.errors import GroundingError, SchemaError
+from relsql.ground.execute import estimate_rows, groundings_limit
 from relsql.train.ranking.rows import key_rows
 
 HARD_WEIGHT = 1.0
@@ -78,8 +83,11 @@ def parse(text: object, fix: str) -> exp.Query:
     return select
 
 
-def read_pairs(db, select: exp.Query, keys: list[str], candidate: list[str], fix: str) -> pl.DataFrame:
-    """The query's target keys and candidate key (renamed to candidate[0]), run by the database."""
+def read_pairs(db, select: exp.Query, keys: list[str], candidate: list[str], fix: str,
+               limit: int | None = None) -> pl.DataFrame:
+    """The query's target keys and candidate key (renamed to candidate[0]), run by the database:
+    at most `limit` rows (max_groundings; None: its default), see the module."""
+    limit = groundings_limit(limit)
     try:
         columns = [name for name, _ in db.result_columns(select.copy().limit(0))]
     except Exception as err:  # the engine's verdict: an unknown table or column, a type error
@@ -94,7 +102,34 @@ def read_pairs(db, select: exp.Query, keys: list[str], candidate: list[str], fix
     inner = exp.alias_(exp.Subquery(this=select), q.ident("hard"), table=True)
     query = exp.select(*[exp.alias_(q.col(folded[k.casefold()], "hard"), q.ident(k)) for k in keys],
                        exp.alias_(q.col(found, "hard"), q.ident(candidate[0]))).from_(inner)
-    return pl.from_arrow(db.arrow(query))
+    _check_estimate(db, select, limit)
+    try:
+        found_rows = db.arrow(query.limit(q.integer(limit + 1)))
+    except duckdb.OutOfMemoryException as err:
+        raise GroundingError(f"hard_negatives ran the database out of memory ({' '.join(str(err).split())[:160]}): its "
+                             "SELECT makes too many rows on the way (a join without an equality condition pairs every "
+                             f"row with every row); join the candidates to the target rows on a key. {fix}") from None
+    if found_rows.num_rows > limit:
+        raise GroundingError(f"hard_negatives returns more than max_groundings={limit:,} pairs (counted while it ran); "
+                             "keep the few wrong answers that matter per row (join on a key, add a condition), or pass "
+                             f"a larger max_groundings= to relsql.Model. {fix}")
+    return pl.from_arrow(found_rows)
+
+
+def _check_estimate(db, select: exp.Query, limit: int) -> None:
+    """Refuse a query the database estimates beyond `limit` rows at some step, before it runs, unless
+    its tables are all joined by equalities (an estimate that is then often far too high: the
+    LIMIT bounds it while it runs)."""
+    estimate = estimate_rows(db, select)
+    if estimate is None or estimate <= limit:
+        return
+    groups = q.unjoined_tables(select) if isinstance(select, exp.Select) else None
+    if groups is not None and len(groups) <= 1 and not any(select.args.get(k) for k in ("group", "having", "distinct", "order")):
+        return
+    raise GroundingError(f"hard_negatives: the database estimates about {estimate:,} rows for its SELECT (its largest "
+                         f"join step), more than max_groundings={limit:,}. A join without an equality condition (a cross "
+                         "join, or only <, >, <> between tables) pairs every row with every row: join the candidates "
+                         "to the target rows on a key, or pass a larger max_groundings= to relsql.Model")
 
 
 def hard_negatives(learner, text: str) -> HardNegatives:
@@ -103,7 +138,7 @@ def hard_negatives(learner, text: str) -> HardNegatives:
     keys = list(goal.keys)
     name = goal.column if goal.column.casefold() not in {k.casefold() for k in keys} else goal.reference.key
     how = fix(goal)
-    found = read_pairs(learner.db, parse(text, how), keys, [name, goal.reference.key], how)
+    found = read_pairs(learner.db, parse(text, how), keys, [name, goal.reference.key], how, learner.settings.max_groundings)
     out_keys = pl.from_arrow(learner.net.grounding.relations[learner.output].keys)
     cand_keys = pl.from_arrow(goal.candidate_keys).rename({goal.reference.key: name}) \
         if goal.reference.key != name else pl.from_arrow(goal.candidate_keys)
