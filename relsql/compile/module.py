@@ -42,6 +42,65 @@ def _initial(spec, dtype: torch.dtype, generator: torch.Generator | None) -> tor
     return (torch.rand(spec.shape, dtype=dtype, generator=generator) * 2 - 1) * bound
 
 
+def available_memory() -> int | None:
+    """Bytes the OS could give this process now (Linux's MemAvailable), else the machine's memory."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    from relsql.compile.shapes import memory_bytes
+
+    return memory_bytes()
+
+
+def check_weight_bytes(new: dict[str, tuple[int, ...]], dtype: torch.dtype, have: int = 0) -> None:
+    """Refuse weights whose total size (`new` shapes by name, beside `have` bytes already made) is more
+    than the memory this machine has free, before torch tries: each weight alone may be within its
+    limits (ir.MAX_ELEMENTS, shapes.check_size) while together they are not."""
+    element = torch.empty((), dtype=dtype).element_size()
+    sizes = {name: math.prod(shape) * element for name, shape in new.items()}
+    total = sum(sizes.values())
+    free = available_memory()
+    if free is None or total <= free:
+        return
+    largest = sorted(sizes, key=sizes.get, reverse=True)[:3]
+    shown = ", ".join(f"'{n}' {' x '.join(map(str, new[n]))} ({sizes[n] / 2**30:.1f} GiB)" for n in largest)
+    from relsql.errors import ShapeError
+
+    raise ShapeError(f"the template's weights need {total / 2**30:.1f} GiB ({len(sizes)} weight(s), the largest {shown})"
+                     f"{f' beside the {have / 2**30:.1f} GiB made already' if have else ''}, more than the "
+                     f"{free / 2**30:.1f} GiB of memory this machine has free; use smaller widths (the d of linear(x, d), "
+                     "embed(c, d) and text(c, d)), fewer buckets= or fewer categories (embed a column with fewer distinct "
+                     f"values){', or dtype=torch.float32' if dtype == torch.float64 else ''}")
+
+
+TRAINING_COPIES = 3  # what training adds per trained weight: its gradient and AdamW's two moments
+
+
+def check_training_bytes(parameters: list[torch.Tensor], device: torch.device) -> None:
+    """Refuse to train weights whose gradients and optimizer state cannot fit beside them on `device`,
+    before the first step allocates them (torch's own error would name neither the weights nor the fix)."""
+    need = TRAINING_COPIES * sum(p.numel() * p.element_size() for p in parameters)
+    free = None
+    if device.type == "cuda":
+        try:
+            free = torch.cuda.mem_get_info(device)[0]
+        except (RuntimeError, AssertionError):
+            free = None
+    elif device.type == "cpu":
+        free = available_memory()
+    if free is None or need <= free:
+        return
+    from relsql.errors import ShapeError
+
+    raise ShapeError(f"training needs about {need / 2**30:.1f} GiB beside the weights (a gradient and the optimizer's two "
+                     f"moments per trained weight), more than the {free / 2**30:.1f} GiB free on {device}; use smaller "
+                     "widths (the d of linear(x, d), embed(c, d) and text(c, d)) or fewer embedded categories")
+
+
 def _program(plan: Plan, training: Callable[[], bool]) -> list[tuple[int, Kernel | None, tuple]]:
     """(output slot, kernel, argument slots) per op; a weight has no kernel and its name as argument.
     Random ops (dropout) read the module's train()/eval() mode through `training` at every call."""
@@ -97,6 +156,10 @@ class CompiledNet(nn.Module):
         same start whichever plan (full grounding or a mini-batch's) creates it first.
         """
         created = []
+        fresh = {name: tuple(spec.shape) for name, spec in plan.params.items()
+                 if not spec.external and name not in self._param_keys}
+        if fresh:
+            check_weight_bytes(fresh, self.dtype, sum(p.numel() * p.element_size() for p in self.weights.values()))
         for name, spec in plan.params.items():
             if spec.external:  # supplied per call (relsql.Model reads it from the database)
                 continue

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from relsql import arguments
+from relsql.compile.module import check_training_bytes
 from relsql.db import Database
 from relsql.errors import RelsqlError
 from relsql.ground.demand import database_embeddings
@@ -45,6 +46,7 @@ def fit(db: Database, learner: Learner, threads: int | None, *, epochs, batch_si
         raise RelsqlError(f"callback must be callable (a function of one dict), got {type(callback).__name__}")
     if len(learner.rows["train"]) == 0:
         raise RelsqlError(f"no labelled target rows to train on in {learner.target}")
+    check_training_bytes(learner.parameters(), learner.device)
     workers = arguments.integer("workers", workers, maximum=1024)
     if ranking and (workers > 1 or distributed.launched_by_torchrun()):
         raise RelsqlError(f"{learner.target} is a ranking target, which trains in one process (both towers whole): "
