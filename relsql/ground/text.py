@@ -7,34 +7,46 @@ one of `buckets` rows. The first `tokens` of them are kept; the rest of the row 
 value `buckets` (the table's extra row, which the mean leaves out). A NULL or a value without
 words is all padding: a zero vector. `bag(t.codes, d)` hashes a list column's elements the same
 way (token `c <element>`), so codes never seen before still find a row.
+
+Only the first MAX_TEXT_CHARS characters of a value are read (ordinary text reaches the most
+tokens text() keeps, 4096, well before), and a value's tokens are made only up to the `tokens`
+kept: a megabyte of text costs no more than its first page.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
 
 _WORD = re.compile(r"\w+")
+MAX_TEXT_CHARS = 65_536  # characters of one value read by text(); the rest is not looked at
 
 
-def tokens(text: str) -> list[str]:
-    """Words, then the 3-grams of `<word>` for each word, in order."""
-    words = _WORD.findall(text.lower())
-    grams = [f"<{w}>"[i:i + 3] for w in words for i in range(len(w))]
-    return [f"w {w}" for w in words] + [f"g {g}" for g in grams]
+def tokens(text: str, length: int | None = None) -> list[str]:
+    """Words, then the 3-grams of `<word>` for each word, in order: the first `length` of them (None:
+    all), from the value's first MAX_TEXT_CHARS characters."""
+    text = text[:MAX_TEXT_CHARS].lower()
+    words = [m.group() for m in itertools.islice(_WORD.finditer(text), length)]
+    out = [f"w {w}" for w in words]
+    if length is None or len(out) < length:  # 3-grams only where the words leave room
+        grams = (f"g {wrapped[i:i + 3]}" for wrapped in (f"<{w}>" for w in words) for i in range(len(wrapped) - 2))
+        out += itertools.islice(grams, None if length is None else length - len(out))
+    return out
 
 
 def bucket(token: str, buckets: int) -> int:
     return zlib.crc32(token.encode("utf-8")) % buckets
 
 
-def hashed(values: list, buckets: int, length: int, split: Callable[[str], list[str]] | None = None) -> np.ndarray:
-    """(rows, length) float64 bucket ids (exact integers), padded with `buckets`; `split` makes a
-    value's tokens (default: a text's words and 3-grams)."""
+def hashed(values: list, buckets: int, length: int,
+           split: Callable[[object, int], Iterable[str]] | None = None) -> np.ndarray:
+    """(rows, length) float64 bucket ids (exact integers), padded with `buckets`; `split(value,
+    length)` makes a value's first `length` tokens (default: a text's words and 3-grams)."""
     split = split or tokens
     out = np.full((len(values), length), float(buckets))
     cache: dict[str, int] = {}
@@ -42,7 +54,7 @@ def hashed(values: list, buckets: int, length: int, split: Callable[[str], list[
         if value is None:
             continue
         ids: list[int] = []
-        for token in split(value)[:length]:
+        for token in itertools.islice(split(value, length), length):
             found = cache.get(token)
             if found is None:
                 found = cache[token] = bucket(token, buckets)
@@ -51,9 +63,9 @@ def hashed(values: list, buckets: int, length: int, split: Callable[[str], list[
     return out
 
 
-def element_tokens(value: list | None) -> list[str]:
-    """A list's elements (codes) as tokens, NULL elements left out: `bag(t.codes, d)`."""
-    return [] if value is None else [f"c {v}" for v in value if v is not None]
+def element_tokens(value: list | None, length: int | None = None) -> Iterator[str]:
+    """A list's elements (codes) as tokens, NULL elements left out, up to `length` of them: `bag(t.codes, d)`."""
+    return itertools.islice((f"c {v}" for v in value or () if v is not None), length)
 
 
 def is_list(kind: pa.DataType) -> bool:
