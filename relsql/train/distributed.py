@@ -127,18 +127,46 @@ def _job(owner: Learner, world: int, epochs: int, batch_size: int | None, lr: fl
 def _refuse(learner: Learner, workers: int) -> None:
     """What ranks cannot do yet, refused before anything starts."""
     if learner.settings.store is False:
-        raise RelsqlError("fit(workers=N) reads every batch from the grounding store: create the Model without store=False")
+        raise RelsqlError(f"fit(workers={workers}) reads every batch from the grounding store: create the Model without "
+                          "store=False")
     on_this_machine = not torch_distributor.applies(learner.db)  # else Spark's executors hold the GPUs
     if learner.device.type == "cuda" and on_this_machine and torch.cuda.device_count() < workers:
         raise RelsqlError(f"fit(workers={workers}) on CUDA needs a GPU per rank (NCCL); this machine has "
                           f"{torch.cuda.device_count()}: use workers={max(1, torch.cuda.device_count())}, or device='cpu' (gloo)")
 
 
+def cores() -> int:
+    """The cores this process may run on (its CPU affinity), at least one."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def capped_workers(learner: Learner, workers: int) -> int:
+    """`workers`, but at most one rank process per core on this machine (more ranks than cores only
+    take turns on them, each holding a copy of the model): a larger request is cut, with a warning.
+    Spark's executors (TorchDistributor) have cores of their own: not capped here, nor a resumed run
+    (its checkpoint's embedding shards need as many ranks as wrote them)."""
+    have = cores()
+    if workers <= have or torch_distributor.applies(learner.db):
+        return workers
+    message = (f"fit(workers={workers}): this machine gives the process {have} core(s), and rank processes beyond one "
+               f"per core only take turns on them; training on {have} worker(s) instead. Pass workers={have} (or "
+               "fewer) to silence this")
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
+    log.warning(message)
+    return have
+
+
 def fit(learner: Learner, workers: int, epochs: int, batch_size: int | None, lr: float, patience: int, weight_decay: float,
         checkpoint: Path | None = None, checkpoint_every: int | None = None, resume: bool = False,
         timeout: float = 1800.0, threads: int | None = None, options: dict | None = None) -> None:
-    """Train `learner` on `workers` ranks; its weights, history and best epoch become rank 0's.
-    `timeout`: seconds a rank waits for the others in a collective before giving up."""
+    """Train `learner` on `workers` ranks (at most one per core, see capped_workers); its weights,
+    history and best epoch become rank 0's. `timeout`: seconds a rank waits for the others in a
+    collective before giving up."""
+    if not (resume and checkpoint is not None and Path(checkpoint).exists()):  # a resumed run needs its checkpoint's ranks
+        workers = capped_workers(learner, workers)
     _refuse(learner, workers)
     store = learner.ensure_batched().grounding_store
     with tempfile.TemporaryDirectory(prefix="relsql-ranks-") as folder:
