@@ -40,6 +40,15 @@ numpy (like a neighbour sampler): it reads the offsets of its rows, the row ids 
 groundings, and nothing else, through memory maps whose pages are handed back after every batch
 (resident memory stays bounded by the batch). Fan-out sampling happens there too, seeded by the
 grounding's position, so a head's sample does not depend on the batch it is in.
+
+What the checks do not detect (docs/grounding-store.md says the same): a forgery by someone who
+can write the folder and recomputes the files' SHA-256 and the seal. The seal is a checksum, not
+a signature (relsql holds no secret), so any change that stays in range passes: row ids of an
+`r<j>` permuted or swapped for other valid rows, values in a `c<k>` changed, groundings moved
+between heads with matching offsets. The model then reads other rows and predicts differently,
+silently. Only grounding again from the database would find that, the cost the store avoids; a
+store's folder is trusted like the database itself (delete its manifest.json to rebuild one from
+elsewhere).
 """
 
 from __future__ import annotations
