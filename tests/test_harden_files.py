@@ -149,6 +149,18 @@ def test_model_save_refuses_a_users_file_a_link_and_a_fifo_without_opening_it(sh
     assert sorted(p.name for p in shop.iterdir() if p.name.startswith(".")) == []  # no temporary file stays
 
 
+def test_fit_never_writes_its_checkpoint_over_a_users_file(tmp_path):
+    mine = tmp_path / "notes.txt"
+    mine.write_bytes(USER)
+    m = model(customers())
+    with pytest.raises(relsql.RelsqlError, match="notes.txt.*never replaces a file it did not write"):
+        m.fit(epochs=2, checkpoint=mine, hybrid=False)
+    assert mine.read_bytes() == USER and not m.history  # refused before training
+    m.fit(epochs=2, checkpoint=tmp_path / "run.ckpt", hybrid=False)
+    m.fit(epochs=3, checkpoint=tmp_path / "run.ckpt", hybrid=False)  # its own checkpoint: written again
+    assert ownfiles.refusal(tmp_path / "run.ckpt", "checkpoint") is None
+
+
 def test_tensorboard_keeps_a_users_template_and_refuses_bad_log_folders(tmp_path, monkeypatch):
     pytest.importorskip("tensorboard")
     monkeypatch.chdir(tmp_path)

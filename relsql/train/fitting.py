@@ -9,7 +9,7 @@ import logging
 import os
 from pathlib import Path
 
-from relsql import arguments
+from relsql import arguments, ownfiles
 from relsql.compile.module import check_training_bytes
 from relsql.db import Database
 from relsql.errors import RelsqlError
@@ -42,6 +42,7 @@ def fit(db: Database, learner: Learner, threads: int | None, *, epochs, batch_si
         checkpoint_every = arguments.integer("checkpoint_every", checkpoint_every)
     if checkpoint is not None:
         checkpoint = checkpoints.writable(checkpoint, "checkpoint")
+        ownfiles.check(checkpoint, "checkpoint", "pass a new file name for the checkpoint, or one relsql wrote")
     if callback is not None and not callable(callback):
         raise RelsqlError(f"callback must be callable (a function of one dict), got {type(callback).__name__}")
     if len(learner.rows["train"]) == 0:
