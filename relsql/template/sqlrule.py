@@ -2,6 +2,14 @@
 
 The FROM/JOIN/WHERE part stays ordinary SQL for the database to run; the last SELECT item is
 translated into the IR's neural expression. Every error names the statement and its line.
+
+A template is input too (a saved model carries one, a shared file is one), and its SQL runs on
+the user's database each time it is grounded. So it may only read the database's tables:
+`_check_reads_only` refuses, at parse time, functions that change the database or the session
+(nextval, currval, setval, setseed, ...), that read files, the network or the engine's state
+(read_csv, read_parquet, read_text, glob, *_scan, query, pragma_*, duckdb_*, getenv, ...), and a
+table "name" that is a file path (DuckDB would read the file: `FROM 'data.csv'`). In FROM, only
+the row generators range, generate_series and unnest are table functions a template may call.
 """
 
 from __future__ import annotations
@@ -27,6 +35,16 @@ TEXT_TOKENS = 128  # text(...)'s default most tokens per value: its words first,
 _OPEN = {TokenType.L_PAREN, TokenType.L_BRACKET, TokenType.L_BRACE}
 _CLOSE = {TokenType.R_PAREN, TokenType.R_BRACKET, TokenType.R_BRACE}
 _KEYWORD_JOIN = "relsql_keyword_join"
+# what a template may not call (see the module docstring): by name, by prefix, by suffix
+_DENIED = {"nextval", "currval", "setval", "lastval", "setseed", "sleep_ms", "write_log", "getenv", "current_setting",
+           "glob", "query", "query_table", "sniff_csv", "which_secret", "checkpoint", "force_checkpoint",
+           "load_extension", "install_extension", "json_execute_serialized_sql", "summary", "to_file", "seq_scan",
+           "truncate_duckdb_logs", "current_query", "stats"}
+_DENIED_PREFIXES = ("read_", "pragma_", "duckdb_", "parquet_", "sqlite_", "postgres_", "mysql_", "iceberg_", "delta_",
+                    "enable_", "disable_", "http", "s3_", "ducklake_", "arrow_", "pandas_", "python_", "st_read")
+_DENIED_SUFFIXES = ("_scan", "_attach", "_execute", "_query")
+_TABLE_FUNCTIONS = {"range", "generate_series", "unnest"}  # row generators, in FROM
+_FILE_LIKE = re.compile(r"[/\\:]|\.[A-Za-z0-9]{1,8}$")  # a path, a URL, or a name with a file suffix
 
 
 class _RelsqlDuckDB(DuckDB):
@@ -211,6 +229,7 @@ class _Statement:
         st = self.statement
         if not (isinstance(st, exp.Create) and st.kind == "TABLE" and isinstance(st.expression, exp.Select)):
             raise self.fail("expected `CREATE TABLE <name> AS SELECT <keys>, <neural expression> FROM ...`")
+        self._check_reads_only(st.expression)
         name = st.this.name if isinstance(st.this, exp.Table) else st.this.this.name
         select: exp.Select = st.expression
         for arg in ("having", "qualify", "windows", "distinct", "order", "limit", "offset"):
@@ -283,6 +302,28 @@ class _Statement:
             head=name, query=query, refs=[self.neural[a] for a in self.refs], expr=expr,
             grouped=grouped, origin=self.origin, n_columns=len(self.columns), depends=depends,
         ))
+
+    def _check_reads_only(self, select: exp.Select) -> None:
+        """Refuse what would do more than read the database's tables (see the module docstring)."""
+        fix = ("a template may only read the database's tables (and compute on their values); "
+               "load the data into a table first and read that")
+        for node in select.walk():
+            if isinstance(node, exp.Table):
+                source = node.this
+                if isinstance(source, exp.Identifier) and _FILE_LIKE.search(source.name):
+                    raise self.fail(f"table `{source.name}` reads like a file path or URL, which DuckDB would open and "
+                                    f"read; {fix}", node)
+                if isinstance(source, exp.Func) and _function_name(source) not in _TABLE_FUNCTIONS:
+                    raise self.fail(f"table function {_function_name(source)}() reads from outside the database's "
+                                    f"tables (only {', '.join(sorted(_TABLE_FUNCTIONS))} generate rows in FROM); {fix}",
+                                    node)
+            elif isinstance(node, exp.NextValueFor | exp.ReadCSV | exp.ReadParquet | exp.ToFile) or (
+                    isinstance(node, exp.Func) and _denied(_function_name(node))):
+                name = _function_name(node)
+                what = ("changes the database or the session (a sequence, the random seed, the log)"
+                        if name in ("nextval", "currval", "setval", "lastval", "setseed", "write_log", "next_value_for")
+                        else "reads files, the network, settings or the engine's state")
+                raise self.fail(f"function {name}() {what}; {fix}", node)
 
     def _collect_neural_tables(self, select: exp.Select) -> None:
         sources = [select.args.get("from_")] + list(select.args.get("joins") or [])
@@ -559,6 +600,15 @@ class _Statement:
             width = self._int_arg(node, args, 0, "bias's width")
             return ir.Param(self._weight("bias", (width,), self._name_arg(node, args, 1), node))
         raise self.fail(f"unknown function {fn}()", node)
+
+
+def _function_name(node: exp.Func) -> str:
+    """A function's name as DuckDB receives it: an unknown one's own, else sqlglot's (READ_CSV -> read_csv)."""
+    return (node.name if isinstance(node, exp.Anonymous) else node.sql_name()).lower()
+
+
+def _denied(name: str) -> bool:
+    return name in _DENIED or name.startswith(_DENIED_PREFIXES) or name.endswith(_DENIED_SUFFIXES)
 
 
 def _nodes(value) -> list[exp.Expression]:

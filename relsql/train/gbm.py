@@ -142,7 +142,8 @@ class Trees:
 
     @classmethod
     def from_plain(cls, data: dict, where: str = "GBM trees") -> Trees:
-        """Trees from `to_plain`'s dict, checked: a damaged file fails here, not inside `raw`."""
+        """Trees from `to_plain`'s dict, checked: a damaged file fails here, not inside `raw` (its
+        sizes too: a tensor's elements are bounded by the file, relsql/train/checkpoint.py)."""
         if not isinstance(data, dict):
             raise RelsqlError(f"{where} is damaged: not a table of trees")
         try:
@@ -175,6 +176,11 @@ class Trees:
                       and ((self.classes >= 0) & (self.classes < self.units)).all() and 0 <= self.depth <= n)
         if not ok:
             raise RelsqlError(f"{where} is damaged: its trees do not fit together")
+        # `raw` allocates (rows, units) and (rows, trees): both bounded by what fitting can make, one tree per
+        # unit per round for at most ROUNDS rounds, checked before any of it is allocated
+        if self.units > max(1, len(self.roots)) or len(self.roots) > ROUNDS * self.units:
+            raise RelsqlError(f"{where} is damaged: {len(self.roots):,} trees for {self.units:,} scores per row; "
+                              f"fitting makes one tree per score per round, for at most {ROUNDS:,} rounds")
 
 
 def _flatten(tree: dict, nodes: dict[str, list], level: int) -> int:

@@ -2,9 +2,13 @@
 back, and what the parent process hands its training ranks (with the labels, which a file does
 not hold: a loaded model reads them from its database again).
 
-The file is plain data (relsql/train/checkpoint.py). Reading checks every value the way the
-API checks a user's arguments, since a file may be damaged or crafted: the settings it holds
-reach SQL (fan-out, feature statistics) and torch (shapes, dtypes).
+The file is plain data (relsql/train/checkpoint.py, which also bounds what reading it can cost).
+Reading checks every value the way the API checks a user's arguments, since a file may be damaged
+or crafted: the settings it holds reach SQL (fan-out, feature statistics, the blend's table and
+columns) and torch and numpy (shapes, dtypes, row positions used as indices). What needs the
+database (row positions against its labelled rows, the blend's tables and columns) is checked
+by `check_loaded` once the model is built on it. An error names the file and stays short,
+whatever the file holds (MESSAGE_LIMIT).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import pyarrow as pa
 import torch
 
 from relsql import arguments, ownfiles
-from relsql.errors import RelsqlError
+from relsql.errors import RelsqlError, TemplateError
 from relsql.ground.execute import Presets
 from relsql.template import Template, ir
 from relsql.train import checkpoint as files
@@ -27,6 +31,7 @@ from relsql.train.task import Task
 
 FORMAT = "relsql-model-3"
 NoneType = type(None)
+MESSAGE_LIMIT = 600  # characters of an error about a file: a value from it is cut, not pasted whole
 
 
 @dataclass
@@ -112,6 +117,18 @@ def write(state: ModelState, path: str | Path) -> Path:
 
 
 def read(path: str | Path) -> ModelState:
+    """The checked state of a model file; a RelsqlError of at most MESSAGE_LIMIT characters otherwise."""
+    try:
+        return _read(path)
+    except RelsqlError as err:
+        text = str(err)
+        if len(text) <= MESSAGE_LIMIT:
+            raise
+        cut = f" [... {len(text) - MESSAGE_LIMIT + 200:,} characters of the file's value left out ...] "
+        raise type(err)(text[: MESSAGE_LIMIT - 200] + cut + text[-150:]) from None
+
+
+def _read(path: str | Path) -> ModelState:
     state = files.read(path, FORMAT, "model file")
     where = f"model file {path}"
 
@@ -129,25 +146,27 @@ def read(path: str | Path) -> ModelState:
 
     language = check("language", arguments.choice, get("language", str), ("sql", "datalog"))
     text = get("template", str)
-    template = Template.from_sql(text) if language == "sql" else Template.from_datalog(text)
+    try:
+        template = Template.from_sql(text) if language == "sql" else Template.from_datalog(text)
+    except TemplateError as err:
+        raise TemplateError(f"{where}: its template: {err}") from None
     output = get("output", str)
     if output not in template.relations:
-        raise RelsqlError(f"{where} is damaged: its output `{output}` is not a relation of its template")
+        raise RelsqlError(f"{where} is damaged: its output {files.shown(output)} is not a relation of its template")
     target = get("target", str)
     damaged(arguments.target, target)
     batch_size = get("batch_size", (int, NoneType))
     task = get("task", dict)
-    classes = files.bytes_table(get("classes", bytes, task), where).column(0).to_pylist()
-    split = {}
-    for name in ("train", "val", "test"):
-        part = get(name, torch.Tensor, get("rows", dict))
-        if part.dtype != torch.int64 or part.dim() != 1:
-            raise RelsqlError(f"{where} is damaged: split {name!r} is not a list of row positions")
-        split[name] = part.numpy()
+    classes = saved_classes(files.bytes_table(get("classes", bytes, task), where), where)
+    split = saved_split(get("rows", dict), where)
     weights = get("weights", dict)
     bad = [n for n, v in weights.items() if n not in template.weights or not isinstance(v, torch.Tensor) or not v.is_floating_point()]
     if bad:
-        raise RelsqlError(f"{where} does not fit its own template: weights {bad} are not the template's")
+        raise RelsqlError(f"{where} does not fit its own template: weights {files.shown(bad)} are not the template's")
+    flat = [n for n, v in weights.items() if v.dim() == 0 and template.weights[n].shape]  # the head has scalars
+    if flat:
+        raise RelsqlError(f"{where} is damaged: weight(s) {files.shown(flat)} hold a single number, not a vector or matrix")
+    checked_task = saved_task(task, classes, template, where)
     return ModelState(
         template=template, target=target, output=output, time_column=get("time_column", (str, NoneType)),
         fractions=damaged(arguments.split, get("fractions", (tuple, list))),
@@ -159,12 +178,88 @@ def read(path: str | Path) -> ModelState:
         embedding_optimizer=check("embedding_optimizer", arguments.choice, get("embedding_optimizer", (str, NoneType)),
                                   (None, "adagrad", "sgd")),
         embedding_lr=check("embedding_lr", arguments.number, get("embedding_lr", (int, float)), positive=True),
-        task=saved_task(task, classes, template, where),
+        task=checked_task,
         split=split,
         presets=Presets({w: files.bytes_table(data, where) for w, data in get("dictionaries", dict).items()},
                         feature_stats(get("feature_stats", dict), where)),
-        weights=weights, head=get("head", dict), hybrid=hybrid(state.get("hybrid"), where),
+        weights=weights, head=get("head", dict),
+        hybrid=hybrid(state.get("hybrid"), where, target=target, keys=template.relations[output].keys, task=checked_task),
     )
+
+
+def saved_classes(table: pa.Table, where: str) -> list:
+    """The task's class labels: one column of plain values (they are compared and hashed)."""
+    if table.num_columns != 1:
+        raise RelsqlError(f"{where} is damaged: its class labels are a table of {table.num_columns} columns, not one")
+    kind = table.schema.field(0).type
+    if pa.types.is_nested(kind) or pa.types.is_dictionary(kind):
+        raise RelsqlError(f"{where} is damaged: its class labels are {kind} values, not plain ones")
+    return table.column(0).to_pylist()
+
+
+def saved_split(rows: dict, where: str) -> dict[str, np.ndarray]:
+    """The saved train/val/test split: positions among the labelled rows, each at most once over
+    all three splits, none negative (numpy would read -1 as the last row: silently another row).
+    Their upper bound is the database's labelled rows, checked by `check_loaded`."""
+    split = {}
+    for name in ("train", "val", "test"):
+        part = files.field(rows, name, torch.Tensor, where)
+        if part.dtype != torch.int64 or part.dim() != 1:
+            raise RelsqlError(f"{where} is damaged: split {name!r} is not a list of row positions")
+        split[name] = part.numpy()
+    every = np.concatenate(list(split.values()))
+    if len(every) and (every.min() < 0 or len(np.unique(every)) != len(every)):
+        raise RelsqlError(f"{where} is damaged: its train/val/test split names a negative row position or one row "
+                          "twice; a split holds each labelled row once")
+    return split
+
+
+def check_loaded(learner, path: str | Path) -> None:
+    """What a model file says that only the database it is loaded on can confirm: its split's row
+    positions exist among the labelled rows, and its blend's tables and columns exist (they are
+    read by SQL for every prediction)."""
+    where = f"model file {path}"
+    labelled = getattr(learner, "labelled", None)
+    if labelled is not None:
+        for name, positions in learner.rows.items():
+            if len(positions) and int(np.max(positions)) >= len(labelled):
+                raise RelsqlError(f"{where}: its {name} split names labelled row {int(np.max(positions)):,}, but "
+                                  f"{learner.db.description} has {len(labelled):,} labelled rows for "
+                                  f"{learner.target}; load the model on the database it was trained on")
+    blend = getattr(learner, "hybrid", None)
+    if blend is not None:
+        _check_blend_columns(learner.db, blend.features, where)
+
+
+def _check_blend_columns(db, flat, where: str) -> None:
+    """Every table and column the blend's features read exists in `db`."""
+    tables = {t.casefold(): t for t in db.tables()}
+    needed: dict[str, list[str]] = {}
+
+    def need(table: str, *columns: str) -> None:
+        needed.setdefault(table, []).extend(columns)
+
+    need(flat.table, *flat.keys, *([flat.time_column] if flat.time_column else []), *[c.name for c in flat.own])
+    for parent in flat.parents:
+        need(flat.table, *parent.columns)
+        need(parent.table, *parent.references, *[c.name for c in parent.features])
+    for child in flat.children:
+        need(child.table, *child.columns, *[c.name for c in child.features])
+        need(flat.table, *child.references)
+        if child.via is not None:
+            need(child.table, *child.via[0])
+            need(child.via[1], *child.via[2], *([child.time] if child.time else []))
+        elif child.time:
+            need(child.table, child.time)
+    for table, columns in needed.items():
+        if table.casefold() not in tables:
+            raise RelsqlError(f"{where}: its GBM blend reads table {files.shown(table)}, which {db.description} lacks; "
+                              "load the model on the database it was trained on")
+        present = {c.casefold() for c, _ in db.columns(tables[table.casefold()])}
+        missing = [c for c in columns if c.casefold() not in present]
+        if missing:
+            raise RelsqlError(f"{where}: its GBM blend reads column(s) {files.shown(missing)} of `{table}`, which "
+                              f"{db.description} lacks; load the model on the database it was trained on")
 
 
 def ranking_fields(task) -> dict:
@@ -184,10 +279,10 @@ def saved_task(task: dict, classes: list, template: ir.Template, where: str) -> 
     if kind == "ranking":
         candidates = get("candidates", str)
         if candidates not in template.relations:
-            raise RelsqlError(f"{where} is damaged: its candidate relation `{candidates}` is not in its template")
+            raise RelsqlError(f"{where} is damaged: its candidate relation {files.shown(candidates)} is not in its template")
         pairs = task.get("pairs", "")  # files written before pair relations have none
         if not isinstance(pairs, str) or (pairs and pairs not in template.relations):
-            raise RelsqlError(f"{where} is damaged: its pair relation {pairs!r} is not in its template")
+            raise RelsqlError(f"{where} is damaged: its pair relation {files.shown(pairs)} is not in its template")
         return RankingTask(k=arguments.integer(f"{where}: k", get("k", int)),
                            loss=arguments.choice(f"{where}: loss", get("loss", str), RANKING_LOSSES),
                            negatives=arguments.choice(f"{where}: negatives", get("negatives", str), NEGATIVES),
@@ -197,14 +292,32 @@ def saved_task(task: dict, classes: list, template: ir.Template, where: str) -> 
                 arguments.number(f"{where}: task std", get("std", (int, float)), positive=True))
 
 
-def hybrid(data: object, where: str) -> dict | None:
-    """A saved blend with a GBM, checked whole (its names reach SQL, its trees index arrays); files
-    without one (a network alone, or written before blends existed) give None."""
+def hybrid(data: object, where: str, target: str | None = None, keys: list[str] | None = None,
+           task: Task | RankingTask | None = None) -> dict | None:
+    """A saved blend with a GBM, checked whole (its names reach SQL, its trees index arrays) and
+    against the rest of the file: it reads the target's own table by (some of) the output's keys, and its
+    trees give one score per class the task has; files without one (a network alone, or
+    written before blends existed) give None."""
     from relsql.train.hybrid import Hybrid
 
     if data is None:
         return None
-    Hybrid.from_plain(data, f"{where}: hybrid")
+    where = f"{where}: hybrid"
+    scores = data.get("scores") if isinstance(data, dict) else None
+    if not isinstance(scores, list) or not all(
+            isinstance(p, list | tuple) and len(p) == 2 and all(type(v) in (int, float) for v in p) for p in scores):
+        raise RelsqlError(f"{where} is damaged: its blend scores are not (weight, score) pairs of numbers")
+    blend = Hybrid.from_plain(data, where)
+    table = target.split(".")[0] if target else None
+    if table is not None and blend.features.table.casefold() != table.casefold():
+        raise RelsqlError(f"{where} is damaged: its GBM reads table {files.shown(blend.features.table)}, but the "
+                          f"model's target is in `{table}`")
+    if keys is not None and (not blend.features.keys or not set(blend.features.keys) <= set(keys)):
+        raise RelsqlError(f"{where} is damaged: its GBM joins on {files.shown(blend.features.keys)}, not on the output's "
+                          f"keys {keys}")
+    units = len(task.classes) if task is not None and task.kind == "multiclass" else 1
+    if task is not None and blend.trees.units != units:
+        raise RelsqlError(f"{where} is damaged: its trees give {blend.trees.units:,} scores per row, the task needs {units}")
     return data
 
 
@@ -229,7 +342,7 @@ def feature_stats(stats: dict, where: str) -> dict[str, dict]:
     checked = {}
     for key, entry in stats.items():
         if not isinstance(key, str) or not isinstance(entry, dict):
-            raise RelsqlError(f"{where} is damaged: feature statistics {key!r}")
+            raise RelsqlError(f"{where} is damaged: feature statistics {files.shown(key)}")
         checked[key] = {**entry, "mean": arguments.number(f"{where}: {key} mean", entry.get("mean")),
                         "std": arguments.number(f"{where}: {key} std", entry.get("std"), positive=True),
                         "nulls": bool(entry.get("nulls"))}
