@@ -110,7 +110,7 @@ def test_no_thread_is_left_when_training_or_predicting_stops(learner):
 
     trainer = Trainer(learner, OneProcess(), epochs=2, batch_size=40, lr=0.01, patience=10, weight_decay=0.0,
                       callback=interrupt)
-    with pytest.raises(Stop):
+    with pytest.raises(relsql.RelsqlError, match="raised Stop"):
         trainer.fit(batched=True)
     assert not db_threads() - before
     learner.outputs_of(learner.labelled[:90])

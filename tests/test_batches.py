@@ -176,7 +176,7 @@ def test_an_interrupted_epoch_leaves_the_embedding_table_at_a_step():
     database = quiet(relsql.Model, db, shop_template("database"), **kwargs)
     _memory_start_like_database(memory, database)
     for model in (memory, database):
-        with pytest.raises(Stop):
+        with pytest.raises(relsql.RelsqlError, match="raised Stop"):
             quiet(model.fit, epochs=3, callback=_stop_after(4))
     store = database.batched.stores["user"]
     assert store.step() == 4  # the 4th update was submitted before the callback raised, and completed
@@ -192,7 +192,7 @@ def test_checkpoints_resume_to_the_uninterrupted_result(tmp_path):
     db = shop_db()
     first = quiet(relsql.Model, db, shop_template("database"), **kwargs)
     path = tmp_path / "run.ckpt"
-    with pytest.raises(Stop):
+    with pytest.raises(relsql.RelsqlError, match="raised Stop"):
         quiet(first.fit, epochs=3, patience=100, checkpoint=path, checkpoint_every=2, callback=_stop_after(10))
     assert path.exists()
     again = quiet(relsql.Model, db, shop_template("database"), **kwargs)  # a new process would do the same
@@ -250,7 +250,7 @@ def test_ctrl_c_during_training_leaves_a_consistent_database(tmp_path):
     reference = quiet(relsql.Model, shop_db(), shop_template("database"), target="item.y", seed=0, dtype=torch.float64,
                       progress=False, batch_size=50, embedding_optimizer="sgd")
     _memory_start_like_database(memory, reference)
-    with pytest.raises(Stop):
+    with pytest.raises(relsql.RelsqlError, match="raised Stop"):
         quiet(memory.fit, epochs=1000, patience=1000, callback=_stop_after(step))
     codes = {v: i for i, v in enumerate(memory.batched.grounder.dictionary_tables["user"]["value"].to_pylist())}
     table = memory.net.named_weights()["user"].detach()

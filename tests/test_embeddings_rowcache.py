@@ -205,7 +205,7 @@ def test_a_killed_process_leaves_the_table_at_a_step_and_resumes_to_the_uninterr
     values = memory.batched.grounder.dictionary_tables["user"]["value"]
     with torch.no_grad():
         memory.net.named_weights()["user"].copy_(reference.batched.store("user", values.type).fetch(values.combine_chunks()))
-    with pytest.raises(Stop):
+    with pytest.raises(relsql.RelsqlError, match="raised Stop"):
         quiet(memory.fit, epochs=3, patience=100, lr=0.02, callback=stop_at)
     codes = {v: i for i, v in enumerate(values.to_pylist())}
     in_memory = memory.net.named_weights()["user"].detach()
@@ -283,7 +283,7 @@ def test_a_fit_stopped_by_its_callback_leaves_every_step_in_the_table(tmp_path):
     with relsql.connect(path) as db:
         model = _users_items_model(db)
         steps = []
-        with pytest.raises(Stop):
+        with pytest.raises(relsql.RelsqlError, match="raised Stop"):
             quiet(model.fit, epochs=2, lr=0.02, callback=stop_at_7)
         stored = db.con.execute("SELECT step FROM relsql_embedding_steps WHERE weight = 'user'").fetchone()[0]
         assert stored == len(steps) == 7
@@ -291,8 +291,8 @@ def test_a_fit_stopped_by_its_callback_leaves_every_step_in_the_table(tmp_path):
 
 def test_a_write_back_that_fails_while_fit_raises_leaves_fits_error_with_a_note(tmp_path):
     """The callback closes the connection and raises: the trainer's write-back then fails too. The
-    user sees the callback's own error (not the connection's), with a note that the trained rows
-    did not reach the table."""
+    user sees the callback's own error (relsql's, naming it and chaining it; not the connection's),
+    with a note that the trained rows did not reach the table."""
     path = tmp_path / "shop.duckdb"
 
     class Stop(Exception):
@@ -307,9 +307,10 @@ def test_a_write_back_that_fails_while_fit_raises_leaves_fits_error_with_a_note(
     db = relsql.connect(path)
     model = _users_items_model(db)
     steps = []
-    with pytest.raises(Stop) as caught:
+    with pytest.raises(relsql.RelsqlError, match="raised Stop") as caught:
         quiet(model.fit, epochs=2, lr=0.02, callback=close_and_stop)
     notes = getattr(caught.value, "__notes__", [])
+    assert isinstance(caught.value.__cause__, Stop)
     assert len(notes) == 1 and "did not reach their table" in notes[0]
 
 

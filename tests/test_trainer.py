@@ -251,7 +251,7 @@ def test_a_checkpoint_taken_mid_epoch_resumes_to_the_uninterrupted_weights(tmp_p
     interrupted = model(db, batch_size=size)
     trainer = Trainer(interrupted.learner, OneProcess(), epochs=epochs, batch_size=size, lr=lr, patience=1000,
                       weight_decay=0.0, checkpoint=path, checkpoint_every=2, callback=interrupt)
-    with pytest.raises(Stop):
+    with pytest.raises(relsql.RelsqlError, match="raised Stop"):
         trainer.fit(batched=True)
     state = checkpoints.load(path)
     assert (state["epoch"], state["batch"]) == (1, 2)  # taken inside the epoch, after its second batch
@@ -399,7 +399,7 @@ def test_a_checkpoint_resumes_the_schedule_to_the_uninterrupted_weights(tmp_path
     interrupted = model(db, batch_size=size)
     trainer = Trainer(interrupted.learner, OneProcess(), epochs=epochs, batch_size=size, lr=lr, patience=1000,
                       weight_decay=0.0, checkpoint=path, checkpoint_every=2, callback=interrupt, **settings)
-    with pytest.raises(Stop):
+    with pytest.raises(relsql.RelsqlError, match="raised Stop"):
         trainer.fit(batched=True)
     state = checkpoints.load(path)
     assert state["schedule"]["step"] == 2 * 4 + 2  # 4 batches an epoch: two epochs and two batches taken
