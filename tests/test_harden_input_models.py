@@ -102,6 +102,8 @@ CHANGES = {  # what is changed -> words the RelsqlError must hold
     "a blend reading another table": (lambda s: s["hybrid"]["features"].update(table="orders"),
                                       ["hybrid", "'orders'", "`customer`"]),
     "a blend with no keys": (lambda s: s["hybrid"]["features"].update(keys=[]), ["hybrid", "joins on []"]),
+    "a blend join on no columns": (lambda s: s["hybrid"]["features"]["children"][0].update(columns=[], references=[]),
+                                   ["hybrid", "names no columns"]),
     "a blend of 10^12 scores per row": (lambda s: s["hybrid"]["trees"].update(units=10**12),
                                         ["hybrid", "1,000,000,000,000 scores"]),
     "blend scores that are text": (lambda s: s["hybrid"].update(scores=[["a", "b"]]), ["hybrid", "pairs of numbers"]),

@@ -315,6 +315,13 @@ def hybrid(data: object, where: str, target: str | None = None, keys: list[str] 
     if keys is not None and (not blend.features.keys or not set(blend.features.keys) <= set(keys)):
         raise RelsqlError(f"{where} is damaged: its GBM joins on {files.shown(blend.features.keys)}, not on the output's "
                           f"keys {keys}")
+    flat = blend.features
+    links = [(p.columns, p.references) for p in flat.parents]
+    links += [(c.columns, c.references) for c in flat.children] + [(c.references, flat.keys) for c in flat.children]
+    links += [(c.via[0], c.via[2]) for c in flat.children if c.via is not None]
+    if any(not columns or len(columns) != len(references) for columns, references in links):
+        raise RelsqlError(f"{where} is damaged: a join of its GBM features names no columns, or not as many as it "
+                          "references")
     units = len(task.classes) if task is not None and task.kind == "multiclass" else 1
     if task is not None and blend.trees.units != units:
         raise RelsqlError(f"{where} is damaged: its trees give {blend.trees.units:,} scores per row, the task needs {units}")
