@@ -13,6 +13,7 @@ whatever the file holds (MESSAGE_LIMIT).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -221,11 +222,14 @@ def check_loaded(learner, path: str | Path) -> None:
     where = f"model file {path}"
     labelled = getattr(learner, "labelled", None)
     if labelled is not None:
-        for name, positions in learner.rows.items():
-            if len(positions) and int(np.max(positions)) >= len(labelled):
-                raise RelsqlError(f"{where}: its {name} split names labelled row {int(np.max(positions)):,}, but "
-                                  f"{learner.db.description} has {len(labelled):,} labelled rows for "
-                                  f"{learner.target}; load the model on the database it was trained on")
+        beyond = {name: int(np.max(p)) for name, p in learner.rows.items() if len(p) and int(np.max(p)) >= len(labelled)}
+        if beyond:  # another database (new rows to score): the split was the training database's, so none holds here
+            name, last = next(iter(beyond.items()))
+            warnings.warn(f"{where}: its {name} split names labelled row {last:,}, but {learner.db.description} has "
+                          f"{len(labelled):,} labelled rows for {learner.target}: a database other than the one it was "
+                          "trained on, so its train/val/test split is not kept here (predict works; evaluate and "
+                          "fit need the training database)", RuntimeWarning, stacklevel=3)
+            learner.goal.rows = {name: np.zeros(0, dtype=np.int64) for name in learner.rows}
     blend = getattr(learner, "hybrid", None)
     if blend is not None:
         _check_blend_columns(learner.db, blend.features, where)
