@@ -85,8 +85,9 @@ def broadcast(dtype: torch.dtype) -> torch.Tensor:
 
 
 CHANGES = {  # what is changed -> words the RelsqlError must hold
-    "history of 9^9 shared floats": (lambda s: s.update(history=nested()), ["2,000,000 values", "shared"]),
-    "a tuple bomb as a dict key": (lambda s: s.update(feature_stats={tuple_key(): 1}), ["2,000,000 values"]),
+    "history of 9^9 shared floats": (lambda s: s.update(history=nested()), ["500,000 values", "shared"]),
+    "a tuple bomb as a dict key": (lambda s: s.update(feature_stats={tuple_key(): 1}), ["500,000 values", "shared"]),
+    "a history of 600,000 floats": (lambda s: s.update(history=[0.5] * 600_000), ["builds more than 500,000 values"]),
     "a list holding itself": (lambda s: s.update(history=cycle()), ["holds itself"]),
     "a bytearray (a global relsql never writes)": (lambda s: s.update(history=[bytearray(8)]), ["bytearray"]),
     "10^10 test rows": (lambda s: s["rows"].update(test=broadcast(torch.int64)), ["80,000,000,000 bytes"]),

@@ -42,7 +42,7 @@ from relsql.errors import RelsqlError
 
 FORMAT = "relsql-checkpoint-2"
 PLAIN = (str, int, float, bool, type(None), bytes)  # exact types: numpy's float64 is a float but pickles as numpy
-PICKLE_VALUES = 2_000_000  # values a file's pickle may build, shared references counted each time (a model: thousands)
+PICKLE_VALUES = 500_000  # values a file's pickle may build, shared references counted each time (a model: thousands)
 ZIP_RECORDS = 100_000  # records in a file's zip (one per tensor storage, plus 4)
 _GLOBALS = {("collections", "OrderedDict"), ("torch._utils", "_rebuild_tensor_v2"), ("_codecs", "encode")}
 _shown = reprlib.Repr()
@@ -205,6 +205,8 @@ def _check_pickle(data: bytes, refuse) -> None:
     children: list[list[int]] = []  # per placeholder, the placeholders it holds
 
     def new(*held: int) -> int:
+        if len(children) >= PICKLE_VALUES:  # each placeholder is a value at least: stop scanning at once
+            raise refuse(f"its pickle builds more than {PICKLE_VALUES:,} values")
         children.append(list(held))
         return len(children) - 1
 
