@@ -10,45 +10,52 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 from relsql.errors import RelsqlError
 
 TEXT_LIMIT = 16 << 20  # bytes: far above any template or keys file written by hand or by relsql
 
 
-def read_bytes(path: str | os.PathLike, what: str, error: type[RelsqlError] = RelsqlError,
-               limit: int = TEXT_LIMIT) -> bytes:
-    """The bytes of a regular file of at most `limit` bytes, or `error` naming the file and the fix."""
+def open_regular(path: str | os.PathLike, what: str, error: type[RelsqlError] = RelsqlError) -> BinaryIO:
+    """`path` opened for binary reading if it is a regular file, else `error` naming it and the fix.
+    Opened non-blocking: a FIFO (or a device) is refused by fstat instead of blocking the open until
+    some writer appears."""
     path = Path(path)
     if "\x00" in str(path):
         raise error(f"{what} {str(path)!r} has a NUL character, which no file name can hold; check the path")
     try:
-        # O_NONBLOCK: opening a FIFO with no writer must not hang before fstat can refuse it
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise error(f"{what} {path} does not exist, so relsql cannot read it; check the path") from None
     except OSError as err:
         raise error(f"cannot read {what} {path}: {err.strerror or err}; check the path and its permissions") from None
-    try:
-        info = os.fstat(fd)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
         if stat.S_ISDIR(info.st_mode):
             raise error(f"{what} {path} is a folder; pass the file inside it")
-        if not stat.S_ISREG(info.st_mode):
-            raise error(f"{what} {path} is not a regular file (a device, pipe or socket); pass a file")
-        if info.st_size > limit:
-            raise error(f"{what} {path} is {info.st_size:,} bytes, more than the {limit:,} relsql reads as text; "
-                        "pass the right file (or split it)")
-        chunks, total = [], 0
-        while chunk := os.read(fd, 1 << 20):
-            total += len(chunk)
-            if total > limit:  # the file grew while read
-                raise error(f"{what} {path} is more than the {limit:,} bytes relsql reads as text; pass the right file")
-            chunks.append(chunk)
-        return b"".join(chunks)
-    except OSError as err:
-        raise error(f"cannot read {what} {path}: {err.strerror or err}; check the file") from None
-    finally:
-        os.close(fd)
+        raise error(f"{what} {path} is not a regular file (a device, pipe or socket); pass a file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_bytes(path: str | os.PathLike, what: str, error: type[RelsqlError] = RelsqlError,
+               limit: int = TEXT_LIMIT) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes, or `error` naming the file and the fix."""
+    path = Path(path)
+    with open_regular(path, what, error) as file:
+        try:
+            size = os.fstat(file.fileno()).st_size
+            if size > limit:
+                raise error(f"{what} {path} is {size:,} bytes, more than the {limit:,} relsql reads as text; "
+                            "pass the right file (or split it)")
+            data = file.read(limit + 1)
+        except OSError as err:
+            raise error(f"cannot read {what} {path}: {err.strerror or err}; check the file") from None
+    if len(data) > limit:  # the file grew while read
+        raise error(f"{what} {path} is more than the {limit:,} bytes relsql reads as text; pass the right file")
+    return data
 
 
 def read_text(path: str | os.PathLike, what: str, error: type[RelsqlError] = RelsqlError,

@@ -29,7 +29,6 @@ import math
 import os
 import pickletools
 import reprlib
-import stat
 import tempfile
 import warnings
 import zipfile
@@ -38,6 +37,7 @@ from pathlib import Path
 import pyarrow as pa
 import torch
 
+from relsql import textfile
 from relsql.errors import RelsqlError
 
 FORMAT = "relsql-checkpoint-2"
@@ -125,7 +125,7 @@ def read(path: str | Path, kind: str, what: str) -> dict:
     if not isinstance(path, str | os.PathLike) or not str(path) or "\x00" in str(path):
         raise RelsqlError(f"the {what} path must be a file name, got {shown(path)}")
     path = Path(path)
-    with _open_regular(path, what) as handle:
+    with textfile.open_regular(path, what) as handle:
         _check_archive(handle, os.fstat(handle.fileno()).st_size, path, what)
         handle.seek(0)
         try:
@@ -145,25 +145,6 @@ def read(path: str | Path, kind: str, what: str) -> dict:
                           "train and save again)")
     _check_tensors(state, path, what)
     return state
-
-
-def _open_regular(path: Path, what: str):
-    """`path` opened for reading if it is a regular file: non-blocking, so that a FIFO (or a device)
-    is refused by fstat instead of blocking the open until some writer appears."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise RelsqlError(f"{what} {path} does not exist; check the path") from None
-    except OSError as err:
-        raise RelsqlError(f"cannot read {what} {path}: {err.strerror or err}; check the path and its permissions") from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        if stat.S_ISDIR(info.st_mode):
-            raise RelsqlError(f"{path} is a folder, not a relsql {what}")
-        raise RelsqlError(f"{what} {path} is not a regular file (a FIFO, device or socket); pass the file relsql wrote")
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
 
 
 def _check_archive(handle, size: int, path: Path, what: str) -> None:
