@@ -247,5 +247,4 @@ class Model:
             raise RelsqlError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
         with _server_reachable(db), progress_lines(None):
             learner = build.loaded_learner(db, path, device=device, batch_size=batch_size)
-            saved.check_loaded(learner, path)  # what only the database can confirm: rows, the blend's columns
         return cls._around(db, learner)

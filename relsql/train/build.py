@@ -98,4 +98,5 @@ def loaded_learner(db: Database, path: str | Path, *, device: str | torch.device
         raise RelsqlError(f"model file {path} does not fit its own template: {first_line(err)}") from None
     made.net.to(made.device)
     made.head.to(made.device)
+    saved.check_loaded(made, path)  # what only the database can confirm: rows, the blend's columns
     return made

@@ -228,7 +228,7 @@ def check_loaded(learner, path: str | Path) -> None:
             warnings.warn(f"{where}: its {name} split names labelled row {last:,}, but {learner.db.description} has "
                           f"{len(labelled):,} labelled rows for {learner.target}: a database other than the one it was "
                           "trained on, so its train/val/test split is not kept here (predict works; evaluate and "
-                          "fit need the training database)", RuntimeWarning, stacklevel=3)
+                          "fit need the training database)", RuntimeWarning, stacklevel=4)
             learner.goal.rows = {name: np.zeros(0, dtype=np.int64) for name in learner.rows}
     blend = getattr(learner, "hybrid", None)
     if blend is not None:
