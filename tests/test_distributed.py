@@ -91,7 +91,11 @@ def _rank_processes() -> list[int]:
     """The rank processes this test process started (children running relsql.train.distributed)."""
     found = []
     for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        for pid in (task / "children").read_text().split():
+        try:  # a thread may end between listing and reading
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for pid in children:
             try:
                 if b"relsql.train.distributed" in Path(f"/proc/{pid}/cmdline").read_bytes():
                     found.append(int(pid))
