@@ -170,7 +170,7 @@ class Model:
         (parsed by sqlglot, no subqueries), evaluated by the database. After Model.load on
         another database this scores that database's rows (docs/training.md)."""
         self._not_ranking("predict")
-        return results.predict(self.learner, splits=True, keys=keys, where=where)
+        return results.predict(self.learner.asked(keys, where), splits=True, keys=keys, where=where)
 
     def write_predictions(self, name: str, *, replace: bool = False) -> int:
         """Write `predict()` (without its `split` column) as a new table, atomically; an existing
@@ -237,10 +237,10 @@ class Model:
     @classmethod
     def load(cls, path: str | Path, db: Database, *, device: str | torch.device = "cpu",
              batch_size: int | None = None) -> Model:
-        """A saved model on `db`: grounded again with the saved encodings, same predictions.
-        `batch_size` predicts (and evaluates) in mini-batches of that many target rows, each
-        grounded on demand, whatever the model was trained with. Every value read from the file
-        is checked like a user's argument before use."""
+        """A saved model on `db`, built on first use with the saved encodings: same predictions;
+        predict(keys=/where=) first grounds only those rows. `batch_size` predicts (and evaluates)
+        in mini-batches of that many target rows, grounded on demand. Every value read from the
+        file is checked like a user's argument before use (relsql/train/loaded.py)."""
         if batch_size is not None:
             batch_size = arguments.integer("batch_size", batch_size)
         if not isinstance(db, Database):

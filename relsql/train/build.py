@@ -5,15 +5,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import sqlglot.expressions as exp
 import torch
 
 from relsql import arguments
-from relsql.db import Database, first_line
+from relsql import sql as q
+from relsql.db import Database
 from relsql.errors import RelsqlError, SchemaError
+from relsql.ground.demand import database_embeddings
 from relsql.ground.execute import Presets, groundings_limit
 from relsql.references import referenced
 from relsql.template import Template, ir
-from relsql.train import checks, saved
+from relsql.train import checks, loaded, saved
 from relsql.train.learner import Learner, Settings
 from relsql.train.ranking.learner import RankingLearner
 from relsql.train.ranking.target import ranking_target
@@ -61,16 +64,23 @@ def learner(db: Database, template: ir.Template | str | Path, target: str, *, ou
     if not allow_target_inputs:
         goal.refuse_leaks(template, db)
     made = (RankingLearner if reference is not None else Learner)(db, template, goal, settings)
-    if loading is None:
-        made.build(Presets(), task)
-    else:  # Model.load: the saved encodings, task and split
+    if loading is not None:  # Model.load: the saved encodings, task and split
         made.history, made.best_epoch = loading.history, loading.best_epoch
-        made.build(loading.presets, loading.task, split=loading.split)
         if loading.hybrid is not None:
             from relsql.train.hybrid import Hybrid
 
             made.hybrid = Hybrid.from_plain(loading.hybrid)
+    if loading is None:
+        made.build(Presets(), task)
+    elif not deferred(made):
+        made.build(loading.presets, loading.task, split=loading.split)
     return made
+
+
+def deferred(made: Learner) -> bool:
+    """Whether a loaded model waits for its first use to ground and plan (relsql/train/loaded.py):
+    a plain one; a ranking model or one with database-stored embeddings is built at once."""
+    return type(made) is Learner and not database_embeddings(made.template)
 
 
 def saved_learner(db: Database, state: ModelState, *, device: str | torch.device, batch_size: int | None) -> Learner:
@@ -84,19 +94,25 @@ def saved_learner(db: Database, state: ModelState, *, device: str | torch.device
 
 
 def loaded_learner(db: Database, path: str | Path, *, device: str | torch.device, batch_size: int | None) -> Learner:
-    """Model.load's learner from the file at `path`, its saved weights set; a file whose weights do
-    not fit its own template is a RelsqlError."""
+    """Model.load's learner from the file at `path`. A plain model is checked against the
+    database cheaply and built on first use (relsql/train/loaded.py); others are built now, their
+    saved weights set. A file whose weights do not fit its own template is a RelsqlError."""
     state = saved.read(path)
+    loaded.check_head(state, path)
     made = saved_learner(db, state, device=device, batch_size=batch_size or state.batch_size)
-    missing = [n for n in made.net.weights_by_name() if n not in state.weights]
-    if missing:
-        raise RelsqlError(f"model file {path} does not fit its own template: weights {missing} are missing")
-    try:
-        made.net.set_named_weights(state.weights, made.fixed())
-        made.head.load_state_dict(state.head)
-    except (RuntimeError, KeyError, TypeError, ValueError) as err:
-        raise RelsqlError(f"model file {path} does not fit its own template: {first_line(err)}") from None
-    made.net.to(made.device)
-    made.head.to(made.device)
+    if deferred(made):
+        made.goal.task, made.goal.rows = state.task, dict(state.split)
+        made.goal.check_columns(db)
+        saved.check_split(made, path, labelled_count(db, made.goal), stacklevel=4)
+        saved.check_blend(made, path)
+        made.pending = loaded.Pending(state, path)
+        return made
+    made.head = loaded.set_weights(made, made.net, state, path)
     saved.check_loaded(made, path)  # what only the database can confirm: rows, the blend's columns
     return made
+
+
+def labelled_count(db: Database, goal: Target) -> int:
+    """The target rows with a label: at least as many as the output relation reaches."""
+    column = exp.Count(this=q.col(goal.column))
+    return int(db.scalar(exp.select(column).from_(exp.Table(this=q.ident(goal.table))))[0])

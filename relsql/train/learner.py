@@ -59,6 +59,7 @@ class Learner:
 
     def __init__(self, db: Database | None, template: Template, target: Target, settings: Settings):
         self.db, self.template, self.goal, self.settings = db, template, target, settings
+        self.pending = None  # a loaded model's state, applied on first use (relsql/train/loaded.py)
         self.net: CompiledNet | None = None
         self.head: nn.Module = nn.Identity()
         self.batched: Batched | None = None
@@ -87,9 +88,9 @@ class Learner:
     seed = property(lambda self: self.goal.seed)
     task = property(lambda self: self.goal.task)
     rows = property(lambda self: self.goal.rows)
-    labelled = property(lambda self: self.goal.labelled)
-    positions = property(lambda self: self.goal.positions)
-    y = property(lambda self: self.goal.y)
+    labelled = property(lambda self: self.ready().goal.labelled)
+    positions = property(lambda self: self.ready().goal.positions)
+    y = property(lambda self: self.ready().goal.y)
     dtype = property(lambda self: self.settings.dtype)
     device = property(lambda self: self.settings.device)
 
@@ -106,6 +107,32 @@ class Learner:
                 yield
             finally:
                 self.random_state = torch.get_rng_state()
+
+    # -- a loaded model, built on first use ------------------------------------------------------
+    # Model.load defers grounding and planning (relsql/train/loaded.py): the net, the head, the
+    # batches and the labels are made when first read, as Model(...) would have made them.
+    net = property(lambda self: self.ready()._net, lambda self, value: setattr(self, "_net", value))
+    head = property(lambda self: self.ready()._head, lambda self, value: setattr(self, "_head", value))
+    batched = property(lambda self: self.ready()._batched, lambda self, value: setattr(self, "_batched", value))
+
+    def ready(self) -> Learner:
+        """This learner, built: a loaded model's deferred grounding and planning done now."""
+        pending = self.__dict__.get("pending")
+        if pending is not None:
+            self.pending = None
+            try:
+                pending.complete(self)
+            except BaseException:
+                self.pending = pending
+                raise
+        return self
+
+    def asked(self, keys: object, where: object):
+        """What predict(keys=, where=) reads: this learner, or for a loaded model not built yet a
+        view that grounds and runs only the rows asked for (relsql/train/loaded.py)."""
+        if self.__dict__.get("pending") is None or (keys is None and where is None):
+            return self
+        return self.pending.asked(self)
 
     # -- construction -----------------------------------------------------------------------------
     def build(self, presets: Presets, task: str | Task | None, split: dict | None = None) -> None:

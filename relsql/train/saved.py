@@ -219,20 +219,34 @@ def check_loaded(learner, path: str | Path) -> None:
     """What a model file says that only the database it is loaded on can confirm: its split's row
     positions exist among the labelled rows, and its blend's tables and columns exist (they are
     read by SQL for every prediction)."""
-    where = f"model file {path}"
     labelled = getattr(learner, "labelled", None)
     if labelled is not None:
-        beyond = {name: int(np.max(p)) for name, p in learner.rows.items() if len(p) and int(np.max(p)) >= len(labelled)}
-        if beyond:  # another database (new rows to score): the split was the training database's, so none holds here
-            name, last = next(iter(beyond.items()))
-            warnings.warn(f"{where}: its {name} split names labelled row {last:,}, but {learner.db.description} has "
-                          f"{len(labelled):,} labelled rows for {learner.target}: a database other than the one it was "
-                          "trained on, so its train/val/test split is not kept here (predict works; evaluate and "
-                          "fit need the training database)", RuntimeWarning, stacklevel=4)
-            learner.goal.rows = {name: np.zeros(0, dtype=np.int64) for name in learner.rows}
+        check_split(learner, path, len(labelled))
+    check_blend(learner, path)
+
+
+def check_blend(learner, path: str | Path) -> None:
+    """Every table and column a GBM blend reads exists in the learner's database."""
     blend = getattr(learner, "hybrid", None)
     if blend is not None:
-        _check_blend_columns(learner.db, blend.features, where)
+        _check_blend_columns(learner.db, blend.features, f"model file {path}")
+
+
+def check_split(learner, path: str | Path, labelled: int | None = None, stacklevel: int = 5) -> None:
+    """The split's row positions exist among the `labelled` rows (default: the learner's); on
+    another database (new rows to score) the split was the training database's, so none holds
+    here: said, and not kept. Model.load runs it first against the count of labelled target rows
+    (an upper bound of those the output relation reaches: no grounding needed), then exactly."""
+    goal = learner.goal
+    labelled = len(goal.labelled) if labelled is None else labelled
+    beyond = {name: int(np.max(p)) for name, p in goal.rows.items() if len(p) and int(np.max(p)) >= labelled}
+    if beyond:
+        name, last = next(iter(beyond.items()))
+        warnings.warn(f"model file {path}: its {name} split names labelled row {last:,}, but {learner.db.description} has "
+                      f"{labelled:,} labelled rows for {learner.target}: a database other than the one it was "
+                      "trained on, so its train/val/test split is not kept here (predict works; evaluate and "
+                      "fit need the training database)", RuntimeWarning, stacklevel=stacklevel)
+        goal.rows = {name: np.zeros(0, dtype=np.int64) for name in goal.rows}
 
 
 def _check_blend_columns(db, flat, where: str) -> None:
