@@ -21,7 +21,7 @@ import sqlglot
 import sqlglot.expressions as exp
 from sqlglot.dialects.duckdb import DuckDB
 from sqlglot.errors import ParseError, TokenError
-from sqlglot.tokens import Tokenizer, TokenType
+from sqlglot.tokens import Token, Tokenizer, TokenType
 
 from relsql.errors import TemplateError
 from relsql.template import ir, recursion
@@ -60,11 +60,11 @@ class _RelsqlDuckDB(DuckDB):
             return join
 
 
-def _statements(text: str) -> list[tuple[int, int, int]]:
+def _statements(text: str, tokens: list[Token] | None = None) -> list[tuple[int, int, int]]:
     """(first line, first character, end character) of every non-empty statement."""
     spans: list[tuple[int, int, int]] = []
     start = None
-    for token in Tokenizer().tokenize(text):
+    for token in Tokenizer().tokenize(text) if tokens is None else tokens:
         if token.token_type == TokenType.SEMICOLON:
             if start is not None:
                 spans.append((start.line, start.start, token.end + 1))
@@ -76,11 +76,11 @@ def _statements(text: str) -> list[tuple[int, int, int]]:
     return spans
 
 
-def _check_nesting(text: str) -> None:
+def _check_nesting(tokens: list[Token]) -> None:
     """Refuse brackets nested deeper than sqlglot's recursive parser can follow, before it tries."""
     depth, statement = 0, 1
     seen = False
-    for token in Tokenizer().tokenize(text):
+    for token in tokens:
         if token.token_type == TokenType.SEMICOLON:
             depth, statement, seen = 0, statement + (1 if seen else 0), False
             continue
@@ -151,10 +151,12 @@ def parse_sql_template(text: str, depth: int | None = None) -> ir.Template:
     are unrolled to `depth` (or the text's `-- relsql: depth N` line)."""
     ir.check_text(text, "SQL template")
     spans: list[tuple[int, int, int]] = []
-    try:
-        _check_nesting(text)
-        spans = _statements(text)
-        statements = [s for s in sqlglot.parse(text, read=_RelsqlDuckDB) if s is not None]
+    try:  # tokenized once: the nesting check, the statements' lines and the parser read the same tokens
+        dialect = _RelsqlDuckDB()
+        tokens = dialect.tokenize(text)
+        _check_nesting(tokens)
+        spans = _statements(text, tokens)
+        statements = [s for s in dialect.parser().parse(tokens, text) if s is not None]
     except TokenError:
         raise TemplateError(_token_message(text)) from None
     except ParseError as err:
