@@ -145,6 +145,7 @@ def measure(db, engine: str, template, args) -> list[dict]:
     """One epoch by one process and by each rank count, from the same initial weights."""
     import relsql
     from relsql.train import distributed
+    from relsql.train.options import FitConfig
 
     started = time.perf_counter()
     model = relsql.Model(db, template, "orders.o_orderpriority", batch_size=args.batch_size, progress=False)
@@ -187,7 +188,8 @@ def measure(db, engine: str, template, args) -> list[dict]:
         model._restore_weights(initial)
         model.timings, model.history = {}, []
         started = time.perf_counter()
-        distributed.fit(model, ranks, args.epochs, args.batch_size, 0.01, args.epochs, 0.0)
+        distributed.fit(model.learner, FitConfig(epochs=args.epochs, batch_size=args.batch_size, lr=0.01, patience=args.epochs,
+                                                  workers=ranks))
         record("fit(workers=N)", ranks, time.perf_counter() - started)
     return rows
 

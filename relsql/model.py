@@ -22,7 +22,7 @@ from relsql.errors import RelsqlError, SourceError
 from relsql.progress import lines as progress_lines
 from relsql.template.ir import Template
 from relsql.train import build, fitting, gradients, results, saved
-from relsql.train.options import EPOCHS, TIME_BUDGET
+from relsql.train.options import EPOCHS, TIME_BUDGET, FitConfig
 from relsql.train.ranking import results as ranked
 from relsql.train.report import LOSSES, plot_history, text_report
 from relsql.train.threads import torch_threads
@@ -126,17 +126,18 @@ class Model:
         ranking target), "loss" or another metric. `loss`: "huber" | "mse" | "mae" (regression),
         "softmax" | "bce" | "bpr" (ranking); `class_weight="balanced"`; `negatives` "uniform" |
         "popularity" | "in-batch" and `hard_negatives` (a SQL SELECT of pairs) for ranking.
-        `refit=True` retrains on training + validation rows for the selected epochs. `hybrid`:
-        blend a GBM on one-hop SQL features by a validation-picked weight (None: only for
-        Template.auto's templates). `batch_size` trains on mini-batches; `checkpoint` is written
-        atomically every epoch (and `checkpoint_every` batches), `resume=True` continues from it;
+        `refit=True` retrains on training + validation rows for the selected epochs. `hybrid`: blend a
+        GBM on one-hop SQL features by a validation-picked weight (None: Template.auto's templates).
+        `batch_size` trains on mini-batches; `checkpoint` is written atomically every epoch (and
+        `checkpoint_every` batches), `resume=True` continues from it;
         `callback(info)` after every step (raising stops training, database consistent);
         `workers=N` trains data-parallel on N processes, and under torchrun as this rank."""
-        fitting.fit(self.db, self.learner, self.threads, epochs=epochs, batch_size=batch_size, lr=lr, patience=patience,
-                    weight_decay=weight_decay, schedule=schedule, warmup=warmup, clip=clip, monitor=monitor,
-                    time_budget=time_budget, loss=loss, class_weight=class_weight, negatives=negatives,
-                    hard_negatives=hard_negatives, refit=refit, hybrid=hybrid, checkpoint=checkpoint, resume=resume,
-                    checkpoint_every=checkpoint_every, callback=callback, workers=workers)
+        config = FitConfig.checked(self.learner, epochs=epochs, batch_size=batch_size, lr=lr, patience=patience,
+                                   weight_decay=weight_decay, schedule=schedule, warmup=warmup, clip=clip, monitor=monitor,
+                                   time_budget=time_budget, loss=loss, class_weight=class_weight, negatives=negatives,
+                                   hard_negatives=hard_negatives, refit=refit, hybrid=hybrid, checkpoint=checkpoint,
+                                   resume=resume, checkpoint_every=checkpoint_every, callback=callback, workers=workers)
+        fitting.fit(self.db, self.learner, self.threads, config)
         return self
 
     def search(self, budget: float | str = "10m", trials: int | None = None, **options) -> Model:
@@ -223,9 +224,8 @@ class Model:
         return {**self.net.named_weights(), **self.learner.head_weights()}
 
     def save(self, path: str | Path) -> Path:
-        """Weights, encodings, task and split in one file (written atomically), plot beside it.
-        The file holds plain tensors, numbers, strings and Arrow IPC bytes only, so loading it
-        cannot run code (see relsql/train/checkpoint.py)."""
+        """Weights, encodings, task and split in one file (written atomically), plot beside it. The file
+        holds plain tensors, numbers, strings and Arrow IPC bytes only: loading it cannot run code."""
         path = saved.write(saved.ModelState.of(self.learner), path)
         if self.history and self.task.kind != "ranking":
             split = "val" if len(self.rows["val"]) else "train"

@@ -12,6 +12,7 @@ import torch
 import relsql
 from relsql.train.batched import Batched
 from relsql.train.batches import batches
+from relsql.train.options import FitConfig
 from relsql.train.source import BatchSource, Whole
 from relsql.train.trainer import OneProcess, Trainer
 from tests.test_trainer import TEMPLATE, customers
@@ -108,8 +109,7 @@ def test_no_thread_is_left_when_training_or_predicting_stops(learner):
         if info["batch"] == 1:
             raise Stop
 
-    trainer = Trainer(learner, OneProcess(), epochs=2, batch_size=40, lr=0.01, patience=10, weight_decay=0.0,
-                      callback=interrupt)
+    trainer = Trainer(learner, OneProcess(), FitConfig(epochs=2, batch_size=40, lr=0.01, patience=10, callback=interrupt))
     with pytest.raises(relsql.RelsqlError, match="raised Stop"):
         trainer.fit(batched=True)
     assert not db_threads() - before

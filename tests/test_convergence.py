@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import relsql
+from relsql.train.options import FitConfig
 from relsql.train.task import Task
 from relsql.train.trainer import OneProcess, Trainer
 from tests.test_trainer import TEMPLATE, assert_same_weights, customers, weights
@@ -164,8 +165,8 @@ def test_refit_trains_from_the_initial_weights_on_training_and_validation_rows()
     learner = by_hand.learner
     rows = dict(learner.rows)
     learner.goal.rows = {**rows, "train": np.concatenate([rows["train"], rows["val"]]), "val": rows["val"][:0]}
-    trainer = Trainer(learner, OneProcess(), epochs=selected, batch_size=None, lr=lr, patience=50, weight_decay=0.0,
-                      optimizer="adamw", schedule="cosine", clip=1.0, keep="last", horizon=epochs)
+    trainer = Trainer(learner, OneProcess(), FitConfig(epochs=selected, lr=lr, patience=50, optimizer="adamw",
+                                                       schedule="cosine", clip=1.0), keep="last", horizon=epochs)
     assert trainer.fit(batched=False) is None
     assert_same_weights(weights(m), weights(by_hand))
     # the default plateau schedule: the refit replays the rates the selection run had, epoch by epoch
@@ -177,8 +178,8 @@ def test_refit_trains_from_the_initial_weights_on_training_and_validation_rows()
     by_hand = model(db)
     learner = by_hand.learner
     learner.goal.rows = {**rows, "train": np.concatenate([rows["train"], rows["val"]]), "val": rows["val"][:0]}
-    trainer = Trainer(learner, OneProcess(), epochs=p.best_epoch + 1, batch_size=None, lr=fast, patience=12,
-                      weight_decay=0.0, optimizer="adamw", schedule="plateau", clip=1.0, keep="last",
+    trainer = Trainer(learner, OneProcess(), FitConfig(epochs=p.best_epoch + 1, lr=fast, patience=12, optimizer="adamw",
+                                                       schedule="plateau", clip=1.0), keep="last",
                       replay=[r / fast for r in rates])
     assert trainer.fit(batched=False) is None
     assert_same_weights(weights(p), weights(by_hand))

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 import relsql
 from relsql.train import checkpoint as checkpoints
+from relsql.train.options import FitConfig
 from relsql.train.trainer import EarlyStopping, OneProcess, Optimizers, Trainer
 from tests.test_batches import shop_db, shop_template
 
@@ -63,8 +64,9 @@ def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
 
 def train(m: relsql.Model, epochs: int, lr: float, batch_size: int | None = None, patience: int = 1000,
           strategy: OneProcess | None = None, **kwargs) -> Trainer:
-    trainer = Trainer(m.learner, strategy or OneProcess(), epochs=epochs, batch_size=batch_size, lr=lr, patience=patience,
-                      weight_decay=0.0, **kwargs)
+    keep = {k: kwargs.pop(k) for k in ("keep", "horizon", "replay") if k in kwargs}
+    config = FitConfig(epochs=epochs, batch_size=batch_size, lr=lr, patience=patience, **kwargs)
+    trainer = Trainer(m.learner, strategy or OneProcess(), config, **keep)
     assert trainer.fit(batched=batch_size is not None) is None
     return trainer
 
@@ -249,15 +251,15 @@ def test_a_checkpoint_taken_mid_epoch_resumes_to_the_uninterrupted_weights(tmp_p
             raise Stop
 
     interrupted = model(db, batch_size=size)
-    trainer = Trainer(interrupted.learner, OneProcess(), epochs=epochs, batch_size=size, lr=lr, patience=1000,
-                      weight_decay=0.0, checkpoint=path, checkpoint_every=2, callback=interrupt)
+    trainer = Trainer(interrupted.learner, OneProcess(), FitConfig(epochs=epochs, batch_size=size, lr=lr, patience=1000,
+                                                                   checkpoint=path, checkpoint_every=2, callback=interrupt))
     with pytest.raises(relsql.RelsqlError, match="raised Stop"):
         trainer.fit(batched=True)
     state = checkpoints.load(path)
     assert (state["epoch"], state["batch"]) == (1, 2)  # taken inside the epoch, after its second batch
     resumed = model(db, batch_size=size)  # a new process would start from a model built afresh
-    trainer = Trainer(resumed.learner, OneProcess(), epochs=epochs, batch_size=size, lr=lr, patience=1000,
-                      weight_decay=0.0, checkpoint=path, checkpoint_every=2)
+    trainer = Trainer(resumed.learner, OneProcess(), FitConfig(epochs=epochs, batch_size=size, lr=lr, patience=1000,
+                                                               checkpoint=path, checkpoint_every=2))
     assert trainer.fit(batched=True, resume=state) is None
     assert_same_weights(weights(resumed), weights(whole))
     assert resumed.best_epoch == whole.best_epoch
@@ -370,8 +372,9 @@ def test_adamw_cosine_and_clipping_take_the_steps_of_a_plain_torch_loop(clip):
     db = customers()
     epochs, lr, size, decay = 5, 0.05, 50, 0.1
     trained, plain = model(db, batch_size=size), model(db)
-    trainer = Trainer(trained.learner, OneProcess(), epochs=epochs, batch_size=size, lr=lr, patience=1000,
-                      weight_decay=decay, optimizer="adamw", schedule="cosine", warmup=0.1, clip=clip, keep="last")
+    trainer = Trainer(trained.learner, OneProcess(), FitConfig(epochs=epochs, batch_size=size, lr=lr, patience=1000,
+                                                               weight_decay=decay, optimizer="adamw", schedule="cosine",
+                                                               warmup=0.1, clip=clip), keep="last")
     assert trainer.fit(batched=True) is None
     steps = epochs * -(-len(trained.rows["train"]) // size)
     warm = round(0.1 * steps)
@@ -397,15 +400,16 @@ def test_a_checkpoint_resumes_the_schedule_to_the_uninterrupted_weights(tmp_path
             raise Stop
 
     interrupted = model(db, batch_size=size)
-    trainer = Trainer(interrupted.learner, OneProcess(), epochs=epochs, batch_size=size, lr=lr, patience=1000,
-                      weight_decay=0.0, checkpoint=path, checkpoint_every=2, callback=interrupt, **settings)
+    trainer = Trainer(interrupted.learner, OneProcess(), FitConfig(epochs=epochs, batch_size=size, lr=lr, patience=1000,
+                                                                   checkpoint=path, checkpoint_every=2, callback=interrupt,
+                                                                   **settings))
     with pytest.raises(relsql.RelsqlError, match="raised Stop"):
         trainer.fit(batched=True)
     state = checkpoints.load(path)
     assert state["schedule"]["step"] == 2 * 4 + 2  # 4 batches an epoch: two epochs and two batches taken
     resumed = model(db, batch_size=size)
-    trainer = Trainer(resumed.learner, OneProcess(), epochs=epochs, batch_size=size, lr=lr, patience=1000,
-                      weight_decay=0.0, checkpoint=path, checkpoint_every=2, **settings)
+    trainer = Trainer(resumed.learner, OneProcess(), FitConfig(epochs=epochs, batch_size=size, lr=lr, patience=1000,
+                                                               checkpoint=path, checkpoint_every=2, **settings))
     assert trainer.fit(batched=True, resume=state) is None
     assert_same_weights(weights(resumed), weights(whole))
     assert resumed.best_epoch == whole.best_epoch

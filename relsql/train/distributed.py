@@ -45,6 +45,7 @@ from relsql.train import checkpoint as checkpoints
 from relsql.train import torch_distributor, write_back
 from relsql.train.batches import batches
 from relsql.train.learner import Learner, from_state
+from relsql.train.options import FitConfig
 from relsql.train.saved import ModelState
 from relsql.train.sharded import EmbeddingJob, ShardedEmbeddings
 from relsql.train.source import BatchSource
@@ -61,23 +62,24 @@ class Job:
 
     model: ModelState | None  # the model's state and labels, without its database (None under torchrun)
     store: tuple  # GroundingStore.detach()
-    epochs: int
-    batch_size: int
-    lr: float
-    patience: int
-    weight_decay: float
+    config: FitConfig  # fit's settings, its batch size resolved, no callback
     world: int
     init_method: str
     folder: str
     threads: int
     timeout: float
     log_level: int = logging.WARNING
-    checkpoint: str | None = None  # rank 0 writes it (Model.fit's format); resumed from `resume`
-    checkpoint_every: int | None = None
-    resume: dict | None = None
+    resume: dict | None = None  # the checkpoint's state (rank 0 writes config.checkpoint, Model.fit's format)
     started: float = 0.0  # time.time() when the parent started the ranks
     embeddings: dict[str, EmbeddingJob] = field(default_factory=dict)  # database-stored ones, sharded over the ranks
-    options: dict = field(default_factory=dict)  # the Trainer's convergence settings (optimizer, schedule, clip, ...) and the loss's
+
+    @property
+    def batch_size(self) -> int:
+        return self.config.batch_size
+
+    @property
+    def checkpoint(self) -> str | None:
+        return None if self.config.checkpoint is None else str(self.config.checkpoint)
 
 
 # -- the parent: start the ranks, wait, take the result ------------------------------------------
@@ -86,9 +88,7 @@ def launched_by_torchrun() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ and "RELSQL_RANK" not in os.environ
 
 
-def fit_as_rank(learner: Learner, epochs: int, batch_size: int | None, lr: float, patience: int, weight_decay: float,
-                checkpoint: Path | None = None, checkpoint_every: int | None = None, resume: bool = False,
-                timeout: float = 1800.0, options: dict | None = None) -> None:
+def fit_as_rank(learner: Learner, config: FitConfig, timeout: float = 1800.0) -> None:
     """Train as this process's rank of a torchrun group (env://: RANK, WORLD_SIZE, MASTER_ADDR,
     MASTER_PORT): every rank built the same model on its own engine session, and reads its own or
     a shared grounding store; each ends with the same weights. Rank 0 writes the checkpoints."""
@@ -98,9 +98,8 @@ def fit_as_rank(learner: Learner, epochs: int, batch_size: int | None, lr: float
                           "one writer: train them with model.fit(workers=N) from one process, or declare them storage='memory'")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     learner.ensure_batched()
-    job = _job(learner, world, epochs, batch_size, lr, patience, weight_decay, checkpoint, checkpoint_every, resume, timeout,
-               model=None, store=(), init_method="env://", folder="", threads=torch.get_num_threads(), started=time.time(),
-               options=dict(options or {}))
+    job = _job(learner, world, config, timeout, model=None, store=(), init_method="env://", folder="",
+               threads=torch.get_num_threads(), started=time.time())
     owned = not dist.is_initialized()
     strategy = Ranks(job, rank, None)
     try:
@@ -113,15 +112,14 @@ def fit_as_rank(learner: Learner, epochs: int, batch_size: int | None, lr: float
         raise RelsqlError(diverged)
 
 
-def _job(owner: Learner, world: int, epochs: int, batch_size: int | None, lr: float, patience: int, weight_decay: float,
-         checkpoint: Path | None, checkpoint_every: int | None, resume: bool, timeout: float, **where) -> Job:
-    """The job of every rank of `owner`: fit's arguments, the checkpoint to resume from, and
+def _job(owner: Learner, world: int, config: FitConfig, timeout: float, **where) -> Job:
+    """The job of every rank of `owner`: fit's settings, the checkpoint to resume from, and
     `where` (the model's state sent to the ranks, the store, the rendezvous, the folder for results, threads)."""
-    resumed = checkpoints.load(checkpoint) if resume and checkpoint is not None and Path(checkpoint).exists() else None
-    return Job(epochs=epochs, batch_size=batch_size or owner.settings.batch_size or len(owner.rows["train"]), lr=lr,
-               patience=patience, weight_decay=weight_decay, world=world, timeout=timeout, log_level=log.getEffectiveLevel(),
-               checkpoint=None if checkpoint is None else str(checkpoint), checkpoint_every=checkpoint_every,
-               resume=resumed, **where)
+    checkpoint = config.checkpoint
+    resumed = checkpoints.load(checkpoint) if config.resume and checkpoint is not None and Path(checkpoint).exists() else None
+    config = config.replace(batch_size=config.batch_size or owner.settings.batch_size or len(owner.rows["train"]),
+                            callback=None)
+    return Job(config=config, world=world, timeout=timeout, log_level=log.getEffectiveLevel(), resume=resumed, **where)
 
 
 def _refuse(learner: Learner, workers: int) -> None:
@@ -159,21 +157,19 @@ def capped_workers(learner: Learner, workers: int) -> int:
     return have
 
 
-def fit(learner: Learner, workers: int, epochs: int, batch_size: int | None, lr: float, patience: int, weight_decay: float,
-        checkpoint: Path | None = None, checkpoint_every: int | None = None, resume: bool = False,
-        timeout: float = 1800.0, threads: int | None = None, options: dict | None = None) -> None:
-    """Train `learner` on `workers` ranks (at most one per core, see capped_workers); its weights,
-    history and best epoch become rank 0's. `timeout`: seconds a rank waits for the others in a
-    collective before giving up."""
-    if not (resume and checkpoint is not None and Path(checkpoint).exists()):  # a resumed run needs its checkpoint's ranks
-        workers = capped_workers(learner, workers)
+def fit(learner: Learner, config: FitConfig, timeout: float = 1800.0, threads: int | None = None) -> None:
+    """Train `learner` on `config.workers` ranks (at most one per core, see capped_workers); its
+    weights, history and best epoch become rank 0's. `timeout`: seconds a rank waits for the others
+    in a collective before giving up."""
+    workers = config.workers
+    if not (config.resume and config.checkpoint is not None and Path(config.checkpoint).exists()):
+        workers = capped_workers(learner, workers)  # a resumed run needs its checkpoint's ranks
     _refuse(learner, workers)
     store = learner.ensure_batched().grounding_store
     with tempfile.TemporaryDirectory(prefix="relsql-ranks-") as folder:
-        job = _job(learner, workers, epochs, batch_size, lr, patience, weight_decay, checkpoint, checkpoint_every, resume,
-                   timeout, model=ModelState.of(learner, labels=True), store=store.detach(),
+        job = _job(learner, workers, config, timeout, model=ModelState.of(learner, labels=True), store=store.detach(),
                    init_method=f"tcp://127.0.0.1:{_free_port()}", folder=folder,
-                   threads=threads or max(1, default_threads() // workers), options=dict(options or {}))
+                   threads=threads or max(1, default_threads() // workers))
         job.embeddings = write_back.export(learner, folder, job.resume)
         if job.embeddings and job.resume is not None:
             _check_shards(job)
@@ -185,8 +181,8 @@ def fit(learner: Learner, workers: int, epochs: int, batch_size: int | None, lr:
     learner.net.set_named_weights(result["weights"], learner.fixed())
     learner.head.load_state_dict(result["head"])
     learner.history = list(result["history"])
-    learner.best_epoch, learner.stopped, learner.epoch_cap = result["best_epoch"], result["stopped"], epochs
-    learner.monitor, learner.time_budget = result.get("monitor"), (options or {}).get("time_budget")
+    learner.best_epoch, learner.stopped, learner.epoch_cap = result["best_epoch"], result["stopped"], config.epochs
+    learner.monitor, learner.time_budget = result.get("monitor"), config.time_budget
     add_timings(learner, {**result["timings"], "training": time.perf_counter() - started})
     if result.get("diverged"):  # the ranks stopped at a NaN loss, with the best epoch's weights
         raise RelsqlError(result["diverged"])
@@ -322,12 +318,11 @@ def _train(learner: Learner, job: Job, rank: int, strategy: Ranks | None = None)
         dist.init_process_group("nccl" if learner.device.type == "cuda" else "gloo", init_method=job.init_method,
                                 rank=rank, world_size=job.world, timeout=timedelta(seconds=job.timeout))
     strategy.clock["rank_startup"] = time.time() - job.started
-    options = dict(job.options)
-    learner.task.regression_loss = options.pop("regression_loss", learner.task.regression_loss)
-    learner.task.class_weights = options.pop("class_weights", learner.task.class_weights)
-    trainer = Trainer(learner, strategy, epochs=job.epochs, batch_size=job.batch_size, lr=job.lr, patience=job.patience,
-                      weight_decay=job.weight_decay, checkpoint=job.checkpoint, checkpoint_every=job.checkpoint_every,
-                      **options)
+    config = job.config
+    if config.regression_loss is not None:
+        learner.task.regression_loss = config.regression_loss
+    learner.task.class_weights = None if config.class_weights is None else list(config.class_weights)
+    trainer = Trainer(learner, strategy, config)
     learner.stopped = "epochs"
     diverged = trainer.fit(batched=True, resume=job.resume)
     strategy.clock.update({k: v for k, v in trainer.clock.items() if k != "waiting_on_store"})

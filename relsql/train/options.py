@@ -1,12 +1,18 @@
-"""fit()'s convergence settings, checked like a user's arguments and turned into the Trainer's
-keyword arguments (and the task's loss settings). One place for every kind of target."""
+"""fit()'s arguments, checked once like a user's and filled in with the target kind's defaults
+into one frozen FitConfig, which the strategies and the Trainer take whole. One place for every
+kind of target."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
 import numpy as np
 
-from relsql import arguments
+from relsql import arguments, ownfiles
 from relsql.errors import RelsqlError
+from relsql.train import checkpoint as checkpoints
 from relsql.train.ranking.task import LOSSES as RANKING_LOSSES
 from relsql.train.ranking.task import NEGATIVES
 
@@ -46,9 +52,90 @@ def ranking_batch(train_rows: int) -> int:
     return max(RANKING_MIN_BATCH, -(-train_rows // RANKING_MIN_STEPS))
 
 
-def fit_options(learner, schedule, warmup, clip, monitor, time_budget, loss, class_weight, negatives=None,
-                hard_negatives=None) -> dict:
-    """The checked settings as {"optimizer", "schedule", "warmup", "clip", "time_budget", "monitor", ...}."""
+@dataclasses.dataclass(frozen=True)
+class FitConfig:
+    """One fit's settings, checked. The defaults are the plain loop (Adam at a constant rate, no
+    clipping, the best loss kept) that the Trainer's tests compare with by-hand loops; `checked`
+    gives Model.fit's own defaults (AdamW, plateaus, clipping, the task's metric). `replace`
+    makes a variant (a refit without a time budget, a search trial)."""
+
+    epochs: int = EPOCHS
+    batch_size: int | None = None
+    lr: float = LR
+    patience: int = PATIENCE
+    weight_decay: float = 0.0
+    optimizer: str = "adam"
+    schedule: str | None = None
+    warmup: float = 0.05
+    clip: float | None = None
+    monitor: str = "loss"
+    time_budget: float | None = None
+    checkpoint: Path | None = None
+    checkpoint_every: int | None = None
+    resume: bool = False
+    callback: Callable[[dict], None] | None = dataclasses.field(default=None, compare=False)
+    refit: bool = False
+    hybrid: bool = False
+    workers: int = 1
+    regression_loss: str | None = None  # the task's loss settings, which ranks set on their copy of the task
+    class_weights: tuple[float, ...] | None = None
+
+    replace = dataclasses.replace
+
+    @classmethod
+    def checked(cls, learner, *, epochs, batch_size, lr, patience, weight_decay, schedule, warmup, clip, monitor,
+                time_budget, loss, class_weight, negatives, hard_negatives, refit, hybrid, checkpoint, resume,
+                checkpoint_every, callback, workers) -> FitConfig:
+        """Model.fit's arguments (documented there) checked, with the target kind's defaults; sets
+        the task's loss settings on the learner as a side effect."""
+        ranking = learner.task.kind == "ranking"
+        lr = arguments.number("lr", (RANKING_LR if ranking else LR) if lr is None else lr, positive=True)
+        patience = arguments.integer("patience", (RANKING_PATIENCE if ranking else PATIENCE) if patience is None
+                                     else patience, minimum=0)
+        if batch_size is not None:
+            batch_size = arguments.integer("batch_size", batch_size)
+        if checkpoint_every is not None:
+            checkpoint_every = arguments.integer("checkpoint_every", checkpoint_every)
+        if checkpoint is not None:
+            checkpoint = checkpoints.writable(checkpoint, "checkpoint")
+            ownfiles.check(checkpoint, "checkpoint", "pass a new file name for the checkpoint, or one relsql wrote")
+        if callback is not None and not callable(callback):
+            raise RelsqlError(f"callback must be callable (a function of one dict), got {type(callback).__name__}")
+        if not isinstance(refit, bool):
+            raise RelsqlError(f"refit must be True or False, got {refit!r}")
+        if not isinstance(resume, bool):
+            raise RelsqlError(f"resume must be True or False, got {resume!r}")
+        settings = _settings(learner, schedule, warmup, clip, monitor, time_budget, loss, class_weight, negatives,
+                             hard_negatives)
+        weights = settings.pop("class_weights")
+        return cls(epochs=arguments.integer("epochs", epochs), batch_size=batch_size, lr=lr, patience=patience,
+                   weight_decay=arguments.number("weight_decay", weight_decay, minimum=0.0), checkpoint=checkpoint,
+                   checkpoint_every=checkpoint_every, resume=resume, callback=callback, refit=refit,
+                   hybrid=_hybrid(learner, hybrid), workers=arguments.integer("workers", workers, maximum=1024),
+                   class_weights=None if weights is None else tuple(float(w) for w in np.asarray(weights).ravel()),
+                   **settings)
+
+    def trainer_settings(self) -> dict:
+        """What the Trainer reads of it besides the epochs, rows, rate and patience."""
+        return {"optimizer": self.optimizer, "schedule": self.schedule, "warmup": self.warmup, "clip": self.clip,
+                "monitor": self.monitor, "time_budget": self.time_budget}
+
+
+def _hybrid(learner, hybrid) -> bool:
+    """Whether to blend a GBM after training: hybrid=, or by default for Template.auto's templates."""
+    if hybrid is not None and not isinstance(hybrid, bool):
+        raise RelsqlError(f"hybrid must be True, False or None (automatic templates only), got {hybrid!r}")
+    if hybrid is None:
+        from relsql.template.auto import is_automatic
+
+        return is_automatic(learner.template.source) and learner.task.kind != "ranking"
+    if hybrid and learner.task.kind == "ranking":
+        raise RelsqlError("hybrid=True blends a GBM with a label's prediction; a ranking target has none: drop hybrid=")
+    return hybrid
+
+
+def _settings(learner, schedule, warmup, clip, monitor, time_budget, loss, class_weight, negatives, hard_negatives) -> dict:
+    """The checked convergence settings: optimizer, schedule, warmup, clip, time budget, monitor and the loss's."""
     arguments.choice("schedule", schedule, ("cosine", "plateau", None))
     warmup = arguments.number("warmup", warmup, minimum=0.0)
     if warmup >= 1:

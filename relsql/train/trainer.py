@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ from relsql.train import guards
 from relsql.train.batched import Batch
 from relsql.train.batches import batches
 from relsql.train.learner import Learner
+from relsql.train.options import FitConfig
 from relsql.train.saved import plain
 from relsql.train.schedule import LearningRate
 from relsql.train.source import BatchSource, Whole
@@ -223,24 +223,21 @@ class OneProcess:
 class Trainer:
     """Trains a Learner: epochs of shuffled batches of the training rows, the best epoch kept."""
 
-    def __init__(self, learner: Learner, strategy, *, epochs: int, batch_size: int | None, lr: float, patience: int,
-                 weight_decay: float, checkpoint: str | Path | None = None, checkpoint_every: int | None = None,
-                 callback: Callable[[dict], None] | None = None, optimizer: str = "adam", schedule: str | None = None,
-                 warmup: float = 0.05, clip: float | None = None, monitor: str = "loss", time_budget: float | None = None,
-                 keep: str = "best", horizon: int | None = None, replay: list[float] | None = None):
-        """The defaults are the plain loop (Adam, constant rate, no clipping, the best loss kept);
-        Model.fit passes the ones that converge (AdamW, cosine, clipping, the task's metric).
-        `horizon`: the epochs the schedule spans (default `epochs`; a refit stops early on the
-        selection run's schedule). `keep="last"`: the last epoch's weights, not the best one's.
+    def __init__(self, learner: Learner, strategy, config: FitConfig, *, keep: str = "best", horizon: int | None = None,
+                 replay: list[float] | None = None):
+        """`config`: the fit's settings (its defaults are the plain loop: Adam, constant rate, no
+        clipping, the best loss kept; Model.fit's FitConfig.checked gives the ones that converge).
+        `horizon`: the epochs the schedule spans (default `config.epochs`; a refit stops early on
+        the selection run's schedule). `keep="last"`: the last epoch's weights, not the best one's.
         `replay`: the rate's share after each epoch, taken from another run (a refit replays the
         plateaus its selection run met, having no validation of its own)."""
-        self.learner, self.strategy, self.epochs, self.batch_size = learner, strategy, epochs, batch_size
-        self.lr, self.weight_decay, self.callback = lr, weight_decay, callback
-        self.optimizer, self.clip, self.time_budget, self.keep = optimizer, clip, time_budget, keep
-        self.rate = LearningRate(lr, schedule, warmup=warmup, patience=max(1, patience // 4))
-        self.horizon, self.replay = horizon or epochs, replay
-        self.checkpointer = Checkpoint(checkpoint, checkpoint_every)
-        self.stopping = EarlyStopping(learner, patience, monitor)
+        self.learner, self.strategy, self.config = learner, strategy, config
+        self.epochs, self.batch_size, self.lr = config.epochs, config.batch_size, config.lr
+        self.callback, self.clip, self.time_budget, self.keep = config.callback, config.clip, config.time_budget, keep
+        self.rate = LearningRate(config.lr, config.schedule, warmup=config.warmup, patience=max(1, config.patience // 4))
+        self.horizon, self.replay = horizon or config.epochs, replay
+        self.checkpointer = Checkpoint(config.checkpoint, config.checkpoint_every)
+        self.stopping = EarlyStopping(learner, config.patience, config.monitor)
         self.optimizers: Optimizers | None = None
         self.source: BatchSource | None = None
         self.running = (0.0, 0)  # (loss x rows, rows) of the epoch so far, kept in mid-epoch checkpoints
@@ -253,7 +250,7 @@ class Trainer:
         that stopped being a number (the learner then holds the best weights so far), else None."""
         learner = self.learner
         self.source = self.strategy.source(learner, batched)
-        self.optimizers = Optimizers(learner, self.lr, self.weight_decay, dense=self.optimizer)
+        self.optimizers = Optimizers(learner, self.lr, self.config.weight_decay, dense=self.config.optimizer)
         self.rate.plan(self.horizon * self.steps_per_epoch())
         learner.monitor = self.stopping.key
         start_epoch = start_batch = 0
