@@ -212,7 +212,7 @@ def plan(db: Database, table: str, column: str, time_column: str | None = None, 
     """The one-hop features of target `table.column` (see the module docstring)."""
     from relsql.keys import schema
     from relsql.predictive.terms import TASK_COLUMNS, is_task_table
-    from relsql.template.auto import _times
+    from relsql.template.auto import table_times as _times
     from relsql.train.leakage import copies_of
 
     catalog = db.catalog()

@@ -1,0 +1,186 @@
+"""Each table's encoder: the statement enc_<table> turning a row's own columns into one vector.
+
+Numbers, booleans and dates are features (numbers="ple": cut into ranges at the database's
+quantiles, dates by calendar parts; "standardized": the earlier standardized features), text and
+small integer codes are embedded (at most SMALL_INTEGER_CATEGORIES values), long text is hashed.
+Identifiers never become numbers: key columns (primary and foreign, declared or inferred) are used
+only to join, and a column named like an identifier that is not a key is left out unless it holds a
+code (at most SMALL_INTEGER_CATEGORIES distinct values, each on at least two rows on average)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sqlglot.expressions as exp
+
+from relsql import sql as q
+from relsql.catalog import Column, Table
+from relsql.template.auto.columns import FEATURE_TYPES, TIME_TYPES, id_like, is_interval
+from relsql.template.auto.draft import Draft
+from relsql.template.auto.names import quoted, safe
+
+MAX_CATEGORIES = 1000  # text columns with more distinct values are skipped
+SMALL_INTEGER_CATEGORIES = 10  # integer columns with at most this many values are codes
+PLE_BINS = 8  # ranges per number (piecewise-linear encoding at the database's quantiles)
+RARE = 3  # a code on fewer rows shares the vector of rare and unseen values
+FEW_VALUES = 3  # a number with at most this many values is only embedded: quantile ranges of it would mostly be empty
+NUMBER_CODES = 32  # a number with at most this many values is also embedded: a step or lookup function of it
+
+
+@dataclass
+class Columns:
+    """A table's input columns by how they are encoded, in the table's order."""
+
+    numeric: list[str] = field(default_factory=list)  # numbers, booleans, dates and durations
+    categorical: list[str] = field(default_factory=list)  # codes and text with few values: embedded
+    skipped: list[str] = field(default_factory=list)  # constant, all NULL, or of an unsupported type
+    identifiers: list[str] = field(default_factory=list)  # named like identifiers, not keys, not codes
+    copies: list[str] = field(default_factory=list)  # numbers with few values, also embedded
+    texts: list[str] = field(default_factory=list)  # text with many values: hashed words
+
+
+def encoder(draft: Draft, table: str) -> None:
+    """Write enc_<table>: one `width`-wide vector per row of `table` from its own columns."""
+    info: Table = draft.schema.tables[table]
+    found = columns(draft, table)
+    parts = encodings(draft, table, found.numeric, found.categorical + found.copies, found.texts)
+    t = draft.labels[table]
+    value = draft.activation(" + ".join(parts)) if parts else \
+        f"bias({draft.width}, '{draft.weight_name(f'enc_{t}_bias')}')"
+    lines = [f"-- {table}: its own columns encoded into one {draft.width}-wide vector per row"]
+    if table == draft.target:
+        lines.append(f"-- (the target column {draft.column} is never an input)")
+    if found.identifiers:
+        lines.append(f"-- left out, named like identifiers but not keys: {', '.join(found.identifiers)}")
+        draft.identifiers += [f"{table}.{c}" for c in found.identifiers]
+    if found.copies:
+        lines.append(f"-- numbers with at most {NUMBER_CODES} values, also embedded (a step function of one column): "
+                     f"{', '.join(found.copies)}")
+    if found.texts:
+        lines.append(f"-- text with more than {MAX_CATEGORIES} values, as hashed words and 3-grams: {', '.join(found.texts)}")
+    if found.skipped:
+        lines.append(f"-- skipped columns (constant, all NULL, high-cardinality text or unsupported types): "
+                     f"{', '.join(found.skipped)}")
+    if not parts:
+        lines.append("-- no usable columns: a learnable constant that still tells rows exist")
+    key_sql = ", ".join(f"t.{quoted(k)}" for k in draft.schema.primary_keys[table])
+    lines.append(f"CREATE TABLE enc_{t} AS\nSELECT {key_sql}, {value} AS h\nFROM {rows(draft, info, found.numeric)} t;\n")
+    draft.out.append("\n".join(lines))
+
+
+def columns(draft: Draft, table: str) -> Columns:
+    """`table`'s columns by encoding: keys only join, and the target column is never an input."""
+    keys = set(draft.schema.primary_keys[table])
+    fks = {c for child, fk in draft.schema.foreign_keys if child == table for c in fk.columns}
+    found = Columns()
+    for col in draft.schema.tables[table].columns:
+        if col.name in keys or col.name in fks or (table == draft.target and col.name == draft.column):
+            continue
+        for kind in _kinds(draft, table, col):
+            getattr(found, kind).append(col.name)
+    return found
+
+
+def _kinds(draft: Draft, table: str, col: Column) -> tuple[str, ...]:
+    """The `Columns` lists one column goes to."""
+    upper = col.type.upper()
+    text = "CHAR" in upper or "TEXT" in upper or "STRING" in upper or "ENUM" in upper
+    if is_interval(upper):
+        return ("numeric",)  # a duration: its seconds (see `rows`), never a code
+    integer = "INT" in upper and "[]" not in upper
+    if id_like(col.name) and not draft.schema.is_value(table, col.name):
+        # an identifier that is not a key: never a number; embedded only if it is a code
+        # (a year named like one, `yearID`, in no key is a value: relsql.keys.Schema.is_value)
+        return ("categorical",) if (text or integer) and is_code(draft, table, col.name) else ("identifiers",)
+    values = distinct(draft, table, col.name) if text or integer else 0
+    if integer and values <= SMALL_INTEGER_CATEGORIES:
+        return ("categorical",)  # a code such as a type or level: embedded
+    if any(t in upper for t in FEATURE_TYPES) and "[]" not in upper:
+        return _number_kinds(draft, table, col.name, upper)
+    if text:
+        return ("categorical",) if values <= MAX_CATEGORIES else ("texts",) if draft.numbers == "ple" else ("skipped",)
+    return ("skipped",)
+
+
+def _number_kinds(draft: Draft, table: str, column: str, upper: str) -> tuple[str, ...]:
+    """The `Columns` lists a number, boolean or date column goes to."""
+    if any(t in upper for t in ("BOOL", *TIME_TYPES)):
+        return ("numeric",)
+    values, present = counts(draft, table, column)
+    if values == 0 or (values == 1 and present == draft.sizes.table_rows(table)):
+        return ("skipped",)  # constant or all NULL: nothing to learn from
+    if values <= FEW_VALUES:
+        return ("categorical",)  # a few values (a flag, a level): embedded, not cut into ranges
+    return ("numeric", "copies") if few_values(draft, table, column) else ("numeric",)
+
+
+def encodings(draft: Draft, table: str, numeric: list[str], codes: list[str], texts: list[str]) -> list[str]:
+    """The terms of a table's encoder. numbers="ple": numbers cut into ranges at the database's
+    quantiles (a learnable function of each, not only a slope), dates by calendar parts and
+    year, booleans as 0/1, codes embedded with one shared vector for rare and unseen values,
+    long text hashed; numbers="standardized": the earlier encoder (standardized numbers,
+    plain embeddings). On bench.quality --quick, "ple" beat "standardized" on all 4 targets
+    (docs/quality.md)."""
+    t, w, name = draft.labels[table], draft.width, draft.weight_name
+    types = {c.name: c.type.upper() for c in draft.schema.tables[table].columns}
+    parts = []
+    if draft.numbers == "standardized":
+        if numeric:
+            parts.append(f"linear(features({', '.join('t.' + quoted(c) for c in numeric)}), {w}, '{name(f'enc_{t}_num')}')")
+        return parts + [f"embed(t.{quoted(c)}, {w}, '{name(f'enc_{t}_{safe(c)}')}')" for c in codes]
+    flags = [c for c in numeric if "BOOL" in types[c]]
+    dates = [c for c in numeric if any(k in types[c] for k in TIME_TYPES) and c not in flags]
+    numbers = [c for c in numeric if c not in flags and c not in dates]
+    if numbers:
+        parts.append(f"linear(ple({', '.join('t.' + quoted(c) for c in numbers)}, {PLE_BINS}), {w}, '{name(f'enc_{t}_num')}')")
+    if flags:
+        parts.append(f"linear(features({', '.join('t.' + quoted(c) for c in flags)}), {w}, '{name(f'enc_{t}_flags')}')")
+    if dates:
+        parts.append(f"linear(calendar({', '.join('t.' + quoted(c) for c in dates)}), {w}, '{name(f'enc_{t}_dates')}')")
+    parts += [f"embed(t.{quoted(c)}, {w}, '{name(f'enc_{t}_{safe(c)}')}', min_count={RARE})" for c in codes]
+    parts += [f"text(t.{quoted(c)}, {w}, '{name(f'enc_{t}_{safe(c)}')}')" for c in texts]
+    return parts
+
+
+def rows(draft: Draft, info: Table, numeric: list[str]) -> str:
+    """The encoder's FROM: the table itself, or, when it encodes durations, a subquery reading
+    each INTERVAL column as its seconds (`epoch`, DuckDB's 30-day months): features() takes
+    numbers, and a duration is one."""
+    durations = {c.name for c in info.columns if c.name in numeric and is_interval(c.type)}
+    if not durations:
+        return quoted(info.name)
+    read = [exp.alias_(exp.Anonymous(this="epoch", expressions=[q.col(c.name)]), q.ident(c.name))
+            if c.name in durations else q.col(c.name) for c in info.columns
+            if not (info.name == draft.target and c.name == draft.column)]  # the target is never an input
+    return exp.Subquery(this=exp.select(*read).from_(q.ident(info.name))).sql("duckdb")
+
+
+def distinct(draft: Draft, table: str, column: str) -> int:
+    """A column's distinct values (NULL not counted)."""
+    count = exp.select(exp.Count(this=exp.Distinct(expressions=[exp.column(exp.to_identifier(column, quoted=True))])))
+    return draft.db.con.execute(count.from_(exp.Table(this=exp.to_identifier(table, quoted=True))).sql("duckdb")).fetchone()[0]
+
+
+def few_values(draft: Draft, table: str, column: str) -> bool:
+    """A number taking few distinct values (a level, a rating, a rounded amount), each on two or
+    more rows on average: its effect may be any function of the value, which an embedding of
+    the value learns directly and a weighted sum of the standardized number cannot."""
+    values, present = counts(draft, table, column)
+    return 2 < values <= NUMBER_CODES and 2 * values <= present
+
+
+def is_code(draft: Draft, table: str, column: str) -> bool:
+    """Few distinct values, each on at least two rows on average: a code, not an identifier."""
+    values, present = counts(draft, table, column)
+    return 0 < values <= SMALL_INTEGER_CATEGORIES and 2 * values <= present
+
+
+def counts(draft: Draft, table: str, column: str) -> tuple[int, int]:
+    """(distinct values, non-NULL rows) of a column, one query per column (`draft.counted`)."""
+    if (table, column) in draft.counted:
+        return draft.counted[table, column]
+    col = exp.column(exp.to_identifier(column, quoted=True))
+    query = exp.select(exp.Count(this=exp.Distinct(expressions=[col.copy()])), exp.Count(this=col.copy()))
+    table_sql = exp.Table(this=exp.to_identifier(table, quoted=True))
+    draft.counted[table, column] = draft.db.con.execute(query.from_(table_sql).sql("duckdb")).fetchone()
+    return draft.counted[table, column]

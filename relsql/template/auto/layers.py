@@ -1,0 +1,215 @@
+"""The message-passing statements over the computation tree: each tree node's rows per target row
+(x_<node>, filled top-down), their values combined bottom-up per foreign key and direction (p_<node>,
+with a self term, then h_<node>), and the prediction read out at the root.
+
+Child rows (one-to-many) are aggregated with the `aggregation` terms (mean, sum, max and a count by
+default, as RelBench's RDL models combine them: a mean alone cannot count). The sum is scaled by 1 /
+(the average number of child rows per parent row over the whole table), so it has the size of a mean
+for a typical row yet still grows with the number of rows; the count enters as log(1 + count(*)).
+`layer` "gat" and "hgt" replace the terms by attention over the child rows."""
+
+from __future__ import annotations
+
+import math
+
+from relsql.template.auto.draft import Draft
+from relsql.template.auto.names import quoted
+from relsql.template.auto.paths import Node
+from relsql.template.auto.times import Time, seconds
+
+
+def near_row(draft: Draft, node: Node) -> str:
+    """Join a node relation's row back to its table row `q`, whose columns lead onwards."""
+    on = " AND ".join(f"q.{quoted(k)} = p.{name}" for k, name in draft.n(node.table).items())
+    return f"JOIN {quoted(node.table)} q ON {on}"
+
+
+def node_rows(draft: Draft, node: Node) -> None:
+    """x_<node>: the node's rows for each target row (its encoding, once per row)."""
+    pk = draft.schema.primary_keys[node.table]
+    t = draft.labels[node.table]
+    time_column = draft.time_column
+    if node.parent.parent is None:  # depth 1: straight from the target table
+        near, target_time = "r", f"r.{quoted(time_column)}" if time_column else ""
+        source = f"FROM {quoted(draft.target)} r"
+        target_keys = [f"r.{quoted(k)}" for k in draft.target_keys] + ([target_time] if time_column else [])
+    else:
+        near, target_time = "q", f"p.{draft.r_time}"
+        source = f"FROM x_{node.parent.name} p\n{near_row(draft, node.parent)}"
+        target_keys = [f"p.{draft.r[k]}" for k in draft.target_keys] + ([f"p.{draft.r_time}"] if time_column else [])
+    on_time, dimension = draft.time_join(node.table, "x", target_time, node.step)
+    condition = node.step.condition(near, "x") + on_time
+    select = [f"{expr} AS {name}" for expr, name in zip(target_keys + [f"x.{quoted(k)}" for k in pk], draft.keys(node))]
+    group = ", ".join(target_keys + [f"x.{quoted(k)}" for k in pk])
+    join_enc = " AND ".join(f"e.{quoted(k)} = x.{quoted(k)}" for k in pk)
+    direction = "child rows" if node.step.to_child else "parent row"
+    time = draft.event_time(node.table, node.step)
+    draft.out.append(
+        f"-- {node.name}: the {direction} of {node.parent.table} in {node.table} (via {', '.join(node.step.fk.columns)})"
+        + _cut(draft, node, time) + f"\nCREATE TABLE x_{node.name} AS\nSELECT {', '.join(select)}, "
+        f"{row_value(draft, node, time, target_time)} AS h\n{source}\n"
+        f"JOIN {quoted(node.table)} x ON {condition}{dimension}\nJOIN enc_{t} e ON {join_enc}\nGROUP BY {group};\n")
+
+
+def _cut(draft: Draft, node: Node, time: Time | None) -> str:
+    """How time cuts a node's rows, for its statement's comment."""
+    if time is not None:
+        return f", earlier than the target row's time (by {time.describe(node.table)})"
+    if draft.time_column and not node.step.to_child:
+        return ", not cut by time: a parent row, reached by its key"
+    if draft.time_column:
+        return ", unfiltered: no time known" + (" (a parent row: an attribute, not an event)" if not node.step.to_child else "")
+    return ""
+
+
+def row_value(draft: Draft, node: Node, time: Time | None, target_time: str) -> str:
+    """A node row's value: its table's encoding and, in a temporal template with encoders, for
+    rows one hop from the target row, their age at the target row's time (seconds, standardized), as RelBench's encoders add: how
+    recent an event was often says more than its calendar date."""
+    if time is None or draft.numbers != "ple" or node.parent.parent is not None:
+        return "avg(e.h)"  # deeper rows: the target time is a key of a computed relation, which features() cannot read
+    at = f"{'x' if time.via is None else 'xd'}.{quoted(time.column)}"
+    now, then = seconds(target_time, draft.target_kind), seconds(at, time.kind)
+    if time.kind == "number" == draft.target_kind:
+        now, then = f"CAST({target_time} AS DOUBLE)", f"CAST({at} AS DOUBLE)"
+    if now is None or then is None:
+        return "avg(e.h)"
+    name = draft.weight_name(f"age_{node.name}")
+    return f"avg(e.h + linear(features({now} - {then}), {draft.width}, '{name}'))"
+
+
+def aggregate(draft: Draft, child: Node, node: Node, own: str) -> tuple[str, str]:
+    """(comment, neural expression) combining `child`'s values over its rows for `node`
+    (`own`: the node's own encoding, which attention scores read)."""
+    base, w, name = f"w_{child.name}_to_{node.name}", draft.width, draft.weight_name
+    if draft.layer == "hgt":
+        return hgt(draft, child, node, own, base)
+    if not child.step.to_child:
+        return "its parent row in", f"avg(linear(c.h, {w}, '{name(base)}'))"
+    if draft.layer == "gat":  # GAT's attention over the child rows, a score from both ends
+        score = f"leaky_relu(linear(c.h, 1, '{name(base + '_att_child')}') + linear({own}, 1, '{name(base + '_att_node')}'), 0.2)"
+        return "attention over its child rows in", f"attention({score},\n            linear(c.h, {w}, '{name(base)}'))"
+    if len(draft.aggregation) == 1 and draft.aggregation[0] != "count":
+        kind = draft.aggregation[0]
+        return f"{kind} over its child rows in", f"{kind}(linear(c.h, {w}, '{name(base)}'))"
+    terms = []
+    for kind in draft.aggregation:
+        weight = name(f"{base}_{'mean' if kind == 'avg' else kind}")
+        if kind == "count":
+            value = "log(1 + count(*))"
+        elif kind == "sum":
+            scale = 1 / max(draft.sizes.fan_out(child.step), 1.0)
+            value = "sum(c.h)" + (f" * {scale:.3g}" if f"{scale:.3g}" != "1" else "")
+        else:
+            value = f"{kind}(c.h)"
+        terms.append(f"linear({value}, {w}, '{weight}')")
+    return f"{', '.join(draft.aggregation)} over its child rows in", "\n  + ".join(terms)
+
+
+def typed(draft: Draft, base: str) -> str:
+    """The weight `base` of a table, one name however many statements use it."""
+    if base not in draft.per_table:
+        draft.per_table[base] = draft.weight_name(base)
+    return draft.per_table[base]
+
+
+def hgt(draft: Draft, child: Node, node: Node, own: str, base: str) -> tuple[str, str]:
+    """HGT's message passing for one key and direction: keys, queries and values by table
+    (node type), the attention and message matrices by key and direction (edge type), heads
+    of width/2, then the node table's output matrix after gelu. The softmax runs over this
+    key's rows only (each key is its own statement here)."""
+    w = draft.width
+    k_table, n_table = draft.labels[child.table], draft.labels[node.table]
+    value = f"linear(c.h, {w}, '{typed(draft, f'hgt_v_{k_table}')}')"
+    message = f"linear({value}, {w}, '{draft.weight_name(base + '_msg')}')"
+    out = f"'{typed(draft, f'hgt_a_{n_table}')}'"
+    if not child.step.to_child:
+        return "HGT's message from its parent row in", f"linear(gelu(avg({message})), {w}, {out})"
+    heads = 2 if w % 2 == 0 else 1
+    key = f"linear(c.h, {w}, '{typed(draft, f'hgt_k_{k_table}')}')"
+    query = f"linear({own}, {w}, '{typed(draft, f'hgt_q_{n_table}')}')"
+    score = (f"sum_per_head({query} * linear({key}, {w}, '{draft.weight_name(base + '_att')}'), {heads}) "
+             f"* {1 / math.sqrt(w // heads):.9g}")
+    return (f"HGT attention ({heads} heads) over its child rows in",
+            f"linear(gelu(attention({score},\n            {message})), {w}, {out})")
+
+
+def head(draft: Draft, root: Node, value: str, units: int, ranking: bool = False) -> None:
+    """The prediction: a linear read-out of the root's value, plus one of the target row's own
+    encoding, so its own columns reach the output in one step rather than through every layer.
+    `ranking`: it is the query tower, a `units`-wide vector scored against the candidates'."""
+    keys = ", ".join(f"v.{quoted(k)}" for k in draft.target_keys)
+    comment = f"-- the prediction for each {draft.target} row ({units} output{'s' if units > 1 else ''}; relsql.Model adds the loss)"
+    if ranking:
+        comment = (f"-- the query tower: a {units}-wide vector for each {draft.target} row; its score for a candidate is the "
+                   "dot product with the candidate's vector (relsql.Model ranks them)")
+    t = draft.labels[draft.target]
+    if not root.children:
+        draft.out.append(f"{comment}\nCREATE TABLE predict AS\nSELECT {keys}, linear(v.h, {units}, "
+                         f"'{draft.weight_name('w_out')}') AS h\nFROM enc_{t} v;\n")
+        return
+    on = " AND ".join(f"e.{quoted(k)} = v.{quoted(k)}" for k in draft.target_keys)
+    draft.out.append(f"{comment}: its relational context and, directly, its own encoding\n"
+                     f"CREATE TABLE predict AS\nSELECT {keys}, linear(v.h, {units}, '{draft.weight_name('w_out')}') "
+                     f"+ linear(e.h, {units}, '{draft.weight_name('w_out_own')}') AS h\n"
+                     f"FROM {value} v\nJOIN enc_{t} e ON {on};\n")
+
+
+def node_value(draft: Draft, node: Node) -> str:
+    """Statements computing node's value bottom-up; returns the relation holding it."""
+    if not node.children:
+        return f"x_{node.name}"
+    child_values = {child.name: node_value(draft, child) for child in node.children}
+    is_root = node.parent is None
+    relation, self_weight = f"p_{node.name}", draft.weight_name('w_' + node.name + '_self')
+    if is_root:
+        keys = list(draft.target_keys)
+        draft.out.append(f"-- {node.table}: the target row's own encoding (self term)\nCREATE TABLE {relation} AS\n"
+                         f"SELECT {', '.join('e.' + quoted(k) for k in keys)}, linear(e.h, {draft.width}, '{self_weight}') AS h\n"
+                         f"FROM enc_{draft.labels[node.table]} e;\n")
+    else:
+        keys = draft.keys(node)
+        draft.out.append(f"-- {node.name}: self term\nCREATE TABLE {relation} AS\n"
+                         f"SELECT {', '.join('x.' + k for k in keys)}, linear(x.h, {draft.width}, '{self_weight}') AS h\n"
+                         f"FROM x_{node.name} x;\n")
+    for child in node.children:
+        draft.out.append(_child_term(draft, node, child, child_values[child.name], keys))
+    value = f"h_{node.name}"
+    key_list = ", ".join(f"p.{quoted(k)}" if is_root else f"p.{k}" for k in keys)
+    draft.out.append(f"CREATE TABLE {value} AS\nSELECT {key_list}, {draft.activation('p.h')} AS h\nFROM {relation} p;\n")
+    return value
+
+
+def _child_term(draft: Draft, node: Node, child: Node, child_value: str, keys: list[str]) -> str:
+    """The statement adding to p_<node> what `child`'s rows (their values in `child_value`) say."""
+    is_root = node.parent is None
+    if is_root:
+        near, source = "p", f"FROM {quoted(draft.target)} p"
+        head_keys = [f"p.{quoted(k)}" for k in draft.target_keys]
+        target_match = [f"c.{draft.r[k]} = p.{quoted(k)}" for k in draft.target_keys]
+        target_time = f"p.{quoted(draft.time_column)}" if draft.time_column else ""
+    else:
+        near, source = "q", f"FROM x_{node.name} p\n{near_row(draft, node)}"
+        head_keys = [f"p.{k}" for k in draft.keys(node)]
+        target_match = [f"c.{draft.r[k]} = p.{draft.r[k]}" for k in draft.target_keys]
+        target_time = f"p.{draft.r_time}"
+    if draft.time_column:
+        target_match.append(f"c.{draft.r_time} = {target_time}")
+    on_time, dimension = draft.time_join(child.table, "y", target_time, child.step)
+    condition = child.step.condition(near, "y") + on_time
+    match = " AND ".join(target_match + [f"c.{name} = y.{quoted(k)}" for k, name in draft.n(child.table).items()])
+    own, own_join = "p.h", ""
+    if is_root:  # the target row's own encoding, for attention scores
+        own = "s.h"
+        own_join = "\nJOIN enc_{} s ON {}".format(
+            draft.labels[node.table], " AND ".join(f"s.{quoted(k)} = p.{quoted(k)}" for k in draft.target_keys))
+    kind, value = aggregate(draft, child, node, own)
+    if "attention(" not in value:
+        own_join = ""
+    scaled = " (the sum scaled by 1 / the table's average child rows per parent)" if "sum(c.h) * " in value else ""
+    return (f"-- {node.name} <- {child.name}: {kind} {child.table}, own weights for this key and direction{scaled}\n"
+            f"CREATE TABLE p_{node.name} AS\n"
+            f"SELECT {', '.join(f'{h} AS {quoted(k) if is_root else k}' for h, k in zip(head_keys, keys))}, "
+            f"{value} AS h\n"
+            f"{source}{own_join}\nJOIN {quoted(child.table)} y ON {condition}{dimension}\nJOIN {child_value} c ON {match}\n"
+            f"GROUP BY {', '.join(head_keys)};\n")

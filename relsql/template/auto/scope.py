@@ -1,0 +1,109 @@
+"""What a template is about, checked against the database: the target table and column, the keys it
+joins by (discovered, given or inferred, less other questions' task tables and models' outputs), a
+ranking target's referenced table and interactions, and each table's time."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from relsql import arguments
+from relsql.catalog import Catalog
+from relsql.db import Database
+from relsql.errors import SchemaError
+from relsql.keys import Schema, schema
+from relsql.predictive.terms import is_task_table
+from relsql.references import Reference, referenced
+from relsql.template import ir
+from relsql.template.auto.options import Options
+from relsql.template.auto.ranking import Interaction, interactions
+from relsql.template.auto.times import Time, table_times
+
+
+@dataclass
+class Scope:
+    """The target and the schema a template is generated over."""
+
+    table: str
+    column: str
+    keys: Schema  # without other questions' task tables; a scalar ranking target's own foreign key removed
+    reference: Reference | None  # the table a ranking target references (None: not a ranking target)
+    dimension: int | None  # a ranking target's towers' width
+    tasks: list[str]  # task tables of other questions, left out
+    outputs: list[str]  # tables a model wrote, left out
+    interactions: list[Interaction]  # a ranking target's links from the target row's entity to candidates
+    times: dict[str, Time]  # each table's time (empty without a time column)
+
+
+def scope(db: Database, table: str, column: str, options: Options) -> Scope:
+    """The scope of a template predicting `table`.`column` with (checked) `options`."""
+    if not isinstance(db, Database):
+        raise SchemaError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
+    catalog = db.catalog()
+    if table not in catalog.tables:
+        raise SchemaError(f"target table `{table}` does not exist; tables: {', '.join(catalog.names)}")
+    if column not in [c.name for c in catalog[table].columns]:
+        raise SchemaError(f"target {table}.{column}: `{table}` has no column `{column}`")
+    keys = schema(db, catalog, infer=options.infer_keys, **({"given": options.keys} if options.keys is not None else {}))
+    reference = referenced(db, table, column)  # before output_units, which refuses a list target
+    dimension = _dimension(keys, f"{table}.{column}", reference, options)
+    _printable(keys)
+    tasks = _other_task_tables(keys, table)
+    found = interactions(keys, table, column, reference) if reference is not None else []
+    if reference is not None and not reference.many:  # the label's own key is never followed
+        keys.foreign_keys[:] = [(c, fk) for c, fk in keys.foreign_keys if not (c == table and fk.columns == (column,))]
+    if not keys.primary_keys.get(table):
+        raise SchemaError(f"target table `{table}` has no primary key (declared or inferable); declare one so each "
+                          "prediction has a key")
+    times = _times(db, catalog, keys, table, options)
+    # keys.outputs: tables a model wrote (relsql.keys.schema leaves them out), some model's predictions
+    return Scope(table, column, keys, reference, dimension, tasks, keys.outputs, found, times)
+
+
+def _dimension(keys: Schema, target: str, reference: Reference | None, options: Options) -> int | None:
+    """A ranking target's towers' width (None for other targets, which take no ranking options)."""
+    if reference is None:
+        if options.dimension is not None or options.history is not None:
+            raise SchemaError(f"dimension and history are for ranking targets (a foreign key or a list of keys); "
+                              f"{target} references no table: leave them out")
+        return None
+    dimension = arguments.integer("dimension", 32 if options.dimension is None else options.dimension, maximum=ir.MAX_WIDTH)
+    if options.history is not None and not isinstance(options.history, bool):
+        raise SchemaError(f"history must be True or False, got {options.history!r}")
+    if reference.table not in keys.tables or not keys.primary_keys.get(reference.table):
+        raise SchemaError(f"target {target} references {reference.table}({reference.key}), which the template's keys "
+                          "do not hold; pass the same keys to connect(keys=...) and Template.auto")
+    return dimension
+
+
+def _printable(keys: Schema) -> None:
+    """Names go into the template's comments, one per line: a line break in one is refused."""
+    for name, info in keys.tables.items():
+        for label in [name, *[c.name for c in info.columns]]:
+            if re.search(r"[\x00-\x1f\x7f]", label):
+                raise SchemaError(f"{'table' if label == name else f'table {name!r}: column'} {label!r} has a line break "
+                                  "or control character in its name; rename it to generate a template")
+
+
+def _other_task_tables(keys: Schema, target_table: str) -> list[str]:
+    """Task tables written by relsql.PredictiveQuery, other than the target's, taken out of the
+    schema: their `label` counts events after their snapshot, which may be after ours."""
+    tasks = [name for name, info in keys.tables.items()
+             if name != target_table and is_task_table(info.columns)]
+    for name in tasks:
+        del keys.tables[name]
+        keys.primary_keys.pop(name, None)
+        keys.inferred_primary.discard(name)
+    keys.foreign_keys[:] = [(child, fk) for child, fk in keys.foreign_keys if child not in tasks and fk.table not in tasks]
+    keys.inferred_foreign[:] = [(child, fk) for child, fk in keys.inferred_foreign if child not in tasks and fk.table not in tasks]
+    return tasks
+
+
+def _times(db: Database, catalog: Catalog, keys: Schema, table: str, options: Options) -> dict[str, Time]:
+    """Each table's time when the target has one (`options.time_column`), else none."""
+    if options.time_column is None:
+        return {}
+    if options.time_column not in [c.name for c in catalog[table].columns]:
+        raise SchemaError(f"time_column `{options.time_column}` is not a column of `{table}`")
+    declared = getattr(db, "time_columns", {}) if options.time_columns is None else options.time_columns  # a RelBench dataset's
+    return table_times(db, catalog, keys, table, options.time_column, {t: c for t, c in declared.items() if t != table})
