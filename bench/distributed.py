@@ -151,7 +151,7 @@ def measure(db, engine: str, template, args) -> list[dict]:
     model = relsql.Model(db, template, "orders.o_orderpriority", batch_size=args.batch_size, progress=False)
     setup = {"key_tables_s": model.timings["grounding"], "bulk_grounding_s": model.timings.get("bulk_grounding", 0.0),
              "model_s": time.perf_counter() - started}
-    initial = model._weights_copy()
+    initial = model.learner.weights_copy()
     train_rows = len(model.rows["train"]) * args.epochs
     parameters = sum(p.numel() for p in model.parameters())
     print(f"TPC-H sf {args.scale:g} on {engine}: {train_rows // args.epochs:,} training orders, batch {args.batch_size:,}, "
@@ -176,8 +176,8 @@ def measure(db, engine: str, template, args) -> list[dict]:
         return row
 
     if db.transactional or not engine.endswith("+embedding"):  # else stored embeddings train on ranks only
-        model._restore_weights(initial)
-        model.timings = {}
+        model.learner.restore_weights(initial)
+        model.learner.timings = {}
         steps: list[float] = []
         started = time.perf_counter()
         model.fit(epochs=args.epochs, patience=args.epochs, batch_size=args.batch_size,
@@ -185,8 +185,8 @@ def measure(db, engine: str, template, args) -> list[dict]:
         model.timings["epochs"] = steps[-1] - started  # to its last step: validation (one process) left out
         record("one process (Model.fit)", 1, time.perf_counter() - started)
     for ranks in args.ranks:
-        model._restore_weights(initial)
-        model.timings, model.history = {}, []
+        model.learner.restore_weights(initial)
+        model.learner.timings, model.learner.history = {}, []
         started = time.perf_counter()
         distributed.fit(model.learner, FitConfig(epochs=args.epochs, batch_size=args.batch_size, lr=0.01, patience=args.epochs,
                                                   workers=ranks))

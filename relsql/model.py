@@ -26,9 +26,7 @@ from relsql.train.options import EPOCHS, TIME_BUDGET, FitConfig
 from relsql.train.ranking import results as ranked
 from relsql.train.report import LOSSES, plot_history, text_report
 from relsql.train.threads import torch_threads
-
-# the names older code and tests used for the learner's members
-_FORMER = {"_outputs": "outputs", "_weights_copy": "weights_copy", "_restore_weights": "restore_weights"}
+from relsql.train.views import LearnerViews
 
 
 def _with_threads(method):
@@ -55,8 +53,9 @@ def _server_reachable(db: Database | None):
         raise lost from None
 
 
-class Model:
-    """Trains a template's output relation to predict `target` ("table.column")."""
+class Model(LearnerViews):
+    """Trains a template's output relation to predict `target` ("table.column"); its read-only
+    attributes (target, task, rows, net, history, best_epoch, ...) are declared in LearnerViews."""
 
     def __init__(self, db: Database, template: Template | str | Path, target: str, *, output: str | None = None,
                  task: str | None = None, time_column: str | None = None,
@@ -93,20 +92,6 @@ class Model:
         model = cls.__new__(cls)
         model.db, model.threads, model.learner = db, None, learner
         return model
-
-    def __getattr__(self, name: str):
-        """The learner's members (net, task, rows, y, history, target, parameters, ...) and settings read through."""
-        if name == "learner":
-            raise AttributeError(name)
-        learner = self.learner
-        if name in _FORMER:
-            return getattr(learner, _FORMER[name])
-        if name == "_split_tensors":
-            return learner.goal.split_index
-        for part in (learner, learner.settings):
-            if hasattr(part, name):
-                return getattr(part, name)
-        raise AttributeError(f"'Model' object has no attribute {name!r}")
 
     @_with_threads
     def fit(self, epochs: int = EPOCHS, batch_size: int | None = None, lr: float | None = None, patience: int | None = None,

@@ -114,8 +114,8 @@ def test_mini_batches_train_and_report_time_waiting_on_the_database():
 def test_gradients_as_relations_are_the_loss_gradient(molecules):
     model = quiet(relsql.Model, molecules, ROOT / "sql" / "mutagenesis.sql", target="molecule.mutagenic", seed=1,
                   dtype=torch.float64, progress=False)
-    index, y = model._split_tensors("train")
-    loss = model.task.loss(model._outputs().index_select(0, index), y)
+    index, y = model.learner.goal.split_index("train")
+    loss = model.task.loss(model.learner.outputs().index_select(0, index), y)
     expected = torch.autograd.grad(loss, list(model.net.named_weights().values()))
     tables = model.gradients_as_relations("g_")
     for (name, _), grad in zip(model.net.named_weights().items(), expected):
