@@ -72,6 +72,7 @@ class Batched:
         self.embedding_optimizer, self.embedding_lr = embedding_optimizer, embedding_lr
         self.stores: dict[str, EmbeddingTable] = {}
         self.plans = PlanCache(template, dtype, PASSES, [output], self.device)  # one plan per batch shape, replayed
+        self.replay = True  # False: each batch planned afresh (a prediction of a few rows: recording costs 2-3x a plan)
 
     def prepare(self, rids: np.ndarray, sample: int = 0) -> Batch:
         """Ground and plan a batch (store or database, and torch work; no weights involved)."""
@@ -82,7 +83,7 @@ class Batched:
         grounding = self.source.ground(rids, sample)
         if self.grounding_store is None:  # a category the tables gained after the build has no row to look up;
             guards.check_codes(grounding, self.template)  # the store range-checks every code it reads (GroundingStore._codes)
-        plan, trace = self.plans.traced(grounding)
+        plan, trace = self.plans.traced(grounding) if self.replay else (self.plans.fresh(grounding), None)
         return Batch(np.asarray(rids), plan, _positions(grounding.rows[self.output], rids), grounding.embedding_keys,
                      grounding.embedding_codes, grounding), trace
 

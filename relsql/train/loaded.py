@@ -138,8 +138,11 @@ class Asked:
         learner = self._learner
         size = batch_size or learner.settings.batch_size or ROWS
         outs = [torch.zeros((0, learner.task.units), dtype=learner.dtype, device=learner.device)]
-        with BatchSource(self.batched) as source:
-            for _, batch, external in source.epoch(batches(np.asarray(rids), size, None)):
+        chunks = batches(np.asarray(rids), size, None)
+        batched = self.batched
+        batched.replay = len(chunks) > 2  # a plan is recorded for replay where batches of its shape recur
+        with BatchSource(batched) as source:
+            for _, batch, external in source.epoch(chunks):
                 if batch is not None:
                     for name, ids in batch.grounding.rows.items():
                         grounded = self._pending.grounded
