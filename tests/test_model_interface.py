@@ -40,3 +40,16 @@ def test_declared_attributes_are_the_learners():
     with pytest.raises(AttributeError):
         model.history = []
     assert inspect.signature(relsql.Model.parameters).parameters.keys() == {"self"}
+
+
+def test_the_trainer_asks_its_strategy_only_what_strategy_declares():
+    import re
+    from pathlib import Path
+
+    from relsql.train import distributed, trainer
+    from relsql.train.strategy import Strategy
+
+    asked = set(re.findall(r"strategy\.(\w+)", Path(trainer.__file__).read_text()))
+    assert asked and asked <= set(dir(Strategy)), asked - set(dir(Strategy))
+    for kind in (trainer.OneProcess, distributed.Ranks):
+        assert issubclass(kind, Strategy) and not kind.__abstractmethods__, kind

@@ -49,8 +49,9 @@ from relsql.train.options import FitConfig
 from relsql.train.saved import ModelState
 from relsql.train.sharded import EmbeddingJob, ShardedEmbeddings
 from relsql.train.source import BatchSource
+from relsql.train.strategy import Strategy
 from relsql.train.threads import default_threads
-from relsql.train.trainer import EarlyStopping, OneProcess, Trainer
+from relsql.train.trainer import EarlyStopping, Trainer
 
 log = logging.getLogger("relsql")
 RESULT = "result.pt"
@@ -330,7 +331,7 @@ def _train(learner: Learner, job: Job, rank: int, strategy: Ranks | None = None)
     return diverged
 
 
-class Ranks(OneProcess):
+class Ranks(Strategy):
     """The strategy of one rank among job.world: a contiguous share of every global batch, gradients
     summed in one all-reduce, new weights agreed on, validation shared out and gathered,
     database-stored embeddings in shards (relsql/train/sharded.py), rank 0 writing checkpoints."""

@@ -27,6 +27,7 @@ from relsql.train.options import FitConfig
 from relsql.train.saved import plain
 from relsql.train.schedule import LearningRate
 from relsql.train.source import BatchSource, Whole
+from relsql.train.strategy import Strategy
 
 log = logging.getLogger("relsql")
 
@@ -164,7 +165,7 @@ class Checkpoint:
         return self.path is not None and bool(self.every) and (batch + 1) % self.every == 0 and batch + 1 < count
 
 
-class OneProcess:
+class OneProcess(Strategy):
     """The strategy of one process: the whole batch here, database-stored embeddings updated in the
     database per step, checkpoints written here."""
 
@@ -223,7 +224,7 @@ class OneProcess:
 class Trainer:
     """Trains a Learner: epochs of shuffled batches of the training rows, the best epoch kept."""
 
-    def __init__(self, learner: Learner, strategy, config: FitConfig, *, keep: str = "best", horizon: int | None = None,
+    def __init__(self, learner: Learner, strategy: Strategy, config: FitConfig, *, keep: str = "best", horizon: int | None = None,
                  replay: list[float] | None = None):
         """`config`: the fit's settings (its defaults are the plain loop: Adam, constant rate, no
         clipping, the best loss kept; Model.fit's FitConfig.checked gives the ones that converge).
