@@ -185,7 +185,8 @@ class Source:
                 db.transaction([*drop, exp.Create(this=qualified(name, scope), kind="TABLE",
                                                   expression=exp.select(exp.Star()).from_(exp.Table(this=ident(view))))])
         except duckdb.Error as err:
-            raise SourceError(f"could not write table `{name}` to {db.description} (nothing was written): {first_line(err)}") from None
+            raise SourceError(f"could not write table `{name}` to {db.description} (nothing was written): "
+                              f"{first_line(err)}") from None
         finally:
             db.unregister(view)
 
@@ -291,7 +292,8 @@ class Database:
         if not clash:
             return None
         existing = clash[0]
-        same = "" if existing == name else f" (the engine takes `{name}` for `{existing}`: names differing only in case are one table)"
+        same = "" if existing == name else (f" (the engine takes `{name}` for `{existing}`: "
+                                            "names differing only in case are one table)")
         if not replace:
             raise SchemaError(f"table `{existing}` already exists in {self.description}{same}; choose {other}, or pass "
                               f"{how} to replace it if it is {WRITTEN_KINDS[kind]} that relsql wrote")
@@ -484,7 +486,8 @@ class Database:
             "WHERE table_catalog = ? AND table_schema = ? AND table_name = ? ORDER BY ordinal_position",
             [scope[0], scope[1], table]).fetchall()
         if not rows:
-            raise SchemaError(f"table `{table}` does not exist in {self.description}; known tables: {', '.join(self.tables()) or 'none'}")
+            raise SchemaError(f"table `{table}` does not exist in {self.description}; "
+                              f"known tables: {', '.join(self.tables()) or 'none'}")
         return [(r[0], r[1]) for r in rows]
 
     def has_table(self, table: str) -> bool:
@@ -532,7 +535,8 @@ class Database:
                 rows = self.con.execute(count.sql("duckdb")).fetchone()[0]
                 catalog.tables[table] = Table(
                     name=table,
-                    columns=tuple(Column(n, t, nullable == "YES" and n not in not_null) for n, t, nullable in columns.get(table, [])),
+                    columns=tuple(Column(n, t, nullable == "YES" and n not in not_null)
+                                  for n, t, nullable in columns.get(table, [])),
                     primary_key=key.primary_key,
                     foreign_keys=key.foreign_keys,
                     rows=int(rows),
@@ -617,5 +621,6 @@ def release_freed_memory() -> bool:
 def set_memory_limit(db: Database, limit: str) -> None:
     if not isinstance(limit, str) or not re.fullmatch(r"\s*\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\s*", limit):
         raise SourceError(f"memory_limit must look like '512MB' or '2GB', got {limit!r}")
-    setting = exp.Set(expressions=[exp.SetItem(this=exp.EQ(this=exp.column("memory_limit"), expression=exp.Literal.string(limit.strip())))])
+    setting = exp.Set(expressions=[exp.SetItem(this=exp.EQ(this=exp.column("memory_limit"),
+                                                           expression=exp.Literal.string(limit.strip())))])
     db.execute(setting)

@@ -225,7 +225,8 @@ def _train(args: argparse.Namespace) -> int:
         elif args.predictions:
             rows = model.write_predictions(args.predictions, replace=args.replace)
             print(f"wrote {rows} predictions to table {args.predictions}")
-        verb, out = ("recommend", "recommendations.parquet") if model.task.kind == "ranking" else ("predict", "predictions.parquet")
+        verb, out = (("recommend", "recommendations.parquet") if model.task.kind == "ranking"
+                     else ("predict", "predictions.parquet"))
         print(f"{verb}: `" + _command("relsql", verb, args.db, "--model", path, "--out", out) + "`")
     return 0
 
@@ -302,7 +303,8 @@ def _recommend(args: argparse.Namespace) -> int:
             print(f"wrote {frame.height} recommendations to table {args.table}")
         elif args.out:
             outputs.write_predictions(frame, Path(args.out), args.replace, kind="recommendations")
-            print(f"wrote {frame.height:,} recommendations (top {args.k} per row) to {args.out}; columns: {', '.join(frame.columns)}")
+            print(f"wrote {frame.height:,} recommendations (top {args.k} per row) to {args.out}; "
+                  f"columns: {', '.join(frame.columns)}")
             if not frame.height:
                 print("note: no row matched: by default the rows whose target is NULL are ranked; choose others with --where")
         else:

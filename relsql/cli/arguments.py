@@ -19,7 +19,8 @@ from relsql.errors import RelsqlError
 EPILOG = ("exit status: 0 done, 1 runtime error (the database, a template's text or a model's contents), "
           "2 usage error (the command line: an argument's value, a missing or unreadable file, an output "
           "folder that does not exist), 130 interrupted. RELSQL_DEBUG=1 shows the traceback of an internal error.")
-DB_KINDS = "a .duckdb file, a folder of Parquet/CSV files, a .sqlite file, a postgresql:// URL, or a spark:// (master) or sc:// (Spark Connect) URL"
+DB_KINDS = ("a .duckdb file, a folder of Parquet/CSV files, a .sqlite file, a postgresql:// URL, "
+            "or a spark:// (master) or sc:// (Spark Connect) URL")
 DUCKDB_SUFFIXES = (".duckdb", ".ddb")
 MEMORY = re.compile(r"\s*\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\s*")
 

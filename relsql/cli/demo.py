@@ -39,11 +39,12 @@ def _holds_demo_data(db: relsql.Database, table: str, parquet: Path) -> bool:
         shipped = [d[0] for d in db.con.execute("SELECT * FROM read_parquet(?) LIMIT 0", [str(parquet)]).description]
         if columns != shipped:
             return False
-        stored, shipped = exp.Table(this=exp.to_identifier(table, quoted=True)), exp.func("read_parquet", exp.Literal.string(str(parquet)))
-        one_way = exp.Except(this=exp.select(exp.Star()).from_(stored.copy()), expression=exp.select(exp.Star()).from_(shipped.copy()),
-                             distinct=False)
-        other_way = exp.Except(this=exp.select(exp.Star()).from_(shipped.copy()), expression=exp.select(exp.Star()).from_(stored.copy()),
-                               distinct=False)
+        stored, shipped = (exp.Table(this=exp.to_identifier(table, quoted=True)),
+                           exp.func("read_parquet", exp.Literal.string(str(parquet))))
+        one_way = exp.Except(this=exp.select(exp.Star()).from_(stored.copy()),
+                             expression=exp.select(exp.Star()).from_(shipped.copy()), distinct=False)
+        other_way = exp.Except(this=exp.select(exp.Star()).from_(shipped.copy()),
+                               expression=exp.select(exp.Star()).from_(stored.copy()), distinct=False)
         both = exp.union(one_way, other_way, distinct=False)
         differ = db.arrow(exp.select(exp.Count(this=exp.Star())).from_(exp.Subquery(this=both, alias=exp.TableAlias(
             this=exp.to_identifier("d"))))).column(0)[0].as_py()

@@ -132,7 +132,8 @@ def _sum_like(op: Op, shapes: dict, kind: str) -> _Rule:
         raise NotFusable(f"combine {kind}")
     arg_shapes = [tuple(_shape(shapes, a)) for a in op.args]
     out_shape = tuple(_shape(shapes, op.out))
-    if len(out_shape) != 2 or any(len(a) != 2 or a[0] not in (1, out_shape[0]) or a[1] not in (1, out_shape[1]) for a in arg_shapes):
+    if len(out_shape) != 2 or any(len(a) != 2 or a[0] not in (1, out_shape[0]) or a[1] not in (1, out_shape[1])
+                                  for a in arg_shapes):
         raise NotFusable(f"combine {kind} of values of shapes {arg_shapes}")
     out = _v(op.out)
     symbol = " * " if kind == "elementproduct" else " + "
@@ -306,7 +307,8 @@ def _aten(overload) -> Callable:
 
 _GLOBALS = {"torch": torch, "_tanh": kernels.tanh_values, "_tanh_backward": _aten(torch.ops.aten.tanh_backward.default),
             "_sigmoid_backward": _aten(torch.ops.aten.sigmoid_backward.default),
-            "_threshold_backward": _aten(torch.ops.aten.threshold_backward.default), "_gather": _gather_rows, "_matmul": sparse.matmul, "_product": sparse._product,
+            "_threshold_backward": _aten(torch.ops.aten.threshold_backward.default), "_gather": _gather_rows,
+            "_matmul": sparse.matmul, "_product": sparse._product,
             "_widen": _widen}
 
 

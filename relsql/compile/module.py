@@ -147,7 +147,8 @@ class CompiledNet(nn.Module):
         return self.training
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_program": None, "_fused": {}, "_shapes": None, "_last_fused": None}  # closures and generated code: rebuilt on the next call
+        # closures and generated code: rebuilt on the next call
+        return {**self.__dict__, "_program": None, "_fused": {}, "_shapes": None, "_last_fused": None}
 
     def add_weights(self, plan: Plan) -> list[nn.Parameter]:
         """Create the weights of `plan` this module does not have yet; returns the new ones.

@@ -112,7 +112,8 @@ def _describe_typed_linear(a: list[str], op, plan) -> str:
 
 
 def _describe_act(a: list[str], op, plan) -> str:
-    extra = f", slope={op.attrs['slope']:g}" if "slope" in op.attrs else f", heads={op.attrs['heads']}" if "heads" in op.attrs else ""
+    extra = (f", slope={op.attrs['slope']:g}" if "slope" in op.attrs
+             else f", heads={op.attrs['heads']}" if "heads" in op.attrs else "")
     return f"{op.attrs['name']}{'_' if op.attrs.get('inplace') else ''}({a[0]}{extra})"
 
 

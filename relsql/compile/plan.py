@@ -154,7 +154,8 @@ class PlanBuilder:
                 shape = tuple(self.plan.meta[value].shape[1:])
                 offset = self._param(relation.offset, None, note)
                 if math.prod(self.plan.meta[offset].shape) != math.prod(shape):
-                    raise ShapeError(f"{name}: offset '{relation.offset}' of shape {tuple(self.plan.meta[offset].shape)} does not fit values of shape {shape}")
+                    raise ShapeError(f"{name}: offset '{relation.offset}' of shape {tuple(self.plan.meta[offset].shape)} "
+                                     f"does not fit values of shape {shape}")
                 covered = torch.zeros(size, dtype=torch.bool)
                 for rg in relation_grounding.rules:
                     if rg.rule.offset_applies:
@@ -261,7 +262,8 @@ class PlanBuilder:
                 counts = rg.offsets[1:] - rg.offsets[:-1]
                 ids = torch.repeat_interleave(torch.arange(counts.shape[0]), counts)
                 found = compress.distinct_segments(ids, cls, counts.shape[0])
-                heads[rg.segment_heads] = found if found is not None else compress.segment_signatures(self.pairs(rg, ids), counts.shape[0])
+                heads[rg.segment_heads] = (found if found is not None
+                                           else compress.segment_signatures(self.pairs(rg, ids), counts.shape[0]))
             else:  # one grounding per head (always so for a per-row rule): the head's class is that grounding's
                 heads[rg.head] = cls
             per_rule.append(heads)
@@ -387,7 +389,8 @@ class _RuleContext:
         if isinstance(expr, ir.Ref):
             relation = self.rg.rule.refs[expr.index]
             source = b.plan.outputs[relation]
-            return b._emit("gather", (source, self.tensor(f"ref{expr.index}", self.refs[expr.index])), note, relation=relation), "g"
+            return b._emit("gather", (source, self.tensor(f"ref{expr.index}", self.refs[expr.index])), note,
+                           relation=relation), "g"
         if isinstance(expr, ir.Column):
             return self.tensor(f"col{expr.index}", self.columns[expr.index].to(b.dtype)), "g"
         if isinstance(expr, ir.Features):
@@ -410,7 +413,8 @@ class _RuleContext:
             return b._emit("dropout", (x,), note, p=expr.p), level
         if isinstance(expr, ir.Embed):
             weight = b._param(expr.weight, None, note)
-            return b._emit("gather", (weight, self.tensor(f"col{expr.column}", self.columns[expr.column])), note, relation=expr.weight), "g"
+            return b._emit("gather", (weight, self.tensor(f"col{expr.column}", self.columns[expr.column])), note,
+                           relation=expr.weight), "g"
         if isinstance(expr, ir.Param):
             weight = b._param(expr.weight, None, note)
             return b._emit("as_row", (weight,), note), "c"
@@ -435,7 +439,8 @@ class _RuleContext:
             return b._emit("binary", (left, right), note, op=expr.op), _level(l1, l2, note)
         if isinstance(expr, ir.Act):
             x, level = self.compile(expr.arg)
-            attrs = {} if expr.param is None else {"heads": int(expr.param)} if expr.name == "sum_per_head" else {"slope": expr.param}
+            attrs = ({} if expr.param is None else {"heads": int(expr.param)} if expr.name == "sum_per_head"
+                     else {"slope": expr.param})
             return b._emit("act", (x,), note, name=expr.name, **attrs), level
         if isinstance(expr, ir.Combine):
             parts = [self.compile(a) for a in expr.args]

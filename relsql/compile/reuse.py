@@ -173,7 +173,8 @@ def fits(need: tuple, shape: tuple) -> bool:
     for (name, n, rules), (name_t, size, rules_t) in zip(relations, target):
         if name != name_t or len(rules) != len(rules_t) or size < n + (1 if rules else 0):
             return False
-        for (heads, rows, full, per_head, grouped, columns), (heads_t, rows_t, full_t, per_head_t, _, columns_t) in zip(rules, rules_t):
+        for (heads, rows, full, per_head, grouped, columns), (heads_t, rows_t, full_t, per_head_t, _, columns_t) \
+                in zip(rules, rules_t):
             k_heads, k_rows = heads_t - heads, rows_t - rows
             if (full, per_head, columns) != (full_t, per_head_t, columns_t) or k_heads < 1 or k_heads > size - n \
                     or (full and k_heads != size - n) or k_rows < k_heads \

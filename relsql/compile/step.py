@@ -152,7 +152,8 @@ class FusedStep:
             return None
         weights = net.weights_by_name()
         with torch.no_grad():
-            outputs, held, kept = code.forward(*[weights[n] for n in code.names], *[net._buffers[net._inputs[s]] for s in code.inputs])
+            outputs, held, kept = code.forward(*[weights[n] for n in code.names],
+                                               *[net._buffers[net._inputs[s]] for s in code.inputs])
             reached = code.backward(held, kept, tuple(torch.ones_like(o) for o in outputs))
         upstream = _upstream(net.plan, {net.plan.outputs[name] for name in loss.targets})
         trained = [i for i, n in enumerate(code.names)

@@ -47,5 +47,6 @@ def common_subexpressions(plan: Plan) -> Plan:
         kept.append(op)
     plan.ops = kept
     redirect(plan, mapping)
-    plan.log.append(f"common_subexpressions: {shared} equal inputs shared, {len(mapping) - shared} repeated ops reuse an earlier result")
+    plan.log.append(f"common_subexpressions: {shared} equal inputs shared, "
+                    f"{len(mapping) - shared} repeated ops reuse an earlier result")
     return plan

@@ -39,5 +39,6 @@ def identity_gather(plan: Plan) -> Plan:
             sliced += 1
     plan.ops = ops
     redirect(plan, mapping)
-    plan.log.append(f"identity_gather: {len(mapping)} gathers of every row in order removed, {sliced} consecutive gathers made slices")
+    plan.log.append(f"identity_gather: {len(mapping)} gathers of every row in order removed, "
+                    f"{sliced} consecutive gathers made slices")
     return plan

@@ -17,8 +17,9 @@ machine's load cannot flip: it fires when RCM brings the pattern's mean |row - c
 CPU_SPREAD of what it was (a hashed grid: 69,995 -> 273; bench.locality measured the epoch 14%
 faster there, and a random graph, which RCM cannot band, 15% slower when forced). On another
 device the products and gathers it changes, and the reorders it adds, are timed forward +
-backward with and without; it fires only when they get at least GAIN faster. Small plans (a pattern of fewer than MIN_ENTRIES entries) and
-rows already in a good order (RCM would not bring rows' neighbours to at most SPREAD of their mean
+backward with and without; it fires only when they get at least GAIN faster. Small plans (a
+pattern of fewer than MIN_ENTRIES entries) and rows already in a good order (RCM would not bring
+rows' neighbours to at most SPREAD of their mean
 distance) are left alone without timing. Mini-batch plans do not run it (relsql/train/batched.py):
 measuring per batch would cost more than it saves.
 """
@@ -132,7 +133,8 @@ class _Rewrite:
             if have == 0 and constant is not None and constant.layout == torch.strided:
                 self._cache[key] = self._input(constant[self.perms[wanted]], wanted)
             else:
-                index = self.inverses[have] if wanted == 0 else self.perms[wanted] if have == 0 else self.inverses[have][self.perms[wanted]]
+                index = (self.inverses[have] if wanted == 0 else self.perms[wanted] if have == 0
+                         else self.inverses[have][self.perms[wanted]])
                 # a product by a permutation matrix, not a gather: its backward (after sparse_backward) is
                 # the inverse permutation's product, where a gather's is a scatter_add (7x slower here)
                 permutation = sparse.selection(index, index.shape[0])
@@ -197,7 +199,8 @@ class _Rewrite:
                 k = self._new_state(order)
                 self.timed.append((op, self._replace(op, (op.args[0], self._input(renumbered[order])), k)))
             return
-        elif matrix_position(op) is not None and len(op.args) == matrix_position(op) + 2 and op.args[matrix_position(op)] in self.plan.inputs:
+        elif matrix_position(op) is not None and len(op.args) == matrix_position(op) + 2 \
+                and op.args[matrix_position(op)] in self.plan.inputs:
             at, x = matrix_position(op), op.args[-1]
             out_state, in_state = (1 if op.rows == self.n else 0), state(x, 0)
             if out_state or in_state:
@@ -214,7 +217,8 @@ class _Rewrite:
         self._replace(op, tuple(self.to_state(a, 0, f"{op.note} (rows back in the user's order)") for a in op.args), 0)
 
     def finish(self) -> dict[str, int]:
-        return {name: self.to_state(slot, 0, f"{name} (rows back in the user's order)") for name, slot in self.plan.outputs.items()}
+        return {name: self.to_state(slot, 0, f"{name} (rows back in the user's order)")
+                for name, slot in self.plan.outputs.items()}
 
 
 def _seconds(plan: Plan, op: Op, trainable: set[int]) -> float:
@@ -258,7 +262,8 @@ def reorder_rows(plan: Plan, force: bool = False) -> Plan:
     n, pairs = max(patterns.items(), key=lambda item: sum(r.numel() for r, _ in item[1]))
     entries = sum(r.numel() for r, _ in pairs)
     if entries < MIN_ENTRIES and not force:
-        plan.log.append(f"reorder_rows: 0 row spaces renumbered (the largest pattern has {entries} entries, fewer than {MIN_ENTRIES})")
+        plan.log.append(f"reorder_rows: 0 row spaces renumbered (the largest pattern has {entries} entries, "
+                        f"fewer than {MIN_ENTRIES})")
         return plan
     order = torch.from_numpy(_rcm(n, pairs))
     inverse = torch.argsort(order)
@@ -267,7 +272,8 @@ def reorder_rows(plan: Plan, force: bool = False) -> Plan:
     summary = f"{n} rows, bandwidth {band_before} -> {band_after}, mean |i - j| {before:.0f} -> {after:.0f}"
     on_cpu = torch.device(plan.device).type == "cpu"
     if not force and after > (CPU_SPREAD if on_cpu else SPREAD) * before:
-        why = "not banded enough by RCM to renumber on the CPU" if on_cpu and after <= SPREAD * before else "already in a good order"
+        why = ("not banded enough by RCM to renumber on the CPU" if on_cpu and after <= SPREAD * before
+               else "already in a good order")
         plan.log.append(f"reorder_rows: 0 row spaces renumbered (RCM: {summary}; {why})")
         return plan
     rewrite = _Rewrite(plan, n, order)

@@ -51,7 +51,8 @@ def _fold(plan: Plan, through_weights: bool) -> int:
         else:
             ops.remove(weight)
             moved = make_op(plan, "spmm", (placed, product.args[1]), product.note)
-            ops.extend([moved, Op("linear", op.out, (weight.args[0], moved.out), dict(weight.attrs), op.rows, op.shape, weight.note)])
+            ops.extend([moved, Op("linear", op.out, (weight.args[0], moved.out), dict(weight.attrs), op.rows, op.shape,
+                                  weight.note)])
         made += 1
     plan.ops = ops
     return made

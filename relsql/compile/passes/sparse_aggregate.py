@@ -53,7 +53,8 @@ def sparse_aggregate(plan: Plan) -> Plan:
         gather, scale, dropped = found
         source, index = gather.args
         counts, rows_of = plan.inputs.get(op.args[2]), plan.inputs.get(index)
-        if counts is None or rows_of is None or source in plan.param_slots:  # a weight read as rows (a bare embedding) stays a gather
+        # a weight read as rows (a bare embedding) stays a gather
+        if counts is None or rows_of is None or source in plan.param_slots:
             ops.append(op)
             continue
         index = rows_of
