@@ -393,8 +393,8 @@ class _SparseAttention(torch.autograd.Function):
             for h, a in enumerate(alphas):
                 g = _head(grad, h, heads)
                 if ctx.needs_input_grad[1]:
-                    d_source.append(sparse._product(torch.sparse_csr_tensor(crow_t, rows_t, a.index_select(0, order_t), (n, rows)),
-                                                    g, None))
+                    d_source.append(sparse._product(torch.sparse_csr_tensor(crow_t, rows_t, a.index_select(0, order_t),
+                                                                            (n, rows)), g, None))
                 if ctx.needs_input_grad[0]:
                     pattern = torch.sparse_csr_tensor(crow, cols, a, (rows, n))
                     weighted = a * torch.sparse.sampled_addmm(pattern, g, _head(source, h, heads).t(), beta=0).values()
