@@ -37,7 +37,7 @@ def test_fanout_never_reaches_sql_as_text(shop):
             _model(shop, batch_size=8, fanout=fanout)
     assert shop.arrow('SELECT * FROM "other"').num_rows == 1
     model = _model(shop, batch_size=8, fanout={"predict": 2})  # a valid one still works
-    assert model.fanout == {"predict": 2}
+    assert model.settings.fanout == {"predict": 2}
 
 
 @pytest.mark.parametrize("kwargs, word", [

@@ -116,10 +116,10 @@ def test_a_rank_that_dies_without_a_word_is_named_from_torchruns_summary():
 def test_ranks_on_spark_executors_train_like_ranks_on_the_driver(spark_model, spark):
     """The executor path (local_mode=False: a barrier stage, one task per rank, each running
     torchrun) on local[2]'s two task slots: the same steps as the ranks the driver starts."""
-    start = spark_model._weights_copy()
+    start = spark_model.learner.weights_copy()
     spark_model.fit(epochs=2, workers=2)
     on_driver = {n: w.detach().clone() for n, w in spark_model.named_weights().items()}
-    spark_model._restore_weights(start)
+    spark_model.learner.restore_weights(start)
     spark.conf.set(torch_distributor.SETTING, "executors")
     try:
         spark_model.fit(epochs=2, workers=2)
