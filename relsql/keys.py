@@ -86,7 +86,9 @@ _BY_VALUES = 0.9  # a reference without a name match: at least this share of dis
 _YEARS = (1800, 2100)  # a year-like integer column's values lie within these
 _YEAR_WORDS = {"year", "yr", "season"}
 _SHARED_PAIRS = 12  # composite candidates (column pairs shared by name) whose uniqueness one table's query checks
-_ESTIMATE = 0.5  # an estimated count of distinct values (DuckDB's estimate can be 25% low) at least this share of the rows may be unique: count exactly
+# an estimated count of distinct values (DuckDB's estimate can be 25% low) at least this share of the rows
+# may be unique: count exactly
+_ESTIMATE = 0.5
 
 
 @dataclass
@@ -243,13 +245,15 @@ def _unique_rows(db: Database, table: str, columns: tuple[str, ...]) -> int | No
     distinct = exp.select(*cols).distinct().from_(_table(table)).where(
         exp.and_(*[exp.Not(this=exp.Is(this=c.copy(), expression=exp.Null())) for c in cols]))
     query = exp.select(exp.Count(this=exp.Star()),
-                       exp.select(exp.Count(this=exp.Star())).from_(exp.alias_(exp.Subquery(this=distinct), _q("d"), table=True)).subquery()
+                       exp.select(exp.Count(this=exp.Star()))
+                       .from_(exp.alias_(exp.Subquery(this=distinct), _q("d"), table=True)).subquery()
                        ).from_(_table(table))
     total, count = db.con.execute(query.sql("duckdb")).fetchone()
     return int(total) if total and total == count else None
 
 
-def _containment(db: Database, child: str, columns: tuple[str, ...], parent: str, keys: tuple[str, ...]) -> tuple[int, int, int, int]:
+def _containment(db: Database, child: str, columns: tuple[str, ...], parent: str,
+                 keys: tuple[str, ...]) -> tuple[int, int, int, int]:
     """(child rows whose `columns` are all non-NULL, how many of them parent's `keys` lack, their distinct
     values, how many of those parent's `keys` lack): one query. The keys are unique in the parent."""
     c = [exp.column(_q(col), table=_q("c")) for col in columns]
@@ -257,7 +261,8 @@ def _containment(db: Database, child: str, columns: tuple[str, ...], parent: str
     found = exp.Not(this=exp.Is(this=k[0].copy(), expression=exp.Null()))
 
     def distinct():
-        return exp.Count(this=exp.Distinct(expressions=[exp.Tuple(expressions=[x.copy() for x in c]) if len(c) > 1 else c[0].copy()]))
+        return exp.Count(this=exp.Distinct(expressions=[exp.Tuple(expressions=[x.copy() for x in c]) if len(c) > 1
+                                                        else c[0].copy()]))
 
     on = exp.and_(*[exp.EQ(this=a.copy(), expression=b.copy()) for a, b in zip(c, k)])
     query = exp.select(exp.Count(this=exp.Star()), exp.Count(this=k[0].copy()), distinct(),
@@ -442,7 +447,8 @@ def _infer_primary(db: Database, result: Schema) -> None:
 def _single_key_part(column) -> bool:
     """Text, or an integer named like an identifier: what a key shared by name holds (never a float, a
     time, a list, a count such as `G` or `AB` that box-score tables share)."""
-    return not _nested(column.type) and (_family(column.type) == "text" or (_integer(column.type) and _key_parts(column.name, "") is not None))
+    return not _nested(column.type) and (_family(column.type) == "text"
+                                         or (_integer(column.type) and _key_parts(column.name, "") is not None))
 
 
 def _shared_references(db: Database, result: Schema) -> dict[str, tuple[str, str, int]]:
@@ -530,7 +536,8 @@ def _primary_candidates(table: Table, words: dict[str, list[str]]) -> list[tuple
             score, why = 1.0, f"names: {column.name} is the first key-like column (it names no table)"
         else:
             continue
-        found.append((-score, not _integer(column.type), -_SUFFIX_RANK[suffix], position, column, why, bool(entity) and score > 1))
+        found.append((-score, not _integer(column.type), -_SUFFIX_RANK[suffix], position, column, why,
+                      bool(entity) and score > 1))
     found.sort(key=lambda f: f[:4])
     return [(-f[0], f[4], f[5], f[6]) for f in found]
 
@@ -632,7 +639,8 @@ def _pair_part(column) -> bool:
     """A column that can be half of a composite key shared by name: text, a date or time, or an integer
     named like an identifier (`yearID`); never a float or a plain count."""
     family = _comparable(column.type)
-    return not _nested(column.type) and (family in ("text", "time") or (_integer(column.type) and _key_parts(column.name, "") is not None))
+    return not _nested(column.type) and (family in ("text", "time")
+                                         or (_integer(column.type) and _key_parts(column.name, "") is not None))
 
 
 def _infer_shared_pairs(db: Database, result: Schema) -> None:
@@ -652,7 +660,8 @@ def _infer_shared_pairs(db: Database, result: Schema) -> None:
         for a, b in combinations(mine, 2):
             fa, fb = a.name.casefold(), b.name.casefold()
             others = [t for t in result.tables if t != name and fa in names[t] and fb in names[t]
-                      and _comparable(names[t][fa].type) == _comparable(a.type) and _comparable(names[t][fb].type) == _comparable(b.type)]
+                      and _comparable(names[t][fa].type) == _comparable(a.type)
+                      and _comparable(names[t][fb].type) == _comparable(b.type)]
             if others:
                 pairs.append((-len(others), mine.index(a), mine.index(b), (a.name, b.name), others))
         if not pairs:
@@ -731,7 +740,8 @@ def _infer_by_values(db: Database, result: Schema, trusted: set[str]) -> None:
     for name, table in result.tables.items():
         if name in trusted:
             continue
-        cols = [c.name for c in table.columns if _family(c.type) == "text" and not _nested(c.type) and (name, c.name) not in single
+        cols = [c.name for c in table.columns
+                if _family(c.type) == "text" and not _nested(c.type) and (name, c.name) not in single
                 and result.primary_keys[name] != (c.name,)]
         if cols:
             children[name] = cols

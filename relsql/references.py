@@ -44,7 +44,8 @@ def referenced(db: Database, table: str, column: str, infer: bool = False) -> Re
     if not db.key_catalog:  # Spark: no catalog of keys to read, so no target references a table there
         if many:
             raise SchemaError(f"target {table}.{column} is a list ({columns[column]}), which ranks the table its keys "
-                              "reference; ranking targets train on a database whose catalog holds keys (DuckDB, PostgreSQL, SQLite, files), not on Spark")
+                              "reference; ranking targets train on a database whose catalog holds keys "
+                              "(DuckDB, PostgreSQL, SQLite, files), not on Spark")
         return None
     keys = schema(db, db.catalog(), infer=infer or many)  # a list needs its table's key, declared or inferred
     if not many:

@@ -41,7 +41,8 @@ class Opener:
     open: Callable[[Any, Options], Database]
 
 
-KINDS = "an in-memory DuckDB (None), a .duckdb file, a folder of Parquet/CSV files, a .sqlite file, a postgresql:// URL or a dict of data frames"
+KINDS = ("an in-memory DuckDB (None), a .duckdb file, a folder of Parquet/CSV files, a .sqlite file, "
+         "a postgresql:// URL or a dict of data frames")
 _OPENERS: dict[str, Opener] = {}
 
 

@@ -221,7 +221,9 @@ def dictionary_insert(dictionary: exp.Table, source: exp.Table, column: str) -> 
     new_values = exp.select(alias(col(column), "v")).distinct().from_(source.copy())
     code = exp.Add(
         this=exp.Subquery(this=offset),
-        expression=exp.Sub(this=exp.Window(this=exp.RowNumber(), order=exp.Order(expressions=[exp.Ordered(this=col("v", "n"), nulls_first=True)])), expression=integer(1)),
+        expression=exp.Sub(this=exp.Window(this=exp.RowNumber(),
+                                           order=exp.Order(expressions=[exp.Ordered(this=col("v", "n"), nulls_first=True)])),
+                           expression=integer(1)),
     )
     body = exp.select(col("v", "n"), alias(code, "code")).from_(
         alias(exp.Subquery(this=new_values), "n", table=True)

@@ -201,7 +201,8 @@ class _Parser:
             fields_["key"], _ = self.name("the entity's key column", f"write FOR {entity}.<key column>")
             if self.peek.kind == "op" and self.peek.text == "=":
                 self.i += 1
-                table, column, token = self.dotted("the events' foreign key", f"write FOR {entity}.{fields_['key']} = {events}.<column>")
+                table, column, token = self.dotted("the events' foreign key",
+                                                   f"write FOR {entity}.{fields_['key']} = {events}.<column>")
                 if table.casefold() != events.casefold():
                     raise _error(self.text, token.at, f"the foreign key must be a column of the events table `{events}`",
                                  f"write {events}.<column>")
@@ -250,7 +251,8 @@ class _Parser:
             fields_["snapshots"] = tuple(dates)
         self.rank(fields_, head)
         if self.peek.kind != "end":
-            raise self.fail("the end of the query", "the snapshots come last (then only RANK TOP k); remove the rest or move it before AT")
+            raise self.fail("the end of the query",
+                            "the snapshots come last (then only RANK TOP k); remove the rest or move it before AT")
         return {"entity": entity, "events": events, **fields_}
 
 

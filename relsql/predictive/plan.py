@@ -77,13 +77,14 @@ class TaskPlan:
         self.listed = query.aggregate == "list_distinct"
         self.references = self.listed_key() if self.listed else None
         self.target = self.references[1] if self.references else "label"
-        if self.value and not self.listed and not any(t in self.type(self.events, self.value) for t in ("INT", "DECIMAL", "NUMERIC", "DOUBLE", "FLOAT", "REAL")):
-            raise SchemaError(f"SUM({self.events}.{self.value}): the column is {self.type(self.events, self.value)}, not a number; "
-                              "sum a numeric column or use COUNT")
+        if self.value and not self.listed and not any(t in self.type(self.events, self.value)
+                                                      for t in ("INT", "DECIMAL", "NUMERIC", "DOUBLE", "FLOAT", "REAL")):
+            raise SchemaError(f"SUM({self.events}.{self.value}): the column is {self.type(self.events, self.value)}, "
+                              "not a number; sum a numeric column or use COUNT")
         self.since = self.column(self.entity, query.since, "since") if query.since else None
         if self.since and _time_kind(self.type(self.entity, self.since), f"{self.entity}.{self.since}") is None:
-            raise SchemaError(f"SINCE {self.entity}.{self.since}: the column is {self.type(self.entity, self.since)}; it must be the "
-                              "entity's creation DATE or TIMESTAMP")
+            raise SchemaError(f"SINCE {self.entity}.{self.since}: the column is {self.type(self.entity, self.since)}; "
+                              "it must be the entity's creation DATE or TIMESTAMP")
         self.label_type = (f"{self.type(self.events, self.value)}[]" if self.listed else
                            "BOOLEAN" if query.op is not None else "DOUBLE")
         self.first, self.last = self.span()
@@ -174,7 +175,8 @@ class TaskPlan:
         if self.q.event_key is not None:
             found = tuple(self.column(self.events, k, "event_key") for k in self.q.event_key)
             if len(found) != len(self.key):
-                raise SchemaError(f"event_key ({', '.join(found)}) and the entity key ({', '.join(self.key)}) must have as many columns")
+                raise SchemaError(f"event_key ({', '.join(found)}) and the entity key ({', '.join(self.key)}) "
+                                  "must have as many columns")
             return found
         declared = [(self.events, fk) for fk in self.catalog[self.events].foreign_keys]
         for found in (declared, None):
@@ -186,7 +188,8 @@ class TaskPlan:
         if all(k in names for k in self.key):
             return self.key
         raise SchemaError(f"no foreign key from `{self.events}` to `{self.entity}`({', '.join(self.key)}) is declared or "
-                          f"inferable; name it: event_key='...' (text form: FOR {text_name(self.entity)}.{text_name(self.key[0])} = "
+                          f"inferable; name it: event_key='...' "
+                          f"(text form: FOR {text_name(self.entity)}.{text_name(self.key[0])} = "
                           f"{text_name(self.events)}.<column>)")
 
     def event_time(self) -> tuple[str, str]:
@@ -217,7 +220,8 @@ class TaskPlan:
                "read it through a dimension table: event_time=(fk column, table, key, date column) (text form: "
                "TIME dim.date VIA events.fk = dim.key)")
         raise SchemaError(f"events table `{self.events}` has {len(found) or 'no'} DATE/TIMESTAMP column"
-                          f"{'s' if len(found) != 1 else ''}{' (' + ', '.join(c for c, _ in found) + ')' if found else ''}; {fix}")
+                          f"{'s' if len(found) != 1 else ''}"
+                          f"{' (' + ', '.join(c for c, _ in found) + ')' if found else ''}; {fix}")
 
     def check_dimension(self, path: TimePath) -> None:
         """The dimension's key must be unique, or an event would be counted once per matching row."""
@@ -302,7 +306,8 @@ class TaskPlan:
             this=_id("v"), columns=[_id(s), _id(until), _id(observed)])))
         keys = [f"{PREFIX}k{i}" for i in range(len(self.key))]
         t = f"{PREFIX}t"
-        counted = exp.select(*[_col(k, "ev") for k in keys], _col(s, "s"), *self.measures()).from_(_table(events_name, "ev")).join(
+        counted = exp.select(*[_col(k, "ev") for k in keys], _col(s, "s"), *self.measures()).from_(
+            _table(events_name, "ev")).join(
             _table(snaps_name, "s"), on=exp.and_(exp.GTE(this=_col(t, "ev"), expression=_col(s, "s")),
                                                  exp.LT(this=_col(t, "ev"), expression=_col(until, "s")))
         ).group_by(*[_col(k, "ev") for k in keys], _col(s, "s"))
@@ -403,14 +408,16 @@ def write_native(db: Database, plan: TaskPlan, name: str, existing: str | None, 
             except Exception:  # sqlglot cannot spell every DuckDB type
                 raise SchemaError(f"foreign_key=True: cannot declare a column of type {plan.type(plan.entity, k)} "
                                   f"(`{plan.entity}.{k}`); leave foreign_key off") from None
-            columns.append(exp.ColumnDef(this=_id(k), kind=kind, constraints=[exp.ColumnConstraint(kind=exp.NotNullColumnConstraint())]))
+            columns.append(exp.ColumnDef(this=_id(k), kind=kind,
+                                         constraints=[exp.ColumnConstraint(kind=exp.NotNullColumnConstraint())]))
         columns += [exp.ColumnDef(this=_id("snapshot"), kind=exp.DataType.build(snapshot_type)),
                     exp.ColumnDef(this=_id(plan.target), kind=exp.DataType.build(plan.label_type, dialect="duckdb"))]
         reference = exp.ForeignKey(expressions=[_id(k) for k in plan.key], reference=exp.Reference(
             this=exp.Schema(this=exp.Table(this=_id(plan.entity)), expressions=[_id(k) for k in plan.key])))
         statements.append(exp.Create(this=exp.Schema(this=target.copy(), expressions=[*columns, reference]), kind="TABLE"))
-        statements.append(exp.Insert(this=exp.Schema(this=target.copy(), expressions=[_id(c) for c in ("task_id", *plan.key, "snapshot", plan.target)]),
-                                     expression=query))
+        statements.append(exp.Insert(
+            this=exp.Schema(this=target.copy(), expressions=[_id(c) for c in ("task_id", *plan.key, "snapshot", plan.target)]),
+            expression=query))
     else:
         statements.append(exp.Create(this=target.copy(), kind="TABLE", expression=query))
         statements.append(exp.Alter(this=target.copy(), kind="TABLE", actions=[
@@ -427,5 +434,6 @@ def summary(name: str, label_type: str, target: str = "label") -> exp.Select:
     label = _col(target)
     positives = (exp.Sum(this=exp.Case(ifs=[exp.If(this=label.copy(), true=integer(1))], default=integer(0)))
                  if label_type == "BOOLEAN" else exp.Null())
-    return exp.select(exp.alias_(exp.Count(this=exp.Star()), _id("rows")), exp.alias_(exp.Count(this=label.copy()), _id("labelled")),
+    return exp.select(exp.alias_(exp.Count(this=exp.Star()), _id("rows")),
+                      exp.alias_(exp.Count(this=label.copy()), _id("labelled")),
                       exp.alias_(positives, _id("positives"))).from_(_table(name))

@@ -124,8 +124,8 @@ def as_datetime(value: dt.date) -> dt.datetime:
     return value if isinstance(value, dt.datetime) else dt.datetime.combine(value, dt.time())
 
 
-_KEYWORDS = {"COUNT", "SUM", "LIST_DISTINCT", "RANK", "TOP", "OVER", "DAY", "DAYS", "FOR", "EACH", "ACTIVE", "ALL", "SINCE", "TIME", "VIA", "AT",
-             "EVERY", "FROM", "TO"}
+_KEYWORDS = {"COUNT", "SUM", "LIST_DISTINCT", "RANK", "TOP", "OVER", "DAY", "DAYS", "FOR", "EACH", "ACTIVE", "ALL", "SINCE",
+             "TIME", "VIA", "AT", "EVERY", "FROM", "TO"}
 
 
 def is_task_table(columns: Iterable[Any]) -> bool:
