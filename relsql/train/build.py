@@ -98,16 +98,16 @@ def loaded_learner(db: Database, path: str | Path, *, device: str | torch.device
     database cheaply and built on first use (relsql/train/loaded.py); others are built now, their
     saved weights set. A file whose weights do not fit its own template is a RelsqlError."""
     state = saved.read(path)
-    loaded.check_head(state, path)
     made = saved_learner(db, state, device=device, batch_size=batch_size or state.batch_size)
     if deferred(made):
+        loaded.check_head(state, path)
         made.goal.task, made.goal.rows = state.task, dict(state.split)
         made.goal.check_columns(db)
         saved.check_split(made, path, labelled_count(db, made.goal), stacklevel=4)
         saved.check_blend(made, path)
         made.pending = loaded.Pending(state, path)
         return made
-    made.head = loaded.set_weights(made, made.net, state, path)
+    loaded.set_built_weights(made, state, path)
     saved.check_loaded(made, path)  # what only the database can confirm: rows, the blend's columns
     return made
 

@@ -60,6 +60,21 @@ def set_weights(learner: Learner, net: CompiledNet, state: ModelState, path: str
     return head.to(learner.device)
 
 
+def set_built_weights(learner: Learner, state: ModelState, path: str | Path) -> None:
+    """The file's weights into a learner built at load (a ranking model's towers, a model with
+    database-stored embeddings): its net and the head its build made."""
+    missing = [n for n in learner.net.weights_by_name() if n not in state.weights]
+    if missing:
+        raise RelsqlError(f"model file {path} does not fit its own template: weights {missing} are missing")
+    try:
+        learner.net.set_named_weights(state.weights, learner.fixed())
+        learner.head.load_state_dict(state.head)
+    except (RuntimeError, KeyError, TypeError, ValueError) as err:
+        raise RelsqlError(f"model file {path} does not fit its own template: {first_line(err)}") from None
+    learner.net.to(learner.device)
+    learner.head.to(learner.device)
+
+
 def check_head(state: ModelState, path: str | Path) -> None:
     """The head's shape as far as the file alone tells it: a (units, width) weight and a (units,)
     bias for the task's units; its width against the plan's is checked when the net is made."""
