@@ -235,7 +235,8 @@ def _run_ranks(job: Job) -> None:
             codes = [p.poll() for p in processes]
             failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
             if failed:
-                raise RelsqlError(f"training rank {failed[0]} of {job.world} failed: {_failure(job, failed[0], codes[failed[0]])}")
+                raise RelsqlError(f"training rank {failed[0]} of {job.world} failed: "
+                                  f"{_failure(job, failed[0], codes[failed[0]])}")
             if all(c == 0 for c in codes):
                 return
             time.sleep(0.05)

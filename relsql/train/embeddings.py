@@ -153,7 +153,8 @@ class EmbeddingTable:
         self.flush()
         table = self.db.arrow(exp.select(q.col("key"), *[q.col(f"e{i}") for i in range(self.width)]).from_(self.table.copy()))
         keys = table.column(0).to_pylist()
-        matrix = np.stack([table.column(i + 1).to_numpy() for i in range(self.width)], axis=1) if self.width else np.zeros((len(keys), 0))
+        matrix = (np.stack([table.column(i + 1).to_numpy() for i in range(self.width)], axis=1) if self.width
+                  else np.zeros((len(keys), 0)))
         return dict(zip(keys, matrix))
 
 
@@ -350,7 +351,8 @@ class DatabaseEmbedding(EmbeddingTable):
         self._live.forget()  # rows trained since the last flush: the copy replaces them
         self._live.materialize()
         self.db.transaction([  # a new table swapped in: no row-by-row delete and re-insert
-            exp.Create(this=fresh, kind="TABLE", replace=True, expression=exp.select(*[q.col(c) for c in columns]).from_(copy.copy())),
+            exp.Create(this=fresh, kind="TABLE", replace=True,
+                       expression=exp.select(*[q.col(c) for c in columns]).from_(copy.copy())),
             exp.Drop(tables=[self.table.copy()], kind="TABLE"),
             exp.Alter(this=fresh.copy(), kind="TABLE", actions=[exp.AlterRename(this=exp.Table(this=ident(self.name)))]),
             exp.Update(this=self.steps.copy(), expressions=[exp.EQ(this=q.col("step"), expression=q.integer(step))],
@@ -514,11 +516,15 @@ class LiveRows:
                 statements = []
                 if len(old):  # else no old row to delete: no scan of the table's keys
                     statements.append(exp.Delete(this=self.table.copy(), where=exp.Where(this=exp.In(
-                        this=q.col("key"), query=exp.Subquery(this=exp.select(q.col("key")).from_(exp.Table(this=ident(keys))))))))
+                        this=q.col("key"),
+                        query=exp.Subquery(this=exp.select(q.col("key")).from_(exp.Table(this=ident(keys))))))))
                 if len(slots):
-                    statements.append(exp.Insert(this=self.table.copy(), expression=exp.select(exp.Star()).from_(exp.Table(this=ident(rows)))))
-                statements.append(exp.Update(this=self.steps.copy(), expressions=[exp.EQ(this=q.col("step"), expression=q.integer(self.step))],
-                                             where=exp.Where(this=exp.EQ(this=q.col("weight"), expression=exp.Literal.string(self.weight)))))
+                    statements.append(exp.Insert(this=self.table.copy(),
+                                                 expression=exp.select(exp.Star()).from_(exp.Table(this=ident(rows)))))
+                statements.append(exp.Update(this=self.steps.copy(),
+                                             expressions=[exp.EQ(this=q.col("step"), expression=q.integer(self.step))],
+                                             where=exp.Where(this=exp.EQ(this=q.col("weight"),
+                                                                         expression=exp.Literal.string(self.weight)))))
                 self.db.transaction(statements)
             finally:
                 self.db.con.unregister(keys)
@@ -576,7 +582,8 @@ class GradientStaging:
 
         exists = name in self.db._tables_in(self.db.scopes()[0])
         if exists and not replace:
-            raise SchemaError(f"table `{name}` already exists in {self.db.description}; choose another prefix or pass replace=True")
+            raise SchemaError(f"table `{name}` already exists in {self.db.description}; "
+                              "choose another prefix or pass replace=True")
         self.db.source.refuse_read_only(name)
         summed = exp.select(q.col("key"), exp.alias_(exp.Array(expressions=[
             exp.Sum(this=q.col(f"g{i}")) for i in range(self.width)]), ident("gradient"))).from_(self.table.copy()).group_by(

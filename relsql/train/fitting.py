@@ -46,7 +46,8 @@ def fit(db: Database, learner: Learner, threads: int | None, config: FitConfig) 
     swapped = sorted(database_embeddings(learner.template)) if not db.transactional else []
     if workers > 1 or swapped:  # an engine without transactions trains its stored embeddings on ranks only
         if config.callback is not None:
-            raise RelsqlError("fit(workers=N) takes no callback (the steps run in other processes): train with one worker to use one"
+            raise RelsqlError("fit(workers=N) takes no callback (the steps run in other processes): "
+                              "train with one worker to use one"
                               if workers > 1 else f"{db.description} has no transactions to update embeddings {swapped} "
                               "step by step, so fit() trains them on a rank process, which takes no callback: drop callback=")
         if workers == 1:

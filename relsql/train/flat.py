@@ -109,7 +109,8 @@ class Flat:
         for c in flat.children:
             texts += [c.table, *c.columns, *c.references, *([c.time] if c.time else [])]
             if c.via is not None:
-                if not (isinstance(c.via, list) and len(c.via) == 3 and isinstance(c.via[0], list) and isinstance(c.via[2], list)):
+                if not (isinstance(c.via, list) and len(c.via) == 3
+                        and isinstance(c.via[0], list) and isinstance(c.via[2], list)):
                     raise RelsqlError(f"{where} is damaged: a date dimension's link")
                 texts += [*c.via[0], c.via[1], *c.via[2]]
         if not all(isinstance(t, str) for t in texts) or any(c.kind not in ("number", "time", "code") for c in columns):
@@ -135,8 +136,10 @@ class Flat:
             values += [_value(c, alias) for c in p.features]
         for i, child in enumerate(self.children):
             alias = f"a{i}"
-            link = exp.and_(*[exp.NullSafeEQ(this=q.col(f"k{j}", alias), expression=q.col(k, t)) for j, k in enumerate(self.keys)])
-            select = select.join(exp.alias_(self._aggregates(child).subquery(), q.ident(alias), table=True), on=link, join_type="left")
+            link = exp.and_(*[exp.NullSafeEQ(this=q.col(f"k{j}", alias), expression=q.col(k, t))
+                              for j, k in enumerate(self.keys)])
+            select = select.join(exp.alias_(self._aggregates(child).subquery(), q.ident(alias), table=True), on=link,
+                                 join_type="left")
             none = exp.Coalesce(this=q.col("n", alias), expressions=[q.real(0.0)])  # no child rows: 0, no target row: NULL
             values.append(exp.Case(ifs=[exp.If(this=exp.Is(this=q.col(self.keys[0], t), expression=exp.Null()),
                                                true=exp.cast(exp.Null(), "DOUBLE"))], default=none))
@@ -226,7 +229,8 @@ def plan(db: Database, table: str, column: str, time_column: str | None = None, 
         raise RelsqlError(f"one-hop features: target table `{table}` has no primary key (declared or inferable); declare one")
     skip = {column.casefold(), *(c for c in copies_of(db, table, column))} | ({time_column.casefold()} if time_column else set())
     own = _features(db, found.tables[table], keyed.get(table, set()) | skip, found.values.get(table, set()))
-    parents = [Parent(list(fk.columns), fk.table, list(fk.references), _features(db, found.tables[fk.table], keyed.get(fk.table, set()), found.values.get(fk.table, set())))
+    parents = [Parent(list(fk.columns), fk.table, list(fk.references),
+                      _features(db, found.tables[fk.table], keyed.get(fk.table, set()), found.values.get(fk.table, set())))
                for child, fk in found.foreign_keys if child == table and fk.table not in tasks and fk.table in found.tables]
     times = _times(db, catalog, found, table, time_column, {}) if time_column else {}
     children = []
@@ -265,7 +269,8 @@ def _features(db: Database, info, skip: set[str], values: set[str] = frozenset()
     out = []
     for c in info.columns:
         kind, upper = None, c.type.upper()
-        if c.name.casefold() in skip or (id_like(c.name) and c.name not in values) or "[]" in upper or is_interval(upper) or "STRUCT" in upper or "MAP" in upper:
+        if c.name.casefold() in skip or (id_like(c.name) and c.name not in values) or "[]" in upper or is_interval(upper) \
+                or "STRUCT" in upper or "MAP" in upper:
             continue
         if any(t in upper for t in _TIMES):
             kind = "time"

@@ -81,7 +81,8 @@ def check_codes(grounding, template: ir.Template) -> None:
 def check_same(built: dict[str, int], now: dict[str, int], what: str) -> None:
     """The sizes (rows per relation, categories per dictionary) a new reading of the tables found
     are those the model was built with."""
-    differ = [f"{name}: {built[name]} then, {now[name]} now" for name in sorted(built) if name in now and now[name] != built[name]]
+    differ = [f"{name}: {built[name]} then, {now[name]} now" for name in sorted(built)
+              if name in now and now[name] != built[name]]
     if differ:
         raise RelsqlError(CHANGED.format(what=f"{what}: {'; '.join(differ[:3])}{' ...' if len(differ) > 3 else ''}"))
 

@@ -40,7 +40,8 @@ def target_reads(template: ir.Template, db: Database, table: str, column: str) -
                         if name.casefold() not in copies:
                             continue
                     found.append(f"{relation.name}, {rule.origin}: {reference.sql('duckdb')}"
-                                 + ("" if name.casefold() == column.casefold() else f" (equal to {column} on every labelled row)"))
+                                 + ("" if name.casefold() == column.casefold()
+                                    else f" (equal to {column} on every labelled row)"))
     return sorted(set(found))
 
 

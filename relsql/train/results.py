@@ -108,7 +108,8 @@ def predict(learner: Learner, splits: bool = False, keys: object = None, where: 
     if probabilities is not None and learner.task.kind == "binary":  # the probability of the positive class, classes[1]
         frame = frame.with_columns(pl.Series(free_name("probability", taken), probabilities[:, 1], dtype=pl.Float64))
     elif probabilities is not None:
-        frame = frame.with_columns(pl.Series(free_name("probabilities", taken), probabilities.tolist(), dtype=pl.List(pl.Float64)))
+        frame = frame.with_columns(pl.Series(free_name("probabilities", taken), probabilities.tolist(),
+                                             dtype=pl.List(pl.Float64)))
     if splits:
         taken = {c.casefold() for c in frame.columns}
         frame = frame.with_columns(pl.Series(free_name("split", taken), splits_of(learner, rids), dtype=pl.String))

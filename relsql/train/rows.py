@@ -92,7 +92,8 @@ def parse_condition(text: object, table: str = "") -> exp.Expression:
     """`text` parsed as exactly one expression, with every node a filter may hold (no columns checked
     yet); `table` names the target table in messages ("" before it is known)."""
     if not isinstance(text, str) or not text.strip():
-        raise WhereError(f"where must be a SQL condition on {_named(table)} (a non-empty string), got {_shown(text)}; {_fix(table)}")
+        raise WhereError(f"where must be a SQL condition on {_named(table)} (a non-empty string), "
+                         f"got {_shown(text)}; {_fix(table)}")
     _check_size(text, table)
     try:
         parsed = [p for p in sqlglot.parse(text, read="duckdb") if p is not None]
@@ -105,7 +106,8 @@ def parse_condition(text: object, table: str = "") -> exp.Expression:
         raise WhereError(f"where {_shown(text)} holds {len(parsed)} statements; {_fix(table)}")
     condition = parsed[0]
     if not isinstance(condition, exp.Condition):
-        raise WhereError(f"where {_shown(text)} is a statement ({type(condition).__name__.upper()}), not a condition; {_fix(table)}")
+        raise WhereError(f"where {_shown(text)} is a statement ({type(condition).__name__.upper()}), "
+                         f"not a condition; {_fix(table)}")
     for node in condition.walk():
         for kind, what in REFUSED.items():
             if isinstance(node, kind):

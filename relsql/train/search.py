@@ -91,7 +91,8 @@ def header_options(source: str) -> dict | None:
     if layer in ("sage", "rgcn") and terms is None:
         return None
     if layer == "sage":
-        options["aggregation"] = "all" if combined.startswith("aggregation over child rows all:") else terms.group(1).replace(" ", "")
+        options["aggregation"] = ("all" if combined.startswith("aggregation over child rows all:")
+                                  else terms.group(1).replace(" ", ""))
     accepted = generate_options()
     if "numbers" in accepted:  # encoders the header does not name, read from the body
         options["numbers"] = "ple" if re.search(r"\bple\(", source) else "standardized"

@@ -64,7 +64,8 @@ class Shard:
         table = pa.ipc.open_file(pa.memory_map(path)).read_all()
         keys = table.column("key").combine_chunks().cast(self.job.key_type)
         codes = pc.fill_null(pc.index_in(keys, value_set=self.keys), -1).to_numpy().astype(np.int64)
-        mine = np.flatnonzero((codes >= 0) & (codes % self.world == self.rank))  # rows of keys outside the store stay in the table
+        # rows of keys outside the store stay in the table
+        mine = np.flatnonzero((codes >= 0) & (codes % self.world == self.rank))
         local = codes[mine] // self.world
         for i in range(self.job.width):
             self.e[local, i] = table.column(f"e{i}").to_numpy()[mine]
@@ -81,7 +82,8 @@ class Shard:
         local = codes[mask] // self.world
         fresh = local[~self.known[local]]
         if len(fresh):
-            self.e[fresh] = initial_values(self.keys.take(pa.array(fresh * self.world + self.rank)), self.job.width, self.job.seed)
+            self.e[fresh] = initial_values(self.keys.take(pa.array(fresh * self.world + self.rank)), self.job.width,
+                                           self.job.seed)
             self.known[fresh] = True
         out[mask] = self.e[local]
         return out

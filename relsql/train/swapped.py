@@ -54,7 +54,8 @@ class SwappedEmbedding(EmbeddingTable):
             raise RelsqlError(f"embedding `{weight}` has no table `{self.name}` in {db.description}")
         else:
             sql_type = "DOUBLE" if pa.types.is_floating(key_type) else "BIGINT" if pa.types.is_integer(key_type) else "VARCHAR"
-            empty = exp.select(*[exp.alias_(exp.cast(exp.null(), exp.DataType.build(sql_type if c == "key" else "DOUBLE")), ident(c))
+            empty = exp.select(*[exp.alias_(exp.cast(exp.null(), exp.DataType.build(sql_type if c == "key" else "DOUBLE")),
+                                            ident(c))
                                  for c in self.columns()]).where(exp.false())
             db.replace_table(self.name, empty, self._comment(0))
         stored = dict(db._columns(self.name))["key"]

@@ -56,7 +56,8 @@ class Target:
         """The target table has the target, time and key columns the output relation needs."""
         columns = dict(db.columns(self.table))
         if self.column not in columns:
-            raise SchemaError(f"target {self.name}: table `{self.table}` has no column `{self.column}`; columns: {', '.join(columns)}")
+            raise SchemaError(f"target {self.name}: table `{self.table}` has no column `{self.column}`; "
+                              f"columns: {', '.join(columns)}")
         if self.time_column is not None and self.time_column not in columns:
             raise SchemaError(f"time_column `{self.time_column}` is not a column of `{self.table}`")
         missing = [k for k in self.keys if k not in columns]
@@ -111,7 +112,8 @@ class Target:
     def check_splits(self, db: Database, split: dict[str, np.ndarray], labelled: int) -> None:
         """Every split asked for gets rows: a model trained on one row, or judged on none, is not a
         result. The message says how many target rows the output relation reaches."""
-        empty = [name for name, fraction in zip(("train", "val", "test"), self.fractions) if fraction > 0 and not len(split[name])]
+        empty = [name for name, fraction in zip(("train", "val", "test"), self.fractions)
+                 if fraction > 0 and not len(split[name])]
         if not empty:
             return
         count = exp.select(exp.Count(this=q.col(self.column))).from_(exp.Table(this=q.ident(self.table)))

@@ -1,16 +1,17 @@
 """Hard negatives from a SQL rule: pairs (target row, candidate) the user knows are wrong answers.
 
 `fit(hard_negatives="SELECT t.task_id, i.item_id FROM ...")`: one SELECT (or SELECTs joined by
-UNION, INTERSECT or EXCEPT), parsed with sqlglot and run by the database, returning the target table's key column(s) and the candidate key (under the
-target column's name, as recommend() names it, or the referenced key's). Each pair becomes
-(labelled row, candidate row); pairs that are positives of their row are dropped, pairs of rows
-without a label have nothing to train and are dropped too, and keys the model does not know are a
-SchemaError. The query is bounded as a template rule is: the model's max_groundings (10^8 by
-default) refuses one the database estimates larger before it runs (unless its tables are all
-joined by equalities: then it is counted), and stops one that returns more rows while it runs;
-running out of the database's memory is a GroundingError naming the fix. In each step, each hard pair of the step's rows is scored against one of its row's
-positives, drawn from the step's stream: the term softplus(s_hard - s_positive) (BPR), averaged
-over the step's hard pairs and added to the step's loss with weight HARD_WEIGHT.
+UNION, INTERSECT or EXCEPT), parsed with sqlglot and run by the database, returning the target
+table's key column(s) and the candidate key (under the target column's name, as recommend() names
+it, or the referenced key's). Each pair becomes (labelled row, candidate row); pairs that are
+positives of their row are dropped, pairs of rows without a label have nothing to train and are
+dropped too, and keys the model does not know are a SchemaError. The query is bounded as a
+template rule is: the model's max_groundings (10^8 by default) refuses one the database estimates
+larger before it runs (unless its tables are all joined by equalities: then it is counted), and
+stops one that returns more rows while it runs; running out of the database's memory is a
+GroundingError naming the fix. In each step, each hard pair of the step's rows is scored against
+one of its row's positives, drawn from the step's stream: the term softplus(s_hard - s_positive)
+(BPR), averaged over the step's hard pairs and added to the step's loss with weight HARD_WEIGHT.
 """
 
 from __future__ import annotations

@@ -64,7 +64,8 @@ class RankingLearner(Learner):
                               f"table `{goal.reference.table}` is empty or the relation's query selects none of its rows")
         if not grounding.relations[self.output].size:
             raise GroundingError(f"the output relation {self.output} has no rows: none of its statements has groundings "
-                                 "(their FROM/JOIN/WHERE return no rows); check the join conditions and that the tables hold data")
+                                 "(their FROM/JOIN/WHERE return no rows); "
+                                 "check the join conditions and that the tables hold data")
         started = time.perf_counter()
         extra = [name for name in (goal.pair_relation, goal.timed_relation) if name]
         outputs = [self.output, goal.candidates] + extra

@@ -45,7 +45,8 @@ def in_batch_softmax(query: Tensor, item: Tensor) -> Tensor:
 
     The mean over rows of the cross-entropy of query @ item.T against the diagonal."""
     if query.dim() != 2 or query.shape != item.shape:
-        raise ShapeError(f"in_batch_softmax: query and item must both be [batch, dimension], got {tuple(query.shape)} and {tuple(item.shape)}")
+        raise ShapeError(f"in_batch_softmax: query and item must both be [batch, dimension], "
+                         f"got {tuple(query.shape)} and {tuple(item.shape)}")
     logits = query @ item.T
     return F.cross_entropy(logits, torch.arange(query.shape[0], device=query.device))
 
@@ -66,8 +67,10 @@ def _negatives_per_positive(positive: Tensor, negative: Tensor) -> Tensor:
 
 def _log_q_per_negative(log_q: Tensor, negative: Tensor) -> Tensor:
     """log q_j + log mean_k(1 / q_k) per row: log_q's correction, zero when log_q is constant."""
-    if log_q.dim() not in (1, 2) or log_q.shape[-1] != negative.shape[1] or (log_q.dim() == 2 and log_q.shape[0] != negative.shape[0]):
-        raise ShapeError(f"ranking_loss: log_q must be [samples] or [batch, samples] like the negatives {tuple(negative.shape)}, got {tuple(log_q.shape)}")
+    if log_q.dim() not in (1, 2) or log_q.shape[-1] != negative.shape[1] \
+            or (log_q.dim() == 2 and log_q.shape[0] != negative.shape[0]):
+        raise ShapeError(f"ranking_loss: log_q must be [samples] or [batch, samples] like the negatives "
+                         f"{tuple(negative.shape)}, got {tuple(log_q.shape)}")
     log_q = log_q.to(negative.dtype)
     return log_q + torch.logsumexp(-log_q, dim=-1, keepdim=True) - math.log(log_q.shape[-1])
 
@@ -75,4 +78,5 @@ def _log_q_per_negative(log_q: Tensor, negative: Tensor) -> Tensor:
 def _no_log_q(kind: str, log_q: Tensor | None) -> None:
     """The logQ correction belongs to the sampled softmax; elsewhere it would be silently wrong."""
     if log_q is not None:
-        raise RelsqlError(f'ranking_loss: log_q corrects the sampled softmax only; loss {kind!r} takes none (use "softmax", or drop log_q)')
+        raise RelsqlError(f"ranking_loss: log_q corrects the sampled softmax only; loss {kind!r} takes none "
+                          '(use "softmax", or drop log_q)')

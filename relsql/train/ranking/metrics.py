@@ -78,7 +78,8 @@ def _checked_truth(truth_offsets: np.ndarray, truth_ids: np.ndarray) -> tuple[np
     """The truth's arrays as int64, checked for the agreed CSR form."""
     truth_offsets, truth_ids = np.asarray(truth_offsets), np.asarray(truth_ids)
     if truth_offsets.ndim != 1 or len(truth_offsets) < 1 or not np.issubdtype(truth_offsets.dtype, np.integer):
-        raise RelsqlError(f"ranking_scores: truth_offsets must be a 1-D integer array (one more than the predicted rows), got {truth_offsets.dtype} {truth_offsets.shape}")
+        raise RelsqlError(f"ranking_scores: truth_offsets must be a 1-D integer array (one more than the predicted rows), "
+                          f"got {truth_offsets.dtype} {truth_offsets.shape}")
     if truth_offsets[0] != 0 or truth_offsets[-1] != len(truth_ids) or (np.diff(truth_offsets) < 0).any():
         raise RelsqlError("ranking_scores: truth_offsets must start at 0, never decrease, and end at len(truth_ids)")
     if truth_ids.ndim != 1 or not np.issubdtype(truth_ids.dtype, np.integer):
@@ -90,9 +91,11 @@ def _checked_predicted(predicted: np.ndarray, n: int, k: int) -> np.ndarray:
     """`predicted` as [n, k] int64, cut or padded (with NO_ITEM) to exactly k columns."""
     predicted = np.asarray(predicted)
     if predicted.ndim != 2 or not np.issubdtype(predicted.dtype, np.integer):
-        raise RelsqlError(f"ranking_scores: predicted must be a 2-D integer array [rows, k] of candidate ids, got {predicted.dtype} {predicted.shape}")
+        raise RelsqlError(f"ranking_scores: predicted must be a 2-D integer array [rows, k] of candidate ids, "
+                          f"got {predicted.dtype} {predicted.shape}")
     if predicted.shape[0] != n:
-        raise RelsqlError(f"ranking_scores: truth_offsets must be {predicted.shape[0] + 1} integers (one more than the predicted rows), got {n + 1}")
+        raise RelsqlError(f"ranking_scores: truth_offsets must be {predicted.shape[0] + 1} integers "
+                          f"(one more than the predicted rows), got {n + 1}")
     if predicted.shape[1] < k:
         predicted = np.pad(predicted, ((0, 0), (0, k - predicted.shape[1])), constant_values=NO_ITEM)
     return predicted[:, :k].astype(np.int64)

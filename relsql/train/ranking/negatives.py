@@ -39,18 +39,21 @@ def sample_negatives(
 def _check(kind: str, count: int, candidates: int) -> None:
     """A known kind, a count >= 0 and a non-empty candidate table."""
     if kind not in KINDS:
-        raise RelsqlError(f"negatives {kind!r} is not a kind of negative sampling; use one of {', '.join(repr(k) for k in KINDS)}")
+        raise RelsqlError(f"negatives {kind!r} is not a kind of negative sampling; "
+                          f"use one of {', '.join(repr(k) for k in KINDS)}")
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise RelsqlError(f"sample_negatives: count must be a whole number >= 0, got {count!r}")
     if isinstance(candidates, bool) or not isinstance(candidates, int) or candidates <= 0:
-        raise RelsqlError(f"sample_negatives: there are {candidates!r} candidates, so there is nothing to draw; fill the referenced table")
+        raise RelsqlError(f"sample_negatives: there are {candidates!r} candidates, so there is nothing to draw; "
+                          "fill the referenced table")
 
 
 def popularity_log_probabilities(popularity: Tensor, candidates: int) -> Tensor:
     """log P(candidate) proportional to max(count, 1) ** 0.75, in float64."""
     if not isinstance(popularity, Tensor) or popularity.shape != (candidates,):
         shape = tuple(popularity.shape) if isinstance(popularity, Tensor) else type(popularity).__name__
-        raise RelsqlError(f'sample_negatives("popularity"): popularity must be a tensor of {candidates} counts, one per candidate, got {shape}')
+        raise RelsqlError(f'sample_negatives("popularity"): popularity must be a tensor of {candidates} counts, '
+                          f"one per candidate, got {shape}")
     counts = popularity.detach().to(torch.float64)
     if not bool(torch.isfinite(counts).all()) or bool((counts < 0).any()):
         raise RelsqlError('sample_negatives("popularity"): popularity counts must be finite and >= 0')
@@ -61,7 +64,8 @@ def popularity_log_probabilities(popularity: Tensor, candidates: int) -> Tensor:
 def _by_popularity(count: int, candidates: int, generator: torch.Generator, popularity: Tensor | None) -> tuple[Tensor, Tensor]:
     """Inverse-CDF draws (no limit on the number of candidates, unlike torch.multinomial's 2**24)."""
     if popularity is None:
-        raise RelsqlError('sample_negatives("popularity") needs popularity=, a tensor of counts per candidate (for example how often each item was bought)')
+        raise RelsqlError('sample_negatives("popularity") needs popularity=, a tensor of counts per candidate '
+                          "(for example how often each item was bought)")
     log_p = popularity_log_probabilities(popularity, candidates).to(generator.device)
     cdf = torch.cumsum(log_p.exp(), 0)
     uniform = torch.rand((count,), generator=generator, dtype=torch.float64, device=generator.device) * cdf[-1]

@@ -195,7 +195,8 @@ def _ranked_apart(rows: Tensor, candidate: Tensor, k: int, position: Tensor, ite
                   (position, items, pair_scores))
 
 
-def _merge(n: int, kept: int, dense: tuple[Tensor, Tensor, Tensor], pairs: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+def _merge(n: int, kept: int, dense: tuple[Tensor, Tensor, Tensor],
+           pairs: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
     """The best `kept` per row of the dense entries (scores [n, k], candidates [n, k], kept [n, k] bool)
     and the pair entries (row, candidate, score), by score descending, then candidate ascending."""
     scores, items, keep = dense

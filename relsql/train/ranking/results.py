@@ -33,7 +33,8 @@ def recommend(learner, k: int, keys: object = None, where: object = None) -> pl.
                           "recommended keys after the target column, so rename one of them")
     repeated = frame[np.repeat(np.arange(frame.height), width).tolist()] if width else frame.head(0)
     taken = {c.casefold() for c in frame.columns} | {name.casefold()}
-    picked = pl.from_arrow(key_values.take(index.reshape(-1))) if width else pl.Series(name, [], dtype=pl.from_arrow(key_values).dtype)
+    picked = (pl.from_arrow(key_values.take(index.reshape(-1))) if width
+              else pl.Series(name, [], dtype=pl.from_arrow(key_values).dtype))
     return repeated.with_columns(
         pl.Series(name, picked),
         pl.Series(free_name("rank", taken), np.tile(np.arange(1, width + 1), len(rids)), dtype=pl.Int64),

@@ -79,7 +79,8 @@ def _check_inputs(
 ) -> None:
     """Bad arguments fail here with the fix, before any block is scored."""
     if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k <= 0:
-        raise RelsqlError(f"top_k: k must be a positive whole number of candidates per row, got {k!r}; ask for k >= 1 (for example k=10)")
+        raise RelsqlError(f"top_k: k must be a positive whole number of candidates per row, got {k!r}; "
+                          "ask for k >= 1 (for example k=10)")
     for name, tensor in (("query", query), ("candidates", candidates)):
         if not isinstance(tensor, Tensor) or tensor.dim() != 2 or not tensor.is_floating_point():
             raise ShapeError(f"top_k: {name} must be a 2-D floating-point tensor [rows, dimension], got {_describe(tensor)}")
@@ -89,19 +90,23 @@ def _check_inputs(
             "the two towers must end in representations of the same width"
         )
     if candidates.shape[0] == 0:
-        raise RelsqlError("top_k: the candidate table is empty, so there is nothing to rank; fill the referenced table (or pick another with candidates=...)")
+        raise RelsqlError("top_k: the candidate table is empty, so there is nothing to rank; "
+                          "fill the referenced table (or pick another with candidates=...)")
     if allowed is not None:
         if not isinstance(allowed, Tensor) or allowed.dtype != torch.bool or allowed.shape != (candidates.shape[0],):
-            raise ShapeError(f"top_k: allowed must be a bool tensor with one entry per candidate ({candidates.shape[0]}), got {_describe(allowed)}")
+            raise ShapeError(f"top_k: allowed must be a bool tensor with one entry per candidate ({candidates.shape[0]}), "
+                             f"got {_describe(allowed)}")
         if not bool(allowed.any()):
             raise RelsqlError("top_k: no candidate is allowed, so there is nothing to rank; allow at least one candidate")
     if exclude is not None:
         _check_exclude(exclude, query.shape[0], candidates.shape[0])
     for name, value in (("row_chunk", row_chunk), ("column_chunk", column_chunk)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-            raise RelsqlError(f"top_k: {name} must be a positive whole number, got {value!r}; leave it out for the measured default")
+            raise RelsqlError(f"top_k: {name} must be a positive whole number, got {value!r}; "
+                              "leave it out for the measured default")
     if not bool(torch.isfinite(query).all()) or not bool(torch.isfinite(candidates).all()):
-        raise RelsqlError("top_k: the representations contain NaN or infinity, so scores cannot be ranked; training diverged: lower the learning rate")
+        raise RelsqlError("top_k: the representations contain NaN or infinity, so scores cannot be ranked; "
+                          "training diverged: lower the learning rate")
 
 
 def _check_exclude(exclude: tuple[Tensor, Tensor], n: int, m: int) -> None:
