@@ -435,7 +435,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--models", default="gcn,sage,gin")
     parser.add_argument("--datasets", default=None, help=f"comma separated, from {DATASETS}")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (timings synchronize the device; memory probes are CPU only)")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu or cuda (timings synchronize the device; memory probes are CPU only)")
     parser.add_argument("--memory-probe", nargs=3, metavar=("FRAMEWORK", "MODEL", "DATASET"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(THREADS)

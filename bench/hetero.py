@@ -244,7 +244,8 @@ def template_text(model: str, layers: int, hidden: int, heads: int) -> str:
             lines += [
                 f"CREATE TABLE {pre} AS\n"
                 f"SELECT e.dst AS node_id,\n"
-                f"       attention(leaky_relu(linear({w.format('d')}, 1, '{name}_q') + linear({w.format('s')}, 1, '{name}_k'), 0.2),\n"
+                f"       attention(leaky_relu(linear({w.format('d')}, 1, '{name}_q') "
+                f"+ linear({w.format('s')}, 1, '{name}_k'), 0.2),\n"
                 f"                 {w.format('s')}) AS h\n"
                 f"FROM edge e\nJOIN {previous} s ON s.node_id = e.src\nJOIN {previous} d ON d.node_id = e.dst\nGROUP BY e.dst;",
                 f"CREATE TABLE {pre} AS SELECT n.node_id, bias({hidden}, '{name}_b') AS h FROM node n;",
@@ -266,7 +267,8 @@ def template_text(model: str, layers: int, hidden: int, heads: int) -> str:
                 # a node without in-edges: PyG's aggregate is 0 (n.x only gives the width; folded to a constant)
                 f"CREATE TABLE {name}_m AS SELECT n.node_id, 0 * n.x AS h FROM node n;",
                 f"CREATE TABLE {pre} AS\n"
-                f"SELECT n.node_id, {skip} * (linear(gelu(m.h), {hidden}, '{name}_a', n.type) + embed(n.type, {hidden}, '{name}_ab'))\n"
+                f"SELECT n.node_id, {skip} * (linear(gelu(m.h), {hidden}, '{name}_a', n.type) "
+                f"+ embed(n.type, {hidden}, '{name}_ab'))\n"
                 f"       + (1 - {skip}) * p.h AS h\n"
                 f"FROM node n\nJOIN {name}_m m ON m.node_id = n.node_id\nJOIN {previous} p ON p.node_id = n.node_id;",
             ]
@@ -773,7 +775,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     import torch_geometric
 
     print(f"relsql vs PyG {torch_geometric.__version__} on synthetic heterogeneous graphs, hidden width {args.hidden}, "
-          f"GAT heads {args.heads}, float32, {args.device}, torch {torch.__version__}, torch.set_num_threads({args.threads}), commit {commit}")
+          f"GAT heads {args.heads}, float32, {args.device}, torch {torch.__version__}, "
+          f"torch.set_num_threads({args.threads}), commit {commit}")
     print(f"PyG extensions: pyg-lib {torch_geometric.typing.WITH_PYG_LIB} (segment_matmul {torch_geometric.typing.WITH_SEGMM}), "
           f"torch-scatter {torch_geometric.typing.WITH_TORCH_SCATTER}, torch-sparse {torch_geometric.typing.WITH_TORCH_SPARSE}")
     if "am" in names and args.am_scale != 1:
@@ -840,7 +843,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 for baseline in BASELINES[model]:
                     row = {"model": model, "baseline": baseline, "dataset": name, "layers": layers, "nodes": graph.nodes,
                            "edges": graph.edges, "types": graph.types, "hidden": args.hidden,
-                           "heads": {"gat": args.heads, "rgat": 1, "hgt": HGT_HEADS}.get(model, ""), "ground_s": round(ground_s, 3),
+                           "heads": {"gat": args.heads, "rgat": 1, "hgt": HGT_HEADS}.get(model, ""),
+                           "ground_s": round(ground_s, 3),
                            "relsql_fwd_ms": round(times["relsql_fwd"], 2), "relsql_step_ms": round(times["relsql_step"], 2),
                            "relsql_mb": relsql_mb, "ops": ops, "reps": reps,
                            "note": f"AM x{graph.scale:g}" if graph.scale != 1 else ""}

@@ -73,14 +73,16 @@ FROM customer c;
 
 CREATE TABLE items_h AS
 SELECT l.l_orderkey AS o_orderkey,
-       relu(avg(linear(ph.h, 32, 'w_item_part') + linear(features(l.l_quantity, l.l_extendedprice, l.l_discount), 32, 'w_item'))) AS h
+       relu(avg(linear(ph.h, 32, 'w_item_part')
+                + linear(features(l.l_quantity, l.l_extendedprice, l.l_discount), 32, 'w_item'))) AS h
 FROM lineitem l
 JOIN part_h ph ON ph.p_partkey = l.l_partkey
 GROUP BY l.l_orderkey;
 
 CREATE TABLE predict AS
 SELECT o.o_orderkey,
-       linear(relu(linear(ih.h, 32, 'w_o_items') + linear(ch.h, 32, 'w_o_customer') + linear(features(o.o_totalprice), 32, 'w_o')),
+       linear(relu(linear(ih.h, 32, 'w_o_items') + linear(ch.h, 32, 'w_o_customer')
+                   + linear(features(o.o_totalprice), 32, 'w_o')),
               3, 'w_out') AS h
 FROM orders o
 JOIN items_h ih ON ih.o_orderkey = o.o_orderkey
@@ -244,7 +246,8 @@ def run_interleaved(path: str, batch_size: int, fanout: list[int], batches: int,
                 times[side].append(time.perf_counter() - wall)
                 times[f"{side}_cpu"].append(time.thread_time() - cpu)
     found = {k: _median_ms(v) for k, v in times.items()}
-    return {**found, "ratio": round(found["relsql"] / found["pyg"], 3), "ratio_cpu": round(found["relsql_cpu"] / found["pyg_cpu"], 3),
+    return {**found, "ratio": round(found["relsql"] / found["pyg"], 3),
+            "ratio_cpu": round(found["relsql_cpu"] / found["pyg_cpu"], 3),
             "plans": dict(model.batched.plans.stats), "load_avg": [round(x, 1) for x in os.getloadavg()],
             "resident_budget_mib": round(store.resident_budget / 2**20, 1), "peak_rss_mib": round(peak_rss_mib(), 1)}
 
@@ -305,8 +308,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                   "--threads", str(args.threads)]
         if args.interleaved:
             r = _subprocess(["--worker", "interleaved", path, *common, *(["--keep-mapped"] if args.keep_mapped else [])])
-            print(f"sf={sf:g} interleaved (ms, median of {args.batches}): relsql prepare {r['relsql']:.2f} (cpu {r['relsql_cpu']:.2f}), "
-                  f"PyG next(loader) {r['pyg']:.2f} (cpu {r['pyg_cpu']:.2f}): relsql/PyG {r['ratio']:.3f} (cpu {r['ratio_cpu']:.3f}); "
+            print(f"sf={sf:g} interleaved (ms, median of {args.batches}): relsql prepare {r['relsql']:.2f} "
+                  f"(cpu {r['relsql_cpu']:.2f}), PyG next(loader) {r['pyg']:.2f} (cpu {r['pyg_cpu']:.2f}): "
+                  f"relsql/PyG {r['ratio']:.3f} (cpu {r['ratio_cpu']:.3f}); "
                   f"plans {r['plans']}; store pages kept mapped up to {r['resident_budget_mib']:,} MiB, peak RSS "
                   f"{r['peak_rss_mib']:,} MiB (both sides); load average {r['load_avg']}", flush=True)
             continue
@@ -327,7 +331,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 def _print(sf: float, results: list[dict]) -> None:
     print(f"\nsf={sf:g}: per-batch loading (ms, median)")
-    print(f"  {'side':<16} {'per batch':>10} {'ground':>8} {'plan':>8} {'relsql/this':>12} {'peak RSS MiB':>13}  batch contents (mean)")
+    print(f"  {'side':<16} {'per batch':>10} {'ground':>8} {'plan':>8} {'relsql/this':>12} {'peak RSS MiB':>13}  "
+          "batch contents (mean)")
     relsql_ms = results[0]["per_batch_ms"]
     for r in results:
         ratio = "" if r["side"] == "relsql" else f"{relsql_ms / r['per_batch_ms']:.2f}"

@@ -171,14 +171,16 @@ def main(argv: list[str] | None = None) -> None:
     print(f"torch.set_num_threads({THREADS}); device {args.device}; load average before: "
           f"{open('/proc/loadavg').read().strip() if os.path.exists('/proc/loadavg') else 'n/a'}")
     rows = []
-    header = f"{'model':<6}{'graph':<16}{'edges':>10}{'off ms':>10}{'on ms':>10}{'forced ms':>11}{'off/on':>8}{'off/forced':>11}  decision"
+    header = (f"{'model':<6}{'graph':<16}{'edges':>10}{'off ms':>10}{'on ms':>10}{'forced ms':>11}{'off/on':>8}"
+              f"{'off/forced':>11}  decision")
     print(header)
     for data in graphs(args.quick):
         for model in args.models.split(","):
             row = run(model, data, args.reps, args.device)
             rows.append(row)
             print(f"{row['model']:<6}{row['graph']:<16}{row['edges']:>10}{row['off_ms']:>10.1f}{row['on_ms']:>10.1f}"
-                  f"{row['forced_ms']:>11.1f}{row['off_over_on']:>8.2f}{row['off_over_forced']:>11.2f}  {row['decision']}", flush=True)
+                  f"{row['forced_ms']:>11.1f}{row['off_over_on']:>8.2f}{row['off_over_forced']:>11.2f}  {row['decision']}",
+                  flush=True)
             if row["max_rel_diff"] > 1e-4:
                 raise SystemExit(f"{model} on {data.name}: the renumbered plan deviates by {row['max_rel_diff']:.2e}")
     out = Path(args.out)

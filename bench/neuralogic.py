@@ -792,10 +792,12 @@ def memory_probe(side: str, dsname: str, name: str, width: int | str, kind: str,
 
 def print_table(rows: list[dict]) -> str:
     head = ("dataset", "template", "w", "kind", "build NL s", "build rs s", "×", "epoch NL ms", "rs f64 ms", "rs f32 ms",
-            "×f64", "×f32", "f64 op-by-op ms", "×f64 op-by-op", "×f64 autograd", "×f64 cpu", "load", "max|Δ|", "RSS NL MiB", "RSS rs MiB")
+            "×f64", "×f32", "f64 op-by-op ms", "×f64 op-by-op", "×f64 autograd", "×f64 cpu", "load", "max|Δ|",
+            "RSS NL MiB", "RSS rs MiB")
     keys = ("dataset", "template", "width", "epoch_kind", "nl_build_s", "relsql_build_s", "build_ratio", "nl_epoch_ms",
             "relsql_epoch_ms_f64", "relsql_epoch_ms_f32", "epoch_ratio_f64", "epoch_ratio_f32", "relsql_epoch_ms_f64_ops",
-            "epoch_ratio_f64_ops", "epoch_ratio_f64_autograd", "epoch_ratio_cpu_f64", "load_avg", "max_abs_dev", "nl_peak_rss_mib", "relsql_peak_rss_mib")
+            "epoch_ratio_f64_ops", "epoch_ratio_f64_autograd", "epoch_ratio_cpu_f64", "load_avg", "max_abs_dev",
+            "nl_peak_rss_mib", "relsql_peak_rss_mib")
     cells = [head] + [tuple(str(r[k]) if r[k] != "" else "-" for k in keys) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
     lines = ["  ".join(c[i].ljust(widths[i]) if i < 4 else c[i].rjust(widths[i]) for i in range(len(head))) for c in cells]
@@ -877,7 +879,8 @@ def main(argv: list[str] | None = None) -> int:
         print_per_op(args.threads)
         return 0
     if args.memory_probe:
-        memory_probe(args.memory_probe, args.probe_dataset, args.probe_template, args.probe_width, args.probe_kind, args.nl_settings)
+        memory_probe(args.memory_probe, args.probe_dataset, args.probe_template, args.probe_width, args.probe_kind,
+                     args.nl_settings)
         return 0
 
     templates = args.templates or (("template.txt",) if args.quick else TEMPLATES)
@@ -948,7 +951,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {png_path}")
     bad = [r for r in rows if (r["max_abs_dev"] != "" and not float(r["max_abs_dev"]) < TOL) or r["note"].startswith("ERROR")]
     if bad:
-        print("FAILED (identical-numbers check or error): " + ", ".join(f"{r['dataset']} {r['template']} w{r['width']} ({r['max_abs_dev']})" for r in bad))
+        print("FAILED (identical-numbers check or error): "
+              + ", ".join(f"{r['dataset']} {r['template']} w{r['width']} ({r['max_abs_dev']})" for r in bad))
         return 1
     return 0
 

@@ -291,7 +291,8 @@ def invalid(out: Path) -> dict:
     con = duckdb.connect(str(path))
     con.execute("CREATE TABLE grp (grp_id INTEGER PRIMARY KEY, rate DOUBLE)")
     con.execute("INSERT INTO grp SELECT i, i / 10 FROM range(1, 6) t(i)")
-    con.execute("CREATE TABLE item (item_id INTEGER PRIMARY KEY, grp_id INTEGER REFERENCES grp (grp_id), x DOUBLE, label BOOLEAN)")
+    con.execute("CREATE TABLE item (item_id INTEGER PRIMARY KEY, grp_id INTEGER REFERENCES grp (grp_id), "
+                "x DOUBLE, label BOOLEAN)")
     con.execute("INSERT INTO item SELECT i, 1 + i % 5, i / 7, NULL FROM range(1, 201) t(i)")
     con.close()
     manifest = {"name": "invalid_nolabels", "source": "hostile", "path": str(path), "keys": None, "valid": False,

@@ -96,24 +96,28 @@ def flights(out: Path, month: int, label: str, key_mode: str = "declared") -> di
                     f"WHERE month = {month} LIMIT 0")
         if declare:
             con.execute("ALTER TABLE weather ADD PRIMARY KEY (origin, time_hour)")
-        con.execute(f"INSERT INTO weather SELECT * FROM read_csv('{_q(src / 'weather.csv')}', nullstr='NA') WHERE month = {month}")
+        con.execute(f"INSERT INTO weather SELECT * FROM read_csv('{_q(src / 'weather.csv')}', nullstr='NA') "
+                    f"WHERE month = {month}")
         label_sql = ("CASE WHEN dep_delay IS NULL THEN NULL ELSE dep_delay > 15 END AS delayed" if label == "delayed"
                      else "arr_delay::DOUBLE AS arr_delay")
-        fk = ", FOREIGN KEY (carrier) REFERENCES airlines (carrier), FOREIGN KEY (origin) REFERENCES airports (faa)" if declare else ""
+        fk = (", FOREIGN KEY (carrier) REFERENCES airlines (carrier), FOREIGN KEY (origin) REFERENCES airports (faa)"
+              if declare else "")
         con.execute(f"""CREATE TABLE flights (flight_id INTEGER{pk}, "year" INTEGER, "month" INTEGER, "day" INTEGER,
             sched_dep_time INTEGER, sched_arr_time INTEGER, carrier VARCHAR, flight INTEGER, tailnum VARCHAR,
             origin VARCHAR, dest VARCHAR, distance DOUBLE, "hour" INTEGER, "minute" INTEGER,
-            time_hour TIMESTAMP WITH TIME ZONE, {label_sql.split(' AS ')[1]} {'BOOLEAN' if label == 'delayed' else 'DOUBLE'}{fk})""")
-        con.execute(f"""INSERT INTO flights SELECT row_number() OVER (ORDER BY time_hour, carrier, flight)::INTEGER, "year", "month",
-            "day", sched_dep_time, sched_arr_time, carrier, flight, tailnum, origin, dest, distance, "hour", "minute",
-            time_hour, {label_sql} FROM f WHERE "month" = {month} AND "day" <= 7""")
+            time_hour TIMESTAMP WITH TIME ZONE,
+            {label_sql.split(' AS ')[1]} {'BOOLEAN' if label == 'delayed' else 'DOUBLE'}{fk})""")
+        con.execute(f"""INSERT INTO flights SELECT row_number() OVER (ORDER BY time_hour, carrier, flight)::INTEGER,
+            "year", "month", "day", sched_dep_time, sched_arr_time, carrier, flight, tailnum, origin, dest, distance,
+            "hour", "minute", time_hour, {label_sql} FROM f WHERE "month" = {month} AND "day" <= 7""")
         con.close()
     # what does not hold (tailnum -> planes, dest -> airports) is never declared; the keysfile variant gives it all
     keys = None
     if key_mode == "keysfile":
         keys = ["PRIMARY KEY airlines(carrier)", "PRIMARY KEY airports(faa)", "PRIMARY KEY planes(tailnum)",
                 "PRIMARY KEY weather(origin, time_hour)", "PRIMARY KEY flights(flight_id)",
-                "FOREIGN KEY flights(carrier) REFERENCES airlines(carrier)", "FOREIGN KEY flights(origin) REFERENCES airports(faa)",
+                "FOREIGN KEY flights(carrier) REFERENCES airlines(carrier)",
+                "FOREIGN KEY flights(origin) REFERENCES airports(faa)",
                 "FOREIGN KEY flights(dest) REFERENCES airports(faa)", "FOREIGN KEY flights(tailnum) REFERENCES planes(tailnum)",
                 "FOREIGN KEY flights(origin, time_hour) REFERENCES weather(origin, time_hour)"]
     kind = "binary" if label == "delayed" else "regression"
@@ -152,7 +156,8 @@ def lahman_teams(out: Path, key_mode: str = "declared") -> dict:
     }, declare)
     for table, cols in (("Batting", '"G", "AB", "H", "2B", "3B", "HR", "BB", "SO", "SB"'),
                         ("Pitching", '"G", "GS", "IPouts", "SO", "BB", "HR", "SV"')):
-        con.execute(f'CREATE TABLE "{table.lower()}" AS SELECT "playerID", "yearID", stint, "teamID", {cols} FROM {_p(src, table)} '
+        con.execute(f'CREATE TABLE "{table.lower()}" AS SELECT "playerID", "yearID", stint, "teamID", {cols} '
+                    f'FROM {_p(src, table)} '
                     f'WHERE "yearID" >= {since} AND "playerID" IN (SELECT "playerID" FROM people) LIMIT 0')
         if declare:
             con.execute(f'ALTER TABLE "{table.lower()}" ADD PRIMARY KEY ("playerID", "yearID", stint)')
@@ -174,13 +179,16 @@ def lahman_hof(out: Path, key_mode: str = "declared") -> dict:
     path.unlink(missing_ok=True)
     con = duckdb.connect(str(path))
     declare = key_mode == "declared"
-    ballot = f'SELECT "playerID", bool_or(inducted = \'Y\') AS inducted FROM {_p(src, "HallOfFame")} WHERE category = \'Player\' GROUP BY 1'
+    ballot = (f'SELECT "playerID", bool_or(inducted = \'Y\') AS inducted FROM {_p(src, "HallOfFame")} '
+              'WHERE category = \'Player\' GROUP BY 1')
     _lahman_tables(con, src, {
-        "people": f'SELECT p."playerID", "birthYear", "birthCountry", weight, height, bats, throws, debut, "finalGame", h.inducted '
-                  f'FROM {_p(src, "People")} p JOIN ({ballot}) h USING ("playerID")|"playerID"',
+        "people": 'SELECT p."playerID", "birthYear", "birthCountry", weight, height, bats, throws, debut, "finalGame", '
+                  f'h.inducted FROM {_p(src, "People")} p JOIN ({ballot}) h USING ("playerID")|"playerID"',
     }, declare)
-    for table, cols, key in (("Batting", '"yearID", stint, "teamID", "G", "AB", "H", "HR", "RBI", "SB", "BB"', '"playerID", "yearID", stint'),
-                             ("Pitching", '"yearID", stint, "teamID", "W", "L", "G", "IPouts", "SO", "ERA", "SV"', '"playerID", "yearID", stint'),
+    for table, cols, key in (("Batting", '"yearID", stint, "teamID", "G", "AB", "H", "HR", "RBI", "SB", "BB"',
+                              '"playerID", "yearID", stint'),
+                             ("Pitching", '"yearID", stint, "teamID", "W", "L", "G", "IPouts", "SO", "ERA", "SV"',
+                              '"playerID", "yearID", stint'),
                              ("AllstarFull", '"yearID", "gameNum", "gameID", "teamID", "GP", "startingPos"', None),
                              ("AwardsPlayers", '"awardID", "yearID", "lgID", tie', None)):
         select = f'SELECT "playerID", {cols} FROM {_p(src, table)} WHERE "playerID" IN (SELECT "playerID" FROM people)'
@@ -189,8 +197,8 @@ def lahman_hof(out: Path, key_mode: str = "declared") -> dict:
             con.execute(f'ALTER TABLE "{table.lower()}" ADD PRIMARY KEY ({key})')
         con.execute(f'INSERT INTO "{table.lower()}" {select}')
     con.close()
-    keys = [f'FOREIGN KEY {t}("playerID") REFERENCES people("playerID")' for t in ("batting", "pitching", "allstarfull", "awardsplayers")] \
-        if declare else None
+    keys = [f'FOREIGN KEY {t}("playerID") REFERENCES people("playerID")'
+            for t in ("batting", "pitching", "allstarfull", "awardsplayers")] if declare else None
     return _manifest(out, name, path, [{"target": "people.inducted", "kind": "binary"}], key_mode, keys,
                      "Lahman players on a Hall-of-Fame ballot")
 
@@ -204,8 +212,9 @@ def lahman_salary(out: Path, key_mode: str = "declared") -> dict:
     declare = key_mode == "declared"
     since = 2005
     _lahman_tables(con, src, {
-        "salaries": f'SELECT row_number() OVER (ORDER BY "yearID", "teamID", "playerID")::INTEGER AS salary_id, "yearID", "teamID", '
-                    f'"lgID", "playerID", ln(salary) AS log_salary FROM {_p(src, "Salaries")} WHERE "yearID" >= {since} AND salary > 0'
+        "salaries": f'SELECT row_number() OVER (ORDER BY "yearID", "teamID", "playerID")::INTEGER AS salary_id, '
+                    '"yearID", "teamID", "lgID", "playerID", ln(salary) AS log_salary '
+                    f'FROM {_p(src, "Salaries")} WHERE "yearID" >= {since} AND salary > 0'
                     f'|salary_id',
         "people": f'SELECT "playerID", "birthYear", "birthCountry", weight, height, bats, throws FROM {_p(src, "People")} '
                   f'WHERE "playerID" IN (SELECT "playerID" FROM {_p(src, "Salaries")} WHERE "yearID" >= {since})|"playerID"',
@@ -261,4 +270,5 @@ def build(out: Path, only: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    build(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/outside/corpus/real"), sys.argv[2].split(",") if len(sys.argv) > 2 else None)
+    build(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/outside/corpus/real"),
+          sys.argv[2].split(",") if len(sys.argv) > 2 else None)

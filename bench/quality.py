@@ -161,7 +161,8 @@ def run_one(case: Case, seed: int, auto: dict, fit: dict, peer: dict, search: st
     started = time.perf_counter()
     torch.set_num_threads(1)
     result = rdl_peer.run_file(case.path, case.table, case.column, case.kind, positions, seed, **peer)
-    rows.append({**common, "method": "rdl_peer", "scores": _r2(result["scores"], y_test), "seconds": time.perf_counter() - started,
+    rows.append({**common, "method": "rdl_peer", "scores": _r2(result["scores"], y_test),
+                 "seconds": time.perf_counter() - started,
                  "epochs": result["epochs"], "best_epoch": result["best_epoch"]})
     con.close()
     for row in rows:
@@ -177,14 +178,17 @@ def summarize(rows: list[dict]) -> list[dict]:
     for name in dict.fromkeys(r["target"] for r in rows):
         mine = [r for r in rows if r["target"] == name]
         metric = mine[0]["metric"]
-        entry = {"target": name, "kind": mine[0]["kind"], "metric": metric, "seeds": len({r["seed"] for r in mine}), "methods": {}}
+        entry = {"target": name, "kind": mine[0]["kind"], "metric": metric, "seeds": len({r["seed"] for r in mine}),
+                 "methods": {}}
         for method in [*METHODS, SEARCH]:
             scores = [r["score"] for r in mine if r["method"] == method]
             if scores:
-                entry["methods"][method] = {"mean": statistics.fmean(scores), "std": statistics.pstdev(scores) if len(scores) > 1 else 0.0,
+                entry["methods"][method] = {"mean": statistics.fmean(scores),
+                                            "std": statistics.pstdev(scores) if len(scores) > 1 else 0.0,
                                             "seconds": statistics.fmean(r["seconds"] for r in mine if r["method"] == method)}
         ours = entry["methods"]["relsql"]
-        entry["relsql_at_least"] = {m: at_least(ours, s, metric) for m, s in entry["methods"].items() if m not in ("relsql", SEARCH)}
+        entry["relsql_at_least"] = {m: at_least(ours, s, metric) for m, s in entry["methods"].items()
+                                    if m not in ("relsql", SEARCH)}
         searched, flat = entry["methods"].get(SEARCH), entry["methods"].get("gbm_one_hop")
         if searched and flat:
             entry["search_at_least_one_hop"] = at_least(searched, flat, metric)
@@ -210,7 +214,8 @@ def table(summary: list[dict]) -> str:
             s = e["methods"].get(m)
             cells.append("-" if s is None else f"{s['mean']:.3f} ± {s['std']:.3f} ({s['seconds']:.1f} s)")
         verdict = e["relsql_at_least"].get("gbm_one_hop")
-        lines.append(f"| {e['target']} | {e['metric']} | " + " | ".join(cells) + f" | {'-' if verdict is None else 'yes' if verdict else 'NO'} |")
+        lines.append(f"| {e['target']} | {e['metric']} | " + " | ".join(cells)
+                     + f" | {'-' if verdict is None else 'yes' if verdict else 'NO'} |")
     lines.append("")
     for m in methods[1:]:
         judged = [e["relsql_at_least"][m] for e in summary if m in e["relsql_at_least"]]
@@ -218,7 +223,8 @@ def table(summary: list[dict]) -> str:
             lines.append(f"relsql default >= {m} (within one std of relsql): {sum(judged)} of {len(judged)} targets")
     judged = [e["search_at_least_one_hop"] for e in summary if "search_at_least_one_hop" in e]
     if judged:
-        lines.append(f"relsql with search >= gbm_one_hop (within one std of relsql_search): {sum(judged)} of {len(judged)} targets")
+        lines.append("relsql with search >= gbm_one_hop (within one std of relsql_search): "
+                     f"{sum(judged)} of {len(judged)} targets")
     return "\n".join(lines)
 
 
@@ -266,7 +272,8 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    print(f"targets {names}, seeds {seeds}, auto {auto}, fit {fit}, peer {peer}, scale {args.scale}, search {args.search}", flush=True)
+    print(f"targets {names}, seeds {seeds}, auto {auto}, fit {fit}, peer {peer}, scale {args.scale}, "
+          f"search {args.search}", flush=True)
     rows: list[dict] = []
     started = time.perf_counter()
     for name in names:
@@ -274,11 +281,13 @@ def main(argv: list[str] | None = None) -> dict:
         for seed in seeds:
             got = run_one(target, seed, auto, fit, peer, args.search)
             rows += got
-            print(f"{name} seed {seed}: " + ", ".join(f"{r['method']} {r['score']:.4f} ({r['seconds']:.1f} s)" for r in got), flush=True)
+            print(f"{name} seed {seed}: " + ", ".join(f"{r['method']} {r['score']:.4f} ({r['seconds']:.1f} s)" for r in got),
+                  flush=True)
     summary = summarize(rows)
     print()
     print(table(summary))
-    machine = f"{platform.node()}: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, python {platform.python_version()}, torch {torch.__version__}"
+    machine = (f"{platform.node()}: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
+               f"python {platform.python_version()}, torch {torch.__version__}")
     print(f"\n{machine}; total {time.perf_counter() - started:.0f} s")
     result = {"settings": {"auto": auto, "fit": fit, "peer": peer, "seeds": seeds, "targets": names, "scale": args.scale,
                            "search": args.search},

@@ -156,7 +156,8 @@ def read(path) -> dict[str, Read]:
     return out
 
 
-def graph_of(tables: dict[str, Read], target_table: str, label_column: str) -> tuple[dict[str, Encoded], dict[tuple, torch.Tensor]]:
+def graph_of(tables: dict[str, Read], target_table: str,
+             label_column: str) -> tuple[dict[str, Encoded], dict[tuple, torch.Tensor]]:
     """(encoded tables, edge index per edge type) of tables read by `read`; a child row whose
     foreign key is NULL or matches no parent row has no edge."""
     encoded, edges = {}, {}

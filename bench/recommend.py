@@ -115,7 +115,8 @@ def past_items(ds: Dataset, rows: np.ndarray, k: int) -> np.ndarray:
             rank[order] = np.arange(len(order))
             cache[day] = order, rank
         order, rank = cache[day]
-        lo, hi = np.searchsorted(sorted_query, ds.task_query[row], "left"), np.searchsorted(sorted_query, ds.task_query[row], "right")
+        lo, hi = (np.searchsorted(sorted_query, ds.task_query[row], "left"),
+                  np.searchsorted(sorted_query, ds.task_query[row], "right"))
         mine = by_query[lo:hi]
         mine = mine[ds.event_day[mine] < day]
         items, counts = np.unique(np.searchsorted(ds.candidates, ds.event_item[mine]), return_counts=True)
@@ -315,7 +316,8 @@ def ratios(table: list[dict], k: int) -> dict[str, dict[str, float]]:
         out[dataset] = {"map_vs_popularity": relsql[key] / by["popularity"][key] if by["popularity"][key] else float("inf"),
                         "map_vs_peer": relsql[key] / by["peer"][key] if by["peer"][key] else float("inf"),
                         "seconds_vs_peer": relsql["seconds"] / by["peer"]["seconds"],
-                        "cpu_seconds_vs_peer": relsql.get("cpu_seconds", float("nan")) / by["peer"].get("cpu_seconds", float("nan"))}
+                        "cpu_seconds_vs_peer": relsql.get("cpu_seconds", float("nan"))
+                                               / by["peer"].get("cpu_seconds", float("nan"))}
     return out
 
 

@@ -3,9 +3,10 @@
     python -m bench.recommend_blend [--datasets tpcds shop] [--seeds 0 1 2] [--fit '{}'] [--alphas 0 0.25 0.5 1]
 
 For each fitted model, validation and test MAP@10 when the query tower's own columns (not the timed
-relation's one-hot columns) are multiplied by alpha, on top of the share a `-- relsql: blend` line picked
-(printed as "alpha"): alpha 0 ranks by the timed relation alone, 1 is the model as fitted. Also prints the epochs run, the best epoch, why training stopped, wall and CPU seconds and
-the load average: whether a low score is an early stop or the towers' noise.
+relation's one-hot columns) are multiplied by alpha, on top of the share a `-- relsql: blend` line
+picked (printed as "alpha"): alpha 0 ranks by the timed relation alone, 1 is the model as fitted. Also
+prints the epochs run, the best epoch, why training stopped, wall and CPU seconds and the load average:
+whether a low score is an early stop or the towers' noise.
 """
 
 from __future__ import annotations

@@ -162,7 +162,8 @@ def shop(seed: int, scale: float = 1.0) -> Database:
                                   Table("orders", orders, {"customer_id": "customer", "product_id": "product"}))}
     targets = [
         Target("customer.churned", "binary", _binary(rng, churn), churn,
-               "1.5*[orders < 3] + step(region) + 1.2*(segment in A,B ? 1 : -1)*tanh((avg product price of its orders, NULL->20) - 22)/6)"),
+               "1.5*[orders < 3] + step(region) + 1.2*(segment in A,B ? 1 : -1)"
+               "*tanh((avg product price of its orders, NULL->20) - 22)/6)"),
         Target("product.return_rate", "regression", _regression(rng, returns), returns,
                "2*tanh(avg order quantity (NULL->5) - 5) + [weight (NULL->10) > 10]*ln(price (NULL->20))/2 + 0.5*sqrt(#orders)"),
         Target("orders.priority", "multiclass", _classes(rng, priority, ["high", "low", "mid"]), priority,
@@ -190,7 +191,8 @@ def retail(seed: int, scale: float = 1.0) -> Database:
     total = _per_parent(visit, "store_id", "spend", "sum", sid)
     total = _fill(total, 0.0)
     hot = _parent_column(store.region_id.to_numpy(), region, "climate") == "hot"
-    tier = np.log1p(total) / 2.0 + kind_step[store.kind.to_numpy()] + hot * np.tanh((_fill(store["size"].to_numpy(), 400.0) - 400.0) / 200.0)
+    tier = (np.log1p(total) / 2.0 + kind_step[store.kind.to_numpy()]
+            + hot * np.tanh((_fill(store["size"].to_numpy(), 400.0) - 400.0) / 200.0))
     # region.growth: the share of its stores with more than 3 visits, and tax squared
     store["_busy"] = (_per_parent(visit, "store_id", None, "count", sid) > 3).astype(np.float64)
     busy = _fill(_per_parent(store, "region_id", "_busy", "mean", rid), 0.0)
@@ -224,7 +226,8 @@ def social(seed: int, scale: float = 1.0) -> Database:
     vendor = pd.DataFrame({"vendor_id": _ids(nv), "rating": rng.integers(1, 11, nv),
                            "country": rng.choice(["fr", "de", "us", "jp", "br"], nv)})
     app = pd.DataFrame({"app_id": _ids(na), "vendor_id": rng.integers(1, nv + 1, na),
-                        "size_mb": _nulls(rng, rng.lognormal(4, 1, na), 0.04), "genre": rng.choice(["game", "tool", "news", "chat"], na)})
+                        "size_mb": _nulls(rng, rng.lognormal(4, 1, na), 0.04),
+                        "genre": rng.choice(["game", "tool", "news", "chat"], na)})
     city = pd.DataFrame({"city_id": _ids(nc), "population": _nulls(rng, rng.lognormal(11, 1.5, nc), 0.03),
                          "zone": rng.choice(["north", "south", "east", "west"], nc)})
     member = pd.DataFrame({"member_id": _ids(nm), "city_id": _skewed_parents(rng, nm, nc),
@@ -267,11 +270,13 @@ def bank(seed: int, scale: float = 1.0) -> Database:
     """A time column on the event table: account <- txn -> merchant, txn.ts over 2024."""
     rng = np.random.default_rng([seed, 4])
     nm, na, nt = int(600 * scale), int(1000 * scale), int(5000 * scale)
-    merchant = pd.DataFrame({"merchant_id": _ids(nm), "risk": rng.integers(1, 6, nm), "country": rng.choice(["fr", "de", "us", "gb"], nm)})
+    merchant = pd.DataFrame({"merchant_id": _ids(nm), "risk": rng.integers(1, 6, nm),
+                             "country": rng.choice(["fr", "de", "us", "gb"], nm)})
     account = pd.DataFrame({"account_id": _ids(na), "kind": rng.choice(["credit", "debit", "savings"], na),
                             "credit_limit": _nulls(rng, rng.lognormal(8, 0.6, na), 0.06), "branch": rng.integers(1, 9, na)})
     seconds = rng.integers(0, 366 * 86400, nt)
-    txn = pd.DataFrame({"txn_id": _ids(nt), "account_id": _skewed_parents(rng, nt, na), "merchant_id": rng.integers(1, nm + 1, nt),
+    txn = pd.DataFrame({"txn_id": _ids(nt), "account_id": _skewed_parents(rng, nt, na),
+                        "merchant_id": rng.integers(1, nm + 1, nt),
                         "ts": EPOCH + seconds.astype("timedelta64[s]"), "amount": _nulls(rng, rng.lognormal(3.5, 1.0, nt), 0.04)})
     risk_step, branch_step = np.array([0, -1.0, -0.5, 0.5, 1.0, 1.5]), _lookup(rng, 9)
     aid = account.account_id.to_numpy()

@@ -201,7 +201,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             weights = 1 + torch.arange(nets["off"]()["layer2"].numel()).reshape(nets["off"]()["layer2"].shape) % 3
             steps = {label: _epoch(net, weights.float()) for label, net in nets.items()}
             reference = nets["off"]()["layer2"].detach()
-            diff = max(float((nets[k]()["layer2"].detach() - reference).abs().max() / reference.abs().max()) for k in ("on", "forced"))
+            diff = max(float((nets[k]()["layer2"].detach() - reference).abs().max() / reference.abs().max())
+                       for k in ("on", "forced"))
             for step in steps.values():
                 step()
             times: dict[str, list[float]] = {label: [] for label in nets}
@@ -211,13 +212,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     times[label].append(_mean_ms(steps[label]))
             ms = {label: statistics.median(t) for label, t in times.items()}
             entries = {label: stored_entries(net) for label, net in nets.items()}
-            row = {"graph": name, "agg": kind, "nodes": graph[1], "edges": edges, **{f"entries_{k}": v for k, v in entries.items()},
+            row = {"graph": name, "agg": kind, "nodes": graph[1], "edges": edges,
+                   **{f"entries_{k}": v for k, v in entries.items()},
                    "pass_s": planned["forced"] - planned["off"], **{f"ms_{k}": v for k, v in ms.items()}, "max_rel_diff": diff,
                    "fired": "shared_aggregation: 0 " not in nets["on"].explain()}
             rows.append(row)
             print(f"{name:<14}{kind:<5}{graph[1]:>8}{edges:>9} | {entries['off']:>11}{entries['on']:>9}{entries['forced']:>9}"
                   f"{entries['off'] / entries['forced']:>7.2f} | {row['pass_s']:>7.2f} | {ms['off']:>12.2f}{ms['on']:>8.2f}"
-                  f"{ms['forced']:>8.2f} | {ms['off'] / ms['on']:>6.2f}{ms['off'] / ms['forced']:>11.2f} | {diff:.1e}", flush=True)
+                  f"{ms['forced']:>8.2f} | {ms['off'] / ms['on']:>6.2f}{ms['off'] / ms['forced']:>11.2f} | {diff:.1e}",
+                  flush=True)
     print(f"load average after: {open('/proc/loadavg').read().split()[:3]} (cores: {os.cpu_count()})")
     return rows
 

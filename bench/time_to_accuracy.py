@@ -37,8 +37,9 @@ DuckDB's own 128 MiB cache of freed memory stayed in relsql's peak RSS; the peer
 connection after reading).
 `--seeds`: per seed, PyG then relsql with that model seed (initial weights, batch order), relsql
 against that seed's PyG best; a table per scale with each seed's times, ratio, peak RSS and load
-average, and the medians (a relsql run that never reached the target counts as the slowest). After every epoch the validation pass runs (on the clock, as
-relsql's `fit` does it) and the test accuracy is measured (off the clock on both sides).
+average, and the medians (a relsql run that never reached the target counts as the slowest).
+After every epoch the validation pass runs (on the clock, as relsql's `fit` does it) and the
+test accuracy is measured (off the clock on both sides).
 
 PyG runs first, for `--epochs` epochs; the clock starts before the tables are read from DuckDB
 (then HeteroData, NeighborLoader). Its best test accuracy is the target. relsql then trains
@@ -79,7 +80,8 @@ RELSQL_EPOCHS = 4  # relsql's epoch cap, x PyG's epochs (its real budget is PyG'
 # loss ln 2) before the signal came through.
 TEMPLATE = """
 CREATE TABLE part_h AS
-SELECT p.p_partkey, tanh(embed(p.p_brand, {w}) + linear(features(p.p_size, p.p_retailprice), {w}, 'w_part') + bias({w}, 'b_part')) AS h
+SELECT p.p_partkey,
+       tanh(embed(p.p_brand, {w}) + linear(features(p.p_size, p.p_retailprice), {w}, 'w_part') + bias({w}, 'b_part')) AS h
 FROM part p;
 
 CREATE TABLE customer_h AS
@@ -96,15 +98,17 @@ GROUP BY l.l_orderkey;
 
 CREATE TABLE predict AS
 SELECT o.o_orderkey,
-       linear(relu(linear(ih.h, {w}, 'w_o_items') + linear(ch.h, {w}, 'w_o_customer') + linear(features(o.o_totalprice), {w}, 'w_o')
+       linear(relu(linear(ih.h, {w}, 'w_o_items') + linear(ch.h, {w}, 'w_o_customer')
+                   + linear(features(o.o_totalprice), {w}, 'w_o')
                    + bias({w}, 'b_o')), 1, 'w_out') + bias(1, 'b_out') AS h
 FROM orders o
 JOIN items_h ih ON ih.o_orderkey = o.o_orderkey
 JOIN customer_h ch ON ch.c_custkey = o.o_custkey;
 """
 
-COLUMNS = ["sf", "seed", "side", "label", "positive_rate", "one_epoch_test_accuracy", "epochs_run", "target_accuracy", "best_test_accuracy",
-           "time_to_target_s", "time_to_target_minus_0.001_s", "ratio_relsql_vs_pyg", "setup_s", "s_per_epoch", "peak_rss_mib", "loadavg", "curve", "sampler"]
+COLUMNS = ["sf", "seed", "side", "label", "positive_rate", "one_epoch_test_accuracy", "epochs_run", "target_accuracy",
+           "best_test_accuracy", "time_to_target_s", "time_to_target_minus_0.001_s", "ratio_relsql_vs_pyg", "setup_s",
+           "s_per_epoch", "peak_rss_mib", "loadavg", "curve", "sampler"]
 
 
 # --------------------------------------------------------------------------- the bench database
@@ -117,10 +121,12 @@ LABEL_SQL = {
         FROM tpch.lineitem l JOIN tpch.part p ON p.p_partkey = l.l_partkey GROUP BY l.l_orderkey""",
     "signed-size": """
         WITH brands AS (  -- half the brands +1, half -1, by a seeded hash order
-            SELECT p_brand, CASE WHEN row_number() OVER (ORDER BY hash(p_brand, $seed), p_brand) % 2 = 0 THEN 1.0 ELSE -1.0 END AS w
+            SELECT p_brand,
+                   CASE WHEN row_number() OVER (ORDER BY hash(p_brand, $seed), p_brand) % 2 = 0 THEN 1.0 ELSE -1.0 END AS w
             FROM (SELECT DISTINCT p_brand FROM tpch.part)),
         part_score AS (
-            SELECT p.p_partkey, b.w * cos(2 * pi() * p.p_size / 20) AS score FROM tpch.part p JOIN brands b ON b.p_brand = p.p_brand),
+            SELECT p.p_partkey, b.w * cos(2 * pi() * p.p_size / 20) AS score
+            FROM tpch.part p JOIN brands b ON b.p_brand = p.p_brand),
         scored AS (
             SELECT l.l_orderkey, avg(ps.score) AS score
             FROM tpch.lineitem l JOIN part_score ps ON ps.p_partkey = l.l_partkey GROUP BY l.l_orderkey)
@@ -217,7 +223,8 @@ def run_pyg(path: str, epochs: int, batch_size: int, width: int, fanout: list[in
     y = torch.from_numpy(orders["label_y"].astype(np.float32))
     rank = orders["split_rank"]
     cut1, cut2 = split_bounds(len(rank))
-    index = {"train": torch.from_numpy(np.nonzero(rank < cut1)[0]), "val": torch.from_numpy(np.nonzero((rank >= cut1) & (rank < cut2))[0]),
+    index = {"train": torch.from_numpy(np.nonzero(rank < cut1)[0]),
+             "val": torch.from_numpy(np.nonzero((rank >= cut1) & (rank < cut2))[0]),
              "test": torch.from_numpy(np.nonzero(rank >= cut2)[0])}
     loaders = {split: tpch_graph.neighbor_loader(data, fanout, batch_size, ("order", idx), shuffle=split == "train")
                for split, idx in index.items()}
@@ -362,7 +369,8 @@ def run_relsql(path: str, epochs: int, batch_size: int, width: int, fanout: list
             "curve": curve, "best_test_accuracy": best, "epochs_run": curve[-1]["epoch"],
             "time_to_target_s": next(p["s"] for p in curve if p["test_accuracy"] >= target) if reached else None,
             "s_per_epoch": round(epoch_s[0], 2), "peak_rss_mib": round(peak, 1),
-            "batch_process_mib": round(memory.children, 1), "train_rows": len(model.rows["train"]), "test_rows": len(model.rows["test"]),
+            "batch_process_mib": round(memory.children, 1), "train_rows": len(model.rows["train"]),
+            "test_rows": len(model.rows["test"]),
             "sampler": "grounding store"}
 
 
@@ -421,7 +429,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--scales", nargs="*", type=float, default=[0.1, 1])
     parser.add_argument("--label", default="signed-size", choices=LABELS,
                         help="signed-size (default: takes several epochs) or brand (learnt within the first epoch)")
-    parser.add_argument("--noise", type=float, default=None, help="fraction of labels flipped (default: 0.1 for signed-size, 0 for brand)")
+    parser.add_argument("--noise", type=float, default=None,
+                        help="fraction of labels flipped (default: 0.1 for signed-size, 0 for brand)")
     parser.add_argument("--brand", default="Brand#13", help="the brand of --label brand")
     parser.add_argument("--epochs", type=int, default=None,
                         help="training budget per side (default signed-size: 20 at sf < 1, 4 at sf >= 1; brand: 4 and 2)")
@@ -433,7 +442,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--edges", default="template", choices=["template", "both"],
                         help="PyG edge set: 'template' = relsql's computation tree exactly, 'both' = every FK both ways")
     parser.add_argument("--full-budget", action="store_true",
-                        help="relsql trains its whole epoch budget instead of stopping at the target (to see its converged accuracy)")
+                        help="relsql trains its whole epoch budget instead of stopping at the target "
+                             "(to see its converged accuracy)")
     parser.add_argument("--threads", type=int, default=THREADS, help="torch threads in each measured subprocess")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2],
                         help="model seeds (initial weights, batch order); per seed PyG then relsql, each against that seed's "
@@ -472,9 +482,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         path, rate = bench_database(tpch, sf, args.label, args.brand, noise, Path(args.out))
         epochs = args.epochs or {"signed-size": (20, 4), "brand": (4, 2)}[args.label][sf >= 1]
         described = (f"the order has a line item of a part with p_brand = '{args.brand}'" if args.label == "brand" else
-                     "the average over the order's line items of ±1 (a seeded sign per brand) × cos(2π p_size / 20) is above its median")
+                     "the average over the order's line items of ±1 (a seeded sign per brand) × cos(2π p_size / 20) "
+                     "is above its median")
         print(f"\nsf={sf:g}: label orders.label_y = {described}, {noise:.0%} of the labels flipped: "
-              f"positive rate {rate:.3f} (majority accuracy {max(rate, 1 - rate):.3f}, at best {1 - noise:.2f}); batch {args.batch_size}, width "
+              f"positive rate {rate:.3f} (majority accuracy {max(rate, 1 - rate):.3f}, at best {1 - noise:.2f}); "
+              f"batch {args.batch_size}, width "
               f"{args.width}, fan-out {args.fanout}, lr {args.lr}, PyG {epochs} epochs, relsql until PyG's time to its best "
               f"(at most {epochs * RELSQL_EPOCHS} epochs), PyG edges: {args.edges}, seeds "
               f"{args.seeds}, relsql's DuckDB allocator_flush_threshold {args.duckdb_flush_threshold or 'relsql default'}; "
@@ -498,13 +510,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
             load = _load()
             for r in (pyg, ours):
                 r["seed"], r["loadavg"] = seed, load
-                rows.append({"sf": sf, "seed": seed, "side": r["side"], "label": args.label if args.label != "brand" else f"brand {args.brand}",
-                             "positive_rate": round(rate, 4), "one_epoch_test_accuracy": _after_first_epoch(r), "epochs_run": r["epochs_run"],
-                             "target_accuracy": target, "best_test_accuracy": r["best_test_accuracy"],
+                rows.append({"sf": sf, "seed": seed, "side": r["side"],
+                             "label": args.label if args.label != "brand" else f"brand {args.brand}",
+                             "positive_rate": round(rate, 4), "one_epoch_test_accuracy": _after_first_epoch(r),
+                             "epochs_run": r["epochs_run"], "target_accuracy": target,
+                             "best_test_accuracy": r["best_test_accuracy"],
                              "time_to_target_s": r["time_to_target_s"], "time_to_target_minus_0.001_s": _first(r, target - 1e-3),
                              "ratio_relsql_vs_pyg": ratio, "setup_s": r["setup_s"],
                              "s_per_epoch": r["s_per_epoch"], "peak_rss_mib": r["peak_rss_mib"], "loadavg": load,
-                             "curve": json.dumps([(p["epoch"], p["s"], p["test_accuracy"]) for p in r["curve"]]), "sampler": r["sampler"]})
+                             "curve": json.dumps([(p["epoch"], p["s"], p["test_accuracy"]) for p in r["curve"]]),
+                             "sampler": r["sampler"]})
             _print(sf, pyg, ours, target, ratio, load)
             pairs.append((pyg, ours, target, ratio))
         _print_seeds(sf, pairs, max(rate, 1 - rate))
@@ -566,7 +581,8 @@ def _print_seeds(sf: float, pairs: list[tuple[dict, dict, float, float | None]],
     print(f"  {'seed':>4} {'target':>8} {'PyG time':>12} {'relsql time':>12} {'ratio':>7} {'relsql best':>11} "
           f"{'PyG RSS MiB':>12} {'relsql RSS MiB':>15} {'PyG s/ep':>9} {'relsql s/ep':>12}   load")
     for pyg, ours, target, ratio in pairs:
-        print(f"  {pyg['seed']:>4} {target:>8.4f} {_seconds(pyg['time_to_target_s']):>12} {_seconds(ours['time_to_target_s']):>12} "
+        print(f"  {pyg['seed']:>4} {target:>8.4f} {_seconds(pyg['time_to_target_s']):>12} "
+              f"{_seconds(ours['time_to_target_s']):>12} "
               f"{'-' if ratio is None else f'{ratio:.3f}':>7} {ours['best_test_accuracy']:>11.4f} {pyg['peak_rss_mib']:>12,.1f} "
               f"{ours['peak_rss_mib']:>15,.1f} {pyg['s_per_epoch']:>9.2f} {ours['s_per_epoch']:>12.2f}   {ours['loadavg']}")
     kept = learnt(pairs, majority)
@@ -589,8 +605,8 @@ def _print(sf: float, pyg: dict, ours: dict, target: float, ratio: float | None,
                            + (f" ({p['val_accuracy']:.5f})" if "val_accuracy" in p else "") for p in r["curve"])
         child = f" (its batch process held up to {r['batch_process_mib']:,.1f} MiB alone)" if "batch_process_mib" in r else ""
         print(f"  {r['side']:<22} setup {r['setup_s']:.1f} s {r['one_time']}{child}; {points}")
-    print(f"  {'side':<22} {'time to target':>15} {'to target-0.001':>16} {'acc 1 epoch':>12} {'best test acc':>14} {'setup s':>8} "
-          f"{'s/epoch':>8} {'peak RSS MiB':>13}   (load average {load})")
+    print(f"  {'side':<22} {'time to target':>15} {'to target-0.001':>16} {'acc 1 epoch':>12} {'best test acc':>14} "
+          f"{'setup s':>8} {'s/epoch':>8} {'peak RSS MiB':>13}   (load average {load})")
     for r in (pyg, ours):
         reached = "not reached" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.1f} s"
         near = _first(r, target - 1e-3)

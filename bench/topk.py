@@ -47,7 +47,8 @@ def sweep(query: torch.Tensor, candidates: torch.Tensor, k: int) -> None:
     """Wall and CPU seconds per 10^10 scores for a few block shapes, extrapolated from the slice."""
     print(f"{'block rows x columns':>22s} {'MB':>5s} {'s per 1e10 scores':>18s} {'CPU s per 1e10':>15s}")
     per = 1e10 / (query.shape[0] * candidates.shape[0])
-    for rows, columns in [(256, 2048), (1024, 8192), (2048, 8192), (1024, 16384), (512, 32768), (256, 65536), (128, 131072), (64, 131072), (512, 65536)]:
+    for rows, columns in [(256, 2048), (1024, 8192), (2048, 8192), (1024, 16384), (512, 32768), (256, 65536), (128, 131072),
+                          (64, 131072), (512, 65536)]:
         seconds, _ = timed(lambda r=rows, c=columns: topk.top_k(query, candidates, k, row_chunk=r, column_chunk=c))
         print(f"{rows:>10d} x {columns:<10d} {rows * columns * 4 / 2**20:5.0f} {seconds * per:18.1f} {CPU[0] * per:15.1f}")
 
@@ -74,12 +75,15 @@ def main() -> None:
     before = peak_rss_mb()
     seconds, (scores, indices) = timed(lambda: topk.top_k(query, candidates, args.k))
     growth = peak_rss_mb() - before
-    print(f"top_k:  {seconds:8.1f} s ({CPU[0]:.1f} CPU s)   peak RSS growth {growth:7.0f} MB (answer alone {scores.nbytes + indices.nbytes >> 20} MB)")
+    print(f"top_k:  {seconds:8.1f} s ({CPU[0]:.1f} CPU s)   peak RSS growth {growth:7.0f} MB "
+          f"(answer alone {scores.nbytes + indices.nbytes >> 20} MB)")
     part = query[: args.naive_rows]
     naive_seconds, naive = timed(lambda: torch.topk(part @ candidates.T, args.k, dim=1))
     scale = args.rows / part.shape[0]
-    print(f"naive:  {naive_seconds * scale:8.1f} s ({CPU[0] * scale:.1f} CPU s)   extrapolated from {part.shape[0]:,} rows ({naive_seconds:.2f} s), "
-          f"its score matrix alone {part.shape[0] * args.candidates * 4 >> 20} MB ({args.rows * args.candidates * 4 >> 30} GB for all rows)")
+    print(f"naive:  {naive_seconds * scale:8.1f} s ({CPU[0] * scale:.1f} CPU s)   "
+          f"extrapolated from {part.shape[0]:,} rows ({naive_seconds:.2f} s), "
+          f"its score matrix alone {part.shape[0] * args.candidates * 4 >> 20} MB "
+          f"({args.rows * args.candidates * 4 >> 30} GB for all rows)")
     print(f"top_k / naive time: {seconds / (naive_seconds * scale):.2f}")
     same = (indices[: part.shape[0]] == naive.indices).float().mean().item()
     close = torch.allclose(scores[: part.shape[0]], naive.values, atol=1e-4)

@@ -16,7 +16,8 @@ memory capped by `relsql.connect(..., memory_limit=...)`. Templates:
 With the grounding store (default) every relation is grounded once in bulk and each batch reads
 its rows' groundings from the store; `--no-store` grounds every batch in DuckDB instead (the
 earlier way, for comparison). Reported per scale factor: rows, the peak resident memory of the
-process (VmHWM), also per phase (setup; the epoch, with the batch process's own pages: bench.TreeMemory), the setup time (key tables; bulk grounding into the store), the epoch's wall
+process (VmHWM), also per phase (setup; the epoch, with the batch process's own pages:
+bench.TreeMemory), the setup time (key tables; bulk grounding into the store), the epoch's wall
 time and the part of it spent waiting on the database (store reads and batch planning run in the
 background worker and count there only when training waits for them). Targets: epoch time and
 peak RSS at the largest scale / the smallest <= 12 and <= 1.5 for 10x the data.
@@ -128,7 +129,8 @@ def one_epoch(path: str, batch_size: int, memory_limit: str, template: str = "cu
     model.fit(epochs=1)
     epoch = time.perf_counter() - started
     phases["peak_epoch_mib"] = round(memory.stop(), 1)
-    return {"rows": model.output_rows, "setup_s": round(setup, 1), "bulk_grounding_s": round(model.timings.get("bulk_grounding", 0.0), 1),
+    return {"rows": model.output_rows, "setup_s": round(setup, 1),
+            "bulk_grounding_s": round(model.timings.get("bulk_grounding", 0.0), 1),
             "store_mib": round(store_mib, 1), "epoch_s": round(epoch, 1),
             "waiting_on_database_s": round(model.timings["waiting_on_database"], 1),
             "val_accuracy": round(model.history[-1].get("val_accuracy", float("nan")), 3),
@@ -173,10 +175,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--threads", type=int, default=2,
                         help="torch threads in the training process (1 on a machine shared with other jobs: 2 threads on "
                              "2 busy cores wait on each other)")
-    parser.add_argument("--no-store", action="store_true", help="ground every batch in DuckDB instead of reading a grounding store")
+    parser.add_argument("--no-store", action="store_true",
+                        help="ground every batch in DuckDB instead of reading a grounding store")
     parser.add_argument("--data", default=str(ROOT / "out" / "tpch"), help="where the generated DuckDB files are kept")
     parser.add_argument("--out", default="out/bench")
-    parser.add_argument("--one-epoch", nargs=6, metavar=("PATH", "BATCH", "LIMIT", "TEMPLATE", "STORE", "THREADS"), help=argparse.SUPPRESS)
+    parser.add_argument("--one-epoch", nargs=6, metavar=("PATH", "BATCH", "LIMIT", "TEMPLATE", "STORE", "THREADS"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one_epoch:
         path, batch, limit, template, store, threads = args.one_epoch

@@ -64,7 +64,8 @@ def _other_version(path: Path, text: str) -> SourceError:
     if "newer version" not in text:
         return SourceError(f"DuckDB file {path} was written by another DuckDB version{detail}, which duckdb "
                            f"{duckdb.__version__} cannot read: {text.splitlines()[0]}; open it once with the DuckDB that "
-                           "wrote it and save a copy (EXPORT DATABASE, or COPY FROM DATABASE into a new file), then connect the copy")
+                           "wrote it and save a copy (EXPORT DATABASE, or COPY FROM DATABASE into a new file), "
+                           "then connect the copy")
     upgrade = ("Upgrade with `pip install 'duckdb>=2,<3'` (relsql runs on both; only its PostgreSQL, SQLite and TPC sources "
                "need 1.5.5's extension wheels), or save" if duckdb.__version__.startswith("1.") else "Save")
     return SourceError(f"DuckDB file {path} was written by a newer DuckDB{detail}, which duckdb {duckdb.__version__} cannot "

@@ -29,10 +29,12 @@ SCHEMES = ("postgresql://", "postgres://")
 KEYS_SQL = """
 SELECT n.nspname AS schema_name, c.relname AS table_name, con.contype::text AS kind, con.conname::text AS name,
        array_to_string(ARRAY(SELECT a.attname::text FROM unnest(con.conkey) WITH ORDINALITY AS k(attnum, ord)
-                              JOIN pg_attribute a ON a.attrelid = con.conrelid AND a.attnum = k.attnum ORDER BY k.ord), chr(31)) AS columns,
+                              JOIN pg_attribute a ON a.attrelid = con.conrelid AND a.attnum = k.attnum
+                              ORDER BY k.ord), chr(31)) AS columns,
        fc.relname::text AS ref_table,
        array_to_string(ARRAY(SELECT a.attname::text FROM unnest(con.confkey) WITH ORDINALITY AS k(attnum, ord)
-                              JOIN pg_attribute a ON a.attrelid = con.confrelid AND a.attnum = k.attnum ORDER BY k.ord), chr(31)) AS ref_columns
+                              JOIN pg_attribute a ON a.attrelid = con.confrelid AND a.attnum = k.attnum
+                              ORDER BY k.ord), chr(31)) AS ref_columns
 FROM pg_constraint con
 JOIN pg_class c ON c.oid = con.conrelid
 JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -67,7 +69,8 @@ class Postgres(Source):
         self.url = url
 
     def keys(self, db: Database, scope: tuple[str, str]) -> dict[str, Keys]:
-        query = exp.select(exp.Star()).from_(exp.func("postgres_query", exp.Literal.string(scope[0]), exp.Literal.string(KEYS_SQL)))
+        query = exp.select(exp.Star()).from_(exp.func("postgres_query", exp.Literal.string(scope[0]),
+                                                      exp.Literal.string(KEYS_SQL)))
         try:
             rows = db.con.execute(query.sql("duckdb")).fetchall()
         except duckdb.Error as err:
@@ -147,7 +150,8 @@ def _explain(shown: str, text: str) -> SourceError:
     detail = re.sub(r"^IO Error: Unable to connect to Postgres at \"[^\"]*\": ", "", detail)
     if "Connection refused" in detail or "could not connect" in detail or "No such file or directory" in detail:
         fix = "is the server running and listening on that host and port? Check the URL (postgresql://user:password@host:port/database)"
-    elif "password authentication failed" in detail or "role" in detail and "does not exist" in detail or "no password supplied" in detail:
+    elif "password authentication failed" in detail or "role" in detail and "does not exist" in detail \
+            or "no password supplied" in detail:
         fix = "check the user name and password in the URL"
     elif "database" in detail and "does not exist" in detail:
         fix = "check the database name in the URL (create it with createdb)"

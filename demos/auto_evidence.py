@@ -49,7 +49,8 @@ def mutagenesis(seeds: list[int]) -> None:
     print(f"{'seed':>4}  {'hand-written':>12}  {'auto':>6}  {'majority':>8}")
     hand_all, auto_all = [], []
     for seed in seeds:
-        hand, model = accuracy(db, ROOT / "sql" / "mutagenesis.sql", "molecule.mutagenic", seed, epochs=400, lr=0.01, patience=100)
+        hand, model = accuracy(db, ROOT / "sql" / "mutagenesis.sql", "molecule.mutagenic", seed, epochs=400, lr=0.01,
+                               patience=100)
         generated, _ = accuracy(db, auto, "molecule.mutagenic", seed, epochs=400, lr=0.01, patience=100)
         hand_all.append(hand)
         auto_all.append(generated)

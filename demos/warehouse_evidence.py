@@ -52,7 +52,8 @@ LABELS = {
 }
 
 
-def train(db, target: str, hops: int, epochs: int, time_column: str | None = None, seed: int = 0) -> tuple[dict, float, relsql.Model]:
+def train(db, target: str, hops: int, epochs: int, time_column: str | None = None,
+          seed: int = 0) -> tuple[dict, float, relsql.Model]:
     started = time.perf_counter()
     template = relsql.Template.auto(db, target=target, hops=hops, width=16, time_column=time_column)
     model = relsql.Model(db, template, target=target, seed=seed, time_column=time_column, progress=False)
@@ -111,7 +112,8 @@ def main() -> None:
                "own_accuracy": own[0]["accuracy"], "own_roc_auc": own[0]["roc_auc"], "majority_accuracy": baseline["accuracy"]}
         rows.append(row)
         print(f"{target:<20} auto acc {row['auto_accuracy']:.3f} AUC {row['auto_roc_auc']:.3f} ({auto[1]:.0f}s) | "
-              f"target table only acc {row['own_accuracy']:.3f} AUC {row['own_roc_auc']:.3f} | majority {row['majority_accuracy']:.3f}")
+              f"target table only acc {row['own_accuracy']:.3f} AUC {row['own_roc_auc']:.3f} | "
+              f"majority {row['majority_accuracy']:.3f}")
         if time_column:
             early, late = leakage_check(db, auto[2], out)
             print(f"  leakage check: store sales after the middle snapshot shuffled; predictions up to it moved by at most "
