@@ -254,7 +254,8 @@ def test_score_linears_are_one_product_and_read_the_constant_features_exactly(he
     assert ("relu_(" in nets[0].explain()) == (outputs is not None)
     assert [op.kind for op in nets[0].plan.ops].count("columns") == 4
     generator = torch.Generator().manual_seed(heads)
-    values = {name: torch.randn(w.shape, dtype=torch.float64, generator=generator) for name, w in nets[0].weights_by_name().items()}
+    values = {name: torch.randn(w.shape, dtype=torch.float64, generator=generator)
+              for name, w in nets[0].weights_by_name().items()}
     results = []
     for net in nets:
         with torch.no_grad():

@@ -170,7 +170,8 @@ def test_auto_template_hgt_layer_shares_table_weights_and_learns():
     hgt = relsql.Template.auto(db, "molecule.mutagenic", layer="hgt")
     assert "(hgt layers)" in hgt.source and "sum_per_head(" in hgt.source
     uses = Counter(re.findall(r"'(hgt_[kqva]_\w+)'", hgt.source))
-    statements = [r for rel in hgt.relations.values() for r in rel.rules if any(isinstance(e, ir.Attention) for e in ir.walk(r.expr))]
+    statements = [r for rel in hgt.relations.values() for r in rel.rules
+                  if any(isinstance(e, ir.Attention) for e in ir.walk(r.expr))]
     assert len(statements) >= 3 and max(uses.values()) >= 3  # bond's keys/values serve several statements
     assert set(uses) == {n for n in hgt.weights if re.fullmatch(r"hgt_[kqva]_\w+", n)}
     per_edge = [n for n in hgt.weights if n.endswith(("_att", "_msg"))]

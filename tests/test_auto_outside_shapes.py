@@ -42,7 +42,8 @@ def _few_values_db(path) -> relsql.Database:
     for i in range(612):
         x = FEW if i < 315 else 0.05 if i < 603 else 1.5 if i < 604 else None
         flag = float(i % 2)
-        rows.append((i, x, flag, 7.0, None, float(rng.choice([1e308, -1e308, 5e-324, 0.0])), (x or 0) * 10 + flag + rng.normal(0, .1)))
+        rows.append((i, x, flag, 7.0, None, float(rng.choice([1e308, -1e308, 5e-324, 0.0])),
+                     (x or 0) * 10 + flag + rng.normal(0, .1)))
     con.executemany("INSERT INTO item VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
     con.close()
     return relsql.connect(path)
@@ -167,7 +168,8 @@ def test_a_model_s_written_predictions_are_never_read_by_the_next_template(tmp_p
     db = _few_values_db(tmp_path / "few.duckdb")
     model = relsql.Model(db, relsql.Template.auto(db, target="item.y"), target="item.y", seed=0).fit(epochs=2)
     model.write_predictions("item_predictions")
-    source = relsql.Template.auto(db, target="item.y", keys="FOREIGN KEY item_predictions(item_id) REFERENCES item(item_id)").source
+    source = relsql.Template.auto(db, target="item.y",
+                                  keys="FOREIGN KEY item_predictions(item_id) REFERENCES item(item_id)").source
     assert "left out, tables of a model's outputs (predictions, gradients): item_predictions" in source
     assert "enc_item_predictions" not in source
     from relsql.train.flat import plan
@@ -190,8 +192,8 @@ def test_a_hub_parent_s_children_are_not_read_back_down(tmp_path):
                 "FROM (VALUES ('EWR'), ('JFK'), ('LGA')) v(o), range(300) r(h)")
     con.execute("CREATE TABLE flight(flight_id INTEGER PRIMARY KEY, origin VARCHAR REFERENCES airport(faa), hour TIMESTAMP, "
                 "late DOUBLE, FOREIGN KEY (origin, hour) REFERENCES weather(origin, hour))")
-    con.execute("INSERT INTO flight SELECT i, ['EWR', 'JFK', 'LGA'][1 + i % 3], TIMESTAMP '2013-01-01' + INTERVAL (i % 300) HOUR, "
-                "((i % 300) % 24) * 0.1 FROM range(900) r(i)")
+    con.execute("INSERT INTO flight SELECT i, ['EWR', 'JFK', 'LGA'][1 + i % 3], "
+                "TIMESTAMP '2013-01-01' + INTERVAL (i % 300) HOUR, ((i % 300) % 24) * 0.1 FROM range(900) r(i)")
     con.close()
     db = relsql.connect(path)
     source = relsql.Template.auto(db, target="flight.late", time_column="hour").source

@@ -144,9 +144,11 @@ def test_another_task_tables_labels_never_feed_an_auto_template():
     db.execute("CREATE TABLE customer(customer_id INT PRIMARY KEY, region VARCHAR)")
     db.execute("INSERT INTO customer SELECT i, 'r' || (i % 3) FROM range(30) t(i)")
     db.execute("CREATE TABLE orders(order_id INT PRIMARY KEY, customer_id INT REFERENCES customer, day DATE, amount DOUBLE)")
-    db.execute("INSERT INTO orders SELECT i, (i * 7) % 30, DATE '2024-01-01' + INTERVAL ((i * 37) % 170) DAY, i % 7 FROM range(70) t(i)")
+    db.execute("INSERT INTO orders SELECT i, (i * 7) % 30, DATE '2024-01-01' + INTERVAL ((i * 37) % 170) DAY, i % 7 "
+               "FROM range(70) t(i)")
     for name, days in (("task_a", 30), ("task_b", 60)):
-        relsql.PredictiveQuery.parse(f"COUNT(orders.*) OVER {days} DAYS > 0 FOR customer AT 2024-03-01, 2024-04-01").write(db, name)
+        relsql.PredictiveQuery.parse(
+            f"COUNT(orders.*) OVER {days} DAYS > 0 FOR customer AT 2024-03-01, 2024-04-01").write(db, name)
     source = relsql.Template.auto(db, target="task_a.label", time_column="snapshot").source
     body = "\n".join(line for line in source.splitlines() if not line.startswith("--"))
     assert "task_b" not in body and "orders" in body

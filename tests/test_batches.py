@@ -80,7 +80,8 @@ def test_a_batch_grounds_only_what_its_rows_need(molecules):
         if name not in ("predict", "mol_h", "bond_h") and "atom" in str(tpl.relations[name].keys):
             assert relation.size == atoms, name
     everything = grounder.ground(np.arange(grounder.sizes["predict"]))
-    assert sum(r.rules[0].size for r in batch.relations.values()) < sum(r.rules[0].size for r in everything.relations.values()) / 20
+    assert (sum(r.rules[0].size for r in batch.relations.values())
+            < sum(r.rules[0].size for r in everything.relations.values()) / 20)
 
 
 def test_fanout_keeps_at_most_n_groundings_per_head_with_a_seed(molecules):
@@ -242,7 +243,8 @@ def test_ctrl_c_during_training_leaves_a_consistent_database(tmp_path):
     assert "KeyboardInterrupt" in err
     with relsql.connect(path) as db:
         step = db.con.execute("SELECT step FROM relsql_embedding_steps WHERE weight = 'user'").fetchone()[0]
-        stored = {r[0]: np.array(r[1:]) for r in db.con.execute("SELECT * EXCLUDE (a0, a1, a2, a3) FROM relsql_embedding_user").fetchall()}
+        stored = {r[0]: np.array(r[1:])
+                  for r in db.con.execute("SELECT * EXCLUDE (a0, a1, a2, a3) FROM relsql_embedding_user").fetchall()}
     assert step > 0
     # replay exactly `step` updates in memory from the same start: the interrupted table must match
     memory = quiet(relsql.Model, shop_db(), shop_template("memory"), target="item.y", seed=0, dtype=torch.float64,

@@ -92,7 +92,8 @@ def test_written_database_declares_keys_and_holds_one_label(tmp_path, targets):
         others = {t.column for t in db.targets.values() if t.name != "post.likes"}
         every = {c for (c,) in con.execute("SELECT column_name FROM duckdb_columns()").fetchall()}
         assert not others & every  # no other target is an input
-        assert con.execute("SELECT count(*) FROM post p LEFT JOIN app a ON a.app_id = p.app_id WHERE a.app_id IS NULL").fetchone()[0] == 0
+        assert con.execute("SELECT count(*) FROM post p LEFT JOIN app a ON a.app_id = p.app_id "
+                           "WHERE a.app_id IS NULL").fetchone()[0] == 0
         nulls = con.execute("SELECT count(*) - count(length) FROM post").fetchone()[0]
         assert nulls == int(db.tables["post"].frame["length"].isna().sum()) > 0  # NaN written as NULL
     finally:
@@ -141,7 +142,8 @@ def test_tiny_run_of_the_harness(tmp_path):
                   "--peer", '{"epochs": 3}', "--out", str(tmp_path / "db"), "--json", str(out)])
     result = json.loads(out.read_text())
     rows = result["rows"]
-    assert {(r["target"], r["method"], r["seed"]) for r in rows} == {(t, m, s) for t in names for m in quality.METHODS for s in (0, 1)}
+    assert ({(r["target"], r["method"], r["seed"]) for r in rows}
+            == {(t, m, s) for t in names for m in quality.METHODS for s in (0, 1)})
     assert {(r["target"], r["metric"]) for r in rows} == {("app.popular", "roc_auc"), ("region.growth", "mae")}
     assert all(0 <= r["score"] <= 1 for r in rows if r["target"] == "app.popular")
     assert all(r["score"] > 0 and "r2" in r["scores"] for r in rows if r["target"] == "region.growth")
@@ -189,7 +191,8 @@ def test_search_column_counted(tmp_path, capsys):
     assert entry["search_at_least_one_hop"] == quality.at_least(entry["methods"][quality.SEARCH], flat, "mae")
     assert quality.SEARCH not in entry["relsql_at_least"]
     printed = capsys.readouterr().out
-    assert f"relsql with search >= gbm_one_hop (within one std of relsql_search): {int(entry['search_at_least_one_hop'])} of 1" in printed
+    assert ("relsql with search >= gbm_one_hop (within one std of relsql_search): "
+            f"{int(entry['search_at_least_one_hop'])} of 1") in printed
     assert result["settings"]["search"] == "3s"
 
 
@@ -232,7 +235,8 @@ def test_mutagenesis_and_nations_files(tmp_path):
                           "JOIN attribute a USING (attribute_id)").fetchall())
     assert got == {(a[0], a[1], v > 0.5) for v, a in queries if len(a) == 2}
     # no positive fact r(nation, attribute) is an input: the file has no table of them
-    assert {t for (t,) in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()} == {"nation", "attribute", "tie", "holds"}
+    assert ({t for (t,) in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+            == {"nation", "attribute", "tie", "holds"})
     assert ("holds", "FOREIGN KEY", ("attribute_id",)) in _declared(con)
     con.close()
 

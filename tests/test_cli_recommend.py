@@ -43,7 +43,8 @@ def test_task_train_recommend(tmp_path, capsys):
     assert written.equals(expected) and written.height == 3 * expected["task_id"].n_unique() > 0
     code, _, err = cli(capsys, "recommend", db_path, "--model", model_path, "--out", out_file)
     assert code == 2 and "--replace" in err
-    code, _, _ = cli(capsys, "recommend", db_path, "--model", model_path, "--k", "2", "--where", where, "--out", out_file, "--replace")
+    code, _, _ = cli(capsys, "recommend", db_path, "--model", model_path, "--k", "2", "--where", where, "--out", out_file,
+                     "--replace")
     assert code == 0 and pq.read_table(out_file).num_rows == 2 * expected["task_id"].n_unique()
     code, out, _ = cli(capsys, "recommend", db_path, "--model", model_path, "--where", where, "--table", "recs")
     assert code == 0
@@ -80,8 +81,8 @@ def test_train_takes_the_candidate_tower_pairs_and_hard_negatives(tmp_path, caps
     template = tmp_path / "paired.sql"
     template.write_text(BASE + PAIR)
     model_path = tmp_path / "paired.relsql"
-    common = ("train", db_path, "--template", template, "--target", "task_rec.item_id", "--output", "task_h", "--time-column", "snapshot",
-              "--epochs", "3", "--model", model_path)
+    common = ("train", db_path, "--template", template, "--target", "task_rec.item_id", "--output", "task_h",
+              "--time-column", "snapshot", "--epochs", "3", "--model", model_path)
     code, out, err = cli(capsys, *common, "--candidates", "item_h", "--pairs", "pair_h", "--hard-negatives", REBOUGHT)
     assert code == 0, out + err
     with relsql.connect(str(db_path)) as db:

@@ -178,7 +178,8 @@ def test_train_without_template_trains_and_saves_the_automatic_one(shop, capsys)
     # the printed next step carries --time-column: copied, it trains on the same template and split
     line = next(x for x in out.splitlines() if x.startswith("automatic template saved to"))
     step = shlex.split(line.split("`")[1])
-    assert step[:2] == ["relsql", "train"] and "--time-column" in step and step[step.index("--template") + 1] == str(shop / "auto.sql")
+    assert (step[:2] == ["relsql", "train"] and "--time-column" in step
+            and step[step.index("--template") + 1] == str(shop / "auto.sql"))
     step[step.index("--model") + 1] = str(shop / "again.pt")
     assert cli(capsys, *step[1:], "--epochs", "2", "--no-hybrid")[0] == 0
     again = loaded(db, shop / "again.pt")
@@ -271,7 +272,8 @@ def test_predict_out_never_replaces_what_it_did_not_write(scored, capsys):
         usage_error(code, err, "--out", "relsql")
         assert (scored / name).read_bytes() == data
     assert cli(capsys, "predict", db, "--model", model, "--out", scored / "p.parquet")[0] == 0
-    assert cli(capsys, "predict", db, "--model", model, "--out", scored / "p.parquet", "--where", "spend > 0", "--replace")[0] == 0
+    assert cli(capsys, "predict", db, "--model", model, "--out", scored / "p.parquet", "--where", "spend > 0",
+               "--replace")[0] == 0
     assert pl.read_parquet(scored / "p.parquet").height < 60
     assert pq.read_schema(scored / "p.parquet").metadata[b"relsql"].decode().endswith("predictions")
 

@@ -38,7 +38,8 @@ def test_a_template_reading_the_label_needs_allow_target_inputs(tmp_path, capsys
     db, _ = _shop(tmp_path)
     leaky = tmp_path / "leaky.sql"
     leaky.write_text("CREATE TABLE p AS SELECT c.customer_id, linear(features(c.churned, c.spend), 1) FROM customer c;")
-    args = ["train", db, "--template", str(leaky), "--target", "customer.churned", "--epochs", "1", "--model", str(tmp_path / "m.pt")]
+    args = ["train", db, "--template", str(leaky), "--target", "customer.churned", "--epochs", "1",
+            "--model", str(tmp_path / "m.pt")]
     assert main(args) == 1
     assert "reads the target customer.churned" in capsys.readouterr().err
     assert main([*args, "--allow-target-inputs"]) == 0

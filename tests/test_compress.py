@@ -78,7 +78,8 @@ def test_a_hash_collision_falls_back_to_exact_classes(monkeypatch):
     seg, cls = torch.tensor([0, 0, 1, 1, 2]), torch.tensor([0, 1, 0, 2, 1])
     monkeypatch.setattr(compress, "_C1", 0)
     monkeypatch.setattr(compress, "_C2", 0)  # every element hashes alike
-    assert partition(compress.segment_signatures(compress.pairs(seg, cls), 3).tolist()) == {frozenset({0}), frozenset({1}), frozenset({2})}
+    assert (partition(compress.segment_signatures(compress.pairs(seg, cls), 3).tolist())
+            == {frozenset({0}), frozenset({1}), frozenset({2})})
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -34,7 +34,8 @@ FROM orders o JOIN prod_h ph ON ph.id = o.product_id JOIN customer c ON c.id = o
 WHERE o.day >= DATE '2024-01-02'
 GROUP BY o.customer_id;
 CREATE TABLE score AS SELECT c.id, linear(concat(ch.h, features(c.price)), 1, 'w_out')
-FROM (SELECT r.customer_id AS id, max(p.price) AS price FROM review r JOIN product p ON p.id = r.product_id GROUP BY r.customer_id) c
+FROM (SELECT r.customer_id AS id, max(p.price) AS price FROM review r JOIN product p ON p.id = r.product_id
+      GROUP BY r.customer_id) c
 JOIN cust_h ch ON ch.id = c.id;
 """
 

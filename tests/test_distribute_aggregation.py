@@ -21,7 +21,8 @@ def test_pooled_readout_weights_move_after_the_pooling(model, random_graphs):
     net = relsql.compile(template, random_graphs, dtype=torch.float64, seed=4, outputs=outputs)
     assert fired_counts(net)["distribute_aggregation"] >= 1
     graphs = random_graphs.con.execute("SELECT count(*) FROM graph").fetchone()[0]
-    last = {op.out for op in net.plan.ops if op.kind == "param" and op.attrs["name"] in (f"{model}2_wr", f"{model}2_wl", f"{model}2_w2")}
+    last = {op.out for op in net.plan.ops
+            if op.kind == "param" and op.attrs["name"] in (f"{model}2_wr", f"{model}2_wl", f"{model}2_w2")}
     rows = [op.rows for op in net.plan.ops if op.kind in ("linear", "affine") and last & set(op.args)]
     assert rows and max(rows) == graphs, rows  # the readout layer's GEMMs run on pooled rows
     out_a, out_b = plain()[outputs[0]], net()[outputs[0]]

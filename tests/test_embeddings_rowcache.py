@@ -187,7 +187,8 @@ def test_a_killed_process_leaves_the_table_at_a_step_and_resumes_to_the_uninterr
     assert proc.returncode == -signal.SIGKILL
     with relsql.connect(path) as db:
         step = db.con.execute("SELECT step FROM relsql_embedding_steps WHERE weight = 'user'").fetchone()[0]
-        stored = {r[0]: np.array(r[1:]) for r in db.con.execute("SELECT * EXCLUDE (a0, a1, a2, a3) FROM relsql_embedding_user").fetchall()}
+        stored = {r[0]: np.array(r[1:])
+                  for r in db.con.execute("SELECT * EXCLUDE (a0, a1, a2, a3) FROM relsql_embedding_user").fetchall()}
     assert 0 < step <= 55
 
     class Stop(Exception):

@@ -59,10 +59,12 @@ def test_bad_sql_templates_are_rejected_at_parse_time(text, needles):
     ("CREATE TABLE h AS SELECT n.node_id, linear(n.x, 4) FROM nodes n;", relsql.SchemaError, ["statement 1", "nodes"]),
     ("CREATE TABLE h AS SELECT n.node_id, linear(n.weight, 4) FROM node n;", relsql.SchemaError, ["statement 1", "weight"]),
     ("CREATE TABLE h AS SELECT n.node_id, linear(n.label, 4) FROM node n;", relsql.SchemaError, ["statement 1", "embed"]),
-    ("CREATE TABLE h AS SELECT n.label, linear(n.x, 4) FROM node n;", relsql.GroundingError, ["several rows share one head key", "GROUP BY"]),
+    ("CREATE TABLE h AS SELECT n.label, linear(n.x, 4) FROM node n;", relsql.GroundingError,
+     ["several rows share one head key", "GROUP BY"]),
     (NODE_H + "CREATE TABLE g AS SELECT n.node_id, linear(x.h, 4, 'w') FROM node n JOIN node_h x ON x.node_id = n.node_id;",
      relsql.ShapeError, ["g statement 2", "linear"]),
-    ("CREATE TABLE h AS SELECT n.node_id, linear(n.x, 4, 'a') + linear(n.x, 3, 'b') FROM node n;", relsql.ShapeError, ["statement 1"]),
+    ("CREATE TABLE h AS SELECT n.node_id, linear(n.x, 4, 'a') + linear(n.x, 3, 'b') FROM node n;", relsql.ShapeError,
+     ["statement 1"]),
 ])
 def test_bad_sql_templates_are_rejected_at_compile_time(db, text, error, needles):
     before = db.arrow("SELECT * FROM node ORDER BY node_id")

@@ -65,7 +65,8 @@ def naive(regions, customers, orders, visits, time: bool) -> dict[int, list[floa
                                                        math.nan if r[2] is None else float(["cold", "warm"].index(r[2]))]
         mine = [o for o in orders if o[1] == key and (not time or o[4] < since)]
         row.append(float(len(mine)))
-        for values in ([o[2] for o in mine], [float(o[3]) for o in mine], [epoch(o[4]) for o in mine], [float(o[5]) for o in mine]):
+        for values in ([o[2] for o in mine], [float(o[3]) for o in mine], [epoch(o[4]) for o in mine],
+                       [float(o[5]) for o in mine]):
             present = [v for v in values if v is not None]
             row += [np.mean(present), min(present), max(present)] if present else [math.nan] * 3
         if not time:

@@ -34,7 +34,8 @@ COUNTS = Counts()
 QUERIES = [
     "COUNT(orders.*) OVER 30 DAYS > 0 FOR customer AT EVERY 45 DAYS",
     "SUM(orders.amount) OVER 60 DAYS >= 100 FOR customer.customer_id = orders.customer_id ALL AT 2021-03-01, 2021-06-01",
-    "COUNT(orders.*) OVER 14 DAYS FOR EACH customer SINCE customer.joined TIME orders.ordered_at AT EVERY 30 DAYS FROM 2021-02-01 TO 2021-10-01",
+    "COUNT(orders.*) OVER 14 DAYS FOR EACH customer SINCE customer.joined TIME orders.ordered_at "
+    "AT EVERY 30 DAYS FROM 2021-02-01 TO 2021-10-01",
     "COUNT(visits.*) OVER 7 DAYS != 0 FOR customer ACTIVE AT '2021-05-01 12:00:00'",
     "COUNT(orders.*) OVER 30 DAYS <> 0 FOR customer TIME date_dim.d_date VIA orders.day_sk = date_dim.d_date_sk AT 2021-04-01",
 ]
@@ -70,7 +71,8 @@ def _world(path: Path) -> relsql.Database:
     db.con.executemany("INSERT INTO orders VALUES (?, ?, ?, ?, ?)",
                        [(i, c, base + dt.timedelta(days=d), k, a) for i, c, d, k, a in orders])
     db.con.executemany("INSERT INTO visits VALUES (?, ?, ?)",
-                       [(i, rng.randrange(30), dt.datetime(2021, 1, 1) + dt.timedelta(hours=rng.randrange(8000))) for i in range(300)])
+                       [(i, rng.randrange(30), dt.datetime(2021, 1, 1) + dt.timedelta(hours=rng.randrange(8000)))
+                        for i in range(300)])
     db.execute("INSERT INTO other VALUES (1, 'keep me'), (2, NULL)")
     return db
 
@@ -94,7 +96,8 @@ def report():
 
 
 def _tokens(text: str) -> list[str]:
-    return re.findall(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\d{4}-\d{2}-\d{2}(?:T[\d:.]+)?|[A-Za-z_][\w$]*|\d+(?:\.\d+)?|>=|<=|<>|!=|\S", text)
+    return re.findall(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\d{4}-\d{2}-\d{2}(?:T[\d:.]+)?|[A-Za-z_][\w$]*|\d+(?:\.\d+)?"
+                      r"|>=|<=|<>|!=|\S", text)
 
 
 def _mutate_tokens(tokens: list[str], rng: random.Random) -> list[str]:
@@ -129,7 +132,8 @@ def _query_case(rng: random.Random) -> str:
         if dates:
             i = rng.choice(dates)
             day = tokens[i].strip("'")[:10]
-            tokens[i] = "'" + day + rng.choice((" 12:00:00+05:00", "T00:00Z", " 23:59:59-11:30", "T12:00+14:00", " 00:00 UTC")) + "'"
+            tokens[i] = "'" + day + rng.choice((" 12:00:00+05:00", "T00:00Z", " 23:59:59-11:30", "T12:00+14:00",
+                                                " 00:00 UTC")) + "'"
             return " ".join(tokens)
     return " ".join(_mutate_tokens(tokens, rng))
 
@@ -207,7 +211,8 @@ def _mutate_keys(rng: random.Random, folder: Path) -> str:
         elif kind == "long":
             lines[i] = lines[i] + " " + rng.choice(("x", "(", "-- ", "customer_id, ")) * rng.choice((1000, 20_000))
         elif kind == "unicode":
-            lines[i] = lines[i].replace("customer", rng.choice(("ｃustomer", "客户", "CUSTOMER", "customer\u200b", "\"customer\"")))
+            lines[i] = lines[i].replace("customer",
+                                        rng.choice(("ｃustomer", "客户", "CUSTOMER", "customer\u200b", "\"customer\"")))
         else:
             lines[i] = lines[i] + "\r"
     return "\n".join(lines)

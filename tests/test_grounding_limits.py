@@ -173,7 +173,8 @@ try:
     else:
         BatchGrounder(template, db, "h", max_groundings=10**11)
 except KeyboardInterrupt as err:
-    print(f"stopped: {err}; temp tables left: {len(db.con.execute('FROM duckdb_tables() WHERE temporary').fetchall())}", flush=True)
+    print(f"stopped: {err}; temp tables left: "
+          f"{len(db.con.execute('FROM duckdb_tables() WHERE temporary').fetchall())}", flush=True)
     db.close()
     sys.exit(130)
 print("finished", flush=True)

@@ -126,7 +126,7 @@ def test_a_huge_k_is_refused_before_any_array(ranked, call):
     assert "k" in str(caught.value)
 
 
-# --------------------------------------------------------------------------- hard negatives: max_groundings and the database's memory
+# -------------------------------------------------------------- hard negatives: max_groundings and the database's memory
 def test_hard_negatives_over_a_cross_join_are_refused_by_the_estimate(ranked):
     """Was run until killed (a 10^12 cross join): the model's max_groundings refuses it before it runs."""
     model, _ = ranked

@@ -142,7 +142,8 @@ def test_rows_and_blend_columns_are_checked_against_the_database(saved, tmp_path
 @pytest.mark.parametrize("call", ["nextval('seq')", "currval('seq')"])
 def test_a_template_calling_a_sequence_is_refused_and_the_sequence_is_unchanged(saved, tmp_path, call):
     old = "features(o.amount, o.express)"
-    path = write(tmp_path, saved[1], lambda s: s.update(template=s["template"].replace(old, f"features(o.amount + 0 * {call}, o.express)")))
+    path = write(tmp_path, saved[1],
+                 lambda s: s.update(template=s["template"].replace(old, f"features(o.amount + 0 * {call}, o.express)")))
     db = customers()
     db.execute("CREATE SEQUENCE seq START 1")
     db.con.execute("SELECT nextval('seq')")  # currval needs a value

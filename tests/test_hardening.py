@@ -181,7 +181,8 @@ def test_no_value_reaches_sql_as_text():
     offenders = []
     for path in sorted([*ROOT.glob("relsql/**/*.py"), *ROOT.glob("connectors/*.py")]):
         for number, line in enumerate(path.read_text().splitlines(), 1):
-            if path.relative_to(ROOT).as_posix() == "relsql/sql.py" and ("Literal.number(str(int(value)))" in line or "Literal.number(repr(value))" in line):
+            if path.relative_to(ROOT).as_posix() == "relsql/sql.py" and ("Literal.number(str(int(value)))" in line
+                                                                        or "Literal.number(repr(value))" in line):
                 continue  # the helpers themselves
             if re.search(r"Literal\.number\((?!\d+\))", line) or re.search(r"\.(execute|sql|arrow)\(f[\"']", line):
                 offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")

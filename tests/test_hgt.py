@@ -99,8 +99,10 @@ def test_hgt_template_equals_pyg_hgtconv(graph):
             for t in NODE_TYPES:
                 kqv = conv.kqv_lin.lins[t]
                 for part, letter in enumerate("kqv"):
-                    ours[f"hgt{layer}_{letter}"][codes(net, f"hgt{layer}_{letter}")[t]] = kqv.weight[part * WIDTH:(part + 1) * WIDTH]
-                    ours[f"hgt{layer}_{letter}b"][codes(net, f"hgt{layer}_{letter}b")[t]] = kqv.bias[part * WIDTH:(part + 1) * WIDTH]
+                    ours[f"hgt{layer}_{letter}"][codes(net, f"hgt{layer}_{letter}")[t]] = \
+                        kqv.weight[part * WIDTH:(part + 1) * WIDTH]
+                    ours[f"hgt{layer}_{letter}b"][codes(net, f"hgt{layer}_{letter}b")[t]] = \
+                        kqv.bias[part * WIDTH:(part + 1) * WIDTH]
                 ours[f"hgt{layer}_a"][codes(net, f"hgt{layer}_a")[t]] = conv.out_lin.lins[t].weight
                 ours[f"hgt{layer}_ab"][codes(net, f"hgt{layer}_ab")[t]] = conv.out_lin.lins[t].bias
                 ours[f"hgt{layer}_skip"][codes(net, f"hgt{layer}_skip")[t]] = conv.skip[t]
@@ -137,7 +139,8 @@ def test_hgt_template_equals_pyg_hgtconv(graph):
             ours_b = torch.cat([ours[f"hgt{layer}_{c}b"].grad[codes(net, f"hgt{layer}_{c}b")[t]] for c in "kqv"])
             assert torch.allclose(ours_w, kqv.weight.grad, atol=1e-10, rtol=0)
             assert torch.allclose(ours_b, kqv.bias.grad, atol=1e-10, rtol=0)
-            assert torch.allclose(ours[f"hgt{layer}_a"].grad[codes(net, f"hgt{layer}_a")[t]], conv.out_lin.lins[t].weight.grad, atol=1e-10)
+            assert torch.allclose(ours[f"hgt{layer}_a"].grad[codes(net, f"hgt{layer}_a")[t]], conv.out_lin.lins[t].weight.grad,
+                                  atol=1e-10)
             assert torch.allclose(ours[f"hgt{layer}_skip"].grad[codes(net, f"hgt{layer}_skip")[t]], conv.skip[t].grad, atol=1e-10)
         for kind in ("k_rel", "v_rel"):
             for name, code, h, block in blocks(layer, kind):

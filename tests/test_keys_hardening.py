@@ -25,8 +25,10 @@ def _fks(keys) -> set[tuple[str, ForeignKey]]:
 
 def _digest(db: relsql.Database) -> dict[str, str]:
     """Each user table's rows, sorted, hashed: what no case may change."""
-    names = [r[0] for r in db.con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()").fetchall()]
-    return {n: hashlib.sha256(repr(db.con.execute(f'SELECT * FROM "{n}" ORDER BY ALL').fetchall()).encode()).hexdigest() for n in names}
+    names = [r[0] for r in db.con.execute("SELECT table_name FROM duckdb_tables() "
+                                          "WHERE database_name = current_database()").fetchall()]
+    return {n: hashlib.sha256(repr(db.con.execute(f'SELECT * FROM "{n}" ORDER BY ALL').fetchall()).encode()).hexdigest()
+            for n in names}
 
 
 # -- 1. a column that is its own table's whole primary key --------------------------------------------------------
@@ -102,7 +104,8 @@ def test_composite_foreign_key_of_mismatched_types_is_named_before_any_query():
     """Before: duckdb.ConversionException from Template.auto's first join."""
     db = relsql.connect()
     db.execute("CREATE TABLE parent AS SELECT range AS a, range % 4 AS b, range * 1.0 AS v, range % 2 = 0 AS y FROM range(40)")
-    db.execute("CREATE TABLE child AS SELECT range AS cid, range % 40 AS a, 'x' || (range % 4) AS b, range * 2.0 AS w FROM range(100)")
+    db.execute("CREATE TABLE child AS SELECT range AS cid, range % 40 AS a, 'x' || (range % 4) AS b, range * 2.0 AS w "
+               "FROM range(100)")
     before = _digest(db)
     keys = "PRIMARY KEY parent(a, b)\nPRIMARY KEY child(cid)\nFOREIGN KEY child(a, b) REFERENCES parent(a, b)"
     message = (r"foreign key child\(a, b\) -> parent\(a, b\) \(given in the keys text line 3\): column types do not "

@@ -18,7 +18,8 @@ EPS = 1e-5  # torch.nn.LayerNorm's default, which layer_norm uses
 def db():
     db = relsql.connect()
     db.execute("CREATE TABLE t(id INT PRIMARY KEY, a DOUBLE, b DOUBLE, c DOUBLE, y BOOLEAN)")
-    db.execute("INSERT INTO t SELECT i, sin(i) * 3, cos(i * 0.7) + i / 40.0, (i * 37 % 11) - 5.0, i % 3 = 0 FROM range(1, 81) r(i)")
+    db.execute("INSERT INTO t SELECT i, sin(i) * 3, cos(i * 0.7) + i / 40.0, (i * 37 % 11) - 5.0, i % 3 = 0 "
+               "FROM range(1, 81) r(i)")
     yield db
     db.con.close()
 

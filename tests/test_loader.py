@@ -128,5 +128,6 @@ def test_the_batch_process_serves_every_epoch_and_close_ends_it():
         again = [batch.rows for batch in loader]
         assert batch_children() - before == started
     assert len(first) == len(again) > 1 and loader.epoch == 3
-    assert np.array_equal(np.concatenate(again), m.rows["train"][np.random.default_rng([m.seed, 2]).permutation(len(m.rows["train"]))])
+    assert np.array_equal(np.concatenate(again),
+                          m.rows["train"][np.random.default_rng([m.seed, 2]).permutation(len(m.rows["train"]))])
     assert not batch_children() - before

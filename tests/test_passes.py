@@ -65,7 +65,8 @@ class Case:
 
 @pytest.fixture(scope="module")
 def cases(mutag, molecules, neuralogic_mutagenesis, shop) -> dict[str, Case]:
-    return {name: Case(template, db) for name, (template, db) in templates(mutag, molecules, neuralogic_mutagenesis, shop).items()}
+    return {name: Case(template, db)
+            for name, (template, db) in templates(mutag, molecules, neuralogic_mutagenesis, shop).items()}
 
 
 LARGE_CASES = {"mutagenesis.sql", "auto-shop", "auto-mutagenesis"}  # 2-10 s a pass: each pass alone is `slow` there

@@ -22,7 +22,8 @@ CREATE TABLE user_h AS SELECT u.user_id, tanh(linear(features(u.age), 4, 'wu')) 
 CREATE TABLE item_h AS SELECT i.user_id, avg(relu(linear(features(i.x), 4, 'wi') + embed(i.kind, 4, 'kind'))) AS h
 FROM item i GROUP BY i.user_id;
 CREATE TABLE pred AS
-SELECT i.id, linear(tanh({embed} + linear(features(i.x), 4, 'wx') + linear(uh.h, 4, 'wuh') + linear(ih.h, 4, 'wih')), 1, 'out') AS h
+SELECT i.id, linear(tanh({embed} + linear(features(i.x), 4, 'wx') + linear(uh.h, 4, 'wuh') + linear(ih.h, 4, 'wih')),
+                    1, 'out') AS h
 FROM item i JOIN user_h uh ON uh.user_id = i.user_id JOIN item_h ih ON ih.user_id = i.user_id;
 """
 

@@ -161,7 +161,8 @@ def test_foreign_key_declares_the_entity_only(small):
     parse("LIST_DISTINCT(purchase.item_id) OVER 30 DAYS FOR customer AT 2021-04-01").write(db, "t_fk", foreign_key=True)
     table = db.catalog()["t_fk"]
     assert table.primary_key == ("task_id",)
-    assert [(fk.columns, fk.table, fk.references) for fk in table.foreign_keys] == [(("customer_id",), "customer", ("customer_id",))]
+    assert ([(fk.columns, fk.table, fk.references) for fk in table.foreign_keys]
+            == [(("customer_id",), "customer", ("customer_id",))])
     assert written(db, "t_fk") == naive(customers, purchases, [dt.date(2021, 4, 1)], 30)
 
 
@@ -176,7 +177,8 @@ def test_a_parquet_folder_gets_a_list_column_and_sqlite_is_refused(small, tmp_pa
     with contextlib.closing(sqlite3.connect(sqlite)) as lite:
         lite.execute("CREATE TABLE customer(customer_id INTEGER PRIMARY KEY, name TEXT)")
         lite.execute("CREATE TABLE item(item_id INTEGER PRIMARY KEY, category TEXT)")
-        lite.execute("CREATE TABLE purchase(purchase_id INTEGER PRIMARY KEY, customer_id INTEGER REFERENCES customer(customer_id), "
+        lite.execute("CREATE TABLE purchase(purchase_id INTEGER PRIMARY KEY, "
+                     "customer_id INTEGER REFERENCES customer(customer_id), "
                      "item_id INTEGER REFERENCES item(item_id), bought DATE)")
         lite.executemany("INSERT INTO customer VALUES (?, ?)", customers)
         lite.executemany("INSERT INTO purchase VALUES (?, ?, ?, ?)", [(*p[:3], p[3].isoformat()) for p in purchases])

@@ -60,7 +60,9 @@ def relbench_graph(db: relsql.Database):
     tables = {t: Table(f.drop(columns=["_key"], errors="ignore"), fkeys.get(t, {}), pkeys.get(t)) for t, f in frames.items()}
     stypes = {"customer": {"age": stype.numerical, "vip": stype.categorical}, "product": {"price": stype.numerical},
               "orders": {"amount": stype.numerical}, "review": {"stars": stype.numerical}}
-    data, _ = make_pkey_fkey_graph(Database(tables), {t: {**{c: stype.numerical for c in ("cid", "sku", "oid") if c in frames[t]}, **s} for t, s in stypes.items()})
+    data, _ = make_pkey_fkey_graph(Database(tables),
+                                   {t: {**{c: stype.numerical for c in ("cid", "sku", "oid") if c in frames[t]}, **s}
+                                    for t, s in stypes.items()})
     keys = {t: frames[t]["_key"].tolist() for t in pkeys}
     keys["review"] = list(zip(frames["review"]["stars"]))
     return data, keys
@@ -186,7 +188,8 @@ def test_pyg_scatter_on_the_exported_grounding_computes_the_model():
 
 def test_a_mini_batch_model_exports_the_whole_grounding_as_full_batch_does():
     full = to_heterodata(relsql.Model(molecules(), relsql.Template.from_sql(TEMPLATE), "atom.label", dtype=torch.float64))
-    batched = to_heterodata(relsql.Model(molecules(), relsql.Template.from_sql(TEMPLATE), "atom.label", dtype=torch.float64, batch_size=7))
+    batched = to_heterodata(relsql.Model(molecules(), relsql.Template.from_sql(TEMPLATE), "atom.label", dtype=torch.float64,
+                                         batch_size=7))
     assert set(full.edge_types) == set(batched.edge_types)
     for edge_type in full.edge_types:
         assert torch.equal(full[edge_type].edge_index, batched[edge_type].edge_index)

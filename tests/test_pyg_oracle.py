@@ -306,7 +306,8 @@ def test_mutag_tables_match_raw_files_and_recipes(mutag_db):
     lowest = min(node_labels)
     for node_id, label, x in con.execute("SELECT node_id, label, x FROM node ORDER BY node_id").fetchall():
         assert len(x) == MUTAG_NODE_LABELS and x[label - lowest] == 1.0 and sum(x) == 1.0, node_id
-    types = dict(con.execute("SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 'node'").fetchall())
+    types = dict(con.execute("SELECT column_name, data_type FROM information_schema.columns "
+                             "WHERE table_name = 'node'").fetchall())
     assert types == {"node_id": "BIGINT", "graph_id": "BIGINT", "label": "BIGINT", "x": "DOUBLE[]"}
     assert con.execute("SELECT count(*) FROM duckdb_constraints() WHERE constraint_type = 'PRIMARY KEY'").fetchone()[0] == 2
 

@@ -43,7 +43,8 @@ def shop(path, customers: int = 60, items: int = 40, seed: int = 0) -> relsql.Da
     for c in range(customers):
         for month in range(6):
             for _ in range(3):
-                rows.append((pid, c, int(rng.choice(favourites[c])), START + dt.timedelta(days=30 * month + int(rng.integers(30)))))
+                rows.append((pid, c, int(rng.choice(favourites[c])),
+                             START + dt.timedelta(days=30 * month + int(rng.integers(30)))))
                 pid += 1
     con.executemany("INSERT INTO purchase VALUES (?, ?, ?, ?)", rows)
     tasks, tid = [], 0

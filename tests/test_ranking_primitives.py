@@ -92,7 +92,8 @@ def test_top_k_ties_across_groups_of_columns():
     _, indices = top_k(torch.ones(3, 1, dtype=torch.float64), values, 2, column_chunk=8 * GROUP)
     assert indices.tolist() == [[3 * GROUP, GROUP - 1]] * 3
     for order in (1, -1):  # every group's maximum is 5, at varying places: the three lowest indices win
-        fives = (torch.arange(8) * GROUP + GROUP - 1 - torch.arange(8)).flip(0) if order < 0 else torch.arange(8) * GROUP + torch.arange(8)
+        fives = ((torch.arange(8) * GROUP + GROUP - 1 - torch.arange(8)).flip(0) if order < 0
+                 else torch.arange(8) * GROUP + torch.arange(8))
         values = torch.zeros(8 * GROUP, 1, dtype=torch.float64)
         values[fives] = 5.0
         _, indices = top_k(torch.ones(3, 1, dtype=torch.float64), values, 3, column_chunk=8 * GROUP)
@@ -438,7 +439,8 @@ def test_sampled_softmax_log_q_correction():
     negative = torch.randn(6, 4, generator=generator, dtype=torch.float64)
     log_q = torch.log(torch.rand(4, generator=generator, dtype=torch.float64))
     got = ranking_loss("softmax", positive, negative, log_q=log_q)
-    assert float(got) == pytest.approx(naive_loss("softmax", positive.tolist(), negative.tolist(), [log_q.tolist()] * 6), rel=1e-12)
+    assert float(got) == pytest.approx(naive_loss("softmax", positive.tolist(), negative.tolist(), [log_q.tolist()] * 6),
+                                       rel=1e-12)
     assert float(got) != pytest.approx(float(ranking_loss("softmax", positive, negative)))
     for constant in (0.0, -math.log(1000.0), 3.5):  # uniform sampling: the correction is no correction
         for shape in ((4,), (6, 4)):

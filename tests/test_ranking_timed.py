@@ -223,7 +223,8 @@ def test_a_blended_models_scores_and_saved_share(blended_model, tmp_path):
     snapshot = {r["task_id"]: r["snapshot"] for r in db.arrow("SELECT task_id, snapshot FROM task_rec").to_pylist()}
     frame = model.recommend(k=10, keys=pl.DataFrame({"task_id": list(range(0, 200, 9))}))
     for row in frame.to_dicts():
-        expected = alpha * float(query[row["task_id"]] @ item[row["item_id"]]) + sold.get((snapshot[row["task_id"]], row["item_id"]), 0.0)
+        expected = (alpha * float(query[row["task_id"]] @ item[row["item_id"]])
+                    + sold.get((snapshot[row["task_id"]], row["item_id"]), 0.0))
         assert row["score"] == pytest.approx(expected, rel=1e-5, abs=1e-5)
     loaded = relsql.Model.load(model.save(tmp_path / "blend.relsql"), db)
     assert float(loaded.learner.head.alpha) == alpha

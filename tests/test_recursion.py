@@ -176,7 +176,8 @@ def test_a_cycle_of_two_relations_unrolls_in_step(tmp_path):
 
 
 @pytest.mark.parametrize("make, needles", [
-    (lambda: relsql.Template.from_sql(RECURSIVE.replace("-- relsql: depth 3\n", "")), ["recursive template", "reach -> reach", "depth"]),
+    (lambda: relsql.Template.from_sql(RECURSIVE.replace("-- relsql: depth 3\n", "")),
+     ["recursive template", "reach -> reach", "depth"]),
     (lambda: relsql.Template.from_sql(RECURSIVE, depth=2), ["depth=2 disagrees", "depth 3"]),
     (lambda: relsql.Template.from_sql(RECURSIVE.replace("depth 3", "depth 0")), ["from 1 to 64", "'0'"]),
     (lambda: relsql.Template.from_sql(RECURSIVE.replace("depth 3", "depth three")), ["whole number", "three"]),

@@ -22,7 +22,8 @@ FIELDS = [f for f in ModelState.__dataclass_fields__ if f not in ("labelled", "y
 
 def with_spend(db: relsql.Database) -> relsql.Database:
     db.execute("ALTER TABLE customer ADD COLUMN spend DOUBLE")
-    db.execute("UPDATE customer SET spend = (SELECT sum(amount) FROM orders o WHERE o.customer_id = customer.customer_id) * 3 + 1")
+    db.execute("UPDATE customer SET spend = (SELECT sum(amount) FROM orders o WHERE o.customer_id = customer.customer_id) "
+               "* 3 + 1")
     return db
 
 

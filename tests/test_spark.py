@@ -194,7 +194,8 @@ def test_a_model_on_spark_trained_on_two_ranks_equals_one_duckdb_process(spark, 
 
 
 def test_spark_errors_name_the_statement(spark, molecules_on_spark):
-    template = relsql.Template.from_sql("CREATE TABLE p AS SELECT m.molecule_id, linear(features(m.nope), 1, 'w') AS h FROM molecule m;")
+    template = relsql.Template.from_sql("CREATE TABLE p AS SELECT m.molecule_id, linear(features(m.nope), 1, 'w') AS h "
+                                        "FROM molecule m;")
     with relsql.connect(spark) as on_spark, pytest.raises(relsql.RelsqlError, match="nope"):
         relsql.Model(on_spark, template, "molecule.mutagenic", batch_size=64, progress=False)
 

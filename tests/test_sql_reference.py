@@ -48,13 +48,15 @@ def build_database(path, seed: int) -> None:
         con.execute("INSERT INTO person VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [
             pid, float(rng.uniform(18, 80)), income, int(rng.integers(0, 10)), 2.5, city, vec, bool(rng.random() < 0.5)])
     con.execute(
-        "CREATE TABLE item (iid INTEGER PRIMARY KEY, price DOUBLE, cat VARCHAR, emb DOUBLE[], stock INTEGER, discount DECIMAL(5, 2))")
+        "CREATE TABLE item (iid INTEGER PRIMARY KEY, price DOUBLE, cat VARCHAR, emb DOUBLE[], stock INTEGER, "
+        "discount DECIMAL(5, 2))")
     n_item = 9
     for iid in range(1, n_item + 1):
         cat = None if iid == 4 else ["food", "tools", "toys"][int(rng.integers(0, 3))]
         stock = None if rng.random() < 0.3 else int(rng.integers(0, 20))
         con.execute("INSERT INTO item VALUES (?, ?, ?, ?, ?, ?)", [
-            iid, float(rng.uniform(0.5, 3.0)), cat, [float(v) for v in rng.normal(0, 1, 3)], stock, round(float(rng.uniform(0, 1)), 2)])
+            iid, float(rng.uniform(0.5, 3.0)), cat, [float(v) for v in rng.normal(0, 1, 3)], stock,
+            round(float(rng.uniform(0, 1)), 2)])
     con.execute(
         "CREATE TABLE purchase (bid INTEGER PRIMARY KEY, pid INTEGER REFERENCES person(pid), "
         "iid INTEGER REFERENCES item(iid), qty INTEGER, amount DOUBLE)")
@@ -76,11 +78,13 @@ TEMPLATES = {
     # one per-row relation per activation; embed, features (with a NULL and a constant column),
     # bias, list columns, a NULL-containing integer column inside concat, scalar constants
     "per_row_activations": """
-        CREATE TABLE a_relu AS SELECT p.pid, relu(linear(features(p.age, p.income, p.score, p.flag), 3, 'w_f')) AS h FROM person p;
+        CREATE TABLE a_relu AS SELECT p.pid, relu(linear(features(p.age, p.income, p.score, p.flag), 3, 'w_f')) AS h
+        FROM person p;
         CREATE TABLE a_tanh AS SELECT p.pid, tanh(embed(p.city, 3, 'e_city') + bias(3, 'b_t')) AS h FROM person p;
         CREATE TABLE a_sigmoid AS SELECT p.pid, sigmoid(linear(p.vec, 2, 'w_vec')) AS h FROM person p;
         CREATE TABLE a_identity AS SELECT i.iid, identity(linear(i.emb, 3, 'w_emb') - bias(3, 'b_i')) AS h FROM item i;
-        CREATE TABLE a_leaky AS SELECT i.iid, leaky_relu(linear(i.price, 3, 'w_price') + embed(i.cat, 3, 'e_cat')) AS h FROM item i;
+        CREATE TABLE a_leaky AS SELECT i.iid, leaky_relu(linear(i.price, 3, 'w_price') + embed(i.cat, 3, 'e_cat')) AS h
+        FROM item i;
         CREATE TABLE a_exp AS SELECT i.iid, exp(0.5 * linear(i.emb, 2, 'w_emb2')) AS h FROM item i;
         CREATE TABLE a_log AS SELECT i.iid, log(1 + exp(linear(concat(i.emb, i.stock * 0.1), 2, 'w_log'))) AS h FROM item i;
         CREATE TABLE a_softmax AS
@@ -126,7 +130,8 @@ TEMPLATES = {
         SELECT b.pid, sum(linear(x.h, 3, 'w_msg') * b.qty) AS h
         FROM purchase b JOIN ih x ON x.iid = b.iid WHERE b.qty >= 2 AND b.iid <> 5 GROUP BY b.pid;
         CREATE TABLE msg AS SELECT p.pid, 0.5 * bias(3, 'b_self') AS h FROM person p WHERE p.age > 45;
-        CREATE TABLE msg AS SELECT p.pid, p.age * 0.01 * linear(y.h, 3, 'w_msg') AS h FROM person p JOIN ph y ON y.pid = p.pid WHERE p.active;
+        CREATE TABLE msg AS SELECT p.pid, p.age * 0.01 * linear(y.h, 3, 'w_msg') AS h
+        FROM person p JOIN ph y ON y.pid = p.pid WHERE p.active;
         CREATE TABLE out AS
         SELECT p.city, sigmoid(linear(sum(m.h), 1, 'w_out') + bias(1, 'b_out')) AS h
         FROM person p JOIN msg m ON m.pid = p.pid GROUP BY p.city;
@@ -272,7 +277,8 @@ def compare(ours: dict, theirs: dict) -> float:
     worst = 0.0
     for relation in theirs:
         mine, other = ours[relation], theirs[relation]
-        assert set(mine) == set(other), f"{relation}: head keys differ: only relsql {set(mine) - set(other)}, only reference {set(other) - set(mine)}"
+        assert set(mine) == set(other), (f"{relation}: head keys differ: only relsql {set(mine) - set(other)}, "
+                                         f"only reference {set(other) - set(mine)}")
         for key, value in other.items():
             expected = np.asarray(value, dtype=np.float64).reshape(-1)
             got = mine[key].reshape(-1)
@@ -342,7 +348,8 @@ def test_reference_by_hand(tmp_path):
     con.execute("INSERT INTO e VALUES (1, 2), (1, 3), (2, 3)")
     sql = """
         CREATE TABLE v AS SELECT n.id, linear(n.x, 2, 'w') + embed(n.c, 2, 'e') + features(n.x) AS h FROM n;
-        CREATE TABLE agg AS SELECT e.s, concat(sum(t.h), max(t.h), min(t.h), count(*)) AS h FROM e JOIN v t ON t.id = e.d GROUP BY e.s;
+        CREATE TABLE agg AS SELECT e.s, concat(sum(t.h), max(t.h), min(t.h), count(*)) AS h
+        FROM e JOIN v t ON t.id = e.d GROUP BY e.s;
         CREATE TABLE agg AS SELECT n.id AS s, relu(0 - bias(1, 'b')) AS h FROM n WHERE n.id = 3;
     """
     w = np.array([[1.0], [-2.0]])
@@ -355,7 +362,8 @@ def test_reference_by_hand(tmp_path):
     v3 = np.array([0.0, 0.0]) + e[0] + np.array([0.0, 1.0])
     assert set(values["v"]) == {(1,), (2,), (3,)}
     np.testing.assert_allclose(values["v"][(2,)], v2, atol=1e-12)
-    np.testing.assert_allclose(values["agg"][(1,)], np.concatenate([v2 + v3, np.maximum(v2, v3), np.minimum(v2, v3), [2.0]]), atol=1e-12)
+    np.testing.assert_allclose(values["agg"][(1,)], np.concatenate([v2 + v3, np.maximum(v2, v3), np.minimum(v2, v3), [2.0]]),
+                               atol=1e-12)
     assert not np.allclose(np.maximum(v2, v3), v2) and not np.allclose(np.maximum(v2, v3), v3)
     argmax = ref.evaluate(con, sql, {"w": w, "e": e, "b": np.array([-4.0])}, {"e": {"a": 0, "b": 1}}, max_mode="argmax")
     best, worst = (v2, v3) if v2.sum() > v3.sum() else (v3, v2)

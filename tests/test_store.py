@@ -69,7 +69,8 @@ def test_store_batches_equal_batches_grounded_in_the_database(molecules, tmp_pat
 def test_store_fanout_is_capped_seeded_and_independent_of_the_batch(molecules):
     tpl = relsql.Template.from_file(ROOT / "sql" / "mutagenesis.sql")
     exact = GroundingStore.open(quiet(BatchGrounder, tpl, molecules, "predict", progress=False), progress=False)
-    capped = GroundingStore.open(quiet(BatchGrounder, tpl, molecules, "predict", fanout=2, seed=3, progress=False), progress=False)
+    capped = GroundingStore.open(quiet(BatchGrounder, tpl, molecules, "predict", fanout=2, seed=3, progress=False),
+                                 progress=False)
     rows = np.arange(20)
     full, first = exact.ground(rows), capped.ground(rows, sample=0)
     again, other = capped.ground(rows, sample=0), capped.ground(rows, sample=1)

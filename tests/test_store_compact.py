@@ -56,7 +56,8 @@ CREATE TABLE user_h AS SELECT u.user_id, tanh(linear(features(u.age), 4, 'wu') +
                                             + text(u.bio, 3, 'bio', buckets={buckets}, tokens=6)) AS h FROM users u;
 CREATE TABLE user_items AS SELECT i.user_id, avg(tanh(linear(features(i.x), 4, 'wi'))) AS h FROM item i GROUP BY i.user_id;
 CREATE TABLE pred AS
-SELECT i.id, linear(tanh(embed(i.user_id, 4, 'user', storage='database') + linear(uh.h, 4, 'wuh') + linear(ui.h, 4, 'wui')), 1, 'out') AS h
+SELECT i.id, linear(tanh(embed(i.user_id, 4, 'user', storage='database') + linear(uh.h, 4, 'wuh') + linear(ui.h, 4, 'wui')),
+                    1, 'out') AS h
 FROM item i JOIN user_h uh ON uh.user_id = i.user_id JOIN user_items ui ON ui.user_id = i.user_id;
 """
 

@@ -67,7 +67,8 @@ def _mutate_manifest(rng: random.Random, folder: Path) -> str:
         kind = "garbage"
     if kind == "garbage":
         (folder / MANIFEST).write_bytes(rng.choice([b"", b"{", b"\xff\xfe\x00", b"[]", b"null", b"[" * 50_000,
-                                                    text.encode()[: rng.randrange(max(1, len(text)))], b'{"format": "relsql-store-3"}']))
+                                                    text.encode()[: rng.randrange(max(1, len(text)))],
+                                                    b'{"format": "relsql-store-3"}']))
         return "manifest garbage"
     container, key, _ = rng.choice(list(_paths(manifest)))
     if kind == "drop":
@@ -89,7 +90,8 @@ def _mutate_file(rng: random.Random, build: Path, other_build: Path) -> str:
         path.write_bytes(data + bytes(rng.choice([1, 8, 4096])))
     elif kind == "zero":
         start = rng.randrange(max(1, len(data)))
-        path.write_bytes(data[:start] + bytes(min(len(data) - start, rng.choice([8, 64, 10**9]))) + data[start + 64:][: max(0, len(data) - start - 64)])
+        path.write_bytes(data[:start] + bytes(min(len(data) - start, rng.choice([8, 64, 10**9])))
+                         + data[start + 64:][: max(0, len(data) - start - 64)])
     elif kind == "permute" and len(data) >= 16 and len(data) % 8 == 0:
         path.write_bytes(np.random.default_rng(rng.randrange(1000)).permutation(np.frombuffer(data, np.int64)).tobytes())
     elif kind == "flip" and data:

@@ -30,7 +30,8 @@ TEMPLATE = """
 CREATE TABLE user_h AS SELECT u.user_id, tanh(linear(features(u.age), 4, 'wu') + embed(u.region, 4, 'region')) AS h FROM users u;
 CREATE TABLE user_items AS SELECT i.user_id, avg(tanh(linear(features(i.x), 4, 'wi'))) AS h FROM item i GROUP BY i.user_id;
 CREATE TABLE pred AS
-SELECT i.id, linear(tanh(embed(i.user_id, 4, 'user', storage='database') + linear(uh.h, 4, 'wuh') + linear(ui.h, 4, 'wui')), 1, 'out') AS h
+SELECT i.id, linear(tanh(embed(i.user_id, 4, 'user', storage='database') + linear(uh.h, 4, 'wuh') + linear(ui.h, 4, 'wui')),
+                    1, 'out') AS h
 FROM item i JOIN user_h uh ON uh.user_id = i.user_id JOIN user_items ui ON ui.user_id = i.user_id;
 """
 
@@ -334,7 +335,8 @@ def _mount_tmpfs(where: Path, size: str) -> bool:
     where.mkdir()
     if os.geteuid() != 0 or not shutil.which("mount"):
         return False
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True).returncode == 0
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                          capture_output=True).returncode == 0
 
 
 def test_a_full_or_read_only_tmpfs_is_a_relsql_error(shop, tmp_path):

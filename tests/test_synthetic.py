@@ -36,7 +36,8 @@ def _snapshot(con):
 def test_row_counts(con):
     assert con.execute("SELECT count(*) FROM customer").fetchone()[0] == 2000
     assert con.execute("SELECT count(*) FROM product").fetchone()[0] == 200
-    per = con.execute("SELECT min(n), max(n), count(*), sum(n) FROM (SELECT customer_id, count(*) AS n FROM orders GROUP BY 1)").fetchone()
+    per = con.execute("SELECT min(n), max(n), count(*), sum(n) "
+                      "FROM (SELECT customer_id, count(*) AS n FROM orders GROUP BY 1)").fetchone()
     assert per[0] >= 1 and per[1] <= 8 and per[2] == 2000  # every customer has 1..8 orders
     assert per[3] == con.execute("SELECT count(*) FROM orders").fetchone()[0]
     small = duckdb.connect()
@@ -48,13 +49,15 @@ def test_columns_and_types(con):
     db = relsql.connect(con)
     assert db.columns("customer") == [("customer_id", "INTEGER"), ("age", "DOUBLE"), ("region", "VARCHAR"),
                                       ("signup", "DATE"), ("churned", "BOOLEAN")]
-    assert db.columns("product") == [("product_id", "INTEGER"), ("price", "DOUBLE"), ("category", "VARCHAR"), ("quality", "DOUBLE")]
+    assert db.columns("product") == [("product_id", "INTEGER"), ("price", "DOUBLE"), ("category", "VARCHAR"),
+                                     ("quality", "DOUBLE")]
     assert db.columns("orders") == [("order_id", "INTEGER"), ("customer_id", "INTEGER"), ("product_id", "INTEGER"),
                                     ("quantity", "INTEGER"), ("ordered_at", "DATE")]
     # referential integrity holds in the data even without declared keys
     assert con.execute("SELECT count(*) FROM orders o ANTI JOIN customer c USING (customer_id)").fetchone()[0] == 0
     assert con.execute("SELECT count(*) FROM orders o ANTI JOIN product p USING (product_id)").fetchone()[0] == 0
-    assert con.execute("SELECT count(*) FROM orders o JOIN customer c USING (customer_id) WHERE o.ordered_at < c.signup").fetchone()[0] == 0
+    assert con.execute("SELECT count(*) FROM orders o JOIN customer c USING (customer_id) "
+                       "WHERE o.ordered_at < c.signup").fetchone()[0] == 0
 
 
 def test_keys_declared(con):

@@ -113,7 +113,8 @@ def test_a_time_split_trains_on_the_earliest_rows(db):
     assert max(times["train"]) <= min(times["val"]) and max(times["val"]) <= min(times["test"])
     assert len(set(times["train"])) > 1  # the column varies: the ordering above says something
     random = model(db, "churned", split=(0.6, 0.2, 0.2))
-    assert max(signup[k] for k in _keys(random, random.rows["train"])) > min(signup[k] for k in _keys(random, random.rows["test"]))
+    assert (max(signup[k] for k in _keys(random, random.rows["train"]))
+            > min(signup[k] for k in _keys(random, random.rows["test"])))
 
 
 def test_a_template_that_reads_the_target_is_refused(db):

@@ -34,11 +34,12 @@ def tiny_tpch(tmp_path_factory):
                         [[k + 1, round(float(rng.uniform(-999, 9999)), 2)] for k in range(n_customer)])
         con.execute("CREATE TABLE orders (o_orderkey BIGINT, o_custkey BIGINT, o_totalprice DECIMAL(15, 2))")
         con.executemany("INSERT INTO orders VALUES (?, ?, ?)",
-                        [[k + 1, int(rng.integers(1, n_customer + 1)), round(float(rng.uniform(1e3, 4e5)), 2)] for k in range(n_order)])
-        con.execute("CREATE TABLE lineitem (l_orderkey BIGINT, l_partkey BIGINT, l_linenumber INTEGER, l_quantity DECIMAL(15, 2), "
-                    "l_extendedprice DECIMAL(15, 2), l_discount DECIMAL(15, 2))")
-        rows = [[o + 1, int(rng.integers(1, n_part + 1)), n + 1, float(rng.integers(1, 51)), round(float(rng.uniform(900, 1e5)), 2),
-                 round(float(rng.integers(0, 11)) / 100, 2)]
+                        [[k + 1, int(rng.integers(1, n_customer + 1)), round(float(rng.uniform(1e3, 4e5)), 2)]
+                         for k in range(n_order)])
+        con.execute("CREATE TABLE lineitem (l_orderkey BIGINT, l_partkey BIGINT, l_linenumber INTEGER, "
+                    "l_quantity DECIMAL(15, 2), l_extendedprice DECIMAL(15, 2), l_discount DECIMAL(15, 2))")
+        rows = [[o + 1, int(rng.integers(1, n_part + 1)), n + 1, float(rng.integers(1, 51)),
+                 round(float(rng.uniform(900, 1e5)), 2), round(float(rng.integers(0, 11)) / 100, 2)]
                 for o in range(n_order) for n in range(int(rng.integers(1, 8)))]
         con.executemany("INSERT INTO lineitem VALUES (?, ?, ?, ?, ?, ?)", rows)
     finally:
@@ -72,7 +73,8 @@ def test_signed_size_label_is_the_documented_rule(tiny_tpch, bench_db):
                               "FROM (SELECT DISTINCT p_brand FROM part)")
     sign = {b: 1.0 if r % 2 == 0 else -1.0 for b, r in zip(order["p_brand"], order["r"])}
     assert abs(sum(sign.values())) <= 1  # half and half
-    part_score = {k: sign[b] * math.cos(2 * math.pi * s / 20) for k, b, s in zip(parts["p_partkey"], parts["p_brand"], parts["p_size"])}
+    part_score = {k: sign[b] * math.cos(2 * math.pi * s / 20)
+                  for k, b, s in zip(parts["p_partkey"], parts["p_brand"], parts["p_size"])}
     per_order: dict[int, list[float]] = {}
     for o, p in zip(items["l_orderkey"], items["l_partkey"]):
         per_order.setdefault(int(o), []).append(part_score[int(p)])
@@ -97,7 +99,8 @@ def _reference_logits(model: relsql.Model, path, keys: np.ndarray) -> np.ndarray
     def std(x, key):
         return (np.asarray(x, dtype=np.float64) - stats[key]["mean"]) / stats[key]["std"]
 
-    parts = _fetch(path, "SELECT p_partkey, p_brand, p_size::DOUBLE AS s, p_retailprice::DOUBLE AS r FROM part ORDER BY p_partkey")
+    parts = _fetch(path, "SELECT p_partkey, p_brand, p_size::DOUBLE AS s, p_retailprice::DOUBLE AS r "
+                         "FROM part ORDER BY p_partkey")
     part_h = np.tanh(w["part_h.embed0"][[code[b] for b in parts["p_brand"]]]
                      + np.stack([std(parts["s"], "part_h#0:1"), std(parts["r"], "part_h#0:2")], 1) @ w["w_part"].T + w["b_part"])
     customers = _fetch(path, "SELECT c_custkey, c_acctbal::DOUBLE AS a FROM customer ORDER BY c_custkey")
@@ -164,8 +167,10 @@ def test_seed_summary_medians_count_unreached_runs_as_slowest():
 def test_chance_level_seeds_are_left_out(capsys):
     """A seed whose PyG run stayed at chance (its best within 0.05 of the majority class) is printed
     but not in the medians."""
-    pairs = [(_side(10.0, 600, 0) | {"best_test_accuracy": 0.86, "s_per_epoch": 1.0}, _side(4.0, 500) | {"best_test_accuracy": 0.87, "s_per_epoch": 1.0, "loadavg": "1"}, 0.86, 0.4),
-             (_side(9.0, 600, 2) | {"best_test_accuracy": 0.5003, "s_per_epoch": 1.0}, _side(None, 500) | {"best_test_accuracy": 0.4997, "s_per_epoch": 1.0, "loadavg": "1"}, 0.5003, None)]
+    pairs = [(_side(10.0, 600, 0) | {"best_test_accuracy": 0.86, "s_per_epoch": 1.0},
+              _side(4.0, 500) | {"best_test_accuracy": 0.87, "s_per_epoch": 1.0, "loadavg": "1"}, 0.86, 0.4),
+             (_side(9.0, 600, 2) | {"best_test_accuracy": 0.5003, "s_per_epoch": 1.0},
+              _side(None, 500) | {"best_test_accuracy": 0.4997, "s_per_epoch": 1.0, "loadavg": "1"}, 0.5003, None)]
     assert tta.learnt(pairs, 0.501) == pairs[:1]
     tta._print_seeds(1.0, pairs, 0.501)
     out = capsys.readouterr().out

@@ -37,7 +37,8 @@ def test_row_counts_follow_tpch_formulas(con):
     for name, n in counts.items():
         assert con.execute(f"SELECT count(*) FROM {name}").fetchone()[0] == n
     # dbgen declares no keys
-    assert con.execute("SELECT count(*) FROM duckdb_constraints() WHERE constraint_type IN ('PRIMARY KEY', 'FOREIGN KEY')").fetchone()[0] == 0
+    assert con.execute("SELECT count(*) FROM duckdb_constraints() "
+                       "WHERE constraint_type IN ('PRIMARY KEY', 'FOREIGN KEY')").fetchone()[0] == 0
 
 
 def test_refuses_to_overwrite(con):
@@ -76,8 +77,10 @@ def test_copy_to_postgres(con, pg_server):
         for table, n in counts.items():
             assert db.con.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == n
         # contents survive the trip, not only counts
-        here = con.execute("SELECT sum(l_extendedprice), sum(l_quantity), max(l_shipdate), count(DISTINCT l_orderkey) FROM lineitem").fetchone()
-        there = db.con.execute("SELECT sum(l_extendedprice), sum(l_quantity), max(l_shipdate), count(DISTINCT l_orderkey) FROM lineitem").fetchone()
+        here = con.execute("SELECT sum(l_extendedprice), sum(l_quantity), max(l_shipdate), count(DISTINCT l_orderkey) "
+                           "FROM lineitem").fetchone()
+        there = db.con.execute("SELECT sum(l_extendedprice), sum(l_quantity), max(l_shipdate), count(DISTINCT l_orderkey) "
+                               "FROM lineitem").fetchone()
         assert there == here
     finally:
         db.close()

@@ -36,7 +36,8 @@ GROUP BY c.customer_id;
 def customers(n: int = 240) -> relsql.Database:
     """n customers with 1-4 orders each; the label is the sign of their mean amount (NULL for every 11th)."""
     db = relsql.connect()
-    db.execute(f"CREATE TABLE customer AS SELECT i AS customer_id, i % 7 AS region, DATE '2020-01-01' + CAST((i * 37) % 400 AS INTEGER) AS "
+    db.execute(f"CREATE TABLE customer AS SELECT i AS customer_id, i % 7 AS region, "
+               "DATE '2020-01-01' + CAST((i * 37) % 400 AS INTEGER) AS "
                f"signup FROM range({n}) t(i)")
     db.execute("CREATE TABLE orders AS SELECT c.customer_id * 10 + k AS order_id, c.customer_id, "
                "sin(c.customer_id * 1.7 + k) + (c.customer_id % 2) - 0.5 AS amount, (c.customer_id + k) % 3 = 0 AS express "

@@ -106,7 +106,8 @@ def test_an_embedding_too_wide_for_memory_is_a_shape_error(tmp_path):
 def test_a_target_with_100k_classes_is_a_shape_error(db):
     db.execute("CREATE TABLE big AS SELECT range::INT AS id, 'c' || range AS label, random() AS x FROM range(100000)")
     template = "CREATE TABLE predict AS SELECT b.id, linear(features(b.x), 4, 'w') FROM big b;"
-    with pytest.raises(relsql.ShapeError, match=r"target big.label .*100000 x 100000 tensor of 40000000000 bytes.*100000 classes"):
+    with pytest.raises(relsql.ShapeError,
+                       match=r"target big.label .*100000 x 100000 tensor of 40000000000 bytes.*100000 classes"):
         relsql.Model(db, relsql.Template.from_sql(template), target="big.label", progress=False)
 
 
@@ -114,7 +115,8 @@ def test_a_list_target_that_references_nothing_is_refused(db):
     db.execute("CREATE TABLE basket AS SELECT customer_id, [customer_id, 1] AS items, spend FROM customer")
     template = "CREATE TABLE predict AS SELECT t.customer_id, linear(features(t.spend), 4, 'w') FROM basket t;"
     with pytest.raises(relsql.SchemaError, match=r"target basket.items is a list .*primary key is named `items`, and no table"):
-        relsql.Model(db, relsql.Template.from_sql(template), target="basket.items", progress=False)  # was ArrowNotImplementedError
+        # was ArrowNotImplementedError
+        relsql.Model(db, relsql.Template.from_sql(template), target="basket.items", progress=False)
 
 
 def test_a_long_fit_logs_a_few_lines(db, caplog):
@@ -165,7 +167,8 @@ def test_a_postgresql_server_stopped_during_training_is_named(tmp_path, store):
             model.fit(epochs=3, callback=stop)
             assert model.predict().height == 120
             with pytest.raises(relsql.SourceError, match=named):
-                relsql.Model(db, template, target="customer.churned", progress=False, batch_size=32, store=kept)  # was duckdb.IOException
+                # was duckdb.IOException
+                relsql.Model(db, template, target="customer.churned", progress=False, batch_size=32, store=kept)
         with pytest.raises(relsql.SourceError, match=named):
             db.tables()  # the Database itself, outside a Model: was a raw duckdb.IOException
     finally:

@@ -192,7 +192,8 @@ def test_keys_as_text_and_as_tuples(clinic):
     text = schema(db, db.catalog(), given="PRIMARY KEY people(pid)\nFOREIGN KEY visits(who) REFERENCES people")
     assert ("visits", ForeignKey(("who",), "people", ("pid",))) in text.foreign_keys  # REFERENCES t: t's primary key
     assert text.primary_note("people") == "given in the keys text line 1"
-    listed = schema(db, db.catalog(), given=[("PRIMARY KEY", "PEOPLE", "pid"), ("FOREIGN KEY", "visits", ["who"], "people", ["pid"])])
+    listed = schema(db, db.catalog(),
+                    given=[("PRIMARY KEY", "PEOPLE", "pid"), ("FOREIGN KEY", "visits", ["who"], "people", ["pid"])])
     assert listed.primary_keys["people"] == ("pid",)  # names are matched case-insensitively when unambiguous
     assert listed.foreign_note("visits", ForeignKey(("who",), "people", ("pid",))) == "given in the keys list entry 2"
     db.close()

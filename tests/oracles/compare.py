@@ -79,7 +79,8 @@ def compare_template(text: str, template_dir: str, db, examples, queries, query_
         got = keyed_values(net, relation)
         assert len(expected) == len(got), f"{relation}: NeuraLogic has {len(expected)} atoms, relsql {len(got)}"
         for (s, args), v in expected.items():
-            assert got[(s, *args)].size == v.size, f"{relation}{args}: relsql value size {got[(s, *args)].size}, NeuraLogic {v.size}"
+            assert got[(s, *args)].size == v.size, (f"{relation}{args}: relsql value size {got[(s, *args)].size}, "
+                                                    f"NeuraLogic {v.size}")
         worst = max(float(np.abs(got[(s, *args)].reshape(-1) - v.reshape(-1)).max()) for (s, args), v in expected.items())
         deviations[relation] = worst
         assert worst < TOL, relation
