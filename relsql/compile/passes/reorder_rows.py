@@ -16,12 +16,11 @@ Renumbering changes the order of the terms summed, so on the CPU it is decided b
 machine's load cannot flip: it fires when RCM brings the pattern's mean |row - col| to at most
 CPU_SPREAD of what it was (a hashed grid: 69,995 -> 273; bench.locality measured the epoch 14%
 faster there, and a random graph, which RCM cannot band, 15% slower when forced). On another
-device the products and gathers it changes, and the reorders it adds, are timed forward +
-backward with and without; it fires only when they get at least GAIN faster. Small plans (a
-pattern of fewer than MIN_ENTRIES entries) and rows already in a good order (RCM would not bring
-rows' neighbours to at most SPREAD of their mean
-distance) are left alone without timing. Mini-batch plans do not run it (relsql/train/batched.py):
-measuring per batch would cost more than it saves.
+device the products and gathers it changes, and the reorders it adds, are timed forward + backward
+with and without; it fires only when they get at least GAIN faster. Small plans (a pattern of
+fewer than MIN_ENTRIES entries) and rows already in a good order (RCM would not bring rows'
+neighbours to at most SPREAD of their mean distance) are left alone without timing. Mini-batch
+plans do not run it (relsql/train/batched.py): measuring per batch would cost more than it saves.
 """
 
 from __future__ import annotations
