@@ -18,11 +18,122 @@ FIXTURE_MARKS = {"spark": "spark", "pg_server": "postgres", "neuralogic_workdir"
 SHOP_FIXTURES = {"shop_server", "shop_sources", "fresh_shop"}  # they start PostgreSQL beside the other sources
 
 
+# --- slow by measurement: the tests (a function, or one case of it) that took a second or more each
+# on 2 cores (a fast-subset run with --durations, November 2026; docs/development.md): trainings of
+# hundreds of epochs, searches, CLI runs that train, process spawning, sweeps over every pass. Each
+# file keeps a fast test; CI (bash scripts/test) runs them all. Module -> test names.
+SLOW_TESTS = {
+    "test_api": {"test_cli_inspect_train_predict", "test_cli_train_in_batches_with_checkpoint",
+        "test_demo_trains_mutagenesis_well_above_majority"},
+    "test_attention": {"test_gat_template_trains_on_mini_batches_and_reloads"},
+    "test_auto": {"test_auto_template_hgt_layer_shares_table_weights_and_learns", "test_auto_template_layers",
+        "test_signal_two_hops_away_beats_majority_and_target_only"},
+    "test_auto_encoders": {"test_a_temporal_template_encodes_each_events_age_and_learns_recency",
+        "test_each_column_kind_gets_its_encoder"},
+    "test_auto_outside_shapes": {"test_a_column_with_few_values_trains_saves_and_loads",
+        "test_a_hub_parent_s_children_are_not_read_back_down",
+        "test_a_model_s_written_predictions_are_never_read_by_the_next_template",
+        "test_players_read_integer_seasons_before_their_date", "test_ple_over_a_column_whose_quantiles_step_back",
+        "test_seasons_keyed_by_time_train[DATE]"},
+    "test_auto_ranking": {"test_history_is_the_mean_candidate_vector_of_earlier_purchases",
+        "test_interactions_without_time_or_key", "test_list_target_makes_two_towers",
+        "test_ranking_aggregates_child_rows_without_max_by_default", "test_scalar_foreign_key_target",
+        "test_time_keeps_later_purchases_out"},
+    "test_auto_warehouse": {"test_a_timeless_event_table_is_left_out_and_listed", "test_default_aggregation_counts_child_rows",
+        "test_time_follows_the_date_key_to_the_date_dimension"},
+    "test_baselines": {"test_binary_baselines_on_the_models_split_match_scikit_learn"},
+    "test_batch_process": {"test_a_stopped_child_is_a_relsql_error_not_a_hang",
+        "test_no_child_is_left_when_the_consumer_breaks_raises_or_closes",
+        "test_training_is_the_same_in_the_child_and_in_the_thread"},
+    "test_batches": {"test_a_snapshot_put_back_restores_the_rows_and_the_step",
+        "test_an_interrupted_epoch_leaves_the_embedding_table_at_a_step",
+        "test_checkpoints_resume_to_the_uninterrupted_result", "test_database_embedding_follows_the_in_memory_trajectory",
+        "test_one_batch_of_every_row_equals_full_batch_training"},
+    "test_bench_locality": {"test_bench_quick_writes_csv"},
+    "test_bench_quality": {"test_search_column_counted", "test_tiny_run_of_the_harness", "test_tiny_run_on_the_extra_targets",
+        "test_tpcds_labels_come_from_later_sales_the_inputs_lack"},
+    "test_bench_recommend": {"test_bench_quick_json_end_to_end"},
+    "test_cli_hardening": {"test_demo_reuses_its_own_tables_and_writes_a_new_predictions_table",
+        "test_no_traceback_reaches_a_terminal", "test_predict_replace_only_replaces_predictions"},
+    "test_cli_recommend": {"test_task_train_recommend", "test_train_takes_the_candidate_tower_pairs_and_hard_negatives"},
+    "test_cli_train": {"test_class_weight_balanced", "test_device_cpu_and_a_missing_gpu", "test_fit_defaults_and_time_budget",
+        "test_predict_out_parquet_and_csv", "test_refit_is_reported", "test_regression_loss", "test_schedule",
+        "test_split_without_a_test_part", "test_template_next_step_carries_the_time_column_and_keys",
+        "test_train_without_template_trains_and_saves_the_automatic_one"},
+    "test_cli_warehouse": {"test_train_and_predict_with_threads_and_mini_batches"},
+    "test_convergence": {"test_defaults_train_longer_than_100_epochs_without_a_time_budget"},
+    "test_duckdb_versions": {"test_core_sources_load_no_extension"},
+    "test_encoders": {"test_default_buckets_train_in_full_and_mini_batches_and_reload",
+        "test_mini_batches_and_a_saved_model_on_other_data_equal_naive"},
+    "test_files_and_crashes": {"test_a_crash_between_any_two_checkpoint_writes_resumes_exactly"},
+    "test_fit_defaults": {"test_an_automatic_template_is_blended_and_the_blend_is_saved"},
+    "test_fused_rules": {"test_mutagenesis_templates_fuse_exactly[template.txt]",
+        "test_mutagenesis_templates_fuse_exactly[template_elementProduct.txt]",
+        "test_mutagenesis_templates_fuse_exactly[template_gnn.txt]",
+        "test_mutagenesis_templates_fuse_exactly[template_partial.txt]"},
+    "test_fused_step": {"test_neuralogic_small_datasets_step_exactly[adam-trains]",
+        "test_neuralogic_small_datasets_step_exactly[sgd-trains]", "test_neuralogic_small_datasets_step_exactly[sgd-xor]"},
+    "test_grounding_limits": {"test_a_datalog_template_passes_at_the_default"},
+    "test_harden_bounds": {"test_ranking_model_refuses_search_loader_and_predict",
+        "test_total_weight_size_is_refused_before_allocation"},
+    "test_harden_files": {"test_mlflow_file_store_errors_are_relsql_errors"},
+    "test_harden_input_folders": {"test_alias_bombs_are_refused_before_they_expand"},
+    "test_harden_input_models": {"test_a_crafted_model_file_is_refused_naming_the_file[a history of 600,000 floats]",
+        "test_a_deflated_record_is_refused_before_it_is_inflated", "test_the_model_file_loads_and_predicts"},
+    "test_hardening": {"test_mini_batch_training_shows_no_internal_warnings"},
+    "test_hybrid": {"test_the_blend_beats_or_equals_the_network_on_validation_and_is_used_by_evaluate"},
+    "test_imports": {"test_allow_list_only_names_model_and_train", "test_graph_is_read", "test_no_import_cycles"},
+    "test_kernels": {"test_numpy_tanh_gradcheck"},
+    "test_keys_real_schemas": {"test_lahman_keys_are_inferred_without_a_keys_file"},
+    "test_learner": {"test_the_callers_torch_stream_is_left_alone"},
+    "test_loader": {"test_database_stored_embeddings_are_updated_between_batches_as_fit_updates_them"},
+    "test_model": {"test_multiclass_and_regression_tasks"},
+    "test_ownership": {"test_cli_replace_refuses_user_tables_that_look_like_relsqls",
+        "test_task_table_replaces_only_relsqls_task_tables[postgres]",
+        "test_write_predictions_replaces_only_relsqls_predictions[postgres]"},
+    "test_passes": {"test_each_pass_alone_and_all_together[auto-mutagenesis-all_passes]",
+        "test_every_prefix_of_the_pipeline_keeps_values", "test_gather_strength_presets_agree[gin]",
+        "test_gather_strength_presets_agree[mutagenesis.sql]", "test_gather_strength_presets_agree[neuralogic template.txt]",
+        "test_passes_fire_where_expected"},
+    "test_predictive": {"test_auto_template_on_a_task_table_beats_the_majority",
+        "test_events_after_a_snapshot_do_not_reach_its_prediction"},
+    "test_ranking": {"test_a_scalar_foreign_key_target_ranks", "test_bad_input_is_a_relsql_error", "test_fit_draws_are_seeded",
+        "test_negatives_and_losses_train", "test_recommend_contract_and_scores_are_the_towers_dot_product"},
+    "test_ranking_pairs": {"test_the_pair_relation_beats_the_same_template_without_it",
+        "test_the_pair_relation_is_found_by_its_keys"},
+    "test_ranking_timed": {"test_a_blend_line_picks_the_dot_products_share_with_the_best_validation_map",
+        "test_a_timed_relation_must_be_one_wide", "test_auto_writes_the_blend_line",
+        "test_recommend_ranks_null_targets_not_empty_lists", "test_the_timed_relation_adds_its_value_to_each_rows_score",
+        "test_without_a_time_column_there_is_no_timed_relation"},
+    "test_recursion": {"test_recursive_model_trains_in_mini_batches_saves_and_loads"},
+    "test_search": {"test_a_hand_written_template_searches_its_fit_settings_only", "test_a_tiny_budget_bounds_the_trials",
+        "test_best_trial_by_validation_becomes_the_model_deterministically", "test_cli_train_search_end_to_end",
+        "test_the_default_configuration_is_the_first_trial"},
+    "test_shared_aggregation": {"test_values_and_gradients_equal_the_plain_plan[bipartite-avg]",
+        "test_values_and_gradients_equal_the_plain_plan[bipartite-gcn]"},
+    "test_sql_reference": {"test_reference_gradient_matches_finite_differences"},
+    "test_store": {"test_a_temporary_store_goes_with_its_model_and_bad_stores_are_refused",
+        "test_database_embeddings_train_the_same_with_and_without_a_store"},
+    "test_store_safety": {"test_a_full_disk_while_building_is_a_relsql_error_and_frees_the_partial_files",
+        "test_writing_a_part_imports_no_torch"},
+    "test_time_to_accuracy": {"test_signed_size_label_is_the_documented_rule"},
+    "test_tracking": {"test_tensorboard_event_files_hold_the_history_steps_report_and_template"},
+    "test_trainer": {"test_adamw_cosine_and_clipping_take_the_steps_of_a_plain_torch_loop[clipped]"},
+    "test_training_hardening": {"test_a_postgresql_server_stopped_during_training_is_named"},
+    "test_typed_linear": {"test_typed_linear_trains_in_mini_batches_and_an_unseen_type_adds_nothing"},
+    "test_warehouse_keys": {"test_tpcds_primary_keys_are_surrogate_keys_named_after_their_table",
+        "test_tpcds_with_declared_primary_keys_finds_the_foreign_keys"},
+}
+
+
 def pytest_collection_modifyitems(config, items):
-    """Add the markers implied by the fixtures each test uses."""
+    """Add the markers implied by the fixtures each test uses, and `slow` to the tests in SLOW_TESTS."""
     for item in items:
         for mark in _implied_marks(item):
             item.add_marker(mark)
+        slow = SLOW_TESTS.get(item.module.__name__.rpartition(".")[2], ())
+        if item.name in slow or item.originalname in slow:
+            item.add_marker("slow")
 
 
 def _implied_marks(item) -> set[str]:

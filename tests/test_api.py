@@ -32,6 +32,7 @@ def db(tmp_path):
     db.con.close()
 
 
+@pytest.mark.smoke
 def test_compile_values_and_weights(db):
     net = relsql.compile(relsql.Template.from_sql(TEMPLATE), db, seed=3)
     out = net()
@@ -105,6 +106,7 @@ def test_cuda_matches_cpu(db):
     assert torch.allclose(cpu()["score"], gpu()["score"].cpu(), atol=1e-10)
 
 
+@pytest.mark.smoke
 def test_cli_explain(db, tmp_path, capsys):
     path = tmp_path / "t.sql"
     path.write_text(TEMPLATE)

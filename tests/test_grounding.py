@@ -85,6 +85,7 @@ def test_a_failing_statement_is_named_in_the_error(db):
         relsql.compile(relsql.Template.from_sql(bad), db)
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("hidden", [False, True], ids=["visible", "hidden-literal"])
 def test_datalog_facts_are_a_set_whatever_the_table_repeats(tmp_path, hidden):
     """A fact stored twice, or twice with different values of a column the literal does not use,

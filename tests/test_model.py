@@ -147,6 +147,7 @@ def test_seeded_training_is_reproducible(db):
     assert runs[0].equals(runs[1])
 
 
+@pytest.mark.smoke
 def test_save_load_round_trip_and_plot(db, tmp_path):
     model = relsql.Model(db, relsql.Template.from_sql(TEMPLATE), target="customer.churned", seed=0, progress=False)
     model.fit(epochs=20)
