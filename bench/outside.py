@@ -100,7 +100,8 @@ def run_target(manifest: dict, entry: dict, fit: dict, work: Path, index: int) -
     stage = "connect"
     started = time.perf_counter()
     try:
-        db = relsql.connect(str(work / Path(manifest["path"]).name), **({"keys": manifest["keys"]} if manifest.get("keys") else {}))
+        db = relsql.connect(str(work / Path(manifest["path"]).name),
+                            **({"keys": manifest["keys"]} if manifest.get("keys") else {}))
         stage = "construct"
         t = time.perf_counter()
         options = {"time_column": time_column} if time_column else {}
@@ -229,7 +230,8 @@ def run_database(manifest_path: Path, fit: dict, timeout: float, out: Path) -> l
         r["child_peak_rss_mb"] = usage.ru_maxrss / 1024 if usage is not None else None
         r["child_wall_s"] = time.perf_counter() - started
         if not r.get("valid", True):
-            r["verdict"] = "refused" if r["outcome"] == "relsql_error" else "accepted_invalid" if r["outcome"] == "ok" else r["outcome"]
+            r["verdict"] = ("refused" if r["outcome"] == "relsql_error"
+                            else "accepted_invalid" if r["outcome"] == "ok" else r["outcome"])
     return rows
 
 
@@ -278,7 +280,8 @@ def summarize(rows: list[dict], fit: dict) -> str:
         mine = [r for r in rows if r.get("valid", True) and (s == "all" or r["source"] == s)]
         dbs = {r["database"] for r in mine}
         all_ok = sum(all(r["outcome"] == "ok" for r in mine if r["database"] == d) for d in dbs)
-        lines.append(f"| {s} | {len(dbs)} | {all_ok} | {len(mine)} | " + " | ".join(str(sum(r["outcome"] == o for r in mine)) for o in outcomes) + " |")
+        lines.append(f"| {s} | {len(dbs)} | {all_ok} | {len(mine)} | " +
+                     " | ".join(str(sum(r["outcome"] == o for r in mine)) for o in outcomes) + " |")
     invalid = [r for r in rows if not r.get("valid", True)]
     if invalid:
         lines += ["", "Invalid databases (a RelsqlError is the right answer): " +
@@ -309,7 +312,8 @@ def summarize(rows: list[dict], fit: dict) -> str:
         wins = [r for r in ratios if r.get("gbm_score") is not None and r.get("score") is not None]
         at_least = sum((r["score"] - r["gbm_score"]) * better.get(r["metric"], 1) >= -0.005 for r in wins)
         lines += [f"relsql within 0.005 of the GBM or better on the test split: {at_least} of {len(wins)}", "",
-                  "| database | target | metric | relsql | GBM | construct s | fit+predict s | save+load s | GBM s | constr/GBM | fit/GBM | peak RSS MB |",
+                  "| database | target | metric | relsql | GBM | construct s | fit+predict s | save+load s | GBM s | "
+                  "constr/GBM | fit/GBM | peak RSS MB |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in ratios:
             gs = r.get("gbm_score")
@@ -344,8 +348,10 @@ def run(manifests: list[Path], fit: dict, timeout: float, out: Path, jobs: int =
             jsonl.write(json.dumps(r, default=str) + "\n")
         jsonl.flush()
         for r in got:
-            extra = "" if r["outcome"] == "ok" else f" [{r.get('stage')}] {r.get('error_type', '')}: {(r.get('message') or '')[:160]}"
-            ratio = f" constr {r['construct_s']:.1f}s fit {r['fit_predict_s']:.1f}s gbm {r.get('gbm_s', 0):.2f}s" if r["outcome"] == "ok" else ""
+            extra = ("" if r["outcome"] == "ok"
+                     else f" [{r.get('stage')}] {r.get('error_type', '')}: {(r.get('message') or '')[:160]}")
+            ratio = (f" constr {r['construct_s']:.1f}s fit {r['fit_predict_s']:.1f}s gbm {r.get('gbm_s', 0):.2f}s"
+                     if r["outcome"] == "ok" else "")
             print(f"[{i + 1}/{total}] {r['database']} {r['target']}: {r['outcome']}{ratio}{extra}", file=sys.stderr, flush=True)
         return got
 

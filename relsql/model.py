@@ -105,9 +105,10 @@ class Model(LearnerViews):
         (docs/training.md has every option and why its default was chosen).
 
         Stops at `epochs`, `patience` epochs without a better score or a `time_budget` in seconds if
-        given (none by default: same seed, same model under any load; `model.stopped` says which). `lr`/`patience` default to 0.01/100; for a ranking target to
-        0.03/16, steps of 4096 target rows (fewer rows: 4 steps). `schedule` "plateau" | "cosine" |
-        None; `clip` the dense gradient's largest norm; `monitor` "auto" (ROC-AUC, accuracy, MAE, or MAP@k for a
+        given (none by default: same seed, same model under any load; `model.stopped` says which).
+        `lr`/`patience` default to 0.01/100; for a ranking target to 0.03/16, steps of 4096 target
+        rows (fewer rows: 4 steps). `schedule` "plateau" | "cosine" | None; `clip` the dense
+        gradient's largest norm; `monitor` "auto" (ROC-AUC, accuracy, MAE, or MAP@k for a
         ranking target), "loss" or another metric. `loss`: "huber" | "mse" | "mae" (regression),
         "softmax" | "bce" | "bpr" (ranking); `class_weight="balanced"`; `negatives` "uniform" |
         "popularity" | "in-batch" and `hard_negatives` (a SQL SELECT of pairs) for ranking.

@@ -144,7 +144,8 @@ class BatchGrounder(_Grounder):
             return self._ground(rids, sample)
 
     def _ground(self, rids: np.ndarray, sample: int) -> BatchGrounding:
-        demand: dict[str, torch.Tensor] = {self.output: torch.unique(torch.from_numpy(np.array(rids, dtype=np.int64)))}  # a copy: Arrow arrays are read-only
+        # a copy: Arrow arrays are read-only
+        demand: dict[str, torch.Tensor] = {self.output: torch.unique(torch.from_numpy(np.array(rids, dtype=np.int64)))}
         fetched: dict[str, list[tuple[_PreparedRule, pa.Table]]] = {}
         for name in reversed(self.order):
             wanted = demand.get(name)
@@ -194,7 +195,8 @@ class BatchGrounder(_Grounder):
             if name not in fetched:
                 continue
             rows = demand[name]
-            result = RelationGrounding(name, pa.table({"_rid": np.arange(rows.shape[0], dtype=np.int64), "_global": rows.numpy()}))
+            result = RelationGrounding(name, pa.table({"_rid": np.arange(rows.shape[0], dtype=np.int64),
+                                                       "_global": rows.numpy()}))
             for prepared, table in fetched[name]:
                 if table.num_rows == 0:
                     continue

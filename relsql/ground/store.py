@@ -87,7 +87,8 @@ from relsql.template import ir
 from relsql.textfile import read_text
 
 log = logging.getLogger("relsql")
-FORMAT = "relsql-store-4"  # 4: each file's numbers in their own type; 3: a marked folder, a build folder per build, checksums; 2: parts
+# 4: each file's numbers in their own type; 3: a marked folder, a build folder per build, checksums; 2: parts
+FORMAT = "relsql-store-4"
 MANIFEST = "manifest.json"
 MARK = ".relsql-store"
 _MARK_KIND = "relsql grounding store"
@@ -803,7 +804,8 @@ def _check_rule(rule: dict, what: str) -> None:
     _need(isinstance(parts, list), f"{what}: parts is not a list")
     for part in parts:
         part = _mapping(part, f"{what}: a part")
-        _need(isinstance(part.get("stem"), str) and bool(_NAME.fullmatch(part["stem"])), f"{what}: a part's stem is not a plain file name")
+        _need(isinstance(part.get("stem"), str) and bool(_NAME.fullmatch(part["stem"])),
+              f"{what}: a part's stem is not a plain file name")
         _count(part.get("groundings"), f"{what}: a part's groundings")
 
 
@@ -815,7 +817,8 @@ def _check_against(manifest: dict, grounder: BatchGrounder | StoreMeta) -> None:
     for name in grounder.order:
         relation = manifest["relations"].get(name)
         _need(relation is not None, f"relation {name} is missing")
-        _need(relation["rows"] == grounder.sizes[name], f"{name}: {relation['rows']:,} rows, the data has {grounder.sizes[name]:,}")
+        _need(relation["rows"] == grounder.sizes[name],
+              f"{name}: {relation['rows']:,} rows, the data has {grounder.sizes[name]:,}")
         _need(set(relation["rules"]) == {str(p.index) for p in grounder.prepared[name]}, f"{name}: other rules")
         for prepared in grounder.prepared[name]:
             files.update(_check_rule_against(relation["rules"][str(prepared.index)], prepared, name, relation["rows"]))

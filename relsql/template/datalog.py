@@ -141,7 +141,8 @@ def _load(text: str, source: str, base_dir: Path | None, seen: set[Path]) -> lis
         tokens += _tokenize("\n" * (chunk_start - 1) + "".join(chunk), source)
         chunk, chunk_start = [], number + 1
         if base_dir is None:
-            raise TemplateError(f"{source}:{number}: `import {m.group(1)}` needs a base folder: use Template.from_file or pass base_dir")
+            raise TemplateError(f"{source}:{number}: `import {m.group(1)}` needs a base folder: use Template.from_file "
+                                "or pass base_dir")
         path = (base_dir / m.group(1)).resolve()
         if path in seen:
             raise TemplateError(f"{source}:{number}: {path} imports itself")
@@ -343,7 +344,8 @@ class _Parser:
                 arity = int(digits)
                 pm = PredicateMeta(name, arity)
                 line = start.where
-                while self.peek() is not None and self.peek().where == line and (self.at("[") or self.at("{") or self.at("<") or self.at("$")):
+                while (self.peek() is not None and self.peek().where == line
+                        and (self.at("[") or self.at("{") or self.at("<") or self.at("$"))):
                     if self.at("[") and self.peek(1) is not None and self.peek(1).kind == "name" and self.at("=", 2):
                         pm.meta.update(self.metadata())
                     else:
@@ -490,7 +492,8 @@ class _Translator:
             shape = _shape_of(ref.value)
         if spec is not None:
             if tuple(spec.shape) != tuple(shape):
-                raise TemplateError(f"{origin}: weight ${name} was declared with shape {spec.shape} at {spec.origin}, here {shape}")
+                raise TemplateError(f"{origin}: weight ${name} was declared with shape {spec.shape} at {spec.origin}, "
+                                    f"here {shape}")
             return name
         self.template.weights[name] = ir.WeightSpec(name, shape, init=ref.value, fixed=ref.fixed, kind="datalog", origin=origin)
         return name
@@ -547,7 +550,8 @@ class _Translator:
         body_vars = {t for lit in literals for t in lit.terms if _is_var(t)}
         for term in rule.head.terms:
             if _is_var(term) and term not in body_vars:
-                raise TemplateError(f"{origin}: head variable {term} does not occur in the body; every head variable must be bound by a body literal")
+                raise TemplateError(f"{origin}: head variable {term} does not occur in the body; every head variable "
+                                    "must be bound by a body literal")
         prefix = f"rule{number + 1}"
         head_weight = self._weight(rule.head.weight, f"{prefix}.head", origin) if rule.head.weight is not None else None
         values: list[ir.Expr] = []
@@ -572,7 +576,8 @@ class _Translator:
                 value = ir.Apply(self._weight(item.weight, f"{prefix}.w{position}", origin), value)
             values.append(value)
         if not values:
-            raise TemplateError(f"{origin}: the body contributes no value (all literals hidden); add a visible literal or a weight")
+            raise TemplateError(f"{origin}: the body contributes no value (all literals hidden); add a visible literal "
+                                "or a weight")
         if len(values) == 1 and combination in ("sum", "avg", "argmax", "argmin", "product", "elementproduct"):
             combined = values[0]
         else:
@@ -670,13 +675,15 @@ class _QueryBuilder:
                 if len(plain) < len(atom.terms):
                     from relsql.errors import SchemaError
 
-                    raise SchemaError(f"{atom.where}: {atom.name} has {len(atom.terms)} arguments but table `{atom.name}` has only {len(plain)} argument columns ({plain})")
+                    raise SchemaError(f"{atom.where}: {atom.name} has {len(atom.terms)} arguments but table `{atom.name}` "
+                                      f"has only {len(plain)} argument columns ({plain})")
                 arg_columns = plain[: len(atom.terms)]
                 value_columns[position] = col("value", name) if "value" in names else exp.Literal.number(1)
             source: exp.Expression = exp.Table(this=ident(table_name))
             if relation is None and not self.merges_hidden:
                 used = [*(["sample"] if has_sample else []), *arg_columns, *(["value"] if "value" in names else [])]
-                source = exp.Subquery(this=exp.select(*[col(c) for c in dict.fromkeys(used)]).distinct(copy=False).from_(source, copy=False))
+                source = exp.Subquery(this=exp.select(*[col(c) for c in dict.fromkeys(used)]).distinct(copy=False)
+                                      .from_(source, copy=False))
             tables.append(alias(source, name, table=True))
             if has_sample:
                 here = col("sample", name)

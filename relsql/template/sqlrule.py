@@ -285,7 +285,8 @@ class _Statement:
         if relation is None:
             relation = self.template.relations[name] = ir.Relation(name=name, keys=key_names)
         elif relation.keys != key_names:
-            raise self.fail(f"`{name}` was declared with keys {relation.keys}; every statement for it must select the same key names, got {key_names}")
+            raise self.fail(f"`{name}` was declared with keys {relation.keys}; every statement for it must select the same "
+                            f"key names, got {key_names}")
         query = exp.Select(
             expressions=[
                 *[exp.alias_(k.copy(), f"_h{i}", quoted=True) for i, k in enumerate(keys)],
@@ -419,7 +420,8 @@ class _Statement:
         for cls, kind in _AGGREGATES.items():
             if isinstance(node, cls):
                 if inside_agg:
-                    raise self.fail("aggregates cannot be nested inside another aggregate; declare an intermediate relation", node)
+                    raise self.fail("aggregates cannot be nested inside another aggregate; declare an intermediate "
+                                    "relation", node)
                 if kind == "count":
                     return ir.Agg("count", ir.Const(1.0))
                 if isinstance(node.this, exp.Distinct) or node.args.get("distinct"):
@@ -435,8 +437,8 @@ class _Statement:
         if isinstance(node, exp.Anonymous):
             return self._function(node, node.name.lower(), list(node.expressions), inside_agg)
         raise self.fail(
-            "not a neural expression: use linear, embed, features, ple, calendar, text, bag, bias, layer_norm, dropout, + - *, numbers, "
-            "activations (relu tanh sigmoid identity leaky_relu gelu exp log softmax), sum_per_head, "
+            "not a neural expression: use linear, embed, features, ple, calendar, text, bag, bias, layer_norm, dropout, + - *, "
+            "numbers, activations (relu tanh sigmoid identity leaky_relu gelu exp log softmax), sum_per_head, "
             "aggregates (sum avg max min count attention) or concat", node)
 
     def _keywords(self, node: exp.Expression, args: list) -> tuple[dict[str, exp.Expression], list]:
@@ -533,7 +535,8 @@ class _Statement:
 
     def _function(self, node: exp.Expression, fn: str, args: list, inside_agg: bool) -> ir.Expr:
         if fn == "leaky_relu" and len(args) == 2:
-            return ir.Act(fn, self._neural(args[0], inside_agg), param=self._number_arg(node, args[1], "leaky_relu's negative slope"))
+            return ir.Act(fn, self._neural(args[0], inside_agg),
+                          param=self._number_arg(node, args[1], "leaky_relu's negative slope"))
         if fn == "sum_per_head":  # multi-head dot products: sum_per_head(q * k, heads)
             if len(args) != 2:
                 raise self.fail("sum_per_head(x, heads) sums each of `heads` equal consecutive parts of x", node)
@@ -578,7 +581,8 @@ class _Statement:
             name = self._weight("embed", (None, width), self._name_arg(node, args, 2), node)
             spec = self.template.weights[name]
             if existed and spec.storage != storage:
-                raise self.fail(f"embedding '{name}' is used with storage '{spec.storage}' elsewhere; use one storage per name", node)
+                raise self.fail(f"embedding '{name}' is used with storage '{spec.storage}' elsewhere; use one storage "
+                                "per name", node)
             if existed and spec.min_count != min_count:
                 raise self.fail(f"embedding '{name}' is used with min_count={spec.min_count} elsewhere; use one min_count "
                                 "per name", node)

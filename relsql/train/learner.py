@@ -152,7 +152,8 @@ class Learner:
         if self.mini_batches:  # keys only, up front; each batch grounds its own rows
             self.batched = self.make_batched(presets)
             self.timings["grounding"] = time.perf_counter() - started
-            log.info("grounded the key tables of %d relations in %.2fs", len(self.batched.grounder.order), self.timings["grounding"])
+            log.info("grounded the key tables of %d relations in %.2fs", len(self.batched.grounder.order),
+                     self.timings["grounding"])
             labels = self.goal.read(self.db)
             started = time.perf_counter()
             probe = self.batched.prepare(labels.column("_rid").to_numpy()[: min(labels.num_rows, self.settings.batch_size or 64)])
@@ -174,7 +175,8 @@ class Learner:
             labels = self.goal.read(self.db)
         if not self.output_rows:
             raise GroundingError(f"the output relation {self.output} has no rows: none of its statements has groundings "
-                                 "(their FROM/JOIN/WHERE return no rows); check the join conditions and that the tables hold data")
+                                 "(their FROM/JOIN/WHERE return no rows); check the join conditions and that the tables "
+                                 "hold data")
         self.goal.label(self.db, labels, task, split, self.dtype, self.device)
         width = int(np.prod(plan.meta[plan.outputs[self.output]].shape[1:]))
         self.check_head(width)

@@ -161,7 +161,8 @@ def _read(path: str | Path) -> ModelState:
     classes = saved_classes(files.bytes_table(get("classes", bytes, task), where), where)
     split = saved_split(get("rows", dict), where)
     weights = get("weights", dict)
-    bad = [n for n, v in weights.items() if n not in template.weights or not isinstance(v, torch.Tensor) or not v.is_floating_point()]
+    bad = [n for n, v in weights.items()
+           if n not in template.weights or not isinstance(v, torch.Tensor) or not v.is_floating_point()]
     if bad:
         raise RelsqlError(f"{where} does not fit its own template: weights {files.shown(bad)} are not the template's")
     flat = [n for n, v in weights.items() if v.dim() == 0 and template.weights[n].shape]  # the head has scalars

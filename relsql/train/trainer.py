@@ -349,7 +349,8 @@ class Trainer:
 
     def _log_epoch(self, epoch: int, record: dict, started: float) -> None:
         if self.strategy.main and guards.logs_epoch(epoch, self.first_epoch, self.epochs):  # a few lines per fit
-            extra = "" if self.stopping.metric == "loss" else f", {self.stopping.key} {record.get(self.stopping.key, float('nan')):.4f}"
+            extra = ("" if self.stopping.metric == "loss"
+                     else f", {self.stopping.key} {record.get(self.stopping.key, float('nan')):.4f}")
             log.info("epoch %d of %d: train loss %.4f, validation loss %.4f%s (%.1fs so far)", epoch + 1, self.epochs,
                      record["train_loss"], record["val_loss"], extra, time.perf_counter() - started)
         if getattr(self, "bar", None) is not None:

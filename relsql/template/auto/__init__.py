@@ -141,7 +141,8 @@ def write(db: Database, target: str, options: Options) -> str:
 
 def _units(db: Database, table: str, column: str) -> int:
     """The output's width for the target column's values (relsql.targets.output_units)."""
-    query = exp.select(exp.column(exp.to_identifier(column, quoted=True))).from_(exp.Table(this=exp.to_identifier(table, quoted=True)))
+    query = (exp.select(exp.column(exp.to_identifier(column, quoted=True)))
+             .from_(exp.Table(this=exp.to_identifier(table, quoted=True))))
     return output_units(db.arrow(query).column(0), f"{table}.{column}")
 
 

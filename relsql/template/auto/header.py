@@ -61,7 +61,8 @@ def left_out(scope: Scope, options: Options, pruning: Pruning, tables: list[str]
 def keys(scope: Scope) -> list[str]:
     """The keys inferred, and those given (with where from), one line each."""
     schema = scope.keys
-    lines = [f"-- inferred primary key {name}({', '.join(schema.primary_keys[name])})" for name in sorted(schema.inferred_primary)]
+    lines = [f"-- inferred primary key {name}({', '.join(schema.primary_keys[name])})"
+             for name in sorted(schema.inferred_primary)]
     lines += [f"-- inferred foreign key {child}({', '.join(fk.columns)}) -> {fk.table}({', '.join(fk.references)})"
               for child, fk in schema.inferred_foreign]
     given = {k: re.sub(r"[\x00-\x1f\x7f]", " ", v) for k, v in schema.origins.items() if v.startswith("given")}  # one line each

@@ -139,7 +139,8 @@ def head(draft: Draft, root: Node, value: str, units: int, ranking: bool = False
     encoding, so its own columns reach the output in one step rather than through every layer.
     `ranking`: it is the query tower, a `units`-wide vector scored against the candidates'."""
     keys = ", ".join(f"v.{quoted(k)}" for k in draft.target_keys)
-    comment = f"-- the prediction for each {draft.target} row ({units} output{'s' if units > 1 else ''}; relsql.Model adds the loss)"
+    comment = (f"-- the prediction for each {draft.target} row ({units} output{'s' if units > 1 else ''}; "
+               "relsql.Model adds the loss)")
     if ranking:
         comment = (f"-- the query tower: a {units}-wide vector for each {draft.target} row; its score for a candidate is the "
                    "dot product with the candidate's vector (relsql.Model ranks them)")

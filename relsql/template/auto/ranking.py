@@ -143,7 +143,8 @@ class Ranking:
             return
         name, t = f"recent_{w.labels[ref.table]}", quoted(w.time_column)
         days = self.gap_days()
-        times = w.db.arrow(sqlglot.parse_one(f"SELECT count(DISTINCT {t}) FROM {quoted(w.target)}", read="duckdb")).column(0)[0].as_py()
+        times = w.db.arrow(sqlglot.parse_one(f"SELECT count(DISTINCT {t}) FROM {quoted(w.target)}",
+                                             read="duckdb")).column(0)[0].as_py()
         for table in dict.fromkeys(i.table for i in interactions if not i.itself and i.table in w.time_columns):
             events = w.db.arrow(sqlglot.parse_one(f"SELECT count(*) FROM {quoted(table)}", read="duckdb")).column(0)[0].as_py()
             if not times or times * events > TIMED_GROUNDINGS or times > MAX_TIMES:
@@ -208,7 +209,8 @@ class Ranking:
             w.out.append(
                 f"-- identity: an ID embedding of the target row's {column} (learnt from the training rows; a key on "
                 f"fewer than {RARE} {w.target} rows shares one vector)\n"
-                f"CREATE TABLE predict AS\nSELECT {keys}, {self.embed(f'r.{quoted(column)}', f'query_{safe(column)}', RARE)} AS h\n"
+                f"CREATE TABLE predict AS\nSELECT {keys}, "
+                f"{self.embed(f'r.{quoted(column)}', f'query_{safe(column)}', RARE)} AS h\n"
                 f"FROM {quoted(w.target)} r;\n")
 
     def past(self, interactions: list[Interaction], itself: bool) -> None:

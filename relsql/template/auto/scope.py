@@ -94,8 +94,10 @@ def _other_task_tables(keys: Schema, target_table: str) -> list[str]:
         del keys.tables[name]
         keys.primary_keys.pop(name, None)
         keys.inferred_primary.discard(name)
-    keys.foreign_keys[:] = [(child, fk) for child, fk in keys.foreign_keys if child not in tasks and fk.table not in tasks]
-    keys.inferred_foreign[:] = [(child, fk) for child, fk in keys.inferred_foreign if child not in tasks and fk.table not in tasks]
+    keys.foreign_keys[:] = [(child, fk) for child, fk in keys.foreign_keys
+                            if child not in tasks and fk.table not in tasks]
+    keys.inferred_foreign[:] = [(child, fk) for child, fk in keys.inferred_foreign
+                                if child not in tasks and fk.table not in tasks]
     return tasks
 
 

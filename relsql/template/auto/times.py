@@ -72,7 +72,8 @@ def time_kind(db: Database, table: str, column: str, sql_type: str) -> str | Non
     upper = sql_type.upper()
     if is_time_type(upper):
         return "date"
-    if "[]" in upper or is_interval(upper) or not any(t in upper for t in ("INT", "DECIMAL", "NUMERIC", "DOUBLE", "FLOAT", "REAL")):
+    if ("[]" in upper or is_interval(upper)
+            or not any(t in upper for t in ("INT", "DECIMAL", "NUMERIC", "DOUBLE", "FLOAT", "REAL"))):
         return None
     if "INT" in upper:
         col = exp.column(exp.to_identifier(column, quoted=True))
