@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from relsql.compile import sparse
 
 
-def activation(name: str, x: torch.Tensor, inplace: bool = False, slope: float = 0.01, heads: int = 1) -> torch.Tensor:
+# C901: one branch per activation name (a dispatch; split, one table of cases would scatter)
+def activation(name: str, x: torch.Tensor, inplace: bool = False, slope: float = 0.01, heads: int = 1) -> torch.Tensor:  # noqa: C901
     """Elementwise activations; softmax normalizes each row's value (all its elements).
     `inplace` overwrites x (relu, tanh, sigmoid, leaky_relu, exp) when the plan allows it;
     `slope`: leaky_relu's negative slope. sum_per_head (not elementwise) sums each of `heads`

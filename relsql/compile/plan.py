@@ -384,7 +384,7 @@ class _RuleContext:
         ids = torch.repeat_interleave(torch.arange(counts.shape[0]), counts)
         return self.tensor("segment_ids", ids), self.tensor("counts", counts)
 
-    def compile(self, expr: ir.Expr) -> tuple[int, str]:
+    def compile(self, expr: ir.Expr) -> tuple[int, str]:  # noqa: C901 - one branch per IR expression kind
         b, note = self.b, self.note
         if isinstance(expr, ir.Ref):
             relation = self.rg.rule.refs[expr.index]

@@ -158,7 +158,7 @@ class _Parser:
         self.keyword("TOP", fix="write RANK TOP 10")
         fields_["k"] = self.integer("k, how many items to rank", "write e.g. RANK TOP 10 (k must be at least 1)")
 
-    def parse(self) -> dict[str, Any]:
+    def parse(self) -> dict[str, Any]:  # noqa: C901 - the query grammar, clause by clause
         fields_: dict[str, Any] = {}
         head = self.keyword("COUNT", "SUM", "LIST_DISTINCT",
                             fix="start with COUNT(<events>.*), SUM(<events>.<column>) or LIST_DISTINCT(<events>.<key column>)")

@@ -412,7 +412,8 @@ def _inline_imports(text: str, base_dir: Path | None) -> str:
 class _Translator:
     """Builds IR relations and rules; body queries are built lazily, once the schema is known."""
 
-    def __init__(self, rules: list[RuleAst], metas: list[PredicateMeta], text: str):
+    # C901: the rule checks of NeuraLogic's grammar in order (a dispatch; split, one table of cases would scatter)
+    def __init__(self, rules: list[RuleAst], metas: list[PredicateMeta], text: str):  # noqa: C901
         self.template = ir.Template(language="datalog", source=text)
         # NeuraLogic identifies a predicate by name/arity; a name used with one arity keeps its
         # plain name, otherwise the relation is called "name/arity" (as the importer's tables).

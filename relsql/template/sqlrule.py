@@ -227,7 +227,7 @@ class _Statement:
         at = f" in `{node.sql('duckdb')}`" if node is not None else ""
         return TemplateError(f"{self.origin}{at}: {message}")
 
-    def translate(self) -> None:
+    def translate(self) -> None:  # noqa: C901 - the checks of one CREATE TABLE statement, in order
         st = self.statement
         if not (isinstance(st, exp.Create) and st.kind == "TABLE" and isinstance(st.expression, exp.Select)):
             raise self.fail("expected `CREATE TABLE <name> AS SELECT <keys>, <neural expression> FROM ...`")
@@ -533,7 +533,8 @@ class _Statement:
             raise self.fail(f"{fn}(...) takes database columns or expressions over them (such as "
                             "epoch(a.t) - epoch(b.t)), not neural values, constants, aggregates or subqueries", node)
 
-    def _function(self, node: exp.Expression, fn: str, args: list, inside_agg: bool) -> ir.Expr:
+    # C901: one branch per template function (a dispatch; split, one table of cases would scatter)
+    def _function(self, node: exp.Expression, fn: str, args: list, inside_agg: bool) -> ir.Expr:  # noqa: C901
         if fn == "leaky_relu" and len(args) == 2:
             return ir.Act(fn, self._neural(args[0], inside_agg),
                           param=self._number_arg(node, args[1], "leaky_relu's negative slope"))

@@ -335,7 +335,7 @@ class _Evaluator:
             return self.ops.vector([float(v) for v in raw])
         return self.ops.vector([float(raw)])
 
-    def _eval(self, node, row, group, grounding, features, aliases):
+    def _eval(self, node, row, group, grounding, features, aliases):  # noqa: C901 - one branch per SQL node kind
         """Value of `node` for one grounding row (`row`) or one head's rows (`group`)."""
         ops = self.ops
         recur = lambda n: self._eval(n, row, group, grounding, features, aliases)  # noqa: E731
