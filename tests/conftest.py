@@ -91,7 +91,9 @@ SLOW_TESTS = {
     "test_ownership": {"test_cli_replace_refuses_user_tables_that_look_like_relsqls",
         "test_task_table_replaces_only_relsqls_task_tables[postgres]",
         "test_write_predictions_replaces_only_relsqls_predictions[postgres]"},
+    "test_plan_reuse": {"test_replayed_plans_equal_fresh_ones_on_mutagenesis_with_fanout"},  # the stored-embeddings one stays
     "test_passes": {"test_each_pass_alone_and_all_together[auto-mutagenesis-all_passes]",
+        "test_each_pass_alone_and_all_together[mutagenesis.sql-all_passes]",
         "test_every_prefix_of_the_pipeline_keeps_values", "test_gather_strength_presets_agree[gin]",
         "test_gather_strength_presets_agree[mutagenesis.sql]", "test_gather_strength_presets_agree[neuralogic template.txt]",
         "test_passes_fire_where_expected"},
