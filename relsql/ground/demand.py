@@ -46,7 +46,7 @@ _views = itertools.count()
 
 
 @dataclass
-class _PreparedRule:
+class PreparedRule:
     index: int
     rule: ir.Rule
     source: exp.Expression  # the rule body (neural relations read through their key tables)
@@ -95,7 +95,7 @@ class BatchGrounder(_Grounder):
         self.order = needed_relations(template, output)
         self.fanout = fanout
         self.stored = database_embeddings(template)
-        self.prepared: dict[str, list[_PreparedRule]] = {}
+        self.prepared: dict[str, list[PreparedRule]] = {}
         with interruptible(db), self.cleanup_on_error():
             with db.frozen_schema():
                 bar = _progress(self.order, progress)
@@ -121,7 +121,7 @@ class BatchGrounder(_Grounder):
         for index, rule, source in sources:
             stored = {e.column: e.weight for e in ir.walk(rule.expr) if isinstance(e, ir.Embed) and e.weight in self.stored}
             columns = self.encoded_columns(relation, index, rule, source, skip=set(stored))
-            prepared.append(_PreparedRule(index, rule, source, columns, stored))
+            prepared.append(PreparedRule(index, rule, source, columns, stored))
         self.prepared[relation.name] = prepared
 
     def keys(self, name: str, rids: np.ndarray | None = None) -> pa.Table:
@@ -146,7 +146,7 @@ class BatchGrounder(_Grounder):
     def _ground(self, rids: np.ndarray, sample: int) -> BatchGrounding:
         # a copy: Arrow arrays are read-only
         demand: dict[str, torch.Tensor] = {self.output: torch.unique(torch.from_numpy(np.array(rids, dtype=np.int64)))}
-        fetched: dict[str, list[tuple[_PreparedRule, pa.Table]]] = {}
+        fetched: dict[str, list[tuple[PreparedRule, pa.Table]]] = {}
         for name in reversed(self.order):
             wanted = demand.get(name)
             if wanted is None or wanted.numel() == 0:
@@ -166,7 +166,7 @@ class BatchGrounder(_Grounder):
                 self.db.unregister(view)
         return self._localize(demand, fetched)
 
-    def _fetch(self, relation: ir.Relation, prepared: _PreparedRule, demand_view: str, sample: int) -> pa.Table:
+    def _fetch(self, relation: ir.Relation, prepared: PreparedRule, demand_view: str, sample: int) -> pa.Table:
         rule = prepared.rule
         limit = self.fanout.get(relation.name) if isinstance(self.fanout, dict) else self.fanout
         select = q.rule_index_query(prepared.source, self.key_tables[relation.name], relation.keys, len(rule.refs),
@@ -176,7 +176,7 @@ class BatchGrounder(_Grounder):
             reader = self.db.reader(select, 1 << 20)
             table = pa.Table.from_batches(list(reader), schema=reader.schema)  # Arrow record batches, this batch's rows only
         except (duckdb.Error, OSError, pa.ArrowException) as err:  # a DuckDB error read through Arrow is an OSError
-            raise _grounding_error(relation, rule, err, self.db.description) from None
+            raise grounding_error(relation, rule, err, self.db.description) from None
         check_refs(relation, rule, table)
         return table
 
@@ -219,7 +219,7 @@ class BatchGrounder(_Grounder):
                               embedding_keys=embedding_keys)
 
 
-def _grounding_error(relation: ir.Relation, rule: ir.Rule, err: BaseException, source: str) -> BaseException:
+def grounding_error(relation: ir.Relation, rule: ir.Rule, err: BaseException, source: str) -> BaseException:
     """The database's error `err` while grounding `rule` as relsql's; Ctrl-C stays an interrupt,
     and a server gone away is named as such (`source`: the database's description)."""
     if _interrupted(err):

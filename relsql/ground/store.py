@@ -79,7 +79,7 @@ from relsql import errors
 from relsql import sql as q
 from relsql.db import TEMP_PREFIX
 from relsql.errors import RelsqlError
-from relsql.ground.demand import BatchGrounder, BatchGrounding, _grounding_error, _PreparedRule
+from relsql.ground.demand import BatchGrounder, BatchGrounding, PreparedRule, grounding_error
 from relsql.ground.execute import RelationGrounding, RuleGrounding, _progress, interruptible
 from relsql.ground.narrow import FLOATS, INTEGERS, NarrowWriter, smallest_integer
 from relsql.ground.parts import HashedFile, io_error, part_files
@@ -114,7 +114,7 @@ class StoreMeta:
     order: list[str]
     fanout: dict[str, int] | int | None
     seed: int
-    prepared: dict[str, list[_PreparedRule]]
+    prepared: dict[str, list[PreparedRule]]
     stored: dict
     dictionary_tables: dict[str, pa.Table]
     feature_stats: dict
@@ -125,7 +125,7 @@ class StoreMeta:
 class _Rule:
     """One rule's part of the store, opened as memory maps."""
 
-    prepared: _PreparedRule
+    prepared: PreparedRule
     size: int
     offsets: np.ndarray
     refs: list[np.ndarray]
@@ -277,7 +277,7 @@ class GroundingStore:
         self._maps.append(mapped)
         return np.frombuffer(mapped, dtype=dtype).reshape(shape)
 
-    def _open_rule(self, prepared: _PreparedRule, described: dict) -> _Rule:
+    def _open_rule(self, prepared: PreparedRule, described: dict) -> _Rule:
         size, rows, parts = described["groundings"], described["rows"], described["parts"]
         offsets = self._map(f"{described['stem']}.offsets", np.int64, (rows + 1,))
         if int(offsets[0]) != 0 or int(offsets[-1]) != size:
@@ -385,7 +385,7 @@ class GroundingStore:
         finally:
             self.release()
         if sum(p.positions.nbytes for chosen in picked.values() for p in chosen) * 4 > TRIM_AFTER:
-            _trim_heap()
+            trim_heap()
         return grounding
 
     def _pick(self, name: str, rule: _Rule, wanted: np.ndarray, sample: int) -> _Picked:
@@ -541,7 +541,7 @@ def _resident_file_bytes() -> int | None:
 _LIBC: list = []  # [the C library's malloc_trim, or None where there is none (not glibc)]
 
 
-def _trim_heap() -> None:
+def trim_heap() -> None:
     """Hand the C heap's free memory back to the system. A large batch's arrays (numpy's and
     torch's, in this thread and the trainer's) are freed into glibc's heaps, which keep freed
     chunks of up to 32 MiB and fragment: over an epoch anonymous memory grew with the number of
@@ -825,7 +825,7 @@ def _check_against(manifest: dict, grounder: BatchGrounder | StoreMeta) -> None:
     _need(set(manifest["files"]) == files, "its files are not the ones its relations need")
 
 
-def _check_rule_against(rule: dict, prepared: _PreparedRule, name: str, rows: int) -> list[str]:
+def _check_rule_against(rule: dict, prepared: PreparedRule, name: str, rows: int) -> list[str]:
     """One rule's description agrees with the template; the files it needs."""
     what, stem = f"{name}: rule {prepared.index}", f"{_file_name(name)}.{prepared.index}"
     _need(rule["stem"] == stem and rule["rows"] == rows, f"{what}: another rule's stem or rows")
@@ -981,7 +981,7 @@ def _stored_dictionaries(grounder: BatchGrounder) -> dict[str, exp.Table]:
     return tables
 
 
-def _write_rule(grounder: BatchGrounder, relation: ir.Relation, prepared: _PreparedRule, codes: dict[str, exp.Table],
+def _write_rule(grounder: BatchGrounder, relation: ir.Relation, prepared: PreparedRule, codes: dict[str, exp.Table],
                 build: Path, stem: str, rows: int, written: dict[str, list], dtypes: dict[str, str]) -> dict:
     """One rule's groundings (ordered by head) into the build folder's files. The engine hands the
     ordered rows to `PartWriter` in runs (parts): DuckDB one, streamed through this process;
@@ -998,7 +998,7 @@ def _write_rule(grounder: BatchGrounder, relation: ir.Relation, prepared: _Prepa
     try:
         parts = grounder.db.write_ordered(select, writer, CHUNK)
     except duckdb.Error as err:
-        raise _grounding_error(relation, rule, err, grounder.db.description) from None
+        raise grounding_error(relation, rule, err, grounder.db.description) from None
     for part in parts:
         if "error" in part:  # raised where the part was written (an executor): its class and message
             raise getattr(errors, part["error"][0], RelsqlError)(part["error"][1])
@@ -1030,7 +1030,7 @@ def _floats(dtype: torch.dtype | None) -> str:
     return "float32"
 
 
-def _dtypes(grounder: BatchGrounder, prepared: _PreparedRule, codes: dict[str, exp.Table], floats: str) -> dict[str, str]:
+def _dtypes(grounder: BatchGrounder, prepared: PreparedRule, codes: dict[str, exp.Table], floats: str) -> dict[str, str]:
     """Per file of a rule (`r<j>`, `c<k>`), the type its numbers are kept in: row ids in the smallest
     integer that holds the referenced relation's rows; codes, the dictionary's codes (and -1, a
     NULL); text tokens, the bucket count (the padding token); other values `floats`."""

@@ -31,7 +31,7 @@ import torch
 from relsql.compile.reuse import Frame
 from relsql.db import release_freed_memory
 from relsql.errors import RelsqlError
-from relsql.ground.store import _trim_heap
+from relsql.ground.store import trim_heap
 from relsql.train.batched import Batch, Batched
 
 ENV = "RELSQL_BATCH_PROCESS"
@@ -212,7 +212,7 @@ def _frozen(change: int) -> None:
     mapped in the child (TPC-H sf 0.1: the child held 66-86 MiB alone, 17-29 with all this)."""
     if change > 0 and _CHILDREN[0] == 0:
         gc.collect()
-        _trim_heap()
+        trim_heap()
         release_freed_memory()
         gc.freeze()
     _CHILDREN[0] += change
