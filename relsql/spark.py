@@ -193,6 +193,11 @@ class SparkDatabase(Database):
             inner = node.expressions[0].transform(self._rewrite, copy=False)  # transform does not revisit a replacement
             return exp.LT(this=exp.Abs(this=exp.cast(inner, exp.DataType.build("DOUBLE"))),
                           expression=exp.cast(exp.Literal.string("Infinity"), exp.DataType.build("DOUBLE")))
+        if isinstance(node, exp.Anonymous) and str(node.this).lower() == "list_value":  # DuckDB's list: ple, calendar, a feature's NULL indicator
+            return exp.Array(expressions=[e.transform(self._rewrite, copy=False) for e in node.expressions])
+        if isinstance(node, exp.Anonymous) and str(node.this).lower() == "dayofweek":  # DuckDB: Sunday 0; Spark: Sunday 1
+            inner = node.expressions[0].transform(self._rewrite, copy=False)
+            return exp.paren(exp.Sub(this=exp.Anonymous(this="dayofweek", expressions=[inner]), expression=q.integer(1)), copy=False)
         if isinstance(node, exp.Anonymous) and str(node.this).lower() == "epoch":  # seconds, with their fractions
             inner = node.expressions[0].transform(self._rewrite, copy=False)
             micros = exp.Anonymous(this="unix_micros", expressions=[exp.cast(inner, exp.DataType.build("TIMESTAMP"))])

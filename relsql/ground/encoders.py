@@ -1,10 +1,12 @@
 """Column encoders the database computes, for `ple(...)`, `calendar(...)` and `embed(..., min_count=k)`.
 
-Each encoder's statistics (quantile edges, the year's mean and spread, the frequent values) come
-from one SQL query over the rule's groundings when a model is built, and are kept with it (the
-grounding's `feature_stats` and dictionaries), so a saved model encodes another database's rows
-exactly as it encoded the rows it learned from. The encodings themselves are SQL expressions over
-the grounding row `g`: no row leaves the database unencoded.
+Each encoder's statistics (quantile edges, the year's mean and spread, the frequent values) are
+computed once over the rule's groundings when a model is built, and kept with it (the grounding's
+`feature_stats` and dictionaries), so a saved model encodes another database's rows exactly as it
+encoded the rows it learned from. The year's mean and spread and the frequent values come from
+SQL; a ple column's quantile edges are computed here (`quantile_edges`) from its numbers. The
+encodings are SQL expressions over the grounding row `g`, except ple where the groundings are
+read in bulk: the database sends the number and `ple_values` encodes it (equal to `ple_sql`).
 
 - `ple`: piecewise-linear encoding (Gorishniy et al. 2022). With edges b_0 <= ... <= b_k (the
   quantiles 0, 1/k, ..., 1 of the column), component i is 0 for x < b_i, 1 for x >= b_{i+1} and
@@ -58,17 +60,52 @@ def ple_number(raw: exp.Expression, kind: pa.DataType, label: str) -> exp.Expres
                       "categorical columns")
 
 
-def ple_edges_query(bare: exp.Expression, grounding: exp.Expression, bins: int) -> exp.Select:
-    """One query: the column's quantiles 0, 1/bins, ..., 1 (linear interpolation) over its non-NULL values."""
-    levels = exp.Array(expressions=[q.real(i / bins) for i in range(bins + 1)])
-    return exp.select(_call("quantile_cont", bare.copy(), levels)).from_(grounding.copy())
+def quantile_edges(numbers: np.ndarray, bins: int) -> list[float] | None:
+    """The quantiles 0, 1/bins, ..., 1 of `numbers` (float64, finite, no NULLs; None when there are
+    none), interpolated as DuckDB 1.5's quantile_cont does: at rank r = (n - 1) * q between the
+    sorted values lo (rank floor r) and hi (rank ceil r), lo * (1 - d) + hi * d with d = r - floor r.
+    Equal to `quantile_cont(x, [0, 1/bins, ...])` of duckdb 1.5.5 bit for bit (checked on 1,500
+    random columns); duckdb 2 interpolates otherwise in the last bit, and Spark has no
+    quantile_cont: computed here, a ple column's edges are the same whichever engine grounds it."""
+    n = len(numbers)
+    if n == 0:
+        return None
+    ranks = [(n - 1) * (i / bins) for i in range(bins + 1)]
+    positions = sorted({math.floor(r) for r in ranks} | {math.ceil(r) for r in ranks})
+    ordered = np.partition(np.asarray(numbers, dtype=np.float64), positions)  # each position holds its order statistic
+    edges = []
+    for rank in ranks:
+        below, above = math.floor(rank), math.ceil(rank)
+        if below == above:
+            edges.append(float(ordered[below]))
+        else:
+            low, high, d = float(ordered[below]), float(ordered[above]), rank - below
+            edges.append(low * (1 - d) + high * d)
+    return edges
+
+
+def ple_column_stats(column: pa.Array | pa.ChunkedArray, bins: int) -> tuple[int, dict]:
+    """(the count of infinite or NaN values, the `ple_stats`) of a column of numbers as read from
+    the database (the ple number, DOUBLE, NULLs kept): its quantile edges and whether it has NULLs."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if pa.types.is_null(column.type):
+        return 0, ple_stats(None, bins, len(column) > 0)
+    if not pa.types.is_float64(column.type):
+        column = column.cast(pa.float64())
+    nulls = column.null_count
+    numbers = np.asarray((column.drop_null() if nulls else column).to_numpy(zero_copy_only=False), dtype=np.float64)
+    bad = int(numbers.size - np.count_nonzero(np.isfinite(numbers)))
+    if bad:
+        return bad, {}
+    return 0, ple_stats(quantile_edges(numbers, bins), bins, nulls)
 
 
 def ple_stats(edges: list | None, bins: int, nulls: bool) -> dict:
     """Statistics kept for a `ple` column (mean/std stay neutral: what every feature entry has)."""
     values = [0.0] * (bins + 1) if edges is None else [float(e) for e in edges]
-    # quantile_cont interpolates: on a column with few distinct values its edges can step back in
-    # the last bit (..676, ..675, ..676); a running maximum keeps them ascending (a tie is a step)
+    # the interpolation of quantiles: on a column with few distinct values its edges can step back
+    # in the last bit (..676, ..675, ..676); a running maximum keeps them ascending (a tie is a step)
     values = [float(v) for v in np.maximum.accumulate(np.asarray(values, dtype=np.float64))]
     return {"mean": 0.0, "std": 1.0, "nulls": bool(nulls), "kind": "ple", "edges": values}
 
@@ -92,17 +129,83 @@ def ple_sql(number: exp.Expression, edges: list[float]) -> exp.Expression:
     return _call("list_value", *parts, null_indicator(number))
 
 
+_NEGATIVE_ZERO = np.array(-0.0).view(np.int64)
+
+
+def ple_values(numbers: np.ndarray, nulls: np.ndarray | None, edges: list[float]) -> np.ndarray:
+    """`ple_sql` computed here: the (G, bins + 1) float64 encoding of `numbers` (float64; the rows
+    where `nulls` is True are NULL, their number ignored) over `edges`.
+
+    Equal to the database's result bit for bit: the same two float64 operations, (x - low) / width
+    with width = high - low (the SQL's literal, read exactly: `exact_real`), then the SQL's cases
+    as a clip to [0, 1], which changes nothing else: rounding is monotone, so x >= high gives a
+    quotient >= 1 and x < low one <= 0; a quotient of -0.0 (x = -0.0 at low = 0.0, kept, or an
+    underflow below low, which the SQL makes 0.0) is set as the SQL sets it. The first bin is not
+    cut below, the last not above; a zero-width bin is a step (1 from its edge on); a NULL is all 0
+    with the indicator 1. A NaN compares as the databases compare it (DuckDB and Spark order NaN
+    above every number): 1 in every bin but the last, where it stays NaN."""
+    numbers = np.asarray(numbers, dtype=np.float64)
+    rows, bins = numbers.shape[0], len(edges) - 1
+    out = np.empty((bins + 1, rows), dtype=np.float64)  # a contiguous row per component, transposed at the end
+    nan = np.isnan(numbers)
+    nan = np.flatnonzero(nan) if nan.any() else None
+    null = np.flatnonzero(nulls) if nulls is not None and nulls.any() else None
+    for i in range(bins):
+        low, high = float(edges[i]), float(edges[i + 1])
+        part = out[i]
+        if high <= low:  # a zero-width bin: a step at its edge
+            part[:] = numbers >= high
+            if nan is not None:
+                part[nan] = 1.0
+        else:
+            np.subtract(numbers, low, out=part)
+            with np.errstate(over="ignore"):  # a subnormal width: the database's quotient is inf too
+                np.divide(part, high - low, out=part)
+            first, last = i == 0, i == bins - 1
+            if not first:  # which sign of zero a clip returns is the library's: set those as the SQL does
+                signed = np.flatnonzero(part.view(np.int64) == _NEGATIVE_ZERO)
+            if first and not last:
+                np.minimum(part, 1.0, out=part)
+            elif last and not first:
+                np.maximum(part, 0.0, out=part)
+            elif not first:
+                np.clip(part, 0.0, 1.0, out=part)
+            if not first and signed.size:
+                part[signed] = np.where(numbers[signed] < low, 0.0, -0.0)
+            if nan is not None and not last:
+                part[nan] = 1.0
+        if null is not None:
+            part[null] = 0.0
+    out[bins] = 0.0
+    if null is not None:
+        out[bins, null] = 1.0
+    return np.ascontiguousarray(out.T)
+
+
+def exact_real(value: float) -> exp.Expression:
+    """A DOUBLE literal the database reads as exactly `value`: q.real's checks, written with an
+    exponent (`CAST(1.8399999999999994e-01 AS DOUBLE)`). DuckDB reads a plain literal of 17 digits
+    (`0.18399999999999994`, what repr writes) as a DECIMAL and casts it to the double beside it
+    (0.1839999999999999): 3% of random doubles; with an exponent the literal is a DOUBLE, read exactly."""
+    q.real(value)  # the checks: a finite number, never text
+    value = float(value)
+    number: exp.Expression = exp.Literal(this=f"{abs(value):.16e}", is_string=False)  # Literal.number rewrites the text
+    if math.copysign(1.0, value) < 0:
+        number = exp.Neg(this=number)
+    return exp.Cast(this=number, to=exp.DataType(this=exp.DataType.Type.DOUBLE))
+
+
 def _ple_component(number: exp.Expression, low: float, high: float, first: bool, last: bool) -> exp.Expression:
     one, zero = q.real(1.0), q.real(0.0)
     if high <= low:  # a bin of zero width (ties at a quantile): a step at its edge
-        return exp.Coalesce(this=exp.Case(ifs=[exp.If(this=exp.GTE(this=number.copy(), expression=q.real(high)), true=one)],
+        return exp.Coalesce(this=exp.Case(ifs=[exp.If(this=exp.GTE(this=number.copy(), expression=exact_real(high)), true=one)],
                                           default=zero.copy()), expressions=[zero.copy()])
-    inside = exp.Div(this=exp.paren(exp.Sub(this=number.copy(), expression=q.real(low))), expression=q.real(high - low))
+    inside = exp.Div(this=exp.paren(exp.Sub(this=number.copy(), expression=exact_real(low))), expression=exact_real(high - low))
     cases = []
     if not first:
-        cases.append(exp.If(this=exp.LT(this=number.copy(), expression=q.real(low)), true=zero.copy()))
+        cases.append(exp.If(this=exp.LT(this=number.copy(), expression=exact_real(low)), true=zero.copy()))
     if not last:
-        cases.append(exp.If(this=exp.GTE(this=number.copy(), expression=q.real(high)), true=one.copy()))
+        cases.append(exp.If(this=exp.GTE(this=number.copy(), expression=exact_real(high)), true=one.copy()))
     value = exp.Case(ifs=cases, default=inside) if cases else inside
     return exp.Coalesce(this=value, expressions=[zero.copy()])
 
@@ -157,12 +260,13 @@ def checked_kind(stats: dict, kind: str, label: str) -> dict:
 def frequent_dictionary(source: exp.Expression, column: str, min_count: int) -> exp.Select:
     """(value, code) for `embed(..., min_count=k)`: code 0 is the shared row of rare values, unseen
     values and NULL (value NULL); the non-NULL values in at least k groundings get 1, 2, ... in value order."""
-    counted = exp.select(q.alias(q.col(column), "v")).from_(source.copy()).where(
-        exp.Not(this=exp.Is(this=q.col(column), expression=exp.Null()))).group_by(q.col(column)).having(
-        exp.GTE(this=exp.Count(this=exp.Star()), expression=q.integer(min_count)))
+    # copy=False: sqlglot's builders copy the whole query so far, `source` included, at each step
+    counted = exp.select(q.alias(q.col(column), "v"), copy=False).from_(source.copy(), copy=False).where(
+        exp.Not(this=exp.Is(this=q.col(column), expression=exp.Null())), copy=False).group_by(q.col(column), copy=False).having(
+        exp.GTE(this=exp.Count(this=exp.Star()), expression=q.integer(min_count)), copy=False)
     code = exp.Window(this=exp.RowNumber(), order=exp.Order(expressions=[exp.Ordered(this=q.col("v", "n"))]))
     frequent = exp.select(q.col("v", "n"), q.alias(code, "code")).from_(q.alias(exp.Subquery(this=counted), "n", table=True))
-    return exp.union(exp.select(exp.Null(), q.integer(0)), frequent, distinct=False)
+    return exp.union(exp.select(exp.Null(), q.integer(0)), frequent, distinct=False, copy=False)
 
 
 def rare_lookup(lookup: exp.Select) -> exp.Expression:

@@ -387,7 +387,7 @@ class _Grounder:
         self.key_tables: dict[str, exp.Table] = {}
         self.dictionaries: dict[str, exp.Table] = {}
         self.feature_stats: dict[str, dict] = {}
-        self.measured: dict[str, tuple] = {}  # statistics of a rule's columns from one query (see `measure`)
+        self.measured: dict[str, tuple] = {}  # statistics of a rule's columns from one query (`measure`, `measure_ple`)
         self.temps: list[exp.Table] = []  # every temp table this grounder names, dropped if it fails
         if template.language == "sql":
             _refuse_shadowing(template, db)
@@ -517,11 +517,12 @@ class _Grounder:
                   for index, rule, _ in grounded]
         keys_table = self.key_table(relation, [(grounded[0][1], groundings)] if grounded else [])
         result = RelationGrounding(relation.name, db.arrow(exp.select(exp.Star()).from_(keys_table.copy()).order_by(q.col("_rid"))))
-        tables = self.index_tables(relation, slices, groundings, keys_table, rows)
+        edges: dict[int, dict[int, list[float]]] = {}  # per rule, its ple columns' edges (read as numbers)
+        tables = self.index_tables(relation, slices, groundings, keys_table, rows, edges)
         if grounded:
             db.execute(exp.Drop(tables=[groundings.copy()], kind="TABLE", exists=True))
         for index, rule, _ in grounded:
-            rule_grounding = self.index_rule(relation, rule, tables.get(index))
+            rule_grounding = self.index_rule(relation, rule, tables.get(index), edges.get(index))
             if rule_grounding.size == 0:
                 # an empty statement is an empty aggregate: its rows get nothing from it (a time cut or a
                 # filter can leave a statement empty in one database and not in another)
@@ -534,13 +535,19 @@ class _Grounder:
         self.key_tables[relation.name] = keys_table
 
     def index_tables(self, relation: ir.Relation, slices: list[tuple[int, ir.Rule, exp.Expression]],
-                     groundings: exp.Table, keys_table: exp.Table, rows: int) -> dict[int, pa.Table]:
+                     groundings: exp.Table, keys_table: exp.Table, rows: int,
+                     edges: dict[int, dict[int, list[float]]] | None = None) -> dict[int, pa.Table]:
         """Each rule's index rows (head and body row ids, encoded columns): one query for the
         relation, or one per rule where the other rules' empty columns would take much memory
-        (every row of the combined result has every rule's columns)."""
+        (every row of the combined result has every rule's columns). `edges`, where given, gains
+        per rule the bin edges of its ple columns (or what `index_rule` measures them from), which
+        are then read as their numbers and encoded in `index_rule` (one DOUBLE per value from the
+        database, not bins + 1 CASE expressions; and no statistics query for them)."""
         if not slices:
             return {}
-        rules = [(index, len(rule.refs), self.encoded_columns(relation, index, rule, source)) for index, rule, source in slices]
+        rules = [(index, len(rule.refs), self.encoded_columns(
+            relation, index, rule, source, ple_edges=None if edges is None else edges.setdefault(index, {})))
+            for index, rule, source in slices]
         width = sum(len(columns) for *_, columns in rules) + max(n for _, n, _ in rules)
         narrowest = min(n + len(columns) for _, n, columns in rules)
         groups = [rules] if rows * (width - narrowest) <= PADDING_CELLS else [[rule] for rule in rules]
@@ -566,15 +573,21 @@ class _Grounder:
         return tables
 
     def encoded_columns(self, relation: ir.Relation, index: int, rule: ir.Rule, source: exp.Expression,
-                        skip: set[int] = frozenset()) -> list[exp.Expression]:
+                        skip: set[int] = frozenset(), ple_edges: dict[int, list[float]] | None = None) -> list[exp.Expression]:
         """The rule's grounding columns as SQL over alias `g`: embedded columns as dictionary codes,
-        features standardized (statistics from `source`), others raw; columns in `skip` stay raw."""
+        features standardized (statistics from `source`), others raw; columns in `skip` stay raw.
+        With `ple_edges` (a dict, filled here) a ple column is selected as its number (a DOUBLE)
+        and its edges are put in `ple_edges[k]` (or, not yet measured, a `_PendingEdges` that
+        `index_rule` measures from the numbers read): the reader encodes it (`column_values(...,
+        edges=...)`); without it, the database encodes it (a list of bins + 1 numbers)."""
         embeds = ir.coded_columns(rule)
         features = {c for e in ir.walk(rule.expr) if isinstance(e, ir.Features) for c in e.columns}
         encoders = {c: e for e in ir.walk(rule.expr) if isinstance(e, ir.Encode) for c in e.columns}
         types = self.db.arrow(exp.select(exp.Star()).from_(source.copy()).limit(0)).schema if features or encoders else None
         if types is not None:
             self.measure(relation, index, rule, source, types, features, encoders)
+            if ple_edges is None:  # read in bulk, a ple column's edges come from the numbers read (`index_rule`)
+                self.measure_ple(relation, index, rule, source, types, encoders)
         columns: list[exp.Expression] = []
         for k in range(rule.n_columns):
             if k in embeds and k not in skip:
@@ -589,17 +602,25 @@ class _Grounder:
                 columns.append(self.feature(key, types.field(f"_c{k}").type, source, k, rule))
             elif k in encoders:
                 key = f"{relation.name}#{index}:{k}"
-                columns.append(self.encoded(key, encoders[k], types.field(f"_c{k}").type, source, k, rule))
+                columns.append(self.encoded(key, encoders[k], types.field(f"_c{k}").type, source, k, rule, ple_edges))
             else:
                 columns.append(q.col(f"_c{k}", "g"))
         return columns
 
-    def index_rule(self, relation: ir.Relation, rule: ir.Rule, table: pa.Table) -> RuleGrounding:
+    def index_rule(self, relation: ir.Relation, rule: ir.Rule, table: pa.Table,
+                   edges: dict[int, list[float]] | None = None) -> RuleGrounding:
+        """A rule's index rows as tensors; `edges`: its ple columns read as numbers (see `index_tables`);
+        where they are still to be measured, from those numbers."""
         embeds = set(ir.coded_columns(rule))
+        edges = dict(edges or {})
+        for k, pending in edges.items():
+            if isinstance(pending, _PendingEdges):
+                edges[k] = self.ple_stats_of(pending.key, table.column(f"_c{k}"), pending.bins, pending.label)
         check_refs(relation, rule, table)
         head = to_tensor(table.column("_head"), torch.int64)
         refs = [to_tensor(table.column(f"_r{j}"), torch.int64) for j in range(len(rule.refs))]
-        values = {k: _column_tensor(table.column(f"_c{k}"), rule, k, embedded=k in embeds) for k in range(rule.n_columns)}
+        values = {k: _column_tensor(table.column(f"_c{k}"), rule, k, embedded=k in embeds, edges=edges.get(k))
+                  for k in range(rule.n_columns)}
         segment_heads, counts = torch.unique_consecutive(head, return_counts=True)
         offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(counts, 0)])
         if not rule.grouped and segment_heads.shape[0] != head.shape[0]:
@@ -617,7 +638,8 @@ class _Grounder:
         table = tables.get(weight)
         if table is None:
             table = self.temp_table("d", weight.replace(".", "_"))
-            first = exp.select(q.alias(q.col(column), "value"), q.alias(q.integer(0), "code")).from_(source.copy()).where(exp.false())
+            first = exp.select(q.alias(q.col(column), "value"), q.alias(q.integer(0), "code")).from_(
+                source.copy(), copy=False).where(exp.false(), copy=False)
             _run(db, q.create_temp(table.copy(), first), rule)
             preset = self.presets.dictionaries.get(weight)
             spec = self.template.weights.get(weight)
@@ -659,9 +681,7 @@ class _Grounder:
                     bare = _bare(number, k)
                     parts = [_infinite_count(bare), exp.Avg(this=bare.copy()), exp.StddevPop(this=bare.copy()), _nulls(bare)]
                 elif encoders[k].kind == "ple":
-                    bare = _bare(encoders_sql.ple_number(raw, kind, ""), k)
-                    parts = [_infinite_count(bare), encoders_sql.ple_edges_query(bare, source, encoders[k].bins).expressions[0],
-                             _nulls(bare)]
+                    continue  # `measure_ple`, or from the numbers read (`index_rule`)
                 elif encoders_sql.is_time(kind):
                     year = _bare(encoders_sql.calendar_year(raw), k)
                     parts = [exp.Avg(this=year.copy()), exp.StddevPop(this=year.copy()), _nulls(year)]
@@ -683,6 +703,42 @@ class _Grounder:
             self.measured[key] = tuple(row[at:at + len(parts)])
             at += len(parts)
 
+    def measure_ple(self, relation: ir.Relation, index: int, rule: ir.Rule, source: exp.Expression, types: pa.Schema,
+                    encoders: dict[int, ir.Encode]) -> None:
+        """The rule's ple columns' numbers in ONE query over its groundings, their edges computed
+        here (`encoders.quantile_edges`, as the bulk reading computes them from the same numbers).
+        Kept in `measured`; where the query fails, each column reads itself in `encoded`."""
+        wanted: dict[int, exp.Expression] = {}
+        for k in sorted(encoders):
+            key = f"{relation.name}#{index}:{k}"
+            if encoders[k].kind != "ple" or key in self.presets.feature_stats:
+                continue
+            try:
+                wanted[k] = _bare(encoders_sql.ple_number(q.col(f"_c{k}", "g"), types.field(f"_c{k}").type, ""), k)
+            except SchemaError:
+                continue
+        if len(wanted) < 2:
+            return
+        try:
+            numbers = self.db.arrow(exp.select(*[q.alias(n, f"_c{k}") for k, n in wanted.items()], copy=False).from_(
+                source.copy(), copy=False))
+        except (duckdb.Error, RelsqlError) as err:
+            if _interrupted(err):
+                raise
+            return
+        for k in wanted:
+            self.measured[f"{relation.name}#{index}:{k}"] = encoders_sql.ple_column_stats(
+                numbers.column(f"_c{k}"), encoders[k].bins)
+
+    def ple_stats_of(self, key: str, numbers: pa.Array | pa.ChunkedArray, bins: int, label: str) -> list[float]:
+        """A ple column's statistics from its numbers (DOUBLE, NULLs kept), kept in `feature_stats`;
+        its checked edges. Infinite or NaN values are refused, as the statistics query refused them."""
+        bad, stats = encoders_sql.ple_column_stats(numbers, bins)
+        if bad:
+            raise SchemaError(_infinite_message(label, bad))
+        self.feature_stats[key] = stats
+        return encoders_sql.checked_edges(stats, bins, label)
+
     def check_finite(self, bare: exp.Expression, grounding: exp.Expression, label: str) -> None:
         """Refuse a column with infinite or NaN values: no statistics or encoding can hold them."""
         bad = self.db.scalar(exp.select(_infinite_count(bare)).from_(grounding.copy()))[0]
@@ -690,9 +746,11 @@ class _Grounder:
             raise SchemaError(_infinite_message(label, bad))
 
     def encoded(self, key: str, encoder: ir.Encode, kind: pa.DataType, grounding: exp.Expression, k: int,
-                rule: ir.Rule) -> exp.Expression:
-        """A column encoded by `ple` or `calendar` (relsql/ground/encoders.py) with statistics the
-        database computes once over the groundings (a saved model's: `presets`)."""
+                rule: ir.Rule, ple_edges: dict[int, list[float]] | None = None) -> exp.Expression:
+        """A column encoded by `ple` or `calendar` (relsql/ground/encoders.py) with statistics computed
+        once over the groundings (a saved model's: `presets`): the year's by the database, a ple
+        column's edges here from its numbers. With `ple_edges`, a ple column is its number and its
+        checked edges (or a `_PendingEdges`) go to `ple_edges[k]` (see `encoded_columns`)."""
         raw = q.col(f"_c{k}", "g")
         label = f"{rule.head}, {rule.origin}: {encoder.kind}({column_label(rule, k)})"
         stats = self.presets.feature_stats.get(key)
@@ -700,20 +758,24 @@ class _Grounder:
             if encoder.kind == "ple":
                 number = encoders_sql.ple_number(raw, kind, label)
                 if stats is None and key in self.measured:
-                    bad, edges, nulls = self.measured.pop(key)
+                    bad, stats = self.measured.pop(key)
                     if bad:
                         raise SchemaError(_infinite_message(label, bad))
-                    stats = encoders_sql.ple_stats(edges, encoder.bins, nulls)
-                if stats is None:
-                    bare = _bare(number, k)
-                    self.check_finite(bare, grounding, label)
-                    edges, nulls = self.db.scalar(exp.select(
-                        encoders_sql.ple_edges_query(bare, grounding, encoder.bins).expressions[0],
-                        exp.Sub(this=exp.Count(this=exp.Star()), expression=exp.Count(this=bare.copy())),
-                    ).from_(grounding.copy()))
-                    stats = encoders_sql.ple_stats(edges, encoder.bins, nulls)
+                if stats is None and ple_edges is not None:  # measured from the numbers the index query reads
+                    ple_edges[k] = _PendingEdges(key, encoder.bins, label)
+                    return number
+                if stats is None:  # this column's numbers alone (`measure_ple` read none, or failed)
+                    numbers = self.db.arrow(exp.select(q.alias(_bare(number, k), "x"), copy=False).from_(
+                        grounding.copy(), copy=False)).column("x")
+                    bad, stats = encoders_sql.ple_column_stats(numbers, encoder.bins)
+                    if bad:
+                        raise SchemaError(_infinite_message(label, bad))
                 self.feature_stats[key] = stats
-                return encoders_sql.ple_sql(number, encoders_sql.checked_edges(stats, encoder.bins, label))
+                edges = encoders_sql.checked_edges(stats, encoder.bins, label)
+                if ple_edges is not None:
+                    ple_edges[k] = edges
+                    return number
+                return encoders_sql.ple_sql(number, edges)
             if not encoders_sql.is_time(kind):
                 raise SchemaError(f"{label} needs a date or timestamp column, got {kind}")
             if stats is None and key in self.measured:
@@ -767,6 +829,15 @@ class _Grounder:
         return exp.Anonymous(this="list_value", expressions=[value, indicator])
 
 
+@dataclass(frozen=True)
+class _PendingEdges:
+    """A ple column read in bulk whose edges are computed from the numbers read (`index_rule`)."""
+
+    key: str
+    bins: int
+    label: str
+
+
 def _feature_number(raw: exp.Expression, kind: pa.DataType, rule: ir.Rule, k: int) -> tuple[exp.Expression, bool]:
     """(the number features() standardizes for a column of arrow type `kind`, whether it is scaled)."""
     if pa.types.is_boolean(kind):
@@ -798,9 +869,11 @@ def _bare(number: exp.Expression, k: int) -> exp.Expression:
     return number.transform(lambda n: q.col(f"_c{k}") if isinstance(n, exp.Column) else n)
 
 
-def _column_tensor(column: pa.ChunkedArray | pa.Array, rule: ir.Rule, k: int, embedded: bool) -> torch.Tensor:
+def _column_tensor(column: pa.ChunkedArray | pa.Array, rule: ir.Rule, k: int, embedded: bool,
+                   edges: list[float] | None = None) -> torch.Tensor:
     """A grounding column as a (G, d) float64 tensor (or (G,) codes): the store's rule
-    (relsql/ground/parts.py), as a tensor over the same memory."""
+    (relsql/ground/parts.py), as a tensor over the same memory; `edges`: a ple column read as its
+    number, encoded over them."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # read-only numpy buffers: never written to
-        return torch.from_numpy(column_values(column, rule, k, embedded))
+        return torch.from_numpy(column_values(column, rule, k, embedded, edges))

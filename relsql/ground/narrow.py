@@ -52,8 +52,9 @@ class _Narrowed:
 class NarrowWriter(PartWriter):
     """A `PartWriter` whose files `r<j>` and `c<k>` are written in `dtypes[...]` (numpy type names)."""
 
-    def __init__(self, relation, rule, folder: str, stem: str, dtypes: dict[str, str]):
-        super().__init__(relation, rule, folder, stem)
+    def __init__(self, relation, rule, folder: str, stem: str, dtypes: dict[str, str],
+                 edges: dict[int, list[float]] | None = None):
+        super().__init__(relation, rule, folder, stem, edges)
         self.dtypes = dict(dtypes)
 
     def _write(self, chunks, heads_file: HashedFile, ref_files: list[HashedFile],

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 import sqlglot.expressions as exp
 
 from relsql.errors import GroundingError, RelsqlError, SchemaError
+from relsql.ground import encoders
 from relsql.ground import text as hashing
 from relsql.template import ir
 
@@ -104,10 +105,17 @@ def column_label(rule: ir.Rule, k: int) -> str:
     return f"value column {k}"
 
 
-def column_values(column: pa.ChunkedArray | pa.Array, rule: ir.Rule, k: int, embedded: bool) -> np.ndarray:
-    """A grounding column as a (G, d) float64 array (or (G,) int64 codes); lists become vectors."""
+def column_values(column: pa.ChunkedArray | pa.Array, rule: ir.Rule, k: int, embedded: bool,
+                  edges: list[float] | None = None) -> np.ndarray:
+    """A grounding column as a (G, d) float64 array (or (G,) int64 codes); lists become vectors.
+
+    `edges`: the column is a `ple(...)` column read as its number (one DOUBLE per grounding, NULL
+    kept) and encoded here over these edges (relsql/ground/encoders.py `ple_values`, equal to the
+    database's `ple_sql`). Without them a ple column arrives encoded, as a list (the default)."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
+    if edges is not None:
+        return _ple(column, rule, k, edges)
     if embedded:  # a NULL code (a category the dictionary lacks) becomes -1, which range checks refuse
         if column.null_count:
             column = pc.fill_null(column, -1)
@@ -132,6 +140,23 @@ def column_values(column: pa.ChunkedArray | pa.Array, rule: ir.Rule, k: int, emb
     raise SchemaError(
         f"{rule.head}, {rule.origin}: {column_label(rule, k)} is used as a neural value but has type {kind}; "
         "use numeric or list-of-number columns, or embed(...) for categorical ones")
+
+
+def _ple(column: pa.Array, rule: ir.Rule, k: int, edges: list[float]) -> np.ndarray:
+    """A ple column's numbers (DOUBLE, NULLs kept) encoded over `edges`."""
+    kind = column.type
+    if not (pa.types.is_floating(kind) or pa.types.is_integer(kind) or pa.types.is_decimal(kind) or pa.types.is_null(kind)):
+        raise SchemaError(f"{rule.head}, {rule.origin}: ple({column_label(rule, k)}) was read as {kind}, not as its "
+                          "number; a grounding read with bin edges must select the column's number")
+    if pa.types.is_null(kind):
+        return encoders.ple_values(np.zeros(len(column)), np.ones(len(column), dtype=bool), edges)
+    if not pa.types.is_float64(kind):
+        column = pc.cast(column, pa.float64())
+    nulls = None
+    if column.null_count:
+        nulls = column.is_null().to_numpy(zero_copy_only=False)
+        column = pc.fill_null(column, 0.0)
+    return encoders.ple_values(column.to_numpy(zero_copy_only=False), nulls, edges)
 
 
 def _vectors(array: pa.Array, rule: ir.Rule, k: int) -> np.ndarray:
@@ -170,11 +195,15 @@ class PartWriter:
     """Writes one run of a rule's ordered groundings (a part) into files `<stem>[.p<i>].r<j>`
     (row ids), `.c<k>` (encoded values or codes) and `.heads` ((head, groundings) pairs) of a
     build folder, and returns what the manifest needs (per file its bytes and SHA-256). Runs
-    wherever the engine runs it: pickled to Spark's executors, it holds plain data only."""
+    wherever the engine runs it: pickled to Spark's executors, it holds plain data only.
+    `edges`: per ple column read as its number, the bin edges it is encoded over here (see
+    `column_values`)."""
 
-    def __init__(self, relation: ir.Relation, rule: ir.Rule, folder: str, stem: str):
+    def __init__(self, relation: ir.Relation, rule: ir.Rule, folder: str, stem: str,
+                 edges: dict[int, list[float]] | None = None):
         self.relation, self.rule, self.folder, self.stem = relation, rule, folder, stem
         self.embeds = set(ir.coded_columns(rule))
+        self.edges = {int(k): [float(e) for e in v] for k, v in (edges or {}).items()}
 
     def __call__(self, index: int | None, chunks) -> dict:
         """Write `chunks` (Arrow record batches) as part `index` (None: the rule's only part)."""
@@ -232,7 +261,7 @@ class PartWriter:
                 handle.write(chunk.column(f"_r{j}").to_numpy().astype(np.int64).tobytes())
             for k, handle in enumerate(column_files):
                 code = k in self.embeds
-                values = column_values(chunk.column(f"_c{k}"), rule, k, embedded=code)
+                values = column_values(chunk.column(f"_c{k}"), rule, k, embedded=code, edges=self.edges.get(k))
                 kinds.setdefault(str(k), ["code", 0] if code else ["value", int(values.shape[1])])
                 handle.write(np.ascontiguousarray(values).tobytes())
             written += chunk.num_rows

@@ -46,21 +46,56 @@ def bucket(token: str, buckets: int) -> int:
 def hashed(values: list, buckets: int, length: int,
            split: Callable[[object, int], Iterable[str]] | None = None) -> np.ndarray:
     """(rows, length) float64 bucket ids (exact integers), padded with `buckets`; `split(value,
-    length)` makes a value's first `length` tokens (default: a text's words and 3-grams)."""
-    split = split or tokens
+    length)` makes a value's first `length` tokens (default: a text's words and 3-grams).
+
+    A value seen before copies its row (names and cities repeat: Lahman's People has 95k texts);
+    a text's ids are made per word, once (`_text_ids`), not per token: the same ids as hashing
+    `tokens(value, length)` one by one."""
     out = np.full((len(values), length), float(buckets))
-    cache: dict[str, int] = {}
+    cache: dict = {}
+    rows: dict = {}  # value -> the row that holds its ids
     for r, value in enumerate(values):
         if value is None:
             continue
-        ids: list[int] = []
-        for token in itertools.islice(split(value, length), length):
-            found = cache.get(token)
-            if found is None:
-                found = cache[token] = bucket(token, buckets)
-            ids.append(found)
+        try:
+            first = rows.setdefault(value, r)
+        except TypeError:  # an unhashable value (a list for bag()): made again each time
+            first = r
+        if first != r:
+            out[r] = out[first]
+            continue
+        if split is None:
+            ids = _text_ids(value, buckets, length, cache)
+        else:
+            ids = []
+            for token in itertools.islice(split(value, length), length):
+                found = cache.get(token)
+                if found is None:
+                    found = cache[token] = bucket(token, buckets)
+                ids.append(found)
         out[r, :len(ids)] = ids
     return out
+
+
+def _text_ids(text: str, buckets: int, length: int, cache: dict) -> list[int]:
+    """The bucket ids of `tokens(text, length)`: the words' ids, then their 3-grams' ids, the first
+    `length` of them; `cache` keeps per word its id and its 3-grams' ids."""
+    words = [m.group() for m in itertools.islice(_WORD.finditer(text[:MAX_TEXT_CHARS].lower()), length)]
+    known = []
+    for word in words:
+        found = cache.get(word)
+        if found is None:
+            wrapped = f"<{word}>"
+            found = cache[word] = (bucket(f"w {word}", buckets),
+                                   [bucket(f"g {wrapped[i:i + 3]}", buckets) for i in range(len(wrapped) - 2)])
+        known.append(found)
+    ids = [word_id for word_id, _ in known]
+    for _, grams in known:
+        room = length - len(ids)
+        if room <= 0:
+            break
+        ids.extend(grams[:room])
+    return ids
 
 
 def element_tokens(value: list | None, length: int | None = None) -> Iterator[str]:
