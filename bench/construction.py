@@ -75,7 +75,8 @@ def make_lahman(pkd: Path, path: Path) -> Path:
     con = duckdb.connect(str(tmp))
     try:
         con.execute(f"CREATE TEMP VIEW _players AS SELECT playerID FROM read_parquet('{files['People']}')")
-        order = ["TeamsFranchises", "Parks", "Schools", "People", "Teams"] + sorted(set(files) - {"TeamsFranchises", "Parks", "Schools", "People", "Teams"})
+        order = (["TeamsFranchises", "Parks", "Schools", "People", "Teams"]
+                 + sorted(set(files) - {"TeamsFranchises", "Parks", "Schools", "People", "Teams"}))
         for name in order:
             source = f"read_parquet('{files[name]}')"
             columns = [d[0] for d in con.execute(f"SELECT * FROM {source} LIMIT 0").description]
@@ -156,7 +157,8 @@ def make_flights(pkd: Path, path: Path) -> Path:
         con.execute(f"CREATE TABLE flights AS SELECT row_number() OVER (ORDER BY time_hour, carrier, flight) AS flight_id, "
                     "year, month, day, dep_time, sched_dep_time, dep_delay, sched_arr_time, carrier, flight, tailnum, "
                     "origin, dest, distance, hour, minute, CAST(time_hour AS TIMESTAMP) AS time_hour, "
-                    f"CAST(arr_delay > 15 AS INTEGER) AS delayed FROM {read('flights')} WHERE month <= 2 AND arr_delay IS NOT NULL")
+                    f"CAST(arr_delay > 15 AS INTEGER) AS delayed FROM {read('flights')} "
+                    "WHERE month <= 2 AND arr_delay IS NOT NULL")
     finally:
         con.close()
     tmp.rename(path)

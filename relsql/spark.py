@@ -193,11 +193,13 @@ class SparkDatabase(Database):
             inner = node.expressions[0].transform(self._rewrite, copy=False)  # transform does not revisit a replacement
             return exp.LT(this=exp.Abs(this=exp.cast(inner, exp.DataType.build("DOUBLE"))),
                           expression=exp.cast(exp.Literal.string("Infinity"), exp.DataType.build("DOUBLE")))
-        if isinstance(node, exp.Anonymous) and str(node.this).lower() == "list_value":  # DuckDB's list: ple, calendar, a feature's NULL indicator
+        # DuckDB's list: ple, calendar, a feature's NULL indicator
+        if isinstance(node, exp.Anonymous) and str(node.this).lower() == "list_value":
             return exp.Array(expressions=[e.transform(self._rewrite, copy=False) for e in node.expressions])
         if isinstance(node, exp.Anonymous) and str(node.this).lower() == "dayofweek":  # DuckDB: Sunday 0; Spark: Sunday 1
             inner = node.expressions[0].transform(self._rewrite, copy=False)
-            return exp.paren(exp.Sub(this=exp.Anonymous(this="dayofweek", expressions=[inner]), expression=q.integer(1)), copy=False)
+            return exp.paren(exp.Sub(this=exp.Anonymous(this="dayofweek", expressions=[inner]), expression=q.integer(1)),
+                             copy=False)
         if isinstance(node, exp.Anonymous) and str(node.this).lower() == "epoch":  # seconds, with their fractions
             inner = node.expressions[0].transform(self._rewrite, copy=False)
             micros = exp.Anonymous(this="unix_micros", expressions=[exp.cast(inner, exp.DataType.build("TIMESTAMP"))])
@@ -368,7 +370,8 @@ class SparkDatabase(Database):
         written = name + _NEXT
         self.execute(exp.Drop(tables=[_table(written, self)], kind="TABLE", exists=True))
         self.execute(exp.Create(this=_table(written, self), kind="TABLE", expression=query, properties=exp.Properties(
-            expressions=[exp.FileFormatProperty(this=exp.Var(this="PARQUET")), exp.SchemaCommentProperty(this=exp.Literal.string(comment))])))
+            expressions=[exp.FileFormatProperty(this=exp.Var(this="PARQUET")),
+                         exp.SchemaCommentProperty(this=exp.Literal.string(comment))])))
         self.execute(exp.Drop(tables=[_table(name, self)], kind="TABLE", exists=True))
         self.execute(exp.Alter(this=_table(written, self), kind="TABLE", actions=[exp.AlterRename(this=_table(name, self))]))
 
@@ -381,7 +384,8 @@ class SparkDatabase(Database):
             if self.spark.catalog.tableExists(self._catalog_name(name)):  # the old table stands: the new one may be partial
                 self.execute(exp.Drop(tables=[_table(written, self)], kind="TABLE"))
             else:  # dropped, not yet renamed: the new one is complete
-                self.execute(exp.Alter(this=_table(written, self), kind="TABLE", actions=[exp.AlterRename(this=_table(name, self))]))
+                self.execute(exp.Alter(this=_table(written, self), kind="TABLE",
+                                       actions=[exp.AlterRename(this=_table(name, self))]))
 
     def table_comment(self, name: str) -> str | None:
         with _spark_errors():
@@ -426,7 +430,8 @@ class SparkDatabase(Database):
 
     def _columns(self, table: str) -> list[tuple[str, str]]:
         if table not in self.table_scopes():
-            raise SchemaError(f"table `{table}` does not exist in {self.description}; known tables: {', '.join(self.tables()) or 'none'}")
+            raise SchemaError(f"table `{table}` does not exist in {self.description}; "
+                              f"known tables: {', '.join(self.tables()) or 'none'}")
         return self._schema_of(table)
 
     def _schema_of(self, table: str) -> list[tuple[str, str]]:

@@ -53,7 +53,8 @@ def naive_ple(values: list, edges: list[float]) -> np.ndarray:
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     """Equal as float64 bit patterns (NaN equal to NaN, 0.0 not equal to -0.0)."""
-    return a.shape == b.shape and np.array_equal(np.asarray(a, np.float64).view(np.int64), np.asarray(b, np.float64).view(np.int64))
+    return a.shape == b.shape and np.array_equal(np.asarray(a, np.float64).view(np.int64),
+                                                 np.asarray(b, np.float64).view(np.int64))
 
 
 def numbers_and_nulls(values: list) -> tuple[np.ndarray, np.ndarray]:

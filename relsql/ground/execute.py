@@ -135,7 +135,8 @@ class _Progress:
         if enabled is not False:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=len(items), desc=what, unit="relation", disable=None if enabled is None else not enabled, leave=False)
+            self.bar = tqdm(total=len(items), desc=what, unit="relation", disable=None if enabled is None else not enabled,
+                            leave=False)
             if self.bar.disable:
                 self.bar = None
         self.current: tuple[str, float] | None = None
@@ -172,7 +173,8 @@ class _Progress:
             if current is not said:
                 said, delay = current, 0
             elapsed = time.monotonic() - current[1]
-            due = self.FIRST_LINES[delay] if delay < len(self.FIRST_LINES) else self.FIRST_LINES[-1] * 2 ** (delay - len(self.FIRST_LINES) + 1)
+            due = (self.FIRST_LINES[delay] if delay < len(self.FIRST_LINES)
+                   else self.FIRST_LINES[-1] * 2 ** (delay - len(self.FIRST_LINES) + 1))
             if elapsed >= due:
                 log.info("%s: %s still running after %.0fs (Ctrl-C stops it)", self.what, current[0], elapsed)
                 delay += 1
@@ -312,7 +314,8 @@ def duckdb_plan_rows(con: duckdb.DuckDBPyConnection, sql: str) -> int | None:
 def _plan_rows(node: dict) -> tuple[int | None, int | None]:
     """(estimated output rows, largest estimate in the subtree) of one plan operator."""
     children = [_plan_rows(c) for c in node.get("children", []) if isinstance(c, dict)]
-    text = str((node.get("extra_info") or {}).get("Estimated Cardinality", "")) if isinstance(node.get("extra_info"), dict) else ""
+    text = (str((node.get("extra_info") or {}).get("Estimated Cardinality", ""))
+            if isinstance(node.get("extra_info"), dict) else "")
     digits = re.sub(r"[^0-9]", "", text)
     rows = int(digits) if digits else None
     if node.get("name") in _PRODUCT_JOINS and children and all(out is not None for out, _ in children):
@@ -339,9 +342,11 @@ def _reported(db: Database, rule: ir.Rule) -> Iterator[None]:
     except duckdb.InterruptException:
         raise KeyboardInterrupt("grounding interrupted") from None
     except duckdb.CatalogException as err:
-        raise SchemaError(f"{rule.head}, {rule.origin}: {_first_line(err)}. Check the table and column names against the database ({db.description}).") from None
+        raise SchemaError(f"{rule.head}, {rule.origin}: {_first_line(err)}. "
+                          f"Check the table and column names against the database ({db.description}).") from None
     except duckdb.BinderException as err:
-        raise SchemaError(f"{rule.head}, {rule.origin}: {_first_line(err)}. Check the column names and join conditions.") from None
+        raise SchemaError(f"{rule.head}, {rule.origin}: {_first_line(err)}. "
+                          "Check the column names and join conditions.") from None
     except duckdb.Error as err:
         raise lost_connection(db.description, err) or GroundingError(
             f"{rule.head}, {rule.origin}: the database could not enumerate the groundings: {_first_line(err)}") from None
@@ -356,8 +361,10 @@ def _run_rules(db: Database, statement: exp.Expression, relation: str,
         if _interrupted(err):
             raise KeyboardInterrupt("grounding interrupted") from None
         for rule, select in rules:  # the first rule whose query fails alone raises its own message
-            _run(db, exp.select(exp.Count(this=exp.Star())).from_(q.alias(exp.Subquery(this=select.copy()), "s", table=True)), rule)
-        raise GroundingError(f"relation {relation}: the database could not enumerate the groundings: {_first_line(err)}") from None
+            _run(db, exp.select(exp.Count(this=exp.Star())).from_(q.alias(exp.Subquery(this=select.copy()), "s", table=True)),
+                 rule)
+        raise GroundingError(f"relation {relation}: the database could not enumerate the groundings: "
+                             f"{_first_line(err)}") from None
 
 
 def _first_line(err: Exception) -> str:
@@ -422,7 +429,8 @@ class _Grounder:
         refused if the database estimates more groundings than `max_groundings`."""
         select = rule.query(self.db) if callable(rule.query) else rule.query.copy()
         if select is None:
-            warnings.warn(f"{relation.name}, {rule.origin}: a body predicate has no table; the rule has no groundings", GroundingWarning, stacklevel=5)
+            warnings.warn(f"{relation.name}, {rule.origin}: a body predicate has no table; the rule has no groundings",
+                          GroundingWarning, stacklevel=5)
             return None
         select = q.substitute_relations(select, self.key_tables)
         select = select.distinct(copy=False) if rule.distinct else select
@@ -455,7 +463,8 @@ class _Grounder:
                     f"{relation.name}, {rule.origin}: the rule has more than max_groundings={self.max_groundings:,} "
                     "groundings (counted while it ran; the database's estimate was lower). A join through a hub row "
                     "(a parent with very many children) multiplies rows: add a condition that narrows it, leave the "
-                    "statement out, or pass a larger max_groundings= (relsql.Model(..., max_groundings=...), relsql.compile(...))")
+                    "statement out, or pass a larger max_groundings= "
+                    "(relsql.Model(..., max_groundings=...), relsql.compile(...))")
 
     def counted_within(self, select: exp.Select) -> bool:
         """Whether a rule estimated over the limit has in fact at most `max_groundings` groundings.
@@ -516,7 +525,8 @@ class _Grounder:
         slices = [(index, rule, q.rule_slice(groundings, index, n_keys, len(rule.refs), rule.n_columns))
                   for index, rule, _ in grounded]
         keys_table = self.key_table(relation, [(grounded[0][1], groundings)] if grounded else [])
-        result = RelationGrounding(relation.name, db.arrow(exp.select(exp.Star()).from_(keys_table.copy()).order_by(q.col("_rid"))))
+        result = RelationGrounding(relation.name,
+                                   db.arrow(exp.select(exp.Star()).from_(keys_table.copy()).order_by(q.col("_rid"))))
         edges: dict[int, dict[int, list[float]]] = {}  # per rule, its ple columns' edges (read as numbers)
         tables = self.index_tables(relation, slices, groundings, keys_table, rows, edges)
         if grounded:
@@ -645,7 +655,8 @@ class _Grounder:
             spec = self.template.weights.get(weight)
             min_count = spec.min_count if spec is not None and spec.kind == "embed" else None
             if preset is None and min_count:
-                _run(db, exp.Insert(this=table.copy(), expression=encoders_sql.frequent_dictionary(source, column, min_count)), rule)
+                _run(db, exp.Insert(this=table.copy(), expression=encoders_sql.frequent_dictionary(source, column, min_count)),
+                     rule)
             if preset is not None:
                 view = f"{table.name}_preset"
                 db.register(view, preset)
