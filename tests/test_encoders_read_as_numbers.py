@@ -27,28 +27,9 @@ from relsql.ground.demand import BatchGrounder
 from relsql.ground.execute import Presets, ground
 from relsql.ground.parts import PartWriter, column_values
 from relsql.template import ir
+from tests.test_encoders import ple
 
-
-def naive_ple(values: list, edges: list[float]) -> np.ndarray:
-    """Gorishniy et al.'s piecewise-linear encoding, one value at a time in Python floats: the first
-    bin open below, the last above, a zero-width bin a step, NULL (None) all 0 plus the indicator."""
-    bins = len(edges) - 1
-    out = np.zeros((len(values), bins + 1))
-    for r, x in enumerate(values):
-        if x is None:
-            out[r, bins] = 1.0
-            continue
-        for i in range(bins):
-            low, high = edges[i], edges[i + 1]
-            if high <= low:
-                out[r, i] = 1.0 if x >= high else 0.0
-            elif i > 0 and x < low:
-                out[r, i] = 0.0
-            elif i < bins - 1 and x >= high:
-                out[r, i] = 1.0
-            else:
-                out[r, i] = (x - low) / (high - low)
-    return out
+naive_ple = ple  # the per-value reference evaluator of tests/test_encoders.py
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
