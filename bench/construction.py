@@ -233,7 +233,8 @@ def _epoch(model, batch_size: int | None) -> float:
 def measure(name: str, pkd: Path, load: bool = True, loader: bool = True, profile: bool = False,
             duckdb_threads: int | None = None) -> dict[str, float]:
     """One run on one database (a fresh connection); seconds per stage. `duckdb_threads`: the
-    connection's DuckDB threads (default: DuckDB's, one per core)."""
+    connection's DuckDB threads, as relsql.connect(threads=) gives them (default: DuckDB's, one per
+    core, and grounding on fit's default threads: relsql.db.engine_threads)."""
     import relsql
     import relsql.model
     import relsql.template.auto  # noqa: F401  (imports are not construction: loaded before the clock starts)
@@ -241,8 +242,10 @@ def measure(name: str, pkd: Path, load: bool = True, loader: bool = True, profil
     maker, target, time_column, keys = DATABASES[name]
     path = maker(pkd)
     db = relsql.connect(str(path), keys=str(keys) if keys else None, read_only=True)
-    if duckdb_threads:
-        db.con.execute(f"SET threads = {int(duckdb_threads)}")
+    if duckdb_threads:  # as relsql.connect(threads=) sets it: the user's count, kept through grounding
+        from relsql.db import set_threads
+
+        set_threads(db, duckdb_threads)
     out: dict[str, float] = {}
     profiler = cProfile.Profile() if profile else None
     if profiler:
@@ -297,7 +300,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-loader", action="store_true")
     parser.add_argument("--profile", action="store_true", help="cProfile the first run's construction into /tmp/cost")
     parser.add_argument("--duckdb-threads", type=int, default=None,
-                        help="DuckDB threads of the connection (default DuckDB's: one per core)")
+                        help="DuckDB threads of the connection, as relsql.connect(threads=) sets them (default "
+                             "DuckDB's, one per core, grounding on fit's default threads)")
     args = parser.parse_args(argv)
     ROOT.mkdir(parents=True, exist_ok=True)
     lines = []

@@ -226,6 +226,7 @@ class Database:
         self.given_keys = None  # keys from connect(keys=...): relsql.keyfile.GivenKeys
         self.time_columns: dict[str, str] = {}  # {table: time column} a source declared (a RelBench dataset)
         self.relbench_tasks: dict = {}  # {task table: relsql.relbench.RelbenchTask} of a RelBench dataset
+        self.threads_given: int | None = None  # DuckDB threads from connect(threads=): see engine_threads
 
     @classmethod
     def in_memory(cls) -> Database:
@@ -574,11 +575,71 @@ def to_arrow(frame: Any, name: str) -> pa.Table:
 
 
 def set_threads(db: Database, threads: int) -> None:
-    """DuckDB's worker threads (a setting of the whole database instance, so only when asked)."""
+    """DuckDB's worker threads (a setting of the whole database instance, so only when asked).
+    Recorded on the handle: a count the user gave is kept by `engine_threads`."""
     from relsql import arguments  # it imports torch; relsql.db stays importable without (Spark's workers)
 
     count = arguments.integer("threads", threads, maximum=1024)
-    db.execute(exp.Set(expressions=[exp.SetItem(this=exp.EQ(this=exp.column("threads"), expression=integer(count)))]))
+    _set_duckdb_threads(db.con, count)
+    db.threads_given = count
+
+
+def _set_duckdb_threads(con: duckdb.DuckDBPyConnection, count: int | None) -> None:
+    """SET threads = count, or RESET threads (DuckDB's default) for None."""
+    if count is None:
+        con.execute(exp.Command(this="RESET", expression=exp.Literal.string("threads")).sql("duckdb"))
+    else:
+        con.execute(exp.Set(expressions=[exp.SetItem(this=exp.EQ(this=exp.column("threads"),
+                                                                 expression=integer(count)))]).sql("duckdb"))
+
+
+def _duckdb_threads(con: duckdb.DuckDBPyConnection) -> int:
+    row = con.execute(exp.select(exp.Anonymous(this="current_setting", expressions=[exp.Literal.string("threads")]))
+                      .sql("duckdb")).fetchone()
+    drop_result(con)
+    return int(row[0])
+
+
+_DEFAULT_THREADS: list[int] = []  # DuckDB's default worker threads in this process (read once)
+
+
+def duckdb_default_threads() -> int:
+    """The threads a new DuckDB instance starts with here (one per core DuckDB sees)."""
+    if not _DEFAULT_THREADS:
+        probe = duckdb.connect()
+        try:
+            _DEFAULT_THREADS.append(_duckdb_threads(probe))
+        finally:
+            probe.close()
+    return _DEFAULT_THREADS[0]
+
+
+@contextlib.contextmanager
+def engine_threads(db: Database | None, count: int):
+    """Inside the block the engine works on `count` threads, where that is relsql's to choose: a
+    DuckDB instance still on DuckDB's default (one thread per core), whose setting is put back
+    (RESET) on leaving. A count the user set (relsql.connect(threads=), or any SET threads on the
+    connection) is kept, and engines without the setting (Spark: its executors' cores are the
+    session's) are left alone. Why: grounding, like planning, runs while nothing else of relsql's
+    does, and on a 2-core machine busy with other jobs DuckDB's two threads cost Lahman's grounding
+    a third more wall and CPU time than one (docs/performance.md)."""
+    con = None if db is None else db.con
+    if con is None or db.threads_given is not None or count < 1:
+        yield
+        return
+    try:
+        current = _duckdb_threads(con)
+    except duckdb.Error:  # an engine reached through DuckDB that refuses settings: leave it
+        current = None
+    if current is None or current != duckdb_default_threads() or current == count:
+        yield
+        return
+    _set_duckdb_threads(con, count)
+    try:
+        yield
+    finally:
+        if _duckdb_threads(con) == count:  # not changed by someone else in the meantime
+            _set_duckdb_threads(con, None)
 
 
 FLUSH_THRESHOLD = "32MB"  # DuckDB's default is 128 MiB

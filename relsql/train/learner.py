@@ -17,7 +17,7 @@ from torch import nn
 
 from relsql.compile import make_plan, shapes
 from relsql.compile.module import CompiledNet
-from relsql.db import Database
+from relsql.db import Database, engine_threads
 from relsql.errors import GroundingError
 from relsql.ground.demand import BatchGrounder, database_embeddings
 from relsql.ground.execute import Presets, ground
@@ -26,11 +26,12 @@ from relsql.template.ir import Template
 from relsql.train import guards
 from relsql.train.batched import Batch, Batched
 from relsql.train.batches import batches
+from relsql.train.record import FitRecord, through
 from relsql.train.saved import ModelState
 from relsql.train.source import BatchSource, Whole
 from relsql.train.target import Target
 from relsql.train.task import Task
-from relsql.train.threads import torch_threads
+from relsql.train.threads import default_threads, torch_threads
 
 log = logging.getLogger("relsql")
 
@@ -66,13 +67,7 @@ class Learner:
         self.mini_batches = settings.batch_size is not None or bool(database_embeddings(template))
         self.output_rows = 0
         self.fingerprint: str | None = None
-        self.history: list[dict] = []
-        self.best_epoch: int | None = None
-        self.timings: dict[str, float] = {}
-        self.stopped: str | None = None  # what ended training: "epochs", "time budget (..s)", "early (...)", "diverged (...)"
-        self.epoch_cap: int | None = None
-        self.time_budget: float | None = None
-        self.monitor: str | None = None  # the history entry model selection compared, e.g. "val_roc_auc"
+        self.record = FitRecord()  # the record of training (history, best epoch, ...), put here by the fit entry points
         self.refit: dict | None = None  # after fit(refit=True): {"epochs": ..., "rows": ...} of the final retraining
         self.random_state: torch.Tensor | None = None  # the model's own torch generator state (Model.fit's draws)
         self.trials = None  # after Model.search: one row per trial (relsql/train/search.py)
@@ -93,6 +88,10 @@ class Learner:
     y = property(lambda self: self.ready().goal.y)
     dtype = property(lambda self: self.settings.dtype)
     device = property(lambda self: self.settings.device)
+    # the record of training, read through (its fields were the learner's own attributes before FitRecord)
+    history, best_epoch, stopped = through("history"), through("best_epoch"), through("stopped")
+    monitor, epoch_cap = through("monitor"), through("epoch_cap")
+    time_budget, timings = through("time_budget"), through("timings")
 
     @contextlib.contextmanager
     def own_random_stream(self):
@@ -141,8 +140,11 @@ class Learner:
         stream of its own: the caller's torch generator is left as it was. Planning runs on the
         threads training uses by default (half the cores), so that the kernels it times are timed
         as they will run; on a busy 2-core machine torch's every-core default made Lahman's planning
-        34 s instead of 10 s (its threads spinning against each other and the other jobs)."""
-        with torch.random.fork_rng(devices=[]), torch_threads(None):  # fit's default threads: see below
+        34 s instead of 10 s (its threads spinning against each other and the other jobs). Grounding
+        runs on as many DuckDB threads, where that is relsql's choice (`engine_threads`: not a count
+        the user set, put back afterwards): DuckDB's two threads on that machine cost Lahman's
+        grounding a third more than one."""
+        with torch.random.fork_rng(devices=[]), torch_threads(None), engine_threads(self.db, default_threads()):
             torch.manual_seed(self.seed)
             self._build(presets, task, split)
 
@@ -351,7 +353,7 @@ def from_state(state: ModelState, store: GroundingStore) -> Learner:
     settings = Settings(dtype=state.dtype, device=device, progress=False, batch_size=state.batch_size, fanout=state.fanout,
                         store=True, embedding_optimizer=state.embedding_optimizer, embedding_lr=state.embedding_lr)
     learner = Learner(None, state.template, target, settings)
-    learner.history, learner.best_epoch = list(state.history), state.best_epoch
+    learner.record = FitRecord(history=list(state.history), best_epoch=state.best_epoch)
     learner.batched = learner.attach(store.grounder, store)
     probe = learner.batched.prepare(state.labelled[: min(len(state.labelled), state.batch_size or 64)])
     learner.net = CompiledNet(probe.plan, probe.grounding, dtype=state.dtype, seed=state.seed)

@@ -1,0 +1,93 @@
+"""Grounding on fit's default DuckDB threads (relsql.db.engine_threads, used by Learner.build):
+the count is set only where it is relsql's to choose, put back afterwards, and the groundings and
+predictions are those of a connection whose threads the user set."""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import pytest
+import torch
+
+import relsql
+import relsql.train.learner as learner_module
+from bench import relgen
+from relsql.db import duckdb_default_threads, engine_threads
+
+
+def threads_of(db) -> int:
+    return int(db.con.execute("SELECT current_setting('threads')").fetchone()[0])
+
+
+def test_default_instance_set_inside_and_reset_after():
+    db = relsql.connect()
+    default = duckdb_default_threads()
+    assert threads_of(db) == default
+    with engine_threads(db, default + 1):
+        assert threads_of(db) == default + 1
+    assert threads_of(db) == default
+    with pytest.raises(KeyError), engine_threads(db, default + 2):  # put back on an error too
+        raise KeyError("x")
+    assert threads_of(db) == default
+
+
+def test_a_count_the_user_set_wins():
+    default = duckdb_default_threads()
+    given = relsql.connect(threads=default)  # the user's count, even when it is DuckDB's default
+    with engine_threads(given, default + 1):
+        assert threads_of(given) == default
+    assert threads_of(given) == default
+    con = duckdb.connect()
+    con.execute(f"SET threads = {default + 3}")  # set on the user's own connection before relsql saw it
+    theirs = relsql.connect(con)
+    with engine_threads(theirs, 1):
+        assert threads_of(theirs) == default + 3
+    assert int(con.execute("SELECT current_setting('threads')").fetchone()[0]) == default + 3
+
+
+def test_engines_without_the_setting_are_left_alone():
+    with engine_threads(None, 1):
+        pass
+
+    class NoConnection:  # as SparkDatabase: no DuckDB connection
+        con = None
+        threads_given = None
+
+    with engine_threads(NoConnection(), 1):
+        pass
+
+
+@pytest.fixture(scope="module")
+def shop_file(tmp_path_factory):
+    return relgen.write(relgen.shop(0, scale=0.1), tmp_path_factory.mktemp("shop") / "shop.duckdb", "customer.churned")
+
+
+def test_model_grounds_on_the_policy_count_and_matches_the_users_threads(shop_file, monkeypatch):
+    default = duckdb_default_threads()
+    count = default + 1  # a count that differs from DuckDB's default on any machine
+    monkeypatch.setattr(learner_module, "default_threads", lambda: count)
+    seen = []
+    real_ground = learner_module.ground
+
+    def recording(template, db, **kwargs):
+        seen.append(threads_of(db))
+        return real_ground(template, db, **kwargs)
+
+    monkeypatch.setattr(learner_module, "ground", recording)
+    results = {}
+    for name, threads in (("policy", None), ("user", default)):
+        db = relsql.connect(str(shop_file), read_only=True, threads=threads)
+        template = relsql.Template.auto(db, target="customer.churned")
+        model = relsql.Model(db, template, target="customer.churned", progress=False)
+        assert threads_of(db) == default  # put back (policy) or never changed (the user's)
+        results[name] = (model.learner.net, model.predict())
+        db.close()
+    assert seen == [count, default]
+    (net_a, pred_a), (net_b, pred_b) = results["policy"], results["user"]
+    assert pred_a.columns == pred_b.columns and pred_a.height == pred_b.height > 0
+    for column in pred_a.columns:
+        a, b = pred_a[column].to_numpy(), pred_b[column].to_numpy()
+        assert np.array_equal(a, b) if a.dtype.kind in "OU" else np.array_equal(a, b, equal_nan=True)
+    state_a, state_b = net_a.state_dict(), net_b.state_dict()
+    assert state_a.keys() == state_b.keys()
+    assert all(torch.equal(state_a[k], state_b[k]) for k in state_a)
