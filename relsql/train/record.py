@@ -1,0 +1,41 @@
+"""The record of training: what fit did, as one value the Trainer fills and returns and the fit
+entry points put on the learner (`learner.record`), where Model's read-only attributes (history,
+best_epoch, stopped, ...) read it. Kept apart from the learner's weights and target so that the
+trainer writes one object, not seven attributes of the model."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+@dataclass
+class FitRecord:
+    """One model's record of training. A later fit continues it (`continued`): its epochs are
+    appended to the history and its seconds added to the timings, the rest is the later fit's."""
+
+    history: list[dict] = field(default_factory=list)  # one record per epoch: losses, metrics, learning rate
+    best_epoch: int | None = None  # the epoch whose weights were kept (0-based)
+    stopped: str | None = None  # what ended training: "epochs", "time budget (..s)", "early (...)", "diverged (...)"
+    monitor: str | None = None  # the history entry model selection compared, e.g. "val_roc_auc"
+    epoch_cap: int | None = None  # the epochs fit was given
+    time_budget: float | None = None  # fit's time budget in seconds
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per phase: grounding, planning, training, ...
+    diverged: str | None = None  # the message of a loss that stopped being a number (not saved with the model)
+
+    def continued(self) -> FitRecord:
+        """The record a new fit starts from: this one's history and timings carried (copies), the
+        rest as it stands until the fit sets it."""
+        return dataclasses.replace(self, history=list(self.history), timings=dict(self.timings), diverged=None)
+
+    def add_timings(self, seconds: dict[str, float]) -> None:
+        """Add `seconds` per phase (a model trained twice reports the sum)."""
+        for name, value in seconds.items():
+            self.timings[name] = self.timings.get(name, 0.0) + value
+
+
+def through(name: str) -> property:
+    """The learner's attribute `name`, read from (and written to) its record: the modules that
+    reset or load a model's record field by field (search, build) keep working as they are."""
+    return property(lambda self: getattr(self.record, name), lambda self, value: setattr(self.record, name, value),
+                    doc=f"the record of training's {name} (relsql/train/record.py)")
