@@ -22,14 +22,14 @@ from relsql.errors import (
 
 _LAZY = {  # public name -> the module that defines it
     "CompiledNet": "relsql.compile", "compile": "relsql.compile", "tune": "relsql.compile",
-    "Database": "relsql.db", "connect": "relsql.connection", "Model": "relsql.model",
+    "Database": "relsql.db", "connect": "relsql.connection", "Model": "relsql.model", "ModelSpec": "relsql.train.spec",
     "PredictiveQuery": "relsql.predictive", "QueryError": "relsql.predictive", "Template": "relsql.template",
     "from_relbench": "relsql.relbench", "to_heterodata": "relsql.export", "Loader": "relsql.train.loader",
     "TensorBoard": "relsql.train.tracking", "MLflow": "relsql.train.tracking",
 }
 
 __all__ = [
-    "CompiledNet", "Database", "GroundingError", "Loader", "MLflow", "Model", "PredictiveQuery", "QueryError",
+    "CompiledNet", "Database", "GroundingError", "Loader", "MLflow", "Model", "ModelSpec", "PredictiveQuery", "QueryError",
     "RelsqlError", "SchemaError", "ShapeError", "SourceError", "Template", "TemplateError", "TensorBoard", "compile",
     "connect", "from_relbench", "to_heterodata", "tune",
 ]

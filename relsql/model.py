@@ -25,6 +25,7 @@ from relsql.train import build, fitting, gradients, results, saved
 from relsql.train.options import EPOCHS, TIME_BUDGET, FitConfig
 from relsql.train.ranking import results as ranked
 from relsql.train.report import LOSSES, plot_history, text_report
+from relsql.train.spec import ModelSpec
 from relsql.train.threads import torch_threads
 from relsql.train.views import LearnerViews
 
@@ -74,23 +75,44 @@ class Model(LearnerViews):
         A target referencing a table (a foreign key or a list of keys) ranks its rows: `candidates`
         names their tower, `pairs` a relation keyed by both keys adding to a pair's score
         (docs/recommendation.md). See docs/training.md."""
+        self._build(db, ModelSpec(template, target, output=output, task=task, time_column=time_column, split=split,
+                                  seed=seed, dtype=dtype, device=device, progress=progress, batch_size=batch_size,
+                                  fanout=fanout, embedding_optimizer=embedding_optimizer, embedding_lr=embedding_lr,
+                                  allow_target_inputs=allow_target_inputs, threads=threads, store=store,
+                                  max_groundings=max_groundings, candidates=candidates, pairs=pairs))
+
+    @classmethod
+    def from_spec(cls, db: Database, spec: ModelSpec) -> Model:
+        """A model made of `spec` (another model's `model.spec`, changed with `spec.replace(...)`) on `db`."""
+        if not isinstance(spec, ModelSpec):
+            raise RelsqlError(f"spec must be a relsql.ModelSpec (a model's `model.spec`), got {type(spec).__name__}")
+        model = cls.__new__(cls)
+        model._build(db, spec)
+        return model
+
+    def _build(self, db: Database, spec: ModelSpec) -> None:
+        """Check `spec` and build the learner (`model.spec` then reads what was built: ModelSpec.of)."""
         if not isinstance(db, Database):
             raise RelsqlError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
         self.db = db
-        with _server_reachable(db), progress_lines(progress):
-            self.threads = None if threads is None else arguments.integer("threads", threads, maximum=1024)
-            self.learner = build.learner(db, template, target, output=output, task=task, time_column=time_column,
-                                         split=split, seed=seed, dtype=dtype, device=device, progress=progress,
-                                         batch_size=batch_size, fanout=fanout, embedding_optimizer=embedding_optimizer,
-                                         embedding_lr=embedding_lr, allow_target_inputs=allow_target_inputs, store=store,
-                                         max_groundings=max_groundings, candidates=candidates, pairs=pairs)
+        with _server_reachable(db), progress_lines(spec.progress):
+            self.threads = None if spec.threads is None else arguments.integer("threads", spec.threads, maximum=1024)
+            given = {name: value for name, value in spec.arguments().items() if name != "threads"}
+            self.learner = build.learner(db, **given)
+        self._allow_target_inputs = spec.allow_target_inputs
+
+    @property
+    def spec(self) -> ModelSpec:
+        """what the model is made of (Model's arguments but db, as built), for Model.from_spec(db, spec.replace(...))"""
+        return ModelSpec.of(self.learner, threads=self.threads, allow_target_inputs=self._allow_target_inputs)
 
     @classmethod
     def _around(cls, db: Database, learner) -> Model:
-        """A Model over a learner built elsewhere (Model.load's, from a saved state): the only
-        other way one is made; it sets what __init__ sets."""
+        """A Model over a learner built elsewhere (Model.load's, from a saved state); it sets what
+        _build sets."""
         model = cls.__new__(cls)
         model.db, model.threads, model.learner = db, None, learner
+        model._allow_target_inputs = True  # a saved template may read the target: it was allowed once (build.saved_learner)
         return model
 
     @_with_threads

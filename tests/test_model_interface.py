@@ -19,7 +19,7 @@ def test_model_has_no_read_through():
 def test_every_declared_attribute_is_documented_and_read_only():
     declared = {name: value for base in relsql.Model.__mro__ for name, value in vars(base).items()
                 if isinstance(value, property) and not name.startswith("_")}
-    for must in ("target", "task", "rows", "y", "net", "history", "best_epoch", "stopped", "timings", "trials", "hybrid"):
+    for must in ("target", "task", "rows", "y", "net", "history", "best_epoch", "stopped", "timings", "trials", "hybrid", "spec"):
         assert must in declared and must in dir(relsql.Model), must
     for name, prop in declared.items():
         assert prop.__doc__ and prop.fset is None, name

@@ -72,7 +72,7 @@ def test_best_trial_by_validation_becomes_the_model_deterministically(shop, monk
     original = searching.build
     monkeypatch.setattr(searching, "build", lambda state, config: built.append(original(state, config)) or built[-1])
     model = _auto_model(shop)
-    before, generator = _split_keys(model), torch.random.get_rng_state()
+    before, generator, spec = _split_keys(model), torch.random.get_rng_state(), model.spec
     searching.search(model, budget="10m", trials=6, epochs=27, hybrid=False)  # the network alone, as its trials
     trials = model.trials
     assert torch.equal(torch.random.get_rng_state(), generator)  # the caller's generator is left as it was
@@ -86,6 +86,7 @@ def test_best_trial_by_validation_becomes_the_model_deterministically(shop, monk
     row = chosen.row(0, named=True)
     options = {k: row[k] for k in searching.TEMPLATE_SPACE if row.get(k) is not None}
     assert model.template.source == generate(shop, "customer.spend", **options)
+    assert model.spec == spec.replace(template=model.template, output=model.output)  # all else as the user built it
     assert math.isclose(model.evaluate("val")["mae"], row["score"], rel_tol=1e-9)
     # every trial's model (and the final one) learned and was scored on the same rows
     assert len(built) == trials["config"].n_unique() + 1
@@ -101,8 +102,10 @@ def test_a_hand_written_template_searches_its_fit_settings_only(shop):
     template = relsql.Template.auto(shop, "customer.spend", hops=1, width=8)
     edited = relsql.Template.from_sql(template.source.replace("\n\n", "\n-- edited by hand: its own template now\n\n", 1))
     assert searching.header_options(edited.source) is not None  # the header still reads as Template.auto's
-    model = relsql.Model(shop, edited, target="customer.spend", seed=0, progress=False)
+    model = relsql.Model(shop, edited, target="customer.spend", seed=0, progress=None, split=(0.6, 0.3, 0.1))
+    spec, learner = model.spec, model.learner
     searching.search(model, budget="10m", trials=3, epochs=9)
+    assert model.spec == spec and model.learner is not learner  # a trial's learner, made of the model's own spec
     trials = model.trials
     assert not {"width", "hops", "aggregation", "layer"} & set(trials.columns)
     assert trials["lr"].n_unique() == 3 and model.template.source == edited.source

@@ -211,22 +211,20 @@ def share_split(base, trial) -> None:
 
 
 def build(search: Search, config: Config) -> Built:
-    """A fresh model for a configuration: the base model's template (or one generate() writes),
-    target, split and settings; its initial weights are the seed's draw."""
+    """A fresh model for a configuration: the base model's spec with the template generate()
+    writes (or the base's own, whose output, candidates and pairs it keeps), no progress lines and
+    a grounding store of its own; its initial weights are the seed's draw."""
     from relsql.template.auto import generate
 
     base = search.base
-    learner, settings = base.learner, base.learner.settings
-    own = config.template is None
-    template = base.template if own else Template.from_sql(generate(base.db, base.target, **config.template))
-    trial = type(base)(base.db, template, base.target, output=base.output if own else None, task=base.task.kind,
-                       time_column=base.time_column, split=base.fractions, seed=base.seed, dtype=settings.dtype,
-                       device=settings.device, progress=False, batch_size=settings.batch_size, fanout=settings.fanout,
-                       embedding_optimizer=settings.embedding_optimizer, embedding_lr=settings.embedding_lr,
-                       allow_target_inputs=own, threads=base.threads, store=False if settings.store is False else None,
-                       max_groundings=settings.max_groundings)
+    spec = base.spec.replace(progress=False, store=False if base.spec.store is False else None)
+    if config.template is None:  # the base passed the leakage check with this very template: not run again
+        spec = spec.replace(allow_target_inputs=True)
+    else:  # another template: its relations are named anew, and it is checked
+        template = Template.from_sql(generate(base.db, base.target, **config.template))
+        spec = spec.replace(template=template, output=None, candidates=None, pairs=None, allow_target_inputs=False)
+    trial = type(base).from_spec(base.db, spec)
     share_split(base, trial)
-    del learner
     return Built(trial, trial.learner.weights_copy())
 
 
@@ -435,7 +433,9 @@ def finish(model, state: Search):
     train(built, keywords)
     frame = pl.from_dicts(state.records, infer_schema_length=None).with_columns(
         (pl.col("trial") == best["trial"]).alias("chosen"))
-    model.learner = built.model.learner
+    progress = model.spec.progress
+    model.learner = built.model.learner  # the model is now made of the trial's spec (model.spec reads it)
+    model.learner.settings.progress = progress  # the trials ran without progress lines; the model keeps the user's
     model.learner.trials = frame
     metric, score, _ = selected_score(model.learner)
     log.info("search: %d trials in %.0fs; best config %d (%s %.4f), trained again: %s %.4f (%.1fs)", frame.height,
