@@ -14,8 +14,11 @@ the row generators range, generate_series and unnest are table functions a templ
 
 from __future__ import annotations
 
+import gc
 import math
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import sqlglot
 import sqlglot.expressions as exp
@@ -146,9 +149,29 @@ def _token_message(text: str) -> str:
     return "SQL template does not parse: a string, quoted name or comment is not closed"
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a template is parsed: a parse allocates tens of
+    thousands of tokens and nodes that stay alive, and in a process holding torch's and the
+    database's objects the full collections they trigger walk all of those too (half of Lahman's
+    51 KB template's parse in a loaded model's process). What the parse drops is collected after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def parse_sql_template(text: str, depth: int | None = None) -> ir.Template:
     """Parse a file of `CREATE TABLE ... AS SELECT` statements into the IR; recursive relations
     are unrolled to `depth` (or the text's `-- relsql: depth N` line)."""
+    with _collector_paused():
+        return _parse_sql_template(text, depth)
+
+
+def _parse_sql_template(text: str, depth: int | None) -> ir.Template:
     ir.check_text(text, "SQL template")
     spans: list[tuple[int, int, int]] = []
     try:  # tokenized once: the nesting check, the statements' lines and the parser read the same tokens
@@ -287,20 +310,23 @@ class _Statement:
         elif relation.keys != key_names:
             raise self.fail(f"`{name}` was declared with keys {relation.keys}; every statement for it must select the same "
                             f"key names, got {key_names}")
+        # The query takes the parsed statement's nodes over, not copies: the statement was parsed
+        # for this template alone and is dropped after, and keys, grounding columns and the
+        # FROM/JOIN/WHERE parts are disjoint subtrees of it (copying them was half a large
+        # template's parse). Whoever changes a rule's query copies it first (ground/execute.py).
         query = exp.Select(
             expressions=[
-                *[exp.alias_(k.copy(), f"_h{i}", quoted=True) for i, k in enumerate(keys)],
-                *[exp.alias_(exp.column("_rid", table=exp.to_identifier(a, quoted=True)), f"_r{j}", quoted=True)
+                *[exp.alias_(k, f"_h{i}", quoted=True, copy=False) for i, k in enumerate(keys)],
+                *[exp.alias_(exp.column("_rid", table=exp.to_identifier(a, quoted=True)), f"_r{j}", quoted=True, copy=False)
                   for j, a in enumerate(self.refs)],
-                *[exp.alias_(c.copy(), f"_c{k}", quoted=True) for k, c in enumerate(self.columns)],
+                *[exp.alias_(c, f"_c{k}", quoted=True, copy=False) for k, c in enumerate(self.columns)],
             ]
         )
-        for arg in ("from_", "joins", "where", "with_"):
-            if select.args.get(arg) is not None:
-                query.set(arg, select.args[arg].copy() if not isinstance(select.args[arg], list)
-                          else [j.copy() for j in select.args[arg]])
         depends = sorted({self._relation(t.name) for t in select.find_all(exp.Table)
                           if not t.db and self._relation(t.name) is not None})  # itself too: a recursive read
+        for arg in ("from_", "joins", "where", "with_"):
+            if select.args.get(arg) is not None:
+                query.set(arg, select.args[arg])
         relation.rules.append(ir.Rule(
             head=name, query=query, refs=[self.neural[a] for a in self.refs], expr=expr,
             grouped=grouped, origin=self.origin, n_columns=len(self.columns), depends=depends,
