@@ -125,3 +125,16 @@ def test_search_trials_keep_candidates_and_pairs(ranked):
     assert (trial.task.candidates, trial.task.pairs) == ("item_first", "pair_first")
     assert trial.spec == model.spec.replace(progress=False, allow_target_inputs=True)
     assert all(np.array_equal(trial.rows[s], model.rows[s]) for s in model.rows)
+
+
+def test_a_loaded_model_has_the_spec_it_was_saved_with(items, tmp_path):
+    model = relsql.Model(items, relsql.Template.auto(items, "item.y"), "item.y", split=(0.6, 0.2, 0.2), seed=3,
+                         progress=False, threads=1, fanout=5, embedding_lr=0.2)
+    model.fit(epochs=2, time_budget=None)
+    loaded = relsql.Model.load(model.save(tmp_path / "m.relsql"), items)
+    spec = loaded.spec
+    assert spec.template.source == model.template.source
+    # what the file keeps comes back; how this process runs it is Model.load's (threads, progress, the store)
+    assert spec == model.spec.replace(template=spec.template, threads=None, progress=None, allow_target_inputs=True)
+    again = relsql.Model.from_spec(items, spec)
+    assert all(np.array_equal(again.rows[s], model.rows[s]) for s in ("train", "val", "test"))
