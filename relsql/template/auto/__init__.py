@@ -107,9 +107,15 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
 
 
 def write(db: Database, target: str, options: Options) -> str:
-    """The template `generate` writes, from its options in one `Options`."""
+    """The template `generate` writes, from its options in one `Options`. The user's tables and
+    columns are read once (`frozen_schema`: key discovery asked for them per table)."""
     table, column = arguments.target(target)
     options = options.checked()
+    with db.frozen_schema():  # generation only reads
+        return _write(db, target, table, column, options)
+
+
+def _write(db: Database, target: str, table: str, column: str, options: Options) -> str:
     where = scope(db, table, column, options)
     terms = options.terms(ranking=where.reference is not None)
     labels = dict(zip(where.keys.tables, distinct([safe(t) for t in where.keys.tables])))

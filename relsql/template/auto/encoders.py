@@ -73,12 +73,23 @@ def columns(draft: Draft, table: str) -> Columns:
     keys = set(draft.schema.primary_keys[table])
     fks = {c for child, fk in draft.schema.foreign_keys if child == table for c in fk.columns}
     found = Columns()
-    for col in draft.schema.tables[table].columns:
-        if col.name in keys or col.name in fks or (table == draft.target and col.name == draft.column):
-            continue
+    inputs = [col for col in draft.schema.tables[table].columns
+              if not (col.name in keys or col.name in fks or (table == draft.target and col.name == draft.column))]
+    count_all(draft, table, [col.name for col in inputs if _counted(col.type.upper())])
+    for col in inputs:
         for kind in _kinds(draft, table, col):
             getattr(found, kind).append(col.name)
     return found
+
+
+def _counted(upper: str) -> bool:
+    """Whether `_kinds` reads a column of this type's counts (`distinct`, `counts`)."""
+    if is_interval(upper):
+        return False
+    text = "CHAR" in upper or "TEXT" in upper or "STRING" in upper or "ENUM" in upper
+    integer = "INT" in upper and "[]" not in upper
+    number = any(t in upper for t in FEATURE_TYPES) and "[]" not in upper and not any(t in upper for t in ("BOOL", *TIME_TYPES))
+    return text or integer or number
 
 
 def _kinds(draft: Draft, table: str, col: Column) -> tuple[str, ...]:
@@ -157,6 +168,8 @@ def rows(draft: Draft, info: Table, numeric: list[str]) -> str:
 
 def distinct(draft: Draft, table: str, column: str) -> int:
     """A column's distinct values (NULL not counted)."""
+    if (table, column) in draft.counted:
+        return draft.counted[table, column][0]
     count = exp.select(exp.Count(this=exp.Distinct(expressions=[exp.column(exp.to_identifier(column, quoted=True))])))
     return draft.db.con.execute(count.from_(exp.Table(this=exp.to_identifier(table, quoted=True))).sql("duckdb")).fetchone()[0]
 
@@ -184,3 +197,19 @@ def counts(draft: Draft, table: str, column: str) -> tuple[int, int]:
     table_sql = exp.Table(this=exp.to_identifier(table, quoted=True))
     draft.counted[table, column] = draft.db.con.execute(query.from_(table_sql).sql("duckdb")).fetchone()
     return draft.counted[table, column]
+
+
+def count_all(draft: Draft, table: str, columns: list[str]) -> None:
+    """`counts` of several columns of one table in one query (one scan, one statement: a query a
+    column cost Lahman's Template.auto ~2 s CPU for 390 of them); the same counts, exact."""
+    columns = [c for c in columns if (table, c) not in draft.counted]
+    if not columns:
+        return
+    read = []
+    for column in columns:
+        col = exp.column(exp.to_identifier(column, quoted=True))
+        read += [exp.Count(this=exp.Distinct(expressions=[col])), exp.Count(this=col.copy())]
+    query = exp.select(*read, copy=False).from_(exp.Table(this=exp.to_identifier(table, quoted=True)), copy=False)
+    row = draft.db.con.execute(query.sql("duckdb", copy=False)).fetchone()
+    for i, column in enumerate(columns):
+        draft.counted[table, column] = (row[2 * i], row[2 * i + 1])
