@@ -2,7 +2,7 @@
 
     python -m bench.gnn [--quick] [--out out/bench] [--hidden 64]
 
-For every (model, dataset) the relsql net is compiled once from sql/{gcn,sage,gin}.sql (the
+For every (model, dataset) the relsql net is compiled once from relsql/sql_templates/{gcn,sage,gin}.sql (the
 hidden width 16 written in those files is replaced by --hidden; grounding + plan time is
 reported separately as `ground_s`), the PyG model gets relsql's weights copied in, the graph
 logits and the last conv layer's node embeddings are checked to agree in float32, and then, in
@@ -53,7 +53,7 @@ from bench import plot_ratios, write_csv
 from connectors.tu_format import list_column
 
 ROOT = Path(__file__).resolve().parent.parent
-SQL = ROOT / "sql"
+SQL = ROOT / "relsql" / "sql_templates"
 THREADS = 2
 TARGET = 0.5
 SAMPLE_S = 0.05  # one timing sample loops a task for about this long

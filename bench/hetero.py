@@ -21,18 +21,18 @@ node ids 0..N-1 (PyG's indices).
 
 Models, width --hidden (64) everywhere, 1 or 2 layers (--layers), ReLU between layers:
   rgcn  relsql: h_i' = W_root h_i + b + sum_r 1/|N_r(i)| sum_{j -r-> i} W_r h_j, a typed linear
-        per edge type with 1/|N_r(i)| counted in SQL (as sql/rgcn.sql); PyG: RGCNConv (aggr
+        per edge type with 1/|N_r(i)| counted in SQL (as relsql/sql_templates/rgcn.sql); PyG: RGCNConv (aggr
         'mean', root weight, bias) and FastRGCNConv (the same function; it gathers one matrix
         per edge, E x 64 x 64 floats, so it runs only where that tensor stays under
         --fast-limit-gb: AIFB and MUTAG-RDF; elsewhere its row says skipped).
-  gat   relsql: the layered GAT of sql/gat.sql (W h once per node, attention(leaky_relu(src +
+  gat   relsql: the layered GAT of relsql/sql_templates/gat.sql (W h once per node, attention(leaky_relu(src +
         dst, 0.2), W h) per destination, bias), --heads heads of width hidden/heads
         concatenated; PyG: GATConv(hidden, hidden / heads, heads, add_self_loops=False).
-  rgat  relsql: sql/rgat.sql's layer (W_r h per edge, attention(leaky_relu(q . W_r h_dst + k . W_r
+  rgat  relsql: relsql/sql_templates/rgat.sql's layer (W_r h per edge, attention(leaky_relu(q . W_r h_dst + k . W_r
         h_src, 0.2), W_r h_src) per destination, bias); PyG: RGATConv with its defaults (one head,
         additive self-attention across relations). RGATConv gathers one matrix per edge, as
         FastRGCNConv: it runs only under --fast-limit-gb (AIFB, MUTAG-RDF).
-  hgt   relsql: sql/hgt.sql's layer, 2 heads (typed linears per node type for K, Q, V and A, per
+  hgt   relsql: relsql/sql_templates/hgt.sql's layer, 2 heads (typed linears per node type for K, Q, V and A, per
         relation for W_att and W_msg, embeddings of the type for biases, p_r and skip); PyG:
         HGTConv(hidden, hidden, metadata, heads=2) on dicts per node and edge type. HGT needs
         node types: node n has type n % 3, and relation r links type r % 3 to type (r // 3) % 3
@@ -119,7 +119,7 @@ FULL = ["aifb", "mutag_rdf", "bgs", "am"]
 BASELINES = {"rgcn": ["RGCNConv", "FastRGCNConv"], "gat": ["GATConv"], "rgat": ["RGATConv"], "hgt": ["HGTConv"]}
 FRAMEWORK = {"RGCNConv": "pyg", "FastRGCNConv": "pyg_fast", "GATConv": "pyg", "RGATConv": "pyg", "HGTConv": "pyg"}
 NODE_TYPES = 3  # HGT: node n has type n % 3; relation r links type r % 3 to type (r // 3) % 3
-HGT_HEADS = 2  # as sql/hgt.sql
+HGT_HEADS = 2  # as relsql/sql_templates/hgt.sql
 # RGATConv's parameters of its `mod` variants: unused with the default mod=None
 RGAT_UNUSED = ("w", "l1", "b1", "l2", "b2")
 # each layer's relsql weights, {model}{layer}_{suffix}
@@ -239,7 +239,7 @@ def template_text(model: str, layers: int, hidden: int, heads: int) -> str:
                 f"JOIN {name}_wx w ON w.node_id = e.src\nGROUP BY e.dst;",
                 f"CREATE TABLE {pre} AS SELECT n.node_id, bias({hidden}, '{name}_b') AS h FROM node n;",
             ]
-        elif model == "rgat":  # sql/rgat.sql's layer: W_r h computed once per edge (common subexpressions)
+        elif model == "rgat":  # relsql/sql_templates/rgat.sql's layer: W_r h computed once per edge (common subexpressions)
             w = f"linear({{}}.h, {hidden}, '{name}_w', e.type)"
             lines += [
                 f"CREATE TABLE {pre} AS\n"
@@ -250,7 +250,7 @@ def template_text(model: str, layers: int, hidden: int, heads: int) -> str:
                 f"FROM edge e\nJOIN {previous} s ON s.node_id = e.src\nJOIN {previous} d ON d.node_id = e.dst\nGROUP BY e.dst;",
                 f"CREATE TABLE {pre} AS SELECT n.node_id, bias({hidden}, '{name}_b') AS h FROM node n;",
             ]
-        elif model == "hgt":  # sql/hgt.sql's layer over typed_edge, HGT_HEADS heads
+        elif model == "hgt":  # relsql/sql_templates/hgt.sql's layer over typed_edge, HGT_HEADS heads
             lines += [
                 f"CREATE TABLE {name}_{c} AS\n"
                 f"SELECT n.node_id, linear(p.h, {hidden}, '{name}_{c}', n.type) + embed(n.type, {hidden}, '{name}_{c}b') AS h\n"

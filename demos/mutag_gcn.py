@@ -1,6 +1,6 @@
-"""MUTAG with the GCN template from sql/: load the TU files into DuckDB, compile, train.
+"""MUTAG with the GCN template from relsql/sql_templates/: load the TU files into DuckDB, compile, train.
 
-    python demos/mutag_gcn.py [--template sql/sage.sql] [--epochs 100]
+    python demos/mutag_gcn.py [--template relsql/sql_templates/sage.sql] [--epochs 100]
 
 The graph convolution, its normalization and the readout are all in the SQL template; this
 script only loads data, picks the output relation and runs a plain torch training loop.
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--template", default=str(ROOT / "sql" / "gcn.sql"))
+    parser.add_argument("--template", default=str(ROOT / "relsql" / "sql_templates" / "gcn.sql"))
     parser.add_argument("--epochs", type=int, default=100)
     args = parser.parse_args()
 

@@ -180,7 +180,7 @@ def neuralogic_mutagenesis():
 @pytest.fixture(scope="module")
 def molecules():
     """The Mutagenesis demo's tables in an in-memory DuckDB, one per test module."""
-    from demos.mutagenesis import load
+    from relsql.datasets.mutagenesis import load
 
     db = relsql.connect()
     load(db.con)

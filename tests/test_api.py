@@ -124,7 +124,7 @@ def test_cli_reports_bad_template(tmp_path, capsys):
 
 
 def test_demo_trains_mutagenesis_well_above_majority(capsys, tmp_path):
-    """The README's main job: relational Mutagenesis, sql/mutagenesis.sql, seed 0."""
+    """The README's main job: relational Mutagenesis, relsql/sql_templates/mutagenesis.sql, seed 0."""
     path = tmp_path / "demo.duckdb"
     assert main(["demo", "--db", str(path)]) == 0
     out = capsys.readouterr().out

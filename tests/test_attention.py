@@ -1,6 +1,6 @@
 """attention(score, value) and leaky_relu(x, slope): the kernel against a naive per-head,
 per-segment evaluator (values and gradients, float64), the template language's checks, and
-sql/gat.sql trained on mini-batches and saved/loaded (PyG's GATConv is the oracle in
+relsql/sql_templates/gat.sql trained on mini-batches and saved/loaded (PyG's GATConv is the oracle in
 tests/test_pyg_oracle.py)."""
 
 from __future__ import annotations
@@ -129,13 +129,13 @@ def test_bad_attention_and_slopes_are_refused(body, message):
 def test_gat_template_trains_on_mini_batches_and_reloads(tmp_path, mutag):
     """One batch of every graph is full-batch training; a saved GAT predicts the same after loading."""
     kwargs = dict(target="graph.label", seed=0, dtype=torch.float64, progress=False)
-    full = relsql.Model(mutag, ROOT / "sql" / "gat.sql", **kwargs).fit(epochs=3, lr=0.01)
-    batched = relsql.Model(mutag, ROOT / "sql" / "gat.sql", batch_size=100_000, **kwargs).fit(epochs=3, lr=0.01)
+    full = relsql.Model(mutag, relsql.sql_templates.path("gat"), **kwargs).fit(epochs=3, lr=0.01)
+    batched = relsql.Model(mutag, relsql.sql_templates.path("gat"), batch_size=100_000, **kwargs).fit(epochs=3, lr=0.01)
     assert batched.mini_batches and full.batched is None
     for a, b in zip(full.history, batched.history):
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-10, abs=1e-12)
-    small = relsql.Model(mutag, ROOT / "sql" / "gat.sql", batch_size=32, **kwargs)  # batches see parts of the graph
-    untrained = relsql.Model(mutag, ROOT / "sql" / "gat.sql", **kwargs)
+    small = relsql.Model(mutag, relsql.sql_templates.path("gat"), batch_size=32, **kwargs)  # batches see parts of the graph
+    untrained = relsql.Model(mutag, relsql.sql_templates.path("gat"), **kwargs)
     ours, theirs = small.predict(), untrained.predict()  # the same initial weights
     assert ours.columns == theirs.columns and ours.height == theirs.height == 188
     for column in ours.columns:
@@ -151,7 +151,7 @@ def test_gat_template_trains_on_mini_batches_and_reloads(tmp_path, mutag):
 def test_gat_written_in_one_statement_computes_w_x_once_per_node(graph):
     """The issue's one-statement GAT names W three times; the passes find the common product, so
     W x is one product over the 12 nodes (not three per edge), and the values are those of the
-    form with intermediate relations (sql/gat.sql's)."""
+    form with intermediate relations (relsql/sql_templates/gat.sql's)."""
     one = relsql.Template.from_sql("""
         CREATE TABLE node_x AS SELECT n.id, n.x AS h FROM node n;
         CREATE TABLE gat AS

@@ -97,7 +97,7 @@ def test_cli_template_writes_an_editable_file(school, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_auto_template_on_mutagenesis_learns(tmp_path):
-    from demos.mutagenesis import load
+    from relsql.datasets.mutagenesis import load
 
     db = relsql.connect()
     load(db.con)
@@ -162,8 +162,8 @@ def test_auto_template_hgt_layer_shares_table_weights_and_learns():
     """layer="hgt": keys, queries, values and outputs are one weight per table (node type) however
     many statements read that table, attention and messages one per key and direction; on the
     shop the target row attends over its orders and learns the two-hop signal."""
-    from demos.mutagenesis import load
     from demos.synthetic import build
+    from relsql.datasets.mutagenesis import load
 
     db = relsql.connect()
     load(db.con)

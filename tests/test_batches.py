@@ -50,8 +50,8 @@ def quiet(fn, *args, **kwargs):
 
 def test_one_batch_of_every_row_equals_full_batch_training(molecules):
     kwargs = dict(target="molecule.mutagenic", seed=0, dtype=torch.float64, progress=False)
-    full = quiet(relsql.Model, molecules, ROOT / "sql" / "mutagenesis.sql", **kwargs)
-    batched = quiet(relsql.Model, molecules, ROOT / "sql" / "mutagenesis.sql", batch_size=100_000, **kwargs)
+    full = quiet(relsql.Model, molecules, relsql.sql_templates.path("mutagenesis"), **kwargs)
+    batched = quiet(relsql.Model, molecules, relsql.sql_templates.path("mutagenesis"), batch_size=100_000, **kwargs)
     assert full.batched is None and batched.mini_batches
     quiet(full.fit, epochs=4)
     quiet(batched.fit, epochs=4)
@@ -67,7 +67,7 @@ def test_one_batch_of_every_row_equals_full_batch_training(molecules):
 
 
 def test_a_batch_grounds_only_what_its_rows_need(molecules):
-    tpl = relsql.Template.from_file(ROOT / "sql" / "mutagenesis.sql")
+    tpl = relsql.Template.from_file(relsql.sql_templates.path("mutagenesis"))
     grounder = quiet(BatchGrounder, tpl, molecules, "predict", progress=False)
     keys = grounder.keys("predict")
     picked = np.array([0, 5, 17])
@@ -85,7 +85,7 @@ def test_a_batch_grounds_only_what_its_rows_need(molecules):
 
 
 def test_fanout_keeps_at_most_n_groundings_per_head_with_a_seed(molecules):
-    tpl = relsql.Template.from_file(ROOT / "sql" / "mutagenesis.sql")
+    tpl = relsql.Template.from_file(relsql.sql_templates.path("mutagenesis"))
     exact = quiet(BatchGrounder, tpl, molecules, "predict", progress=False)
     capped = quiet(BatchGrounder, tpl, molecules, "predict", fanout=2, seed=3, progress=False)
     rows = np.arange(20)
@@ -113,7 +113,7 @@ def test_mini_batches_train_and_report_time_waiting_on_the_database():
 
 
 def test_gradients_as_relations_are_the_loss_gradient(molecules):
-    model = quiet(relsql.Model, molecules, ROOT / "sql" / "mutagenesis.sql", target="molecule.mutagenic", seed=1,
+    model = quiet(relsql.Model, molecules, relsql.sql_templates.path("mutagenesis"), target="molecule.mutagenic", seed=1,
                   dtype=torch.float64, progress=False)
     index, y = model.learner.goal.split_index("train")
     loss = model.task.loss(model.learner.outputs().index_select(0, index), y)

@@ -1,4 +1,4 @@
-"""sql/gin.sql against torch_geometric's GINConv (float64, shared weights) and a smoke run of
+"""relsql/sql_templates/gin.sql against torch_geometric's GINConv (float64, shared weights) and a smoke run of
 `python -m bench.gnn --quick` (correctness only; no timing is asserted).
 
 MUTAG is loaded from the grakel wheel with connectors.tu_format. Every weight of the template
@@ -29,7 +29,7 @@ from torch_geometric.nn import GINConv, global_mean_pool  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TOL = 1e-6
-HIDDEN = 16  # as written in sql/gin.sql
+HIDDEN = 16  # as written in relsql/sql_templates/gin.sql
 
 WEIGHTS = {"gin1_w1": "conv1.nn.0.weight", "gin1_b1": "conv1.nn.0.bias",
            "gin1_w2": "conv1.nn.2.weight", "gin1_b2": "conv1.nn.2.bias",
@@ -75,7 +75,7 @@ def mutag():
 @pytest.mark.oracle
 def test_gin_template_matches_pyg_ginconv(mutag):
     db, x, edge_index, batch, y = mutag
-    net = relsql.compile(relsql.Template.from_file(ROOT / "sql" / "gin.sql"), db, dtype=torch.float64, seed=0)
+    net = relsql.compile(relsql.Template.from_file(relsql.sql_templates.path("gin")), db, dtype=torch.float64, seed=0)
     pyg = PygGIN(x.shape[1]).double()
     ours, theirs = net.named_weights(), dict(pyg.named_parameters())
     assert set(ours) == set(WEIGHTS) and set(theirs) == set(WEIGHTS.values())

@@ -8,7 +8,7 @@ import torch
 
 import relsql
 from relsql.compile.passes import RULES
-from tests.plan_check import ROOT, assert_same, matrices, run
+from tests.plan_check import assert_same, matrices, run
 
 
 def test_small_matrices_are_dense_and_large_ones_stay_sparse(neuralogic_mutagenesis, random_graphs):
@@ -24,7 +24,7 @@ def test_small_matrices_are_dense_and_large_ones_stay_sparse(neuralogic_mutagene
     assert small and all(m.layout == torch.strided and m.shape[0] * m.shape[1] <= CPU.dense_limit for m in small)
     assert all(torch.equal(a.to_dense(), b) for a, b in zip(matrices(sparse_only[2]), small))
 
-    gcn = relsql.Template.from_file(ROOT / "sql" / "gcn.sql")
+    gcn = relsql.Template.from_file(relsql.sql_templates.path("gcn"))
     large = matrices(run(gcn, random_graphs, None)[2])
     assert large and all(m.layout == torch.sparse_csr for m in large if m.shape[0] * m.shape[1] > CPU.dense_limit)
     assert any(m.shape[0] * m.shape[1] > CPU.dense_limit for m in large)

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 import relsql
-from tests.plan_check import ROOT, fired_counts
+from tests.plan_check import fired_counts
 
 
 @pytest.mark.parametrize("model", ["sage", "gin"])
 def test_pooled_readout_weights_move_after_the_pooling(model, random_graphs):
     """avg over a graph's nodes of (W·h + b) is W·avg(h) + b: with only the logits asked for,
     the last layer's weights multiply one row per graph instead of one per node."""
-    template = relsql.Template.from_file(ROOT / "sql" / f"{model}.sql")
+    template = relsql.Template.from_file(relsql.sql_templates.path(model))
     outputs = [f"{model}_out"]
     plain = relsql.compile(template, random_graphs, dtype=torch.float64, seed=4, passes=(), outputs=outputs)
     net = relsql.compile(template, random_graphs, dtype=torch.float64, seed=4, outputs=outputs)

@@ -302,8 +302,8 @@ NAN, INF = float("nan"), float("inf")
 # only the arguments that matter.
 MODEL_ARGS = {
     # instead of the SQL text: a path (Model reads the file) or something else
-    "template": [None, "nope.sql", "/", 3, str(REPO / "sql" / "gcn.sql"), str(REPO / "sql" / "mutagenesis.sql"), b"x.sql",
-                 str(REPO / "README.md")],
+    "template": [None, "nope.sql", "/", 3, str(relsql.sql_templates.path("gcn")), str(relsql.sql_templates.path("mutagenesis")),
+                 b"x.sql", str(REPO / "README.md")],
     "target": ["customer.churned", "customer.tier", "customer.spend", None, 1, ["customer", "churned"], "customer",
                "a.b.c", "customer.gone", "Customer.Churned", "customer.CHURNED", "customer.churned; DROP TABLE other; --",
                '"customer".churned', "customer.\"churned\"", "other.v", "customer.customer_id", "customer.signup",

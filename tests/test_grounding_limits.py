@@ -139,7 +139,7 @@ def largest_rule(net) -> int:
 def test_ordinary_templates_pass_at_the_default_and_their_estimates_see_their_size(name, molecules, mutag):
     """Not refused at the default; refused at a quarter of their largest rule: the estimate is live on them."""
     db = molecules if name == "mutagenesis" else mutag
-    template = relsql.Template.from_file(ROOT / "sql" / f"{name}.sql")
+    template = relsql.Template.from_file(relsql.sql_templates.path(name))
     largest = largest_rule(relsql.compile(template, db))
     with pytest.raises(GroundingError, match="groundings for this rule"):
         relsql.compile(template, db, max_groundings=largest // 4)

@@ -3,7 +3,7 @@ database at every grounding, and a template can come from a file or a saved mode
 change the database or the session, or read files, the network or the engine's state, and table
 "names" that are file paths are a TemplateError at parse time naming the statement, the function
 and the fix; ordinary SQL (range, generate_series, date and number functions, subqueries over
-tables) still parses, and so do the templates shipped in sql/."""
+tables) still parses, and so do the templates shipped in relsql/sql_templates/."""
 
 from __future__ import annotations
 
@@ -66,6 +66,6 @@ def test_ordinary_sql_still_parses(case):
     assert "h" in template.relations
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "sql").glob("*.sql")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(relsql.sql_templates.FOLDER.glob("*.sql")), ids=lambda p: p.name)
 def test_shipped_templates_still_parse(path):
     assert relsql.Template.from_file(path).relations

@@ -1,4 +1,4 @@
-"""sql/hgt.sql against torch_geometric's HGTConv (two layers, 2 heads, float64): a seeded graph
+"""relsql/sql_templates/hgt.sql against torch_geometric's HGTConv (two layers, 2 heads, float64): a seeded graph
 of 3 node types and 5 edge types in DuckDB tables, PyG's weights copied into the template's
 typed linears and type embeddings, node values of both layers and the gradients of every PyG
 parameter compared (to 1e-10)."""
@@ -76,7 +76,7 @@ def codes(net, weight: str) -> dict[str, int]:
 
 def test_hgt_template_equals_pyg_hgtconv(graph):
     db, ids, edges, x = graph
-    net = relsql.compile(relsql.Template.from_file(ROOT / "sql" / "hgt.sql"), db, dtype=torch.float64, seed=0)
+    net = relsql.compile(relsql.Template.from_file(relsql.sql_templates.path("hgt")), db, dtype=torch.float64, seed=0)
     convs = [HGTConv(WIDTH, WIDTH, (NODE_TYPES, EDGE_TYPES), heads=HEADS).double() for _ in range(2)]
     generator = torch.Generator().manual_seed(11)
     ours = net.weights_by_name()  # whole parameters: their gradients are compared per type code

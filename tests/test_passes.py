@@ -10,7 +10,7 @@ import torch
 import relsql
 from relsql.compile.passes import RULES
 from relsql.ground.execute import ground
-from tests.plan_check import ROOT, assert_same, fired_counts, run
+from tests.plan_check import assert_same, fired_counts, run
 
 
 @pytest.fixture(scope="module")
@@ -26,14 +26,13 @@ def templates(mutag, molecules, neuralogic_mutagenesis, shop):
     db, dataset = neuralogic_mutagenesis
     folder = dataset.template.parent
     found = {
-        "gcn": (relsql.Template.from_file(ROOT / "sql" / "gcn.sql"), mutag),
-        "sage": (relsql.Template.from_file(ROOT / "sql" / "sage.sql"), mutag),
-        "mutagenesis.sql": (relsql.Template.from_file(ROOT / "sql" / "mutagenesis.sql"), molecules),
+        "gcn": (relsql.Template.from_file(relsql.sql_templates.path("gcn")), mutag),
+        "sage": (relsql.Template.from_file(relsql.sql_templates.path("sage")), mutag),
+        "gin": (relsql.Template.from_file(relsql.sql_templates.path("gin")), mutag),
+        "mutagenesis.sql": (relsql.Template.from_file(relsql.sql_templates.path("mutagenesis")), molecules),
         "auto-shop": (relsql.Template.auto(shop, "customer.churned", hops=2), shop),
         "auto-mutagenesis": (relsql.Template.auto(molecules, "molecule.mutagenic", hops=2), molecules),
     }
-    if (ROOT / "sql" / "gin.sql").exists():
-        found["gin"] = (relsql.Template.from_file(ROOT / "sql" / "gin.sql"), mutag)
     for name in ("template.txt", "template_product.txt", "template_crosssum.txt", "template_graphlets.txt"):
         found[f"neuralogic {name}"] = (relsql.Template.from_file(folder / name), db)
     return found
@@ -95,7 +94,7 @@ def test_each_pass_alone_and_all_together(case, rule, cases):
 def test_passes_fire_where_expected(mutag, random_graphs):
     fired: dict[str, int] = {}
     for name, db in [(m, d) for m in ("gcn", "sage", "gin") for d in (mutag, random_graphs)]:
-        _, _, net = run(relsql.Template.from_file(ROOT / "sql" / f"{name}.sql"), db, None)
+        _, _, net = run(relsql.Template.from_file(relsql.sql_templates.path(name)), db, None)
         for key, count in fired_counts(net).items():
             fired[key] = fired.get(key, 0) + count
         kinds = [op.kind for op in net.plan.ops]
@@ -111,7 +110,7 @@ def test_edges_between_distinct_rows_are_not_compressed(random_graphs):
     """On a graph whose nodes are all different, a neighbour mean has as many grounding classes as
     rows it reads: compression would only add a gather of representatives. The plan skips it and
     still folds every aggregation into a sparse matmul, with the values of the plain plan."""
-    template = relsql.Template.from_file(ROOT / "sql" / "sage.sql")
+    template = relsql.Template.from_file(relsql.sql_templates.path("sage"))
     reference, optimized = run(template, random_graphs, ()), run(template, random_graphs, None)
     assert_same(reference, optimized, "uncompressed sage")
     assert fired_counts(optimized[2])["compress_groundings"] == 0
@@ -122,7 +121,7 @@ def test_edges_between_distinct_rows_are_not_compressed(random_graphs):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 def test_optimized_plan_on_cuda(mutag):
-    tpl = relsql.Template.from_file(ROOT / "sql" / "gcn.sql")
+    tpl = relsql.Template.from_file(relsql.sql_templates.path("gcn"))
     from relsql.compile import costs
 
     cpu = relsql.compile(tpl, mutag, dtype=torch.float64, seed=1)()

@@ -79,7 +79,7 @@ def random_batches(n: int, sizes: list[int], count: int, seed: int) -> list[np.n
 
 
 def test_replayed_plans_equal_fresh_ones_on_mutagenesis_with_fanout(molecules):
-    model = quiet(relsql.Model, molecules, ROOT / "sql" / "mutagenesis.sql", target="molecule.mutagenic", seed=0,
+    model = quiet(relsql.Model, molecules, relsql.sql_templates.path("mutagenesis"), target="molecule.mutagenic", seed=0,
                   dtype=torch.float64, progress=False, batch_size=16, fanout=3)
     n = model.output_rows
     batches = random_batches(n, [16, 16, 16, 13, 7, 16], 36, seed=1)
@@ -97,7 +97,7 @@ def test_replayed_plans_equal_fresh_ones_with_stored_embeddings_and_uneven_group
 
 
 def test_pad_keeps_the_real_rows_and_buckets_the_sizes(molecules):
-    model = quiet(relsql.Model, molecules, ROOT / "sql" / "mutagenesis.sql", target="molecule.mutagenic", seed=0,
+    model = quiet(relsql.Model, molecules, relsql.sql_templates.path("mutagenesis"), target="molecule.mutagenic", seed=0,
                   dtype=torch.float64, progress=False, batch_size=16)
     grounding = model.batched.source.ground(np.arange(10))
     padded, _ = pad(grounding)

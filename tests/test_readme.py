@@ -2,7 +2,7 @@
 and every `relsql` command line, each against a small real DuckDB database in a tmp folder.
 
 A block's text is executed unchanged. Where a block uses names it does not make (`db`, `dataset`,
-`task`, the folder `rel-shop/`, the file `sql/mutagenesis.sql`, `rec.pt`), the test makes them
+`task`, the folder `rel-shop/`, `rec.pt`), the test makes them
 first, with data of the shape the block expects. Two things are the test's own, and say so:
 - `relsql.connect()` with no source (the first block's empty in-memory database) opens a small
   Mutagenesis (60 molecules, with the `tier` and `atom.charge` columns the README's examples name);
@@ -32,7 +32,7 @@ from relsql.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
-MUTAGENESIS = ROOT / "demos" / "mutagenesis" / "data"
+MUTAGENESIS = ROOT / "relsql" / "datasets" / "mutagenesis" / "data"
 NOT_RUN = {"relsql demo": "the full Mutagenesis job, run by tests/test_api.py::test_demo_trains_mutagenesis_well_above_majority"}
 
 
@@ -56,7 +56,7 @@ def command_lines() -> list[str]:
 
 # -- the databases -------------------------------------------------------------------------------------------------------
 def small_mutagenesis(path: Path, molecules: int = 60) -> Path:
-    """The demo's keyed tables (demos/mutagenesis/data/schema.sql), the first `molecules` molecules,
+    """The demo's keyed tables (relsql/datasets/mutagenesis/data/schema.sql), the first `molecules` molecules,
     plus molecule.tier and atom.charge, which the README's examples read."""
     con = duckdb.connect(str(path))
     con.execute((MUTAGENESIS / "schema.sql").read_text())
@@ -98,11 +98,10 @@ def mutagenesis_file(tmp_path_factory):
 
 @pytest.fixture
 def folder(tmp_path, monkeypatch, mutagenesis_file):
-    """A tmp working folder with the README's relative paths (sql/), and its two substitutions."""
+    """A tmp working folder for the README's relative paths, and its two substitutions."""
     from relsql.train import search
 
     monkeypatch.chdir(tmp_path)
-    shutil.copytree(ROOT / "sql", tmp_path / "sql")
     shutil.copyfile(mutagenesis_file, tmp_path / "mutagenesis.duckdb")
     connect, budget_seconds = relsql.connect, search.budget_seconds
 
@@ -201,7 +200,7 @@ def test_python_block_runs_as_written(section, folder):
 
 @pytest.mark.smoke
 def test_the_sql_template_compiles_on_mutagenesis(folder):
-    """The one-page template ('sql/mutagenesis.sql in small') grounds and runs on Mutagenesis."""
+    """The one-page template ('relsql/sql_templates/mutagenesis.sql in small') grounds and runs on Mutagenesis."""
     [(section, text)] = blocks("sql")
     assert section == "Templates on one page"
     net = relsql.compile(relsql.Template.from_sql(text), relsql.connect())

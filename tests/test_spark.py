@@ -80,11 +80,11 @@ def molecules_on_spark(spark, molecules):
 def test_spark_grounds_the_graph_templates_like_duckdb(spark, mutag_on_spark, name):
     mutag = mutag_on_spark
     with relsql.connect(spark) as on_spark:
-        assert_same_groundings(relsql.Template.from_file(ROOT / "sql" / name), mutag, on_spark)
+        assert_same_groundings(relsql.Template.from_file(relsql.sql_templates.path(name)), mutag, on_spark)
 
 
 def test_spark_grounds_the_hgt_template_like_duckdb(spark, mutag_on_spark):
-    """sql/hgt.sql reads node and edge tables with type columns (another graph than MUTAG's, whose
+    """relsql/sql_templates/hgt.sql reads node and edge tables with type columns (another graph than MUTAG's, whose
     views it replaces for this test and puts back after)."""
     pytest.importorskip("torch_geometric")
     from tests.test_hgt import hetero_db
@@ -93,7 +93,7 @@ def test_spark_grounds_the_hgt_template_like_duckdb(spark, mutag_on_spark):
     copy_to_spark(graph, spark)
     try:
         with relsql.connect(spark) as on_spark:
-            assert_same_groundings(relsql.Template.from_file(ROOT / "sql" / "hgt.sql"), graph, on_spark)
+            assert_same_groundings(relsql.Template.from_file(relsql.sql_templates.path("hgt")), graph, on_spark)
     finally:
         copy_to_spark(mutag_on_spark, spark)
 
@@ -107,7 +107,8 @@ def test_spark_grounds_mutagenesis_and_an_auto_template_on_tpch_like_duckdb(spar
     spark.conf.set(coalesce, "false")
     try:
         with relsql.connect(spark) as on_spark:
-            manifest = assert_same_groundings(relsql.Template.from_file(ROOT / "sql" / "mutagenesis.sql"), molecules, on_spark)
+            template = relsql.Template.from_file(relsql.sql_templates.path("mutagenesis"))
+            manifest = assert_same_groundings(template, molecules, on_spark)
     finally:
         spark.conf.set(coalesce, before)
     parts = [len(rule["parts"]) for r in manifest["relations"].values() for rule in r["rules"].values()]
@@ -169,7 +170,7 @@ def number_heads(db: relsql.Database) -> tuple[pa.Table, list[tuple[str, str]]]:
 
 def test_a_model_on_spark_trained_on_two_ranks_equals_one_duckdb_process(spark, molecules_on_spark, tmp_path):
     molecules = molecules_on_spark
-    template = relsql.Template.from_file(ROOT / "sql" / "mutagenesis.sql")
+    template = relsql.Template.from_file(relsql.sql_templates.path("mutagenesis"))
 
     def model(db) -> relsql.Model:
         return relsql.Model(db, template, "molecule.mutagenic", batch_size=64, dtype=torch.float64, progress=False)

@@ -234,7 +234,7 @@ def _steps(url: str, folder: Path) -> dict:
     import logging
 
     import relsql
-    from demos.mutagenesis import load
+    from relsql.datasets.mutagenesis import load
     from tests.test_spark import assert_same_groundings, copy_to_spark
 
     duck = relsql.connect()

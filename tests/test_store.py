@@ -49,7 +49,7 @@ def _same(a, b) -> None:
 
 
 def test_store_batches_equal_batches_grounded_in_the_database(molecules, tmp_path):
-    tpl = relsql.Template.from_file(ROOT / "sql" / "mutagenesis.sql")
+    tpl = relsql.Template.from_file(relsql.sql_templates.path("mutagenesis"))
     grounder = quiet(BatchGrounder, tpl, molecules, "predict", progress=False)
     store = GroundingStore.open(grounder, tmp_path / "store", progress=False)
     expected = {tuple(rows): grounder.ground(rows) for rows in
@@ -67,7 +67,7 @@ def test_store_batches_equal_batches_grounded_in_the_database(molecules, tmp_pat
 
 
 def test_store_fanout_is_capped_seeded_and_independent_of_the_batch(molecules):
-    tpl = relsql.Template.from_file(ROOT / "sql" / "mutagenesis.sql")
+    tpl = relsql.Template.from_file(relsql.sql_templates.path("mutagenesis"))
     exact = GroundingStore.open(quiet(BatchGrounder, tpl, molecules, "predict", progress=False), progress=False)
     capped = GroundingStore.open(quiet(BatchGrounder, tpl, molecules, "predict", fanout=2, seed=3, progress=False),
                                  progress=False)
@@ -186,14 +186,14 @@ def test_a_temporary_store_goes_with_its_model_and_bad_stores_are_refused(tmp_pa
 def test_explain_with_a_batch_size_shows_the_store_and_a_batch(tmp_path, capsys):
     import duckdb
 
-    from demos.mutagenesis import load
     from relsql.cli import main
+    from relsql.datasets.mutagenesis import load
 
     path = tmp_path / "mutagenesis.duckdb"
     con = duckdb.connect(str(path))
     load(con)
     con.close()
-    assert main(["explain", str(path), "--template", str(ROOT / "sql" / "mutagenesis.sql"), "--batch-size", "32"]) == 0
+    assert main(["explain", str(path), "--template", str(relsql.sql_templates.path("mutagenesis")), "--batch-size", "32"]) == 0
     out = capsys.readouterr().out
     lines = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  ") and "|" in line}
     molecules = duckdb.connect(str(path), read_only=True).execute("SELECT count(*) FROM molecule").fetchone()[0]

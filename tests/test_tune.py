@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_tune_keeps_the_fastest_plan_and_the_same_numbers(mutag):
     from relsql.compile.passes.propagate_gathers import PRESETS
 
-    tpl = relsql.Template.from_file(ROOT / "sql" / "gin.sql")
+    tpl = relsql.Template.from_file(relsql.sql_templates.path("gin"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tuned = relsql.tune(tpl, mutag, dtype=torch.float64, seed=3)

@@ -1,8 +1,8 @@
-"""Train sql/mutagenesis.sql on the Mutagenesis demo data; report test accuracy per seed.
+"""Train relsql/sql_templates/mutagenesis.sql on the Mutagenesis demo data; report test accuracy per seed.
 
     python -m demos.mutagenesis.train_check [--seeds 0 1 2] [--epochs 600] [--lr 0.01]
 
-Per seed: a fresh in-memory DuckDB with the keyed tables (``demos.mutagenesis.load``), the
+Per seed: a fresh in-memory DuckDB with the keyed tables (``relsql.datasets.mutagenesis.load``), the
 template grounded and compiled by ``relsql.compile``, a seeded random 70/15/15 split of the
 molecules, full-batch Adam on BCE-with-logits, and the test accuracy at the epoch with the
 best validation loss (early stopping). A plain torch loop: everything relational is in the SQL.
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 import relsql
-from demos.mutagenesis import load
+from relsql.datasets.mutagenesis import load
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,7 +69,7 @@ def run(seed: int, template: relsql.Template, epochs: int, lr: float, patience: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--template", default=str(ROOT / "sql" / "mutagenesis.sql"))
+    parser.add_argument("--template", default=str(ROOT / "relsql" / "sql_templates" / "mutagenesis.sql"))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=600)
     parser.add_argument("--lr", type=float, default=0.01)

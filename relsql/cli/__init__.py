@@ -427,7 +427,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                      "is NULL)")
     recommend.add_argument("--k", type=positive_int, default=10, help="candidates per row (default 10)")
     recommend.set_defaults(run=_recommend)
-    demo = command("demo", "Mutagenesis on the embedded DuckDB: train sql/mutagenesis.sql, write predictions")
+    demo = command("demo", "Mutagenesis on the embedded DuckDB: train relsql/sql_templates/mutagenesis.sql, write predictions")
     demo.add_argument("--db", type=demo_database,
                       help="build the demo database in this .duckdb file instead of memory (its folder must exist)")
     demo.add_argument("--epochs", type=positive_int, default=400)

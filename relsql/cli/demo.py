@@ -4,7 +4,6 @@ ever modifying or replacing a table the user already has."""
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -13,23 +12,13 @@ import sqlglot.expressions as exp
 import torch
 
 import relsql
+from relsql import sql_templates
+from relsql.datasets import mutagenesis
 from relsql.errors import RelsqlError
-
-ROOT = Path(__file__).resolve().parents[2]  # the repository: demos/ and sql/
-
-
-def _mutagenesis():
-    """The demo's data module, `demos.mutagenesis`, from the repository beside the package."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    import demos.mutagenesis
-
-    return demos.mutagenesis
-
 
 
 def demo_tables() -> tuple[str, ...]:
-    return tuple(_mutagenesis().TABLES)
+    return mutagenesis.TABLES
 
 
 def _holds_demo_data(db: relsql.Database, table: str, parquet: Path) -> bool:
@@ -56,7 +45,7 @@ def _holds_demo_data(db: relsql.Database, table: str, parquet: Path) -> bool:
 def _demo_tables(db: relsql.Database, path: str) -> dict[str, int] | None:
     """None when the demo's tables are to be loaded; their row counts when `path` already holds them with
     exactly the demo's data (reused, never modified); a RelsqlError when it holds other tables of those names."""
-    data, tables = _mutagenesis().DATA, _mutagenesis().TABLES
+    data, tables = mutagenesis.DATA, mutagenesis.TABLES
     present = [t for t in tables if db.has_table(t)]
     if not present:
         return None
@@ -69,7 +58,6 @@ def _demo_tables(db: relsql.Database, path: str) -> dict[str, int] | None:
 
 def run(args: argparse.Namespace) -> int:
     """The embedded default: Mutagenesis (molecule, atom, bond) on DuckDB, trained end to end."""
-    load = _mutagenesis().load
     started = time.perf_counter()
     db = relsql.connect(args.db) if args.db else relsql.connect()
     try:
@@ -78,12 +66,12 @@ def run(args: argparse.Namespace) -> int:
                               "table: pass --predictions another_name, or drop that table")
         counts = _demo_tables(db, args.db) if args.db else None
         if counts is None:
-            counts = load(db.con)
+            counts = mutagenesis.load(db.con)
             print(f"Mutagenesis in {db.description}: " + ", ".join(f"{t} {n} rows" for t, n in counts.items()))
         else:
             print(f"Mutagenesis already in {db.description}, used as it is: "
                   + ", ".join(f"{t} {n} rows" for t, n in counts.items()))
-        template = ROOT / "sql" / "mutagenesis.sql"
+        template = sql_templates.path("mutagenesis")
         model = relsql.Model(db, template, target="molecule.mutagenic", seed=args.seed)
         print(f"grounded {template.name} in DuckDB and compiled it in {model.timings['grounding']:.2f}s; the plan:")
         print(model.net.explain())

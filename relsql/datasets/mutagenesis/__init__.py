@@ -1,15 +1,16 @@
 """Mutagenesis as a keyed relational database: the data of the relsql demo.
 
 188 molecules (125 mutagenic), 4,893 atoms, 5,243 undirected bonds, converted once from the
-files shipped with PyNeuraLogic by ``build_data.py`` and kept in ``data/`` as Parquet plus
+files shipped with PyNeuraLogic by ``demos/mutagenesis/build_data.py`` (in the repository) and kept
+in ``data/`` (package data, installed with relsql) as Parquet plus
 ``schema.sql`` (the CREATE TABLE statements with their PRIMARY and FOREIGN KEYs)::
 
     import duckdb
-    from demos.mutagenesis import load
+    from relsql.datasets.mutagenesis import load
     con = duckdb.connect()
     load(con)     # {'molecule': 188, 'atom': 4893, 'bond': 5243}
 
-The template for it is ``sql/mutagenesis.sql``.
+The template for it is ``relsql/sql_templates/mutagenesis.sql`` (``relsql.sql_templates.path("mutagenesis")``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 -- Mutagenesis: the relational architecture of Neumann's thesis "Scaling Up Deep Relational
 -- Learning" (NeuraLogic's molecules/mutagenesis/templates/template.txt + embeddings.txt),
--- written over the keyed tables of demos/mutagenesis (molecule, atom, bond):
+-- written over the keyed tables of relsql.datasets.mutagenesis (molecule, atom, bond):
 --   atom embedding per element, bond embedding per bond type,
 --   3 message-passing layers  l_k(X) = tanh(avg over bonds (X,Y,B) of
 --                                       tanh(W_self l_{k-1}(X) + W_nb l_{k-1}(Y) + bond(B))),
