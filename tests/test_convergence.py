@@ -167,7 +167,7 @@ def test_refit_trains_from_the_initial_weights_on_training_and_validation_rows()
     learner.goal.rows = {**rows, "train": np.concatenate([rows["train"], rows["val"]]), "val": rows["val"][:0]}
     trainer = Trainer(learner, OneProcess(), FitConfig(epochs=selected, lr=lr, patience=50, optimizer="adamw",
                                                        schedule="cosine", clip=1.0), keep="last", horizon=epochs)
-    assert trainer.fit(batched=False) is None
+    assert trainer.fit(batched=False).diverged is None
     assert_same_weights(weights(m), weights(by_hand))
     # the default plateau schedule: the refit replays the rates the selection run had, epoch by epoch
     p = model(db)
@@ -181,7 +181,7 @@ def test_refit_trains_from_the_initial_weights_on_training_and_validation_rows()
     trainer = Trainer(learner, OneProcess(), FitConfig(epochs=p.best_epoch + 1, lr=fast, patience=12, optimizer="adamw",
                                                        schedule="plateau", clip=1.0), keep="last",
                       replay=[r / fast for r in rates])
-    assert trainer.fit(batched=False) is None
+    assert trainer.fit(batched=False).diverged is None
     assert_same_weights(weights(p), weights(by_hand))
     without = model(db)
     without.fit(epochs=epochs, lr=lr, schedule="cosine")

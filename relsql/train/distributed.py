@@ -44,14 +44,16 @@ from relsql.ground.store import GroundingStore
 from relsql.train import checkpoint as checkpoints
 from relsql.train import torch_distributor, write_back
 from relsql.train.batches import batches
+from relsql.train.callbacks import EarlyStopping
 from relsql.train.learner import Learner, from_state
 from relsql.train.options import FitConfig
+from relsql.train.record import FitRecord
 from relsql.train.saved import ModelState
 from relsql.train.sharded import EmbeddingJob, ShardedEmbeddings
 from relsql.train.source import BatchSource
 from relsql.train.strategy import Strategy
 from relsql.train.threads import default_threads
-from relsql.train.trainer import EarlyStopping, Trainer
+from relsql.train.trainer import Trainer
 
 log = logging.getLogger("relsql")
 RESULT = "result.pt"
@@ -104,13 +106,13 @@ def fit_as_rank(learner: Learner, config: FitConfig, timeout: float = 1800.0) ->
     owned = not dist.is_initialized()
     strategy = Ranks(job, rank, None)
     try:
-        diverged = _train(learner, job, rank, strategy)
+        record = _train(learner, job, rank, strategy)
     finally:
         if owned and dist.is_initialized():
             dist.destroy_process_group()
-    add_timings(learner, strategy.clock)  # this rank's epochs, compute, all_reduce, ... (the trainer added "training")
-    if diverged:
-        raise RelsqlError(diverged)
+    record.add_timings(strategy.clock)  # this rank's epochs, compute, all_reduce, ... (the trainer added "training")
+    if record.diverged:
+        raise RelsqlError(record.diverged)
 
 
 def _job(owner: Learner, world: int, config: FitConfig, timeout: float, **where) -> Job:
@@ -181,18 +183,13 @@ def fit(learner: Learner, config: FitConfig, timeout: float = 1800.0, threads: i
         write_back.write_result(learner, job.embeddings, folder, workers, result["embedding_updates"])
     learner.net.set_named_weights(result["weights"], learner.fixed())
     learner.head.load_state_dict(result["head"])
-    learner.history = list(result["history"])
-    learner.best_epoch, learner.stopped, learner.epoch_cap = result["best_epoch"], result["stopped"], config.epochs
-    learner.monitor, learner.time_budget = result.get("monitor"), config.time_budget
-    add_timings(learner, {**result["timings"], "training": time.perf_counter() - started})
-    if result.get("diverged"):  # the ranks stopped at a NaN loss, with the best epoch's weights
-        raise RelsqlError(result["diverged"])
-
-
-def add_timings(learner: Learner, seconds: dict[str, float]) -> None:
-    """Add `seconds` per phase to the learner's timings (a model trained twice reports the sum)."""
-    for name, value in seconds.items():
-        learner.timings[name] = learner.timings.get(name, 0.0) + value
+    record = FitRecord(history=list(result["history"]), best_epoch=result["best_epoch"], stopped=result["stopped"],
+                       monitor=result.get("monitor"), epoch_cap=config.epochs, time_budget=config.time_budget,
+                       timings=dict(learner.record.timings), diverged=result.get("diverged"))
+    record.add_timings({**result["timings"], "training": time.perf_counter() - started})
+    learner.record = record  # rank 0's record of training, the seconds added to the model's
+    if record.diverged:  # the ranks stopped at a NaN loss, with the best epoch's weights
+        raise RelsqlError(record.diverged)
 
 
 def _launch(model: Learner, job: Job) -> dict:
@@ -289,7 +286,7 @@ def run_rank(job: Job, rank: int) -> dict | None:
     learner = from_state(job.model, GroundingStore.attach(*job.store))
     shards = _shards(learner, job, rank)
     strategy = Ranks(job, rank, shards)
-    diverged = _train(learner, job, rank, strategy)
+    record = _train(learner, job, rank, strategy)
     if shards is not None:
         shards.write_result(job.folder)
         dist.barrier()  # every rank's rows are on disk before rank 0 reports
@@ -297,8 +294,8 @@ def run_rank(job: Job, rank: int) -> dict | None:
         return None
     return {"weights": {n: p.detach().cpu() for n, p in learner.net.weights_by_name().items()},
             "head": {k: v.cpu() for k, v in learner.head.state_dict().items()},
-            "history": learner.history, "best_epoch": learner.best_epoch, "stopped": learner.stopped,
-            "monitor": learner.monitor, "timings": strategy.clock, "diverged": diverged,
+            "history": record.history, "best_epoch": record.best_epoch, "stopped": record.stopped,
+            "monitor": record.monitor, "timings": strategy.clock, "diverged": record.diverged,
             "embedding_updates": {} if shards is None else shards.updates}
 
 
@@ -309,9 +306,9 @@ def _shards(learner: Learner, job: Job, rank: int) -> ShardedEmbeddings | None:
                              learner.dtype, learner.device)
 
 
-def _train(learner: Learner, job: Job, rank: int, strategy: Ranks | None = None) -> str | None:
+def _train(learner: Learner, job: Job, rank: int, strategy: Ranks | None = None) -> FitRecord:
     """The one training loop (relsql/train/trainer.py) as this rank; the learner ends with the best
-    epoch's weights. Returns the message of a diverged loss, else None."""
+    epoch's weights and the trainer's record (`diverged`: the message of a diverged loss)."""
     strategy = strategy or Ranks(job, rank, None)
     if learner.device.type == "cuda":  # this machine's GPU of the rank
         learner.move(torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank))))
@@ -325,11 +322,12 @@ def _train(learner: Learner, job: Job, rank: int, strategy: Ranks | None = None)
         learner.task.regression_loss = config.regression_loss
     learner.task.class_weights = None if config.class_weights is None else list(config.class_weights)
     trainer = Trainer(learner, strategy, config)
-    learner.stopped = "epochs"
-    diverged = trainer.fit(batched=True, resume=job.resume)
+    learner.record = trainer.record
+    trainer.record.stopped = "epochs"  # said even where a resumed run has no epoch left
+    record = trainer.fit(batched=True, resume=job.resume)
     strategy.clock.update({k: v for k, v in trainer.clock.items() if k != "waiting_on_store"})
     strategy.clock["waiting_on_store"] = trainer.source.waited
-    return diverged
+    return record
 
 
 class Ranks(Strategy):

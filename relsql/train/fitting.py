@@ -18,6 +18,7 @@ from relsql.train import distributed
 from relsql.train import refit as refits
 from relsql.train.learner import Learner
 from relsql.train.options import FitConfig, ranking_batch
+from relsql.train.record import FitRecord
 from relsql.train.trainer import OneProcess, Trainer
 
 log = logging.getLogger("relsql")
@@ -70,20 +71,23 @@ def _in_this_process(learner: Learner, config: FitConfig) -> None:
                                 else learner.settings.batch_size)
     resumed = config.resume and config.checkpoint is not None and Path(config.checkpoint).exists()
     state = checkpoints.load(config.checkpoint) if resumed else None
-    initial, before = (learner.weights_copy() if config.refit else None), len(learner.history)
+    initial, before = (learner.weights_copy() if config.refit else None), len(learner.record.history)
     with learner.own_random_stream():
-        diverged = train(learner, config, resume=state)
-        if not diverged and config.refit:
-            replay = [h["lr"] / config.lr for h in learner.history[before:]]  # the plateaus the selection met, epoch by epoch
+        record = train(learner, config, resume=state)
+        if not record.diverged and config.refit:
+            replay = [h["lr"] / config.lr for h in record.history[before:]]  # the plateaus the selection met, epoch by epoch
             again = config.replace(time_budget=None, checkpoint=None, checkpoint_every=None)
-            diverged = refits.retrain(learner, initial, lambda n: train(
+            record = refits.retrain(learner, initial, lambda n: train(
                 learner, again.replace(epochs=n), keep="last", horizon=config.epochs, replay=replay))
-    if diverged:
-        raise RelsqlError(diverged) from None
+    if record.diverged:
+        raise RelsqlError(record.diverged) from None
 
 
-def train(learner: Learner, config: FitConfig, resume: dict | None = None, **more) -> str | None:
-    """One Trainer's fit in this process: the message of a diverged loss, else None."""
+def train(learner: Learner, config: FitConfig, resume: dict | None = None, **more) -> FitRecord:
+    """One Trainer's fit in this process; its record (`diverged`: the message of a loss that
+    stopped being a number) is the learner's from the start, so the model's history grows as the
+    epochs finish (a tracker logs them) and keeps them if fit raises."""
     trainer = Trainer(learner, OneProcess(), config, **more)
+    learner.record = trainer.record
     batched = learner.mini_batches or (config.batch_size is not None and not learner.whole_net_batches)
     return trainer.fit(batched, resume)

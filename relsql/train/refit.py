@@ -6,11 +6,14 @@ epoch stay the record of how the epochs were chosen; `learner.refit` says what t
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from relsql.errors import RelsqlError
 from relsql.ground.demand import database_embeddings
 from relsql.train.learner import Learner
+from relsql.train.record import FitRecord
 
 
 def check(learner: Learner, workers: int) -> None:
@@ -26,28 +29,27 @@ def check(learner: Learner, workers: int) -> None:
                           "do not keep: declare them storage='memory', or drop refit=True")
 
 
-def retrain(learner: Learner, initial: tuple[dict, dict], run) -> str | None:
+def retrain(learner: Learner, initial: tuple[dict, dict], run) -> FitRecord:
     """Put back the `initial` weights and call `run(epochs)` (one Trainer's fit, keeping its last
-    epoch) on training + validation rows for the selected number of epochs. The split is put back
-    afterwards, the selection's history and best epoch kept. Returns what `run` returns."""
-    if learner.best_epoch is None:
-        return None
+    epoch, returning its record) on training + validation rows for the selected number of epochs.
+    The split is put back afterwards; the learner's record is the selection's again, with the
+    refit's seconds added and its `diverged`, which is returned."""
+    selection = learner.record
+    if selection.best_epoch is None:
+        return selection
     met = set(learner.weights_by_name()) - set(initial[0]) - {f"_head.{n}" for n in initial[1]}
     if met:
         raise RelsqlError(f"fit(refit=True) starts again from the initial weights, but weights {sorted(met)[:5]} first "
                           "appeared during training (mini-batches met them): train full-batch, or drop refit=True")
-    epochs = learner.best_epoch + 1
-    rows, history, best, stopped, monitor = (dict(learner.rows), list(learner.history), learner.best_epoch, learner.stopped,
-                                             learner.monitor)
+    epochs, rows = selection.best_epoch + 1, dict(learner.rows)
     learner.restore_weights(initial)
     learner.goal.rows = {**rows, "train": np.concatenate([rows["train"], rows["val"]]), "val": rows["val"][:0]}
-    learner.history = []
+    learner.record = dataclasses.replace(selection.continued(), history=[])  # the refit's epochs apart from the selection's
     try:
-        result = run(epochs)
-        refit_history = learner.history
+        refit = run(epochs)
     finally:
         learner.goal.rows = rows
-    learner.history, learner.best_epoch, learner.stopped, learner.monitor = history, best, stopped, monitor
+    learner.record = dataclasses.replace(selection, timings=refit.timings, diverged=refit.diverged)
     learner.refit = {"epochs": epochs, "rows": int(len(rows["train"]) + len(rows["val"])),
-                     "train_loss": float(refit_history[-1]["train_loss"]) if refit_history else float("nan")}
-    return result
+                     "train_loss": float(refit.history[-1]["train_loss"]) if refit.history else float("nan")}
+    return learner.record

@@ -1,9 +1,9 @@
 """Runs logged to TensorBoard or MLflow, through fit's `callback=`.
 
-A tracker is the callback: each step's loss as it comes, and each finished epoch's record of
-model.history (train and validation loss, the task's validation metrics, the learning rate) once
-the next epoch starts; leaving the `with` block (or `finish()`) logs the last epochs, the
-report and the template text::
+A tracker is the callback (a relsql.train.callbacks.Callback the trainer runs after its own):
+each step's loss as it comes, and each finished epoch's record of model.history (train and
+validation loss, the task's validation metrics, the learning rate) as the epoch ends; leaving the
+`with` block (or `finish()`) logs any epochs not logged yet, the report and the template text::
 
     with relsql.TensorBoard(model, "runs/churn") as board:
         model.fit(callback=board)
@@ -35,12 +35,13 @@ from pathlib import Path
 
 from relsql import ownfiles
 from relsql.errors import RelsqlError
+from relsql.train.callbacks import Callback
 
 TEMPLATE_FILE = "template.sql"
 REPORT_FILE = "report.txt"
 
 
-class Tracker:
+class Tracker(Callback):
     """What both trackers share: which history records and steps are logged already."""
 
     def __init__(self, model):
@@ -52,9 +53,16 @@ class Tracker:
         self.finished = False
 
     def __call__(self, info: dict) -> None:
-        """fit's callback: one step done."""
+        """One step done (`info`: fit's step, {"epoch", "batch", "batches", "loss"}): its loss, and
+        the epochs finished since the last call."""
         self.log_step(self.steps, float(info["loss"]))
         self.steps += 1
+        self.flush_history()
+
+    def on_batch_end(self, trainer, step: dict) -> None:
+        self(step)
+
+    def on_epoch_end(self, trainer, epoch: int, record: dict) -> None:
         self.flush_history()
 
     def flush_history(self) -> None:

@@ -1,8 +1,10 @@
 """The one training loop (Lightning's Trainer): epochs of batches from the batch source, the
-optimizers, early stopping and checkpoints as small objects with a `state_dict`, and a strategy
-for what differs between one process and training ranks (relsql/train/distributed.py): how a
-batch is shared out, gradients reduced, new weights agreed on, validation computed, embeddings
-stored and checkpoints written.
+optimizers, callbacks run in order around the epochs (model selection and early stopping, the
+rate's epoch step, the time budget, checkpoint files, the user's: relsql/train/callbacks.py), the
+record of training it fills and returns (relsql/train/record.py), and a strategy for what differs
+between one process and training ranks (relsql/train/distributed.py): how a batch is shared out,
+gradients reduced, new weights agreed on, validation computed, embeddings stored and checkpoints
+written.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -22,19 +23,17 @@ from relsql.train import checkpoint as checkpoints
 from relsql.train import guards
 from relsql.train.batched import Batch
 from relsql.train.batches import batches
+from relsql.train.callbacks import MAXIMIZED as MAXIMIZED  # read by search's ranking of trials
+from relsql.train.callbacks import Callback, Checkpoint, EarlyStopping, Schedule, TimeBudget, Users
 from relsql.train.learner import Learner
 from relsql.train.options import FitConfig
+from relsql.train.record import FitRecord
 from relsql.train.saved import plain
 from relsql.train.schedule import LearningRate
 from relsql.train.source import BatchSource, Whole
 from relsql.train.strategy import Strategy
 
 log = logging.getLogger("relsql")
-
-
-# the monitored scores that are better larger; the others (loss, mae, rmse) are minimized. A ranking
-# metric is named with its cut-off (map@10): its name before the @ is looked up.
-MAXIMIZED = {"roc_auc", "accuracy", "f1", "map", "recall", "ndcg", "mrr", "precision"}
 
 
 class Optimizers:
@@ -107,64 +106,6 @@ class Optimizers:
             self.all.append(optimizer)
 
 
-class EarlyStopping:
-    """Model selection and early stopping: the best epoch's score and weights on the monitored split
-    (validation, else training); stop after `patience` epochs without improvement. `metric`: the
-    score compared ("loss", or a task metric such as "roc_auc" or "mae" where validation rows
-    exist), the loss breaking ties and standing in where the metric is undefined (NaN).
-    `extra`: the strategy's copy of its embeddings at the best epoch."""
-
-    def __init__(self, learner: Learner, patience: int, metric: str = "loss"):
-        self.learner, self.patience = learner, patience
-        self.monitor = "val" if len(learner.rows["val"]) else "train"
-        self.metric = metric if self.monitor == "val" else "loss"
-        self.loss, self.score, self.state, self.extra = float("inf"), float("-inf"), None, None
-
-    @property
-    def key(self) -> str:
-        """The history's entry compared: e.g. "val_roc_auc"."""
-        return f"{self.monitor}_{self.metric}"
-
-    def ranked(self, record: dict) -> tuple[float, float]:
-        """(score, -loss), larger better; an undefined score ranks below every defined one."""
-        loss = record[f"{self.monitor}_loss"]
-        if self.metric == "loss":
-            return -loss, -loss
-        value = record.get(self.key, float("nan"))
-        if value != value:  # NaN: the metric is undefined (one class only among the rows)
-            return float("-inf"), -loss
-        return (value if self.metric.split("@", 1)[0] in MAXIMIZED else -value), -loss
-
-    def update(self, epoch: int, record: dict | float) -> tuple[bool, bool]:
-        """(improved, stop) after an epoch with record `record` (a bare number: the monitored loss)."""
-        record = record if isinstance(record, dict) else {f"{self.monitor}_loss": record}
-        score, loss = self.ranked(record)
-        better = score > self.score + 1e-7 or (score >= self.score - 1e-7 and loss > -self.loss + 1e-7)
-        if better:
-            self.score, self.loss = score, -loss
-            self.learner.best_epoch, self.state = epoch, self.learner.weights_copy()
-            return True, False
-        return False, epoch - self.learner.best_epoch >= self.patience
-
-    def state_dict(self) -> dict:
-        return {"best_epoch": self.learner.best_epoch, "best_loss": float(self.loss), "best_score": float(self.score),
-                "best_state": self.state}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.learner.best_epoch, self.loss, self.state = state["best_epoch"], state["best_loss"], state["best_state"]
-        self.score = float(state.get("best_score", -self.loss))
-
-
-class Checkpoint:
-    """A checkpoint file after every epoch and every `every` batches."""
-
-    def __init__(self, path: str | Path | None, every: int | None):
-        self.path, self.every = None if path is None else str(path), every
-
-    def due(self, batch: int, count: int) -> bool:
-        return self.path is not None and bool(self.every) and (batch + 1) % self.every == 0 and batch + 1 < count
-
-
 class OneProcess(Strategy):
     """The strategy of one process: the whole batch here, database-stored embeddings updated in the
     database per step, checkpoints written here."""
@@ -225,20 +166,27 @@ class Trainer:
     """Trains a Learner: epochs of shuffled batches of the training rows, the best epoch kept."""
 
     def __init__(self, learner: Learner, strategy: Strategy, config: FitConfig, *, keep: str = "best", horizon: int | None = None,
-                 replay: list[float] | None = None):
+                 replay: list[float] | None = None, callbacks: list[Callback] = ()):
         """`config`: the fit's settings (its defaults are the plain loop: Adam, constant rate, no
         clipping, the best loss kept; Model.fit's FitConfig.checked gives the ones that converge).
         `horizon`: the epochs the schedule spans (default `config.epochs`; a refit stops early on
         the selection run's schedule). `keep="last"`: the last epoch's weights, not the best one's.
         `replay`: the rate's share after each epoch, taken from another run (a refit replays the
-        plateaus its selection run met, having no validation of its own)."""
+        plateaus its selection run met, having no validation of its own). `callbacks`: more
+        callbacks, run after fit's own and its `config.callback` (relsql/train/callbacks.py).
+        The record (`self.record`) continues the learner's: the fit entry point puts it on the
+        learner before fit(), so that the model's history grows as the epochs finish."""
         self.learner, self.strategy, self.config = learner, strategy, config
         self.epochs, self.batch_size, self.lr = config.epochs, config.batch_size, config.lr
-        self.callback, self.clip, self.time_budget, self.keep = config.callback, config.clip, config.time_budget, keep
+        self.clip, self.time_budget = config.clip, config.time_budget
         self.rate = LearningRate(config.lr, config.schedule, warmup=config.warmup, patience=max(1, config.patience // 4))
-        self.horizon, self.replay = horizon or config.epochs, replay
+        self.horizon = horizon or config.epochs
         self.checkpointer = Checkpoint(config.checkpoint, config.checkpoint_every)
-        self.stopping = EarlyStopping(learner, config.patience, config.monitor)
+        self.stopping = EarlyStopping(learner, config.patience, config.monitor, last=keep == "last")
+        users = [Users(given) for given in ([config.callback] if config.callback is not None else []) + list(callbacks)]
+        self.callbacks: list[Callback] = [self.stopping, Schedule(self.rate, self.stopping, replay), TimeBudget(self.time_budget),
+                                          self.checkpointer, *users]
+        self.record: FitRecord = learner.record.continued()
         self.optimizers: Optimizers | None = None
         self.source: BatchSource | None = None
         self.running = (0.0, 0)  # (loss x rows, rows) of the epoch so far, kept in mid-epoch checkpoints
@@ -246,41 +194,47 @@ class Trainer:
         self.first_epoch = 0
         self.started = 0.0
 
-    def fit(self, batched: bool, resume: dict | None = None) -> str | None:
-        """Train; the learner ends with the best epoch's weights. Returns the message of a loss
-        that stopped being a number (the learner then holds the best weights so far), else None."""
-        learner = self.learner
+    def fit(self, batched: bool, resume: dict | None = None) -> FitRecord:
+        """Train; the learner ends with the best epoch's weights. Returns the record of training,
+        whose `diverged` is the message of a loss that stopped being a number (the learner then
+        holds the best weights so far), else None."""
+        learner, record = self.learner, self.record
         self.source = self.strategy.source(learner, batched)
         self.optimizers = Optimizers(learner, self.lr, self.config.weight_decay, dense=self.config.optimizer)
         self.rate.plan(self.horizon * self.steps_per_epoch())
-        learner.monitor = self.stopping.key
         start_epoch = start_batch = 0
         started, last = time.perf_counter(), None
         self.started = started
         try:
             if resume is not None:
                 start_epoch, start_batch = self.resume(resume)
-            learner.epoch_cap, self.first_epoch = self.epochs, start_epoch
-            learner.time_budget = self.time_budget
+            record.epoch_cap, record.time_budget, self.first_epoch = self.epochs, self.time_budget, start_epoch
+            for callback in self.callbacks:
+                callback.on_fit_start(self)
             for epoch in self._bar(range(start_epoch, self.epochs), desc="training", unit="epoch"):
                 last = epoch
-                if self._epoch(epoch, start_batch if epoch == start_epoch else 0, started):
+                if self._epoch(epoch, start_batch if epoch == start_epoch else 0):
                     break
-            self.keep_best(last)
+            self._end(last)
             self._log_end(started)
-            return None
+            return record
         except guards.Diverged as err:
-            learner.stopped = f"diverged ({err.split} loss {err.value} at epoch {err.epoch + 1})"
-            self.keep_best(last)
-            best = learner.best_epoch if self.stopping.state is not None else None
-            return guards.diverged_message(err, self.lr, best, self.stopping.loss)
+            record.stopped = f"diverged ({err.split} loss {err.value} at epoch {err.epoch + 1})"
+            self._end(last)
+            best = record.best_epoch if self.stopping.state is not None else None
+            record.diverged = guards.diverged_message(err, self.lr, best, self.stopping.loss)
+            return record
         finally:
             learner.net.train(False)
             unwritten = self._flush_tables()
             self.source.close()  # an update already running completes: the database stays at a step boundary
-            for name, value in {**self.strategy.timings(self), "training": time.perf_counter() - started}.items():
-                learner.timings[name] = learner.timings.get(name, 0.0) + value
+            record.add_timings({**self.strategy.timings(self), "training": time.perf_counter() - started})
             _report_unwritten(unwritten, sys.exc_info()[1])
+
+    def _end(self, last: int | None) -> None:
+        """The callbacks' end of fit (the best epoch's weights put back), after epoch `last`."""
+        for callback in self.callbacks:
+            callback.on_fit_end(self, last)
 
     def _flush_tables(self) -> Exception | None:
         """Write the rows trained ahead of their tables into them, every table tried; the first
@@ -299,8 +253,9 @@ class Trainer:
             return 1
         return -(-len(self.learner.rows["train"]) // self.batch_size)
 
-    def _epoch(self, epoch: int, first: int, started: float) -> bool:
-        """One epoch, its validation, model selection, early stopping, budgets and checkpoint; True to stop."""
+    def _epoch(self, epoch: int, first: int) -> bool:
+        """One epoch, its validation, then the callbacks (model selection, early stopping, the
+        rate's step, the time budget, the checkpoint, the user's); True to stop."""
         learner, monitor = self.learner, self.stopping.monitor
         if not self.source.full:
             learner.check_unchanged(self.source)
@@ -320,32 +275,11 @@ class Trainer:
         record = {"epoch": epoch, **self.strategy.validate(self, train_loss), "lr": self.rate.now()}
         self.clock["validation"] += time.perf_counter() - clock
         guards.check_loss(record[f"{monitor}_loss"], epoch, split="validation" if monitor == "val" else "training")
-        learner.history.append(record)
-        self._log_epoch(epoch, record, started)
-        if self.keep == "last":  # a refit: its last epoch is the one wanted, no selection
-            improved, stop, learner.best_epoch = False, False, epoch
-        else:
-            improved, stop = self.stopping.update(epoch, record)
-        if self.replay:
-            self.rate.scale = self.replay[min(epoch, len(self.replay) - 1)]
-        else:
-            self.rate.epoch_end(improved)
-        if improved:
-            self.strategy.best(self)
-        out_of_time = self.strategy.agree(self.time_budget is not None and time.perf_counter() - started >= self.time_budget
-                                          and epoch + 1 < self.epochs)
-        if self.checkpointer.path is not None:
-            self.strategy.checkpoint(self, epoch + 1, 0)
-        learner.stopped = self._why(stop, out_of_time)
-        return stop or out_of_time
-
-    def _why(self, stop: bool, out_of_time: bool) -> str:
-        """What ended (or will end) training: early stopping, the time budget, or the epoch budget."""
-        if stop:
-            return f"early (no validation improvement in {self.stopping.metric} for {self.stopping.patience} epochs)"
-        if out_of_time:
-            return f"time budget ({self.time_budget:g}s)"
-        return "epochs"
+        self.record.history.append(record)
+        self._log_epoch(epoch, record, self.started)
+        reasons = [callback.on_epoch_end(self, epoch, record) for callback in self.callbacks]  # every one, every epoch
+        self.record.stopped = next((reason for reason in reasons if reason), "epochs")  # what ends (or will end) training
+        return self.record.stopped != "epochs"
 
     def _log_epoch(self, epoch: int, record: dict, started: float) -> None:
         if self.strategy.main and guards.logs_epoch(epoch, self.first_epoch, self.epochs):  # a few lines per fit
@@ -388,18 +322,10 @@ class Trainer:
             strategy.after_step(self, batch, external, reduced)
             total, count = total + loss_value * len(positions), count + len(positions)
             self.running = (total, count)
-            if self.checkpointer.due(b, len(order)):
-                strategy.checkpoint(self, epoch, b + 1)
             self._progress(bar, b, first, len(order), epoch, epoch_started, total / count)
-            if self.callback is not None:
-                try:
-                    self.callback({"epoch": epoch, "batch": b, "batches": len(order), "loss": loss_value})
-                except Exception as err:  # the user's code: said as relsql's error, naming it, its own chained
-                    name = getattr(self.callback, "__qualname__", None) or type(self.callback).__name__
-                    raise RelsqlError(f"fit's callback {name} raised {type(err).__name__}: {first_line(err)[:300]}; "
-                                      f"training stopped after step {b + 1} of epoch {epoch + 1} (the model holds that "
-                                      "step's weights, its history the epochs that finished): fix the callback, then "
-                                      "fit again") from err
+            step = {"epoch": epoch, "batch": b, "batches": len(order), "loss": loss_value}
+            for callback in self.callbacks:  # a checkpoint every so many steps, the user's callback
+                callback.on_batch_end(self, step)
         if bar is not None:
             bar.close()
         if self.source.full and len(order) == 1:
@@ -438,24 +364,17 @@ class Trainer:
             self.bar = bar
         return bar
 
-    def keep_best(self, last: int | None) -> None:
-        """Put back the weights (and stored embeddings) of the best epoch, if one finished."""
-        if self.stopping.state is None:
-            return
-        self.learner.restore_weights(self.stopping.state)
-        self.strategy.keep_best(self, last)
-
     def _log_end(self, started: float) -> None:
         """The line a log reader looks for: how training ended and which epoch's weights the model has."""
-        learner = self.learner
-        kept = next((r for r in learner.history if r["epoch"] == learner.best_epoch), None)
+        record = self.record
+        kept = next((r for r in record.history if r["epoch"] == record.best_epoch), None)
         if kept is not None and self.strategy.main:
-            why = {"early": "stopped early", "time ": "the time budget"}.get((learner.stopped or "epochs")[:5], "the epoch limit")
+            why = {"early": "stopped early", "time ": "the time budget"}.get((record.stopped or "epochs")[:5], "the epoch limit")
             log.info("trained to epoch %d of %d (%s) in %.1fs; kept epoch %d: validation loss %.4f",
-                     learner.history[-1]["epoch"] + 1, self.epochs, why, time.perf_counter() - started,
-                     learner.best_epoch + 1, kept["val_loss"])
+                     record.history[-1]["epoch"] + 1, self.epochs, why, time.perf_counter() - started,
+                     record.best_epoch + 1, kept["val_loss"])
             if self.stopping.metric != "loss":
-                log.info("model selection: epoch %d had the best %s, %.4f (the loss breaks ties)", learner.best_epoch + 1,
+                log.info("model selection: epoch %d had the best %s, %.4f (the loss breaks ties)", record.best_epoch + 1,
                          self.stopping.key, kept.get(self.stopping.key, float("nan")))
 
     # -- checkpoints ------------------------------------------------------------------------------
@@ -469,7 +388,7 @@ class Trainer:
         checkpoints.save(self.checkpointer.path, {
             "target": learner.target, "template": learner.template.source, "epoch": epoch, "batch": batch,
             "weights": learner.weights_copy(), **self.optimizers.state_dict(),
-            "history": plain(learner.history), **self.stopping.state_dict(), "stores": steps, "best_stores": best_steps,
+            "history": plain(self.record.history), **self.stopping.state_dict(), "stores": steps, "best_stores": best_steps,
             "running": tuple(float(v) for v in self.running) if batch else (0.0, 0.0), "schedule": self.rate.state_dict(),
             **(extra or {}),
         })
@@ -493,8 +412,9 @@ class Trainer:
                               "resume with the same model, or start without resume=True")
         learner.restore_weights(state["weights"])
         self.optimizers.load_state_dict(state, f"checkpoint {where}")
-        learner.history = list(state["history"])
+        self.record.history = list(state["history"])
         self.stopping.load_state_dict(state)
+        self.record.best_epoch = self.stopping.best_epoch
         self.rate.load_state_dict(state.get("schedule"))
         best_steps = state.get("best_stores", {})
         for weight, step in state["stores"].items():

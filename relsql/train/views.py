@@ -11,6 +11,11 @@ def _read(name: str, doc: str) -> property:
     return property(lambda self: getattr(self.learner, name), doc=doc)
 
 
+def _recorded(name: str, doc: str) -> property:
+    """A read-only attribute that is one field of the learner's record of training (relsql/train/record.py)."""
+    return property(lambda self: getattr(self.learner.record, name), doc=doc)
+
+
 def _setting(name: str, doc: str) -> property:
     """A read-only attribute that is one of the learner's settings."""
     return property(lambda self: getattr(self.learner.settings, name), doc=doc)
@@ -43,16 +48,16 @@ class LearnerViews:
     dtype = _setting("dtype", "the floating-point type of weights and features")
     device = _setting("device", "where the net runs")
     # -- the record of training
-    history = _read("history", "one record per epoch: train and validation loss and metrics, learning rate")
-    best_epoch = _read("best_epoch", "the epoch whose weights were kept (0-based), None before fit")
-    stopped = _read("stopped", 'why training stopped: "epochs", "patience", "time budget (...)", "diverged (...)"')
-    monitor = _read("monitor", 'the history entry that chose the best epoch, e.g. "val_roc_auc"')
-    epoch_cap = _read("epoch_cap", "the epochs fit was given")
-    time_budget = _read("time_budget", "fit's time budget in seconds, None if none")
+    history = _recorded("history", "one record per epoch: train and validation loss and metrics, learning rate")
+    best_epoch = _recorded("best_epoch", "the epoch whose weights were kept (0-based), None before fit")
+    stopped = _recorded("stopped", 'why training stopped: "epochs", "patience", "time budget (...)", "diverged (...)"')
+    monitor = _recorded("monitor", 'the history entry that chose the best epoch, e.g. "val_roc_auc"')
+    epoch_cap = _recorded("epoch_cap", "the epochs fit was given")
+    time_budget = _recorded("time_budget", "fit's time budget in seconds, None if none")
     refit = _read("refit", "after fit(refit=True): what the final retraining on train + validation rows did")
     hybrid = _read("hybrid", "the GBM blended with the net and its weight, where fit picked one")
     trials = _read("trials", "after search(): one row per trial")
-    timings = _read("timings", "seconds per phase: grounding, planning, training, ...")
+    timings = _recorded("timings", "seconds per phase: grounding, planning, training, ...")
 
     def parameters(self):
         """The trainable weights (the net's and the head's), as torch's Module.parameters()."""
