@@ -227,7 +227,9 @@ class PlanBuilder:
             for e in ir.walk(rg.rule.expr):
                 if isinstance(e, ir.Features | ir.Encode) and e.columns and not used & set(e.columns) \
                         and all(rg.columns[c].dim() == 2 and rg.columns[c].is_floating_point() for c in e.columns):
-                    groups[tuple(e.columns)] = torch.cat([rg.columns[c] for c in e.columns], dim=1).to(self.dtype)
+                    parts = [rg.columns[c] for c in e.columns]  # written in the plan's dtype: one pass, not two
+                    groups[tuple(e.columns)] = torch.cat(parts, dim=1, out=torch.empty(
+                        (rg.size, sum(p.shape[1] for p in parts)), dtype=self.dtype))
                     used |= set(e.columns)
             groups.update({(k,): c for k, c in rg.columns.items() if k not in used})
             self._memo[key] = groups
