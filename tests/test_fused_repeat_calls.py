@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from relsql.ground.store import _unique
+from relsql.ground.store.read import unique
 from tests.test_small_plans import TOL, dense_net, run
 
 
@@ -55,6 +55,6 @@ def test_sorted_distinct_values_equal_numpy():
     rng = np.random.default_rng(0)
     for values in [np.zeros(0, np.int64), np.array([7], np.int64), np.array([3, 3, 3], np.int64),
                    rng.integers(0, 50, 1000), rng.integers(-5, 5, 17), rng.permutation(300)]:
-        ours = _unique(values)
+        ours = unique(values)
         assert ours.dtype == values.dtype
         np.testing.assert_array_equal(ours, np.unique(values))

@@ -215,11 +215,11 @@ def test_a_damaged_store_is_a_clear_error(tmp_path):
 
 def test_unique_inverse_matches_numpy():
     """The batch's row ids and each reference's batch row number, against np.unique."""
-    from relsql.ground.store import _unique_inverse
+    from relsql.ground.store.read import unique_inverse
 
     rng = np.random.default_rng(5)
     for values in (rng.integers(0, 50, 400), rng.integers(0, 10**12, 1000), np.zeros(0, np.int64), np.array([7, 7, 7])):
         expected, expected_inverse = np.unique(values, return_inverse=True)
-        got, inverse = _unique_inverse(values)
+        got, inverse = unique_inverse(values)
         assert np.array_equal(got, expected) and np.array_equal(inverse, expected_inverse.reshape(-1))
         assert np.array_equal(got[inverse], values)

@@ -11,11 +11,12 @@ import pytest
 import torch
 
 import relsql
-import relsql.ground.store as store_module
+import relsql.ground.store.read as store_read
 from relsql.ground.demand import BatchGrounder
 from relsql.ground.narrow import _Narrowed, smallest_integer
 from relsql.ground.parts import HashedFile
-from relsql.ground.store import GroundingStore, _write_offsets
+from relsql.ground.store import GroundingStore
+from relsql.ground.store.write import write_offsets
 
 
 def _naive_offsets(rows: int, heads: np.ndarray) -> np.ndarray:
@@ -39,14 +40,14 @@ def test_offsets_written_in_blocks_equal_a_naive_count(tmp_path, block):
             file.write(np.stack([distinct, counts], axis=1).astype(np.int64).tobytes())
         parts.append({"stem": stem, "groundings": len(chunk)})
     assert heads[cut] == heads[cut + 1]
-    size, _ = _write_offsets(tmp_path, "r.0", rows, parts, block=block)
+    size, _ = write_offsets(tmp_path, "r.0", rows, parts, block=block)
     written = np.fromfile(tmp_path / "r.0.offsets", dtype=np.int64)
     assert size == (rows + 1) * 8
     assert np.array_equal(written, _naive_offsets(rows, heads))
 
 
 def test_offsets_of_a_rule_without_groundings_are_zero(tmp_path):
-    _write_offsets(tmp_path, "r.0", 5, [], block=2)
+    write_offsets(tmp_path, "r.0", 5, [], block=2)
     assert np.array_equal(np.fromfile(tmp_path / "r.0.offsets", dtype=np.int64), np.zeros(6, np.int64))
 
 
@@ -172,7 +173,7 @@ def test_reads_a_window_at_a_time_equal_whole_reads(tmp_path, monkeypatch, windo
     g = _grounder(_world(users=300, regions=7), buckets=1000)
     store = GroundingStore.open(g, tmp_path / "store", progress=False)
     expected = [(rows, store.ground(rows)) for rows in _batches(g)]
-    monkeypatch.setattr(store_module, "WINDOW", window)
+    monkeypatch.setattr(store_read, "WINDOW", window)
     store.resident_budget = 0  # every read windowed, pages handed back at every check
     for rows, whole in expected:
         ours = store.ground(rows)

@@ -22,7 +22,8 @@ import torch
 
 import relsql
 from relsql.ground.demand import BatchGrounder
-from relsql.ground.store import MANIFEST, MARK, GroundingStore, _seal
+from relsql.ground.store import MANIFEST, MARK, GroundingStore
+from relsql.ground.store.manifest import seal
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -104,7 +105,7 @@ def reseal(folder: Path, change=None) -> None:
             info = path.stat()
             record.update(bytes=info.st_size, sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
                           inode=info.st_ino, ctime_ns=info.st_ctime_ns)
-    manifest["seal"] = _seal(manifest)
+    manifest["seal"] = seal(manifest)
     (folder / MANIFEST).write_text(json.dumps(manifest))
 
 
