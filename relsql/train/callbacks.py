@@ -42,13 +42,6 @@ class Callback:
     def on_fit_end(self, trainer: Trainer, last: int | None) -> None:
         """After the last epoch, `last` (None if none ran), or after a loss that stopped being a number."""
 
-    def state_dict(self) -> dict:
-        """What a checkpoint keeps of this callback."""
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Continue from what `state_dict` gave."""
-
 
 class EarlyStopping(Callback):
     """Model selection and early stopping: the best epoch's score and weights on the monitored split
@@ -113,6 +106,7 @@ class EarlyStopping(Callback):
         trainer.strategy.keep_best(trainer, last)
 
     def state_dict(self) -> dict:
+        """What a checkpoint file keeps of the selection (its entries at the file's top level)."""
         return {"best_epoch": self.best_epoch, "best_loss": float(self.loss), "best_score": float(self.score),
                 "best_state": self.state}
 

@@ -97,16 +97,16 @@ LOWER_IS_BETTER = ("rmse", "mae", "loss")
 
 def _training(model) -> list[str]:
     """How training ended and what chose the kept epoch: the metric, the budgets, a refit."""
-    learner, lines = model.learner, []
-    if not model.history:
+    record, lines = model.learner.record, []
+    if not record.history:
         return lines
-    monitor = (getattr(learner, "monitor", None) or "loss").removeprefix("val_")
-    budget = getattr(learner, "time_budget", None)
-    stopped = learner.stopped or "epochs"
+    monitor = (record.monitor or "loss").removeprefix("val_")
+    budget = record.time_budget
+    stopped = record.stopped or "epochs"
     ended = "at the epoch limit" if stopped == "epochs" else f"at the {stopped}" if stopped.startswith("time") else stopped
     lines.append(f"  training: kept the epoch with the best validation {monitor}; ended {ended} "
-                 f"(limits: {learner.epoch_cap} epochs" + (f", {budget:g}s" if budget else "") + ")")
-    refit = getattr(learner, "refit", None)
+                 f"(limits: {record.epoch_cap} epochs" + (f", {budget:g}s" if budget else "") + ")")
+    refit = getattr(model.learner, "refit", None)
     if refit:
         lines.append(f"  refit: trained again on training + validation rows for {refit.get('epochs')} epochs; the "
                      "validation scores above are no longer held out")

@@ -141,7 +141,7 @@ class OneProcess(Strategy):
 
     def keep_best(self, trainer: Trainer, last: int | None) -> None:
         for table in trainer.learner.embedding_tables().values():
-            if last != trainer.learner.best_epoch:  # else the table already holds the best epoch's rows
+            if last != trainer.record.best_epoch:  # else the table already holds the best epoch's rows
                 trainer.source.run(table.restore, table.best_table())
             trainer.source.run(table.drop, table.best_table())
 
