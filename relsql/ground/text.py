@@ -87,7 +87,7 @@ def _text_ids(text: str, buckets: int, length: int, cache: dict) -> list[int]:
         if found is None:
             wrapped = f"<{word}>"
             found = cache[word] = (bucket(f"w {word}", buckets),
-                                   [bucket(f"g {wrapped[i:i + 3]}", buckets) for i in range(len(wrapped) - 2)])
+                                   [_gram_id(f"g {wrapped[i:i + 3]}", buckets, cache) for i in range(len(wrapped) - 2)])
         known.append(found)
     ids = [word_id for word_id, _ in known]
     for _, grams in known:
@@ -96,6 +96,16 @@ def _text_ids(text: str, buckets: int, length: int, cache: dict) -> list[int]:
             break
         ids.extend(grams[:room])
     return ids
+
+
+def _gram_id(token: str, buckets: int, cache: dict) -> int:
+    """A 3-gram token's id, hashed once: 3-grams repeat across words (People's 35k distinct texts
+    make 190k of them). Kept in the words' cache under the token itself ("g ..." has a space, so no
+    word, a run of \\w, is ever that key)."""
+    found = cache.get(token)
+    if found is None:
+        found = cache[token] = bucket(token, buckets)
+    return found
 
 
 def element_tokens(value: list | None, length: int | None = None) -> Iterator[str]:
