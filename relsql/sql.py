@@ -168,6 +168,32 @@ def rule_index_query(
     return select.order_by(*[exp.Ordered(this=col(name), nulls_first=True) for name in order], copy=False)
 
 
+def heads_within(select: exp.Expression, demanded: exp.Table, keys: list[str]) -> exp.Select | None:
+    """A rule body `select` (head keys as columns `_h0`, `_h1`, ...) keeping only the groundings
+    whose heads are rows of `demanded` (columns `keys`, each key row once): an inner join inside
+    the body, on the heads' expressions (NULL matches NULL, as the key table's join does), which
+    the database can order before the body's other joins, so that a few heads' groundings cost
+    what those heads reach, not what the whole body does. It joins each grounding to at most one
+    row, so the body's rows (and DISTINCT's) are the same ones, only fewer. None where a filter
+    inside would change the rows kept (aggregates or windows over the body's rows, GROUP BY,
+    LIMIT, DISTINCT ON), or where the body has no FROM or no heads: the caller filters outside."""
+    if not keys or not isinstance(select, exp.Select) or select.args.get("from_") is None:
+        return None
+    if any(select.args.get(arg) for arg in ("group", "having", "qualify", "windows", "order", "limit", "offset")):
+        return None
+    if isinstance(select.args.get("distinct"), exp.Distinct) and select.args["distinct"].args.get("on"):
+        return None
+    heads = {item.alias: item.this for item in select.expressions if isinstance(item, exp.Alias)}
+    if len([h for h in heads if h.startswith("_h")]) != len(keys) or any(f"_h{i}" not in heads for i in range(len(keys))):
+        return None
+    if any(item.find(exp.AggFunc, exp.Window) is not None for item in select.expressions):
+        return None
+    name = demanded.name  # the table's own (unique) name: an alias could be one the body already uses
+    condition = exp.and_(*[exp.NullSafeEQ(this=col(k, name), expression=heads[f"_h{i}"].copy()) for i, k in enumerate(keys)],
+                         copy=False)
+    return select.copy().join(demanded.copy(), on=condition, copy=False)
+
+
 def _join_keys(select: exp.Select, keys_table: exp.Table, keys: list[str]) -> exp.Select:
     """Join groundings `g` to the relation's key table `k` on the head keys (NULL matches NULL)."""
     if not keys:

@@ -50,8 +50,10 @@ class PreparedRule:
     index: int
     rule: ir.Rule
     source: exp.Expression  # the rule body (neural relations read through their key tables)
+    select: exp.Select  # the same body, unwrapped: a batch narrows it to its heads (`sql.heads_within`)
     columns: list[exp.Expression]  # the encoded grounding columns, over alias `g`
     stored: dict[int, str]  # column -> weight of an embedding kept in the database (raw keys)
+    edges: dict[int, list[float]] = field(default_factory=dict)  # ple columns read as numbers: their edges
 
 
 @dataclass
@@ -115,14 +117,24 @@ class BatchGrounder(_Grounder):
         for index, rule in enumerate(relation.rules):
             select = self.rule_select(relation, rule)
             if select is not None:
-                sources.append((index, rule, exp.Subquery(this=select)))
-        self.key_tables[relation.name] = self.key_table(relation, [(rule, source) for _, rule, source in sources])
+                sources.append((index, rule, select, exp.Subquery(this=select)))
+        self.key_tables[relation.name] = self.key_table(relation, [(rule, source) for _, rule, _, source in sources])
         prepared = []
-        for index, rule, source in sources:
+        for index, rule, select, source in sources:
             stored = {e.column: e.weight for e in ir.walk(rule.expr) if isinstance(e, ir.Embed) and e.weight in self.stored}
-            columns = self.encoded_columns(relation, index, rule, source, skip=set(stored))
-            prepared.append(PreparedRule(index, rule, source, columns, stored))
+            edges: dict[int, list[float]] | None = {} if self._ple_preset(relation, index, rule) else None
+            columns = self.encoded_columns(relation, index, rule, source, skip=set(stored), ple_edges=edges)
+            prepared.append(PreparedRule(index, rule, source, select, columns, stored, edges or {}))
         self.prepared[relation.name] = prepared
+
+    def _ple_preset(self, relation: ir.Relation, index: int, rule: ir.Rule) -> bool:
+        """Whether every ple column of the rule has its edges from the presets (a saved model's):
+        then a batch reads those columns as numbers and encodes them here, as construction's bulk
+        reading does (the database's (bins + 1)-wide SQL per column cost a batch of Lahman's more to
+        generate and plan than its rows to read); edges measured from one batch's numbers would be
+        that batch's, so without presets the database encodes them."""
+        columns = {c for e in ir.walk(rule.expr) if isinstance(e, ir.Encode) and e.kind == "ple" for c in e.columns}
+        return bool(columns) and all(f"{relation.name}#{index}:{c}" in self.presets.feature_stats for c in columns)
 
     def keys(self, name: str, rids: np.ndarray | None = None) -> pa.Table:
         """Key columns and global `_rid` of a relation's rows (those in `rids`, else all), by `_rid`."""
@@ -133,7 +145,7 @@ class BatchGrounder(_Grounder):
         self.db.register(view, pa.table({"_rid": np.asarray(rids, dtype=np.int64)}))
         try:
             semi = exp.select(q.col("_rid")).from_(q.ident(view))
-            return self.db.arrow(select.where(exp.In(this=q.col("_rid"), query=semi)).order_by(q.col("_rid")))
+            return self.db.arrow(select.where(exp.In(this=q.col("_rid"), query=exp.Subquery(this=semi))).order_by(q.col("_rid")))
         finally:
             self.db.unregister(view)
 
@@ -153,7 +165,8 @@ class BatchGrounder(_Grounder):
                 continue
             relation = self.template.relations[name]
             view = f"{self.db._prefix}demand_{next(_views)}"
-            self.db.register(view, pa.table({"_rid": wanted.numpy()}))
+            # the demanded rows' keys too: each rule's body is narrowed to them (`_fetch`)
+            self.db.register(view, self.keys(name, wanted.numpy()) if relation.keys else pa.table({"_rid": wanted.numpy()}))
             try:
                 fetched[name] = []
                 for prepared in self.prepared[name]:
@@ -169,8 +182,11 @@ class BatchGrounder(_Grounder):
     def _fetch(self, relation: ir.Relation, prepared: PreparedRule, demand_view: str, sample: int) -> pa.Table:
         rule = prepared.rule
         limit = self.fanout.get(relation.name) if isinstance(self.fanout, dict) else self.fanout
-        select = q.rule_index_query(prepared.source, self.key_tables[relation.name], relation.keys, len(rule.refs),
-                                    prepared.columns, demand=exp.Table(this=q.ident(demand_view)),
+        demand = exp.Table(this=q.ident(demand_view))
+        narrowed = q.heads_within(prepared.select, demand, relation.keys)  # the demanded heads' groundings only
+        source = prepared.source if narrowed is None else exp.Subquery(this=narrowed)
+        select = q.rule_index_query(source, self.key_tables[relation.name], relation.keys, len(rule.refs),
+                                    prepared.columns, demand=demand,
                                     per_head=(limit, self.seed * 100_003 + sample) if limit and rule.grouped else None)
         try:
             reader = self.db.reader(select, 1 << 20)
@@ -210,7 +226,8 @@ class BatchGrounder(_Grounder):
                         codes = pc.index_in(column.combine_chunks(), value_set=embedding_keys[prepared.stored[k]])
                         values[k] = to_tensor(codes, torch.int64)
                     else:
-                        values[k] = _column_tensor(column, prepared.rule, k, embedded=k in ir.coded_columns(prepared.rule))
+                        values[k] = _column_tensor(column, prepared.rule, k, embedded=k in ir.coded_columns(prepared.rule),
+                                                   edges=prepared.edges.get(k))
                 segment_heads, counts = torch.unique_consecutive(head, return_counts=True)
                 offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(counts, 0)])
                 result.rules.append(RuleGrounding(prepared.rule, head, refs, values, segment_heads, offsets))
