@@ -25,13 +25,13 @@ _LAZY = {  # public name -> the module that defines it
     "Database": "relsql.db", "connect": "relsql.connection", "Model": "relsql.model", "ModelSpec": "relsql.train.spec",
     "PredictiveQuery": "relsql.predictive", "QueryError": "relsql.predictive", "Template": "relsql.template",
     "from_relbench": "relsql.relbench", "to_heterodata": "relsql.export", "Loader": "relsql.train.loader",
-    "TensorBoard": "relsql.train.tracking", "MLflow": "relsql.train.tracking",
+    "TensorBoard": "relsql.train.tracking", "MLflow": "relsql.train.tracking", "WhereError": "relsql.train.rows",
 }
 
 __all__ = [
     "CompiledNet", "Database", "GroundingError", "Loader", "MLflow", "Model", "ModelSpec", "PredictiveQuery", "QueryError",
     "RelsqlError", "SchemaError", "ShapeError", "SourceError", "Template", "TemplateError", "TensorBoard", "compile",
-    "connect", "from_relbench", "to_heterodata", "tune",
+    "WhereError", "connect", "from_relbench", "to_heterodata", "tune",
 ]
 __version__ = "0.1.0"
 

@@ -167,25 +167,28 @@ class Model(LearnerViews):
         return results.evaluate(self.learner, split)
 
     @_with_threads
-    def predict(self, keys=None, *, where: str | None = None) -> pl.DataFrame:
+    def predict(self, keys=None, *, where: str | None = None, with_split: bool = True) -> pl.DataFrame:
         """Every output row: its key columns, `prediction`, for a binary task `probability` (of
         `task.classes[1]`), for a multi-class one `probabilities` (in `task.classes`' order), and
         `split` ("train", "val", "test", or null for prediction-only rows). A key column that has
         one of those names keeps it; the prediction's column gets the first free `prediction_1`, ...
+        `with_split=False` leaves the `split` column out: scores to hand on or store (what
+        write_predictions and `relsql predict --table` write), not the training's bookkeeping.
 
         `keys`: only these rows, in this order (a polars or pandas frame, or a dict of lists, of
         the target table's key columns; an unknown key is a RelsqlError naming it). `where`: only
         the rows satisfying one SQL boolean expression over the target table's own columns
         (parsed by sqlglot, no subqueries), evaluated by the database. After Model.load on
-        another database this scores that database's rows (docs/training.md)."""
+        another database this scores that database's rows (docs/training.md), and `keys`/`where`
+        ground only the rows asked for."""
         self._not_ranking("predict")
-        return results.predict(self.learner.asked(keys, where), splits=True, keys=keys, where=where)
+        return results.predict(self.learner.asked(keys, where), splits=with_split, keys=keys, where=where)
 
-    def write_predictions(self, name: str, *, replace: bool = False) -> int:
-        """Write `predict()` (without its `split` column) as a new table, atomically; an existing
-        table needs replace=True."""
+    def write_predictions(self, name: str, *, keys=None, where: str | None = None, replace: bool = False) -> int:
+        """Write `predict(keys, where=where, with_split=False)` (every row by default) as a new table,
+        atomically; an existing table needs replace=True. Returns the number of rows written."""
         self._not_ranking("write_predictions")
-        frame = results.predict(self.learner)
+        frame = self.predict(keys, where=where, with_split=False)
         self.db.write_table(name, frame.to_arrow(), replace=replace, kind="predictions")
         return frame.height
 
@@ -204,9 +207,11 @@ class Model(LearnerViews):
                               f"{self.task.kind}: use predict()")
         return ranked.recommend(self.learner, k, keys, where)
 
-    def write_recommendations(self, name: str, k: int = 10, *, replace: bool = False) -> int:
-        """Write `recommend(k)` as a new table, atomically; an existing table needs replace=True."""
-        frame = self.recommend(k)
+    def write_recommendations(self, name: str, k: int = 10, *, keys=None, where: str | None = None,
+                              replace: bool = False) -> int:
+        """Write `recommend(k, keys, where=where)` (by default the rows with a NULL target) as a new
+        table, atomically; an existing table needs replace=True. Returns the number of rows written."""
+        frame = self.recommend(k, keys, where=where)
         self.db.write_table(name, frame.to_arrow(), replace=replace, kind="recommendations")
         return frame.height
 

@@ -20,7 +20,6 @@ from sklearn.utils.class_weight import compute_class_weight
 import relsql
 from relsql.cli import main
 from relsql.template.auto import HEADER
-from relsql.train import results
 from tests.test_model import SIMPLE, build
 
 TARGET = "customer.churned"
@@ -225,9 +224,10 @@ def scored(trained, tmp_path, monkeypatch):
     return tmp_path
 
 
-def expected(folder: Path, where: str | None = None) -> pl.DataFrame:
+def expected(folder: Path) -> pl.DataFrame:
+    """Every row's prediction as the Python API gives it (Model.predict of every row: the model built whole)."""
     with relsql.connect(folder / "shop.duckdb", read_only=True) as db:
-        return results.predict(relsql.Model.load(folder / "m.pt", db).learner, splits=True, where=where)
+        return relsql.Model.load(folder / "m.pt", db).predict()
 
 
 def test_predict_out_parquet_and_csv(scored, capsys):

@@ -23,6 +23,7 @@ relsql wrote and nobody changed since (relsql/ownfiles.py), never a user's, even
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import sys
@@ -70,7 +71,6 @@ from relsql.cli.arguments import (
 )
 from relsql.errors import RelsqlError
 from relsql.progress import lines as progress_lines
-from relsql.train.threads import torch_threads
 
 
 # -- commands ----------------------------------------------------------------------------------------------------
@@ -206,13 +206,13 @@ def _train(args: argparse.Namespace) -> int:
         if args.search is not None:
             from relsql.train import search
 
-            search.search(model, budget=args.search, trials=args.trials, **options)
+            model.search(args.search, args.trials, **options)
         else:
             model.fit(**options, checkpoint=args.checkpoint, resume=args.checkpoint is not None, workers=args.workers)
         path = model.save(args.model)
         print(model.report())
         if args.search is not None:
-            print(search.summary(model.learner.trials))
+            print(search.summary(model.trials))
         print(f"model saved to {path} (metrics plot {path.with_suffix('.png')})")
         if beside is not None:
             outputs.write_text_atomically(beside, template.source)
@@ -259,23 +259,20 @@ def _flag(args: argparse.Namespace, flag: str) -> list[str]:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from relsql.train import results
-    from relsql.train.rows import WhereError
-
+    """`relsql predict`: Model.load, then Model.predict / write_predictions as a user of the API
+    would (--where: only the rows asked for are grounded, relsql/train/loaded.py)."""
     with relsql.connect(args.db, threads=args.threads) as db:
         if args.table:
             _writable_table(db, args.table, args.replace, "--table")
         model = relsql.Model.load(args.model, db, batch_size=args.batch_size, device=args.device)
         model.threads = args.threads
-        try:
-            with torch_threads(args.threads):
-                frame = results.predict(model.learner, splits=args.out is not None or not args.table, where=args.where)
-        except WhereError as err:
-            raise UsageError(f"--where: {err}") from None
-        if args.table:
-            db.write_table(args.table, frame.to_arrow(), replace=args.replace, kind="predictions")
-            print(f"wrote {frame.height} predictions to table {args.table}")
-        elif args.out:
+        with _where_is_usage():
+            if args.table:
+                rows = model.write_predictions(args.table, where=args.where, replace=args.replace)
+                print(f"wrote {rows} predictions to table {args.table}")
+                return 0
+            frame = model.predict(where=args.where)
+        if args.out:
             outputs.write_predictions(frame, Path(args.out), args.replace)
             print(outputs.summary(frame, model.task, args.out, args.where))
         else:
@@ -284,24 +281,21 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _recommend(args: argparse.Namespace) -> int:
-    from relsql.train.ranking import results as ranked
-    from relsql.train.rows import WhereError
-
+    """`relsql recommend`: Model.load, then Model.recommend / write_recommendations."""
     with relsql.connect(args.db, threads=args.threads) as db:
         if args.table:
             db.replaceable(args.table, args.replace, "recommendations", how="--replace", other="another --table name")
         model = relsql.Model.load(args.model, db, device=args.device)
         if model.task.kind != "ranking":
             raise RelsqlError(f"{args.model} predicts {model.target} ({model.task.kind}), a value per row: use `relsql predict`")
-        try:
-            with torch_threads(args.threads):
-                frame = ranked.recommend(model.learner, args.k, where=args.where)
-        except WhereError as err:
-            raise UsageError(f"--where: {err}") from None
-        if args.table:
-            db.write_table(args.table, frame.to_arrow(), replace=args.replace, kind="recommendations")
-            print(f"wrote {frame.height} recommendations to table {args.table}")
-        elif args.out:
+        model.threads = args.threads
+        with _where_is_usage():
+            if args.table:
+                rows = model.write_recommendations(args.table, args.k, where=args.where, replace=args.replace)
+                print(f"wrote {rows} recommendations to table {args.table}")
+                return 0
+            frame = model.recommend(args.k, where=args.where)
+        if args.out:
             outputs.write_predictions(frame, Path(args.out), args.replace, kind="recommendations")
             print(f"wrote {frame.height:,} recommendations (top {args.k} per row) to {args.out}; "
                   f"columns: {', '.join(frame.columns)}")
@@ -310,6 +304,15 @@ def _recommend(args: argparse.Namespace) -> int:
         else:
             print(frame)
     return 0
+
+
+@contextlib.contextmanager
+def _where_is_usage():
+    """A --where condition the target table refuses (a column it lacks) is the command line's fault: exit 2."""
+    try:
+        yield
+    except relsql.WhereError as err:
+        raise UsageError(f"--where: {err}") from None
 
 
 # -- the parser --------------------------------------------------------------------------------------------------
@@ -451,8 +454,9 @@ def _scoring_options(parser, what: str, model_help: str, out_help: str, where_he
     `what` (predictions or recommendations) go, which rows, device and threads."""
     parser.add_argument("db", type=database, help=f"the database to score on: {DB_KINDS}")
     parser.add_argument("--model", required=True, type=model_file, help=model_help)
-    parser.add_argument("--out", type=predictions_file, metavar="FILE", help=out_help)
-    parser.add_argument("--table", type=table_name, help=f"write the {what} to this new table instead of printing them")
+    written = parser.add_mutually_exclusive_group()
+    written.add_argument("--out", type=predictions_file, metavar="FILE", help=out_help)
+    written.add_argument("--table", type=table_name, help=f"write the {what} to this new table instead of printing them")
     parser.add_argument("--replace", action="store_true",
                         help=f"replace an existing table or --out file of {what} relsql wrote (never data)")
     parser.add_argument("--where", type=where_condition, metavar="CONDITION", help=where_help)
