@@ -56,3 +56,20 @@ def test_some_rows_as_the_saved_model_with_ple_read_as_numbers(saved):
     grounder = loaded.learner.pending.rows_batched.grounder  # the demand grounder the rows used (relsql/train/loaded.py)
     assert all(p.edges for name in ("order_h", "cust_h") for p in grounder.prepared[name])  # ple read as numbers
     db.close()
+
+
+def test_a_grounder_for_a_grounding_store_keeps_ple_encoded_by_the_database(saved):
+    """A grounding store writes a rule's columns as the grounder selects them: without
+    ple_numbers=True the presets' ple columns stay (bins + 1)-wide lists, not numbers."""
+    from relsql.ground.demand import BatchGrounder
+    from relsql.train import saved as files
+
+    folder, path, _ = saved
+    state = files.read(path)
+    db = relsql.connect(folder / "shop.duckdb", read_only=True)
+    grounder = BatchGrounder(state.template, db, state.output, state.presets, progress=False)
+    assert not any(p.edges for rules in grounder.prepared.values() for p in rules)
+    batch = grounder.ground(np.arange(5))
+    column = batch.relations["order_h"].rules[0].columns[0]
+    assert column.dim() == 2 and column.shape[1] == 4 + 1  # ple over 4 bins: 4 components and the NULL indicator
+    db.close()

@@ -89,10 +89,14 @@ class BatchGrounder(_Grounder):
 
     def __init__(self, template: ir.Template, db: Database, output: str, presets: Presets | None = None,
                  fanout: dict[str, int] | int | None = None, seed: int = 0, progress: bool | None = None,
-                 max_groundings: int | None = None):
+                 max_groundings: int | None = None, ple_numbers: bool = False):
         """`max_groundings`: a rule the database estimates beyond it is refused before it runs
-        (default relsql.ground.execute.MAX_GROUNDINGS); on an error or Ctrl-C no temp table stays."""
+        (default relsql.ground.execute.MAX_GROUNDINGS); on an error or Ctrl-C no temp table stays.
+        `ple_numbers`: a batch reads ple columns whose edges the presets hold as numbers and
+        encodes them here (`_ple_preset`); only for batches this grounder grounds itself (a
+        grounding store writes `PreparedRule.columns` as they are, so it needs them encoded)."""
         super().__init__(template, db, presets or Presets(), max_groundings)
+        self.ple_numbers = ple_numbers
         self.output, self.seed = output, seed
         self.order = needed_relations(template, output)
         self.fanout = fanout
@@ -134,7 +138,8 @@ class BatchGrounder(_Grounder):
         generate and plan than its rows to read); edges measured from one batch's numbers would be
         that batch's, so without presets the database encodes them."""
         columns = {c for e in ir.walk(rule.expr) if isinstance(e, ir.Encode) and e.kind == "ple" for c in e.columns}
-        return bool(columns) and all(f"{relation.name}#{index}:{c}" in self.presets.feature_stats for c in columns)
+        preset = self.presets.feature_stats
+        return self.ple_numbers and bool(columns) and all(f"{relation.name}#{index}:{c}" in preset for c in columns)
 
     def keys(self, name: str, rids: np.ndarray | None = None) -> pa.Table:
         """Key columns and global `_rid` of a relation's rows (those in `rids`, else all), by `_rid`."""

@@ -119,7 +119,8 @@ class Pending:
         if self.rows_batched is None:
             settings, goal = learner.settings, learner.goal
             grounder = BatchGrounder(learner.template, learner.db, learner.output, self.state.presets, fanout=settings.fanout,
-                                     seed=learner.seed, progress=settings.progress, max_groundings=settings.max_groundings)
+                                     seed=learner.seed, progress=settings.progress, max_groundings=settings.max_groundings,
+                                     ple_numbers=True)  # no grounding store here: ple columns read as numbers
             labels = goal.read(learner.db)
             goal.label(learner.db, labels, self.state.task, dict(goal.rows), learner.dtype, learner.device)
             self.rows_batched = learner.attach(grounder, None)
