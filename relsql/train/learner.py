@@ -359,9 +359,17 @@ def from_state(state: ModelState, store: GroundingStore) -> Learner:
     learner.net = CompiledNet(probe.plan, probe.grounding, dtype=state.dtype, seed=state.seed)
     learner.net.set_named_weights(state.weights, learner.fixed())
     if state.head:
-        weight = state.head["weight"]
-        learner.head = nn.utils.skip_init(nn.Linear, weight.shape[1], weight.shape[0], dtype=state.dtype)  # loaded next: no draw
-        learner.head.load_state_dict(state.head)
+        learner.head = loaded_head(state.head, state.dtype)
     learner.net.to(device)
     learner.head.to(device)
     return learner
+
+
+def loaded_head(head: dict[str, torch.Tensor], dtype: torch.dtype) -> nn.Linear:
+    """A Linear holding a saved head's weights (copies in `dtype`). It is made on the meta device and
+    given the saved tensors, so nothing is drawn or initialised: torch's skip_init, which did this
+    before, imports sympy on first use, 0.7 s of CPU in a model's load."""
+    weight = head["weight"]
+    linear = nn.Linear(weight.shape[1], weight.shape[0], device="meta", dtype=dtype)
+    linear.load_state_dict({name: value.to(dtype=dtype, copy=True) for name, value in head.items()}, assign=True)
+    return linear

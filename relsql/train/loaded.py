@@ -28,7 +28,7 @@ from relsql.ground.demand import BatchGrounder
 from relsql.train import saved
 from relsql.train.batched import Batch, Batched
 from relsql.train.batches import batches
-from relsql.train.learner import Learner
+from relsql.train.learner import Learner, loaded_head
 from relsql.train.saved import ModelState
 from relsql.train.source import BatchSource
 
@@ -51,8 +51,7 @@ def set_weights(learner: Learner, net: CompiledNet, state: ModelState, path: str
             if tuple(weight.shape) != (units, width):
                 raise ValueError(f"its head maps {tuple(weight.shape)[::-1]}, the output relation gives {width} values "
                                  f"and the task needs {units}")
-            head = nn.utils.skip_init(nn.Linear, width, units, dtype=learner.dtype)  # loaded next: no random draw
-            head.load_state_dict(state.head)
+            head = loaded_head(state.head, learner.dtype)
         elif width == units:
             head = nn.Identity()
         else:
