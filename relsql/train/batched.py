@@ -1,7 +1,7 @@
 """A model's net run over demand-grounded mini-batches (relsql/ground/demand.py).
 
 A batch is a set of output rows (global row ids). Preparing it — reading its groundings from the
-grounding store (relsql/ground/store.py; or grounding them in the database, without a store) and
+grounding store (relsql/ground/store/; or grounding them in the database, without a store) and
 planning the vectorized ops — happens in the model's database worker thread; its
 database-stored embeddings are read there too, after the previous batch's update was applied.
 The forward pass runs the batch's plan with the model's weights.
