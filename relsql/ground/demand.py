@@ -35,11 +35,11 @@ from relsql.ground.execute import (
     _column_tensor,
     _Grounder,
     _interrupted,
-    _progress,
     interruptible,
 )
 from relsql.ground.parts import check_refs
 from relsql.ground.tensors import to_tensor
+from relsql.progress import relations
 from relsql.template import ir
 
 _views = itertools.count()
@@ -104,7 +104,7 @@ class BatchGrounder(_Grounder):
         self.prepared: dict[str, list[PreparedRule]] = {}
         with interruptible(db), self.cleanup_on_error():
             with db.frozen_schema():
-                bar = _progress(self.order, progress)
+                bar = relations(self.order, progress)
                 for name in bar:
                     bar.set_postfix_str(name)
                     self._prepare(template.relations[name])

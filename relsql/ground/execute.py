@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import duckdb
@@ -32,6 +32,7 @@ from relsql.errors import GroundingError, RelsqlError, SchemaError
 from relsql.ground import encoders as encoders_sql
 from relsql.ground.parts import check_refs, column_label, column_values
 from relsql.ground.tensors import to_tensor
+from relsql.progress import relations
 from relsql.template import ir
 
 PADDING_CELLS = 1 << 24  # at most this many empty cells (other rules' columns) in one index query's result
@@ -108,7 +109,7 @@ def ground(template: ir.Template, db: Database, *, presets: Presets | None = Non
     order = template.order()
     seconds = {}
     with interruptible(db), grounder.cleanup_on_error(), db.frozen_schema():  # relsql only adds temp tables
-        bar = _progress(order, progress)
+        bar = relations(order, progress)
         for name in bar:
             bar.set_postfix_str(name)
             started = time.perf_counter()
@@ -120,69 +121,6 @@ def ground(template: ir.Template, db: Database, *, presets: Presets | None = Non
         dictionaries = {w: db.arrow(exp.select(exp.Star()).from_(t.copy()).order_by(q.col("code")))
                         for w, t in grounder.dictionaries.items()}
     return Grounding(grounder.relations, dictionaries, grounder.feature_stats, seconds)
-
-
-class _Progress:
-    """Relations being grounded: a tqdm bar on a terminal, whose clock a watcher thread keeps
-    ticking while one relation takes long; without a bar, a log line when a relation is still
-    running after 10 s, 30 s, 1 min, 2 min, 4 min... (a few lines, not one per second)."""
-
-    FIRST_LINES = (10.0, 30.0, 60.0)
-
-    def __init__(self, items: list[str], enabled: bool | None, what: str = "grounding"):
-        self.items, self.what = items, what
-        self.bar = None
-        if enabled is not False:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=len(items), desc=what, unit="relation", disable=None if enabled is None else not enabled,
-                            leave=False)
-            if self.bar.disable:
-                self.bar = None
-        self.current: tuple[str, float] | None = None
-
-    def set_postfix_str(self, text: str) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix_str(text)
-
-    def __iter__(self) -> Iterator[str]:
-        stop = threading.Event()
-        watcher = threading.Thread(target=self._watch, args=(stop,), name="relsql-progress", daemon=True)
-        watcher.start()
-        try:
-            for item in self.items:
-                self.current = (item, time.monotonic())
-                yield item
-                if self.bar is not None:
-                    self.bar.update(1)
-        finally:
-            stop.set()
-            if self.bar is not None:
-                self.bar.close()
-
-    def _watch(self, stop: threading.Event) -> None:
-        said: tuple[str, float] | None = None
-        delay = 0
-        while not stop.wait(1.0):
-            if self.bar is not None:
-                self.bar.refresh()  # tqdm redraws only on update: keep the elapsed time moving
-                continue
-            current = self.current
-            if current is None:
-                continue
-            if current is not said:
-                said, delay = current, 0
-            elapsed = time.monotonic() - current[1]
-            due = (self.FIRST_LINES[delay] if delay < len(self.FIRST_LINES)
-                   else self.FIRST_LINES[-1] * 2 ** (delay - len(self.FIRST_LINES) + 1))
-            if elapsed >= due:
-                log.info("%s: %s still running after %.0fs (Ctrl-C stops it)", self.what, current[0], elapsed)
-                delay += 1
-
-
-def _progress(items: list[str], enabled: bool | None, what: str = "grounding") -> Iterable[str]:
-    """`items`, iterated with progress shown (see `_Progress`); `enabled` False: no bar, log lines only."""
-    return _Progress(list(items), enabled, what)
 
 
 def _interrupted(err: BaseException) -> bool:
