@@ -263,8 +263,8 @@ def measure(name: str, pkd: Path, load: bool = True, loader: bool = True, profil
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(40)
         (ROOT / f"{name}.construction.prof.txt").write_text(text.getvalue())
-    out["grounding"] = model.learner.timings.get("grounding", float("nan"))
-    out["planning"] = model.learner.timings.get("planning", float("nan"))
+    out["grounding"] = model.timings.get("grounding", float("nan"))
+    out["planning"] = model.timings.get("planning", float("nan"))
     out["construction"] = out["template"] + out["model"]
     out.update(_gbm(db, target, time_column))
     out["gbm"] = out["gbm_query"] + out["gbm_fit"]

@@ -146,6 +146,7 @@ def measure(db, engine: str, template, args) -> list[dict]:
     import relsql
     from relsql.train import distributed
     from relsql.train.options import FitConfig
+    from relsql.train.record import FitRecord
 
     started = time.perf_counter()
     model = relsql.Model(db, template, "orders.o_orderpriority", batch_size=args.batch_size, progress=False)
@@ -177,7 +178,7 @@ def measure(db, engine: str, template, args) -> list[dict]:
 
     if db.transactional or not engine.endswith("+embedding"):  # else stored embeddings train on ranks only
         model.learner.restore_weights(initial)
-        model.learner.timings = {}
+        model.learner.record = FitRecord()
         steps: list[float] = []
         started = time.perf_counter()
         model.fit(epochs=args.epochs, patience=args.epochs, batch_size=args.batch_size,
@@ -186,7 +187,7 @@ def measure(db, engine: str, template, args) -> list[dict]:
         record("one process (Model.fit)", 1, time.perf_counter() - started)
     for ranks in args.ranks:
         model.learner.restore_weights(initial)
-        model.learner.timings, model.learner.history = {}, []
+        model.learner.record = FitRecord()
         started = time.perf_counter()
         distributed.fit(model.learner, FitConfig(epochs=args.epochs, batch_size=args.batch_size, lr=0.01, patience=args.epochs,
                                                   workers=ranks))

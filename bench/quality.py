@@ -142,7 +142,7 @@ def run_one(case: Case, seed: int, auto: dict, fit: dict, peer: dict, search: st
     learner = fitted.learner
     positions = split_positions(learner, len(case.values), case.keys)
     y_test = np.asarray(case.values[positions["test"]], dtype=np.float64) if case.kind == "regression" else np.zeros(1)
-    history = {"epochs": len(learner.history), "best_epoch": learner.best_epoch, "stopped": learner.stopped}
+    history = {"epochs": len(fitted.history), "best_epoch": fitted.best_epoch, "stopped": fitted.stopped}
     rows.append({**common, "method": "relsql", "scores": _r2(fitted.evaluate("test"), y_test), "seconds": seconds, **history})
     if search:
         started = time.perf_counter()
@@ -151,7 +151,7 @@ def run_one(case: Case, seed: int, auto: dict, fit: dict, peer: dict, search: st
         assert searched.rows["test"].tolist() == learner.rows["test"].tolist(), "search left the model's split"
         trials = getattr(searched, "trials", None)
         rows.append({**common, "method": SEARCH, "scores": _r2(searched.evaluate("test"), y_test), "seconds": seconds,
-                     "trials": 0 if trials is None else len(trials), "epochs": len(searched.learner.history)})
+                     "trials": 0 if trials is None else len(trials), "epochs": len(searched.history)})
     if hasattr(baselines, "compare"):
         started = time.perf_counter()
         compared = baselines.compare(learner, "test")

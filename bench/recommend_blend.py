@@ -43,8 +43,8 @@ def run(ds, seed: int, fit: dict, alphas: list[float]) -> dict:
         model, wall, cpu = fitted_model(con, ds, seed, fit)
         learner = model.learner
         out = {"dataset": ds.name, "seed": seed, "wall": round(wall, 1), "cpu": round(cpu, 1),
-               "load": round(os.getloadavg()[0], 2), "epochs": len(getattr(learner, "history", []) or []),
-               "best_epoch": getattr(learner, "best_epoch", None), "stopped": getattr(model, "stopped", None)}
+               "load": round(os.getloadavg()[0], 2), "epochs": len(model.history),
+               "best_epoch": model.best_epoch, "stopped": model.stopped}
         out["alpha"] = float(getattr(learner.head, "alpha", 1.0))
         for a in alphas:
             out[f"val@{a}"] = round(scaled_map(learner, "val", a), 4)

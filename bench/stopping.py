@@ -55,7 +55,7 @@ def one(manifest: dict, seed: int, work: Path) -> dict:
     model.fit(callback=lambda info: clock.__setitem__(info["epoch"], time.process_time() - started))  # each epoch's last step
     model.predict()
     cpu, wall = time.process_time() - started, time.perf_counter() - wall
-    history, metric = model.history, model.learner.monitor.split("_", 1)[1]
+    history, metric = model.history, model.monitor.split("_", 1)[1]
     fixed = cpu - clock[len(history) - 1]  # the last validation, the best epoch put back, the blend, predict
     t, w = time.process_time(), time.perf_counter()
     gbm = gbm_peer(model.learner)
@@ -67,7 +67,7 @@ def one(manifest: dict, seed: int, work: Path) -> dict:
         epochs, best = replay(model.learner, history, metric, patience)
         stops[patience] = {"epochs": epochs, "best_epoch": best, "cpu_s": clock[epochs - 1] + fixed}
     return {"database": manifest["name"], "target": target, "seed": seed, "val_rows": len(model.learner.rows["val"]),
-            "monitor": model.learner.monitor, "epochs": len(history), "best_epoch": model.best_epoch,
+            "monitor": model.monitor, "epochs": len(history), "best_epoch": model.best_epoch,
             "metric": model.task.metric, "score": float(model.evaluate()[model.task.metric]), "cpu_s": cpu, "wall_s": wall,
             "gbm_cpu_s": gbm_cpu, "gbm_wall_s": gbm_wall, "gbm_score": gbm.get("gbm_score"), "stops": stops}
 

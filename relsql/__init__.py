@@ -21,7 +21,8 @@ from relsql.errors import (
 )
 
 _LAZY = {  # public name -> the module that defines it
-    "CompiledNet": "relsql.compile", "compile": "relsql.compile", "tune": "relsql.compile",
+    "Callback": "relsql.train.callbacks", "CompiledNet": "relsql.compile", "compile": "relsql.compile",
+    "tune": "relsql.compile",
     "Database": "relsql.db", "connect": "relsql.connection", "Model": "relsql.model", "ModelSpec": "relsql.train.spec",
     "PredictiveQuery": "relsql.predictive", "QueryError": "relsql.predictive", "Template": "relsql.template",
     "from_relbench": "relsql.relbench", "to_heterodata": "relsql.export", "Loader": "relsql.train.loader",
@@ -29,9 +30,9 @@ _LAZY = {  # public name -> the module that defines it
 }
 
 __all__ = [
-    "CompiledNet", "Database", "GroundingError", "Loader", "MLflow", "Model", "ModelSpec", "PredictiveQuery", "QueryError",
-    "RelsqlError", "SchemaError", "ShapeError", "SourceError", "Template", "TemplateError", "TensorBoard", "compile",
-    "WhereError", "connect", "from_relbench", "to_heterodata", "tune",
+    "Callback", "CompiledNet", "Database", "GroundingError", "Loader", "MLflow", "Model", "ModelSpec", "PredictiveQuery",
+    "QueryError", "RelsqlError", "SchemaError", "ShapeError", "SourceError", "Template", "TemplateError", "TensorBoard",
+    "compile", "WhereError", "connect", "from_relbench", "to_heterodata", "tune",
 ]
 __version__ = "0.1.0"
 

@@ -22,6 +22,7 @@ from relsql.errors import RelsqlError, SourceError
 from relsql.progress import lines as progress_lines
 from relsql.template.ir import Template
 from relsql.train import build, fitting, gradients, results, saved
+from relsql.train.callbacks import Callback
 from relsql.train.options import EPOCHS, TIME_BUDGET, FitConfig
 from relsql.train.ranking import results as ranked
 from relsql.train.report import LOSSES, plot_history, text_report
@@ -97,8 +98,7 @@ class Model(LearnerViews):
         self.db = db
         with _server_reachable(db), progress_lines(spec.progress):
             self.threads = None if spec.threads is None else arguments.integer("threads", spec.threads, maximum=1024)
-            given = {name: value for name, value in spec.arguments().items() if name != "threads"}
-            self.learner = build.learner(db, **given)
+            self.learner = build.learner(db, spec)
         self._allow_target_inputs = spec.allow_target_inputs
 
     @property
@@ -112,7 +112,7 @@ class Model(LearnerViews):
         _build sets."""
         model = cls.__new__(cls)
         model.db, model.threads, model.learner = db, None, learner
-        model._allow_target_inputs = True  # a saved template may read the target: it was allowed once (build.saved_learner)
+        model._allow_target_inputs = True  # a saved template may read the target: it was allowed once (build.saved_spec)
         return model
 
     @_with_threads
@@ -122,7 +122,8 @@ class Model(LearnerViews):
             class_weight: str | None = None, negatives: str | None = None, hard_negatives: str | None = None,
             refit: bool = False, hybrid: bool | None = None,
             checkpoint: str | Path | None = None,
-            resume: bool = False, checkpoint_every: int | None = None, callback=None, workers: int = 1) -> Model:
+            resume: bool = False, checkpoint_every: int | None = None, callback=None,
+            callbacks: list[Callback] | None = None, workers: int = 1) -> Model:
         """AdamW on the training rows, keeping the weights of the epoch with the best validation score
         (docs/training.md has every option and why its default was chosen).
 
@@ -138,13 +139,16 @@ class Model(LearnerViews):
         GBM on one-hop SQL features by a validation-picked weight (None: Template.auto's templates).
         `batch_size` trains on mini-batches; `checkpoint` is written atomically every epoch (and
         `checkpoint_every` batches), `resume=True` continues from it;
-        `callback(info)` after every step (raising stops training, database consistent);
+        `callback(info)` after every step (raising stops training, database consistent), or a
+        relsql.Callback; `callbacks=[...]`: relsql.Callback objects, run after fit's own in order
+        (on_fit_start, on_batch_end, on_epoch_end: a reason to stop or None, on_fit_end);
         `workers=N` trains data-parallel on N processes, and under torchrun as this rank."""
         config = FitConfig.checked(self.learner, epochs=epochs, batch_size=batch_size, lr=lr, patience=patience,
                                    weight_decay=weight_decay, schedule=schedule, warmup=warmup, clip=clip, monitor=monitor,
                                    time_budget=time_budget, loss=loss, class_weight=class_weight, negatives=negatives,
                                    hard_negatives=hard_negatives, refit=refit, hybrid=hybrid, checkpoint=checkpoint,
-                                   resume=resume, checkpoint_every=checkpoint_every, callback=callback, workers=workers)
+                                   resume=resume, checkpoint_every=checkpoint_every, callback=callback, callbacks=callbacks,
+                                   workers=workers)
         fitting.fit(self.db, self.learner, self.threads, config)
         return self
 

@@ -32,8 +32,10 @@ def test_declared_attributes_are_the_learners():
     model = relsql.Model(db, relsql.Template.auto(db, "item.y"), "item.y", progress=False)
     learner = model.learner
     assert isinstance(learner, Learner)
-    for name in ("target", "table", "column", "task", "rows", "fractions", "seed", "history", "timings", "dtype"):
+    for name in ("target", "table", "column", "task", "rows", "fractions", "seed", "dtype"):
         assert getattr(model, name) is getattr(learner, name) or getattr(model, name) == getattr(learner, name), name
+    for name in ("history", "timings", "best_epoch", "stopped", "monitor", "epoch_cap", "time_budget"):
+        assert getattr(model, name) is getattr(learner.record, name), name  # the record of training, its one place
     assert model.target == "item.y" and model.column == "y"
     with pytest.raises(AttributeError):
         model.goal  # noqa: B018 - the learner's own members stay the learner's

@@ -37,10 +37,15 @@ def test_the_spec_has_every_argument_of_model_in_order_with_its_default():
     assert relsql.ModelSpec is ModelSpec and "ModelSpec" in relsql.__all__
 
 
-def test_the_learner_is_built_from_the_spec_names():
-    """Model._build hands the spec to build.learner by name (all but threads, which the Model keeps)."""
-    learner = set(inspect.signature(building.learner).parameters) - {"db", "loading"}
-    assert learner == set(ModelSpec.names()) - {"threads"}
+def test_the_learner_is_built_from_the_spec_whole(monkeypatch):
+    """Model._build hands build.learner the spec itself (no second list of Model's arguments), and
+    Model.load's settings become a spec too (build.saved_spec)."""
+    assert list(inspect.signature(building.learner).parameters) == ["db", "spec", "loading"]
+    seen = []
+    monkeypatch.setattr(building, "learner", lambda db, spec, loading=None: seen.append((db, spec)))
+    db, spec = relsql.connect(":memory:"), ModelSpec("t.sql", "t.y", seed=7, threads=2)
+    model = relsql.Model.from_spec(db, spec)
+    assert seen == [(db, spec)] and model.threads == 2
 
 
 def test_every_argument_of_model_reaches_its_spec(monkeypatch):

@@ -209,7 +209,7 @@ def test_a_blend_line_picks_the_dot_products_share_with_the_best_validation_map(
         ranked = [list(np.argsort(-row, kind="stable")[:10]) for row in scores.numpy()]
         found[alpha] = _naive_map(ranked, truth, 10)
     assert found[picked] == pytest.approx(max(found.values()), abs=1e-6)
-    kept = next(r for r in learner.history if r["epoch"] == learner.best_epoch)
+    kept = next(r for r in model.history if r["epoch"] == model.best_epoch)
     assert kept["val_map@10"] == pytest.approx(found[picked], abs=1e-6)
 
 

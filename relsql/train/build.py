@@ -1,5 +1,6 @@
-"""A Learner from `Model(...)`'s arguments, each checked like a user's (relsql/arguments.py), in
-the order the API documents them; or from a saved state (`saved_learner`: Model.load)."""
+"""A Learner from a ModelSpec (`Model(...)`'s arguments), each checked like a user's
+(relsql/arguments.py), in the order the API documents them; or from a saved state
+(`saved_learner`: Model.load, whose settings become a spec too)."""
 
 from __future__ import annotations
 
@@ -20,35 +21,35 @@ from relsql.train import checks, loaded, saved
 from relsql.train.learner import Learner, Settings
 from relsql.train.ranking.learner import RankingLearner
 from relsql.train.ranking.target import ranking_target
+from relsql.train.record import FitRecord
 from relsql.train.saved import ModelState
+from relsql.train.spec import ModelSpec
 from relsql.train.target import Target
 
 
-def learner(db: Database, template: ir.Template | str | Path, target: str, *, output: str | None, task: str | None,
-            time_column: str | None, split: tuple[float, float, float], seed: int, dtype: torch.dtype,
-            device: str | torch.device, progress: bool | None, batch_size: int | None, fanout: dict | int | None,
-            embedding_optimizer: str | None, embedding_lr: float, allow_target_inputs: bool, store: str | Path | bool | None,
-            max_groundings: int | None, candidates: str | None = None, loading: ModelState | None = None,
-            pairs: str | None = None) -> Learner:
-    """The checked arguments, the leakage check, then the build (grounding, planning, labels)."""
+def learner(db: Database, spec: ModelSpec, loading: ModelState | None = None) -> Learner:
+    """The spec's arguments checked (all but `threads`, which the Model keeps), the leakage check,
+    then the build (grounding, planning, labels); `loading`: Model.load's saved state."""
+    template, target, task, candidates = spec.template, spec.target, spec.task, spec.candidates
     if not isinstance(template, ir.Template | str | Path):
         raise RelsqlError(f"template must be a relsql.Template or the path of a template file, got {type(template).__name__}")
     template = template if isinstance(template, ir.Template) else Template.from_file(template)
     table, column = arguments.target(target)
-    output = arguments.text("output", output, optional=True) or checks.default_output(template, table)
+    output = arguments.text("output", spec.output, optional=True) or checks.default_output(template, table)
     if output not in template.relations:
         raise RelsqlError(f"output relation `{output}` is not in the template; it declares {list(template.relations)}")
-    time_column = arguments.text("time_column", time_column, optional=True)
-    fractions, seed = arguments.split(split), arguments.integer("seed", seed, minimum=0, maximum=2**31 - 1)
-    settings = Settings(dtype=arguments.dtype(dtype), device=arguments.device(device), progress=progress)
-    settings.batch_size = None if batch_size is None else arguments.integer("batch_size", batch_size)
-    settings.fanout = arguments.fanout(fanout, template.relations)
-    settings.store = arguments.store(store)
-    settings.embedding_optimizer = arguments.choice("embedding_optimizer", embedding_optimizer, (None, "adagrad", "sgd"))
-    settings.embedding_lr = arguments.number("embedding_lr", embedding_lr, positive=True)
-    settings.max_groundings = groundings_limit(max_groundings)
+    time_column = arguments.text("time_column", spec.time_column, optional=True)
+    fractions, seed = arguments.split(spec.split), arguments.integer("seed", spec.seed, minimum=0, maximum=2**31 - 1)
+    settings = Settings(dtype=arguments.dtype(spec.dtype), device=arguments.device(spec.device), progress=spec.progress)
+    settings.batch_size = None if spec.batch_size is None else arguments.integer("batch_size", spec.batch_size)
+    settings.fanout = arguments.fanout(spec.fanout, template.relations)
+    settings.store = arguments.store(spec.store)
+    settings.embedding_optimizer = arguments.choice("embedding_optimizer", spec.embedding_optimizer,
+                                                    (None, "adagrad", "sgd"))
+    settings.embedding_lr = arguments.number("embedding_lr", spec.embedding_lr, positive=True)
+    settings.max_groundings = groundings_limit(spec.max_groundings)
     arguments.choice("task", task, (None, "binary", "multiclass", "regression", "ranking"))
-    pairs = arguments.text("pairs", pairs, optional=True)
+    pairs = arguments.text("pairs", spec.pairs, optional=True)
     reference = None
     if task in (None, "ranking") and (loading is None or loading.task.kind == "ranking"):
         reference = referenced(db, table, column, infer=task == "ranking")
@@ -61,11 +62,11 @@ def learner(db: Database, template: ir.Template | str | Path, target: str, *, ou
                           "one-column primary key; drop task='ranking', candidates= and pairs= for a label column")
     else:
         goal = Target(table, column, output, template.relations[output].keys, time_column, fractions, seed)
-    if not allow_target_inputs:
+    if not spec.allow_target_inputs:
         goal.refuse_leaks(template, db)
     made = (RankingLearner if reference is not None else Learner)(db, template, goal, settings)
     if loading is not None:  # Model.load: the saved encodings, task and split
-        made.history, made.best_epoch = loading.history, loading.best_epoch
+        made.record = FitRecord(history=loading.history, best_epoch=loading.best_epoch)
         if loading.hybrid is not None:
             from relsql.train.hybrid import Hybrid
 
@@ -83,14 +84,20 @@ def deferred(made: Learner) -> bool:
     return type(made) is Learner and not database_embeddings(made.template)
 
 
+def saved_spec(state: ModelState, *, device: str | torch.device, batch_size: int | None) -> ModelSpec:
+    """The spec of a saved model as Model.load builds it: what the file keeps (the task, encodings
+    and split come with the state), on `device` with `batch_size`; the rest Model's defaults. The
+    saved template may read the target: it was allowed once."""
+    return ModelSpec(state.template, state.target).replace(
+        output=state.output, time_column=state.time_column, split=state.fractions, seed=state.seed, dtype=state.dtype,
+        device=device, batch_size=batch_size, fanout=state.fanout, embedding_optimizer=state.embedding_optimizer,
+        embedding_lr=state.embedding_lr, allow_target_inputs=True)
+
+
 def saved_learner(db: Database, state: ModelState, *, device: str | torch.device, batch_size: int | None) -> Learner:
     """Model.load's learner: the saved settings checked like arguments, then built on `db` with the
-    saved encodings, task and split (the saved template may read the target: it was allowed once)."""
-    return learner(db, state.template, state.target, output=state.output, task=None, time_column=state.time_column,
-                   split=state.fractions, seed=state.seed, dtype=state.dtype, device=device, progress=None,
-                   batch_size=batch_size, fanout=state.fanout, embedding_optimizer=state.embedding_optimizer,
-                   embedding_lr=state.embedding_lr, allow_target_inputs=True, store=None, max_groundings=None,
-                   loading=state)
+    saved encodings, task and split."""
+    return learner(db, saved_spec(state, device=device, batch_size=batch_size), loading=state)
 
 
 def loaded_learner(db: Database, path: str | Path, *, device: str | torch.device, batch_size: int | None) -> Learner:

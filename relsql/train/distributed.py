@@ -65,7 +65,7 @@ class Job:
 
     model: ModelState | None  # the model's state and labels, without its database (None under torchrun)
     store: tuple  # GroundingStore.detach()
-    config: FitConfig  # fit's settings, its batch size resolved, no callback
+    config: FitConfig  # fit's settings, its batch size resolved, no callbacks
     world: int
     init_method: str
     folder: str
@@ -121,7 +121,7 @@ def _job(owner: Learner, world: int, config: FitConfig, timeout: float, **where)
     checkpoint = config.checkpoint
     resumed = checkpoints.load(checkpoint) if config.resume and checkpoint is not None and Path(checkpoint).exists() else None
     config = config.replace(batch_size=config.batch_size or owner.settings.batch_size or len(owner.rows["train"]),
-                            callback=None)
+                            callback=None, callbacks=())
     return Job(config=config, world=world, timeout=timeout, log_level=log.getEffectiveLevel(), resume=resumed, **where)
 
 

@@ -39,18 +39,19 @@ def fit(db: Database, learner: Learner, threads: int | None, config: FitConfig) 
     learner.refit = None
     if distributed.launched_by_torchrun():  # this process is one rank of a torchrun group
         world = int(os.environ["WORLD_SIZE"])
-        if workers not in (1, world) or config.callback is not None or config.refit:
-            raise RelsqlError(f"under torchrun, fit() trains as one of its {world} ranks: pass no callback nor refit, and "
+        if workers not in (1, world) or config.users or config.refit:
+            raise RelsqlError(f"under torchrun, fit() trains as one of its {world} ranks: pass no callback(s) nor refit, and "
                               f"workers=1 or workers={world} (torchrun's --nproc_per_node x --nnodes)")
         distributed.fit_as_rank(learner, config)
         return
     swapped = sorted(database_embeddings(learner.template)) if not db.transactional else []
     if workers > 1 or swapped:  # an engine without transactions trains its stored embeddings on ranks only
-        if config.callback is not None:
-            raise RelsqlError("fit(workers=N) takes no callback (the steps run in other processes): "
-                              "train with one worker to use one"
+        if config.users:
+            raise RelsqlError("fit(workers=N) takes no callback nor callbacks (the steps run in other processes): "
+                              "train with one worker to use them"
                               if workers > 1 else f"{db.description} has no transactions to update embeddings {swapped} "
-                              "step by step, so fit() trains them on a rank process, which takes no callback: drop callback=")
+                              "step by step, so fit() trains them on a rank process, which takes no callbacks: drop "
+                              "callback= and callbacks=")
         if workers == 1:
             log.info("%s has no transactions: training embeddings %s on one rank, which writes them back whole",
                      db.description, swapped)

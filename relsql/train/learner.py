@@ -26,7 +26,7 @@ from relsql.template.ir import Template
 from relsql.train import guards
 from relsql.train.batched import Batch, Batched
 from relsql.train.batches import batches
-from relsql.train.record import FitRecord, through
+from relsql.train.record import FitRecord
 from relsql.train.saved import ModelState
 from relsql.train.source import BatchSource, Whole
 from relsql.train.target import Target
@@ -88,10 +88,6 @@ class Learner:
     y = property(lambda self: self.ready().goal.y)
     dtype = property(lambda self: self.settings.dtype)
     device = property(lambda self: self.settings.device)
-    # the record of training, read through (its fields were the learner's own attributes before FitRecord)
-    history, best_epoch, stopped = through("history"), through("best_epoch"), through("stopped")
-    monitor, epoch_cap = through("monitor"), through("epoch_cap")
-    time_budget, timings = through("time_budget"), through("timings")
 
     @contextlib.contextmanager
     def own_random_stream(self):
@@ -153,26 +149,26 @@ class Learner:
         started = time.perf_counter()
         if self.mini_batches:  # keys only, up front; each batch grounds its own rows
             self.batched = self.make_batched(presets)
-            self.timings["grounding"] = time.perf_counter() - started
+            self.record.timings["grounding"] = time.perf_counter() - started
             log.info("grounded the key tables of %d relations in %.2fs", len(self.batched.grounder.order),
-                     self.timings["grounding"])
+                     self.record.timings["grounding"])
             labels = self.goal.read(self.db)
             started = time.perf_counter()
             probe = self.batched.prepare(labels.column("_rid").to_numpy()[: min(labels.num_rows, self.settings.batch_size or 64)])
             self.net = CompiledNet(probe.plan, probe.grounding, dtype=self.dtype, seed=self.seed)
-            self.timings["planning"] = time.perf_counter() - started
+            self.record.timings["planning"] = time.perf_counter() - started
             self.output_rows = self.batched.grounder.sizes[self.output]
             plan = probe.plan
         else:
             grounding = ground(self.template, self.db, presets=presets, progress=self.settings.progress,
                                max_groundings=self.settings.max_groundings)
-            self.timings["grounding"] = time.perf_counter() - started
-            log.info("grounded %d relations in %.2fs; planning", len(grounding.relations), self.timings["grounding"])
+            self.record.timings["grounding"] = time.perf_counter() - started
+            log.info("grounded %d relations in %.2fs; planning", len(grounding.relations), self.record.timings["grounding"])
             started = time.perf_counter()
             plan = make_plan(self.template, grounding, self.dtype, outputs=[self.output], device=self.device)
             self.net = CompiledNet(plan, grounding, dtype=self.dtype, seed=self.seed)
-            self.timings["planning"] = time.perf_counter() - started
-            log.info("planned %d ops in %.2fs", len(plan.ops), self.timings["planning"])
+            self.record.timings["planning"] = time.perf_counter() - started
+            log.info("planned %d ops in %.2fs", len(plan.ops), self.record.timings["planning"])
             self.output_rows = grounding.relations[self.output].size
             labels = self.goal.read(self.db)
         if not self.output_rows:
@@ -207,7 +203,7 @@ class Learner:
             started = time.perf_counter()
             store = GroundingStore.open(grounder, None if settings.store is True else settings.store, settings.progress,
                                         dtype=self.dtype)
-            self.timings["bulk_grounding"] = time.perf_counter() - started
+            self.record.timings["bulk_grounding"] = time.perf_counter() - started
         if self.net is not None:  # the model was built on an earlier reading of the tables
             built = self.net.grounding
             guards.check_same({n: r.size for n, r in built.relations.items()}, grounder.sizes, "rows per relation")

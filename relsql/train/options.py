@@ -13,6 +13,7 @@ import numpy as np
 from relsql import arguments, ownfiles
 from relsql.errors import RelsqlError
 from relsql.train import checkpoint as checkpoints
+from relsql.train.callbacks import Callback
 from relsql.train.ranking.task import LOSSES as RANKING_LOSSES
 from relsql.train.ranking.task import NEGATIVES
 
@@ -73,7 +74,8 @@ class FitConfig:
     checkpoint: Path | None = None
     checkpoint_every: int | None = None
     resume: bool = False
-    callback: Callable[[dict], None] | None = dataclasses.field(default=None, compare=False)
+    callback: Callable[[dict], None] | Callback | None = dataclasses.field(default=None, compare=False)
+    callbacks: tuple[Callback, ...] = dataclasses.field(default=(), compare=False)  # the user's, after fit's own
     refit: bool = False
     hybrid: bool = False
     workers: int = 1
@@ -82,10 +84,15 @@ class FitConfig:
 
     replace = dataclasses.replace
 
+    @property
+    def users(self) -> tuple:
+        """The user's callbacks in the order they run: `callback=`, then each of `callbacks=`."""
+        return ((self.callback,) if self.callback is not None else ()) + self.callbacks
+
     @classmethod
     def checked(cls, learner, *, epochs, batch_size, lr, patience, weight_decay, schedule, warmup, clip, monitor,
                 time_budget, loss, class_weight, negatives, hard_negatives, refit, hybrid, checkpoint, resume,
-                checkpoint_every, callback, workers) -> FitConfig:
+                checkpoint_every, callback, callbacks, workers) -> FitConfig:
         """Model.fit's arguments (documented there) checked, with the target kind's defaults; sets
         the task's loss settings on the learner as a side effect."""
         ranking = learner.task.kind == "ranking"
@@ -99,8 +106,10 @@ class FitConfig:
         if checkpoint is not None:
             checkpoint = checkpoints.writable(checkpoint, "checkpoint")
             ownfiles.check(checkpoint, "checkpoint", "pass a new file name for the checkpoint, or one relsql wrote")
-        if callback is not None and not callable(callback):
-            raise RelsqlError(f"callback must be callable (a function of one dict), got {type(callback).__name__}")
+        if callback is not None and not (callable(callback) or isinstance(callback, Callback)):
+            raise RelsqlError(f"callback must be a function of one dict (each step's) or a relsql.Callback, got "
+                              f"{type(callback).__name__}")
+        callbacks = _callbacks(callbacks)
         if not isinstance(refit, bool):
             raise RelsqlError(f"refit must be True or False, got {refit!r}")
         if not isinstance(resume, bool):
@@ -110,8 +119,8 @@ class FitConfig:
         weights = settings.pop("class_weights")
         return cls(epochs=arguments.integer("epochs", epochs), batch_size=batch_size, lr=lr, patience=patience,
                    weight_decay=arguments.number("weight_decay", weight_decay, minimum=0.0), checkpoint=checkpoint,
-                   checkpoint_every=checkpoint_every, resume=resume, callback=callback, refit=refit,
-                   hybrid=_hybrid(learner, hybrid), workers=arguments.integer("workers", workers, maximum=1024),
+                   checkpoint_every=checkpoint_every, resume=resume, callback=callback, callbacks=callbacks,
+                   refit=refit, hybrid=_hybrid(learner, hybrid), workers=arguments.integer("workers", workers, maximum=1024),
                    class_weights=None if weights is None else tuple(float(w) for w in np.asarray(weights).ravel()),
                    **settings)
 
@@ -119,6 +128,25 @@ class FitConfig:
         """What the Trainer reads of it besides the epochs, rows, rate and patience."""
         return {"optimizer": self.optimizer, "schedule": self.schedule, "warmup": self.warmup, "clip": self.clip,
                 "monitor": self.monitor, "time_budget": self.time_budget}
+
+
+def _callbacks(callbacks: object) -> tuple[Callback, ...]:
+    """fit's `callbacks=`: a list (or tuple) of relsql.Callback objects, or None."""
+    if callbacks is None:
+        return ()
+    if isinstance(callbacks, Callback) or not isinstance(callbacks, list | tuple):
+        raise RelsqlError(f"callbacks must be a list of relsql.Callback objects (callbacks=[MyCallback()]), got "
+                          f"{type(callbacks).__name__}")
+    for index, given in enumerate(callbacks):
+        if not isinstance(given, Callback):
+            if isinstance(given, type) and issubclass(given, Callback):
+                fix = f"pass an instance, callbacks=[{given.__name__}(...)]"
+            elif callable(given):
+                fix = "a function of each step goes to callback=, or subclass relsql.Callback and pass an instance"
+            else:
+                fix = "subclass relsql.Callback and pass an instance"
+            raise RelsqlError(f"callbacks[{index}] must be a relsql.Callback instance, got {type(given).__name__}: {fix}")
+    return tuple(callbacks)
 
 
 def _hybrid(learner, hybrid) -> bool:

@@ -33,9 +33,3 @@ class FitRecord:
         for name, value in seconds.items():
             self.timings[name] = self.timings.get(name, 0.0) + value
 
-
-def through(name: str) -> property:
-    """The learner's attribute `name`, read from (and written to) its record: the modules that
-    reset or load a model's record field by field (search, build) keep working as they are."""
-    return property(lambda self: getattr(self.record, name), lambda self, value: setattr(self.record, name, value),
-                    doc=f"the record of training's {name} (relsql/train/record.py)")

@@ -68,7 +68,7 @@ class ModelState:
         settings = learner.settings
         return cls(template=learner.template, target=learner.target, output=learner.output,
                    time_column=learner.time_column, fractions=learner.fractions, seed=learner.seed,
-                   dtype=settings.dtype, history=list(learner.history), best_epoch=learner.best_epoch,
+                   dtype=settings.dtype, history=list(learner.record.history), best_epoch=learner.record.best_epoch,
                    batch_size=settings.batch_size, fanout=settings.fanout, embedding_optimizer=settings.embedding_optimizer,
                    embedding_lr=settings.embedding_lr, task=learner.task, split=dict(learner.rows),
                    presets=learner.encodings(),

@@ -24,6 +24,7 @@ weights start from the seed's draw and its dropout draws from the seed, in a str
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import logging
 import math
@@ -50,7 +51,7 @@ _BUDGET = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(s|sec|m|min|h)?", re.IGNORECASE)
 _UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
 _HEADER = re.compile(r"-- relsql automatic template \((\w+) layers\): predict \S+ from up to (\d+) foreign-key hops away\n"
                      r"-- width (\d+), (.*); edit freely and retrain\.")
-_OWN = {"epochs", "lr", "weight_decay", "checkpoint", "resume", "checkpoint_every", "callback", "workers"}
+_OWN = {"epochs", "lr", "weight_decay", "checkpoint", "resume", "checkpoint_every", "callback", "callbacks", "workers"}
 FIT_SPACE = {"lr": (1e-3, 3e-2), "weight_decay": (0.0, 1e-5, 1e-4, 1e-3, 1e-2)}  # lr: log-uniform between
 TEMPLATE_SPACE = {"width": (8, 16, 32, 64), "hops": (1, 2, 3), "aggregation": ("all", "avg", "avg,count", "sum,max,count"),
                   "layer": ("sage", "rgcn", "gat", "hgt"), "dropout": (0.0, 0.1, 0.2, 0.3), "numbers": ("ple", "standardized")}
@@ -262,7 +263,7 @@ def train(built: Built, keywords: dict) -> None:
     model = built.model
     learner = model.learner
     learner.restore_weights(built.initial)
-    learner.history, learner.best_epoch, learner.stopped = [], None, None
+    learner.record = dataclasses.replace(learner.record, history=[], best_epoch=None, stopped=None)  # the trial's alone
     learner.hybrid = None
     learner.random_state = None  # each training draws its dropout masks from the seed, as the trial did
     with quiet(), torch.random.fork_rng(devices=[]):
@@ -273,7 +274,8 @@ def train(built: Built, keywords: dict) -> None:
 def selected_score(learner) -> tuple[str, float, float]:
     """(metric, value, validation loss) at the epoch fit kept, the metric the task's (as RelBench
     compares: ROC-AUC, accuracy, MAE) whatever fit selected its epoch on."""
-    kept = next((r for r in learner.history if r["epoch"] == learner.best_epoch), None)
+    record = learner.record
+    kept = next((r for r in record.history if r["epoch"] == record.best_epoch), None)
     key = f"val_{METRICS[learner.task.kind]}"
     if kept is None:
         return key, float("nan"), float("nan")
@@ -292,10 +294,10 @@ def run_trial(search: Search, built: dict[int, Built], config: Config, rung: int
                 built[config.number] = build(search, config)
         model = built[config.number].model
         train(built[config.number], fit_keywords(model, search, epochs, config))
-        learner = model.learner
+        learner, fitted = model.learner, model.learner.record
         metric, score, loss = selected_score(learner)
-        record.update(metric=metric, score=score, val_loss=loss, best_epoch=(learner.best_epoch or 0) + 1,
-                      epochs_run=len(learner.history), stopped=learner.stopped, error=None)
+        record.update(metric=metric, score=score, val_loss=loss, best_epoch=(fitted.best_epoch or 0) + 1,
+                      epochs_run=len(fitted.history), stopped=fitted.stopped, error=None)
     except RelsqlError as err:  # a configuration that cannot be built or trained (too many groundings, ...)
         built.pop(config.number, None)
         record.update(metric=None, score=float("nan"), val_loss=float("nan"), best_epoch=None, epochs_run=0, stopped=None,

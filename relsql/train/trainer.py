@@ -173,7 +173,7 @@ class Trainer:
         the selection run's schedule). `keep="last"`: the last epoch's weights, not the best one's.
         `replay`: the rate's share after each epoch, taken from another run (a refit replays the
         plateaus its selection run met, having no validation of its own). `callbacks`: more
-        callbacks, run after fit's own and its `config.callback` (relsql/train/callbacks.py).
+        callbacks, run after fit's own and the user's (`config.users`; relsql/train/callbacks.py).
         The record (`self.record`) continues the learner's: the fit entry point puts it on the
         learner before fit(), so that the model's history grows as the epochs finish."""
         self.learner, self.strategy, self.config = learner, strategy, config
@@ -183,7 +183,7 @@ class Trainer:
         self.horizon = horizon or config.epochs
         self.checkpointer = Checkpoint(config.checkpoint, config.checkpoint_every)
         self.stopping = EarlyStopping(learner, config.patience, config.monitor, last=keep == "last")
-        users = [Users(given) for given in ([config.callback] if config.callback is not None else []) + list(callbacks)]
+        users = [Users(given) for given in (*config.users, *callbacks)]
         self.callbacks: list[Callback] = [self.stopping, Schedule(self.rate, self.stopping, replay), TimeBudget(self.time_budget),
                                           self.checkpointer, *users]
         self.record: FitRecord = learner.record.continued()

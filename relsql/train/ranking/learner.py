@@ -58,7 +58,7 @@ class RankingLearner(Learner):
         started = time.perf_counter()
         grounding = ground(self.template, self.db, presets=presets, progress=self.settings.progress,
                            max_groundings=self.settings.max_groundings)
-        self.timings["grounding"] = time.perf_counter() - started
+        self.record.timings["grounding"] = time.perf_counter() - started
         if not grounding.relations[goal.candidates].size:  # before widths: an empty relation has none to compare
             raise SchemaError(f"the candidate relation `{goal.candidates}` of ranking target {goal.name} has no rows: "
                               f"table `{goal.reference.table}` is empty or the relation's query selects none of its rows")
@@ -71,7 +71,7 @@ class RankingLearner(Learner):
         outputs = [self.output, goal.candidates] + extra
         plan = make_plan(self.template, grounding, self.dtype, passes=PASSES, outputs=outputs, device=self.device)
         self.net = CompiledNet(plan, grounding, dtype=self.dtype, seed=self.seed)
-        self.timings["planning"] = time.perf_counter() - started
+        self.record.timings["planning"] = time.perf_counter() - started
         widths = {name: int(np.prod(plan.meta[plan.outputs[name]].shape[1:])) for name in (self.output, goal.candidates)}
         if widths[self.output] != widths[goal.candidates]:
             raise SchemaError(f"the towers of ranking target {goal.name} differ in width: output `{self.output}` is "
