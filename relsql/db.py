@@ -11,6 +11,7 @@ touched, and `tables()`/`columns()` list only the user's tables of the source.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import re
 from pathlib import Path
@@ -210,6 +211,15 @@ class Source:
         row = db.con.execute("SELECT comment FROM duckdb_tables() WHERE database_name = ? AND schema_name = ? "
                              "AND table_name = ?", [scope[0], scope[1], name]).fetchone()
         return marked_kind(row[0] if row else None)
+
+    def written_kinds(self, db: Database, scope: tuple[str, str]) -> dict[str, str | None] | None:
+        """`written_kind` of every table of `scope` in one catalog query (key discovery asks for each
+        table's), tables without a mark left out; None where a source reads its marks its own way."""
+        if type(self).written_kind is not Source.written_kind:
+            return None
+        rows = db.con.execute("SELECT table_name, comment FROM duckdb_tables() WHERE database_name = ? AND schema_name = ?",
+                              [scope[0], scope[1]]).fetchall()
+        return {name: kind for name, comment in rows if (kind := marked_kind(comment)) is not None}
 
     def after_rollback(self, db: Database) -> None:
         """Hook: drop catalog caches that a rolled-back transaction left stale."""
@@ -445,6 +455,25 @@ class Database:
         scope = self.table_scopes().get(table)
         return None if scope is None else self.source.written_kind(self, scope, table)
 
+    def written_kinds(self) -> dict[str, str]:
+        """{table: kind} of the user tables relsql marked (`written_kind` of each, unmarked ones left
+        out): one catalog query per scope where the source can, read once within `frozen_schema`."""
+        cache = getattr(self, "_schema_cache", None)
+        if cache is not None and "written" in cache:
+            return dict(cache["written"])
+        placement = self.table_scopes()
+        found: dict[str, str] = {}
+        for scope in dict.fromkeys(placement.values()):
+            kinds = self.source.written_kinds(self, scope)
+            names = [name for name, s in placement.items() if s == scope]
+            for name in names:
+                kind = self.source.written_kind(self, scope, name) if kinds is None else kinds.get(name)
+                if kind is not None:
+                    found[name] = kind
+        if cache is not None:
+            cache["written"] = dict(found)
+        return found
+
     def table_scopes(self) -> dict[str, tuple[str, str]]:
         """Each user table's (catalog, schema); the default scope wins a name clash."""
         cache = getattr(self, "_schema_cache", None)
@@ -523,7 +552,18 @@ class Database:
     def catalog(self) -> Catalog:
         """Tables, columns (name, type, nullable), primary and foreign keys, row counts: columns and
         types as DuckDB's `information_schema` shows them to the grounder, keys from each source's
-        own catalog (`Source.keys`)."""
+        own catalog (`Source.keys`). Within `frozen_schema`, read once (key discovery and the
+        target's checks each ask for it; a row count per table is a scan of each)."""
+        cache = getattr(self, "_schema_cache", None)
+        if cache is not None and "catalog" in cache:
+            catalog = cache["catalog"]
+        else:
+            catalog = self._read_catalog()
+            if cache is not None:
+                cache["catalog"] = catalog
+        return dataclasses.replace(catalog, tables=dict(catalog.tables))  # the tables are frozen; the dict is the caller's
+
+    def _read_catalog(self) -> Catalog:
         catalog = Catalog(self.description, self.source.kind, keys_origin=self.source.keys_origin)
         scopes = self.scopes()
         placement = self.table_scopes()

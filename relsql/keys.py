@@ -346,8 +346,7 @@ def schema(db: Database, catalog: Catalog, infer: bool = True, given: object = N
             _check_types(result, key.table, ForeignKey(key.columns, key.parent, key.references), f"given in {source.where(key)}")
     for child, fk in result.foreign_keys:
         _check_types(result, child, fk, result.foreign_note(child, fk))
-    written = getattr(db, "written_kind", None)
-    result.outputs = [name for name in tables if callable(written) and written(name) in MODEL_OUTPUTS]
+    result.outputs = _model_outputs(db, tables)
     result.leave_out(result.outputs)  # a model's predictions are keyed like its target: they would pass for a parent
     if infer:
         _infer_primary(db, result)
@@ -365,6 +364,17 @@ def schema(db: Database, catalog: Catalog, infer: bool = True, given: object = N
         _infer_row_identifier(db, result)
     result.values = _year_values(db, result)
     return result
+
+
+def _model_outputs(db: Database, tables: dict) -> list[str]:
+    """The tables among `tables` that relsql wrote as a model's output (their marks read in one
+    query where the handle can: `Database.written_kinds`)."""
+    every = getattr(db, "written_kinds", None)
+    if callable(every):
+        kinds = every()
+        return [name for name in tables if kinds.get(name) in MODEL_OUTPUTS]
+    written = getattr(db, "written_kind", None)
+    return [name for name in tables if callable(written) and written(name) in MODEL_OUTPUTS]
 
 
 def _apply_given(result: Schema, stated: list[keyfile.GivenKeys]) -> list[tuple[keyfile.GivenKeys, keyfile.GivenKey]]:

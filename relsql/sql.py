@@ -86,7 +86,8 @@ def relation_groundings(rules: list[tuple[int, exp.Select, int, int, int]], limi
             *[alias(col(f"_c{k}", "s") if i == index else exp.Null(), rule_column(i, k)) for i, k in value_columns],
         ).from_(alias(exp.Subquery(this=select), "s", table=True), copy=False))
         if limit is not None:
-            parts[-1] = exp.select(exp.Star()).from_(alias(exp.Subquery(this=parts[-1]), "b", table=True)).limit(integer(limit))
+            parts[-1] = exp.select(exp.Star()).from_(alias(exp.Subquery(this=parts[-1]), "b", table=True)).limit(
+                integer(limit), copy=False)  # copy=False: a copy would be of the rule's whole query
     return _union(parts, distinct=False)
 
 

@@ -586,15 +586,16 @@ class _Grounder:
         table = tables.get(weight)
         if table is None:
             table = self.temp_table("d", weight.replace(".", "_"))
+            # the empty (value, code) table: `value` typed as the column is, `code` as INTEGER
             first = exp.select(q.alias(q.col(column), "value"), q.alias(q.integer(0), "code")).from_(
                 source.copy(), copy=False).where(exp.false(), copy=False)
-            _run(db, q.create_temp(table.copy(), first), rule)
             preset = self.presets.dictionaries.get(weight)
             spec = self.template.weights.get(weight)
             min_count = spec.min_count if spec is not None and spec.kind == "embed" else None
-            if preset is None and min_count:
-                _run(db, exp.Insert(this=table.copy(), expression=encoders_sql.frequent_dictionary(source, column, min_count)),
-                     rule)
+            if preset is None and min_count:  # made and filled in one statement (an empty CREATE then an INSERT took two)
+                first = exp.union(first, _as_dictionary(encoders_sql.frequent_dictionary(source, column, min_count)),
+                                  distinct=False, copy=False)
+            _run(db, q.create_temp(table.copy(), first), rule)
             if preset is not None:
                 view = f"{table.name}_preset"
                 db.register(view, preset)
@@ -802,6 +803,14 @@ def _feature_number(raw: exp.Expression, kind: pa.DataType, rule: ir.Rule, k: in
 def _infinite_count(bare: exp.Expression) -> exp.Expression:
     return exp.Sum(this=exp.Case(ifs=[exp.If(this=exp.Not(this=exp.Anonymous(this="isfinite", expressions=[bare.copy()])),
                                              true=q.integer(1))], default=q.integer(0)))
+
+
+def _as_dictionary(rows: exp.Query) -> exp.Select:
+    """(value, code) rows as a dictionary table holds them: `code` cast to the INTEGER of its empty
+    table's literal 0 (row numbers are BIGINT), as an INSERT into that table casts it."""
+    named = exp.TableAlias(this=q.ident("f"), columns=[q.ident("value"), q.ident("code")])
+    return exp.select(q.col("value", "f"), q.alias(exp.cast(q.col("code", "f"), exp.DataType.build("INTEGER")), "code"),
+                      copy=False).from_(exp.Subquery(this=rows, alias=named), copy=False)
 
 
 def _nulls(bare: exp.Expression) -> exp.Expression:
