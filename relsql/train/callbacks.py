@@ -1,9 +1,9 @@
 """What the training loop does around its epochs, as callbacks it runs in order: model selection
 and early stopping (the best epoch's weights kept and put back at the end), the learning rate's
-epoch step, the time budget, checkpoint files, and the user's own callback (a function of each
-step, or a Callback such as a TensorBoard or MLflow tracker). The loop itself (relsql/train/
-trainer.py) only trains and validates; each callback's `on_epoch_end` may give a reason to stop,
-and the first reason given is the record's `stopped`.
+epoch step, the time budget, checkpoint files, and the user's own: fit's `callback=` (a function
+of each step, or a Callback such as a TensorBoard or MLflow tracker), then its `callbacks=[...]`.
+The loop itself (relsql/train/trainer.py) only trains and validates; each callback's
+`on_epoch_end` may give a reason to stop, and the first reason given is the record's `stopped`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ MAXIMIZED = {"roc_auc", "accuracy", "f1", "map", "recall", "ndcg", "mrr", "preci
 
 
 class Callback:
-    """A part of the loop that watches training. Every hook is called on every callback, in the
-    trainer's order; those not overridden do nothing."""
+    """A part of the loop that watches training (`relsql.Callback`: subclass it, override the hooks
+    you need, pass instances as `model.fit(callbacks=[...])`). Every hook is called on every
+    callback, in the trainer's order; those not overridden do nothing. `trainer.record` is the
+    fit's FitRecord so far (history, best_epoch, ...)."""
 
     def on_fit_start(self, trainer: Trainer) -> None:
         """Before the first epoch (after a resumed checkpoint's state is back)."""
@@ -164,8 +166,9 @@ class Checkpoint(Callback):
 
 
 class Users(Callback):
-    """The user's callback: a function of each step (fit's `callback=`) or a Callback. What it
-    raises is said as relsql's error naming it, its own exception chained; training stops there."""
+    """One of the user's callbacks: fit's `callback=` (a function of each step, or a Callback) or one
+    of its `callbacks=` (Callbacks). What it raises is said as relsql's error naming it, its own
+    exception chained; training stops there."""
 
     def __init__(self, given):
         self.given = given
