@@ -265,6 +265,8 @@ def _predict(args: argparse.Namespace) -> int:
         if args.table:
             _writable_table(db, args.table, args.replace, "--table")
         model = relsql.Model.load(args.model, db, batch_size=args.batch_size, device=args.device)
+        if model.task.kind == "ranking":
+            raise RelsqlError(f"{args.model} ranks candidates for {model.target} (a ranking model): use `relsql recommend`")
         model.threads = args.threads
         with _where_is_usage():
             if args.table:
