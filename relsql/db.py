@@ -429,7 +429,7 @@ class Database:
 
     def _tables_in(self, scope: tuple[str, str]) -> list[str]:
         try:
-            rows = self.con.execute(f"SELECT table_name FROM ({RELATIONS}) ORDER BY table_name", [*scope, *scope]).fetchall()
+            rows = self.con.execute(RELATIONS + " ORDER BY table_name", [*scope, *scope]).fetchall()
         except duckdb.Error as err:  # a server gone away, a file removed under an attached catalog
             raise lost_connection(self.description, err) or SourceError(
                 f"cannot list the tables of {self.description}: {_without_secrets(first_line(err))}; "
@@ -572,7 +572,7 @@ class Database:
             if not names:
                 continue
             keys = self.source.keys(self, scope) if index == 0 else duckdb_keys(self.con, scope)
-            kinds = dict(self.con.execute(f"SELECT table_name, table_type FROM ({RELATIONS})", [*scope, *scope]).fetchall())
+            kinds = dict(self.con.execute(RELATIONS, [*scope, *scope]).fetchall())
             columns: dict[str, list[tuple[str, str, str]]] = {}
             for table, name, dtype, nullable in self.con.execute(
                     "SELECT table_name, column_name, data_type, is_nullable FROM information_schema.columns "
