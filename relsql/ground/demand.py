@@ -28,13 +28,13 @@ from relsql import sql as q
 from relsql.db import Database, lost_connection
 from relsql.errors import GroundingError, SchemaError
 from relsql.ground.execute import (
+    Grounder,
     Grounding,
     Presets,
     RelationGrounding,
     RuleGrounding,
-    _column_tensor,
-    _Grounder,
-    _interrupted,
+    column_tensor,
+    interrupted_query,
     interruptible,
 )
 from relsql.ground.parts import check_refs
@@ -84,7 +84,7 @@ def database_embeddings(template: ir.Template) -> dict[str, ir.WeightSpec]:
     return {name: spec for name, spec in template.weights.items() if spec.kind == "embed" and spec.storage == "database"}
 
 
-class BatchGrounder(_Grounder):
+class BatchGrounder(Grounder):
     """Key tables once, groundings per batch. Not thread-safe: use it from one thread at a time."""
 
     def __init__(self, template: ir.Template, db: Database, output: str, presets: Presets | None = None,
@@ -231,7 +231,7 @@ class BatchGrounder(_Grounder):
                         codes = pc.index_in(column.combine_chunks(), value_set=embedding_keys[prepared.stored[k]])
                         values[k] = to_tensor(codes, torch.int64)
                     else:
-                        values[k] = _column_tensor(column, prepared.rule, k, embedded=k in ir.coded_columns(prepared.rule),
+                        values[k] = column_tensor(column, prepared.rule, k, embedded=k in ir.coded_columns(prepared.rule),
                                                    edges=prepared.edges.get(k))
                 segment_heads, counts = torch.unique_consecutive(head, return_counts=True)
                 offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(counts, 0)])
@@ -244,7 +244,7 @@ class BatchGrounder(_Grounder):
 def grounding_error(relation: ir.Relation, rule: ir.Rule, err: BaseException, source: str) -> BaseException:
     """The database's error `err` while grounding `rule` as relsql's; Ctrl-C stays an interrupt,
     and a server gone away is named as such (`source`: the database's description)."""
-    if _interrupted(err):
+    if interrupted_query(err):
         return KeyboardInterrupt(f"grounding interrupted ({relation.name}, {rule.origin})")
     lost = lost_connection(source, err)
     if lost is not None:

@@ -105,7 +105,7 @@ def ground(template: ir.Template, db: Database, *, presets: Presets | None = Non
     """Ground every relation of `template` in dependency order (a progress bar on a terminal, log
     lines otherwise). A rule estimated at more than `max_groundings` groundings is refused before it
     runs; on an error or Ctrl-C the temp tables made so far are dropped."""
-    grounder = _Grounder(template, db, presets or Presets(), max_groundings)
+    grounder = Grounder(template, db, presets or Presets(), max_groundings)
     order = template.order()
     seconds = {}
     with interruptible(db), grounder.cleanup_on_error(), db.frozen_schema():  # relsql only adds temp tables
@@ -123,7 +123,7 @@ def ground(template: ir.Template, db: Database, *, presets: Presets | None = Non
     return Grounding(grounder.relations, dictionaries, grounder.feature_stats, seconds)
 
 
-def _interrupted(err: BaseException) -> bool:
+def interrupted_query(err: BaseException) -> bool:
     """Whether `err` is DuckDB's answer to Ctrl-C: its Python client turns SIGINT during a query
     into RuntimeError('Query interrupted'), and `con.interrupt()` into an InterruptException."""
     return isinstance(err, duckdb.InterruptException) or (
@@ -192,7 +192,7 @@ def interruptible(db: Database | None = None, what: str = "grounding") -> Iterat
             raise
         raise KeyboardInterrupt(f"{what} interrupted") from None
     except (duckdb.Error, RuntimeError) as err:
-        if _interrupted(err):
+        if interrupted_query(err):
             raise KeyboardInterrupt(f"{what} interrupted") from None
         raise
     finally:
@@ -239,7 +239,7 @@ def duckdb_plan_rows(con: duckdb.DuckDBPyConnection, sql: str) -> int | None:
         rows = con.execute("EXPLAIN (FORMAT JSON) " + sql).fetchall()  # `sql` is sqlglot's, never user text
         plans = json.loads(rows[0][1]) if rows else []
     except duckdb.Error as err:
-        if _interrupted(err):
+        if interrupted_query(err):
             raise
         return None  # the query itself will fail with a message naming the rule
     except (ValueError, IndexError, TypeError):
@@ -296,7 +296,7 @@ def _run_rules(db: Database, statement: exp.Expression, relation: str,
     try:
         return db.run(statement)
     except duckdb.Error as err:
-        if _interrupted(err):
+        if interrupted_query(err):
             raise KeyboardInterrupt("grounding interrupted") from None
         for rule, select in rules:  # the first rule whose query fails alone raises its own message
             _run(db, exp.select(exp.Count(this=exp.Star())).from_(q.alias(exp.Subquery(this=select.copy()), "s", table=True)),
@@ -324,7 +324,11 @@ def _refuse_shadowing(template: ir.Template, db: Database) -> None:
                               f"(e.g. `{name}_h`) so that both can be used")
 
 
-class _Grounder:
+class Grounder:
+    """What grounding a template on one database shares, in bulk (`ground`) and per batch (its subclass
+    relsql/ground/demand.py `BatchGrounder`): the relations' key tables, embedding dictionaries, feature
+    statistics and the temp tables to drop if it fails."""
+
     def __init__(self, template: ir.Template, db: Database, presets: Presets, limit: int | None = None):
         self.template, self.db, self.presets = template, db, presets
         self.max_groundings = groundings_limit(limit)
@@ -423,7 +427,7 @@ class _Grounder:
         try:
             return int(self.db.scalar(count)[0]) <= self.max_groundings
         except (duckdb.Error, RelsqlError) as err:
-            if _interrupted(err):
+            if interrupted_query(err):
                 raise
             return False
 
@@ -567,7 +571,7 @@ class _Grounder:
         check_refs(relation, rule, table)
         head = to_tensor(table.column("_head"), torch.int64)
         refs = [to_tensor(table.column(f"_r{j}"), torch.int64) for j in range(len(rule.refs))]
-        values = {k: _column_tensor(table.column(f"_c{k}"), rule, k, embedded=k in embeds, edges=edges.get(k))
+        values = {k: column_tensor(table.column(f"_c{k}"), rule, k, embedded=k in embeds, edges=edges.get(k))
                   for k in range(rule.n_columns)}
         segment_heads, counts = torch.unique_consecutive(head, return_counts=True)
         offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(counts, 0)])
@@ -645,7 +649,7 @@ class _Grounder:
         try:
             row = self.db.scalar(exp.select(*[p for _, parts in wanted for p in parts]).from_(source.copy()))
         except (duckdb.Error, RelsqlError) as err:
-            if _interrupted(err):
+            if interrupted_query(err):
                 raise
             return
         at = 0
@@ -673,7 +677,7 @@ class _Grounder:
             numbers = self.db.arrow(exp.select(*[q.alias(n, f"_c{k}") for k, n in wanted.items()], copy=False).from_(
                 source.copy(), copy=False))
         except (duckdb.Error, RelsqlError) as err:
-            if _interrupted(err):
+            if interrupted_query(err):
                 raise
             return
         for k in wanted:
@@ -827,7 +831,7 @@ def _bare(number: exp.Expression, k: int) -> exp.Expression:
     return number.transform(lambda n: q.col(f"_c{k}") if isinstance(n, exp.Column) else n)
 
 
-def _column_tensor(column: pa.ChunkedArray | pa.Array, rule: ir.Rule, k: int, embedded: bool,
+def column_tensor(column: pa.ChunkedArray | pa.Array, rule: ir.Rule, k: int, embedded: bool,
                    edges: list[float] | None = None) -> torch.Tensor:
     """A grounding column as a (G, d) float64 tensor (or (G,) codes): the store's rule
     (relsql/ground/parts.py), as a tensor over the same memory; `edges`: a ple column read as its
