@@ -135,17 +135,22 @@ class Pending:
 
 
 class Asked:
-    """A loaded model not built yet, as `predict(keys=..., where=...)` reads it (relsql/train/results.py):
-    mini-batches of the rows asked for; every other member is the learner's."""
+    """A loaded model not built yet, as `predict(keys=..., where=...)` reads it (relsql/train/results.py,
+    and the blend's GBM, relsql/train/hybrid.py): mini-batches of the rows asked for. It declares what
+    those read; the rest of the learner is not reachable through it (a new read is an AttributeError
+    in the tests, not a silent build)."""
 
     mini_batches = True
 
     def __init__(self, learner: Learner, pending: Pending):
         self._learner, self._pending = learner, pending
 
-    def __getattr__(self, name: str):
-        return getattr(self._learner, name)
-
+    db = property(lambda self: self._learner.db)
+    goal = property(lambda self: self._learner.goal)
+    task = property(lambda self: self._learner.task)
+    table = property(lambda self: self._learner.table)
+    output = property(lambda self: self._learner.output)
+    hybrid = property(lambda self: getattr(self._learner, "hybrid", None))
     batched = property(lambda self: self._pending.batched(self._learner))
     labelled = property(lambda self: (self.batched, self._learner.goal.labelled)[1])
     rows = property(lambda self: (self.batched, self._learner.goal.rows)[1])
