@@ -8,51 +8,24 @@ the results (results.py, report.py, gradients.py). Its arguments are checked her
 
 from __future__ import annotations
 
-import contextlib
-import functools
 from pathlib import Path
 
-import duckdb
 import polars as pl
 import torch
 
 from relsql import arguments
-from relsql.db import Database, lost_connection
-from relsql.errors import RelsqlError, SourceError
+from relsql.db import Database
+from relsql.errors import RelsqlError
 from relsql.progress import lines as progress_lines
 from relsql.template.ir import Template
 from relsql.train import build, fitting, gradients, results, saved
 from relsql.train.callbacks import Callback
+from relsql.train.calls import checked_database, server_reachable, with_threads
 from relsql.train.options import EPOCHS, TIME_BUDGET, FitConfig
 from relsql.train.ranking import results as ranked
 from relsql.train.report import LOSSES, plot_history, text_report
 from relsql.train.spec import ModelSpec
-from relsql.train.threads import torch_threads
 from relsql.train.views import LearnerViews
-
-
-def _with_threads(method):
-    """Run a Model method with torch's threads set for this model (put back afterwards), and a
-    database server that went away reported as such."""
-    @functools.wraps(method)
-    def run(self, *args, **kwargs):
-        with torch_threads(self.threads), _server_reachable(self.db), progress_lines(self.learner.settings.progress):
-            return method(self, *args, **kwargs)
-
-    return run
-
-
-@contextlib.contextmanager
-def _server_reachable(db: Database | None):
-    """A database that cannot be reached any more (a PostgreSQL server stopped mid-training) is a
-    SourceError naming it, whether DuckDB raised it raw or relsql already wrapped it for a statement."""
-    try:
-        yield
-    except (duckdb.Error, RelsqlError) as err:
-        lost = None if isinstance(err, SourceError) or db is None else lost_connection(db.description, err)
-        if lost is None:
-            raise
-        raise lost from None
 
 
 class Model(LearnerViews):
@@ -93,10 +66,8 @@ class Model(LearnerViews):
 
     def _build(self, db: Database, spec: ModelSpec) -> None:
         """Check `spec` and build the learner (`model.spec` then reads what was built: ModelSpec.of)."""
-        if not isinstance(db, Database):
-            raise RelsqlError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
-        self.db = db
-        with _server_reachable(db), progress_lines(spec.progress):
+        self.db = checked_database(db)
+        with server_reachable(db), progress_lines(spec.progress):
             self.threads = None if spec.threads is None else arguments.integer("threads", spec.threads, maximum=1024)
             self.learner = build.learner(db, spec)
         self._allow_target_inputs = spec.allow_target_inputs
@@ -115,7 +86,7 @@ class Model(LearnerViews):
         model._allow_target_inputs = True  # a saved template may read the target: it was allowed once (build.saved_spec)
         return model
 
-    @_with_threads
+    @with_threads
     def fit(self, epochs: int = EPOCHS, batch_size: int | None = None, lr: float | None = None, patience: int | None = None,
             weight_decay: float = 0.0, *, schedule: str | None = "plateau", warmup: float = 0.05, clip: float | None = 1.0,
             monitor: str = "auto", time_budget: float | None = TIME_BUDGET, loss: str | None = None,
@@ -160,7 +131,7 @@ class Model(LearnerViews):
 
         return searching.search(self, budget, trials, **options)
 
-    @_with_threads
+    @with_threads
     def evaluate(self, split: str = "test") -> dict[str, float]:
         """Metrics on a split: accuracy, ROC-AUC, F1 (classification) or MAE, RMSE (regression)."""
         if split == "test" and split in self.rows and not len(self.rows["test"]) and self.fractions[2] == 0:
@@ -170,7 +141,7 @@ class Model(LearnerViews):
             return ranked.evaluate(self.learner, split)
         return results.evaluate(self.learner, split)
 
-    @_with_threads
+    @with_threads
     def predict(self, keys=None, *, where: str | None = None, with_split: bool = True) -> pl.DataFrame:
         """Every output row: its key columns, `prediction`, for a binary task `probability` (of
         `task.classes[1]`), for a multi-class one `probabilities` (in `task.classes`' order), and
@@ -201,7 +172,7 @@ class Model(LearnerViews):
             raise RelsqlError(f"{self.target} is a ranking target: {method}() gives one value per row; recommend(k=...) "
                               "and write_recommendations(name) give each row's k best candidates")
 
-    @_with_threads
+    @with_threads
     def recommend(self, k: int = 10, keys=None, *, where: str | None = None) -> pl.DataFrame:
         """For a ranking target, each row's `k` best candidates, best first: the target table's key
         columns, the candidate's key under the target column's name, `rank` (1..k) and `score`.
@@ -219,7 +190,7 @@ class Model(LearnerViews):
         self.db.write_table(name, frame.to_arrow(), replace=replace, kind="recommendations")
         return frame.height
 
-    @_with_threads
+    @with_threads
     def gradients_as_relations(self, prefix: str = "grad_", *, split: str = "train", replace: bool = False) -> dict[str, str]:
         """The gradient of the `split` loss at the current weights, one new table `<prefix><name>`
         per weight (columns `parameter`, `row`, `gradient`; a database-stored embedding's `key` and
@@ -260,8 +231,6 @@ class Model(LearnerViews):
         file is checked like a user's argument before use (relsql/train/loaded.py)."""
         if batch_size is not None:
             batch_size = arguments.integer("batch_size", batch_size)
-        if not isinstance(db, Database):
-            raise RelsqlError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
-        with _server_reachable(db), progress_lines(None):
+        with server_reachable(checked_database(db)), progress_lines(None):
             learner = build.loaded_learner(db, path, device=device, batch_size=batch_size)
         return cls._around(db, learner)
