@@ -40,8 +40,8 @@ from relsql import arguments
 from relsql.errors import RelsqlError
 from relsql.ground.demand import database_embeddings
 from relsql.template import Template
+from relsql.train.callbacks import MAXIMIZED
 from relsql.train.options import LR, RANKING_LR
-from relsql.train.trainer import MAXIMIZED
 
 log = logging.getLogger("relsql")
 

@@ -23,7 +23,6 @@ from relsql.train import checkpoint as checkpoints
 from relsql.train import guards
 from relsql.train.batched import Batch
 from relsql.train.batches import batches
-from relsql.train.callbacks import MAXIMIZED as MAXIMIZED  # read by search's ranking of trials
 from relsql.train.callbacks import Callback, Checkpoint, EarlyStopping, Schedule, TimeBudget, Users
 from relsql.train.learner import Learner
 from relsql.train.options import FitConfig
