@@ -19,7 +19,7 @@ hand freed memory back to the OS), the kernel's peak-RSS mark is reset after a w
 (MB): the memory the step itself needs, not the data, the DuckDB or the imports.
 
 Datasets: MUTAG (from the grakel wheel, one-hot x of width 7) and seeded synthetic graph
-batches in the same tables as connectors/tu_format.py (graph / node / edge, x DOUBLE[] of
+batches in the same tables as relsql/datasets/tu_format.py (graph / node / edge, x DOUBLE[] of
 width 32, undirected edges stored both ways): the sizes of ENZYMES (600 graphs, 19,580 nodes,
 74,564 directed edges) and PROTEINS (1,113 graphs, 43,471 nodes, 162,088 directed edges), and
 one graph of 100,000 nodes and 1,000,000 random directed edges.
@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench import plot_ratios, write_csv
-from connectors.tu_format import list_column
+from relsql.datasets.tu_format import list_column
 
 ROOT = Path(__file__).resolve().parent.parent
 SQL = ROOT / "relsql" / "sql_templates"
@@ -113,7 +113,7 @@ def synthetic(name: str, seed: int = 0) -> Graphs:
 
 
 def load_graphs(con, data: Graphs) -> None:
-    """graph / node / edge tables as connectors.tu_format creates them (primary keys included)."""
+    """graph / node / edge tables as relsql.datasets.tu_format creates them (primary keys included)."""
     n = data.x.shape[0]
     tables = {
         "graph": ("graph_id BIGINT PRIMARY KEY, label BIGINT", pa.table({
@@ -137,7 +137,7 @@ def dataset(name: str):
 
     db = relsql.connect()
     if name == "mutag":
-        from connectors.tu_format import load_tu, mutag_folder
+        from relsql.datasets.tu_format import load_tu, mutag_folder
 
         load_tu(db, mutag_folder(), "MUTAG")
         con = db.con

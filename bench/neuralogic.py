@@ -105,7 +105,7 @@ DATASETS: dict[str, tuple[str, ...]] = {  # dataset -> its template files benchm
     "xor_solution": ("template.txt",),
 }
 QUICK_DATASETS = ("mutagenesis",)  # XOR would add its three fresh processes: ~10 s idle, 88 s at load 8
-EXTRA = {  # templates in the wheel with no loader in connectors.neuralogic_files: (folder, examples)
+EXTRA = {  # templates in the wheel with no loader in relsql.datasets.neuralogic_files: (folder, examples)
     "xor_generalized": ("simple/xor/generalized", "examples.txt"),
     "xor_solution": ("simple/xor/solution", "testExamples.txt"),
 }
@@ -151,7 +151,7 @@ def skip_reason(name: str, width: int | str) -> str | None:
 
 def dataset_files(name: str) -> SimpleNamespace:
     """A shipped dataset's files (nothing imported): name, template, templates (copied with it), examples, queries."""
-    from connectors.neuralogic_files import BUILTIN_DATASETS, builtin_dataset_root
+    from relsql.datasets.neuralogic_files import BUILTIN_DATASETS, builtin_dataset_root
 
     root = builtin_dataset_root()
     if name in EXTRA:
@@ -170,7 +170,7 @@ def dataset_files(name: str) -> SimpleNamespace:
 
 def load_dataset(con, name: str) -> SimpleNamespace:
     """`dataset_files` imported into `con`, with its tables, query heads and NeuraLogic's sample count."""
-    from connectors.neuralogic_files import import_files
+    from relsql.datasets.neuralogic_files import import_files
 
     ds = dataset_files(name)
     ds.tables = import_files(con, ds.examples, ds.queries)

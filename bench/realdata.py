@@ -109,7 +109,7 @@ _TPCDS_LABELS = {"buys_again": ("buys_again BOOLEAN", "s.n IS NOT NULL"),
 
 def write_tpcds(path: str | Path, label: str, sf: float = SF, cut: str = CUT) -> Path:
     """A keyed TPC-DS extract at `path` with the customer label `label` (buys_again | spend)."""
-    from connectors.extensions import load
+    from relsql.connectors.extensions import load
 
     column, expression = _TPCDS_LABELS[label]
     con = _fresh(path)

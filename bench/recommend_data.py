@@ -238,7 +238,7 @@ TPCDS_EPOCH = np.datetime64("1998-01-02")  # the first sale date of dsdgen's sto
 def write_tpcds(path: str | Path, sf: float = 0.01, first: int = 730) -> Dataset:
     """TPC-DS store sales at `path` with `task_rec` every 30 days from `first` days after the first
     sale (the default: its last three years; the history before stays as input)."""
-    from connectors.extensions import load
+    from relsql.connectors.extensions import load
 
     con = _fresh(path)
     try:

@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from connectors.tu_format import list_column
+from relsql.datasets.tu_format import list_column
 
 THREADS = 2
 FEATURES = 32

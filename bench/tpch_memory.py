@@ -72,7 +72,7 @@ def database_file(sf: float, folder: Path) -> Path:
     """The TPC-H DuckDB file of scale factor `sf`, generated on first use."""
     import duckdb
 
-    from connectors import tpch
+    from relsql.datasets import tpch
 
     path = folder / f"sf{sf:g}.duckdb"
     if path.exists():

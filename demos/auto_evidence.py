@@ -100,7 +100,7 @@ def layers(seeds: list[int]) -> None:
 
 
 def tpch(sf: float) -> None:
-    from connectors import tpch as tpch_data
+    from relsql.datasets import tpch as tpch_data
     from tests.pg_server import PostgresServer, find_bin
 
     local = relsql.connect()

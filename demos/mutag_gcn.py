@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 import relsql
-from connectors.tu_format import load_tu, mutag_folder
+from relsql.datasets.tu_format import load_tu, mutag_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import relsql  # noqa: E402
-from connectors.extensions import load  # noqa: E402
+from relsql.connectors.extensions import load  # noqa: E402
 
 QUERY = ("COUNT(store_sales.*) OVER 90 DAYS > 0 FOR customer.c_customer_sk = store_sales.ss_customer_sk "
          "TIME date_dim.d_date VIA store_sales.ss_sold_date_sk = date_dim.d_date_sk AT EVERY 90 DAYS")

@@ -10,8 +10,8 @@ from typing import Any
 
 import duckdb
 
-import connectors  # noqa: F401  (its import registers relsql's kinds of source)
-from connectors import frames
+import relsql.connectors  # noqa: F401  (its import registers relsql's kinds of source)
+from relsql.connectors import frames
 from relsql.db import Database, set_flush_threshold, set_memory_limit, set_threads
 from relsql.keyfile import attach
 from relsql.sources import Options, opener_for

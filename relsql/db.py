@@ -1,7 +1,7 @@
 """A database handle: one DuckDB connection plus the little catalog knowledge relsql needs.
 
 DuckDB is the engine for every source; other sources are attached or registered into it by
-the connectors (`connectors/`: a DuckDB file, a folder of Parquet/CSV files, SQLite,
+the connectors (`relsql/connectors/`: a DuckDB file, a folder of Parquet/CSV files, SQLite,
 PostgreSQL, data frames). The attached source is made DuckDB's default catalog, so templates
 name its tables without a prefix. relsql's own tables (key tables, groundings, dictionaries)
 live in DuckDB's `temp` catalog under a `__relsql_` prefix, so the user's tables are never

@@ -6,7 +6,7 @@ Duck-typed: relsql never imports relbench. A relbench `Database` is anything wit
 `time_col`; a task is anything with `get_table(split, mask_input_cols=False)` and the
 attributes of relbench's EntityTask (`entity_col`, `entity_table`, `target_col`, `time_col`,
 `task_type`). A RelBench dataset folder opened with `relsql.connect(folder)` gets the same
-(connectors/relbench.py).
+(relsql/connectors/relbench.py).
 
 Keys become given keys of relsql's key layer (`Database.given_keys`, as `connect(keys=...)`
 gives them), so they hold for any source and nothing is declared in the user's tables. Time

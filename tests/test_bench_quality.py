@@ -244,7 +244,7 @@ def test_mutagenesis_and_nations_files(tmp_path):
 def test_tpcds_labels_come_from_later_sales_the_inputs_lack(tmp_path):
     """customer.buys_again / customer.spend recomputed from a separate dsdgen run; no input sale on or after the cut."""
     from bench import realdata
-    from connectors.extensions import load
+    from relsql.connectors.extensions import load
 
     path = realdata.write_tpcds(tmp_path / "tpcds.duckdb", "buys_again")
     spend = realdata.write_tpcds(tmp_path / "spend.duckdb", "spend")

@@ -19,7 +19,7 @@ import sqlglot.expressions as exp
 import torch
 
 import relsql
-from connectors import extensions
+from relsql.connectors import extensions
 from relsql.db import qualified
 from relsql.errors import SchemaError, SourceError
 
@@ -213,7 +213,7 @@ def test_postgres_rejected_rows_roll_back(fresh_shop):
 
 @pytest.mark.parametrize("kind", ["parquet", "csv"])
 def test_folder_failed_write_leaves_nothing(fresh_shop, kind, monkeypatch):
-    import connectors.files as files
+    import relsql.connectors.files as files
 
     folder = fresh_shop(kind)
     hashes = _file_hashes(folder)

@@ -30,7 +30,7 @@ import pytest
 import torch
 
 import relsql
-from connectors.neuralogic_files import import_text, load_builtin
+from relsql.datasets.neuralogic_files import import_text, load_builtin
 from tests.oracles.compare import TOL, compare_template
 
 # --------------------------------------------------------------------------- (a) shipped

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import relsql
-from connectors import extensions
+from relsql.connectors import extensions
 from relsql.errors import SourceError
 
 ROOT = Path(__file__).resolve().parent.parent

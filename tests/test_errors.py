@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import relsql
-from connectors.neuralogic_files import import_text
+from relsql.datasets.neuralogic_files import import_text
 from relsql.ground.execute import GroundingWarning
 
 

@@ -155,7 +155,7 @@ def test_unsupported_settings_keep_the_regular_path():
 def test_neuralogic_small_datasets_step_exactly(name, optimizer):
     """NeuraLogic's small datasets with their shipped templates and their queries' targets."""
     pytest.importorskip("neuralogic")
-    from connectors.neuralogic_files import BUILTIN_DATASETS, builtin_dataset_root, import_files
+    from relsql.datasets.neuralogic_files import BUILTIN_DATASETS, builtin_dataset_root, import_files
 
     root = builtin_dataset_root()
     spec = BUILTIN_DATASETS[name]

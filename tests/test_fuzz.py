@@ -262,8 +262,8 @@ sql_case.defaults = {"seed": 0}
 datalog_case.defaults = {"dtype": torch.float64}
 
 
-# 150 generated cases per language. 300 (as before) reached the same lines of relsql/ and
-# connectors/ but for a few error paths of the parsers and of grounding (coverage.py, branch mode);
+# 150 generated cases per language. 300 (as before) reached the same lines of relsql/
+# but for a few error paths of the parsers and of grounding (coverage.py, branch mode);
 # the cases of the 300 that reach those are the explicit examples, so no line is tested less.
 @fuzz_settings(150)
 @given(base=st.integers(0, len(SQL_TEMPLATES) - 1), mutations=st.lists(mutation, min_size=1, max_size=4),
@@ -420,7 +420,7 @@ chosen_args = st.dictionaries(st.sampled_from(sorted(ALL_ARGS)), st.integers(0, 
 
 
 # 75 generated cases (were 150) plus, as explicit examples, the 29 cases of the 150 that reach lines
-# or branches of relsql/ and connectors/ the 75 miss (coverage.py, branch mode: the 104 reach every
+# or branches of relsql/ the 75 miss (coverage.py, branch mode: the 104 reach every
 # line and branch the 150 did), and 2 that keep every argument and mutation kind the 150 drew. They
 # are listed apart from the test's decorators, whose source seeds the derandomized draws.
 MODEL_EXAMPLES = [  # (arguments chosen, do_fit, template, mutations)

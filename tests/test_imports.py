@@ -1,4 +1,4 @@
-"""Layers point one way: the import graph of relsql/ and connectors/ has no cycle.
+"""Layers point one way: the import graph of relsql/ (its connectors and datasets included) has no cycle.
 
 The graph is read from the source with `ast`, so a cycle counts even when Python would tolerate
 it at run time: imports at module level and inside functions both make an arrow, and
@@ -15,7 +15,7 @@ from pathlib import Path
 from relsql.template import recursion
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("relsql", "connectors")
+PACKAGES = ("relsql",)  # the only package installed (pyproject: include = ["relsql*"])
 
 # Modules whose import cycle is accepted: none. (The model/train cycle that issue #28 split is
 # gone; keep this empty. It may only ever name relsql/model.py and modules in relsql/train/.)
@@ -166,3 +166,36 @@ def test_no_import_cycles():
         else:
             refused.append(describe(graph, component))
     assert not refused, "import cycles (layers must point one way):\n" + "\n".join(refused)
+
+
+def _top_level_names(path: Path) -> set[str]:
+    """The first component of every module `path` imports absolutely (relative imports stay inside)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    names = set()
+    for node in _import_nodes(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.partition(".")[0] for alias in node.names}
+        elif not node.level and node.module:
+            names.add(node.module.partition(".")[0])
+    return names
+
+
+def test_relsql_imports_no_folder_of_the_checkout():
+    """An installed wheel holds relsql/ alone: a module that imported a folder beside it (the old
+    top-level connectors/, bench/, tests/, demos/) would run from a checkout and fail once installed."""
+    beside = {path.name for path in ROOT.iterdir() if path.is_dir() and path.name != "relsql"}
+    beside |= {path.stem for path in ROOT.glob("*.py")}
+    assert {"bench", "tests", "demos"} <= beside  # the check sees the folders it guards against
+    found = {f"{module}: {name}" for module, path in module_files().items() for name in _top_level_names(path) & beside}
+    assert not found, sorted(found)
+
+
+def test_source_connectors_sit_below_the_dataset_loaders():
+    """relsql.connectors (what `relsql.connect` opens) never imports relsql.datasets (the loaders of
+    test, bench and demo data), and only the CLI's demo and the loaders themselves import a loader."""
+    graph = import_graph()
+    assert "relsql.connectors.extensions" in graph["relsql.datasets.tpch"]  # the reader sees loader -> connector
+    into_datasets = {(module, target) for module, targets in graph.items() for target in targets
+                     if target.startswith("relsql.datasets") and not module.startswith("relsql.datasets")}
+    assert into_datasets == {("relsql.cli.demo", "relsql.datasets.mutagenesis")}
+    assert any(m.startswith("relsql.connectors.") for m in graph) and any(m.startswith("relsql.datasets.") for m in graph)

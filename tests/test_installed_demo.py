@@ -36,8 +36,7 @@ def _wheel(tmp: Path, env: dict[str, str]) -> Path:
     """The checkout's working tree built into a wheel, from a copy (the build writes build/ and egg-info)."""
     source = tmp / "source"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for folder in ("relsql", "connectors"):
-        shutil.copytree(ROOT / folder, source / folder, ignore=ignore)
+    shutil.copytree(ROOT / "relsql", source / "relsql", ignore=ignore)
     for name in ("pyproject.toml", "README.md"):
         shutil.copyfile(ROOT / name, source / name)
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",

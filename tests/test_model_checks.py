@@ -44,7 +44,7 @@ def test_a_template_that_does_not_read_its_label_passes(shop):
 
 @pytest.fixture(scope="module")
 def family():
-    from connectors.neuralogic_files import load_builtin
+    from relsql.datasets.neuralogic_files import load_builtin
 
     db = relsql.connect()
     with warnings.catch_warnings():

@@ -1,4 +1,4 @@
-"""Tests for connectors.neuralogic_files: NeuraLogic example/query files -> DuckDB tables.
+"""Tests for relsql.datasets.neuralogic_files: NeuraLogic example/query files -> DuckDB tables.
 
 Expected figures for the shipped datasets are counted here from the raw text with regular
 expressions, independently of the importer's parser.
@@ -16,7 +16,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from connectors import neuralogic_files as nf
+from relsql.datasets import neuralogic_files as nf
 from relsql.errors import RelsqlError
 
 ATOM_RE = re.compile(r"([a-z][\w-]*)\(([^()]*)\)")

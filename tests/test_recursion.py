@@ -43,7 +43,7 @@ def test_the_wheels_recursive_xor_template_equals_neuralogic(examples, depth, ne
 
     import neuralogic
 
-    from connectors.neuralogic_files import import_files
+    from relsql.datasets.neuralogic_files import import_files
 
     folder = Path(neuralogic.__file__).parent / "utils" / "data" / "datasets" / "simple" / "xor" / "generalized"
     db = relsql.connect()

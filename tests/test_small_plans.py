@@ -213,7 +213,7 @@ DATASETS = ("xor", "xor_vectorized", "family", "trains")
 def test_neuralogic_small_datasets_fuse_exactly(name, tmp_path):
     """NeuraLogic's small datasets with their shipped templates: fused, and equal to op by op."""
     pytest.importorskip("neuralogic")
-    from connectors.neuralogic_files import BUILTIN_DATASETS, builtin_dataset_root, import_files
+    from relsql.datasets.neuralogic_files import BUILTIN_DATASETS, builtin_dataset_root, import_files
 
     root = builtin_dataset_root()
     spec = BUILTIN_DATASETS[name]

@@ -113,7 +113,7 @@ def test_spark_grounds_mutagenesis_and_an_auto_template_on_tpch_like_duckdb(spar
         spark.conf.set(coalesce, before)
     parts = [len(rule["parts"]) for r in manifest["relations"].values() for rule in r["rules"].values()]
     assert max(parts) > 1, parts
-    from connectors.tpch import generate
+    from relsql.datasets.tpch import generate
 
     tpch = relsql.connect()
     generate(tpch.con, 0.01)

@@ -1,4 +1,4 @@
-"""TPC-H generation (connectors/tpch.py) and its copy into a real PostgreSQL server."""
+"""TPC-H generation (relsql/datasets/tpch.py) and its copy into a real PostgreSQL server."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import duckdb
 import pytest
 
 import relsql
-from connectors import tpch
+from relsql.datasets import tpch
 from relsql.errors import SourceError
 
 SF = 0.01

@@ -6,7 +6,7 @@ from __future__ import annotations
 import duckdb
 
 from bench import tpch_memory
-from connectors import tpch
+from relsql.datasets import tpch
 
 
 def test_one_epoch_reports_each_phases_peak(tmp_path):

@@ -10,9 +10,9 @@ import duckdb
 import pytest
 
 import relsql
-from connectors.extensions import load
 from relsql.catalog import ForeignKey
 from relsql.cli import main
+from relsql.connectors.extensions import load
 from relsql.keys import schema
 
 
@@ -101,7 +101,7 @@ def test_tpcds_with_declared_primary_keys_finds_the_foreign_keys():
 
 
 def test_tpch_inference_keeps_its_keys():
-    from connectors import tpch
+    from relsql.datasets import tpch
 
     db = relsql.connect()
     tpch.generate(db.con, sf=0.01)

@@ -47,7 +47,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from connectors.neuralogic_files import builtin_dataset_root, parse_statements
+from relsql.datasets.neuralogic_files import builtin_dataset_root, parse_statements
 
 DATA = Path(__file__).resolve().parents[2] / "relsql" / "datasets" / "mutagenesis" / "data"  # package data
 SOURCE = "molecules/mutagenesis"

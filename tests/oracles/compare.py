@@ -44,7 +44,7 @@ def keyed_values(net, relation: str) -> dict[tuple, np.ndarray]:
 
 def facts_db(examples: list[str], queries: list[str]) -> relsql.Database:
     """An in-memory database of NeuraLogic example and query lines (one sample per line)."""
-    from connectors.neuralogic_files import import_text
+    from relsql.datasets.neuralogic_files import import_text
 
     db = relsql.connect()
     import_text(db.con, "\n".join(examples), "\n".join(queries))

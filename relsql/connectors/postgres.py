@@ -15,8 +15,8 @@ from urllib.parse import urlsplit, urlunsplit
 import duckdb
 import sqlglot.expressions as exp
 
-from connectors import extensions
 from relsql.catalog import ForeignKey, Keys
+from relsql.connectors import extensions
 from relsql.db import WRITTEN_BY, Database, Source, first_line, ident, marked_kind
 from relsql.errors import SourceError
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import duckdb
 import sqlglot.expressions as exp
 
-from connectors import extensions
 from relsql.catalog import ForeignKey, Keys
+from relsql.connectors import extensions
 from relsql.db import SQLITE_MAGIC, TEMP_PREFIX, Database, Source, first_line, ident, qualified
 from relsql.errors import SourceError
 

@@ -34,8 +34,8 @@ import numpy as np
 import pyarrow as pa
 import sqlglot.expressions as exp
 
-from connectors._transaction import atomic
 from relsql import textfile
+from relsql.datasets.transaction import atomic
 from relsql.errors import SourceError
 
 DATA_LIMIT = 4 << 30  # bytes: a data file, not a hand-written one (TU datasets run to hundreds of MB)

@@ -41,8 +41,8 @@ import duckdb
 import pyarrow as pa
 import sqlglot.expressions as exp
 
-from connectors._transaction import atomic
 from relsql import textfile
+from relsql.datasets.transaction import atomic
 from relsql.errors import RelsqlError, SourceError
 
 __all__ = [

@@ -14,7 +14,7 @@ refused, not skipped), parsed as plain data (safe loader: no tags, no code) afte
 YAML events that refuses anchors and aliases (one alias can stand for billions of values: the
 "billion laughs") and nesting deeper than YAML_DEPTH, and every field is type-checked before use.
 Footer JSON is bounded the same way. A link inside the folder is followed only to a file inside it
-(connectors/files.py, `inside`).
+(relsql/connectors/files.py, `inside`).
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import sqlglot.expressions as exp
 
-from connectors import files
 from relsql import relbench, textfile
 from relsql import sql as q
 from relsql.catalog import ForeignKey, Keys
+from relsql.connectors import files
 from relsql.db import Database, first_line, free_name, ident
 from relsql.errors import SourceError
 

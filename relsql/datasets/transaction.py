@@ -1,4 +1,4 @@
-"""One transaction around a connector's table creation: all tables or none."""
+"""One transaction around a dataset loader's table creation (NeuraLogic files, TU graphs): all tables or none."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import duckdb
 
-from connectors import duckdb_connection, frames, paths, postgres
+from relsql.connectors import duckdb_connection, frames, paths, postgres
 from relsql.db import Database
 from relsql.errors import SourceError
 from relsql.sources import Opener, Options, register

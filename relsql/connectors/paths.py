@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from connectors import duckdb_file, files, relbench, sqlite
+from relsql.connectors import duckdb_file, files, relbench, sqlite
 from relsql.db import SQLITE_MAGIC, Database
 from relsql.errors import SourceError
 from relsql.sources import KINDS

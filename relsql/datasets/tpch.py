@@ -1,7 +1,7 @@
 """TPC-H data generated inside DuckDB (the tpch extension, loaded offline from its wheel).
 
     import duckdb
-    from connectors import tpch
+    from relsql.datasets import tpch
     con = duckdb.connect()
     tpch.generate(con, sf=0.1)                       # region, nation, supplier, customer, part, partsupp, orders, lineitem
     tpch.copy_to_postgres(con, "postgresql://user@host:5432/db")
@@ -20,8 +20,8 @@ import math
 import duckdb
 import sqlglot.expressions as exp
 
-from connectors import extensions
-from connectors.postgres import is_url, redact
+from relsql.connectors import extensions
+from relsql.connectors.postgres import is_url, redact
 from relsql.errors import SourceError
 
 __all__ = ["TABLES", "copy_to_postgres", "expected_rows", "generate"]
