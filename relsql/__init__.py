@@ -26,7 +26,7 @@ _LAZY = {  # public name -> the module that defines it
     "Database": "relsql.db", "connect": "relsql.connection", "Model": "relsql.model", "ModelSpec": "relsql.train.spec",
     "PredictiveQuery": "relsql.predictive", "QueryError": "relsql.predictive", "Template": "relsql.template",
     "from_relbench": "relsql.relbench", "to_heterodata": "relsql.export", "Loader": "relsql.train.loader",
-    "TensorBoard": "relsql.train.tracking", "MLflow": "relsql.train.tracking", "WhereError": "relsql.train.rows",
+    "TensorBoard": "relsql.train.tracking", "MLflow": "relsql.train.tracking", "WhereError": "relsql.where",
 }
 
 __all__ = [

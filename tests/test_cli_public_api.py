@@ -185,3 +185,26 @@ def test_scoring_commands_reach_only_the_public_model():
         assert imports == [], command.__name__
         attributes = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
         assert "learner" not in attributes and not any(a.startswith("_") for a in attributes), command.__name__
+
+
+def test_where_is_checked_below_the_training_layer():
+    """--where is checked when the arguments are parsed, by relsql.where (below relsql.train and the
+    CLI both), not by reaching into relsql.train: in a fresh interpreter the check loads no module
+    of relsql.train, accepts a condition and refuses a subquery with the parser's reason."""
+    import subprocess
+    import sys
+
+    script = textwrap.dedent("""
+        import argparse, sys
+        from relsql.cli.arguments import where_condition
+        assert where_condition("spend > 2 AND tier <> 'gold'") == "spend > 2 AND tier <> 'gold'"
+        try:
+            where_condition("spend IN (SELECT 1)")
+        except argparse.ArgumentTypeError as err:
+            print("refused:", err)
+        print("train:", sorted(m for m in sys.modules if m.startswith("relsql.train")))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "refused: where 'spend IN (SELECT 1)' contains a query" in done.stdout, done.stdout
+    assert "train: []" in done.stdout, done.stdout

@@ -19,7 +19,7 @@ from relsql.ground import text as hashing
 from relsql.train import results
 from relsql.train.ranking.metrics import ranking_scores
 from relsql.train.ranking.task import MAX_K, RankingTask
-from relsql.train.rows import MAX_WHERE_CHARS, MAX_WHERE_NESTING, WhereError
+from relsql.where import MAX_WHERE_CHARS, MAX_WHERE_NESTING, WhereError
 from tests.test_model import SIMPLE, build
 from tests.test_ranking import TEMPLATE, shop
 

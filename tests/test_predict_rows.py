@@ -11,7 +11,7 @@ import pytest
 
 import relsql
 from relsql.train import results
-from relsql.train.rows import WhereError
+from relsql.where import WhereError
 from tests.test_model import SIMPLE, build
 
 

@@ -398,7 +398,7 @@ def predictions_file(text: str) -> str:
 def where_condition(text: str) -> str:
     """--where: one SQL condition; what parsing alone can refuse (statements, subqueries, other
     tables) is refused here, the columns once the target table is known."""
-    from relsql.train.rows import parse_condition
+    from relsql.where import parse_condition
 
     try:
         parse_condition(text)
