@@ -20,6 +20,7 @@ import zipfile
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,6 +69,8 @@ def test_an_installed_wheel_runs_the_demo_outside_the_checkout(tmp_path):
     shipped |= {f"relsql/datasets/mutagenesis/data/{t}.parquet" for t in PUBLISHED}
     assert shipped <= names, shipped - names
     assert not any(n.startswith(("sql/", "demos/")) for n in names)
+    assert {n.split("/")[0] for n in names} == {"relsql", wheel.name.split("-py3")[0] + ".dist-info"}  # one package
+    assert {"relsql/connectors/files.py", "relsql/datasets/neuralogic_files.py"} <= names
 
     venv = _venv(tmp_path, wheel, env)
     elsewhere = tmp_path / "elsewhere"
@@ -77,6 +80,18 @@ def test_an_installed_wheel_runs_the_demo_outside_the_checkout(tmp_path):
                  cwd=elsewhere, env=env).stdout.splitlines()
     assert Path(where[0]).is_relative_to(venv), where[0]  # the installed package, not the checkout's
     assert not any(p and Path(p).resolve() == ROOT for p in where[1:]), where
+
+    # the source connectors and the dataset loaders come from the wheel too: a folder of Parquet files opens
+    folder = elsewhere / "files"
+    folder.mkdir()
+    pq.write_table(pa.table({"id": [1, 2, 3]}), folder / "points.parquet")
+    opened = _run([str(venv / "bin" / "python"), "-c",
+                   "import sys, relsql, relsql.connectors.files as f, relsql.datasets.tpch as t\n"
+                   "db = relsql.connect(sys.argv[1])\n"
+                   "print(f.__file__, t.__file__, db.tables(), db.con.execute('SELECT count(*) FROM points').fetchone()[0])",
+                   str(folder)], cwd=elsewhere, env=env).stdout.split()
+    assert all(Path(p).is_relative_to(venv) for p in opened[:2]), opened
+    assert opened[2:] == ["['points']", "3"], opened
 
     db = tmp_path / "demo.duckdb"
     out = _run([str(venv / "bin" / "relsql"), "demo", "--db", str(db), "--epochs", "2", "--patience", "1"],
