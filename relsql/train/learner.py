@@ -182,6 +182,11 @@ class Learner:
         self.net.to(self.device)
         self.head.to(self.device)
 
+    def resplit(self, split: dict[str, np.ndarray]) -> None:
+        """Read the labels again with `split` (labelled positions per part), as search gives each trial
+        the base model's split: a regression target is then standardized with the same training rows."""
+        self.goal.label(self.db, self.goal.read(self.db), self.task.kind, split, self.dtype, self.device)
+
     def check_head(self, width: int) -> None:
         """The head's weight and its outputs (one row per output row, full batch; per batch row in
         mini-batches) fit in memory before torch allocates them: a target with 10^5 classes does not."""

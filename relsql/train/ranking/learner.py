@@ -93,9 +93,18 @@ class RankingLearner(Learner):
             PairIndex.of(grounding, goal.pair_relation, self.output, goal.candidates, goal.reference)
         self.hard = None  # hard negatives: fit_options sets them (or None) for each fit
         self.step_positives: int | None = RANKING_STEP_POSITIVES  # a step's loss over at most this many positives
-        self.popularity = torch.as_tensor(np.bincount(goal.pairs(self.rows["train"])[1], minlength=self.candidate_rows),
-                                          dtype=torch.float64)
+        self.popularity = self.training_popularity()
         self.head = TowerBlend(self.dtype) if self.timed is not None and blends(self.template) else nn.Identity()
+
+    def training_popularity(self) -> torch.Tensor:
+        """How often each candidate is a positive of the training rows (popularity negatives draw by it)."""
+        items = self.goal.pairs(self.rows["train"])[1]
+        return torch.as_tensor(np.bincount(items, minlength=self.candidate_rows), dtype=torch.float64)
+
+    def resplit(self, split: dict[str, np.ndarray]) -> None:
+        """The labels read again with `split`, and the popularity of its training rows."""
+        super().resplit(split)
+        self.popularity = self.training_popularity()
 
     def check_one_wide(self, plan, name: str) -> None:
         """A pair or timed relation adds one number to a pair's score: it must be one wide."""
