@@ -26,6 +26,7 @@ from relsql.template.ir import Template
 from relsql.train import guards
 from relsql.train.batched import Batch, Batched
 from relsql.train.batches import batches
+from relsql.train.options import LR, PATIENCE
 from relsql.train.record import FitRecord
 from relsql.train.saved import ModelState
 from relsql.train.source import BatchSource, Whole
@@ -57,6 +58,10 @@ class Learner:
     # a batch_size cuts the training rows into steps that each run the whole net (ranking: both
     # towers whole, the loss on some rows' positives), rather than mini-batches from the store
     whole_net_batches = False
+    # what fit does by default, and may do, with this kind of target (a ranking learner says its own)
+    fit_lr, fit_patience = LR, PATIENCE  # lr= and patience= when not given
+    blends = True  # fit(hybrid=True) may blend a GBM with its predictions (a label's)
+    one_process: str | None = None  # why fit must train it in one process (no workers=, no torchrun), if it must
 
     def __init__(self, db: Database | None, template: Template, target: Target, settings: Settings):
         self.db, self.template, self.goal, self.settings = db, template, target, settings
@@ -181,6 +186,10 @@ class Learner:
         self.head = nn.Identity() if width == self.task.units else nn.Linear(width, self.task.units, dtype=self.dtype)
         self.net.to(self.device)
         self.head.to(self.device)
+
+    def fit_batch_size(self) -> int | None:
+        """fit's rows per step where batch_size= is not given: the model's own (None: full batch)."""
+        return self.settings.batch_size
 
     def resplit(self, split: dict[str, np.ndarray]) -> None:
         """Read the labels again with `split` (labelled positions per part), as search gives each trial

@@ -42,7 +42,6 @@ from relsql.errors import RelsqlError
 from relsql.ground.demand import database_embeddings
 from relsql.template import Template
 from relsql.train.callbacks import ranked
-from relsql.train.options import LR, RANKING_LR
 
 log = logging.getLogger("relsql")
 
@@ -409,7 +408,7 @@ def search(model, budget: float | str = "10m", trials: int | None = None, *, aut
     allowed = generate_options() if base_options is not None else set()
     state = Search(model, seconds, limit, epochs, patience, fit_options, set(TEMPLATE_SPACE) & allowed)
     rng = np.random.default_rng([seed, 29])
-    own_fit = {"lr": RANKING_LR if model.task.kind == "ranking" else LR, "weight_decay": float(accepted["weight_decay"].default)}
+    own_fit = {"lr": model.learner.fit_lr, "weight_decay": float(accepted["weight_decay"].default)}  # fit's defaults
     log.info("search: up to %s trials in %.0fs, %s", limit or "any number of", seconds,
              f"template options {sorted(set(TEMPLATE_SPACE) & allowed)} and fit settings" if allowed else "fit settings only")
     number = 0

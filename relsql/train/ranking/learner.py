@@ -27,7 +27,7 @@ from relsql.compile.passes import RULES, shared_aggregation
 from relsql.errors import GroundingError, SchemaError
 from relsql.ground.execute import Presets, ground
 from relsql.train.learner import Learner
-from relsql.train.options import RANKING_STEP_POSITIVES
+from relsql.train.options import RANKING_LR, RANKING_PATIENCE, RANKING_STEP_POSITIVES, ranking_batch
 from relsql.train.ranking import hard, losses, negatives
 from relsql.train.ranking.metrics import Judge
 from relsql.train.ranking.pairs import PairIndex, rank_with_pairs
@@ -48,6 +48,13 @@ class RankingLearner(Learner):
 
     candidates = property(lambda self: self.goal.candidates)
     whole_net_batches = True  # fit(batch_size=B): steps of B target rows' positives, both towers whole
+    fit_lr, fit_patience = RANKING_LR, RANKING_PATIENCE
+    blends = False  # a ranking has no label prediction for a GBM to blend with
+    one_process = "a ranking target, which trains in one process (both towers whole)"
+
+    def fit_batch_size(self) -> int:
+        """Steps of RANKING_BATCH target rows' positives (fewer where the training rows are few)."""
+        return ranking_batch(len(self.rows["train"]))
 
     def _build(self, presets: Presets, task: RankingTask | None, split: dict | None) -> None:
         goal = self.goal
