@@ -6,6 +6,9 @@ step of 4096 target rows, or a quarter of fewer training rows but at least 256).
 
 from __future__ import annotations
 
+import math
+from collections import Counter
+
 import pytest
 
 import relsql
@@ -61,3 +64,26 @@ def test_a_ranking_refuses_a_blend_and_workers(ranking):
         ranking.fit(epochs=1, hybrid=True)
     with pytest.raises(RelsqlError, match="is a ranking target, which trains in one process.*drop workers="):
         ranking.fit(epochs=1, workers=2)
+
+
+def test_a_rankings_baseline_is_the_most_popular_candidates(ranking):
+    """Model.baseline of a ranking target (it raised AttributeError: 'RankingTask' object has no
+    attribute 'scores'): the training rows' 10 most bought items, recommended to every validation
+    row, scored in plain Python from the task table (ties in popularity by the candidate relation's
+    row order)."""
+    from relsql.train.search import labelled_keys
+    from tests.test_ranking import naive_metrics
+
+    keys = [key[0] for key in labelled_keys(ranking.learner)]
+    lists = dict(ranking.db.con.execute("SELECT task_id, item_id FROM task_rec WHERE len(item_id) > 0").fetchall())
+    counts = Counter(item for p in ranking.rows["train"] for item in set(lists[keys[p]]))
+    order = ranking.learner.goal.candidate_keys.sort_by("_rid").column("item_id").to_pylist()
+    top = sorted(order, key=lambda item: (-counts[item], order.index(item)))[:10]
+    truth = {keys[p]: set(lists[keys[p]]) for p in ranking.rows["val"]}
+    expected = naive_metrics({row: top for row in truth}, truth, 10)
+    found = ranking.baseline("val")
+    assert found.keys() >= expected.keys()
+    for name, value in expected.items():
+        assert math.isclose(found[name], value, rel_tol=1e-9), name
+    with pytest.raises(RelsqlError, match="split 'nope' has no rows"):
+        ranking.baseline("nope")

@@ -18,12 +18,12 @@ from torch import nn
 from relsql.compile import make_plan, shapes
 from relsql.compile.module import CompiledNet
 from relsql.db import Database, engine_threads
-from relsql.errors import GroundingError
+from relsql.errors import GroundingError, RelsqlError
 from relsql.ground.demand import BatchGrounder, database_embeddings
 from relsql.ground.execute import Presets, ground
 from relsql.ground.store import GroundingStore, fingerprint
 from relsql.template.ir import Template
-from relsql.train import guards
+from relsql.train import baselines, guards
 from relsql.train.batched import Batch, Batched
 from relsql.train.batches import batches
 from relsql.train.options import LR, PATIENCE
@@ -186,6 +186,16 @@ class Learner:
         self.head = nn.Identity() if width == self.task.units else nn.Linear(width, self.task.units, dtype=self.dtype)
         self.net.to(self.device)
         self.head.to(self.device)
+
+    def baseline(self, split: str) -> dict[str, float]:
+        """The metrics of the obvious predictor on a split, fit on the training rows (Model.baseline)."""
+        if split not in self.rows or not len(self.rows[split]):
+            raise RelsqlError(f"split {split!r} has no rows; use 'train', 'val' or 'test'")
+        return self.baseline_scores(split)
+
+    def baseline_scores(self, split: str) -> dict[str, float]:
+        """The majority class (classification) or the mean (regression) of the training rows, on `split`."""
+        return baselines.majority(self, split)
 
     def fit_batch_size(self) -> int | None:
         """fit's rows per step where batch_size= is not given: the model's own (None: full batch)."""

@@ -29,6 +29,7 @@ from relsql.ground.execute import Presets, ground
 from relsql.train.learner import Learner
 from relsql.train.options import RANKING_LR, RANKING_PATIENCE, RANKING_STEP_POSITIVES, ranking_batch
 from relsql.train.ranking import hard, losses, negatives
+from relsql.train.ranking.baselines import popularity
 from relsql.train.ranking.metrics import Judge
 from relsql.train.ranking.pairs import PairIndex, rank_with_pairs
 from relsql.train.ranking.task import RankingTask, empty_scores
@@ -102,6 +103,10 @@ class RankingLearner(Learner):
         self.step_positives: int | None = RANKING_STEP_POSITIVES  # a step's loss over at most this many positives
         self.popularity = self.training_popularity()
         self.head = TowerBlend(self.dtype) if self.timed is not None and blends(self.template) else nn.Identity()
+
+    def baseline_scores(self, split: str) -> dict[str, float]:
+        """The training rows' k most popular candidates recommended to every row of `split`."""
+        return popularity(self, split)
 
     def training_popularity(self) -> torch.Tensor:
         """How often each candidate is a positive of the training rows (popularity negatives draw by it)."""
