@@ -203,8 +203,9 @@ class Model(LearnerViews):
 
     def baseline(self, split: str = "test") -> dict[str, float]:
         """The metrics of the obvious predictor on a split, fit on the training rows: the majority
-        class (classification) or the mean (regression). A model worth having beats it."""
-        return results.baseline(self.learner, split)
+        class (classification), the mean (regression), the most popular candidates (ranking). A model
+        worth having beats it."""
+        return self.learner.baseline(split)
 
     def named_weights(self) -> dict[str, torch.Tensor]:
         """The template's weights by name (a typed linear's per type, `name[<value>]`, see

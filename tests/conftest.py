@@ -114,6 +114,7 @@ SLOW_TESTS = {
     "test_search": {"test_a_hand_written_template_searches_its_fit_settings_only", "test_a_tiny_budget_bounds_the_trials",
         "test_best_trial_by_validation_becomes_the_model_deterministically", "test_cli_train_search_end_to_end",
         "test_the_default_configuration_is_the_first_trial"},
+    "test_search_review": {"test_a_fanout_dict_follows_each_trials_generated_template"},
     "test_shared_aggregation": {"test_values_and_gradients_equal_the_plain_plan[bipartite-avg]",
         "test_values_and_gradients_equal_the_plain_plan[bipartite-gcn]"},
     "test_sql_reference": {"test_reference_gradient_matches_finite_differences"},

@@ -25,6 +25,18 @@ if TYPE_CHECKING:
 MAXIMIZED = {"roc_auc", "accuracy", "f1", "map", "recall", "ndcg", "mrr", "precision"}
 
 
+def ranked(metric: str, value: float, loss: float) -> tuple[float, float]:
+    """(score, -loss), larger better, of a run scored `value` in `metric` (e.g. "roc_auc", "map@10",
+    "mae"; "loss": the loss alone) with loss `loss`: how model selection compares epochs and search
+    compares trials. The loss breaks ties; an undefined (NaN) value or loss ranks below every defined one."""
+    tie = -loss if loss == loss else float("-inf")
+    if metric == "loss":
+        return tie, tie
+    if value != value:  # NaN: the metric is undefined (e.g. one class only among the rows)
+        return float("-inf"), tie
+    return (value if metric.split("@", 1)[0] in MAXIMIZED else -value), tie
+
+
 class Callback:
     """A part of the loop that watches training (`relsql.Callback`: subclass it, override the hooks
     you need, pass instances as `model.fit(callbacks=[...])`). Every hook is called on every
@@ -68,13 +80,7 @@ class EarlyStopping(Callback):
 
     def ranked(self, record: dict) -> tuple[float, float]:
         """(score, -loss), larger better; an undefined score ranks below every defined one."""
-        loss = record[f"{self.monitor}_loss"]
-        if self.metric == "loss":
-            return -loss, -loss
-        value = record.get(self.key, float("nan"))
-        if value != value:  # NaN: the metric is undefined (one class only among the rows)
-            return float("-inf"), -loss
-        return (value if self.metric.split("@", 1)[0] in MAXIMIZED else -value), -loss
+        return ranked(self.metric, record.get(self.key, float("nan")), record[f"{self.monitor}_loss"])
 
     def update(self, epoch: int, record: dict | float) -> tuple[bool, bool]:
         """(improved, stop) after an epoch with record `record` (a bare number: the monitored loss)."""

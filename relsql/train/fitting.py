@@ -17,7 +17,7 @@ from relsql.train import checkpoint as checkpoints
 from relsql.train import distributed
 from relsql.train import refit as refits
 from relsql.train.learner import Learner
-from relsql.train.options import FitConfig, ranking_batch
+from relsql.train.options import FitConfig
 from relsql.train.record import FitRecord
 from relsql.train.trainer import OneProcess, Trainer
 
@@ -30,9 +30,8 @@ def fit(db: Database, learner: Learner, threads: int | None, config: FitConfig) 
         raise RelsqlError(f"no labelled target rows to train on in {learner.target}")
     check_training_bytes(learner.parameters(), learner.device)
     workers = config.workers
-    if learner.task.kind == "ranking" and (workers > 1 or distributed.launched_by_torchrun()):
-        raise RelsqlError(f"{learner.target} is a ranking target, which trains in one process (both towers whole): "
-                          "drop workers= (and run it without torchrun)")
+    if learner.one_process and (workers > 1 or distributed.launched_by_torchrun()):
+        raise RelsqlError(f"{learner.target} is {learner.one_process}: drop workers= (and run it without torchrun)")
     learner.hybrid = None
     if config.refit:
         refits.check(learner, workers)
@@ -67,9 +66,7 @@ def fit(db: Database, learner: Learner, threads: int | None, config: FitConfig) 
 def _in_this_process(learner: Learner, config: FitConfig) -> None:
     """This process's Trainer, then the refit where asked; a diverged loss is a RelsqlError."""
     if config.batch_size is None:
-        ranking = learner.task.kind == "ranking"
-        config = config.replace(batch_size=ranking_batch(len(learner.rows["train"])) if ranking
-                                else learner.settings.batch_size)
+        config = config.replace(batch_size=learner.fit_batch_size())
     resumed = config.resume and config.checkpoint is not None and Path(config.checkpoint).exists()
     state = checkpoints.load(config.checkpoint) if resumed else None
     initial, before = (learner.weights_copy() if config.refit else None), len(learner.record.history)

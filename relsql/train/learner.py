@@ -18,14 +18,15 @@ from torch import nn
 from relsql.compile import make_plan, shapes
 from relsql.compile.module import CompiledNet
 from relsql.db import Database, engine_threads
-from relsql.errors import GroundingError
+from relsql.errors import GroundingError, RelsqlError
 from relsql.ground.demand import BatchGrounder, database_embeddings
 from relsql.ground.execute import Presets, ground
 from relsql.ground.store import GroundingStore, fingerprint
 from relsql.template.ir import Template
-from relsql.train import guards
+from relsql.train import baselines, guards
 from relsql.train.batched import Batch, Batched
 from relsql.train.batches import batches
+from relsql.train.options import LR, PATIENCE
 from relsql.train.record import FitRecord
 from relsql.train.saved import ModelState
 from relsql.train.source import BatchSource, Whole
@@ -57,6 +58,10 @@ class Learner:
     # a batch_size cuts the training rows into steps that each run the whole net (ranking: both
     # towers whole, the loss on some rows' positives), rather than mini-batches from the store
     whole_net_batches = False
+    # what fit does by default, and may do, with this kind of target (a ranking learner says its own)
+    fit_lr, fit_patience = LR, PATIENCE  # lr= and patience= when not given
+    blends = True  # fit(hybrid=True) may blend a GBM with its predictions (a label's)
+    one_process: str | None = None  # why fit must train it in one process (no workers=, no torchrun), if it must
 
     def __init__(self, db: Database | None, template: Template, target: Target, settings: Settings):
         self.db, self.template, self.goal, self.settings = db, template, target, settings
@@ -181,6 +186,25 @@ class Learner:
         self.head = nn.Identity() if width == self.task.units else nn.Linear(width, self.task.units, dtype=self.dtype)
         self.net.to(self.device)
         self.head.to(self.device)
+
+    def baseline(self, split: str) -> dict[str, float]:
+        """The metrics of the obvious predictor on a split, fit on the training rows (Model.baseline)."""
+        if split not in self.rows or not len(self.rows[split]):
+            raise RelsqlError(f"split {split!r} has no rows; use 'train', 'val' or 'test'")
+        return self.baseline_scores(split)
+
+    def baseline_scores(self, split: str) -> dict[str, float]:
+        """The majority class (classification) or the mean (regression) of the training rows, on `split`."""
+        return baselines.majority(self, split)
+
+    def fit_batch_size(self) -> int | None:
+        """fit's rows per step where batch_size= is not given: the model's own (None: full batch)."""
+        return self.settings.batch_size
+
+    def resplit(self, split: dict[str, np.ndarray]) -> None:
+        """Read the labels again with `split` (labelled positions per part), as search gives each trial
+        the base model's split: a regression target is then standardized with the same training rows."""
+        self.goal.label(self.db, self.goal.read(self.db), self.task.kind, split, self.dtype, self.device)
 
     def check_head(self, width: int) -> None:
         """The head's weight and its outputs (one row per output row, full batch; per batch row in

@@ -95,10 +95,8 @@ class FitConfig:
                 checkpoint_every, callback, callbacks, workers) -> FitConfig:
         """Model.fit's arguments (documented there) checked, with the target kind's defaults; sets
         the task's loss settings on the learner as a side effect."""
-        ranking = learner.task.kind == "ranking"
-        lr = arguments.number("lr", (RANKING_LR if ranking else LR) if lr is None else lr, positive=True)
-        patience = arguments.integer("patience", (RANKING_PATIENCE if ranking else PATIENCE) if patience is None
-                                     else patience, minimum=0)
+        lr = arguments.number("lr", learner.fit_lr if lr is None else lr, positive=True)
+        patience = arguments.integer("patience", learner.fit_patience if patience is None else patience, minimum=0)
         if batch_size is not None:
             batch_size = arguments.integer("batch_size", batch_size)
         if checkpoint_every is not None:
@@ -156,8 +154,8 @@ def _hybrid(learner, hybrid) -> bool:
     if hybrid is None:
         from relsql.template.auto import is_automatic
 
-        return is_automatic(learner.template.source) and learner.task.kind != "ranking"
-    if hybrid and learner.task.kind == "ranking":
+        return is_automatic(learner.template.source) and learner.blends
+    if hybrid and not learner.blends:
         raise RelsqlError("hybrid=True blends a GBM with a label's prediction; a ranking target has none: drop hybrid=")
     return hybrid
 

@@ -28,6 +28,13 @@ class FitRecord:
         rest as it stands until the fit sets it."""
         return dataclasses.replace(self, history=list(self.history), timings=dict(self.timings), diverged=None)
 
+    def kept(self) -> dict | None:
+        """The history's entry of the kept epoch (None if none was kept). A later fit numbers its
+        epochs from 0 again, so the last entry with that number is this record's latest fit's."""
+        if self.best_epoch is None:
+            return None
+        return next((r for r in reversed(self.history) if r["epoch"] == self.best_epoch), None)
+
     def add_timings(self, seconds: dict[str, float]) -> None:
         """Add `seconds` per phase (a model trained twice reports the sum)."""
         for name, value in seconds.items():

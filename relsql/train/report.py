@@ -125,9 +125,7 @@ def describe_split(model) -> str:
 
 def _popularity(model, split: str, ours: float) -> list[str]:
     """A ranking model's baseline: the training rows' most popular candidates for every row."""
-    from relsql.train.ranking.baselines import popularity
-
-    scores, metric = popularity(model.learner, split), model.task.metric
+    scores, metric = model.baseline(split), model.task.metric
     lines = [f"  baseline (the {model.task.k} most popular candidates of the training rows) on {split}: " + _scores(scores)]
     if not ours > scores[metric]:
         lines.append(f"  warning: the model does not beat popularity on {split} {metric} ({ours:.4f} vs {scores[metric]:.4f})")

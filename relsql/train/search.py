@@ -6,8 +6,9 @@ of another dependency). Configurations are drawn at random from a seeded generat
 model's own settings first; each bracket trains up to `BRACKET` of them for a ninth of the
 epoch budget, keeps the best third for a third of it, and the best of those for all of it
 (successive halving, eta = 3). Every trial learns from the same training rows and is scored on
-the same validation rows with the task's metric (as fit selects: ROC-AUC, accuracy or MAE),
-so scores compare. The best trial is then trained again (its epochs) and becomes the model.
+the same validation rows with the metric the target's models are compared on (`task.compared`:
+ROC-AUC, accuracy, MAE, or MAP@k for a ranking target), ranked as early stopping ranks epochs
+(relsql.train.callbacks.ranked), so scores compare. The best trial is then trained again (its epochs) and becomes the model.
 
 What is searched: the fit settings (learning rate, weight decay) always; for a template that
 `Template.auto` made (its text is exactly what `generate` writes for the options its header
@@ -40,12 +41,10 @@ from relsql import arguments
 from relsql.errors import RelsqlError
 from relsql.ground.demand import database_embeddings
 from relsql.template import Template
-from relsql.train.callbacks import MAXIMIZED
-from relsql.train.options import LR, RANKING_LR
+from relsql.train.callbacks import ranked
 
 log = logging.getLogger("relsql")
 
-METRICS = {"binary": "roc_auc", "multiclass": "accuracy", "regression": "mae"}  # trials compare on these, as RelBench
 BRACKET, ETA, RUNGS = 9, 3, 3  # configurations per bracket; kept share 1/ETA per rung; rungs per bracket
 _BUDGET = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(s|sec|m|min|h)?", re.IGNORECASE)
 _UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
@@ -206,9 +205,16 @@ def share_split(base, trial) -> None:
     if missing:
         raise RelsqlError(f"this template's output relation has no row for {len(missing)} labelled target rows "
                           f"(e.g. keys {missing[0]}), so it cannot be scored on the model's split")
-    split = {s: np.asarray([where[base_keys[i]] for i in rows], dtype=np.int64) for s, rows in base.rows.items()}
-    learner, goal = trial.learner, trial.learner.goal
-    goal.label(base.db, goal.read(base.db), base.task.kind, split, learner.dtype, learner.device)
+    trial.learner.resplit({s: np.asarray([where[base_keys[i]] for i in rows], dtype=np.int64) for s, rows in base.rows.items()})
+
+
+def trial_fanout(fanout: dict[str, int] | int | None, template: Template) -> dict[str, int] | int | None:
+    """The model's fan-out caps for a trial's template: a cap per relation kept for the relations the
+    template declares (generate() names a relation by its join path, so a name means the same rows
+    in every template it writes) and dropped for the others, which that template has no rows of."""
+    if not isinstance(fanout, dict):
+        return fanout
+    return {name: cap for name, cap in fanout.items() if name in template.relations} or None
 
 
 def build(search: Search, config: Config) -> Built:
@@ -223,7 +229,8 @@ def build(search: Search, config: Config) -> Built:
         spec = spec.replace(allow_target_inputs=True)
     else:  # another template: its relations are named anew, and it is checked
         template = Template.from_sql(generate(base.db, base.target, **config.template))
-        spec = spec.replace(template=template, output=None, candidates=None, pairs=None, allow_target_inputs=False)
+        spec = spec.replace(template=template, output=None, candidates=None, pairs=None, allow_target_inputs=False,
+                            fanout=trial_fanout(spec.fanout, template))
     trial = type(base).from_spec(base.db, spec)
     share_split(base, trial)
     return Built(trial, trial.learner.weights_copy())
@@ -272,11 +279,10 @@ def train(built: Built, keywords: dict) -> None:
 
 
 def selected_score(learner) -> tuple[str, float, float]:
-    """(metric, value, validation loss) at the epoch fit kept, the metric the task's (as RelBench
-    compares: ROC-AUC, accuracy, MAE) whatever fit selected its epoch on."""
-    record = learner.record
-    kept = next((r for r in record.history if r["epoch"] == record.best_epoch), None)
-    key = f"val_{METRICS[learner.task.kind]}"
+    """(metric, value, validation loss) at the epoch fit kept, the metric the task's models are
+    compared on (ROC-AUC, accuracy, MAE, MAP@k) whatever fit selected its epoch on."""
+    kept = learner.record.kept()
+    key = f"val_{learner.task.compared}"
     if kept is None:
         return key, float("nan"), float("nan")
     return key, float(kept.get(key, float("nan"))), float(kept.get("val_loss", float("nan")))
@@ -312,12 +318,11 @@ def run_trial(search: Search, built: dict[int, Built], config: Config, rung: int
 
 
 def better(record: dict) -> tuple[float, float]:
-    """A trial's (score, -validation loss), larger better: the loss breaks ties (two ROC-AUCs of
-    1.0); a failed or unscored trial last."""
-    metric, score, loss = record["metric"], record["score"], record["val_loss"]
-    if metric is None or score != score:
+    """A trial's (score, -validation loss), larger better, as early stopping ranks an epoch: the loss
+    breaks ties (two ROC-AUCs of 1.0), an unscored trial comes after the scored ones, a failed one last."""
+    if record["metric"] is None:
         return -math.inf, -math.inf
-    return (score if metric.split("_", 1)[-1].split("@", 1)[0] in MAXIMIZED else -score), (-loss if loss == loss else -math.inf)
+    return ranked(record["metric"].removeprefix("val_"), record["score"], record["val_loss"])
 
 
 def rung_epochs(epochs: int) -> list[int]:
@@ -365,10 +370,6 @@ def best_record(records: list[dict]) -> dict:
 
 def check(model) -> None:
     """Search scores trials on validation rows and builds models of its own: refuse what cannot be."""
-    if model.task.kind not in METRICS:  # a ranking target: its split, labels and metrics are the ranking learner's
-        raise RelsqlError(f"search tunes {', '.join(METRICS)} targets; {model.target} is a {model.task.kind} target, "
-                          "which it cannot tune yet: train it with fit() and compare a few settings by hand, e.g. "
-                          "fit(lr=0.01) and fit(lr=0.03), each scored by evaluate('val')")
     if not len(model.rows.get("val", ())):
         raise RelsqlError("search scores every trial on the validation rows, and this model's split has none: build "
                           "the Model with a validation part in split=, e.g. split=(0.7, 0.15, 0.15)")
@@ -407,7 +408,7 @@ def search(model, budget: float | str = "10m", trials: int | None = None, *, aut
     allowed = generate_options() if base_options is not None else set()
     state = Search(model, seconds, limit, epochs, patience, fit_options, set(TEMPLATE_SPACE) & allowed)
     rng = np.random.default_rng([seed, 29])
-    own_fit = {"lr": RANKING_LR if model.task.kind == "ranking" else LR, "weight_decay": float(accepted["weight_decay"].default)}
+    own_fit = {"lr": model.learner.fit_lr, "weight_decay": float(accepted["weight_decay"].default)}  # fit's defaults
     log.info("search: up to %s trials in %.0fs, %s", limit or "any number of", seconds,
              f"template options {sorted(set(TEMPLATE_SPACE) & allowed)} and fit settings" if allowed else "fit settings only")
     number = 0

@@ -32,6 +32,12 @@ class Task:
         """The validation metric reported while training."""
         return {"binary": "roc_auc", "multiclass": "accuracy", "regression": "rmse"}[self.kind]
 
+    @property
+    def compared(self) -> str:
+        """The metric models of this target are compared on, as RelBench compares them (ROC-AUC for
+        binary, accuracy for multi-class, MAE for regression): what search ranks its trials by."""
+        return {"binary": "roc_auc", "multiclass": "accuracy", "regression": "mae"}[self.kind]
+
     def selects_on(self, y: np.ndarray) -> str:
         """What model selection and early stopping compare on validation labels `y` by default: the
         metric RelBench selects on (ROC-AUC for binary, accuracy for multi-class, MAE for
@@ -43,7 +49,7 @@ class Task:
             return "loss"
         if self.kind == "binary" and min(int((y == 1).sum()), int((y == 0).sum())) < SELECTION_CLASS_ROWS:
             return "loss"
-        return {"binary": "roc_auc", "multiclass": "accuracy", "regression": "mae"}[self.kind]
+        return self.compared
 
     def encode(self, values: list | pa.Array | pa.ChunkedArray) -> np.ndarray:
         """Target values → float labels (0/1, class index, or standardized number); -1 for an

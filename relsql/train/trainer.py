@@ -366,7 +366,7 @@ class Trainer:
     def _log_end(self, started: float) -> None:
         """The line a log reader looks for: how training ended and which epoch's weights the model has."""
         record = self.record
-        kept = next((r for r in record.history if r["epoch"] == record.best_epoch), None)
+        kept = record.kept()
         if kept is not None and self.strategy.main:
             why = {"early": "stopped early", "time ": "the time budget"}.get((record.stopped or "epochs")[:5], "the epoch limit")
             log.info("trained to epoch %d of %d (%s) in %.1fs; kept epoch %d: validation loss %.4f",

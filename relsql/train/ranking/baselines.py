@@ -14,7 +14,7 @@ from relsql.train.ranking.metrics import ranking_scores
 def popularity(learner, split: str) -> dict[str, float]:
     """The ranking metrics of recommending the training rows' k most frequent candidates to every row of `split`."""
     k = learner.task.k
-    counts = np.bincount(learner.goal.pairs(learner.rows["train"])[1], minlength=learner.candidate_rows)
+    counts = learner.training_popularity().numpy()
     top = np.argsort(-counts, kind="stable")[:k]
     offsets, ids = learner.goal.truth(split)
     scores = ranking_scores(np.tile(top, (len(learner.rows[split]), 1)), offsets, ids, k)

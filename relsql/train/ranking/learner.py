@@ -27,8 +27,9 @@ from relsql.compile.passes import RULES, shared_aggregation
 from relsql.errors import GroundingError, SchemaError
 from relsql.ground.execute import Presets, ground
 from relsql.train.learner import Learner
-from relsql.train.options import RANKING_STEP_POSITIVES
+from relsql.train.options import RANKING_LR, RANKING_PATIENCE, RANKING_STEP_POSITIVES, ranking_batch
 from relsql.train.ranking import hard, losses, negatives
+from relsql.train.ranking.baselines import popularity
 from relsql.train.ranking.metrics import Judge
 from relsql.train.ranking.pairs import PairIndex, rank_with_pairs
 from relsql.train.ranking.task import RankingTask, empty_scores
@@ -48,6 +49,13 @@ class RankingLearner(Learner):
 
     candidates = property(lambda self: self.goal.candidates)
     whole_net_batches = True  # fit(batch_size=B): steps of B target rows' positives, both towers whole
+    fit_lr, fit_patience = RANKING_LR, RANKING_PATIENCE
+    blends = False  # a ranking has no label prediction for a GBM to blend with
+    one_process = "a ranking target, which trains in one process (both towers whole)"
+
+    def fit_batch_size(self) -> int:
+        """Steps of RANKING_BATCH target rows' positives (fewer where the training rows are few)."""
+        return ranking_batch(len(self.rows["train"]))
 
     def _build(self, presets: Presets, task: RankingTask | None, split: dict | None) -> None:
         goal = self.goal
@@ -93,9 +101,22 @@ class RankingLearner(Learner):
             PairIndex.of(grounding, goal.pair_relation, self.output, goal.candidates, goal.reference)
         self.hard = None  # hard negatives: fit_options sets them (or None) for each fit
         self.step_positives: int | None = RANKING_STEP_POSITIVES  # a step's loss over at most this many positives
-        self.popularity = torch.as_tensor(np.bincount(goal.pairs(self.rows["train"])[1], minlength=self.candidate_rows),
-                                          dtype=torch.float64)
+        self.popularity = self.training_popularity()
         self.head = TowerBlend(self.dtype) if self.timed is not None and blends(self.template) else nn.Identity()
+
+    def baseline_scores(self, split: str) -> dict[str, float]:
+        """The training rows' k most popular candidates recommended to every row of `split`."""
+        return popularity(self, split)
+
+    def training_popularity(self) -> torch.Tensor:
+        """How often each candidate is a positive of the training rows (popularity negatives draw by it)."""
+        items = self.goal.pairs(self.rows["train"])[1]
+        return torch.as_tensor(np.bincount(items, minlength=self.candidate_rows), dtype=torch.float64)
+
+    def resplit(self, split: dict[str, np.ndarray]) -> None:
+        """The labels read again with `split`, and the popularity of its training rows."""
+        super().resplit(split)
+        self.popularity = self.training_popularity()
 
     def check_one_wide(self, plan, name: str) -> None:
         """A pair or timed relation adds one number to a pair's score: it must be one wide."""

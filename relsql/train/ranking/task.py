@@ -56,6 +56,11 @@ class RankingTask:
     def metric(self) -> str:
         return f"map@{self.k}"
 
+    @property
+    def compared(self) -> str:
+        """The metric models of this target are compared on (search ranks its trials by it): MAP@k."""
+        return self.metric
+
     def metric_names(self) -> tuple[str, ...]:
         """The names evaluate() reports, e.g. map@10, recall@10, ndcg@10, mrr, precision@10."""
         return tuple(name if name == "mrr" else f"{name}@{self.k}" for name in METRICS)
