@@ -43,6 +43,7 @@ class Reach:
     relation: str
     columns: tuple[str, ...] = ()
     query: exp.Select | None = None
+    same: bool = False  # `query` is the asked table itself (the same key columns, no other table or condition)
 
 
 def _tables(select: exp.Select) -> dict[str, exp.Table] | None:
@@ -183,8 +184,15 @@ def reach(select: exp.Expression, keys: list[str], relations: dict[str, tuple[st
             query = query.join(table.copy(), join_type="cross")
         if kept:
             query = query.where(exp.and_(*[c.copy() for c in kept], copy=False), copy=False)
-        found.append(Reach(alias, relation, bound, query))
+        same = (not remaining and bound == asked.columns and all(_trivial(c) for c in kept)
+                and all(_key(known[(alias, c.casefold())]) == _key(q.col(c, mark)) for c in bound))
+        found.append(Reach(alias, relation, bound, query, same))
     return found
+
+
+def _trivial(condition: exp.Expression) -> bool:
+    """`x IS NOT DISTINCT FROM x`: true of every row."""
+    return isinstance(condition, exp.NullSafeEQ) and _key(condition.this) == _key(condition.expression)
 
 
 def _connected(names: list[str], conditions: list[exp.Expression]) -> bool:

@@ -206,6 +206,8 @@ class BatchGrounder(Grounder):
         common = [c for c in self.template.relations[name].keys if all(c in f.columns for f in found)]
         if not common:
             return None
+        if len(found) == 1 and found[0].same and found[0].columns == tuple(common):  # its reader's candidates, as they are
+            return closure.Asked(found[0].query.args["from_"].this, tuple(common))
         parts = [exp.select(*[q.col(c, "c") for c in common]).from_(q.alias(exp.Subquery(this=f.query), "c", table=True))
                  for f in found]
         return self._asked_table(name, parts, tuple(common), made)
