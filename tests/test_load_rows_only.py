@@ -80,3 +80,22 @@ def test_without_split_and_by_where_only_the_asked_rows(saved):
         with pytest.raises(relsql.RelsqlError, match="not rows the model predicts"):
             loaded.predict(keys={"customer_id": [1]})  # a customer without orders has no output row
     db.close()
+
+
+def test_fanout_keeps_the_whole_key_tables(tmp_path):
+    """Fan-out sampling hashes row ids: a model with fanout keeps the whole key tables (the global
+    ids its sampling is made with). (Its rows' predictions differ from the built model's full
+    predict() already before rows_only: the sampled groundings depend on the batch.)"""
+    db = build(tmp_path / "shop.duckdb", n=60)
+    model = relsql.Model(db, relsql.Template.from_sql(TEMPLATE), target="customer.churned", seed=2, dtype=torch.float64,
+                         progress=False, batch_size=16, fanout={"by_order": 2})
+    model.fit(epochs=1, hybrid=False)
+    path = model.save(tmp_path / "m.pt")
+    db.con.close()
+    db = relsql.connect(tmp_path / "shop.duckdb", read_only=True)
+    loaded = relsql.Model.load(path, db)
+    got = loaded.predict(keys={"customer_id": [4, 33, 12]})
+    assert got["customer_id"].to_list() == [4, 33, 12]
+    grounder = loaded.learner.pending.rows_batched.grounder
+    assert not grounder.rows_only and grounder.sizes["predict"] == 60
+    db.close()
