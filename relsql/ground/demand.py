@@ -10,6 +10,11 @@ demanded row ids: a semi-join the database runs), and the row ids those groundin
 become the demand of the relations they reference. The groundings arrive as Arrow record
 batches; at the end every index is renumbered to the batch's own rows (sorted global ids, so
 the order of groundings is the full grounding's order restricted to the batch).
+
+With `rows_only` (a loaded model's predict(keys=/where=)) the key tables start empty and
+`restrict` fills them, per call, with only the rows the asked output rows reach: candidates
+top-down (relsql/ground/closure.py), existence bottom-up, each numbered in key order among its
+rows, so the batches ground as above over far fewer rows.
 """
 
 from __future__ import annotations
