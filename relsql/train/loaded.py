@@ -119,8 +119,9 @@ class Pending:
             settings, goal = learner.settings, learner.goal
             # rows_only: key tables of the asked rows' closure alone (results.py restricts them per call); a
             # GBM blend reads every output row's features by row id, and fan-out sampling hashes row ids, so
-            # those keep the whole key tables
-            rows_only = getattr(learner, "hybrid", None) is None and not settings.fanout
+            # those keep the whole key tables (and Spark, where restricting is not tested yet)
+            rows_only = (getattr(learner, "hybrid", None) is None and not settings.fanout
+                         and learner.db.source.kind != "spark")
             grounder = BatchGrounder(learner.template, learner.db, learner.output, self.state.presets, fanout=settings.fanout,
                                      seed=learner.seed, progress=settings.progress, max_groundings=settings.max_groundings,
                                      ple_numbers=True, rows_only=rows_only)  # no grounding store: ple read as numbers
