@@ -10,6 +10,11 @@ demanded row ids: a semi-join the database runs), and the row ids those groundin
 become the demand of the relations they reference. The groundings arrive as Arrow record
 batches; at the end every index is renumbered to the batch's own rows (sorted global ids, so
 the order of groundings is the full grounding's order restricted to the batch).
+
+With `rows_only` (a loaded model's predict(keys=/where=)) the key tables start empty and
+`restrict` fills them, per call, with only the rows the asked output rows reach: candidates
+top-down (relsql/ground/closure.py), existence bottom-up, each numbered in key order among its
+rows, so the batches ground as above over far fewer rows.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import torch
 from relsql import sql as q
 from relsql.db import Database, lost_connection
 from relsql.errors import GroundingError, SchemaError
+from relsql.ground import closure
 from relsql.ground.execute import (
     Grounder,
     Grounding,
@@ -89,14 +95,18 @@ class BatchGrounder(Grounder):
 
     def __init__(self, template: ir.Template, db: Database, output: str, presets: Presets | None = None,
                  fanout: dict[str, int] | int | None = None, seed: int = 0, progress: bool | None = None,
-                 max_groundings: int | None = None, ple_numbers: bool = False):
+                 max_groundings: int | None = None, ple_numbers: bool = False, rows_only: bool = False):
         """`max_groundings`: a rule the database estimates beyond it is refused before it runs
         (default relsql.ground.execute.MAX_GROUNDINGS); on an error or Ctrl-C no temp table stays.
         `ple_numbers`: a batch reads ple columns whose edges the presets hold as numbers and
         encodes them here (`_ple_preset`); only for batches this grounder grounds itself (a
-        grounding store writes `PreparedRule.columns` as they are, so it needs them encoded)."""
+        grounding store writes `PreparedRule.columns` as they are, so it needs them encoded).
+        `rows_only`: the key tables start empty and `restrict` fills them with the rows some asked
+        output rows reach (row ids numbered among those), instead of every row of every relation;
+        the setup's size checks then see empty key tables (a batch's queries are narrowed to its heads).
+        Not with `fanout`: its sampling hashes row ids, which differ from the whole key tables'."""
         super().__init__(template, db, presets or Presets(), max_groundings)
-        self.ple_numbers = ple_numbers
+        self.ple_numbers, self.rows_only = ple_numbers, rows_only
         self.output, self.seed = output, seed
         self.order = needed_relations(template, output)
         self.fanout = fanout
@@ -108,12 +118,16 @@ class BatchGrounder(Grounder):
                 for name in bar:
                     bar.set_postfix_str(name)
                     self._prepare(template.relations[name])
-            self.sizes = {name: db.scalar(exp.select(exp.Count(this=exp.Star())).from_(self.key_tables[name].copy()))[0]
-                          for name in self.order}
-            if self.sizes[output] == 0:
-                raise GroundingError(f"relation {output} has no rows: none of its statements has groundings")
+            self.sizes = {} if rows_only else self._sizes()
             self.dictionary_tables = {w: db.arrow(exp.select(exp.Star()).from_(t.copy()).order_by(q.col("code")))
                                       for w, t in self.dictionaries.items()}
+
+    def _sizes(self) -> dict[str, int]:
+        sizes = {name: self.db.scalar(exp.select(exp.Count(this=exp.Star())).from_(self.key_tables[name].copy()))[0]
+                 for name in self.order}
+        if sizes[self.output] == 0 and not self.rows_only:
+            raise GroundingError(f"relation {self.output} has no rows: none of its statements has groundings")
+        return sizes
 
     # -- setup ---------------------------------------------------------------------------------
     def _prepare(self, relation: ir.Relation) -> None:
@@ -122,7 +136,14 @@ class BatchGrounder(Grounder):
             select = self.rule_select(relation, rule)
             if select is not None:
                 sources.append((index, rule, select, exp.Subquery(this=select)))
-        self.key_tables[relation.name] = self.key_table(relation, [(rule, source) for _, rule, _, source in sources])
+        if self.rows_only and relation.keys and sources:  # typed and empty: `restrict` fills it
+            keys_table = self.temp_table("rk", relation.name)  # not "k": a full grounding on this handle has those
+            with self.cleanup_on_error():
+                self.db.run(q.create_temp(keys_table, q.numbered_keys(
+                    q.distinct_keys([s for *_, s in sources], relation.keys), relation.keys).limit(q.integer(0))))
+            self.key_tables[relation.name] = keys_table
+        else:
+            self.key_tables[relation.name] = self.key_table(relation, [(rule, source) for _, rule, _, source in sources])
         prepared = []
         for index, rule, select, source in sources:
             stored = {e.column: e.weight for e in ir.walk(rule.expr) if isinstance(e, ir.Embed) and e.weight in self.stored}
@@ -140,6 +161,99 @@ class BatchGrounder(Grounder):
         columns = {c for e in ir.walk(rule.expr) if isinstance(e, ir.Encode) and e.kind == "ple" for c in e.columns}
         preset = self.presets.feature_stats
         return self.ple_numbers and bool(columns) and all(f"{relation.name}#{index}:{c}" in preset for c in columns)
+
+    # -- the rows some output rows reach ---------------------------------------------------------
+    def restrict(self, asked: pa.Table | None) -> None:
+        """Key tables holding only the rows that the output rows with keys `asked` (a table of the
+        output relation's key columns; None: every row) reach, numbered 0..n-1 in key order among
+        them (`rows_only`). Top-down, each relation's candidates from its readers' bodies
+        (relsql/ground/closure.py: a superset); bottom-up, its key table from its candidates'
+        groundings over the key tables below it, as the full key table is from all groundings:
+        so each holds exactly the full key table's rows among its candidates, in the same order,
+        and a batch's groundings are the full grounding's restricted to it."""
+        db, template = self.db, self.template
+        tables = {self.key_tables[n].name: (n, list(template.relations[n].keys)) for n in self.order}
+        made: list[exp.Table] = []
+        with interruptible(db), self.cleanup_on_error(), db.frozen_schema():
+            try:
+                candidates: dict[str, closure.Asked | None] = {}
+                wanted: dict[str, list[closure.Reach] | None] = {}  # per relation, what its readers need (None: whole)
+                for name in reversed(self.order):
+                    relation = template.relations[name]
+                    if name == self.output:
+                        mine = None if asked is None else self._asked_table(name, [asked], tuple(asked.column_names), made)
+                    else:
+                        mine = self._merged(name, wanted.get(name, []), made)
+                    candidates[name] = mine
+                    for prepared in self.prepared[name]:
+                        found = None if mine is None else closure.reach(prepared.select, relation.keys, tables, mine)
+                        for reached in self._whole(prepared) if found is None else found:
+                            current = wanted.get(reached.relation, [])
+                            wanted[reached.relation] = None if current is None or reached.query is None else [*current, reached]
+                for name in self.order:
+                    self._fill(template.relations[name], candidates[name])
+            finally:
+                for table in made:
+                    db.execute(exp.Drop(tables=[table.copy()], kind="TABLE", exists=True))
+            self.sizes = self._sizes()
+
+    def _whole(self, prepared: PreparedRule) -> list[closure.Reach]:
+        """Every relation a body reads, whole (a body `closure.reach` does not read)."""
+        names = {self.key_tables[n].name: n for n in self.order}
+        return [closure.Reach(t.alias_or_name, names[t.name]) for t in prepared.select.find_all(exp.Table) if t.name in names]
+
+    def _merged(self, name: str, found: list[closure.Reach] | None, made: list[exp.Table]) -> closure.Asked | None:
+        """A relation's candidates from what its readers need (None: whole): on the key columns
+        every reader binds, the union of their values."""
+        if found is None or not self.template.relations[name].keys:
+            return None
+        if not found:  # read by none of the relations reached: no candidates
+            return self._asked_table(name, [], tuple(self.template.relations[name].keys[:1]), made, empty=True)
+        common = [c for c in self.template.relations[name].keys if all(c in f.columns for f in found)]
+        if not common:
+            return None
+        if len(found) == 1 and found[0].same and found[0].columns == tuple(common):  # its reader's candidates, as they are
+            return closure.Asked(found[0].query.args["from_"].this, tuple(common))
+        parts = [exp.select(*[q.col(c, "c") for c in common]).from_(q.alias(exp.Subquery(this=f.query), "c", table=True))
+                 for f in found]
+        return self._asked_table(name, parts, tuple(common), made)
+
+    def _asked_table(self, name: str, parts: list, columns: tuple[str, ...], made: list[exp.Table],
+                     empty: bool = False) -> closure.Asked:
+        """The distinct rows of `parts` (queries, or one Arrow table) as a temp table."""
+        table = self.temp_table("ra", name)
+        made.append(table)
+        if parts and isinstance(parts[0], pa.Table):
+            view = f"{self.db._prefix}asked_{next(_views)}"
+            self.db.register(view, parts[0])
+            try:
+                self.db.run(q.create_temp(table.copy(), exp.select(*[q.col(c) for c in columns]).distinct().from_(q.ident(view))))
+            finally:
+                self.db.unregister(view)
+        elif empty:
+            key_table = self.key_tables[name]
+            self.db.run(q.create_temp(table.copy(), exp.select(*[q.col(c) for c in columns]).from_(key_table.copy()).limit(
+                q.integer(0))))
+        else:
+            union = parts[0]
+            for part in parts[1:]:
+                union = exp.union(union, part, distinct=False, copy=False)
+            self.db.run(q.create_temp(table.copy(), exp.select(exp.Star()).distinct().from_(
+                q.alias(exp.Subquery(this=union), "u", table=True))))
+        return closure.Asked(table, columns)
+
+    def _fill(self, relation: ir.Relation, asked: closure.Asked | None) -> None:
+        """A relation's key table, from the groundings of its candidates `asked` (None: all)."""
+        prepared = self.prepared[relation.name]
+        if not relation.keys or not prepared:
+            return  # a keyless relation's table, or one without statements, is the setup's
+        sources = [exp.Subquery(this=p.select.copy() if asked is None else closure.narrowed(p.select, relation.keys, asked))
+                   for p in prepared]
+        try:
+            self.db.create_key_table(self.key_tables[relation.name].copy(), q.distinct_keys(sources, relation.keys),
+                                     relation.keys)
+        except duckdb.Error as err:
+            raise grounding_error(relation, prepared[0].rule, err, self.db.description) from None
 
     def keys(self, name: str, rids: np.ndarray | None = None) -> pa.Table:
         """Key columns and global `_rid` of a relation's rows (those in `rids`, else all), by `_rid`."""

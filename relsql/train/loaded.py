@@ -117,13 +117,20 @@ class Pending:
         the tables as they are), and the labels, read once."""
         if self.rows_batched is None:
             settings, goal = learner.settings, learner.goal
+            # rows_only: key tables of the asked rows' closure alone (results.py restricts them per call); a
+            # GBM blend reads every output row's features by row id, and fan-out sampling hashes row ids, so
+            # those keep the whole key tables (and Spark, where restricting is not tested yet)
+            rows_only = (getattr(learner, "hybrid", None) is None and not settings.fanout
+                         and learner.db.source.kind != "spark")
             grounder = BatchGrounder(learner.template, learner.db, learner.output, self.state.presets, fanout=settings.fanout,
                                      seed=learner.seed, progress=settings.progress, max_groundings=settings.max_groundings,
-                                     ple_numbers=True)  # no grounding store here: ple columns read as numbers
-            labels = goal.read(learner.db)
-            goal.label(learner.db, labels, self.state.task, dict(goal.rows), learner.dtype, learner.device)
+                                     ple_numbers=True, rows_only=rows_only)  # no grounding store: ple read as numbers
+            if not rows_only:  # else the split column is found by key (results.py), the labels are not read
+                labels = goal.read(learner.db)
+                goal.label(learner.db, labels, self.state.task, dict(goal.rows), learner.dtype, learner.device)
             self.rows_batched = learner.attach(grounder, None)
-            saved.check_split(learner, self.path)
+            if not rows_only:
+                saved.check_split(learner, self.path)
         return self.rows_batched
 
     def net(self, learner: Learner, batch: Batch) -> tuple[CompiledNet, nn.Module]:

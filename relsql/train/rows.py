@@ -32,16 +32,26 @@ def _as_frame(keys: object, names: list[str], table: str) -> pl.DataFrame:
     return frame.select(names)
 
 
-def of_keys(known: pl.DataFrame, keys: object, names: list[str], table: str) -> np.ndarray:
-    """The `_rid` of each row of `keys`, in its order; `known` holds every output row's keys and `_rid`."""
+def typed_keys(keys: object, names: list[str], table: str, schema: pl.Schema) -> pl.DataFrame:
+    """`keys` as a frame of the key columns `names`, cast to the output rows' types `schema`; a
+    value or column that does not fit is a RelsqlError."""
     frame = _as_frame(keys, names, table)
     for k in names:  # polars casts a one-field struct "strictly" to a number, and its join then fails
-        given, wanted = frame.schema[k], known.schema[k]
+        given, wanted = frame.schema[k], schema[k]
         if given.is_nested() != wanted.is_nested() or given == pl.Object:
             raise RelsqlError(f"keys: column `{k}` holds {given} values, but `{table}`'s key column `{k}` is {wanted}; "
                               f"pass plain {wanted} values, one key per row (e.g. {{{k!r}: [1, 2]}})")
     try:
-        frame = frame.with_columns([pl.col(k).cast(known.schema[k], strict=True) for k in names])
+        return frame.with_columns([pl.col(k).cast(schema[k], strict=True) for k in names])
+    except pl.exceptions.PolarsError as err:
+        raise RelsqlError(f"keys: a value does not fit the type of `{table}`'s key column(s) "
+                          f"{ {k: str(schema[k]) for k in names} } ({' '.join(str(err).split())[:200]})") from None
+
+
+def of_keys(known: pl.DataFrame, keys: object, names: list[str], table: str) -> np.ndarray:
+    """The `_rid` of each row of `keys`, in its order; `known` holds every output row's keys and `_rid`."""
+    frame = typed_keys(keys, names, table, known.schema)
+    try:
         ordered = frame.with_row_index("_order").join(known, on=names, how="left", nulls_equal=True).sort("_order")
     except pl.exceptions.PolarsError as err:
         raise RelsqlError(f"keys: a value does not fit the type of `{table}`'s key column(s) "
