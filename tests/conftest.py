@@ -23,6 +23,7 @@ SHOP_FIXTURES = {"shop_server", "shop_sources", "fresh_shop"}  # they start Post
 # hundreds of epochs, searches, CLI runs that train, process spawning, sweeps over every pass. Each
 # file keeps a fast test; CI (bash scripts/test) runs them all. Module -> test names.
 SLOW_TESTS = {
+    "test_template_plain": {"test_the_rebuilt_ir_equals_the_parsed_one_for_a_generated_lahman_template"},
     "test_api": {"test_cli_inspect_train_predict", "test_cli_train_in_batches_with_checkpoint",
         "test_demo_trains_mutagenesis_well_above_majority"},
     "test_attention": {"test_gat_template_trains_on_mini_batches_and_reloads"},
