@@ -23,7 +23,6 @@ SHOP_FIXTURES = {"shop_server", "shop_sources", "fresh_shop"}  # they start Post
 # hundreds of epochs, searches, CLI runs that train, process spawning, sweeps over every pass. Each
 # file keeps a fast test; CI (bash scripts/test) runs them all. Module -> test names.
 SLOW_TESTS = {
-    "test_template_plain": {"test_the_rebuilt_ir_equals_the_parsed_one_for_a_generated_lahman_template"},
     "test_api": {"test_cli_inspect_train_predict", "test_cli_train_in_batches_with_checkpoint",
         "test_demo_trains_mutagenesis_well_above_majority"},
     "test_attention": {"test_gat_template_trains_on_mini_batches_and_reloads"},
@@ -122,6 +121,7 @@ SLOW_TESTS = {
         "test_database_embeddings_train_the_same_with_and_without_a_store"},
     "test_store_safety": {"test_a_full_disk_while_building_is_a_relsql_error_and_frees_the_partial_files",
         "test_writing_a_part_imports_no_torch"},
+    "test_template_plain": {"test_the_rebuilt_ir_equals_the_parsed_one_for_a_generated_lahman_template"},
     "test_time_to_accuracy": {"test_signed_size_label_is_the_documented_rule"},
     "test_tracking": {"test_tensorboard_event_files_hold_the_history_steps_report_and_template"},
     "test_trainer": {"test_adamw_cosine_and_clipping_take_the_steps_of_a_plain_torch_loop[clipped]"},
