@@ -191,6 +191,17 @@ TAMPERED = {
     "undeclared weight": lambda d: d["weights"].pop(),
     "a query reading a file": lambda d: _replace(_column_node(_first_rule(d)["query"]), {
         "@": "Anonymous", "this": "read_text", "expressions": [{"@": "Literal", "this": "/etc/passwd", "is_string": True}]}),
+    # sqlglot prints these as they are: SQL text there would pass the reads-only check unseen
+    "SQL text as an unquoted name": lambda d: _column_node(_first_rule(d)["query"])["this"].update(
+        this="x FROM read_text('/etc/passwd') --", quoted=False),
+    "SQL text as a number": lambda d: _replace(_column_node(_first_rule(d)["query"]), {
+        "@": "Literal", "this": "1 FROM read_text('/etc/passwd') --", "is_string": False}),
+    "SQL text as a function name": lambda d: _replace(_column_node(_first_rule(d)["query"]), {
+        "@": "Anonymous", "this": "read_text('/etc/passwd') --", "expressions": []}),
+    "SQL text as a join kind": lambda d: _first_rule(d)["query"]["joins"][0].update(kind="JOIN read_text('x')"),
+    "a number where text belongs": lambda d: _column_node(_first_rule(d)["query"])["this"].update(this=5),
+    "an aggregate in an ungrouped rule": lambda d: d["relations"][0]["rules"][0].update(
+        expr={"@": "Agg", "kind": "sum", "arg": d["relations"][0]["rules"][0]["expr"]}),
     "not a select": lambda d: _first_rule(d)["query"].update({"@": "Delete"}),
     "shape not a width": lambda d: d["weights"][0].update(shape=["3"]),
 }

@@ -23,6 +23,7 @@ import gc
 import hashlib
 import json
 import math
+import re
 
 import sqlglot
 import sqlglot.expressions as exp
@@ -35,9 +36,16 @@ MAX_DEPTH = 200  # levels of one body query's tree (parsed templates: about 10)
 MAX_NODES = 2_000_000  # nodes of all body queries together (Lahman's auto template: 7,389)
 _SQL_CLASSES = {c.__name__: c for c in vars(exp).values() if isinstance(c, type) and issubclass(c, exp.Expression)}
 _DTYPE = "@type"  # a sqlglot data type's name (exp.DataType.Type), the one argument value that is not a node or a scalar
+# Where a body query holds text, and what text: sqlglot prints an unquoted name, a number literal,
+# a function's or a keyword's name as they are, so there they must read as the parser reads them
+# (else a crafted file could splice SQL text past the reads-only check). Flags (bool) are printed
+# as keywords or not at all; other values have no place in a parsed body query.
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
+_NUMBER = re.compile(r"(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+_JOIN_WORDS = {"LEFT", "RIGHT", "FULL", "INNER", "OUTER", "CROSS", "SEMI", "ANTI", "ASOF", "POSITIONAL", "NATURAL"}
 _WEIGHT_KINDS = {"bias", "embed", "gain", "linear", "text", "typed"}  # what the SQL frontend declares
 _ACTIVATIONS = {"relu", "sigmoid", "leaky_relu", "identity", "softmax", "tanh", "exp", "log", "gelu", "sum_per_head"}
-_AGGREGATES = {"sum", "avg", "max", "min", "count", "attention"}
+_AGGREGATES = {"sum", "avg", "max", "min", "count"}
 
 
 class PlainError(RelsqlError):
@@ -92,9 +100,41 @@ def _sql_plain(node: exp.Expression, depth: int) -> dict:
             out[key] = [_sql_value(v, depth) for v in value]
         else:
             out[key] = _sql_value(value, depth)
+    if _text_problem(type(node), node.args) is not None:
+        raise _NoPlain
     if node.comments:
         out["@comments"] = [str(c) for c in node.comments]
     return out
+
+
+def _text_problem(cls: type, args: dict) -> str | None:
+    """What is wrong with a node's text and flag arguments (see _NAME), None when nothing is."""
+    for key, value in args.items():
+        if isinstance(value, list):
+            if any(not isinstance(v, exp.Expression) for v in value):
+                return f"its {key!r} holds a value that is not a node"
+            continue
+        if value is None or isinstance(value, exp.Expression) or type(value) is bool:
+            continue
+        if isinstance(value, exp.DataType.Type):
+            if (cls, key) != (exp.DataType, "this"):
+                return f"its {key!r} is a data type"
+            continue
+        if type(value) is not str:
+            return f"its {key!r} is a {type(value).__name__}"
+        if cls is exp.Identifier and key == "this":
+            ok = args.get("quoted") is True or _NAME.fullmatch(value) is not None
+        elif cls is exp.Literal and key == "this":
+            ok = args.get("is_string") is True or _NUMBER.fullmatch(value) is not None
+        elif cls in (exp.Anonymous, exp.Var) and key == "this":
+            ok = _NAME.fullmatch(value) is not None
+        elif cls is exp.Join and key in ("kind", "side", "method"):
+            ok = value.upper() in _JOIN_WORDS
+        else:
+            ok = False
+        if not ok:
+            return f"its {key!r} is text {_shown(value)}, which the parser would not have put there"
+    return None
 
 
 def _sql_value(value: object, depth: int) -> object:
@@ -222,16 +262,19 @@ class _Reader:
         if unknown:
             raise PlainError(f"{where}: it reads {_shown(unknown[0])}, which is not a relation of the template")
         n_columns = _get(item, "n_columns", int, where)
-        if n_columns < 0 or isinstance(n_columns, bool):
+        if n_columns < 0:
             raise PlainError(f"{where}: n_columns is not a count")
         expr = _Expr(self.out, len(refs), n_columns, where).read(_get(item, "expr", dict, where), 1)
+        grouped = _get(item, "grouped", bool, where)
+        if not grouped and any(isinstance(e, ir.Agg) for e in ir.walk(expr)):
+            raise PlainError(f"{where}: its neural expression aggregates, but the rule is not grouped")
         query = self.query(_get(item, "query", dict, where), where)
         _check_selects(query, len(relation.keys), len(refs), n_columns, where)
         try:
             sqlrule.check_reads_only(query, f"{relation.name}, {origin}")
         except RelsqlError as err:
             raise PlainError(str(err)) from None
-        return ir.Rule(head=relation.name, query=query, refs=refs, expr=expr, grouped=_get(item, "grouped", bool, where),
+        return ir.Rule(head=relation.name, query=query, refs=refs, expr=expr, grouped=grouped,
                        distinct=_get(item, "distinct", bool, where), origin=origin, n_columns=n_columns, depends=depends,
                        offset_applies=_get(item, "offset_applies", bool, where))
 
@@ -262,6 +305,9 @@ class _Reader:
                 args[key] = [self.sql_value(v, depth, where) for v in value]
             else:
                 args[key] = self.sql_value(value, depth, where)
+        problem = _text_problem(cls, args)
+        if problem is not None:
+            raise PlainError(f"{where}: a {cls.__name__} of its body query: {problem}")
         node = cls(**args)
         comments = data.get("@comments")
         if comments is not None:
@@ -290,7 +336,8 @@ class _Expr:
     def fail(self, message: str) -> PlainError:
         return PlainError(f"{self.where}: its neural expression {message}")
 
-    def read(self, data: object, depth: int) -> ir.Expr:  # noqa: C901 - one check per node kind, in one place
+    def read(self, data: object, depth: int, inside_agg: bool = False) -> ir.Expr:  # noqa: C901 - one check per field kind
+        """A node and its subtree; `inside_agg`: below an aggregate, where none may nest (as the parser says)."""
         if depth > ir.MAX_EXPRESSION_DEPTH:
             raise self.fail(f"nests deeper than {ir.MAX_EXPRESSION_DEPTH} levels")
         if not isinstance(data, dict):
@@ -298,6 +345,10 @@ class _Expr:
         cls = _EXPRESSIONS.get(data.get("@"))  # type: ignore[arg-type]
         if cls is None:
             raise self.fail(f"holds an unknown node kind {_shown(data.get('@'))}")
+        if issubclass(cls, ir.Agg):
+            if inside_agg:
+                raise self.fail("nests an aggregate inside another")
+            inside_agg = True
         names = {f.name for f in dataclasses.fields(cls)}
         if set(data) - {"@"} != names:
             raise self.fail(f"has a {cls.__name__} with fields {sorted(set(data) - {'@'})}, not {sorted(names)}")
@@ -306,13 +357,11 @@ class _Expr:
             kind = "expr" if (cls, name) == (ir.Attention, "value") else _FIELDS[name]
             value = data[name]
             if kind == "expr":
-                value = self.read(value, depth + 1)
+                value = self.read(value, depth + 1, inside_agg)
             elif kind == "exprs":
                 if not isinstance(value, list) or not value:
                     raise self.fail(f"has a {cls.__name__} whose {name} is not a list of nodes")
-                value = tuple(self.read(v, depth + 1) for v in value)
-            elif kind == "expr?":
-                value = None if value is None else self.read(value, depth + 1)
+                value = tuple(self.read(v, depth + 1, inside_agg) for v in value)
             else:
                 value = self.scalar(cls, name, kind, value)
             fields[name] = value
@@ -351,7 +400,7 @@ class _Expr:
             bad = f"has an unknown activation {_shown(node.name)}"
         elif isinstance(node, ir.Attention) and (node.kind != "attention" or node.mode not in ("concat", "mean")):
             bad = "has an attention of an unknown kind or mode"
-        elif isinstance(node, ir.Agg) and node.kind not in _AGGREGATES:
+        elif isinstance(node, ir.Agg) and not isinstance(node, ir.Attention) and node.kind not in _AGGREGATES:
             bad = f"has an unknown aggregate {_shown(node.kind)}"
         elif isinstance(node, ir.Combine) and node.kind != "concat":
             bad = f"has an unknown combination {_shown(node.kind)}"
