@@ -201,8 +201,8 @@ def saved_template(state: dict, where: str) -> Template:
         try:
             built = plain_ir.loads(files.field(state, "template_ir", str, where), source=text, language=language)
         except plain_ir.PlainError as err:
-            raise RelsqlError(f"{where} is damaged: its parsed template (template_ir): {err}; build the model again and "
-                              "save it, or load it with the relsql that saved it") from None
+            raise RelsqlError(f"{where} is damaged: its parsed template (template_ir): {err}; build the model again "
+                              "and save it") from None
         if built is not None:
             return Template._of(built)
     try:
