@@ -122,6 +122,7 @@ SLOW_TESTS = {
         "test_database_embeddings_train_the_same_with_and_without_a_store"},
     "test_store_safety": {"test_a_full_disk_while_building_is_a_relsql_error_and_frees_the_partial_files",
         "test_writing_a_part_imports_no_torch"},
+    "test_template_plain": {"test_the_rebuilt_ir_equals_the_parsed_one_for_a_generated_lahman_template"},
     "test_time_to_accuracy": {"test_signed_size_label_is_the_documented_rule"},
     "test_tracking": {"test_tensorboard_event_files_hold_the_history_steps_report_and_template"},
     "test_trainer": {"test_adamw_cosine_and_clipping_take_the_steps_of_a_plain_torch_loop[clipped]"},

@@ -675,3 +675,9 @@ def _split_keywords(args: list) -> tuple[dict[str, exp.Expression], list]:
         else:
             rest.append(arg)
     return keywords, rest
+
+
+def check_reads_only(select: exp.Select, origin: str) -> None:
+    """The parser's check that a body query only reads the database's tables, for a query that
+    comes from elsewhere (a saved model's plain IR, relsql/template/plain.py)."""
+    _Statement(ir.Template(), select, origin)._check_reads_only(select)

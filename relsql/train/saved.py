@@ -25,6 +25,7 @@ from relsql import arguments, ownfiles
 from relsql.errors import RelsqlError, TemplateError
 from relsql.ground.execute import Presets
 from relsql.template import Template, ir
+from relsql.template import plain as plain_ir
 from relsql.train import checkpoint as files
 from relsql.train.ranking.task import LOSSES as RANKING_LOSSES
 from relsql.train.ranking.task import NEGATIVES, RankingTask
@@ -100,7 +101,7 @@ def write(state: ModelState, path: str | Path) -> Path:
                        f"{plot.name}), or move that file away")
     task, encodings = state.task, state.presets
     return ownfiles.write_marked(path, "model", SAVE_FIX, lambda partial: files.write(partial, FORMAT, {
-        "template": state.template.source, "language": state.template.language,
+        "template": state.template.source, "language": state.template.language, **template_ir(state.template),
         "target": state.target, "output": state.output, "time_column": state.time_column,
         "fractions": tuple(float(f) for f in state.fractions), "seed": int(state.seed),
         "dtype": str(state.dtype).removeprefix("torch."),
@@ -145,12 +146,7 @@ def _read(path: str | Path) -> ModelState:
         except RelsqlError as err:
             raise RelsqlError(f"{where} is damaged: {err}") from None
 
-    language = check("language", arguments.choice, get("language", str), ("sql", "datalog"))
-    text = get("template", str)
-    try:
-        template = Template.from_sql(text) if language == "sql" else Template.from_datalog(text)
-    except TemplateError as err:
-        raise TemplateError(f"{where}: its template: {err}") from None
+    template = saved_template(state, where)
     output = get("output", str)
     if output not in template.relations:
         raise RelsqlError(f"{where} is damaged: its output {files.shown(output)} is not a relation of its template")
@@ -187,6 +183,32 @@ def _read(path: str | Path) -> ModelState:
         weights=weights, head=get("head", dict),
         hybrid=hybrid(state.get("hybrid"), where, target=target, keys=template.relations[output].keys, task=checked_task),
     )
+
+
+def template_ir(template: ir.Template) -> dict:
+    """The parsed template as plain data (relsql/template/plain.py), for `Model.load` to rebuild
+    instead of parsing the text again; none for a template without a plain form (Datalog)."""
+    text = plain_ir.dumps(template)
+    return {} if text is None else {"template_ir": text}
+
+
+def saved_template(state: dict, where: str) -> Template:
+    """A file's template: its plain IR, checked, where it has one that fits its text; the text
+    parsed otherwise (files written before plain IRs, Datalog, an edited text, another sqlglot)."""
+    language = arguments.choice(f"{where}: language", files.field(state, "language", str, where), ("sql", "datalog"))
+    text = files.field(state, "template", str, where)
+    if "template_ir" in state:
+        try:
+            built = plain_ir.loads(files.field(state, "template_ir", str, where), source=text, language=language)
+        except plain_ir.PlainError as err:
+            raise RelsqlError(f"{where} is damaged: its parsed template (template_ir): {err}; build the model again "
+                              "and save it") from None
+        if built is not None:
+            return Template._of(built)
+    try:
+        return Template.from_sql(text) if language == "sql" else Template.from_datalog(text)
+    except TemplateError as err:
+        raise TemplateError(f"{where}: its template: {err}") from None
 
 
 def saved_classes(table: pa.Table, where: str) -> list:
