@@ -255,3 +255,15 @@ def test_auto_template_refuses_line_breaks_in_names():
                '(id INT PRIMARY KEY, t_id INT REFERENCES t(id)); ')
     with pytest.raises(relsql.SchemaError, match="line break"):
         relsql.Template.auto(db, "t.y", hops=1)
+
+
+def test_comments_after_the_last_statement_are_comments():
+    """sqlglot hands a comment after the last `;` back as an empty statement; the template is the
+    statements around it, the same as without the comments."""
+    plain = ("CREATE TABLE r AS SELECT a.id, relu(linear(a.x, 2)) AS h FROM a;\n"
+             "CREATE TABLE s AS SELECT a.id, r.h AS h FROM a JOIN r ON r.id = a.id;")
+    commented = "-- before\n" + plain.replace(";\n", "; -- after the first\n") + "\n-- after the last\n/* and a block */\n"
+    bare, annotated = relsql.Template.from_sql(plain), relsql.Template.from_sql(commented)
+    assert list(annotated.relations) == list(bare.relations) == ["r", "s"]
+    assert [len(r.rules) for r in annotated.relations.values()] == [1, 1]
+    refused(sql("-- only a comment\n"), "empty")

@@ -179,7 +179,8 @@ def _parse_sql_template(text: str, depth: int | None) -> ir.Template:
         tokens = dialect.tokenize(text)
         _check_nesting(tokens)
         spans = _statements(text, tokens)
-        statements = [s for s in dialect.parser().parse(tokens, text) if s is not None]
+        # a comment after the last `;` comes back as an empty Semicolon statement that carries it
+        statements = [s for s in dialect.parser().parse(tokens, text) if s is not None and not isinstance(s, exp.Semicolon)]
     except TokenError:
         raise TemplateError(_token_message(text)) from None
     except ParseError as err:
