@@ -24,11 +24,12 @@ from relsql.compile.passes import (
     shared_aggregation,
 )
 from relsql.compile.plan import Plan
-from relsql.compile.reuse import PlanCache, Trace
+from relsql.compile.reuse import Trace
 from relsql.ground.demand import BatchGrounder, BatchGrounding
 from relsql.ground.store import GroundingStore
 from relsql.train import guards
 from relsql.train.embeddings import DatabaseEmbedding, EmbeddingTable
+from relsql.train.shapes import BatchPlans
 from relsql.train.swapped import SwappedEmbedding
 
 # No kernel timing per batch (nor row renumbering, which times too), and no isomorphic compression: a
@@ -71,7 +72,7 @@ class Batched:
         self.source = store if store is not None else grounder  # where a batch's groundings come from
         self.embedding_optimizer, self.embedding_lr = embedding_optimizer, embedding_lr
         self.stores: dict[str, EmbeddingTable] = {}
-        self.plans = PlanCache(template, dtype, PASSES, [output], self.device)  # one plan per batch shape, replayed
+        self.plans = BatchPlans(template, dtype, PASSES, [output], self.device)  # one plan per batch shape, replayed
         self.replay = True  # False: each batch planned afresh (a prediction of a few rows: recording costs 2-3x a plan)
 
     def prepare(self, rids: np.ndarray, sample: int = 0) -> Batch:
