@@ -58,7 +58,7 @@ def test_shuffled_epochs_stop_recording_and_replays_equal_fresh_plans():
     model = shop_model(150)
     batched = model.batched
     recorded = []
-    for e, epoch in enumerate(epochs(model.output_rows, 150, 6, seed=5)):
+    for e, epoch in enumerate(epochs(model.output_rows, 150, 5, seed=5)):
         for b, rids in enumerate(epoch):
             batch = batched.prepare(rids)
             if e % 3 == 1 and b in (0, 1, len(epoch) - 1):  # replays (the short batch too) against a plan made afresh

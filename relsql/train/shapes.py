@@ -75,6 +75,7 @@ class BatchPlans(PlanCache):
         self.peaks: list[tuple] = []  # per group of batches sharing shapes: the peak of their needs
 
     def _shape(self, need: tuple) -> tuple:
+        """A recorded shape `need` fits (the cache's choice), else a grown one for its kind (never a refused one)."""
         chosen = super()._shape(need)
         if chosen in self.traces:
             return chosen
@@ -85,14 +86,14 @@ class BatchPlans(PlanCache):
             if _kind(seen) == kind:
                 peak = _peak(seen, need)
                 shape = shape_for(_grown(peak, HEADROOM))
-                if volume(shape) <= limit and fits(need, shape):
+                if volume(shape) <= limit and shape not in self.refused and fits(need, shape):
                     candidates.append((volume(shape), i, peak, shape))
         if candidates:
             _, i, peak, shape = min(candidates, key=lambda c: c[0])
             self.peaks[i] = peak
             return shape
         shape = shape_for(_grown(need, HEADROOM))
-        if not fits(need, shape) or volume(shape) > limit:
+        if volume(shape) > limit or shape in self.refused or not fits(need, shape):
             return own
         if len(self.peaks) < self.MAX_SHAPES:
             self.peaks.append(need)
