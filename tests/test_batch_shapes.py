@@ -100,3 +100,31 @@ def test_a_batch_a_little_larger_than_any_recorded_replays_the_grown_shape():
     got, _ = run(model, batch.plan, batch.grounding, second, external)
     want, _ = run(model, fresh, batch.grounding, second, external)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_an_unshuffled_loaders_batches_are_prepared_once_and_equal_the_full_batch(monkeypatch):
+    monkeypatch.setenv("RELSQL_BATCH_PROCESS", "0")  # batches prepared in this process, where the store reads are counted
+    model = shop_model(150)
+    store = model.batched.grounding_store
+    reads = []
+    ground = store.ground
+    monkeypatch.setattr(store, "ground", lambda rids, sample=0: reads.append(len(rids)) or ground(rids, sample))
+    with relsql.Loader(model, split="train", batch_size=150, shuffle=False) as loader, \
+            relsql.Loader(model, split="train", batch_size=None, shuffle=False) as whole:
+        full = {}
+        with torch.no_grad():
+            for batch in whole:
+                full.update(zip(batch.rows.tolist(), batch.outputs()))
+        epochs = []
+        for _ in range(2):
+            outs = {}
+            with torch.no_grad():
+                for batch in loader:
+                    outs.update(zip(batch.rows.tolist(), batch.outputs()))
+            epochs.append((outs, len(reads)))
+    (first, read_first), (second, read_second) = epochs
+    assert read_first == len(loader) and read_second == read_first  # the second epoch read nothing from the store
+    assert sorted(first) == sorted(second) == sorted(full)
+    for row, value in full.items():
+        torch.testing.assert_close(first[row], value, rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(second[row], value, rtol=1e-9, atol=1e-9)
