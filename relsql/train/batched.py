@@ -34,14 +34,14 @@ from relsql.train.embeddings import DatabaseEmbedding, EmbeddingTable
 from relsql.train.shapes import BatchPlans
 from relsql.train.swapped import SwappedEmbedding
 
+KEPT_BYTES = 64 * 2**20  # prepared batches kept for a repeat (see Batched.traced), at most about this many bytes
+
 # No kernel timing per batch (nor row renumbering, which times too), and no isomorphic compression: a
 # batch's plan runs once, and finding its row classes cost 6x the rest of planning (TPC-H, 16,384
 # orders) for one forward and backward. Nor shared partial sums: their greedy and timing cost more than one step saves.
 # Nor value deduplication: its distinct-row count (a torch.unique per column, 0.6 ms of a TPC-H batch's
 # 2.5 ms plan) differs from batch to batch, so a plan replayed per shape (relsql/compile/reuse.py) would
 # have to redo it every time.
-KEPT_BYTES = 64 * 2**20  # prepared batches kept for a repeat (see Batched.traced), at most about this many bytes
-
 PASSES = tuple(rule for rule in RULES if rule not in (choose_segment_kernels, compress_groundings, deduplicate_rows,
                                                       reorder_rows, shared_aggregation))
 
