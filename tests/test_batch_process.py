@@ -114,6 +114,7 @@ def test_an_error_in_the_child_reaches_the_trainer(learner, monkeypatch):
         raise relsql.RelsqlError(f"grounding store: batch of {len(rids)} rows is damaged")
 
     monkeypatch.setattr(learner.batched.grounding_store, "ground", damaged)  # the child forks with it
+    monkeypatch.setattr(learner.batched, "kept", type(learner.batched.kept)())  # not the batches earlier tests kept
     with BatchSource(learner.batched, fork=True) as source:
         with pytest.raises(relsql.RelsqlError, match="batch of 40 rows is damaged"):
             list(source.epoch(chunks_of(learner, 0)))

@@ -169,6 +169,7 @@ def _serve(connection, other, batched: Batched) -> None:
     other.close()  # the trainer's end: when the trainer is gone, recv sees the end of the pipe
     torch.set_num_threads(1)
     batched.plans.lock = threading.Lock()  # a lock some thread of the parent held at the fork stays held here
+    batched.kept_lock = threading.Lock()
     sent: dict[int, object] = {}  # id of a trace whose frame the parent has -> the trace (keeps the id unique)
     while True:
         try:

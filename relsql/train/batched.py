@@ -9,6 +9,8 @@ The forward pass runs the batch's plan with the model's weights.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,12 +26,15 @@ from relsql.compile.passes import (
     shared_aggregation,
 )
 from relsql.compile.plan import Plan
-from relsql.compile.reuse import PlanCache, Trace
+from relsql.compile.reuse import Trace, raw_tensors
 from relsql.ground.demand import BatchGrounder, BatchGrounding
 from relsql.ground.store import GroundingStore
 from relsql.train import guards
 from relsql.train.embeddings import DatabaseEmbedding, EmbeddingTable
+from relsql.train.shapes import BatchPlans
 from relsql.train.swapped import SwappedEmbedding
+
+KEPT_BYTES = 64 * 2**20  # prepared batches kept for a repeat (see Batched.traced), at most about this many bytes
 
 # No kernel timing per batch (nor row renumbering, which times too), and no isomorphic compression: a
 # batch's plan runs once, and finding its row classes cost 6x the rest of planning (TPC-H, 16,384
@@ -71,15 +76,49 @@ class Batched:
         self.source = store if store is not None else grounder  # where a batch's groundings come from
         self.embedding_optimizer, self.embedding_lr = embedding_optimizer, embedding_lr
         self.stores: dict[str, EmbeddingTable] = {}
-        self.plans = PlanCache(template, dtype, PASSES, [output], self.device)  # one plan per batch shape, replayed
+        self.plans = BatchPlans(template, dtype, PASSES, [output], self.device)  # one plan per batch shape, replayed
         self.replay = True  # False: each batch planned afresh (a prediction of a few rows: recording costs 2-3x a plan)
+        self.kept: OrderedDict[tuple, tuple[Batch, Trace | None, int]] = OrderedDict()  # (rids, sample) -> batch, oldest first
+        self.kept_bytes = 0
+        self.kept_lock = threading.Lock()  # prediction's worker thread may prepare while training's does
 
     def prepare(self, rids: np.ndarray, sample: int = 0) -> Batch:
         """Ground and plan a batch (store or database, and torch work; no weights involved)."""
         return self.traced(rids, sample)[0]
 
     def traced(self, rids: np.ndarray, sample: int = 0) -> tuple[Batch, Trace | None]:
-        """The batch, and the recorded plan its plan fills (None: planned afresh)."""
+        """The batch, and the recorded plan its plan fills (None: planned afresh).
+
+        A batch of the same rows asked again (fit's validation batches every epoch, an unshuffled
+        Loader's) is the one prepared before: read from a grounding store, whose files do not
+        change, with no fan-out sampling (else `sample` reseeds it), the last KEPT_BYTES of them."""
+        key = self._key(rids, sample)
+        with self.kept_lock:
+            if key in self.kept:
+                self.kept.move_to_end(key)
+                return self.kept[key][:2]
+        batch, trace = self._traced(rids, sample)
+        if key is not None:
+            with self.kept_lock:
+                self._keep(key, batch, trace)
+        return batch, trace
+
+    def _key(self, rids: np.ndarray, sample: int) -> tuple | None:
+        if self.grounding_store is None or not self.replay:
+            return None
+        fanout = self.grounding_store.fanout
+        return np.asarray(rids, dtype=np.int64).tobytes(), sample if fanout else 0
+
+    def _keep(self, key: tuple, batch: Batch, trace: Trace | None) -> None:
+        size = sum(t.element_size() * t.numel() for t in raw_tensors(batch.grounding)) * 2  # and the plan's own
+        if size > KEPT_BYTES:
+            return
+        self.kept[key] = (batch, trace, size)
+        self.kept_bytes += size
+        while self.kept_bytes > KEPT_BYTES:
+            self.kept_bytes -= self.kept.popitem(last=False)[1][2]
+
+    def _traced(self, rids: np.ndarray, sample: int) -> tuple[Batch, Trace | None]:
         grounding = self.source.ground(rids, sample)
         if self.grounding_store is None:  # a category the tables gained after the build has no row to look up;
             guards.check_codes(grounding, self.template)  # the store range-checks every code it reads (GroundingStore._codes)
