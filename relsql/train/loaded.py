@@ -5,8 +5,9 @@ columns, the columns a GBM blend reads, the split against the count of labelled 
 Grounding and planning wait. `predict(keys=...)` or `predict(where=...)` then grounds only the
 rows asked for (demand grounding, relsql/ground/demand.py) and runs them on a net made from
 their batch with the file's weights: a user who loads a model to score a few rows pays for those
-rows (and, for the global row numbering demand grounding uses, the key tables of the relations the
-output depends on). Their values equal the full model's up to the order of float sums (a batch's
+rows: the key tables are restricted to the rows the asked keys reach and numbered among them
+(relsql/ground/closure.py; a GBM blend, fan-out sampling and Spark keep the whole key tables,
+numbered globally). Their values equal the full model's up to the order of float sums (a batch's
 plan skips the passes that reorder them: 1 ulp in float64 for a few rows). Anything else (predict
 of every row, evaluate, fit, save, the net itself) first builds the model as Model(...) does, with
 the file's encodings, task and split, and sets the file's weights: the same plan, so the same

@@ -12,7 +12,6 @@ import torch
 from relsql import sql as q
 from relsql.db import free_name
 from relsql.errors import RelsqlError
-from relsql.train import baselines
 from relsql.train import rows as chosen
 from relsql.train.learner import Learner
 
@@ -29,13 +28,6 @@ def evaluate(learner: Learner, split: str) -> dict[str, float]:
         if hybrid is not None:
             out = hybrid.blend(learner, learner.labelled[learner.rows[split]], out)
         return learner.scores(out, y)
-
-
-def baseline(learner: Learner, split: str) -> dict[str, float]:
-    """The majority class (classification) or mean (regression) of the training rows, on a split."""
-    if split not in learner.rows or not len(learner.rows[split]):
-        raise RelsqlError(f"split {split!r} has no rows; use 'train', 'val' or 'test'")
-    return baselines.majority(learner, split)
 
 
 def _key_frame(learner: Learner, keys: object = None, where: object = None, splits: bool = False) -> pl.DataFrame:
