@@ -159,3 +159,20 @@ def test_every_prefix_of_the_pipeline_keeps_values(case, cases):
     case, name = cases[case], case
     for end in range(2, len(RULES)):
         assert_same(case.reference, case.run(RULES[:end]), f"{name} through {RULES[end - 1].__name__}")
+
+
+@pytest.mark.parametrize("slope, in_place", [(0.1, True), (-0.1, False)])
+def test_leaky_relu_in_place_only_where_torch_can_differentiate_it(slope, in_place):
+    """torch's in-place leaky_relu has no backward for a negative slope: there the activation stays
+    out of place, and values and gradients equal the plan without passes."""
+    from relsql.compile.passes.inplace_activations import inplace_activations
+
+    db = relsql.connect()
+    db.con.execute("CREATE TABLE a AS SELECT i AS id, (i - 20) / 7.0 AS x FROM range(40) t(i)")
+    template = relsql.Template.from_sql(
+        f"CREATE TABLE r AS SELECT a.id, leaky_relu(linear(a.x, 3), {slope}) AS h FROM a;\n"
+        "CREATE TABLE predict AS SELECT a.id, linear(r.h, 1) AS h FROM a JOIN r ON r.id = a.id;")
+    candidate = run(template, db, (inplace_activations,))
+    assert_same(run(template, db, ()), candidate, f"leaky_relu({slope}) with inplace_activations")
+    acts = [op for op in candidate[2].plan.ops if op.kind == "act" and op.attrs["name"] == "leaky_relu"]
+    assert [op.attrs.get("inplace", False) for op in acts] == [in_place]

@@ -20,6 +20,8 @@ def inplace_activations(plan: Plan) -> Plan:
     for op in plan.ops:
         if op.kind != "act" or op.attrs["name"] not in IN_PLACE:
             continue
+        if op.attrs["name"] == "leaky_relu" and op.attrs.get("slope", 0.01) < 0:
+            continue  # torch's in-place leaky_relu has no backward for a negative slope
         producer = made_by.get(op.args[0])
         if producer is not None and producer.kind in OUTPUT_FREE and only_reader(plan, producer.out, op, reads) \
                 and producer.rows == op.rows and producer.shape == op.shape \
