@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import duckdb
 import sqlglot.expressions as exp
 
+from relsql.sql import bound
+
 __all__ = ["Catalog", "Column", "ForeignKey", "Keys", "Table", "duckdb_keys", "scoped_table"]
 
 
@@ -87,11 +89,11 @@ class Catalog:
 
 def duckdb_keys(con: duckdb.DuckDBPyConnection, scope: tuple[str, str]) -> dict[str, Keys]:
     """Primary keys, foreign keys and NOT NULL columns of one DuckDB (catalog, schema)."""
-    rows = con.execute(
+    rows = con.execute(bound(
         "SELECT table_name, constraint_type, constraint_column_names, referenced_table, referenced_column_names "
-        "FROM duckdb_constraints() WHERE database_name = ? AND schema_name = ? "
+        "FROM duckdb_constraints() WHERE database_name = :catalog AND schema_name = :schema "
         "AND constraint_type IN ('PRIMARY KEY', 'FOREIGN KEY', 'NOT NULL') ORDER BY table_name, constraint_index",
-        list(scope)).fetchall()
+        catalog=scope[0], schema=scope[1])).fetchall()
     found: dict[str, dict] = {}
     for table, kind, columns, ref_table, ref_columns in rows:
         entry = found.setdefault(table, {"pk": (), "fks": [], "nn": set()})

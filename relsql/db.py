@@ -23,7 +23,7 @@ import sqlglot.expressions as exp
 
 from relsql.catalog import Catalog, Column, Keys, Table, duckdb_keys, scoped_table
 from relsql.errors import SchemaError, SourceError
-from relsql.sql import integer
+from relsql.sql import bound, integer
 
 TEMP_PREFIX = "__relsql_"
 _session = itertools.count()
@@ -40,13 +40,13 @@ WRITTEN_KINDS = {"table": "a plain table (Database.write_table)", "predictions":
                  "recommendations": "a table of recommendations"}
 
 
-# The tables and views of one (catalog, schema) (parameters: catalog, schema, catalog, schema): what
+# The tables and views of one (catalog, schema) (placeholders :catalog, :schema; relsql.sql.bound): what
 # information_schema.tables holds, read from the two functions that view unions (DuckDB 1.5's
 # definition); the view itself cost 78 ms CPU a query on Lahman's file against 3 ms for this, and
 # relsql asks for the tables dozens of times in a Model's construction.
 RELATIONS = ("SELECT table_name, CASE WHEN temporary THEN 'LOCAL TEMPORARY' ELSE 'BASE TABLE' END AS table_type "
-             "FROM duckdb_tables() WHERE database_name = ? AND schema_name = ? "
-             "UNION ALL SELECT view_name, 'VIEW' FROM duckdb_views() WHERE database_name = ? AND schema_name = ?")
+             "FROM duckdb_tables() WHERE database_name = :catalog AND schema_name = :schema "
+             "UNION ALL SELECT view_name, 'VIEW' FROM duckdb_views() WHERE database_name = :catalog AND schema_name = :schema")
 
 
 def ident(name: str) -> exp.Identifier:
@@ -208,8 +208,9 @@ class Source:
     def written_kind(self, db: Database, scope: tuple[str, str], name: str) -> str | None:
         """The kind relsql marked table `name` with, or None: a table relsql did not write (or an
         older relsql, which set no mark)."""
-        row = db.con.execute("SELECT comment FROM duckdb_tables() WHERE database_name = ? AND schema_name = ? "
-                             "AND table_name = ?", [scope[0], scope[1], name]).fetchone()
+        row = db.con.execute(bound("SELECT comment FROM duckdb_tables() WHERE database_name = :catalog "
+                                   "AND schema_name = :schema AND table_name = :name",
+                                   catalog=scope[0], schema=scope[1], name=name)).fetchone()
         return marked_kind(row[0] if row else None)
 
     def written_kinds(self, db: Database, scope: tuple[str, str]) -> dict[str, str | None] | None:
@@ -217,8 +218,8 @@ class Source:
         table's), tables without a mark left out; None where a source reads its marks its own way."""
         if type(self).written_kind is not Source.written_kind:
             return None
-        rows = db.con.execute("SELECT table_name, comment FROM duckdb_tables() WHERE database_name = ? AND schema_name = ?",
-                              [scope[0], scope[1]]).fetchall()
+        rows = db.con.execute(bound("SELECT table_name, comment FROM duckdb_tables() WHERE database_name = :catalog "
+                                    "AND schema_name = :schema", catalog=scope[0], schema=scope[1])).fetchall()
         return {name: kind for name, comment in rows if (kind := marked_kind(comment)) is not None}
 
     def after_rollback(self, db: Database) -> None:
@@ -429,7 +430,7 @@ class Database:
 
     def _tables_in(self, scope: tuple[str, str]) -> list[str]:
         try:
-            rows = self.con.execute(RELATIONS + " ORDER BY table_name", [*scope, *scope]).fetchall()
+            rows = self.con.execute(bound(RELATIONS + " ORDER BY table_name", catalog=scope[0], schema=scope[1])).fetchall()
         except duckdb.Error as err:  # a server gone away, a file removed under an attached catalog
             raise lost_connection(self.description, err) or SourceError(
                 f"cannot list the tables of {self.description}: {_without_secrets(first_line(err))}; "
@@ -511,9 +512,10 @@ class Database:
         scopes: dict[str, tuple[str, str]] = {}
         found: dict[str, list[tuple[str, str]]] = {}
         for scope in self.scopes():
-            rows = self.con.execute(
+            rows = self.con.execute(bound(
                 "SELECT table_name, column_name, data_type FROM information_schema.columns "
-                "WHERE table_catalog = ? AND table_schema = ? ORDER BY table_name, ordinal_position", list(scope)).fetchall()
+                "WHERE table_catalog = :catalog AND table_schema = :schema ORDER BY table_name, ordinal_position",
+                catalog=scope[0], schema=scope[1])).fetchall()
             for table, column, kind in rows:
                 if table.startswith(TEMP_PREFIX) or scopes.setdefault(table, scope) != scope:
                     continue  # the default scope wins a name clash
@@ -522,10 +524,10 @@ class Database:
 
     def _columns(self, table: str) -> list[tuple[str, str]]:
         scope = self.table_scopes().get(table)
-        rows = [] if scope is None else self.con.execute(
+        rows = [] if scope is None else self.con.execute(bound(
             "SELECT column_name, data_type FROM information_schema.columns "
-            "WHERE table_catalog = ? AND table_schema = ? AND table_name = ? ORDER BY ordinal_position",
-            [scope[0], scope[1], table]).fetchall()
+            "WHERE table_catalog = :catalog AND table_schema = :schema AND table_name = :name ORDER BY ordinal_position",
+            catalog=scope[0], schema=scope[1], name=table)).fetchall()
         if not rows:
             raise SchemaError(f"table `{table}` does not exist in {self.description}; "
                               f"known tables: {', '.join(self.tables()) or 'none'}")
@@ -572,11 +574,12 @@ class Database:
             if not names:
                 continue
             keys = self.source.keys(self, scope) if index == 0 else duckdb_keys(self.con, scope)
-            kinds = dict(self.con.execute(RELATIONS, [*scope, *scope]).fetchall())
+            kinds = dict(self.con.execute(bound(RELATIONS, catalog=scope[0], schema=scope[1])).fetchall())
             columns: dict[str, list[tuple[str, str, str]]] = {}
-            for table, name, dtype, nullable in self.con.execute(
+            for table, name, dtype, nullable in self.con.execute(bound(
                     "SELECT table_name, column_name, data_type, is_nullable FROM information_schema.columns "
-                    "WHERE table_catalog = ? AND table_schema = ? ORDER BY table_name, ordinal_position", list(scope)).fetchall():
+                    "WHERE table_catalog = :catalog AND table_schema = :schema ORDER BY table_name, ordinal_position",
+                    catalog=scope[0], schema=scope[1])).fetchall():
                 columns.setdefault(table, []).append((name, dtype, nullable))
             for table in names:
                 key = keys.get(table, Keys())

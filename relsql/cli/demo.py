@@ -25,7 +25,8 @@ def _holds_demo_data(db: relsql.Database, table: str, parquet: Path) -> bool:
     """Whether `table` has exactly the columns and rows (as a multiset) of the demo's Parquet file."""
     try:
         columns = [c for c, _ in db.columns(table)]
-        shipped = [d[0] for d in db.con.execute("SELECT * FROM read_parquet(?) LIMIT 0", [str(parquet)]).description]
+        empty = exp.select("*").from_(exp.func("read_parquet", exp.Literal.string(str(parquet)))).limit(0)
+        shipped = [d[0] for d in db.con.execute(empty.sql("duckdb")).description]
         if columns != shipped:
             return False
         stored, shipped = (exp.Table(this=exp.to_identifier(table, quoted=True)),

@@ -20,6 +20,7 @@ import duckdb
 import sqlglot.expressions as exp
 
 from relsql.errors import SourceError
+from relsql.sql import bound
 
 __all__ = ["SOURCES_EXTRA", "WHEEL_VERSION", "extension_file", "is_loaded", "load", "missing_message", "wheel_name"]
 
@@ -48,7 +49,7 @@ def extension_file(name: str, version: str | None = None) -> Path | None:
 
 
 def is_loaded(con: duckdb.DuckDBPyConnection, name: str) -> bool:
-    row = con.execute("SELECT bool_or(loaded) FROM duckdb_extensions() WHERE extension_name = ?", [name]).fetchone()
+    row = con.execute(bound("SELECT bool_or(loaded) FROM duckdb_extensions() WHERE extension_name = :name", name=name)).fetchone()
     return bool(row and row[0])
 
 

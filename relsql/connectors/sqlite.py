@@ -18,6 +18,7 @@ from relsql.catalog import ForeignKey, Keys
 from relsql.connectors import extensions
 from relsql.db import SQLITE_MAGIC, TEMP_PREFIX, Database, Source, first_line, ident, qualified
 from relsql.errors import SourceError
+from relsql.sql import bound
 
 __all__ = ["ALIAS", "SQLiteFile", "open_sqlite", "sqlite_keys"]
 
@@ -40,16 +41,17 @@ class SQLiteFile(Source):
         on the table's first column named `__relsql_written_<kind>_<id>`, created in the open
         transaction. SQLite drops a table's indexes with it, so the mark cannot outlive the table
         (a registry table could: a user's table made later under the same name would inherit it)."""
-        first = db.con.execute("SELECT column_name FROM information_schema.columns WHERE table_catalog = ? AND "
-                               "table_schema = ? AND table_name = ? ORDER BY ordinal_position LIMIT 1",
-                               [scope[0], scope[1], name]).fetchone()
+        first = db.con.execute(bound("SELECT column_name FROM information_schema.columns WHERE table_catalog = :catalog "
+                                     "AND table_schema = :schema AND table_name = :name ORDER BY ordinal_position LIMIT 1",
+                                     catalog=scope[0], schema=scope[1], name=name)).fetchone()
         index = exp.Index(this=ident(f"{MARK_INDEX}{kind}_{uuid.uuid4().hex[:12]}"), table=qualified(name, scope),
                           params=exp.IndexParameters(columns=[exp.Ordered(this=exp.Column(this=ident(first[0])))]))
         db.execute(exp.Create(this=index, kind="INDEX"))
 
     def written_kind(self, db: Database, scope: tuple[str, str], name: str) -> str | None:
-        rows = db.con.execute("SELECT index_name FROM duckdb_indexes() WHERE database_name = ? AND schema_name = ? "
-                              "AND table_name = ? ORDER BY index_name", [scope[0], scope[1], name]).fetchall()
+        rows = db.con.execute(bound("SELECT index_name FROM duckdb_indexes() WHERE database_name = :catalog "
+                                    "AND schema_name = :schema AND table_name = :name ORDER BY index_name",
+                                    catalog=scope[0], schema=scope[1], name=name)).fetchall()
         kinds = {r[0][len(MARK_INDEX):].rsplit("_", 1)[0] for r in rows if r[0].startswith(MARK_INDEX)}
         return kinds.pop() if len(kinds) == 1 else None
 
@@ -107,7 +109,8 @@ def open_sqlite(path: Path, *, read_only: bool = False) -> Database:
         attach = exp.Attach(this=exp.Alias(this=exp.Literal.string(str(path)), alias=ident(ALIAS)), expressions=options)
         con.execute(attach.sql("duckdb"))
         con.execute(exp.Use(this=exp.Table(this=ident(ALIAS))).sql("duckdb"))
-        con.execute("SELECT count(*) FROM information_schema.tables WHERE table_catalog = ?", [ALIAS]).fetchone()
+        con.execute(bound("SELECT count(*) FROM information_schema.tables WHERE table_catalog = :catalog",
+                          catalog=ALIAS)).fetchone()
     except duckdb.Error as err:
         con.close()
         text = first_line(err)

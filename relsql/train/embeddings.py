@@ -371,8 +371,8 @@ class DatabaseEmbedding(EmbeddingTable):
         if self._deferred(table):
             return True
         if table.catalog == "temp":
-            found = self.db.con.execute("SELECT count(*) FROM duckdb_tables() WHERE temporary AND table_name = ?",
-                                        [table.name]).fetchone()[0]
+            found = self.db.con.execute(q.bound("SELECT count(*) FROM duckdb_tables() WHERE temporary AND table_name = :name",
+                                                 name=table.name)).fetchone()[0]
             drop_result(self.db.con)  # duckdb 2 keeps a result open until a fetch finds no row
             return bool(found)
         return table.name in self.db._tables_in(self.scope)

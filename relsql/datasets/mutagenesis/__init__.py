@@ -47,12 +47,10 @@ def _schema(folder: Path) -> list[exp.Create]:
 
 
 def _existing(con: duckdb.DuckDBPyConnection) -> list[str]:
-    rows = con.execute(
-        "SELECT table_name FROM information_schema.tables "
-        "WHERE table_catalog = current_database() AND table_schema = current_schema() "
-        "AND table_name IN (SELECT unnest(?::VARCHAR[]))",
-        [list(TABLES)],
-    ).fetchall()
+    query = (exp.select("table_name").from_("information_schema.tables")
+             .where("table_catalog = current_database() AND table_schema = current_schema()")
+             .where(exp.column("table_name").isin(*(exp.Literal.string(t) for t in TABLES))))
+    rows = con.execute(query.sql("duckdb")).fetchall()
     return sorted(r[0] for r in rows)
 
 
@@ -84,11 +82,11 @@ def load(con: duckdb.DuckDBPyConnection, folder: str | Path = DATA) -> dict[str,
                 raise SourceError(f"missing data file {parquet}; regenerate it with python demos/mutagenesis/build_data.py")
             columns = [c.this.name for c in create.this.expressions if isinstance(c, exp.ColumnDef)]
             insert = exp.insert(
-                exp.select(*columns).from_(exp.func("read_parquet", exp.Placeholder())),
+                exp.select(*columns).from_(exp.func("read_parquet", exp.Literal.string(str(parquet)))),
                 exp.to_table(name),
                 columns=columns,
             )
-            con.execute(insert.sql("duckdb"), [str(parquet)])
+            con.execute(insert.sql("duckdb"))
             counts[name] = con.execute(exp.select("count(*)").from_(exp.to_table(name)).sql("duckdb")).fetchone()[0]
         con.execute("COMMIT")
     except duckdb.Error as err:
