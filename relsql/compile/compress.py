@@ -53,17 +53,29 @@ def _count(classes: torch.Tensor) -> int:
     return int(classes.max()) + 1 if classes.numel() else 0
 
 
+_PROJECT_BLOCK = 1 << 20  # float64 cells of the column-major block `_project` copies at a time (8 MB)
+
+
 def _project(rows: torch.Tensor) -> torch.Tensor:
     """A random linear projection of each row, one column at a time: separate elementwise
     multiplies and adds round the same way for every row (a matmul may not: its kernels
     block rows differently), so equal rows always project to equal numbers."""
     weights = torch.randn(rows.shape[1], dtype=torch.float64, generator=torch.Generator().manual_seed(0)).tolist()
-    # column-major once: each column read below is contiguous (a row-major column is strided by the
-    # row's width: 153 strided passes over 115k rows took seconds); the arithmetic is unchanged
-    columns = rows.t().to(torch.float64).contiguous()
-    total = columns[0] * weights[0]
-    for j in range(1, rows.shape[1]):
-        total.add_(columns[j] * weights[j])
+    # a block of rows at a time, copied column-major in float64, so that each column read below is
+    # contiguous and the block stays in cache (the whole matrix transposed at once was a second
+    # pass over memory: 115k x 153 twice as slow); every row's arithmetic is the same, in the same order
+    block = max(4096, _PROJECT_BLOCK // max(rows.shape[1], 1))  # at least 4096 rows: per-call overhead
+    total = torch.empty(rows.shape[0], dtype=torch.float64)
+    columns = torch.empty((rows.shape[1], min(block, rows.shape[0])), dtype=torch.float64)
+    product = torch.empty(columns.shape[1], dtype=torch.float64)
+    for start in range(0, rows.shape[0], block):
+        part = rows[start:start + block]
+        size = part.shape[0]
+        cols, term = columns[:, :size], product[:size]
+        cols.copy_(part.t())
+        sums = torch.mul(cols[0], weights[0], out=total[start:start + size])
+        for j in range(1, rows.shape[1]):
+            sums.add_(torch.mul(cols[j], weights[j], out=term))
     return total
 
 
