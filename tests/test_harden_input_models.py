@@ -109,6 +109,8 @@ CHANGES = {  # what is changed -> words the RelsqlError must hold
                                         ["hybrid", "1,000,000,000,000 scores"]),
     "blend scores that are text": (lambda s: s["hybrid"].update(scores=[["a", "b"]]), ["hybrid", "pairs of numbers"]),
     "a 10 MB task kind": (lambda s: s["task"].update(kind="x" * 10_000_000), ["task must be one of"]),
+    "a NULL flag that is a tensor": (lambda s: next(iter(s["feature_stats"].values())).update(nulls=torch.ones(8, 2)),
+                                     ["feature statistics", "nulls is not true or false"]),
 }
 
 

@@ -391,7 +391,10 @@ def feature_stats(stats: dict, where: str) -> dict[str, dict]:
     for key, entry in stats.items():
         if not isinstance(key, str) or not isinstance(entry, dict):
             raise RelsqlError(f"{where} is damaged: feature statistics {files.shown(key)}")
+        nulls = entry.get("nulls")
+        if not (nulls is None or isinstance(nulls, (bool, np.bool_)) or (type(nulls) is int and nulls in (0, 1))):
+            raise RelsqlError(f"{where} is damaged: feature statistics {files.shown(key)}: nulls is not true or false")
         checked[key] = {**entry, "mean": arguments.number(f"{where}: {key} mean", entry.get("mean")),
                         "std": arguments.number(f"{where}: {key} std", entry.get("std"), positive=True),
-                        "nulls": bool(entry.get("nulls"))}
+                        "nulls": bool(nulls)}
     return checked
