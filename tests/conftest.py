@@ -74,7 +74,7 @@ SLOW_TESTS = {
     "test_fused_step": {"test_neuralogic_small_datasets_step_exactly[adam-trains]",
         "test_neuralogic_small_datasets_step_exactly[sgd-trains]", "test_neuralogic_small_datasets_step_exactly[sgd-xor]"},
     "test_grounding_limits": {"test_a_datalog_template_passes_at_the_default"},
-    "test_harden_bounds": {"test_ranking_model_refuses_search_loader_and_predict",
+    "test_harden_bounds": {"test_ranking_model_refuses_loader_and_predict",
         "test_total_weight_size_is_refused_before_allocation"},
     "test_harden_files": {"test_mlflow_file_store_errors_are_relsql_errors"},
     "test_harden_input_folders": {"test_alias_bombs_are_refused_before_they_expand"},
