@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from relsql.train.options import PATIENCE
+from relsql.train.defaults import PATIENCE
 
 PATIENCES = (25, 30, 40, PATIENCE)  # the last: the default; the default's plateau (100 // 4 = 25) under every one
 SMALL_ROWS = (0, 30, 100)  # 100: relsql.train.task.SELECTION_ROWS, below which the loss selects

@@ -21,7 +21,8 @@ from relsql.template.ir import Template
 from relsql.train import build, fitting, gradients, results, saved
 from relsql.train.callbacks import Callback
 from relsql.train.calls import checked_database, server_reachable, with_threads
-from relsql.train.options import EPOCHS, TIME_BUDGET, FitConfig
+from relsql.train.defaults import EPOCHS, TIME_BUDGET
+from relsql.train.options import FitConfig
 from relsql.train.ranking import results as ranked
 from relsql.train.report import LOSSES, plot_history, text_report
 from relsql.train.spec import ModelSpec

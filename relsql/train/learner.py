@@ -26,7 +26,7 @@ from relsql.template.ir import Template
 from relsql.train import baselines, guards
 from relsql.train.batched import Batch, Batched
 from relsql.train.batches import batches
-from relsql.train.options import LR, PATIENCE
+from relsql.train.defaults import LR, PATIENCE
 from relsql.train.record import FitRecord
 from relsql.train.saved import ModelState
 from relsql.train.source import BatchSource, Whole

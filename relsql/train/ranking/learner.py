@@ -26,8 +26,8 @@ from relsql.compile.module import CompiledNet
 from relsql.compile.passes import RULES, shared_aggregation
 from relsql.errors import GroundingError, SchemaError
 from relsql.ground.execute import Presets, ground
+from relsql.train.defaults import RANKING_LR, RANKING_PATIENCE, RANKING_STEP_POSITIVES, ranking_batch
 from relsql.train.learner import Learner
-from relsql.train.options import RANKING_LR, RANKING_PATIENCE, RANKING_STEP_POSITIVES, ranking_batch
 from relsql.train.ranking import hard, losses, negatives
 from relsql.train.ranking.baselines import popularity
 from relsql.train.ranking.metrics import Judge
