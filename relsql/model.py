@@ -23,7 +23,6 @@ from relsql.train.callbacks import Callback
 from relsql.train.calls import checked_database, server_reachable, with_threads
 from relsql.train.defaults import EPOCHS, TIME_BUDGET
 from relsql.train.options import FitConfig
-from relsql.train.ranking import results as ranked
 from relsql.train.report import LOSSES, plot_history, text_report
 from relsql.train.spec import ModelSpec
 from relsql.train.views import LearnerViews
@@ -138,8 +137,6 @@ class Model(LearnerViews):
         if split == "test" and split in self.rows and not len(self.rows["test"]) and self.fractions[2] == 0:
             raise RelsqlError(f"this model has no test split (split={tuple(self.fractions)} gives the test part 0): "
                               "evaluate('val') scores the validation rows, or build the Model with a test part in split=")
-        if self.task.kind == "ranking":
-            return ranked.evaluate(self.learner, split)
         return results.evaluate(self.learner, split)
 
     @with_threads
@@ -157,31 +154,29 @@ class Model(LearnerViews):
         (parsed by sqlglot, no subqueries), evaluated by the database. After Model.load on
         another database this scores that database's rows (docs/training.md), and `keys`/`where`
         ground only the rows asked for."""
-        self._not_ranking("predict")
+        self._one_value_per_row("predict")
         return results.predict(self.learner.asked(keys, where), splits=with_split, keys=keys, where=where)
 
     def write_predictions(self, name: str, *, keys=None, where: str | None = None, replace: bool = False) -> int:
         """Write `predict(keys, where=where, with_split=False)` (every row by default) as a new table,
         atomically; an existing table needs replace=True. Returns the number of rows written."""
-        self._not_ranking("write_predictions")
+        self._one_value_per_row("write_predictions")
         frame = self.predict(keys, where=where, with_split=False)
         self.db.write_table(name, frame.to_arrow(), replace=replace, kind="predictions")
         return frame.height
 
-    def _not_ranking(self, method: str) -> None:
-        if self.task.kind == "ranking":
-            raise RelsqlError(f"{self.target} is a ranking target: {method}() gives one value per row; recommend(k=...) "
-                              "and write_recommendations(name) give each row's k best candidates")
+    def _one_value_per_row(self, method: str) -> None:
+        """Refuse predict() where the learner's answers are not one value per row (a ranking's are candidates)."""
+        if self.learner.answers != "predict":
+            raise RelsqlError(f"{self.target} is a {self.task.kind} target: {method}() gives one value per row; "
+                              "recommend(k=...) and write_recommendations(name) give each row's k best candidates")
 
     @with_threads
     def recommend(self, k: int = 10, keys=None, *, where: str | None = None) -> pl.DataFrame:
         """For a ranking target, each row's `k` best candidates, best first: the target table's key
         columns, the candidate's key under the target column's name, `rank` (1..k) and `score`.
         Rows: those with a NULL target (to predict), or those `keys`/`where` choose (as predict())."""
-        if self.task.kind != "ranking":
-            raise RelsqlError(f"recommend() ranks the rows a foreign-key target references; {self.target} is "
-                              f"{self.task.kind}: use predict()")
-        return ranked.recommend(self.learner, k, keys, where)
+        return self.learner.recommend(k, keys, where)  # a learner of one value per row refuses: use predict()
 
     def write_recommendations(self, name: str, k: int = 10, *, keys=None, where: str | None = None,
                               replace: bool = False) -> int:
@@ -217,7 +212,7 @@ class Model(LearnerViews):
         """Weights, encodings, task and split in one file (written atomically), plot beside it. The file
         holds plain tensors, numbers, strings and Arrow IPC bytes only: loading it cannot run code."""
         path = saved.write(saved.ModelState.of(self.learner), path)
-        if self.history and self.task.kind != "ranking":
+        if self.history and self.task.plots_history:
             split = "val" if len(self.rows["val"]) else "train"
             plot_history(self.history, path.with_suffix(".png"), self.task.metric, title=f"{self.target}: {self.output}",
                          loss=LOSSES[self.task.kind], best_epoch=self.best_epoch,

@@ -219,23 +219,20 @@ def _train(args: argparse.Namespace) -> int:
             print(f"automatic template saved to {beside}: edit it, then `"
                   + _command("relsql", "train", args.db, "--template", beside, "--target", args.target,
                              *_carried(args), "--model", args.model) + "`")
-        if args.predictions and model.task.kind == "ranking":
-            rows = model.write_recommendations(args.predictions, replace=args.replace)
-            print(f"wrote {rows} recommendations to table {args.predictions}")
-        elif args.predictions:
-            rows = model.write_predictions(args.predictions, replace=args.replace)
-            print(f"wrote {rows} predictions to table {args.predictions}")
-        verb, out = (("recommend", "recommendations.parquet") if model.task.kind == "ranking"
-                     else ("predict", "predictions.parquet"))
-        print(f"{verb}: `" + _command("relsql", verb, args.db, "--model", path, "--out", out) + "`")
+        verb, named = model.learner.answers, model.learner.answers_named  # predict(ions) or recommend(ations)
+        if args.predictions:
+            write = model.write_predictions if verb == "predict" else model.write_recommendations
+            rows = write(args.predictions, replace=args.replace)
+            print(f"wrote {rows} {named} to table {args.predictions}")
+        print(f"{verb}: `" + _command("relsql", verb, args.db, "--model", path, "--out", f"{named}.parquet") + "`")
     return 0
 
 
 def _plot_beside(path: str, model: relsql.Model) -> None:
     """Refuse, before training, a file relsql did not write where the metrics plot goes (Model.save
-    plots a model that is not a ranking model beside it): it would be refused after training."""
+    plots beside it the model of a task that plots its history, task.plots_history): it would be refused after training."""
     plot = Path(path).with_suffix(".png")
-    if model.task.kind != "ranking":
+    if model.task.plots_history:
         ownfiles.check(plot, "metrics plot", f"choose another --model (its plot goes beside it as {plot.name}), or "
                        "move that file away")
 
@@ -265,8 +262,9 @@ def _predict(args: argparse.Namespace) -> int:
         if args.table:
             _writable_table(db, args.table, args.replace, "--table")
         model = relsql.Model.load(args.model, db, batch_size=args.batch_size, device=args.device)
-        if model.task.kind == "ranking":
-            raise RelsqlError(f"{args.model} ranks candidates for {model.target} (a ranking model): use `relsql recommend`")
+        if model.learner.answers != "predict":
+            raise RelsqlError(f"{args.model} ranks candidates for {model.target} (a {model.task.kind} model): "
+                              f"use `relsql {model.learner.answers}`")
         model.threads = args.threads
         with _where_is_usage():
             if args.table:
@@ -288,8 +286,9 @@ def _recommend(args: argparse.Namespace) -> int:
         if args.table:
             db.replaceable(args.table, args.replace, "recommendations", how="--replace", other="another --table name")
         model = relsql.Model.load(args.model, db, device=args.device)
-        if model.task.kind != "ranking":
-            raise RelsqlError(f"{args.model} predicts {model.target} ({model.task.kind}), a value per row: use `relsql predict`")
+        if model.learner.answers != "recommend":
+            raise RelsqlError(f"{args.model} predicts {model.target} ({model.task.kind}), a value per row: "
+                              f"use `relsql {model.learner.answers}`")
         model.threads = args.threads
         with _where_is_usage():
             if args.table:

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from relsql import arguments
 from relsql.compile import make_plan, shapes
 from relsql.compile.module import CompiledNet
 from relsql.db import Database, engine_threads
@@ -62,6 +63,9 @@ class Learner:
     fit_lr, fit_patience = LR, PATIENCE  # lr= and patience= when not given
     blends = True  # fit(hybrid=True) may blend a GBM with its predictions (a label's)
     one_process: str | None = None  # why fit must train it in one process (no workers=, no torchrun), if it must
+    # what the model gives per target row, and the verb that gives it (Model's method, the CLI's command), as
+    # its answers are called: one value (predict, predictions); a ranking learner's k best candidates (recommend)
+    answers, answers_named = "predict", "predictions"
 
     def __init__(self, db: Database | None, template: Template, target: Target, settings: Settings):
         self.db, self.template, self.goal, self.settings = db, template, target, settings
@@ -200,6 +204,51 @@ class Learner:
     def fit_batch_size(self) -> int | None:
         """fit's rows per step where batch_size= is not given: the model's own (None: full batch)."""
         return self.settings.batch_size
+
+    def fit_settings(self, monitor: str, loss: str | None, class_weight: str | None, negatives: str | None,
+                     hard_negatives: str | None) -> dict:
+        """fit's checked monitor, loss and class weights for a label (classification or regression):
+        negatives are a ranking's, refused here. Sets the task's loss and class weights."""
+        task = self.task
+        if negatives is not None or hard_negatives is not None:
+            raise RelsqlError(f"negatives= and hard_negatives= are for a ranking target; {self.target} is {task.kind}: "
+                              "drop them")
+        metrics = ("loss", *task.scores(np.zeros((2, task.units)), np.zeros(2)))
+        arguments.choice("monitor", monitor, ("auto", *metrics))
+        if task.kind == "regression":
+            loss = arguments.choice("loss", "huber" if loss is None else loss, ("huber", "mse", "mae"))
+            if class_weight is not None:
+                raise RelsqlError(f"class_weight weighs classes, but {self.target} is a regression target: drop class_weight=")
+        elif loss is not None:
+            raise RelsqlError(f"loss= chooses a regression loss; {self.target} is {task.kind} (cross-entropy): drop loss=")
+        arguments.choice("class_weight", class_weight, ("balanced", None))
+        task.regression_loss = loss or task.regression_loss
+        task.class_weights = None
+        if class_weight == "balanced":
+            task.balance(self.y[self.rows["train"]].cpu().numpy())
+        return {"monitor": task.selects_on(self.y[self.rows["val"]].cpu().numpy()) if monitor == "auto" else monitor,
+                "regression_loss": task.regression_loss, "class_weights": task.class_weights}
+
+    def evaluate(self, split: str) -> dict[str, float]:
+        """Model.evaluate on a split with rows (relsql/train/results.py checks it): the loss and the
+        task's metrics of the outputs (blended with fit's GBM, where it picked one) against the labels."""
+        with torch.no_grad():
+            out, y = self.split_outputs(split)
+            hybrid = getattr(self, "hybrid", None)
+            if hybrid is not None:
+                out = hybrid.blend(self, self.labelled[self.rows[split]], out)
+            return self.scores(out, y)
+
+    def recommend(self, k: int, keys: object = None, where: object = None):
+        """Model.recommend: a ranking learner's; this one gives one value per row."""
+        raise RelsqlError(f"recommend() ranks the rows a foreign-key target references; {self.target} is "
+                          f"{self.task.kind}: use predict()")
+
+    def baseline_lines(self, split: str, ours: float) -> list[str] | None:
+        """The report's lines on the baselines of `split` where this learner writes its own (`ours`:
+        the model's score on the task's metric); None: the report compares a label's baselines (the
+        majority or mean, a linear model and GBMs of the table's columns, relsql/train/report.py)."""
+        return None
 
     def resplit(self, split: dict[str, np.ndarray]) -> None:
         """Read the labels again with `split` (labelled positions per part), as search gives each trial

@@ -156,6 +156,7 @@ class Asked:
     db = property(lambda self: self._learner.db)
     goal = property(lambda self: self._learner.goal)
     task = property(lambda self: self._learner.task)
+    answers = property(lambda self: self._learner.answers)
     table = property(lambda self: self._learner.table)
     output = property(lambda self: self._learner.output)
     hybrid = property(lambda self: getattr(self._learner, "hybrid", None))

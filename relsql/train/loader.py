@@ -77,9 +77,9 @@ class Loader:
         learner = getattr(model, "learner", model)
         if not isinstance(learner, Learner):
             raise RelsqlError(f"Loader takes a relsql.Model, got {type(model).__name__}")
-        if learner.task.kind == "ranking":  # its loss draws negatives per step: no (outputs, y) pair to hand out
-            raise RelsqlError(f"Loader gives batches of one value per row, and {learner.goal.name} is a ranking target "
-                              "(its steps score sampled negative candidates): train it with fit(), whose negatives=, "
+        if learner.answers != "predict":  # a ranking's loss draws negatives per step: no (outputs, y) pair to hand out
+            raise RelsqlError(f"Loader gives batches of one value per row, and {learner.goal.name} is a {learner.task.kind} "
+                              "target (its steps score sampled negative candidates): train it with fit(), whose negatives=, "
                               "loss= and hard_negatives= options set that loop")
         if split not in SPLITS or split not in learner.rows:
             raise RelsqlError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")

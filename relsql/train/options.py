@@ -15,8 +15,6 @@ from relsql.errors import RelsqlError
 from relsql.train import checkpoint as checkpoints
 from relsql.train.callbacks import Callback
 from relsql.train.defaults import EPOCHS, LR, PATIENCE
-from relsql.train.ranking.task import LOSSES as RANKING_LOSSES
-from relsql.train.ranking.task import NEGATIVES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,43 +135,4 @@ def _settings(learner, schedule, warmup, clip, monitor, time_budget, loss, class
     if time_budget is not None:
         time_budget = arguments.number("time_budget", time_budget, positive=True)
     common = {"optimizer": "adamw", "schedule": schedule, "warmup": warmup, "clip": clip, "time_budget": time_budget}
-    if learner.task.kind == "ranking":
-        return {**common, **_ranking(learner, monitor, loss, class_weight, negatives, hard_negatives)}
-    if negatives is not None or hard_negatives is not None:
-        raise RelsqlError(f"negatives= and hard_negatives= are for a ranking target; {learner.target} is {learner.task.kind}: "
-                          "drop them")
-    return {**common, **_labels(learner, monitor, loss, class_weight)}
-
-
-def _labels(learner, monitor, loss, class_weight) -> dict:
-    """A classification or regression target's monitor, loss and class weights."""
-    task = learner.task
-    metrics = ("loss", *task.scores(np.zeros((2, task.units)), np.zeros(2)))
-    arguments.choice("monitor", monitor, ("auto", *metrics))
-    if task.kind == "regression":
-        loss = arguments.choice("loss", "huber" if loss is None else loss, ("huber", "mse", "mae"))
-        if class_weight is not None:
-            raise RelsqlError(f"class_weight weighs classes, but {learner.target} is a regression target: drop class_weight=")
-    elif loss is not None:
-        raise RelsqlError(f"loss= chooses a regression loss; {learner.target} is {task.kind} (cross-entropy): drop loss=")
-    arguments.choice("class_weight", class_weight, ("balanced", None))
-    task.regression_loss = loss or task.regression_loss
-    task.class_weights = None
-    if class_weight == "balanced":
-        task.balance(learner.y[learner.rows["train"]].cpu().numpy())
-    return {"monitor": task.selects_on(learner.y[learner.rows["val"]].cpu().numpy()) if monitor == "auto" else monitor,
-            "regression_loss": task.regression_loss, "class_weights": task.class_weights}
-
-
-def _ranking(learner, monitor, loss, class_weight, negatives, hard_negatives) -> dict:
-    """A ranking target's monitor (MAP@k by default), loss and negatives (hard ones: this fit's only)."""
-    task = learner.task
-    arguments.choice("monitor", monitor, ("auto", "loss", *task.metric_names()))
-    if class_weight is not None:
-        raise RelsqlError(f"class_weight weighs classes; {learner.target} is a ranking target: drop class_weight=")
-    task.loss = arguments.choice("loss", task.loss if loss is None else loss, RANKING_LOSSES)
-    task.negatives = arguments.choice("negatives", task.negatives if negatives is None else negatives, NEGATIVES)
-    learner.use_hard_negatives(hard_negatives)
-    if monitor == "auto":
-        monitor = task.selects_on(len(learner.rows["val"]))
-    return {"monitor": monitor, "regression_loss": task.regression_loss, "class_weights": None}
+    return {**common, **learner.fit_settings(monitor, loss, class_weight, negatives, hard_negatives)}

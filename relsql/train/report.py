@@ -75,10 +75,10 @@ def text_report(model) -> str:
     if blend is not None:
         lines.append(f"  hybrid: {blend.describe()}")
     split = "test" if len(model.rows["test"]) else "val" if len(model.rows["val"]) else None
-    if split is not None and model.task.kind == "ranking":
-        lines += _popularity(model, split, evaluated[split].get(metric, math.nan))
-    elif split is not None:
-        lines += _baselines(model, split, evaluated[split].get(metric, math.nan))
+    if split is not None:
+        ours = evaluated[split].get(metric, math.nan)
+        own = model.learner.baseline_lines(split, ours)  # a ranking learner's popularity, say
+        lines += _baselines(model, split, ours) if own is None else own
     lines += _training(model)
     if getattr(model, "trials", None) is not None:
         from relsql.train.search import summary
@@ -121,15 +121,6 @@ def describe_split(model) -> str:
         return (f"by time on {model.table}.{model.time_column} ({fractions}: the earliest rows train, the latest test; "
                 f"{sizes})")
     return f"random ({fractions}, seed {model.seed}; {sizes})"
-
-
-def _popularity(model, split: str, ours: float) -> list[str]:
-    """A ranking model's baseline: the training rows' most popular candidates for every row."""
-    scores, metric = model.baseline(split), model.task.metric
-    lines = [f"  baseline (the {model.task.k} most popular candidates of the training rows) on {split}: " + _scores(scores)]
-    if not ours > scores[metric]:
-        lines.append(f"  warning: the model does not beat popularity on {split} {metric} ({ours:.4f} vs {scores[metric]:.4f})")
-    return lines
 
 
 def _baselines(model, split: str, ours: float) -> list[str]:

@@ -17,17 +17,13 @@ from relsql.train.learner import Learner
 
 
 def evaluate(learner: Learner, split: str) -> dict[str, float]:
-    """Loss and metrics on a split: accuracy, ROC-AUC, F1 (classification) or MAE, RMSE (regression)."""
+    """Loss and metrics on a split, as the learner measures them (Learner.evaluate): accuracy, ROC-AUC,
+    F1 (classification), MAE, RMSE (regression), or a ranking's MAP@k, recall@k, ..."""
     if split not in learner.rows:
         raise RelsqlError(f"unknown split {split!r}; use 'train', 'val' or 'test'")
     if len(learner.rows[split]) == 0:
         raise RelsqlError(f"the {split} split has no rows")
-    with torch.no_grad():
-        out, y = learner.split_outputs(split)
-        hybrid = getattr(learner, "hybrid", None)
-        if hybrid is not None:
-            out = hybrid.blend(learner, learner.labelled[learner.rows[split]], out)
-        return learner.scores(out, y)
+    return learner.evaluate(split)
 
 
 def _key_frame(learner: Learner, keys: object = None, where: object = None, splits: bool = False) -> pl.DataFrame:
@@ -161,10 +157,10 @@ def predict(learner: Learner, splits: bool = False, keys: object = None, where: 
     keys, `prediction`, and the class probabilities (see Model.predict); with `splits`, last a
     column `split`: the part of the labelled rows the row was in ("train", "val", "test"), null for
     prediction-only rows."""
-    if learner.task.kind == "ranking":  # the CLI and a loaded model's learner come here without Model.predict's check
-        raise RelsqlError(f"{learner.goal.name} is a ranking target: its model ranks candidates, it has no single value "
-                          "per row to predict; use recommend (Model.recommend(k=10), or `relsql recommend --model ...` "
-                          "on the command line) for each row's k best candidates")
+    if learner.answers != "predict":  # the CLI and a loaded model's learner come here without Model.predict's check
+        raise RelsqlError(f"{learner.goal.name} is a {learner.task.kind} target: its model ranks candidates, it has no "
+                          "single value per row to predict; use recommend (Model.recommend(k=10), or "
+                          "`relsql recommend --model ...` on the command line) for each row's k best candidates")
     rows = chosen_rows(learner, keys, where, splits)
     rids = rows["_rid"].to_numpy()
     out = _outputs(learner, rids)

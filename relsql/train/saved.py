@@ -95,7 +95,7 @@ def write(state: ModelState, path: str | Path) -> Path:
     write (relsql/ownfiles.py), nor when Model.save's plot beside it would go over one."""
     path = files.writable(path, "model file")
     ownfiles.check(path, "model", SAVE_FIX)
-    if state.history and state.task.kind != "ranking":  # Model.save then plots the history beside it
+    if state.history and state.task.plots_history:  # Model.save then plots the history beside it
         plot = path.with_suffix(".png")
         ownfiles.check(plot, "metrics plot", f"save the model under another name (its plot goes beside it as "
                        f"{plot.name}), or move that file away")
@@ -106,7 +106,7 @@ def write(state: ModelState, path: str | Path) -> Path:
         "fractions": tuple(float(f) for f in state.fractions), "seed": int(state.seed),
         "dtype": str(state.dtype).removeprefix("torch."),
         "task": {"kind": task.kind, "classes": files.table_bytes(pa.table({"value": pa.array(task.classes)})),
-                 "mean": float(task.mean), "std": float(task.std), **ranking_fields(task)},
+                 "mean": float(task.mean), "std": float(task.std), **task.saved_fields()},
         "rows": {k: torch.as_tensor(v, dtype=torch.int64) for k, v in state.split.items()},
         "dictionaries": {w: files.table_bytes(t) for w, t in encodings.dictionaries.items()},
         "feature_stats": plain(encodings.feature_stats),
@@ -301,14 +301,6 @@ def _check_blend_columns(db, flat, where: str) -> None:
         if missing:
             raise RelsqlError(f"{where}: its GBM blend reads column(s) {files.shown(missing)} of `{table}`, which "
                               f"{db.description} lacks; load the model on the database it was trained on")
-
-
-def ranking_fields(task) -> dict:
-    """A ranking task's settings, for the file (other tasks have none)."""
-    if task.kind != "ranking":
-        return {}
-    return {"k": int(task.k), "loss": task.loss, "negatives": task.negatives, "count": int(task.count),
-            "candidates": task.candidates, "pairs": task.pairs}
 
 
 def saved_task(task: dict, classes: list, template: ir.Template, where: str) -> Task | RankingTask:

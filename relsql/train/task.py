@@ -23,6 +23,13 @@ class Task:
     regression_loss: str = "mse"  # mse | mae | huber (delta 1 on the standardized target)
     class_weights: list[float] | None = None  # per class (0/1 for binary), multiplying each row's loss
 
+    # Model.save plots the history (loss and metric per epoch, the baseline's metric) beside the file
+    plots_history = True
+
+    def saved_fields(self) -> dict:
+        """What the model file keeps of this task beyond kind, classes, mean and std: nothing."""
+        return {}
+
     @property
     def units(self) -> int:
         return len(self.classes) if self.kind == "multiclass" else 1

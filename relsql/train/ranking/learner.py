@@ -21,18 +21,19 @@ import numpy as np
 import torch
 from torch import nn
 
+from relsql import arguments
 from relsql.compile import make_plan
 from relsql.compile.module import CompiledNet
 from relsql.compile.passes import RULES, shared_aggregation
-from relsql.errors import GroundingError, SchemaError
+from relsql.errors import GroundingError, RelsqlError, SchemaError
 from relsql.ground.execute import Presets, ground
 from relsql.train.defaults import RANKING_LR, RANKING_PATIENCE, RANKING_STEP_POSITIVES, ranking_batch
 from relsql.train.learner import Learner
-from relsql.train.ranking import hard, losses, negatives
-from relsql.train.ranking.baselines import popularity
+from relsql.train.ranking import hard, losses, negatives, results
+from relsql.train.ranking.baselines import popularity, popularity_lines
 from relsql.train.ranking.metrics import Judge
 from relsql.train.ranking.pairs import PairIndex, rank_with_pairs
-from relsql.train.ranking.task import RankingTask, empty_scores
+from relsql.train.ranking.task import LOSSES, NEGATIVES, RankingTask, empty_scores
 from relsql.train.ranking.timed import TimedIndex, blends
 from relsql.train.ranking.topk import top_k
 
@@ -52,10 +53,38 @@ class RankingLearner(Learner):
     fit_lr, fit_patience = RANKING_LR, RANKING_PATIENCE
     blends = False  # a ranking has no label prediction for a GBM to blend with
     one_process = "a ranking target, which trains in one process (both towers whole)"
+    answers, answers_named = "recommend", "recommendations"  # each row's k best candidates, no value per row
 
     def fit_batch_size(self) -> int:
         """Steps of RANKING_BATCH target rows' positives (fewer where the training rows are few)."""
         return ranking_batch(len(self.rows["train"]))
+
+    def fit_settings(self, monitor: str, loss: str | None, class_weight: str | None, negatives: str | None,
+                     hard_negatives: str | None) -> dict:
+        """fit's checked monitor (MAP@k by default), loss and negatives (hard ones: this fit's only)."""
+        task = self.task
+        arguments.choice("monitor", monitor, ("auto", "loss", *task.metric_names()))
+        if class_weight is not None:
+            raise RelsqlError(f"class_weight weighs classes; {self.target} is a ranking target: drop class_weight=")
+        task.loss = arguments.choice("loss", task.loss if loss is None else loss, LOSSES)
+        task.negatives = arguments.choice("negatives", task.negatives if negatives is None else negatives, NEGATIVES)
+        self.use_hard_negatives(hard_negatives)
+        if monitor == "auto":
+            monitor = task.selects_on(len(self.rows["val"]))
+        return {"monitor": monitor, "regression_loss": task.regression_loss, "class_weights": None}
+
+    def evaluate(self, split: str) -> dict[str, float]:
+        """Model.evaluate on a split with rows: the loss and the ranking metrics (MAP@k, recall@k, NDCG@k,
+        MRR, precision@k)."""
+        return self.split_scores(split)
+
+    def recommend(self, k: int, keys: object = None, where: object = None):
+        """Model.recommend: each chosen row's k best candidates (relsql/train/ranking/results.py)."""
+        return results.recommend(self, k, keys, where)
+
+    def baseline_lines(self, split: str, ours: float) -> list[str]:
+        """The report's baseline: the training rows' most popular candidates, and whether the model beats it."""
+        return popularity_lines(self, split, ours)
 
     def _build(self, presets: Presets, task: RankingTask | None, split: dict | None) -> None:
         goal = self.goal

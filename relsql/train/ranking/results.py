@@ -39,12 +39,3 @@ def recommend(learner, k: int, keys: object = None, where: object = None) -> pl.
         pl.Series(name, picked),
         pl.Series(free_name("rank", taken), np.tile(np.arange(1, width + 1), len(rids)), dtype=pl.Int64),
         pl.Series(free_name("score", taken), scores.reshape(-1), dtype=pl.Float64))
-
-
-def evaluate(learner, split: str) -> dict[str, float]:
-    """The loss and the ranking metrics (MAP@k, recall@k, NDCG@k, MRR, precision@k) on a split."""
-    if split not in learner.rows:
-        raise RelsqlError(f"unknown split {split!r}; use 'train', 'val' or 'test'")
-    if len(learner.rows[split]) == 0:
-        raise RelsqlError(f"the {split} split has no rows")
-    return learner.split_scores(split)

@@ -48,9 +48,15 @@ class RankingTask:
     class_weights: list[float] | None = None
 
     units = 1
+    plots_history = False  # Model.save plots no history beside the file (its loss axis names a label's loss)
 
     def __post_init__(self) -> None:
         self.k = checked_k(self.k, "ranking k")
+
+    def saved_fields(self) -> dict:
+        """What the model file keeps of this task beyond kind, classes, mean and std: k, loss, negatives, relations."""
+        return {"k": int(self.k), "loss": self.loss, "negatives": self.negatives, "count": int(self.count),
+                "candidates": self.candidates, "pairs": self.pairs}
 
     @property
     def metric(self) -> str:
