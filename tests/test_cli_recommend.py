@@ -30,6 +30,8 @@ def test_task_train_recommend(tmp_path, capsys):
     code, out, _ = cli(capsys, "train", db_path, "--target", "task2.item_id", "--time-column", "snapshot", "--model", model_path,
                        "--epochs", "5", "--loss", "bpr", "--negatives", "popularity")
     assert code == 0 and "task ranking" in out and "most popular" in out and "relsql recommend" in out
+    # a ranking task plots no history (Task.plots_history): the line names no plot, and none is there
+    assert f"model saved to {model_path}\n" in out and not model_path.with_suffix(".png").exists()
     where = "customer_id < 4"
     out_file = tmp_path / "recs.parquet"
     code, out, _ = cli(capsys, "recommend", db_path, "--model", model_path, "--k", "3", "--where", where, "--out", out_file)

@@ -191,6 +191,9 @@ def _automatic(db: relsql.Database, args: argparse.Namespace) -> tuple[relsql.Te
     return relsql.Template.from_sql(text), beside
 
 
+SCORED = {"predict": "predictions", "recommend": "recommendations"}  # a scoring command (Model.answers): what it writes
+
+
 def _train(args: argparse.Namespace) -> int:
     with relsql.connect(args.db, memory_limit=args.memory_limit, keys=args.keys, threads=args.threads) as db:
         if args.predictions:
@@ -213,13 +216,15 @@ def _train(args: argparse.Namespace) -> int:
         print(model.report())
         if args.search is not None:
             print(search.summary(model.trials))
-        print(f"model saved to {path} (metrics plot {path.with_suffix('.png')})")
+        plotted = f" (metrics plot {path.with_suffix('.png')})" if model.task.plots_history else ""  # a ranking's has none
+        print(f"model saved to {path}{plotted}")
         if beside is not None:
             outputs.write_text_atomically(beside, template.source)
             print(f"automatic template saved to {beside}: edit it, then `"
                   + _command("relsql", "train", args.db, "--template", beside, "--target", args.target,
                              *_carried(args), "--model", args.model) + "`")
-        verb, named = model.learner.answers, model.learner.answers_named  # predict(ions) or recommend(ations)
+        verb = model.answers  # the command scoring this model: predict or recommend
+        named = SCORED[verb]
         if args.predictions:
             write = model.write_predictions if verb == "predict" else model.write_recommendations
             rows = write(args.predictions, replace=args.replace)
@@ -262,9 +267,9 @@ def _predict(args: argparse.Namespace) -> int:
         if args.table:
             _writable_table(db, args.table, args.replace, "--table")
         model = relsql.Model.load(args.model, db, batch_size=args.batch_size, device=args.device)
-        if model.learner.answers != "predict":
+        if model.answers != "predict":
             raise RelsqlError(f"{args.model} ranks candidates for {model.target} (a {model.task.kind} model): "
-                              f"use `relsql {model.learner.answers}`")
+                              f"use `relsql {model.answers}`")
         model.threads = args.threads
         with _where_is_usage():
             if args.table:
@@ -286,9 +291,9 @@ def _recommend(args: argparse.Namespace) -> int:
         if args.table:
             db.replaceable(args.table, args.replace, "recommendations", how="--replace", other="another --table name")
         model = relsql.Model.load(args.model, db, device=args.device)
-        if model.learner.answers != "recommend":
+        if model.answers != "recommend":
             raise RelsqlError(f"{args.model} predicts {model.target} ({model.task.kind}), a value per row: "
-                              f"use `relsql {model.learner.answers}`")
+                              f"use `relsql {model.answers}`")
         model.threads = args.threads
         with _where_is_usage():
             if args.table:

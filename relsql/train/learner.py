@@ -10,6 +10,7 @@ import copy
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -34,6 +35,9 @@ from relsql.train.source import BatchSource, Whole
 from relsql.train.target import Target
 from relsql.train.task import Task
 from relsql.train.threads import default_threads, torch_threads
+
+if TYPE_CHECKING:
+    import polars as pl
 
 log = logging.getLogger("relsql")
 
@@ -63,9 +67,9 @@ class Learner:
     fit_lr, fit_patience = LR, PATIENCE  # lr= and patience= when not given
     blends = True  # fit(hybrid=True) may blend a GBM with its predictions (a label's)
     one_process: str | None = None  # why fit must train it in one process (no workers=, no torchrun), if it must
-    # what the model gives per target row, and the verb that gives it (Model's method, the CLI's command), as
-    # its answers are called: one value (predict, predictions); a ranking learner's k best candidates (recommend)
-    answers, answers_named = "predict", "predictions"
+    # the verb (Model's method, the CLI's command) giving what the model answers per target row: one value
+    # (predict); a ranking learner's answers are the row's k best candidates (recommend)
+    answers = "predict"
 
     def __init__(self, db: Database | None, template: Template, target: Target, settings: Settings):
         self.db, self.template, self.goal, self.settings = db, template, target, settings
@@ -239,7 +243,7 @@ class Learner:
                 out = hybrid.blend(self, self.labelled[self.rows[split]], out)
             return self.scores(out, y)
 
-    def recommend(self, k: int, keys: object = None, where: object = None):
+    def recommend(self, k: int, keys: object = None, where: object = None) -> pl.DataFrame:
         """Model.recommend: a ranking learner's; this one gives one value per row."""
         raise RelsqlError(f"recommend() ranks the rows a foreign-key target references; {self.target} is "
                           f"{self.task.kind}: use predict()")

@@ -1,6 +1,7 @@
 """fit()'s arguments, checked once like a user's and filled in with the target kind's defaults
 into one frozen FitConfig, which the strategies and the Trainer take whole. One place for every
-kind of target."""
+kind of target: what differs by kind (the defaults, the loss's own options: Learner.fit_settings)
+the learner declares."""
 
 from __future__ import annotations
 

@@ -30,6 +30,8 @@ class LearnerViews:
     column = _read("column", "the target's column")
     output = _read("output", "the template's relation trained to predict the target")
     task = _read("task", "the task: kind (binary, multiclass, regression, ranking), classes, metric, loss")
+    answers = _read("answers", 'the method giving the model\'s answers: "predict" (one value per row) or "recommend" '
+                    "(a ranking target's k best candidates per row)")
     time_column = _read("time_column", "the target table's time column, if any (rows are cut at each row's time)")
     fractions = _read("fractions", "the (train, val, test) shares of the labelled rows")
     seed = _read("seed", "the seed of the split and of the initial weights")

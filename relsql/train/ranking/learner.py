@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import polars as pl
 import torch
 from torch import nn
 
@@ -53,7 +54,7 @@ class RankingLearner(Learner):
     fit_lr, fit_patience = RANKING_LR, RANKING_PATIENCE
     blends = False  # a ranking has no label prediction for a GBM to blend with
     one_process = "a ranking target, which trains in one process (both towers whole)"
-    answers, answers_named = "recommend", "recommendations"  # each row's k best candidates, no value per row
+    answers = "recommend"  # each row's k best candidates, no value per row
 
     def fit_batch_size(self) -> int:
         """Steps of RANKING_BATCH target rows' positives (fewer where the training rows are few)."""
@@ -78,7 +79,7 @@ class RankingLearner(Learner):
         MRR, precision@k)."""
         return self.split_scores(split)
 
-    def recommend(self, k: int, keys: object = None, where: object = None):
+    def recommend(self, k: int, keys: object = None, where: object = None) -> pl.DataFrame:
         """Model.recommend: each chosen row's k best candidates (relsql/train/ranking/results.py)."""
         return results.recommend(self, k, keys, where)
 
