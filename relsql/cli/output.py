@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 
 from relsql import ownfiles
 from relsql.catalog import Catalog, Table
-from relsql.db import with_mark
+from relsql.data.engine import with_mark
 from relsql.errors import RelsqlError
 from relsql.keys import Schema
 

@@ -16,7 +16,7 @@ import sqlglot.expressions as exp
 
 from relsql.catalog import ForeignKey, Keys
 from relsql.connectors import extensions
-from relsql.db import SQLITE_MAGIC, TEMP_PREFIX, Database, Source, first_line, ident, qualified
+from relsql.db import SQLITE_MAGIC, TEMP_PREFIX, Database, DuckDBDatabase, Source, first_line, ident, qualified
 from relsql.errors import SourceError
 from relsql.sql import bound
 
@@ -123,4 +123,4 @@ def open_sqlite(path: Path, *, read_only: bool = False) -> Database:
         con.close()
         raise
     source = SQLiteFile(path, read_only=read_only)
-    return Database(con, source.description, source=source)
+    return DuckDBDatabase(con, source.description, source=source)
