@@ -33,9 +33,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import sqlglot.expressions as exp
 
-from relsql import keyfile
 from relsql import sql as q
-from relsql.db import Database, DuckDBDatabase, first_line, free_name
+from relsql.data import keyfile
+from relsql.data.duckdb import DuckDBDatabase, free_name
+from relsql.data.engine import Database, first_line
 from relsql.errors import RelsqlError, SchemaError
 
 __all__ = ["RelbenchTask", "evaluate", "from_relbench", "metrics", "tasks", "time_columns"]

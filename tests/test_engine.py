@@ -17,15 +17,15 @@ import pytest
 
 import relsql
 from relsql.data import engine
+from relsql.data.duckdb import DuckDBDatabase
 from relsql.data.engine import Engine
-from relsql.db import DuckDBDatabase
 
 ENGINE_FILE = Path(engine.__file__)
 
 
 def spark_class():
     pytest.importorskip("pyspark", reason="pyspark is not installed")
-    from relsql.spark import SparkDatabase
+    from relsql.data.spark import SparkDatabase
 
     return SparkDatabase
 

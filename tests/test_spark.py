@@ -1,4 +1,4 @@
-"""Spark as the engine (relsql/spark.py): a real local[2] SparkSession, checked against DuckDB
+"""Spark as the engine (relsql/data/spark.py): a real local[2] SparkSession, checked against DuckDB
 grounding the same tables (the oracle), and 2 gloo ranks training on what Spark grounded."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import torch
 
 import relsql
 from relsql import sql as q
+from relsql.data.spark import _PART, SparkDatabase
 from relsql.ground.demand import BatchGrounder
 from relsql.ground.store import GroundingStore
-from relsql.spark import _PART, SparkDatabase
 
 ROOT = Path(__file__).resolve().parent.parent
 pytest.importorskip("pyspark", reason="pyspark is not installed: bash scripts/setup installs relsql[spark]")

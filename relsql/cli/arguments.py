@@ -71,7 +71,7 @@ def target(text: str) -> str:
 
 
 def table_name(text: str) -> str:
-    """A name relsql may give a new table (as relsql.db.check_table_name decides)."""
+    """A name relsql may give a new table (as relsql.data.duckdb.check_table_name decides)."""
     try:
         return check_table_name(text)
     except RelsqlError as err:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import duckdb
 import sqlglot.expressions as exp
 
-from relsql.db import Database, DuckDBDatabase, first_line, ident
+from relsql.data.duckdb import DuckDBDatabase
+from relsql.data.engine import Database, first_line, ident
 from relsql.errors import SourceError
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import duckdb
 
-from relsql.db import Database, DuckDBDatabase, Source
+from relsql.data.duckdb import DuckDBDatabase, Source
+from relsql.data.engine import Database
 from relsql.errors import SourceError
 
 __all__ = ["DuckDBFile", "open_duckdb_file"]

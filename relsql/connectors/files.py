@@ -28,9 +28,11 @@ import sqlglot
 import sqlglot.errors
 import sqlglot.expressions as exp
 
-from relsql import keyfile, textfile
-from relsql.catalog import ForeignKey, Keys
-from relsql.db import Database, DuckDBDatabase, Source, first_line, ident, parquet_mark
+from relsql import textfile
+from relsql.data import keyfile
+from relsql.data.catalog import ForeignKey, Keys
+from relsql.data.duckdb import DuckDBDatabase, Source, parquet_mark
+from relsql.data.engine import Database, first_line, ident
 from relsql.errors import RelsqlError, SchemaError, SourceError
 
 __all__ = ["Folder", "SUFFIXES", "inside", "open_folder"]

@@ -15,8 +15,8 @@ from typing import Any
 import duckdb
 import sqlglot.expressions as exp
 
-from relsql.data.engine import to_arrow
-from relsql.db import TEMP_PREFIX, Database, DuckDBDatabase, Source, first_line, ident, qualified
+from relsql.data.duckdb import DuckDBDatabase, Source, qualified
+from relsql.data.engine import TEMP_PREFIX, Database, first_line, ident, to_arrow
 from relsql.errors import SchemaError, SourceError
 
 __all__ = ["FRAMES_SCOPE", "Frames", "add_frames", "open_frames"]

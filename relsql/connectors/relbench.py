@@ -33,9 +33,10 @@ import sqlglot.expressions as exp
 
 from relsql import relbench, textfile
 from relsql import sql as q
-from relsql.catalog import ForeignKey, Keys
 from relsql.connectors import files
-from relsql.db import Database, DuckDBDatabase, first_line, free_name, ident
+from relsql.data.catalog import ForeignKey, Keys
+from relsql.data.duckdb import DuckDBDatabase, free_name
+from relsql.data.engine import Database, first_line, ident
 from relsql.errors import SourceError
 
 __all__ = ["is_relbench_folder", "open_relbench_folder"]

@@ -4,8 +4,8 @@
 key discovery): run a statement, read a result as Arrow (whole, a first row, a stream, or in
 ordered parts where the engine's workers run), number keys, create, replace and mark tables,
 list the user's tables and columns. Two engines implement it as siblings: DuckDB
-(`relsql.db.DuckDBDatabase`: DuckDB itself, and every source the connectors attach to it) and
-Spark (`relsql.spark.SparkDatabase`). What both share (the checks and marks of relsql's writes,
+(`relsql.data.duckdb.DuckDBDatabase`: DuckDB itself, and every source the connectors attach to it) and
+Spark (`relsql.data.spark.SparkDatabase`). What both share (the checks and marks of relsql's writes,
 the schema cache of `frozen_schema`, the catalog's cache, relsql's temp-table names) is here,
 written against the abstract verbs only: nothing here knows an engine.
 
@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pyarrow as pa
 import sqlglot.expressions as exp
 
-from relsql.catalog import Catalog
+from relsql.data.catalog import Catalog
 from relsql.errors import SchemaError, SourceError
 
 if TYPE_CHECKING:
-    from relsql.db import Source
+    from relsql.data.duckdb import Source
 
 TEMP_PREFIX = "__relsql_"
 _session = itertools.count()
@@ -74,6 +74,7 @@ def with_mark(data: pa.Table, kind: str) -> pa.Table:
     the mark in its footer (a folder of files has no table comments)."""
     return data.replace_schema_metadata({**(data.schema.metadata or {}), MARK_KEY: (WRITTEN_BY + kind).encode()})
 
+
 class Engine(abc.ABC):
     """A database handle relsql runs on (see the module's docstring): the verbs below are the
     engine's; the rest is engine-independent and written against them."""
@@ -88,10 +89,10 @@ class Engine(abc.ABC):
         self._prefix = f"{TEMP_PREFIX}{next(_session)}_"
         self._writing: tuple[str, str, bool, str | None] | None = None  # see `writing`
         self._schema_cache: dict | None = None  # see `frozen_schema`
-        self.given_keys = None  # keys from connect(keys=...): relsql.keyfile.GivenKeys
+        self.given_keys = None  # keys from connect(keys=...): relsql.data.keyfile.GivenKeys
         self.time_columns: dict[str, str] = {}  # {table: time column} a source declared (a RelBench dataset)
         self.relbench_tasks: dict = {}  # {task table: relsql.relbench.RelbenchTask} of a RelBench dataset
-        self.threads_given: int | None = None  # DuckDB threads from connect(threads=): see relsql.db.engine_threads
+        self.threads_given: int | None = None  # DuckDB threads from connect(threads=): see relsql.data.duckdb.engine_threads
 
     # -- what each engine implements ---------------------------------------------------------
     @abc.abstractmethod

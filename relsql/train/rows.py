@@ -10,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from relsql.data.engine import to_arrow
-from relsql.db import Database
+from relsql.data.engine import Database, to_arrow
 from relsql.errors import RelsqlError, SchemaError
 from relsql.where import where_keys
 

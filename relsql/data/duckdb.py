@@ -18,7 +18,7 @@ import duckdb
 import pyarrow as pa
 import sqlglot.expressions as exp
 
-from relsql.catalog import Catalog, Column, Keys, Table, duckdb_keys, scoped_table
+from relsql.data.catalog import Catalog, Column, Keys, Table, duckdb_keys, scoped_table
 from relsql.data.engine import (
     MARK_KEY,
     TEMP_PREFIX,
@@ -406,7 +406,7 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 def set_threads(db: DuckDBDatabase, threads: int) -> None:
     """DuckDB's worker threads (a setting of the whole database instance, so only when asked).
     Recorded on the handle: a count the user gave is kept by `engine_threads`."""
-    from relsql import arguments  # it imports torch; relsql.db stays importable without (Spark's workers)
+    from relsql import arguments  # it imports torch; relsql.data.duckdb stays importable without (Spark's workers)
 
     count = arguments.integer("threads", threads, maximum=1024)
     _set_duckdb_threads(db.con, count)

@@ -58,9 +58,9 @@ import pyarrow.parquet as pq
 import sqlglot.expressions as exp
 
 from relsql import sql as q
-from relsql.catalog import Catalog, Column, Table
+from relsql.data.catalog import Catalog, Column, Table
+from relsql.data.duckdb import Source
 from relsql.data.engine import TEMP_PREFIX, WRITTEN_BY, Database, Engine, first_line, ident, marked_kind
-from relsql.db import Source
 from relsql.errors import SchemaError, SourceError
 
 _results = itertools.count()
