@@ -234,7 +234,7 @@ def measure(name: str, pkd: Path, load: bool = True, loader: bool = True, profil
             duckdb_threads: int | None = None) -> dict[str, float]:
     """One run on one database (a fresh connection); seconds per stage. `duckdb_threads`: the
     connection's DuckDB threads, as relsql.connect(threads=) gives them (default: DuckDB's, one per
-    core, and grounding on fit's default threads: relsql.db.engine_threads)."""
+    core, and grounding on fit's default threads: relsql.data.duckdb.engine_threads)."""
     import relsql
     import relsql.model
     import relsql.template.auto  # noqa: F401  (imports are not construction: loaded before the clock starts)
@@ -243,7 +243,7 @@ def measure(name: str, pkd: Path, load: bool = True, loader: bool = True, profil
     path = maker(pkd)
     db = relsql.connect(str(path), keys=str(keys) if keys else None, read_only=True)
     if duckdb_threads:  # as relsql.connect(threads=) sets it: the user's count, kept through grounding
-        from relsql.db import set_threads
+        from relsql.data.duckdb import set_threads
 
         set_threads(db, duckdb_threads)
     out: dict[str, float] = {}

@@ -314,7 +314,7 @@ def run_relsql(path: str, epochs: int, batch_size: int, width: int, fanout: list
     import torch
 
     import relsql
-    from relsql.db import set_flush_threshold
+    from relsql.data.duckdb import set_flush_threshold
 
     torch.set_num_threads(THREADS)
     warnings.simplefilter("ignore")
@@ -326,7 +326,7 @@ def run_relsql(path: str, epochs: int, batch_size: int, width: int, fanout: list
     relsql.Model  # noqa: B018 -- relsql imports relsql.model (and its scipy, pandas) on first use: off the clock too
 
     db = relsql.connect(path, read_only=True)
-    if flush_threshold:  # relsql.connect already sets its default (32MB, relsql.db.FLUSH_THRESHOLD); this overrides it
+    if flush_threshold:  # relsql.connect already sets its default (32MB, relsql.data.duckdb.FLUSH_THRESHOLD); this overrides it
         set_flush_threshold(db, _checked_size(flush_threshold))
     clock = _Clock()
     memory = TreeMemory()  # relsql's batch process counts too

@@ -23,7 +23,8 @@ from relsql.errors import (
 _LAZY = {  # public name -> the module that defines it
     "Callback": "relsql.train.callbacks", "CompiledNet": "relsql.compile", "compile": "relsql.compile",
     "tune": "relsql.compile",
-    "Database": "relsql.db", "connect": "relsql.connection", "Model": "relsql.model", "ModelSpec": "relsql.train.spec",
+    "Database": "relsql.data.engine", "connect": "relsql.data.connection", "Model": "relsql.model",
+    "ModelSpec": "relsql.train.spec",
     "PredictiveQuery": "relsql.predictive", "QueryError": "relsql.predictive", "Template": "relsql.template",
     "from_relbench": "relsql.relbench", "to_heterodata": "relsql.export", "Loader": "relsql.train.loader",
     "TensorBoard": "relsql.train.tracking", "MLflow": "relsql.train.tracking", "WhereError": "relsql.where",
@@ -38,7 +39,7 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:
-    """A public name, imported from its module on first use; else a submodule (`relsql.db`)."""
+    """A public name, imported from its module on first use; else a submodule (`relsql.data.duckdb`)."""
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value  # straight into the namespace: the next lookup does not come here

@@ -14,7 +14,7 @@ import polars as pl
 import torch
 
 from relsql import arguments
-from relsql.db import Database
+from relsql.data.engine import Database
 from relsql.errors import RelsqlError
 from relsql.progress import lines as progress_lines
 from relsql.template.ir import Template

@@ -8,7 +8,7 @@ destroy notes.pt), so relsql recognises its own files by what is in them.
 
 - a saved model or training checkpoint: its own format header (`relsql-model-N` as the first
   value of the pickle inside torch's zip), read from the first bytes only;
-- Parquet: relsql's mark in the footer's metadata (relsql.db.with_mark);
+- Parquet: relsql's mark in the footer's metadata (relsql.data.duckdb.with_mark);
 - PNG: a `relsql` text chunk before the image data;
 - text and CSV, which have no room for a mark a reader would ignore: a sidecar `.<name>.relsql`
   beside the file, holding the kind and the SHA-256 of the bytes relsql wrote. A file whose
@@ -35,7 +35,7 @@ from pathlib import Path
 
 from relsql.errors import RelsqlError
 
-WRITTEN_BY = "written by relsql: "  # the same words as a table's mark (relsql.db.WRITTEN_BY)
+WRITTEN_BY = "written by relsql: "  # the same words as a table's mark (relsql.data.duckdb.WRITTEN_BY)
 SIDECAR = ".relsql"
 KINDS = {"model": "saved model", "checkpoint": "training checkpoint", "metrics plot": "metrics plot",
          "template": "template", "predictions": "file of predictions", "recommendations": "file of recommendations"}
@@ -147,7 +147,7 @@ def refusal(path: str | Path, kind: str) -> str | None:
     if kind in ("model", "checkpoint"):
         found = _format_mark(path)
     elif path.suffix.lower() == ".parquet":
-        from relsql.db import parquet_mark
+        from relsql.data.duckdb import parquet_mark
 
         found = parquet_mark(path)
     elif kind == "metrics plot":

@@ -33,9 +33,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import sqlglot.expressions as exp
 
-from relsql import keyfile
 from relsql import sql as q
-from relsql.db import Database, first_line, free_name
+from relsql.data import keyfile
+from relsql.data.duckdb import DuckDBDatabase, free_name
+from relsql.data.engine import Database, first_line
 from relsql.errors import RelsqlError, SchemaError
 
 __all__ = ["RelbenchTask", "evaluate", "from_relbench", "metrics", "tasks", "time_columns"]
@@ -116,7 +117,7 @@ def from_relbench(database: Any, db: Database | None = None, *, tasks: Mapping[s
         raise SchemaError(f"tasks must map table names to relbench tasks ({{name: task}}), got {type(tasks).__name__}")
     specs = {name: _task_spec(name, task, tables) for name, task in (tasks or {}).items()}
     if db is None:
-        db = Database.in_memory()  # as relsql.connect() (which imports the connectors, and they this module)
+        db = DuckDBDatabase.in_memory()  # as relsql.connect() (which imports the connectors, and they this module)
     elif not isinstance(db, Database):
         raise SchemaError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
     _refuse_taken(db, [*tables, *specs])

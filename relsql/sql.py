@@ -1,6 +1,6 @@
 """sqlglot builders for relsql's SQL (literals, identifiers, the grounding queries): every statement
 is an AST, never pasted text. A leaf: it imports nothing of relsql's but its errors, so the lowest
-layers (relsql.db, relsql.spark, the connectors) build their SQL here."""
+layers (relsql.data.duckdb, relsql.data.spark, the connectors) build their SQL here."""
 
 from __future__ import annotations
 

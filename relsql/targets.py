@@ -15,7 +15,7 @@ MAX_TIMES = 1024  # a ranking target's timed relation: one tower column per dist
 
 
 def check_scalar(kind: pa.DataType, where: str) -> None:
-    """A label is one value per row. A list of keys is a ranking target (relsql/references.py finds
+    """A label is one value per row. A list of keys is a ranking target (relsql/data/references.py finds
     the table it references before this is asked); a struct, map or other list is not a label."""
     if pa.types.is_nested(kind) or (pa.types.is_dictionary(kind) and pa.types.is_nested(kind.value_type)):
         raise SchemaError(f"target {where} has type {kind}: a list, struct or map is not one value per row. A list of "

@@ -25,7 +25,7 @@ from relsql import sql as q
 from relsql.errors import RelsqlError
 
 if TYPE_CHECKING:
-    from relsql.db import Database
+    from relsql.data.engine import Database
 
 __all__ = ["MAX_WHERE_CHARS", "MAX_WHERE_NESTING", "WhereError", "condition", "parse_condition", "where_keys"]
 

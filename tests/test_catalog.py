@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 import relsql
-from relsql.catalog import Catalog, Column, ForeignKey
 from relsql.cli.output import format_catalog
+from relsql.data.catalog import Catalog, Column, ForeignKey
 
 ROWS = {"customer": 6, "product": 5, "orders": 15, "review": 8}
 COLUMNS = {

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 
 import relsql
 from relsql.cli import main
-from relsql.db import parquet_mark
+from relsql.data.duckdb import parquet_mark
 from tests.test_ranking import shop
 
 

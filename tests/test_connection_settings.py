@@ -29,12 +29,12 @@ def test_a_users_connection_keeps_duckdbs_default():
 
 
 def test_freed_memory_duckdb_keeps_goes_back_to_the_system():
-    """relsql.db.release_freed_memory (called before training forks its batch process): DuckDB's
+    """relsql.data.duckdb.release_freed_memory (called before training forks its batch process): DuckDB's
     allocator keeps pages it freed for seconds; after the call this process's RSS no longer holds them."""
     import resource
     from pathlib import Path
 
-    from relsql.db import release_freed_memory
+    from relsql.data.duckdb import release_freed_memory
 
     def rss_mib() -> float:
         return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize() / 2**20

@@ -20,7 +20,7 @@ import torch
 
 import relsql
 from relsql.connectors import extensions
-from relsql.db import qualified
+from relsql.data.duckdb import qualified
 from relsql.errors import SchemaError, SourceError
 
 KINDS = ("duckdb", "sqlite", "parquet", "csv", "postgres", "frames")

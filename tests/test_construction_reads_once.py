@@ -13,8 +13,8 @@ import pyarrow as pa
 import pytest
 
 import relsql
+from relsql.data.keys import schema
 from relsql.ground.execute import ground
-from relsql.keys import schema
 from relsql.template import ir
 
 ROWS = {  # id: (a VARCHAR, b INTEGER, c DECIMAL(6,2)); NULLs, values at exactly min_count and one below

@@ -1,4 +1,4 @@
-"""Grounding on fit's default DuckDB threads (relsql.db.engine_threads, used by Learner.build):
+"""Grounding on fit's default DuckDB threads (relsql.data.duckdb.engine_threads, used by Learner.build):
 the count is set only where it is relsql's to choose, put back afterwards, and the groundings and
 predictions are those of a connection whose threads the user set."""
 
@@ -12,7 +12,7 @@ import torch
 import relsql
 import relsql.train.learner as learner_module
 from bench import relgen
-from relsql.db import duckdb_default_threads, engine_threads
+from relsql.data.duckdb import duckdb_default_threads, engine_threads
 
 
 def threads_of(db) -> int:

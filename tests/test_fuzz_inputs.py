@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import relsql
-from relsql.keys import schema
+from relsql.data.keys import schema
 from tests.fuzz_world import REPO, Counts, run_case
 
 pytestmark = pytest.mark.slow  # 600 seeded cases

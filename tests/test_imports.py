@@ -131,11 +131,11 @@ def test_graph_is_read():
     prove nothing): a module-level import, a function-level one, `from pkg import submodule`
     resolved to the submodule, and an import under `if TYPE_CHECKING:` left out."""
     graph = import_graph()
-    assert "relsql.errors" in graph["relsql.db"]  # module level
+    assert "relsql.errors" in graph["relsql.data.duckdb"]  # module level
     assert "relsql.template.auto" in graph["relsql.template"]  # inside Template.auto
     assert "relsql.arguments" in graph["relsql.predictive.terms"]  # from relsql import arguments
     assert "relsql" not in graph["relsql.predictive.terms"]
-    assert "relsql.db" not in graph["relsql.catalog"]  # only under TYPE_CHECKING
+    assert "relsql.data.duckdb" not in graph["relsql.data.catalog"]  # only under TYPE_CHECKING
     assert all(target in graph for targets in graph.values() for target in targets)
     assert len(graph) > 80
 
@@ -199,3 +199,18 @@ def test_source_connectors_sit_below_the_dataset_loaders():
                      if target.startswith("relsql.datasets") and not module.startswith("relsql.datasets")}
     assert into_datasets == {("relsql.cli.demo", "relsql.datasets.mutagenesis")}
     assert any(m.startswith("relsql.connectors.") for m in graph) and any(m.startswith("relsql.datasets.") for m in graph)
+
+
+DATA_LEAVES = {"relsql.errors", "relsql.sql", "relsql.textfile", "relsql.arguments"}  # leaves every floor may use
+
+
+def test_the_data_layer_imports_no_higher_floor():
+    """relsql.data (engines, sources, catalog, keys) imports only itself, the connectors it opens and
+    the leaves: never grounding, compilation, templates, training or the CLI above it."""
+    graph = import_graph()
+    data = [m for m in graph if m == "relsql.data" or m.startswith("relsql.data.")]
+    assert {"relsql.data.engine", "relsql.data.duckdb", "relsql.data.spark", "relsql.data.keys"} <= set(data)
+    upward = {(m, t) for m in data for t in graph[m]
+              if not (t.startswith(("relsql.data.", "relsql.connectors")) or t in DATA_LEAVES)}
+    assert not upward, sorted(upward)
+    assert "relsql.arguments" in graph["relsql.data.duckdb"]  # the reader sees a function-level arrow out of the package

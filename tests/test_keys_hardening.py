@@ -15,8 +15,8 @@ import polars as pl
 import pytest
 
 import relsql
-from relsql.catalog import ForeignKey
-from relsql.keys import schema
+from relsql.data.catalog import ForeignKey
+from relsql.data.keys import schema
 
 
 def _fks(keys) -> set[tuple[str, ForeignKey]]:

@@ -23,8 +23,8 @@ import duckdb
 import pytest
 
 import relsql
-from relsql.catalog import ForeignKey
-from relsql.keys import schema
+from relsql.data.catalog import ForeignKey
+from relsql.data.keys import schema
 
 FLIGHTS = 20_000
 YEARS = (2010, 2014)

@@ -174,7 +174,7 @@ def test_pair_relation_errors_name_the_fix(shop_db):
     wide = PAIR.replace("linear(count(*), 1)", "linear(count(*), 16)")
     with pytest.raises(SchemaError, match="1 wide"):
         relsql.Model(shop_db, relsql.Template.from_sql(wide + BASE), target="task_rec.item_id")
-    from relsql.references import referenced
+    from relsql.data.references import referenced
     from relsql.train.ranking.pairs import pair_relation
 
     template = relsql.Template.from_sql(PAIR + BASE)

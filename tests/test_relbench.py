@@ -22,8 +22,8 @@ skm = importlib.import_module("sklearn.metrics")
 
 import relsql  # noqa: E402
 from relsql import relbench as rb  # noqa: E402
+from relsql.data.keys import schema  # noqa: E402
 from relsql.errors import SchemaError  # noqa: E402
-from relsql.keys import schema  # noqa: E402
 from relsql.template import Template  # noqa: E402
 
 VAL, TEST = pd.Timestamp("2021-07-01"), pd.Timestamp("2021-09-01")

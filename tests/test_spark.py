@@ -1,4 +1,4 @@
-"""Spark as the engine (relsql/spark.py): a real local[2] SparkSession, checked against DuckDB
+"""Spark as the engine (relsql/data/spark.py): a real local[2] SparkSession, checked against DuckDB
 grounding the same tables (the oracle), and 2 gloo ranks training on what Spark grounded."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import torch
 
 import relsql
 from relsql import sql as q
+from relsql.data.spark import _PART, SparkDatabase
 from relsql.ground.demand import BatchGrounder
 from relsql.ground.store import GroundingStore
-from relsql.spark import _PART, SparkDatabase
 
 ROOT = Path(__file__).resolve().parent.parent
 pytest.importorskip("pyspark", reason="pyspark is not installed: bash scripts/setup installs relsql[spark]")
@@ -214,3 +214,15 @@ def test_a_list_target_on_spark_is_refused_with_where_ranking_trains(spark):
         assert not on_spark.key_catalog
         with pytest.raises(relsql.RelsqlError, match="not on Spark"):
             relsql.Model(on_spark, template, "wishes.item_id", progress=False)
+
+
+def test_spark_catalog_lists_columns_and_counts_rows_without_keys(spark):
+    """SparkDatabase implements the engine's catalog itself (it inherited DuckDB's, which read a
+    `con` of None): the columns and row count of a view this test made, no keys, all nullable."""
+    spark.createDataFrame([(1, "a", 2.5), (2, None, 1.0), (3, "c", None)], "id long, name string, score double") \
+        .createOrReplaceTempView("catalogued")
+    with relsql.connect(spark) as on_spark:
+        table = on_spark.catalog().tables["catalogued"]
+    assert [(c.name, c.type, c.nullable) for c in table.columns] == [
+        ("id", "BIGINT", True), ("name", "VARCHAR", True), ("score", "DOUBLE", True)]
+    assert table.rows == 3 and table.primary_key == () and table.foreign_keys == ()

@@ -1,4 +1,4 @@
-"""Spark Connect as the engine (relsql/spark.py): a real Spark Connect server (pyspark's own
+"""Spark Connect as the engine (relsql/data/spark.py): a real Spark Connect server (pyspark's own
 SparkConnectServer on local[2], in a JVM of its own) and relsql as its client, checked against
 DuckDB on the same tables (the oracle).
 

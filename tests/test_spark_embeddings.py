@@ -14,7 +14,7 @@ import torch
 
 import relsql
 from relsql import sql as q
-from relsql.spark import _NEXT
+from relsql.data.spark import _NEXT
 from relsql.train.embeddings import DatabaseEmbedding
 from relsql.train.swapped import SwappedEmbedding
 from tests.test_batches import shop_db, shop_template

@@ -1,4 +1,4 @@
-"""ple(), calendar() and features() with NULLs grounded on Spark (relsql/spark.py) equal DuckDB's:
+"""ple(), calendar() and features() with NULLs grounded on Spark (relsql/data/spark.py) equal DuckDB's:
 in bulk, where a ple column arrives as its number and is encoded and measured where it is read
 (the same edges whichever engine), and through the grounding store, where Spark's executors write
 what Spark's SQL encoded (DuckDB's `list_value` as Spark's `array`, `dayofweek` counted from

@@ -10,10 +10,10 @@ import duckdb
 import pytest
 
 import relsql
-from relsql.catalog import ForeignKey
 from relsql.cli import main
 from relsql.connectors.extensions import load
-from relsql.keys import schema
+from relsql.data.catalog import ForeignKey
+from relsql.data.keys import schema
 
 
 @pytest.fixture(scope="module")

@@ -106,7 +106,7 @@ def _explain(args: argparse.Namespace) -> int:
 
 def _inspect(args: argparse.Namespace) -> int:
     from relsql.cli.output import format_catalog
-    from relsql.keys import schema
+    from relsql.data.keys import schema
 
     with relsql.connect(args.db, read_only=True, keys=args.keys) as db:
         catalog = db.catalog()

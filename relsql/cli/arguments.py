@@ -13,7 +13,7 @@ from pathlib import Path
 from relsql import arguments as relsql_arguments
 from relsql import ownfiles, textfile
 from relsql.cli.demo import demo_tables
-from relsql.db import check_table_name
+from relsql.data.engine import check_table_name
 from relsql.errors import RelsqlError
 
 EPILOG = ("exit status: 0 done, 1 runtime error (the database, a template's text or a model's contents), "
@@ -71,7 +71,7 @@ def target(text: str) -> str:
 
 
 def table_name(text: str) -> str:
-    """A name relsql may give a new table (as relsql.db.check_table_name decides)."""
+    """A name relsql may give a new table (as relsql.data.duckdb.check_table_name decides)."""
     try:
         return check_table_name(text)
     except RelsqlError as err:

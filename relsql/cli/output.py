@@ -12,10 +12,10 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from relsql import ownfiles
-from relsql.catalog import Catalog, Table
-from relsql.db import with_mark
+from relsql.data.catalog import Catalog, Table
+from relsql.data.engine import with_mark
+from relsql.data.keys import Schema
 from relsql.errors import RelsqlError
-from relsql.keys import Schema
 
 
 def write_text_atomically(path: Path, text: str, fix: str = "choose another file, or move that one away") -> None:
@@ -71,7 +71,7 @@ def summary(frame: pl.DataFrame, task, path: str, where: str | None) -> str:
 
 def format_catalog(catalog: Catalog, keys: Schema | None = None) -> str:
     """A readable listing for `relsql inspect`: tables with row counts, columns, keys. With `keys`
-    (relsql.keys.schema), each key is marked declared, given or inferred, and an inferred
+    (relsql.data.keys.schema), each key is marked declared, given or inferred, and an inferred
     one is followed by its evidence."""
     count = len(catalog.tables)
     lines = [f"{catalog.source}: {count} table{'s' if count != 1 else ''}"]

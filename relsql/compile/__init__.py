@@ -8,7 +8,7 @@ from relsql import arguments
 from relsql.compile.module import CompiledNet
 from relsql.compile.planning import make_plan
 from relsql.compile.tune import fastest, with_strength
-from relsql.db import Database
+from relsql.data.engine import Database
 from relsql.ground.execute import ground
 from relsql.template.ir import Template
 

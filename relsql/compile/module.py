@@ -317,7 +317,7 @@ class CompiledNet(nn.Module):
     def values(self, relation: str, outputs: dict[str, torch.Tensor] | None = None) -> pl.DataFrame:
         """A relation's key columns and its `value` (flattened to a list of floats) per row; a key
         named `value` keeps its name and the vector gets the first free one (`value_1`, ...)."""
-        from relsql.db import free_name
+        from relsql.data.duckdb import free_name
         from relsql.errors import RelsqlError
 
         if relation not in self.grounding.relations:

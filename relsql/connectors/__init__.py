@@ -1,4 +1,4 @@
-"""relsql's own kinds of source, registered with relsql.sources on import (relsql.connection,
+"""relsql's own kinds of source, registered with relsql.data.sources on import (relsql.data.connection,
 where `relsql.connect` lives, imports this package): an in-memory DuckDB, an open DuckDB
 connection, frames, Spark, PostgreSQL, and paths (a folder of files, SQLite, DuckDB)."""
 
@@ -12,9 +12,9 @@ from typing import Any
 import duckdb
 
 from relsql.connectors import duckdb_connection, frames, paths, postgres
-from relsql.db import Database
+from relsql.data.engine import Database
+from relsql.data.sources import Opener, Options, register
 from relsql.errors import SourceError
-from relsql.sources import Opener, Options, register
 
 
 def is_spark(source: object) -> bool:
@@ -25,7 +25,7 @@ def is_spark(source: object) -> bool:
 
 
 def _open_spark(source: Any, options: Options) -> Database:
-    from relsql.spark import open_spark  # Spark's layer, loaded only for a Spark source
+    from relsql.data.spark import open_spark  # Spark's layer, loaded only for a Spark source
 
     if options.tables or options.memory_limit is not None or options.threads is not None:
         raise SourceError("tables=, memory_limit= and threads= are DuckDB's settings; give Spark its own in the session")

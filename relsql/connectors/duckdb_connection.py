@@ -6,7 +6,8 @@ from __future__ import annotations
 import duckdb
 import sqlglot.expressions as exp
 
-from relsql.db import Database, first_line, ident
+from relsql.data.duckdb import DuckDBDatabase
+from relsql.data.engine import Database, first_line, ident
 from relsql.errors import SourceError
 
 
@@ -16,7 +17,7 @@ def is_memory(source: object) -> bool:
 
 
 def open_memory() -> Database:
-    return Database.in_memory()
+    return DuckDBDatabase.in_memory()
 
 
 def open_connection(con: duckdb.DuckDBPyConnection) -> Database:
@@ -27,7 +28,7 @@ def open_connection(con: duckdb.DuckDBPyConnection) -> Database:
     except duckdb.ConnectionException as err:
         raise SourceError(f"the DuckDB connection cannot be used: {first_line(err)}; pass an open connection") from None
     follow_scope(con, cursor)
-    return Database(cursor, "DuckDB connection")
+    return DuckDBDatabase(cursor, "DuckDB connection")
 
 
 def follow_scope(con: duckdb.DuckDBPyConnection, cursor: duckdb.DuckDBPyConnection) -> None:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import duckdb
 
-from relsql.db import Database, Source
+from relsql.data.duckdb import DuckDBDatabase, Source
+from relsql.data.engine import Database
 from relsql.errors import SourceError
 
 __all__ = ["DuckDBFile", "open_duckdb_file"]
@@ -36,7 +37,7 @@ def open_duckdb_file(path: Path, *, read_only: bool = False) -> Database:
     except duckdb.Error as err:
         raise _explain(path, err, read_only) from None
     source = DuckDBFile(path, read_only=read_only)
-    return Database(con, source.description, source=source)
+    return DuckDBDatabase(con, source.description, source=source)
 
 
 def written_by(path: Path) -> tuple[int, str] | None:

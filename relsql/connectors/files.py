@@ -28,9 +28,11 @@ import sqlglot
 import sqlglot.errors
 import sqlglot.expressions as exp
 
-from relsql import keyfile, textfile
-from relsql.catalog import ForeignKey, Keys
-from relsql.db import Database, Source, first_line, ident, parquet_mark
+from relsql import textfile
+from relsql.data import keyfile
+from relsql.data.catalog import ForeignKey, Keys
+from relsql.data.duckdb import DuckDBDatabase, Source, parquet_mark
+from relsql.data.engine import Database, first_line, ident
 from relsql.errors import RelsqlError, SchemaError, SourceError
 
 __all__ = ["Folder", "SUFFIXES", "inside", "open_folder"]
@@ -129,7 +131,7 @@ def open_folder(path: Path, *, read_only: bool = False) -> Database:
                               f"{file.name}); keep one of them")
         found[file.stem] = file
     source = Folder(path, read_only=read_only)
-    db = Database(duckdb.connect(), source.description, source=source)
+    db = DuckDBDatabase(duckdb.connect(), source.description, source=source)
     try:
         for name, file in found.items():
             source.register(db, name, file)

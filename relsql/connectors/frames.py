@@ -15,7 +15,8 @@ from typing import Any
 import duckdb
 import sqlglot.expressions as exp
 
-from relsql.db import TEMP_PREFIX, Database, Source, first_line, ident, qualified, to_arrow
+from relsql.data.duckdb import DuckDBDatabase, Source, qualified
+from relsql.data.engine import TEMP_PREFIX, Database, first_line, ident, to_arrow
 from relsql.errors import SchemaError, SourceError
 
 __all__ = ["FRAMES_SCOPE", "Frames", "add_frames", "open_frames"]
@@ -47,7 +48,7 @@ def _copy_in(db: Database, frames: Mapping[str, Any], scope: tuple[str, str] | N
 
 def open_frames(frames: Mapping[str, Any]) -> Database:
     source = Frames(f"in-memory DuckDB with {len(frames)} data frame{'s' if len(frames) != 1 else ''}")
-    db = Database(duckdb.connect(), source.description, source=source)
+    db = DuckDBDatabase(duckdb.connect(), source.description, source=source)
     try:
         _copy_in(db, frames, None)
     except BaseException:

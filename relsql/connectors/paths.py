@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from relsql.connectors import duckdb_file, files, relbench, sqlite
-from relsql.db import SQLITE_MAGIC, Database
+from relsql.data.duckdb import SQLITE_MAGIC
+from relsql.data.engine import Database
+from relsql.data.sources import KINDS
 from relsql.errors import SourceError
-from relsql.sources import KINDS
 
 DUCKDB_SUFFIXES = (".duckdb", ".ddb")
 SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")

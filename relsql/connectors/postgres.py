@@ -15,9 +15,10 @@ from urllib.parse import urlsplit, urlunsplit
 import duckdb
 import sqlglot.expressions as exp
 
-from relsql.catalog import ForeignKey, Keys
 from relsql.connectors import extensions
-from relsql.db import WRITTEN_BY, Database, Source, first_line, ident, marked_kind
+from relsql.data.catalog import ForeignKey, Keys
+from relsql.data.duckdb import DuckDBDatabase, Source
+from relsql.data.engine import WRITTEN_BY, Database, first_line, ident, marked_kind
 from relsql.errors import SourceError
 
 __all__ = ["ALIAS", "Postgres", "is_url", "open_postgres", "redact"]
@@ -142,7 +143,7 @@ def open_postgres(url: str, *, read_only: bool = False) -> Database:
         con.close()
         raise
     source = Postgres(url, read_only=read_only)
-    return Database(con, source.description, source=source)
+    return DuckDBDatabase(con, source.description, source=source)
 
 
 def _explain(shown: str, text: str) -> SourceError:

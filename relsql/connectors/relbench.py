@@ -33,9 +33,10 @@ import sqlglot.expressions as exp
 
 from relsql import relbench, textfile
 from relsql import sql as q
-from relsql.catalog import ForeignKey, Keys
 from relsql.connectors import files
-from relsql.db import Database, first_line, free_name, ident
+from relsql.data.catalog import ForeignKey, Keys
+from relsql.data.duckdb import DuckDBDatabase, free_name
+from relsql.data.engine import Database, first_line, ident
 from relsql.errors import SourceError
 
 __all__ = ["is_relbench_folder", "open_relbench_folder"]
@@ -215,7 +216,7 @@ def open_relbench_folder(path: Path, *, read_only: bool = False) -> Database:
     files.inside(path, path / "db")
     specs, origin = _table_specs(path)
     source = RelbenchFolder(path / "db", read_only=read_only)
-    db = Database(duckdb.connect(), f"RelBench dataset {path}{' (read-only)' if read_only else ''}", source=source)
+    db = DuckDBDatabase(duckdb.connect(), f"RelBench dataset {path}{' (read-only)' if read_only else ''}", source=source)
     try:
         for file in sorted((path / "db").iterdir()):
             if not file.name.startswith(".") and file.suffix.lower() in files.SUFFIXES:

@@ -14,9 +14,10 @@ from pathlib import Path
 import duckdb
 import sqlglot.expressions as exp
 
-from relsql.catalog import ForeignKey, Keys
 from relsql.connectors import extensions
-from relsql.db import SQLITE_MAGIC, TEMP_PREFIX, Database, Source, first_line, ident, qualified
+from relsql.data.catalog import ForeignKey, Keys
+from relsql.data.duckdb import SQLITE_MAGIC, DuckDBDatabase, Source, qualified
+from relsql.data.engine import TEMP_PREFIX, Database, first_line, ident
 from relsql.errors import SourceError
 from relsql.sql import bound
 
@@ -123,4 +124,4 @@ def open_sqlite(path: Path, *, read_only: bool = False) -> Database:
         con.close()
         raise
     source = SQLiteFile(path, read_only=read_only)
-    return Database(con, source.description, source=source)
+    return DuckDBDatabase(con, source.description, source=source)

@@ -34,7 +34,8 @@ import pyarrow.compute as pc
 import sqlglot.expressions as exp
 import torch
 
-from relsql.db import Database, ident, qualified
+from relsql.data.duckdb import qualified
+from relsql.data.engine import Database, ident
 from relsql.errors import RelsqlError, SchemaError
 from relsql.template import ir
 
@@ -207,7 +208,7 @@ def _labels(store, learner: Learner, rows: int) -> None:
 # -- a database's foreign-key graph -----------------------------------------------------------------
 def _database_graph(data: HeteroData, db: Database, given: object, time_columns: dict[str, str],
                     tables: list[str] | None, explicit: bool) -> HeteroData:
-    from relsql import keys as keyspec
+    from relsql.data import keys as keyspec
 
     schema = keyspec.schema(db, db.catalog(), given=given)
     chosen = list(schema.tables) if tables is None else list(tables)

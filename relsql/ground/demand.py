@@ -30,7 +30,8 @@ import sqlglot.expressions as exp
 import torch
 
 from relsql import sql as q
-from relsql.db import Database, lost_connection
+from relsql.data.duckdb import lost_connection
+from relsql.data.engine import Database
 from relsql.errors import GroundingError, SchemaError
 from relsql.ground import closure
 from relsql.ground.execute import (

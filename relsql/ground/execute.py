@@ -27,7 +27,8 @@ import torch
 
 from relsql import arguments
 from relsql import sql as q
-from relsql.db import Database, lost_connection
+from relsql.data.duckdb import lost_connection
+from relsql.data.engine import Database
 from relsql.errors import GroundingError, RelsqlError, SchemaError
 from relsql.ground import encoders as encoders_sql
 from relsql.ground.parts import check_refs, column_label, column_values

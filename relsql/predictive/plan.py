@@ -11,10 +11,10 @@ import duckdb
 import sqlglot.expressions as exp
 
 from relsql import sql as q
-from relsql.catalog import Catalog, ForeignKey
-from relsql.db import Database, first_line
+from relsql.data.catalog import Catalog, ForeignKey
+from relsql.data.engine import Database, first_line
+from relsql.data.keys import schema
 from relsql.errors import SchemaError, SourceError
-from relsql.keys import schema
 from relsql.predictive.terms import (
     MAX_SNAPSHOTS,
     OPS,

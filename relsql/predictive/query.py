@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import sqlglot.expressions as exp
 
-from relsql.db import Database, check_table_name
+from relsql.data.engine import Database, check_table_name
 from relsql.errors import RelsqlError, SchemaError
 from relsql.predictive.parse import parse_fields
 from relsql.predictive.plan import TaskPlan, summary, write_native

@@ -42,10 +42,10 @@ class Template(ir.Template):
         Options: hops (2), width (16), aggregation ("all": mean, sum, max and count of child
         rows; or "avg" | "sum" | "max" | a comma list), time_column, time_columns ({table:
         column}), timeless ("exclude" | "include" child tables whose time is unknown), keys (a
-        keys file, its text or tuples, see relsql/keyfile.py), infer_keys (True), layer ("sage",
+        keys file, its text or tuples, see relsql/data/keyfile.py), infer_keys (True), layer ("sage",
         today's terms; "rgcn", a mean per key and direction; "gat", attention over child rows;
         "hgt", typed attention). For a ranking target (a foreign key or a list of keys, see
-        relsql/references.py): dimension (32), the towers' width, and history (True), the
+        relsql/data/references.py): dimension (32), the towers' width, and history (True), the
         average candidate vector of the entity's earlier interactions (docs/recommendation.md).
         See relsql/template/auto/ (its __init__ maps the modules).
         """

@@ -21,7 +21,7 @@ from relsql import textfile
 from relsql.errors import TemplateError
 
 if TYPE_CHECKING:
-    from relsql.db import Database
+    from relsql.data.engine import Database
 
 # Limits both frontends enforce, so that a typo or a hostile file fails with a clear message
 # instead of an allocation that cannot succeed or a stack overflow.

@@ -127,8 +127,8 @@ def _columns(model) -> list[str]:
 
 
 def key_columns(db) -> dict[str, set[str]]:
-    """Per table, its key columns (folded), declared or inferred (relsql.keys.schema)."""
-    from relsql.keys import schema
+    """Per table, its key columns (folded), declared or inferred (relsql.data.keys.schema)."""
+    from relsql.data.keys import schema
 
     return flat.key_columns(schema(db, db.catalog()))
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from relsql.compile.reuse import Frame
-from relsql.db import release_freed_memory
+from relsql.data.duckdb import release_freed_memory
 from relsql.errors import RelsqlError
 from relsql.ground.store import trim_heap
 from relsql.train.batched import Batch, Batched

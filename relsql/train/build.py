@@ -11,11 +11,11 @@ import torch
 
 from relsql import arguments
 from relsql import sql as q
-from relsql.db import Database
+from relsql.data.engine import Database
+from relsql.data.references import referenced
 from relsql.errors import RelsqlError, SchemaError
 from relsql.ground.demand import database_embeddings
 from relsql.ground.execute import Presets, groundings_limit
-from relsql.references import referenced
 from relsql.template import Template, ir
 from relsql.train import checks, loaded, saved
 from relsql.train.learner import Learner, Settings

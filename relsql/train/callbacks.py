@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from relsql.db import first_line
+from relsql.data.engine import first_line
 from relsql.errors import RelsqlError
 from relsql.train.schedule import LearningRate
 

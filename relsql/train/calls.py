@@ -8,7 +8,8 @@ import functools
 
 import duckdb
 
-from relsql.db import Database, lost_connection
+from relsql.data.duckdb import lost_connection
+from relsql.data.engine import Database
 from relsql.errors import RelsqlError, SourceError
 from relsql.progress import lines as progress_lines
 from relsql.train.threads import torch_threads

@@ -11,7 +11,7 @@ from relsql.errors import SchemaError
 from relsql.template.ir import Template
 
 if TYPE_CHECKING:
-    from relsql.db import Database
+    from relsql.data.engine import Database
 
 
 def default_output(template: Template, table: str) -> str:

@@ -33,7 +33,8 @@ import sqlglot.expressions as exp
 import torch
 
 from relsql import sql as q
-from relsql.db import Database, drop_result, fetch_arrow, ident, qualified
+from relsql.data.duckdb import drop_result, fetch_arrow, qualified
+from relsql.data.engine import Database, ident
 from relsql.errors import RelsqlError, SourceError
 from relsql.template import ir
 from relsql.train.rowcache import RowCache

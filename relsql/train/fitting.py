@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from relsql.compile.module import check_training_bytes
-from relsql.db import Database
+from relsql.data.engine import Database
 from relsql.errors import RelsqlError
 from relsql.ground.demand import database_embeddings
 from relsql.train import checkpoint as checkpoints

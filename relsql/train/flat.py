@@ -8,7 +8,7 @@ built with sqlglot, run by the database.
 What enters, and how: numbers, booleans (0/1), dates and timestamps (epoch seconds), and text
 with at most MAX_CODES distinct values as an integer code (its position among the sorted values;
 an unseen value is NULL). Never: key columns (primary and foreign, declared or inferred, see
-relsql.keys.schema), columns named like identifiers (relsql.template.auto.id_like), the target
+relsql.data.keys.schema), columns named like identifiers (relsql.template.auto.id_like), the target
 column, copies of it, the target's time column, task tables of other questions. NULL stays NaN.
 
 With a time column (a temporal target), a child row counts only if its time (relsql.template.auto's
@@ -27,7 +27,7 @@ import numpy as np
 import sqlglot.expressions as exp
 
 from relsql import sql as q
-from relsql.db import Database
+from relsql.data.engine import Database
 from relsql.errors import RelsqlError
 
 MAX_CODES = 100  # a text column with more distinct values is left out (a name, free text)
@@ -213,7 +213,7 @@ def _value(column: Column, table: str) -> exp.Expression:
 # -- which columns ---------------------------------------------------------------------------------
 def plan(db: Database, table: str, column: str, time_column: str | None = None, keys=None) -> Flat:
     """The one-hop features of target `table.column` (see the module docstring)."""
-    from relsql.keys import schema
+    from relsql.data.keys import schema
     from relsql.predictive.terms import TASK_COLUMNS, is_task_table
     from relsql.template.auto import table_times as _times
     from relsql.train.leakage import copies_of
@@ -263,7 +263,7 @@ def key_columns(found) -> dict[str, set[str]]:
 
 def _features(db: Database, info, skip: set[str], values: set[str] = frozenset()) -> list[Column]:
     """A table's columns that may enter as features, with their kinds. `values`: columns named like
-    identifiers that are values (a year no key holds, relsql.keys.Schema.is_value)."""
+    identifiers that are values (a year no key holds, relsql.data.keys.Schema.is_value)."""
     from relsql.template.auto import id_like, is_interval
 
     out = []

@@ -12,7 +12,8 @@ import sqlglot.expressions as exp
 import torch
 
 from relsql import arguments
-from relsql.db import check_table_name, qualified
+from relsql.data.duckdb import qualified
+from relsql.data.engine import check_table_name
 from relsql.errors import RelsqlError, SchemaError
 from relsql.ground.demand import database_embeddings
 from relsql.train.batches import batches

@@ -11,7 +11,7 @@ import duckdb
 import sqlglot.expressions as exp
 
 from relsql import sql as q
-from relsql.db import Database
+from relsql.data.engine import Database
 from relsql.template import ir
 
 

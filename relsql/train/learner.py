@@ -19,7 +19,8 @@ from torch import nn
 from relsql import arguments
 from relsql.compile import make_plan, shapes
 from relsql.compile.module import CompiledNet
-from relsql.db import Database, engine_threads
+from relsql.data.duckdb import engine_threads
+from relsql.data.engine import Database
 from relsql.errors import GroundingError, RelsqlError
 from relsql.ground.demand import BatchGrounder, database_embeddings
 from relsql.ground.execute import Presets, ground

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from relsql.compile.module import CompiledNet
-from relsql.db import first_line
+from relsql.data.engine import first_line
 from relsql.errors import RelsqlError
 from relsql.ground.demand import BatchGrounder
 from relsql.train import saved

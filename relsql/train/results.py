@@ -10,7 +10,7 @@ import sqlglot.expressions as exp
 import torch
 
 from relsql import sql as q
-from relsql.db import free_name
+from relsql.data.duckdb import free_name
 from relsql.errors import RelsqlError
 from relsql.train import rows as chosen
 from relsql.train.learner import Learner

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from relsql.db import Database, to_arrow
+from relsql.data.engine import Database, to_arrow
 from relsql.errors import RelsqlError, SchemaError
 from relsql.where import where_keys
 

@@ -24,7 +24,7 @@ import sqlglot.expressions as exp
 import torch
 
 from relsql import sql as q
-from relsql.db import Database, ident
+from relsql.data.engine import Database, ident
 from relsql.errors import RelsqlError
 from relsql.train.embeddings import EmbeddingTable, initial_values
 from relsql.train.rowcache import RowCache

@@ -15,7 +15,7 @@ import sqlglot.expressions as exp
 import torch
 
 from relsql import sql as q
-from relsql.db import Database
+from relsql.data.engine import Database
 from relsql.errors import RelsqlError, SchemaError
 from relsql.template.ir import Template
 from relsql.train import checks

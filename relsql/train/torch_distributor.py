@@ -63,7 +63,7 @@ def applies(db) -> bool:
     try:
         from pyspark.ml.torch.distributor import TorchDistributor  # noqa: F401
 
-        from relsql.spark import SparkDatabase
+        from relsql.data.spark import SparkDatabase
     except ImportError:
         return False
     return isinstance(db, SparkDatabase)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from relsql.db import first_line
+from relsql.data.engine import first_line
 from relsql.errors import RelsqlError
 from relsql.train import checkpoint as checkpoints
 from relsql.train import guards

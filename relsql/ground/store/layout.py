@@ -39,7 +39,7 @@ import duckdb
 import pyarrow as pa
 import sqlglot.expressions as exp
 
-from relsql.db import TEMP_PREFIX
+from relsql.data.engine import TEMP_PREFIX
 from relsql.errors import RelsqlError
 from relsql.ground.demand import BatchGrounder, PreparedRule
 from relsql.template import ir

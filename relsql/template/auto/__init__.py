@@ -37,7 +37,7 @@ from __future__ import annotations
 import sqlglot.expressions as exp
 
 from relsql import arguments
-from relsql.db import Database
+from relsql.data.engine import Database
 from relsql.targets import output_units
 from relsql.template.auto import encoders, header, layers
 from relsql.template.auto.columns import id_like, is_interval
@@ -78,7 +78,7 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
     `dropout`: the rate after each layer (0: none).
 
     Ranking. A target column that references a table R (a foreign key, or a list of R's keys:
-    relsql.references) makes two towers of width `dimension` (default 32): the output relation,
+    relsql.data.references) makes two towers of width `dimension` (default 32): the output relation,
     keyed by the target table's key, is the query tower (the usual context of the target row, no
     1-unit head) plus, with `history` (default True), the average candidate vector of the R rows
     the target row's entity (its key, or a foreign key it shares with an interaction table)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sqlglot.expressions as exp
 
 from relsql import sql as q
-from relsql.db import Database
+from relsql.data.engine import Database
 from relsql.template.auto.names import quoted
 from relsql.template.auto.paths import Node, Step
 from relsql.template.auto.times import Time, before

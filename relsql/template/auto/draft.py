@@ -5,8 +5,8 @@ cut that keeps a target row's future out."""
 
 from __future__ import annotations
 
-from relsql.db import Database
-from relsql.keys import Schema
+from relsql.data.engine import Database
+from relsql.data.keys import Schema
 from relsql.template.auto.cuts import Sizes
 from relsql.template.auto.names import Names, distinct, quoted, safe
 from relsql.template.auto.options import Options

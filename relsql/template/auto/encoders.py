@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import sqlglot.expressions as exp
 
 from relsql import sql as q
-from relsql.catalog import Column, Table
+from relsql.data.catalog import Column, Table
 from relsql.template.auto.columns import FEATURE_TYPES, TIME_TYPES, id_like, is_interval
 from relsql.template.auto.draft import Draft
 from relsql.template.auto.names import quoted, safe
@@ -101,7 +101,7 @@ def _kinds(draft: Draft, table: str, col: Column) -> tuple[str, ...]:
     integer = "INT" in upper and "[]" not in upper
     if id_like(col.name) and not draft.schema.is_value(table, col.name):
         # an identifier that is not a key: never a number; embedded only if it is a code
-        # (a year named like one, `yearID`, in no key is a value: relsql.keys.Schema.is_value)
+        # (a year named like one, `yearID`, in no key is a value: relsql.data.keys.Schema.is_value)
         return ("categorical",) if (text or integer) and is_code(draft, table, col.name) else ("identifiers",)
     values = distinct(draft, table, col.name) if text or integer else 0
     if integer and values <= SMALL_INTEGER_CATEGORIES:

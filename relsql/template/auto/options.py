@@ -49,7 +49,7 @@ class Options:
     time_columns: dict[str, str] | None = None  # other tables' times, {table: column}
     infer_keys: bool = True  # infer keys the database does not declare
     timeless: str = "exclude"  # child tables whose rows' time is unknown: "exclude" or "include"
-    keys: object = None  # given keys (a keys file, its text or tuples: relsql/keyfile.py)
+    keys: object = None  # given keys (a keys file, its text or tuples: relsql/data/keyfile.py)
     layer: str = "sage"  # one of LAYERS
     numbers: str = "ple"  # encoders, one of NUMBERS
     dropout: float = 0.0  # the rate after each layer

@@ -9,8 +9,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from relsql.catalog import ForeignKey
-from relsql.keys import Schema
+from relsql.data.catalog import ForeignKey
+from relsql.data.keys import Schema
 from relsql.template.auto.names import Names, quoted, safe
 
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import sqlglot
 
-from relsql.catalog import ForeignKey
-from relsql.keys import Schema
-from relsql.references import Reference
+from relsql.data.catalog import ForeignKey
+from relsql.data.keys import Schema
+from relsql.data.references import Reference
 from relsql.targets import MAX_TIMES
 from relsql.template.auto.columns import TIME_TYPES
 from relsql.template.auto.draft import Draft

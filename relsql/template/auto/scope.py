@@ -8,12 +8,12 @@ import re
 from dataclasses import dataclass
 
 from relsql import arguments
-from relsql.catalog import Catalog
-from relsql.db import Database
+from relsql.data.catalog import Catalog
+from relsql.data.engine import Database
+from relsql.data.keys import Schema, schema
+from relsql.data.references import Reference, referenced
 from relsql.errors import SchemaError
-from relsql.keys import Schema, schema
 from relsql.predictive.terms import is_task_table
-from relsql.references import Reference, referenced
 from relsql.template import ir
 from relsql.template.auto.options import Options
 from relsql.template.auto.ranking import Interaction, interactions
@@ -56,7 +56,7 @@ def scope(db: Database, table: str, column: str, options: Options) -> Scope:
         raise SchemaError(f"target table `{table}` has no primary key (declared or inferable); declare one so each "
                           "prediction has a key")
     times = _times(db, catalog, keys, table, options)
-    # keys.outputs: tables a model wrote (relsql.keys.schema leaves them out), some model's predictions
+    # keys.outputs: tables a model wrote (relsql.data.keys.schema leaves them out), some model's predictions
     return Scope(table, column, keys, reference, dimension, tasks, keys.outputs, found, times)
 
 

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import sqlglot.expressions as exp
 
-from relsql.catalog import Column, ForeignKey, Table
-from relsql.db import Database
+from relsql.data.catalog import Column, ForeignKey, Table
+from relsql.data.engine import Database
+from relsql.data.keys import Schema
 from relsql.errors import SchemaError
-from relsql.keys import Schema
 from relsql.template.auto.columns import is_interval, is_time_type
 
 YEARS = (1000, 3000)  # an integer time column whose values all lie within these is a year

@@ -22,8 +22,8 @@ import polars as pl
 import torch
 from torch import Tensor
 
+from relsql.data.references import Reference
 from relsql.errors import SchemaError
-from relsql.references import Reference
 from relsql.template.ir import Template
 from relsql.train.ranking.rows import key_rows
 from relsql.train.ranking.topk import top_k

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from relsql.db import free_name
+from relsql.data.duckdb import free_name
 from relsql.errors import RelsqlError
 from relsql.train.ranking.task import checked_k
 from relsql.train.results import chosen_rows

@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from relsql.db import Database
+from relsql.data.engine import Database
+from relsql.data.references import Reference
 from relsql.errors import SchemaError
-from relsql.references import Reference
 from relsql.template.ir import Template
 from relsql.train.ranking.pairs import pair_relation
 from relsql.train.ranking.task import RankingTask

@@ -23,8 +23,8 @@ import pyarrow as pa
 import torch
 from torch import Tensor
 
+from relsql.data.references import Reference
 from relsql.errors import SchemaError
-from relsql.references import Reference
 from relsql.targets import MAX_TIMES
 from relsql.template.ir import Template
 

@@ -1,7 +1,7 @@
 """Which table a target column references: a foreign key (or a list of keys) makes a ranking task.
 
 A scalar column is a reference when the database's keys (declared, given to `connect(keys=...)`
-or inferred, relsql.keys.schema) say it is a one-column foreign key. A list column (BIGINT[],
+or inferred, relsql.data.keys.schema) say it is a one-column foreign key. A list column (BIGINT[],
 VARCHAR[]: the items a row links to) cannot be declared a foreign key in SQL, so it references
 the table whose one-column primary key has the list's name (`item_id` -> `item(item_id)`), as
 predictive queries name their LIST_DISTINCT columns. Template generation and training decide
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relsql.db import Database
+from relsql.data.engine import Database
 from relsql.errors import SchemaError
 
 
@@ -35,7 +35,7 @@ def referenced(db: Database, table: str, column: str, infer: bool = False) -> Re
     declared and given ones; `infer=True` adds inferred keys (a warehouse without declarations),
     which `Model(task="ranking")` and Template.auto(infer_keys=True) ask for: an inferred foreign
     key alone does not turn a class label such as `store_id` into a ranking."""
-    from relsql.keys import schema
+    from relsql.data.keys import schema
 
     columns = dict(db.columns(table))
     if column not in columns:

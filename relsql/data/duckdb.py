@@ -11,33 +11,31 @@ touched, and `tables()`/`columns()` list only the user's tables of the source.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import itertools
 import re
 from pathlib import Path
-from typing import Any
 
 import duckdb
 import pyarrow as pa
 import sqlglot.expressions as exp
 
-from relsql.catalog import Catalog, Column, Keys, Table, duckdb_keys, scoped_table
+from relsql.data.catalog import Catalog, Column, Keys, Table, duckdb_keys, scoped_table
+from relsql.data.engine import (
+    MARK_KEY,
+    TEMP_PREFIX,
+    WRITTEN_BY,
+    Database,
+    Engine,
+    _session,
+    first_line,
+    ident,
+    marked_kind,
+)
 from relsql.errors import SchemaError, SourceError
 from relsql.sql import bound, integer
 
-TEMP_PREFIX = "__relsql_"
-_session = itertools.count()
 # duckdb 2 reads a query's Arrow output through a relation (`con.sql`; through execute() it warns of an
 # extra copy) and refuses other work on a connection whose execute() result is unread (see drop_result)
 DUCKDB2 = int(duckdb.__version__.split(".")[0]) >= 2
-
-# relsql's mark on every table it writes into the user's database (a table comment, or what the
-# engine has instead: see Source.mark). Only a table bearing it, of the same kind, is ever replaced.
-WRITTEN_BY = "written by relsql: "
-MARK_KEY = b"relsql"  # the Parquet footer's key for the mark (see with_mark)
-WRITTEN_KINDS = {"table": "a plain table (Database.write_table)", "predictions": "a table of predictions",
-                 "task": "a task table", "gradients": "a table of gradients",
-                 "recommendations": "a table of recommendations"}
 
 
 # The tables and views of one (catalog, schema) (placeholders :catalog, :schema; relsql.sql.bound): what
@@ -47,10 +45,6 @@ WRITTEN_KINDS = {"table": "a plain table (Database.write_table)", "predictions":
 RELATIONS = ("SELECT table_name, CASE WHEN temporary THEN 'LOCAL TEMPORARY' ELSE 'BASE TABLE' END AS table_type "
              "FROM duckdb_tables() WHERE database_name = :catalog AND schema_name = :schema "
              "UNION ALL SELECT view_name, 'VIEW' FROM duckdb_views() WHERE database_name = :catalog AND schema_name = :schema")
-
-
-def ident(name: str) -> exp.Identifier:
-    return exp.to_identifier(name, quoted=True)
 
 
 def qualified(name: str, scope: tuple[str, str] | None = None) -> exp.Table:
@@ -86,10 +80,6 @@ def drop_result(con: duckdb.DuckDBPyConnection) -> None:
         con.abort()
 
 
-def first_line(err: BaseException) -> str:
-    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-
-
 _LOST = ("server closed the connection", "unable to connect", "connection refused", "terminating connection",
          "could not connect", "no connection to the server", "connection to server", "ssl syscall error",
          "could not receive data from server", "could not send data to server")
@@ -111,17 +101,6 @@ def lost_connection(description: str, err: BaseException) -> SourceError | None:
                        "kept grounding store (store='folder') trains and predicts from it without the server")
 
 
-def check_table_name(name: object) -> str:
-    """A name relsql may give a new table: non-empty text the database can hold, not relsql's own."""
-    if not isinstance(name, str) or not name.strip() or name.startswith(TEMP_PREFIX) or "\x00" in name:
-        raise SchemaError(f"cannot write a table named {name!r}: give a non-empty name not starting with {TEMP_PREFIX}")
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        raise SchemaError(f"cannot write a table named {name!r}: it has a character UTF-8 cannot hold") from None
-    return name
-
-
 def free_name(name: str, taken: set[str]) -> str:
     """`name`, or `name_1`, `name_2`, ... if a column (compared case-insensitively) has it; marks it taken."""
     found, n = name, 0
@@ -130,19 +109,6 @@ def free_name(name: str, taken: set[str]) -> str:
         found = f"{name}_{n}"
     taken.add(found.casefold())
     return found
-
-
-def marked_kind(comment: object) -> str | None:
-    """The kind in a relsql mark (`written by relsql: predictions` -> predictions), else None."""
-    if isinstance(comment, str) and comment.startswith(WRITTEN_BY):
-        return comment[len(WRITTEN_BY):].strip() or None
-    return None
-
-
-def with_mark(data: pa.Table, kind: str) -> pa.Table:
-    """`data` with relsql's mark in its schema metadata: a Parquet file written from it carries
-    the mark in its footer (a folder of files has no table comments)."""
-    return data.replace_schema_metadata({**(data.schema.metadata or {}), MARK_KEY: (WRITTEN_BY + kind).encode()})
 
 
 def parquet_mark(path: Path) -> str | None:
@@ -229,42 +195,22 @@ class Source:
         """Hook: release what the source holds besides the DuckDB connection."""
 
 
-class Database:
-    """Wraps a DuckDB connection; see `relsql.connect`."""
+class DuckDBDatabase(Engine):
+    """The DuckDB engine: one DuckDB connection, and the source attached to it; see `relsql.connect`."""
 
-    transactional = True  # `transaction` runs statements atomically (Spark's Parquet tables cannot)
-    key_catalog = True  # catalog() reads declared and inferred keys (Spark keeps none, and has no `con` to infer them)
+    transactional = True
+    key_catalog = True
 
     def __init__(self, con: duckdb.DuckDBPyConnection, description: str = "in-memory DuckDB", *,
                  source: Source | None = None):
+        super().__init__(description, source or Source(description))
         self.con = con
-        self.description = description
-        self.source = source or Source(description)
-        self._prefix = f"{TEMP_PREFIX}{next(_session)}_"
         self._extra_scopes: list[tuple[str, str]] = []  # frames registered beside another source
-        self._writing: tuple[str, str, bool, str | None] | None = None  # see `writing`
-        self.given_keys = None  # keys from connect(keys=...): relsql.keyfile.GivenKeys
-        self.time_columns: dict[str, str] = {}  # {table: time column} a source declared (a RelBench dataset)
-        self.relbench_tasks: dict = {}  # {task table: relsql.relbench.RelbenchTask} of a RelBench dataset
-        self.threads_given: int | None = None  # DuckDB threads from connect(threads=): see engine_threads
 
     @classmethod
-    def in_memory(cls) -> Database:
+    def in_memory(cls) -> DuckDBDatabase:
         """A new in-memory DuckDB: `relsql.connect()`'s, for modules below the connection layer."""
         return cls(duckdb.connect(), "in-memory DuckDB", source=Source("in-memory DuckDB", read_only=False))
-
-    def __repr__(self) -> str:
-        return f"relsql.Database({self.description})"
-
-    def __enter__(self) -> Database:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @property
-    def read_only(self) -> bool:
-        return self.source.read_only
 
     def close(self) -> None:
         try:
@@ -287,45 +233,6 @@ class Database:
             drop = [exp.Drop(tables=[qualified(existing, scope)], kind="TABLE")] if existing else []
             self.transaction([*drop, exp.Create(this=qualified(name, scope), kind="TABLE", expression=query)])
 
-    @contextlib.contextmanager
-    def writing(self, name: str, kind: str, replace: bool, how: str = "replace=True"):
-        """Within this block, the next `transaction` writes table `name` as relsql's `kind`: it
-        checks again, inside the transaction, that what it may drop is relsql's (`replaceable`),
-        and marks the new table before committing. Yields the existing table to drop, or None."""
-        existing = self.replaceable(name, replace, kind, how)
-        self._writing = (name, kind, replace, existing)
-        try:
-            yield existing
-        finally:
-            self._writing = None
-
-    def replaceable(self, name: str, replace: bool, kind: str, how: str = "replace=True",
-                    other: str = "another name") -> str | None:
-        """The existing table that writing `name` as relsql's `kind` replaces (None if there is
-        none). Names are compared as the engine resolves them (case-insensitively: `PRODUCT` is
-        `product`). Refused: any existing table without `replace`, and with it any table that
-        does not bear relsql's mark of the same kind (a user's table, or one an older relsql
-        wrote, which set no mark). `how` and `other` word the fixes (the CLI's flags)."""
-        if kind not in WRITTEN_KINDS:
-            raise ValueError(f"unknown kind of table {kind!r}")
-        scope = self.scopes()[0]
-        clash = sorted((t for t in self._tables_in(scope) if t.casefold() == name.casefold()), key=lambda t: t != name)
-        if not clash:
-            return None
-        existing = clash[0]
-        same = "" if existing == name else (f" (the engine takes `{name}` for `{existing}`: "
-                                            "names differing only in case are one table)")
-        if not replace:
-            raise SchemaError(f"table `{existing}` already exists in {self.description}{same}; choose {other}, or pass "
-                              f"{how} to replace it if it is {WRITTEN_KINDS[kind]} that relsql wrote")
-        found = None if len(clash) > 1 else self.source.written_kind(self, scope, existing)
-        if found != kind:
-            what = (f"it is {WRITTEN_KINDS.get(found, found)}, not {WRITTEN_KINDS[kind]}" if found else
-                    f"it is not {WRITTEN_KINDS[kind]} that relsql wrote (it bears no relsql mark: a table of yours, "
-                    "or one written by a relsql older than these marks, which is not replaced either)")
-            raise SchemaError(f"cannot replace table `{existing}` in {self.description}{same}: {what}; relsql replaces "
-                              f"only {WRITTEN_KINDS[kind]} that it wrote itself. Choose {other} (nothing was written)")
-        return existing
 
     def transaction(self, statements: list[exp.Expression]) -> None:
         """Run `statements` as one transaction: all of them or, on any error or interrupt, none.
@@ -415,13 +322,6 @@ class Database:
         drop_result(self.con)
         return [(d[0], str(d[1])) for d in description]
 
-    def temp_table(self, kind: str, name: str) -> exp.Table:
-        """A table in DuckDB's temp catalog, unique to this handle, for relsql's own data."""
-        return exp.Table(
-            this=exp.to_identifier(f"{self._prefix}{kind}_{name}", quoted=True),
-            db=exp.to_identifier("main", quoted=True),
-            catalog=exp.to_identifier("temp", quoted=True),
-        )
 
     def scopes(self) -> list[tuple[str, str]]:
         """(catalog, schema) pairs holding the user's tables: the default one first."""
@@ -437,74 +337,6 @@ class Database:
                 "check that the source is reachable and reconnect") from None
         return [r[0] for r in rows if not r[0].startswith(TEMP_PREFIX)]
 
-    @contextlib.contextmanager
-    def frozen_schema(self):
-        """Within this block the user's tables and columns are read once and remembered:
-        grounding asks for them per body literal, and each catalog query is a round trip. Inside
-        an outer block, the outer block's reading holds."""
-        if getattr(self, "_schema_cache", None) is not None:
-            yield self
-            return
-        self._schema_cache = {}
-        try:
-            yield self
-        finally:
-            self._schema_cache = None
-
-    def written_kind(self, table: str) -> str | None:
-        """The kind relsql marked a user table with when it wrote it (predictions, task, ...), or None."""
-        scope = self.table_scopes().get(table)
-        return None if scope is None else self.source.written_kind(self, scope, table)
-
-    def written_kinds(self) -> dict[str, str]:
-        """{table: kind} of the user tables relsql marked (`written_kind` of each, unmarked ones left
-        out): one catalog query per scope where the source can, read once within `frozen_schema`."""
-        cache = getattr(self, "_schema_cache", None)
-        if cache is not None and "written" in cache:
-            return dict(cache["written"])
-        placement = self.table_scopes()
-        found: dict[str, str] = {}
-        for scope in dict.fromkeys(placement.values()):
-            kinds = self.source.written_kinds(self, scope)
-            names = [name for name, s in placement.items() if s == scope]
-            for name in names:
-                kind = self.source.written_kind(self, scope, name) if kinds is None else kinds.get(name)
-                if kind is not None:
-                    found[name] = kind
-        if cache is not None:
-            cache["written"] = dict(found)
-        return found
-
-    def table_scopes(self) -> dict[str, tuple[str, str]]:
-        """Each user table's (catalog, schema); the default scope wins a name clash."""
-        cache = getattr(self, "_schema_cache", None)
-        if cache is not None:
-            if "scopes" not in cache:
-                cache["scopes"], cache["columns"] = self._read_schema()
-            return cache["scopes"]
-        return self._table_scopes()
-
-    def _table_scopes(self) -> dict[str, tuple[str, str]]:
-        found: dict[str, tuple[str, str]] = {}
-        for scope in self.scopes():
-            for name in self._tables_in(scope):
-                found.setdefault(name, scope)
-        return found
-
-    def tables(self) -> list[str]:
-        """The user's tables (and views) of the source, sorted; never relsql's temp tables."""
-        return sorted(self.table_scopes())
-
-    def columns(self, table: str) -> list[tuple[str, str]]:
-        """(name, type) of a user table's columns in order; a SchemaError if it is missing."""
-        cache = getattr(self, "_schema_cache", None)
-        if cache is not None:
-            if "columns" not in cache:
-                cache["scopes"], cache["columns"] = self._read_schema()
-            if table not in cache["columns"]:
-                cache["columns"][table] = self._columns(table)  # raises the SchemaError
-            return cache["columns"][table]
-        return self._columns(table)
 
     def _read_schema(self) -> tuple[dict[str, tuple[str, str]], dict[str, list[tuple[str, str]]]]:
         """Every user table's scope and columns in one catalog query per scope (every table and
@@ -533,37 +365,6 @@ class Database:
                               f"known tables: {', '.join(self.tables()) or 'none'}")
         return [(r[0], r[1]) for r in rows]
 
-    def has_table(self, table: str) -> bool:
-        return table in self.table_scopes()
-
-    def write_table(self, name: str, data: pa.Table, *, replace: bool = False, kind: str = "table") -> None:
-        """Write `data` as a new user table, atomically: all of it or nothing, marked as relsql's
-        `kind` (predictions, task, gradients, ...; see WRITTEN_KINDS).
-
-        An existing table of that name is refused unless `replace`, and even then unless relsql
-        wrote it as the same `kind` (its mark: a table comment, or on SQLite an index; see
-        `Source.mark`): a user's table is never replaced. DuckDB, SQLite and PostgreSQL write
-        inside one transaction; a folder of files writes `<name>.parquet` to a temporary file and
-        renames it into place.
-        """
-        check_table_name(name)
-        data = with_mark(to_arrow(data, name), kind)
-        with self.writing(name, kind, replace):
-            self.source.write_table(self, name, data, replace)
-
-    def catalog(self) -> Catalog:
-        """Tables, columns (name, type, nullable), primary and foreign keys, row counts: columns and
-        types as DuckDB's `information_schema` shows them to the grounder, keys from each source's
-        own catalog (`Source.keys`). Within `frozen_schema`, read once (key discovery and the
-        target's checks each ask for it; a row count per table is a scan of each)."""
-        cache = getattr(self, "_schema_cache", None)
-        if cache is not None and "catalog" in cache:
-            catalog = cache["catalog"]
-        else:
-            catalog = self._read_catalog()
-            if cache is not None:
-                cache["catalog"] = catalog
-        return dataclasses.replace(catalog, tables=dict(catalog.tables))  # the tables are frozen; the dict is the caller's
 
     def _read_catalog(self) -> Catalog:
         catalog = Catalog(self.description, self.source.kind, keys_origin=self.source.keys_origin)
@@ -602,34 +403,10 @@ class Database:
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
-def to_arrow(frame: Any, name: str) -> pa.Table:
-    """A polars DataFrame/LazyFrame, pandas DataFrame or pyarrow Table/RecordBatch/reader as Arrow."""
-    try:
-        if isinstance(frame, pa.Table):
-            return frame
-        if isinstance(frame, pa.RecordBatch):
-            return pa.Table.from_batches([frame])
-        if isinstance(frame, pa.RecordBatchReader):
-            return frame.read_all()
-        module = type(frame).__module__.split(".")[0]
-        if module == "polars":
-            if hasattr(frame, "collect"):
-                frame = frame.collect()
-            return frame.to_arrow()
-        if module == "pandas":
-            return pa.Table.from_pandas(frame, preserve_index=False)
-        if hasattr(frame, "__arrow_c_stream__"):
-            return pa.table(frame)
-    except (pa.ArrowException, TypeError, ValueError) as err:
-        raise SourceError(f"cannot convert the data for table `{name}` to Arrow: {err}") from None
-    raise SourceError(f"the data for table `{name}` is a {type(frame).__name__}; pass a polars or pandas DataFrame "
-                      "or a pyarrow Table")
-
-
-def set_threads(db: Database, threads: int) -> None:
+def set_threads(db: DuckDBDatabase, threads: int) -> None:
     """DuckDB's worker threads (a setting of the whole database instance, so only when asked).
     Recorded on the handle: a count the user gave is kept by `engine_threads`."""
-    from relsql import arguments  # it imports torch; relsql.db stays importable without (Spark's workers)
+    from relsql import arguments  # it imports torch; relsql.data.duckdb stays importable without (Spark's workers)
 
     count = arguments.integer("threads", threads, maximum=1024)
     _set_duckdb_threads(db.con, count)
@@ -697,7 +474,7 @@ def engine_threads(db: Database | None, count: int):
 FLUSH_THRESHOLD = "32MB"  # DuckDB's default is 128 MiB
 
 
-def set_flush_threshold(db: Database, threshold: str = FLUSH_THRESHOLD) -> None:
+def set_flush_threshold(db: DuckDBDatabase, threshold: str = FLUSH_THRESHOLD) -> None:
     """How much freed memory DuckDB's allocator keeps cached after each task. relsql queries the
     database through setup and every batch, and DuckDB's 128 MiB default stayed in a training's
     peak RSS (45-56 MiB more at TPC-H sf 0.1, bench.time_to_accuracy). Only for a database
@@ -731,7 +508,7 @@ def release_freed_memory() -> bool:
     return _JEMALLOC[0](b"arena.4096.purge", None, None, None, 0) == 0  # 4096: every arena (MALLCTL_ARENAS_ALL)
 
 
-def set_memory_limit(db: Database, limit: str) -> None:
+def set_memory_limit(db: DuckDBDatabase, limit: str) -> None:
     if not isinstance(limit, str) or not re.fullmatch(r"\s*\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\s*", limit):
         raise SourceError(f"memory_limit must look like '512MB' or '2GB', got {limit!r}")
     setting = exp.Set(expressions=[exp.SetItem(this=exp.EQ(this=exp.column("memory_limit"),

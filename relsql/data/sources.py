@@ -3,8 +3,8 @@
 Each kind of source (a DuckDB database, a folder of files, SQLite, PostgreSQL, data frames,
 Spark) is an `Opener`: a test that says whether it accepts what the user passed, and a function
 that opens it as a `relsql.Database`. The connectors package registers relsql's own
-(relsql/connectors/__init__.py); relsql.db knows neither this registry nor any connector. A new kind of
-source is one `register` call. It imports only relsql.errors (and relsql.db's name for typing).
+(relsql/connectors/__init__.py); relsql.data.duckdb knows neither this registry nor any connector. A new kind of
+source is one `register` call. It imports only relsql.errors (and relsql.data.duckdb's name for typing).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from relsql.errors import SourceError
 
 if TYPE_CHECKING:
-    from relsql.db import Database
+    from relsql.data.engine import Database
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Primary and foreign keys for automatic templates: given, declared, else inferred and checked.
-Beside the catalog (relsql/catalog.py) whose declared keys it completes; it reads the database
+Beside the catalog (relsql/data/catalog.py) whose declared keys it completes; it reads the database
 only through the `Database` it is handed, and imports no source or template.
 
-Order of authority: keys the user gives (`keys=` / `--keys FILE`, see relsql/keyfile.py), then
+Order of authority: keys the user gives (`keys=` / `--keys FILE`, see relsql/data/keyfile.py), then
 the catalog's declared keys, then inference. A given primary key replaces the table's; given
 foreign keys replace the table's declared ones. A table a given key names (`PRIMARY KEY t(...)`,
 `FOREIGN KEY t(...)`) gets no inferred foreign key, as a table that declares foreign keys in the
@@ -66,19 +66,19 @@ from typing import TYPE_CHECKING
 import duckdb
 import sqlglot.expressions as exp
 
-from relsql import keyfile
-from relsql.catalog import Catalog, ForeignKey, Table, scoped_table
+from relsql.data import keyfile
+from relsql.data.catalog import Catalog, ForeignKey, Table, scoped_table
 from relsql.errors import SchemaError, SourceError
 
 if TYPE_CHECKING:
-    from relsql.db import Database
+    from relsql.data.engine import Database
 
 _NUMERIC = ("INT", "DECIMAL", "NUMERIC", "DOUBLE", "FLOAT", "REAL")
 _SUFFIX_RANK = {"sk": 3, "key": 2, "id": 1}  # a surrogate key before a business key
 _GENERIC = {"dim", "dimension", "fact", "facts", "tbl", "table", "lookup"}
 _IDENTIFIER_WORDS = {"number", "num", "no", "nr", "line", "linenumber", "seq", "sequence", "sk", "key", "id"}
 _EXACT, _ABBREVIATED = 3.0, 2.0
-MODEL_OUTPUTS = ("predictions", "gradients", "recommendations")  # kinds of tables a model writes (relsql.db.WRITTEN_KINDS)
+MODEL_OUTPUTS = ("predictions", "gradients", "recommendations")  # kinds of tables a model writes (engine.WRITTEN_KINDS)
 _MAX_KEY_COLUMNS = 3  # a composite key of more columns is not worth guessing
 _ORPHANS_ALLOWED = 0.01  # a foreign key named exactly like its parent key may miss this share of values
 _MOSTLY = 2 / 3  # a reference by the very same column name(s): at least this share of distinct values and rows found
@@ -327,7 +327,7 @@ def _never_null(db: Database, table: str, columns: list[str]) -> list[str]:
 # -- the schema --------------------------------------------------------------------------------------------------
 def schema(db: Database, catalog: Catalog, infer: bool = True, given: object = None) -> Schema:
     """Keys for the template generator. `given`: keys the user states (a keys file's path, its
-    text, a list of tuples; see relsql.keyfile), applied after those given to `relsql.connect(
+    text, a list of tuples; see relsql.data.keyfile), applied after those given to `relsql.connect(
     keys=...)`; they override declared and inferred keys for the tables they name."""
     check_values(db, catalog)
     tables = dict(catalog.tables)

@@ -1,5 +1,5 @@
 """`relsql.connect`: the top of the data layer. It imports the connectors package (which
-registers relsql's kinds of source in relsql.sources) and walks that registry; nothing below
+registers relsql's kinds of source in relsql.data.sources) and walks that registry; nothing below
 it imports a connector."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import duckdb
 
 import relsql.connectors  # noqa: F401  (its import registers relsql's kinds of source)
 from relsql.connectors import frames
-from relsql.db import Database, set_flush_threshold, set_memory_limit, set_threads
-from relsql.keyfile import attach
-from relsql.sources import Options, opener_for
+from relsql.data.duckdb import set_flush_threshold, set_memory_limit, set_threads
+from relsql.data.engine import Database
+from relsql.data.keyfile import attach
+from relsql.data.sources import Options, opener_for
 
 __all__ = ["connect"]
 
@@ -32,7 +33,7 @@ def connect(source: str | Path | duckdb.DuckDBPyConnection | Mapping[str, Any] |
     `*.csv` files (one table per file, named after its stem), a `.sqlite`/`.sqlite3`/`.db` file,
     a `postgresql://` URL, or a dict of table name -> polars/pandas/pyarrow frame. A
     `pyspark.sql.SparkSession`, a `spark://` master URL or an `sc://` Spark Connect URL makes Spark
-    the engine (relsql/spark.py; `scratch`: a folder every executor can read for relsql's own
+    the engine (relsql/data/spark.py; `scratch`: a folder every executor can read for relsql's own
     tables and results, default a local temporary folder).
     `read_only`: open the source so that nothing can write to it (grounding still works: its
     temporary tables live in DuckDB's in-memory temp catalog). `tables`: extra frames registered
@@ -42,7 +43,7 @@ def connect(source: str | Path | duckdb.DuckDBPyConnection | Mapping[str, Any] |
     DuckDB's memory; beyond it DuckDB spills to disk, so a database larger than memory trained in
     mini-batches keeps a bounded footprint.
     `keys`: primary and foreign keys stated outside the database (a keys file's path,
-    its text, or a list of tuples; see relsql/keyfile.py), used for the tables they name instead
+    its text, or a list of tuples; see relsql/data/keyfile.py), used for the tables they name instead
     of declared or inferred ones; only read, checked against the tables
     now, and never executed against the database.
     """

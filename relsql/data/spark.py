@@ -3,8 +3,8 @@
 `relsql.connect(spark)` (a `pyspark.sql.SparkSession`), `relsql.connect("spark://host:7077")`
 (a cluster's master) or `relsql.connect("sc://host")` (Spark Connect) give a `SparkDatabase`.
 Templates name the tables the session's catalog knows (Parquet, Hive, ... tables, and temp views).
-The rest of relsql talks to it through the verbs of `relsql.db.Database` (run, arrow, scalar,
-reader, register); what differs is here:
+The rest of relsql talks to it through the verbs of `relsql.data.engine.Engine` (run, arrow, scalar,
+reader, register), which DuckDB implements beside it; what differs is here:
 
 - SQL: the ASTs are written in Spark's dialect; relsql's temporary tables (DuckDB's `temp`
   catalog) become Parquet tables in a scratch database of its own, at a location of its own
@@ -58,7 +58,9 @@ import pyarrow.parquet as pq
 import sqlglot.expressions as exp
 
 from relsql import sql as q
-from relsql.db import TEMP_PREFIX, WRITTEN_BY, Database, Source, first_line, ident, marked_kind
+from relsql.data.catalog import Catalog, Column, Table
+from relsql.data.duckdb import Source
+from relsql.data.engine import TEMP_PREFIX, WRITTEN_BY, Database, Engine, first_line, ident, marked_kind
 from relsql.errors import SchemaError, SourceError
 
 _results = itertools.count()
@@ -157,8 +159,8 @@ class SparkSource(Source):
             return None
 
 
-class SparkDatabase(Database):
-    """A SparkSession behind relsql's database verbs; see the module's docstring."""
+class SparkDatabase(Engine):
+    """A SparkSession behind relsql's engine verbs; see the module's docstring."""
 
     transactional = False
     key_catalog = False
@@ -166,7 +168,8 @@ class SparkDatabase(Database):
     def __init__(self, session, scratch: str | Path | None = None, description: str | None = None, read_only: bool = False):
         context = session.sparkContext if hasattr(session, "sparkContext") else None
         description = description or f"Spark session ({context.master if context is not None else 'Spark Connect'})"
-        super().__init__(None, description, source=SparkSource(description, read_only=read_only))
+        super().__init__(description, SparkSource(description, read_only=read_only))
+        self.con = None  # no DuckDB: key inference and DuckDB's settings do not apply
         self.spark = session
         self._owned_folder = scratch is None
         self.folder = Path(tempfile.mkdtemp(prefix="relsql-spark-")) if scratch is None else Path(scratch) / uuid.uuid4().hex
@@ -439,6 +442,18 @@ class SparkDatabase(Database):
         the whole schema, which is made of these (a cycle that ended in RecursionError)."""
         with _spark_errors():
             return [(f.name, duckdb_type(f.dataType.simpleString())) for f in self.spark.table(f"`{table}`").schema.fields]
+
+    def _read_catalog(self) -> Catalog:
+        """Columns and row counts; no keys (Spark's catalog declares none: `key_catalog` is False) and
+        every column nullable (Parquet's schema does not say what the data holds)."""
+        catalog = Catalog(self.description, self.source.kind, keys_origin=self.source.keys_origin)
+        scopes, columns = self._read_schema()
+        for table in scopes:  # named as `_schema_of` does: a temp view is in no database
+            rows = self.scalar(exp.select(exp.Count(this=exp.Star())).from_(exp.Table(this=ident(table))))
+            catalog.tables[table] = Table(name=table, columns=tuple(Column(n, t, True) for n, t in columns[table]),
+                                          rows=int(rows[0]))
+        catalog.tables = dict(sorted(catalog.tables.items()))
+        return catalog
 
 
 # -- the executors' Python ----------------------------------------------------------------------
