@@ -123,13 +123,24 @@ class BatchGrounder(Grounder):
                                       for w, t in self.dictionaries.items()}
 
     def _sizes(self) -> dict[str, int]:
-        sizes = {name: self.db.scalar(exp.select(exp.Count(this=exp.Star())).from_(self.key_tables[name].copy()))[0]
-                 for name in self.order}
+        # one statement for all (a restrict of Lahman's 70 relations counted them in 70)
+        counts = [exp.select(exp.Count(this=exp.Star())).from_(self.key_tables[name].copy()) for name in self.order]
+        sizes = dict(zip(self.order, self.db.scalar(exp.select(*[exp.Subquery(this=c) for c in counts]))))
         if sizes[self.output] == 0 and not self.rows_only:
             raise GroundingError(f"relation {self.output} has no rows: none of its statements has groundings")
         return sizes
 
     # -- setup ---------------------------------------------------------------------------------
+    def check_size(self, relation: ir.Relation, rule: ir.Rule, select: exp.Select) -> None:
+        """As the Grounder's, except that with `rows_only` a body reading a key table is not
+        estimated: its key tables are still empty here, so the estimate would tell nothing (and its
+        EXPLAIN cost Lahman's setup about 0.5 s); a batch reads it narrowed to its heads."""
+        if self.rows_only:
+            names = {t.name for t in self.key_tables.values()}
+            if any(t.name in names for t in select.find_all(exp.Table)):
+                return
+        super().check_size(relation, rule, select)
+
     def _prepare(self, relation: ir.Relation) -> None:
         sources = []
         for index, rule in enumerate(relation.rules):
