@@ -260,9 +260,9 @@ class BatchGrounder(Grounder):
             return  # a keyless relation's table, or one without statements, is the setup's
         sources = [exp.Subquery(this=p.select.copy() if asked is None else closure.narrowed(p.select, relation.keys, asked))
                    for p in prepared]
-        try:
-            self.db.create_key_table(self.key_tables[relation.name].copy(), q.distinct_keys(sources, relation.keys),
-                                     relation.keys)
+        try:  # the sources are fresh: taken into the query, not copied again
+            self.db.create_key_table(self.key_tables[relation.name].copy(),
+                                     q.distinct_keys(sources, relation.keys, copy=False), relation.keys)
         except duckdb.Error as err:
             raise grounding_error(relation, prepared[0].rule, err, self.db.description) from None
 
