@@ -295,25 +295,32 @@ class BatchGrounder(Grounder):
                 continue
             relation = self.template.relations[name]
             view = f"{self.db._prefix}demand_{next(_views)}"
-            # the demanded rows' keys too: each rule's body is narrowed to them (`_fetch`)
-            self.db.register(view, self.keys(name, wanted.numpy()) if relation.keys else pa.table({"_rid": wanted.numpy()}))
+            # every row of the key table (a restricted one's, mostly): the demand is the key table itself,
+            # not its rows read out and registered again (70 statements of a Lahman predict(keys=))
+            every = bool(relation.keys) and wanted.numel() == self.sizes.get(name)
+            if not every:  # the demanded rows' keys too: each rule's body is narrowed to them (`_fetch`)
+                self.db.register(view, self.keys(name, wanted.numpy()) if relation.keys else pa.table({"_rid": wanted.numpy()}))
             try:
                 fetched[name] = []
                 for prepared in self.prepared[name]:
-                    table = self._fetch(relation, prepared, view, sample)
+                    table = self._fetch(relation, prepared, self.key_tables[name] if every else exp.Table(this=q.ident(view)),
+                                        sample)
                     fetched[name].append((prepared, table))
                     for j, ref in enumerate(prepared.rule.refs):
                         ids = to_tensor(table.column(f"_r{j}"), torch.int64)
                         demand[ref] = torch.unique(torch.cat([demand[ref], ids])) if ref in demand else torch.unique(ids)
             finally:
-                self.db.unregister(view)
+                if not every:
+                    self.db.unregister(view)
         return self._localize(demand, fetched)
 
-    def _fetch(self, relation: ir.Relation, prepared: PreparedRule, demand_view: str, sample: int) -> pa.Table:
+    def _fetch(self, relation: ir.Relation, prepared: PreparedRule, demand: exp.Table, sample: int) -> pa.Table:
+        """A rule's groundings of the heads in `demand` (a table of `_rid`s and, with keys, the key columns)."""
         rule = prepared.rule
         limit = self.fanout.get(relation.name) if isinstance(self.fanout, dict) else self.fanout
-        demand = exp.Table(this=q.ident(demand_view))
-        narrowed = q.heads_within(prepared.select, demand, relation.keys)  # the demanded heads' groundings only
+        # the demanded heads' groundings only (not inside a body that reads the demand's table itself: one name for two)
+        inside = not any(t.name == demand.name for t in prepared.select.find_all(exp.Table))
+        narrowed = q.heads_within(prepared.select, demand, relation.keys) if inside else None
         source = prepared.source if narrowed is None else exp.Subquery(this=narrowed)
         select = q.rule_index_query(source, self.key_tables[relation.name], relation.keys, len(rule.refs),
                                     prepared.columns, demand=demand,
