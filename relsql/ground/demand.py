@@ -105,7 +105,8 @@ class BatchGrounder(Grounder):
         grounding store writes `PreparedRule.columns` as they are, so it needs them encoded).
         `rows_only`: the key tables start empty and `restrict` fills them with the rows some asked
         output rows reach (row ids numbered among those), instead of every row of every relation;
-        the setup's size checks then see empty key tables (a batch's queries are narrowed to its heads).
+        the setup then estimates only the bodies over base tables alone (`check_size`: the key tables are
+        still empty; a batch's queries are narrowed to its heads).
         Not with `fanout`: its sampling hashes row ids, which differ from the whole key tables'."""
         super().__init__(template, db, presets or Presets(), max_groundings)
         self.ple_numbers, self.rows_only = ple_numbers, rows_only
