@@ -123,10 +123,11 @@ def _union(parts: list[exp.Query], distinct: bool) -> exp.Query:
     return parts[0]
 
 
-def distinct_keys(grounding_tables: list[exp.Expression], keys: list[str]) -> exp.Query:
-    """Distinct head keys (`keys`, at least one) over all rules of a relation, unordered."""
+def distinct_keys(grounding_tables: list[exp.Expression], keys: list[str], copy: bool = True) -> exp.Query:
+    """Distinct head keys (`keys`, at least one) over all rules of a relation, unordered;
+    `copy=False` takes `grounding_tables` into the query (fresh ones: a copy of a body is costly)."""
     parts = [
-        exp.select(*[alias(col(f"_h{i}"), k) for i, k in enumerate(keys)]).from_(t.copy())
+        exp.select(*[alias(col(f"_h{i}"), k) for i, k in enumerate(keys)]).from_(t.copy() if copy else t)
         for t in grounding_tables
     ]
     return _union(parts, distinct=True) if len(parts) > 1 else parts[0].distinct(copy=False)

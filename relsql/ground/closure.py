@@ -166,10 +166,11 @@ def reach(select: exp.Expression, keys: list[str], relations: dict[str, tuple[st
         columns = [c for c in node.find_all(exp.Column) if c.table in referenced]
         if any((c.table, c.name.casefold()) not in known for c in columns):
             return None
-        return node.copy().transform(
+        return node.transform(  # copies `node` first
             lambda n: known[(n.table, n.name.casefold())].copy() if isinstance(n, exp.Column) and n.table in referenced else n)
 
-    kept = [c for c in (substituted(c) for c in conditions) if c is not None]
+    # `x = x` only drops NULLs and `x IS NOT DISTINCT FROM x` nothing: left out, the answer only widens
+    kept = [c for c in (substituted(c) for c in conditions) if c is not None and not _same_sides(c)]
     remaining = [t for alias, t in tables.items() if alias not in referenced]
     if not _connected([t.alias_or_name for t in remaining] + [mark], kept):
         return [Reach(alias, relation) for alias, (relation, _) in referenced.items()]
@@ -179,20 +180,21 @@ def reach(select: exp.Expression, keys: list[str], relations: dict[str, tuple[st
         if not bound:
             found.append(Reach(alias, relation))
             continue
-        query = exp.select(*[q.alias(known[(alias, c.casefold())].copy(), c) for c in bound]).distinct().from_(asked.table.copy())
+        query = exp.select(*[q.alias(known[(alias, c.casefold())].copy(), c) for c in bound]).distinct(copy=False).from_(
+            asked.table.copy(), copy=False)
         for table in remaining:
-            query = query.join(table.copy(), join_type="cross")
+            query = query.join(table.copy(), join_type="cross", copy=False)  # the builders' own copies were a third of reach
         if kept:
             query = query.where(exp.and_(*[c.copy() for c in kept], copy=False), copy=False)
-        same = (not remaining and bound == asked.columns and all(_trivial(c) for c in kept)
+        same = (not remaining and bound == asked.columns and not kept
                 and all(_key(known[(alias, c.casefold())]) == _key(q.col(c, mark)) for c in bound))
         found.append(Reach(alias, relation, bound, query, same))
     return found
 
 
-def _trivial(condition: exp.Expression) -> bool:
-    """`x IS NOT DISTINCT FROM x`: true of every row."""
-    return isinstance(condition, exp.NullSafeEQ) and _key(condition.this) == _key(condition.expression)
+def _same_sides(condition: exp.Expression) -> bool:
+    """`x = x` or `x IS NOT DISTINCT FROM x`: true of every row where x is not NULL, or of every row."""
+    return isinstance(condition, exp.EQ | exp.NullSafeEQ) and _key(condition.this) == _key(condition.expression)
 
 
 def _connected(names: list[str], conditions: list[exp.Expression]) -> bool:

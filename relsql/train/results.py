@@ -42,7 +42,11 @@ def _restrict(learner, grounder, keys: object, where: object, splits: bool) -> N
     """Key tables of the rows `keys` (else those `where` picks) reach; of every row where the split
     column cannot be found by key (`_labelled_order`), or `where`'s keys do not fit the output's types."""
     names, table = list(learner.goal.keys), learner.table
-    if (keys is None and where is None) or (splits and _labelled_order(learner, grounder, whole=False) is None):
+    # the split column's positions, found once per call (`_splits_by_key` reads them); none wanted where
+    # no split was kept: every row's split is None then
+    wanted = splits and any(len(p) for p in learner.goal.rows.values())
+    grounder.labelled_order = _labelled_order(learner, grounder, whole=False) if wanted else None
+    if (keys is None and where is None) or (wanted and grounder.labelled_order is None):
         grounder.restrict(None)
         return
     schema = pl.from_arrow(grounder.keys(learner.output).slice(0, 0)).drop("_rid").schema
@@ -140,7 +144,7 @@ def _splits_by_key(learner, rows: pl.DataFrame) -> list[str | None]:
     goal = learner.goal
     if not any(len(p) for p in goal.rows.values()):  # no split kept (another database's model)
         return [None] * rows.height
-    order = _labelled_order(learner, grounder, whole=False)
+    order = getattr(grounder, "labelled_order", None)  # `_restrict`'s, of this call
     if order is None:  # `_restrict` kept every output row: as the labels are read
         order = _labelled_order(learner, grounder, whole=True)
     split = np.full(int(order["_position"].max() or 0) + 1 if order.height else 0, None, dtype=object)
