@@ -1,5 +1,5 @@
 """Arrow columns read from the database become torch tensors here: the index tensors of a
-grounding (relsql/ground/execute.py, demand.py). Kept out of relsql.db, which reads and writes
+grounding (relsql/ground/execute.py, demand.py). Kept out of relsql.data.duckdb, which reads and writes
 tables and has no use for torch."""
 
 from __future__ import annotations
