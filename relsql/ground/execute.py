@@ -450,7 +450,8 @@ class Grounder:
     def relation(self, relation: ir.Relation) -> None:
         """Ground one relation in four statements whatever its rule count (a large one with several
         rules takes one index query per rule): all rules' groundings into one temp table, its key
-        table, every rule's index rows (ordered by rule), the keys. (The heads' row ids are joined
+        table (none where an earlier relation's holds the same heads: `shared_keys`), every rule's
+        index rows (ordered by rule), the keys. (The heads' row ids are joined
         in, not ranked with the groundings: a dense_rank over 10M groundings is a full sort and
         took 1.5x as long as the hash join.)"""
         template, db = self.template, self.db
