@@ -239,9 +239,12 @@ def measure(name: str, pkd: Path, load: bool = True, loader: bool = True, profil
     """One run on one database (a fresh connection); seconds per stage. `duckdb_threads`: the
     connection's DuckDB threads, as relsql.connect(threads=) gives them (default: DuckDB's, one per
     core, and grounding on fit's default threads: relsql.db.engine_threads)."""
+    import lightgbm  # noqa: F401  (nor the GBM's: the first database of a process paid ~2 s of CPU for it)
+
     import relsql
     import relsql.model
     import relsql.template.auto  # noqa: F401  (imports are not construction: loaded before the clock starts)
+    import relsql.train.flat  # noqa: F401
 
     maker, target, time_column, keys = DATABASES[name]
     path = maker(pkd)
