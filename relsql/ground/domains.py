@@ -5,7 +5,7 @@ template have exactly the heads of one before them: Template.auto's `h_x` reads 
 `p_x` has a self term reading every row of `x_x` plus terms that only narrow `x_x`'s rows, and
 `p_teams` has the self term over every row of `enc_teams` (every row of Teams) plus terms whose
 heads are Teams' key columns under inner joins. Such a relation's key table would be a copy of
-the earlier one, so the grounder reuses that one instead of building it again (Lahman: 31 of 70
+the earlier one, so the grounder reuses that one instead of building it again (Lahman: 26 of 70
 key tables).
 
 A rule's heads *cover* a domain when they are exactly its rows, and lie *within* it when they are
