@@ -321,7 +321,6 @@ class Learner:
         out, y = self.split_outputs(split, source, batch_size, whole)
         return self.scores(out, y, prefix)
 
-
     def scores(self, out: torch.Tensor, y: torch.Tensor, prefix: str = "") -> dict[str, float]:
         """The loss and the task's metrics of outputs `out` against labels `y`."""
         record = {f"{prefix}loss": float(self.task.loss(out, y))}
