@@ -111,6 +111,7 @@ SLOW_TESTS = {
         "test_recommend_ranks_null_targets_not_empty_lists", "test_the_timed_relation_adds_its_value_to_each_rows_score",
         "test_without_a_time_column_there_is_no_timed_relation"},
     "test_recursion": {"test_recursive_model_trains_in_mini_batches_saves_and_loads"},
+    "test_reuse_forward": {"test_reused_forward_trains_the_same_model", "test_a_plan_with_dropout_runs_both_forwards"},
     "test_search": {"test_a_hand_written_template_searches_its_fit_settings_only", "test_a_tiny_budget_bounds_the_trials",
         "test_best_trial_by_validation_becomes_the_model_deterministically", "test_cli_train_search_end_to_end",
         "test_the_default_configuration_is_the_first_trial"},

@@ -52,6 +52,33 @@ def test_max_gradient_goes_to_the_chosen_grounding():
     assert x.grad.tolist() == [[1.0, 1.0], [0.0, 0.0], [0.0, 0.0]]
 
 
+@pytest.mark.parametrize("kind", ["max", "min"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_max_and_min_gradients_are_torchs_own_bit_for_bit(kind, dtype):
+    """The elementwise max/min's own backward (the groundings' gradient only) against torch's
+    scatter_reduce autograd: ties share evenly, a segment whose extreme is exactly 0 counts the
+    zero reduced into as torch does, empty segments, signs of zero; values and gradients' bits."""
+    gen = torch.Generator().manual_seed(1)
+    for trial in range(60):
+        n, segments = int(torch.randint(1, 40, (), generator=gen)), int(torch.randint(1, 12, (), generator=gen))
+        shape = [(n,), (n, 3), (n, 2, 4)][trial % 3]
+        if trial % 2:  # few distinct values, zero among them: ties and zero extremes
+            x = torch.randint(-2, 3, shape, generator=gen).to(dtype) / 2
+        else:
+            x = torch.randn(shape, generator=gen, dtype=dtype)
+        ids = torch.sort(torch.randint(0, segments, (n,), generator=gen))[0]
+        grad = torch.randn((segments, *shape[1:]), generator=gen, dtype=dtype)
+        mine, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out = kernels.segment_reduce(kind, mine, ids, torch.bincount(ids, minlength=segments))
+        out.backward(grad)
+        index = ids.reshape(-1, *([1] * (len(shape) - 1))).expand(shape)
+        naive = theirs.new_zeros((segments, *shape[1:])).scatter_reduce(0, index, theirs, reduce="a" + kind, include_self=False)
+        naive.backward(grad)
+        bits = torch.int32 if dtype == torch.float32 else torch.int64
+        assert torch.equal(out.detach().view(bits), naive.detach().view(bits)), trial
+        assert torch.equal(mine.grad.view(bits), theirs.grad.view(bits)), trial
+
+
 def test_combinations_by_hand():
     a = torch.tensor([[1.0, 2.0]])
     b = torch.tensor([[10.0, 20.0, 30.0]])

@@ -71,6 +71,8 @@ class Learner:
     # the verb (Model's method, the CLI's command) giving what the model answers per target row: one value
     # (predict); a ranking learner's answers are the row's k best candidates (recommend)
     answers = "predict"
+    # its training loss reads outputs(): a full-batch validation forward may serve the next step (relsql/train/reuse.py)
+    reuses_forward = True
 
     def __init__(self, db: Database | None, template: Template, target: Target, settings: Settings):
         self.db, self.template, self.goal, self.settings = db, template, target, settings
@@ -327,10 +329,12 @@ class Learner:
         value = self.net()[self.output]
         return self.head(value.reshape(value.shape[0], -1))
 
-    def batch_outputs(self, batch: Batch | Whole, external: dict[str, torch.Tensor]) -> torch.Tensor:
-        """A batch's outputs, in batch order."""
+    def batch_outputs(self, batch: Batch | Whole, external: dict[str, torch.Tensor],
+                      whole: torch.Tensor | None = None) -> torch.Tensor:
+        """A batch's outputs, in batch order; `whole`: outputs() already computed (a full batch's)."""
         if isinstance(batch, Whole):
-            return self.outputs().index_select(0, torch.as_tensor(batch.rids, device=self.device))
+            whole = self.outputs() if whole is None else whole
+            return whole.index_select(0, torch.as_tensor(batch.rids, device=self.device))
         return Batched.outputs(self.net, self.head, batch, external, self.output)
 
     def outputs_of(self, rids: np.ndarray, source: BatchSource | None = None, batch_size: int | None = None) -> torch.Tensor:
@@ -350,23 +354,25 @@ class Learner:
             if own:
                 source.close()
 
-    def split_outputs(self, split: str, source: BatchSource | None = None,
-                      batch_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(outputs, encoded labels) of a split's rows."""
+    def split_outputs(self, split: str, source: BatchSource | None = None, batch_size: int | None = None,
+                      whole: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(outputs, encoded labels) of a split's rows; `whole`: outputs() already computed (full batch)."""
         index, y = self.goal.split_index(split)
-        if self.batched is not None and (self.mini_batches or (source is not None and not source.full)):
+        if whole is None and self.batched is not None and (self.mini_batches or (source is not None and not source.full)):
             return self.outputs_of(self.labelled[self.rows[split]], source, batch_size), y
         with torch.no_grad():
-            return self.outputs().index_select(0, index), y
+            return (self.outputs() if whole is None else whole.detach()).index_select(0, index), y
 
-    def batch_loss(self, batch: Batch | Whole, external: dict[str, torch.Tensor], share: np.ndarray) -> torch.Tensor:
-        """The training loss of a batch whose labelled rows are `share` (positions into `labelled`)."""
-        return self.task.loss(self.batch_outputs(batch, external), self.y[torch.as_tensor(share, device=self.device)])
+    def batch_loss(self, batch: Batch | Whole, external: dict[str, torch.Tensor], share: np.ndarray,
+                   whole: torch.Tensor | None = None) -> torch.Tensor:
+        """The training loss of a batch whose labelled rows are `share` (positions into `labelled`);
+        `whole`: outputs() already computed (a full batch's, with its graph)."""
+        return self.task.loss(self.batch_outputs(batch, external, whole), self.y[torch.as_tensor(share, device=self.device)])
 
     def split_scores(self, split: str, source: BatchSource | None = None, batch_size: int | None = None,
-                     prefix: str = "") -> dict[str, float]:
-        """The loss and the task's metrics on a split's rows."""
-        out, y = self.split_outputs(split, source, batch_size)
+                     prefix: str = "", whole: torch.Tensor | None = None) -> dict[str, float]:
+        """The loss and the task's metrics on a split's rows; `whole`: outputs() already computed."""
+        out, y = self.split_outputs(split, source, batch_size, whole)
         return self.scores(out, y, prefix)
 
     def scores(self, out: torch.Tensor, y: torch.Tensor, prefix: str = "") -> dict[str, float]:

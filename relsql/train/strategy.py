@@ -20,11 +20,13 @@ if TYPE_CHECKING:
 
 class Strategy(abc.ABC):
     """How one process takes part in a fit. `main`: it logs and reports; `bars`: it shows progress
-    bars; `world`: how many processes train together."""
+    bars; `world`: how many processes train together; `keeps_forward`: its validation may keep its
+    forward for the next full-batch step."""
 
     main: bool = True
     bars: bool = True
     world: int = 1
+    keeps_forward: bool = False  # a full-batch validation forward may serve the next step (relsql/train/reuse.py)
 
     @abc.abstractmethod
     def source(self, learner: Learner, batched: bool) -> BatchSource:

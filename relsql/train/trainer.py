@@ -27,6 +27,7 @@ from relsql.train.callbacks import Callback, Checkpoint, EarlyStopping, Schedule
 from relsql.train.learner import Learner
 from relsql.train.options import FitConfig
 from relsql.train.record import FitRecord
+from relsql.train.reuse import KeptForward
 from relsql.train.saved import plain
 from relsql.train.schedule import LearningRate
 from relsql.train.source import BatchSource, Whole
@@ -110,6 +111,7 @@ class OneProcess(Strategy):
     database per step, checkpoints written here."""
 
     main, bars, world = True, True, 1
+    keeps_forward = True
 
     def source(self, learner: Learner, batched: bool) -> BatchSource:
         return BatchSource(learner.ensure_batched() if batched else None, fork=True)
@@ -131,6 +133,12 @@ class OneProcess(Strategy):
         learner, record = trainer.learner, {"train_loss": train_loss}
         if not len(learner.rows["val"]):
             return {**record, "val_loss": float("nan")}
+        if trainer.keeping:  # with its graph: the next epoch's step reuses this forward (relsql/train/reuse.py)
+            whole = learner.outputs()
+            if whole.requires_grad:
+                trainer.kept.keep(learner, whole, trainer.watched)
+            with torch.no_grad():
+                return {**record, **learner.split_scores("val", trainer.source, trainer.batch_size, "val_", whole=whole)}
         with torch.no_grad():
             return {**record, **learner.split_scores("val", trainer.source, trainer.batch_size, "val_")}
 
@@ -192,6 +200,10 @@ class Trainer:
         self.clock = {"epochs": 0.0, "waiting_on_store": 0.0, "compute": 0.0, "all_reduce": 0.0, "validation": 0.0}
         self.first_epoch = 0
         self.started = 0.0
+        # the validation forward kept for the next full-batch step, where allowed (relsql/train/reuse.py);
+        # `watched`: a user's Callback runs between the two, so the weights' values are compared too
+        self.kept, self.reusable, self.keeping = KeptForward(), False, False
+        self.watched = any(isinstance(c, Users) and isinstance(c.given, Callback) for c in self.callbacks)
 
     def fit(self, batched: bool, resume: dict | None = None) -> FitRecord:
         """Train; the learner ends with the best epoch's weights. Returns the record of training,
@@ -208,6 +220,7 @@ class Trainer:
             if resume is not None:
                 start_epoch, start_batch = self.resume(resume)
             record.epoch_cap, record.time_budget, self.first_epoch = self.epochs, self.time_budget, start_epoch
+            self.reusable = self.strategy.keeps_forward and self.source.full and KeptForward.allowed(learner)
             for callback in self.callbacks:
                 callback.on_fit_start(self)
             for epoch in self._bar(range(start_epoch, self.epochs), desc="training", unit="epoch"):
@@ -224,6 +237,7 @@ class Trainer:
             record.diverged = guards.diverged_message(err, self.lr, best, self.stopping.loss)
             return record
         finally:
+            self.kept.drop()
             learner.net.train(False)
             unwritten = self._flush_tables()
             self.source.close()  # an update already running completes: the database stays at a step boundary
@@ -232,6 +246,7 @@ class Trainer:
 
     def _end(self, last: int | None) -> None:
         """The callbacks' end of fit (the best epoch's weights put back), after epoch `last`."""
+        self.kept.drop()
         for callback in self.callbacks:
             callback.on_fit_end(self, last)
 
@@ -271,6 +286,7 @@ class Trainer:
             learner.net.train(False)
         self.clock["epochs"] += time.perf_counter() - clock
         clock = time.perf_counter()
+        self.keeping = self.reusable and len(order) == 1 and epoch + 1 < self.epochs  # a next step may reuse it
         record = {"epoch": epoch, **self.strategy.validate(self, train_loss), "lr": self.rate.now()}
         self.clock["validation"] += time.perf_counter() - clock
         guards.check_loss(record[f"{monitor}_loss"], epoch, split="validation" if monitor == "val" else "training")
@@ -305,7 +321,9 @@ class Trainer:
             self.optimizers.zero_grad()
             loss = torch.zeros((), dtype=learner.dtype, device=learner.device)
             if batch is not None:
-                loss = learner.batch_loss(batch, external, share)
+                whole = self.kept.take(learner) if isinstance(batch, Whole) else None
+                loss = (learner.batch_loss(batch, external, share) if whole is None
+                        else learner.batch_loss(batch, external, share, whole))
                 if len(share) != len(positions):
                     loss = loss * (len(share) / len(positions))  # this share's part of the batch mean
                 loss.backward()

@@ -55,6 +55,7 @@ class RankingLearner(Learner):
     blends = False  # a ranking has no label prediction for a GBM to blend with
     one_process = "a ranking target, which trains in one process (both towers whole)"
     answers = "recommend"  # each row's k best candidates, no value per row
+    reuses_forward = False  # its loss draws negatives against both towers: no validation forward to reuse
 
     def fit_batch_size(self) -> int:
         """Steps of RANKING_BATCH target rows' positives (fewer where the training rows are few)."""
