@@ -178,7 +178,7 @@ def test_template_auto_grounds_and_predicts_as_with_a_key_table_per_relation(tmp
         with monkeypatch.context() as patch:
             if not share:
                 patch.setattr(domains, "relation_domain", lambda rules: None)
-            model = relsql.Model(db, template, target="flight.late", time_column=time_column, seed=3, progress=False)
+            model = relsql.Model(db, relsql.Template.from_sql(template), target="flight.late", time_column=time_column, seed=3, progress=False)
             predictions.append(model.predict())
     assert predictions[0].equals(predictions[1])
 
@@ -243,3 +243,32 @@ CREATE TABLE predict AS SELECT f.flight_id, linear(h.h, 1, 'w_o') AS h FROM flig
     old, _ = _ground(template, db, False, monkeypatch)
     _same(grounding, old)
     _defined(grounding)
+
+
+def test_an_output_with_an_earlier_relations_heads_keeps_its_own_key_table(tmp_path):
+    """The output reads every flight (enc_flight's heads), but training reads its key table by name
+    (the labels, the key checks, the flat baselines): it is not shared, and the Model trains and
+    predicts every flight, as the path that shares nothing does."""
+    template = """
+CREATE TABLE enc_flight AS
+SELECT f.flight_id, tanh(linear(features(f.dist), 4, 'w_enc_flight')) AS h FROM flight f;
+CREATE TABLE predict AS
+SELECT e.flight_id, linear(e.h, 1, 'w_out') AS late FROM enc_flight e;
+"""
+    predictions = []
+    for share in (True, False):
+        db = _db(tmp_path / f"o{share}.duckdb")
+        if not share:
+            original = ex.Grounder.shared_keys
+            ex.Grounder.shared_keys = lambda self, relation, grounded: (original(self, relation, grounded), (None, None))[1]
+        try:
+            model = relsql.Model(db, relsql.Template.from_sql(template), target="flight.late", seed=1, progress=False)
+            model.fit(epochs=3)
+            predictions.append(model.predict())
+        finally:
+            if not share:
+                ex.Grounder.shared_keys = original
+        assert db.arrow(f"SELECT count(*) AS n FROM {db.sql(db.temp_table('k', 'predict'))}").column("n")[0].as_py() == 300
+        db.close()
+    shared, own = predictions
+    assert len(shared) == 300 and shared.equals(own)

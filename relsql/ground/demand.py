@@ -109,7 +109,7 @@ class BatchGrounder(Grounder):
         the setup then estimates only the bodies over base tables alone (`check_size`: the key tables are
         still empty; a batch's queries are narrowed to its heads).
         Not with `fanout`: its sampling hashes row ids, which differ from the whole key tables'."""
-        super().__init__(template, db, presets or Presets(), max_groundings)
+        super().__init__(template, db, presets or Presets(), max_groundings, (output,))
         self.ple_numbers, self.rows_only = ple_numbers, rows_only
         self.output, self.seed = output, seed
         self.order = needed_relations(template, output)

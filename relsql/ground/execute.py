@@ -103,11 +103,12 @@ class Presets:
 
 
 def ground(template: ir.Template, db: Database, *, presets: Presets | None = None,
-           progress: bool | None = None, max_groundings: int | None = None) -> Grounding:
+           progress: bool | None = None, max_groundings: int | None = None, outputs: tuple[str, ...] = ()) -> Grounding:
     """Ground every relation of `template` in dependency order (a progress bar on a terminal, log
     lines otherwise). A rule estimated at more than `max_groundings` groundings is refused before it
-    runs; on an error or Ctrl-C the temp tables made so far are dropped."""
-    grounder = Grounder(template, db, presets or Presets(), max_groundings)
+    runs; on an error or Ctrl-C the temp tables made so far are dropped. `outputs`: relations whose key
+    tables training reads by name (`db.temp_table("k", output)`), so they keep their own (`shared_keys`)."""
+    grounder = Grounder(template, db, presets or Presets(), max_groundings, outputs)
     order = template.order()
     seconds = {}
     with interruptible(db), grounder.cleanup_on_error(), db.frozen_schema():  # relsql only adds temp tables
@@ -331,8 +332,10 @@ class Grounder:
     relsql/ground/demand.py `BatchGrounder`): the relations' key tables, embedding dictionaries, feature
     statistics and the temp tables to drop if it fails."""
 
-    def __init__(self, template: ir.Template, db: Database, presets: Presets, limit: int | None = None):
+    def __init__(self, template: ir.Template, db: Database, presets: Presets, limit: int | None = None,
+                 outputs: tuple[str, ...] = ()):
         self.template, self.db, self.presets = template, db, presets
+        self.outputs = {name.casefold() for name in outputs}  # their key tables are read by name: never shared
         self.max_groundings = groundings_limit(limit)
         self.relations: dict[str, RelationGrounding] = {}
         self.key_tables: dict[str, exp.Table] = {}
@@ -505,7 +508,7 @@ class Grounder:
                                               for _, rule, _ in grounded])
         self.domains[relation.name.casefold()] = (relation.keys, domain or ("relation", relation.name.casefold()))
         owner = self.owners.get((domain, tuple(relation.keys))) if domain is not None else None
-        if owner is None or self.relations[owner].size == 0:
+        if owner is None or relation.name.casefold() in self.outputs or self.relations[owner].size == 0:
             return None, None
         return self.key_tables[owner], self.relations[owner].keys
 

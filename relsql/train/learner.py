@@ -177,7 +177,7 @@ class Learner:
             plan = probe.plan
         else:
             grounding = ground(self.template, self.db, presets=presets, progress=self.settings.progress,
-                               max_groundings=self.settings.max_groundings)
+                               max_groundings=self.settings.max_groundings, outputs=(self.output,))
             self.record.timings["grounding"] = time.perf_counter() - started
             log.info("grounded %d relations in %.2fs; planning", len(grounding.relations), self.record.timings["grounding"])
             started = time.perf_counter()

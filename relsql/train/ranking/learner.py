@@ -96,7 +96,7 @@ class RankingLearner(Learner):
                               "(and database-stored embeddings) for it")
         started = time.perf_counter()
         grounding = ground(self.template, self.db, presets=presets, progress=self.settings.progress,
-                           max_groundings=self.settings.max_groundings)
+                           max_groundings=self.settings.max_groundings, outputs=(self.output,))
         self.record.timings["grounding"] = time.perf_counter() - started
         if not grounding.relations[goal.candidates].size:  # before widths: an empty relation has none to compare
             raise SchemaError(f"the candidate relation `{goal.candidates}` of ranking target {goal.name} has no rows: "
