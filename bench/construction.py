@@ -188,7 +188,7 @@ def _gbm(db, target: str, time_column: str | None, seed: int = 0) -> dict[str, f
     a LightGBM fit on one thread (70% train, early stopping on 15% validation)."""
     import sqlglot.expressions as exp
 
-    from relsql.train import flat, gbm
+    from relsql.train.gbm import flat, gbm
 
     table, column = target.split(".")
     started, cpu = time.perf_counter(), time.process_time()

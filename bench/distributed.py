@@ -144,9 +144,9 @@ def spark_database(duck, path: Path, warehouse: str | None = None):
 def measure(db, engine: str, template, args) -> list[dict]:
     """One epoch by one process and by each rank count, from the same initial weights."""
     import relsql
-    from relsql.train import distributed
-    from relsql.train.options import FitConfig
-    from relsql.train.record import FitRecord
+    from relsql.train.learner.record import FitRecord
+    from relsql.train.loop import distributed
+    from relsql.train.loop.options import FitConfig
 
     started = time.perf_counter()
     model = relsql.Model(db, template, "orders.o_orderpriority", batch_size=args.batch_size, progress=False)

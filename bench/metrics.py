@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from relsql.train import metrics
+from relsql.train.task import metrics
 
 
 def old_roc_auc(y: np.ndarray, score: np.ndarray) -> float:

@@ -150,7 +150,7 @@ def run_target(manifest: dict, entry: dict, fit: dict, work: Path, index: int) -
 
 def gbm_peer(learner) -> dict:
     """LightGBM on one-hop SQL features, on the model's split: the feature query + the fit, timed."""
-    from relsql.train import baselines
+    from relsql.train.gbm import baselines
 
     try:
         t = time.perf_counter()

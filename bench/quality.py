@@ -105,7 +105,7 @@ def split_positions(learner, table_rows: int, keys: np.ndarray | None = None) ->
     the peer's order), or, without keys, relgen ids 1..n in order."""
     import pandas as pd
 
-    from relsql.train import results
+    from relsql.train.learner import results
 
     frame = results.predict(learner, splits=True)
     key = frame.columns[0]
@@ -124,7 +124,7 @@ def run_one(case: Case, seed: int, auto: dict, fit: dict, peer: dict, search: st
     import torch
 
     import relsql
-    from relsql.train import baselines
+    from relsql.train.gbm import baselines
 
     common = {"target": case.name, "database": case.database, "shape": case.shape, "kind": case.kind,
               "metric": PRIMARY[case.kind], "seed": seed}
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> dict:
     auto, fit, peer = _json_arg(args.auto, "auto"), _json_arg(args.fit, "fit"), _json_arg(args.peer, "peer")
     seeds = args.seeds if args.seeds is not None else ([0, 1] if args.quick else [0, 1, 2, 3, 4])
     if args.search is not None:
-        from relsql.train.search import budget_seconds
+        from relsql.train.model.search import budget_seconds
 
         try:
             budget_seconds(args.search)

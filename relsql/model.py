@@ -18,14 +18,17 @@ from relsql.db import Database
 from relsql.errors import RelsqlError
 from relsql.progress import lines as progress_lines
 from relsql.template.ir import Template
-from relsql.train import build, fitting, gradients, results, saved
-from relsql.train.callbacks import Callback
-from relsql.train.calls import checked_database, server_reachable, with_threads
-from relsql.train.defaults import EPOCHS, TIME_BUDGET
-from relsql.train.options import FitConfig
-from relsql.train.report import LOSSES, plot_history, text_report
-from relsql.train.spec import ModelSpec
-from relsql.train.views import LearnerViews
+from relsql.train.learner import results
+from relsql.train.learner.defaults import EPOCHS, TIME_BUDGET
+from relsql.train.loop import fitting
+from relsql.train.loop.callbacks import Callback
+from relsql.train.loop.options import FitConfig
+from relsql.train.model import build, gradients
+from relsql.train.model.calls import checked_database, server_reachable, with_threads
+from relsql.train.model.report import LOSSES, plot_history, text_report
+from relsql.train.model.spec import ModelSpec
+from relsql.train.model.views import LearnerViews
+from relsql.train.persist import saved
 
 
 class Model(LearnerViews):
@@ -127,7 +130,7 @@ class Model(LearnerViews):
         """Tune within `budget` ("90s", "10m", "1h" or seconds), every trial on this model's split;
         the best trial becomes this model, the trials are in `model.trials` and the report
         (relsql/train/search.py)."""
-        from relsql.train import search as searching
+        from relsql.train.model import search as searching
 
         return searching.search(self, budget, trials, **options)
 

@@ -12,7 +12,7 @@ import pytest
 from sklearn.metrics import accuracy_score, mean_absolute_error, roc_auc_score
 
 import relsql
-from relsql.train import baselines
+from relsql.train.gbm import baselines
 
 TEMPLATE = """
 CREATE TABLE order_h AS SELECT o.order_id, tanh(linear(features(o.amount), 4, 'w_order')) FROM orders o;

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import relsql
-from relsql.train.batched import Batched
-from relsql.train.batches import batches
-from relsql.train.options import FitConfig
-from relsql.train.source import BatchSource, Whole
-from relsql.train.trainer import OneProcess, Trainer
+from relsql.train.feed.batched import Batched
+from relsql.train.feed.batches import batches
+from relsql.train.feed.source import BatchSource, Whole
+from relsql.train.loop.options import FitConfig
+from relsql.train.loop.trainer import OneProcess, Trainer
 from tests.test_trainer import TEMPLATE, customers
 
 

@@ -97,7 +97,7 @@ def _rank_processes() -> list[int]:
             continue
         for pid in children:
             try:
-                if b"relsql.train.distributed" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if b"relsql.train.loop.distributed" in Path(f"/proc/{pid}/cmdline").read_bytes():
                     found.append(int(pid))
             except OSError:
                 pass
@@ -214,7 +214,7 @@ def test_checkpoints_write_the_embeddings_back_and_a_killed_run_resumes(tmp_path
     assert run.returncode == -signal.SIGKILL, "".join(lines[-20:])  # killed while training, not finished
 
     def table(db) -> tuple[dict, int]:
-        from relsql.train.embeddings import DatabaseEmbedding
+        from relsql.train.embeddings.embeddings import DatabaseEmbedding
 
         stored = DatabaseEmbedding(db, "user", 4, None)
         return stored.values(), stored.step()

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 import relsql
-from relsql.train.embeddings import DatabaseEmbedding, initial_values
-from relsql.train.rowcache import KeyIndex, RowCache
+from relsql.train.embeddings.embeddings import DatabaseEmbedding, initial_values
+from relsql.train.embeddings.rowcache import KeyIndex, RowCache
 from tests.test_batches import shop_db, shop_template
 
 ROOT = Path(__file__).resolve().parent.parent

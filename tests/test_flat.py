@@ -14,7 +14,7 @@ import pytest
 import sqlglot.expressions as exp
 
 import relsql
-from relsql.train import flat
+from relsql.train.gbm import flat
 
 SCHEMA = """
 CREATE TABLE region(region_id INT PRIMARY KEY, area DOUBLE, climate VARCHAR);

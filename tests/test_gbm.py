@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from relsql.errors import RelsqlError
-from relsql.train import gbm
+from relsql.train.gbm import gbm
 
 
 def data(seed: int, rows: int = 600):

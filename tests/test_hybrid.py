@@ -10,7 +10,9 @@ import pytest
 import torch
 
 import relsql
-from relsql.train import hybrid, results, saved
+from relsql.train.gbm import hybrid
+from relsql.train.learner import results
+from relsql.train.persist import saved
 
 # the network reads the order amounts' mean only; the label is whether a customer has >= 3 orders
 TEMPLATE = """

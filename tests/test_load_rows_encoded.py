@@ -62,7 +62,7 @@ def test_a_grounder_for_a_grounding_store_keeps_ple_encoded_by_the_database(save
     """A grounding store writes a rule's columns as the grounder selects them: without
     ple_numbers=True the presets' ple columns stay (bins + 1)-wide lists, not numbers."""
     from relsql.ground.demand import BatchGrounder
-    from relsql.train import saved as files
+    from relsql.train.persist import saved as files
 
     folder, path, _ = saved
     state = files.read(path)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import relsql
-from relsql.train.loader import Loader
+from relsql.train.model.loader import Loader
 from tests.test_trainer import customers, model, weights
 
 EPOCHS, LR = 5, 0.02
@@ -115,7 +115,7 @@ def test_the_batch_process_serves_every_epoch_and_close_ends_it():
     def batch_children() -> set[int]:
         return {p.pid for p in multiprocessing.active_children() if p.name == "relsql-batches"}
 
-    from relsql.train.threads import torch_threads
+    from relsql.train.learner.threads import torch_threads
 
     m = model(customers(), batch_size=32)
     before = batch_children()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from sklearn import metrics as oracle
 
-from relsql.train import metrics
+from relsql.train.task import metrics
 
 SEEDS = range(6)
 

@@ -14,9 +14,9 @@ import torch
 
 import relsql
 from relsql.errors import RelsqlError
-from relsql.train import build as building
-from relsql.train import search as searching
-from relsql.train.spec import ModelSpec
+from relsql.train.model import build as building
+from relsql.train.model import search as searching
+from relsql.train.model.spec import ModelSpec
 from tests.test_ranking_pairs import BASE, PAIR, habit_shop
 
 

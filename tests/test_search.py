@@ -16,8 +16,8 @@ import relsql
 from relsql.cli import main
 from relsql.errors import RelsqlError
 from relsql.template.auto import generate
-from relsql.train import search as searching
-from relsql.train.defaults import LR
+from relsql.train.learner.defaults import LR
+from relsql.train.model import search as searching
 
 
 def _shop(path, n: int = 150, seed: int = 0) -> None:

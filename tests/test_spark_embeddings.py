@@ -15,8 +15,8 @@ import torch
 import relsql
 from relsql import sql as q
 from relsql.spark import _NEXT
-from relsql.train.embeddings import DatabaseEmbedding
-from relsql.train.swapped import SwappedEmbedding
+from relsql.train.embeddings.embeddings import DatabaseEmbedding
+from relsql.train.embeddings.swapped import SwappedEmbedding
 from tests.test_batches import shop_db, shop_template
 from tests.test_spark import copy_to_spark
 

@@ -12,7 +12,7 @@ import sqlglot.expressions as exp
 import torch
 
 import relsql
-from relsql.train import torch_distributor
+from relsql.train.loop import torch_distributor
 
 pytest.importorskip("pyspark.ml.torch.distributor", reason="pyspark is not installed: bash scripts/setup installs relsql[spark]")
 if shutil.which("java") is None:

@@ -8,7 +8,7 @@ import importlib
 
 import pytest
 
-from relsql.train.tracking import MLflow, TensorBoard
+from relsql.train.loop.tracking import MLflow, TensorBoard
 from tests.test_trainer import customers, model
 
 EPOCHS = 4

@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 
 import relsql
-from relsql.train import checkpoint as checkpoints
-from relsql.train.options import FitConfig
-from relsql.train.trainer import EarlyStopping, OneProcess, Optimizers, Trainer
+from relsql.train.loop.options import FitConfig
+from relsql.train.loop.trainer import EarlyStopping, OneProcess, Optimizers, Trainer
+from relsql.train.persist import checkpoint as checkpoints
 from tests.test_batches import shop_db, shop_template
 
 ROOT = Path(__file__).resolve().parent.parent

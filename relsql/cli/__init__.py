@@ -90,7 +90,7 @@ def _explain(args: argparse.Namespace) -> int:
         from relsql.compile.explain import explain
         from relsql.ground.demand import BatchGrounder
         from relsql.ground.store import GroundingStore
-        from relsql.train.batched import PASSES
+        from relsql.train.feed.batched import PASSES
 
         output = args.output or template.output
         grounder = BatchGrounder(template, db, output, max_groundings=args.max_groundings)
@@ -207,7 +207,7 @@ def _train(args: argparse.Namespace) -> int:
         _plot_beside(args.model, model)
         options = _fit_options(args)
         if args.search is not None:
-            from relsql.train import search
+            from relsql.train.model import search
 
             model.search(args.search, args.trials, **options)
         else:
