@@ -1,4 +1,4 @@
-"""The metrics of relsql.train.metrics against the numpy loops they replaced, at 300k rows.
+"""The metrics of relsql.train.task.metrics against the numpy loops they replaced, at 300k rows.
 
     python -m bench.metrics [--rows 300000] [--reps 7]
 

@@ -11,8 +11,8 @@ customer.spend, Mutagenesis' molecule.mutagenic, Nations' holds.label. For every
 seed, ON THE SAME SPLIT (the relsql model's learner.rows: seed s's 70/15/15 random split):
 - relsql: `Model(db, Template.auto(db, target=..., **auto), target=..., seed=s).fit(**fit)`;
 - relsql_search (with --search BUDGET): a fresh `Model(...)` of the same seed, `.search(BUDGET)`
-  (relsql/train/search.py; the budget per target and seed);
-- majority, gbm_own_columns, gbm_one_hop: `relsql.train.baselines.compare(model.learner, "test")`
+  (relsql/train/model/search.py; the budget per target and seed);
+- majority, gbm_own_columns, gbm_one_hop: `relsql.train.gbm.baselines.compare(model.learner, "test")`
   (LightGBM on the target table's own columns / on one-hop SQL features, fitted on the training
   rows, stopped early on the validation rows);
 - rdl_peer: bench/rdl_peer.py (PyG HeteroGraphSAGE with per-table encoders, full batch, AdamW,

@@ -25,7 +25,7 @@ from pathlib import Path
 from relsql.train.learner.defaults import PATIENCE
 
 PATIENCES = (25, 30, 40, PATIENCE)  # the last: the default; the default's plateau (100 // 4 = 25) under every one
-SMALL_ROWS = (0, 30, 100)  # 100: relsql.train.task.SELECTION_ROWS, below which the loss selects
+SMALL_ROWS = (0, 30, 100)  # 100: relsql.train.task.task.SELECTION_ROWS, below which the loss selects
 
 
 def replay(learner, history: list[dict], metric: str, patience: int) -> tuple[int, int]:

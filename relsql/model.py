@@ -129,7 +129,7 @@ class Model(LearnerViews):
     def search(self, budget: float | str = "10m", trials: int | None = None, **options) -> Model:
         """Tune within `budget` ("90s", "10m", "1h" or seconds), every trial on this model's split;
         the best trial becomes this model, the trials are in `model.trials` and the report
-        (relsql/train/search.py)."""
+        (relsql/train/model/search.py)."""
         from relsql.train.model import search as searching
 
         return searching.search(self, budget, trials, **options)
@@ -228,7 +228,7 @@ class Model(LearnerViews):
         """A saved model on `db`, built on first use with the saved encodings: same predictions;
         predict(keys=/where=) first grounds only those rows. `batch_size` predicts (and evaluates)
         in mini-batches of that many target rows, grounded on demand. Every value read from the
-        file is checked like a user's argument before use (relsql/train/loaded.py)."""
+        file is checked like a user's argument before use (relsql/train/learner/loaded.py)."""
         if batch_size is not None:
             batch_size = arguments.integer("batch_size", batch_size)
         with server_reachable(checked_database(db)), progress_lines(None):

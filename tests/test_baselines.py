@@ -1,4 +1,4 @@
-"""relsql/train/baselines.py: the baselines the report compares with are scored on the model's own
+"""relsql/train/gbm/baselines.py: the baselines the report compares with are scored on the model's own
 split with the model's metrics (checked against scikit-learn on the same predictions), a GBM on
 one-hop SQL features sees what the target table's own columns lack, and a baseline scored on the
 validation rows does not stop early on them."""

@@ -1,4 +1,4 @@
-"""Batches prepared in a forked child process (relsql/train/batch_process.py): the same batches
+"""Batches prepared in a forked child process (relsql/train/feed/batch_process.py): the same batches
 and the same training as in the database worker thread, errors and a dead child reported as
 RelsqlErrors, and no child left however the consumer stops."""
 

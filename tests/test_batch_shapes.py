@@ -1,4 +1,4 @@
-"""Batch shapes with headroom (relsql/train/shapes.py): shuffled batches of one size stop making new
+"""Batch shapes with headroom (relsql/train/feed/shapes.py): shuffled batches of one size stop making new
 plans after the first epochs, and every replayed batch still equals a plan made afresh for it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The batch source (relsql/train/source.py): the chunks of an epoch in order, each batch prepared
+"""The batch source (relsql/train/feed/source.py): the chunks of an epoch in order, each batch prepared
 ahead equal to one prepared on the spot, and no background thread left however the consumer stops."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The training loop's callbacks (relsql/train/callbacks.py) and its record (relsql/train/record.py):
+"""The training loop's callbacks (relsql/train/loop/callbacks.py) and its record (relsql/train/learner/record.py):
 a callback that asks to stop ends training where an epoch budget would have (same weights, same
 history), and the record says why; a user's Callback given as fit's `callback=` (no __call__
 needed) or in `callbacks=[...]` runs its hooks after fit's own, in order; what is not a Callback is

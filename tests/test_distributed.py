@@ -1,4 +1,4 @@
-"""Data-parallel training (relsql/train/distributed.py): real gloo ranks in their own processes,
+"""Data-parallel training (relsql/train/loop/distributed.py): real gloo ranks in their own processes,
 checked against single-process training (the oracle), with the same global batches."""
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def test_checkpoint_written_by_rank_zero_resumes(tmp_path):
 
 
 def _rank_processes() -> list[int]:
-    """The rank processes this test process started (children running relsql.train.distributed)."""
+    """The rank processes this test process started (children running relsql.train.loop.distributed)."""
     found = []
     for task in Path(f"/proc/{os.getpid()}/task").iterdir():
         try:  # a thread may end between listing and reading

@@ -1,4 +1,4 @@
-"""Training guards (relsql/train/guards.py): which epochs get a log line."""
+"""Training guards (relsql/train/feed/guards.py): which epochs get a log line."""
 
 from __future__ import annotations
 

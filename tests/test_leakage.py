@@ -1,4 +1,4 @@
-"""Leakage checks (relsql/train/leakage.py): columns that copy the label."""
+"""Leakage checks (relsql/train/task/leakage.py): columns that copy the label."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""relsql.train.loader.Loader: the documented ten-line torch loop takes fit's steps (per-step losses
+"""relsql.train.model.loader.Loader: the documented ten-line torch loop takes fit's steps (per-step losses
 and the kept epoch's weights to 1e-6), in full batch and in mini-batches, and its batches are the
 rows fit would use."""
 
@@ -24,7 +24,7 @@ def fit_steps(batch_size: int | None) -> tuple[list[float], relsql.Model]:
 
 
 def own_loop(m: relsql.Model, batch_size: int | None) -> tuple[list[float], list[dict]]:
-    """The loop of relsql/train/loader.py's docstring, recording each step's loss and each epoch's weights."""
+    """The loop of relsql/train/model/loader.py's docstring, recording each step's loss and each epoch's weights."""
     losses, after = [], []
     loader = Loader(m, batch_size=batch_size)
     optimizer = torch.optim.AdamW(loader.parameters(), lr=LR, weight_decay=0.0)

@@ -1,4 +1,4 @@
-"""relsql.train.metrics against scikit-learn as the oracle, on seeded random labels (with ties,
+"""relsql.train.task.metrics against scikit-learn as the oracle, on seeded random labels (with ties,
 constant scores, classes nobody predicts and labels outside the classes)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`relsql.ModelSpec` (relsql/train/spec.py): every argument of `Model(db, ...)` is in the spec and
+"""`relsql.ModelSpec` (relsql/train/model/spec.py): every argument of `Model(db, ...)` is in the spec and
 reaches it, `model.spec` rebuilds the same model with `Model.from_spec`, `replace` changes what it
 names and refuses what is not an argument, and search's trials keep a ranking target's
 `candidates=` and `pairs=` (they were dropped when search listed Model's arguments itself)."""

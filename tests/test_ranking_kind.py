@@ -3,7 +3,7 @@ it refuses, is declared by the ranking learner (lr, patience, rows per step, no 
 process), not by tests of `task.kind` around the code; so are what the model answers with
 (predict or recommend), its evaluation, fit's loss options, the report's baselines (the learner),
 the history plot and the file's fields (the task). The figures are fit's documented defaults
-(relsql/train/options.py: lr 0.01 and patience 100 for a label, 0.03 and 16 for a ranking; a ranking
+(relsql/train/loop/options.py: lr 0.01 and patience 100 for a label, 0.03 and 16 for a ranking; a ranking
 step of 4096 target rows, or a quarter of fewer training rows but at least 256)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The saved state (relsql/train/saved.py): a model file round-trips field by field, a file of the
+"""The saved state (relsql/train/persist/saved.py): a model file round-trips field by field, a file of the
 current format written by hand (not by `saved.write`) loads to the same predictions, and damaged,
 crafted or foreign files are refused with a RelsqlError before anything in them runs."""
 

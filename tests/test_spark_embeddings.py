@@ -1,4 +1,4 @@
-"""Database-stored embeddings with Spark as the engine (relsql/train/swapped.py): trained on
+"""Database-stored embeddings with Spark as the engine (relsql/train/embeddings/swapped.py): trained on
 ranks, written back as a new Parquet table swapped in. A real local[2] session; the oracle is
 one DuckDB process training the same template on the same rows."""
 

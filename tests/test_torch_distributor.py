@@ -1,5 +1,5 @@
 """fit(workers=N) on a Spark engine starts its ranks through Spark's TorchDistributor
-(relsql/train/torch_distributor.py): a real local[2] session, ranks under torchrun, checked
+(relsql/train/loop/torch_distributor.py): a real local[2] session, ranks under torchrun, checked
 against one DuckDB process training the same model (the oracle)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The trainer (relsql/train/trainer.py): the one loop against a hand-written torch loop, full
+"""The trainer (relsql/train/loop/trainer.py): the one loop against a hand-written torch loop, full
 batch and mini-batches; early stopping; checkpoints resumed mid-epoch; where the optimizer's kind
 is chosen; and the per-rank times a torchrun rank reports."""
 

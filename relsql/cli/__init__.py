@@ -262,7 +262,7 @@ def _flag(args: argparse.Namespace, flag: str) -> list[str]:
 
 def _predict(args: argparse.Namespace) -> int:
     """`relsql predict`: Model.load, then Model.predict / write_predictions as a user of the API
-    would (--where: only the rows asked for are grounded, relsql/train/loaded.py)."""
+    would (--where: only the rows asked for are grounded, relsql/train/learner/loaded.py)."""
     with relsql.connect(args.db, threads=args.threads) as db:
         if args.table:
             _writable_table(db, args.table, args.replace, "--table")

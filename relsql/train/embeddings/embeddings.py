@@ -4,7 +4,7 @@ value in a database table, never the whole table in torch.
 Each batch reads the rows of the keys it uses (keys never seen before start from a seeded,
 key-determined initial value), trains them as an ordinary leaf tensor, and hands back their
 gradient; an SGD or Adagrad step computes the batch's new rows. A step reads and writes rows
-in memory-mapped arrays by key (relsql/train/rowcache.py), not the table: its cost does not grow
+in memory-mapped arrays by key (relsql/train/embeddings/rowcache.py), not the table: its cost does not grow
 with the table. The rows changed since the last write-back go into the table with its step
 counter in one transaction (`flush`) at every checkpoint and best-epoch copy, before anything
 reads the table, and when the process exits; a crash (SIGKILL) leaves the table at its last
@@ -13,7 +13,7 @@ write-back, whole, and a resumed run starts from the checkpoint's copy as before
 The table `relsql_embedding_<weight>` has columns `key`, `e0..e{d-1}` and, for Adagrad, the
 accumulated squared gradients `a0..a{d-1}`; `relsql_embedding_steps` holds each table's step.
 Engines without transactions (Spark) keep the same columns in a table replaced whole
-(relsql/train/swapped.py); training ranks hold shards of it (relsql/train/sharded.py).
+(relsql/train/embeddings/swapped.py); training ranks hold shards of it (relsql/train/embeddings/sharded.py).
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ class DatabaseEmbedding(EmbeddingTable):
         return name
 
     # -- a batch -------------------------------------------------------------------------------
-    # A step reads and writes its keys' rows in memory-mapped arrays (relsql/train/rowcache.py),
+    # A step reads and writes its keys' rows in memory-mapped arrays (relsql/train/embeddings/rowcache.py),
     # loaded from the table once; the rows it changed go back to the table with the step counter
     # in one transaction (`flush`) before anything reads or copies the table: a checkpoint's or
     # the best epoch's copy, `values`, `rows`, `export`, another instance taking the table over,
@@ -270,7 +270,7 @@ class DatabaseEmbedding(EmbeddingTable):
         self._live.claim()
         self._live.flush()
 
-    # -- training ranks (relsql/train/sharded.py) --------------------------------------------------
+    # -- training ranks (relsql/train/embeddings/sharded.py) --------------------------------------------------
     def replace_rows(self, rows: pa.Table, step: int) -> None:
         """Put the ranks' rows back (those keys' old rows replaced) and set the step counter, in one
         transaction: the table is at the run's start or at its end, never in between."""

@@ -6,7 +6,7 @@ key's slot found by a `KeyIndex` (an open-addressing hash table over 64-bit key 
 for a whole batch at once with numpy). The arrays live in files deleted as soon as they are
 mapped: the operating system may page them out under memory pressure, a killed process leaves
 nothing behind, and nothing is ever read back from them by another process (the database table
-stays the truth; relsql/train/embeddings.py writes the changed rows back to it). The files hold
+stays the truth; relsql/train/embeddings/embeddings.py writes the changed rows back to it). The files hold
 raw numbers only: nothing loaded executes code.
 """
 

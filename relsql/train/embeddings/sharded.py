@@ -9,12 +9,12 @@ untouched pages stay unallocated). Ranks never open the database. Per step, ever
    hands every rank every row (exactly: each row is its owner's value plus zeros);
 3. sends its rows' gradients, scattered into that layout, with the dense gradients' all-reduce;
    owners then take the optimizer step on their rows with the summed gradient, the step one
-   process takes on the whole batch (relsql/train/embeddings.py's `step`).
+   process takes on the whole batch (relsql/train/embeddings/embeddings.py's `step`).
 
 Keys never seen start from the same hashed value one process gives them (DuckDB's hash, in an
 in-memory DuckDB of the rank's own). A checkpoint keeps each rank's shard in files beside the
 checkpoint file; the parent exports the tables before the ranks start and writes the rows back
-at each checkpoint and at the end (relsql/train/write_back.py).
+at each checkpoint and at the end (relsql/train/embeddings/write_back.py).
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """Database-stored embeddings on an engine without transactions (Spark's Parquet tables).
 
 Such an engine cannot update a few rows of a table per training step, so these embeddings are
-trained on ranks (relsql/train/sharded.py: `fit()` runs one rank when asked for one worker) and
+trained on ranks (relsql/train/embeddings/sharded.py: `fit()` runs one rank when asked for one worker) and
 the table is written back whole: the ranks' changed rows merged with the untouched ones into a
 new table swapped in (`Database.replace_table`), at each checkpoint and at the end. The table's
 step counter travels in the table's own comment, so the rows and their step change together;
 a swap cut short is finished when the table is next opened.
 
 The parent reads rows (`fetch`: evaluation and prediction) by array indexing into the table's
-rows, read once into memory-mapped arrays (relsql/train/rowcache.py) and again after a swap; keys
+rows, read once into memory-mapped arrays (relsql/train/embeddings/rowcache.py) and again after a swap; keys
 the table does not hold start from the same hashed value as on DuckDB (`initial_values`).
 """
 

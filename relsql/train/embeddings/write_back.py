@@ -1,4 +1,4 @@
-"""The parent's side of database-stored embeddings trained on ranks (relsql/train/sharded.py).
+"""The parent's side of database-stored embeddings trained on ranks (relsql/train/embeddings/sharded.py).
 
 Before the ranks start, each table's rows go to a file they start from. While they train, a
 thread of the parent watches the checkpoint file: each new checkpoint's shards (every rank's

@@ -61,7 +61,7 @@ class Batch:
     rows: torch.Tensor  # the plan's output row of each rid
     embedding_keys: dict[str, pa.Array]  # per database-stored embedding, its batch rows' keys in code order
     embedding_codes: dict[str, np.ndarray]  # their codes in the grounding store (read from one)
-    grounding: BatchGrounding | None = None  # None where another process prepared the batch (relsql/train/batch_process.py)
+    grounding: BatchGrounding | None = None  # None where another process prepared the batch (relsql/train/feed/batch_process.py)
 
 
 class Batched:

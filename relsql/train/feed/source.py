@@ -3,7 +3,7 @@
 A full-batch model's "batch" is the whole output relation (`Whole`: the net runs its own plan);
 a mini-batch model's are read from the grounding store (or grounded in the database) and
 planned while torch trains on the current one (in a child process where that pays:
-relsql/train/batch_process.py; else in the model's database worker thread), its
+relsql/train/feed/batch_process.py; else in the model's database worker thread), its
 database-stored embeddings read in order with the previous batch's update. One loop serves
 training, validation, prediction and gradients, on one process or on a rank's share of rows.
 """

@@ -2,8 +2,8 @@
 
 - `majority`: the majority class of the training rows (classification) or their mean
   (regression): what a model knows without any input.
-- `gbm_own_columns`: gradient-boosted trees (relsql/train/gbm.py) on the target table's own
-  columns (relsql/train/flat.py: numbers, booleans, dates, text codes; never keys, identifiers,
+- `gbm_own_columns`: gradient-boosted trees (relsql/train/gbm/gbm.py) on the target table's own
+  columns (relsql/train/gbm/flat.py: numbers, booleans, dates, text codes; never keys, identifiers,
   the label or copies of it): what a model knows without the other tables. If the model does
   not beat it, its joins add nothing.
 - `gbm_one_hop`: the same trees on one-hop features the database computes (own columns, parent

@@ -135,7 +135,7 @@ class Trees:
         return out
 
     def to_plain(self) -> dict:
-        """Tensors and ints only: what a model file holds (relsql/train/checkpoint.py)."""
+        """Tensors and ints only: what a model file holds (relsql/train/persist/checkpoint.py)."""
         arrays = {k: torch.as_tensor(getattr(self, k)) for k in
                   ("feature", "threshold", "missing", "default_left", "left", "right", "value", "roots", "classes")}
         return {**arrays, "units": int(self.units), "features": int(self.features), "depth": int(self.depth)}
@@ -143,7 +143,7 @@ class Trees:
     @classmethod
     def from_plain(cls, data: dict, where: str = "GBM trees") -> Trees:
         """Trees from `to_plain`'s dict, checked: a damaged file fails here, not inside `raw` (its
-        sizes too: a tensor's elements are bounded by the file, relsql/train/checkpoint.py)."""
+        sizes too: a tensor's elements are bounded by the file, relsql/train/persist/checkpoint.py)."""
         if not isinstance(data, dict):
             raise RelsqlError(f"{where} is damaged: not a table of trees")
         try:

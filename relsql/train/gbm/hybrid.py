@@ -1,7 +1,7 @@
 """The network blended with a GBM on one-hop SQL features, where the validation rows say it helps.
 
-After the network is trained, a GBM (relsql/train/gbm.py) is fitted on the one-hop features
-(relsql/train/flat.py) of the training rows, stopping early on the validation rows. The blend
+After the network is trained, a GBM (relsql/train/gbm/gbm.py) is fitted on the one-hop features
+(relsql/train/gbm/flat.py) of the training rows, stopping early on the validation rows. The blend
 `a * network + (1 - a) * GBM` is taken in the task's output space (log-odds, class scores, or
 the standardized units the network's regression output and labels share: task.py scales y by the
 training rows' mean and std), with `a` in {0, 0.1, ..., 1} picked by the task's metric on the

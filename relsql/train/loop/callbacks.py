@@ -2,7 +2,7 @@
 and early stopping (the best epoch's weights kept and put back at the end), the learning rate's
 epoch step, the time budget, checkpoint files, and the user's own: fit's `callback=` (a function
 of each step, or a Callback such as a TensorBoard or MLflow tracker), then its `callbacks=[...]`.
-The loop itself (relsql/train/trainer.py) only trains and validates; each callback's
+The loop itself (relsql/train/loop/trainer.py) only trains and validates; each callback's
 `on_epoch_end` may give a reason to stop, and the first reason given is the record's `stopped`.
 """
 

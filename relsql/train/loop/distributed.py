@@ -9,13 +9,13 @@ additions. Validation rows are shared out the same way and their outputs gathere
 rank makes the same early-stopping choice. Rank 0 hands the result back to the process that
 started the ranks, which owns the database: it keeps checkpoints, predictions and saved models.
 
-The ranks run the one training loop (relsql/train/trainer.py) with the `Ranks` strategy, which
+The ranks run the one training loop (relsql/train/loop/trainer.py) with the `Ranks` strategy, which
 supplies only what differs: shares of batches, the all-reduce, agreeing on new weights,
-validation, embedding shards. Ranks are `python -m relsql.train.distributed` processes; the job
+validation, embedding shards. Ranks are `python -m relsql.train.loop.distributed` processes; the job
 (the model's saved state with its labels, and the store's description) reaches them through their stdin, from this process only.
 A Spark-grounded model's ranks start through Spark's TorchDistributor instead
-(relsql/train/torch_distributor.py). Database-stored embeddings are sharded over the ranks
-(relsql/train/sharded.py); the parent writes them back (relsql/train/write_back.py).
+(relsql/train/loop/torch_distributor.py). Database-stored embeddings are sharded over the ranks
+(relsql/train/embeddings/sharded.py); the parent writes them back (relsql/train/embeddings/write_back.py).
 """
 
 from __future__ import annotations
@@ -308,7 +308,7 @@ def _shards(learner: Learner, job: Job, rank: int) -> ShardedEmbeddings | None:
 
 
 def _train(learner: Learner, job: Job, rank: int, strategy: Ranks | None = None) -> FitRecord:
-    """The one training loop (relsql/train/trainer.py) as this rank; the learner ends with the best
+    """The one training loop (relsql/train/loop/trainer.py) as this rank; the learner ends with the best
     epoch's weights and the trainer's record (`diverged`: the message of a diverged loss)."""
     strategy = strategy or Ranks(job, rank, None)
     if learner.device.type == "cuda":  # this machine's GPU of the rank
@@ -334,7 +334,7 @@ def _train(learner: Learner, job: Job, rank: int, strategy: Ranks | None = None)
 class Ranks(Strategy):
     """The strategy of one rank among job.world: a contiguous share of every global batch, gradients
     summed in one all-reduce, new weights agreed on, validation shared out and gathered,
-    database-stored embeddings in shards (relsql/train/sharded.py), rank 0 writing checkpoints."""
+    database-stored embeddings in shards (relsql/train/embeddings/sharded.py), rank 0 writing checkpoints."""
 
     bars = False
 

@@ -1,5 +1,5 @@
 """What differs between training in one process and training as one of several ranks: the
-Trainer's loop (relsql/train/trainer.py) is the same, and asks its Strategy at each point where
+Trainer's loop (relsql/train/loop/trainer.py) is the same, and asks its Strategy at each point where
 they differ. OneProcess (trainer.py) and Ranks (distributed.py) implement it."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Ranks started by Spark's TorchDistributor when the model's engine is Spark.
 
 `fit(workers=N)` on a `SparkDatabase` hands the job to `pyspark.ml.torch.distributor.TorchDistributor`,
-which runs torchrun; every rank calls `relsql.train.distributed.run_rank` with the rendezvous
+which runs torchrun; every rank calls `relsql.train.loop.distributed.run_rank` with the rendezvous
 torchrun put in its environment (env://), and rank 0's result comes back to this process.
 
 Where the ranks run (TorchDistributor's `local_mode`):
@@ -71,7 +71,7 @@ def applies(db) -> bool:
 
 def run(db, job, train) -> dict:
     """Train `job` on job.world ranks started by TorchDistributor, each calling `train(job, rank)`
-    (relsql.train.distributed.run_rank, passed in so this module does not import it back); rank 0's result."""
+    (relsql.train.loop.distributed.run_rank, passed in so this module does not import it back); rank 0's result."""
     gpu = _on_cuda(job)
     local = not on_executors(db.spark, job.world, gpu)
     log.info("training on %d ranks started by Spark's TorchDistributor on %s", job.world,

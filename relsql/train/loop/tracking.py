@@ -1,6 +1,6 @@
 """Runs logged to TensorBoard or MLflow, through fit's `callback=`.
 
-A tracker is the callback (a relsql.train.callbacks.Callback the trainer runs after its own):
+A tracker is the callback (a relsql.train.loop.callbacks.Callback the trainer runs after its own):
 each step's loss as it comes, and each finished epoch's record of model.history (train and
 validation loss, the task's validation metrics, the learning rate) as the epoch ends; leaving the
 `with` block (or `finish()`) logs any epochs not logged yet, the report and the template text::

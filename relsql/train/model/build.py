@@ -81,7 +81,7 @@ def learner(db: Database, spec: ModelSpec, loading: ModelState | None = None) ->
 
 
 def deferred(made: Learner) -> bool:
-    """Whether a loaded model waits for its first use to ground and plan (relsql/train/loaded.py):
+    """Whether a loaded model waits for its first use to ground and plan (relsql/train/learner/loaded.py):
     a plain one; a ranking model or one with database-stored embeddings is built at once."""
     return type(made) is Learner and not database_embeddings(made.template)
 
@@ -104,7 +104,7 @@ def saved_learner(db: Database, state: ModelState, *, device: str | torch.device
 
 def loaded_learner(db: Database, path: str | Path, *, device: str | torch.device, batch_size: int | None) -> Learner:
     """Model.load's learner from the file at `path`. A plain model is checked against the
-    database cheaply and built on first use (relsql/train/loaded.py); others are built now, their
+    database cheaply and built on first use (relsql/train/learner/loaded.py); others are built now, their
     saved weights set. A file whose weights do not fit its own template is a RelsqlError."""
     state = saved.read(path)
     made = saved_learner(db, state, device=device, batch_size=batch_size or state.batch_size)

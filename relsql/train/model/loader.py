@@ -1,6 +1,6 @@
 """Mini-batches of a model's rows for a training loop of your own.
 
-The same batches `fit` trains on, from the same batch source (relsql/train/source.py: the next
+The same batches `fit` trains on, from the same batch source (relsql/train/feed/source.py: the next
 batch grounded while torch works on this one), in the same seeded order, so a plain torch loop
 takes fit's steps::
 

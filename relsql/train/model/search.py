@@ -8,7 +8,7 @@ epoch budget, keeps the best third for a third of it, and the best of those for 
 (successive halving, eta = 3). Every trial learns from the same training rows and is scored on
 the same validation rows with the metric the target's models are compared on (`task.compared`:
 ROC-AUC, accuracy, MAE, or MAP@k for a ranking target), ranked as early stopping ranks epochs
-(relsql.train.callbacks.ranked), so scores compare. The best trial is then trained again (its epochs) and becomes the model.
+(relsql.train.loop.callbacks.ranked), so scores compare. The best trial is then trained again (its epochs) and becomes the model.
 
 What is searched: the fit settings (learning rate, weight decay) always; for a template that
 `Template.auto` made (its text is exactly what `generate` writes for the options its header

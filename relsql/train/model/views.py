@@ -1,6 +1,6 @@
 """What a `relsql.Model` shows of its learner, declared: the target, the parts of the trained net
 and the record of training, each a read-only attribute with its own line in `help(relsql.Model)`
-and in an IDE's completion. The learner (relsql/train/learner.py) holds them; `model.learner` is
+and in an IDE's completion. The learner (relsql/train/learner/learner.py) holds them; `model.learner` is
 the way to anything else."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ def _read(name: str, doc: str) -> property:
 
 
 def _recorded(name: str, doc: str) -> property:
-    """A read-only attribute that is one field of the learner's record of training (relsql/train/record.py)."""
+    """A read-only attribute that is one field of the learner's record of training (relsql/train/learner/record.py)."""
     return property(lambda self: getattr(self.learner.record, name), doc=doc)
 
 

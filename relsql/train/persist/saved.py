@@ -2,7 +2,7 @@
 back, and what the parent process hands its training ranks (with the labels, which a file does
 not hold: a loaded model reads them from its database again).
 
-The file is plain data (relsql/train/checkpoint.py, which also bounds what reading it can cost).
+The file is plain data (relsql/train/persist/checkpoint.py, which also bounds what reading it can cost).
 Reading checks every value the way the API checks a user's arguments, since a file may be damaged
 or crafted: the settings it holds reach SQL (fan-out, feature statistics, the blend's table and
 columns) and torch and numpy (shapes, dtypes, row positions used as indices). What needs the
@@ -61,7 +61,7 @@ class ModelState:
     labelled: np.ndarray | None = None  # a rank's: the output row of each labelled target row
     y: torch.Tensor | None = None  # a rank's: the encoded labels
     device: str = "cpu"
-    hybrid: dict | None = None  # the blend with a GBM (relsql/train/hybrid.py), as checked plain data
+    hybrid: dict | None = None  # the blend with a GBM (relsql/train/gbm/hybrid.py), as checked plain data
 
     @classmethod
     def of(cls, learner, labels: bool = False) -> ModelState:
