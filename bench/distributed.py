@@ -21,7 +21,7 @@ statistics and the bulk grounding, the ranks read what it wrote.
 `--embedding` adds to the orders' representation a database-stored embedding of the customer
 key (width 16, `storage='database'`; on DuckDB in a copy of the TPC-H file, on Spark in a
 warehouse folder of its own): one DuckDB process reads and updates its rows in SQL per step, N
-ranks hold it sharded in memory (relsql/train/sharded.py) and exchange the batch's rows and
+ranks hold it sharded in memory (relsql/train/embeddings/sharded.py) and exchange the batch's rows and
 gradients in their collectives; the parent writes the table back at the end (on Spark a new
 table swapped in; Spark has no one-process run with it, its 1-rank run is that).
 
@@ -144,9 +144,9 @@ def spark_database(duck, path: Path, warehouse: str | None = None):
 def measure(db, engine: str, template, args) -> list[dict]:
     """One epoch by one process and by each rank count, from the same initial weights."""
     import relsql
-    from relsql.train import distributed
-    from relsql.train.options import FitConfig
-    from relsql.train.record import FitRecord
+    from relsql.train.learner.record import FitRecord
+    from relsql.train.loop import distributed
+    from relsql.train.loop.options import FitConfig
 
     started = time.perf_counter()
     model = relsql.Model(db, template, "orders.o_orderpriority", batch_size=args.batch_size, progress=False)

@@ -1,4 +1,4 @@
-"""The metrics of relsql.train.metrics against the numpy loops they replaced, at 300k rows.
+"""The metrics of relsql.train.task.metrics against the numpy loops they replaced, at 300k rows.
 
     python -m bench.metrics [--rows 300000] [--reps 7]
 
@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from relsql.train import metrics
+from relsql.train.task import metrics
 
 
 def old_roc_auc(y: np.ndarray, score: np.ndarray) -> float:

@@ -18,7 +18,7 @@ not fatal), for each of its targets, through the public API only: `relsql.connec
 (= construction: template, grounding, plan), `.fit(**fit)` and `.predict()` (= fit+predict),
 `.evaluate()`, `.save()` and `Model.load()` whose predictions must equal the original's (= save+load),
 `.write_predictions()`. Then the peer on the same split: LightGBM on one-hop SQL features
-(relsql/train/flat.py's query + relsql/train/gbm.py's fit, as baselines.compare builds
+(relsql/train/gbm/flat.py's query + relsql/train/gbm/gbm.py's fit, as baselines.compare builds
 gbm_one_hop; timed: the feature query + the fit; 1 thread).
 
 Outcome per (database, target): ok | relsql_error (a RelsqlError: on a valid database a crash) |
@@ -150,7 +150,7 @@ def run_target(manifest: dict, entry: dict, fit: dict, work: Path, index: int) -
 
 def gbm_peer(learner) -> dict:
     """LightGBM on one-hop SQL features, on the model's split: the feature query + the fit, timed."""
-    from relsql.train import baselines
+    from relsql.train.gbm import baselines
 
     try:
         t = time.perf_counter()

@@ -11,8 +11,8 @@ customer.spend, Mutagenesis' molecule.mutagenic, Nations' holds.label. For every
 seed, ON THE SAME SPLIT (the relsql model's learner.rows: seed s's 70/15/15 random split):
 - relsql: `Model(db, Template.auto(db, target=..., **auto), target=..., seed=s).fit(**fit)`;
 - relsql_search (with --search BUDGET): a fresh `Model(...)` of the same seed, `.search(BUDGET)`
-  (relsql/train/search.py; the budget per target and seed);
-- majority, gbm_own_columns, gbm_one_hop: `relsql.train.baselines.compare(model.learner, "test")`
+  (relsql/train/model/search.py; the budget per target and seed);
+- majority, gbm_own_columns, gbm_one_hop: `relsql.train.gbm.baselines.compare(model.learner, "test")`
   (LightGBM on the target table's own columns / on one-hop SQL features, fitted on the training
   rows, stopped early on the validation rows);
 - rdl_peer: bench/rdl_peer.py (PyG HeteroGraphSAGE with per-table encoders, full batch, AdamW,
@@ -105,7 +105,7 @@ def split_positions(learner, table_rows: int, keys: np.ndarray | None = None) ->
     the peer's order), or, without keys, relgen ids 1..n in order."""
     import pandas as pd
 
-    from relsql.train import results
+    from relsql.train.learner import results
 
     frame = results.predict(learner, splits=True)
     key = frame.columns[0]
@@ -124,7 +124,7 @@ def run_one(case: Case, seed: int, auto: dict, fit: dict, peer: dict, search: st
     import torch
 
     import relsql
-    from relsql.train import baselines
+    from relsql.train.gbm import baselines
 
     common = {"target": case.name, "database": case.database, "shape": case.shape, "kind": case.kind,
               "metric": PRIMARY[case.kind], "seed": seed}
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> dict:
     auto, fit, peer = _json_arg(args.auto, "auto"), _json_arg(args.fit, "fit"), _json_arg(args.peer, "peer")
     seeds = args.seeds if args.seeds is not None else ([0, 1] if args.quick else [0, 1, 2, 3, 4])
     if args.search is not None:
-        from relsql.train.search import budget_seconds
+        from relsql.train.model.search import budget_seconds
 
         try:
             budget_seconds(args.search)

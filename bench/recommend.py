@@ -154,7 +154,7 @@ def common_neighbours(ds: Dataset, rows: np.ndarray, k: int) -> np.ndarray:
 def _model_split_keys(model, key: str) -> dict[str, np.ndarray] | None:
     """The task keys of the model's train/val/test rows (None when the model does not expose them)."""
     try:
-        from relsql.train.results import chosen_rows
+        from relsql.train.learner.results import chosen_rows
 
         learner = model.learner
         known = chosen_rows(learner)

@@ -132,8 +132,8 @@ def snapshot_split(days: np.ndarray, fractions: tuple[float, float, float] = FRA
 
 
 def random_split(count: int, seed: int, fractions: tuple[float, float, float] = FRACTIONS) -> dict[str, np.ndarray]:
-    """relsql's own seeded random split of `count` rows in key order (relsql/train/split.py)."""
-    from relsql.train.split import split_rows
+    """relsql's own seeded random split of `count` rows in key order (relsql/train/task/split.py)."""
+    from relsql.train.task.split import split_rows
 
     return {k: np.sort(v) for k, v in split_rows(count, fractions, seed).items()}
 

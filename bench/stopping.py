@@ -22,15 +22,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from relsql.train.defaults import PATIENCE
+from relsql.train.learner.defaults import PATIENCE
 
 PATIENCES = (25, 30, 40, PATIENCE)  # the last: the default; the default's plateau (100 // 4 = 25) under every one
-SMALL_ROWS = (0, 30, 100)  # 100: relsql.train.task.SELECTION_ROWS, below which the loss selects
+SMALL_ROWS = (0, 30, 100)  # 100: relsql.train.task.task.SELECTION_ROWS, below which the loss selects
 
 
 def replay(learner, history: list[dict], metric: str, patience: int) -> tuple[int, int]:
     """(epochs run, best epoch) of `patience` on the recorded `history`, by the Trainer's own rule."""
-    from relsql.train.callbacks import EarlyStopping
+    from relsql.train.loop.callbacks import EarlyStopping
 
     stopping = EarlyStopping(learner, patience, metric)
     for epoch, record in enumerate(history):

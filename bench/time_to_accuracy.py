@@ -22,7 +22,7 @@ the label's settings change): part, customer, the lineitem columns used, and a n
 table with `label_y` and `split_rank`, a seeded hash rank of o_orderkey. The split is 70/15/15
 by that rank, the same rows on both sides:
 relsql gets it as `time_column="split_rank"` (earliest 70 % train, next 15 % validation, last
-15 % test: relsql/train/split.py), PyG takes the same rank cut-offs.
+15 % test: relsql/train/task/split.py), PyG takes the same rank cut-offs.
 
 Both sides: width `--width`, batch size `--batch-size` target orders, Adam at `--lr`, the same
 2 hops and fan-out (relsql `fanout={"items_h": f1}` = line items per order; PyG
@@ -191,7 +191,7 @@ def bench_database(tpch: Path, sf: float, label: str, brand: str, noise: float, 
 
 
 def split_bounds(n: int) -> tuple[int, int]:
-    """The train/val and val/test cut-offs on split_rank: relsql's rounding (relsql/train/split.py)."""
+    """The train/val and val/test cut-offs on split_rank: relsql's rounding (relsql/train/task/split.py)."""
     n_train, n_val = int(round(SPLIT[0] * n)), int(round(SPLIT[1] * n))
     return n_train, n_train + n_val
 

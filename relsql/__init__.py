@@ -21,13 +21,13 @@ from relsql.errors import (
 )
 
 _LAZY = {  # public name -> the module that defines it
-    "Callback": "relsql.train.callbacks", "CompiledNet": "relsql.compile", "compile": "relsql.compile",
+    "Callback": "relsql.train.loop.callbacks", "CompiledNet": "relsql.compile", "compile": "relsql.compile",
     "tune": "relsql.compile",
     "Database": "relsql.data.engine", "connect": "relsql.data.connection", "Model": "relsql.model",
     "ModelSpec": "relsql.train.spec",
     "PredictiveQuery": "relsql.predictive", "QueryError": "relsql.predictive", "Template": "relsql.template",
-    "from_relbench": "relsql.relbench", "to_heterodata": "relsql.export", "Loader": "relsql.train.loader",
-    "TensorBoard": "relsql.train.tracking", "MLflow": "relsql.train.tracking", "WhereError": "relsql.where",
+    "from_relbench": "relsql.relbench", "to_heterodata": "relsql.export", "Loader": "relsql.train.model.loader",
+    "TensorBoard": "relsql.train.loop.tracking", "MLflow": "relsql.train.loop.tracking", "WhereError": "relsql.where",
 }
 
 __all__ = [

@@ -18,14 +18,17 @@ from relsql.data.engine import Database
 from relsql.errors import RelsqlError
 from relsql.progress import lines as progress_lines
 from relsql.template.ir import Template
-from relsql.train import build, fitting, gradients, results, saved
-from relsql.train.callbacks import Callback
-from relsql.train.calls import checked_database, server_reachable, with_threads
-from relsql.train.defaults import EPOCHS, TIME_BUDGET
-from relsql.train.options import FitConfig
-from relsql.train.report import LOSSES, plot_history, text_report
-from relsql.train.spec import ModelSpec
-from relsql.train.views import LearnerViews
+from relsql.train.learner import results
+from relsql.train.learner.defaults import EPOCHS, TIME_BUDGET
+from relsql.train.loop import fitting
+from relsql.train.loop.callbacks import Callback
+from relsql.train.loop.options import FitConfig
+from relsql.train.model import build, gradients
+from relsql.train.model.calls import checked_database, server_reachable, with_threads
+from relsql.train.model.report import LOSSES, plot_history, text_report
+from relsql.train.model.spec import ModelSpec
+from relsql.train.model.views import LearnerViews
+from relsql.train.persist import saved
 
 
 class Model(LearnerViews):
@@ -126,8 +129,8 @@ class Model(LearnerViews):
     def search(self, budget: float | str = "10m", trials: int | None = None, **options) -> Model:
         """Tune within `budget` ("90s", "10m", "1h" or seconds), every trial on this model's split;
         the best trial becomes this model, the trials are in `model.trials` and the report
-        (relsql/train/search.py)."""
-        from relsql.train import search as searching
+        (relsql/train/model/search.py)."""
+        from relsql.train.model import search as searching
 
         return searching.search(self, budget, trials, **options)
 
@@ -225,7 +228,7 @@ class Model(LearnerViews):
         """A saved model on `db`, built on first use with the saved encodings: same predictions;
         predict(keys=/where=) first grounds only those rows. `batch_size` predicts (and evaluates)
         in mini-batches of that many target rows, grounded on demand. Every value read from the
-        file is checked like a user's argument before use (relsql/train/loaded.py)."""
+        file is checked like a user's argument before use (relsql/train/learner/loaded.py)."""
         if batch_size is not None:
             batch_size = arguments.integer("batch_size", batch_size)
         with server_reachable(checked_database(db)), progress_lines(None):

@@ -442,7 +442,7 @@ def metrics(task_type: str, y: np.ndarray, prediction: np.ndarray, score: np.nda
     accuracy and f1 (`score`: the positive class's probability; `prediction`: 0/1); regression
     mae, rmse, r2 and nmae (MAE over the train labels' std, RelBench 3's metric); multi-class
     accuracy and macro f1."""
-    from relsql.train import metrics as m
+    from relsql.train.task import metrics as m
 
     y, prediction = np.asarray(y, dtype=np.float64), np.asarray(prediction, dtype=np.float64)
     if task_type == "binary_classification":

@@ -172,7 +172,7 @@ def test_a_model_s_written_predictions_are_never_read_by_the_next_template(tmp_p
                                   keys="FOREIGN KEY item_predictions(item_id) REFERENCES item(item_id)").source
     assert "left out, tables of a model's outputs (predictions, gradients): item_predictions" in source
     assert "enc_item_predictions" not in source
-    from relsql.train.flat import plan
+    from relsql.train.gbm.flat import plan
 
     flat = plan(db, "item", "y", keys="FOREIGN KEY item_predictions(item_id) REFERENCES item(item_id)")
     assert all(c.table != "item_predictions" for c in flat.children)

@@ -1,4 +1,4 @@
-"""relsql/train/baselines.py: the baselines the report compares with are scored on the model's own
+"""relsql/train/gbm/baselines.py: the baselines the report compares with are scored on the model's own
 split with the model's metrics (checked against scikit-learn on the same predictions), a GBM on
 one-hop SQL features sees what the target table's own columns lack, and a baseline scored on the
 validation rows does not stop early on them."""
@@ -12,7 +12,7 @@ import pytest
 from sklearn.metrics import accuracy_score, mean_absolute_error, roc_auc_score
 
 import relsql
-from relsql.train import baselines
+from relsql.train.gbm import baselines
 
 TEMPLATE = """
 CREATE TABLE order_h AS SELECT o.order_id, tanh(linear(features(o.amount), 4, 'w_order')) FROM orders o;

@@ -1,4 +1,4 @@
-"""Batches prepared in a forked child process (relsql/train/batch_process.py): the same batches
+"""Batches prepared in a forked child process (relsql/train/feed/batch_process.py): the same batches
 and the same training as in the database worker thread, errors and a dead child reported as
 RelsqlErrors, and no child left however the consumer stops."""
 
@@ -15,9 +15,9 @@ import torch
 
 import relsql
 from relsql.compile.reuse import plans_equal
-from relsql.train import batch_process
-from relsql.train.batch_process import _decode, _encode
-from relsql.train.source import BatchSource
+from relsql.train.feed import batch_process
+from relsql.train.feed.batch_process import _decode, _encode
+from relsql.train.feed.source import BatchSource
 from tests.test_batch_source import chunks_of, outputs
 from tests.test_trainer import TEMPLATE, customers
 
@@ -30,7 +30,7 @@ def model(**settings) -> relsql.Model:
 @pytest.fixture(autouse=True)
 def one_torch_thread():
     """fit's default on two cores (half of them): a core left for the child, so it forks (batch_process.usable)."""
-    from relsql.train.threads import torch_threads
+    from relsql.train.learner.threads import torch_threads
 
     with torch_threads(1):
         yield
@@ -46,7 +46,7 @@ def children() -> set[int]:
 
 
 def test_one_process_training_from_a_store_prepares_in_a_child(learner, monkeypatch):
-    from relsql.train.threads import torch_threads
+    from relsql.train.learner.threads import torch_threads
 
     with torch_threads(os.cpu_count()):  # torch on every core: the child would take one of its threads' cores
         assert not batch_process.usable(learner.batched)

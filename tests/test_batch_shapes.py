@@ -1,4 +1,4 @@
-"""Batch shapes with headroom (relsql/train/shapes.py): shuffled batches of one size stop making new
+"""Batch shapes with headroom (relsql/train/feed/shapes.py): shuffled batches of one size stop making new
 plans after the first epochs, and every replayed batch still equals a plan made afresh for it."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import torch
 import relsql
 from relsql.compile import make_plan
 from relsql.compile.reuse import fits, needs, shape_for, volume
-from relsql.train.batched import PASSES
-from relsql.train.shapes import HEADROOM, _grown
+from relsql.train.feed.batched import PASSES
+from relsql.train.feed.shapes import HEADROOM, _grown
 from tests.test_plan_reuse import SHOP, quiet, run, shop_db
 
 

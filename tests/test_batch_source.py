@@ -1,4 +1,4 @@
-"""The batch source (relsql/train/source.py): the chunks of an epoch in order, each batch prepared
+"""The batch source (relsql/train/feed/source.py): the chunks of an epoch in order, each batch prepared
 ahead equal to one prepared on the spot, and no background thread left however the consumer stops."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import relsql
-from relsql.train.batched import Batched
-from relsql.train.batches import batches
-from relsql.train.options import FitConfig
-from relsql.train.source import BatchSource, Whole
-from relsql.train.trainer import OneProcess, Trainer
+from relsql.train.feed.batched import Batched
+from relsql.train.feed.batches import batches
+from relsql.train.feed.source import BatchSource, Whole
+from relsql.train.loop.options import FitConfig
+from relsql.train.loop.trainer import OneProcess, Trainer
 from tests.test_trainer import TEMPLATE, customers
 
 

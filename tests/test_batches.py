@@ -279,7 +279,7 @@ def test_a_snapshot_put_back_restores_the_rows_and_the_step():
 
 
 def test_a_failed_database_update_is_raised_not_lost():
-    from relsql.train.batches import Worker
+    from relsql.train.feed.batches import Worker
 
     def fail():
         raise RuntimeError("the update failed")

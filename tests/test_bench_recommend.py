@@ -69,7 +69,7 @@ def test_shop_task_lists_equal_a_naive_recomputation(shop):
 
 
 def test_the_split_is_whole_snapshots_and_relsql_reproduces_it(shop):
-    from relsql.train.split import split_rows
+    from relsql.train.task.split import split_rows
 
     days = shop.task_day
     train, val, test = (days[shop.split[s]] for s in ("train", "val", "test"))

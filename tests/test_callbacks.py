@@ -1,4 +1,4 @@
-"""The training loop's callbacks (relsql/train/callbacks.py) and its record (relsql/train/record.py):
+"""The training loop's callbacks (relsql/train/loop/callbacks.py) and its record (relsql/train/learner/record.py):
 a callback that asks to stop ends training where an epoch budget would have (same weights, same
 history), and the record says why; a user's Callback given as fit's `callback=` (no __call__
 needed) or in `callbacks=[...]` runs its hooks after fit's own, in order; what is not a Callback is
@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 import relsql
-from relsql.train.callbacks import Callback
-from relsql.train.options import FitConfig
-from relsql.train.record import FitRecord
-from relsql.train.tracking import Tracker
-from relsql.train.trainer import OneProcess, Trainer
+from relsql.train.learner.record import FitRecord
+from relsql.train.loop.callbacks import Callback
+from relsql.train.loop.options import FitConfig
+from relsql.train.loop.tracking import Tracker
+from relsql.train.loop.trainer import OneProcess, Trainer
 from tests.test_trainer import assert_same_weights, customers, model, weights
 
 REASON = "asked (epoch 3)"
@@ -214,7 +214,7 @@ def test_callback_takes_a_function_or_a_callback_and_refuses_the_rest():
 
 def test_the_learner_keeps_its_record_in_one_place():
     """The learner's old pass-through attributes are gone: its record is `learner.record`."""
-    from relsql.train.learner import Learner
+    from relsql.train.learner.learner import Learner
 
     for name in ("history", "best_epoch", "stopped", "monitor", "epoch_cap", "time_budget", "timings"):
         assert not hasattr(Learner, name), name

@@ -18,7 +18,7 @@ import pytest
 import relsql
 from relsql import cli as cli_module
 from relsql.cli import main
-from relsql.train import loaded as loaded_module
+from relsql.train.learner import loaded as loaded_module
 from tests.test_model import SIMPLE, build
 from tests.test_ranking import shop as ranking_shop
 

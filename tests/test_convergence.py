@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import relsql
-from relsql.train.options import FitConfig
-from relsql.train.task import Task
-from relsql.train.trainer import OneProcess, Trainer
+from relsql.train.loop.options import FitConfig
+from relsql.train.loop.trainer import OneProcess, Trainer
+from relsql.train.task.task import Task
 from tests.test_trainer import TEMPLATE, assert_same_weights, customers, weights
 
 

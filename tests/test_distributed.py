@@ -1,4 +1,4 @@
-"""Data-parallel training (relsql/train/distributed.py): real gloo ranks in their own processes,
+"""Data-parallel training (relsql/train/loop/distributed.py): real gloo ranks in their own processes,
 checked against single-process training (the oracle), with the same global batches."""
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def test_checkpoint_written_by_rank_zero_resumes(tmp_path):
 
 
 def _rank_processes() -> list[int]:
-    """The rank processes this test process started (children running relsql.train.distributed)."""
+    """The rank processes this test process started (children running relsql.train.loop.distributed)."""
     found = []
     for task in Path(f"/proc/{os.getpid()}/task").iterdir():
         try:  # a thread may end between listing and reading
@@ -97,7 +97,7 @@ def _rank_processes() -> list[int]:
             continue
         for pid in children:
             try:
-                if b"relsql.train.distributed" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if b"relsql.train.loop.distributed" in Path(f"/proc/{pid}/cmdline").read_bytes():
                     found.append(int(pid))
             except OSError:
                 pass
@@ -214,7 +214,7 @@ def test_checkpoints_write_the_embeddings_back_and_a_killed_run_resumes(tmp_path
     assert run.returncode == -signal.SIGKILL, "".join(lines[-20:])  # killed while training, not finished
 
     def table(db) -> tuple[dict, int]:
-        from relsql.train.embeddings import DatabaseEmbedding
+        from relsql.train.embeddings.embeddings import DatabaseEmbedding
 
         stored = DatabaseEmbedding(db, "user", 4, None)
         return stored.values(), stored.step()

@@ -1,5 +1,5 @@
-"""Out-of-core embedding rows in memory-mapped arrays (relsql/train/rowcache.py) and the table
-they are written back to (relsql/train/embeddings.py): lookups against a dict oracle, steps
+"""Out-of-core embedding rows in memory-mapped arrays (relsql/train/embeddings/rowcache.py) and the table
+they are written back to (relsql/train/embeddings/embeddings.py): lookups against a dict oracle, steps
 against a numpy replay of the optimizer read back by plain SQL, and a process killed with
 SIGKILL that resumes to the uninterrupted result."""
 
@@ -20,8 +20,8 @@ import pytest
 import torch
 
 import relsql
-from relsql.train.embeddings import DatabaseEmbedding, initial_values
-from relsql.train.rowcache import KeyIndex, RowCache
+from relsql.train.embeddings.embeddings import DatabaseEmbedding, initial_values
+from relsql.train.embeddings.rowcache import KeyIndex, RowCache
 from tests.test_batches import shop_db, shop_template
 
 ROOT = Path(__file__).resolve().parent.parent

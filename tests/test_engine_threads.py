@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import relsql
-import relsql.train.learner as learner_module
+import relsql.train.learner.learner as learner_module
 from bench import relgen
 from relsql.data.duckdb import duckdb_default_threads, engine_threads
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import relsql
-from relsql.train.embeddings import DatabaseEmbedding
+from relsql.train.embeddings.embeddings import DatabaseEmbedding
 from tests.test_batches import quiet, shop_db, shop_template
 from tests.test_model import SIMPLE, build
 
@@ -114,7 +114,7 @@ def test_a_crash_between_any_two_checkpoint_writes_resumes_exactly(tmp_path, mon
     path = tmp_path / "run.ckpt"
     calls = []
     if point == "save":
-        from relsql.train import checkpoint as checkpoints
+        from relsql.train.persist import checkpoint as checkpoints
 
         original = checkpoints.save
 

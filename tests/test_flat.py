@@ -1,4 +1,4 @@
-"""relsql/train/flat.py: the one-hop features the database computes equal a naive Python evaluation
+"""relsql/train/gbm/flat.py: the one-hop features the database computes equal a naive Python evaluation
 over the same tiny tables (float64, 1e-9): own columns, parent columns, per-child count/mean/min/max,
 codes for text, epoch seconds for dates, NaN for NULL; keys, identifiers, the target and its copies
 never enter; with a time column only earlier child rows count."""
@@ -14,7 +14,7 @@ import pytest
 import sqlglot.expressions as exp
 
 import relsql
-from relsql.train import flat
+from relsql.train.gbm import flat
 
 SCHEMA = """
 CREATE TABLE region(region_id INT PRIMARY KEY, area DOUBLE, climate VARCHAR);

@@ -1,4 +1,4 @@
-"""relsql/train/gbm.py: trees read out of LightGBM and evaluated by relsql's own numpy code give
+"""relsql/train/gbm/gbm.py: trees read out of LightGBM and evaluated by relsql's own numpy code give
 LightGBM's raw scores (1e-9) on binary, multiclass and regression tasks, NULLs (NaN) and zeros
 included; they survive the plain-data round trip, and a damaged table of trees is refused."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from relsql.errors import RelsqlError
-from relsql.train import gbm
+from relsql.train.gbm import gbm
 
 
 def data(seed: int, rows: int = 600):

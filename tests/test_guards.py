@@ -1,4 +1,4 @@
-"""Training guards (relsql/train/guards.py): which epochs get a log line."""
+"""Training guards (relsql/train/feed/guards.py): which epochs get a log line."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 
 def test_the_log_thinning_rule():
-    from relsql.train import guards
+    from relsql.train.feed import guards
 
     for epochs in (1, 7, 10, 196, 400, 1000):
         logged = [e for e in range(epochs) if guards.logs_epoch(e, 0, epochs)]

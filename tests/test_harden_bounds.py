@@ -16,7 +16,7 @@ import pytest
 import relsql
 from relsql.errors import GroundingError
 from relsql.ground import text as hashing
-from relsql.train import results
+from relsql.train.learner import results
 from relsql.train.ranking.metrics import ranking_scores
 from relsql.train.ranking.task import MAX_K, RankingTask
 from relsql.where import MAX_WHERE_CHARS, MAX_WHERE_NESTING, WhereError
@@ -212,7 +212,7 @@ def test_workers_beyond_the_cores_are_capped_with_a_warning(tmp_path):
     """fit(workers=1000) forked dozens of ranks on 2 cores; now the count is cut to the cores before any
     rank starts, with a warning. (Starting real ranks takes 30-45 s here, which tests/test_distributed.py
     pays; this model without a grounding store is refused just after the cut, naming the count it would run.)"""
-    from relsql.train.distributed import cores
+    from relsql.train.loop.distributed import cores
 
     db = build(tmp_path / "w.duckdb", n=30)
     model = relsql.Model(db, relsql.Template.from_sql(SIMPLE), target="customer.churned", seed=0, progress=False,

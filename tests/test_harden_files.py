@@ -19,7 +19,7 @@ import relsql
 from relsql import ownfiles
 from relsql.cli import main
 from relsql.cli import output as outputs
-from relsql.train.tracking import MLflow, TensorBoard
+from relsql.train.loop.tracking import MLflow, TensorBoard
 from tests.test_model import SIMPLE, build
 from tests.test_trainer import customers, model
 
@@ -252,7 +252,7 @@ def test_an_mlflow_server_that_never_answers_fails_with_a_clear_error(monkeypatc
 
 
 def test_an_mlflow_uri_with_a_password_is_not_shown():
-    from relsql.train.tracking import _shown
+    from relsql.train.loop.tracking import _shown
 
     assert _shown("https://me:secret@mlflow.example:5000/x") == "https://mlflow.example:5000/x"
     assert _shown("http://127.0.0.1:5000") == "http://127.0.0.1:5000"

@@ -24,7 +24,7 @@ import torch
 
 import relsql
 from relsql.errors import RelsqlError, TemplateError
-from relsql.train import checkpoint as files
+from relsql.train.persist import checkpoint as files
 from tests.test_trainer import TEMPLATE, customers
 
 ROOT = Path(__file__).parent.parent

@@ -1,4 +1,4 @@
-"""relsql/train/hybrid.py with results.py and saved.py: on a database whose label is a threshold of a
+"""relsql/train/gbm/hybrid.py with results.py and saved.py: on a database whose label is a threshold of a
 child aggregate that the network does not see, the blend picked on the validation rows scores at
 least the network alone there; evaluate and predict use the blend; the model file keeps it and a
 loaded model predicts the same; predict says which split each row was in."""
@@ -10,7 +10,9 @@ import pytest
 import torch
 
 import relsql
-from relsql.train import hybrid, results, saved
+from relsql.train.gbm import hybrid
+from relsql.train.learner import results
+from relsql.train.persist import saved
 
 # the network reads the order amounts' mean only; the label is whether a customer has >= 3 orders
 TEMPLATE = """

@@ -107,7 +107,7 @@ def test_batch_size_load_predicts_asked_rows_and_then_builds(saved):
 
 def test_a_head_of_another_width_is_refused_when_the_rows_are_planned(saved, tmp_path):
     """The file alone cannot tell the head's width from the plan's: the first batch's plan does."""
-    from relsql.train import checkpoint as files
+    from relsql.train.persist import checkpoint as files
 
     folder, path, _ = saved
     state = torch.load(path, weights_only=True)

@@ -53,7 +53,7 @@ def test_some_rows_as_the_saved_model_with_ple_read_as_numbers(saved):
     joined = asked.join(got, on="customer_id", suffix="_loaded")
     assert joined.height == asked.height > 10
     np.testing.assert_allclose(joined["prediction_loaded"].to_numpy(), joined["prediction"].to_numpy(), rtol=0, atol=1e-12)
-    grounder = loaded.learner.pending.rows_batched.grounder  # the demand grounder the rows used (relsql/train/loaded.py)
+    grounder = loaded.learner.pending.rows_batched.grounder  # the demand grounder the rows used (relsql/train/learner/loaded.py)
     assert all(p.edges for name in ("order_h", "cust_h") for p in grounder.prepared[name])  # ple read as numbers
     db.close()
 
@@ -62,7 +62,7 @@ def test_a_grounder_for_a_grounding_store_keeps_ple_encoded_by_the_database(save
     """A grounding store writes a rule's columns as the grounder selects them: without
     ple_numbers=True the presets' ple columns stay (bins + 1)-wide lists, not numbers."""
     from relsql.ground.demand import BatchGrounder
-    from relsql.train import saved as files
+    from relsql.train.persist import saved as files
 
     folder, path, _ = saved
     state = files.read(path)

@@ -1,4 +1,4 @@
-"""A loaded model's predict(keys=) over a target with a composite key (relsql/train/results.py,
+"""A loaded model's predict(keys=) over a target with a composite key (relsql/train/learner/results.py,
 `BatchGrounder(rows_only=True).restrict`): its rows, predictions and split column equal a full
 predict()'s of the same rows (the built model's; on another database, the loaded model's own
 predict() of every row, which builds the whole grounding), keys absent from the table are the

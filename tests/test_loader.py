@@ -1,4 +1,4 @@
-"""relsql.train.loader.Loader: the documented ten-line torch loop takes fit's steps (per-step losses
+"""relsql.train.model.loader.Loader: the documented ten-line torch loop takes fit's steps (per-step losses
 and the kept epoch's weights to 1e-6), in full batch and in mini-batches, and its batches are the
 rows fit would use."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import relsql
-from relsql.train.loader import Loader
+from relsql.train.model.loader import Loader
 from tests.test_trainer import customers, model, weights
 
 EPOCHS, LR = 5, 0.02
@@ -24,7 +24,7 @@ def fit_steps(batch_size: int | None) -> tuple[list[float], relsql.Model]:
 
 
 def own_loop(m: relsql.Model, batch_size: int | None) -> tuple[list[float], list[dict]]:
-    """The loop of relsql/train/loader.py's docstring, recording each step's loss and each epoch's weights."""
+    """The loop of relsql/train/model/loader.py's docstring, recording each step's loss and each epoch's weights."""
     losses, after = [], []
     loader = Loader(m, batch_size=batch_size)
     optimizer = torch.optim.AdamW(loader.parameters(), lr=LR, weight_decay=0.0)
@@ -115,7 +115,7 @@ def test_the_batch_process_serves_every_epoch_and_close_ends_it():
     def batch_children() -> set[int]:
         return {p.pid for p in multiprocessing.active_children() if p.name == "relsql-batches"}
 
-    from relsql.train.threads import torch_threads
+    from relsql.train.learner.threads import torch_threads
 
     m = model(customers(), batch_size=32)
     before = batch_children()

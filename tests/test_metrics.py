@@ -1,4 +1,4 @@
-"""relsql.train.metrics against scikit-learn as the oracle, on seeded random labels (with ties,
+"""relsql.train.task.metrics against scikit-learn as the oracle, on seeded random labels (with ties,
 constant scores, classes nobody predicts and labels outside the classes)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from sklearn import metrics as oracle
 
-from relsql.train import metrics
+from relsql.train.task import metrics
 
 SEEDS = range(6)
 

@@ -106,7 +106,7 @@ def test_the_metrics_plot_has_a_title_best_epoch_baseline_and_fixed_axes(shop, t
 def test_torch_threads_while_training_and_put_back_after(shop):
     import torch
 
-    from relsql.train.threads import default_threads
+    from relsql.train.learner.threads import default_threads
 
     before = torch.get_num_threads()
     seen = []
@@ -149,7 +149,7 @@ def test_a_model_trained_full_batch_loads_and_predicts_in_mini_batches(tmp_path)
 
 
 def test_the_own_columns_baseline_is_a_linear_model_of_the_target_tables_columns(shop):
-    from relsql.train import baselines
+    from relsql.train.gbm import baselines
 
     model = relsql.Model(shop, relsql.Template.from_sql(SIMPLE), target="customer.churned", progress=False, seed=0)
     scores, columns = baselines.own_columns(model, "test")

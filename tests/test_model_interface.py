@@ -8,7 +8,7 @@ import inspect
 import pytest
 
 import relsql
-from relsql.train.learner import Learner
+from relsql.train.learner.learner import Learner
 
 
 def test_model_has_no_read_through():
@@ -48,8 +48,8 @@ def test_the_trainer_asks_its_strategy_only_what_strategy_declares():
     import re
     from pathlib import Path
 
-    from relsql.train import distributed, trainer
-    from relsql.train.strategy import Strategy
+    from relsql.train.loop import distributed, trainer
+    from relsql.train.loop.strategy import Strategy
 
     asked = set(re.findall(r"strategy\.(\w+)", Path(trainer.__file__).read_text()))
     assert asked and asked <= set(dir(Strategy)), asked - set(dir(Strategy))

@@ -1,4 +1,4 @@
-"""`relsql.ModelSpec` (relsql/train/spec.py): every argument of `Model(db, ...)` is in the spec and
+"""`relsql.ModelSpec` (relsql/train/model/spec.py): every argument of `Model(db, ...)` is in the spec and
 reaches it, `model.spec` rebuilds the same model with `Model.from_spec`, `replace` changes what it
 names and refuses what is not an argument, and search's trials keep a ranking target's
 `candidates=` and `pairs=` (they were dropped when search listed Model's arguments itself)."""
@@ -14,9 +14,9 @@ import torch
 
 import relsql
 from relsql.errors import RelsqlError
-from relsql.train import build as building
-from relsql.train import search as searching
-from relsql.train.spec import ModelSpec
+from relsql.train.model import build as building
+from relsql.train.model import search as searching
+from relsql.train.model.spec import ModelSpec
 from tests.test_ranking_pairs import BASE, PAIR, habit_shop
 
 

@@ -13,7 +13,7 @@ import torch
 import relsql
 from relsql.compile import make_plan
 from relsql.compile.reuse import bucket, pad
-from relsql.train.batched import PASSES
+from relsql.train.feed.batched import PASSES
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 
 import relsql
-from relsql.train import results
+from relsql.train.learner import results
 from relsql.where import WhereError
 from tests.test_model import SIMPLE, build
 

@@ -3,7 +3,7 @@ it refuses, is declared by the ranking learner (lr, patience, rows per step, no 
 process), not by tests of `task.kind` around the code; so are what the model answers with
 (predict or recommend), its evaluation, fit's loss options, the report's baselines (the learner),
 the history plot and the file's fields (the task). The figures are fit's documented defaults
-(relsql/train/options.py: lr 0.01 and patience 100 for a label, 0.03 and 16 for a ranking; a ranking
+(relsql/train/loop/options.py: lr 0.01 and patience 100 for a label, 0.03 and 16 for a ranking; a ranking
 step of 4096 target rows, or a quarter of fewer training rows but at least 256)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 import relsql
 from relsql.errors import RelsqlError
-from relsql.train import fitting
+from relsql.train.loop import fitting
 from tests.test_auto_ranking import _shop as ranking_shop
 from tests.test_trainer import customers
 
@@ -73,7 +73,7 @@ def test_a_rankings_baseline_is_the_most_popular_candidates(ranking):
     attribute 'scores'): the training rows' 10 most bought items, recommended to every validation
     row, scored in plain Python from the task table (ties in popularity by the candidate relation's
     row order)."""
-    from relsql.train.search import labelled_keys
+    from relsql.train.model.search import labelled_keys
     from tests.test_ranking import naive_metrics
 
     keys = [key[0] for key in labelled_keys(ranking.learner)]
@@ -92,7 +92,7 @@ def test_a_rankings_baseline_is_the_most_popular_candidates(ranking):
 
 
 # -------------------------------------------------------------- what the task and the learner declare, not a kind test
-KIND_FACTORIES = {"relsql/train/build.py", "relsql/train/saved.py"}  # task="ranking" and a file's task kind choose the class
+KIND_FACTORIES = {"relsql/train/model/build.py", "relsql/train/persist/saved.py"}  # task="ranking", a file's task kind: the class
 
 
 def _ranking_kind_tests() -> dict[str, list[int]]:
@@ -129,7 +129,7 @@ def test_generic_modules_ask_the_learner_not_the_ranking_kind():
     kind picks RankingTask). Everything else asks what the learner or the task declares (answers,
     evaluate, recommend, fit_settings, baseline_lines, plots_history, saved_fields)."""
     found = _ranking_kind_tests()
-    assert "relsql/train/build.py" in found  # the scan does find the factories' tests
+    assert "relsql/train/model/build.py" in found  # the scan does find the factories' tests
     assert set(found) <= KIND_FACTORIES, {name: lines for name, lines in found.items() if name not in KIND_FACTORIES}
 
 

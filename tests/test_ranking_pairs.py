@@ -309,7 +309,7 @@ def test_the_pair_matrix_of_a_step_equals_a_lookup_per_cell():
 
 
 @pytest.mark.skipif("pairs" not in inspect.signature(relsql.Model.__init__).parameters,
-                    reason="Model(pairs=) not wired yet (relsql/model.py, relsql/train/build.py)")
+                    reason="Model(pairs=) not wired yet (relsql/model.py, relsql/train/model/build.py)")
 def test_pairs_names_the_pair_relation_and_is_saved(shop_db, tmp_path):
     second = PAIR.replace("pair_h", "pair_first").replace("linear(count(*), 1)", "linear(count(*), 1, 'first')")
     template = relsql.Template.from_sql(second + PAIR + BASE)

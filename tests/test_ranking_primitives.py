@@ -477,7 +477,7 @@ def test_in_batch_softmax_and_loss_errors():
 
 
 def test_ranking_batch_takes_several_steps_only_where_rows_are_fewer_than_a_step():
-    from relsql.train.defaults import RANKING_BATCH, RANKING_MIN_BATCH, ranking_batch
+    from relsql.train.learner.defaults import RANKING_BATCH, RANKING_MIN_BATCH, ranking_batch
 
     assert ranking_batch(9400) == ranking_batch(RANKING_BATCH) == RANKING_BATCH
     assert ranking_batch(974) == RANKING_MIN_BATCH  # 4 steps of 244 would be under the minimum

@@ -99,7 +99,7 @@ def mutagenesis_file(tmp_path_factory):
 @pytest.fixture
 def folder(tmp_path, monkeypatch, mutagenesis_file):
     """A tmp working folder for the README's relative paths, and its two substitutions."""
-    from relsql.train import search
+    from relsql.train.model import search
 
     monkeypatch.chdir(tmp_path)
     shutil.copyfile(mutagenesis_file, tmp_path / "mutagenesis.duckdb")

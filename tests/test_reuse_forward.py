@@ -1,5 +1,5 @@
 """A full-batch fit runs the net once per epoch: validation's forward, kept with its graph, is the
-next epoch's step (relsql/train/reuse.py). The naive reference is the same fit with the reuse
+next epoch's step (relsql/train/loop/reuse.py). The naive reference is the same fit with the reuse
 refused (every epoch a training forward and a validation forward, as before): histories, best
 epoch, weights and predictions must be equal bit for bit, and a weight changed between the two
 must make the step compute its forward again."""
@@ -15,7 +15,7 @@ import torch
 import relsql
 from bench import relgen
 from relsql.compile.module import CompiledNet
-from relsql.train.reuse import KeptForward
+from relsql.train.loop.reuse import KeptForward
 
 
 def _same(a, b) -> bool:

@@ -1,4 +1,4 @@
-"""The saved state (relsql/train/saved.py): a model file round-trips field by field, a file of the
+"""The saved state (relsql/train/persist/saved.py): a model file round-trips field by field, a file of the
 current format written by hand (not by `saved.write`) loads to the same predictions, and damaged,
 crafted or foreign files are refused with a RelsqlError before anything in them runs."""
 
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import relsql
-from relsql.train import checkpoint as files
-from relsql.train import saved
-from relsql.train.saved import ModelState
+from relsql.train.persist import checkpoint as files
+from relsql.train.persist import saved
+from relsql.train.persist.saved import ModelState
 from tests.test_trainer import TEMPLATE, customers
 
 FIELDS = [f for f in ModelState.__dataclass_fields__ if f not in ("labelled", "y", "device")]  # what a file holds

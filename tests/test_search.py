@@ -1,4 +1,4 @@
-"""Model search (relsql/train/search.py): the best trial by validation score becomes the model,
+"""Model search (relsql/train/model/search.py): the best trial by validation score becomes the model,
 every trial learns on the model's split, the budget bounds the trials, bad budgets are refused,
 and `relsql train --search` runs end to end on a DuckDB file."""
 
@@ -16,8 +16,8 @@ import relsql
 from relsql.cli import main
 from relsql.errors import RelsqlError
 from relsql.template.auto import generate
-from relsql.train import search as searching
-from relsql.train.defaults import LR
+from relsql.train.learner.defaults import LR
+from relsql.train.model import search as searching
 
 
 def _shop(path, n: int = 150, seed: int = 0) -> None:
@@ -117,7 +117,7 @@ def test_the_default_configuration_is_the_first_trial(shop):
     searching.search(model, budget="10m", trials=2, epochs=9)
     first, fit = model.trials.row(0, named=True), inspect.signature(relsql.Model.fit).parameters
     assert (first["config"], first["width"], first["hops"]) == (0, 8, 1)
-    assert fit["lr"].default is None  # None: 0.01 for a label target (relsql.train.defaults.LR), 0.03 for a ranking one
+    assert fit["lr"].default is None  # None: 0.01 for a label target (relsql.train.learner.defaults.LR), 0.03 for a ranking one
     assert (first["lr"], first["weight_decay"]) == (LR, fit["weight_decay"].default) == (0.01, 0.0)
 
 

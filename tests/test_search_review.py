@@ -15,8 +15,8 @@ import pytest
 
 import relsql
 from relsql.template.auto import generate
-from relsql.train import search as searching
-from relsql.train.callbacks import EarlyStopping
+from relsql.train.loop.callbacks import EarlyStopping
+from relsql.train.model import search as searching
 from tests.test_auto_ranking import _shop as ranking_shop
 from tests.test_trainer import customers, model
 

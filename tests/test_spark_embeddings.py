@@ -1,4 +1,4 @@
-"""Database-stored embeddings with Spark as the engine (relsql/train/swapped.py): trained on
+"""Database-stored embeddings with Spark as the engine (relsql/train/embeddings/swapped.py): trained on
 ranks, written back as a new Parquet table swapped in. A real local[2] session; the oracle is
 one DuckDB process training the same template on the same rows."""
 
@@ -15,8 +15,8 @@ import torch
 import relsql
 from relsql import sql as q
 from relsql.data.spark import _NEXT
-from relsql.train.embeddings import DatabaseEmbedding
-from relsql.train.swapped import SwappedEmbedding
+from relsql.train.embeddings.embeddings import DatabaseEmbedding
+from relsql.train.embeddings.swapped import SwappedEmbedding
 from tests.test_batches import shop_db, shop_template
 from tests.test_spark import copy_to_spark
 

@@ -1,4 +1,4 @@
-"""The target (relsql/train/target.py): the task decided per column type, labels against a SQL
+"""The target (relsql/train/task/target.py): the task decided per column type, labels against a SQL
 query written here, seeded and temporal splits, and the leakage check."""
 
 from __future__ import annotations

@@ -242,7 +242,7 @@ def test_datalog_docstring_describes_template_facts():
 
 # the shared checks keep the embedding tables' naming ----------------------------------------------
 def test_storage_name_matches_the_embedding_tables():
-    from relsql.train.embeddings import table_suffix
+    from relsql.train.embeddings.embeddings import table_suffix
 
     for name in ["e.x", "w-1", "caf\u00e9", "a b", "A_1"]:
         assert ir.storage_name(name) == table_suffix(name).lower()

@@ -15,8 +15,8 @@ import pytest
 import relsql
 from relsql.template import Template, plain
 from relsql.template.ir import walk
-from relsql.train import checkpoint as files
-from relsql.train import saved
+from relsql.train.persist import checkpoint as files
+from relsql.train.persist import saved
 from tests.test_saved_state import trained
 from tests.test_trainer import customers
 

@@ -1,5 +1,5 @@
 """fit(workers=N) on a Spark engine starts its ranks through Spark's TorchDistributor
-(relsql/train/torch_distributor.py): a real local[2] session, ranks under torchrun, checked
+(relsql/train/loop/torch_distributor.py): a real local[2] session, ranks under torchrun, checked
 against one DuckDB process training the same model (the oracle)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sqlglot.expressions as exp
 import torch
 
 import relsql
-from relsql.train import torch_distributor
+from relsql.train.loop import torch_distributor
 
 pytest.importorskip("pyspark.ml.torch.distributor", reason="pyspark is not installed: bash scripts/setup installs relsql[spark]")
 if shutil.which("java") is None:

@@ -1,4 +1,4 @@
-"""relsql.train.tracking: TensorBoard and MLflow trackers as fit callbacks; the event files (read back
+"""relsql.train.loop.tracking: TensorBoard and MLflow trackers as fit callbacks; the event files (read back
 with tensorboard's EventAccumulator) and the MLflow file store hold every epoch record of
 model.history, every step's loss, the report and the template."""
 
@@ -8,7 +8,7 @@ import importlib
 
 import pytest
 
-from relsql.train.tracking import MLflow, TensorBoard
+from relsql.train.loop.tracking import MLflow, TensorBoard
 from tests.test_trainer import customers, model
 
 EPOCHS = 4

@@ -1,4 +1,4 @@
-"""The trainer (relsql/train/trainer.py): the one loop against a hand-written torch loop, full
+"""The trainer (relsql/train/loop/trainer.py): the one loop against a hand-written torch loop, full
 batch and mini-batches; early stopping; checkpoints resumed mid-epoch; where the optimizer's kind
 is chosen; and the per-rank times a torchrun rank reports."""
 
@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 
 import relsql
-from relsql.train import checkpoint as checkpoints
-from relsql.train.options import FitConfig
-from relsql.train.trainer import EarlyStopping, OneProcess, Optimizers, Trainer
+from relsql.train.loop.options import FitConfig
+from relsql.train.loop.trainer import EarlyStopping, OneProcess, Optimizers, Trainer
+from relsql.train.persist import checkpoint as checkpoints
 from tests.test_batches import shop_db, shop_template
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -90,7 +90,7 @@ def _explain(args: argparse.Namespace) -> int:
         from relsql.compile.explain import explain
         from relsql.ground.demand import BatchGrounder
         from relsql.ground.store import GroundingStore
-        from relsql.train.batched import PASSES
+        from relsql.train.feed.batched import PASSES
 
         output = args.output or template.output
         grounder = BatchGrounder(template, db, output, max_groundings=args.max_groundings)
@@ -207,7 +207,7 @@ def _train(args: argparse.Namespace) -> int:
         _plot_beside(args.model, model)
         options = _fit_options(args)
         if args.search is not None:
-            from relsql.train import search
+            from relsql.train.model import search
 
             model.search(args.search, args.trials, **options)
         else:
@@ -262,7 +262,7 @@ def _flag(args: argparse.Namespace, flag: str) -> list[str]:
 
 def _predict(args: argparse.Namespace) -> int:
     """`relsql predict`: Model.load, then Model.predict / write_predictions as a user of the API
-    would (--where: only the rows asked for are grounded, relsql/train/loaded.py)."""
+    would (--where: only the rows asked for are grounded, relsql/train/learner/loaded.py)."""
     with relsql.connect(args.db, threads=args.threads) as db:
         if args.table:
             _writable_table(db, args.table, args.replace, "--table")

@@ -318,7 +318,7 @@ def check_together(args: argparse.Namespace) -> str | None:
 
 def search_budget(text: str) -> float:
     """--search: a time budget such as 90s, 10m or 1h (or seconds), checked as Model.search checks it."""
-    from relsql.train.search import budget_seconds
+    from relsql.train.model.search import budget_seconds
 
     try:
         return budget_seconds(text)

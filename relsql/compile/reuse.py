@@ -452,7 +452,7 @@ class Trace:
 
 class Frame:
     """A recorded plan less its batch tensors: which inputs and op attributes a batch swaps in.
-    A replay fills it; so does a process that gets only a batch's tensors (relsql/train/batch_process.py)."""
+    A replay fills it; so does a process that gets only a batch's tensors (relsql/train/feed/batch_process.py)."""
 
     def __init__(self, plan: Plan, inputs: list[int], attrs: list[tuple[int, str]]):
         self.plan, self.inputs, self.attrs = plan, inputs, attrs  # input slots, then (op index, attribute)

@@ -39,7 +39,7 @@ def connect(source: str | Path | duckdb.DuckDBPyConnection | Mapping[str, Any] |
     temporary tables live in DuckDB's in-memory temp catalog). `tables`: extra frames registered
     as tables beside the source (kept in memory, never written into the source).
     `threads` sets DuckDB's worker threads (default: DuckDB's, one per core; relsql's training
-    keeps torch to half the cores, see relsql/train/threads.py). `memory_limit` (e.g. "1GB") caps
+    keeps torch to half the cores, see relsql/train/learner/threads.py). `memory_limit` (e.g. "1GB") caps
     DuckDB's memory; beyond it DuckDB spills to disk, so a database larger than memory trained in
     mini-batches keeps a bounded footprint.
     `keys`: primary and foreign keys stated outside the database (a keys file's path,

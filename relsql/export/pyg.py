@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from torch_geometric.data import HeteroData
 
     from relsql.ground.execute import Grounding, RuleGrounding
-    from relsql.train.learner import Learner
+    from relsql.train.learner.learner import Learner
 
 _FLOATING = (ir.Features, ir.Encode, ir.Column)
 
@@ -94,7 +94,7 @@ def _pyg():
 
 
 def _is_learner(source: Any) -> bool:
-    from relsql.train.learner import Learner
+    from relsql.train.learner.learner import Learner
 
     return isinstance(source, Learner)
 

@@ -32,7 +32,7 @@ MAX_EXPRESSION_DEPTH = 256  # levels of one neural expression (a long `a + b + .
 MAX_BODY_LITERALS = 64  # literals of one Datalog rule: DuckDB's join planning grows steeply beyond
 
 # Column names relsql's grounding queries use next to the head keys (relsql/sql.py,
-# execute.py, demand.py, train/embeddings.py); a head key with one of these names would be
+# execute.py, demand.py, train/embeddings/embeddings.py); a head key with one of these names would be
 # shadowed by them, so it is refused. DuckDB compares identifiers case-insensitively.
 _RESERVED = re.compile(r"_(rid|head|rule|global|step|[hrc]\d+|s\d+_c\d+|v_.*)", re.IGNORECASE | re.DOTALL)
 
@@ -302,7 +302,7 @@ class WeightSpec:
     fixed: bool = False
     kind: str = "matrix"  # matrix | embedding | bias | offset
     origin: str = ""  # where it was declared, for error messages
-    storage: str = "memory"  # embeddings: "memory" (a torch parameter) or "database" (a table, see relsql/train/embeddings.py)
+    storage: str = "memory"  # embeddings: "memory" (a torch parameter) or "database" (a table: relsql/train/embeddings/)
     min_count: int | None = None  # embeddings: values in fewer groundings share row 0 with unseen values and NULL
 
 

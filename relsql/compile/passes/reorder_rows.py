@@ -20,7 +20,7 @@ device the products and gathers it changes, and the reorders it adds, are timed 
 with and without; it fires only when they get at least GAIN faster. Small plans (a pattern of
 fewer than MIN_ENTRIES entries) and rows already in a good order (RCM would not bring rows'
 neighbours to at most SPREAD of their mean distance) are left alone without timing. Mini-batch
-plans do not run it (relsql/train/batched.py): measuring per batch would cost more than it saves.
+plans do not run it (relsql/train/feed/batched.py): measuring per batch would cost more than it saves.
 """
 
 from __future__ import annotations

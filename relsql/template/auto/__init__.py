@@ -62,7 +62,7 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
              dropout: float = 0.0, dimension: int | None = None, history: bool | None = None) -> str:
     """An editable SQL template predicting `target` ("table.column") from its relational context.
     The options go whole into one `Options` (`write` takes that); they stay spelled out here because
-    relsql/train/search.py reads the searchable options from this signature.
+    relsql/train/model/search.py reads the searchable options from this signature.
 
     `aggregation`: "all" (mean, sum, max and count over child rows; the default), one of avg/sum/max,
     or several ("avg,count" or a list); a ranking target's default is RANKING_AGGREGATION (no max).

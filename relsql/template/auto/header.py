@@ -21,7 +21,7 @@ def is_automatic(source: str) -> bool:
 
 def summary(target: str, options: Options, terms: tuple[str, ...], tables: list[str]) -> list[str]:
     """The first lines: the target, the layers, the width and aggregation, the tables used
-    (relsql/train/search.py reads the options back from them)."""
+    (relsql/train/model/search.py reads the options back from them)."""
     described = "all: " + ", ".join(terms) if terms == AGGREGATIONS else ", ".join(terms)
     combined = {"gat": "attention over child rows (GAT)", "hgt": "typed attention over child rows (HGT)"}.get(
         options.layer, f"aggregation over child rows {described}")

@@ -28,8 +28,8 @@ from relsql.compile.module import CompiledNet
 from relsql.compile.passes import RULES, shared_aggregation
 from relsql.errors import GroundingError, RelsqlError, SchemaError
 from relsql.ground.execute import Presets, ground
-from relsql.train.defaults import RANKING_LR, RANKING_PATIENCE, RANKING_STEP_POSITIVES, ranking_batch
-from relsql.train.learner import Learner
+from relsql.train.learner.defaults import RANKING_LR, RANKING_PATIENCE, RANKING_STEP_POSITIVES, ranking_batch
+from relsql.train.learner.learner import Learner
 from relsql.train.ranking import hard, losses, negatives, results
 from relsql.train.ranking.baselines import popularity, popularity_lines
 from relsql.train.ranking.metrics import Judge

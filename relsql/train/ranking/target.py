@@ -22,8 +22,8 @@ from relsql.template.ir import Template
 from relsql.train.ranking.pairs import pair_relation
 from relsql.train.ranking.task import RankingTask
 from relsql.train.ranking.timed import timed_relation
-from relsql.train.split import split_rows
-from relsql.train.target import Target
+from relsql.train.task.split import split_rows
+from relsql.train.task.target import Target
 
 
 class RankingTarget(Target):

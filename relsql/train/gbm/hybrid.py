@@ -1,0 +1,103 @@
+"""The network blended with a GBM on one-hop SQL features, where the validation rows say it helps.
+
+After the network is trained, a GBM (relsql/train/gbm/gbm.py) is fitted on the one-hop features
+(relsql/train/gbm/flat.py) of the training rows, stopping early on the validation rows. The blend
+`a * network + (1 - a) * GBM` is taken in the task's output space (log-odds, class scores, or
+the standardized units the network's regression output and labels share: task.py scales y by the
+training rows' mean and std), with `a` in {0, 0.1, ..., 1} picked by the task's metric on the
+validation rows (ties go to the larger `a`: the network). a = 1 is the network alone.
+
+A Hybrid is plain data (the features' description, the trees, the weight): saved with the model,
+its GBM features recomputed by the database's SQL for any row, prediction-only rows and rows of
+another database after `Model.load` included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from relsql.errors import RelsqlError
+from relsql.train.gbm import baselines, flat, gbm
+
+WEIGHTS = tuple(round(0.1 * i, 1) for i in range(11))
+LOWER_IS_BETTER = ("rmse", "mae")
+
+
+@dataclass
+class Hybrid:
+    """`weight` (the network's share), the GBM's `trees` over `features`, and the validation
+    metric each candidate weight scored (`scores`, for the report)."""
+
+    features: flat.Flat
+    trees: gbm.Trees
+    weight: float
+    metric: str
+    scores: dict[float, float] = field(default_factory=dict)
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def gbm_outputs(self, learner, rids: np.ndarray) -> np.ndarray:
+        """The GBM's raw outputs for output rows `rids` (features of every output row computed
+        once per database and output, by SQL)."""
+        key = (id(learner.db), learner.output, int(learner.output_rows))
+        if key not in self._cache:
+            self._cache.clear()
+            self._cache[key] = self.features.of_output(learner.db, learner.output, int(learner.output_rows))
+        return self.trees.raw(self._cache[key][np.asarray(rids, dtype=np.int64)])
+
+    def blend(self, learner, rids: np.ndarray, net_out: torch.Tensor) -> torch.Tensor:
+        """`weight * net_out + (1 - weight) * GBM` for output rows `rids` (net_out in the same order)."""
+        if self.weight == 1.0:
+            return net_out
+        theirs = torch.as_tensor(self.gbm_outputs(learner, rids), dtype=net_out.dtype, device=net_out.device)
+        return self.weight * net_out + (1.0 - self.weight) * theirs
+
+    def describe(self) -> str:
+        share = "the network alone" if self.weight == 1.0 else "the GBM alone" if self.weight == 0.0 else \
+            f"{self.weight:.1f} x network + {1 - self.weight:.1f} x GBM"
+        return (f"blend picked on validation {self.metric}: {share} (network weight {self.weight:.1f}; "
+                f"{self.metric} {self.scores.get(self.weight, float('nan')):.4f} vs network alone "
+                f"{self.scores.get(1.0, float('nan')):.4f}, GBM alone {self.scores.get(0.0, float('nan')):.4f})")
+
+    def to_plain(self) -> dict:
+        return {"features": self.features.to_plain(), "trees": self.trees.to_plain(), "weight": float(self.weight),
+                "metric": self.metric, "scores": [[float(a), float(s)] for a, s in self.scores.items()]}
+
+    @classmethod
+    def from_plain(cls, data: dict, where: str = "hybrid") -> Hybrid:
+        """A Hybrid from `to_plain`'s dict, checked (a damaged file fails here)."""
+        if not isinstance(data, dict) or not {"features", "trees", "weight", "metric", "scores"} <= set(data):
+            raise RelsqlError(f"{where} is damaged: not a blend of a network and a GBM")
+        weight, metric, scores = data["weight"], data["metric"], data["scores"]
+        if type(weight) is not float or weight not in WEIGHTS or not isinstance(metric, str) or not isinstance(scores, list):
+            raise RelsqlError(f"{where} is damaged: its blend weight")
+        features = flat.Flat.from_plain(data["features"], where)
+        trees = gbm.Trees.from_plain(data["trees"], where)
+        if trees.features != len(features.names):
+            raise RelsqlError(f"{where} is damaged: its trees read {trees.features} features, its description has "
+                              f"{len(features.names)}")
+        return cls(features, trees, weight, metric, {float(a): float(s) for a, s in scores})
+
+
+def fit(learner) -> Hybrid | None:
+    """A GBM on the one-hop features of the training rows and the blend weight the validation rows
+    pick (see the module docstring); None without validation rows or features."""
+    if not len(learner.rows["val"]) or not len(learner.rows["train"]):
+        return None
+    spec = baselines.one_hop(learner)
+    if not spec.names:
+        return None
+    x = baselines.features(learner, spec)
+    trees = baselines.fit_trees(learner, x)
+    with torch.no_grad():
+        net, y = learner.split_outputs("val")
+    net = net.detach().cpu().double().numpy()
+    theirs = trees.raw(x[learner.rows["val"]])
+    truth = y.detach().cpu().double().numpy()
+    metric = learner.task.metric
+    scores = {a: learner.task.scores(a * net + (1 - a) * theirs, truth)[metric] for a in WEIGHTS}
+    sign = -1.0 if metric in LOWER_IS_BETTER else 1.0
+    best = max(WEIGHTS, key=lambda a: (np.nan_to_num(sign * scores[a], nan=-np.inf), a))
+    return Hybrid(spec, trees, best, metric, scores)

@@ -1,0 +1,207 @@
+"""What the training loop does around its epochs, as callbacks it runs in order: model selection
+and early stopping (the best epoch's weights kept and put back at the end), the learning rate's
+epoch step, the time budget, checkpoint files, and the user's own: fit's `callback=` (a function
+of each step, or a Callback such as a TensorBoard or MLflow tracker), then its `callbacks=[...]`.
+The loop itself (relsql/train/loop/trainer.py) only trains and validates; each callback's
+`on_epoch_end` may give a reason to stop, and the first reason given is the record's `stopped`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from relsql.data.engine import first_line
+from relsql.errors import RelsqlError
+from relsql.train.loop.schedule import LearningRate
+
+if TYPE_CHECKING:
+    from relsql.train.learner.learner import Learner
+    from relsql.train.loop.trainer import Trainer
+
+# the monitored scores that are better larger; the others (loss, mae, rmse) are minimized. A ranking
+# metric is named with its cut-off (map@10): its name before the @ is looked up.
+MAXIMIZED = {"roc_auc", "accuracy", "f1", "map", "recall", "ndcg", "mrr", "precision"}
+
+
+def ranked(metric: str, value: float, loss: float) -> tuple[float, float]:
+    """(score, -loss), larger better, of a run scored `value` in `metric` (e.g. "roc_auc", "map@10",
+    "mae"; "loss": the loss alone) with loss `loss`: how model selection compares epochs and search
+    compares trials. The loss breaks ties; an undefined (NaN) value or loss ranks below every defined one."""
+    tie = -loss if loss == loss else float("-inf")
+    if metric == "loss":
+        return tie, tie
+    if value != value:  # NaN: the metric is undefined (e.g. one class only among the rows)
+        return float("-inf"), tie
+    return (value if metric.split("@", 1)[0] in MAXIMIZED else -value), tie
+
+
+class Callback:
+    """A part of the loop that watches training (`relsql.Callback`: subclass it, override the hooks
+    you need, pass instances as `model.fit(callbacks=[...])`). Every hook is called on every
+    callback, in the trainer's order; those not overridden do nothing. `trainer.record` is the
+    fit's FitRecord so far (history, best_epoch, ...)."""
+
+    def on_fit_start(self, trainer: Trainer) -> None:
+        """Before the first epoch (after a resumed checkpoint's state is back)."""
+
+    def on_batch_end(self, trainer: Trainer, step: dict) -> None:
+        """After each optimizer step; `step`: {"epoch", "batch", "batches", "loss"}."""
+
+    def on_epoch_end(self, trainer: Trainer, epoch: int, record: dict) -> str | None:
+        """After the epoch's validation (`record`, already in the history): a reason to stop, or None."""
+        return None
+
+    def on_fit_end(self, trainer: Trainer, last: int | None) -> None:
+        """After the last epoch, `last` (None if none ran), or after a loss that stopped being a number."""
+
+
+class EarlyStopping(Callback):
+    """Model selection and early stopping: the best epoch's score and weights on the monitored split
+    (validation, else training); stop after `patience` epochs without improvement; the best
+    weights put back at the end. `metric`: the score compared ("loss", or a task metric such as
+    "roc_auc" or "mae" where validation rows exist), the loss breaking ties and standing in where
+    the metric is undefined (NaN). `last=True` (a refit): no selection, the last epoch is kept.
+    `extra`: the strategy's copy of its embeddings at the best epoch."""
+
+    def __init__(self, learner: Learner, patience: int, metric: str = "loss", last: bool = False):
+        self.learner, self.patience, self.last = learner, patience, last
+        self.monitor = "val" if len(learner.rows["val"]) else "train"
+        self.metric = metric if self.monitor == "val" else "loss"
+        self.loss, self.score, self.state, self.extra = float("inf"), float("-inf"), None, None
+        self.best_epoch: int | None = None
+        self.improved = False  # whether the last epoch seen was the best so far (the plateau schedule hears it)
+
+    @property
+    def key(self) -> str:
+        """The history's entry compared: e.g. "val_roc_auc"."""
+        return f"{self.monitor}_{self.metric}"
+
+    def ranked(self, record: dict) -> tuple[float, float]:
+        """(score, -loss), larger better; an undefined score ranks below every defined one."""
+        return ranked(self.metric, record.get(self.key, float("nan")), record[f"{self.monitor}_loss"])
+
+    def update(self, epoch: int, record: dict | float) -> tuple[bool, bool]:
+        """(improved, stop) after an epoch with record `record` (a bare number: the monitored loss)."""
+        record = record if isinstance(record, dict) else {f"{self.monitor}_loss": record}
+        score, loss = self.ranked(record)
+        better = score > self.score + 1e-7 or (score >= self.score - 1e-7 and loss > -self.loss + 1e-7)
+        if better:
+            self.score, self.loss = score, -loss
+            self.best_epoch, self.state = epoch, self.learner.weights_copy()
+            return True, False
+        return False, epoch - self.best_epoch >= self.patience
+
+    def on_fit_start(self, trainer: Trainer) -> None:
+        trainer.record.monitor = self.key
+
+    def on_epoch_end(self, trainer: Trainer, epoch: int, record: dict) -> str | None:
+        if self.last:  # a refit: its last epoch is the one wanted, no selection
+            self.improved, stop, self.best_epoch = False, False, epoch
+        else:
+            self.improved, stop = self.update(epoch, record)
+        trainer.record.best_epoch = self.best_epoch
+        if self.improved:
+            trainer.strategy.best(trainer)
+        return f"early (no validation improvement in {self.metric} for {self.patience} epochs)" if stop else None
+
+    def on_fit_end(self, trainer: Trainer, last: int | None) -> None:
+        """Put back the weights (and stored embeddings) of the best epoch, if one finished."""
+        if self.state is None:
+            return
+        self.learner.restore_weights(self.state)
+        trainer.strategy.keep_best(trainer, last)
+
+    def state_dict(self) -> dict:
+        """What a checkpoint file keeps of the selection (its entries at the file's top level)."""
+        return {"best_epoch": self.best_epoch, "best_loss": float(self.loss), "best_score": float(self.score),
+                "best_state": self.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best_epoch, self.loss, self.state = state["best_epoch"], state["best_loss"], state["best_state"]
+        self.score = float(state.get("best_score", -self.loss))
+
+
+class Schedule(Callback):
+    """The learning rate's epoch step: the plateau schedule hears whether the epoch improved the
+    monitored score; with `replay` (the rate's share after each epoch of another run: a refit
+    replays the plateaus its selection run met) that share is taken instead."""
+
+    def __init__(self, rate: LearningRate, stopping: EarlyStopping, replay: list[float] | None = None):
+        self.rate, self.stopping, self.replay = rate, stopping, replay
+
+    def on_epoch_end(self, trainer: Trainer, epoch: int, record: dict) -> str | None:
+        if self.replay:
+            self.rate.scale = self.replay[min(epoch, len(self.replay) - 1)]
+        else:
+            self.rate.epoch_end(self.stopping.improved)
+        return None
+
+
+class TimeBudget(Callback):
+    """Stop once `seconds` have passed since fit started (never after the last epoch: that one
+    ends by the epoch budget). Asked of every epoch, budget or not: training ranks agree on it."""
+
+    def __init__(self, seconds: float | None):
+        self.seconds = seconds
+
+    def on_epoch_end(self, trainer: Trainer, epoch: int, record: dict) -> str | None:
+        over = (self.seconds is not None and time.perf_counter() - trainer.started >= self.seconds
+                and epoch + 1 < trainer.epochs)
+        return f"time budget ({self.seconds:g}s)" if trainer.strategy.agree(over) else None
+
+
+class Checkpoint(Callback):
+    """A checkpoint file after every epoch and every `every` batches (the strategy writes it)."""
+
+    def __init__(self, path: str | Path | None, every: int | None):
+        self.path, self.every = None if path is None else str(path), every
+
+    def due(self, batch: int, count: int) -> bool:
+        return self.path is not None and bool(self.every) and (batch + 1) % self.every == 0 and batch + 1 < count
+
+    def on_batch_end(self, trainer: Trainer, step: dict) -> None:
+        if self.due(step["batch"], step["batches"]):
+            trainer.strategy.checkpoint(trainer, step["epoch"], step["batch"] + 1)
+
+    def on_epoch_end(self, trainer: Trainer, epoch: int, record: dict) -> str | None:
+        if self.path is not None:
+            trainer.strategy.checkpoint(trainer, epoch + 1, 0)
+        return None
+
+
+class Users(Callback):
+    """One of the user's callbacks: fit's `callback=` (a function of each step, or a Callback) or one
+    of its `callbacks=` (Callbacks). What it raises is said as relsql's error naming it, its own
+    exception chained; training stops there."""
+
+    def __init__(self, given):
+        self.given = given
+        self.name = getattr(given, "__qualname__", None) or type(given).__name__
+
+    def on_fit_start(self, trainer: Trainer) -> None:
+        if isinstance(self.given, Callback):
+            self._call(lambda: self.given.on_fit_start(trainer), "before the first epoch")
+
+    def on_batch_end(self, trainer: Trainer, step: dict) -> None:
+        call = (lambda: self.given.on_batch_end(trainer, step)) if isinstance(self.given, Callback) else lambda: self.given(step)
+        self._call(call, f"after step {step['batch'] + 1} of epoch {step['epoch'] + 1} (the model holds that step's weights, "
+                         "its history the epochs that finished)")
+
+    def on_epoch_end(self, trainer: Trainer, epoch: int, record: dict) -> str | None:
+        if not isinstance(self.given, Callback):
+            return None
+        return self._call(lambda: self.given.on_epoch_end(trainer, epoch, record),
+                          f"after epoch {epoch + 1} (the model holds its weights, its history the epochs that finished)")
+
+    def on_fit_end(self, trainer: Trainer, last: int | None) -> None:
+        if isinstance(self.given, Callback):
+            self._call(lambda: self.given.on_fit_end(trainer, last), "at its end (the model holds the kept epoch's weights)")
+
+    def _call(self, call, where: str):
+        try:
+            return call()
+        except Exception as err:  # the user's code: said as relsql's error, naming it, its own chained
+            raise RelsqlError(f"fit's callback {self.name} raised {type(err).__name__}: {first_line(err)[:300]}; "
+                              f"training stopped {where}: fix the callback, then fit again") from err

@@ -1,0 +1,91 @@
+"""What `Model.fit` does with its arguments: check them, pick the defaults of the target's kind,
+and hand the learner to one way of training (this process's Trainer, ranks, or this process as a
+torchrun rank), then blend a GBM where asked. Model stays a façade; this is the one place where
+fit's arguments meet the strategies."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from relsql.compile.module import check_training_bytes
+from relsql.data.engine import Database
+from relsql.errors import RelsqlError
+from relsql.ground.demand import database_embeddings
+from relsql.train.learner.learner import Learner
+from relsql.train.learner.record import FitRecord
+from relsql.train.loop import distributed
+from relsql.train.loop import refit as refits
+from relsql.train.loop.options import FitConfig
+from relsql.train.loop.trainer import OneProcess, Trainer
+from relsql.train.persist import checkpoint as checkpoints
+
+log = logging.getLogger("relsql")
+
+
+def fit(db: Database, learner: Learner, threads: int | None, config: FitConfig) -> None:
+    """Train `learner` as `config` (Model.fit's arguments, checked) says."""
+    if len(learner.rows["train"]) == 0:
+        raise RelsqlError(f"no labelled target rows to train on in {learner.target}")
+    check_training_bytes(learner.parameters(), learner.device)
+    workers = config.workers
+    if learner.one_process and (workers > 1 or distributed.launched_by_torchrun()):
+        raise RelsqlError(f"{learner.target} is {learner.one_process}: drop workers= (and run it without torchrun)")
+    learner.hybrid = None
+    if config.refit:
+        refits.check(learner, workers)
+    learner.refit = None
+    if distributed.launched_by_torchrun():  # this process is one rank of a torchrun group
+        world = int(os.environ["WORLD_SIZE"])
+        if workers not in (1, world) or config.users or config.refit:
+            raise RelsqlError(f"under torchrun, fit() trains as one of its {world} ranks: pass no callback(s) nor refit, and "
+                              f"workers=1 or workers={world} (torchrun's --nproc_per_node x --nnodes)")
+        distributed.fit_as_rank(learner, config)
+        return
+    swapped = sorted(database_embeddings(learner.template)) if not db.transactional else []
+    if workers > 1 or swapped:  # an engine without transactions trains its stored embeddings on ranks only
+        if config.users:
+            raise RelsqlError("fit(workers=N) takes no callback nor callbacks (the steps run in other processes): "
+                              "train with one worker to use them"
+                              if workers > 1 else f"{db.description} has no transactions to update embeddings {swapped} "
+                              "step by step, so fit() trains them on a rank process, which takes no callbacks: drop "
+                              "callback= and callbacks=")
+        if workers == 1:
+            log.info("%s has no transactions: training embeddings %s on one rank, which writes them back whole",
+                     db.description, swapped)
+        distributed.fit(learner, config, threads=threads)
+    else:
+        _in_this_process(learner, config)
+    if config.hybrid and learner.refit is None:  # after a refit the validation rows are no judge
+        from relsql.train.gbm import hybrid as hybrids
+
+        learner.hybrid = hybrids.fit(learner)
+
+
+def _in_this_process(learner: Learner, config: FitConfig) -> None:
+    """This process's Trainer, then the refit where asked; a diverged loss is a RelsqlError."""
+    if config.batch_size is None:
+        config = config.replace(batch_size=learner.fit_batch_size())
+    resumed = config.resume and config.checkpoint is not None and Path(config.checkpoint).exists()
+    state = checkpoints.load(config.checkpoint) if resumed else None
+    initial, before = (learner.weights_copy() if config.refit else None), len(learner.record.history)
+    with learner.own_random_stream():
+        record = train(learner, config, resume=state)
+        if not record.diverged and config.refit:
+            replay = [h["lr"] / config.lr for h in record.history[before:]]  # the plateaus the selection met, epoch by epoch
+            again = config.replace(time_budget=None, checkpoint=None, checkpoint_every=None)
+            record = refits.retrain(learner, initial, lambda n: train(
+                learner, again.replace(epochs=n), keep="last", horizon=config.epochs, replay=replay))
+    if record.diverged:
+        raise RelsqlError(record.diverged) from None
+
+
+def train(learner: Learner, config: FitConfig, resume: dict | None = None, **more) -> FitRecord:
+    """One Trainer's fit in this process; its record (`diverged`: the message of a loss that
+    stopped being a number) is the learner's from the start, so the model's history grows as the
+    epochs finish (a tracker logs them) and keeps them if fit raises."""
+    trainer = Trainer(learner, OneProcess(), config, **more)
+    learner.record = trainer.record
+    batched = learner.mini_batches or (config.batch_size is not None and not learner.whole_net_batches)
+    return trainer.fit(batched, resume)

@@ -1,0 +1,139 @@
+"""fit()'s arguments, checked once like a user's and filled in with the target kind's defaults
+into one frozen FitConfig, which the strategies and the Trainer take whole. One place for every
+kind of target: what differs by kind (the defaults, the loss's own options: Learner.fit_settings)
+the learner declares."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from relsql import arguments, ownfiles
+from relsql.errors import RelsqlError
+from relsql.train.learner.defaults import EPOCHS, LR, PATIENCE
+from relsql.train.loop.callbacks import Callback
+from relsql.train.persist import checkpoint as checkpoints
+
+
+@dataclasses.dataclass(frozen=True)
+class FitConfig:
+    """One fit's settings, checked. The defaults are the plain loop (Adam at a constant rate, no
+    clipping, the best loss kept) that the Trainer's tests compare with by-hand loops; `checked`
+    gives Model.fit's own defaults (AdamW, plateaus, clipping, the task's metric). `replace`
+    makes a variant (a refit without a time budget, a search trial)."""
+
+    epochs: int = EPOCHS
+    batch_size: int | None = None
+    lr: float = LR
+    patience: int = PATIENCE
+    weight_decay: float = 0.0
+    optimizer: str = "adam"
+    schedule: str | None = None
+    warmup: float = 0.05
+    clip: float | None = None
+    monitor: str = "loss"
+    time_budget: float | None = None
+    checkpoint: Path | None = None
+    checkpoint_every: int | None = None
+    resume: bool = False
+    callback: Callable[[dict], None] | Callback | None = dataclasses.field(default=None, compare=False)
+    callbacks: tuple[Callback, ...] = dataclasses.field(default=(), compare=False)  # the user's, after fit's own
+    refit: bool = False
+    hybrid: bool = False
+    workers: int = 1
+    regression_loss: str | None = None  # the task's loss settings, which ranks set on their copy of the task
+    class_weights: tuple[float, ...] | None = None
+
+    replace = dataclasses.replace
+
+    @property
+    def users(self) -> tuple:
+        """The user's callbacks in the order they run: `callback=`, then each of `callbacks=`."""
+        return ((self.callback,) if self.callback is not None else ()) + self.callbacks
+
+    @classmethod
+    def checked(cls, learner, *, epochs, batch_size, lr, patience, weight_decay, schedule, warmup, clip, monitor,
+                time_budget, loss, class_weight, negatives, hard_negatives, refit, hybrid, checkpoint, resume,
+                checkpoint_every, callback, callbacks, workers) -> FitConfig:
+        """Model.fit's arguments (documented there) checked, with the target kind's defaults; sets
+        the task's loss settings on the learner as a side effect."""
+        lr = arguments.number("lr", learner.fit_lr if lr is None else lr, positive=True)
+        patience = arguments.integer("patience", learner.fit_patience if patience is None else patience, minimum=0)
+        if batch_size is not None:
+            batch_size = arguments.integer("batch_size", batch_size)
+        if checkpoint_every is not None:
+            checkpoint_every = arguments.integer("checkpoint_every", checkpoint_every)
+        if checkpoint is not None:
+            checkpoint = checkpoints.writable(checkpoint, "checkpoint")
+            ownfiles.check(checkpoint, "checkpoint", "pass a new file name for the checkpoint, or one relsql wrote")
+        if callback is not None and not (callable(callback) or isinstance(callback, Callback)):
+            raise RelsqlError(f"callback must be a function of one dict (each step's) or a relsql.Callback, got "
+                              f"{type(callback).__name__}")
+        callbacks = _callbacks(callbacks)
+        if not isinstance(refit, bool):
+            raise RelsqlError(f"refit must be True or False, got {refit!r}")
+        if not isinstance(resume, bool):
+            raise RelsqlError(f"resume must be True or False, got {resume!r}")
+        settings = _settings(learner, schedule, warmup, clip, monitor, time_budget, loss, class_weight, negatives,
+                             hard_negatives)
+        weights = settings.pop("class_weights")
+        return cls(epochs=arguments.integer("epochs", epochs), batch_size=batch_size, lr=lr, patience=patience,
+                   weight_decay=arguments.number("weight_decay", weight_decay, minimum=0.0), checkpoint=checkpoint,
+                   checkpoint_every=checkpoint_every, resume=resume, callback=callback, callbacks=callbacks,
+                   refit=refit, hybrid=_hybrid(learner, hybrid), workers=arguments.integer("workers", workers, maximum=1024),
+                   class_weights=None if weights is None else tuple(float(w) for w in np.asarray(weights).ravel()),
+                   **settings)
+
+    def trainer_settings(self) -> dict:
+        """What the Trainer reads of it besides the epochs, rows, rate and patience."""
+        return {"optimizer": self.optimizer, "schedule": self.schedule, "warmup": self.warmup, "clip": self.clip,
+                "monitor": self.monitor, "time_budget": self.time_budget}
+
+
+def _callbacks(callbacks: object) -> tuple[Callback, ...]:
+    """fit's `callbacks=`: a list (or tuple) of relsql.Callback objects, or None."""
+    if callbacks is None:
+        return ()
+    if isinstance(callbacks, Callback) or not isinstance(callbacks, list | tuple):
+        raise RelsqlError(f"callbacks must be a list of relsql.Callback objects (callbacks=[MyCallback()]), got "
+                          f"{type(callbacks).__name__}")
+    for index, given in enumerate(callbacks):
+        if not isinstance(given, Callback):
+            if isinstance(given, type) and issubclass(given, Callback):
+                fix = f"pass an instance, callbacks=[{given.__name__}(...)]"
+            elif callable(given):
+                fix = "a function of each step goes to callback=, or subclass relsql.Callback and pass an instance"
+            else:
+                fix = "subclass relsql.Callback and pass an instance"
+            raise RelsqlError(f"callbacks[{index}] must be a relsql.Callback instance, got {type(given).__name__}: {fix}")
+    return tuple(callbacks)
+
+
+def _hybrid(learner, hybrid) -> bool:
+    """Whether to blend a GBM after training: hybrid=, or by default for Template.auto's templates."""
+    if hybrid is not None and not isinstance(hybrid, bool):
+        raise RelsqlError(f"hybrid must be True, False or None (automatic templates only), got {hybrid!r}")
+    if hybrid is None:
+        from relsql.template.auto import is_automatic
+
+        return is_automatic(learner.template.source) and learner.blends
+    if hybrid and not learner.blends:
+        raise RelsqlError("hybrid=True blends a GBM with a label's prediction; a ranking target has none: drop hybrid=")
+    return hybrid
+
+
+def _settings(learner, schedule, warmup, clip, monitor, time_budget, loss, class_weight, negatives, hard_negatives) -> dict:
+    """The checked convergence settings: optimizer, schedule, warmup, clip, time budget, monitor and the loss's."""
+    arguments.choice("schedule", schedule, ("cosine", "plateau", None))
+    warmup = arguments.number("warmup", warmup, minimum=0.0)
+    if warmup >= 1:
+        raise RelsqlError(f"warmup is the share of the steps spent warming up, below 1; got {warmup!r}")
+    if clip is not None:
+        clip = arguments.number("clip", clip, positive=True)
+    if time_budget is not None:
+        time_budget = arguments.number("time_budget", time_budget, positive=True)
+    common = {"optimizer": "adamw", "schedule": schedule, "warmup": warmup, "clip": clip, "time_budget": time_budget}
+    return {**common, **learner.fit_settings(monitor, loss, class_weight, negatives, hard_negatives)}
