@@ -10,7 +10,7 @@ events dated before s: the graph is rebuilt per snapshot (full batch), so no fut
 `layers` HeteroConv layers of SAGEConv (mean), each with a residual and LayerNorm; the query tower
 and the candidate tower are MLPs on a row's final and initial states; score = their dot product.
 
-Trained on the split's training rows with relsql's default negatives (relsql/train/ranking/task.py):
+Trained on the split's training rows with relsql's default negatives (relsql/train/task/ranking.py):
 sampled softmax, each positive (row, item) of a step against the same `negatives` candidates drawn
 uniformly with replacement (seeded; uniform draws need no logQ correction); AdamW; the epoch of the best
 validation MAP@k kept; the test rows' top-k over every candidate returned.

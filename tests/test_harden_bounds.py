@@ -18,7 +18,7 @@ from relsql.errors import GroundingError
 from relsql.ground import text as hashing
 from relsql.train.learner import results
 from relsql.train.ranking.metrics import ranking_scores
-from relsql.train.ranking.task import MAX_K, RankingTask
+from relsql.train.task.ranking import MAX_K, RankingTask
 from relsql.where import MAX_WHERE_CHARS, MAX_WHERE_NESTING, WhereError
 from tests.test_model import SIMPLE, build
 from tests.test_ranking import TEMPLATE, shop

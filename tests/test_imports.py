@@ -214,3 +214,22 @@ def test_the_data_layer_imports_no_higher_floor():
               if not (t.startswith(("relsql.data.", "relsql.connectors")) or t in DATA_LEAVES)}
     assert not upward, sorted(upward)
     assert "relsql.arguments" in graph["relsql.data.duckdb"]  # the reader sees a function-level arrow out of the package
+
+
+TRAIN_ROOMS = ("task", "gbm", "persist", "embeddings", "feed", "learner", "ranking", "loop", "model")  # lowest first
+
+
+def test_training_rooms_import_only_lower_rooms():
+    """relsql/train/'s rooms (its __init__ says what each holds) are floors: a module imports modules of
+    its own room or of rooms listed before it, never one above (function-level imports count; only
+    `if TYPE_CHECKING:` annotations are left out)."""
+    graph = import_graph()
+
+    def room(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[2] if len(parts) > 3 and parts[:2] == ["relsql", "train"] else None
+
+    assert {room(m) for m in graph} - {None} == set(TRAIN_ROOMS)  # every room is listed, and nothing else
+    upward = sorted((m, t) for m in graph for t in graph[m]
+                    if room(m) and room(t) and TRAIN_ROOMS.index(room(t)) > TRAIN_ROOMS.index(room(m)))
+    assert not upward, upward

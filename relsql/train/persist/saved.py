@@ -27,8 +27,8 @@ from relsql.ground.execute import Presets
 from relsql.template import Template, ir
 from relsql.template import plain as plain_ir
 from relsql.train.persist import checkpoint as files
-from relsql.train.ranking.task import LOSSES as RANKING_LOSSES
-from relsql.train.ranking.task import NEGATIVES, RankingTask
+from relsql.train.task.ranking import LOSSES as RANKING_LOSSES
+from relsql.train.task.ranking import NEGATIVES, RankingTask
 from relsql.train.task.task import Task
 
 FORMAT = "relsql-model-3"

@@ -34,9 +34,9 @@ from relsql.train.ranking import hard, losses, negatives, results
 from relsql.train.ranking.baselines import popularity, popularity_lines
 from relsql.train.ranking.metrics import Judge
 from relsql.train.ranking.pairs import PairIndex, rank_with_pairs
-from relsql.train.ranking.task import LOSSES, NEGATIVES, RankingTask, empty_scores
 from relsql.train.ranking.timed import TimedIndex, blends
 from relsql.train.ranking.topk import top_k
+from relsql.train.task.ranking import LOSSES, NEGATIVES, RankingTask, empty_scores
 
 VALIDATION_SEED = 7919  # the validation loss's negatives: the same every epoch, so epochs compare
 # the plan's passes but shared_aggregation: its greedy and timing took 3.1 s CPU (5.2 s wall) of the

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from relsql.errors import RelsqlError
-from relsql.train.ranking.task import MAX_K
+from relsql.train.task.ranking import MAX_K
 
 NO_ITEM = -1
 

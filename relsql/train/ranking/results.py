@@ -8,7 +8,7 @@ import polars as pl
 from relsql.data.duckdb import free_name
 from relsql.errors import RelsqlError
 from relsql.train.learner.results import chosen_rows
-from relsql.train.ranking.task import checked_k
+from relsql.train.task.ranking import checked_k
 
 
 def recommend(learner, k: int, keys: object = None, where: object = None) -> pl.DataFrame:

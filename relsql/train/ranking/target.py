@@ -20,8 +20,8 @@ from relsql.data.references import Reference
 from relsql.errors import SchemaError
 from relsql.template.ir import Template
 from relsql.train.ranking.pairs import pair_relation
-from relsql.train.ranking.task import RankingTask
 from relsql.train.ranking.timed import timed_relation
+from relsql.train.task.ranking import RankingTask
 from relsql.train.task.split import split_rows
 from relsql.train.task.target import Target
 
