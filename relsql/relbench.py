@@ -83,7 +83,7 @@ class RelbenchTask:
 
 
 @dataclass
-class _Spec:
+class TaskSpec:
     """What a task's files or object say, before its table exists."""
 
     target: str
@@ -283,7 +283,7 @@ def _value(attribute: Any) -> str:
     return str(getattr(attribute, "value", attribute) or "")
 
 
-def _task_spec(name: str, task: Any, tables: Mapping[str, Any]) -> _Spec:
+def _task_spec(name: str, task: Any, tables: Mapping[str, Any]) -> TaskSpec:
     """Read a relbench task object's three tables and what they mean, each checked: the task is
     the user's object, and what it returns or raises is named, not passed through."""
     if not isinstance(name, str) or not name or not hasattr(task, "get_table"):
@@ -328,10 +328,10 @@ def _task_spec(name: str, task: Any, tables: Mapping[str, Any]) -> _Spec:
             if column not in columns:
                 raise SchemaError(f"{part} has no column `{column}`, which the task names; columns: {', '.join(columns)}")
         frames[split] = _from_pandas(table.df, part)
-    return _Spec(target, time, _value(getattr(task, "task_type", "")), entities, hidden, frames)
+    return TaskSpec(target, time, _value(getattr(task, "task_type", "")), entities, hidden, frames)
 
 
-def _task_frame(name: str, spec: _Spec) -> pa.Table:
+def _task_frame(name: str, spec: TaskSpec) -> pa.Table:
     """The split frames as one table (train, val, test rows in order), numbered by a new key column
     (the first); splits whose columns cannot be merged are named."""
     frames = [spec.frames[s] for s in SPLITS if s in spec.frames]
@@ -344,7 +344,7 @@ def _task_frame(name: str, spec: _Spec) -> pa.Table:
     return data.add_column(0, key, pa.array(np.arange(data.num_rows, dtype=np.int64)))
 
 
-def write_task(db: Database, name: str, spec: _Spec, data: pa.Table | None = None) -> RelbenchTask:
+def write_task(db: Database, name: str, spec: TaskSpec, data: pa.Table | None = None) -> RelbenchTask:
     """One task table from the split frames (`_task_frame`, made here unless given), written as a
     new table of `db`, with its keys and time column recorded."""
     data = _task_frame(name, spec) if data is None else data
@@ -356,7 +356,7 @@ def write_task(db: Database, name: str, spec: _Spec, data: pa.Table | None = Non
     return register_task(db, name, spec, key, rows)
 
 
-def register_task(db: Database, name: str, spec: _Spec, key: str, rows: dict[str, int]) -> RelbenchTask:
+def register_task(db: Database, name: str, spec: TaskSpec, key: str, rows: dict[str, int]) -> RelbenchTask:
     """Record a task table whose keys `db` knows: its time column and split summary."""
     if spec.time_column:
         _record_time(db, name, spec.time_column)

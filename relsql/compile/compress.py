@@ -49,7 +49,7 @@ def representatives(grounding_classes: torch.Tensor, classes: int) -> torch.Tens
     return first.scatter_reduce(0, grounding_classes, positions, reduce="amin")
 
 
-def _count(classes: torch.Tensor) -> int:
+def class_count(classes: torch.Tensor) -> int:
     return int(classes.max()) + 1 if classes.numel() else 0
 
 
@@ -99,19 +99,19 @@ def classes_of(values: torch.Tensor, limit: int | None = None) -> torch.Tensor |
         return _within(dense(flat[:, 0]), limit)
     if limit is not None and flat.shape[1] > 2 * PROBE_COLUMNS:
         spread = torch.linspace(0, flat.shape[1] - 1, PROBE_COLUMNS).round().to(torch.int64).unique()
-        if _count(dense(_project(flat.index_select(1, spread)))) > limit:
+        if class_count(dense(_project(flat.index_select(1, spread)))) > limit:
             return None
     candidate = dense(_project(flat))
-    if limit is not None and _count(candidate) > limit:  # equal rows project equally: at least this many classes
+    if limit is not None and class_count(candidate) > limit:  # equal rows project equally: at least this many classes
         return None
-    rep = representatives(candidate, _count(candidate))
+    rep = representatives(candidate, class_count(candidate))
     if torch.equal(flat, flat.index_select(0, rep.index_select(0, candidate))):
         return candidate
     return _within(combine([dense(flat[:, j]) for j in range(flat.shape[1])], flat.shape[0]), limit)  # a collision: exact
 
 
 def _within(classes: torch.Tensor, limit: int | None) -> torch.Tensor | None:
-    return None if limit is not None and _count(classes) > limit else classes
+    return None if limit is not None and class_count(classes) > limit else classes
 
 
 def combine(columns: list[torch.Tensor], rows: int) -> torch.Tensor:
@@ -128,7 +128,7 @@ def combine(columns: list[torch.Tensor], rows: int) -> torch.Tensor:
 
 def pairs(segment_ids: torch.Tensor, grounding_classes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Distinct (segment, class) pairs sorted by segment then class, with their multiplicities."""
-    k = max(_count(grounding_classes), 1)
+    k = max(class_count(grounding_classes), 1)
     keys, counts = torch.unique(segment_ids * k + grounding_classes, return_counts=True)
     return keys // k, keys % k, counts
 
@@ -137,11 +137,11 @@ def distinct_segments(segment_ids: torch.Tensor, grounding_classes: torch.Tensor
     """Class per segment when no two segments can be alike, else None. One hash per grounding,
     summed per segment, needs no sort: equal multisets always hash alike, so all-different sums
     prove all-different segments (a random graph's nodes) without `pairs`, a sort of every grounding."""
-    per_class = _mix((torch.arange(_count(grounding_classes)) + 1) * _C1)  # hashed once per class, not per grounding
+    per_class = _mix((torch.arange(class_count(grounding_classes)) + 1) * _C1)  # hashed once per class, not per grounding
     summed = torch.zeros(segments, dtype=torch.int64).index_add_(0, segment_ids, per_class[grounding_classes])
     lengths = torch.bincount(segment_ids, minlength=segments)
     candidate = dense(_mix(summed + lengths * _C3))
-    return candidate if _count(candidate) == segments else None
+    return candidate if class_count(candidate) == segments else None
 
 
 def segment_signatures(found: tuple[torch.Tensor, torch.Tensor, torch.Tensor], segments: int) -> torch.Tensor:
@@ -152,7 +152,7 @@ def segment_signatures(found: tuple[torch.Tensor, torch.Tensor, torch.Tensor], s
     lengths = torch.bincount(seg, minlength=segments)
     summed = torch.zeros(segments, dtype=torch.int64).index_add_(0, seg, element)
     candidate = dense(_mix(summed + lengths * _C3))
-    rep = representatives(candidate, _count(candidate))[candidate]  # each segment's representative
+    rep = representatives(candidate, class_count(candidate))[candidate]  # each segment's representative
     if torch.equal(lengths, lengths[rep]):
         start = torch.cumsum(lengths, 0) - lengths
         other = start[rep[seg]] + (torch.arange(seg.shape[0]) - start[seg])  # same position in the rep

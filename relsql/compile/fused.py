@@ -197,7 +197,7 @@ def _spmm(op: Op, shapes: dict) -> _Rule:
            f"{_v(op.args[0]) if add else 'None'})"
     if layout != torch.strided and transposed is None:
         raise NotFusable("CSR product without its stored transpose")
-    through = f"_product({_v(transposed)}, {{g}}.contiguous(), None)" if layout != torch.strided \
+    through = f"sparse_product({_v(transposed)}, {{g}}.contiguous(), None)" if layout != torch.strided \
         else f"{_v(matrix)}.t().mm({{g}})"
     back = {len(op.args) - 1: through}
     if add:
@@ -308,7 +308,7 @@ def _aten(overload) -> Callable:
 _GLOBALS = {"torch": torch, "_tanh": kernels.tanh_values, "_tanh_backward": _aten(torch.ops.aten.tanh_backward.default),
             "_sigmoid_backward": _aten(torch.ops.aten.sigmoid_backward.default),
             "_threshold_backward": _aten(torch.ops.aten.threshold_backward.default), "_gather": _gather_rows,
-            "_matmul": sparse.matmul, "_product": sparse._product,
+            "_matmul": sparse.matmul, "sparse_product": sparse.sparse_product,
             "_widen": _widen}
 
 

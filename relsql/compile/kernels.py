@@ -379,8 +379,8 @@ class _SparseAttention(torch.autograd.Function):
         rows, heads = crow.shape[0] - 1, score.shape[1]
         offsets = crow.to(torch.int64)
         alphas = [_segment_softmax(score[:, h].contiguous(), rows_of, offsets) for h in range(heads)]
-        with sparse._beta_ok():
-            parts = [sparse._product(torch.sparse_csr_tensor(crow, cols, a, (rows, source.shape[0])),
+        with sparse.beta_quiet():
+            parts = [sparse.sparse_product(torch.sparse_csr_tensor(crow, cols, a, (rows, source.shape[0])),
                                      _head(source, h, heads), None) for h, a in enumerate(alphas)]
         ctx.save_for_backward(source, rows_of, crow, cols, crow_t, rows_t, order_t, *alphas)
         return parts[0] if heads == 1 else torch.cat(parts, 1)
@@ -390,11 +390,11 @@ class _SparseAttention(torch.autograd.Function):
         source, rows_of, crow, cols, crow_t, rows_t, order_t, *alphas = ctx.saved_tensors
         rows, heads, n = crow.shape[0] - 1, len(alphas), source.shape[0]
         d_source, d_score = [], []
-        with sparse._beta_ok():
+        with sparse.beta_quiet():
             for h, a in enumerate(alphas):
                 g = _head(grad, h, heads)
                 if ctx.needs_input_grad[1]:
-                    d_source.append(sparse._product(torch.sparse_csr_tensor(crow_t, rows_t, a.index_select(0, order_t),
+                    d_source.append(sparse.sparse_product(torch.sparse_csr_tensor(crow_t, rows_t, a.index_select(0, order_t),
                                                                             (n, rows)), g, None))
                 if ctx.needs_input_grad[0]:
                     pattern = torch.sparse_csr_tensor(crow, cols, a, (rows, n))

@@ -209,7 +209,7 @@ class PlanBuilder:
         limit = rg.size // 2
         found = compress.combine(columns, rg.size)
         for key in sorted(groups, key=lambda k: groups[k][0].numel() if groups[k].shape[0] else 0):
-            if columns and compress._count(found) > limit:
+            if columns and compress.class_count(found) > limit:
                 return torch.arange(rg.size)  # the rest (wider values) left unread
             classes = self._group_classes(rg, key, limit)
             if classes is None:

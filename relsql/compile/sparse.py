@@ -17,7 +17,7 @@ import torch
 CSR = torch.sparse_csr
 
 @contextlib.contextmanager
-def _beta_ok():
+def beta_quiet():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
         yield
@@ -48,7 +48,7 @@ def from_coo(rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor, shape
 
 
 def from_csr(crow: torch.Tensor, cols: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
-    with _beta_ok():
+    with beta_quiet():
         return compact(torch.sparse_csr_tensor(crow, cols, values.to(torch.float64), shape))
 
 
@@ -56,7 +56,7 @@ def compact(matrix: torch.Tensor) -> torch.Tensor:
     """The same matrix with int32 indices when they fit."""
     if matrix.crow_indices().dtype == torch.int32 or max(matrix.shape) >= 2**31 - 1 or matrix.values().numel() >= 2**31 - 1:
         return matrix
-    with _beta_ok():
+    with beta_quiet():
         return torch.sparse_csr_tensor(matrix.crow_indices().to(torch.int32), matrix.col_indices().to(torch.int32),
                                        matrix.values(), matrix.shape)
 
@@ -128,7 +128,7 @@ def add(matrices: list[torch.Tensor]) -> torch.Tensor:
                     torch.cat([p[2].to(torch.float64) for p in parts]), tuple(matrices[0].shape))
 
 
-def _product(matrix: torch.Tensor, dense: torch.Tensor, add: torch.Tensor | None) -> torch.Tensor:
+def sparse_product(matrix: torch.Tensor, dense: torch.Tensor, add: torch.Tensor | None) -> torch.Tensor:
     """add + matrix @ dense. Without `add` the product is written straight into a new tensor:
     torch.sparse.mm fills zeros first and copies them into its result (~30% slower at width 64)."""
     if matrix.shape[1] != dense.shape[0]:  # MKL would read out of bounds instead of failing
@@ -150,11 +150,11 @@ class _CsrMatmul(torch.autograd.Function):
                 add: torch.Tensor | None) -> torch.Tensor:
         ctx.transposed = transposed
         ctx.add_shape = None if add is None else add.shape
-        return _product(matrix, dense, add)
+        return sparse_product(matrix, dense, add)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        grad_dense = _product(ctx.transposed, grad.contiguous(), None) if ctx.needs_input_grad[2] else None
+        grad_dense = sparse_product(ctx.transposed, grad.contiguous(), None) if ctx.needs_input_grad[2] else None
         grad_add = None
         if ctx.add_shape is not None and ctx.needs_input_grad[3]:
             grad_add = grad.sum_to_size(ctx.add_shape)
@@ -173,5 +173,5 @@ def matmul(matrix: torch.Tensor, dense: torch.Tensor, transposed: torch.Tensor |
     if transposed is not None and torch.is_grad_enabled() and (flat.requires_grad or (add is not None and add.requires_grad)):
         out = _CsrMatmul.apply(matrix, transposed, flat, flat_add)
     else:
-        out = _product(matrix, flat, flat_add)
+        out = sparse_product(matrix, flat, flat_add)
     return out if rows_only else out.reshape(matrix.shape[0], *dense.shape[1:])

@@ -236,7 +236,7 @@ def open_relbench_folder(path: Path, *, read_only: bool = False) -> Database:
     return db
 
 
-def _task_spec(folder: Path, specs: dict[str, dict[str, Any]], splits: dict[str, Path]) -> relbench._Spec:
+def _task_spec(folder: Path, specs: dict[str, dict[str, Any]], splits: dict[str, Path]) -> relbench.TaskSpec:
     """What a task folder's manifest (or, before manifests, its files' footers) says, every field checked."""
     file = folder / MANIFEST
     if os.path.lexists(file):
@@ -255,7 +255,7 @@ def _task_spec(folder: Path, specs: dict[str, dict[str, Any]], splits: dict[str,
             if unknown or len(entities) != 2:
                 raise SourceError(f"{file}: its source and destination must be two columns, each naming a table of "
                                   f"the dataset ({', '.join(specs)}); fix the manifest")
-            return relbench._Spec(target, name("time_col"), task_type, entities, hidden)
+            return relbench.TaskSpec(target, name("time_col"), task_type, entities, hidden)
         table = name("entity_table", True)
         if table not in specs:
             raise SourceError(f"{file}: entity_table {_shown.repr(table)} is not a table of the dataset "
@@ -268,7 +268,7 @@ def _task_spec(folder: Path, specs: dict[str, dict[str, Any]], splits: dict[str,
             if not target:
                 raise SourceError(f"{file}: an autocomplete task needs its target_col; fix the manifest")
             hidden = (*hidden, (table, target))
-        return relbench._Spec(target, time, task_type, {entity: table}, hidden)
+        return relbench.TaskSpec(target, time, task_type, {entity: table}, hidden)
     footer = _footer(splits["train"])
     if footer is None:
         raise SourceError(f"task folder {folder} has neither {MANIFEST} nor relbench's keys in train.parquet")
@@ -278,7 +278,7 @@ def _task_spec(folder: Path, specs: dict[str, dict[str, Any]], splits: dict[str,
     if len(rest) != 1:
         raise SourceError(f"{splits['train']}: cannot tell the label column among {', '.join(rest) or 'none'}; "
                           f"write a {MANIFEST} for the task naming target_col")
-    return relbench._Spec(rest[0], footer["time_col"], "", entities)
+    return relbench.TaskSpec(rest[0], footer["time_col"], "", entities)
 
 
 def _hidden(value: Any, file: Path) -> tuple[tuple[str, str], ...]:

@@ -25,8 +25,8 @@ from relsql.data.engine import (
     WRITTEN_BY,
     Database,
     Engine,
-    _session,
     first_line,
+    handle_numbers,
     ident,
     marked_kind,
 )
@@ -151,7 +151,7 @@ class Source:
         """All of it or nothing, inside one transaction of the source's default catalog, which also
         checks what it replaces and marks the new table (`Database.writing`, set by `Database.write_table`)."""
         self.refuse_read_only(name)
-        view = f"{db._prefix}write_{next(_session)}"
+        view = f"{db._prefix}write_{next(handle_numbers)}"
         db.register(view, data)
         try:
             with contextlib.ExitStack() as stack:

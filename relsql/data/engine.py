@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from relsql.data.duckdb import Source
 
 TEMP_PREFIX = "__relsql_"
-_session = itertools.count()
+handle_numbers = itertools.count()
 
 # relsql's mark on every table it writes into the user's database (a table comment, or what the
 # engine has instead: see Source.mark). Only a table bearing it, of the same kind, is ever replaced.
@@ -86,7 +86,7 @@ class Engine(abc.ABC):
     def __init__(self, description: str, source: Source):
         self.description = description
         self.source = source
-        self._prefix = f"{TEMP_PREFIX}{next(_session)}_"
+        self._prefix = f"{TEMP_PREFIX}{next(handle_numbers)}_"
         self._writing: tuple[str, str, bool, str | None] | None = None  # see `writing`
         self._schema_cache: dict | None = None  # see `frozen_schema`
         self.given_keys = None  # keys from connect(keys=...): relsql.data.keyfile.GivenKeys

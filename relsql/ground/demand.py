@@ -41,10 +41,10 @@ from relsql.ground.execute import (
     Presets,
     RelationGrounding,
     RuleGrounding,
-    _reported,
     column_tensor,
     interrupted_query,
     interruptible,
+    reported_as,
 )
 from relsql.ground.parts import check_refs
 from relsql.ground.tensors import to_tensor
@@ -159,7 +159,7 @@ class BatchGrounder(Grounder):
             return super().dictionary(weight, source, column, rule, tables)
         if self._source_types is None or self._source_types[0] is not source:
             query = exp.select(exp.Star()).from_(source.copy(), copy=False).limit(q.integer(0), copy=False)
-            with _reported(self.db, rule):
+            with reported_as(self.db, rule):
                 self._source_types = (source, dict(self.db.result_columns(query)))
         try:
             kind = exp.DataType.build(self._source_types[1][column], dialect="duckdb")
@@ -169,7 +169,7 @@ class BatchGrounder(Grounder):
         view = f"{table.name}_preset"
         self.db.register(view, preset)
         try:
-            with _reported(self.db, rule):
+            with reported_as(self.db, rule):
                 self.db.run(q.create_temp(table.copy(), exp.select(
                     q.alias(exp.Cast(this=q.col("value"), to=kind), "value"),
                     q.alias(exp.Cast(this=q.col("code"), to=exp.DataType.build("INTEGER")), "code")).from_(q.ident(view))))

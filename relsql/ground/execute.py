@@ -271,12 +271,12 @@ def _plan_rows(node: dict) -> tuple[int | None, int | None]:
 
 
 def _run(db: Database, statement: exp.Expression, rule: ir.Rule) -> pa.Table | int | None:
-    with _reported(db, rule):
+    with reported_as(db, rule):
         return db.run(statement)
 
 
 @contextlib.contextmanager
-def _reported(db: Database, rule: ir.Rule) -> Iterator[None]:
+def reported_as(db: Database, rule: ir.Rule) -> Iterator[None]:
     """The database's errors within the block as relsql's, naming the rule they are reported for."""
     try:
         yield
@@ -444,7 +444,7 @@ class Grounder:
         columns, each with the rule an error is reported for), numbered 0..n-1 (`_rid`), as a temp table."""
         keys_table = self.temp_table("k", relation.name)
         if sources and relation.keys:
-            with _reported(self.db, sources[0][0]):
+            with reported_as(self.db, sources[0][0]):
                 distinct = q.distinct_keys([t for _, t in sources], relation.keys)
                 self.db.create_key_table(keys_table.copy(), distinct, relation.keys)
         else:
@@ -639,7 +639,7 @@ class Grounder:
                 return table
         elif self.template.weights.get(weight) is not None and self.template.weights[weight].min_count:
             return table
-        with _reported(db, rule):
+        with reported_as(db, rule):
             db.add_codes(table, source, column)
         return table
 
@@ -734,7 +734,7 @@ class Grounder:
         raw = q.col(f"_c{k}", "g")
         label = f"{rule.head}, {rule.origin}: {encoder.kind}({column_label(rule, k)})"
         stats = self.presets.feature_stats.get(key)
-        with _reported(self.db, rule):
+        with reported_as(self.db, rule):
             if encoder.kind == "ple":
                 number = encoders_sql.ple_number(raw, kind, label)
                 if stats is None and key in self.measured:
