@@ -233,3 +233,44 @@ def test_training_rooms_import_only_lower_rooms():
     upward = sorted((m, t) for m in graph for t in graph[m]
                     if room(m) and room(t) and TRAIN_ROOMS.index(room(t)) > TRAIN_ROOMS.index(room(m)))
     assert not upward, upward
+
+
+def _private_reads(path: Path, known: set[str]) -> set[tuple[str, str]]:
+    """(module, name) for each private name of another relsql module that `path` imports or reads as an attribute."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    modules: dict[str, str] = {}  # local name -> the relsql module it is
+    found = set()
+    for node in _import_nodes(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("relsql"):
+            for alias in node.names:
+                if f"{node.module}.{alias.name}" in known:
+                    modules[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+                elif alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.add((node.module, alias.name))
+        elif isinstance(node, ast.Import):
+            modules.update({alias.asname: alias.name for alias in node.names if alias.asname and alias.name in known})
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            found.add((modules[node.value.id], node.attr))
+    return found
+
+
+def test_no_module_reads_another_modules_private_names():
+    """A name another module needs is public in its own (PEP 8's leading underscore means 'this module's
+    own'); tests may reach in, relsql's modules may not."""
+    files = module_files()
+    reads = {(module, *read) for module, path in files.items() for read in _private_reads(path, set(files))}
+    assert not reads, sorted(reads)
+    # the check sees both kinds of read
+    probe = "from relsql.compile import sparse\nfrom relsql.ground.execute import _y, run\nsparse._x()\nsparse.ok()\n"
+    assert _private_reads_of_text(probe, files) == {("relsql.compile.sparse", "_x"), ("relsql.ground.execute", "_y")}
+
+
+def _private_reads_of_text(text: str, files: dict[str, Path]) -> set[tuple[str, str]]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "probe.py"
+        path.write_text(text, encoding="utf-8")
+        return _private_reads(path, set(files))
