@@ -34,7 +34,7 @@ def test_the_interface_declares_the_pipelines_verbs():
     """The abstract verbs are the ones the pipeline calls (a lost one would let an engine skip it)."""
     assert {"run", "arrow", "scalar", "reader", "write_ordered", "create_key_table", "add_codes", "create_table_as",
             "transaction", "register", "unregister", "row_summary", "result_columns", "scopes", "sql", "execute",
-            "close", "_tables_in", "_read_schema", "_columns", "_read_catalog"} == set(Engine.__abstractmethods__)
+            "close", "tables_in", "read_schema", "read_columns", "read_catalog"} == set(Engine.__abstractmethods__)
     with pytest.raises(TypeError):
         Engine("nothing", None)  # abstract: cannot be made
 
@@ -73,7 +73,7 @@ def test_the_shared_part_knows_no_engine():
     assert not imported & {"duckdb", "pyspark"}
     methods = [node for node in ast.walk(tree) if isinstance(node, ast.ClassDef) and node.name == "Engine"][0]
     assert not _attributes_used(methods) & {"con", "spark"}
-    assert "_tables_in" in _attributes_used(methods)  # the reader sees the verbs it calls
+    assert "tables_in" in _attributes_used(methods)  # the reader sees the verbs it calls
 
 
 class _Listing(DuckDBDatabase):
@@ -81,13 +81,13 @@ class _Listing(DuckDBDatabase):
 
     listed = 0
 
-    def _read_schema(self):
+    def read_schema(self):
         type(self).listed += 1
-        return super()._read_schema()
+        return super().read_schema()
 
 
 def test_the_shared_schema_cache_reads_once_through_the_verbs():
-    """Within frozen_schema, tables() and columns() ask the engine's `_read_schema` once; outside, each
+    """Within frozen_schema, tables() and columns() ask the engine's `read_schema` once; outside, each
     call asks again. The columns equal what DuckDB's own DESCRIBE reports (the oracle)."""
     con = duckdb.connect()
     con.execute("CREATE TABLE a (x INTEGER, y VARCHAR); CREATE TABLE b (z DOUBLE)")
@@ -98,7 +98,7 @@ def test_the_shared_schema_cache_reads_once_through_the_verbs():
         assert db.columns("a") == described
         assert db.columns("b") == [("z", "DOUBLE")]
     assert _Listing.listed == 1
-    assert db.columns("a") == described  # outside the block: read again (through _columns, not _read_schema)
+    assert db.columns("a") == described  # outside the block: read again (through read_columns, not read_schema)
 
 
 def test_write_table_goes_through_the_engines_verbs():

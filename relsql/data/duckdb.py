@@ -328,7 +328,7 @@ class DuckDBDatabase(Engine):
         current = self.con.execute("SELECT current_database(), current_schema()").fetchone()
         return [(current[0], current[1]), *(s for s in self._extra_scopes if s != tuple(current))]
 
-    def _tables_in(self, scope: tuple[str, str]) -> list[str]:
+    def tables_in(self, scope: tuple[str, str]) -> list[str]:
         try:
             rows = self.con.execute(bound(RELATIONS + " ORDER BY table_name", catalog=scope[0], schema=scope[1])).fetchall()
         except duckdb.Error as err:  # a server gone away, a file removed under an attached catalog
@@ -338,7 +338,7 @@ class DuckDBDatabase(Engine):
         return [r[0] for r in rows if not r[0].startswith(TEMP_PREFIX)]
 
 
-    def _read_schema(self) -> tuple[dict[str, tuple[str, str]], dict[str, list[tuple[str, str]]]]:
+    def read_schema(self) -> tuple[dict[str, tuple[str, str]], dict[str, list[tuple[str, str]]]]:
         """Every user table's scope and columns in one catalog query per scope (every table and
         view has a column, so the column list names them all)."""
         scopes: dict[str, tuple[str, str]] = {}
@@ -354,7 +354,7 @@ class DuckDBDatabase(Engine):
                 found.setdefault(table, []).append((column, kind))
         return scopes, found
 
-    def _columns(self, table: str) -> list[tuple[str, str]]:
+    def read_columns(self, table: str) -> list[tuple[str, str]]:
         scope = self.table_scopes().get(table)
         rows = [] if scope is None else self.con.execute(bound(
             "SELECT column_name, data_type FROM information_schema.columns "
@@ -366,7 +366,7 @@ class DuckDBDatabase(Engine):
         return [(r[0], r[1]) for r in rows]
 
 
-    def _read_catalog(self) -> Catalog:
+    def read_catalog(self) -> Catalog:
         catalog = Catalog(self.description, self.source.kind, keys_origin=self.source.keys_origin)
         scopes = self.scopes()
         placement = self.table_scopes()

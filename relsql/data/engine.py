@@ -165,19 +165,19 @@ class Engine(abc.ABC):
         """(catalog, schema) pairs holding the user's tables, the default one (where relsql writes) first."""
 
     @abc.abstractmethod
-    def _tables_in(self, scope: tuple[str, str]) -> list[str]:
+    def tables_in(self, scope: tuple[str, str]) -> list[str]:
         """The user's tables and views of one scope, sorted, relsql's own (TEMP_PREFIX) left out."""
 
     @abc.abstractmethod
-    def _read_schema(self) -> tuple[dict[str, tuple[str, str]], dict[str, list[tuple[str, str]]]]:
+    def read_schema(self) -> tuple[dict[str, tuple[str, str]], dict[str, list[tuple[str, str]]]]:
         """({table: scope}, {table: [(column, type)]}) of every user table, the default scope winning a clash."""
 
     @abc.abstractmethod
-    def _columns(self, table: str) -> list[tuple[str, str]]:
+    def read_columns(self, table: str) -> list[tuple[str, str]]:
         """(name, type) of a user table's columns in order, types by DuckDB's names; a SchemaError if it is missing."""
 
     @abc.abstractmethod
-    def _read_catalog(self) -> Catalog:
+    def read_catalog(self) -> Catalog:
         """Every user table's columns (nullable or not), the keys the engine declares, and row counts."""
 
     # -- engine-independent, written against the verbs above ------------------------------------
@@ -216,7 +216,7 @@ class Engine(abc.ABC):
         if kind not in WRITTEN_KINDS:
             raise ValueError(f"unknown kind of table {kind!r}")
         scope = self.scopes()[0]
-        clash = sorted((t for t in self._tables_in(scope) if t.casefold() == name.casefold()), key=lambda t: t != name)
+        clash = sorted((t for t in self.tables_in(scope) if t.casefold() == name.casefold()), key=lambda t: t != name)
         if not clash:
             return None
         existing = clash[0]
@@ -285,14 +285,14 @@ class Engine(abc.ABC):
         cache = getattr(self, "_schema_cache", None)
         if cache is not None:
             if "scopes" not in cache:
-                cache["scopes"], cache["columns"] = self._read_schema()
+                cache["scopes"], cache["columns"] = self.read_schema()
             return cache["scopes"]
         return self._table_scopes()
 
     def _table_scopes(self) -> dict[str, tuple[str, str]]:
         found: dict[str, tuple[str, str]] = {}
         for scope in self.scopes():
-            for name in self._tables_in(scope):
+            for name in self.tables_in(scope):
                 found.setdefault(name, scope)
         return found
 
@@ -305,11 +305,11 @@ class Engine(abc.ABC):
         cache = getattr(self, "_schema_cache", None)
         if cache is not None:
             if "columns" not in cache:
-                cache["scopes"], cache["columns"] = self._read_schema()
+                cache["scopes"], cache["columns"] = self.read_schema()
             if table not in cache["columns"]:
-                cache["columns"][table] = self._columns(table)  # raises the SchemaError
+                cache["columns"][table] = self.read_columns(table)  # raises the SchemaError
             return cache["columns"][table]
-        return self._columns(table)
+        return self.read_columns(table)
 
     def has_table(self, table: str) -> bool:
         return table in self.table_scopes()
@@ -338,7 +338,7 @@ class Engine(abc.ABC):
         if cache is not None and "catalog" in cache:
             catalog = cache["catalog"]
         else:
-            catalog = self._read_catalog()
+            catalog = self.read_catalog()
             if cache is not None:
                 cache["catalog"] = catalog
         return dataclasses.replace(catalog, tables=dict(catalog.tables))  # the tables are frozen; the dict is the caller's

@@ -239,8 +239,9 @@ class SparkDatabase(Engine):
             return frame.toArrow()
 
     def scalar(self, query: exp.Expression | str) -> tuple:
-        row = self.arrow(query).to_pylist()
-        return tuple(row[0].values()) if row else None
+        # by position: Spark names unaliased expressions by their text, so equal ones share a name
+        table = self.arrow(query)
+        return tuple(column[0].as_py() for column in table.columns) if table.num_rows else None
 
     def reader(self, query: exp.Expression, chunk: int) -> pa.RecordBatchReader:
         """The executors write the ordered result as Parquet into the scratch location; it is read
@@ -419,19 +420,19 @@ class SparkDatabase(Engine):
     def scopes(self) -> list[tuple[str, str]]:
         return [("spark_catalog", self.spark.catalog.currentDatabase())]
 
-    def _tables_in(self, scope: tuple[str, str]) -> list[str]:
+    def tables_in(self, scope: tuple[str, str]) -> list[str]:
         found = {t.name for t in self.spark.catalog.listTables(scope[1])}  # its tables and the session's temp views
         return sorted(name for name in found if not name.startswith(TEMP_PREFIX) and TEMP_PREFIX not in name)
 
-    def _read_schema(self):
+    def read_schema(self):
         scopes, found = {}, {}
         scope = self.scopes()[0]
-        for name in self._tables_in(scope):
+        for name in self.tables_in(scope):
             scopes[name] = scope
             found[name] = self._schema_of(name)
         return scopes, found
 
-    def _columns(self, table: str) -> list[tuple[str, str]]:
+    def read_columns(self, table: str) -> list[tuple[str, str]]:
         if table not in self.table_scopes():
             raise SchemaError(f"table `{table}` does not exist in {self.description}; "
                               f"known tables: {', '.join(self.tables()) or 'none'}")
@@ -443,11 +444,11 @@ class SparkDatabase(Engine):
         with _spark_errors():
             return [(f.name, duckdb_type(f.dataType.simpleString())) for f in self.spark.table(f"`{table}`").schema.fields]
 
-    def _read_catalog(self) -> Catalog:
+    def read_catalog(self) -> Catalog:
         """Columns and row counts; no keys (Spark's catalog declares none: `key_catalog` is False) and
         every column nullable (Parquet's schema does not say what the data holds)."""
         catalog = Catalog(self.description, self.source.kind, keys_origin=self.source.keys_origin)
-        scopes, columns = self._read_schema()
+        scopes, columns = self.read_schema()
         for table in scopes:  # named as `_schema_of` does: a temp view is in no database
             rows = self.scalar(exp.select(exp.Count(this=exp.Star())).from_(exp.Table(this=ident(table))))
             catalog.tables[table] = Table(name=table, columns=tuple(Column(n, t, True) for n, t in columns[table]),

@@ -167,7 +167,7 @@ class DatabaseEmbedding(EmbeddingTable):
         super().__init__(db, weight, width, seed=seed, optimizer=optimizer, lr=lr)
         self.steps = qualified(STEPS, self.scope)
         self._create(key_type)
-        stored = dict(self.db._columns(self.name))["key"]
+        stored = dict(self.db.read_columns(self.name))["key"]
         self.key_arrow = {"UBIGINT": pa.uint64(), "BIGINT": pa.int64(), "DOUBLE": pa.float64()}.get(stored, pa.string())
         self._live = LiveRows(self)
         self._fetched: tuple[RowCache, pa.Array, np.ndarray] | None = None
@@ -191,14 +191,14 @@ class DatabaseEmbedding(EmbeddingTable):
         columns = [exp.ColumnDef(this=ident("key"), kind=exp.DataType.build(self._sql_type(key_type)))]
         columns += [exp.ColumnDef(this=ident(f"{p}{i}"), kind=exp.DataType.build("DOUBLE"))
                     for p in ("e", "a") for i in range(self.width)]
-        existing = {t.casefold(): t for t in self.db._tables_in(self.scope)}  # DuckDB folds case
+        existing = {t.casefold(): t for t in self.db.tables_in(self.scope)}  # DuckDB folds case
         if STEPS.casefold() in existing:  # checked before anything is created
-            found = [c for c, _ in self.db._columns(existing[STEPS.casefold()])]
+            found = [c for c, _ in self.db.read_columns(existing[STEPS.casefold()])]
             if found != ["weight", "step"]:
                 raise RelsqlError(f"table `{existing[STEPS.casefold()]}` exists with columns {found}, but relsql keeps its "
                                   f"embedding step counters in a table of that name (weight, step): rename your table")
         if self.name.casefold() in existing:
-            self._check_columns([c for c, _ in self.db._columns(existing[self.name.casefold()])])
+            self._check_columns([c for c, _ in self.db.read_columns(existing[self.name.casefold()])])
         elif key_type is None:
             raise RelsqlError(f"embedding `{self.weight}` has no table `{self.name}` in {self.db.description}")
         else:
@@ -376,7 +376,7 @@ class DatabaseEmbedding(EmbeddingTable):
                                                  name=table.name)).fetchone()[0]
             drop_result(self.db.con)  # duckdb 2 keeps a result open until a fetch finds no row
             return bool(found)
-        return table.name in self.db._tables_in(self.scope)
+        return table.name in self.db.tables_in(self.scope)
 
     def drop(self, copy: exp.Table) -> None:
         if self._deferred(copy):
@@ -414,7 +414,7 @@ class DatabaseEmbedding(EmbeddingTable):
 
     def drop_checkpoints(self, keep: int | None = None, keep_best: int | None = None) -> None:
         """Drop this table's checkpoint copies except those a checkpoint file names."""
-        tables = self.db._tables_in(self.scope)
+        tables = self.db.tables_in(self.scope)
         for kind, kept in (("checkpoint", keep), ("best", keep_best)):
             prefix = f"{self.name}_{kind}_"
             for name in tables:
@@ -581,7 +581,7 @@ class GradientStaging:
         """`name` (key, gradient list) = the staged rows summed per key, created atomically."""
         from relsql.errors import SchemaError
 
-        exists = name in self.db._tables_in(self.db.scopes()[0])
+        exists = name in self.db.tables_in(self.db.scopes()[0])
         if exists and not replace:
             raise SchemaError(f"table `{name}` already exists in {self.db.description}; "
                               "choose another prefix or pass replace=True")

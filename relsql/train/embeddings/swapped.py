@@ -45,8 +45,8 @@ class SwappedEmbedding(EmbeddingTable):
         self._identity = (id(db), self.name)
         self._changed()  # opening may finish a swap cut short (and another may have written it meanwhile)
         db.recover_table(self.name)
-        if self.name in db._tables_in(self.scope):
-            self._check_columns([c for c, _ in db._columns(self.name)])
+        if self.name in db.tables_in(self.scope):
+            self._check_columns([c for c, _ in db.read_columns(self.name)])
             if self.step() is None:
                 raise RelsqlError(f"table `{self.name}` in {db.description} has no relsql step counter in its comment; it is "
                                   "not an embedding relsql wrote: drop it or name the embedding differently")
@@ -58,7 +58,7 @@ class SwappedEmbedding(EmbeddingTable):
                                             ident(c))
                                  for c in self.columns()]).where(exp.false())
             db.replace_table(self.name, empty, self._comment(0))
-        stored = dict(db._columns(self.name))["key"]
+        stored = dict(db.read_columns(self.name))["key"]
         self.key_arrow = _SQL_TYPES.get(stored, pa.string())
 
     def _comment(self, step: int) -> str:
