@@ -24,7 +24,7 @@ _LAZY = {  # public name -> the module that defines it
     "Callback": "relsql.train.loop.callbacks", "CompiledNet": "relsql.compile", "compile": "relsql.compile",
     "tune": "relsql.compile",
     "Database": "relsql.data.engine", "connect": "relsql.data.connection", "Model": "relsql.model",
-    "ModelSpec": "relsql.train.spec",
+    "ModelSpec": "relsql.train.model.spec",
     "PredictiveQuery": "relsql.predictive", "QueryError": "relsql.predictive", "Template": "relsql.template",
     "from_relbench": "relsql.relbench", "to_heterodata": "relsql.export", "Loader": "relsql.train.model.loader",
     "TensorBoard": "relsql.train.loop.tracking", "MLflow": "relsql.train.loop.tracking", "WhereError": "relsql.where",

@@ -26,7 +26,7 @@ class Strategy(abc.ABC):
     main: bool = True
     bars: bool = True
     world: int = 1
-    keeps_forward: bool = False  # a full-batch validation forward may serve the next step (relsql/train/reuse.py)
+    keeps_forward: bool = False  # a full-batch validation forward may serve the next step (relsql/train/loop/reuse.py)
 
     @abc.abstractmethod
     def source(self, learner: Learner, batched: bool) -> BatchSource:
