@@ -118,6 +118,7 @@ SLOW_TESTS = {
     "test_search_review": {"test_a_fanout_dict_follows_each_trials_generated_template"},
     "test_shared_aggregation": {"test_values_and_gradients_equal_the_plain_plan[bipartite-avg]",
         "test_values_and_gradients_equal_the_plain_plan[bipartite-gcn]"},
+    "test_shared_key_tables": {"test_template_auto_grounds_and_predicts_as_with_a_key_table_per_relation"},
     "test_sql_reference": {"test_reference_gradient_matches_finite_differences"},
     "test_store": {"test_a_temporary_store_goes_with_its_model_and_bad_stores_are_refused",
         "test_database_embeddings_train_the_same_with_and_without_a_store"},
