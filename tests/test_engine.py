@@ -14,6 +14,8 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 import pytest
+import sqlglot
+import sqlglot.expressions as exp
 
 import relsql
 from relsql.data import engine
@@ -34,7 +36,8 @@ def test_the_interface_declares_the_pipelines_verbs():
     """The abstract verbs are the ones the pipeline calls (a lost one would let an engine skip it)."""
     assert {"run", "arrow", "scalar", "reader", "write_ordered", "create_key_table", "add_codes", "create_table_as",
             "transaction", "register", "unregister", "row_summary", "result_columns", "scopes", "sql", "execute",
-            "close", "tables_in", "read_schema", "read_columns", "read_catalog"} == set(Engine.__abstractmethods__)
+            "close", "tables_in", "read_schema", "read_columns", "read_catalog", "temp_exists", "database_file",
+            "estimate_rows", "interrupt"} == set(Engine.__abstractmethods__)
     with pytest.raises(TypeError):
         Engine("nothing", None)  # abstract: cannot be made
 
@@ -114,3 +117,154 @@ def test_write_table_goes_through_the_engines_verbs():
     assert db.arrow("SELECT x FROM ours").column("x").to_pylist() == [3]
     assert db.written_kinds() == {"ours": "predictions"}
     assert inspect.getmodule(type(db).write_table) is engine  # the shared one, not an engine's copy
+
+
+# -- the verbs callers used to reach DuckDB's `con` for ------------------------------------------------
+RELSQL = Path(relsql.__file__).parent
+# DuckDB's own modules: the engine itself and what attaches to it (the connectors, the dataset loaders)
+DUCKDB_OWN = ("data/duckdb.py", "connectors/", "datasets/")
+
+
+def test_only_duckdbs_own_modules_read_its_connection():
+    """Outside DuckDB's engine module, its connectors and the dataset loaders, no module reads a
+    handle's `.con`: the pipeline asks the engine's verbs, which Spark implements too (it has no
+    `con`). The one other DuckDB connection, the hasher of initial embedding rows, is its own."""
+    readers = []
+    for path in sorted(RELSQL.rglob("*.py")):
+        relative = path.relative_to(RELSQL).as_posix()
+        if relative.startswith(DUCKDB_OWN):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and node.attr == "con"
+                    and not (isinstance(node.value, ast.Name) and node.value.id == "_hasher")):
+                readers.append(f"{relative}:{node.lineno}")
+    assert readers == []
+    assert "con" not in vars(spark_class()) and "con" not in Engine.__annotations__
+
+
+def test_sources_share_a_neutral_base():
+    """Spark's source is no DuckDB source: both derive from relsql.data.sources.Source, which is
+    abstract (how a table is written and how its mark is read are each kind's own)."""
+    from relsql.data.duckdb import DuckDBSource
+    from relsql.data.sources import Source
+
+    spark_source = __import__("relsql.data.spark", fromlist=["SparkSource"]).SparkSource
+    assert issubclass(spark_source, Source) and issubclass(DuckDBSource, Source)
+    assert DuckDBSource not in spark_source.__mro__
+    assert {"write_table", "written_kind"} == set(Source.__abstractmethods__)
+    with pytest.raises(TypeError):
+        Source("nothing")
+
+
+def test_temp_exists_follows_relsqls_own_tables():
+    """`temp_exists` is True exactly while the temp table exists: checked by reading the table
+    (the oracle: a read fails once it is gone), and a user's table of the same name is not one."""
+    db = DuckDBDatabase.in_memory()
+    table = db.temp_table("probe", "t")
+    assert not db.temp_exists(table)
+    db.execute(f'CREATE TABLE "{table.name}" (x INTEGER)')  # the user's, in the default catalog
+    assert not db.temp_exists(table)
+    db.execute(exp.Create(this=table.copy(), kind="TABLE", properties=exp.Properties(expressions=[exp.TemporaryProperty()]),
+                          expression=exp.select(exp.alias_(exp.Literal.number(1), "x"))))
+    assert db.temp_exists(table)
+    assert db.scalar(exp.select(exp.Count(this=exp.Star())).from_(table.copy())) == (1,)
+    db.execute(exp.Drop(tables=[table.copy()], kind="TABLE"))
+    assert not db.temp_exists(table)
+    with pytest.raises(duckdb.CatalogException):
+        db.scalar(exp.select(exp.Count(this=exp.Star())).from_(table.copy()))
+
+
+def test_database_file_is_the_file_connected_to(tmp_path):
+    """The file relsql.connect opened (None for an in-memory database)."""
+    path = tmp_path / "some.duckdb"
+    with relsql.connect(path) as db:
+        assert Path(db.database_file()).resolve() == path.resolve()
+    with relsql.connect() as db:
+        assert db.database_file() is None
+
+
+def test_estimate_rows_sees_a_cross_join_and_an_equi_join(tmp_path):
+    """DuckDB's plan estimate: a cross join is the product of its inputs (the naive count, run), and
+    an equality join on a key is estimated near its true size, far below the product."""
+    db = DuckDBDatabase.in_memory()
+    db.execute("CREATE TABLE a AS SELECT range AS id FROM range(300)")
+    db.execute("CREATE TABLE b AS SELECT range AS id, range % 300 AS a_id FROM range(200)")
+    cross = exp.select("*").from_("a").join("b")
+    assert db.estimate_rows(cross) == db.scalar(exp.select(exp.Count(this=exp.Star())).from_(exp.Subquery(this=cross)))[0]
+    joined = exp.select("*").from_("a").join("b", on="a.id = b.a_id")
+    estimate = db.estimate_rows(joined)
+    assert estimate is not None and estimate < 300 * 200 // 10
+
+
+def test_interrupt_stops_a_running_query_from_another_thread():
+    """A query that would run for hours is stopped by `interrupt` from a watcher thread, and the
+    error is the one grounding takes for Ctrl-C (`interrupted_query`). The watcher interrupts until
+    the query has returned, so no timing decides the outcome."""
+    import threading
+
+    from relsql.data.duckdb import interrupted_query
+
+    db = DuckDBDatabase.in_memory()
+    done = threading.Event()
+
+    def watch():
+        while not done.wait(0.05):
+            db.interrupt()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        with pytest.raises((duckdb.Error, RuntimeError)) as caught:
+            db.scalar(sqlglot.parse_one("SELECT sum(hash(x.range, y.range)) FROM range(1000000) AS x, range(1000000) AS y",
+                                        read="duckdb"))
+    finally:
+        done.set()
+        watcher.join()
+    assert interrupted_query(caught.value)
+    assert db.scalar(exp.select(exp.Literal.number(1))) == (1,)  # the handle still works
+
+
+def test_register_takes_a_stream_read_once():
+    """A RecordBatchReader registered is read by the statement that reads it: the rows arrive whole."""
+    db = DuckDBDatabase.in_memory()
+    data = pa.table({"k": list(range(1000)), "v": [float(i) / 3 for i in range(1000)]})
+    db.register("relsql_stream", pa.RecordBatchReader.from_batches(data.schema, data.to_batches(max_chunksize=64)))
+    try:
+        read = db.arrow(exp.select("k", "v").from_("relsql_stream").order_by("k"))
+    finally:
+        db.unregister("relsql_stream")
+    assert read.equals(data)
+
+
+@pytest.mark.spark
+def test_the_new_verbs_on_spark(spark):
+    """Spark's `temp_exists` (its scratch database), `database_file` (none), `estimate_rows` (the
+    product rule: a cross join's naive count) and `register` of a stream, and key inference, which
+    used to read DuckDB's `con`, now runs there: a view's unique, never-NULL id is its key."""
+    import shutil
+
+    if shutil.which("java") is None:
+        pytest.skip("Spark needs Java 17")
+    from relsql.data.keys import schema
+
+    spark.range(30).selectExpr("id", "id % 3 AS g").createOrReplaceTempView("engine_a")
+    spark.range(20).selectExpr("id AS b_id", "id % 30 AS a_id").createOrReplaceTempView("engine_b")
+    with relsql.connect(spark) as db:
+        table = db.temp_table("probe", "t")
+        assert not db.temp_exists(table)
+        db.execute(exp.Create(this=table.copy(), kind="TABLE", properties=exp.Properties(
+            expressions=[exp.TemporaryProperty()]), expression=exp.select(exp.alias_(exp.Literal.number(1), "x"))))
+        assert db.temp_exists(table)
+        assert db.database_file() is None
+        cross = exp.select("*").from_("engine_a").join("engine_b")
+        naive = db.scalar(exp.select(exp.Count(this=exp.Star())).from_(exp.Subquery(this=cross, alias="c")))[0]
+        assert db.estimate_rows(cross) == naive == 600
+        data = pa.table({"k": [3, 1, 2]})
+        db.register("relsql_stream", pa.RecordBatchReader.from_batches(data.schema, data.to_batches()))
+        try:
+            assert db.arrow(exp.select("k").from_("relsql_stream").order_by("k")).column("k").to_pylist() == [1, 2, 3]
+        finally:
+            db.unregister("relsql_stream")
+        keys = schema(db, db.catalog(), infer=True)
+        assert keys.primary_keys.get("engine_a") == ("id",)

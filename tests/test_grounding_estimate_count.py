@@ -14,9 +14,9 @@ import duckdb
 import pytest
 
 import relsql
+from relsql.data.duckdb import duckdb_plan_rows
 from relsql.errors import GroundingError
 from relsql.ground.demand import BatchGrounder
-from relsql.ground.execute import duckdb_plan_rows
 
 ROWS = 20_000
 # a limit the planner's estimate of this join passes on duckdb 1.5 (2.8 x 10^8) and on 2.0 (8.4 x 10^7),

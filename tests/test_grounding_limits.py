@@ -19,6 +19,7 @@ import duckdb
 import pytest
 
 import relsql
+from relsql.data.duckdb import DuckDBDatabase
 from relsql.errors import GroundingError, RelsqlError
 from relsql.ground.demand import BatchGrounder
 from relsql.ground.execute import MAX_GROUNDINGS
@@ -261,7 +262,7 @@ def test_the_product_rule_for_engines_without_an_estimate(tmp_path):
     the naive count of the same queries, run here by DuckDB."""
     import sqlglot
 
-    from relsql.ground.execute import product_rows
+    from relsql.data.engine import product_rows
 
     path = tmp_path / "pairs.duckdb"
     make_pairs(path, 300, 200)
@@ -296,7 +297,7 @@ def test_a_hub_the_planner_underestimates_is_stopped_while_it_runs(tmp_path, mon
     hub = "CREATE TABLE h AS SELECT a.id, sum(linear(b.x, 2, 'w')) AS v FROM a JOIN b ON a.k = b.k GROUP BY a.id;"
     true_rows = db.con.execute("SELECT count(*) FROM a JOIN b ON a.k = b.k").fetchone()[0]
     assert true_rows == 901_000
-    monkeypatch.setattr("relsql.ground.execute.estimate_rows", lambda db, query: 10)
+    monkeypatch.setattr(DuckDBDatabase, "estimate_rows", lambda self, query: 10)
     with pytest.raises(GroundingError, match=r"h, statement 1.*more than max_groundings=100,000 groundings"):
         relsql.compile(relsql.Template.from_sql(hub), db, max_groundings=100_000)
     assert not db.con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()

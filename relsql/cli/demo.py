@@ -26,7 +26,7 @@ def _holds_demo_data(db: relsql.Database, table: str, parquet: Path) -> bool:
     try:
         columns = [c for c, _ in db.columns(table)]
         empty = exp.select("*").from_(exp.func("read_parquet", exp.Literal.string(str(parquet)))).limit(0)
-        shipped = [d[0] for d in db.con.execute(empty.sql("duckdb")).description]
+        shipped = [name for name, _ in db.result_columns(empty)]
         if columns != shipped:
             return False
         stored, shipped = (exp.Table(this=exp.to_identifier(table, quoted=True)),
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
                               "table: pass --predictions another_name, or drop that table")
         counts = _demo_tables(db, args.db) if args.db else None
         if counts is None:
-            counts = mutagenesis.load(db.con)
+            counts = mutagenesis.load(db)
             print(f"Mutagenesis in {db.description}: " + ", ".join(f"{t} {n} rows" for t, n in counts.items()))
         else:
             print(f"Mutagenesis already in {db.description}, used as it is: "

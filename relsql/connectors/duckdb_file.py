@@ -13,14 +13,14 @@ from pathlib import Path
 
 import duckdb
 
-from relsql.data.duckdb import DuckDBDatabase, Source
+from relsql.data.duckdb import DuckDBDatabase, DuckDBSource
 from relsql.data.engine import Database
 from relsql.errors import SourceError
 
 __all__ = ["DuckDBFile", "open_duckdb_file"]
 
 
-class DuckDBFile(Source):
+class DuckDBFile(DuckDBSource):
     kind = "duckdb-file"
 
     def __init__(self, path: Path, *, read_only: bool):

@@ -31,7 +31,7 @@ import sqlglot.expressions as exp
 from relsql import textfile
 from relsql.data import keyfile
 from relsql.data.catalog import ForeignKey, Keys
-from relsql.data.duckdb import DuckDBDatabase, Source, parquet_mark
+from relsql.data.duckdb import DuckDBDatabase, DuckDBSource, parquet_mark
 from relsql.data.engine import Database, first_line, ident
 from relsql.errors import RelsqlError, SchemaError, SourceError
 
@@ -40,7 +40,7 @@ __all__ = ["Folder", "SUFFIXES", "inside", "open_folder"]
 SUFFIXES = {".parquet": "read_parquet", ".csv": "read_csv"}
 
 
-class Folder(Source):
+class Folder(DuckDBSource):
     kind = "folder"
 
     def __init__(self, path: Path, *, read_only: bool):

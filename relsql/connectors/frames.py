@@ -15,7 +15,7 @@ from typing import Any
 import duckdb
 import sqlglot.expressions as exp
 
-from relsql.data.duckdb import DuckDBDatabase, Source, qualified
+from relsql.data.duckdb import DuckDBDatabase, DuckDBSource, qualified
 from relsql.data.engine import TEMP_PREFIX, Database, first_line, ident, to_arrow
 from relsql.errors import SchemaError, SourceError
 
@@ -25,7 +25,7 @@ FRAMES_SCOPE = ("temp", "main")
 _counter = itertools.count()
 
 
-class Frames(Source):
+class Frames(DuckDBSource):
     kind = "frames"
 
 

@@ -17,7 +17,7 @@ import sqlglot.expressions as exp
 
 from relsql.connectors import extensions
 from relsql.data.catalog import ForeignKey, Keys
-from relsql.data.duckdb import DuckDBDatabase, Source
+from relsql.data.duckdb import DuckDBDatabase, DuckDBSource
 from relsql.data.engine import WRITTEN_BY, Database, first_line, ident, marked_kind
 from relsql.errors import SourceError
 
@@ -62,7 +62,7 @@ def redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
 
 
-class Postgres(Source):
+class Postgres(DuckDBSource):
     kind = "postgres"
 
     def __init__(self, url: str, *, read_only: bool):

@@ -16,7 +16,7 @@ import sqlglot.expressions as exp
 
 from relsql.connectors import extensions
 from relsql.data.catalog import ForeignKey, Keys
-from relsql.data.duckdb import SQLITE_MAGIC, DuckDBDatabase, Source, qualified
+from relsql.data.duckdb import SQLITE_MAGIC, DuckDBDatabase, DuckDBSource, qualified
 from relsql.data.engine import TEMP_PREFIX, Database, first_line, ident
 from relsql.errors import SourceError
 from relsql.sql import bound
@@ -27,7 +27,7 @@ ALIAS = "src"
 MARK_INDEX = f"{TEMP_PREFIX}written_"  # relsql's mark on a table it wrote (see SQLiteFile.mark)
 
 
-class SQLiteFile(Source):
+class SQLiteFile(DuckDBSource):
     kind = "sqlite"
 
     def __init__(self, path: Path, *, read_only: bool):

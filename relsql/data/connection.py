@@ -12,7 +12,7 @@ import duckdb
 
 import relsql.connectors  # noqa: F401  (its import registers relsql's kinds of source)
 from relsql.connectors import frames
-from relsql.data.duckdb import set_flush_threshold, set_memory_limit, set_threads
+from relsql.data.duckdb import DuckDBDatabase, set_flush_threshold, set_memory_limit, set_threads
 from relsql.data.engine import Database
 from relsql.data.keyfile import attach
 from relsql.data.sources import Options, opener_for
@@ -49,7 +49,7 @@ def connect(source: str | Path | duckdb.DuckDBPyConnection | Mapping[str, Any] |
     """
     options = Options(read_only=read_only, tables=tables, memory_limit=memory_limit, threads=threads, scratch=scratch)
     db = opener_for(source).open(source, options)
-    if db.con is not None and not isinstance(source, duckdb.DuckDBPyConnection):
+    if isinstance(db, DuckDBDatabase) and not isinstance(source, duckdb.DuckDBPyConnection):
         set_flush_threshold(db)  # a database instance relsql opened: its settings are relsql's to choose
     if tables:
         frames.add_frames(db, tables)

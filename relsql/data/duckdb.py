@@ -11,6 +11,7 @@ touched, and `tables()`/`columns()` list only the user's tables of the source.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from relsql.data.engine import (
     ident,
     marked_kind,
 )
+from relsql.data.sources import Source
 from relsql.errors import SchemaError, SourceError
 from relsql.sql import bound, integer
 
@@ -101,6 +103,54 @@ def lost_connection(description: str, err: BaseException) -> SourceError | None:
                        "kept grounding store (store='folder') trains and predicts from it without the server")
 
 
+def interrupted_query(err: BaseException) -> bool:
+    """Whether `err` is DuckDB's answer to Ctrl-C: its Python client turns SIGINT during a query
+    into RuntimeError('Query interrupted'), and `con.interrupt()` into an InterruptException."""
+    return isinstance(err, duckdb.InterruptException) or (
+        type(err) is RuntimeError and str(err).strip() == "Query interrupted")
+
+
+# Plan operators whose output is bounded only by the product of their inputs' (joins without an
+# equality condition, for which DuckDB's own estimate is absent or far too low).
+_PRODUCT_JOINS = frozenset({"CROSS_PRODUCT", "NESTED_LOOP_JOIN", "BLOCKWISE_NL_JOIN", "PIECEWISE_MERGE_JOIN", "IE_JOIN"})
+
+
+def duckdb_plan_rows(con: duckdb.DuckDBPyConnection, sql: str) -> int | None:
+    """The largest row count of any operator in DuckDB's plan of `sql` (its EXPLAIN, well under a
+    millisecond: nothing runs). A join without an equality condition counts as the product of its
+    inputs (DuckDB gives none, or far too few for an inequality join). None: no estimate."""
+    try:
+        rows = con.execute("EXPLAIN (FORMAT JSON) " + sql).fetchall()  # `sql` is sqlglot's, never user text
+        plans = json.loads(rows[0][1]) if rows else []
+    except duckdb.Error as err:
+        if interrupted_query(err):
+            raise
+        return None  # the query itself will fail with a message naming the rule
+    except (ValueError, IndexError, TypeError):
+        return None
+    peaks = [_plan_rows(plan)[1] for plan in plans if isinstance(plan, dict)]
+    known = [p for p in peaks if p is not None]
+    return max(known) if known else None
+
+
+def _plan_rows(node: dict) -> tuple[int | None, int | None]:
+    """(estimated output rows, largest estimate in the subtree) of one plan operator."""
+    children = [_plan_rows(c) for c in node.get("children", []) if isinstance(c, dict)]
+    text = (str((node.get("extra_info") or {}).get("Estimated Cardinality", ""))
+            if isinstance(node.get("extra_info"), dict) else "")
+    digits = re.sub(r"[^0-9]", "", text)
+    rows = int(digits) if digits else None
+    if node.get("name") in _PRODUCT_JOINS and children and all(out is not None for out, _ in children):
+        product = 1
+        for out, _ in children:
+            product *= out
+        rows = max(rows or 0, product)
+    elif rows is None and len(children) == 1:
+        rows = children[0][0]  # a pass-through operator
+    peaks = [p for p in (rows, *(peak for _, peak in children)) if p is not None]
+    return rows, max(peaks) if peaks else None
+
+
 def free_name(name: str, taken: set[str]) -> str:
     """`name`, or `name_1`, `name_2`, ... if a column (compared case-insensitively) has it; marks it taken."""
     found, n = name, 0
@@ -125,27 +175,18 @@ def parquet_mark(path: Path) -> str | None:
     return marked_kind(metadata.get(MARK_KEY, b"").decode("utf-8", "replace"))
 
 
-class Source:
+class DuckDBSource(Source):
     """What a kind of source adds to plain DuckDB: its keys, how it writes, how it closes.
 
-    The base class is a native DuckDB database (in memory, a file, or frames copied into
-    DuckDB tables): keys come from `duckdb_constraints()`, writes run in a transaction.
+    This class is a native DuckDB database (in memory, a file, or frames copied into DuckDB
+    tables): keys come from `duckdb_constraints()`, writes run in a transaction. The connectors
+    subclass it for what they attach to DuckDB.
     """
 
     kind = "duckdb"
-    keys_origin = ""  # where keys the source declares come from, when not its own catalog ("schema.sql")
-
-    def __init__(self, description: str, *, read_only: bool = False):
-        self.description = description
-        self.read_only = read_only
 
     def keys(self, db: Database, scope: tuple[str, str]) -> dict[str, Keys]:
         return duckdb_keys(db.con, scope)
-
-    def refuse_read_only(self, name: str) -> None:
-        if self.read_only:
-            raise SourceError(f"cannot write table `{name}`: {self.description} was opened read-only; "
-                              "reconnect with relsql.connect(..., read_only=False) to write to it")
 
     def write_table(self, db: Database, name: str, data: pa.Table, replace: bool) -> None:
         """All of it or nothing, inside one transaction of the source's default catalog, which also
@@ -182,7 +223,7 @@ class Source:
     def written_kinds(self, db: Database, scope: tuple[str, str]) -> dict[str, str | None] | None:
         """`written_kind` of every table of `scope` in one catalog query (key discovery asks for each
         table's), tables without a mark left out; None where a source reads its marks its own way."""
-        if type(self).written_kind is not Source.written_kind:
+        if type(self).written_kind is not DuckDBSource.written_kind:
             return None
         rows = db.con.execute(bound("SELECT table_name, comment FROM duckdb_tables() WHERE database_name = :catalog "
                                     "AND schema_name = :schema", catalog=scope[0], schema=scope[1])).fetchall()
@@ -200,17 +241,18 @@ class DuckDBDatabase(Engine):
 
     transactional = True
     key_catalog = True
+    watch_interrupts = True  # DuckDB's client looks for Ctrl-C only between the tasks the calling thread runs
 
     def __init__(self, con: duckdb.DuckDBPyConnection, description: str = "in-memory DuckDB", *,
-                 source: Source | None = None):
-        super().__init__(description, source or Source(description))
+                 source: DuckDBSource | None = None):
+        super().__init__(description, source or DuckDBSource(description))
         self.con = con
         self._extra_scopes: list[tuple[str, str]] = []  # frames registered beside another source
 
     @classmethod
     def in_memory(cls) -> DuckDBDatabase:
         """A new in-memory DuckDB: `relsql.connect()`'s, for modules below the connection layer."""
-        return cls(duckdb.connect(), "in-memory DuckDB", source=Source("in-memory DuckDB", read_only=False))
+        return cls(duckdb.connect(), "in-memory DuckDB", source=DuckDBSource("in-memory DuckDB", read_only=False))
 
     def close(self) -> None:
         try:
@@ -299,7 +341,7 @@ class DuckDBDatabase(Engine):
         process; an engine with workers writes a part per worker, where they run."""
         return [write(None, iter(self.reader(query, chunk)))]
 
-    def register(self, name: str, data: pa.Table) -> None:
+    def register(self, name: str, data: pa.Table | pa.RecordBatchReader) -> None:
         """Make `data` readable as table `name` (relsql's own, prefixed names) until `unregister`."""
         drop_result(self.con)
         self.con.register(name, data)
@@ -307,6 +349,23 @@ class DuckDBDatabase(Engine):
     def unregister(self, name: str) -> None:
         drop_result(self.con)
         self.con.unregister(name)
+
+    def temp_exists(self, table: exp.Table) -> bool:
+        found = self.scalar(exp.select(exp.Count(this=exp.Star())).from_(exp.func("duckdb_tables")).where(exp.and_(
+            exp.column("temporary"), exp.EQ(this=exp.column("table_name"), expression=exp.Literal.string(table.name)))))
+        return bool(found[0])
+
+    def database_file(self) -> str | None:
+        row = self.scalar(exp.select(exp.column("path")).from_(exp.func("duckdb_databases")).where(
+            exp.EQ(this=exp.column("database_name"), expression=exp.func("current_database"))))
+        return row[0] if row and row[0] else None
+
+    def estimate_rows(self, query: exp.Query) -> int | None:
+        """DuckDB's plan of `query` (its EXPLAIN: nothing runs), read by `duckdb_plan_rows`."""
+        return duckdb_plan_rows(self.con, self.sql(query))
+
+    def interrupt(self) -> None:
+        self.con.interrupt()
 
     def row_summary(self, table: exp.Table) -> tuple:
         """(rows, an order-independent sum of row hashes) of a table: what a kept grounding store's
@@ -452,7 +511,7 @@ def engine_threads(db: Database | None, count: int):
     session's) are left alone. Why: grounding, like planning, runs while nothing else of relsql's
     does, and on a 2-core machine busy with other jobs DuckDB's two threads cost Lahman's grounding
     a third more wall and CPU time than one (docs/performance.md)."""
-    con = None if db is None else db.con
+    con = db.con if isinstance(db, DuckDBDatabase) else None
     if con is None or db.threads_given is not None or count < 1:
         yield
         return

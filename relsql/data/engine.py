@@ -11,6 +11,12 @@ written against the abstract verbs only: nothing here knows an engine.
 
 `relsql.Database`, the public name of a handle from `relsql.connect`, is this class: a
 DuckDB database and a Spark session both are one.
+
+Not declared here: `replace_table`, `recover_table` and `table_comment`, Spark's way to keep a
+table up to date without transactions (a new table renamed into place, its state in its comment).
+Their one caller, relsql/train/embeddings/swapped.py, runs only where `transactional` is False;
+an engine with transactions updates the same table in place, atomically (`transaction`), so a
+DuckDB version of them would have no caller.
 """
 
 from __future__ import annotations
@@ -27,15 +33,16 @@ import sqlglot.expressions as exp
 
 from relsql.data.catalog import Catalog
 from relsql.errors import SchemaError, SourceError
+from relsql.sql import unjoined_tables
 
 if TYPE_CHECKING:
-    from relsql.data.duckdb import Source
+    from relsql.data.sources import Source
 
 TEMP_PREFIX = "__relsql_"
 handle_numbers = itertools.count()
 
 # relsql's mark on every table it writes into the user's database (a table comment, or what the
-# engine has instead: see Source.mark). Only a table bearing it, of the same kind, is ever replaced.
+# engine has instead: see DuckDBSource.mark). Only a table bearing it, of the same kind, is ever replaced.
 WRITTEN_BY = "written by relsql: "
 MARK_KEY = b"relsql"  # the Parquet footer's key for the mark (see with_mark)
 WRITTEN_KINDS = {"table": "a plain table (Database.write_table)", "predictions": "a table of predictions",
@@ -80,8 +87,8 @@ class Engine(abc.ABC):
     engine's; the rest is engine-independent and written against them."""
 
     transactional: ClassVar[bool]  # `transaction` runs statements atomically (Spark's Parquet tables cannot)
-    key_catalog: ClassVar[bool]  # catalog() reads declared and inferred keys (Spark keeps none, and has no `con` to infer them)
-    con: Any  # the DuckDB connection where DuckDB is the engine (its settings, key inference), else None
+    key_catalog: ClassVar[bool]  # catalog() reads the keys the engine declares (Spark's catalog keeps none)
+    watch_interrupts: ClassVar[bool]  # Ctrl-C reaches a running query only through `interrupt` from a watcher thread
 
     def __init__(self, description: str, source: Source):
         self.description = description
@@ -145,12 +152,32 @@ class Engine(abc.ABC):
         """A new user table `name` of `query`'s rows marked as relsql's `kind`; a failed write leaves no table behind."""
 
     @abc.abstractmethod
-    def register(self, name: str, data: pa.Table) -> None:
-        """`data` readable as table `name` (relsql's own prefixed names) until `unregister`."""
+    def register(self, name: str, data: pa.Table | pa.RecordBatchReader) -> None:
+        """`data` readable as table `name` (relsql's own prefixed names) until `unregister`; a
+        reader is read once, by the first statement that reads the table."""
 
     @abc.abstractmethod
     def unregister(self, name: str) -> None:
         """Forget a table `register` made readable."""
+
+    @abc.abstractmethod
+    def temp_exists(self, table: exp.Table) -> bool:
+        """Whether relsql's own table `table` (made by `temp_table`) exists now."""
+
+    @abc.abstractmethod
+    def database_file(self) -> str | None:
+        """The file holding the default database (where relsql writes), None where there is no
+        one such file (an in-memory DuckDB, a Spark catalog)."""
+
+    @abc.abstractmethod
+    def estimate_rows(self, query: exp.Query) -> int | None:
+        """The engine's cheap estimate of the most rows any step of `query` produces (its largest
+        join), without running it; None where the engine cannot tell."""
+
+    @abc.abstractmethod
+    def interrupt(self) -> None:
+        """Stop what this handle runs now, from another thread (a Ctrl-C watcher): the running call
+        raises (see `relsql.ground.execute.interrupted_query`)."""
 
     @abc.abstractmethod
     def row_summary(self, table: exp.Table) -> tuple:
@@ -320,7 +347,7 @@ class Engine(abc.ABC):
 
         An existing table of that name is refused unless `replace`, and even then unless relsql
         wrote it as the same `kind` (its mark: a table comment, or on SQLite an index; see
-        `Source.mark`): a user's table is never replaced. DuckDB, SQLite and PostgreSQL write
+        `DuckDBSource.mark`): a user's table is never replaced. DuckDB, SQLite and PostgreSQL write
         inside one transaction; a folder of files writes `<name>.parquet` to a temporary file and
         renames it into place.
         """
@@ -342,6 +369,20 @@ class Engine(abc.ABC):
             if cache is not None:
                 cache["catalog"] = catalog
         return dataclasses.replace(catalog, tables=dict(catalog.tables))  # the tables are frozen; the dict is the caller's
+
+
+def product_rows(db: Engine, query: exp.Query) -> int | None:
+    """An estimate for an engine without a planner's (Spark): a query whose tables fall into groups
+    that no equality connects is a cross product of the groups, estimated as the product of each
+    group's largest table (the rows an equi-joined group keeps, as along foreign keys); one count
+    per table, only for such a query. None for a query whose joins all have an equality."""
+    groups = unjoined_tables(query) if isinstance(query, exp.Select) else None
+    if groups is None or len(groups) < 2:
+        return None
+    product = 1
+    for tables in groups:
+        product *= max(int(db.scalar(exp.select(exp.Count(this=exp.Star())).from_(t.copy()))[0]) for t in tables)
+    return product
 
 
 def to_arrow(frame: Any, name: str) -> pa.Table:

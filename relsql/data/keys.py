@@ -248,7 +248,7 @@ def _unique_rows(db: Database, table: str, columns: tuple[str, ...]) -> int | No
                        exp.select(exp.Count(this=exp.Star()))
                        .from_(exp.alias_(exp.Subquery(this=distinct), _q("d"), table=True)).subquery()
                        ).from_(_table(table))
-    total, count = db.con.execute(query.sql("duckdb")).fetchone()
+    total, count = db.scalar(query)
     return int(total) if total and total == count else None
 
 
@@ -271,7 +271,7 @@ def _containment(db: Database, child: str, columns: tuple[str, ...], parent: str
         .join(exp.alias_(exp.Subquery(this=exp.select(*[exp.column(_q(key)) for key in keys]).distinct().from_(_table(parent))),
                          _q("p"), table=True), on=on, join_type="left") \
         .where(exp.and_(*[exp.Not(this=exp.Is(this=x.copy(), expression=exp.Null())) for x in c]))
-    present, hits, values, value_hits = db.con.execute(query.sql("duckdb")).fetchone()
+    present, hits, values, value_hits = db.scalar(query)
     return int(present), int(present - hits), int(values), int(values - value_hits)
 
 
@@ -298,7 +298,7 @@ def _stats(db: Database, table: str, columns: list[str], lengths: bool = False, 
         aggregates += [exp.Count(this=col.copy()), distinct]
         if lengths:
             aggregates += [exp.Min(this=exp.Length(this=col.copy())), exp.Max(this=exp.Length(this=col.copy()))]
-    row = db.con.execute(exp.select(*aggregates).from_(_table(table)).sql("duckdb")).fetchone()
+    row = db.scalar(exp.select(*aggregates).from_(_table(table)))
     width = 4 if lengths else 2
     out = {"rows": int(row[0])}
     for i, c in enumerate(columns):
@@ -311,7 +311,7 @@ def _pair_stats(db: Database, table: str, pairs: list[tuple[str, str]]) -> tuple
     columns = sorted({c for pair in pairs for c in pair})
     aggregates = [exp.Count(this=exp.Star())] + [exp.Count(this=exp.column(_q(c))) for c in columns] + [
         exp.ApproxDistinct(this=exp.Tuple(expressions=[exp.column(_q(a)), exp.column(_q(b))])) for a, b in pairs]
-    row = db.con.execute(exp.select(*aggregates).from_(_table(table)).sql("duckdb")).fetchone()
+    row = db.scalar(exp.select(*aggregates).from_(_table(table)))
     return int(row[0]), [int(n) for n in row[1 + len(columns):]], dict(zip(columns, (int(n) for n in row[1:1 + len(columns)])))
 
 
@@ -320,7 +320,7 @@ def _never_null(db: Database, table: str, columns: list[str]) -> list[str]:
     if not columns:
         return []
     counts = [exp.Count(this=exp.Star())] + [exp.Count(this=exp.column(_q(c))) for c in columns]
-    row = db.con.execute(exp.select(*counts).from_(_table(table)).sql("duckdb")).fetchone()
+    row = db.scalar(exp.select(*counts).from_(_table(table)))
     return [c for c, n in zip(columns, row[1:]) if n == row[0]]
 
 
@@ -809,7 +809,7 @@ def _year_values(db: Database, result: Schema) -> dict[str, set[str]]:
             col = exp.column(_q(c))
             aggregates += [exp.Min(this=col.copy()), exp.Max(this=col.copy()), exp.Count(this=col.copy()),
                            exp.Count(this=exp.Distinct(expressions=[col.copy()]))]
-        row = db.con.execute(exp.select(*aggregates).from_(_table(name)).sql("duckdb")).fetchone()
+        row = db.scalar(exp.select(*aggregates).from_(_table(name)))
         for i, c in enumerate(candidates):
             low, high, present, distinct = row[1 + 4 * i: 5 + 4 * i]
             if present and _YEARS[0] <= low and high <= _YEARS[1] and 2 * distinct <= present:
@@ -960,7 +960,7 @@ def _unreadable(db: Database, table: str, columns: list[str]) -> str:
     source = scoped_table(table, scope) if scope else exp.Table(this=exp.to_identifier(table, quoted=True))
     query = exp.select(*[exp.Count(this=exp.column(exp.to_identifier(c, quoted=True))) for c in columns]).from_(source)
     try:
-        db.con.execute(query.sql("duckdb")).fetchall()
+        db.scalar(query)
     except duckdb.Error as err:
         return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     return ""

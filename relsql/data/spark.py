@@ -59,8 +59,8 @@ import sqlglot.expressions as exp
 
 from relsql import sql as q
 from relsql.data.catalog import Catalog, Column, Table
-from relsql.data.duckdb import Source
-from relsql.data.engine import TEMP_PREFIX, WRITTEN_BY, Database, Engine, first_line, ident, marked_kind
+from relsql.data.engine import TEMP_PREFIX, WRITTEN_BY, Database, Engine, first_line, ident, marked_kind, product_rows
+from relsql.data.sources import Source
 from relsql.errors import SchemaError, SourceError
 
 _results = itertools.count()
@@ -130,10 +130,10 @@ def _table(name: str, db: Database) -> exp.Table:
 
 
 class SparkSource(Source):
-    kind = "spark"
+    """A Spark session's catalog: no keys declared (give them with connect(keys=...) or let them be
+    inferred), tables written whole and renamed into place, relsql's mark in the table's comment."""
 
-    def keys(self, db: Database, scope: tuple[str, str]) -> dict:
-        return {}  # Spark's catalog declares no keys: give them with connect(keys=...) or let them be inferred
+    kind = "spark"
 
     def write_table(self, db: Database, name: str, data: pa.Table, replace: bool) -> None:
         """Written whole under a temporary name with relsql's mark as its comment, then renamed into
@@ -164,12 +164,12 @@ class SparkDatabase(Engine):
 
     transactional = False
     key_catalog = False
+    watch_interrupts = False  # pyspark's own SIGINT handler cancels the jobs
 
     def __init__(self, session, scratch: str | Path | None = None, description: str | None = None, read_only: bool = False):
         context = session.sparkContext if hasattr(session, "sparkContext") else None
         description = description or f"Spark session ({context.master if context is not None else 'Spark Connect'})"
         super().__init__(description, SparkSource(description, read_only=read_only))
-        self.con = None  # no DuckDB: key inference and DuckDB's settings do not apply
         self.spark = session
         self._owned_folder = scratch is None
         self.folder = Path(tempfile.mkdtemp(prefix="relsql-spark-")) if scratch is None else Path(scratch) / uuid.uuid4().hex
@@ -399,13 +399,32 @@ class SparkDatabase(Engine):
         """A table of the current database as the catalog API takes it (relsql's own names only)."""
         return f"`{self.scopes()[0][1]}`.`{name}`"
 
-    def register(self, name: str, data: pa.Table) -> None:
+    def register(self, name: str, data: pa.Table | pa.RecordBatchReader) -> None:
+        if isinstance(data, pa.RecordBatchReader):
+            data = data.read_all()  # createDataFrame takes a table; a temp view may be read more than once
         with _spark_errors():
             self.spark.createDataFrame(data).createOrReplaceTempView(name)
 
     def unregister(self, name: str) -> None:
         with _spark_errors():
             self.spark.catalog.dropTempView(name)
+
+    def temp_exists(self, table: exp.Table) -> bool:
+        """In the scratch database, where relsql's temp tables live (see `_rewrite`)."""
+        with _spark_errors():
+            return self.spark.catalog.tableExists(".".join(f"`{part.replace('`', '``')}`" for part in (self.scratch, table.name)))
+
+    def database_file(self) -> str | None:
+        return None  # a catalog of tables, each its own folder of files
+
+    def estimate_rows(self, query: exp.Query) -> int | None:
+        """Spark's optimizer gives no row estimate without table statistics: `product_rows`."""
+        return product_rows(self, query)
+
+    def interrupt(self) -> None:
+        """Interrupts this session's running operations (pyspark 4: classic and Connect alike)."""
+        with _spark_errors():
+            self.spark.interruptAll()
 
     def row_summary(self, table: exp.Table) -> tuple:
         return self.scalar(exp.select(exp.Count(this=exp.Star()), exp.Sum(this=exp.cast(

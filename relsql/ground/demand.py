@@ -31,7 +31,7 @@ import sqlglot.expressions as exp
 import torch
 
 from relsql import sql as q
-from relsql.data.duckdb import lost_connection
+from relsql.data.duckdb import interrupted_query, lost_connection
 from relsql.data.engine import Database
 from relsql.errors import GroundingError, SchemaError
 from relsql.ground import closure
@@ -42,7 +42,6 @@ from relsql.ground.execute import (
     RelationGrounding,
     RuleGrounding,
     column_tensor,
-    interrupted_query,
     interruptible,
     reported_as,
 )

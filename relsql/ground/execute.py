@@ -8,9 +8,7 @@ Arrow table (a slice per rule) whose columns become torch tensors without copies
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import re
 import signal
 import socket
 import threading
@@ -27,7 +25,7 @@ import torch
 
 from relsql import arguments
 from relsql import sql as q
-from relsql.data.duckdb import lost_connection
+from relsql.data.duckdb import interrupted_query, lost_connection
 from relsql.data.engine import Database
 from relsql.errors import GroundingError, RelsqlError, SchemaError
 from relsql.ground import domains
@@ -45,10 +43,6 @@ PADDING_CELLS = 1 << 24  # at most this many empty cells (other rules' columns) 
 # grounding; DuckDB materializes them in seconds to a minute. Past that, a rule is far more often
 # a join missing its condition (a cross join: 10^10 groundings for two 100k-row tables) than meant.
 MAX_GROUNDINGS = 10**8
-
-# Plan operators whose output is bounded only by the product of their inputs' (joins without an
-# equality condition, for which DuckDB's own estimate is absent or far too low).
-_PRODUCT_JOINS = frozenset({"CROSS_PRODUCT", "NESTED_LOOP_JOIN", "BLOCKWISE_NL_JOIN", "PIECEWISE_MERGE_JOIN", "IE_JOIN"})
 
 log = logging.getLogger("relsql")
 
@@ -126,29 +120,23 @@ def ground(template: ir.Template, db: Database, *, presets: Presets | None = Non
     return Grounding(grounder.relations, dictionaries, grounder.feature_stats, seconds)
 
 
-def interrupted_query(err: BaseException) -> bool:
-    """Whether `err` is DuckDB's answer to Ctrl-C: its Python client turns SIGINT during a query
-    into RuntimeError('Query interrupted'), and `con.interrupt()` into an InterruptException."""
-    return isinstance(err, duckdb.InterruptException) or (
-        type(err) is RuntimeError and str(err).strip() == "Query interrupted")
-
-
 class _CtrlC:
-    """Interrupts `con`'s running query the moment SIGINT arrives. DuckDB's Python client looks for
-    Ctrl-C only between the tasks that the main thread itself runs, and one task of a large join
-    took it minutes; the signal's byte on Python's wakeup fd reaches this thread at once."""
+    """Interrupts `db`'s running query the moment SIGINT arrives (`Database.interrupt`). DuckDB's
+    Python client looks for Ctrl-C only between the tasks that the main thread itself runs, and one
+    task of a large join took it minutes; the signal's byte on Python's wakeup fd reaches this
+    thread at once."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, reader: socket.socket, writer: socket.socket, previous: int):
-        self.con, self.reader, self.writer, self.previous = con, reader, writer, previous
+    def __init__(self, db: Database, reader: socket.socket, writer: socket.socket, previous: int):
+        self.db, self.reader, self.writer, self.previous = db, reader, writer, previous
         self.thread = threading.Thread(target=self._watch, name="relsql-ctrl-c", daemon=True)
         self.thread.start()
 
     @classmethod
     def start(cls, db: Database | None) -> _CtrlC | None:
-        """A watcher for `db`'s DuckDB connection; None where another one (or an event loop) holds
-        the wakeup fd, off the main thread, or for another engine."""
-        con = getattr(db, "con", None)
-        if not isinstance(con, duckdb.DuckDBPyConnection) or threading.current_thread() is not threading.main_thread():
+        """A watcher for `db`; None where another one (or an event loop) holds the wakeup fd, off
+        the main thread, or for an engine whose client stops its work on SIGINT itself
+        (`Database.watch_interrupts`: pyspark cancels its jobs)."""
+        if db is None or not db.watch_interrupts or threading.current_thread() is not threading.main_thread():
             return None
         reader, writer = socket.socketpair()
         writer.setblocking(False)
@@ -162,7 +150,7 @@ class _CtrlC:
             reader.close()
             writer.close()
             return None
-        return cls(con, reader, writer, previous)
+        return cls(db, reader, writer, previous)
 
     def _watch(self) -> None:
         while True:
@@ -173,7 +161,7 @@ class _CtrlC:
             if not received:  # closed by stop()
                 return
             if signal.SIGINT in received:
-                self.con.interrupt()
+                self.db.interrupt()
 
     def stop(self) -> None:
         signal.set_wakeup_fd(self.previous)
@@ -206,68 +194,6 @@ def interruptible(db: Database | None = None, what: str = "grounding") -> Iterat
 def groundings_limit(value: object) -> int:
     """The `max_groundings=` argument, checked; None is the default (MAX_GROUNDINGS)."""
     return MAX_GROUNDINGS if value is None else arguments.integer("max_groundings", value)
-
-
-def estimate_rows(db: Database, query: exp.Query) -> int | None:
-    """The engine's cheap estimate of the most rows any step of `query` produces (its largest join),
-    without running it; None where the engine cannot tell. An engine provides its own as the
-    database handle's `estimate_rows(query)` method; a DuckDB connection is asked for its plan."""
-    own = getattr(db, "estimate_rows", None)
-    if callable(own):
-        return own(query)
-    if isinstance(db.con, duckdb.DuckDBPyConnection):
-        return duckdb_plan_rows(db.con, query.sql("duckdb"))
-    return product_rows(db, query)
-
-
-def product_rows(db: Database, query: exp.Query) -> int | None:
-    """For an engine that gives no estimate (Spark): a query whose tables fall into groups that no
-    equality connects is a cross product of the groups, estimated as the product of each group's
-    largest table (the rows an equi-joined group keeps, as along foreign keys); one count per
-    table, only for such a query. None for a query whose joins all have an equality."""
-    groups = q.unjoined_tables(query) if isinstance(query, exp.Select) else None
-    if groups is None or len(groups) < 2:
-        return None
-    product = 1
-    for tables in groups:
-        product *= max(int(db.scalar(exp.select(exp.Count(this=exp.Star())).from_(t.copy()))[0]) for t in tables)
-    return product
-
-
-def duckdb_plan_rows(con: duckdb.DuckDBPyConnection, sql: str) -> int | None:
-    """The largest row count of any operator in DuckDB's plan of `sql` (its EXPLAIN, well under a
-    millisecond: nothing runs). A join without an equality condition counts as the product of its
-    inputs (DuckDB gives none, or far too few for an inequality join). None: no estimate."""
-    try:
-        rows = con.execute("EXPLAIN (FORMAT JSON) " + sql).fetchall()  # `sql` is sqlglot's, never user text
-        plans = json.loads(rows[0][1]) if rows else []
-    except duckdb.Error as err:
-        if interrupted_query(err):
-            raise
-        return None  # the query itself will fail with a message naming the rule
-    except (ValueError, IndexError, TypeError):
-        return None
-    peaks = [_plan_rows(plan)[1] for plan in plans if isinstance(plan, dict)]
-    known = [p for p in peaks if p is not None]
-    return max(known) if known else None
-
-
-def _plan_rows(node: dict) -> tuple[int | None, int | None]:
-    """(estimated output rows, largest estimate in the subtree) of one plan operator."""
-    children = [_plan_rows(c) for c in node.get("children", []) if isinstance(c, dict)]
-    text = (str((node.get("extra_info") or {}).get("Estimated Cardinality", ""))
-            if isinstance(node.get("extra_info"), dict) else "")
-    digits = re.sub(r"[^0-9]", "", text)
-    rows = int(digits) if digits else None
-    if node.get("name") in _PRODUCT_JOINS and children and all(out is not None for out, _ in children):
-        product = 1
-        for out, _ in children:
-            product *= out
-        rows = max(rows or 0, product)
-    elif rows is None and len(children) == 1:
-        rows = children[0][0]  # a pass-through operator
-    peaks = [p for p in (rows, *(peak for _, peak in children)) if p is not None]
-    return rows, max(peaks) if peaks else None
 
 
 def _run(db: Database, statement: exp.Expression, rule: ir.Rule) -> pa.Table | int | None:
@@ -390,7 +316,7 @@ class Grounder:
     def check_size(self, relation: ir.Relation, rule: ir.Rule, select: exp.Select) -> None:
         """Refuse a rule whose grounding the database estimates beyond `max_groundings`, before it
         runs: a join without its condition would otherwise run for hours and fill memory or disk."""
-        estimate = estimate_rows(self.db, select)
+        estimate = self.db.estimate_rows(select)
         if estimate is None or estimate <= self.max_groundings or self.counted_within(select):
             return
         raise GroundingError(

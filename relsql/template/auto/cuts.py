@@ -51,8 +51,7 @@ class Sizes:
     def table_rows(self, table: str) -> int:
         """A table's row count."""
         if table not in self.rows:
-            count = exp.select(exp.Count(this=exp.Star())).from_(q.ident(table)).sql("duckdb")
-            self.rows[table] = self.db.con.execute(count).fetchone()[0]
+            self.rows[table] = self.db.scalar(exp.select(exp.Count(this=exp.Star())).from_(q.ident(table)))[0]
         return self.rows[table]
 
     def groundings(self, node: Node) -> tuple[float, int]:

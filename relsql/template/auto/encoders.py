@@ -171,7 +171,7 @@ def distinct(draft: Draft, table: str, column: str) -> int:
     if (table, column) in draft.counted:
         return draft.counted[table, column][0]
     count = exp.select(exp.Count(this=exp.Distinct(expressions=[exp.column(exp.to_identifier(column, quoted=True))])))
-    return draft.db.con.execute(count.from_(exp.Table(this=exp.to_identifier(table, quoted=True))).sql("duckdb")).fetchone()[0]
+    return draft.db.scalar(count.from_(exp.Table(this=exp.to_identifier(table, quoted=True))))[0]
 
 
 def few_values(draft: Draft, table: str, column: str) -> bool:
@@ -195,7 +195,7 @@ def counts(draft: Draft, table: str, column: str) -> tuple[int, int]:
     col = exp.column(exp.to_identifier(column, quoted=True))
     query = exp.select(exp.Count(this=exp.Distinct(expressions=[col.copy()])), exp.Count(this=col.copy()))
     table_sql = exp.Table(this=exp.to_identifier(table, quoted=True))
-    draft.counted[table, column] = draft.db.con.execute(query.from_(table_sql).sql("duckdb")).fetchone()
+    draft.counted[table, column] = draft.db.scalar(query.from_(table_sql))
     return draft.counted[table, column]
 
 
@@ -210,6 +210,6 @@ def count_all(draft: Draft, table: str, columns: list[str]) -> None:
         col = exp.column(exp.to_identifier(column, quoted=True))
         read += [exp.Count(this=exp.Distinct(expressions=[col])), exp.Count(this=col.copy())]
     query = exp.select(*read, copy=False).from_(exp.Table(this=exp.to_identifier(table, quoted=True)), copy=False)
-    row = draft.db.con.execute(query.sql("duckdb", copy=False)).fetchone()
+    row = draft.db.scalar(query)
     for i, column in enumerate(columns):
         draft.counted[table, column] = (row[2 * i], row[2 * i + 1])

@@ -77,8 +77,8 @@ def time_kind(db: Database, table: str, column: str, sql_type: str) -> str | Non
         return None
     if "INT" in upper:
         col = exp.column(exp.to_identifier(column, quoted=True))
-        low, high = db.con.execute(exp.select(exp.Min(this=col.copy()), exp.Max(this=col.copy())).from_(
-            exp.Table(this=exp.to_identifier(table, quoted=True))).sql("duckdb")).fetchone()
+        low, high = db.scalar(exp.select(exp.Min(this=col.copy()), exp.Max(this=col.copy())).from_(
+            exp.Table(this=exp.to_identifier(table, quoted=True))))
         if low is not None and YEARS[0] <= low and high <= YEARS[1]:
             return "year"
     return "number"

@@ -33,7 +33,7 @@ import sqlglot.expressions as exp
 import torch
 
 from relsql import sql as q
-from relsql.data.duckdb import drop_result, fetch_arrow, qualified
+from relsql.data.duckdb import fetch_arrow, qualified
 from relsql.data.engine import Database, ident
 from relsql.errors import RelsqlError, SourceError
 from relsql.template import ir
@@ -225,7 +225,7 @@ class DatabaseEmbedding(EmbeddingTable):
 
     def _view(self, data: pa.Table) -> str:
         name = f"{self.db._prefix}emb_{next(_views)}"
-        self.db.con.register(name, data)
+        self.db.register(name, data)
         return name
 
     # -- a batch -------------------------------------------------------------------------------
@@ -288,7 +288,7 @@ class DatabaseEmbedding(EmbeddingTable):
                                  where=exp.Where(this=exp.EQ(this=q.col("weight"), expression=exp.Literal.string(self.weight))))
             self.db.transaction([delete, insert, counter])
         finally:
-            self.db.con.unregister(view)
+            self.db.unregister(view)
 
     # -- snapshots -------------------------------------------------------------------------------
     # A checkpoint's copy lives in the database beside the table, named by the step it holds
@@ -372,10 +372,7 @@ class DatabaseEmbedding(EmbeddingTable):
         if self._deferred(table):
             return True
         if table.catalog == "temp":
-            found = self.db.con.execute(q.bound("SELECT count(*) FROM duckdb_tables() WHERE temporary AND table_name = :name",
-                                                 name=table.name)).fetchone()[0]
-            drop_result(self.db.con)  # duckdb 2 keeps a result open until a fetch finds no row
-            return bool(found)
+            return self.db.temp_exists(table)
         return table.name in self.db.tables_in(self.scope)
 
     def drop(self, copy: exp.Table) -> None:
@@ -427,13 +424,6 @@ _owners: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # (databas
 _owning = threading.Lock()
 
 
-def _database_file(db: Database) -> str | None:
-    """The DuckDB file behind `db` (None: in memory)."""
-    row = db.con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()
-    drop_result(db.con)  # duckdb 2 keeps a result open until a fetch finds no row
-    return row[0] if row and row[0] else None
-
-
 def _scratch_directory(path: str | None) -> str:
     """Where the row arrays' (unlinked) files go: beside the database file, on its disk, where
     it can be written; else the system's temp directory."""
@@ -452,8 +442,8 @@ class LiveRows:
     def __init__(self, table: DatabaseEmbedding):
         self.db, self.name, self.weight, self.width = table.db, table.name, table.weight, table.width
         self.table, self.steps, self.key_arrow = table.table, table.steps, table.key_arrow
-        path = _database_file(table.db)
-        self.key = (path or f"memory:{id(table.db.con)}", table.name.casefold())
+        path = table.db.database_file()
+        self.key = (path or f"memory:{id(table.db)}", table.name.casefold())
         self.directory = _scratch_directory(path)
         self.lock = threading.RLock()
         self.rows: RowCache | None = None
@@ -511,8 +501,8 @@ class LiveRows:
             self.deferred = None
             keys, rows = f"{self.db._prefix}emb_{next(_views)}", f"{self.db._prefix}emb_{next(_views)}"
             old = slots[self.rows.stored(slots)]
-            self.db.con.register(keys, self.rows.table(old).select(["key"]))
-            self.db.con.register(rows, self.rows.stream(slots))  # read once, by the INSERT
+            self.db.register(keys, self.rows.table(old).select(["key"]))
+            self.db.register(rows, self.rows.stream(slots))  # read once, by the INSERT
             try:
                 statements = []
                 if len(old):  # else no old row to delete: no scan of the table's keys
@@ -528,8 +518,8 @@ class LiveRows:
                                                                          expression=exp.Literal.string(self.weight)))))
                 self.db.transaction(statements)
             finally:
-                self.db.con.unregister(keys)
-                self.db.con.unregister(rows)
+                self.db.unregister(keys)
+                self.db.unregister(rows)
             self.rows.clean(slots)
             self.stored = self.step
 

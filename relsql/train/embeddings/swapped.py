@@ -3,7 +3,8 @@
 Such an engine cannot update a few rows of a table per training step, so these embeddings are
 trained on ranks (relsql/train/embeddings/sharded.py: `fit()` runs one rank when asked for one worker) and
 the table is written back whole: the ranks' changed rows merged with the untouched ones into a
-new table swapped in (`Database.replace_table`), at each checkpoint and at the end. The table's
+new table swapped in (`SparkDatabase.replace_table`, a verb of engines without transactions
+only: see relsql/data/engine.py), at each checkpoint and at the end. The table's
 step counter travels in the table's own comment, so the rows and their step change together;
 a swap cut short is finished when the table is next opened.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import itertools
 import re
 import tempfile
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -24,10 +26,13 @@ import sqlglot.expressions as exp
 import torch
 
 from relsql import sql as q
-from relsql.data.engine import Database, ident
+from relsql.data.engine import ident
 from relsql.errors import RelsqlError
 from relsql.train.embeddings.embeddings import EmbeddingTable, initial_values
 from relsql.train.embeddings.rowcache import RowCache
+
+if TYPE_CHECKING:
+    from relsql.data.spark import SparkDatabase
 
 _views = itertools.count()
 _STEP = re.compile(r"step (\d+)\)?$")
@@ -38,7 +43,7 @@ _SQL_TYPES = {"BIGINT": pa.int64(), "DOUBLE": pa.float64()}  # any other key is 
 class SwappedEmbedding(EmbeddingTable):
     """One embedding table, replaced whole at each write-back; see the module's docstring."""
 
-    def __init__(self, db: Database, weight: str, width: int, key_type: pa.DataType | None, *, seed: int = 0,
+    def __init__(self, db: SparkDatabase, weight: str, width: int, key_type: pa.DataType | None, *, seed: int = 0,
                  optimizer: str = "adagrad", lr: float = 0.1):
         super().__init__(db, weight, width, seed=seed, optimizer=optimizer, lr=lr)
         self.table = exp.Table(this=ident(self.name), db=ident(self.scope[1]))

@@ -28,7 +28,7 @@ from sqlglot import exp
 
 from relsql import sql as q
 from relsql.errors import GroundingError, SchemaError
-from relsql.ground.execute import estimate_rows, groundings_limit
+from relsql.ground.execute import groundings_limit
 from relsql.train.ranking.rows import key_rows
 
 HARD_WEIGHT = 1.0
@@ -121,7 +121,7 @@ def _check_estimate(db, select: exp.Query, limit: int) -> None:
     """Refuse a query the database estimates beyond `limit` rows at some step, before it runs, unless
     its tables are all joined by equalities (an estimate that is then often far too high: the
     LIMIT bounds it while it runs)."""
-    estimate = estimate_rows(db, select)
+    estimate = db.estimate_rows(select)
     if estimate is None or estimate <= limit:
         return
     groups = q.unjoined_tables(select) if isinstance(select, exp.Select) else None
