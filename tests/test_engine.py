@@ -45,13 +45,13 @@ def test_the_interface_declares_the_pipelines_verbs():
 @pytest.mark.parametrize("engine_class", [DuckDBDatabase, "spark"])
 def test_each_engine_implements_every_verb_itself(engine_class):
     """Every abstract verb is defined in the engine's own class body (not inherited from the other
-    engine), and both say whether they are transactional and read keys."""
+    engine), and both say whether they are transactional, read keys and need a Ctrl-C watcher."""
     cls = spark_class() if engine_class == "spark" else engine_class
     assert not cls.__abstractmethods__
     assert [k for k in cls.__mro__ if k not in (cls, Engine, object) and k.__module__ != "abc"] == []
     for name in Engine.__abstractmethods__:
         assert name in vars(cls), f"{cls.__name__} inherits {name} instead of implementing it"
-    assert isinstance(vars(cls)["transactional"], bool) and isinstance(vars(cls)["key_catalog"], bool)
+    assert all(isinstance(vars(cls)[flag], bool) for flag in ("transactional", "key_catalog", "watch_interrupts"))
 
 
 def test_spark_is_no_duckdb_database():

@@ -177,7 +177,7 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def interrupt(self) -> None:
         """Stop what this handle runs now, from another thread (a Ctrl-C watcher): the running call
-        raises (see `relsql.ground.execute.interrupted_query`)."""
+        raises (DuckDB: what `relsql.data.duckdb.interrupted_query` recognizes)."""
 
     @abc.abstractmethod
     def row_summary(self, table: exp.Table) -> tuple:

@@ -164,7 +164,7 @@ class SparkDatabase(Engine):
 
     transactional = False
     key_catalog = False
-    watch_interrupts = False  # pyspark's own SIGINT handler cancels the jobs
+    watch_interrupts = False  # Ctrl-C is left to pyspark's client (a classic context's SIGINT handler cancels its jobs)
 
     def __init__(self, session, scratch: str | Path | None = None, description: str | None = None, read_only: bool = False):
         context = session.sparkContext if hasattr(session, "sparkContext") else None
