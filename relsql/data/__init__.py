@@ -2,8 +2,9 @@
 
 - engine.py: `Engine` (`relsql.Database`), the verbs the pipeline calls, and what is engine-independent;
 - duckdb.py, spark.py: the two engines, siblings (DuckDB also runs every source the connectors attach);
-- sources.py, connection.py: the registry of kinds of source and `relsql.connect`, which walks it
-  (the connectors themselves are relsql/connectors/);
+- sources.py, connection.py: `Source`, the engine-neutral base of a kind of source (DuckDB's
+  `DuckDBSource` and Spark's `SparkSource` extend it), the registry of kinds of source, and
+  `relsql.connect`, which walks it (the connectors themselves are relsql/connectors/);
 - catalog.py, keys.py, keyfile.py, references.py: tables, columns, declared, given and inferred keys, and
   the table a target column references.
 
