@@ -448,7 +448,7 @@ class _Source:
 
     def __init__(self) -> None:
         self.scope: dict[str, object] = {"_same": _same}
-        self.names: dict[int, str] = {}  # id of a constant -> its global (the trace's steps keep it alive)
+        self.names: dict[int, str] = {}  # id of a constant -> its global (the scope keeps the constant alive)
         self.read: set[int] = set()  # nodes the source reads
 
     def constant(self, value) -> str:
