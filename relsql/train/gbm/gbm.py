@@ -115,21 +115,22 @@ class Trees:
         out = np.zeros((len(x), self.units))
         if not len(self.roots) or not len(x):
             return out
-        node = np.broadcast_to(self.roots, (len(x), len(self.roots))).copy()
-        rows = np.arange(len(x))[:, None]
+        node = np.tile(self.roots, len(x))  # (row, tree) pairs, row-major: each pair's node so far
+        row = np.repeat(np.arange(len(x)), len(self.roots))
+        going = np.flatnonzero(self.feature[node] >= 0)  # the pairs still at a split: only they move on
         for _ in range(self.depth):
-            feature = self.feature[node]
-            inner = feature >= 0
-            if not inner.any():
+            if not len(going):
                 break
-            value = x[rows, np.where(inner, feature, 0)]
-            missing = self.missing[node]
+            at = node[going]
+            value = x[row[going], self.feature[at]]
+            missing = self.missing[at]
             nan = np.isnan(value)
             value = np.where(nan & (missing != 2), 0.0, value)
             as_missing = ((missing == 1) & (np.abs(value) <= _ZERO) & ~np.isnan(value)) | ((missing == 2) & nan)
-            go_left = np.where(as_missing, self.default_left[node], value <= self.threshold[node])
-            node = np.where(inner, np.where(go_left, self.left[node], self.right[node]), node)
-        leaves = self.value[node]
+            go_left = np.where(as_missing, self.default_left[at], value <= self.threshold[at])
+            node[going] = reached = np.where(go_left, self.left[at], self.right[at])
+            going = going[self.feature[reached] >= 0]
+        leaves = self.value[node].reshape(len(x), len(self.roots))
         for unit in range(self.units):
             out[:, unit] = leaves[:, self.classes == unit].sum(axis=1)
         return out
