@@ -116,13 +116,12 @@ class Trees:
         if not len(self.roots) or not len(x):
             return out
         node = np.tile(self.roots, len(x))  # (row, tree) pairs, row-major: each pair's node so far
-        row = np.repeat(np.arange(len(x)), len(self.roots))
         going = np.flatnonzero(self.feature[node] >= 0)  # the pairs still at a split: only they move on
         for _ in range(self.depth):
             if not len(going):
                 break
             at = node[going]
-            value = x[row[going], self.feature[at]]
+            value = x[going // len(self.roots), self.feature[at]]  # a pair's row: its position // trees
             missing = self.missing[at]
             nan = np.isnan(value)
             value = np.where(nan & (missing != 2), 0.0, value)
