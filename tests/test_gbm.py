@@ -62,9 +62,10 @@ def walk(trees: gbm.Trees, row: np.ndarray, node: int) -> float:
 
 
 @pytest.mark.parametrize("kind", ["binary", "multiclass"])
-def test_own_evaluator_reaches_the_leaves_a_row_by_row_walk_reaches(kind):
-    """raw() moves only the (row, tree) pairs still at a split, level by level: every row must end
-    at the leaf a plain walk reaches, so its sums are the same bits."""
+def test_own_evaluator_reaches_the_leaves_a_row_by_row_walk_reaches(kind, monkeypatch):
+    """raw() moves only the (row, tree) pairs still at a split, level by level, a block of rows at
+    a time: every row must end at the leaf a plain walk reaches, so its sums are the same bits,
+    whatever the block."""
     x, signal = data(3)
     y = (signal > 0.5).astype(float) if kind == "binary" else np.digitize(signal, [-1, 0.5, 2]).astype(float)
     units = 4 if kind == "multiclass" else 1
@@ -75,6 +76,10 @@ def test_own_evaluator_reaches_the_leaves_a_row_by_row_walk_reaches(kind):
     leaves = np.array([[walk(trees, row, root) for root in trees.roots] for row in probe])
     expected = np.stack([leaves[:, trees.classes == unit].sum(axis=1) for unit in range(units)], axis=1)
     assert trees.depth > 6 and np.array_equal(trees.raw(probe), expected)
+    for pairs in (1, 3 * len(trees.roots) + 1):  # blocks of 2 rows; of 3 rows and a shorter last block
+        monkeypatch.setattr(gbm, "PAIRS", pairs)
+        assert np.array_equal(trees.raw(probe), expected)
+        assert np.array_equal(trees.raw(probe[:-1]), expected[:-1])  # an odd count: no block of one row
 
 def test_fit_stops_early_on_validation_rows_and_is_deterministic():
     x, signal = data(3, 800)
