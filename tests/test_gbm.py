@@ -47,6 +47,40 @@ def test_own_evaluator_equals_lightgbm_raw_scores(kind, zero_as_missing):
         assert (trees.missing == 2).any()  # the NaN rule was exercised
 
 
+
+def walk(trees: gbm.Trees, row: np.ndarray, node: int) -> float:
+    """One row down one tree by LightGBM's rule, a node at a time: the leaf's value."""
+    while trees.feature[node] >= 0:
+        value = row[trees.feature[node]]
+        missing = trees.missing[node]
+        if np.isnan(value) and missing != 2:
+            value = 0.0
+        as_missing = (missing == 1 and abs(value) <= 1e-35) or (missing == 2 and np.isnan(value))
+        left = trees.default_left[node] if as_missing else value <= trees.threshold[node]
+        node = trees.left[node] if left else trees.right[node]
+    return trees.value[node]
+
+
+@pytest.mark.parametrize("kind", ["binary", "multiclass"])
+def test_own_evaluator_reaches_the_leaves_a_row_by_row_walk_reaches(kind, monkeypatch):
+    """raw() moves only the (row, tree) pairs still at a split, level by level, a block of rows at
+    a time: every row must end at the leaf a plain walk reaches, so its sums are the same bits,
+    whatever the block."""
+    x, signal = data(3)
+    y = (signal > 0.5).astype(float) if kind == "binary" else np.digitize(signal, [-1, 0.5, 2]).astype(float)
+    units = 4 if kind == "multiclass" else 1
+    trees = gbm.Trees.of(booster_of(kind, x, y, units, zero_as_missing=True, num_leaves=63, min_data_in_leaf=2), 5)
+    probe, _ = data(4, 200)
+    probe[:5] = 0.0
+    probe[5:10] = np.nan
+    leaves = np.array([[walk(trees, row, root) for root in trees.roots] for row in probe])
+    expected = np.stack([leaves[:, trees.classes == unit].sum(axis=1) for unit in range(units)], axis=1)
+    assert trees.depth > 6 and np.array_equal(trees.raw(probe), expected)
+    for pairs in (1, 3 * len(trees.roots) + 1):  # blocks of 2 rows; of 3 rows and a shorter last block
+        monkeypatch.setattr(gbm, "PAIRS", pairs)
+        assert np.array_equal(trees.raw(probe), expected)
+        assert np.array_equal(trees.raw(probe[:-1]), expected[:-1])  # an odd count: no block of one row
+
 def test_fit_stops_early_on_validation_rows_and_is_deterministic():
     x, signal = data(3, 800)
     y = (signal > 0.5).astype(float)

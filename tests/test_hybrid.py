@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import relsql
-from relsql.train.gbm import hybrid
+from relsql.train.gbm import flat, hybrid
 from relsql.train.learner import results
 from relsql.train.persist import saved
 
@@ -78,6 +78,29 @@ def test_save_and_load_keep_the_blend_and_its_predictions(trained, tmp_path):
     with pytest.raises(relsql.RelsqlError, match="damaged"):
         hybrid.Hybrid.from_plain(damaged)
 
+
+
+def test_predict_reuses_the_features_fit_computed_and_predicts_as_a_fresh_query_does(trained, monkeypatch):
+    """hybrid.fit keeps its one-hop feature matrix for predict (no second SQL query); the predictions
+    equal those of the path that queries the features again."""
+    db, model = trained
+    learner = model.learner
+    queries = []
+    of_output = flat.Flat.of_output
+    monkeypatch.setattr(flat.Flat, "of_output", lambda self, *a: queries.append(a) or of_output(self, *a))
+    learner.hybrid = hybrid.fit(learner)
+    try:
+        assert len(queries) == 1 and learner.hybrid.weight < 1.0  # the GBM's share is in every prediction
+        kept = results.predict(learner)
+        assert len(queries) == 1  # predict read no feature again
+        learner.hybrid._cache.clear()
+        queried = results.predict(learner)
+        assert len(queries) == 2  # this time predict queried them
+        assert kept.equals(queried) and kept.height == 300
+        fresh = of_output(learner.hybrid.features, db, learner.output, int(learner.output_rows))
+        assert np.array_equal(learner.hybrid._cache[hybrid._key(learner)], fresh, equal_nan=True)
+    finally:
+        learner.hybrid = None
 
 def test_predict_says_which_split_each_row_was_in(trained):
     db, model = trained

@@ -32,6 +32,7 @@ KINDS = ("binary", "multiclass", "regression")
 _ZERO = 1e-35  # LightGBM's kZeroThreshold
 _MISSING = {"None": 0, "Zero": 1, "NaN": 2}
 ROUNDS, PATIENCE, ROUNDS_WITHOUT_VALIDATION = 2000, 50, 200
+PAIRS = 1 << 20  # (row, tree) pairs Trees.raw walks at once: 8 MiB per array of them
 
 
 def params(kind: str, units: int, seed: int, rows: int, threads: int = 1, **overrides) -> dict:
@@ -115,24 +116,37 @@ class Trees:
         out = np.zeros((len(x), self.units))
         if not len(self.roots) or not len(x):
             return out
-        node = np.broadcast_to(self.roots, (len(x), len(self.roots))).copy()
-        rows = np.arange(len(x))[:, None]
+        # blocks of rows, so that memory is bounded: numpy sums a block's (rows, trees) leaf values in
+        # one order for every block of 2 rows or more, but in another for a single row, so no block
+        # of one row is cut off a larger input (its last row joins the block before)
+        step = max(2, PAIRS // len(self.roots))
+        starts = list(range(0, len(x), step))
+        if len(starts) > 1 and len(x) - starts[-1] == 1:
+            starts.pop()
+        for first, end in zip(starts, [*starts[1:], len(x)]):
+            leaves = self._leaves(x[first:end])
+            for unit in range(self.units):
+                out[first:end, unit] = leaves[:, self.classes == unit].sum(axis=1)
+        return out
+
+    def _leaves(self, x: np.ndarray) -> np.ndarray:
+        """The value of the leaf each row reaches in each tree, (rows, trees): only the (row, tree)
+        pairs still at a split move on, level by level."""
+        node = np.tile(self.roots, len(x))  # (row, tree) pairs, row-major: each pair's node so far
+        going = np.flatnonzero(self.feature[node] >= 0)
         for _ in range(self.depth):
-            feature = self.feature[node]
-            inner = feature >= 0
-            if not inner.any():
+            if not len(going):
                 break
-            value = x[rows, np.where(inner, feature, 0)]
-            missing = self.missing[node]
+            at = node[going]
+            value = x[going // len(self.roots), self.feature[at]]  # a pair's row: its position // trees
+            missing = self.missing[at]
             nan = np.isnan(value)
             value = np.where(nan & (missing != 2), 0.0, value)
             as_missing = ((missing == 1) & (np.abs(value) <= _ZERO) & ~np.isnan(value)) | ((missing == 2) & nan)
-            go_left = np.where(as_missing, self.default_left[node], value <= self.threshold[node])
-            node = np.where(inner, np.where(go_left, self.left[node], self.right[node]), node)
-        leaves = self.value[node]
-        for unit in range(self.units):
-            out[:, unit] = leaves[:, self.classes == unit].sum(axis=1)
-        return out
+            go_left = np.where(as_missing, self.default_left[at], value <= self.threshold[at])
+            node[going] = reached = np.where(go_left, self.left[at], self.right[at])
+            going = going[self.feature[reached] >= 0]
+        return self.value[node].reshape(len(x), len(self.roots))
 
     def to_plain(self) -> dict:
         """Tensors and ints only: what a model file holds (relsql/train/persist/checkpoint.py)."""

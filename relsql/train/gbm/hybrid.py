@@ -41,11 +41,16 @@ class Hybrid:
     def gbm_outputs(self, learner, rids: np.ndarray) -> np.ndarray:
         """The GBM's raw outputs for output rows `rids` (features of every output row computed
         once per database and output, by SQL)."""
-        key = (id(learner.db), learner.output, int(learner.output_rows))
+        key = _key(learner)
         if key not in self._cache:
-            self._cache.clear()
-            self._cache[key] = self.features.of_output(learner.db, learner.output, int(learner.output_rows))
+            self.keep_features(learner, self.features.of_output(learner.db, learner.output, int(learner.output_rows)))
         return self.trees.raw(self._cache[key][np.asarray(rids, dtype=np.int64)])
+
+    def keep_features(self, learner, every: np.ndarray) -> None:
+        """Keep `every` (the features of every output row of `learner`) for `gbm_outputs`: the
+        matrix fit() already computed serves predict() with no second query."""
+        self._cache.clear()
+        self._cache[_key(learner)] = every
 
     def blend(self, learner, rids: np.ndarray, net_out: torch.Tensor) -> torch.Tensor:
         """`weight * net_out + (1 - weight) * GBM` for output rows `rids` (net_out in the same order)."""
@@ -89,7 +94,8 @@ def fit(learner) -> Hybrid | None:
     spec = baselines.one_hop(learner)
     if not spec.names:
         return None
-    x = baselines.features(learner, spec)
+    every = spec.of_output(learner.db, learner.output, int(learner.output_rows))  # baselines.features, every row kept
+    x = every[learner.labelled]
     trees = baselines.fit_trees(learner, x)
     with torch.no_grad():
         net, y = learner.split_outputs("val")
@@ -100,4 +106,11 @@ def fit(learner) -> Hybrid | None:
     scores = {a: learner.task.scores(a * net + (1 - a) * theirs, truth)[metric] for a in WEIGHTS}
     sign = -1.0 if metric in LOWER_IS_BETTER else 1.0
     best = max(WEIGHTS, key=lambda a: (np.nan_to_num(sign * scores[a], nan=-np.inf), a))
-    return Hybrid(spec, trees, best, metric, scores)
+    blend = Hybrid(spec, trees, best, metric, scores)
+    blend.keep_features(learner, every)  # predict() reads these rows' features again otherwise
+    return blend
+
+
+def _key(learner) -> tuple:
+    """What the features of `learner`'s output rows depend on: its database, output and row count."""
+    return id(learner.db), learner.output, int(learner.output_rows)
