@@ -20,6 +20,7 @@ rows, so the batches ground as above over far fewer rows.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import duckdb
@@ -34,7 +35,7 @@ from relsql import sql as q
 from relsql.data.duckdb import lost_connection
 from relsql.data.engine import Database
 from relsql.errors import GroundingError, SchemaError
-from relsql.ground import closure
+from relsql.ground import closure, inline
 from relsql.ground.execute import (
     Grounder,
     Grounding,
@@ -117,6 +118,7 @@ class BatchGrounder(Grounder):
         self.stored = database_embeddings(template)
         self.prepared: dict[str, list[PreparedRule]] = {}
         self._source_types: tuple[exp.Expression, dict[str, str]] | None = None  # a body's column types (`dictionary`)
+        self._small_kinds: dict[str, str] = {}  # value type of each dictionary made from the file's rows as literals
         with interruptible(db), self.cleanup_on_error():
             with db.frozen_schema():
                 bar = relations(self.order, progress)
@@ -124,8 +126,34 @@ class BatchGrounder(Grounder):
                     bar.set_postfix_str(name)
                     self._prepare(template.relations[name])
             self.sizes = {} if rows_only else self._sizes()
-            self.dictionary_tables = {w: db.arrow(exp.select(exp.Star()).from_(t.copy()).order_by(q.col("code")))
-                                      for w, t in self.dictionaries.items()}
+            self.dictionary_tables = self._read_dictionaries()
+
+    def _read_dictionaries(self) -> dict[str, pa.Table]:
+        """Each embedding dictionary's rows in code order. The small ones a loaded model made from its
+        file's rows (`dictionary`) are read in one query per value type, each then taken out by its
+        number (Lahman's 115 dictionaries were 115 queries); others one query each."""
+        groups: dict[str, list[str]] = {}
+        for weight in self.dictionaries:
+            kind = self._small_kinds.get(weight)
+            groups.setdefault(f"={weight}" if kind is None else kind, []).append(weight)
+        tables: dict[str, pa.Table] = {}
+        for names in groups.values():
+            if len(names) == 1:
+                tables[names[0]] = self.db.arrow(exp.select(exp.Star()).from_(self.dictionaries[names[0]].copy()).order_by(
+                    q.col("code")))
+                continue
+            union = None
+            for i, weight in enumerate(names):
+                part = exp.select(q.alias(q.integer(i), "_w"), exp.Star()).from_(self.dictionaries[weight].copy())
+                union = part if union is None else exp.union(union, part, distinct=False, copy=False)
+            read = self.db.arrow(exp.select(exp.Star()).from_(q.alias(exp.Subquery(this=union), "u", table=True)).order_by(
+                q.col("_w"), q.col("code")))
+            numbers = read.column("_w").to_numpy()
+            bounds = np.searchsorted(numbers, np.arange(len(names) + 1))
+            read = read.drop_columns(["_w"])
+            for i, weight in enumerate(names):
+                tables[weight] = read.slice(int(bounds[i]), int(bounds[i + 1] - bounds[i])).combine_chunks()
+        return {weight: tables[weight] for weight in self.dictionaries}
 
     def _sizes(self) -> dict[str, int]:
         # one statement for all (a restrict of Lahman's 70 relations counted them in 70)
@@ -166,17 +194,29 @@ class BatchGrounder(Grounder):
         except (KeyError, sqlglot.errors.ParseError, ValueError):  # a type sqlglot does not read: the general way
             return super().dictionary(weight, source, column, rule, tables)
         table = self.temp_table("d", weight.replace(".", "_"))
-        view = f"{table.name}_preset"
-        self.db.register(view, preset)
+        with reported_as(self.db, rule):
+            small = self._from_rows(table, preset, lambda rows: exp.select(
+                q.alias(exp.Cast(this=q.col("value"), to=kind), "value"),
+                q.alias(exp.Cast(this=q.col("code"), to=exp.DataType.build("INTEGER")), "code")).from_(rows, copy=False))
+        self.dictionaries[weight] = table
+        if small:
+            self._small_kinds[weight] = kind.sql("duckdb")
+        return table
+
+    def _from_rows(self, table: exp.Table, data: pa.Table, select: Callable[[exp.Expression], exp.Select]) -> bool:
+        """Temp table `table` as `select(rows)` over `data`'s rows: as typed literals where it is small
+        (relsql/ground/inline.py: no scan of a Python object), else registered. Whether it was small."""
+        rows = inline.rows_query(data)
+        if rows is not None:
+            self.db.run(q.create_temp(table.copy(), select(q.alias(exp.Subquery(this=rows), "v", table=True))))
+            return True
+        view = f"{table.name}_rows"
+        self.db.register(view, data)
         try:
-            with reported_as(self.db, rule):
-                self.db.run(q.create_temp(table.copy(), exp.select(
-                    q.alias(exp.Cast(this=q.col("value"), to=kind), "value"),
-                    q.alias(exp.Cast(this=q.col("code"), to=exp.DataType.build("INTEGER")), "code")).from_(q.ident(view))))
+            self.db.run(q.create_temp(table.copy(), select(exp.Table(this=q.ident(view)))))
         finally:
             self.db.unregister(view)
-        self.dictionaries[weight] = table
-        return table
+        return False
 
     def _prepare(self, relation: ir.Relation) -> None:
         sources = []
@@ -188,7 +228,7 @@ class BatchGrounder(Grounder):
             keys_table = self.temp_table("rk", relation.name)  # not "k": a full grounding on this handle has those
             with self.cleanup_on_error():
                 self.db.run(q.create_temp(keys_table, q.numbered_keys(
-                    q.distinct_keys([s for *_, s in sources], relation.keys), relation.keys).limit(q.integer(0))))
+                    q.distinct_keys([s for *_, s in sources], relation.keys), relation.keys).limit(q.integer(0), copy=False)))
             self.key_tables[relation.name] = keys_table
         else:
             self.key_tables[relation.name] = self.key_table(relation, [(rule, source) for _, rule, _, source in sources])
@@ -272,12 +312,8 @@ class BatchGrounder(Grounder):
         table = self.temp_table("ra", name)
         made.append(table)
         if parts and isinstance(parts[0], pa.Table):
-            view = f"{self.db._prefix}asked_{next(_views)}"
-            self.db.register(view, parts[0])
-            try:
-                self.db.run(q.create_temp(table.copy(), exp.select(*[q.col(c) for c in columns]).distinct().from_(q.ident(view))))
-            finally:
-                self.db.unregister(view)
+            self._from_rows(table, parts[0], lambda rows: exp.select(*[q.col(c) for c in columns]).distinct().from_(
+                rows, copy=False))
         elif empty:
             key_table = self.key_tables[name]
             self.db.run(q.create_temp(table.copy(), exp.select(*[q.col(c) for c in columns]).from_(key_table.copy()).limit(
