@@ -41,11 +41,11 @@ def _literal(value: object, kind: exp.DataType.Type) -> exp.Expression | None:
     return exp.Cast(this=literal, to=exp.DataType(this=kind))
 
 
-def rows_query(table: pa.Table, limit: int = MAX_ROWS) -> exp.Select | None:
+def rows_query(table: pa.Table, limit: int | None = None) -> exp.Select | None:
     """`SELECT * FROM (VALUES ...) AS "v"(<its columns>)`: `table`'s rows, in order, each column
     typed as DuckDB reads a registered Arrow column of its type. None (register it instead) for
-    an empty table, one of more than `limit` rows, or a column of another type."""
-    if table.num_rows == 0 or table.num_rows > limit:
+    an empty table, one of more than `limit` rows (default MAX_ROWS), or a column of another type."""
+    if table.num_rows == 0 or table.num_rows > (MAX_ROWS if limit is None else limit):
         return None
     kinds = [_kind(field.type) for field in table.schema]
     if any(kind is None for kind in kinds):
