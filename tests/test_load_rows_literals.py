@@ -1,7 +1,9 @@
 """A loaded model's predict(keys=) makes its small embedding dictionaries and the asked keys from
-typed literals (relsql/ground/inline.py) instead of registered Arrow tables, and reads the
-dictionaries back one query per value type (`BatchGrounder._read_dictionaries`): the rows DuckDB
-reads equal those of the registered table, and predictions and dictionaries equal the built model's."""
+typed literals (relsql/ground/inline.py) instead of registered Arrow tables, reads the
+dictionaries back one query per value type (`BatchGrounder._read_dictionaries`) and codes an
+ungrouped rule's fixed embeddings in Python (`_coded_here`, `_codes`): the rows DuckDB reads equal
+those of the registered table, and predictions and dictionaries equal the built model's, with
+rare values (the rare row 0), NULLs, quotes and backslashes in the embedded columns."""
 
 from __future__ import annotations
 
@@ -122,8 +124,12 @@ def test_loaded_predict_keys_as_the_built_model(saved, monkeypatch, literals):
     grounder = loaded.learner.pending.rows_batched.grounder
     assert grounder.sizes["predict"] == asked.height < expected.height
     assert set(grounder._small_kinds) == (LITERAL if literals else set())
-    if literals:  # two groups read in one query each: VARCHAR (w_kind, w_team), BIGINT/INTEGER ones apart
-        assert grounder._small_kinds["w_kind"] == grounder._small_kinds["w_team"] == "TEXT"
+    coded = {w for rules in grounder.prepared.values() for p in rules for w in p.coded.values()}
+    if literals:  # VARCHAR's two read in one query; every fixed embedding's codes looked up in Python, w_hand's in SQL
+        assert grounder._small_kinds["w_kind"] == grounder._small_kinds["w_team"] == "VARCHAR"
+        assert coded == LITERAL
+    else:
+        assert coded == set()
     assert set(grounder.dictionary_tables) == set(dictionaries)
     for weight, table in grounder.dictionary_tables.items():
         built = dictionaries[weight]
