@@ -31,6 +31,10 @@ CREATE TABLE player_h AS
 SELECT p.pid, tanh(embed(p.team, 4, 'w_team', min_count=1) + embed(p.born, 4, 'w_born', min_count=2)
                    + embed(p.hand, 4, 'w_hand'))
 FROM players p;
+CREATE TABLE kinds AS
+SELECT e.pid, avg(tanh(embed(e.kind, 4, 'w_kind', min_count=2))) FROM events e GROUP BY e.pid;
+CREATE TABLE predict AS
+SELECT p.pid, linear(k.h, 3, 'w_k') FROM players p JOIN kinds k ON k.pid = p.pid;
 CREATE TABLE predict AS
 SELECT p.pid, linear(avg(eh.h), 3, 'w_out')
 FROM players p JOIN events e ON e.pid = p.pid JOIN event_h eh ON eh.event_id = e.event_id GROUP BY p.pid;
@@ -38,7 +42,8 @@ CREATE TABLE predict AS
 SELECT p.pid, linear(ph.h, 3, 'w_p') FROM players p JOIN player_h ph ON ph.pid = p.pid;
 """
 
-# the dictionaries a loaded model makes from literals: min_count, so fixed by the file (w_hand has none)
+# the dictionaries a loaded model makes from literals: min_count, so fixed by the file (w_hand has none);
+# w_kind is coded in Python for event_h, looked up in SQL for the grouped `kinds` (so made as a table too)
 LITERAL = {"w_kind", "w_code", "w_flag", "w_team", "w_born"}
 
 
@@ -123,10 +128,11 @@ def test_loaded_predict_keys_as_the_built_model(saved, monkeypatch, literals):
     assert got["split"].to_list() == want["split"].to_list()
     grounder = loaded.learner.pending.rows_batched.grounder
     assert grounder.sizes["predict"] == asked.height < expected.height
-    assert set(grounder._small_kinds) == (LITERAL if literals else set())
+    assert set(grounder._small_kinds) | set(grounder._pending) == (LITERAL if literals else set())
     coded = {w for rules in grounder.prepared.values() for p in rules for w in p.coded.values()}
     if literals:  # VARCHAR's two read in one query; every fixed embedding's codes looked up in Python, w_hand's in SQL
-        assert grounder._small_kinds["w_kind"] == grounder._small_kinds["w_team"] == "VARCHAR"
+        assert set(grounder._small_kinds) == {"w_kind"} and set(grounder._pending) == LITERAL - {"w_kind"}
+        assert grounder._small_kinds["w_kind"] == grounder._pending["w_team"] == "VARCHAR"
         assert coded == LITERAL
     else:
         assert coded == set()

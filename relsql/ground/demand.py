@@ -122,6 +122,8 @@ class BatchGrounder(Grounder):
         self.prepared: dict[str, list[PreparedRule]] = {}
         self._source_types: tuple[exp.Expression, dict[str, str]] | None = None  # a body's column types (`dictionary`)
         self._small_kinds: dict[str, str] = {}  # DuckDB value type of each dictionary made from the file's rows as literals
+        self._pending: dict[str, str] = {}  # the same, for those no SQL reads (coded here alone): not made as tables
+        self._weights: list[str] = []  # every dictionary's weight in the order of first use (`dictionary_tables`)
         with interruptible(db), self.cleanup_on_error():
             with db.frozen_schema():
                 bar = relations(self.order, progress)
@@ -135,19 +137,27 @@ class BatchGrounder(Grounder):
         """Each embedding dictionary's rows in code order. The small ones a loaded model made from its
         file's rows (`dictionary`) are read in one query per value type, each then taken out by its
         number (Lahman's 115 dictionaries were 115 queries); others one query each."""
+        weights = [w for w in self._weights if w in self.dictionaries or w in self._pending]
+        weights += [w for w in self.dictionaries if w not in set(weights)]
         groups: dict[str, list[str]] = {}
-        for weight in self.dictionaries:
-            kind = self._small_kinds.get(weight)
+        for weight in weights:
+            kind = self._pending.get(weight) or self._small_kinds.get(weight)
             groups.setdefault(f"={weight}" if kind is None else kind, []).append(weight)
         tables: dict[str, pa.Table] = {}
         for names in groups.values():
-            if len(names) == 1:
+            if len(names) == 1 and names[0] not in self._pending:
                 tables[names[0]] = self.db.arrow(exp.select(exp.Star()).from_(self.dictionaries[names[0]].copy()).order_by(
                     q.col("code")))
                 continue
             union = None
             for i, weight in enumerate(names):
-                part = exp.select(q.alias(q.integer(i), "_w"), exp.Star()).from_(self.dictionaries[weight].copy())
+                if weight in self._pending:  # the file's rows as literals, typed as its table would be
+                    rows = q.alias(exp.Subquery(this=inline.rows_query(self.presets.dictionaries[weight])), "v", table=True)
+                    part = _typed_dictionary(rows, exp.DataType.build(self._pending[weight], dialect="duckdb"))
+                    part = exp.select(q.alias(q.integer(i), "_w"), exp.Star()).from_(
+                        q.alias(exp.Subquery(this=part), "p", table=True), copy=False)
+                else:
+                    part = exp.select(q.alias(q.integer(i), "_w"), exp.Star()).from_(self.dictionaries[weight].copy())
                 union = part if union is None else exp.union(union, part, distinct=False, copy=False)
             read = self.db.arrow(exp.select(exp.Star()).from_(q.alias(exp.Subquery(this=union), "u", table=True)).order_by(
                 q.col("_w"), q.col("code")))
@@ -156,7 +166,7 @@ class BatchGrounder(Grounder):
             read = read.drop_columns(["_w"])
             for i, weight in enumerate(names):
                 tables[weight] = read.slice(int(bounds[i]), int(bounds[i + 1] - bounds[i])).combine_chunks()
-        return {weight: tables[weight] for weight in self.dictionaries}
+        return {weight: tables[weight] for weight in weights}
 
     def _sizes(self) -> dict[str, int]:
         # one statement for all (a restrict of Lahman's 70 relations counted them in 70)
@@ -185,27 +195,33 @@ class BatchGrounder(Grounder):
         (Lahman's 115 dictionaries of 17 bodies were two statements each over the body)."""
         preset = self.presets.dictionaries.get(weight)
         spec = self.template.weights.get(weight)
+        if tables is None and weight not in self._weights:
+            self._weights.append(weight)
         if (not self.rows_only or tables is not None or weight in self.dictionaries or preset is None
                 or spec is None or spec.kind != "embed" or not spec.min_count):
             return super().dictionary(weight, source, column, rule, tables)
-        if self._source_types is None or self._source_types[0] is not source:
-            query = exp.select(exp.Star()).from_(source.copy(), copy=False).limit(q.integer(0), copy=False)
-            with reported_as(self.db, rule):
-                self._source_types = (source, dict(self.db.result_columns(query)))
+        named = self._pending.pop(weight, None) or self._column_types(source, rule).get(column)  # typed as at its first use
         try:
-            named = self._source_types[1][column]
-            kind = exp.DataType.build(named, dialect="duckdb")
-        except (KeyError, sqlglot.errors.ParseError, ValueError):  # a type sqlglot does not read: the general way
+            kind = exp.DataType.build(named, dialect="duckdb") if named else None
+        except (sqlglot.errors.ParseError, ValueError):
+            kind = None
+        if kind is None:  # a column the body lacks, or a type sqlglot does not read: the general way
             return super().dictionary(weight, source, column, rule, tables)
         table = self.temp_table("d", weight.replace(".", "_"))
         with reported_as(self.db, rule):
-            small = self._from_rows(table, preset, lambda rows: exp.select(
-                q.alias(exp.Cast(this=q.col("value"), to=kind), "value"),
-                q.alias(exp.Cast(this=q.col("code"), to=exp.DataType.build("INTEGER")), "code")).from_(rows, copy=False))
+            small = self._from_rows(table, preset, lambda rows: _typed_dictionary(rows, kind))
         self.dictionaries[weight] = table
         if small:
             self._small_kinds[weight] = named
         return table
+
+    def _column_types(self, source: exp.Expression, rule: ir.Rule) -> dict[str, str]:
+        """A body's column types as DuckDB names them, read once per body."""
+        if self._source_types is None or self._source_types[0] is not source:
+            query = exp.select(exp.Star()).from_(source.copy(), copy=False).limit(q.integer(0), copy=False)
+            with reported_as(self.db, rule):
+                self._source_types = (source, dict(self.db.result_columns(query)))
+        return self._source_types[1]
 
     def _from_rows(self, table: exp.Table, data: pa.Table, select: Callable[[exp.Expression], exp.Select]) -> bool:
         """Temp table `table` as `select(rows)` over `data`'s rows: as typed literals where it is small
@@ -240,6 +256,9 @@ class BatchGrounder(Grounder):
         for index, rule, select, source in sources:
             stored = {e.column: e.weight for e in ir.walk(rule.expr) if isinstance(e, ir.Embed) and e.weight in self.stored}
             edges: dict[int, list[float]] | None = {} if self._ple_preset(relation, index, rule) else None
+            for k, weight in sorted(ir.coded_columns(rule).items()):  # first use in column order, as `encoded_columns`
+                if k not in stored and weight not in self._weights:
+                    self._weights.append(weight)
             coded = self._coded_here(rule, source, set(stored))
             columns = self.encoded_columns(relation, index, rule, source, skip=set(stored) | set(coded), ple_edges=edges)
             prepared.append(PreparedRule(index, rule, source, select, columns, stored, edges or {}, coded))
@@ -260,10 +279,18 @@ class BatchGrounder(Grounder):
             fixed = spec is not None and spec.kind == "embed" and spec.min_count and weight in self.presets.dictionaries
             if k in stored or not fixed:
                 continue
-            self.dictionary(weight, source, f"_c{k}", rule)
-            kind = self._small_kinds.get(weight)
-            types = self._source_types[1] if self._source_types is not None and self._source_types[0] is source else {}
-            if kind is not None and kind in _CODABLE and types.get(f"_c{k}") == kind:
+            named = self._column_types(source, rule).get(f"_c{k}")
+            if named not in _CODABLE:
+                continue  # `encoded_columns` looks it up in SQL
+            if weight in self.dictionaries:
+                kind = self._small_kinds.get(weight)
+            elif weight in self._pending:
+                kind = self._pending[weight]
+            elif inline.rows_query(self.presets.dictionaries[weight]) is not None:
+                kind = self._pending[weight] = named  # its first use: no table until SQL reads it (`dictionary`)
+            else:
+                continue
+            if kind == named:
                 coded[k] = weight
         return coded
 
@@ -480,6 +507,12 @@ class BatchGrounder(Grounder):
             relations[name] = result
         return BatchGrounding(relations, dictionaries, self.feature_stats, rows={n: demand[n] for n in relations},
                               embedding_keys=embedding_keys)
+
+
+def _typed_dictionary(rows: exp.Expression, kind: exp.DataType) -> exp.Select:
+    """A dictionary's (value, code) over the file's rows `rows`: `value` typed as its column, `code` INTEGER."""
+    return exp.select(q.alias(exp.Cast(this=q.col("value"), to=kind.copy()), "value"),
+                      q.alias(exp.Cast(this=q.col("code"), to=exp.DataType.build("INTEGER")), "code")).from_(rows, copy=False)
 
 
 def grounding_error(relation: ir.Relation, rule: ir.Rule, err: BaseException, source: str) -> BaseException:
