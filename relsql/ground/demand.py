@@ -138,7 +138,8 @@ class BatchGrounder(Grounder):
         file's rows (`dictionary`) are read in one query per value type, each then taken out by its
         number (Lahman's 115 dictionaries were 115 queries); others one query each."""
         weights = [w for w in self._weights if w in self.dictionaries or w in self._pending]
-        weights += [w for w in self.dictionaries if w not in set(weights)]
+        seen = set(weights)
+        weights += [w for w in self.dictionaries if w not in seen]
         groups: dict[str, list[str]] = {}
         for weight in weights:
             kind = self._pending.get(weight) or self._small_kinds.get(weight)
@@ -192,7 +193,8 @@ class BatchGrounder(Grounder):
         """As the Grounder's; with `rows_only`, a dictionary the file holds whole (an embedding
         with min_count is fixed when built: no codes are added) is made from it in one statement,
         `value` typed as the column is and `code` INTEGER as there, the types read once per body
-        (Lahman's 115 dictionaries of 17 bodies were two statements each over the body)."""
+        (Lahman's 115 dictionaries of 17 bodies were two statements each over the body); one that
+        Python codes alone (`_coded_here`) is made only when SQL looks it up, typed as at its first use."""
         preset = self.presets.dictionaries.get(weight)
         spec = self.template.weights.get(weight)
         if tables is None and weight not in self._weights:
