@@ -20,6 +20,7 @@ rows, so the batches ground as above over far fewer rows.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import duckdb
@@ -34,7 +35,7 @@ from relsql import sql as q
 from relsql.data.duckdb import interrupted_query, lost_connection
 from relsql.data.engine import Database
 from relsql.errors import GroundingError, SchemaError
-from relsql.ground import closure
+from relsql.ground import closure, inline
 from relsql.ground.execute import (
     Grounder,
     Grounding,
@@ -51,6 +52,8 @@ from relsql.progress import relations
 from relsql.template import ir
 
 _views = itertools.count()
+# DuckDB types whose equality Arrow's `index_in` shares (`BatchGrounder._coded_here`)
+_CODABLE = {"VARCHAR", "BOOLEAN", "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT"}
 
 
 @dataclass
@@ -62,6 +65,7 @@ class PreparedRule:
     columns: list[exp.Expression]  # the encoded grounding columns, over alias `g`
     stored: dict[int, str]  # column -> weight of an embedding kept in the database (raw keys)
     edges: dict[int, list[float]] = field(default_factory=dict)  # ple columns read as numbers: their edges
+    coded: dict[int, str] = field(default_factory=dict)  # column -> weight of an embedding coded here (`_coded_here`)
 
 
 @dataclass
@@ -116,6 +120,9 @@ class BatchGrounder(Grounder):
         self.stored = database_embeddings(template)
         self.prepared: dict[str, list[PreparedRule]] = {}
         self._source_types: tuple[exp.Expression, dict[str, str]] | None = None  # a body's column types (`dictionary`)
+        self._small_kinds: dict[str, str] = {}  # DuckDB value type of each dictionary made from the file's rows as literals
+        self._pending: dict[str, str] = {}  # the same, for those no SQL reads (coded here alone): not made as tables
+        self._weights: list[str] = []  # every dictionary's weight in the order of first use (`dictionary_tables`)
         with interruptible(db), self.cleanup_on_error():
             with db.frozen_schema():
                 bar = relations(self.order, progress)
@@ -123,8 +130,43 @@ class BatchGrounder(Grounder):
                     bar.set_postfix_str(name)
                     self._prepare(template.relations[name])
             self.sizes = {} if rows_only else self._sizes()
-            self.dictionary_tables = {w: db.arrow(exp.select(exp.Star()).from_(t.copy()).order_by(q.col("code")))
-                                      for w, t in self.dictionaries.items()}
+            self.dictionary_tables = self._read_dictionaries()
+
+    def _read_dictionaries(self) -> dict[str, pa.Table]:
+        """Each embedding dictionary's rows in code order. The small ones a loaded model made from its
+        file's rows (`dictionary`) are read in one query per value type, each then taken out by its
+        number (Lahman's 115 dictionaries were 115 queries); others one query each."""
+        weights = [w for w in self._weights if w in self.dictionaries or w in self._pending]
+        seen = set(weights)
+        weights += [w for w in self.dictionaries if w not in seen]
+        groups: dict[str, list[str]] = {}
+        for weight in weights:
+            kind = self._pending.get(weight) or self._small_kinds.get(weight)
+            groups.setdefault(f"={weight}" if kind is None else kind, []).append(weight)
+        tables: dict[str, pa.Table] = {}
+        for names in groups.values():
+            if len(names) == 1 and names[0] not in self._pending:
+                tables[names[0]] = self.db.arrow(exp.select(exp.Star()).from_(self.dictionaries[names[0]].copy()).order_by(
+                    q.col("code")))
+                continue
+            union = None
+            for i, weight in enumerate(names):
+                if weight in self._pending:  # the file's rows as literals, typed as its table would be
+                    rows = q.alias(exp.Subquery(this=inline.rows_query(self.presets.dictionaries[weight])), "v", table=True)
+                    part = _typed_dictionary(rows, exp.DataType.build(self._pending[weight], dialect="duckdb"))
+                    part = exp.select(q.alias(q.integer(i), "_w"), exp.Star()).from_(
+                        q.alias(exp.Subquery(this=part), "p", table=True), copy=False)
+                else:
+                    part = exp.select(q.alias(q.integer(i), "_w"), exp.Star()).from_(self.dictionaries[weight].copy())
+                union = part if union is None else exp.union(union, part, distinct=False, copy=False)
+            read = self.db.arrow(exp.select(exp.Star()).from_(q.alias(exp.Subquery(this=union), "u", table=True)).order_by(
+                q.col("_w"), q.col("code")))
+            numbers = read.column("_w").to_numpy()
+            bounds = np.searchsorted(numbers, np.arange(len(names) + 1))
+            read = read.drop_columns(["_w"])
+            for i, weight in enumerate(names):
+                tables[weight] = read.slice(int(bounds[i]), int(bounds[i + 1] - bounds[i])).combine_chunks()
+        return {weight: tables[weight] for weight in weights}
 
     def _sizes(self) -> dict[str, int]:
         # one statement for all (a restrict of Lahman's 70 relations counted them in 70)
@@ -150,32 +192,52 @@ class BatchGrounder(Grounder):
         """As the Grounder's; with `rows_only`, a dictionary the file holds whole (an embedding
         with min_count is fixed when built: no codes are added) is made from it in one statement,
         `value` typed as the column is and `code` INTEGER as there, the types read once per body
-        (Lahman's 115 dictionaries of 17 bodies were two statements each over the body)."""
+        (Lahman's 115 dictionaries of 17 bodies were two statements each over the body); one that
+        Python codes alone (`_coded_here`) is made only when SQL looks it up, typed as at its first use."""
         preset = self.presets.dictionaries.get(weight)
         spec = self.template.weights.get(weight)
+        if tables is None and weight not in self._weights:
+            self._weights.append(weight)
         if (not self.rows_only or tables is not None or weight in self.dictionaries or preset is None
                 or spec is None or spec.kind != "embed" or not spec.min_count):
             return super().dictionary(weight, source, column, rule, tables)
+        named = self._pending.pop(weight, None) or self._column_types(source, rule).get(column)  # typed as at its first use
+        try:
+            kind = exp.DataType.build(named, dialect="duckdb") if named else None
+        except (sqlglot.errors.ParseError, ValueError):
+            kind = None
+        if kind is None:  # a column the body lacks, or a type sqlglot does not read: the general way
+            return super().dictionary(weight, source, column, rule, tables)
+        table = self.temp_table("d", weight.replace(".", "_"))
+        with reported_as(self.db, rule):
+            small = self._from_rows(table, preset, lambda rows: _typed_dictionary(rows, kind))
+        self.dictionaries[weight] = table
+        if small:
+            self._small_kinds[weight] = named
+        return table
+
+    def _column_types(self, source: exp.Expression, rule: ir.Rule) -> dict[str, str]:
+        """A body's column types as DuckDB names them, read once per body."""
         if self._source_types is None or self._source_types[0] is not source:
             query = exp.select(exp.Star()).from_(source.copy(), copy=False).limit(q.integer(0), copy=False)
             with reported_as(self.db, rule):
                 self._source_types = (source, dict(self.db.result_columns(query)))
+        return self._source_types[1]
+
+    def _from_rows(self, table: exp.Table, data: pa.Table, select: Callable[[exp.Expression], exp.Select]) -> bool:
+        """Temp table `table` as `select(rows)` over `data`'s rows: as typed literals where it is small
+        (relsql/ground/inline.py: no scan of a Python object), else registered. Whether it was small."""
+        rows = inline.rows_query(data)
+        if rows is not None:
+            self.db.run(q.create_temp(table.copy(), select(q.alias(exp.Subquery(this=rows), "v", table=True))))
+            return True
+        view = f"{table.name}_rows"
+        self.db.register(view, data)
         try:
-            kind = exp.DataType.build(self._source_types[1][column], dialect="duckdb")
-        except (KeyError, sqlglot.errors.ParseError, ValueError):  # a type sqlglot does not read: the general way
-            return super().dictionary(weight, source, column, rule, tables)
-        table = self.temp_table("d", weight.replace(".", "_"))
-        view = f"{table.name}_preset"
-        self.db.register(view, preset)
-        try:
-            with reported_as(self.db, rule):
-                self.db.run(q.create_temp(table.copy(), exp.select(
-                    q.alias(exp.Cast(this=q.col("value"), to=kind), "value"),
-                    q.alias(exp.Cast(this=q.col("code"), to=exp.DataType.build("INTEGER")), "code")).from_(q.ident(view))))
+            self.db.run(q.create_temp(table.copy(), select(exp.Table(this=q.ident(view)))))
         finally:
             self.db.unregister(view)
-        self.dictionaries[weight] = table
-        return table
+        return False
 
     def _prepare(self, relation: ir.Relation) -> None:
         sources = []
@@ -187,7 +249,7 @@ class BatchGrounder(Grounder):
             keys_table = self.temp_table("rk", relation.name)  # not "k": a full grounding on this handle has those
             with self.cleanup_on_error():
                 self.db.run(q.create_temp(keys_table, q.numbered_keys(
-                    q.distinct_keys([s for *_, s in sources], relation.keys), relation.keys).limit(q.integer(0))))
+                    q.distinct_keys([s for *_, s in sources], relation.keys), relation.keys).limit(q.integer(0), copy=False)))
             self.key_tables[relation.name] = keys_table
         else:
             self.key_tables[relation.name] = self.key_table(relation, [(rule, source) for _, rule, _, source in sources])
@@ -195,9 +257,50 @@ class BatchGrounder(Grounder):
         for index, rule, select, source in sources:
             stored = {e.column: e.weight for e in ir.walk(rule.expr) if isinstance(e, ir.Embed) and e.weight in self.stored}
             edges: dict[int, list[float]] | None = {} if self._ple_preset(relation, index, rule) else None
-            columns = self.encoded_columns(relation, index, rule, source, skip=set(stored), ple_edges=edges)
-            prepared.append(PreparedRule(index, rule, source, select, columns, stored, edges or {}))
+            for k, weight in sorted(ir.coded_columns(rule).items()):  # first use in column order, as `encoded_columns`
+                if k not in stored and weight not in self._weights:
+                    self._weights.append(weight)
+            coded = self._coded_here(rule, source, set(stored))
+            columns = self.encoded_columns(relation, index, rule, source, skip=set(stored) | set(coded), ple_edges=edges)
+            prepared.append(PreparedRule(index, rule, source, select, columns, stored, edges or {}, coded))
         self.prepared[relation.name] = prepared
+
+    def _coded_here(self, rule: ir.Rule, source: exp.Expression, stored: set[int]) -> dict[int, str]:
+        """The embedded columns a batch reads raw and codes here (`_codes`), with `rows_only`: those of
+        an ungrouped rule (one grounding per head, so the order of groundings never depends on the
+        codes) whose dictionary was made from the file's rows (`dictionary`) with the column's own
+        type, a text, integer or boolean one (equality the same in Arrow as in DuckDB). The
+        database's lookup is a join per column: Lahman's 17 encoding rules' 115 of them cost a
+        predict(keys=) about a third of its batch."""
+        if not self.rows_only or rule.grouped:
+            return {}
+        coded = {}
+        for k, weight in sorted(ir.coded_columns(rule).items()):  # in column order, as `encoded_columns` makes them
+            spec = self.template.weights.get(weight)
+            fixed = spec is not None and spec.kind == "embed" and spec.min_count and weight in self.presets.dictionaries
+            if k in stored or not fixed:
+                continue
+            named = self._column_types(source, rule).get(f"_c{k}")
+            if named not in _CODABLE:
+                continue  # `encoded_columns` looks it up in SQL
+            if weight in self.dictionaries:
+                kind = self._small_kinds.get(weight)
+            elif weight in self._pending:
+                kind = self._pending[weight]
+            elif inline.rows_query(self.presets.dictionaries[weight]) is not None:
+                kind = self._pending[weight] = named  # its first use: no table until SQL reads it (`dictionary`)
+            else:
+                continue
+            if kind == named:
+                coded[k] = weight
+        return coded
+
+    def _codes(self, weight: str, column: pa.ChunkedArray) -> pa.ChunkedArray:
+        """A raw column's codes in the dictionary of `weight`, as the database's lookup gives them: a
+        value matched with NULL matching NULL, one without a code the rare row 0 (`rare_lookup`)."""
+        dictionary = self.dictionary_tables[weight]
+        index = pc.index_in(column, value_set=dictionary.column("value").combine_chunks(), skip_nulls=False)
+        return pc.fill_null(pc.take(dictionary.column("code"), index), 0)
 
     def _ple_preset(self, relation: ir.Relation, index: int, rule: ir.Rule) -> bool:
         """Whether every ple column of the rule has its edges from the presets (a saved model's):
@@ -271,12 +374,8 @@ class BatchGrounder(Grounder):
         table = self.temp_table("ra", name)
         made.append(table)
         if parts and isinstance(parts[0], pa.Table):
-            view = f"{self.db._prefix}asked_{next(_views)}"
-            self.db.register(view, parts[0])
-            try:
-                self.db.run(q.create_temp(table.copy(), exp.select(*[q.col(c) for c in columns]).distinct().from_(q.ident(view))))
-            finally:
-                self.db.unregister(view)
+            self._from_rows(table, parts[0], lambda rows: exp.select(*[q.col(c) for c in columns]).distinct().from_(
+                rows, copy=False))
         elif empty:
             key_table = self.key_tables[name]
             self.db.run(q.create_temp(table.copy(), exp.select(*[q.col(c) for c in columns]).from_(key_table.copy()).limit(
@@ -398,6 +497,8 @@ class BatchGrounder(Grounder):
                     if k in prepared.stored:
                         codes = pc.index_in(column.combine_chunks(), value_set=embedding_keys[prepared.stored[k]])
                         values[k] = to_tensor(codes, torch.int64)
+                    elif k in prepared.coded:
+                        values[k] = column_tensor(self._codes(prepared.coded[k], column), prepared.rule, k, embedded=True)
                     else:
                         values[k] = column_tensor(column, prepared.rule, k, embedded=k in ir.coded_columns(prepared.rule),
                                                    edges=prepared.edges.get(k))
@@ -407,6 +508,12 @@ class BatchGrounder(Grounder):
             relations[name] = result
         return BatchGrounding(relations, dictionaries, self.feature_stats, rows={n: demand[n] for n in relations},
                               embedding_keys=embedding_keys)
+
+
+def _typed_dictionary(rows: exp.Expression, kind: exp.DataType) -> exp.Select:
+    """A dictionary's (value, code) over the file's rows `rows`: `value` typed as its column, `code` INTEGER."""
+    return exp.select(q.alias(exp.Cast(this=q.col("value"), to=kind.copy()), "value"),
+                      q.alias(exp.Cast(this=q.col("code"), to=exp.DataType.build("INTEGER")), "code")).from_(rows, copy=False)
 
 
 def grounding_error(relation: ir.Relation, rule: ir.Rule, err: BaseException, source: str) -> BaseException:

@@ -487,7 +487,9 @@ class Grounder:
         embeds = ir.coded_columns(rule)
         features = {c for e in ir.walk(rule.expr) if isinstance(e, ir.Features) for c in e.columns}
         encoders = {c: e for e in ir.walk(rule.expr) if isinstance(e, ir.Encode) for c in e.columns}
-        types = self.db.arrow(exp.select(exp.Star()).from_(source.copy()).limit(0)).schema if features or encoders else None
+        types = None
+        if features or encoders:
+            types = self.db.arrow(exp.select(exp.Star()).from_(source.copy(), copy=False).limit(0, copy=False)).schema
         if types is not None:
             self.measure(relation, index, rule, source, types, features, encoders)
             if ple_edges is None:  # read in bulk, a ple column's edges come from the numbers read (`index_rule`)
