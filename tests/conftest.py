@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
 import sys
 
 import pytest
+from _pytest.mark.expression import Expression  # how pytest reads `-m`
 
 import relsql
 from relsql.datasets.neuralogic_files import load_builtin
@@ -133,6 +136,28 @@ SLOW_TESTS = {
     "test_warehouse_keys": {"test_tpcds_primary_keys_are_surrogate_keys_named_after_their_table",
         "test_tpcds_with_declared_primary_keys_finds_the_foreign_keys"},
 }
+
+
+FILE_MARK = re.compile(r"^pytestmark = pytest\.mark\.(\w+)", re.M)
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Under `-m`, a test file whose `pytestmark = pytest.mark.X` line puts all its tests out of the
+    expression is not imported: collection imports every module in each xdist worker, and the
+    Hypothesis, PyG and pyspark imports of whole-file slow/oracle/spark tests cost seconds there."""
+    expression = config.option.markexpr
+    if not expression or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    found = FILE_MARK.search(collection_path.read_text())
+    if found is None:
+        return None
+    mark, compiled = found.group(1), Expression.compile(expression)
+    others = sorted(set(re.findall(r"\w+", expression)) - {"and", "or", "not", mark})
+    for chosen in itertools.product((False, True), repeat=len(others)):  # some test could carry any other mark
+        on = {mark, *(name for name, value in zip(others, chosen) if value)}
+        if compiled.evaluate(lambda name, on=on, **_: name in on):
+            return None
+    return True
 
 
 def pytest_collection_modifyitems(config, items):
