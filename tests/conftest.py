@@ -58,12 +58,14 @@ SLOW_TESTS = {
     "test_bench_recommend": {"test_bench_quick_json_end_to_end"},
     "test_cli_hardening": {"test_demo_reuses_its_own_tables_and_writes_a_new_predictions_table",
         "test_no_traceback_reaches_a_terminal", "test_predict_replace_only_replaces_predictions"},
+    "test_cli_public_api": {"test_where_is_checked_below_the_training_layer"},  # a fresh interpreter (2026-11-30)
     "test_cli_recommend": {"test_task_train_recommend", "test_train_takes_the_candidate_tower_pairs_and_hard_negatives"},
     "test_cli_train": {"test_class_weight_balanced", "test_device_cpu_and_a_missing_gpu", "test_fit_defaults_and_time_budget",
         "test_predict_out_parquet_and_csv", "test_refit_is_reported", "test_regression_loss", "test_schedule",
         "test_split_without_a_test_part", "test_template_next_step_carries_the_time_column_and_keys",
         "test_train_without_template_trains_and_saves_the_automatic_one"},
     "test_cli_warehouse": {"test_train_and_predict_with_threads_and_mini_batches"},
+    "test_cold_load": {"test_load_in_a_new_process_imports_no_pandas"},  # a fresh interpreter loads torch (2026-11-30)
     "test_convergence": {"test_defaults_train_longer_than_100_epochs_without_a_time_budget"},
     "test_duckdb_versions": {"test_core_sources_load_no_extension"},
     "test_encoders": {"test_default_buckets_train_in_full_and_mini_batches_and_reload",
