@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
 import sys
 
 import pytest
+from _pytest.mark.expression import Expression  # how pytest reads `-m`
 
 import relsql
 from relsql.datasets.neuralogic_files import load_builtin
@@ -55,12 +58,14 @@ SLOW_TESTS = {
     "test_bench_recommend": {"test_bench_quick_json_end_to_end"},
     "test_cli_hardening": {"test_demo_reuses_its_own_tables_and_writes_a_new_predictions_table",
         "test_no_traceback_reaches_a_terminal", "test_predict_replace_only_replaces_predictions"},
+    "test_cli_public_api": {"test_where_is_checked_below_the_training_layer"},  # a fresh interpreter (2026-11-30)
     "test_cli_recommend": {"test_task_train_recommend", "test_train_takes_the_candidate_tower_pairs_and_hard_negatives"},
     "test_cli_train": {"test_class_weight_balanced", "test_device_cpu_and_a_missing_gpu", "test_fit_defaults_and_time_budget",
         "test_predict_out_parquet_and_csv", "test_refit_is_reported", "test_regression_loss", "test_schedule",
         "test_split_without_a_test_part", "test_template_next_step_carries_the_time_column_and_keys",
         "test_train_without_template_trains_and_saves_the_automatic_one"},
     "test_cli_warehouse": {"test_train_and_predict_with_threads_and_mini_batches"},
+    "test_cold_load": {"test_load_in_a_new_process_imports_no_pandas"},  # a fresh interpreter loads torch (2026-11-30)
     "test_convergence": {"test_defaults_train_longer_than_100_epochs_without_a_time_budget"},
     "test_duckdb_versions": {"test_core_sources_load_no_extension"},
     "test_encoders": {"test_default_buckets_train_in_full_and_mini_batches_and_reload",
@@ -133,6 +138,28 @@ SLOW_TESTS = {
     "test_warehouse_keys": {"test_tpcds_primary_keys_are_surrogate_keys_named_after_their_table",
         "test_tpcds_with_declared_primary_keys_finds_the_foreign_keys"},
 }
+
+
+FILE_MARK = re.compile(r"^pytestmark = pytest\.mark\.(\w+)", re.M)
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Under `-m`, a test file whose `pytestmark = pytest.mark.X` line puts all its tests out of the
+    expression is not imported: collection imports every module in each xdist worker, and the
+    Hypothesis, PyG and pyspark imports of whole-file slow/oracle/spark tests cost seconds there."""
+    expression = config.option.markexpr
+    if not expression or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    found = FILE_MARK.search(collection_path.read_text())
+    if found is None:
+        return None
+    mark, compiled = found.group(1), Expression.compile(expression)
+    others = sorted(set(re.findall(r"\w+", expression)) - {"and", "or", "not", mark})
+    for chosen in itertools.product((False, True), repeat=len(others)):  # some test could carry any other mark
+        on = {mark, *(name for name, value in zip(others, chosen) if value)}
+        if compiled.evaluate(lambda name, on=on, **_: name in on):
+            return None
+    return True
 
 
 def pytest_collection_modifyitems(config, items):

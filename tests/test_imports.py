@@ -9,6 +9,7 @@ Only imports under `if TYPE_CHECKING:` are left out (they never run).
 from __future__ import annotations
 
 import ast
+import functools
 import warnings
 from pathlib import Path
 
@@ -32,6 +33,18 @@ def module_files() -> dict[str, Path]:
                 parts.pop()
             found[".".join(parts)] = path
     return found
+
+
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """The syntax tree of `path`, read once for all the tests of this file (each reads every module)."""
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+@functools.cache
+def imports_in(path: Path) -> tuple[ast.Import | ast.ImportFrom, ...]:
+    """`_import_nodes` of `path`'s tree, found once."""
+    return tuple(_import_nodes(parsed(path)))
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -68,9 +81,8 @@ def _base(module: str, is_package: bool, node: ast.ImportFrom) -> str:
 
 def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
     """The project modules that `module` imports (itself left out)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     targets: set[str] = set()
-    for node in _import_nodes(tree):
+    for node in imports_in(path):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 name = alias.name
@@ -170,9 +182,8 @@ def test_no_import_cycles():
 
 def _top_level_names(path: Path) -> set[str]:
     """The first component of every module `path` imports absolutely (relative imports stay inside)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     names = set()
-    for node in _import_nodes(tree):
+    for node in imports_in(path):
         if isinstance(node, ast.Import):
             names |= {alias.name.partition(".")[0] for alias in node.names}
         elif not node.level and node.module:
@@ -237,10 +248,10 @@ def test_training_rooms_import_only_lower_rooms():
 
 def _private_reads(path: Path, known: set[str]) -> set[tuple[str, str]]:
     """(module, name) for each private name of another relsql module that `path` imports or reads as an attribute."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    tree = parsed(path)
     modules: dict[str, str] = {}  # local name -> the relsql module it is
     found = set()
-    for node in _import_nodes(tree):
+    for node in imports_in(path):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("relsql"):
             for alias in node.names:
                 if f"{node.module}.{alias.name}" in known:
