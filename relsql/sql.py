@@ -222,11 +222,15 @@ def _join_keys(select: exp.Select, keys_table: exp.Table, keys: list[str]) -> ex
 
 
 def relation_index_query(groundings: exp.Table, keys_table: exp.Table, keys: list[str],
-                         rules: list[tuple[int, int, list[exp.Expression]]], only: int | None = None) -> exp.Select:
+                         rules: list[tuple[int, int, list[exp.Expression]]], only: int | None = None,
+                         one_per_head: bool = False) -> exp.Select:
     """`rule_index_query` for every rule of a relation in one statement, ordered by `_rule` first
     so that each rule's rows come as one slice. `rules` holds (rule index, #refs, encoded columns
     over alias `g` of `rule_slice`); an encoded column is computed on its own rule's rows only.
-    `only` keeps the rows of that one rule."""
+    `only` keeps the rows of that one rule. `one_per_head`: no rule has two groundings of one head
+    (none aggregates, and the reader refuses such a head), so (_rule, _head) orders the rows
+    totally and the sort leaves out the ids and columns that would only break ties (its keys were
+    every column: strings and all)."""
     n_refs = max((n for _, n, _ in rules), default=0)
     columns = []
     for index, _, encoded in rules:
@@ -243,7 +247,8 @@ def relation_index_query(groundings: exp.Table, keys_table: exp.Table, keys: lis
     select = _join_keys(select, keys_table, keys)
     if only is not None:
         select = select.where(exp.EQ(this=col("_rule", "g"), expression=integer(only)), copy=False)
-    order = ["_rule", "_head", *[f"_r{j}" for j in range(n_refs)], *[c.alias for c in columns]]
+    order = ["_rule", "_head"] if one_per_head else ["_rule", "_head", *[f"_r{j}" for j in range(n_refs)],
+                                                     *[c.alias for c in columns]]
     return select.order_by(*[exp.Ordered(this=col(name), nulls_first=True) for name in order], copy=False)
 
 

@@ -465,7 +465,9 @@ class Grounder:
                      keys_table: exp.Table) -> dict[int, pa.Table]:
         only = group[0][0] if len(group) == 1 else None
         wanted = [s for s in slices if s[0] in {index for index, *_ in group}]
-        table = _run_rules(self.db, q.relation_index_query(groundings, keys_table, relation.keys, group, only=only),
+        single = not any(rule.grouped for _, rule, _ in wanted)  # a head's second grounding is refused (`index_rule`)
+        table = _run_rules(self.db, q.relation_index_query(groundings, keys_table, relation.keys, group, only=only,
+                                                           one_per_head=single),
                            relation.name, [(rule, source) for _, rule, source in wanted])
         tags = table.column("_rule").to_numpy()
         tables = {}
