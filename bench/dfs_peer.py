@@ -87,8 +87,10 @@ def _read(db, name: str, key: list[str] | None, fks: list, features: list, tm=No
     return frame
 
 
-def _types(features: list) -> dict[str, str]:
-    return {f.name: {"number": "Double", "time": "Datetime", "code": "Categorical"}[f.kind] for f in features}
+def _types(features: list, frame: pd.DataFrame) -> dict[str, str]:
+    """Woodwork logical types, stated: keys stay text (inferred, "1" would become the integer 1)."""
+    keys = {c: "Unknown" for c in frame.columns if c == KEY or c.startswith("__f")}
+    return keys | {f.name: {"number": "Double", "time": "Datetime", "code": "Categorical"}[f.kind] for f in features}
 
 
 def entityset(learner):
@@ -124,7 +126,7 @@ def entityset(learner):
         if not len(frame.columns):
             continue
         frames[n] = frame
-        types = _types(features) | ({TIME: "Double"} if TIME in frame else {})
+        types = _types(features, frame) | ({TIME: "Double"} if TIME in frame else {})
         es.add_dataframe(dataframe_name=n, dataframe=frame, index=KEY if primary[n] else "__row",
                          make_index=not primary[n], time_index=TIME if TIME in frame else None, logical_types=types)
     target_name, target_frame = table, None
@@ -136,7 +138,8 @@ def entityset(learner):
                           .from_(exp.alias_(exp.Table(this=q.ident(table)), q.ident("t"), table=True))).to_pandas()
         target_frame = target_frame.merge(stamps, on=KEY, how="left", suffixes=("", "_cut"))
         cutoffs = target_frame.pop(TIME)
-        es.add_dataframe(dataframe_name=TARGET, dataframe=target_frame.copy(), index=KEY, logical_types=_types(features))
+        types = _types(features, target_frame)
+        es.add_dataframe(dataframe_name=TARGET, dataframe=target_frame.copy(), index=KEY, logical_types=types)
         target_frame[TIME] = cutoffs
         target_name = TARGET
     for n in frames:
@@ -198,7 +201,8 @@ def matrix(learner, max_features: int = MAX_FEATURES, cutoffs: int = CUTOFFS) ->
             fm, defs = ft.dfs(instance_ids=list(rows[KEY]), **options)
     if len(defs) >= max_features:
         caps.append(f"features capped at {max_features}")
-    fm = fm.reindex(rows[KEY].to_numpy())
+    fm.index = fm.index.astype(str)
+    fm = fm.reindex(rows[KEY].astype(str).to_numpy())
     x = np.stack([_numeric(fm[c]) for c in fm.columns], axis=1) if len(fm.columns) else np.zeros((len(fm), 0))
     out = np.full((int(learner.output_rows), x.shape[1]), np.nan)
     rid = rows["_rid"].to_numpy(np.int64)

@@ -331,6 +331,17 @@ def summarize(rows: list[dict], fit: dict) -> str:
                          f"{'' if gs is None else f'{gs:.4f}'} | {r['construct_s']:.2f} | {r['fit_predict_s']:.2f} | "
                          f"{r['save_load_s']:.2f} | {r['gbm_s']:.2f} | {r['construct_s'] / r['gbm_s']:.1f} | "
                          f"{r['fit_predict_s'] / r['gbm_s']:.1f} | {r.get('child_peak_rss_mb') or 0:.0f} |")
+    dfs = [r for r in rows if r["outcome"] == "ok" and ("dfs_score" in r or "dfs_error" in r)]
+    if dfs:
+        lines += ["", "## DFS + LightGBM (featuretools, depth 2; bench/dfs_peer.py), same split", "",
+                  "| database | target | seed | metric | relsql | one-hop GBM | DFS+GBM | relsql s | GBM s | DFS s | "
+                  "DFS features | capped |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in dfs:
+            cells = [f"{v:.4f}" if isinstance(v, float) else "" for v in (r.get("score"), r.get("gbm_score"), r.get("dfs_score"))]
+            dfs_s = f"{r['dfs_s']:.1f}" if "dfs_s" in r else r.get("dfs_error", "")[:80]
+            lines.append(f"| {r['database']} | {r['target']} | {r.get('seed', 0)} | {r['metric']} | {' | '.join(cells)} | "
+                         f"{r['construct_s'] + r['fit_predict_s']:.1f} | {r.get('gbm_s', 0):.1f} | {dfs_s} | "
+                         f"{r.get('dfs_features', '')} | {'; '.join(r.get('dfs_capped', []))} |")
     peer_errors = [r for r in rows if r.get("gbm_error")]
     if peer_errors:
         lines += ["", f"GBM peer errors: {len(peer_errors)} (e.g. {peer_errors[0]['database']} {peer_errors[0]['target']}: "
