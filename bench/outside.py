@@ -3,6 +3,7 @@
     python -m bench.outside [--corpus hostile,plurel,real] [--limit N] [--jobs 1] [--fit '{"epochs": 30}']
                             [--timeout 600] [--out /tmp/outside/run] [--hostile-seeds 0-79]
                             [--plurel-parquet /tmp/outside/plurel-parquet] [--real flights,lahman]
+                            [--dfs] [--seed 0] [--first-targets N]
 
 Sources (docs/outside.md):
 - hostile: bench/outside_hostile.py, seeded hostile-but-valid DuckDB databases (generated here);
@@ -19,7 +20,9 @@ not fatal), for each of its targets, through the public API only: `relsql.connec
 `.evaluate()`, `.save()` and `Model.load()` whose predictions must equal the original's (= save+load),
 `.write_predictions()`. Then the peer on the same split: LightGBM on one-hop SQL features
 (relsql/train/gbm/flat.py's query + relsql/train/gbm/gbm.py's fit, as baselines.compare builds
-gbm_one_hop; timed: the feature query + the fit; 1 thread).
+gbm_one_hop; timed: the feature query + the fit; 1 thread). With --dfs also featuretools' Deep
+Feature Synthesis (depth 2) + LightGBM on the same split (bench/dfs_peer.py; the `quality` extra).
+--seed: the model's seed (its split); --first-targets N: only each database's first N targets.
 
 Outcome per (database, target): ok | relsql_error (a RelsqlError: on a valid database a crash) |
 exception (any other exception: type, message, last frames) | mismatch (loaded predictions differ)
@@ -86,7 +89,7 @@ def _same(a, b) -> tuple[bool, float]:
     return worst <= 1e-6, worst
 
 
-def run_target(manifest: dict, entry: dict, fit: dict, work: Path, index: int) -> dict:
+def run_target(manifest: dict, entry: dict, fit: dict, work: Path, index: int, seed: int = 0, dfs: bool = False) -> dict:
     """The defaults on one target of one database (a copy of it in `work`)."""
     import resource
 
@@ -95,7 +98,7 @@ def run_target(manifest: dict, entry: dict, fit: dict, work: Path, index: int) -
     target, time_column = entry["target"], entry.get("time_column")
     rec = {"database": manifest["name"], "source": manifest["source"], "target": target, "kind": entry.get("kind"),
            "time_column": time_column, "valid": manifest.get("valid", True), "key_mode": manifest.get("key_mode"),
-           "fit": fit, "outcome": None, "stage": None}
+           "fit": fit, "seed": seed, "outcome": None, "stage": None}
     model = None
     stage = "connect"
     started = time.perf_counter()
@@ -106,7 +109,7 @@ def run_target(manifest: dict, entry: dict, fit: dict, work: Path, index: int) -
         t = time.perf_counter()
         options = {"time_column": time_column} if time_column else {}
         template = relsql.Template.auto(db, target=target, **options)
-        model = relsql.Model(db, template, target=target, seed=0, progress=False, **options)
+        model = relsql.Model(db, template, target=target, seed=seed, progress=False, **options)
         rec["construct_s"] = time.perf_counter() - t
         stage = "fit"
         t = time.perf_counter()
@@ -144,6 +147,10 @@ def run_target(manifest: dict, entry: dict, fit: dict, work: Path, index: int) -
     rec["total_s"] = time.perf_counter() - started
     if model is not None and getattr(model, "learner", None) is not None:
         rec.update(gbm_peer(model.learner))
+        if dfs:
+            from bench import dfs_peer
+
+            rec.update(dfs_peer.peer(model.learner))
     rec["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return rec
 
@@ -168,7 +175,7 @@ def gbm_peer(learner) -> dict:
         return {"gbm_error": f"{type(err).__name__}: {str(err)[:500]}", "gbm_frames": _frames(err)}
 
 
-def child(manifest_path: str, results: str, fit: dict) -> None:
+def child(manifest_path: str, results: str, fit: dict, seed: int = 0, dfs: bool = False, first: int | None = None) -> None:
     """One database, every target: a JSON line per target, appended as each finishes."""
     import torch
 
@@ -177,23 +184,26 @@ def child(manifest_path: str, results: str, fit: dict) -> None:
     with tempfile.TemporaryDirectory(prefix="outside-") as tmp:
         work = Path(tmp)
         shutil.copy(manifest["path"], work / Path(manifest["path"]).name)  # write_predictions writes into the copy
-        for i, entry in enumerate(manifest["targets"]):
-            rec = run_target(manifest, entry, fit, work, i)
+        for i, entry in enumerate(manifest["targets"][:first]):
+            rec = run_target(manifest, entry, fit, work, i, seed, dfs)
             with open(results, "a") as f:
                 f.write(json.dumps(rec, default=str) + "\n")
 
 
 # =========================================================================== the parent
-def run_database(manifest_path: Path, fit: dict, timeout: float, out: Path) -> list[dict]:
-    """One database in a fresh process; targets without a result line are timeout/killed."""
+def run_database(manifest_path: Path, fit: dict, timeout: float, out: Path, extra: tuple[str, ...] = ()) -> list[dict]:
+    """One database in a fresh process; targets without a result line are timeout/killed. `extra`:
+    the child's --seed/--dfs/--first-targets arguments."""
     manifest = json.loads(manifest_path.read_text())
+    first = next((int(extra[i + 1]) for i, a in enumerate(extra) if a == "--first-targets"), None)
+    manifest["targets"] = manifest["targets"][:first]
     results = out / "tmp" / f"{manifest['name']}.jsonl"
     results.parent.mkdir(parents=True, exist_ok=True)
     results.unlink(missing_ok=True)
     log = open(out / "tmp" / f"{manifest['name']}.log", "w")
     started = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "bench.outside", "--child", str(manifest_path), "--results", str(results),
-                             "--fit", json.dumps(fit)], stdout=log, stderr=subprocess.STDOUT,
+                             "--fit", json.dumps(fit), *extra], stdout=log, stderr=subprocess.STDOUT,
                             cwd=str(Path(__file__).resolve().parent.parent))
     timed_out, status, usage = False, 0, None
     while True:
@@ -321,6 +331,17 @@ def summarize(rows: list[dict], fit: dict) -> str:
                          f"{'' if gs is None else f'{gs:.4f}'} | {r['construct_s']:.2f} | {r['fit_predict_s']:.2f} | "
                          f"{r['save_load_s']:.2f} | {r['gbm_s']:.2f} | {r['construct_s'] / r['gbm_s']:.1f} | "
                          f"{r['fit_predict_s'] / r['gbm_s']:.1f} | {r.get('child_peak_rss_mb') or 0:.0f} |")
+    dfs = [r for r in rows if r["outcome"] == "ok" and ("dfs_score" in r or "dfs_error" in r)]
+    if dfs:
+        lines += ["", "## DFS + LightGBM (featuretools, depth 2; bench/dfs_peer.py), same split", "",
+                  "| database | target | seed | metric | relsql | one-hop GBM | DFS+GBM | relsql s | GBM s | DFS s | "
+                  "DFS features | capped |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in dfs:
+            cells = [f"{v:.4f}" if isinstance(v, float) else "" for v in (r.get("score"), r.get("gbm_score"), r.get("dfs_score"))]
+            dfs_s = f"{r['dfs_s']:.1f}" if "dfs_s" in r else r.get("dfs_error", "")[:80]
+            lines.append(f"| {r['database']} | {r['target']} | {r.get('seed', 0)} | {r['metric']} | {' | '.join(cells)} | "
+                         f"{r['construct_s'] + r['fit_predict_s']:.1f} | {r.get('gbm_s', 0):.1f} | {dfs_s} | "
+                         f"{r.get('dfs_features', '')} | {'; '.join(r.get('dfs_capped', []))} |")
     peer_errors = [r for r in rows if r.get("gbm_error")]
     if peer_errors:
         lines += ["", f"GBM peer errors: {len(peer_errors)} (e.g. {peer_errors[0]['database']} {peer_errors[0]['target']}: "
@@ -328,7 +349,8 @@ def summarize(rows: list[dict], fit: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(manifests: list[Path], fit: dict, timeout: float, out: Path, jobs: int = 1) -> list[dict]:
+def run(manifests: list[Path], fit: dict, timeout: float, out: Path, jobs: int = 1,
+        child_args: tuple[str, ...] = ()) -> list[dict]:
     """Every database (at most `jobs` processes at once); results.jsonl and summary.md in `out`."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -341,7 +363,7 @@ def run(manifests: list[Path], fit: dict, timeout: float, out: Path, jobs: int =
 
     def one(i_path):
         i, path = i_path
-        got = run_database(path, fit, timeout, out)
+        got = run_database(path, fit, timeout, out, child_args)
         for r in got:
             r["relsql_head"] = head  # the commit checked out when the run began (a working tree may differ)
         for r in got:
@@ -380,6 +402,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--real", default=None, help="comma list of real databases (default: all)")
     parser.add_argument("--manifests", nargs="*", default=None, help="run these manifest files instead of --corpus")
     parser.add_argument("--summarize", default=None, metavar="DIR", help="only (re)write DIR/summary.md from DIR/results.jsonl")
+    parser.add_argument("--dfs", action="store_true", help="also featuretools DFS (depth 2) + LightGBM (bench/dfs_peer.py)")
+    parser.add_argument("--seed", type=int, default=0, help="the model's seed (its split)")
+    parser.add_argument("--first-targets", type=int, default=None, help="only each database's first N targets")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--results", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -391,7 +416,7 @@ def main(argv: list[str] | None = None) -> None:
         print((folder / "summary.md").read_text())
         return
     if args.child:
-        child(args.child, args.results, fit)
+        child(args.child, args.results, fit, args.seed, args.dfs, args.first_targets)
         return
     out = Path(args.out)
     if args.manifests:
@@ -409,7 +434,9 @@ def main(argv: list[str] | None = None) -> None:
             folder = (Path(args.corpus_dir) if args.corpus_dir else out / "corpus") / "hostile"
             manifests.append(folder / f"{outside_hostile.invalid(folder)['name']}.json")
     print(f"bench.outside: {len(manifests)} databases", file=sys.stderr)
-    rows = run(manifests, fit, args.timeout, out, args.jobs)
+    extra = (("--seed", str(args.seed)) + (("--dfs",) if args.dfs else ())
+             + (("--first-targets", str(args.first_targets)) if args.first_targets else ()))
+    rows = run(manifests, fit, args.timeout, out, args.jobs, extra)
     print((out / "summary.md").read_text())
     failures = [r for r in rows if r.get("valid", True) and r["outcome"] != "ok"]
     print(f"{len(failures)} failures on valid databases", file=sys.stderr)

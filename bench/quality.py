@@ -2,7 +2,7 @@
 
     python -m bench.quality [--quick] [--seeds 0 1 2 3 4] [--targets customer.churned ...] [--extra]
                             [--search 60s] [--auto '{"width": 32}'] [--fit '{"lr": 0.001}']
-                            [--peer '{"epochs": 200}'] [--scale 1.0] [--json out.json] [--out out/bench/quality]
+                            [--peer '{"epochs": 200}'] [--scale 1.0] [--json out.json] [--out out/bench/quality] [--dfs]
 
 Targets: bench/relgen.py's 12 planted targets in 4 databases (star, chain of 4, snowflake, a time
 column on the event table; data seed 0, one DuckDB file per target, only its label column in
@@ -16,10 +16,12 @@ seed, ON THE SAME SPLIT (the relsql model's learner.rows: seed s's 70/15/15 rand
   (LightGBM on the target table's own columns / on one-hop SQL features, fitted on the training
   rows, stopped early on the validation rows);
 - rdl_peer: bench/rdl_peer.py (PyG HeteroGraphSAGE with per-table encoders, full batch, AdamW,
-  best validation epoch), reading the target's DuckDB file generically (tables, declared keys).
+  best validation epoch), reading the target's DuckDB file generically (tables, declared keys);
+- dfs_gbm (with --dfs): bench/dfs_peer.py, featuretools' Deep Feature Synthesis (depth 2) + LightGBM
+  on the model's learner (its keys, time cut and split; the `quality` extra).
 Scored on the test rows: ROC-AUC (binary), accuracy (multiclass), MAE (regression; R^2 too).
 Wall seconds: relsql = template + model build + fit; baselines = the whole compare() call (all
-three); rdl_peer = graph + training. torch uses 1 thread, the GBMs OMP_NUM_THREADS=1.
+three); rdl_peer = graph + training; dfs_gbm = features + fit. torch uses 1 thread, the GBMs OMP_NUM_THREADS=1.
 
 "relsql >= one-hop GBM" per target: mean(relsql) >= mean(gbm_one_hop) - std(relsql) over seeds
 (MAE: mean(relsql) <= mean(gbm) + std(relsql)); the count lines tally it against each method, and
@@ -49,6 +51,7 @@ QUICK_TARGETS = ["customer.churned", "product.return_rate", "store.tier", "txn.f
 EXTRA_TARGETS = list(realdata.SPECS)
 METHODS = ["relsql", "majority", "gbm_own_columns", "gbm_one_hop", "rdl_peer"]
 SEARCH = "relsql_search"  # a method only with --search
+DFS = "dfs_gbm"  # a method only with --dfs
 PRIMARY = {"binary": "roc_auc", "multiclass": "accuracy", "regression": "mae"}
 
 
@@ -119,7 +122,7 @@ def split_positions(learner, table_rows: int, keys: np.ndarray | None = None) ->
     return out
 
 
-def run_one(case: Case, seed: int, auto: dict, fit: dict, peer: dict, search: str | None = None) -> list[dict]:
+def run_one(case: Case, seed: int, auto: dict, fit: dict, peer: dict, search: str | None = None, dfs: bool = False) -> list[dict]:
     """One target, one seed: a row per method with its test scores and wall seconds."""
     import torch
 
@@ -158,6 +161,16 @@ def run_one(case: Case, seed: int, auto: dict, fit: dict, peer: dict, search: st
         seconds = time.perf_counter() - started
         for name, scores in compared.items():
             rows.append({**common, "method": name, "scores": _r2(scores, y_test), "seconds": seconds})
+    if dfs:
+        from bench import dfs_peer
+
+        got = dfs_peer.peer(learner)
+        if "dfs_error" in got:
+            print(f"{case.name} seed {seed}: dfs_gbm failed: {got['dfs_error']}", flush=True)
+        else:
+            scores = got.get("dfs_scores") or {PRIMARY[case.kind]: float("nan")}
+            rows.append({**common, "method": DFS, "scores": _r2(scores, y_test), "seconds": got["dfs_s"],
+                         "features": got["dfs_features"], "capped": got["dfs_capped"]})
     started = time.perf_counter()
     torch.set_num_threads(1)
     result = rdl_peer.run_file(case.path, case.table, case.column, case.kind, positions, seed, **peer)
@@ -180,7 +193,7 @@ def summarize(rows: list[dict]) -> list[dict]:
         metric = mine[0]["metric"]
         entry = {"target": name, "kind": mine[0]["kind"], "metric": metric, "seeds": len({r["seed"] for r in mine}),
                  "methods": {}}
-        for method in [*METHODS, SEARCH]:
+        for method in [*METHODS, SEARCH, DFS]:
             scores = [r["score"] for r in mine if r["method"] == method]
             if scores:
                 entry["methods"][method] = {"mean": statistics.fmean(scores),
@@ -205,7 +218,7 @@ def at_least(ours: dict, theirs: dict, metric: str) -> bool:
 
 def table(summary: list[dict]) -> str:
     """The summary as a Markdown table and the count lines."""
-    methods = [m for m in ["relsql", SEARCH, *METHODS[1:]] if any(m in e["methods"] for e in summary)]
+    methods = [m for m in ["relsql", SEARCH, *METHODS[1:], DFS] if any(m in e["methods"] for e in summary)]
     lines = ["| target | metric | " + " | ".join(methods) + " | relsql >= one-hop |",
              "|---|---|" + "---|" * len(methods) + "---|"]
     for e in summary:
@@ -251,6 +264,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--peer", default="{}", help="bench/rdl_peer.run keyword arguments, JSON")
     parser.add_argument("--scale", type=float, default=1.0, help="rows per table, times this")
     parser.add_argument("--json", default=None, help="write every number here")
+    parser.add_argument("--dfs", action="store_true", help="also featuretools DFS (depth 2) + LightGBM (bench/dfs_peer.py)")
     parser.add_argument("--out", default="out/bench/quality", help="folder of the generated database files")
     args = parser.parse_args(argv)
     auto, fit, peer = _json_arg(args.auto, "auto"), _json_arg(args.fit, "fit"), _json_arg(args.peer, "peer")
@@ -279,7 +293,7 @@ def main(argv: list[str] | None = None) -> dict:
     for name in names:
         target = make_case(name, Path(args.out), args.scale)
         for seed in seeds:
-            got = run_one(target, seed, auto, fit, peer, args.search)
+            got = run_one(target, seed, auto, fit, peer, args.search, args.dfs)
             rows += got
             print(f"{name} seed {seed}: " + ", ".join(f"{r['method']} {r['score']:.4f} ({r['seconds']:.1f} s)" for r in got),
                   flush=True)
