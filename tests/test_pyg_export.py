@@ -199,5 +199,5 @@ def test_a_mini_batch_model_exports_the_whole_grounding_as_full_batch_does():
 def test_anything_else_is_refused():
     with pytest.raises(relsql.RelsqlError, match="to_heterodata takes"):
         to_heterodata(42)
-    with pytest.raises(relsql.RelsqlError, match="keys=, time_columns= and tables="):
+    with pytest.raises(relsql.RelsqlError, match="keys=, time_columns=, tables=, stypes= and text_embedder="):
         to_heterodata(relsql.Model(molecules(), relsql.Template.from_sql(TEMPLATE), "atom.label"), time_columns={"atom": "x"})

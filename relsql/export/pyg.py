@@ -19,7 +19,8 @@ So a PyG user can run their own modules on what relsql grounded. Two shapes:
   RelBench names them: `(child, "f2p_<column>", parent)` and `(parent, "rev_f2p_<column>",
   child)`, dangling and NULL references left out; numeric columns that are no key as `x`
   (float32, NULL as NaN; their names in `feature_names`), and a `time` attribute (epoch
-  seconds) for tables named in `time_columns`.
+  seconds) for tables named in `time_columns`. A RelBench task table carries its keys and time
+  only (its other columns are labels), and columns a task hides are left out everywhere.
 """
 
 from __future__ import annotations
@@ -49,24 +50,29 @@ _FLOATING = (ir.Features, ir.Encode, ir.Column)
 
 
 def to_heterodata(source: Any, *, keys: object = None, time_columns: dict[str, str] | None = None,
-                  tables: list[str] | None = None) -> HeteroData:
+                  tables: list[str] | None = None, stypes: dict | None = None,
+                  text_embedder: object = None) -> HeteroData:
     """`source` (a relsql.Model, a Learner, a CompiledNet, or a relsql.Database) as HeteroData.
 
     A model's own grounding (a mini-batch model's database is grounded whole, with the model's
     encodings); a database's foreign-key graph of `tables` (default all), with `keys` (a keys
     file, its text or tuples, as Template.auto takes them) completing the declared keys, and
-    `time_columns` {table: column} (default the database's own, e.g. a RelBench database's)."""
+    `time_columns` {table: column} (default the database's own, e.g. a RelBench database's).
+    With PyTorch Frame installed a database's tables also carry `tf` and `col_stats` for
+    RelBench's HeteroEncoder (relsql/export/frames.py: `stypes` overrides the guessed column
+    types, `text_embedder` embeds text columns)."""
     if isinstance(source, Database):  # the arguments first: a wrong one fails before PyG's slow import
         times = dict(getattr(source, "time_columns", {})) if time_columns is None else _names_map(time_columns)
         if tables is not None and (isinstance(tables, str) or not isinstance(tables, list | tuple)
                                    or not all(isinstance(t, str) for t in tables)):
             raise SchemaError(f"tables must be a list of table names, got {type(tables).__name__} {str(tables)[:60]!r}; "
                               "e.g. tables=['orders', 'customers']")
-        return _database_graph(_pyg()(), source, keys, times, tables, explicit=time_columns is not None)
+        frames = (stypes, text_embedder)
+        return _database_graph(_pyg()(), source, keys, times, tables, explicit=time_columns is not None, frames=frames)
     HeteroData = _pyg()
-    if keys is not None or time_columns is not None or tables is not None:
-        raise RelsqlError("keys=, time_columns= and tables= describe a database's key graph; a model's grounding has "
-                          "its own: drop them")
+    if any(given is not None for given in (keys, time_columns, tables, stypes, text_embedder)):
+        raise RelsqlError("keys=, time_columns=, tables=, stypes= and text_embedder= describe a database's key "
+                          "graph; a model's grounding has its own: drop them")
     learner = getattr(source, "learner", None)
     if learner is not None or _is_learner(source):
         learner = learner or source
@@ -207,8 +213,9 @@ def _labels(store, learner: Learner, rows: int) -> None:
 
 # -- a database's foreign-key graph -----------------------------------------------------------------
 def _database_graph(data: HeteroData, db: Database, given: object, time_columns: dict[str, str],
-                    tables: list[str] | None, explicit: bool) -> HeteroData:
+                    tables: list[str] | None, explicit: bool, frames: tuple = (None, None)) -> HeteroData:
     from relsql.data import keys as keyspec
+    from relsql.export import frames as tabular
 
     schema = keyspec.schema(db, db.catalog(), given=given)
     chosen = list(schema.tables) if tables is None else list(tables)
@@ -218,6 +225,10 @@ def _database_graph(data: HeteroData, db: Database, given: object, time_columns:
             raise SchemaError(f"{what} names table `{table}`, which is not in {db.description}; known tables: "
                               f"{', '.join(schema.tables)}")
     time_columns = {t: c for t, c in time_columns.items() if t in chosen}
+    torch_frame = tabular.torch_frame_or_none()
+    stypes, text_embedder = frames
+    stypes = tabular.checked_stypes(stypes, chosen, torch_frame)
+    task_tables, hidden = tabular.task_columns(db), tabular.hidden_columns(db)
     scopes = db.table_scopes()
     frames = {name: _read_table(db, name, scopes[name], schema.primary_keys.get(name, ())) for name in chosen}
     foreign = [(child, fk) for child, fk in schema.foreign_keys if child in frames and fk.table in frames]
@@ -228,8 +239,13 @@ def _database_graph(data: HeteroData, db: Database, given: object, time_columns:
         primary = schema.primary_keys.get(name, ())
         if primary:
             store.node_keys = pl.from_arrow(frame.select(list(primary)))
-        skip = set(primary) | {c for t, c in references if t == name}
+        skip = set(primary) | {c for t, c in references if t == name} | {c for t, c in hidden if t == name}
+        if name in task_tables:  # a task table's other columns are its labels: never features
+            skip |= set(frame.column_names)
         _table_features(store, frame, skip)
+        if torch_frame is not None:
+            features = [c for c in frame.column_names if c not in skip]
+            tabular.table_frame(store, frame, features, stypes.get(name, {}), torch_frame, text_embedder)
         if name in time_columns:
             store.time = _epoch_seconds(frame, name, time_columns[name])
     for child, fk in foreign:
