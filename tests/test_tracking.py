@@ -55,7 +55,14 @@ def test_mlflow_file_store_holds_the_history_report_and_template(tmp_path, monke
             assert [x.step for x in logged] == list(range(EPOCHS))
             assert [x.value for x in logged] == pytest.approx(history_values(m, name), rel=1e-9)
         assert len(client.get_metric_history(run.run_id, "step_loss")) == EPOCHS  # full batch: one step per epoch
-        assert client.get_run(run.run_id).data.params["target"] == "customer.churned"
+        params = client.get_run(run.run_id).data.params
+        assert params["target"] == "customer.churned"
+        assert (params["fit.epochs"], params["fit.hybrid"], params["fit.time_budget"]) == (str(EPOCHS), "False", "none")
+        assert params["fit.callbacks"] == "MLflow" and float(params["fit.lr"]) > 0
+        logged = client.get_run(run.run_id).data.metrics
+        held_out = m.evaluate("test")
+        assert held_out and {f"test_{k}": v for k, v in held_out.items()} == pytest.approx(
+            {k: v for k, v in logged.items() if k.startswith("test_")}, rel=1e-9)
         artifacts = tmp_path / "artifacts"
         template = mlflow.artifacts.download_artifacts(run_id=run.run_id, artifact_path="template.sql", dst_path=str(artifacts))
         assert open(template).read() == m.template.source
@@ -63,6 +70,19 @@ def test_mlflow_file_store_holds_the_history_report_and_template(tmp_path, monke
         assert open(report).read() == m.report()
     finally:
         mlflow.set_tracking_uri(None)
+
+
+def test_mlflows_default_store_without_its_sql_backend_names_the_fix(tmp_path, monkeypatch):
+    mlflow = importlib.import_module("mlflow")
+    from relsql import RelsqlError
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    mlflow.set_tracking_uri(None)  # mlflow's default: a SQLite file, which mlflow-skinny cannot open
+    m = model(customers(60))
+    with pytest.raises(RelsqlError, match=r"pip install mlflow\); or log to a folder"):
+        MLflow(m, experiment="relsql-default")
+    assert mlflow.active_run() is None
 
 
 def test_a_tracker_follows_a_model():

@@ -25,6 +25,7 @@ not answer fails in seconds instead of hanging training for minutes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import urllib.error
@@ -145,8 +146,9 @@ class TensorBoard(Tracker):
 
 class MLflow(Tracker):
     """Metrics per epoch record (`<name>`, step = its index) and `step_loss` per step; the model's
-    target, output and seed as parameters; the report and the template as artifacts. Uses the
-    active run, else starts one (in `experiment`) and ends it at finish."""
+    target, output and seed and every option of the first fit (`fit.<name>`) as parameters; the
+    test split's metrics at finish (`test_<name>`); the report and the template as artifacts. Uses
+    the active run, else starts one (in `experiment`) and ends it at finish."""
 
     def __init__(self, model, experiment: str | None = None, run_name: str | None = None):
         super().__init__(model)
@@ -166,6 +168,7 @@ class MLflow(Tracker):
                     mlflow.start_run(run_name=run_name)
                 self.run_id = mlflow.active_run().info.run_id
                 mlflow.log_params({"target": model.target, "output": model.output, "seed": model.seed})
+            self.fit_logged = False
         except RelsqlError:
             if self.started:
                 with contextlib.suppress(Exception):
@@ -183,9 +186,47 @@ class MLflow(Tracker):
                 raise
             except Exception as err:
                 message = " ".join(str(err).split())[:300] or "(no message)"
+                hint = ("mlflow's default store is a SQLite file, which needs the full mlflow package (pip install "
+                        "mlflow); or log to a folder: mlflow.set_tracking_uri('file:./mlruns') with "
+                        "MLFLOW_ALLOW_FILE_STORE=true" if self.uri.lower().startswith("sqlite") else
+                        "check the URI (mlflow.set_tracking_uri or MLFLOW_TRACKING_URI) and that its store "
+                        "or server is there and writable")
                 raise RelsqlError(f"MLflow could not {what} at tracking URI {self.uri}: {type(err).__name__}: {message}; "
-                                  "check the URI (mlflow.set_tracking_uri or MLFLOW_TRACKING_URI) and that its store "
-                                  "or server is there and writable") from err
+                                  f"{hint}") from err
+
+    def on_fit_start(self, trainer) -> None:
+        """The first fit's options as parameters (`fit.epochs`, `fit.lr`, ...: MLflow keeps a run's
+        parameters fixed, so a later fit in the same run, a refit say, adds none)."""
+        if self.fit_logged:
+            return
+        self.fit_logged = True
+        config = trainer.config
+        options = {f"fit.{f.name}": _param(getattr(config, f.name)) for f in dataclasses.fields(config)
+                   if f.name not in ("callback", "callbacks")}
+        options["fit.callbacks"] = ", ".join(type(c).__name__ for c in config.users) or "none"
+        with self.calling("log the fit's options"):
+            self.mlflow.log_params(options)
+
+    def __exit__(self, *exc: object) -> None:
+        self.failed = exc[0] is not None  # leaving on an error: the metrics of a broken fit are not asked for
+        self.finish()
+
+    def finish(self) -> None:
+        if not self.finished and self.model.history and not getattr(self, "failed", False):
+            metrics = self.test_metrics()
+            if metrics:
+                with self.calling("log the test metrics"):
+                    self.mlflow.log_metrics(metrics)
+        super().finish()
+
+    def test_metrics(self) -> dict[str, float]:
+        """The held-out test split's metrics (`test_<name>`), none where the model has no test rows."""
+        rows = self.model.rows
+        if "test" not in rows or not len(rows["test"]):
+            return {}
+        values = self.model.evaluate("test")
+        return {f"test_{k}": float(v) for k, v in values.items()
+                if isinstance(v, (int, float)) and math.isfinite(float(v))}
 
     def log_step(self, step: int, loss: float) -> None:
         if math.isfinite(loss):
@@ -206,6 +247,11 @@ class MLflow(Tracker):
         if self.started:
             with self.calling("end the run"):
                 self.mlflow.end_run()
+
+
+def _param(value: object) -> str:
+    """An option as MLflow shows it: None as "none", paths and tuples as text (MLflow keeps 6,000 characters)."""
+    return "none" if value is None else str(value)[:6000]
 
 
 TEMPLATE_FIX = "pass another log folder, or move that file away"
