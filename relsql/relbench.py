@@ -37,6 +37,7 @@ from relsql import sql as q
 from relsql.data import keyfile
 from relsql.data.duckdb import DuckDBDatabase, free_name
 from relsql.data.engine import Database, first_line
+from relsql.data.references import is_list
 from relsql.errors import RelsqlError, SchemaError
 
 __all__ = ["RelbenchTask", "evaluate", "from_relbench", "metrics", "tasks", "time_columns"]
@@ -61,17 +62,25 @@ class RelbenchTask:
     key: str = "id"
     hidden: tuple[tuple[str, str], ...] = ()  # (table, column) RelBench hides from this task
     train_std: float = float("nan")  # of the train labels (ddof=1), RelBench's NMAE scale
+    eval_k: int | None = None  # a link task's k (RelBench's MAP@k); None: an entity task, or not known
 
     @property
     def name(self) -> str:
         return f"{self.table}.{self.target}"
 
+    @property
+    def link(self) -> bool:
+        """A recommendation (link) task: its target is the destination column, a list of keys of
+        the destination table, which relsql trains as a ranking target."""
+        return bool(self.target) and self.target in self.entities
+
     def model_options(self) -> dict[str, Any]:
         """`relsql.Model(db, template, **task.model_options())`: target, time_column and split
-        fractions that give exactly RelBench's train/val/test rows (checked: `split_positions`)."""
-        if len(self.entities) != 1 or not self.target:
-            raise RelsqlError(f"task `{self.table}` links {', '.join(self.entities)} (a recommendation task): relsql's "
-                              "targets predict one value per row; train on an entity or autocomplete task")
+        fractions that give exactly RelBench's train/val/test rows (checked: `split_positions`).
+        A link task's target is its destination list: a ranking target (docs/recommendation.md)."""
+        if not self.target:
+            raise RelsqlError(f"task `{self.table}` names no target column (it links {', '.join(self.entities)}); "
+                              "give the task its target_col, or for a link task its dst_entity_col")
         if self.time_column is None or not self.ordered:
             raise RelsqlError(f"task `{self.table}`: its train/val/test rows are not ordered by time, so relsql's time "
                               "split cannot reproduce them; check the task's timestamps")
@@ -92,6 +101,7 @@ class TaskSpec:
     entities: dict[str, str]
     hidden: tuple[tuple[str, str], ...] = ()
     frames: dict[str, pa.Table] = field(default_factory=dict)
+    eval_k: int | None = None  # a link task's k
 
 
 def tasks(db: Database) -> dict[str, RelbenchTask]:
@@ -297,9 +307,11 @@ def _task_spec(name: str, task: Any, tables: Mapping[str, Any]) -> TaskSpec:
         raise SchemaError(f"{where} needs {', '.join(wanted)} as names (text); {', '.join(missing)} "
                           f"{'is' if len(missing) == 1 else 'are'} missing or not text: pass a relbench task")
     time = _optional_name(getattr(task, "time_col", None), f"{where}: time_col")
+    eval_k = None
     if recommendation:
         entities = {task.src_entity_col: task.src_entity_table, task.dst_entity_col: task.dst_entity_table}
-        target = ""
+        target = task.dst_entity_col  # a list of the destination table's keys: a ranking target
+        eval_k = eval_k_of(getattr(task, "eval_k", None), where)
     else:
         entities, target = {task.entity_col: task.entity_table}, task.target_col
     for table in entities.values():
@@ -328,7 +340,16 @@ def _task_spec(name: str, task: Any, tables: Mapping[str, Any]) -> TaskSpec:
             if column not in columns:
                 raise SchemaError(f"{part} has no column `{column}`, which the task names; columns: {', '.join(columns)}")
         frames[split] = _from_pandas(table.df, part)
-    return TaskSpec(target, time, _value(getattr(task, "task_type", "")), entities, hidden, frames)
+    return TaskSpec(target, time, _value(getattr(task, "task_type", "")), entities, hidden, frames, eval_k)
+
+
+def eval_k_of(value: Any, where: str) -> int | None:
+    """A link task's eval_k: a positive integer, or None (unknown: evaluate then needs k=)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise SchemaError(f"{where}: eval_k must be a positive integer, got {value!r}")
+    return int(value)
 
 
 def _task_frame(name: str, spec: TaskSpec) -> pa.Table:
@@ -362,7 +383,7 @@ def register_task(db: Database, name: str, spec: TaskSpec, key: str, rows: dict[
         _record_time(db, name, spec.time_column)
     labelled, ordered, std = _summary(db, name, key, spec.target, spec.time_column, rows)
     task = RelbenchTask(name, spec.target, spec.time_column, spec.task_type, dict(spec.entities), rows, labelled,
-                        ordered, key, spec.hidden, std)
+                        ordered, key, spec.hidden, std, spec.eval_k)
     db.relbench_tasks = {**getattr(db, "relbench_tasks", {}), name: task}
     return task
 
@@ -389,9 +410,13 @@ def _summary(db: Database, table: str, key: str, target: str, time: str | None,
         return labelled, False, float("nan")
     split = _split_of(key, rows)
     when = q.col(time) if time else exp.Null()
-    query = (exp.select(exp.alias_(split, "s"), exp.Count(this=q.col(target)),
+    has_label = exp.Not(this=exp.Is(this=q.col(target), expression=exp.Null()))
+    listed = is_list(dict(db.columns(table)).get(target, ""))
+    if listed:  # a link task's row with an empty list has nothing to rank (RelBench drops such rows)
+        has_label = exp.and_(has_label, exp.GT(this=exp.func("len", q.col(target)), expression=q.integer(0)))
+    query = (exp.select(exp.alias_(split, "s"), exp.Count(this=exp.Star()),
                         exp.Min(this=when), exp.Max(this=when))
-             .from_(exp.Table(this=q.ident(table))).where(exp.Not(this=exp.Is(this=q.col(target), expression=exp.Null())))
+             .from_(exp.Table(this=q.ident(table))).where(has_label)
              .group_by(split).order_by(exp.column("s")))
     found = db.arrow(query).to_pylist()
     ranges = []
@@ -401,7 +426,7 @@ def _summary(db: Database, table: str, key: str, target: str, time: str | None,
         ranges.append((values[2], values[3]))
     ordered = time is not None and all(a[1] is not None and b[0] is not None and a[1] < b[0] for a, b in zip(ranges, ranges[1:]))
     std = float("nan")
-    if labelled["train"] > 1:
+    if labelled["train"] > 1 and not listed:
         train = (exp.select(exp.func("stddev_samp", exp.cast(q.col(target), "DOUBLE"))).from_(exp.Table(this=q.ident(table)))
                  .where(exp.LT(this=q.col(key), expression=q.integer(rows["train"]))))
         try:

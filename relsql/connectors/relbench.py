@@ -255,7 +255,9 @@ def _task_spec(folder: Path, specs: dict[str, dict[str, Any]], splits: dict[str,
             if unknown or len(entities) != 2:
                 raise SourceError(f"{file}: its source and destination must be two columns, each naming a table of "
                                   f"the dataset ({', '.join(specs)}); fix the manifest")
-            return relbench.TaskSpec(target, name("time_col"), task_type, entities, hidden)
+            destination = name("dst_entity_col", True)
+            return relbench.TaskSpec(destination, name("time_col"), task_type, entities, hidden,
+                                     eval_k=relbench.eval_k_of(m.get("eval_k"), str(file)))
         table = name("entity_table", True)
         if table not in specs:
             raise SourceError(f"{file}: entity_table {_shown.repr(table)} is not a table of the dataset "
@@ -273,8 +275,12 @@ def _task_spec(folder: Path, specs: dict[str, dict[str, Any]], splits: dict[str,
     if footer is None:
         raise SourceError(f"task folder {folder} has neither {MANIFEST} nor relbench's keys in train.parquet")
     entities = footer["fkey_col_to_pkey_table"]
-    names = pq.read_schema(splits["train"]).names
+    arrow_schema = pq.read_schema(splits["train"])
+    names = arrow_schema.names
     rest = [c for c in names if c not in entities and c != footer["time_col"]]
+    listed = [c for c in entities if c in names and pa.types.is_list(arrow_schema.field(c).type)]
+    if not rest and len(listed) == 1:  # a link task: its destination column is a list of keys (eval_k unknown here)
+        return relbench.TaskSpec(listed[0], footer["time_col"], "recommendation", entities)
     if len(rest) != 1:
         raise SourceError(f"{splits['train']}: cannot tell the label column among {', '.join(rest) or 'none'}; "
                           f"write a {MANIFEST} for the task naming target_col")
