@@ -23,6 +23,7 @@ rows; `evaluate` scores a model on RelBench's metrics, in the order of RelBench'
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from relsql.data.engine import Database, first_line
 from relsql.data.references import is_list
 from relsql.errors import RelsqlError, SchemaError
 
-__all__ = ["RelbenchTask", "evaluate", "from_relbench", "metrics", "tasks", "time_columns"]
+__all__ = ["RelbenchTask", "evaluate", "from_relbench", "map_at_k", "metrics", "recommendations", "tasks", "time_columns"]
 
 SPLITS = ("train", "val", "test")
 ORIGIN = "the relbench Database"
@@ -123,9 +124,8 @@ def from_relbench(database: Any, db: Database | None = None, *, tasks: Mapping[s
     converted, names and types checked) before anything is written, and existing names are
     refused first."""
     tables = _relbench_tables(database)
-    if tasks is not None and not isinstance(tasks, Mapping):
-        raise SchemaError(f"tasks must map table names to relbench tasks ({{name: task}}), got {type(tasks).__name__}")
-    specs = {name: _task_spec(name, task, tables) for name, task in (tasks or {}).items()}
+    named = _named_tasks(tasks)
+    specs = {name: _task_spec(name, task, tables) for name, task in named.items()}
     if db is None:
         db = DuckDBDatabase.in_memory()  # as relsql.connect() (which imports the connectors, and they this module)
     elif not isinstance(db, Database):
@@ -146,6 +146,40 @@ def from_relbench(database: Any, db: Database | None = None, *, tasks: Mapping[s
     for name, spec in specs.items():
         write_task(db, name, spec, frames[name])
     return db
+
+
+def table_name(task_name: str) -> str:
+    """The task table's name for a RelBench task name, the same through both routes: a dataset
+    folder's `tasks/customer-churn` and `from_relbench(..., tasks={"customer-churn": task})` both
+    give `customer_churn` (a name SQL needs no quotes for), so a model trained on one loads on the other."""
+    return re.sub(r"\W", "_", task_name)
+
+
+def _named_tasks(tasks: Any) -> dict[str, Any]:
+    """{table name: task}: a mapping's names, or for a list of relbench's loaded tasks their own
+    `name`s (relbench.load gives each one), each as `table_name` writes it."""
+    if tasks is None:
+        return {}
+    if isinstance(tasks, Mapping):
+        pairs = list(tasks.items())
+    elif isinstance(tasks, list | tuple):
+        nameless = [type(t).__name__ for t in tasks if not isinstance(getattr(t, "name", None), str) or not t.name]
+        if nameless:
+            raise SchemaError(f"tasks is a list, and its {nameless[0]} has no `name` to call its table: pass a mapping, "
+                              f"tasks={{'my_task': task}}")
+        pairs = [(t.name, t) for t in tasks]
+    else:
+        raise SchemaError(f"tasks must map table names to relbench tasks ({{name: task}}), got {type(tasks).__name__}")
+    found: dict[str, Any] = {}
+    for name, task in pairs:
+        if not isinstance(name, str) or not name:
+            raise SchemaError(f"tasks must map table names to relbench tasks (with get_table), got {name!r}: "
+                              f"{type(task).__name__}")
+        table = table_name(name)
+        if table in found:
+            raise SchemaError(f"tasks `{name}` and another both become table `{table}`; give them distinct names")
+        found[table] = task
+    return found
 
 
 def _is_frame(value: Any) -> bool:
@@ -484,17 +518,120 @@ def metrics(task_type: str, y: np.ndarray, prediction: np.ndarray, score: np.nda
                       "regression and multiclass_classification entity tasks")
 
 
-def evaluate(model: Any, task: RelbenchTask | str, split: str = "test") -> dict[str, float]:
-    """`model`'s predictions for `split`'s labelled rows of a RelBench task, in RelBench's row
-    order, scored with RelBench's metrics (`metrics`)."""
+def _task_of(model: Any, task: Any, verb: str) -> RelbenchTask:
+    """`task` as relsql's RelbenchTask: itself, or the task table it names in `model.db`. A relbench
+    task object is refused, naming the relsql task that holds its rows."""
+    db = getattr(model, "db", None)
+    if not isinstance(db, Database) or not hasattr(model, "learner"):
+        raise RelsqlError(f"{verb} takes a relsql.Model (trained or Model.load-ed), got {type(model).__name__}")
+    known = tasks(db)
+    if isinstance(task, RelbenchTask):
+        return task
     if isinstance(task, str):
-        known = tasks(model.db)
         if task not in known:
-            raise RelsqlError(f"no RelBench task `{task}` in {model.db.description}; tasks: {', '.join(known) or 'none'}")
-        task = known[task]
+            raise RelsqlError(f"no RelBench task `{task}` in {db.description}; tasks: {', '.join(known) or 'none'}")
+        return known[task]
+    if hasattr(task, "get_table"):  # relbench's own task object: its rows are one of relsql's task tables
+        same = [n for n, t in known.items() if _matches(t, task)]
+        named = f"relsql.relbench.tasks(db)[{same[0]!r}] (or the name {same[0]!r})" if len(same) == 1 else \
+            f"relsql.relbench.tasks(db)[name] (or the name) for one of: {', '.join(known) or 'none'}"
+        raise RelsqlError(f"{verb} takes relsql's task (the task table from_relbench or a dataset folder made), not "
+                          f"relbench's {type(task).__name__} object: pass {named}")
+    raise RelsqlError(f"{verb}: task must be a task of relsql.relbench.tasks(db) or its name, got {type(task).__name__}")
+
+
+def _matches(ours: RelbenchTask, theirs: Any) -> bool:
+    """Whether relbench's task object names the same columns and tables as relsql's task."""
+    if hasattr(theirs, "src_entity_col"):
+        entities = {getattr(theirs, "src_entity_col", None): getattr(theirs, "src_entity_table", None),
+                    getattr(theirs, "dst_entity_col", None): getattr(theirs, "dst_entity_table", None)}
+        target = getattr(theirs, "dst_entity_col", None)
+    else:
+        entities = {getattr(theirs, "entity_col", None): getattr(theirs, "entity_table", None)}
+        target = getattr(theirs, "target_col", None)
+    return ours.entities == entities and ours.target == target and ours.time_column == getattr(theirs, "time_col", None)
+
+
+def _split_range(task: RelbenchTask, split: str) -> tuple[int, int]:
+    """[start, end) of the split's rows in the task table's key."""
     if split not in SPLITS:
         raise RelsqlError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     start = sum(task.rows[s] for s in SPLITS[:SPLITS.index(split)])
+    return start, start + task.rows[split]
+
+
+def recommendations(model: Any, task: RelbenchTask | str, split: str = "test", k: int | None = None) -> np.ndarray:
+    """A link task's predictions as RelBench takes them: an [n, k] array of destination keys, one
+    row per row of `split`'s table in RelBench's order, best first (`task.evaluate(array, table)`
+    of relbench scores it). `k`: the task's eval_k unless given. Fewer candidates than k leave
+    -1 in the last places (never a destination)."""
+    task = _task_of(model, task, "recommendations")
+    if not task.link:
+        raise RelsqlError(f"task `{task.table}` predicts one value per row ({task.target}): use evaluate() or "
+                          "model.predict()")
+    k = _k_of(task, k)
+    start, end = _split_range(task, split)
+    if model.learner.answers != "recommend":
+        raise RelsqlError(f"the model predicts {model.target}, not the task's links `{task.name}`: train it with "
+                          f"**relsql.relbench.tasks(db)[{task.table!r}].model_options()")
+    keys = {task.key: list(range(start, end))}
+    frame = model.recommend(k, keys=keys)
+    if model.target != task.name:
+        raise RelsqlError(f"the model ranks {model.target}, not the task's target {task.name}")
+    n = end - start
+    width = frame.height // n if n else 0
+    order = frame[task.key].to_numpy().reshape(n, width) if width else np.arange(start, end)[:, None]
+    if width and not (order == np.arange(start, end)[:, None]).all():
+        raise RelsqlError(f"the model's recommendations for `{task.table}` are not one block per row; retrain it")
+    picked = frame[task.target].to_numpy().reshape(n, width) if width else np.zeros((n, 0), dtype=np.int64)
+    if width < k:
+        pad = np.full((n, k - width), -1, dtype=picked.dtype if picked.dtype.kind in "iu" else object)
+        picked = np.concatenate([picked.astype(pad.dtype), pad], axis=1)
+    return picked
+
+
+def _k_of(task: RelbenchTask, k: int | None) -> int:
+    if k is None:
+        k = task.eval_k
+    if k is None:
+        raise RelsqlError(f"task `{task.table}` does not say its eval_k (a dataset folder without manifests): pass k=, "
+                          "RelBench's eval_k for the task")
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
+        raise RelsqlError(f"k must be a positive integer, got {k!r}")
+    return int(k)
+
+
+def map_at_k(predicted: np.ndarray, truth: list[list[Any]]) -> float:
+    """RelBench's MAP@k over rows with a non-empty truth: per row the precision at each hit,
+    summed, over min(k, |truth|)."""
+    k = predicted.shape[1]
+    total, rows = 0.0, 0
+    for guess, true in zip(predicted, truth):
+        if not len(true):
+            continue
+        hit = np.isin(np.asarray(guess), np.asarray(true)).astype(np.float64)
+        total += float((np.cumsum(hit) / np.arange(1, k + 1) * hit).sum() / min(k, len(true)))
+        rows += 1
+    return total / rows if rows else float("nan")
+
+
+def evaluate(model: Any, task: RelbenchTask | str, split: str = "test", k: int | None = None) -> dict[str, float]:
+    """`model`'s predictions for `split`'s labelled rows of a RelBench task, in RelBench's row
+    order, scored with RelBench's metrics (`metrics`). A link task: RelBench's `map` (MAP@k, k
+    its eval_k unless given) of `recommendations`, as relbench's task.evaluate computes it."""
+    task = _task_of(model, task, "evaluate")
+    start, end = _split_range(task, split)
+    if task.link:
+        predicted = recommendations(model, task, split, k)
+        rows = (exp.select(q.col(task.target)).from_(exp.Table(this=q.ident(task.table)))
+                .where(exp.and_(exp.GTE(this=q.col(task.key), expression=q.integer(start)),
+                                exp.LT(this=q.col(task.key), expression=q.integer(end))))
+                .order_by(q.col(task.key)))
+        truth = model.db.arrow(rows).column(0).to_pylist()
+        if any(t is None for t in truth):
+            raise RelsqlError(f"{sum(t is None for t in truth)} of {split}'s rows of `{task.table}` have no "
+                              f"{task.target} (a masked split): RelBench scores it with the labels")
+        return {"map": map_at_k(predicted, truth)}
     frame = model.predict()
     if task.key not in frame.columns:
         raise RelsqlError(f"the model's output is not keyed by `{task.table}`.{task.key}; train it with "

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import reprlib
 from pathlib import Path
 from typing import Any
@@ -63,6 +62,15 @@ class RelbenchFolder(files.Folder):
 
     def keys(self, db: Database, scope: tuple[str, str]) -> dict[str, Keys]:
         return {name: key for name, key in self.declared.items() if name in self.files or name in self.task_views}
+
+    def refuse_read_only(self, name: str) -> None:
+        """The folder is the user's dataset: a table written there would be read back as one of its
+        tables (`relsql inspect` would list it). Every write is refused, before any work."""
+        raise SourceError(f"cannot write table `{name}`: {self.path.parent} is a RelBench dataset, which relsql reads "
+                          "and never writes into. Write to a file instead: `--out preds.parquet` on the command line "
+                          "(relsql predict / recommend; relsql train prints the command), model.predict() or "
+                          "model.recommend() and .write_parquet(path) in Python; or copy the dataset into a database "
+                          "of your own with relsql.from_relbench(relbench_db, relsql.connect('shop.duckdb'), tasks=...)")
 
 
 def is_relbench_folder(path: Path) -> bool:
@@ -305,7 +313,7 @@ def _open_task(db: Database, source: RelbenchFolder, folder: Path, specs: dict[s
     if "train" not in splits:
         return  # a task whose labels are regenerated from SQL (no files): nothing to train on here
     spec = _task_spec(folder, specs, splits)
-    name = re.sub(r"\W", "_", folder.name)
+    name = relbench.table_name(folder.name)
     taken = {t.casefold() for t in db.tables()}
     if name.casefold() in taken:
         name = f"task_{name}"
