@@ -11,10 +11,13 @@ and its `task.evaluate`. Everything is built here (nothing downloaded)."""
 from __future__ import annotations
 
 import importlib
+import json
 import os
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 relbench_base = importlib.import_module("relbench.base")
@@ -267,3 +270,40 @@ def test_cli_trains_a_link_task_on_the_folder_without_a_plot(folder, tmp_path, c
     assert main(["recommend", str(folder), "--model", str(model), "--table", "recs"]) == 1
     assert "--out" in capsys.readouterr().err
     assert files_in(folder) == before
+
+
+@pytest.mark.slow
+def test_entity_time_pairs_are_refused_as_keys_and_predicted_as_new_task_rows(shop, tmp_path):
+    _, database, tasks = shop
+    db = relsql.from_relbench(database, tasks={CHURN: tasks[CHURN]})
+    t = rb.tasks(db)["customer_churn"]
+    model = relsql.Model(db, relsql.Template.auto(db, t.name, time_column=t.time_column, width=4, hops=1),
+                         **t.model_options()).fit(epochs=2, time_budget=None)
+    with pytest.raises(relsql.RelsqlError, match=r"chosen by its key `id`.*NULL churn.*predict\(where=\"churn IS NULL\"\)"):
+        model.predict(keys={"customer_id": [3], "date": [TEST]})
+    path = model.save(tmp_path / "churn.pt")
+    last = sum(t.rows.values()) - 1  # the error's recipe: the pairs as new rows with a NULL label, then Model.load
+    db.con.execute(f'INSERT INTO "customer_churn" (id, customer_id, date) SELECT {last + 1}, customer_id, date '
+                   f'FROM "customer_churn" WHERE id = {last}')
+    new = relsql.Model.load(path, db).predict(where="churn IS NULL")
+    assert new["id"].to_list() == [last + 1]
+    same = model.predict(keys={"id": [last]})  # the same (customer, time) pair, scored as the task's own row
+    assert new["probability"][0] == pytest.approx(same["probability"][0], abs=1e-6)
+
+
+def test_link_task_in_the_layout_before_manifests(tmp_path, shop, labels):
+    """relbench's Table.save wrote its keys into each Parquet footer; a link task's list column is its target."""
+    def save(table, path) -> None:
+        data = pa.Table.from_pandas(table.df, preserve_index=False)
+        extra = {"fkey_col_to_pkey_table": table.fkey_col_to_pkey_table, "pkey_col": table.pkey_col, "time_col": table.time_col}
+        data = data.replace_schema_metadata({**data.schema.metadata, **{k: json.dumps(v).encode() for k, v in extra.items()}})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(data, path)
+
+    for name, table in shop[1].table_dict.items():
+        save(table, tmp_path / "db" / f"{name}.parquet")
+    for split in rb.SPLITS:
+        save(labels[LINK][split], tmp_path / "tasks" / LINK / f"{split}.parquet")
+    info = rb.tasks(relsql.connect(tmp_path))["customer_product"]
+    assert info.link and info.target == "product_id" and info.eval_k is None
+    assert info.model_options()["target"] == "customer_product.product_id"
