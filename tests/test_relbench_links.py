@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 
 import numpy as np
 import pandas as pd
@@ -262,6 +263,8 @@ def test_nothing_is_written_into_a_dataset_folder(folder, tmp_path, capsys):
 @pytest.mark.slow
 def test_cli_trains_a_link_task_on_the_folder_without_a_plot(folder, tmp_path, capsys):
     before = files_in(folder)
+    assert main(["inspect", str(folder)]) == 0
+    assert re.search(r"product_id +BIGINT\[\] +FK -> products\.product_id", capsys.readouterr().out)
     model = tmp_path / "rec.pt"
     assert main(["train", str(folder), "--target", "customer_product.product_id", "--time-column", "date",
                  "--epochs", "3", "--model", str(model)]) == 0
