@@ -15,8 +15,13 @@ columns are kept in `db.time_columns` ({table: column}): pass them to
 
 A task becomes one table: its train, val and test rows in that order, numbered by a new
 primary key column (`id`, or a free variant), with the entity column a foreign key to the
-entity table. RelBench's splits are temporal (every train time is before every val time,
-every val time before every test time), so relsql's time split with the fractions of the
+entity table. A recommendation (link) task's destination column, a list of the destination
+table's keys, is its target: given as a foreign key over a list, which the key layer keeps out of
+joins and a ranking target ranks (`recommendations`, `evaluate`: RelBench's MAP@eval_k). Task
+tables are named alike on both routes (`table_name`: `customer-churn` -> `customer_churn`).
+
+RelBench's splits are temporal (every train time is before every val time, every val time
+before every test time), so relsql's time split with the fractions of the
 split sizes (`RelbenchTask.model_options()`) trains, selects and tests on exactly RelBench's
 rows; `evaluate` scores a model on RelBench's metrics, in the order of RelBench's tables.
 """
@@ -116,11 +121,13 @@ def time_columns(db: Database) -> dict[str, str]:
 
 
 # -- a relbench Database ------------------------------------------------------------------------------------------
-def from_relbench(database: Any, db: Database | None = None, *, tasks: Mapping[str, Any] | None = None) -> Database:
+def from_relbench(database: Any, db: Database | None = None, *,
+                  tasks: Mapping[str, Any] | list[Any] | None = None) -> Database:
     """A relbench `Database`'s tables as new tables of `db` (default a new in-memory DuckDB),
     with their primary and foreign keys given to relsql's key layer and their time columns in
-    `db.time_columns`; `tasks` ({table name: relbench task}) adds each task's train/val/test
-    tables as one task table (see the module docstring). Everything is read and checked (frames
+    `db.time_columns`; `tasks` ({name: relbench task}, or a list of tasks relbench loaded, named
+    by their `name`) adds each task's train/val/test tables as one task table (see the module
+    docstring), named by `table_name` as a dataset folder's are. Everything is read and checked (frames
     converted, names and types checked) before anything is written, and existing names are
     refused first."""
     tables = _relbench_tables(database)

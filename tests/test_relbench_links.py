@@ -310,3 +310,28 @@ def test_link_task_in_the_layout_before_manifests(tmp_path, shop, labels):
     info = rb.tasks(relsql.connect(tmp_path))["customer_product"]
     assert info.link and info.target == "product_id" and info.eval_k is None
     assert info.model_options()["target"] == "customer_product.product_id"
+
+
+def test_a_link_list_named_unlike_its_key_references_the_declared_table():
+    """rel-stack's user-post-comment lists `post_id`s of posts(Id): the given key says which table, not the name."""
+    from types import SimpleNamespace
+
+    from relsql.data.references import Reference, referenced
+
+    day = [pd.Timestamp("2020-01-01") + pd.Timedelta(days=10 * i) for i in range(6)]
+    database = SimpleNamespace(table_dict={
+        "users": SimpleNamespace(df=pd.DataFrame({"Id": [0, 1]}), fkey_col_to_pkey_table={}, pkey_col="Id", time_col=None),
+        "posts": SimpleNamespace(df=pd.DataFrame({"Id": [0, 1, 2], "OwnerUserId": [0, 1, 1], "made": day[:3]}),
+                                 fkey_col_to_pkey_table={"OwnerUserId": "users"}, pkey_col="Id", time_col="made")})
+
+    class Comments:
+        src_entity_col, src_entity_table, dst_entity_col, dst_entity_table = "user_id", "users", "post_id", "posts"
+        time_col, eval_k, task_type = "date", 2, "recommendation"
+
+        def get_table(self, split, mask_input_cols=False):
+            at = day[3 + rb.SPLITS.index(split)]
+            return SimpleNamespace(df=pd.DataFrame({"date": [at, at], "user_id": [0, 1], "post_id": [[1, 2], [0]]}))
+
+    db = relsql.from_relbench(database, tasks={"user-post-comment": Comments()})
+    assert rb.tasks(db)["user_post_comment"].link
+    assert referenced(db, "user_post_comment", "post_id") == Reference("posts", "Id", True)

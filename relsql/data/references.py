@@ -49,13 +49,11 @@ def referenced(db: Database, table: str, column: str, infer: bool = False) -> Re
                               "reference; ranking targets train on a database whose catalog holds keys "
                               "(DuckDB, PostgreSQL, SQLite, files), not on Spark")
         return None
-    keys = schema(db, db.catalog(), infer=infer)
+    keys = schema(db, db.catalog(), infer=infer or many)  # a list needs its table's key, declared or inferred
     if many:  # a list declared or given as a foreign key (a RelBench link task's) references that key's table
         for child, fk in keys.list_references:
             if child == table and fk.columns == (column,) and len(fk.references) == 1:
                 return Reference(fk.table, fk.references[0], True)
-        if not infer:
-            keys = schema(db, db.catalog(), infer=True)  # else the table whose key has its name, declared or inferred
     if not many:
         for child, fk in keys.foreign_keys:
             if child == table and fk.columns == (column,) and len(fk.references) == 1:
