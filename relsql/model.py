@@ -158,6 +158,7 @@ class Model(LearnerViews):
         another database this scores that database's rows (docs/training.md), and `keys`/`where`
         ground only the rows asked for."""
         self._one_value_per_row("predict")
+        self._no_task_pairs(keys)
         return results.predict(self.learner.asked(keys, where), splits=with_split, keys=keys, where=where)
 
     def write_predictions(self, name: str, *, keys=None, where: str | None = None, replace: bool = False) -> int:
@@ -167,6 +168,25 @@ class Model(LearnerViews):
         frame = self.predict(keys, where=where, with_split=False)
         self.db.write_table(name, frame.to_arrow(), replace=replace, kind="predictions")
         return frame.height
+
+    def _no_task_pairs(self, keys: object) -> None:
+        """A RelBench task table's rows are numbered (its key, e.g. `id`), so `keys` of (entity, time)
+        pairs name no row of it: say how such pairs become rows (the template reads them from the table)."""
+        task = getattr(self.db, "relbench_tasks", {}).get(self.learner.table)
+        if task is None or keys is None:
+            return
+        columns = keys.keys() if isinstance(keys, dict) else getattr(keys, "columns", getattr(keys, "column_names", ()))
+        given = {str(c) for c in columns}
+        if task.key in given or not given & {*task.entities, task.time_column}:
+            return
+        verb = "recommend" if task.link else "predict"
+        raise RelsqlError(f"keys: rows of the RelBench task table `{task.table}` are chosen by its key `{task.key}` "
+                          f"(its train, val and test rows numbered 0..{sum(task.rows.values()) - 1}), not by "
+                          f"{', '.join(sorted(given))}. To {verb} for (entity, time) pairs of your own, make them rows "
+                          f"of the task: save the model, add the pairs to `{task.table}` with new {task.key}s and a NULL "
+                          f"{task.target} in a database you can write (relsql.from_relbench gives an in-memory one; a "
+                          f"dataset folder is read-only), then relsql.Model.load(path, db).{verb}("
+                          f"where=\"{task.target} IS NULL\")")
 
     def _one_value_per_row(self, method: str) -> None:
         """Refuse predict() where the learner's answers are not one value per row (a ranking's are candidates)."""
@@ -179,6 +199,7 @@ class Model(LearnerViews):
         """For a ranking target, each row's `k` best candidates, best first: the target table's key
         columns, the candidate's key under the target column's name, `rank` (1..k) and `score`.
         Rows: those with a NULL target (to predict), or those `keys`/`where` choose (as predict())."""
+        self._no_task_pairs(keys)
         return self.learner.recommend(k, keys, where)  # a learner of one value per row refuses: use predict()
 
     def write_recommendations(self, name: str, k: int = 10, *, keys=None, where: str | None = None,

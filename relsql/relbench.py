@@ -15,14 +15,20 @@ columns are kept in `db.time_columns` ({table: column}): pass them to
 
 A task becomes one table: its train, val and test rows in that order, numbered by a new
 primary key column (`id`, or a free variant), with the entity column a foreign key to the
-entity table. RelBench's splits are temporal (every train time is before every val time,
-every val time before every test time), so relsql's time split with the fractions of the
+entity table. A recommendation (link) task's destination column, a list of the destination
+table's keys, is its target: given as a foreign key over a list, which the key layer keeps out of
+joins and a ranking target ranks (`recommendations`, `evaluate`: RelBench's MAP@eval_k). Task
+tables are named alike on both routes (`table_name`: `customer-churn` -> `customer_churn`).
+
+RelBench's splits are temporal (every train time is before every val time, every val time
+before every test time), so relsql's time split with the fractions of the
 split sizes (`RelbenchTask.model_options()`) trains, selects and tests on exactly RelBench's
 rows; `evaluate` scores a model on RelBench's metrics, in the order of RelBench's tables.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,9 +43,10 @@ from relsql import sql as q
 from relsql.data import keyfile
 from relsql.data.duckdb import DuckDBDatabase, free_name
 from relsql.data.engine import Database, first_line
+from relsql.data.references import is_list
 from relsql.errors import RelsqlError, SchemaError
 
-__all__ = ["RelbenchTask", "evaluate", "from_relbench", "metrics", "tasks", "time_columns"]
+__all__ = ["RelbenchTask", "evaluate", "from_relbench", "map_at_k", "metrics", "recommendations", "tasks", "time_columns"]
 
 SPLITS = ("train", "val", "test")
 ORIGIN = "the relbench Database"
@@ -61,17 +68,25 @@ class RelbenchTask:
     key: str = "id"
     hidden: tuple[tuple[str, str], ...] = ()  # (table, column) RelBench hides from this task
     train_std: float = float("nan")  # of the train labels (ddof=1), RelBench's NMAE scale
+    eval_k: int | None = None  # a link task's k (RelBench's MAP@k); None: an entity task, or not known
 
     @property
     def name(self) -> str:
         return f"{self.table}.{self.target}"
 
+    @property
+    def link(self) -> bool:
+        """A recommendation (link) task: its target is the destination column, a list of keys of
+        the destination table, which relsql trains as a ranking target."""
+        return bool(self.target) and self.target in self.entities
+
     def model_options(self) -> dict[str, Any]:
         """`relsql.Model(db, template, **task.model_options())`: target, time_column and split
-        fractions that give exactly RelBench's train/val/test rows (checked: `split_positions`)."""
-        if len(self.entities) != 1 or not self.target:
-            raise RelsqlError(f"task `{self.table}` links {', '.join(self.entities)} (a recommendation task): relsql's "
-                              "targets predict one value per row; train on an entity or autocomplete task")
+        fractions that give exactly RelBench's train/val/test rows (checked: `split_positions`).
+        A link task's target is its destination list: a ranking target (docs/recommendation.md)."""
+        if not self.target:
+            raise RelsqlError(f"task `{self.table}` names no target column (it links {', '.join(self.entities)}); "
+                              "give the task its target_col, or for a link task its dst_entity_col")
         if self.time_column is None or not self.ordered:
             raise RelsqlError(f"task `{self.table}`: its train/val/test rows are not ordered by time, so relsql's time "
                               "split cannot reproduce them; check the task's timestamps")
@@ -92,6 +107,7 @@ class TaskSpec:
     entities: dict[str, str]
     hidden: tuple[tuple[str, str], ...] = ()
     frames: dict[str, pa.Table] = field(default_factory=dict)
+    eval_k: int | None = None  # a link task's k
 
 
 def tasks(db: Database) -> dict[str, RelbenchTask]:
@@ -105,17 +121,18 @@ def time_columns(db: Database) -> dict[str, str]:
 
 
 # -- a relbench Database ------------------------------------------------------------------------------------------
-def from_relbench(database: Any, db: Database | None = None, *, tasks: Mapping[str, Any] | None = None) -> Database:
+def from_relbench(database: Any, db: Database | None = None, *,
+                  tasks: Mapping[str, Any] | list[Any] | None = None) -> Database:
     """A relbench `Database`'s tables as new tables of `db` (default a new in-memory DuckDB),
     with their primary and foreign keys given to relsql's key layer and their time columns in
-    `db.time_columns`; `tasks` ({table name: relbench task}) adds each task's train/val/test
-    tables as one task table (see the module docstring). Everything is read and checked (frames
+    `db.time_columns`; `tasks` ({name: relbench task}, or a list of tasks relbench loaded, named
+    by their `name`) adds each task's train/val/test tables as one task table (see the module
+    docstring), named by `table_name` as a dataset folder's are. Everything is read and checked (frames
     converted, names and types checked) before anything is written, and existing names are
     refused first."""
     tables = _relbench_tables(database)
-    if tasks is not None and not isinstance(tasks, Mapping):
-        raise SchemaError(f"tasks must map table names to relbench tasks ({{name: task}}), got {type(tasks).__name__}")
-    specs = {name: _task_spec(name, task, tables) for name, task in (tasks or {}).items()}
+    named = _named_tasks(tasks)
+    specs = {name: _task_spec(name, task, tables) for name, task in named.items()}
     if db is None:
         db = DuckDBDatabase.in_memory()  # as relsql.connect() (which imports the connectors, and they this module)
     elif not isinstance(db, Database):
@@ -136,6 +153,40 @@ def from_relbench(database: Any, db: Database | None = None, *, tasks: Mapping[s
     for name, spec in specs.items():
         write_task(db, name, spec, frames[name])
     return db
+
+
+def table_name(task_name: str) -> str:
+    """The task table's name for a RelBench task name, the same through both routes: a dataset
+    folder's `tasks/customer-churn` and `from_relbench(..., tasks={"customer-churn": task})` both
+    give `customer_churn` (a name SQL needs no quotes for), so a model trained on one loads on the other."""
+    return re.sub(r"\W", "_", task_name)
+
+
+def _named_tasks(tasks: Any) -> dict[str, Any]:
+    """{table name: task}: a mapping's names, or for a list of relbench's loaded tasks their own
+    `name`s (relbench.load gives each one), each as `table_name` writes it."""
+    if tasks is None:
+        return {}
+    if isinstance(tasks, Mapping):
+        pairs = list(tasks.items())
+    elif isinstance(tasks, list | tuple):
+        nameless = [type(t).__name__ for t in tasks if not isinstance(getattr(t, "name", None), str) or not t.name]
+        if nameless:
+            raise SchemaError(f"tasks is a list, and its {nameless[0]} has no `name` to call its table: pass a mapping, "
+                              f"tasks={{'my_task': task}}")
+        pairs = [(t.name, t) for t in tasks]
+    else:
+        raise SchemaError(f"tasks must map table names to relbench tasks ({{name: task}}), got {type(tasks).__name__}")
+    found: dict[str, Any] = {}
+    for name, task in pairs:
+        if not isinstance(name, str) or not name:
+            raise SchemaError(f"tasks must map table names to relbench tasks (with get_table), got {name!r}: "
+                              f"{type(task).__name__}")
+        table = table_name(name)
+        if table in found:
+            raise SchemaError(f"tasks `{name}` and another both become table `{table}`; give them distinct names")
+        found[table] = task
+    return found
 
 
 def _is_frame(value: Any) -> bool:
@@ -297,9 +348,11 @@ def _task_spec(name: str, task: Any, tables: Mapping[str, Any]) -> TaskSpec:
         raise SchemaError(f"{where} needs {', '.join(wanted)} as names (text); {', '.join(missing)} "
                           f"{'is' if len(missing) == 1 else 'are'} missing or not text: pass a relbench task")
     time = _optional_name(getattr(task, "time_col", None), f"{where}: time_col")
+    eval_k = None
     if recommendation:
         entities = {task.src_entity_col: task.src_entity_table, task.dst_entity_col: task.dst_entity_table}
-        target = ""
+        target = task.dst_entity_col  # a list of the destination table's keys: a ranking target
+        eval_k = eval_k_of(getattr(task, "eval_k", None), where)
     else:
         entities, target = {task.entity_col: task.entity_table}, task.target_col
     for table in entities.values():
@@ -328,7 +381,16 @@ def _task_spec(name: str, task: Any, tables: Mapping[str, Any]) -> TaskSpec:
             if column not in columns:
                 raise SchemaError(f"{part} has no column `{column}`, which the task names; columns: {', '.join(columns)}")
         frames[split] = _from_pandas(table.df, part)
-    return TaskSpec(target, time, _value(getattr(task, "task_type", "")), entities, hidden, frames)
+    return TaskSpec(target, time, _value(getattr(task, "task_type", "")), entities, hidden, frames, eval_k)
+
+
+def eval_k_of(value: Any, where: str) -> int | None:
+    """A link task's eval_k: a positive integer, or None (unknown: evaluate then needs k=)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise SchemaError(f"{where}: eval_k must be a positive integer, got {value!r}")
+    return int(value)
 
 
 def _task_frame(name: str, spec: TaskSpec) -> pa.Table:
@@ -362,7 +424,7 @@ def register_task(db: Database, name: str, spec: TaskSpec, key: str, rows: dict[
         _record_time(db, name, spec.time_column)
     labelled, ordered, std = _summary(db, name, key, spec.target, spec.time_column, rows)
     task = RelbenchTask(name, spec.target, spec.time_column, spec.task_type, dict(spec.entities), rows, labelled,
-                        ordered, key, spec.hidden, std)
+                        ordered, key, spec.hidden, std, spec.eval_k)
     db.relbench_tasks = {**getattr(db, "relbench_tasks", {}), name: task}
     return task
 
@@ -389,9 +451,13 @@ def _summary(db: Database, table: str, key: str, target: str, time: str | None,
         return labelled, False, float("nan")
     split = _split_of(key, rows)
     when = q.col(time) if time else exp.Null()
-    query = (exp.select(exp.alias_(split, "s"), exp.Count(this=q.col(target)),
+    has_label = exp.Not(this=exp.Is(this=q.col(target), expression=exp.Null()))
+    listed = is_list(dict(db.columns(table)).get(target, ""))
+    if listed:  # a link task's row with an empty list has nothing to rank (RelBench drops such rows)
+        has_label = exp.and_(has_label, exp.GT(this=exp.func("len", q.col(target)), expression=q.integer(0)))
+    query = (exp.select(exp.alias_(split, "s"), exp.Count(this=exp.Star()),
                         exp.Min(this=when), exp.Max(this=when))
-             .from_(exp.Table(this=q.ident(table))).where(exp.Not(this=exp.Is(this=q.col(target), expression=exp.Null())))
+             .from_(exp.Table(this=q.ident(table))).where(has_label)
              .group_by(split).order_by(exp.column("s")))
     found = db.arrow(query).to_pylist()
     ranges = []
@@ -401,7 +467,7 @@ def _summary(db: Database, table: str, key: str, target: str, time: str | None,
         ranges.append((values[2], values[3]))
     ordered = time is not None and all(a[1] is not None and b[0] is not None and a[1] < b[0] for a, b in zip(ranges, ranges[1:]))
     std = float("nan")
-    if labelled["train"] > 1:
+    if labelled["train"] > 1 and not listed:
         train = (exp.select(exp.func("stddev_samp", exp.cast(q.col(target), "DOUBLE"))).from_(exp.Table(this=q.ident(table)))
                  .where(exp.LT(this=q.col(key), expression=q.integer(rows["train"]))))
         try:
@@ -459,17 +525,120 @@ def metrics(task_type: str, y: np.ndarray, prediction: np.ndarray, score: np.nda
                       "regression and multiclass_classification entity tasks")
 
 
-def evaluate(model: Any, task: RelbenchTask | str, split: str = "test") -> dict[str, float]:
-    """`model`'s predictions for `split`'s labelled rows of a RelBench task, in RelBench's row
-    order, scored with RelBench's metrics (`metrics`)."""
+def _task_of(model: Any, task: Any, verb: str) -> RelbenchTask:
+    """`task` as relsql's RelbenchTask: itself, or the task table it names in `model.db`. A relbench
+    task object is refused, naming the relsql task that holds its rows."""
+    db = getattr(model, "db", None)
+    if not isinstance(db, Database) or not hasattr(model, "learner"):
+        raise RelsqlError(f"{verb} takes a relsql.Model (trained or Model.load-ed), got {type(model).__name__}")
+    known = tasks(db)
+    if isinstance(task, RelbenchTask):
+        return task
     if isinstance(task, str):
-        known = tasks(model.db)
         if task not in known:
-            raise RelsqlError(f"no RelBench task `{task}` in {model.db.description}; tasks: {', '.join(known) or 'none'}")
-        task = known[task]
+            raise RelsqlError(f"no RelBench task `{task}` in {db.description}; tasks: {', '.join(known) or 'none'}")
+        return known[task]
+    if hasattr(task, "get_table"):  # relbench's own task object: its rows are one of relsql's task tables
+        same = [n for n, t in known.items() if _matches(t, task)]
+        named = f"relsql.relbench.tasks(db)[{same[0]!r}] (or the name {same[0]!r})" if len(same) == 1 else \
+            f"relsql.relbench.tasks(db)[name] (or the name) for one of: {', '.join(known) or 'none'}"
+        raise RelsqlError(f"{verb} takes relsql's task (the task table from_relbench or a dataset folder made), not "
+                          f"relbench's {type(task).__name__} object: pass {named}")
+    raise RelsqlError(f"{verb}: task must be a task of relsql.relbench.tasks(db) or its name, got {type(task).__name__}")
+
+
+def _matches(ours: RelbenchTask, theirs: Any) -> bool:
+    """Whether relbench's task object names the same columns and tables as relsql's task."""
+    if hasattr(theirs, "src_entity_col"):
+        entities = {getattr(theirs, "src_entity_col", None): getattr(theirs, "src_entity_table", None),
+                    getattr(theirs, "dst_entity_col", None): getattr(theirs, "dst_entity_table", None)}
+        target = getattr(theirs, "dst_entity_col", None)
+    else:
+        entities = {getattr(theirs, "entity_col", None): getattr(theirs, "entity_table", None)}
+        target = getattr(theirs, "target_col", None)
+    return ours.entities == entities and ours.target == target and ours.time_column == getattr(theirs, "time_col", None)
+
+
+def _split_range(task: RelbenchTask, split: str) -> tuple[int, int]:
+    """[start, end) of the split's rows in the task table's key."""
     if split not in SPLITS:
         raise RelsqlError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     start = sum(task.rows[s] for s in SPLITS[:SPLITS.index(split)])
+    return start, start + task.rows[split]
+
+
+def recommendations(model: Any, task: RelbenchTask | str, split: str = "test", k: int | None = None) -> np.ndarray:
+    """A link task's predictions as RelBench takes them: an [n, k] array of destination keys, one
+    row per row of `split`'s table in RelBench's order, best first (`task.evaluate(array, table)`
+    of relbench scores it). `k`: the task's eval_k unless given. Fewer candidates than k leave
+    -1 in the last places (never a destination)."""
+    task = _task_of(model, task, "recommendations")
+    if not task.link:
+        raise RelsqlError(f"task `{task.table}` predicts one value per row ({task.target}): use evaluate() or "
+                          "model.predict()")
+    k = _k_of(task, k)
+    start, end = _split_range(task, split)
+    if model.learner.answers != "recommend":
+        raise RelsqlError(f"the model predicts {model.target}, not the task's links `{task.name}`: train it with "
+                          f"**relsql.relbench.tasks(db)[{task.table!r}].model_options()")
+    keys = {task.key: list(range(start, end))}
+    frame = model.recommend(k, keys=keys)
+    if model.target != task.name:
+        raise RelsqlError(f"the model ranks {model.target}, not the task's target {task.name}")
+    n = end - start
+    width = frame.height // n if n else 0
+    order = frame[task.key].to_numpy().reshape(n, width) if width else np.arange(start, end)[:, None]
+    if width and not (order == np.arange(start, end)[:, None]).all():
+        raise RelsqlError(f"the model's recommendations for `{task.table}` are not one block per row; retrain it")
+    picked = frame[task.target].to_numpy().reshape(n, width) if width else np.zeros((n, 0), dtype=np.int64)
+    if width < k:
+        pad = np.full((n, k - width), -1, dtype=picked.dtype if picked.dtype.kind in "iu" else object)
+        picked = np.concatenate([picked.astype(pad.dtype), pad], axis=1)
+    return picked
+
+
+def _k_of(task: RelbenchTask, k: int | None) -> int:
+    if k is None:
+        k = task.eval_k
+    if k is None:
+        raise RelsqlError(f"task `{task.table}` does not say its eval_k (a dataset folder without manifests): pass k=, "
+                          "RelBench's eval_k for the task")
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
+        raise RelsqlError(f"k must be a positive integer, got {k!r}")
+    return int(k)
+
+
+def map_at_k(predicted: np.ndarray, truth: list[list[Any]]) -> float:
+    """RelBench's MAP@k over rows with a non-empty truth: per row the precision at each hit,
+    summed, over min(k, |truth|)."""
+    k = predicted.shape[1]
+    total, rows = 0.0, 0
+    for guess, true in zip(predicted, truth):
+        if not len(true):
+            continue
+        hit = np.isin(np.asarray(guess), np.asarray(true)).astype(np.float64)
+        total += float((np.cumsum(hit) / np.arange(1, k + 1) * hit).sum() / min(k, len(true)))
+        rows += 1
+    return total / rows if rows else float("nan")
+
+
+def evaluate(model: Any, task: RelbenchTask | str, split: str = "test", k: int | None = None) -> dict[str, float]:
+    """`model`'s predictions for `split`'s labelled rows of a RelBench task, in RelBench's row
+    order, scored with RelBench's metrics (`metrics`). A link task: RelBench's `map` (MAP@k, k
+    its eval_k unless given) of `recommendations`, as relbench's task.evaluate computes it."""
+    task = _task_of(model, task, "evaluate")
+    start, end = _split_range(task, split)
+    if task.link:
+        predicted = recommendations(model, task, split, k)
+        rows = (exp.select(q.col(task.target)).from_(exp.Table(this=q.ident(task.table)))
+                .where(exp.and_(exp.GTE(this=q.col(task.key), expression=q.integer(start)),
+                                exp.LT(this=q.col(task.key), expression=q.integer(end))))
+                .order_by(q.col(task.key)))
+        truth = model.db.arrow(rows).column(0).to_pylist()
+        if any(t is None for t in truth):
+            raise RelsqlError(f"{sum(t is None for t in truth)} of {split}'s rows of `{task.table}` have no "
+                              f"{task.target} (a masked split): RelBench scores it with the labels")
+        return {"map": map_at_k(predicted, truth)}
     frame = model.predict()
     if task.key not in frame.columns:
         raise RelsqlError(f"the model's output is not keyed by `{task.table}`.{task.key}; train it with "

@@ -67,7 +67,7 @@ CASES = {  # (extra tables, tasks) -> words the error must hold
     "duplicate columns": ({"x": table(pd.DataFrame([[1, 2]], columns=["a", "a"]))}, None, ["`x`", "a appear twice"]),
     "fkeys a list": ({"x": table(pd.DataFrame({"a": [1]}), fkeys=["a"])}, None, ["`x`", "fkey_col_to_pkey_table"]),
     "pkey a list": ({"x": table(pd.DataFrame({"a": [1]}), pkey=["a"])}, None, ["`x`", "pkey_col"]),
-    "tasks a list": ({}, [Task()], ["tasks must map"]),
+    "tasks a list": ({}, [Task()], ["tasks is a list", "no `name`", "tasks={"]),
     "get_table raises": ({}, {"t": Task(fail(RuntimeError("no labels here")))},
                          ["task `t`", "get_table('train')", "RuntimeError", "no labels here"]),
     "get_table returns None": ({}, {"t": Task(lambda split: None)}, ["task `t`", "NoneType", "relbench Table"]),

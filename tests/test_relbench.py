@@ -159,11 +159,15 @@ def test_task_trains_on_exactly_relbench_split_and_scores_with_relbench_metrics(
         assert ours["f1"] == pytest.approx(skm.f1_score(y, part["prediction"].to_numpy()), abs=1e-12)
 
 
-def test_recommendation_or_unordered_task_is_refused_for_training():
-    info = rb.RelbenchTask("t", "", "date", "recommendation", {"a": "x", "b": "y"}, {"train": 1, "val": 1, "test": 1},
-                           {"train": 0, "val": 0, "test": 0}, False)
-    with pytest.raises(relsql.RelsqlError, match="recommendation"):
-        info.model_options()
+def test_task_without_target_or_time_order_is_refused_for_training():
+    rows = {"train": 1, "val": 1, "test": 1}
+    nameless = rb.RelbenchTask("t", "", "date", "recommendation", {"a": "x", "b": "y"}, rows, rows, True)
+    with pytest.raises(relsql.RelsqlError, match="names no target column"):
+        nameless.model_options()
+    unordered = rb.RelbenchTask("t", "b", "date", "recommendation", {"a": "x", "b": "y"}, rows, rows, False, eval_k=10)
+    assert unordered.link
+    with pytest.raises(relsql.RelsqlError, match="not ordered by time"):
+        unordered.model_options()
 
 
 # -- metrics -------------------------------------------------------------------------------------------------------

@@ -87,6 +87,8 @@ def _table_lines(table: Table, keys: Schema | None) -> list[str]:
     """Column lines (`PK`, `FK -> t.c` notes), then multi-column and inferred keys on lines of their own."""
     primary = keys.primary_keys.get(table.name, ()) if keys else table.primary_key
     foreign = [fk for child, fk in keys.foreign_keys if child == table.name] if keys else list(table.foreign_keys)
+    if keys:  # a list of keys (a RelBench link task's destinations): shown as the reference it is, never joined
+        foreign += [fk for child, fk in keys.list_references if child == table.name]
     pk_note = keys.primary_note(table.name) if keys and primary else ""
     fk_notes = {fk: keys.foreign_note(table.name, fk) for fk in foreign} if keys else {}
     tag = (lambda note: f" ({note.split(':')[0]})") if keys else (lambda note: "")  # noqa: E731

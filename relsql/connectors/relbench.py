@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import reprlib
 from pathlib import Path
 from typing import Any
@@ -63,6 +62,15 @@ class RelbenchFolder(files.Folder):
 
     def keys(self, db: Database, scope: tuple[str, str]) -> dict[str, Keys]:
         return {name: key for name, key in self.declared.items() if name in self.files or name in self.task_views}
+
+    def refuse_read_only(self, name: str) -> None:
+        """The folder is the user's dataset: a table written there would be read back as one of its
+        tables (`relsql inspect` would list it). Every write is refused, before any work."""
+        raise SourceError(f"cannot write table `{name}`: {self.path.parent} is a RelBench dataset, which relsql reads "
+                          "and never writes into. Write to a file instead: `--out preds.parquet` on the command line "
+                          "(relsql predict / recommend; relsql train prints the command), model.predict() or "
+                          "model.recommend() and .write_parquet(path) in Python; or copy the dataset into a database "
+                          "of your own with relsql.from_relbench(relbench_db, relsql.connect('shop.duckdb'), tasks=...)")
 
 
 def is_relbench_folder(path: Path) -> bool:
@@ -255,7 +263,9 @@ def _task_spec(folder: Path, specs: dict[str, dict[str, Any]], splits: dict[str,
             if unknown or len(entities) != 2:
                 raise SourceError(f"{file}: its source and destination must be two columns, each naming a table of "
                                   f"the dataset ({', '.join(specs)}); fix the manifest")
-            return relbench.TaskSpec(target, name("time_col"), task_type, entities, hidden)
+            destination = name("dst_entity_col", True)
+            return relbench.TaskSpec(destination, name("time_col"), task_type, entities, hidden,
+                                     eval_k=relbench.eval_k_of(m.get("eval_k"), str(file)))
         table = name("entity_table", True)
         if table not in specs:
             raise SourceError(f"{file}: entity_table {_shown.repr(table)} is not a table of the dataset "
@@ -273,8 +283,12 @@ def _task_spec(folder: Path, specs: dict[str, dict[str, Any]], splits: dict[str,
     if footer is None:
         raise SourceError(f"task folder {folder} has neither {MANIFEST} nor relbench's keys in train.parquet")
     entities = footer["fkey_col_to_pkey_table"]
-    names = pq.read_schema(splits["train"]).names
+    arrow_schema = pq.read_schema(splits["train"])
+    names = arrow_schema.names
     rest = [c for c in names if c not in entities and c != footer["time_col"]]
+    listed = [c for c in entities if c in names and pa.types.is_list(arrow_schema.field(c).type)]
+    if not rest and len(listed) == 1:  # a link task: its destination column is a list of keys (eval_k unknown here)
+        return relbench.TaskSpec(listed[0], footer["time_col"], "recommendation", entities)
     if len(rest) != 1:
         raise SourceError(f"{splits['train']}: cannot tell the label column among {', '.join(rest) or 'none'}; "
                           f"write a {MANIFEST} for the task naming target_col")
@@ -299,7 +313,7 @@ def _open_task(db: Database, source: RelbenchFolder, folder: Path, specs: dict[s
     if "train" not in splits:
         return  # a task whose labels are regenerated from SQL (no files): nothing to train on here
     spec = _task_spec(folder, specs, splits)
-    name = re.sub(r"\W", "_", folder.name)
+    name = relbench.table_name(folder.name)
     taken = {t.casefold() for t in db.tables()}
     if name.casefold() in taken:
         name = f"task_{name}"

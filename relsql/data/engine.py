@@ -242,6 +242,7 @@ class Engine(abc.ABC):
         wrote, which set no mark). `how` and `other` word the fixes (the CLI's flags)."""
         if kind not in WRITTEN_KINDS:
             raise ValueError(f"unknown kind of table {kind!r}")
+        self.source.refuse_read_only(name)  # a source relsql never writes refuses before any work (the CLI's checks)
         scope = self.scopes()[0]
         clash = sorted((t for t in self.tables_in(scope) if t.casefold() == name.casefold()), key=lambda t: t != name)
         if not clash:

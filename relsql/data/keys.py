@@ -107,6 +107,9 @@ class Schema:
     values: dict[str, set[str]] = field(default_factory=dict)
     # tables a model wrote (predictions, gradients, recommendations): left out, never a parent or an input
     outputs: list[str] = field(default_factory=list)
+    # declared or given foreign keys over a list column (BIGINT[]: a RelBench link task's destinations): what
+    # the list's keys reference (relsql.data.references), never a join (a list does not equal a key)
+    list_references: list[tuple[str, ForeignKey]] = field(default_factory=list)
 
     def leave_out(self, names: list[str]) -> None:
         """Take tables out of the schema, with every key to or from them."""
@@ -353,6 +356,7 @@ def schema(db: Database, catalog: Catalog, infer: bool = True, given: object = N
         _infer_shared_pairs(db, result)
     _resolve_pending(result, pending)
     result.leave_out(result.outputs)  # a given key to or from one
+    _set_aside_lists(result)
     for child, fk in result.foreign_keys:
         _check_types(result, child, fk, result.foreign_note(child, fk))
     if infer:
@@ -409,6 +413,20 @@ def _resolve_pending(result: Schema, pending: list[tuple[keyfile.GivenKeys, keyf
         if (key.table, fk) not in result.foreign_keys:
             result.foreign_keys.append((key.table, fk))
             result.origins[("foreign", key.table, fk)] = f"given in {given.where(key)}"
+
+
+def _set_aside_lists(result: Schema) -> None:
+    """Move foreign keys over a list column out of the joins into `list_references`: joining a
+    list to a key fails in the engine (BIGINT[] = BIGINT), and such a list is a ranking target's
+    candidates, which relsql.data.references reads from here."""
+    def listed(child: str, fk: ForeignKey) -> bool:
+        table = result.tables.get(child)
+        return table is not None and any(c in table.column_names and _nested(table.column(c).type) for c in fk.columns)
+
+    found = [(c, fk) for c, fk in result.foreign_keys if listed(c, fk)]
+    if found:
+        result.list_references = found
+        result.foreign_keys[:] = [(c, fk) for c, fk in result.foreign_keys if (c, fk) not in found]
 
 
 def _comparable(sql_type: str) -> str:

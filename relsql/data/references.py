@@ -3,8 +3,10 @@
 A scalar column is a reference when the database's keys (declared, given to `connect(keys=...)`
 or inferred, relsql.data.keys.schema) say it is a one-column foreign key. A list column (BIGINT[],
 VARCHAR[]: the items a row links to) cannot be declared a foreign key in SQL, so it references
-the table whose one-column primary key has the list's name (`item_id` -> `item(item_id)`), as
-predictive queries name their LIST_DISTINCT columns. Template generation and training decide
+the table its given or declared key names (a RelBench link task's destination column; the key
+layer keeps such keys out of joins, `Schema.list_references`), else the table whose one-column
+primary key has the list's name (`item_id` -> `item(item_id)`), as predictive queries name their
+LIST_DISTINCT columns. Template generation and training decide
 by this one rule.
 """
 
@@ -48,6 +50,10 @@ def referenced(db: Database, table: str, column: str, infer: bool = False) -> Re
                               "(DuckDB, PostgreSQL, SQLite, files), not on Spark")
         return None
     keys = schema(db, db.catalog(), infer=infer or many)  # a list needs its table's key, declared or inferred
+    if many:  # a list declared or given as a foreign key (a RelBench link task's) references that key's table
+        for child, fk in keys.list_references:
+            if child == table and fk.columns == (column,) and len(fk.references) == 1:
+                return Reference(fk.table, fk.references[0], True)
     if not many:
         for child, fk in keys.foreign_keys:
             if child == table and fk.columns == (column,) and len(fk.references) == 1:

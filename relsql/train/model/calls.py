@@ -42,5 +42,9 @@ def server_reachable(db: Database | None):
 def checked_database(db: object) -> Database:
     """`db` if it is a relsql.Database, else a RelsqlError saying where one comes from."""
     if not isinstance(db, Database):
+        if hasattr(db, "table_dict"):  # relbench's Database (duck-typed: relsql never imports relbench)
+            raise RelsqlError(f"db must be a relsql.Database, got relbench's {type(db).__name__}: convert it with "
+                              "relsql.from_relbench(relbench_db, tasks={name: task}) (the same task names as when the "
+                              "model was trained), or open the dataset folder with relsql.connect(folder)")
         raise RelsqlError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
     return db
