@@ -256,8 +256,11 @@ def test_predict_where_scores_the_rows_the_database_selects(scored, capsys):
     con.close()
     written = pl.read_parquet(scored / "w.parquet")
     assert code == 0 and 0 < len(oracle) < 60 and written["customer_id"].to_list() == oracle
-    every = expected(scored)
-    assert written.equals(every.filter(pl.col("customer_id").is_in(oracle)))
+    every = expected(scored).filter(pl.col("customer_id").is_in(oracle))
+    # a float32 model on 19 rows and on 60: matrix products of other shapes may round differently (MKL picks
+    # its kernel by shape and CPU), so the probabilities agree to float32's precision, the rest exactly
+    assert written.drop("probability").equals(every.drop("probability"))
+    assert written["probability"].to_numpy() == pytest.approx(every["probability"].to_numpy(), rel=1e-6, abs=1e-7)
 
 
 def test_predict_out_never_replaces_what_it_did_not_write(scored, capsys):
