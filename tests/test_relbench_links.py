@@ -335,3 +335,18 @@ def test_a_link_list_named_unlike_its_key_references_the_declared_table():
     db = relsql.from_relbench(database, tasks={"user-post-comment": Comments()})
     assert rb.tasks(db)["user_post_comment"].link
     assert referenced(db, "user_post_comment", "post_id") == Reference("posts", "Id", True)
+
+
+def test_an_automatic_template_never_reads_another_tasks_table(shop):
+    """A task table's rows hold labels of events after their time; another task's windows need not
+    line up with the target's, so Template.auto leaves every other RelBench task table out."""
+    _, database, tasks = shop
+    db = relsql.from_relbench(database, tasks=tasks)
+    churn = rb.tasks(db)["customer_churn"]
+    def read(target: rb.RelbenchTask) -> str:
+        source = relsql.Template.auto(db, target.name, time_column=target.time_column).source
+        return "\n".join(line for line in source.splitlines() if not line.startswith("--"))  # statements only
+
+    link = rb.tasks(db)["customer_product"]
+    assert "customer_product" not in read(churn) and "customer_churn" in read(churn)
+    assert "customer_churn" not in read(link) and "customer_product" in read(link)

@@ -48,14 +48,14 @@ def scope(db: Database, table: str, column: str, options: Options) -> Scope:
     reference = referenced(db, table, column)  # before output_units, which refuses a list target
     dimension = _dimension(keys, f"{table}.{column}", reference, options)
     _printable(keys)
-    tasks = _other_task_tables(keys, table)
+    tasks = _other_task_tables(keys, table, set(getattr(db, "relbench_tasks", {})))
     found = interactions(keys, table, column, reference) if reference is not None else []
     if reference is not None and not reference.many:  # the label's own key is never followed
         keys.foreign_keys[:] = [(c, fk) for c, fk in keys.foreign_keys if not (c == table and fk.columns == (column,))]
     if not keys.primary_keys.get(table):
         raise SchemaError(f"target table `{table}` has no primary key (declared or inferable); declare one so each "
                           "prediction has a key")
-    times = _times(db, catalog, keys, table, options)
+    times = _times(db, catalog, keys, table, options, set(tasks))
     # keys.outputs: tables a model wrote (relsql.data.keys.schema leaves them out), some model's predictions
     return Scope(table, column, keys, reference, dimension, tasks, keys.outputs, found, times)
 
@@ -85,11 +85,12 @@ def _printable(keys: Schema) -> None:
                                   "or control character in its name; rename it to generate a template")
 
 
-def _other_task_tables(keys: Schema, target_table: str) -> list[str]:
-    """Task tables written by relsql.PredictiveQuery, other than the target's, taken out of the
-    schema: their `label` counts events after their snapshot, which may be after ours."""
+def _other_task_tables(keys: Schema, target_table: str, relbench: set[str]) -> list[str]:
+    """Task tables written by relsql.PredictiveQuery, and a RelBench dataset's task tables
+    (`relbench`), other than the target's, taken out of the schema: their labels count events
+    after their snapshot, which may be after ours."""
     tasks = [name for name, info in keys.tables.items()
-             if name != target_table and is_task_table(info.columns)]
+             if name != target_table and (name in relbench or is_task_table(info.columns))]
     for name in tasks:
         del keys.tables[name]
         keys.primary_keys.pop(name, None)
@@ -101,11 +102,14 @@ def _other_task_tables(keys: Schema, target_table: str) -> list[str]:
     return tasks
 
 
-def _times(db: Database, catalog: Catalog, keys: Schema, table: str, options: Options) -> dict[str, Time]:
-    """Each table's time when the target has one (`options.time_column`), else none."""
+def _times(db: Database, catalog: Catalog, keys: Schema, table: str, options: Options,
+           left_out: set[str]) -> dict[str, Time]:
+    """Each table's time when the target has one (`options.time_column`), else none (the task
+    tables `left_out` of the schema have none: a RelBench dataset declares their times too)."""
     if options.time_column is None:
         return {}
     if options.time_column not in [c.name for c in catalog[table].columns]:
         raise SchemaError(f"time_column `{options.time_column}` is not a column of `{table}`")
     declared = getattr(db, "time_columns", {}) if options.time_columns is None else options.time_columns  # a RelBench dataset's
-    return table_times(db, catalog, keys, table, options.time_column, {t: c for t, c in declared.items() if t != table})
+    declared = {t: c for t, c in declared.items() if t != table and t not in left_out}
+    return table_times(db, catalog, keys, table, options.time_column, declared)
