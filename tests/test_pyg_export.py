@@ -196,6 +196,29 @@ def test_a_mini_batch_model_exports_the_whole_grounding_as_full_batch_does():
     assert torch.equal(full["atom_h"].x, batched["atom_h"].x)
 
 
+def test_to_hetero_converts_a_gnn_on_the_exported_grounding_as_it_is():
+    from torch_geometric.nn import SAGEConv, to_hetero
+
+    data = to_heterodata(relsql.Model(molecules(), relsql.Template.from_sql(TEMPLATE), "atom.label"))
+    forward = data["atom_h", "rule0_body0", "nb"]
+    assert torch.equal(data["nb", "rev_rule0_body0", "atom_h"].edge_index, forward.edge_index.flip(0))
+    assert torch.equal(data["nb", "rev_rule0_body0", "atom_h"].edge_attr, forward.edge_attr) if "edge_attr" in forward \
+        else "edge_attr" not in data["nb", "rev_rule0_body0", "atom_h"]
+
+    class Sage(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = SAGEConv((-1, -1), 8), SAGEConv((-1, -1), 1)
+
+        def forward(self, x, edge_index):
+            return self.second(self.first(x, edge_index).relu(), edge_index)
+
+    net = to_hetero(Sage(), data.metadata())  # every relation receives messages: no ToUndirected needed
+    x = {t: data[t].x.float() if "x" in data[t] else torch.ones(data[t].num_nodes, 1) for t in data.node_types}
+    out = net(x, data.edge_index_dict)
+    assert {t: tuple(v.shape) for t, v in out.items()} == {t: (data[t].num_nodes, 1) for t in data.node_types}
+
+
 def test_anything_else_is_refused():
     with pytest.raises(relsql.RelsqlError, match="to_heterodata takes"):
         to_heterodata(42)

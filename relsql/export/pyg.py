@@ -4,7 +4,8 @@ So a PyG user can run their own modules on what relsql grounded. Two shapes:
 
 - a model (or a compiled net, or a learner): a node type per neural relation (node i is the
   relation's row i; `node_keys` says which key it is); an edge type per rule body literal,
-  `(body relation, "rule<k>_body<j>", head relation)`, one edge per grounding (edge e of every
+  `(body relation, "rule<k>_body<j>", head relation)` and its reverse `(head, "rev_rule<k>_body<j>",
+  body)` (so PyG's to_hetero needs no ToUndirected), one edge per grounding (edge e of every
   edge type of one rule is that rule's grounding e, so a rule's hyperedges can be put back
   together), ordered by head. A rule's encoded input features (features(), ple(), calendar()
   and numeric columns, as the model's SQL encoded them) go on its edges as `edge_attr`; a rule
@@ -178,14 +179,19 @@ def _grounding_nodes(data: HeteroData, head: str, k: int, rg: RuleGrounding, fea
 
 
 def _body_edges(data: HeteroData, head: str, k: int, rg: RuleGrounding, features, codes) -> None:
+    """A body literal's groundings as edges into the head, and the same edges reversed (`rev_...`,
+    as RelBench names its reverse edges), so that every relation receives messages and PyG's
+    `to_hetero` converts a homogeneous GNN without a ToUndirected first."""
     for j, (body, rows) in enumerate(zip(rg.rule.refs, rg.refs)):
-        edges = data[body, f"rule{k}_body{j}", head]
-        edges.edge_index = torch.stack([rows.to(torch.int64), rg.head.to(torch.int64)])
-        edges.origin = rg.rule.origin
-        if features is not None:
-            edges.edge_attr = features
-        if codes:
-            edges.codes = codes
+        edge_index = torch.stack([rows.to(torch.int64), rg.head.to(torch.int64)])
+        for edges, index in ((data[body, f"rule{k}_body{j}", head], edge_index),
+                             (data[head, f"rev_rule{k}_body{j}", body], edge_index.flip(0))):
+            edges.edge_index = index
+            edges.origin = rg.rule.origin
+            if features is not None:
+                edges.edge_attr = features
+            if codes:
+                edges.codes = codes
 
 
 def _attach_node_features(store, parts: list) -> None:
