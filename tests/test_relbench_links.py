@@ -350,3 +350,28 @@ def test_an_automatic_template_never_reads_another_tasks_table(shop):
     link = rb.tasks(db)["customer_product"]
     assert "customer_product" not in read(churn) and "customer_churn" in read(churn)
     assert "customer_churn" not in read(link) and "customer_product" in read(link)
+
+
+@pytest.mark.slow
+def test_a_relbench_users_script_trains_both_task_kinds_with_relbenchs_metrics(folder):
+    """The bar of issue 45: RelBench's own loader, then relsql in a few lines, for an entity task and a
+    link task; the metrics relsql reports are those relbench's task.evaluate gives on the same predictions."""
+    dataset = relbench_load.load_dataset(folder)                                   # relbench's own
+    tasks = [dataset.load_task(LINK), dataset.load_task(CHURN)]
+    db = relsql.from_relbench(dataset.get_db(), tasks=tasks)                       # relsql: these lines
+    scores, models = {}, {}
+    for name in ("customer_product", "customer_churn"):
+        t = relsql.relbench.tasks(db)[name]
+        models[name] = relsql.Model(db, relsql.Template.auto(db, t.name, time_column=t.time_column),
+                                    **t.model_options()).fit(**FIT)
+        scores[name] = relsql.relbench.evaluate(models[name], t, "test")
+    link, churn = tasks
+    table = link.get_table("test", mask_input_cols=False)
+    assert scores["customer_product"] == pytest.approx(
+        link.evaluate(rb.recommendations(models["customer_product"], "customer_product", "test"), table), abs=1e-12)
+    info = rb.tasks(db)["customer_churn"]
+    first = info.rows["train"] + info.rows["val"]
+    frame = models["customer_churn"].predict().sort(info.key)[first:first + info.rows["test"]]
+    table = churn.get_table("test", mask_input_cols=False)
+    theirs = churn.evaluate(frame["probability"].to_numpy(), table)
+    assert theirs and scores["customer_churn"]["roc_auc"] == pytest.approx(theirs["roc_auc"], abs=1e-12)
