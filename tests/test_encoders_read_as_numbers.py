@@ -90,6 +90,30 @@ def test_ple_values_of_random_columns_equal_the_naive_evaluator():
         assert same_bits(encoders.ple_values(numbers, nulls, edges), naive_ple(values, edges)), trial
 
 
+def test_ple_values_across_blocks_equal_the_naive_evaluator():
+    """A column longer than the block `ple_values` encodes at a time (two full blocks and a part):
+    NULLs and signed zeros at the blocks' first and last rows land in their own rows; a NaN there
+    is encoded as it is alone (the naive evaluator has no NaN)."""
+    block = encoders._PLE_BLOCK
+    rng = np.random.default_rng(11)
+    values: list = [float(v) for v in rng.normal(0.0, 3.0, 2 * block + 37).round(1)]
+    ends = (0, block - 1, block, 2 * block - 1, 2 * block, 2 * block + 36)
+    for i, v in zip(ends, (None, -0.0, -0.0, None, 0.0, None)):
+        values[i] = v
+    edges = [-4.0, -1.0, 0.0, 0.0, 0.7, 2.5, 6.0]
+    numbers, nulls = numbers_and_nulls(values)
+    got = encoders.ple_values(numbers, nulls, edges)
+    assert got.flags.c_contiguous and got.shape == (len(values), len(edges))
+    assert same_bits(got, naive_ple(values, edges))
+    numbers[list(ends)] = math.nan
+    nulls[list(ends)] = False
+    with_nan = encoders.ple_values(numbers, nulls, edges)
+    alone = encoders.ple_values(np.array([math.nan]), None, edges)
+    assert same_bits(with_nan[list(ends)], np.repeat(alone, len(ends), axis=0))
+    rest = np.setdiff1d(np.arange(len(values)), ends)
+    assert same_bits(with_nan[rest], got[rest])
+
+
 def database_ple(con, values: list, edges: list[float]) -> np.ndarray:
     """`ple_sql` evaluated by DuckDB over a column holding `values` (None: NULL; NaN kept)."""
     def literal(v):

@@ -130,6 +130,7 @@ def ple_sql(number: exp.Expression, edges: list[float]) -> exp.Expression:
 
 
 _NEGATIVE_ZERO = np.array(-0.0).view(np.int64)
+_PLE_BLOCK = 8192  # rows encoded at a time: one block of all bins (~600 kB) stays in cache
 
 
 def ple_values(numbers: np.ndarray, nulls: np.ndarray | None, edges: list[float]) -> np.ndarray:
@@ -146,7 +147,20 @@ def ple_values(numbers: np.ndarray, nulls: np.ndarray | None, edges: list[float]
     above every number): 1 in every bin but the last, where it stays NaN."""
     numbers = np.asarray(numbers, dtype=np.float64)
     rows, bins = numbers.shape[0], len(edges) - 1
-    out = np.empty((bins + 1, rows), dtype=np.float64)  # a contiguous row per component, transposed at the end
+    out = np.empty((rows, bins + 1), dtype=np.float64)
+    block = np.empty((bins + 1, min(rows, _PLE_BLOCK)), dtype=np.float64)
+    for start in range(0, rows, _PLE_BLOCK):
+        stop = min(start + _PLE_BLOCK, rows)
+        part = block[:, :stop - start]
+        _ple_block(numbers[start:stop], None if nulls is None else nulls[start:stop], edges, part)
+        out[start:stop] = part.T
+    return out
+
+
+def _ple_block(numbers: np.ndarray, nulls: np.ndarray | None, edges: list[float], out: np.ndarray) -> None:
+    """`ple_values` of a block of rows, written into `out` (bins + 1, rows): a contiguous row per
+    component, small enough to stay in cache while every bin is computed and then transposed."""
+    bins = len(edges) - 1
     nan = np.isnan(numbers)
     nan = np.flatnonzero(nan) if nan.any() else None
     null = np.flatnonzero(nulls) if nulls is not None and nulls.any() else None
@@ -179,7 +193,6 @@ def ple_values(numbers: np.ndarray, nulls: np.ndarray | None, edges: list[float]
     out[bins] = 0.0
     if null is not None:
         out[bins, null] = 1.0
-    return np.ascontiguousarray(out.T)
 
 
 def exact_real(value: float) -> exp.Expression:
