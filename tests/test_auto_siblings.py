@@ -83,6 +83,7 @@ def test_age_reaches_two_hops(league):
     assert got == naive
 
 
+@pytest.mark.slow  # Model's first use
 def test_sibling_labels_never_reach_the_output(league):
     """Weights fixed: changing every label (earlier siblings' included) leaves every output unchanged,
     and Model's leakage check accepts the template."""
