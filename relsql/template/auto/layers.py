@@ -45,7 +45,7 @@ def node_rows(draft: Draft, node: Node) -> None:
             quoted(draft.target), " AND ".join(f"rt.{quoted(k)} = p.{draft.r[k]}" for k in draft.target_keys))
     on_time, dimension = draft.time_join(node.table, "x", target_time, node.step)
     condition = node.step.condition(near, "x") + on_time
-    if node.table == draft.target and node.parent.parent is not None:  # a sibling of the target row: never the row itself
+    if own_siblings(draft, node):  # never the target row itself
         condition += " AND NOT ({})".format(" AND ".join(f"x.{quoted(k)} = p.{draft.r[k]}" for k in draft.target_keys))
     select = [f"{expr} AS {name}" for expr, name in zip(target_keys + [f"x.{quoted(k)}" for k in pk], draft.keys(node))]
     group = ", ".join(target_keys + [f"x.{quoted(k)}" for k in pk])
@@ -58,9 +58,16 @@ def node_rows(draft: Draft, node: Node) -> None:
         f"JOIN {quoted(node.table)} x ON {condition}{dimension}\nJOIN enc_{t} e ON {join_enc}\nGROUP BY {group};\n")
 
 
+def own_siblings(draft: Draft, node: Node) -> bool:
+    """Whether `node` holds the target row's siblings: rows of the target table reached back over
+    the key its parent was reached by (relsql.template.auto.cuts.Pruning.siblings), which would
+    include the target row itself but for its key."""
+    return node.table == draft.target and node.parent.parent is not None and node.step.reverses(node.parent.step)
+
+
 def _cut(draft: Draft, node: Node, time: Time | None) -> str:
     """How time cuts a node's rows, for its statement's comment."""
-    if time is not None and node.table == draft.target and node.parent.parent is not None:
+    if time is not None and own_siblings(draft, node):
         return (f", siblings of the target row earlier than its time (by {time.describe(node.table)}), "
                 "never the row itself")
     if time is not None:
