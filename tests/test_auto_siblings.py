@@ -122,15 +122,16 @@ ORDERS = [(0, 0, DAYS[5]), (1, 0, DAYS[10]), (2, 1, DAYS[10]), (3, 1, DAYS[20]),
 
 
 class _Task:
-    """A churn-like entity task: customers at a date, one date per split (train days 10 and 20)."""
+    """A churn-like entity task: customers at a date (train days 10 and 20); customer 0 twice on day 30."""
 
     entity_col, entity_table, target_col, time_col, task_type = "customer_id", "customers", "y", "date", "regression"
-    days = {"train": [DAYS[10], DAYS[10], DAYS[20], DAYS[20]], "val": [DAYS[30], DAYS[30]], "test": [DAYS[35], DAYS[35]]}
+    rows = {"train": [(0, DAYS[10]), (1, DAYS[10]), (0, DAYS[20]), (1, DAYS[20])], "val": [(0, DAYS[30]), (0, DAYS[30])],
+            "test": [(0, DAYS[35]), (1, DAYS[35])]}
 
     def get_table(self, split, mask_input_cols=False):
-        when = self.days[split]
-        return _table(pd.DataFrame({"customer_id": [0, 1] * (len(when) // 2), "date": when,
-                                    "y": [float(i) for i in range(len(when))]}))
+        rows = self.rows[split]
+        return _table(pd.DataFrame({"customer_id": [c for c, _ in rows], "date": [d for _, d in rows],
+                                    "y": [float(i) for i in range(len(rows))]}))
 
 
 def _relbench_db():
@@ -162,4 +163,5 @@ def test_relbench_tasks_see_events_at_their_timestamp(relbench):
     naive = {(t["id"], s["id"]): seconds(t["date"], s["date"]) for t in task for s in task
              if s["customer_id"] == t["customer_id"] and later(s["date"], t["date"]) and s["id"] != t["id"]}
     assert siblings == naive
+    assert ((4, 5) in siblings) is relbench  # the two task rows of customer 0 on day 30: a tie between siblings
     assert "at or before" in tpl.source if relbench else "earlier than its date" in tpl.source
