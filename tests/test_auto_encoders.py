@@ -91,8 +91,9 @@ def test_a_temporal_template_encodes_each_events_age_and_learns_recency(db):
 
 
 def test_events_two_hops_away_in_a_temporal_template_ground(db, tmp_path):
-    """Rows two hops away keep their encoding only (the target's time reaches them as a key of a
-    computed relation); the template grounds and trains."""
+    """Event rows two hops away carry their age too (issue 44: the statement joins the target table
+    again for its time): the visit's lines, and the store's earlier visits (the visit's siblings);
+    the template grounds and trains."""
     con = duckdb.connect(str(tmp_path / "two_hops.duckdb"))
     con.execute("CREATE TABLE store(store_id INTEGER PRIMARY KEY, size DOUBLE)")
     con.execute("CREATE TABLE visit(visit_id INTEGER PRIMARY KEY, store_id INTEGER REFERENCES store(store_id), "
@@ -105,6 +106,7 @@ def test_events_two_hops_away_in_a_temporal_template_ground(db, tmp_path):
     con.close()
     two = relsql.connect(str(tmp_path / "two_hops.duckdb"))
     tpl = relsql.Template.auto(two, target="visit.label", time_column="seen", time_columns={"line": "seen"}, hops=2)
-    assert tpl.source.count("features(epoch(") == 1  # the store's visits two hops away: no age term
+    assert tpl.source.count("features(epoch(") == 2  # the lines, and the store's earlier visits two hops away
+    assert "x_store__visit" in tpl.source
     model = relsql.Model(two, tpl, target="visit.label", time_column="seen", seed=0, progress=False)
     assert len(model.fit(epochs=3, hybrid=False).history) == 3

@@ -120,10 +120,11 @@ def _write(db: Database, target: str, table: str, column: str, options: Options)
     terms = options.terms(ranking=where.reference is not None)
     labels = dict(zip(where.keys.tables, distinct([safe(t) for t in where.keys.tables])))
     sizes = Sizes(db)
-    pruning = Pruning(db, sizes, where.times, options.time_column, options.timeless)
+    pruning = Pruning(db, sizes, where.times, options.time_column, options.timeless, where.inclusive)
     root = tree(where.keys, table, options.hops, labels, pruning)
     nodes = list(walk(root))
-    draft = Draft(db, where.keys, table, column, options, aggregation=terms, times=where.times, labels=labels, sizes=sizes)
+    draft = Draft(db, where.keys, table, column, options, aggregation=terms, times=where.times, labels=labels, sizes=sizes,
+                  inclusive=where.inclusive)
     units = _units(db, table, column) if where.reference is None else where.dimension
     tables = list(dict.fromkeys(n.table for n in nodes))
     if where.reference is not None and where.reference.table not in tables:

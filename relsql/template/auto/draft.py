@@ -18,7 +18,8 @@ class Draft:
     """A template's statements so far (`out`) and what writing the next one needs."""
 
     def __init__(self, db: Database, schema: Schema, target: str, column: str, options: Options, *,
-                 aggregation: tuple[str, ...], times: dict[str, Time], labels: dict[str, str], sizes: Sizes):
+                 aggregation: tuple[str, ...], times: dict[str, Time], labels: dict[str, str], sizes: Sizes,
+                 inclusive: bool = False):
         self.db, self.schema, self.target, self.column = db, schema, target, column
         self.numbers, self.dropout = options.numbers, options.dropout
         self.labels = labels
@@ -26,6 +27,7 @@ class Draft:
         self.per_table: dict[str, str] = {}  # HGT's weights of a table (node type), shared by its statements
         self.width, self.aggregation, self.layer = options.width, aggregation, options.layer
         self.time_column, self.time_columns = options.time_column, times
+        self.inclusive = inclusive  # RelBench's cut (`<=`): relsql.template.auto.scope.relbench_cut
         self.out: list[str] = []
         self.identifiers: list[str] = []  # table.column named like an identifier and left out
         self.sizes = sizes
@@ -72,8 +74,9 @@ class Draft:
         if time is None:
             return "", ""
         if time.via is None:
-            return f" AND {before(f'{alias}.{quoted(time.column)}', time.kind, target_time, self.target_kind)}", ""
+            cut = before(f"{alias}.{quoted(time.column)}", time.kind, target_time, self.target_kind, self.inclusive)
+            return f" AND {cut}", ""
         dim = f"{alias}d"
         on = " AND ".join(f"{dim}.{quoted(r)} = {alias}.{quoted(c)}" for c, r in zip(time.via.columns, time.via.references))
-        cut = before(f"{dim}.{quoted(time.column)}", time.kind, target_time, self.target_kind)
+        cut = before(f"{dim}.{quoted(time.column)}", time.kind, target_time, self.target_kind, self.inclusive)
         return "", f"\nJOIN {quoted(time.via.table)} {dim} ON {on} AND {cut}"

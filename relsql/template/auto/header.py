@@ -81,9 +81,13 @@ def times(scope: Scope, options: Options, pruning: Pruning, tables: list[str], n
     if not options.time_column:
         return []
     events = {n.table for n in nodes[1:] if n.step.to_child}
-    used = [scope.times[t].describe(t) for t in tables if t in scope.times and t != scope.table and t in events]
-    lines = [f"-- time: rows of {', '.join(used) or 'no table'} join a target row only if earlier than its "
-             f"{options.time_column}"]
+    used = [scope.times[t].describe(t) for t in tables if t in scope.times and t in events]  # the target's own: siblings
+    lines = [f"-- time: rows of {', '.join(used) or 'no table'} join a target row only if "
+             f"{'at or before' if scope.inclusive else 'earlier than'} its {options.time_column}"
+             + (" (RelBench's cut: an event at the task row's timestamp is known)" if scope.inclusive else "")]
+    if scope.table in events:
+        lines.append(f"-- siblings: other {scope.table} rows sharing a parent row join under that cut, never the target "
+                     "row itself (nor, ever, their target column)")
     for name, child, fk in dict.fromkeys((node.table, step.child, step.fk) for node, step in pruning.dropped):
         lines.append(f"-- left out, no time known: {child} (the child rows of {name} via "
                      f"{', '.join(fk.columns)}): events that may lie after the target row's time; give its "

@@ -37,22 +37,39 @@ def node_rows(draft: Draft, node: Node) -> None:
         near, target_time = "q", f"p.{draft.r_time}"
         source = f"FROM x_{node.parent.name} p\n{near_row(draft, node.parent)}"
         target_keys = [f"p.{draft.r[k]}" for k in draft.target_keys] + ([f"p.{draft.r_time}"] if time_column else [])
+    time = draft.event_time(node.table, node.step)
+    now = target_time
+    if node.parent.parent is not None and ages(draft, time):  # the target row's time as a column features() reads
+        now = f"rt.{quoted(time_column)}"
+        source += "\nJOIN {} rt ON {}".format(
+            quoted(draft.target), " AND ".join(f"rt.{quoted(k)} = p.{draft.r[k]}" for k in draft.target_keys))
     on_time, dimension = draft.time_join(node.table, "x", target_time, node.step)
     condition = node.step.condition(near, "x") + on_time
+    if own_siblings(draft, node):  # never the target row itself
+        condition += " AND NOT ({})".format(" AND ".join(f"x.{quoted(k)} = p.{draft.r[k]}" for k in draft.target_keys))
     select = [f"{expr} AS {name}" for expr, name in zip(target_keys + [f"x.{quoted(k)}" for k in pk], draft.keys(node))]
     group = ", ".join(target_keys + [f"x.{quoted(k)}" for k in pk])
     join_enc = " AND ".join(f"e.{quoted(k)} = x.{quoted(k)}" for k in pk)
     direction = "child rows" if node.step.to_child else "parent row"
-    time = draft.event_time(node.table, node.step)
     draft.out.append(
         f"-- {node.name}: the {direction} of {node.parent.table} in {node.table} (via {', '.join(node.step.fk.columns)})"
         + _cut(draft, node, time) + f"\nCREATE TABLE x_{node.name} AS\nSELECT {', '.join(select)}, "
-        f"{row_value(draft, node, time, target_time)} AS h\n{source}\n"
+        f"{row_value(draft, node, time, now)} AS h\n{source}\n"
         f"JOIN {quoted(node.table)} x ON {condition}{dimension}\nJOIN enc_{t} e ON {join_enc}\nGROUP BY {group};\n")
+
+
+def own_siblings(draft: Draft, node: Node) -> bool:
+    """Whether `node` holds the target row's siblings: rows of the target table reached back over
+    the key its parent was reached by (relsql.template.auto.cuts.Pruning.siblings), which would
+    include the target row itself but for its key."""
+    return node.table == draft.target and node.parent.parent is not None and node.step.reverses(node.parent.step)
 
 
 def _cut(draft: Draft, node: Node, time: Time | None) -> str:
     """How time cuts a node's rows, for its statement's comment."""
+    if time is not None and own_siblings(draft, node):
+        return (f", siblings of the target row earlier than its time (by {time.describe(node.table)}), "
+                "never the row itself")
     if time is not None:
         return f", earlier than the target row's time (by {time.describe(node.table)})"
     if draft.time_column and not node.step.to_child:
@@ -62,18 +79,28 @@ def _cut(draft: Draft, node: Node, time: Time | None) -> str:
     return ""
 
 
+def ages(draft: Draft, time: Time | None) -> bool:
+    """Whether rows cut by `time` get their age at the target row's time: with the "ple" encoders,
+    for times that give seconds (dates, years) or two plain numbers."""
+    if time is None or draft.numbers != "ple":
+        return False
+    if time.kind == "number" == draft.target_kind:
+        return True
+    return seconds("t", draft.target_kind) is not None and seconds("t", time.kind) is not None
+
+
 def row_value(draft: Draft, node: Node, time: Time | None, target_time: str) -> str:
     """A node row's value: its table's encoding and, in a temporal template with encoders, for
-    rows one hop from the target row, their age at the target row's time (seconds, standardized), as RelBench's encoders add: how
-    recent an event was often says more than its calendar date."""
-    if time is None or draft.numbers != "ple" or node.parent.parent is not None:
-        return "avg(e.h)"  # deeper rows: the target time is a key of a computed relation, which features() cannot read
+    event rows within `hops` of the target row, their age at the target row's time (seconds,
+    standardized), as RelBench's encoders add: how recent an event was often says more than its
+    calendar date. `target_time` is a column of a table (features() reads tables' columns, not
+    computed relations'): the target table's, joined again by key below depth 1 (node_rows)."""
+    if not ages(draft, time):
+        return "avg(e.h)"
     at = f"{'x' if time.via is None else 'xd'}.{quoted(time.column)}"
     now, then = seconds(target_time, draft.target_kind), seconds(at, time.kind)
     if time.kind == "number" == draft.target_kind:
         now, then = f"CAST({target_time} AS DOUBLE)", f"CAST({at} AS DOUBLE)"
-    if now is None or then is None:
-        return "avg(e.h)"
     name = draft.weight_name(f"age_{node.name}")
     return f"avg(e.h + linear(features({now} - {then}), {draft.width}, '{name}'))"
 

@@ -1,6 +1,7 @@
 """The walk over the schema's foreign-key paths: the computation tree of a relational GNN rooted at
 the target table. Every table reachable within `hops` foreign-key steps (both directions, never
-straight back over the edge just used) becomes a tree node; what a `Cuts` refuses is left out with
+straight back over the edge just used, except from a parent row to its other, earlier child rows in
+a temporal template: `Cuts.siblings`) becomes a tree node; what a `Cuts` refuses is left out with
 everything beyond it (relsql/template/auto/cuts.py decides what and records why)."""
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class Cuts(Protocol):
 
     def takes(self, node: Node, step: Step) -> bool: ...
 
+    def siblings(self, node: Node, step: Step) -> bool: ...
+
     def admits(self, child: Node) -> bool: ...
 
 
@@ -82,8 +85,10 @@ def tree(schema: Schema, target: str, hops: int, labels: dict[str, str], cuts: C
         out = steps(schema, node.table)
         neighbours = Counter(s.far for s in out)  # tables reached over several keys
         for step in out:
-            if step.reverses(node.step) or (cuts is not None and not cuts.takes(node, step)):
-                continue  # never straight back over the edge we came by
+            if step.reverses(node.step) and (cuts is None or not cuts.siblings(node, step)):
+                continue  # never straight back over the edge we came by, but to a parent's earlier child rows
+            if cuts is not None and not cuts.takes(node, step):
+                continue
             label = labels[step.far]
             seen[label] = seen.get(label, 0) + 1
             if seen[label] > 1 or neighbours[step.far] > 1:

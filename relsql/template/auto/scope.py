@@ -33,6 +33,7 @@ class Scope:
     outputs: list[str]  # tables a model wrote, left out
     interactions: list[Interaction]  # a ranking target's links from the target row's entity to candidates
     times: dict[str, Time]  # each table's time (empty without a time column)
+    inclusive: bool = False  # rows at exactly the target row's time join too (`<=`): a RelBench task's cut
 
 
 def scope(db: Database, table: str, column: str, options: Options) -> Scope:
@@ -57,7 +58,17 @@ def scope(db: Database, table: str, column: str, options: Options) -> Scope:
                           "prediction has a key")
     times = _times(db, catalog, keys, table, options, set(tasks))
     # keys.outputs: tables a model wrote (relsql.data.keys.schema leaves them out), some model's predictions
-    return Scope(table, column, keys, reference, dimension, tasks, keys.outputs, found, times)
+    return Scope(table, column, keys, reference, dimension, tasks, keys.outputs, found, times,
+                 inclusive=relbench_cut(db, table, options.time_column))
+
+
+def relbench_cut(db: Database, table: str, time_column: str | None) -> bool:
+    """Whether `table` is a RelBench task (relsql.relbench added it: `db.relbench_tasks`) timed by
+    `time_column`: RelBench's cut keeps rows at exactly the task row's timestamp (`<=`), its labels
+    counting what happens after it; relsql's own task tables count events from the snapshot on
+    (`snapshot <= time`), so every other template keeps those out (`<`)."""
+    task = getattr(db, "relbench_tasks", {}).get(table)
+    return time_column is not None and task is not None and task.time_column == time_column
 
 
 def _dimension(keys: Schema, target: str, reference: Reference | None, options: Options) -> int | None:

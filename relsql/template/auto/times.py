@@ -44,12 +44,15 @@ class Time:
         return f"{table} via {', '.join(self.via.columns)} -> {self.via.table}.{self.column}"
 
 
-def before(event: str, event_kind: str, target: str, target_kind: str) -> str | None:
+def before(event: str, event_kind: str, target: str, target_kind: str, inclusive: bool = False) -> str | None:
     """SQL for "the event is earlier than the target time", across kinds of time columns (None:
     the two cannot be compared). An integer year is known once it is over: an event of year y
-    is before a date d only if y < year(d), and a date is before year Y only if before Y's first day."""
+    is before a date d only if y < year(d), and a date is before year Y only if before Y's first day.
+    `inclusive` (RelBench's cut: an event at exactly the task row's timestamp is visible, as
+    relbench's `Database.upto` keeps `time <= timestamp`) makes times of one kind compare with
+    `<=`; across kinds the cut stays strict (a year is known once it is over)."""
     if event_kind == target_kind:
-        return f"{event} < {target}"
+        return f"{event} {'<=' if inclusive else '<'} {target}"
     if event_kind == "year" and target_kind == "date":
         return f"{event} < year({target})"
     if event_kind == "date" and target_kind == "year":

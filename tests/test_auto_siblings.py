@@ -1,0 +1,167 @@
+"""Time reaches two hops, and siblings through a parent (issue 44, items 3 and 4): in a temporal
+automatic template a row's parent's other child rows (the same player's earlier salaries) join
+under the time cut, never the row itself nor its later siblings, and every event row within
+`hops` carries its age at the target row's time. Each grounded set and age is checked against a
+plain Python loop over the same rows; RelBench's cut (`<=`) against relsql's own (`<`) on a tie."""
+
+from __future__ import annotations
+
+import datetime as dt
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+import relsql
+from relsql import relbench as rb
+from relsql.ground.execute import ground
+from relsql.template.auto.cuts import SIBLING_PAIRS
+
+D = dt.date
+SALARIES = [  # sid, pid, year (a date), amount (the label), team
+    (1, 1, D(2001, 1, 1), 1.0, "a"), (2, 1, D(2002, 1, 1), 2.0, "b"), (3, 1, D(2002, 1, 1), 3.0, "a"),  # a tie
+    (4, 1, D(2004, 1, 1), 4.0, "b"), (5, 2, D(2001, 1, 1), 5.0, "a"), (6, 2, D(2003, 1, 1), 6.0, "a"),
+    (7, 3, D(2002, 1, 1), 7.0, "b"), (8, 2, D(2005, 1, 1), None, "b")]
+BATTING = [  # bid, pid, day, hits
+    (1, 1, D(2000, 6, 1), 10.0), (2, 1, D(2002, 1, 1), 20.0), (3, 1, D(2003, 6, 1), 30.0), (4, 2, D(2002, 6, 1), 40.0),
+    (5, 2, D(2004, 6, 1), 50.0), (6, 3, D(2001, 6, 1), 60.0)]
+
+
+@pytest.fixture
+def league(tmp_path):
+    db = relsql.connect(tmp_path / "league.duckdb")
+    db.execute("""
+        CREATE TABLE player(pid INT PRIMARY KEY, height DOUBLE);
+        CREATE TABLE sal(sid INT PRIMARY KEY, pid INT REFERENCES player(pid), yr DATE, amount DOUBLE, team VARCHAR);
+        CREATE TABLE bat(bid INT PRIMARY KEY, pid INT REFERENCES player(pid), day DATE, hits DOUBLE);
+        INSERT INTO player VALUES (1, 180), (2, 190), (3, 170);""")
+    db.con.executemany("INSERT INTO sal VALUES (?, ?, ?, ?, ?)", SALARIES)
+    db.con.executemany("INSERT INTO bat VALUES (?, ?, ?, ?)", BATTING)
+    yield db
+    db.con.close()
+
+
+def grounded(template: relsql.Template, db, relation: str) -> dict[tuple, float]:
+    """{(target key, node row key): the age in seconds} of one node relation, as grounded (the
+    feature column is standardized in SQL: its recorded mean and spread undo that)."""
+    grounding = ground(template, db)
+    found = grounding.relations[relation]
+    (stats,) = [v for k, v in grounding.feature_stats.items() if k.startswith(f"{relation}#")]
+    keys = found.keys.to_pydict()
+    r_key, n_key = [c for c in keys if c.startswith("r_") and c != "r_time"][0], [c for c in keys if c.startswith("n_")][0]
+    rule = found.rules[0]
+    (age,) = rule.columns.values()  # the one features() input: the age
+    rids = keys["_rid"]
+    row = {rid: (keys[r_key][i], keys[n_key][i]) for i, rid in enumerate(rids)}
+    return {row[int(h)]: round(float(age[i].reshape(-1)[0]) * stats["std"] + stats["mean"])
+            for i, h in enumerate(rule.head)}
+
+
+def seconds(later: D, earlier: D) -> float:
+    return (later - earlier).days * 86400.0
+
+
+def test_siblings_are_earlier_rows_of_the_same_parent_never_the_row_itself(league):
+    tpl = relsql.Template.auto(league, "sal.amount", time_column="yr")
+    assert "x_player__sal" in tpl.source
+    got = grounded(tpl, league, "x_player__sal")
+    naive = {}
+    for sid, pid, yr, _, _ in SALARIES:  # a loop over the rows: same player, strictly earlier, not itself
+        for other, opid, oyr, _, _ in SALARIES:
+            if opid == pid and oyr < yr and other != sid:
+                naive[sid, other] = seconds(yr, oyr)
+    assert got == naive
+    assert (3, 2) not in got and (2, 3) not in got  # a tie at the same time is not earlier under relsql's cut
+
+
+def test_age_reaches_two_hops(league):
+    """Batting rows reached through the player (two hops) carry their age at the salary's time."""
+    tpl = relsql.Template.auto(league, "sal.amount", time_column="yr")
+    got = grounded(tpl, league, "x_player__bat")
+    naive = {(sid, bid): seconds(yr, day) for sid, pid, yr, _, _ in SALARIES
+             for bid, bpid, day, _ in BATTING if bpid == pid and day < yr}
+    assert got == naive
+
+
+@pytest.mark.slow  # Model's first use
+def test_sibling_labels_never_reach_the_output(league):
+    """Weights fixed: changing every label (earlier siblings' included) leaves every output unchanged,
+    and Model's leakage check accepts the template."""
+    tpl = relsql.Template.auto(league, "sal.amount", time_column="yr")
+    assert '"amount"' not in tpl.source
+    before = relsql.compile(tpl, league, seed=0)()["predict"]
+    league.execute("UPDATE sal SET amount = 100 - amount")
+    after = relsql.compile(tpl, league, seed=0)()["predict"]
+    assert (before - after).abs().max().item() == 0
+    relsql.Model(league, tpl, target="sal.amount", time_column="yr")  # not refused as reading its target
+
+
+def test_no_siblings_without_a_time_cut(league):
+    tpl = relsql.Template.auto(league, "sal.amount")
+    assert "x_player__sal" not in tpl.source
+
+
+def test_a_parent_with_many_children_reads_no_siblings(league):
+    """The (row, sibling) pairs grow with the square of a parent's child rows: past SIBLING_PAIRS
+    times the table's rows the path is left out and listed."""
+    n = 2 * SIBLING_PAIRS
+    league.con.executemany("INSERT INTO sal VALUES (?, 3, ?, 1.0, 'a')",
+                           [(100 + i, D(1990, 1, 1) + dt.timedelta(days=i)) for i in range(n)])
+    tpl = relsql.Template.auto(league, "sal.amount", time_column="yr")
+    assert "x_player__sal" not in tpl.source
+    assert "sal (via sal -> player -> sal)" in tpl.source
+
+
+# -- RelBench's cut ----------------------------------------------------------------------------------------------
+def _table(df, fkeys=None, pkey=None, time=None):
+    return SimpleNamespace(df=df, fkey_col_to_pkey_table=fkeys or {}, pkey_col=pkey, time_col=time)
+
+
+DAYS = [pd.Timestamp("2020-01-01") + pd.Timedelta(days=d) for d in range(40)]
+ORDERS = [(0, 0, DAYS[5]), (1, 0, DAYS[10]), (2, 1, DAYS[10]), (3, 1, DAYS[20]), (4, 0, DAYS[21]), (5, 1, DAYS[30])]
+
+
+class _Task:
+    """A churn-like entity task: customers at a date (train days 10 and 20); customer 0 twice on day 30."""
+
+    entity_col, entity_table, target_col, time_col, task_type = "customer_id", "customers", "y", "date", "regression"
+    rows = {"train": [(0, DAYS[10]), (1, DAYS[10]), (0, DAYS[20]), (1, DAYS[20])], "val": [(0, DAYS[30]), (0, DAYS[30])],
+            "test": [(0, DAYS[35]), (1, DAYS[35])]}
+
+    def get_table(self, split, mask_input_cols=False):
+        rows = self.rows[split]
+        return _table(pd.DataFrame({"customer_id": [c for c, _ in rows], "date": [d for _, d in rows],
+                                    "y": [float(i) for i in range(len(rows))]}))
+
+
+def _relbench_db():
+    tables = SimpleNamespace(table_dict={
+        "customers": _table(pd.DataFrame({"customer_id": [0, 1], "age": [30.0, 40.0]}), pkey="customer_id"),
+        "orders": _table(pd.DataFrame({"order_id": [o for o, _, _ in ORDERS], "customer_id": [c for _, c, _ in ORDERS],
+                                       "date": [d for _, _, d in ORDERS], "amount": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]}),
+                         {"customer_id": "customers"}, "order_id", "date")})
+    return rb.from_relbench(tables, tasks={"task": _Task()})
+
+
+@pytest.mark.parametrize("relbench", [True, False])
+def test_relbench_tasks_see_events_at_their_timestamp(relbench):
+    """An order placed at exactly a task row's date is visible to it under RelBench's cut (`<=`), and
+    not under relsql's own (`<`: the same database with the task unmarked); task rows of the same
+    customer at the same date are siblings under `<=`, never the row itself."""
+    db = _relbench_db()
+    if not relbench:
+        db.relbench_tasks = {}
+    tpl = relsql.Template.auto(db, "task.y", time_column="date", time_columns=rb.time_columns(db))
+    task = db.arrow("SELECT id, customer_id, date FROM task").to_pylist()
+    later = (lambda a, b: a <= b) if relbench else (lambda a, b: a < b)
+    orders = grounded(tpl, db, "x_customers__orders")
+    naive = {(t["id"], o): seconds(t["date"], d) for t in task for o, c, d in ORDERS
+             if c == t["customer_id"] and later(d.to_pydatetime(), t["date"])}
+    assert orders == naive
+    assert ((0, 1) in orders) is relbench  # task row 0 (customer 0, day 10) and order 1 (day 10): the tie
+    siblings = grounded(tpl, db, "x_customers__task") if "x_customers__task" in tpl.source else {}
+    naive = {(t["id"], s["id"]): seconds(t["date"], s["date"]) for t in task for s in task
+             if s["customer_id"] == t["customer_id"] and later(s["date"], t["date"]) and s["id"] != t["id"]}
+    assert siblings == naive
+    assert ((4, 5) in siblings) is relbench  # the two task rows of customer 0 on day 30: a tie between siblings
+    assert "at or before" in tpl.source if relbench else "earlier than its date" in tpl.source
