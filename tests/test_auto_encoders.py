@@ -8,11 +8,11 @@ import re
 
 import duckdb
 import numpy as np
-import pyarrow as pa
 import pytest
 
 import relsql
 from relsql.errors import SchemaError
+from tests.tables import insert_rows
 
 
 @pytest.fixture(scope="module")
@@ -39,11 +39,8 @@ def db(tmp_path_factory):
         rows.append((c, float(c % 5), float(rng.integers(0, 40)), str(np.datetime64("2020-01-01") + int(rng.integers(0, 1500))),
                      bool(c % 2), city, " ".join(f"w{int(w)}" for w in rng.integers(0, 3000, size=4)), str(snapshot),
                      bool(gaps.min() <= 30)))
-    for table, values in (("customer", rows), ("orders", orders)):  # one INSERT each (executemany: a statement a row)
-        names = [name for (name,) in con.execute(f"SELECT name FROM pragma_table_info('{table}')").fetchall()]
-        con.register("new_rows", pa.table(dict(zip(names, map(list, zip(*values))))))
-        con.execute(f"INSERT INTO {table} SELECT * FROM new_rows")
-        con.unregister("new_rows")
+    insert_rows(con, "customer", rows)
+    insert_rows(con, "orders", orders)
     con.close()
     return relsql.connect(str(path))
 

@@ -13,6 +13,7 @@ import pytest
 
 import relsql
 from relsql.ground import encoders
+from tests.tables import insert_rows
 
 LEVELS = "[0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1]"
 FEW = 0.007074363487381676  # quantile_cont of a column holding it 315 times returns ..676, ..675, ..676
@@ -44,7 +45,7 @@ def _few_values_db(path) -> relsql.Database:
         flag = float(i % 2)
         rows.append((i, x, flag, 7.0, None, float(rng.choice([1e308, -1e308, 5e-324, 0.0])),
                      (x or 0) * 10 + flag + rng.normal(0, .1)))
-    con.executemany("INSERT INTO item VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+    insert_rows(con, "item", rows)
     con.close()
     return relsql.connect(path)
 
@@ -92,18 +93,18 @@ def _seasons_db(path, season_type: str = "INTEGER") -> relsql.Database:
     con.execute(f"CREATE TABLE batting(player VARCHAR REFERENCES people(player), season {season}, team VARCHAR, hr INTEGER, "
                 "PRIMARY KEY (player, season), FOREIGN KEY (season, team) REFERENCES teams(season, team))")
     players = [f"p{i}" for i in range(120)]
-    con.executemany("INSERT INTO people VALUES (?, ?, ?)",
-                    [(p, dt.date(1990 + i % 15, 5, 1), 1970 + i % 15) for i, p in enumerate(players)])
+    insert_rows(con, "people",
+                [(p, dt.date(1990 + i % 15, 5, 1), 1970 + i % 15) for i, p in enumerate(players)])
     cities = ["A", "B", "C", "D"]
-    con.executemany("INSERT INTO city_season VALUES (?, ?, ?)",
-                    [(c, s(y), float(rng.normal())) for c in cities for y in range(1995, 2010)])
-    con.executemany("INSERT INTO teams VALUES (?, ?, ?, ?)",
-                    [(s(y), f"T{k}", cities[k % 4], float(rng.uniform())) for y in range(1995, 2010) for k in range(8)])
+    insert_rows(con, "city_season",
+                [(c, s(y), float(rng.normal())) for c in cities for y in range(1995, 2010)])
+    insert_rows(con, "teams",
+                [(s(y), f"T{k}", cities[k % 4], float(rng.uniform())) for y in range(1995, 2010) for k in range(8)])
     rows = []
     for y in range(1995, 2010):
         for p in rng.choice(players, 60, replace=False):
             rows.append((str(p), s(y), f"T{int(rng.integers(8))}", int(rng.integers(40))))
-    con.executemany("INSERT INTO batting VALUES (?, ?, ?, ?)", rows)
+    insert_rows(con, "batting", rows)
     con.close()
     return relsql.connect(path)
 

@@ -10,15 +10,20 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("torch_geometric")
-
-from bench import hetero  # noqa: E402
+from bench import hetero
 
 TOLERANCE = 1e-4  # float32 agreement asked of the benchmark (relative)
 
 
+@pytest.fixture
+def pyg():
+    """PyG for the tests that run it (they skip without it). Imported here, not by the module: under
+    --fast only the three shape tests run, and collecting the file imported PyG (~2 CPU-s a worker)."""
+    return pytest.importorskip("torch_geometric")
+
+
 @pytest.mark.oracle
-def test_quick_run_writes_one_checked_row_per_model_baseline_and_layers(tmp_path, capsys):
+def test_quick_run_writes_one_checked_row_per_model_baseline_and_layers(pyg, tmp_path, capsys):
     hetero.main(["--quick", "--out", str(tmp_path), "--datasets", "tiny", "--no-memory", "--threads", "1"])
     printed = capsys.readouterr().out
     assert "load average at start" in printed and "set_num_threads(1)" in printed
@@ -50,7 +55,7 @@ def test_quick_run_writes_one_checked_row_per_model_baseline_and_layers(tmp_path
 
 
 @pytest.mark.oracle
-def test_quick_run_covers_rgat_and_hgt(tmp_path):
+def test_quick_run_covers_rgat_and_hgt(pyg, tmp_path):
     """The RGAT and HGT rows, checked against RGATConv and HGTConv (outputs and gradients) before
     one short timing, on the smoke test's graph (AIFB's takes minutes: PyG's HGTConv step loops
     over its 45 relation types in Python)."""
@@ -105,7 +110,7 @@ def test_tables_hold_the_graph():
 
 @pytest.mark.oracle
 @pytest.mark.parametrize("model", ["rgcn", "gat", "rgat", "hgt"])
-def test_the_agreement_check_sees_a_wrong_weight(model):
+def test_the_agreement_check_sees_a_wrong_weight(pyg, model):
     """A check that passes whatever the weights would prove nothing: change one PyG weight after
     the sharing and the reported difference must exceed the tolerance."""
     torch.manual_seed(0)

@@ -25,6 +25,7 @@ import pytest
 import relsql
 from relsql.data.keys import schema
 from tests.fuzz_world import REPO, Counts, run_case
+from tests.tables import insert_rows
 
 pytestmark = pytest.mark.slow  # 600 seeded cases
 
@@ -63,16 +64,16 @@ def _world(path: Path) -> relsql.Database:
                "ordered_at DATE, day_sk INTEGER, amount DOUBLE)")
     db.execute("CREATE TABLE visits(v_id INTEGER, customer_id INTEGER, visited TIMESTAMP)")
     db.execute("CREATE TABLE other(x INTEGER, note VARCHAR)")
-    db.con.executemany("INSERT INTO date_dim VALUES (?, ?)", [(i, base + dt.timedelta(days=i)) for i in range(365)])
-    db.con.executemany("INSERT INTO customer VALUES (?, ?, ?, ?)",
-                       [(c, base + dt.timedelta(days=rng.randrange(100)), rng.choice("abc"), c % 3 == 0) for c in range(30)])
+    insert_rows(db, "date_dim", [(i, base + dt.timedelta(days=i)) for i in range(365)])
+    insert_rows(db, "customer",
+                [(c, base + dt.timedelta(days=rng.randrange(100)), rng.choice("abc"), c % 3 == 0) for c in range(30)])
     orders = [(i, rng.randrange(30), d, d, round(rng.uniform(5, 200), 2))
               for i, d in enumerate(rng.randrange(365) for _ in range(400))]
-    db.con.executemany("INSERT INTO orders VALUES (?, ?, ?, ?, ?)",
-                       [(i, c, base + dt.timedelta(days=d), k, a) for i, c, d, k, a in orders])
-    db.con.executemany("INSERT INTO visits VALUES (?, ?, ?)",
-                       [(i, rng.randrange(30), dt.datetime(2021, 1, 1) + dt.timedelta(hours=rng.randrange(8000)))
-                        for i in range(300)])
+    insert_rows(db, "orders",
+                [(i, c, base + dt.timedelta(days=d), k, a) for i, c, d, k, a in orders])
+    insert_rows(db, "visits",
+                [(i, rng.randrange(30), dt.datetime(2021, 1, 1) + dt.timedelta(hours=rng.randrange(8000)))
+                 for i in range(300)])
     db.execute("INSERT INTO other VALUES (1, 'keep me'), (2, NULL)")
     return db
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import relsql
+from tests.tables import insert_rows
 
 torch_geometric = pytest.importorskip("torch_geometric")
 from torch_geometric.nn import HGTConv  # noqa: E402
@@ -63,9 +64,9 @@ def hetero_db():
     db = relsql.connect()
     types = {n: t for t in NODE_TYPES for n in ids[t]}
     db.con.execute("CREATE TABLE node (node_id BIGINT, type VARCHAR, x DOUBLE[])")
-    db.con.executemany("INSERT INTO node VALUES (?, ?, ?)", [(n, types[n], x[n].tolist()) for n in range(len(x))])
+    insert_rows(db, "node", [(n, types[n], x[n].tolist()) for n in range(len(x))])
     db.con.execute("CREATE TABLE edge (src BIGINT, dst BIGINT, type VARCHAR)")
-    db.con.executemany("INSERT INTO edge VALUES (?, ?, ?)", edges)
+    insert_rows(db, "edge", edges)
     return db, ids, edges, x
 
 

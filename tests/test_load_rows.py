@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import relsql
-from tests.test_model import build, insert_rows
+from tests.tables import insert_rows
+from tests.test_model import build
 
 TEMPLATE = """
 CREATE TABLE order_h AS SELECT o.order_id, tanh(linear(features(o.amount, o.express), 8, 'w_order')) FROM orders o;

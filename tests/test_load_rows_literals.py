@@ -17,7 +17,7 @@ import torch
 import relsql
 from relsql.data.duckdb import fetch_arrow
 from relsql.ground import inline
-from tests.test_model import insert_rows
+from tests.tables import insert_rows
 
 TEXTS = ["it's", "back\\slash", "ünï 字", "a'; DROP TABLE players; --", "", None]
 

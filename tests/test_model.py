@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import torch
 
 import relsql
+from tests.tables import insert_rows
 
 # Customers whose label is decided by their orders' amounts: a relation one join away.
 TEMPLATE = """
@@ -47,19 +47,6 @@ def build(path, n=300, seed=0):
     insert_rows(db, "customer", customers)
     insert_rows(db, "orders", orders)
     return db
-
-
-def insert_rows(db, table: str, rows: list[tuple]) -> None:
-    """Append `rows` in order through one Arrow table: the same rows and types as executemany
-    (the column types convert them), 25x faster, which every test that builds a shop pays."""
-    if not rows:
-        return
-    frame = pa.table({f"c{i}": list(values) for i, values in enumerate(zip(*rows))})
-    db.con.register("_rows", frame)
-    try:
-        db.con.execute(f'INSERT INTO "{table}" SELECT * FROM _rows')
-    finally:
-        db.con.unregister("_rows")
 
 
 @pytest.fixture

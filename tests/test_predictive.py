@@ -19,7 +19,7 @@ import torch
 import relsql
 from relsql.cli import task as task_cli
 from relsql.predictive import PredictiveQuery, QueryError, TimePath, parse
-from tests.test_model import insert_rows
+from tests.tables import insert_rows
 
 BASE = dt.date(2021, 1, 1)
 DAY = dt.timedelta(days=1)

@@ -8,12 +8,12 @@ import datetime as dt
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
 import pytest
 import torch
 
 import relsql
 from relsql.errors import RelsqlError
+from tests.tables import insert_rows
 
 TEMPLATE = """
 CREATE TABLE item_h AS SELECT i.item_id, embed(i.item_id, 16, 'item') AS h FROM item i;
@@ -27,13 +27,6 @@ GROUP BY t.task_id;
 START = dt.date(2025, 1, 1)
 
 
-def insert(con, table: str, rows: list[tuple]) -> None:
-    """Append `rows` through one Arrow table (executemany runs a statement a row; seven test files build this shop)."""
-    con.register("new_rows", pa.table({f"c{i}": list(column) for i, column in enumerate(zip(*rows))}))
-    con.execute(f"INSERT INTO {table} SELECT * FROM new_rows")
-    con.unregister("new_rows")
-
-
 def shop(path, customers: int = 60, items: int = 40, seed: int = 0) -> relsql.Database:
     """Customers who keep buying from their own small set of favourite items: the past predicts the future."""
     rng = np.random.default_rng(seed)
@@ -44,8 +37,8 @@ def shop(path, customers: int = 60, items: int = 40, seed: int = 0) -> relsql.Da
                "item_id BIGINT REFERENCES item(item_id), day DATE)")
     db.execute("CREATE TABLE task_rec(task_id BIGINT PRIMARY KEY, customer_id BIGINT, snapshot DATE, item_id BIGINT[])")
     con = db.con
-    insert(con, "item", [(i, float(rng.uniform(1, 9))) for i in range(items)])
-    insert(con, "customer", [(c, int(rng.integers(18, 80))) for c in range(customers)])
+    insert_rows(con, "item", [(i, float(rng.uniform(1, 9))) for i in range(items)])
+    insert_rows(con, "customer", [(c, int(rng.integers(18, 80))) for c in range(customers)])
     favourites = {c: rng.choice(items, 4, replace=False) for c in range(customers)}
     rows, pid = [], 0
     for c in range(customers):
@@ -54,7 +47,7 @@ def shop(path, customers: int = 60, items: int = 40, seed: int = 0) -> relsql.Da
                 rows.append((pid, c, int(rng.choice(favourites[c])),
                              START + dt.timedelta(days=30 * month + int(rng.integers(30)))))
                 pid += 1
-    insert(con, "purchase", rows)
+    insert_rows(con, "purchase", rows)
     tasks, tid = [], 0
     for month in range(1, 6):
         snapshot = START + dt.timedelta(days=30 * month)
@@ -66,7 +59,7 @@ def shop(path, customers: int = 60, items: int = 40, seed: int = 0) -> relsql.Da
     for c in range(5):  # rows to predict: no label
         tasks.append((tid, c, START + dt.timedelta(days=180), None))
         tid += 1
-    insert(con, "task_rec", tasks)
+    insert_rows(con, "task_rec", tasks)
     return db
 
 

@@ -21,6 +21,7 @@ import relsql
 from relsql.errors import RelsqlError, SchemaError
 from relsql.train.ranking import pairs as pair_module
 from relsql.train.ranking.pairs import PairIndex, rank_with_pairs
+from tests.tables import insert_rows
 
 START = dt.date(2025, 1, 1)
 BASE = """
@@ -55,8 +56,8 @@ def habit_shop(path, customers: int = 60, categories: int = 8, per_month: int = 
             for _ in range(per_month):
                 month_of[len(items)] = month
                 items.append((len(items), c, START + dt.timedelta(days=30 * month), START + dt.timedelta(days=30 * (month + 1))))
-    db.con.executemany("INSERT INTO item VALUES (?, ?, ?, ?)", items)
-    db.con.executemany("INSERT INTO customer VALUES (?)", [(c,) for c in range(customers)])
+    insert_rows(db, "item", items)
+    insert_rows(db, "customer", [(c,) for c in range(customers)])
     favourite = rng.integers(categories, size=customers)
     rows = []
     for month in range(months):
@@ -64,7 +65,7 @@ def habit_shop(path, customers: int = 60, categories: int = 8, per_month: int = 
             fresh = [i for i, cat, _, _ in items if cat == favourite[c] and month_of[i] == month]
             for item in rng.choice(fresh, 2, replace=False):
                 rows.append((len(rows), c, int(item), START + dt.timedelta(days=30 * month + int(rng.integers(30)))))
-    db.con.executemany("INSERT INTO purchase VALUES (?, ?, ?, ?)", rows)
+    insert_rows(db, "purchase", rows)
     tasks = []
     for month in range(1, months):
         snapshot = START + dt.timedelta(days=30 * month)
@@ -73,7 +74,7 @@ def habit_shop(path, customers: int = 60, categories: int = 8, per_month: int = 
             tasks.append((len(tasks), c, snapshot, bought))
     for c in range(3):  # rows to predict
         tasks.append((len(tasks), c, START + dt.timedelta(days=30 * months), None))
-    db.con.executemany("INSERT INTO task_rec VALUES (?, ?, ?, ?)", tasks)
+    insert_rows(db, "task_rec", tasks)
     return db
 
 

@@ -11,6 +11,7 @@ the reference's own torch autograd (same per-row algorithm on torch tensors) wit
 from __future__ import annotations
 
 import math
+import shutil
 
 import duckdb
 import numpy as np
@@ -225,10 +226,25 @@ EDGE_TEMPLATES = {
 
 
 # ------------------------------------------------------------------------------ harness -----
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """seed -> the random database's file, built once for the module (each test gets a copy)."""
+    folder = tmp_path_factory.mktemp("sql_reference")
+    for seed in (0, 1):
+        build_database(folder / f"random{seed}.duckdb", seed)
+    return {seed: folder / f"random{seed}.duckdb" for seed in (0, 1)}
+
+
+def copy_of(built, seed: int, tmp_path):
+    """A private copy of the seed's database file (a test may write to it)."""
+    path = tmp_path / built[seed].name
+    shutil.copyfile(built[seed], path)
+    return path
+
+
 @pytest.fixture(params=[0, 1], ids=["seed0", "seed1"])
-def database(request, tmp_path):
-    path = tmp_path / f"random{request.param}.duckdb"
-    build_database(path, request.param)
+def database(request, tmp_path, built):
+    path = copy_of(built, request.param, tmp_path)
     db = relsql.connect(path)
     yield db, request.param
     db.con.close()
@@ -328,9 +344,8 @@ def test_template_matches_reference(database, label):
 
 
 @pytest.mark.parametrize("label", sorted(EDGE_TEMPLATES))
-def test_edge_case_matches_reference(tmp_path, label):
-    path = tmp_path / "edge.duckdb"
-    build_database(path, 0)
+def test_edge_case_matches_reference(tmp_path, built, label):
+    path = copy_of(built, 0, tmp_path)
     db = relsql.connect(path)
     try:
         check_template(db, 0, label, EDGE_TEMPLATES[label])
@@ -406,10 +421,9 @@ def test_reference_gradient_matches_finite_differences(tmp_path):
     db.con.close()
 
 
-def test_comparison_detects_a_perturbed_weight(tmp_path):
+def test_comparison_detects_a_perturbed_weight(tmp_path, built):
     """The harness can fail: a 1e-7 change to one weight in the reference is caught."""
-    path = tmp_path / "perturb.duckdb"
-    build_database(path, 0)
+    path = copy_of(built, 0, tmp_path)
     db = relsql.connect(path)
     sql = TEMPLATES["aggregates"]
     net = compile_randomized(db, sql, 0)
@@ -422,10 +436,9 @@ def test_comparison_detects_a_perturbed_weight(tmp_path):
     db.con.close()
 
 
-def test_comparison_tells_max_semantics_apart(tmp_path):
+def test_comparison_tells_max_semantics_apart(tmp_path, built):
     """relsql's SQL max/min are elementwise; NeuraLogic's whole-value argmax differs on this data."""
-    path = tmp_path / "max.duckdb"
-    build_database(path, 0)
+    path = copy_of(built, 0, tmp_path)
     db = relsql.connect(path)
     sql = TEMPLATES["aggregates"]
     net = compile_randomized(db, sql, 0)
