@@ -87,7 +87,8 @@ def _in_this_process(learner: Learner, config: FitConfig) -> None:
     if not refit:
         return
     replay = [h["lr"] / config.lr for h in record.history[before:]]  # the plateaus the selection met, epoch by epoch
-    again = config.replace(time_budget=None, checkpoint=None, checkpoint_every=None)
+    # the user's callbacks watch the selection run: the refit's epochs have no validation scores, nor a choice to make
+    again = config.replace(time_budget=None, checkpoint=None, checkpoint_every=None, callback=None, callbacks=())
     with learner.own_random_stream():  # the refit's draws continue the selection's stream
         record = refits.retrain(learner, initial, lambda n: train(
             learner, again.replace(epochs=n), keep="last", horizon=config.epochs, replay=replay), config.refit is True)
