@@ -195,6 +195,7 @@ def test_refit_trains_from_the_initial_weights_on_every_labelled_row():
     assert max(float((weights(m)[n] - weights(without)[n]).abs().max()) for n in weights(m)) > 1e-4
 
 
+@pytest.mark.slow  # several fits (> 1 s)
 def test_the_default_refits_predicts_with_it_and_evaluates_on_the_held_out_scores_of_the_selected_model(tmp_path):
     db = shop()
     kept = model(db)
@@ -243,6 +244,7 @@ def test_report_log_and_plot_number_the_kept_epoch_alike(caplog):
     assert f"(kept epoch {kept})" in m.report() and f"(epoch {kept})" in m.report()
 
 
+@pytest.mark.slow  # several fits (> 1 s)
 def test_the_blend_weight_is_picked_by_the_metric_that_picked_the_epoch():
     """MAE picks the epoch of a regression: it picks the blend too (it was RMSE), with its scores."""
     from relsql.train.gbm import hybrid
