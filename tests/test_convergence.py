@@ -264,6 +264,17 @@ def test_the_blend_weight_is_picked_by_the_metric_that_picked_the_epoch():
     assert m.hybrid.weight == max(hybrid.WEIGHTS, key=lambda a: (-m.hybrid.scores[a], a))
 
 
+def test_a_saved_refit_record_is_checked_like_the_rest_of_the_file():
+    from relsql.train.persist import saved
+
+    good = {"epochs": 9, "rows": 200, "train_loss": 0.25, "held_out": {"test": {"loss": 0.5, "roc_auc": 0.75}}}
+    assert saved.refit(good, "model file m.pt") == good and saved.refit(None, "m.pt") is None
+    for bad in ({**good, "held_out": "0.9"}, {**good, "epochs": -1}, {**good, "held_out": {"train": {"loss": 0.1}}},
+                {**good, "code": "import os"}, [1, 2]):
+        with pytest.raises(relsql.RelsqlError, match="model file m.pt: refit is damaged"):
+            saved.refit(bad, "model file m.pt")
+
+
 def test_refit_needs_validation_rows():
     m = model(shop(), split=(1.0, 0.0, 0.0))
     with pytest.raises(relsql.RelsqlError, match="no validation rows"):

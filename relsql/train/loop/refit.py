@@ -100,6 +100,6 @@ def retrain(learner: Learner, initial: tuple[dict, dict], run, required: bool) -
                      "train_loss": float(refit.history[-1]["train_loss"]) if refit.history else float("nan"),
                      "held_out": scores}
     blend = getattr(learner, "hybrid", None)
-    if blend is not None and not refit.diverged:
+    if blend is not None and blend.weight < 1.0 and not refit.diverged:  # weight 1: the network alone, no GBM to refit
         learner.refit["gbm_rounds"] = blend.refit(learner, every)
     return learner.record
