@@ -254,7 +254,7 @@ def _steps(url: str, folder: Path) -> dict:
                 "relations": len(manifest["relations"]), "parts": sum(len(rule["parts"]) for rule in rules)}
 
     def one_process() -> dict:
-        model = state["model"] = _model(state["db"], template, store=folder / "store").fit(epochs=2)
+        model = state["model"] = _model(state["db"], template, store=folder / "store").fit(epochs=2, refit=False)
         return {"losses": [epoch["train_loss"] for epoch in model.history], "difference": _difference(reference, model)}
 
     def predictions() -> dict:
