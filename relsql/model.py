@@ -94,7 +94,7 @@ class Model(LearnerViews):
             weight_decay: float = 0.0, *, schedule: str | None = "plateau", warmup: float = 0.05, clip: float | None = 1.0,
             monitor: str = "auto", time_budget: float | None = TIME_BUDGET, loss: str | None = None,
             class_weight: str | None = None, negatives: str | None = None, hard_negatives: str | None = None,
-            refit: bool = False, hybrid: bool | None = None,
+            refit: bool | None = None, hybrid: bool | None = None,
             checkpoint: str | Path | None = None,
             resume: bool = False, checkpoint_every: int | None = None, callback=None,
             callbacks: list[Callback] | None = None, workers: int = 1) -> Model:
@@ -109,8 +109,13 @@ class Model(LearnerViews):
         ranking target), "loss" or another metric. `loss`: "huber" | "mse" | "mae" (regression),
         "softmax" | "bce" | "bpr" (ranking); `class_weight="balanced"`; `negatives` "uniform" |
         "popularity" | "in-batch" and `hard_negatives` (a SQL SELECT of pairs) for ranking.
-        `refit=True` retrains on training + validation rows for the selected epochs. `hybrid`: blend a
-        GBM on one-hop SQL features by a validation-picked weight (None: Template.auto's templates).
+        `refit`: after the held-out scores are measured, train again from the initial weights on every
+        labelled row (train + validation + test) for the epochs validation chose, and refit the blend's
+        GBM likewise; predict() then uses that model, evaluate() keeps the held-out scores. None (default):
+        wherever the model can be (not a ranking target, workers=1, validation rows, in-memory weights;
+        model.no_refit says why not); True: refuse what cannot be; False: keep the selected model. `hybrid`:
+        blend a GBM on one-hop SQL features by a weight picked on validation by the metric that picked the
+        epoch (None: Template.auto's templates).
         `batch_size` trains on mini-batches; `checkpoint` is written atomically every epoch (and
         `checkpoint_every` batches), `resume=True` continues from it;
         `callback(info)` after every step (raising stops training, database consistent), or a
@@ -136,7 +141,9 @@ class Model(LearnerViews):
 
     @with_threads
     def evaluate(self, split: str = "test") -> dict[str, float]:
-        """Metrics on a split: accuracy, ROC-AUC, F1 (classification) or MAE, RMSE (regression)."""
+        """Metrics on a split: accuracy, ROC-AUC, F1 (classification) or MAE, RMSE (regression). After
+        a refit on every labelled row, "val" and "test" give the scores measured before it, on rows
+        the selected model had not seen (model.refit["held_out"]), never the refit model's."""
         if split == "test" and split in self.rows and not len(self.rows["test"]) and self.fractions[2] == 0:
             raise RelsqlError(f"this model has no test split (split={tuple(self.fractions)} gives the test part 0): "
                               "evaluate('val') scores the validation rows, or build the Model with a test part in split=")

@@ -105,10 +105,10 @@ def test_split_without_a_test_part(shop, capsys):
 
 
 def test_refit_is_reported(shop, capsys):
-    code, out, _ = cli(capsys, *train(shop, "--refit", "--epochs", "5"))
-    assert code == 0 and "refit: trained again on training + validation rows" in out
-    code, out, _ = cli(capsys, *train(shop, "--epochs", "5"))
-    assert code == 0 and "refit:" not in out
+    code, out, _ = cli(capsys, *train(shop, "--epochs", "5"))  # by default: refit on every labelled row
+    assert code == 0 and "refit: the network trained again on all" in out and "measured before the refit" in out
+    code, out, _ = cli(capsys, *train(shop, "--no-refit", "--epochs", "5"))
+    assert code == 0 and "refit: none (refit=False)" in out and "trained again" not in out
 
 
 def test_regression_loss(shop, capsys):

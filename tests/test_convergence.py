@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import polars as pl
 import pytest
 import torch
 
@@ -152,21 +153,27 @@ def test_defaults_train_longer_than_100_epochs_without_a_time_budget():
 
 
 # -- refit and splits ---------------------------------------------------------------------------------
-def test_refit_trains_from_the_initial_weights_on_training_and_validation_rows():
+def every_labelled(learner) -> None:
+    """A by-hand refit's rows: every labelled row trains (train, validation, test in that order)."""
+    rows = dict(learner.rows)
+    learner.goal.rows = {**rows, "train": np.concatenate([rows["train"], rows["val"], rows["test"]]),
+                         "val": rows["val"][:0], "test": rows["test"][:0]}
+
+
+def test_refit_trains_from_the_initial_weights_on_every_labelled_row():
     db = shop()
     epochs, lr = 30, 0.05
     m = model(db)
     m.fit(epochs=epochs, lr=lr, refit=True, schedule="cosine")
     selected = m.best_epoch + 1
-    assert m.refit["epochs"] == selected and m.refit["rows"] == len(m.rows["train"]) + len(m.rows["val"])
+    labelled = sum(len(r) for r in m.rows.values())
+    assert m.refit["epochs"] == selected and m.refit["rows"] == labelled == len(m.labelled)
     assert len(m.history) >= selected and m.monitor == "val_loss"  # 33 validation rows: too few for ROC-AUC
-    # by hand: the same model, its training rows the training and validation rows, for the selected epochs
+    # by hand: the same model, its training rows every labelled row, for the selected epochs
     by_hand = model(db)
-    learner = by_hand.learner
-    rows = dict(learner.rows)
-    learner.goal.rows = {**rows, "train": np.concatenate([rows["train"], rows["val"]]), "val": rows["val"][:0]}
-    trainer = Trainer(learner, OneProcess(), FitConfig(epochs=selected, lr=lr, patience=50, optimizer="adamw",
-                                                       schedule="cosine", clip=1.0), keep="last", horizon=epochs)
+    every_labelled(by_hand.learner)
+    trainer = Trainer(by_hand.learner, OneProcess(), FitConfig(epochs=selected, lr=lr, patience=50, optimizer="adamw",
+                                                               schedule="cosine", clip=1.0), keep="last", horizon=epochs)
     assert trainer.fit(batched=False).diverged is None
     assert_same_weights(weights(m), weights(by_hand))
     # the default plateau schedule: the refit replays the rates the selection run had, epoch by epoch
@@ -176,23 +183,104 @@ def test_refit_trains_from_the_initial_weights_on_training_and_validation_rows()
     rates = [h["lr"] for h in p.history]
     assert len(set(rates[:p.best_epoch])) > 1  # the rate halved on a plateau before the selected epoch
     by_hand = model(db)
-    learner = by_hand.learner
-    learner.goal.rows = {**rows, "train": np.concatenate([rows["train"], rows["val"]]), "val": rows["val"][:0]}
-    trainer = Trainer(learner, OneProcess(), FitConfig(epochs=p.best_epoch + 1, lr=fast, patience=12, optimizer="adamw",
-                                                       schedule="plateau", clip=1.0), keep="last",
-                      replay=[r / fast for r in rates])
+    every_labelled(by_hand.learner)
+    trainer = Trainer(by_hand.learner, OneProcess(), FitConfig(epochs=p.best_epoch + 1, lr=fast, patience=12,
+                                                               optimizer="adamw", schedule="plateau", clip=1.0),
+                      keep="last", replay=[r / fast for r in rates])
     assert trainer.fit(batched=False).diverged is None
     assert_same_weights(weights(p), weights(by_hand))
     without = model(db)
-    without.fit(epochs=epochs, lr=lr, schedule="cosine")
-    assert without.refit is None
+    without.fit(epochs=epochs, lr=lr, schedule="cosine", refit=False)
+    assert without.refit is None and without.no_refit == "refit=False"
     assert max(float((weights(m)[n] - weights(without)[n]).abs().max()) for n in weights(m)) > 1e-4
+
+
+@pytest.mark.slow  # several fits (> 1 s)
+def test_the_default_refits_predicts_with_it_and_evaluates_on_the_held_out_scores_of_the_selected_model(tmp_path):
+    db = shop()
+    kept = model(db)
+    kept.fit(epochs=25, lr=0.05, refit=False)
+    default = model(db)
+    default.fit(epochs=25, lr=0.05)
+    assert default.no_refit is None and default.refit["rows"] == len(default.labelled)
+    # the selection run is the same run: evaluate() gives its held-out scores, bit for bit, never the refit model's
+    assert default.history == kept.history and default.best_epoch == kept.best_epoch
+    for split in ("val", "test"):
+        assert default.evaluate(split) == kept.evaluate(split) == default.refit["held_out"][split]
+    rescored = default.learner.evaluate("test")  # the refit model on test rows it has learned
+    assert rescored != default.evaluate("test")
+    # predictions come from the refit model: the rows to predict (NULL targets) get other probabilities
+    unlabelled = kept.predict().filter(pl.col("split").is_null())
+    assert unlabelled.height == 22
+    refit = default.predict().filter(pl.col("split").is_null())
+    assert np.abs(refit["probability"].to_numpy() - unlabelled["probability"].to_numpy()).max() > 1e-4
+    # ... equal to a by-hand refit: the same initial weights, every labelled row, the selected epochs, the replayed rates
+    by_hand = model(db)
+    every_labelled(by_hand.learner)
+    rates = [h["lr"] / 0.05 for h in kept.history]
+    Trainer(by_hand.learner, OneProcess(), FitConfig(epochs=kept.best_epoch + 1, lr=0.05, patience=100, optimizer="adamw",
+                                                     schedule="plateau", clip=1.0), keep="last", horizon=25,
+            replay=rates).fit(batched=False)
+    by_hand.learner.goal.rows = dict(kept.rows)  # the split back, for predict()'s split column
+    mine = by_hand.predict().filter(pl.col("split").is_null())
+    assert np.abs(mine["probability"].to_numpy() - refit["probability"].to_numpy()).max() <= 1e-9
+    # saved and loaded: the refit model's predictions, and the held-out scores
+    loaded = relsql.Model.load(default.save(tmp_path / "m.pt"), db)
+    assert loaded.predict().equals(default.predict())
+    assert loaded.evaluate("test") == pytest.approx(default.evaluate("test"), abs=0, rel=0)
+    report = default.report()
+    assert f"refit: the network trained again on all {len(default.labelled)} labelled rows" in report
+    assert "measured before the refit" in report and "refit: none (refit=False)" in kept.report()
+
+
+def test_report_log_and_plot_number_the_kept_epoch_alike(caplog):
+    m = model(shop())
+    with caplog.at_level("INFO", logger="relsql"):
+        m.fit(epochs=12, lr=0.05, refit=False)
+    kept = m.best_epoch + 1  # history[best_epoch] is the kept epoch's entry, its "epoch" 0-based
+    assert m.history[m.best_epoch]["epoch"] == m.best_epoch
+    logged = [r.getMessage() for r in caplog.records if "kept epoch" in r.getMessage()]
+    assert logged and f"kept epoch {kept}:" in logged[-1]
+    assert f"(kept epoch {kept})" in m.report() and f"(epoch {kept})" in m.report()
+
+
+@pytest.mark.slow  # several fits (> 1 s)
+def test_the_blend_weight_is_picked_by_the_metric_that_picked_the_epoch():
+    """MAE picks the epoch of a regression: it picks the blend too (it was RMSE), with its scores."""
+    from relsql.train.gbm import hybrid
+
+    m = model(shop(720), target="customer.spend")  # 108 validation rows: enough for MAE to select
+    m.fit(epochs=6, lr=0.05, hybrid=True, refit=False)
+    assert m.monitor == "val_mae" and m.hybrid.metric == "mae"
+    net, y = m.learner.split_outputs("val")
+    net = net.double().numpy()
+    every = m.hybrid.features.of_output(m.db, m.output, int(m.output_rows))
+    # the scores the blend compared are the validation MAEs of each mix, measured here by hand
+    theirs = m.hybrid.trees.raw(every[m.labelled][m.rows["val"]])
+    truth = y.double().numpy() * m.task.std + m.task.mean
+    for a, score in m.hybrid.scores.items():
+        mix = (a * net + (1 - a) * theirs)[:, 0] * m.task.std + m.task.mean
+        assert score == pytest.approx(np.abs(mix - truth).mean(), rel=1e-9)
+    assert m.hybrid.weight == max(hybrid.WEIGHTS, key=lambda a: (-m.hybrid.scores[a], a))
+
+
+def test_a_saved_refit_record_is_checked_like_the_rest_of_the_file():
+    from relsql.train.persist import saved
+
+    good = {"epochs": 9, "rows": 200, "train_loss": 0.25, "held_out": {"test": {"loss": 0.5, "roc_auc": 0.75}}}
+    assert saved.refit(good, "model file m.pt") == good and saved.refit(None, "m.pt") is None
+    for bad in ({**good, "held_out": "0.9"}, {**good, "epochs": -1}, {**good, "held_out": {"train": {"loss": 0.1}}},
+                {**good, "code": "import os"}, [1, 2]):
+        with pytest.raises(relsql.RelsqlError, match="model file m.pt: refit is damaged"):
+            saved.refit(bad, "model file m.pt")
 
 
 def test_refit_needs_validation_rows():
     m = model(shop(), split=(1.0, 0.0, 0.0))
     with pytest.raises(relsql.RelsqlError, match="no validation rows"):
         m.fit(epochs=2, refit=True)
+    m.fit(epochs=2)  # by default: no refit, and the report says why
+    assert m.refit is None and "validation rows" in m.no_refit and "refit: none (the split has no validation" in m.report()
 
 
 def test_a_split_without_a_test_part_trains_predicts_and_says_there_is_no_test_split():

@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def trained(workers: int, db=None, template=None, epochs: int = 3, **fit) -> relsql.Model:
     model = relsql.Model(db or shop_db(), template or shop_template("memory"), "item.y", batch_size=256,
                          dtype=torch.float64, progress=False)
+    fit.setdefault("refit", False)  # ranks do not refit: one process is compared without its refit
     return model.fit(epochs=epochs, lr=0.05, workers=workers, **fit)
 
 

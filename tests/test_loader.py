@@ -18,7 +18,7 @@ EPOCHS, LR = 5, 0.02
 def fit_steps(batch_size: int | None) -> tuple[list[float], relsql.Model]:
     trained = model(customers(), batch_size=batch_size)
     losses: list[float] = []
-    trained.fit(epochs=EPOCHS, batch_size=batch_size, lr=LR, patience=1000, schedule=None, clip=None, hybrid=False,
+    trained.fit(epochs=EPOCHS, batch_size=batch_size, lr=LR, patience=1000, schedule=None, clip=None, hybrid=False, refit=False,
                 time_budget=None, monitor="loss", callback=lambda info: losses.append(info["loss"]))
     return losses, trained
 
@@ -89,8 +89,8 @@ def test_database_stored_embeddings_are_updated_between_batches_as_fit_updates_t
 
     expected = []
     fitted = build()
-    fitted.fit(epochs=3, batch_size=150, lr=LR, patience=1000, schedule=None, clip=None, hybrid=False, time_budget=None,
-               monitor="loss", callback=lambda info: expected.append(info["loss"]))
+    fitted.fit(epochs=3, batch_size=150, lr=LR, patience=1000, schedule=None, clip=None, hybrid=False, refit=False,
+               time_budget=None, monitor="loss", callback=lambda info: expected.append(info["loss"]))
     m = build()
     loader = Loader(m)
     optimizer = torch.optim.AdamW(loader.parameters(), lr=LR, weight_decay=0.0)

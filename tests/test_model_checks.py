@@ -100,7 +100,7 @@ def test_the_metrics_plot_has_a_title_best_epoch_baseline_and_fixed_axes(shop, t
     assert figure._suptitle.get_text() == "customer.churned: predict"
     assert right.get_ylim() == (-0.02, 1.02) and "binary cross-entropy" in left.get_ylabel()
     labels = [line.get_label() for line in right.get_lines()]
-    assert f"best epoch {model.best_epoch}" in labels and "baseline 0.500" in labels
+    assert f"kept epoch {model.best_epoch + 1}" in labels and "baseline 0.500" in labels  # numbered from 1, as the log
 
 
 def test_torch_threads_while_training_and_put_back_after(shop):

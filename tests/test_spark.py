@@ -175,7 +175,7 @@ def test_a_model_on_spark_trained_on_two_ranks_equals_one_duckdb_process(spark, 
     def model(db) -> relsql.Model:
         return relsql.Model(db, template, "molecule.mutagenic", batch_size=64, dtype=torch.float64, progress=False)
 
-    reference = model(molecules).fit(epochs=3)
+    reference = model(molecules).fit(epochs=3, refit=False)  # ranks do not refit
     on_spark = relsql.connect(spark, scratch=tmp_path)
     scratch = on_spark.folder
     assert scratch.parent == tmp_path and scratch.exists()

@@ -65,7 +65,7 @@ def test_the_launcher_applies_to_spark_only(on_spark, molecules, spark):
 
 
 def test_ranks_started_by_torch_distributor_equal_one_duckdb_process(spark_model, molecules, caplog, capsys):
-    reference = model(molecules).fit(epochs=3)
+    reference = model(molecules).fit(epochs=3, refit=False)  # ranks do not refit
     trained = spark_model
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="relsql"):

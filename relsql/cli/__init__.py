@@ -167,8 +167,8 @@ def _fit_options(args: argparse.Namespace) -> dict:
         options["time_budget"] = None if args.time_budget == "none" else args.time_budget
     if args.schedule is not None:
         options["schedule"] = None if args.schedule == "none" else args.schedule
-    if args.refit:
-        options["refit"] = True
+    if args.refit is not None:
+        options["refit"] = args.refit
     if args.no_hybrid:
         options["hybrid"] = False
     return options
@@ -377,8 +377,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     train.add_argument("--schedule", choices=["plateau", "cosine", "none"],
                        help="learning-rate schedule: plateau (halve on plateaus, fit's default), cosine (warm-up then "
                             "cosine decay) or none (constant)")
-    train.add_argument("--refit", action="store_true",
-                       help="after selection, train again on training + validation rows for the selected epochs")
+    train.add_argument("--refit", action=argparse.BooleanOptionalAction, default=None,
+                       help="after the held-out scores are measured, train again on every labelled row for the epochs "
+                            "validation chose, the model predictions come from (default: wherever the model can be; "
+                            "--no-refit keeps the model trained on the training rows)")
     train.add_argument("--no-hybrid", action="store_true",
                        help="keep the network alone: do not blend it with a GBM on one-hop features (fit blends an "
                             "automatic template's network by default)")

@@ -48,9 +48,10 @@ def params(kind: str, units: int, seed: int, rows: int, threads: int = 1, **over
 
 
 def fit(x: np.ndarray, y: np.ndarray, kind: str, units: int, seed: int = 0, *, x_val: np.ndarray | None = None,
-        y_val: np.ndarray | None = None, threads: int = 1, **overrides) -> Trees:
+        y_val: np.ndarray | None = None, threads: int = 1, rounds: int | None = None, **overrides) -> Trees:
     """Trees fitted to features `x` (float64, NaN for NULL) and encoded labels `y` (0/1, class
-    index, or a standardized number); early stopping on (`x_val`, `y_val`) when given."""
+    index, or a standardized number); early stopping on (`x_val`, `y_val`) when given, else
+    `rounds` rounds (a refit's: the rounds an early-stopped fit kept; default 200)."""
     import lightgbm
 
     if kind not in KINDS:
@@ -65,7 +66,7 @@ def fit(x: np.ndarray, y: np.ndarray, kind: str, units: int, seed: int = 0, *, x
         booster = lightgbm.train(settings, train, num_boost_round=ROUNDS, valid_sets=[valid],
                                  callbacks=[lightgbm.early_stopping(PATIENCE, verbose=False)])
     else:
-        booster = lightgbm.train(settings, train, num_boost_round=ROUNDS_WITHOUT_VALIDATION)
+        booster = lightgbm.train(settings, train, num_boost_round=ROUNDS_WITHOUT_VALIDATION if rounds is None else int(rounds))
     return Trees.of(booster, x.shape[1])
 
 

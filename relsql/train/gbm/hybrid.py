@@ -4,8 +4,12 @@ After the network is trained, a GBM (relsql/train/gbm/gbm.py) is fitted on the o
 (relsql/train/gbm/flat.py) of the training rows, stopping early on the validation rows. The blend
 `a * network + (1 - a) * GBM` is taken in the task's output space (log-odds, class scores, or
 the standardized units the network's regression output and labels share: task.py scales y by the
-training rows' mean and std), with `a` in {0, 0.1, ..., 1} picked by the task's metric on the
-validation rows (ties go to the larger `a`: the network). a = 1 is the network alone.
+training rows' mean and std), with `a` in {0, 0.1, ..., 1} picked on the validation rows by the
+metric that chose the network's epoch (fit's monitor: MAE for a regression, ROC-AUC, accuracy, or
+the loss on a validation part too small for them), so one metric chooses both (ties go to the
+larger `a`: the network). a = 1 is the network alone. When fit refits the network on every
+labelled row (relsql/train/loop/refit.py), the GBM is fitted again on those rows for the rounds its
+early stopping chose, and the weight stays the one validation picked.
 
 A Hybrid is plain data (the features' description, the trees, the weight): saved with the model,
 its GBM features recomputed by the database's SQL for any row, prediction-only rows and rows of
@@ -23,7 +27,7 @@ from relsql.errors import RelsqlError
 from relsql.train.gbm import baselines, flat, gbm
 
 WEIGHTS = tuple(round(0.1 * i, 1) for i in range(11))
-LOWER_IS_BETTER = ("rmse", "mae")
+LOWER_IS_BETTER = ("rmse", "mae", "loss")
 
 
 @dataclass
@@ -59,6 +63,18 @@ class Hybrid:
         theirs = torch.as_tensor(self.gbm_outputs(learner, rids), dtype=net_out.dtype, device=net_out.device)
         return self.weight * net_out + (1.0 - self.weight) * theirs
 
+    def refit(self, learner, rows: np.ndarray) -> int:
+        """Fit the GBM again on labelled positions `rows` (every labelled row, after a refit) for as
+        many rounds as its early stopping kept, the blend weight unchanged; returns the rounds."""
+        rounds = max(1, len(self.trees.roots) // max(1, self.trees.units))
+        key = _key(learner)
+        if key not in self._cache:
+            self.keep_features(learner, self.features.of_output(learner.db, learner.output, int(learner.output_rows)))
+        x = self._cache[key][learner.labelled][rows]
+        labels = learner.y.detach().cpu().double().numpy()[rows]
+        self.trees = gbm.fit(x, labels, learner.task.kind, learner.task.units, learner.seed, rounds=rounds)
+        return rounds
+
     def describe(self) -> str:
         share = "the network alone" if self.weight == 1.0 else "the GBM alone" if self.weight == 0.0 else \
             f"{self.weight:.1f} x network + {1 - self.weight:.1f} x GBM"
@@ -88,7 +104,8 @@ class Hybrid:
 
 def fit(learner) -> Hybrid | None:
     """A GBM on the one-hop features of the training rows and the blend weight the validation rows
-    pick (see the module docstring); None without validation rows or features."""
+    pick by the metric that chose the network's epoch (see the module docstring); None without
+    validation rows or features."""
     if not len(learner.rows["val"]) or not len(learner.rows["train"]):
         return None
     spec = baselines.one_hop(learner)
@@ -102,13 +119,29 @@ def fit(learner) -> Hybrid | None:
     net = net.detach().cpu().double().numpy()
     theirs = trees.raw(x[learner.rows["val"]])
     truth = y.detach().cpu().double().numpy()
-    metric = learner.task.metric
-    scores = {a: learner.task.scores(a * net + (1 - a) * theirs, truth)[metric] for a in WEIGHTS}
+    metric = chosen_on(learner)
+    scores = {a: _score(learner, a * net + (1 - a) * theirs, truth, metric) for a in WEIGHTS}
     sign = -1.0 if metric in LOWER_IS_BETTER else 1.0
     best = max(WEIGHTS, key=lambda a: (np.nan_to_num(sign * scores[a], nan=-np.inf), a))
     blend = Hybrid(spec, trees, best, metric, scores)
     blend.keep_features(learner, every)  # predict() reads these rows' features again otherwise
     return blend
+
+
+def chosen_on(learner) -> str:
+    """The metric fit selected the network's epoch on (its monitor without "val_"), which picks the
+    blend too; the task's reported metric where fit recorded none."""
+    monitor = learner.record.monitor
+    if monitor is None or not monitor.startswith("val_"):
+        return learner.task.metric
+    return monitor.removeprefix("val_")
+
+
+def _score(learner, out: np.ndarray, truth: np.ndarray, metric: str) -> float:
+    """`metric` ("loss" or one of the task's) of raw outputs `out` against encoded labels `truth`."""
+    if metric == "loss":
+        return float(learner.task.loss(torch.as_tensor(out), torch.as_tensor(truth)))
+    return learner.task.scores(out, truth)[metric]
 
 
 def _key(learner) -> tuple:

@@ -85,7 +85,10 @@ class Learner:
         self.output_rows = 0
         self.fingerprint: str | None = None
         self.record = FitRecord()  # the record of training (history, best epoch, ...), put here by the fit entry points
-        self.refit: dict | None = None  # after fit(refit=True): {"epochs": ..., "rows": ...} of the final retraining
+        # after a refit on every labelled row (relsql/train/loop/refit.py): {"epochs", "rows", "train_loss",
+        # "held_out": the selected model's validation and test scores, "gbm_rounds" where a blend was refit}
+        self.refit: dict | None = None
+        self.no_refit: str | None = None  # after a fit without a refit: why ("refit=False", or what prevented it)
         self.random_state: torch.Tensor | None = None  # the model's own torch generator state (Model.fit's draws)
         self.trials = None  # after Model.search: one row per trial (relsql/train/model/search.py)
         self.hybrid = None  # a GBM blended with the network (relsql/train/gbm/hybrid.py), where one is picked

@@ -4,6 +4,8 @@ gives the blend of its network and its GBM; `predict` says which split each row 
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import polars as pl
 import sqlglot.expressions as exp
@@ -15,14 +17,23 @@ from relsql.errors import RelsqlError
 from relsql.train.learner import rows as chosen
 from relsql.train.learner.learner import Learner
 
+log = logging.getLogger("relsql")
+
 
 def evaluate(learner: Learner, split: str) -> dict[str, float]:
     """Loss and metrics on a split, as the learner measures them (Learner.evaluate): accuracy, ROC-AUC,
-    F1 (classification), MAE, RMSE (regression), or a ranking's MAP@k, recall@k, ..."""
+    F1 (classification), MAE, RMSE (regression), or a ranking's MAP@k, recall@k, ... After a refit on
+    every labelled row, the validation and test scores are those measured before it (the refit model
+    has learned those rows: scoring them with it would say nothing about new rows)."""
     if split not in learner.rows:
         raise RelsqlError(f"unknown split {split!r}; use 'train', 'val' or 'test'")
     if len(learner.rows[split]) == 0:
         raise RelsqlError(f"the {split} split has no rows")
+    held_out = (getattr(learner, "refit", None) or {}).get("held_out", {})
+    if split in held_out:
+        log.info("evaluate(%r): the scores measured before the refit on every labelled row, on rows the selected model "
+                 "had not seen (the refit model, which predict() uses, has learned them)", split)
+        return dict(held_out[split])
     return learner.evaluate(split)
 
 

@@ -33,10 +33,12 @@ def fit(db: Database, learner: Learner, threads: int | None, config: FitConfig) 
     if learner.one_process and (workers > 1 or distributed.launched_by_torchrun()):
         raise RelsqlError(f"{learner.target} is {learner.one_process}: drop workers= (and run it without torchrun)")
     learner.hybrid = None
+    torchrun = distributed.launched_by_torchrun()
     if config.refit:
-        refits.check(learner, workers)
+        refits.check(learner, workers, torchrun)
     learner.refit = None
-    if distributed.launched_by_torchrun():  # this process is one rank of a torchrun group
+    learner.no_refit = "refit=False" if config.refit is False else refits.unavailable(learner, workers, torchrun)
+    if torchrun:  # this process is one rank of a torchrun group
         world = int(os.environ["WORLD_SIZE"])
         if workers not in (1, world) or config.users or config.refit:
             raise RelsqlError(f"under torchrun, fit() trains as one of its {world} ranks: pass no callback(s) nor refit, and "
@@ -55,28 +57,41 @@ def fit(db: Database, learner: Learner, threads: int | None, config: FitConfig) 
             log.info("%s has no transactions: training embeddings %s on one rank, which writes them back whole",
                      db.description, swapped)
         distributed.fit(learner, config, threads=threads)
+        _blend(learner, config)
     else:
         _in_this_process(learner, config)
-    if config.hybrid and learner.refit is None:  # after a refit the validation rows are no judge
+
+
+def _blend(learner: Learner, config: FitConfig) -> None:
+    """The GBM blend where asked, its weight picked on the validation rows by fit's monitor."""
+    if config.hybrid:
         from relsql.train.gbm import hybrid as hybrids
 
         learner.hybrid = hybrids.fit(learner)
 
 
 def _in_this_process(learner: Learner, config: FitConfig) -> None:
-    """This process's Trainer, then the refit where asked; a diverged loss is a RelsqlError."""
+    """This process's Trainer, the blend where asked, then the refit on every labelled row where
+    asked or by default (relsql/train/loop/refit.py); a diverged loss is a RelsqlError."""
     if config.batch_size is None:
         config = config.replace(batch_size=learner.fit_batch_size())
     resumed = config.resume and config.checkpoint is not None and Path(config.checkpoint).exists()
     state = checkpoints.load(config.checkpoint) if resumed else None
-    initial, before = (learner.weights_copy() if config.refit else None), len(learner.record.history)
+    refit = learner.no_refit is None
+    initial, before = (learner.weights_copy() if refit else None), len(learner.record.history)
     with learner.own_random_stream():
         record = train(learner, config, resume=state)
-        if not record.diverged and config.refit:
-            replay = [h["lr"] / config.lr for h in record.history[before:]]  # the plateaus the selection met, epoch by epoch
-            again = config.replace(time_budget=None, checkpoint=None, checkpoint_every=None)
-            record = refits.retrain(learner, initial, lambda n: train(
-                learner, again.replace(epochs=n), keep="last", horizon=config.epochs, replay=replay))
+    if record.diverged:
+        raise RelsqlError(record.diverged) from None
+    _blend(learner, config)
+    if not refit:
+        return
+    replay = [h["lr"] / config.lr for h in record.history[before:]]  # the plateaus the selection met, epoch by epoch
+    # the user's callbacks watch the selection run: the refit's epochs have no validation scores, nor a choice to make
+    again = config.replace(time_budget=None, checkpoint=None, checkpoint_every=None, callback=None, callbacks=())
+    with learner.own_random_stream():  # the refit's draws continue the selection's stream
+        record = refits.retrain(learner, initial, lambda n: train(
+            learner, again.replace(epochs=n), keep="last", horizon=config.epochs, replay=replay), config.refit is True)
     if record.diverged:
         raise RelsqlError(record.diverged) from None
 

@@ -41,7 +41,7 @@ class FitConfig:
     resume: bool = False
     callback: Callable[[dict], None] | Callback | None = dataclasses.field(default=None, compare=False)
     callbacks: tuple[Callback, ...] = dataclasses.field(default=(), compare=False)  # the user's, after fit's own
-    refit: bool = False
+    refit: bool | None = False  # None: where the model can be refit (Model.fit's default; relsql/train/loop/refit.py)
     hybrid: bool = False
     workers: int = 1
     regression_loss: str | None = None  # the task's loss settings, which ranks set on their copy of the task
@@ -73,8 +73,8 @@ class FitConfig:
             raise RelsqlError(f"callback must be a function of one dict (each step's) or a relsql.Callback, got "
                               f"{type(callback).__name__}")
         callbacks = _callbacks(callbacks)
-        if not isinstance(refit, bool):
-            raise RelsqlError(f"refit must be True or False, got {refit!r}")
+        if refit is not None and not isinstance(refit, bool):
+            raise RelsqlError(f"refit must be True, False or None (refit where the model can be), got {refit!r}")
         if not isinstance(resume, bool):
             raise RelsqlError(f"resume must be True or False, got {resume!r}")
         settings = _settings(learner, schedule, warmup, clip, monitor, time_budget, loss, class_weight, negatives,

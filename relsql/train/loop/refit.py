@@ -1,12 +1,23 @@
-"""The final refit: once validation has picked the number of epochs, train again from the same
-initial weights on the training and validation rows together for that many epochs, as a user's
-own baseline learns from every labelled row it is given. The selection run's history and best
-epoch stay the record of how the epochs were chosen; `learner.refit` says what the refit did.
+"""The final refit: once validation has picked the number of epochs (and the blend's weight), train
+again from the same initial weights on every labelled row (training, validation and test rows) for
+that many epochs, as a user's own baseline learns from every labelled row it is given; the blend's
+GBM is fitted again on the same rows for the rounds its early stopping chose. predict() and
+write_predictions then use the refit model.
+
+The held-out scores are measured first: `learner.refit["held_out"]` keeps the validation and test
+scores of the model validation selected (the blend included), and Model.evaluate on those splits
+returns them, never the refit model's scores of rows it learned from. The selection run's history
+and best epoch stay the record of how the epochs were chosen; `learner.refit` says what the refit did.
+
+By default (`fit(refit=None)`) a model is refit where it can be (`unavailable` says where not: the
+report names the reason); `refit=True` refuses what cannot be refit; `refit=False` keeps the
+selected model, as before the refit existed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import numpy as np
 
@@ -15,41 +26,80 @@ from relsql.ground.demand import database_embeddings
 from relsql.train.learner.learner import Learner
 from relsql.train.learner.record import FitRecord
 
+log = logging.getLogger("relsql")
 
-def check(learner: Learner, workers: int) -> None:
-    """What a refit cannot do, refused before any training."""
+
+def unavailable(learner: Learner, workers: int, torchrun: bool) -> str | None:
+    """Why this model cannot be refit on every labelled row (None: it can), before any training."""
+    if not learner.blends:  # a ranking's positives are pairs its learner reads at build time
+        return f"{learner.target} is a ranking target, whose training pairs are fixed when it is built"
     if not len(learner.rows["val"]):
-        raise RelsqlError("fit(refit=True) retrains on training + validation rows at the epoch count validation selected, "
-                          "but this model has no validation rows: give split= a validation part, or drop refit=True")
-    if workers > 1:
-        raise RelsqlError("fit(refit=True) retrains in this process: use workers=1, or drop refit=True")
+        return "the split has no validation rows to choose the epochs on"
+    if workers > 1 or torchrun:
+        return "the model trained on several processes (workers > 1 or torchrun); the refit trains in one"
     stored = sorted(database_embeddings(learner.template))
     if stored:
-        raise RelsqlError(f"fit(refit=True) starts again from the initial weights, which database-stored embeddings {stored} "
-                          "do not keep: declare them storage='memory', or drop refit=True")
+        return (f"database-stored embeddings {stored} do not keep their initial weights to start again from "
+                "(declare them storage='memory')")
+    return None
 
 
-def retrain(learner: Learner, initial: tuple[dict, dict], run) -> FitRecord:
+def check(learner: Learner, workers: int, torchrun: bool = False) -> None:
+    """What fit(refit=True) cannot do, refused before any training."""
+    why = unavailable(learner, workers, torchrun)
+    if why is not None:
+        raise RelsqlError(f"fit(refit=True) retrains on every labelled row for the epochs validation chose, but {why}: "
+                          "drop refit=True (or pass refit=False)")
+
+
+def appeared(learner: Learner, initial: tuple[dict, dict]) -> list[str]:
+    """Weights the selection run met that the initial weights lack (mini-batches creating them)."""
+    return sorted(set(learner.weights_by_name()) - set(initial[0]) - {f"_head.{n}" for n in initial[1]})
+
+
+def held_out(learner: Learner) -> dict[str, dict[str, float]]:
+    """The selected model's scores on its validation and test rows (blend included): what evaluate()
+    reports for those splits once the refit model has seen them."""
+    return {split: learner.evaluate(split) for split in ("val", "test") if len(learner.rows[split])}
+
+
+def retrain(learner: Learner, initial: tuple[dict, dict], run, required: bool) -> FitRecord:
     """Put back the `initial` weights and call `run(epochs)` (one Trainer's fit, keeping its last
-    epoch, returning its record) on training + validation rows for the selected number of epochs.
-    The split is put back afterwards; the learner's record is the selection's again, with the
-    refit's seconds added and its `diverged`, which is returned."""
+    epoch, returning its record) on every labelled row for the selected number of epochs, after
+    measuring the held-out scores; then refit the blend's GBM (if any) on the same rows. The split
+    is put back afterwards; the learner's record is the selection's again, with the refit's seconds
+    added and its `diverged`, which is returned. `required`: refit=True (a refit that cannot be done
+    is an error; by default it is skipped and `learner.no_refit` says why)."""
     selection = learner.record
     if selection.best_epoch is None:
+        learner.no_refit = "no epoch was selected"
         return selection
-    met = set(learner.weights_by_name()) - set(initial[0]) - {f"_head.{n}" for n in initial[1]}
+    met = appeared(learner, initial)
     if met:
-        raise RelsqlError(f"fit(refit=True) starts again from the initial weights, but weights {sorted(met)[:5]} first "
-                          "appeared during training (mini-batches met them): train full-batch, or drop refit=True")
+        why = (f"weights {met[:5]} first appeared during training (mini-batches met them), so there are no initial "
+               "weights to start again from")
+        if required:
+            raise RelsqlError(f"fit(refit=True) starts again from the initial weights, but {why}: train full-batch, or "
+                              "drop refit=True")
+        learner.no_refit = why
+        return selection
+    scores = held_out(learner)
     epochs, rows = selection.best_epoch + 1, dict(learner.rows)
+    every = np.concatenate([rows["train"], rows["val"], rows["test"]])
+    log.info("refit: training again on all %d labelled rows (train + validation + test) for %d epochs, the epochs "
+             "validation chose; the held-out scores were measured before it", len(every), epochs)
     learner.restore_weights(initial)
-    learner.goal.rows = {**rows, "train": np.concatenate([rows["train"], rows["val"]]), "val": rows["val"][:0]}
+    learner.goal.rows = {**rows, "train": every, "val": rows["val"][:0], "test": rows["test"][:0]}
     learner.record = dataclasses.replace(selection.continued(), history=[])  # the refit's epochs apart from the selection's
     try:
         refit = run(epochs)
     finally:
         learner.goal.rows = rows
     learner.record = dataclasses.replace(selection, timings=refit.timings, diverged=refit.diverged)
-    learner.refit = {"epochs": epochs, "rows": int(len(rows["train"]) + len(rows["val"])),
-                     "train_loss": float(refit.history[-1]["train_loss"]) if refit.history else float("nan")}
+    learner.refit = {"epochs": epochs, "rows": int(len(every)),
+                     "train_loss": float(refit.history[-1]["train_loss"]) if refit.history else float("nan"),
+                     "held_out": scores}
+    blend = getattr(learner, "hybrid", None)
+    if blend is not None and blend.weight < 1.0 and not refit.diverged:  # weight 1: the network alone, no GBM to refit
+        learner.refit["gbm_rounds"] = blend.refit(learner, every)
     return learner.record

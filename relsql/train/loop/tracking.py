@@ -11,8 +11,9 @@ validation loss, the task's validation metrics, the learning rate) as the epoch 
     with relsql.MLflow(model, experiment="churn") as run:    # an active MLflow run, else a new one
         model.fit(callback=run)
 
-Records are numbered by their place in model.history (a refit's epochs follow the selection's),
-so every point lands once, however often fit is called within the block.
+Records are numbered by their place in model.history, so every point lands once, however often
+fit is called within the block. The refit on every labelled row (relsql/train/loop/refit.py) runs
+without the user's callbacks: they watch the selection run, whose epochs the history holds.
 
 What can go wrong outside relsql is said as a RelsqlError naming the argument or the server: a
 log folder that is a file, a FIFO or not a path; a `template.sql` there that relsql did not write

@@ -297,7 +297,10 @@ class Trainer:
         return self.record.stopped != "epochs"
 
     def _log_epoch(self, epoch: int, record: dict, started: float) -> None:
-        if self.strategy.main and guards.logs_epoch(epoch, self.first_epoch, self.epochs):  # a few lines per fit
+        if self.strategy.main and guards.logs_epoch(epoch, self.first_epoch, self.epochs) and self.stopping.last:
+            log.info("refit: epoch %d of %d: train loss %.4f (%.1fs so far)", epoch + 1, self.epochs, record["train_loss"],
+                     time.perf_counter() - started)
+        elif self.strategy.main and guards.logs_epoch(epoch, self.first_epoch, self.epochs):  # a few lines per fit
             extra = ("" if self.stopping.metric == "loss"
                      else f", {self.stopping.key} {record.get(self.stopping.key, float('nan')):.4f}")
             log.info("epoch %d of %d: train loss %.4f, validation loss %.4f%s (%.1fs so far)", epoch + 1, self.epochs,
@@ -385,7 +388,10 @@ class Trainer:
         """The line a log reader looks for: how training ended and which epoch's weights the model has."""
         record = self.record
         kept = record.kept()
-        if kept is not None and self.strategy.main:
+        if kept is not None and self.strategy.main and self.stopping.last:  # a refit: no selection, its last epoch
+            log.info("refit: trained %d epochs in %.1fs; the model keeps the last", len(record.history),
+                     time.perf_counter() - started)
+        elif kept is not None and self.strategy.main:
             why = {"early": "stopped early", "time ": "the time budget"}.get((record.stopped or "epochs")[:5], "the epoch limit")
             log.info("trained to epoch %d of %d (%s) in %.1fs; kept epoch %d: validation loss %.4f",
                      record.history[-1]["epoch"] + 1, self.epochs, why, time.perf_counter() - started,

@@ -69,6 +69,7 @@ def learner(db: Database, spec: ModelSpec, loading: ModelState | None = None) ->
     made = (RankingLearner if reference is not None else Learner)(db, template, goal, settings)
     if loading is not None:  # Model.load: the saved encodings, task and split
         made.record = FitRecord(history=loading.history, best_epoch=loading.best_epoch)
+        made.refit = loading.refit  # its held-out scores: what evaluate() reports of the val and test rows
         if loading.hybrid is not None:
             from relsql.train.gbm.hybrid import Hybrid
 

@@ -12,14 +12,15 @@ from relsql.train.gbm import baselines
 
 def plot_history(history: list[dict], path: Path, metric: str, *, title: str = "", loss: str = "loss",
                  best_epoch: int | None = None, baseline: float | None = None) -> Path:
-    """Loss per epoch (train, validation) and the validation metric, side by side: the best epoch
-    marked, the baseline's metric as a line, accuracy and AUC on a fixed [0, 1] axis."""
+    """Loss per epoch (train, validation) and the validation metric, side by side: the kept epoch
+    marked, the baseline's metric as a line, accuracy and AUC on a fixed [0, 1] axis. Epochs are
+    numbered from 1 as the log and the report number them (`best_epoch` is 0-based, as the history's)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    epochs = [h["epoch"] for h in history]
+    epochs = [h["epoch"] + 1 for h in history]
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.8))
     left.plot(epochs, [h["train_loss"] for h in history], label="train")
     left.plot(epochs, [h["val_loss"] for h in history], label="validation")
@@ -34,7 +35,7 @@ def plot_history(history: list[dict], path: Path, metric: str, *, title: str = "
         right.axhline(baseline, color="tab:gray", linestyle="--", label=f"baseline {baseline:.3f}")
     if best_epoch is not None:
         for axis in (left, right):
-            axis.axvline(best_epoch, color="tab:red", linestyle=":", label=f"best epoch {best_epoch}")
+            axis.axvline(best_epoch + 1, color="tab:red", linestyle=":", label=f"kept epoch {best_epoch + 1}")
     left.legend(fontsize=8)
     right.legend(fontsize=8)
     if title:
@@ -62,7 +63,7 @@ def text_report(model) -> str:
         f"training {model.timings.get('training', 0):.2f}s "
         + (f"(of which waiting on the database {model.timings['waiting_on_database']:.2f}s) "
            if "waiting_on_database" in model.timings else "")
-        + f"over {len(model.history)} epochs (best epoch {model.best_epoch})",
+        + f"over {len(model.history)} epochs (kept epoch {_kept(model.best_epoch)})",
     ]
     lines.append(f"  split: {describe_split(model)}")
     metric = model.task.metric
@@ -87,9 +88,15 @@ def text_report(model) -> str:
     if getattr(model, "stopped", None) == "epochs" and model.history:
         last = model.history[-1]["epoch"]
         still = " and was still improving: train longer (more epochs)" if model.best_epoch == last else ""
-        lines.append(f"  note: training stopped at the epoch cap ({model.epoch_cap} epochs); the validation loss was best "
-                     f"at epoch {model.best_epoch}{still}")
+        monitor = (model.learner.record.monitor or "val_loss").removeprefix("val_")
+        lines.append(f"  note: training stopped at the epoch cap ({model.epoch_cap} epochs); the validation {monitor} was "
+                     f"best at epoch {_kept(model.best_epoch)}{still}")
     return "\n".join(lines)
+
+
+def _kept(best_epoch: int | None) -> str:
+    """The kept epoch as the log and the plot number it (from 1: the epochs trained to reach it)."""
+    return "none" if best_epoch is None else str(best_epoch + 1)
 
 
 LOWER_IS_BETTER = ("rmse", "mae", "loss")
@@ -104,12 +111,19 @@ def _training(model) -> list[str]:
     budget = record.time_budget
     stopped = record.stopped or "epochs"
     ended = "at the epoch limit" if stopped == "epochs" else f"at the {stopped}" if stopped.startswith("time") else stopped
-    lines.append(f"  training: kept the epoch with the best validation {monitor}; ended {ended} "
-                 f"(limits: {record.epoch_cap} epochs" + (f", {budget:g}s" if budget else "") + ")")
+    lines.append(f"  training: kept the epoch with the best validation {monitor} (epoch {_kept(record.best_epoch)}); "
+                 f"ended {ended} (limits: {record.epoch_cap} epochs" + (f", {budget:g}s" if budget else "") + ")")
     refit = getattr(model.learner, "refit", None)
     if refit:
-        lines.append(f"  refit: trained again on training + validation rows for {refit.get('epochs')} epochs; the "
-                     "validation scores above are no longer held out")
+        gbm = f" and the blend's GBM for {refit['gbm_rounds']} rounds (its weight kept)" if "gbm_rounds" in refit else ""
+        lines.append(f"  refit: the network trained again on all {refit.get('rows')} labelled rows (train + validation + "
+                     f"test) for {refit.get('epochs')} epochs{gbm}; predict() and write_predictions use it. The "
+                     "validation and test scores above were measured before the refit, on rows the selected model had "
+                     "not seen")
+    else:
+        why = getattr(model.learner, "no_refit", None)
+        if why:
+            lines.append(f"  refit: none ({why}): predictions come from the model trained on the training rows")
     return lines
 
 

@@ -243,7 +243,7 @@ def fit_keywords(model, search: Search, epochs: int, config: Config, final: bool
     accepted = inspect.signature(model.fit).parameters
     keywords = {**search.fit_options, **config.fit, "epochs": epochs}
     if not final:  # a trial's validation rows stay held out: only the final training may refit on them
-        keywords.pop("refit", None)
+        keywords["refit"] = False
         keywords["hybrid"] = False  # trials compare networks; the final one is blended as fit() blends
     if search.patience is not None:
         keywords["patience"] = min(search.patience, epochs)
@@ -387,7 +387,8 @@ def search(model, budget: float | str = "10m", trials: int | None = None, *, aut
     `auto`: generate()'s options to search the template from (default: read from a template
     Template.auto made, else only the fit settings are searched). `epochs`/`patience`: the full
     rung's (default fit's). `seed`: the draws of configurations (default the model's seed).
-    Other keywords go to every fit (refit=True to the final one only: trials score held-out rows).
+    Other keywords go to every fit (refit= to the final one only: trials never refit, they score
+    held-out rows; the final training refits on every labelled row as fit() does by default).
     The final training comes after the budget, with fit's own time budget."""
     seconds = budget_seconds(budget)
     limit = None if trials is None else arguments.integer("trials", trials, maximum=10_000)

@@ -51,12 +51,14 @@ class LearnerViews:
     device = _setting("device", "where the net runs")
     # -- the record of training
     history = _recorded("history", "one record per epoch: train and validation loss and metrics, learning rate")
-    best_epoch = _recorded("best_epoch", "the epoch whose weights were kept (0-based), None before fit")
+    best_epoch = _recorded("best_epoch", "the epoch whose weights were kept, 0-based as history[i]['epoch'] (the report "
+                                         "and the log say epoch best_epoch + 1: the epochs trained), None before fit")
     stopped = _recorded("stopped", 'why training stopped: "epochs", "patience", "time budget (...)", "diverged (...)"')
     monitor = _recorded("monitor", 'the history entry that chose the best epoch, e.g. "val_roc_auc"')
     epoch_cap = _recorded("epoch_cap", "the epochs fit was given")
     time_budget = _recorded("time_budget", "fit's time budget in seconds, None if none")
-    refit = _read("refit", "after fit(refit=True): what the final retraining on train + validation rows did")
+    refit = _read("refit", "after a refit on every labelled row: its epochs, rows, and the held-out scores measured before it")
+    no_refit = _read("no_refit", "after a fit that did not refit: why (refit=False, or what prevented it)")
     hybrid = _read("hybrid", "the GBM blended with the net and its weight, where fit picked one")
     trials = _read("trials", "after search(): one row per trial")
     timings = _recorded("timings", "seconds per phase: grounding, planning, training, ...")

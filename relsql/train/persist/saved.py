@@ -62,6 +62,7 @@ class ModelState:
     y: torch.Tensor | None = None  # a rank's: the encoded labels
     device: str = "cpu"
     hybrid: dict | None = None  # the blend with a GBM (relsql/train/gbm/hybrid.py), as checked plain data
+    refit: dict | None = None  # what the refit on every labelled row did, its held-out scores (relsql/train/loop/refit.py)
 
     @classmethod
     def of(cls, learner, labels: bool = False) -> ModelState:
@@ -76,7 +77,7 @@ class ModelState:
                    weights={k: v.detach().cpu() for k, v in learner.net.weights_by_name().items()},
                    head={k: v.detach().cpu() for k, v in learner.head.state_dict().items()},
                    labelled=learner.labelled if labels else None, y=learner.y.detach().cpu() if labels else None,
-                   device=str(settings.device), hybrid=_hybrid(learner))
+                   device=str(settings.device), hybrid=_hybrid(learner), refit=getattr(learner, "refit", None))
 
 
 Saved = ModelState  # the name it had
@@ -115,6 +116,7 @@ def write(state: ModelState, path: str | Path) -> Path:
         "batch_size": state.batch_size, "fanout": state.fanout,
         "embedding_optimizer": state.embedding_optimizer, "embedding_lr": float(state.embedding_lr),
         **({} if state.hybrid is None else {"hybrid": state.hybrid}),
+        **({} if state.refit is None else {"refit": plain(state.refit)}),
     }, "model file"))
 
 
@@ -182,6 +184,7 @@ def _read(path: str | Path) -> ModelState:
                         feature_stats(get("feature_stats", dict), where)),
         weights=weights, head=get("head", dict),
         hybrid=hybrid(state.get("hybrid"), where, target=target, keys=template.relations[output].keys, task=checked_task),
+        refit=refit(state.get("refit"), where),
     )
 
 
@@ -323,6 +326,26 @@ def saved_task(task: dict, classes: list, template: ir.Template, where: str) -> 
                            pairs=pairs)
     return Task(kind, classes, arguments.number(f"{where}: task mean", get("mean", (int, float))),
                 arguments.number(f"{where}: task std", get("std", (int, float)), positive=True))
+
+
+def refit(data: object, where: str) -> dict | None:
+    """A saved refit's record, checked: its epochs and rows (counts), the final training loss, the
+    held-out scores per split (names to numbers) and the GBM's rounds; None for a model not refit."""
+    if data is None:
+        return None
+    where = f"{where}: refit"
+    if not isinstance(data, dict) or not {"epochs", "rows", "train_loss", "held_out"} <= set(data) or \
+            not set(data) <= {"epochs", "rows", "train_loss", "held_out", "gbm_rounds"}:
+        raise RelsqlError(f"{where} is damaged: not the record of a refit")
+    counts = {k: data[k] for k in ("epochs", "rows", "gbm_rounds") if k in data}
+    if not all(type(v) is int and 0 < v <= 2**40 for v in counts.values()) or type(data["train_loss"]) is not float:
+        raise RelsqlError(f"{where} is damaged: its epochs, rows, rounds or loss")
+    held = data["held_out"]
+    if not isinstance(held, dict) or not set(held) <= {"val", "test"} or not all(
+            isinstance(s, dict) and len(s) <= 32 and all(isinstance(k, str) and len(k) <= 64 and type(v) is float
+                                                         for k, v in s.items()) for s in held.values()):
+        raise RelsqlError(f"{where} is damaged: its held-out scores are not metric names and numbers per split")
+    return {**counts, "train_loss": data["train_loss"], "held_out": {s: dict(v) for s, v in held.items()}}
 
 
 def hybrid(data: object, where: str, target: str | None = None, keys: list[str] | None = None,
