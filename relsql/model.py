@@ -13,7 +13,7 @@ from pathlib import Path
 import polars as pl
 import torch
 
-from relsql import arguments
+from relsql import arguments, relbench
 from relsql.data.engine import Database
 from relsql.errors import RelsqlError
 from relsql.progress import lines as progress_lines
@@ -109,13 +109,10 @@ class Model(LearnerViews):
         ranking target), "loss" or another metric. `loss`: "huber" | "mse" | "mae" (regression),
         "softmax" | "bce" | "bpr" (ranking); `class_weight="balanced"`; `negatives` "uniform" |
         "popularity" | "in-batch" and `hard_negatives` (a SQL SELECT of pairs) for ranking.
-        `refit`: after the held-out scores are measured, train again from the initial weights on every
-        labelled row (train + validation + test) for the epochs validation chose, and refit the blend's
-        GBM likewise; predict() then uses that model, evaluate() keeps the held-out scores. None (default):
-        wherever the model can be (not a ranking target, workers=1, validation rows, in-memory weights;
-        model.no_refit says why not); True: refuse what cannot be; False: keep the selected model. `hybrid`:
-        blend a GBM on one-hop SQL features by a weight picked on validation by the metric that picked the
-        epoch (None: Template.auto's templates).
+        `refit`: once the held-out scores are measured, train again on every labelled row for the epochs
+        validation chose (the blend's GBM too); predict() uses that model, evaluate() the held-out scores.
+        None: wherever it can (model.no_refit says why not); True: refuse where not; False: never.
+        `hybrid`: blend a GBM on one-hop SQL features, weighted on validation by the epoch's metric.
         `batch_size` trains on mini-batches; `checkpoint` is written atomically every epoch (and
         `checkpoint_every` batches), `resume=True` continues from it;
         `callback(info)` after every step (raising stops training, database consistent), or a
@@ -165,7 +162,7 @@ class Model(LearnerViews):
         another database this scores that database's rows (docs/training.md), and `keys`/`where`
         ground only the rows asked for."""
         self._one_value_per_row("predict")
-        self._no_task_pairs(keys)
+        relbench.refuse_pairs_as_keys(self.db, self.learner.table, keys)
         return results.predict(self.learner.asked(keys, where), splits=with_split, keys=keys, where=where)
 
     def write_predictions(self, name: str, *, keys=None, where: str | None = None, replace: bool = False) -> int:
@@ -175,25 +172,6 @@ class Model(LearnerViews):
         frame = self.predict(keys, where=where, with_split=False)
         self.db.write_table(name, frame.to_arrow(), replace=replace, kind="predictions")
         return frame.height
-
-    def _no_task_pairs(self, keys: object) -> None:
-        """A RelBench task table's rows are numbered (its key, e.g. `id`), so `keys` of (entity, time)
-        pairs name no row of it: say how such pairs become rows (the template reads them from the table)."""
-        task = getattr(self.db, "relbench_tasks", {}).get(self.learner.table)
-        if task is None or keys is None:
-            return
-        columns = keys.keys() if isinstance(keys, dict) else getattr(keys, "columns", getattr(keys, "column_names", ()))
-        given = {str(c) for c in columns}
-        if task.key in given or not given & {*task.entities, task.time_column}:
-            return
-        verb = "recommend" if task.link else "predict"
-        raise RelsqlError(f"keys: rows of the RelBench task table `{task.table}` are chosen by its key `{task.key}` "
-                          f"(its train, val and test rows numbered 0..{sum(task.rows.values()) - 1}), not by "
-                          f"{', '.join(sorted(given))}. To {verb} for (entity, time) pairs of your own, make them rows "
-                          f"of the task: save the model, add the pairs to `{task.table}` with new {task.key}s and a NULL "
-                          f"{task.target} in a database you can write (relsql.from_relbench gives an in-memory one; a "
-                          f"dataset folder is read-only), then relsql.Model.load(path, db).{verb}("
-                          f"where=\"{task.target} IS NULL\")")
 
     def _one_value_per_row(self, method: str) -> None:
         """Refuse predict() where the learner's answers are not one value per row (a ranking's are candidates)."""
@@ -206,7 +184,7 @@ class Model(LearnerViews):
         """For a ranking target, each row's `k` best candidates, best first: the target table's key
         columns, the candidate's key under the target column's name, `rank` (1..k) and `score`.
         Rows: those with a NULL target (to predict), or those `keys`/`where` choose (as predict())."""
-        self._no_task_pairs(keys)
+        relbench.refuse_pairs_as_keys(self.db, self.learner.table, keys)
         return self.learner.recommend(k, keys, where)  # a learner of one value per row refuses: use predict()
 
     def write_recommendations(self, name: str, k: int = 10, *, keys=None, where: str | None = None,

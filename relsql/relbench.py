@@ -525,6 +525,26 @@ def metrics(task_type: str, y: np.ndarray, prediction: np.ndarray, score: np.nda
                       "regression and multiclass_classification entity tasks")
 
 
+def refuse_pairs_as_keys(db: Database, table: str, keys: object) -> None:
+    """A RelBench task table's rows are numbered (its key, e.g. `id`), so `keys` of (entity, time)
+    pairs name no row of it: say how such pairs become rows (the template reads them from the table)."""
+    task = getattr(db, "relbench_tasks", {}).get(table)
+    if task is None or keys is None:
+        return
+    columns = keys.keys() if isinstance(keys, dict) else getattr(keys, "columns", getattr(keys, "column_names", ()))
+    given = {str(c) for c in columns}
+    if task.key in given or not given & {*task.entities, task.time_column}:
+        return
+    verb = "recommend" if task.link else "predict"
+    raise RelsqlError(f"keys: rows of the RelBench task table `{task.table}` are chosen by its key `{task.key}` "
+                      f"(its train, val and test rows numbered 0..{sum(task.rows.values()) - 1}), not by "
+                      f"{', '.join(sorted(given))}. To {verb} for (entity, time) pairs of your own, make them rows "
+                      f"of the task: save the model, add the pairs to `{task.table}` with new {task.key}s and a NULL "
+                      f"{task.target} in a database you can write (relsql.from_relbench gives an in-memory one; a "
+                      f"dataset folder is read-only), then relsql.Model.load(path, db).{verb}("
+                      f"where=\"{task.target} IS NULL\")")
+
+
 def _task_of(model: Any, task: Any, verb: str) -> RelbenchTask:
     """`task` as relsql's RelbenchTask: itself, or the task table it names in `model.db`. A relbench
     task object is refused, naming the relsql task that holds its rows."""
