@@ -96,7 +96,7 @@ def test_linear_attributions_are_each_child_rows_term(small):
     found = {(r["id"], r["row_key"]): r["attribution"] for r in explanation.iter_rows(named=True)}
     expected = {}
     for pid, rows in kids.items():
-        for cid, x, _ in rows:  # avg: each child's x enters as w * x / n; grouped rules name the head's row
+        for _cid, x, _ in rows:  # avg: each child's x enters as w * x / n; grouped rules name the head's row
             key = (pid, str(pid))
             expected[key] = expected.get(key, 0.0) + float(w["w"][0, 0] * x / len(rows))
     assert found.keys() == expected.keys()
@@ -163,3 +163,32 @@ def test_summary_and_write_back(small):
         relsql.write_explanation(small, "child", explanation, replace=True)  # a user's table is never replaced
     with pytest.raises(relsql.RelsqlError, match="per must be"):
         model.explain(per="cell")
+
+
+def test_cli_writes_tables_and_refuses_user_tables(small, tmp_path, capsys):
+    from relsql.cli import main
+
+    path = tmp_path / "small.duckdb"
+    db = relsql.connect(path)
+    for table in ("parent", "child"):  # the same rows in a file the command can open
+        db.con.register("rows", small.con.execute(f'SELECT * FROM "{table}"').arrow())
+        db.con.execute(f'CREATE TABLE "{table}" AS SELECT * FROM rows')
+        db.con.unregister("rows")
+    model = _model(db, DEEP)
+    expected = model.explain(where="id < 4")
+    model.save(tmp_path / "m.pt")
+    db.con.close()
+    args = ["explain-prediction", str(path), "--model", str(tmp_path / "m.pt"), "--where", "id < 4"]
+    assert main([*args, "--table", "child"]) == 1  # a user's table is never replaced
+    assert "child" in capsys.readouterr().err
+    assert main([*args, "--table", "why", "--summary-table", "why_summary"]) == 0
+    assert main([*args, "--table", "why"]) == 1  # exists: needs --replace
+    assert main([*args, "--table", "why", "--replace"]) == 0
+    assert main([*args[:-2], "--where", "nope > 1"]) == 2
+    again = relsql.connect(path)
+    written = pl.from_arrow(again.con.execute('SELECT * FROM "why"').arrow())
+    assert written.height == expected.height
+    assert abs(written["attribution"].sum() - expected["attribution"].sum()) < 1e-9
+    kinds = set(again.con.execute('SELECT kind FROM "why_summary"').fetchall())
+    assert {("column",), ("relation",)} <= kinds
+    again.con.close()
