@@ -499,6 +499,9 @@ def _level(a: str, b: str, note: str) -> str:
     raise ShapeError(f"{note}: mixes per-grounding values with aggregated ones; wrap the per-grounding part in an aggregate")
 
 
+RuleContext = _RuleContext  # what a PlanBuilder.context subclasses (relsql/explain/inputs.py)
+
+
 def build_plan(template: ir.Template, grounding: Grounding, dtype: torch.dtype, compress: bool = False) -> Plan:
     return PlanBuilder(template, grounding, dtype, compress).build()
 

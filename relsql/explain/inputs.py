@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import sqlglot.expressions as exp
 import torch
 
-from relsql.compile.plan import Plan, PlanBuilder, _RuleContext
+from relsql.compile.plan import Plan, PlanBuilder, RuleContext
 from relsql.ground.execute import Grounding, RuleGrounding
 from relsql.template import ir
 
@@ -60,7 +60,7 @@ def _sources(rule: ir.Rule) -> dict[int, tuple[str, str]]:
     return found
 
 
-class _Recording(_RuleContext):
+class _Recording(RuleContext):
     """A rule's context that records the slots of what it reads from the database."""
 
     found: list[Input]

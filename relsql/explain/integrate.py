@@ -106,8 +106,42 @@ def _chunks(rids: np.ndarray, elements: int) -> Iterator[np.ndarray]:
         yield rids[start:start + size]
 
 
-def attribute(runner: Runner, rids: np.ndarray, units: np.ndarray, steps: int) -> Attributed:
-    """Integrated gradients of output `units[i]` of output row `rids[i]`, for every asked row."""
+def owners(grounding, output: str, rids: np.ndarray) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per relation, the smallest and largest position in `rids` of the asked rows that reach each of its
+    rows through the groundings (len(rids) and -1 where none does): a row with both equal is read by
+    one asked row only. Relations are grounded in dependency order, so one pass from the output down
+    visits every reader of a relation before the relation."""
+    n = len(rids)
+    lo = {r: torch.full((g.size,), n, dtype=torch.long) for r, g in grounding.relations.items()}
+    hi = {r: torch.full((g.size,), -1, dtype=torch.long) for r, g in grounding.relations.items()}
+    index = torch.as_tensor(rids, dtype=torch.long)
+    lo[output][index] = torch.arange(n)
+    hi[output][index] = torch.arange(n)
+    for name in reversed(list(grounding.relations)):
+        for rg in grounding.relations[name].rules:
+            first, last = lo[name][rg.head], hi[name][rg.head]
+            for ref, rows in zip(rg.rule.refs, rg.refs):
+                lo[ref].scatter_reduce_(0, rows, first, "amin")
+                hi[ref].scatter_reduce_(0, rows, last, "amax")
+    return {r: (lo[r], hi[r]) for r in lo}
+
+
+def _separate(runner: Runner, reach: dict) -> bool:
+    """Whether no input grounding is read by two asked rows: one backward of their summed outputs
+    then gives every row's own gradients."""
+    for i in runner.inputs:
+        lo, hi = reach[i.relation]
+        first, last = lo[i.rg.head], hi[i.rg.head]
+        if bool(((first < last) & (last >= 0)).any()):
+            return False
+    return True
+
+
+def attribute(runner: Runner, rids: np.ndarray, units: np.ndarray, steps: int, reach: dict | None = None) -> Attributed:
+    """Integrated gradients of output `units[i]` of output row `rids[i]`, for every asked row. With
+    `reach` (`owners`) saying the asked rows read disjoint inputs, all rows share each backward pass."""
+    if reach is not None and _separate(runner, reach):
+        return _attribute_separate(runner, rids, units, steps, reach)
     points, weights = nodes(steps)
     full, _ = runner.outputs(1.0, grad=False)
     zero, _ = runner.outputs(0.0, grad=False)
@@ -142,3 +176,39 @@ def attribute(runner: Runner, rids: np.ndarray, units: np.ndarray, steps: int) -
     joined = {k: np.concatenate(v) if v else np.zeros(0, dtype=np.float64 if k == "value" else np.int64)
               for k, v in parts.items()}
     return Attributed(**joined, output=output, baseline=baseline)
+
+
+def _attribute_separate(runner: Runner, rids: np.ndarray, units: np.ndarray, steps: int, reach: dict) -> Attributed:
+    """`attribute` where every input grounding is read by at most one asked row (its owner)."""
+    points, weights = nodes(steps)
+    full, _ = runner.outputs(1.0, grad=False)
+    zero, _ = runner.outputs(0.0, grad=False)
+    picked = torch.as_tensor(units, dtype=torch.long)
+    index = torch.as_tensor(rids, dtype=torch.long)
+    slots = [i.slot for i in runner.inputs]
+    totals = [torch.zeros_like(runner.values[s]) for s in slots]
+    for alpha, weight in zip(points.tolist(), weights.tolist()):
+        out, leaves = runner.outputs(alpha, grad=True)
+        grads = torch.autograd.grad(out[index, picked].sum(), [leaves[s] for s in slots], allow_unused=True)
+        for total, grad in zip(totals, grads):
+            if grad is not None:
+                total.add_(grad, alpha=weight)
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("row", "source", "grounding", "part", "value")}
+    for n, (i, total) in enumerate(zip(runner.inputs, totals)):
+        contribution = (total * runner.values[i.slot]).reshape(total.shape[0], -1)
+        groundings = torch.arange(total.shape[0]) if i.order is None else i.order
+        owner = reach[i.relation][0][i.rg.head[groundings]]
+        bounds = np.cumsum([0, *i.widths])
+        for p in range(len(i.widths)):
+            summed = contribution[:, bounds[p]:bounds[p + 1]].sum(dim=1)
+            (g,) = torch.nonzero((summed != 0) & (owner < len(rids)), as_tuple=True)
+            parts["row"].append(owner[g].numpy())
+            parts["source"].append(np.full(len(g), n, dtype=np.int64))
+            parts["grounding"].append(groundings[g].numpy())
+            parts["part"].append(np.full(len(g), p, dtype=np.int64))
+            parts["value"].append(summed[g].numpy())
+    joined = {k: np.concatenate(v) if v else np.zeros(0, dtype=np.float64 if k == "value" else np.int64)
+              for k, v in parts.items()}
+    order = np.argsort(joined["row"], kind="stable")
+    return Attributed(**{k: v[order] for k, v in joined.items()}, output=full[index, picked].numpy().copy(),
+                      baseline=zero[index, picked].numpy().copy())

@@ -13,7 +13,7 @@ from relsql import arguments
 from relsql.data.duckdb import free_name
 from relsql.errors import RelsqlError
 from relsql.explain.inputs import Input, plain_plan
-from relsql.explain.integrate import Attributed, Runner, attribute
+from relsql.explain.integrate import Attributed, Runner, attribute, owners
 from relsql.train.learner import results
 
 STEPS = 32  # Gauss-Legendre points: completeness to ~1e-12 on the smooth templates measured (tests/test_explain.py)
@@ -45,7 +45,7 @@ def explain(learner, keys: object = None, where: str | None = None, *, steps: in
     plan, inputs = plain_plan(learner.template, net.grounding)
     runner = Runner(plan, inputs, net.weights_by_name(), learner.head, learner.output)
     units = _units(runner, rids, learner.task, unit)
-    found = attribute(runner, rids, units, steps)
+    found = attribute(runner, rids, units, steps, owners(net.grounding, learner.output, rids))
     return _frame(found, inputs, rows.drop("_rid"), net.grounding, per)
 
 
