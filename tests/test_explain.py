@@ -219,3 +219,22 @@ def test_shared_backward_equals_per_row_gradients(small):
     assert max(abs(a[k] - b[k]) for k in a) < 1e-12
     lo, hi = reach["predict"]
     assert lo[rids].tolist() == list(range(len(rids))) and hi[rids].tolist() == list(range(len(rids)))
+
+
+def test_summary_of_a_blend_has_the_gbm_share_and_importances(small):
+    model = relsql.Model(small, relsql.Template.from_sql(DEEP), target="parent.y", seed=0, dtype=torch.float64,
+                         progress=False).fit(epochs=3, refit=False, hybrid=True)
+    hybrid = model.learner.hybrid
+    assert hybrid is not None
+    summary = relsql.explain_summary(model.explain(where="id < 5"), model)
+    blend = dict(summary.filter(pl.col("kind") == "blend").select("name", "share").iter_rows())
+    assert blend == {"network": hybrid.weight, "gbm": pytest.approx(1 - hybrid.weight)}
+    features = summary.filter(pl.col("kind") == "gbm_feature")
+    splits = {}  # a naive walk over the trees' nodes: every inner node is one split on its feature
+    for f in hybrid.trees.feature.tolist():
+        if f >= 0:
+            splits[f] = splits.get(f, 0) + 1
+    names = list(hybrid.features.names)
+    expected = {names[f]: n / sum(splits.values()) for f, n in splits.items()}
+    found = {n: s for n, s in features.select("name", "share").iter_rows() if s > 0}
+    assert found.keys() == expected.keys() and all(abs(found[k] - expected[k]) < 1e-12 for k in expected)

@@ -4,6 +4,7 @@ written as new tables (the per-row attributions, and their summary by column and
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import relsql
 from relsql.cli.arguments import (
@@ -39,6 +40,8 @@ def add_parser(commands, epilog: str) -> argparse.ArgumentParser:
                         help="one attribution per input column (default) or per input row")
     parser.add_argument("--steps", type=positive_int, default=32,
                         help="integration points (Gauss-Legendre; default 32)")
+    parser.add_argument("--plot", type=plot_file, metavar="FILE.png",
+                        help="also draw the summary as bars to this new .png (needs matplotlib)")
     parser.add_argument("--device", type=device, default="cpu", help="where the model is loaded (explained on the CPU)")
     parser.add_argument("--threads", type=positive_int, help="threads for DuckDB and torch")
     parser.set_defaults(run=run)
@@ -70,4 +73,20 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote the summary ({summary.height} rows) to table {args.summary_table}")
         else:
             print(summary)
+        if args.plot:
+            from relsql.explain import plot_summary
+
+            print(f"wrote {plot_summary(summary, args.plot, title=f'why {model.target}')}")
     return 0
+
+
+def plot_file(text: str) -> str:
+    """A new .png path in an existing folder (a file there is never replaced)."""
+    path = Path(text)
+    if path.suffix.lower() != ".png":
+        raise argparse.ArgumentTypeError(f"must end in .png, got {text!r}")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"folder {str(path.parent)!r} does not exist")
+    if path.exists():
+        raise argparse.ArgumentTypeError(f"{text} already exists; choose a new file")
+    return text

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from relsql.explain.plot import plot_summary
 from relsql.explain.relation import STEPS, explain, summary
 
 
@@ -30,4 +31,4 @@ def write_explanation(db, name: str, explanation: pl.DataFrame, *, replace: bool
     return explanation.height
 
 
-__all__ = ["STEPS", "explain", "explain_summary", "summary", "write_explanation"]
+__all__ = ["STEPS", "explain", "explain_summary", "plot_summary", "summary", "write_explanation"]
