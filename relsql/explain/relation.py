@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import polars as pl
+import torch
 
 from relsql import arguments
 from relsql.data.duckdb import free_name
@@ -72,17 +73,23 @@ def _row_keys(grounding, relation: str) -> list[str]:
 
 
 def _frame(found: Attributed, inputs: list[Input], keys: pl.DataFrame, grounding, per: str) -> pl.DataFrame:
-    texts: dict[str, list[str]] = {}
-    table, row_key, column, relation, rule = [], [], [], [], []
-    for source, g, p in zip(found.source.tolist(), found.grounding.tolist(), found.part.tolist()):
-        i = inputs[source]
-        if i.relation not in texts:
-            texts[i.relation] = _row_keys(grounding, i.relation)
-        table.append(i.columns[p][0])
-        column.append(i.columns[p][1])
-        row_key.append(texts[i.relation][int(i.rg.head[g])])
-        relation.append(i.relation)
-        rule.append(i.rule)
+    texts: dict[str, np.ndarray] = {}
+    # what each (input, part) names, looked up per entry by one index
+    labels = [(i.columns[p][0], i.columns[p][1], i.relation, i.rule) for i in inputs for p in range(len(i.widths))]
+    first = np.cumsum([0, *[len(i.widths) for i in inputs]])[:-1]
+    label = first[found.source] + found.part if len(found.source) else np.zeros(0, dtype=np.int64)
+    lookup = np.empty((len(labels), 4), dtype=object)
+    for n, named in enumerate(labels):
+        lookup[n] = named
+    table, column, relation, rule = (lookup[label, k].tolist() for k in range(4))
+    row_key = np.empty(len(found.source), dtype=object)
+    for n, i in enumerate(inputs):
+        mine = np.flatnonzero(found.source == n)
+        if len(mine):
+            if i.relation not in texts:
+                texts[i.relation] = np.asarray(_row_keys(grounding, i.relation), dtype=object)
+            row_key[mine] = texts[i.relation][i.rg.head[torch.as_tensor(found.grounding[mine])].numpy()]
+    row_key = row_key.tolist()
     names = {k.casefold() for k in keys.columns}
     out = {c: free_name(c, names) for c in COLUMNS}
     frame = keys[found.row.tolist()].with_columns(
