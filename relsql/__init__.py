@@ -28,12 +28,13 @@ _LAZY = {  # public name -> the module that defines it
     "PredictiveQuery": "relsql.predictive", "QueryError": "relsql.predictive", "Template": "relsql.template",
     "from_relbench": "relsql.relbench", "to_heterodata": "relsql.export", "Loader": "relsql.train.model.loader",
     "TensorBoard": "relsql.train.loop.tracking", "MLflow": "relsql.train.loop.tracking", "WhereError": "relsql.where",
+    "explain_summary": "relsql.explain", "write_explanation": "relsql.explain",
 }
 
 __all__ = [
     "Callback", "CompiledNet", "Database", "GroundingError", "Loader", "MLflow", "Model", "ModelSpec", "PredictiveQuery",
     "QueryError", "RelsqlError", "SchemaError", "ShapeError", "SourceError", "Template", "TemplateError", "TensorBoard",
-    "compile", "WhereError", "connect", "from_relbench", "to_heterodata", "tune",
+    "compile", "WhereError", "connect", "explain_summary", "from_relbench", "to_heterodata", "tune", "write_explanation",
 ]
 __version__ = "0.1.0"
 

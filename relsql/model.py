@@ -165,6 +165,14 @@ class Model(LearnerViews):
         relbench.refuse_pairs_as_keys(self.db, self.learner.table, keys)
         return results.predict(self.learner.asked(keys, where), splits=with_split, keys=keys, where=where)
 
+    @with_threads
+    def explain(self, keys=None, *, where: str | None = None, steps: int = 32, per: str = "column") -> pl.DataFrame:
+        """Why each row (`keys`/`where` as predict()) got its output: the attribution of every input row and
+        column its groundings read, summing to output - baseline (relsql/explain/, docs/explain.md)."""
+        from relsql.explain import explain
+
+        return explain(self.learner, keys, where, steps=steps, per=per)
+
     def write_predictions(self, name: str, *, keys=None, where: str | None = None, replace: bool = False) -> int:
         """Write `predict(keys, where=where, with_split=False)` (every row by default) as a new table,
         atomically; an existing table needs replace=True. Returns the number of rows written."""

@@ -37,6 +37,7 @@ import torch
 import relsql
 from relsql import ownfiles
 from relsql.cli import demo as demo_command
+from relsql.cli import explaining as explain_command
 from relsql.cli import output as outputs
 from relsql.cli import task as task_command
 from relsql.cli.arguments import (
@@ -451,6 +452,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                            "table is never replaced")
     demo.set_defaults(run=demo_command.run)
     task_command.add_parser(commands, EPILOG)
+    explain_command.add_parser(commands, EPILOG)
     return parser, commands.choices
 
 

@@ -89,6 +89,8 @@ EXACT_CLASSES_BELOW = 10_000  # smaller rules get their exact grounding classes 
 class PlanBuilder:
     """Translates each rule's expression into ops, tracking levels: constant, grounding, head."""
 
+    context: type | None = None  # a _RuleContext subclass to use instead (relsql/explain records the plan's inputs)
+
     def __init__(self, template: ir.Template, grounding: Grounding, dtype: torch.dtype, compress: bool = False):
         self.template = template
         self.grounding = grounding
@@ -284,7 +286,7 @@ class PlanBuilder:
     def _rule(self, rg: RuleGrounding, size: int) -> int:
         rule = rg.rule
         note = f"{rule.head} {rule.origin}"
-        ctx = _RuleContext(rg, self, note)
+        ctx = (self.context or _RuleContext)(rg, self, note)
         if self.compress and rg.size >= 64:
             cls = self._grounding_classes(rg)
             k = int(cls.max()) + 1 if cls.numel() else 0
@@ -495,6 +497,9 @@ def _level(a: str, b: str, note: str) -> str:
     if b == "c" or a == b:
         return a
     raise ShapeError(f"{note}: mixes per-grounding values with aggregated ones; wrap the per-grounding part in an aggregate")
+
+
+RuleContext = _RuleContext  # what a PlanBuilder.context subclasses (relsql/explain/inputs.py)
 
 
 def build_plan(template: ir.Template, grounding: Grounding, dtype: torch.dtype, compress: bool = False) -> Plan:

@@ -47,7 +47,7 @@ WRITTEN_BY = "written by relsql: "
 MARK_KEY = b"relsql"  # the Parquet footer's key for the mark (see with_mark)
 WRITTEN_KINDS = {"table": "a plain table (Database.write_table)", "predictions": "a table of predictions",
                  "task": "a task table", "gradients": "a table of gradients",
-                 "recommendations": "a table of recommendations"}
+                 "recommendations": "a table of recommendations", "explanations": "a table of explanations"}
 
 
 def ident(name: str) -> exp.Identifier:
