@@ -19,6 +19,7 @@ import torch
 
 import relsql
 from relsql.ground.execute import ground
+from relsql.predictive import PredictiveQuery
 from tests.test_spark import copy_to_spark
 
 pytest.importorskip("pyspark", reason="pyspark is not installed: bash scripts/setup installs relsql[spark]")
@@ -66,7 +67,11 @@ def shop(spark):
     con.execute(f"""INSERT INTO orders SELECT i, i % 300, (i * 7) % 40, round((i * 53 % 997) / 7.0, 2), {ordered},
         'w' || (i * 7919 % 3001) || ' v' || (i % 17) || ' z' || (i * 13 % 101) FROM range(1500) r(i)""")
     duck = relsql.connect(con, keys=KEYS)
-    copy_to_spark(duck, spark)
+    spark.conf.set("spark.sql.timestampType", "TIMESTAMP_NTZ")  # DuckDB's TIMESTAMP is Spark's TIMESTAMP_NTZ
+    try:
+        copy_to_spark(duck, spark)
+    finally:
+        spark.conf.unset("spark.sql.timestampType")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         on_spark = relsql.connect(spark, keys=KEYS)
@@ -190,8 +195,30 @@ def test_a_model_trained_on_spark_predicts_what_duckdb_predicts(shop, template):
     assert 5 < len(sundays) < 60
     assert chosen[0]["customer_id"].to_list() == chosen[1]["customer_id"].to_list() == sundays
     assert np.allclose(chosen[0]["probability"].to_numpy(), chosen[1]["probability"].to_numpy(), rtol=0, atol=1e-9)
-    assert models[1].write_predictions("label_predictions") == 300
-    written = on_spark.arrow(duckdb_sql("SELECT * FROM label_predictions ORDER BY customer_id"))
+    assert models[1].write_predictions("dialects_predictions") == 300
+    written = on_spark.arrow(duckdb_sql("SELECT * FROM dialects_predictions ORDER BY customer_id"))
     assert written.column_names == [c for c in expected.columns if c != "split"]
     assert written.column("customer_id").to_pylist() == expected["customer_id"].to_list()
     assert np.allclose(written.column("probability").to_numpy(), expected["probability"].to_numpy(), rtol=0, atol=1e-9)
+
+
+def test_a_predictive_query_writes_the_same_task_table_on_spark(shop):
+    """The task table (snapshots every 30 days, a label from the next 30 days' orders) has the same
+    rows on Spark, and the automatic template over it the same text but for where task_id's key
+    comes from (DuckDB declares it; Spark declares none, so it is inferred)."""
+    duck, on_spark = shop
+    question = PredictiveQuery(entity="customer", events="orders", window_days=30, op=">", threshold=0, every_days=30)
+    written = [question.write(db, "dialects_task") for db in (duck, on_spark)]
+    assert written[0] == written[1] and written[0].rows > 1000 and 0 < written[0].positives < written[0].labelled
+    tables = [db.arrow(duckdb_sql("SELECT * FROM dialects_task ORDER BY task_id")) for db in (duck, on_spark)]
+    assert tables[0].column_names == tables[1].column_names == ["task_id", "customer_id", "snapshot", "label"]
+    for name in ("task_id", "customer_id", "label"):
+        assert tables[0].column(name).to_pylist() == tables[1].column(name).to_pylist(), name
+    # DuckDB's TIMESTAMP; Spark's CAST(... AS TIMESTAMP) is its TIMESTAMP (with the session's zone, UTC)
+    assert tables[0].column("snapshot").to_pylist() == [
+        t.replace(tzinfo=None) for t in tables[1].column("snapshot").to_pylist()]
+    sources = [relsql.Template.auto(db, "dialects_task.label", time_column="snapshot").source for db in (duck, on_spark)]
+    inferred = "-- inferred primary key dialects_task(task_id)"
+    assert inferred not in sources[0] and inferred in sources[1]
+    assert sources[1].replace(inferred + "\n", "") == sources[0]
+    assert 'features(epoch(r."snapshot") - epoch(x."ordered"))' in sources[0]
