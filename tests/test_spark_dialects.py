@@ -195,8 +195,11 @@ def test_a_model_trained_on_spark_predicts_what_duckdb_predicts(shop, template):
     assert 5 < len(sundays) < 60
     assert chosen[0]["customer_id"].to_list() == chosen[1]["customer_id"].to_list() == sundays
     assert np.allclose(chosen[0]["probability"].to_numpy(), chosen[1]["probability"].to_numpy(), rtol=0, atol=1e-9)
-    assert models[1].write_predictions("dialects_predictions") == 300
-    written = on_spark.arrow(duckdb_sql("SELECT * FROM dialects_predictions ORDER BY customer_id"))
+    try:
+        assert models[1].write_predictions("dialects_predictions") == 300
+        written = on_spark.arrow(duckdb_sql("SELECT * FROM dialects_predictions ORDER BY customer_id"))
+    finally:  # the next test compares the two databases' tables
+        on_spark.execute(duckdb_sql("DROP TABLE IF EXISTS dialects_predictions"))
     assert written.column_names == [c for c in expected.columns if c != "split"]
     assert written.column("customer_id").to_pylist() == expected["customer_id"].to_list()
     assert np.allclose(written.column("probability").to_numpy(), expected["probability"].to_numpy(), rtol=0, atol=1e-9)
@@ -208,6 +211,13 @@ def test_a_predictive_query_writes_the_same_task_table_on_spark(shop):
     comes from (DuckDB declares it; Spark declares none, so it is inferred)."""
     duck, on_spark = shop
     question = PredictiveQuery(entity="customer", events="orders", window_days=30, op=">", threshold=0, every_days=30)
+    try:
+        check_task_tables(question, duck, on_spark)
+    finally:
+        on_spark.execute(duckdb_sql("DROP TABLE IF EXISTS dialects_task"))
+
+
+def check_task_tables(question: PredictiveQuery, duck, on_spark) -> None:
     written = [question.write(db, "dialects_task") for db in (duck, on_spark)]
     assert written[0] == written[1] and written[0].rows > 1000 and 0 < written[0].positives < written[0].labelled
     tables = [db.arrow(duckdb_sql("SELECT * FROM dialects_task ORDER BY task_id")) for db in (duck, on_spark)]
