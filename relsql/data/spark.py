@@ -13,10 +13,11 @@ reader, register), which DuckDB implements beside it; what differs is here:
 - Results: large results (a rule's groundings for the grounding store) are written by the
   executors as Parquet into the scratch location and read back file by file in order; the
   driver never collects them. Small ones (counts, statistics, dictionaries) come as Arrow.
-- Functions: DuckDB's `isfinite` and `epoch` (features of dates and times: seconds with their
-  fractions, via `unix_micros`) are written in Spark's terms. A DATE or a TIMESTAMP without time
-  zone counts from midnight in the session's time zone: set `spark.sql.session.timeZone=UTC` for
-  the values DuckDB computes.
+- Functions: DuckDB's (`epoch` with its fractions of a second, `dayofweek` from Sunday 0, base-10
+  `log`, `list_value`, `isfinite`, ...) are written with DuckDB's meaning in Spark's terms
+  (relsql/data/spark_sql.py). A DATE or a TIMESTAMP without time zone counts from midnight in
+  the session's time zone: set `spark.sql.session.timeZone=UTC` for the values DuckDB computes
+  (a warning says so, once per handle, the first time it matters).
 - Errors: Spark's errors are raised as DuckDB's error classes (analysis errors as
   BinderException), the vocabulary the grounding code reports from.
 - Key tables: the distinct heads are numbered (`_rid`, BIGINT) without a window over all rows,
@@ -49,6 +50,7 @@ import socket
 import sys
 import tempfile
 import uuid
+import warnings
 import weakref
 from pathlib import Path
 
@@ -61,6 +63,7 @@ from relsql import sql as q
 from relsql.data.catalog import Catalog, Column, Table
 from relsql.data.engine import TEMP_PREFIX, WRITTEN_BY, Database, Engine, first_line, ident, marked_kind, product_rows
 from relsql.data.sources import Source
+from relsql.data.spark_sql import is_utc, spark_function
 from relsql.errors import SchemaError, SourceError
 
 _results = itertools.count()
@@ -171,6 +174,7 @@ class SparkDatabase(Engine):
         description = description or f"Spark session ({context.master if context is not None else 'Spark Connect'})"
         super().__init__(description, SparkSource(description, read_only=read_only))
         self.spark = session
+        self._zone_checked = False
         self._owned_folder = scratch is None
         self.folder = Path(tempfile.mkdtemp(prefix="relsql-spark-")) if scratch is None else Path(scratch) / uuid.uuid4().hex
         self.scratch = f"relsql_scratch_{uuid.uuid4().hex[:12]}"
@@ -192,25 +196,26 @@ class SparkDatabase(Engine):
     def _rewrite(self, node: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.Table) and node.args.get("catalog") is not None and node.catalog == "temp":
             return exp.Table(this=node.this, db=exp.to_identifier(self.scratch, quoted=True), alias=node.args.get("alias"))
-        if isinstance(node, exp.Anonymous) and str(node.this).lower() == "isfinite":  # DuckDB's; NaN sorts above inf in Spark
-            inner = node.expressions[0].transform(self._rewrite, copy=False)  # transform does not revisit a replacement
-            return exp.LT(this=exp.Abs(this=exp.cast(inner, exp.DataType.build("DOUBLE"))),
-                          expression=exp.cast(exp.Literal.string("Infinity"), exp.DataType.build("DOUBLE")))
-        # DuckDB's list: ple, calendar, a feature's NULL indicator
-        if isinstance(node, exp.Anonymous) and str(node.this).lower() == "list_value":
-            return exp.Array(expressions=[e.transform(self._rewrite, copy=False) for e in node.expressions])
-        if isinstance(node, exp.Anonymous) and str(node.this).lower() == "dayofweek":  # DuckDB: Sunday 0; Spark: Sunday 1
-            inner = node.expressions[0].transform(self._rewrite, copy=False)
-            return exp.paren(exp.Sub(this=exp.Anonymous(this="dayofweek", expressions=[inner]), expression=q.integer(1)),
-                             copy=False)
-        if isinstance(node, exp.Anonymous) and str(node.this).lower() == "epoch":  # seconds, with their fractions
-            inner = node.expressions[0].transform(self._rewrite, copy=False)
-            micros = exp.Anonymous(this="unix_micros", expressions=[exp.cast(inner, exp.DataType.build("TIMESTAMP"))])
-            return exp.Div(this=micros, expression=q.real(1e6))
+        written = spark_function(node, lambda arg: arg.transform(self._rewrite, copy=False), self._zoned)
+        if written is not None:  # DuckDB's meaning in Spark's terms (relsql/data/spark_sql.py)
+            return written
         if _is_temporary(node):
             node.set("properties", exp.Properties(expressions=[exp.FileFormatProperty(this=exp.Var(this="PARQUET"))]))
             node.set("replace", False)
         return node
+
+    def _zoned(self) -> None:
+        """Once per handle, when a statement first depends on the session's time zone (an epoch of
+        a DATE or TIMESTAMP): a warning unless that zone is UTC, where DuckDB counts."""
+        if self._zone_checked:
+            return
+        self._zone_checked = True
+        with _spark_errors():
+            zone = self.spark.conf.get("spark.sql.session.timeZone", None)
+        if not is_utc(zone):
+            warnings.warn(f"{self.description}: the session's time zone is {zone!r}, so epoch seconds of DATE and "
+                          "TIMESTAMP columns (date features, calendar() years, ages) count from midnight there, not in "
+                          "UTC as DuckDB counts: set spark.sql.session.timeZone=UTC for DuckDB's values", stacklevel=2)
 
     def _frame(self, query: exp.Expression | str, copy: bool = True):
         if _is_temporary(query):  # relsql's own table, replaced (Spark cannot CREATE OR REPLACE it); never a user's
