@@ -118,8 +118,8 @@ def test_spark_grounds_mutagenesis_and_an_auto_template_on_tpch_like_duckdb(spar
     tpch = relsql.connect()
     generate(tpch.con, 0.01)
     # one hop: 10 rules (two hops: 23, which cost ~100 s of Spark statements and add only more of the same joins)
-    # keys are DuckDB's to infer; numbers="standardized": ple(), calendar() and text() are written with
-    # DuckDB's SQL functions, which Spark lacks (docs/spark.md)
+    # keys are DuckDB's to infer; numbers="standardized" keeps this store test to plain features (the default
+    # encoders on Spark are tests/test_spark_dialects.py's)
     template = relsql.Template.auto(tpch, "orders.o_orderpriority", hops=1, numbers="standardized")
     copy_to_spark(tpch, spark)
     with relsql.connect(spark) as on_spark:
