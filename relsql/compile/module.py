@@ -206,6 +206,24 @@ class CompiledNet(nn.Module):
                     parameter.copy_(value)
         return created
 
+    def input(self, slot: int) -> torch.Tensor:
+        """The tensor the module holds for plan input `slot` (on its device, in its dtype)."""
+        return self._buffers[self._inputs[slot]]
+
+    def substitute(self, weights: dict[str, nn.Parameter], inputs: dict[int, torch.Tensor]) -> tuple[dict, dict]:
+        """Put `weights` (by template name) and `inputs` (by plan slot) in place of the module's own,
+        each in its place among the parameters and buffers; returns the replaced ones, to put back
+        the same way (relsql/compile/compact.py trains a text table on the rows its plan reads so).
+        Generated code and recorded shapes are dropped: they were made for the replaced tensors."""
+        old_weights = {name: self.weights[self._param_keys[name]] for name in weights}
+        old_inputs = {slot: self._buffers[self._inputs[slot]] for slot in inputs}
+        for name, weight in weights.items():
+            self.weights[self._param_keys[name]] = weight
+        for slot, tensor in inputs.items():
+            self._buffers[self._inputs[slot]] = tensor
+        self._fused, self._shapes, self._last_fused = {}, None, None
+        return old_weights, old_inputs
+
     def named_weights(self) -> dict[str, torch.Tensor]:
         """Every weight under its template name (named weights keep their names); a typed linear's
         matrices one per type, `name[<value>]` (the value as str(), NULL for a NULL type), as views

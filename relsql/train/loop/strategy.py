@@ -21,12 +21,14 @@ if TYPE_CHECKING:
 class Strategy(abc.ABC):
     """How one process takes part in a fit. `main`: it logs and reports; `bars`: it shows progress
     bars; `world`: how many processes train together; `keeps_forward`: its validation may keep its
-    forward for the next full-batch step."""
+    forward for the next full-batch step; `compacts`: its trainer may train text tables on the rows
+    their plan reads."""
 
     main: bool = True
     bars: bool = True
     world: int = 1
     keeps_forward: bool = False  # a full-batch validation forward may serve the next step (relsql/train/loop/reuse.py)
+    compacts: bool = False  # full batch on the CPU, its text tables may train on the rows read (relsql/compile/compact.py)
 
     @abc.abstractmethod
     def source(self, learner: Learner, batched: bool) -> BatchSource:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from relsql.compile import compact
 from relsql.data.engine import first_line
 from relsql.errors import RelsqlError
 from relsql.train.feed import guards
@@ -111,7 +112,7 @@ class OneProcess(Strategy):
     database per step, checkpoints written here."""
 
     main, bars, world = True, True, 1
-    keeps_forward = True
+    keeps_forward = compacts = True
 
     def source(self, learner: Learner, batched: bool) -> BatchSource:
         return BatchSource(learner.ensure_batched() if batched else None, fork=True)
@@ -211,12 +212,13 @@ class Trainer:
         holds the best weights so far), else None."""
         learner, record = self.learner, self.record
         self.source = self.strategy.source(learner, batched)
-        self.optimizers = Optimizers(learner, self.lr, self.config.weight_decay, dense=self.config.optimizer)
-        self.rate.plan(self.horizon * self.steps_per_epoch())
         start_epoch = start_batch = 0
-        started, last = time.perf_counter(), None
+        started, last, compacted = time.perf_counter(), None, None
         self.started = started
         try:
+            compacted = self.compact_tables(resume)
+            self.optimizers = Optimizers(learner, self.lr, self.config.weight_decay, dense=self.config.optimizer)
+            self.rate.plan(self.horizon * self.steps_per_epoch())
             if resume is not None:
                 start_epoch, start_batch = self.resume(resume)
             record.epoch_cap, record.time_budget, self.first_epoch = self.epochs, self.time_budget, start_epoch
@@ -238,11 +240,26 @@ class Trainer:
             return record
         finally:
             self.kept.drop()
+            if compacted is not None:
+                compacted.expand()
             learner.net.train(False)
             unwritten = self._flush_tables()
             self.source.close()  # an update already running completes: the database stays at a step boundary
             record.add_timings({**self.strategy.timings(self), "training": time.perf_counter() - started})
             _report_unwritten(unwritten, sys.exc_info()[1])
+
+    def compact_tables(self, resume: dict | None) -> compact.Compacted | None:
+        """Train the net's hashed text tables on the rows its plan reads (relsql/compile/compact.py),
+        where that gives the same numbers and nothing outside this loop sees the weights mid-fit: one
+        process on the CPU running the net's own plan (full batch), weight decay 0 (else unread rows
+        move too), no checkpoint nor resume (their files hold whole tables) and no user callback
+        (it may read the weights by name). The full tables are back when fit returns or raises."""
+        config = self.config
+        if (not self.strategy.compacts or not self.source.full or resume is not None or config.weight_decay != 0
+                or config.checkpoint is not None or any(isinstance(c, Users) for c in self.callbacks)
+                or self.learner.device.type != "cpu"):
+            return None
+        return compact.compact(self.learner.net)
 
     def _end(self, last: int | None) -> None:
         """The callbacks' end of fit (the best epoch's weights put back), after epoch `last`."""
