@@ -48,6 +48,7 @@ import sys
 from collections import deque
 from pathlib import Path
 
+from relsql.data import spark_ship
 from relsql.errors import RelsqlError
 
 log = logging.getLogger("relsql")
@@ -77,10 +78,14 @@ def run(db, job, train) -> dict:
     log.info("training on %d ranks started by Spark's TorchDistributor on %s", job.world,
              _here(db.spark) if local else "Spark's executors")
     distributor = _distributor(job, local, gpu)
+    entry = (_rank, (dataclasses.replace(job, init_method="env://"), train))
+    if not local:  # the executors' Python: the modules a rank needs; relsql itself shipped when they lack it
+        spark_ship.ensure(db.spark, spark_ship.TRAIN)
+        entry = spark_ship.rank_entry(db.spark, entry[0], *entry[1])
     output = _Output()
     try:
         with contextlib.redirect_stdout(output), _importable(local):
-            result = distributor.run(_rank, dataclasses.replace(job, init_method="env://"), train)
+            result = distributor.run(entry[0], *entry[1])
     except Exception as err:  # RuntimeError from torchrun, or Spark's error for a failed barrier stage
         chatter.debug("TorchDistributor failed: %s", err)
         raise RelsqlError(_failure(job.world, output, str(err), local)) from None
