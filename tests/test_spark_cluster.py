@@ -126,8 +126,9 @@ def test_executors_without_relsql_get_it_shipped_with_the_job(cluster, reference
     with the job (addPyFile for the store writer, a zip carried by the ranks' function for
     torchrun's processes), and the numbers are DuckDB's."""
     python = python_without(tmp_path_factory.mktemp("python"), ("relsql",))
-    assert subprocess.run([python, "-c", "import relsql"], cwd="/", capture_output=True).returncode != 0
-    assert subprocess.run([python, "-c", "import torch, pandas, pyarrow"], cwd="/", capture_output=True).returncode == 0
+    for code, found in (("import relsql", False), ("import torch, pandas, pyarrow", True)):  # as the workers run it
+        ran = subprocess.run([python, "-c", code], cwd=cluster.folder, env=cluster.env, capture_output=True)
+        assert (ran.returncode == 0) is found, (code, ran.stderr[-2000:])
     result = _drive(cluster, "shipped", python)
     _assert_trained_like(result, reference)
     assert result["shipped"] is True
