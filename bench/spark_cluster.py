@@ -110,7 +110,7 @@ def _train(db, template: str, target: str, args, store: str | None, workers: int
     figures["fit_s"], figures["fit_cpu_s"] = time.perf_counter() - started, _cpu() - cpu
     figures["epoch_s"] = figures["fit_s"] / args.epochs
     figures["rows"] = model.output_rows
-    sizes = model.batched.grounding_store.sizes()
+    sizes = model.batched.grounding_store.sizes
     groundings = sum(size["groundings"] for size in sizes.values())
     figures["groundings"] = groundings
     figures["store_mib"] = sum(size["bytes"] for size in sizes.values()) / 2**20
