@@ -17,8 +17,8 @@ agree to rounding.
 Reported per engine: setup (grounding, the grounding store's build) and the training's wall
 time, groundings per second of setup, this process's CPU seconds, and at the end the max
 absolute prediction difference. Spark's executors are processes of their own: the cluster's CPU
-seconds (daemons, executors and their Python workers, reaped at teardown) are reported once the
-cluster stops. `--executor-python` runs the executors on another Python (one without relsql, to
+seconds (its daemons, executors and their Python workers, read from /proc while the application
+runs; not the driver's JVM) are reported too (a started cluster only). `--executor-python` runs the executors on another Python (one without relsql, to
 time the shipping of the package).
 """
 
@@ -48,11 +48,6 @@ FROM atom a JOIN atom_embed e ON e.atom_id = a.atom_id GROUP BY a.molecule_id;
 
 def _cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
 
 
@@ -184,7 +179,6 @@ def main() -> None:
     print("duckdb:", json.dumps({k: round(v, 3) for k, v in duck_figures.items()}), flush=True)
 
     folder = Path(tempfile.mkdtemp(prefix="relsql-spark-bench-"))
-    cluster_cpu_before = _children_cpu()
     try:
         if args.master:
             spark_parts, spark_figures = _spark(args.master, folder, tables, template, target, args)
@@ -194,14 +188,15 @@ def main() -> None:
         else:
             with standalone(folder / "cluster", workers=args.workers, cores=args.cores,
                             memory=args.worker_memory) as cluster:
+                started = cluster.cpu_seconds()
                 spark_parts, spark_figures = _spark(cluster.url, folder, tables, template, target, args)
+                spark_figures["cluster_cpu_s"] = cluster.cpu_seconds() - started  # executors alive: the app runs
                 theirs, _ = _predictions(spark_parts[0])
                 spark_parts[1].close()
                 spark_parts[2].stop()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     spark_figures.pop("predict_started", None)
-    spark_figures["cluster_cpu_s"] = _children_cpu() - cluster_cpu_before  # reaped daemons and their children
     print("spark: ", json.dumps({k: round(v, 3) for k, v in spark_figures.items()}), flush=True)
 
     joined = reference.join(theirs, on=keys, how="full", suffix="_spark", coalesce=True)

@@ -28,6 +28,20 @@ class Cluster:
     url: str  # the master's spark:// URL
     env: dict[str, str]  # the daemons' environment, for a driver process to start from
     folder: Path  # logs, the workers' folders
+    sessions: tuple[int, ...] = ()  # the daemons' session ids (each starts a session of its own)
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds of the daemons and everything they started (executors, Python workers)
+        that is alive now, with their reaped children: read from /proc (Linux)."""
+        total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # ended meanwhile
+            if int(fields[3]) in self.sessions:  # fields after the name: state ppid pgrp session ...
+                total += sum(int(f) for f in fields[11:15]) / tick  # utime stime cutime cstime
+        return total
 
 
 def spark_class() -> str:
@@ -76,7 +90,7 @@ def standalone(folder: Path, workers: int = 2, cores: int = 1, memory: str = "15
             worker, worker_log = start(f"worker{k}", "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
                                        "--port", "0", "--webui-port", "0", "--cores", str(cores), "--memory", memory)
             wait_for(worker_log, r"Successfully registered with master", worker)
-        yield Cluster(url, env, folder)
+        yield Cluster(url, env, folder, tuple(process.pid for process in daemons))
     finally:
         for process in daemons:
             with contextlib.suppress(ProcessLookupError):
