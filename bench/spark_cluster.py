@@ -18,8 +18,8 @@ Reported per engine: setup (grounding, the grounding store's build) and the trai
 time, groundings per second of setup, this process's CPU seconds, and at the end the max
 absolute prediction difference. Spark's executors are processes of their own: the cluster's CPU
 seconds (its daemons, executors and their Python workers, read from /proc while the application
-runs; not the driver's JVM) are reported too (a started cluster only). `--executor-python` runs the executors on another Python (one without relsql, to
-time the shipping of the package).
+runs; not the driver's JVM) are reported too (a started cluster only). `--executor-python` runs
+the executors on another Python (one without relsql, to time the shipping of the package).
 """
 
 from __future__ import annotations
