@@ -8,19 +8,17 @@ DuckDB process training the same model (float64, 1e-10)."""
 from __future__ import annotations
 
 import json
-import os
-import re
 import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 import relsql
+from bench.spark_standalone import python_without, standalone, write_conf
 
 pytest.importorskip("pyspark.ml.torch.distributor", reason="pyspark is not installed: bash scripts/setup installs relsql[spark]")
 if shutil.which("java") is None:
@@ -29,7 +27,6 @@ if shutil.which("java") is None:
 pytestmark = [pytest.mark.spark, pytest.mark.slow]  # three JVMs here, two more for the executors
 
 ROOT = Path(__file__).resolve().parent.parent
-JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # as tests/conftest.py's session: many small jobs
 
 TEMPLATE = """
 CREATE TABLE atom_embed AS SELECT a.atom_id, tanh(embed(a.element, 8, 'atom_embed')) AS h FROM atom a;
@@ -43,6 +40,7 @@ import json, pathlib, sys
 import torch
 import relsql
 from pyspark.sql import SparkSession
+from relsql.data import spark_ship
 from relsql.datasets.mutagenesis import load
 from relsql.train.loop import torch_distributor
 
@@ -57,94 +55,56 @@ db = relsql.connect(master, scratch=scratch)  # the same session (getOrCreate)
 model = relsql.Model(db, relsql.Template.from_sql(template), "molecule.mutagenic", batch_size=64,
                      dtype=torch.float64, progress=False, store=store)
 on_executors = torch_distributor.on_executors(session, 2, gpu=False)
-model.fit(epochs=2, workers=2)
-written = model.write_predictions("cluster_predictions")
-result = {"weights": {n: w.detach().tolist() for n, w in model.named_weights().items()},
-          "history": [h["train_loss"] for h in model.history], "written": written,
-          "rows": session.table("cluster_predictions").count(), "on_executors": on_executors,
-          "store_files": sum(1 for p in pathlib.Path(store).rglob("*") if p.is_file()),
-          "executors": session.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1}  # less the driver
+result = {"store_files": lambda: sum(1 for p in pathlib.Path(store).rglob("*") if p.is_file())}
+try:
+    model.fit(epochs=2, workers=2)
+except relsql.RelsqlError as err:
+    result = {"error": str(err), "store_files": result["store_files"]()}
+else:
+    written = model.write_predictions("cluster_predictions")
+    where = session.sparkContext.parallelize([0, 1], 2).map(lambda _: __import__("relsql").__file__).collect()
+    result = {"weights": {n: w.detach().tolist() for n, w in model.named_weights().items()},
+              "history": [h["train_loss"] for h in model.history], "written": written,
+              "rows": session.table("cluster_predictions").count(), "on_executors": on_executors,
+              "store_files": result["store_files"](), "shipped": spark_ship.shipped(session),
+              "executor_relsql": where,
+              "executors": session.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1}  # less the driver
 db.close()
 session.stop()
 pathlib.Path(out).write_text(json.dumps(result))
 """
 
 
-def _spark_class() -> str:
-    import pyspark
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A standalone master and two one-core workers on loopback (bench/spark_standalone.py)."""
+    with standalone(tmp_path_factory.mktemp("cluster")) as running:
+        yield running
 
-    return str(Path(pyspark.__file__).parent / "bin" / "spark-class")
 
-
-def _wait_for(path: Path, pattern: str, process: subprocess.Popen, seconds: float = 120) -> re.Match:
-    """The first match of `pattern` in a daemon's log, waiting for it to be written."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        found = re.search(pattern, path.read_text(errors="replace")) if path.exists() else None
-        if found:
-            return found
-        if process.poll() is not None:
-            raise AssertionError(f"{path.name}: the daemon exited ({process.returncode}):\n{path.read_text()[-3000:]}")
-        time.sleep(0.5)
-    raise AssertionError(f"{path.name}: no {pattern!r} within {seconds} s:\n{path.read_text()[-3000:]}")
+def _drive(cluster, name: str, python: str) -> dict:
+    """The driver script in a process of its own against the cluster, its executors running `python`."""
+    folder = cluster.folder / name
+    out = folder / "result.json"
+    conf = write_conf(folder, {"spark.sql.shuffle.partitions": "4", "spark.executor.memory": "1g",
+                               "spark.executor.cores": "1", "spark.driver.memory": "1g",
+                               "spark.sql.warehouse.dir": str(folder / "warehouse")})
+    env = {**cluster.env, "SPARK_CONF_DIR": str(conf), "PYSPARK_PYTHON": python}  # relsql: from ROOT, the working folder
+    driver = subprocess.run([sys.executable, "-c", textwrap.dedent(DRIVER), cluster.url, str(folder / "scratch"),
+                             str(folder / "store"), str(out), TEMPLATE],
+                            capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    assert driver.returncode == 0 and out.exists(), driver.stdout[-3000:] + driver.stderr[-5000:]
+    return json.loads(out.read_text())
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """A standalone master and two one-core workers on loopback; yields the master's spark:// URL."""
-    folder = tmp_path_factory.mktemp("cluster")
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
-           "SPARK_DAEMON_JAVA_OPTS": JVM, "SPARK_WORKER_DIR": str(folder / "work")}
-    env.pop("SPARK_HOME", None)
-    daemons: list[subprocess.Popen] = []
-
-    def start(name: str, *args: str) -> tuple[subprocess.Popen, Path]:
-        log = folder / f"{name}.log"
-        process = subprocess.Popen([_spark_class(), *args], stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
-                                   cwd=folder, start_new_session=True)
-        daemons.append(process)
-        return process, log
-
-    try:
-        master, log = start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", "0",
-                            "--webui-port", "0")
-        url = _wait_for(log, r"Starting Spark master at (spark://127\.0\.0\.1:\d+)", master).group(1)
-        for k in range(2):
-            worker, worker_log = start(f"worker{k}", "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
-                                       "--port", "0", "--webui-port", "0", "--cores", "1", "--memory", "1500m")
-            _wait_for(worker_log, r"Successfully registered with master", worker)
-        yield url, env, folder
-    finally:
-        for process in daemons:
-            try:
-                os.killpg(process.pid, 15)
-            except ProcessLookupError:
-                pass
-        for process in daemons:
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, 9)
+def reference(molecules):
+    """The oracle: one DuckDB process training the same model."""
+    return relsql.Model(molecules, relsql.Template.from_sql(TEMPLATE), "molecule.mutagenic", batch_size=64,
+                        dtype=torch.float64, progress=False).fit(epochs=2, refit=False)  # ranks never refit
 
 
-def test_a_standalone_cluster_grounds_stores_and_trains_like_one_duckdb_process(cluster, molecules):
-    url, env, folder = cluster
-    out = folder / "result.json"
-    conf = folder / "conf"
-    conf.mkdir(exist_ok=True)
-    (conf / "spark-defaults.conf").write_text("\n".join([  # what a user's cluster would say in its own
-        "spark.ui.enabled false", "spark.ui.showConsoleProgress false", "spark.sql.shuffle.partitions 4",
-        "spark.sql.session.timeZone UTC", "spark.executor.memory 1g", "spark.executor.cores 1", "spark.driver.memory 1g",
-        f"spark.sql.warehouse.dir {folder / 'warehouse'}",
-        f"spark.driver.extraJavaOptions {JVM}", f"spark.executor.extraJavaOptions {JVM}", ""]))
-    driver = subprocess.run([sys.executable, "-c", textwrap.dedent(DRIVER), url, str(folder / "scratch"),
-                             str(folder / "store"), str(out), TEMPLATE],
-                            capture_output=True, text=True, env={**env, "SPARK_CONF_DIR": str(conf)}, cwd=ROOT,
-                            timeout=900)
-    assert driver.returncode == 0 and out.exists(), driver.stdout[-3000:] + driver.stderr[-5000:]
-    result = json.loads(out.read_text())
-    reference = relsql.Model(molecules, relsql.Template.from_sql(TEMPLATE), "molecule.mutagenic", batch_size=64,
-                             dtype=torch.float64, progress=False).fit(epochs=2, refit=False)  # ranks never refit
+def _assert_trained_like(result: dict, reference) -> None:
     for name, weight in reference.named_weights().items():
         theirs = torch.tensor(result["weights"][name], dtype=torch.float64)
         assert torch.allclose(weight.detach(), theirs, atol=1e-10, rtol=0), name
@@ -153,3 +113,36 @@ def test_a_standalone_cluster_grounds_stores_and_trains_like_one_duckdb_process(
     assert result["written"] == result["rows"] == 188
     assert result["store_files"] > 0  # the grounding store, written by the executors
     assert result["executors"] == 2  # one executor per worker, each a JVM of its own
+
+
+def test_a_standalone_cluster_grounds_stores_and_trains_like_one_duckdb_process(cluster, reference):
+    """Executors running this environment's Python (relsql installed there, or shipped when the
+    installed one is another version of it)."""
+    _assert_trained_like(_drive(cluster, "installed", sys.executable), reference)
+
+
+def test_executors_without_relsql_get_it_shipped_with_the_job(cluster, reference, tmp_path_factory):
+    """The executors' Python has torch, pandas, pyarrow... but no relsql: the package travels
+    with the job (addPyFile for the store writer, a zip carried by the ranks' function for
+    torchrun's processes), and the numbers are DuckDB's."""
+    python = python_without(tmp_path_factory.mktemp("python"), ("relsql",))
+    for code, found in (("import relsql", False), ("import torch, pandas, pyarrow", True)):  # as the workers run it
+        ran = subprocess.run([python, "-c", code], cwd=cluster.folder, env=cluster.env, capture_output=True)
+        assert (ran.returncode == 0) is found, (code, ran.stderr[-2000:])
+    result = _drive(cluster, "shipped", python)
+    _assert_trained_like(result, reference)
+    assert result["shipped"] is True
+    assert all(".zip" in where for where in result["executor_relsql"]), result["executor_relsql"]
+
+
+def test_executors_missing_a_dependency_are_told_what_to_install(cluster, tmp_path_factory):
+    """torch is a compiled wheel no zip carries: fit(workers=2) on executors without it stops
+    before the barrier job with the executors' Python, what it lacks and the pip command; the
+    store (which needs no torch) was written by then."""
+    python = python_without(tmp_path_factory.mktemp("python"), ("relsql", "torch"))
+    result = _drive(cluster, "no_torch", python)
+    message = result.get("error", "")
+    assert f"{python} cannot import torch" in message, result
+    assert f"{python} -m pip install 'torch=={torch.__version__.split('+')[0]}'" in message
+    assert "spark.relsql.ranksOn=driver" in message
+    assert result["store_files"] > 0  # relsql shipped for the store writer, which imports no torch

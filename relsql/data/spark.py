@@ -60,6 +60,7 @@ import pyarrow.parquet as pq
 import sqlglot.expressions as exp
 
 from relsql import sql as q
+from relsql.data import spark_ship
 from relsql.data.catalog import Catalog, Column, Table
 from relsql.data.engine import TEMP_PREFIX, WRITTEN_BY, Database, Engine, first_line, ident, marked_kind, product_rows
 from relsql.data.sources import Source
@@ -495,6 +496,7 @@ def check_workers(session, writer_module: str | None = None) -> None:
     import itself are not asked of the workers."""
     if session in _workers_ok:
         return
+    spark_ship.ensure(session, spark_ship.STORE)  # relsql itself: shipped with the job when the workers lack it
     import importlib.util
 
     wanted = [m for m in dict.fromkeys((*WORKER_MODULES, *([writer_module] if writer_module else [])))

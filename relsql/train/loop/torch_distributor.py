@@ -13,8 +13,9 @@ Where the ranks run (TorchDistributor's `local_mode`):
   retries it for minutes before failing.
 - The executors (local_mode=False: a barrier stage of N tasks, one rank each; one task per
   node with all its GPUs when `spark.task.resource.gpu.amount` > 1) on a cluster. The executors
-  then need, besides torch and relsql importable by their Python, pandas (TorchDistributor
-  sends the result back as Arrow), and the grounding store's folder (`Model(store=...)`) and any
+  then need torch and pandas (TorchDistributor sends the result back as Arrow) importable by their
+  Python, checked once per session (relsql itself is shipped with the job where they lack it:
+  relsql.data.spark_ship), and the grounding store's folder (`Model(store=...)`) and any
   checkpoint path on storage every executor reads and writes at the same path: the default
   store is a temporary folder on the driver. Rank 0's result (the weights) comes back as a
   Spark result: weights larger than `spark.driver.maxResultSize` need it raised.
@@ -48,6 +49,7 @@ import sys
 from collections import deque
 from pathlib import Path
 
+from relsql.data import spark_ship
 from relsql.errors import RelsqlError
 
 log = logging.getLogger("relsql")
@@ -77,10 +79,14 @@ def run(db, job, train) -> dict:
     log.info("training on %d ranks started by Spark's TorchDistributor on %s", job.world,
              _here(db.spark) if local else "Spark's executors")
     distributor = _distributor(job, local, gpu)
+    entry = (_rank, (dataclasses.replace(job, init_method="env://"), train))
+    if not local:  # the executors' Python: the modules a rank needs; relsql itself shipped when they lack it
+        spark_ship.ensure(db.spark, spark_ship.TRAIN)
+        entry = spark_ship.rank_entry(db.spark, entry[0], *entry[1])
     output = _Output()
     try:
         with contextlib.redirect_stdout(output), _importable(local):
-            result = distributor.run(_rank, dataclasses.replace(job, init_method="env://"), train)
+            result = distributor.run(entry[0], *entry[1])
     except Exception as err:  # RuntimeError from torchrun, or Spark's error for a failed barrier stage
         chatter.debug("TorchDistributor failed: %s", err)
         raise RelsqlError(_failure(job.world, output, str(err), local)) from None
@@ -251,7 +257,7 @@ def _failure(world: int, output: _Output, error: str, local: bool) -> str:
         message = f"training ranks started by Spark's TorchDistributor failed: {errors[-1] if errors else _first_line(error)}"
     if not local:
         message += (" (the ranks ran on Spark's executors: they need the grounding store and checkpoint on storage "
-                    f"every executor reads at the same path, relsql, torch and pandas installed; {SETTING}=driver "
+                    f"every executor reads at the same path, torch and pandas installed; {SETTING}=driver "
                     "runs them on the driver)")
     return message
 
