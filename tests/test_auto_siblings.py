@@ -7,6 +7,7 @@ plain Python loop over the same rows; RelBench's cut (`<=`) against relsql's own
 from __future__ import annotations
 
 import datetime as dt
+import math
 from types import SimpleNamespace
 
 import pandas as pd
@@ -42,19 +43,19 @@ def league(tmp_path):
 
 
 def grounded(template: relsql.Template, db, relation: str) -> dict[tuple, float]:
-    """{(target key, node row key): the age in seconds} of one node relation, as grounded (the
-    feature column is standardized in SQL: its recorded mean and spread undo that)."""
+    """{(target key, node row key): the age in seconds} of one node relation, as grounded (the age
+    column is sign(days) * ln(1 + |days|), read raw: its inverse gives the days back)."""
     grounding = ground(template, db)
     found = grounding.relations[relation]
-    (stats,) = [v for k, v in grounding.feature_stats.items() if k.startswith(f"{relation}#")]
+    assert not [k for k in grounding.feature_stats if k.startswith(f"{relation}#")]  # nothing standardized
     keys = found.keys.to_pydict()
     r_key, n_key = [c for c in keys if c.startswith("r_") and c != "r_time"][0], [c for c in keys if c.startswith("n_")][0]
     rule = found.rules[0]
-    (age,) = rule.columns.values()  # the one features() input: the age
+    (age,) = rule.columns.values()  # the one number read: the age
     rids = keys["_rid"]
     row = {rid: (keys[r_key][i], keys[n_key][i]) for i, rid in enumerate(rids)}
-    return {row[int(h)]: round(float(age[i].reshape(-1)[0]) * stats["std"] + stats["mean"])
-            for i, h in enumerate(rule.head)}
+    return {row[int(h)]: round(math.copysign(math.expm1(abs(a)), a) * 86400.0)
+            for h, a in zip(rule.head, (float(v) for v in age.reshape(-1)))}
 
 
 def seconds(later: D, earlier: D) -> float:

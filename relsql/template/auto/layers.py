@@ -38,11 +38,6 @@ def node_rows(draft: Draft, node: Node) -> None:
         source = f"FROM x_{node.parent.name} p\n{near_row(draft, node.parent)}"
         target_keys = [f"p.{draft.r[k]}" for k in draft.target_keys] + ([f"p.{draft.r_time}"] if time_column else [])
     time = draft.event_time(node.table, node.step)
-    now = target_time
-    if node.parent.parent is not None and ages(draft, time):  # the target row's time as a column features() reads
-        now = f"rt.{quoted(time_column)}"
-        source += "\nJOIN {} rt ON {}".format(
-            quoted(draft.target), " AND ".join(f"rt.{quoted(k)} = p.{draft.r[k]}" for k in draft.target_keys))
     on_time, dimension = draft.time_join(node.table, "x", target_time, node.step)
     condition = node.step.condition(near, "x") + on_time
     if own_siblings(draft, node):  # never the target row itself
@@ -54,8 +49,9 @@ def node_rows(draft: Draft, node: Node) -> None:
     draft.out.append(
         f"-- {node.name}: the {direction} of {node.parent.table} in {node.table} (via {', '.join(node.step.fk.columns)})"
         + _cut(draft, node, time) + f"\nCREATE TABLE x_{node.name} AS\nSELECT {', '.join(select)}, "
-        f"{row_value(draft, node, time, now)} AS h\n{source}\n"
-        f"JOIN {quoted(node.table)} x ON {condition}{dimension}\nJOIN enc_{t} e ON {join_enc}\nGROUP BY {group};\n")
+        f"{row_value(draft, node, time)} AS h\n{source}\n"
+        f"JOIN {quoted(node.table)} x ON {condition}{dimension}\nJOIN enc_{t} e ON {join_enc}"
+        f"{age_join(draft, time, target_time)}\nGROUP BY {group};\n")
 
 
 def own_siblings(draft: Draft, node: Node) -> bool:
@@ -89,20 +85,33 @@ def ages(draft: Draft, time: Time | None) -> bool:
     return seconds("t", draft.target_kind) is not None and seconds("t", time.kind) is not None
 
 
-def row_value(draft: Draft, node: Node, time: Time | None, target_time: str) -> str:
+def row_value(draft: Draft, node: Node, time: Time | None) -> str:
     """A node row's value: its table's encoding and, in a temporal template with encoders, for
-    event rows within `hops` of the target row, their age at the target row's time (seconds,
-    standardized), as RelBench's encoders add: how recent an event was often says more than its
-    calendar date. `target_time` is a column of a table (features() reads tables' columns, not
-    computed relations'): the target table's, joined again by key below depth 1 (node_rows)."""
+    event rows within `hops` of the target row, their age at the target row's time (`age_join`),
+    as RelBench's encoders add: how recent an event was often says more than its calendar date."""
     if not ages(draft, time):
         return "avg(e.h)"
+    return f"avg(e.h + linear({AGE}.age, {draft.width}, '{draft.weight_name(f'age_{node.name}')}'))"
+
+
+AGE = "ag"  # the alias of the lateral row holding an event row's age
+
+
+def age_join(draft: Draft, time: Time | None, target_time: str) -> str:
+    """The lateral join giving an event row (alias x, its date dimension's xd) its age at
+    `target_time` on a fixed scale: ln(1 + days), signed (dates and years; ln(1 + the difference)
+    for two plain numbers). Used raw, never standardized: features() standardizes with statistics
+    over every grounding, later target rows' included, so future rows would move earlier
+    predictions through its mean and spread (issue 44). The scale is the data's own, the same for
+    every row: a day, a month, a year and a decade are 0.69, 3.4, 5.9 and 8.2."""
+    if not ages(draft, time):
+        return ""
     at = f"{'x' if time.via is None else 'xd'}.{quoted(time.column)}"
-    now, then = seconds(target_time, draft.target_kind), seconds(at, time.kind)
     if time.kind == "number" == draft.target_kind:
-        now, then = f"CAST({target_time} AS DOUBLE)", f"CAST({at} AS DOUBLE)"
-    name = draft.weight_name(f"age_{node.name}")
-    return f"avg(e.h + linear(features({now} - {then}), {draft.width}, '{name}'))"
+        span = f"CAST({target_time} AS DOUBLE) - CAST({at} AS DOUBLE)"
+    else:
+        span = f"({seconds(target_time, draft.target_kind)} - {seconds(at, time.kind)}) / 86400.0"
+    return f"\nCROSS JOIN LATERAL (SELECT sign({span}) * ln(1 + abs({span})) AS age) {AGE}"
 
 
 def aggregate(draft: Draft, child: Node, node: Node, own: str) -> tuple[str, str]:
