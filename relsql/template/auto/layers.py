@@ -51,7 +51,7 @@ def node_rows(draft: Draft, node: Node) -> None:
         + _cut(draft, node, time) + f"\nCREATE TABLE x_{node.name} AS\nSELECT {', '.join(select)}, "
         f"{row_value(draft, node, time)} AS h\n{source}\n"
         f"JOIN {quoted(node.table)} x ON {condition}{dimension}\nJOIN enc_{t} e ON {join_enc}"
-        f"{age_join(draft, time, target_time)}\nGROUP BY {group};\n")
+        f"{lateral(draft, node, time, target_time)}\nGROUP BY {group};\n")
 
 
 def own_siblings(draft: Draft, node: Node) -> bool:
@@ -86,32 +86,57 @@ def ages(draft: Draft, time: Time | None) -> bool:
 
 
 def row_value(draft: Draft, node: Node, time: Time | None) -> str:
-    """A node row's value: its table's encoding and, in a temporal template with encoders, for
-    event rows within `hops` of the target row, their age at the target row's time (`age_join`),
-    as RelBench's encoders add: how recent an event was often says more than its calendar date."""
-    if not ages(draft, time):
-        return "avg(e.h)"
-    return f"avg(e.h + linear({AGE}.age, {draft.width}, '{draft.weight_name(f'age_{node.name}')}'))"
+    """A node row's value: its table's encoding and, in a temporal template, for event rows within
+    `hops` of the target row, their age at the target row's time (with encoders), as RelBench's
+    encoders add: how recent an event was often says more than its calendar date; for the target
+    row's earlier siblings, their labels too (`lateral`)."""
+    terms = ["e.h"]
+    if ages(draft, time):
+        terms.append(f"linear({LATERAL}.age, {draft.width}, '{draft.weight_name(f'age_{node.name}')}')")
+    if sibling_labels(draft, node, time):
+        name = draft.weight_name(f"label_{node.name}")
+        terms.append(f"linear({LATERAL}.label, {draft.width}, '{name}')")
+        terms.append(f"linear({LATERAL}.unknown, {draft.width}, '{draft.weight_name(f'{name}_unknown')}')")
+    return f"avg({' + '.join(terms)})"
 
 
-AGE = "ag"  # the alias of the lateral row holding an event row's age
+LATERAL = "ag"  # the alias of the lateral row holding an event row's age (and an earlier sibling's label)
 
 
-def age_join(draft: Draft, time: Time | None, target_time: str) -> str:
-    """The lateral join giving an event row (alias x, its date dimension's xd) its age at
-    `target_time` on a fixed scale: ln(1 + days), signed (dates and years; ln(1 + the difference)
-    for two plain numbers). Used raw, never standardized: features() standardizes with statistics
-    over every grounding, later target rows' included, so future rows would move earlier
-    predictions through its mean and spread (issue 44). The scale is the data's own, the same for
-    every row: a day, a month, a year and a decade are 0.69, 3.4, 5.9 and 8.2."""
-    if not ages(draft, time):
+def sibling_labels(draft: Draft, node: Node, time: Time | None) -> bool:
+    """Whether `node`'s rows, the target row's siblings, bring their labels: in a temporal template
+    whose target is a number or a boolean (not a ranking target's references), under the time cut.
+    Each label is read only where the sibling's time is strictly earlier than the target row's (even
+    under RelBench's `<=` cut), which relsql.train.task.leakage accepts and no other read."""
+    return time is not None and draft.label_kind is not None and own_siblings(draft, node)
+
+
+def lateral(draft: Draft, node: Node, time: Time | None, target_time: str) -> str:
+    """The lateral row of an event row (alias x, its date dimension's xd) holding, on fixed scales,
+    its age at `target_time`: sign(days) * ln(1 + |days|) (dates and years; of the difference for
+    two plain numbers), read raw, never standardized: features() standardizes with statistics over
+    every grounding, later target rows' included, so future rows would move earlier predictions
+    through its mean and spread (issue 44). A day, a month, a year and a decade are 0.69, 3.4, 5.9
+    and 8.2. For an earlier sibling of the target row, its label too: `label` (a boolean as 0/1, a
+    number y as sign(y) * ln(1 + |y|); 0 where NULL) and `unknown` (1 where NULL), each read only
+    under CASE WHEN the sibling's time < the target row's (else 0 and 1)."""
+    columns = []
+    if ages(draft, time):
+        at = f"{'x' if time.via is None else 'xd'}.{quoted(time.column)}"
+        if time.kind == "number" == draft.target_kind:
+            span = f"CAST({target_time} AS DOUBLE) - CAST({at} AS DOUBLE)"
+        else:
+            span = f"({seconds(target_time, draft.target_kind)} - {seconds(at, time.kind)}) / 86400.0"
+        columns.append(f"sign({span}) * ln(1 + abs({span})) AS age")
+    if sibling_labels(draft, node, time):
+        label = f"x.{quoted(draft.column)}"
+        value = f"CAST({label} AS DOUBLE)" if draft.label_kind == "boolean" else f"sign({label}) * ln(1 + abs({label}))"
+        earlier = f"x.{quoted(draft.time_column)} < {target_time}"
+        columns.append(f"CASE WHEN {earlier} THEN coalesce({value}, 0) ELSE 0 END AS label")
+        columns.append(f"CASE WHEN {earlier} THEN CAST({label} IS NULL AS DOUBLE) ELSE 1 END AS unknown")
+    if not columns:
         return ""
-    at = f"{'x' if time.via is None else 'xd'}.{quoted(time.column)}"
-    if time.kind == "number" == draft.target_kind:
-        span = f"CAST({target_time} AS DOUBLE) - CAST({at} AS DOUBLE)"
-    else:
-        span = f"({seconds(target_time, draft.target_kind)} - {seconds(at, time.kind)}) / 86400.0"
-    return f"\nCROSS JOIN LATERAL (SELECT sign({span}) * ln(1 + abs({span})) AS age) {AGE}"
+    return f"\nCROSS JOIN LATERAL (SELECT {', '.join(columns)}) {LATERAL}"
 
 
 def aggregate(draft: Draft, child: Node, node: Node, own: str) -> tuple[str, str]:
