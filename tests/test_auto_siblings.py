@@ -1,8 +1,9 @@
 """Time reaches two hops, and siblings through a parent (issue 44, items 3 and 4): in a temporal
 automatic template a row's parent's other child rows (the same player's earlier salaries) join
 under the time cut, never the row itself nor its later siblings, and every event row within
-`hops` carries its age at the target row's time. Each grounded set and age is checked against a
-plain Python loop over the same rows; RelBench's cut (`<=`) against relsql's own (`<`) on a tie."""
+`hops` carries its age at the target row's time; the target row's earlier siblings bring their
+labels, strictly earlier ones only. Each grounded set, age and label is checked against a plain
+Python loop over the same rows; RelBench's cut (`<=`) against relsql's own (`<`) on a tie."""
 
 from __future__ import annotations
 

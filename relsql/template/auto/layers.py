@@ -65,7 +65,7 @@ def _cut(draft: Draft, node: Node, time: Time | None) -> str:
     """How time cuts a node's rows, for its statement's comment."""
     if time is not None and own_siblings(draft, node):
         return (f", siblings of the target row earlier than its time (by {time.describe(node.table)}), "
-                "never the row itself")
+                "never the row itself" + (", their labels where strictly earlier" * sibling_labels(draft, node, time)))
     if time is not None:
         return f", earlier than the target row's time (by {time.describe(node.table)})"
     if draft.time_column and not node.step.to_child:
