@@ -26,3 +26,36 @@ def test_copies_of_the_label_are_found_across_number_types_without_failing_compa
     monkeypatch.setattr(db, "arrow", counted)
     assert copies_of(db, "c", "churned") == {"flag01"}
     assert failures == []
+
+
+# -- an earlier row's label (Template.auto's siblings): accepted only in its one shape -----------------------
+def _sibling_reads(value: str, time_column: str | None = "ts") -> list[str]:
+    """The target reads of a template whose second statement gives each row its group's other rows'
+    `value` (a lateral row's column, as Template.auto writes it)."""
+    from relsql.train.task.leakage import target_reads
+
+    db = relsql.connect()
+    db.execute("CREATE TABLE t AS SELECT i AS id, DATE '2020-01-01' + i::INTEGER AS ts, i % 4 AS g, i * 0.5 AS y "
+               "FROM range(20) r(i)")
+    template = relsql.Template.from_sql(f"""
+CREATE TABLE base AS SELECT t.id, t.ts, linear(features(t.g), 2, 'w_base') AS h FROM t;
+CREATE TABLE sib AS
+SELECT p.id, p.ts, avg(linear(ag.v, 2, 'w_sib')) AS h
+FROM base p JOIN t q ON q.id = p.id JOIN t x ON x.g = q.g AND x.id <> p.id
+CROSS JOIN LATERAL (SELECT {value} AS v) ag
+GROUP BY p.id, p.ts;
+""")
+    return target_reads(template, db, "t", "y", time_column)
+
+
+def test_an_earlier_rows_label_is_accepted_only_under_a_strict_cut_by_the_heads_time():
+    earlier = "CASE WHEN x.ts < p.ts THEN x.y ELSE 0 END"
+    assert _sibling_reads(earlier) == []
+    assert _sibling_reads(earlier, time_column=None)  # no time: not known to be earlier
+    assert _sibling_reads("x.y")  # a read inside a lateral row is a read (it was not seen before)
+    assert _sibling_reads("CASE WHEN x.ts <= p.ts THEN x.y ELSE 0 END")  # the same time: the row's own label too
+    assert _sibling_reads("CASE WHEN x.ts < DATE '2030-01-01' THEN x.y ELSE 0 END")  # not the head's time
+    assert _sibling_reads("CASE WHEN x.ts < p.ts THEN 0 ELSE x.y END")  # the later rows' branch
+    assert _sibling_reads("CASE WHEN q.ts < p.ts THEN x.y ELSE 0 END")  # another row's time
+    assert _sibling_reads("CASE WHEN x.g < p.ts THEN x.y ELSE 0 END", time_column="ts")  # not the time column
+    assert _sibling_reads("CASE WHEN x.ts < p.ts THEN x.y ELSE 0 END + x.y")  # a second read, outside

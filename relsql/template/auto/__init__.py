@@ -40,7 +40,7 @@ from relsql import arguments
 from relsql.data.engine import Database
 from relsql.targets import output_units
 from relsql.template.auto import encoders, header, layers
-from relsql.template.auto.columns import id_like, is_interval
+from relsql.template.auto.columns import id_like, is_interval, label_kind
 from relsql.template.auto.cuts import Pruning, Sizes
 from relsql.template.auto.draft import Draft
 from relsql.template.auto.header import HEADER, is_automatic
@@ -125,6 +125,8 @@ def _write(db: Database, target: str, table: str, column: str, options: Options)
     nodes = list(walk(root))
     draft = Draft(db, where.keys, table, column, options, aggregation=terms, times=where.times, labels=labels, sizes=sizes,
                   inclusive=where.inclusive)
+    if options.time_column and where.reference is None:  # earlier siblings' labels: layers.lateral
+        draft.label_kind = label_kind(next(c.type for c in where.keys.tables[table].columns if c.name == column))
     units = _units(db, table, column) if where.reference is None else where.dimension
     tables = list(dict.fromkeys(n.table for n in nodes))
     if where.reference is not None and where.reference.table not in tables:

@@ -26,3 +26,14 @@ def is_interval(sql_type: str) -> bool:
 def id_like(name: str) -> bool:
     """Whether a column is named like an identifier: never a number to standardize."""
     return bool(_ID_NAME.search(name) or _ID_CAMEL.search(name) or _ID_TPCH.fullmatch(name))
+
+
+def label_kind(sql_type: str) -> str | None:
+    """A label an earlier sibling may bring as a number: "boolean", "number", or None (text, lists,
+    dates, durations: categories and other kinds are not read)."""
+    upper = sql_type.upper()
+    if "[]" in upper or is_interval(upper) or is_time_type(upper):
+        return None
+    if upper.startswith("BOOL"):
+        return "boolean"
+    return "number" if any(t in upper for t in ("INT", "DECIMAL", "NUMERIC", "DOUBLE", "FLOAT", "REAL")) else None

@@ -31,6 +31,7 @@ class Draft:
         self.out: list[str] = []
         self.identifiers: list[str] = []  # table.column named like an identifier and left out
         self.sizes = sizes
+        self.label_kind: str | None = None  # "boolean" or "number": earlier siblings' labels are read (layers.lateral)
         self.counted: dict[tuple[str, str], tuple[int, int]] = {}  # (table, column) -> (distinct values, non-NULL rows)
         self.target_keys = list(schema.primary_keys[target])
         # Key columns of node relations: r_<target key> (and r_time), then n_<node table key>.

@@ -38,11 +38,6 @@ def node_rows(draft: Draft, node: Node) -> None:
         source = f"FROM x_{node.parent.name} p\n{near_row(draft, node.parent)}"
         target_keys = [f"p.{draft.r[k]}" for k in draft.target_keys] + ([f"p.{draft.r_time}"] if time_column else [])
     time = draft.event_time(node.table, node.step)
-    now = target_time
-    if node.parent.parent is not None and ages(draft, time):  # the target row's time as a column features() reads
-        now = f"rt.{quoted(time_column)}"
-        source += "\nJOIN {} rt ON {}".format(
-            quoted(draft.target), " AND ".join(f"rt.{quoted(k)} = p.{draft.r[k]}" for k in draft.target_keys))
     on_time, dimension = draft.time_join(node.table, "x", target_time, node.step)
     condition = node.step.condition(near, "x") + on_time
     if own_siblings(draft, node):  # never the target row itself
@@ -54,8 +49,9 @@ def node_rows(draft: Draft, node: Node) -> None:
     draft.out.append(
         f"-- {node.name}: the {direction} of {node.parent.table} in {node.table} (via {', '.join(node.step.fk.columns)})"
         + _cut(draft, node, time) + f"\nCREATE TABLE x_{node.name} AS\nSELECT {', '.join(select)}, "
-        f"{row_value(draft, node, time, now)} AS h\n{source}\n"
-        f"JOIN {quoted(node.table)} x ON {condition}{dimension}\nJOIN enc_{t} e ON {join_enc}\nGROUP BY {group};\n")
+        f"{row_value(draft, node, time)} AS h\n{source}\n"
+        f"JOIN {quoted(node.table)} x ON {condition}{dimension}\nJOIN enc_{t} e ON {join_enc}"
+        f"{lateral(draft, node, time, target_time)}\nGROUP BY {group};\n")
 
 
 def own_siblings(draft: Draft, node: Node) -> bool:
@@ -69,7 +65,7 @@ def _cut(draft: Draft, node: Node, time: Time | None) -> str:
     """How time cuts a node's rows, for its statement's comment."""
     if time is not None and own_siblings(draft, node):
         return (f", siblings of the target row earlier than its time (by {time.describe(node.table)}), "
-                "never the row itself")
+                "never the row itself" + (", their labels where strictly earlier" * sibling_labels(draft, node, time)))
     if time is not None:
         return f", earlier than the target row's time (by {time.describe(node.table)})"
     if draft.time_column and not node.step.to_child:
@@ -89,20 +85,58 @@ def ages(draft: Draft, time: Time | None) -> bool:
     return seconds("t", draft.target_kind) is not None and seconds("t", time.kind) is not None
 
 
-def row_value(draft: Draft, node: Node, time: Time | None, target_time: str) -> str:
-    """A node row's value: its table's encoding and, in a temporal template with encoders, for
-    event rows within `hops` of the target row, their age at the target row's time (seconds,
-    standardized), as RelBench's encoders add: how recent an event was often says more than its
-    calendar date. `target_time` is a column of a table (features() reads tables' columns, not
-    computed relations'): the target table's, joined again by key below depth 1 (node_rows)."""
-    if not ages(draft, time):
-        return "avg(e.h)"
-    at = f"{'x' if time.via is None else 'xd'}.{quoted(time.column)}"
-    now, then = seconds(target_time, draft.target_kind), seconds(at, time.kind)
-    if time.kind == "number" == draft.target_kind:
-        now, then = f"CAST({target_time} AS DOUBLE)", f"CAST({at} AS DOUBLE)"
-    name = draft.weight_name(f"age_{node.name}")
-    return f"avg(e.h + linear(features({now} - {then}), {draft.width}, '{name}'))"
+def row_value(draft: Draft, node: Node, time: Time | None) -> str:
+    """A node row's value: its table's encoding and, in a temporal template, for event rows within
+    `hops` of the target row, their age at the target row's time (with encoders), as RelBench's
+    encoders add: how recent an event was often says more than its calendar date; for the target
+    row's earlier siblings, their labels too (`lateral`)."""
+    terms = ["e.h"]
+    if ages(draft, time):
+        terms.append(f"linear({LATERAL}.age, {draft.width}, '{draft.weight_name(f'age_{node.name}')}')")
+    if sibling_labels(draft, node, time):
+        name = draft.weight_name(f"label_{node.name}")
+        terms.append(f"linear({LATERAL}.label, {draft.width}, '{name}')")
+        terms.append(f"linear({LATERAL}.unknown, {draft.width}, '{draft.weight_name(f'{name}_unknown')}')")
+    return f"avg({' + '.join(terms)})"
+
+
+LATERAL = "ag"  # the alias of the lateral row holding an event row's age (and an earlier sibling's label)
+
+
+def sibling_labels(draft: Draft, node: Node, time: Time | None) -> bool:
+    """Whether `node`'s rows, the target row's siblings, bring their labels: in a temporal template
+    whose target is a number or a boolean (not a ranking target's references), under the time cut.
+    Each label is read only where the sibling's time is strictly earlier than the target row's (even
+    under RelBench's `<=` cut), which relsql.train.task.leakage accepts and no other read."""
+    return time is not None and draft.label_kind is not None and own_siblings(draft, node)
+
+
+def lateral(draft: Draft, node: Node, time: Time | None, target_time: str) -> str:
+    """The lateral row of an event row (alias x, its date dimension's xd) holding, on fixed scales,
+    its age at `target_time`: sign(days) * ln(1 + |days|) (dates and years; of the difference for
+    two plain numbers), read raw, never standardized: features() standardizes with statistics over
+    every grounding, later target rows' included, so future rows would move earlier predictions
+    through its mean and spread (issue 44). A day, a month, a year and a decade are 0.69, 3.4, 5.9
+    and 8.2. For an earlier sibling of the target row, its label too: `label` (a boolean as 0/1, a
+    number y as sign(y) * ln(1 + |y|); 0 where NULL) and `unknown` (1 where NULL), each read only
+    under CASE WHEN the sibling's time < the target row's (else 0 and 1)."""
+    columns = []
+    if ages(draft, time):
+        at = f"{'x' if time.via is None else 'xd'}.{quoted(time.column)}"
+        if time.kind == "number" == draft.target_kind:
+            span = f"CAST({target_time} AS DOUBLE) - CAST({at} AS DOUBLE)"
+        else:
+            span = f"({seconds(target_time, draft.target_kind)} - {seconds(at, time.kind)}) / 86400.0"
+        columns.append(f"sign({span}) * ln(1 + abs({span})) AS age")
+    if sibling_labels(draft, node, time):
+        label = f"x.{quoted(draft.column)}"
+        value = f"CAST({label} AS DOUBLE)" if draft.label_kind == "boolean" else f"sign({label}) * ln(1 + abs({label}))"
+        earlier = f"x.{quoted(draft.time_column)} < {target_time}"
+        columns.append(f"CASE WHEN {earlier} THEN coalesce({value}, 0) ELSE 0 END AS label")
+        columns.append(f"CASE WHEN {earlier} THEN CAST({label} IS NULL AS DOUBLE) ELSE 1 END AS unknown")
+    if not columns:
+        return ""
+    return f"\nCROSS JOIN LATERAL (SELECT {', '.join(columns)}) {LATERAL}"
 
 
 def aggregate(draft: Draft, child: Node, node: Node, own: str) -> tuple[str, str]:

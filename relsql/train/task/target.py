@@ -45,7 +45,7 @@ class Target:
 
     def refuse_leaks(self, template: Template, db: Database) -> None:
         """A template that reads the target column (or a copy of it) is refused."""
-        reads = target_reads(template, db, self.table, self.column)
+        reads = target_reads(template, db, self.table, self.column, self.time_column)
         if reads:
             raise SchemaError(f"the template reads the target {self.name} it is to predict: {'; '.join(reads[:3])}"
                               f"{' ...' if len(reads) > 3 else ''}. A model that sees its label learns nothing: remove "
