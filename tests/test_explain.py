@@ -171,7 +171,7 @@ def test_cli_writes_tables_and_refuses_user_tables(small, tmp_path, capsys):
     path = tmp_path / "small.duckdb"
     db = relsql.connect(path)
     for table in ("parent", "child"):  # the same rows in a file the command can open
-        db.con.register("rows", small.con.execute(f'SELECT * FROM "{table}"').arrow())
+        db.con.register("rows", small.arrow(f'SELECT * FROM "{table}"'))
         db.con.execute(f'CREATE TABLE "{table}" AS SELECT * FROM rows')
         db.con.unregister("rows")
     model = _model(db, DEEP)
@@ -186,7 +186,7 @@ def test_cli_writes_tables_and_refuses_user_tables(small, tmp_path, capsys):
     assert main([*args, "--table", "why", "--replace"]) == 0
     assert main([*args[:-2], "--where", "nope > 1"]) == 2
     again = relsql.connect(path)
-    written = pl.from_arrow(again.con.execute('SELECT * FROM "why"').arrow())
+    written = pl.from_arrow(again.arrow('SELECT * FROM "why"'))
     assert written.height == expected.height
     assert abs(written["attribution"].sum() - expected["attribution"].sum()) < 1e-9
     kinds = set(again.con.execute('SELECT kind FROM "why_summary"').fetchall())
