@@ -67,9 +67,14 @@ def shop(spark):
     con.execute(f"""INSERT INTO orders SELECT i, i % 300, (i * 7) % 40, round((i * 53 % 997) / 7.0, 2), {ordered},
         'w' || (i * 7919 % 3001) || ' v' || (i % 17) || ' z' || (i * 13 % 101) FROM range(1500) r(i)""")
     duck = relsql.connect(con, keys=KEYS)
-    for view in spark.catalog.listTables():  # the session is shared: earlier modules' views (TPC-H's lineitem,
-        if view.isTemporary:  # nation, ...) would be tables of this Spark database and change its template
+    # the session is shared: earlier modules' temp views (TPC-H's lineitem, ...) and tables they wrote into
+    # the current database (test_spark's mutagenic_predictions) would be tables here and change the template
+    for view in spark.catalog.listTables():
+        if view.isTemporary:
             spark.catalog.dropTempView(view.name)
+    previous = spark.catalog.currentDatabase()
+    spark.sql("CREATE DATABASE IF NOT EXISTS relsql_dialects")
+    spark.catalog.setCurrentDatabase("relsql_dialects")
     spark.conf.set("spark.sql.timestampType", "TIMESTAMP_NTZ")  # DuckDB's TIMESTAMP is Spark's TIMESTAMP_NTZ
     try:
         copy_to_spark(duck, spark)
@@ -82,6 +87,7 @@ def shop(spark):
     on_spark.close()
     duck.close()
     con.close()
+    spark.catalog.setCurrentDatabase(previous)
 
 
 def duckdb_sql(text: str):
