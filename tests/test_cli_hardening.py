@@ -151,6 +151,16 @@ def test_help_documents_the_exit_codes(capsys):
     assert code == 0 and "exit status" in out
 
 
+def test_python_dash_m_relsql_is_the_command_line(tmp_path):
+    """`python -m relsql` runs the CLI (where the `relsql` script is not on PATH), exit codes included."""
+    run = [sys.executable, "-m", "relsql"]
+    shown = subprocess.run([*run, "--help"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert shown.returncode == 0 and "exit status" in shown.stdout and "explain-prediction" in shown.stdout
+    missing = subprocess.run([*run, "inspect", str(tmp_path / "nope.duckdb")], capture_output=True, text=True,
+                             cwd=tmp_path, timeout=120)
+    assert missing.returncode == 2 and "nope.duckdb" in missing.stderr and "Traceback" not in missing.stderr
+
+
 # -- runtime errors: exit 1, one line `relsql: ...` ------------------------------------------------------
 def test_relsql_error_exits_1(shop, capsys):
     code, _, err = cli(capsys, "template", shop / "shop.duckdb", "--target", "nope.x")
