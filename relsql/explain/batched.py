@@ -47,6 +47,7 @@ class Runner:
             attrs["inplace"] = False  # blocks are views of one tensor: never overwrite one
             self.program.append((op.out, op.kind, None if op.kind == "param" else kernel(op.kind, attrs), op.args, attrs))
         self.computed = {i.slot for i in inputs if i.computed}
+        self.same = {op.out for op in plan.ops if op.kind == "gather" and _identity(plan, *op.args)}  # reads every row in order
         self.values: dict[int, torch.Tensor] = {  # each input's value at alpha = 1 (computed ones: at the first run)
             i.slot: plan.inputs[i.slot].to(torch.float64) for i in inputs if not i.computed}
         self.elements = sum(m.numel() for s, m in plan.meta.items() if m.is_floating_point())  # one point's values
@@ -82,7 +83,11 @@ class Runner:
                     continue
                 values = [slots[a] for a in args]
                 held = [a in blocks for a in args]
-                if not any(held):
+                if out in self.same:
+                    slots[out] = values[0]
+                    if held[0]:
+                        blocks[out] = blocks[args[0]]
+                elif not any(held):
                     slots[out] = run(*values)
                 else:
                     slots[out], blocks[out] = _batched(kind, run, attrs, values, held, [blocks.get(a) for a in args],
@@ -95,6 +100,15 @@ class Runner:
                 value, blocks[slot] = value.unsqueeze(0).expand(count, *value.shape).reshape(-1, *value.shape[1:]), value.shape
             rows = blocks[slot][0]
             return self.head(value.reshape(count * rows, -1)).reshape(count, rows, -1), leaves
+
+
+def _identity(plan: Plan, x: int, rows: int) -> bool:
+    """Whether a gather's row index is a plan input reading each of x's rows once, in order (the
+    plain plan reads a relation's rows so where a rule's groundings are the relation's rows)."""
+    index = plan.inputs.get(rows)
+    meta = plan.meta.get(x)
+    return (index is not None and meta is not None and meta.dim() >= 1 and index.dim() == 1
+            and len(index) == meta.shape[0] and bool(torch.equal(index, torch.arange(len(index), dtype=index.dtype))))
 
 
 def _batched(kind: str, run: Callable, attrs: dict, values: list[torch.Tensor], held: list[bool],
