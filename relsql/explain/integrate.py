@@ -23,7 +23,7 @@ from relsql.explain.batched import Runner
 CHUNK_ELEMENTS = 2**24  # per-row gradients held at once: rows in a chunk x points in a pass x input elements
 PASS_ELEMENTS = 2**24  # float values of the plan held at once: points in a pass x one point's values
 TOLERANCE = 1e-6  # adaptive: largest completeness gap, relative to max(1, |output|, |baseline|)
-FIRST_STEPS, MOST_STEPS = 12, 256  # adaptive: the intervals of the first rule (13 points), the most it doubles to
+FIRST_STEPS, MOST_STEPS = 12, 192  # adaptive: intervals of the first rule (13 points), the most doubling reaches
 
 
 @dataclass
