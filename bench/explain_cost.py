@@ -1,11 +1,12 @@
 """The cost of explaining rows against predicting them (issue #47's target: explaining 1,000 rows
 at most 10x predicting them).
 
-    python -m bench.explain_cost [--parents 1000] [--reps 3] [--steps 8,32]
+    python -m bench.explain_cost [--parents 1000] [--reps 3] [--steps auto,8,32]
 
 A synthetic three-table database (parent <- child <- grandchild, the planted signal of
 tests/test_explain_counterfactual.py, scaled to --parents target rows), a model trained one epoch
-(the cost does not depend on the weights). For each --steps, `model.explain()` of every target row
+(the cost does not depend on the weights). For each --steps ("auto": the default, as many points as
+completeness to 1e-6 needs), `model.explain()` of every target row
 and `model.predict()` of the same rows are timed alternately, --reps times, in CPU seconds of this
 process (the machine is shared); medians, their ratio, the peak RSS growth and the largest
 completeness gap |sum of a row's attributions - (output - baseline)| are printed side by side.
@@ -55,7 +56,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parents", type=int, default=1000)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--steps", default="8,32")
+    parser.add_argument("--steps", default="auto,8,32")
     args = parser.parse_args()
     torch.set_num_threads(1)
     db = _database(args.parents)
@@ -64,7 +65,7 @@ def main() -> None:
     model.predict()  # warm: the first call builds what both reuse
     print(f"{args.parents} target rows; CPU seconds, median of {args.reps}")
     print(f"{'steps':>5} {'predict':>9} {'explain':>9} {'ratio':>7} {'rss+MiB':>8} {'max gap':>9}")
-    for steps in [int(s) for s in args.steps.split(",")]:
+    for steps in [None if s == "auto" else int(s) for s in args.steps.split(",")]:
         predicted, explained, gap = [], [], 0.0
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         for _ in range(args.reps):
@@ -75,7 +76,7 @@ def main() -> None:
             gap = max(gap, float((rows["attribution"] - (rows["output"] - rows["baseline"])).abs().max()))
         grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) / 1024
         p, e = statistics.median(predicted), statistics.median(explained)
-        print(f"{steps:>5} {p:>9.3f} {e:>9.3f} {e / p:>7.1f} {grown:>8.0f} {gap:>9.1e}")
+        print(f"{steps or 'auto':>5} {p:>9.3f} {e:>9.3f} {e / p:>7.1f} {grown:>8.0f} {gap:>9.1e}")
 
 
 if __name__ == "__main__":

@@ -166,7 +166,7 @@ class Model(LearnerViews):
         return results.predict(self.learner.asked(keys, where), splits=with_split, keys=keys, where=where)
 
     @with_threads
-    def explain(self, keys=None, *, where: str | None = None, steps: int = 32, per: str = "column") -> pl.DataFrame:
+    def explain(self, keys=None, *, where: str | None = None, steps: int | None = None, per: str = "column") -> pl.DataFrame:
         """Why each row (`keys`/`where` as predict()) got its output: the attribution of every input row and
         column its groundings read, summing to output - baseline (relsql/explain/, docs/explain.md)."""
         from relsql.explain import explain

@@ -238,3 +238,61 @@ def test_summary_of_a_blend_has_the_gbm_share_and_importances(small):
     expected = {names[f]: n / sum(splits.values()) for f, n in splits.items()}
     found = {n: s for n, s in features.select("name", "share").iter_rows() if s > 0}
     assert found.keys() == expected.keys() and all(abs(found[k] - expected[k]) < 1e-12 for k in expected)
+
+
+def _runner(model):
+    from relsql.explain.inputs import plain_plan
+    from relsql.explain.integrate import Runner
+
+    learner = model.learner
+    plan, inputs = plain_plan(learner.template, learner.net.grounding)
+    return Runner(plan, inputs, learner.net.weights_by_name(), learner.head, learner.output)
+
+
+def test_points_in_one_pass_equal_one_pass_per_point(small):
+    """The plan run at several alphas at once (blocks stacked along rows, indices offset) gives each
+    alpha's outputs and input gradients as a pass of its own does."""
+    model = _model(small, DEEP)
+    runner = _runner(model)
+    alphas = [0.0, 0.3, 1.0]
+    together, leaves = runner.outputs(alphas, grad=True)
+    grads = torch.autograd.grad(together.sum(), list(leaves.values()))
+    for p, alpha in enumerate(alphas):
+        alone, own = runner.outputs([alpha], grad=True)
+        assert torch.allclose(together[p], alone[0], rtol=0, atol=1e-13)
+        for grad, leaf in zip(grads, own.values()):
+            mine = grad.reshape(len(alphas), *leaf.shape)[p]
+            assert torch.allclose(mine, torch.autograd.grad(alone.sum(), leaf, retain_graph=True)[0], rtol=0, atol=1e-13)
+
+
+def test_adaptive_points_meet_the_tolerance_and_match_a_fine_rule(small):
+    """The default rule (Clenshaw-Curtis points, doubled until completeness holds) reports a gap
+    that is the real one and within its tolerance, and gives the attributions of a 64-point
+    Gauss-Legendre rule (another rule, converged) to 1e-6, with rows sharing a backward or not."""
+    from relsql.explain.integrate import adaptive, attribute, clenshaw_curtis, owners
+
+    for n in (4, 12, 24):  # an n-interval rule integrates polynomials of degree n exactly
+        x, w = clenshaw_curtis(n)
+        assert len(x) == n + 1 and all(abs(float(w @ x**k) - 1 / (k + 1)) < 1e-14 for k in range(n + 1))
+    model = _model(small, DEEP)
+    runner = _runner(model)
+    rids = np.arange(40)
+    units = np.zeros(len(rids), dtype=np.int64)
+    reach = owners(model.learner.net.grounding, model.learner.output, rids)
+
+    def table(found):
+        return {(int(r), int(s), int(g), int(p)): v for r, s, g, p, v in
+                zip(found.row, found.source, found.grounding, found.part, found.value)}
+
+    fine = table(attribute(runner, rids, units, 64, reach))
+    coarse = None
+    for shared in (reach, None):
+        found = adaptive(runner, rids, units, shared, tolerance=1e-6, first=2)
+        sums = np.bincount(found.row, weights=found.value, minlength=len(rids))
+        real = np.abs(sums - (found.output - found.baseline)) / np.maximum(1, np.maximum(abs(found.output), abs(found.baseline)))
+        assert found.gap == pytest.approx(real.max(), abs=1e-15) and found.gap <= 1e-6
+        assert found.steps > 3  # two intervals were not enough: it doubled
+        got = table(found)
+        assert got.keys() == fine.keys() and max(abs(got[k] - fine[k]) for k in got) < 1e-6
+        coarse = coarse or adaptive(runner, rids, units, shared, tolerance=1e-2, first=2)
+    assert coarse.steps < found.steps and coarse.gap <= 1e-2  # a looser tolerance stops sooner

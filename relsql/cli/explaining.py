@@ -29,7 +29,7 @@ def add_parser(commands, epilog: str) -> argparse.ArgumentParser:
     parser.add_argument("--model", required=True, type=model_file, help="a model saved by `relsql train` or Model.save")
     parser.add_argument("--where", type=where_condition, metavar="CONDITION",
                         help="explain only the target table's rows satisfying this SQL condition on its columns "
-                             "(default: every row; explaining costs about `--steps` predictions per row)")
+                             "(default: every row)")
     parser.add_argument("--table", type=table_name,
                         help="write the attributions to this new table instead of printing them")
     parser.add_argument("--summary-table", type=table_name,
@@ -38,8 +38,8 @@ def add_parser(commands, epilog: str) -> argparse.ArgumentParser:
                         help="replace existing tables of explanations relsql wrote (never data)")
     parser.add_argument("--per", choices=["column", "row"], default="column",
                         help="one attribution per input column (default) or per input row")
-    parser.add_argument("--steps", type=positive_int, default=32,
-                        help="integration points (Gauss-Legendre; default 32)")
+    parser.add_argument("--steps", type=positive_int,
+                        help="integration points (Gauss-Legendre; default: as many as completeness to 1e-6 needs)")
     parser.add_argument("--plot", type=plot_file, metavar="FILE.png",
                         help="also draw the summary as bars to this new .png (needs matplotlib)")
     parser.add_argument("--device", type=device, default="cpu", help="where the model is loaded (explained on the CPU)")

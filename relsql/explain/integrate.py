@@ -6,22 +6,24 @@ its value; an input element's attribution is its value times the integral of the
 gradient along that line. The integral is a Gauss-Legendre rule on [0, 1] in float64, exact for
 polynomials of degree 2 * steps - 1: for the smooth activations of a template (tanh, sigmoid, ...)
 the attributions of a row then sum to output - baseline output to rounding (completeness), and
-`gap` says how far they are where the plan has kinks (relu, max)."""
+`gap` says how far they are where the plan has kinks (relu, max). `adaptive` takes as few points
+as completeness needs: the gap is exact to compute, so it doubles the points until it holds.
+All points of a pass run as blocks of one batched forward and backward (relsql/explain/batched.py)."""
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from relsql.compile.ops import is_random, kernel
-from relsql.compile.plan import Plan
-from relsql.explain.inputs import Input
+from relsql.explain.batched import Runner
 
-CHUNK_ELEMENTS = 2**24  # per-row gradients held at once: rows in a chunk x input elements
+CHUNK_ELEMENTS = 2**24  # per-row gradients held at once: rows in a chunk x points in a pass x input elements
+PASS_ELEMENTS = 2**24  # float values of the plan held at once: points in a pass x one point's values
+TOLERANCE = 1e-6  # adaptive: largest completeness gap, relative to max(1, |output|, |baseline|)
+FIRST_STEPS, MOST_STEPS = 12, 192  # adaptive: intervals of the first rule (13 points), the most doubling reaches
 
 
 @dataclass
@@ -37,53 +39,14 @@ class Attributed:
     value: np.ndarray
     output: np.ndarray
     baseline: np.ndarray
+    steps: int = 0  # Gauss-Legendre points taken
+    gap: float = 0.0  # largest |sum of a row's attributions - (output - baseline)| / max(1, |output|, |baseline|)
 
 
 def nodes(steps: int) -> tuple[np.ndarray, np.ndarray]:
     """Gauss-Legendre points and weights on [0, 1]."""
     x, w = np.polynomial.legendre.leggauss(steps)
     return (x + 1) / 2, w / 2
-
-
-class Runner:
-    """Runs `plan` with float64 copies of a net's weights and head, its inputs scaled by alpha."""
-
-    def __init__(self, plan: Plan, inputs: list[Input], weights: dict[str, torch.Tensor], head: torch.nn.Module,
-                 output: str, external: dict[str, torch.Tensor] | None = None):
-        self.plan, self.inputs, self.output = plan, inputs, output
-        self.weights = {n: w.detach().to("cpu", torch.float64) for n, w in weights.items()}
-        self.weights.update({n: w.detach().to("cpu", torch.float64) for n, w in (external or {}).items()})
-        self.head = copy.deepcopy(head).to("cpu", torch.float64).eval()
-        for parameter in self.head.parameters():
-            parameter.requires_grad_(False)
-        self.program = [(op.out, None if op.kind == "param" else
-                         kernel(op.kind, {**op.attrs, "training": lambda: False} if is_random(op.kind) else op.attrs),
-                         op.args, op.attrs.get("name")) for op in plan.ops]
-        self.values: dict[int, torch.Tensor] = {}  # each input's value at alpha = 1
-        self.outputs(1.0, grad=False)
-
-    def outputs(self, alpha: float, grad: bool) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """(every output row's outputs after the head, the scaled inputs by slot (leaves when `grad`))."""
-        leaves: dict[int, torch.Tensor] = {}
-        computed = {i.slot for i in self.inputs if i.computed}
-
-        def scaled(slot: int, value: torch.Tensor) -> torch.Tensor:
-            self.values.setdefault(slot, value.detach())
-            leaf = (alpha * self.values[slot]).detach().requires_grad_(grad)
-            leaves[slot] = leaf
-            return leaf
-
-        slots = {s: t.to(torch.float64) if t.is_floating_point() else t for s, t in self.plan.inputs.items()}
-        for i in self.inputs:
-            if not i.computed:
-                slots[i.slot] = scaled(i.slot, slots[i.slot])
-        with torch.set_grad_enabled(grad):
-            for out, run, args, name in self.program:
-                slots[out] = self.weights[name] if run is None else run(*[slots[a] for a in args])
-                if out in computed:
-                    slots[out] = scaled(out, slots[out])
-            value = slots[self.plan.outputs[self.output]]
-            return self.head(value.reshape(value.shape[0], -1)), leaves
 
 
 def _row_gradients(out: torch.Tensor, leaves: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -137,30 +100,105 @@ def _separate(runner: Runner, reach: dict) -> bool:
     return True
 
 
+
+
+def clenshaw_curtis(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Clenshaw-Curtis points and weights on [0, 1] (n + 1 points, 0 and 1 among them): the points
+    of n are among those of 2n, so doubling n reuses every gradient taken (Trefethen, "Is Gauss
+    quadrature better than Clenshaw-Curtis?": about as accurate for the same points here)."""
+    theta = np.pi * np.arange(n + 1) / n
+    weights, inner, v = np.zeros(n + 1), np.arange(1, n), np.ones(n - 1)
+    for k in range(1, (n - 1) // 2 + 1):
+        v -= 2 * np.cos(2 * k * theta[inner]) / (4 * k * k - 1)
+    if n % 2 == 0:
+        weights[0] = weights[n] = 1.0 / (n * n - 1)
+        v -= np.cos(n * theta[inner]) / (n * n - 1)
+    else:
+        weights[0] = weights[n] = 1.0 / (n * n)
+    weights[inner] = 2 * v / n
+    return (np.cos(theta) + 1) / 2, weights / 2
+
+
+def adaptive(runner: Runner, rids: np.ndarray, units: np.ndarray, reach: dict | None = None,
+             tolerance: float = TOLERANCE, first: int = FIRST_STEPS, most: int = MOST_STEPS) -> Attributed:
+    """Integrated gradients on Clenshaw-Curtis rules of `first` intervals, doubled until the
+    completeness gap is within `tolerance` (or `most` are taken: a plan with kinks may never get
+    there; its gap says how far). Where the asked rows read disjoint inputs, each point's gradients
+    are kept (points x input elements): a doubling computes the new points only."""
+    n, ends, memo = first, None, {}
+    while True:
+        found = _integrate(runner, rids, units, *clenshaw_curtis(n), reach, ends, memo)
+        found.steps = n + 1
+        if found.gap <= tolerance or n >= most:
+            return found
+        n, ends = min(2 * n, most), (found.output, found.baseline)
+
+
 def attribute(runner: Runner, rids: np.ndarray, units: np.ndarray, steps: int, reach: dict | None = None) -> Attributed:
-    """Integrated gradients of output `units[i]` of output row `rids[i]`, for every asked row. With
-    `reach` (`owners`) saying the asked rows read disjoint inputs, all rows share each backward pass."""
+    """Integrated gradients of output `units[i]` of output row `rids[i]`, for every asked row, on
+    `steps` Gauss-Legendre points. With `reach` (`owners`) saying the asked rows read disjoint
+    inputs, all rows share each backward pass."""
+    found = _integrate(runner, rids, units, *nodes(steps), reach)
+    found.steps = steps
+    return found
+
+
+def _integrate(runner: Runner, rids: np.ndarray, units: np.ndarray, points: np.ndarray, weights: np.ndarray,
+               reach: dict | None, ends: tuple[np.ndarray, np.ndarray] | None = None,
+               memo: dict | None = None) -> Attributed:
+    """The rule (`points`, `weights`) for every asked row; `ends`: the rows' (output, baseline) where
+    known (else alpha 1 and 0 lead the first pass, with no weight where the rule has them not);
+    `memo`: alpha -> its gradients, kept and reused (rows reading disjoint inputs only)."""
+    lead = ends is None
+    if lead:
+        rest = (points != 1.0) & (points != 0.0)
+        at = [float(weights[points == a].sum()) for a in (1.0, 0.0)]
+        points, weights = np.concatenate([[1.0, 0.0], points[rest]]), np.concatenate([at, weights[rest]])
+    per_pass = max(1, min(len(points), PASS_ELEMENTS // max(runner.elements, 1)))
     if reach is not None and _separate(runner, reach):
-        return _attribute_separate(runner, rids, units, steps, reach)
-    points, weights = nodes(steps)
-    full, _ = runner.outputs(1.0, grad=False)
-    zero, _ = runner.outputs(0.0, grad=False)
-    picked = torch.as_tensor(units, dtype=torch.long)
-    index = torch.as_tensor(rids, dtype=torch.long)
-    output = full[index, picked].numpy().copy()
-    baseline = zero[index, picked].numpy().copy()
-    slots = [i.slot for i in runner.inputs]
-    elements = sum(runner.values[s].numel() for s in slots)
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("row", "source", "grounding", "part", "value")}
-    done = 0
+        found, seen = _attribute_separate(runner, rids, units, points, weights, per_pass, lead, reach,
+                                          {} if memo is None else memo)
+    else:
+        passes = [(points[s:s + per_pass], weights[s:s + per_pass]) for s in range(0, len(points), per_pass)]
+        found, seen = _attribute_rows(runner, rids, units, passes, lead)
+    output, baseline = seen if lead else ends
+    sums = np.bincount(found["row"], weights=found["value"], minlength=len(rids))
+    scale = np.maximum(1.0, np.maximum(np.abs(output), np.abs(baseline)))
+    gap = float((np.abs(sums - (output - baseline)) / scale).max()) if len(rids) else 0.0
+    return Attributed(**found, output=output, baseline=baseline, gap=gap)
+
+
+def _picked(runner: Runner, alphas: np.ndarray, rids: np.ndarray, units: np.ndarray):
+    """(the asked rows' outputs at each alpha (P, rows), the scaled inputs' leaves in input order)."""
+    out, leaves = runner.outputs(alphas.tolist(), grad=True)
+    index, picked = torch.as_tensor(rids, dtype=torch.long), torch.as_tensor(units, dtype=torch.long)
+    return out[:, index, picked], [leaves[i.slot] for i in runner.inputs]
+
+
+def _empty() -> dict[str, list[np.ndarray]]:
+    return {k: [] for k in ("row", "source", "grounding", "part", "value")}
+
+
+def _joined(parts: dict[str, list[np.ndarray]]) -> dict[str, np.ndarray]:
+    return {k: np.concatenate(v) if v else np.zeros(0, dtype=np.float64 if k == "value" else np.int64)
+            for k, v in parts.items()}
+
+
+def _attribute_rows(runner: Runner, rids: np.ndarray, units: np.ndarray, passes: list, lead: bool):
+    """Per-row gradients (batched over a chunk of rows): two asked rows may read one input."""
+    shapes = [runner.values[i.slot].shape for i in runner.inputs]
+    elements = sum(runner.values[i.slot].numel() for i in runner.inputs) * max(len(p) for p, _ in passes)
+    parts, done = _empty(), 0
+    seen = (np.zeros(len(rids)), np.zeros(len(rids)))
     for chunk in _chunks(np.arange(len(rids)), elements):
-        rows = torch.as_tensor(rids[chunk], dtype=torch.long)
-        totals = [torch.zeros((len(chunk), *runner.values[s].shape), dtype=torch.float64) for s in slots]
-        for alpha, weight in zip(points.tolist(), weights.tolist()):
-            out, leaves = runner.outputs(alpha, grad=True)
-            grads = _row_gradients(out[rows, picked[chunk]], [leaves[s] for s in slots])
-            for total, grad in zip(totals, grads):
-                total.add_(grad, alpha=weight)
+        totals = [torch.zeros((len(chunk), *shape), dtype=torch.float64) for shape in shapes]
+        for n, (alphas, weights) in enumerate(passes):
+            out, leaves = _picked(runner, alphas, rids[chunk], units[chunk])
+            if lead and n == 0:
+                seen[0][chunk], seen[1][chunk] = out[0].detach().numpy(), out[1].detach().numpy()
+            seeds = (out * torch.as_tensor(weights).reshape(-1, 1)).sum(0)
+            for total, grad, shape in zip(totals, _row_gradients(seeds, leaves), shapes):
+                total.add_(grad.reshape(len(chunk), len(alphas), *shape).sum(1))
         for n, (i, total) in enumerate(zip(runner.inputs, totals)):
             contribution = (total * runner.values[i.slot]).reshape(len(chunk), total.shape[1], -1)
             bounds = np.cumsum([0, *i.widths])
@@ -173,27 +211,30 @@ def attribute(runner: Runner, rids: np.ndarray, units: np.ndarray, steps: int, r
                 parts["part"].append(np.full(len(r), p, dtype=np.int64))
                 parts["value"].append(summed[r, g].numpy())
         done += len(chunk)
-    joined = {k: np.concatenate(v) if v else np.zeros(0, dtype=np.float64 if k == "value" else np.int64)
-              for k, v in parts.items()}
-    return Attributed(**joined, output=output, baseline=baseline)
+    return _joined(parts), seen
 
 
-def _attribute_separate(runner: Runner, rids: np.ndarray, units: np.ndarray, steps: int, reach: dict) -> Attributed:
-    """`attribute` where every input grounding is read by at most one asked row (its owner)."""
-    points, weights = nodes(steps)
-    full, _ = runner.outputs(1.0, grad=False)
-    zero, _ = runner.outputs(0.0, grad=False)
-    picked = torch.as_tensor(units, dtype=torch.long)
-    index = torch.as_tensor(rids, dtype=torch.long)
-    slots = [i.slot for i in runner.inputs]
-    totals = [torch.zeros_like(runner.values[s]) for s in slots]
+def _attribute_separate(runner: Runner, rids: np.ndarray, units: np.ndarray, points: np.ndarray, weights: np.ndarray,
+                        per_pass: int, lead: bool, reach: dict, memo: dict):
+    """`attribute` where every input grounding is read by at most one asked row (its owner): one
+    backward per pass gives every row's gradients, per point (kept in `memo` by alpha)."""
+    shapes = [runner.values[i.slot].shape for i in runner.inputs]
+    todo = [float(a) for a in points if float(a) not in memo]
+    seen = None
+    for start in range(0, len(todo), per_pass):
+        alphas = todo[start:start + per_pass]
+        out, leaves = _picked(runner, np.asarray(alphas), rids, units)
+        if lead and start == 0:
+            seen = (out[0].detach().numpy().copy(), out[1].detach().numpy().copy())
+        grads = torch.autograd.grad(out.sum(), leaves, allow_unused=True)
+        for p, alpha in enumerate(alphas):
+            memo[alpha] = [torch.zeros(shape, dtype=torch.float64) if g is None else g.reshape(len(alphas), *shape)[p]
+                           for g, shape in zip(grads, shapes)]
+    totals = [torch.zeros(shape, dtype=torch.float64) for shape in shapes]
     for alpha, weight in zip(points.tolist(), weights.tolist()):
-        out, leaves = runner.outputs(alpha, grad=True)
-        grads = torch.autograd.grad(out[index, picked].sum(), [leaves[s] for s in slots], allow_unused=True)
-        for total, grad in zip(totals, grads):
-            if grad is not None:
-                total.add_(grad, alpha=weight)
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("row", "source", "grounding", "part", "value")}
+        for total, grad in zip(totals, memo[alpha]):
+            total.add_(grad, alpha=weight)
+    parts = _empty()
     for n, (i, total) in enumerate(zip(runner.inputs, totals)):
         contribution = (total * runner.values[i.slot]).reshape(total.shape[0], -1)
         groundings = torch.arange(total.shape[0]) if i.order is None else i.order
@@ -207,8 +248,6 @@ def _attribute_separate(runner: Runner, rids: np.ndarray, units: np.ndarray, ste
             parts["grounding"].append(groundings[g].numpy())
             parts["part"].append(np.full(len(g), p, dtype=np.int64))
             parts["value"].append(summed[g].numpy())
-    joined = {k: np.concatenate(v) if v else np.zeros(0, dtype=np.float64 if k == "value" else np.int64)
-              for k, v in parts.items()}
+    joined = _joined(parts)
     order = np.argsort(joined["row"], kind="stable")
-    return Attributed(**{k: v[order] for k, v in joined.items()}, output=full[index, picked].numpy().copy(),
-                      baseline=zero[index, picked].numpy().copy())
+    return {k: v[order] for k, v in joined.items()}, seen
