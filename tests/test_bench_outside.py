@@ -36,7 +36,9 @@ def sweep(tmp_path_factory):
         manifests.append(root / "plurel" / f"{m['name']}.json")
     outside_hostile.invalid(root / "hostile")
     manifests.append(root / "hostile" / "invalid_nolabels.json")
-    rows = outside.run(manifests, FIT, timeout=600, out=root / "run")
+    # two databases at a time (each in its own process, one torch thread): the same runs, results and
+    # checks, on both of CI's cores while the rest of the slow tests run in one process
+    rows = outside.run(manifests, FIT, timeout=600, out=root / "run", jobs=2)
     return root, rows
 
 
