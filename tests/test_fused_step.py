@@ -207,7 +207,16 @@ def test_choice_by_timing_leaves_no_trace(optimizer):
     for n, p in net.weights_by_name().items():
         assert torch.equal(p.detach(), start[n]) and (p.grad is None or not p.grad.any())  # a FusedStep's grads start at 0
     losses = [float(chosen.step() if chosen is not None else step_of(net, opt, loss)) for _ in range(STEPS)]
-    theirs, their_losses, _ = trained(dense_net, optimizer, 0, STEPS)
+    if isinstance(chosen, FusedStep):  # the fused steps replace the op-by-op path
+        theirs, their_losses, _ = trained(dense_net, optimizer, 0, STEPS)
+    else:  # the regular path as the net runs it (fused through autograd): there, a weight read only by
+        # outputs the loss leaves out ('matrix') gets a zero gradient rather than none, so SGD's weight
+        # decay moves it where the op-by-op path leaves it (3.5e-3 after 6 steps; picked only under load)
+        fresh = dense_net()
+        fresh_opt = OPTIMIZERS[optimizer]([p for p in fresh.parameters() if p.requires_grad])
+        fresh_loss = loss_of(fresh)
+        their_losses = [float(step_of(fresh, fresh_opt, fresh_loss)) for _ in range(STEPS)]
+        theirs = {n: p.detach().clone() for n, p in fresh.weights_by_name().items()}
     for n, p in net.weights_by_name().items():
         torch.testing.assert_close(p.detach(), theirs[n], rtol=0, atol=TOL)
     assert losses == pytest.approx(their_losses, abs=TOL, rel=0)
