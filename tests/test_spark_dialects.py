@@ -226,8 +226,9 @@ def test_a_predictive_query_writes_the_same_task_table_on_spark(shop):
     question = PredictiveQuery(entity="customer", events="orders", window_days=30, op=">", threshold=0, every_days=30)
     try:
         check_task_tables(question, duck, on_spark)
-    finally:
-        on_spark.execute(duckdb_sql("DROP TABLE IF EXISTS dialects_task"))
+    finally:  # from both: a task table left in one would be a table (left out, and named) of the next template
+        for db in shop:
+            db.execute(duckdb_sql("DROP TABLE IF EXISTS dialects_task"))
 
 
 def check_task_tables(question: PredictiveQuery, duck, on_spark) -> None:
