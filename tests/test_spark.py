@@ -215,10 +215,11 @@ def test_a_list_target_on_spark_references_what_it_references_on_duckdb(spark):
     con.execute("CREATE TABLE item AS SELECT * FROM (VALUES (10, 1.0), (11, 2.0)) v(item_id, price)")
     keys = "FOREIGN KEY wishes(gifts) REFERENCES item(item_id)\nFOREIGN KEY wishes(best) REFERENCES item(item_id)"
     columns = ("item_id", "gifts", "best", "wanted", "customer_id")
+    session = spark.newSession()  # its own temp views: keys are inferred over every table a session sees (2 here)
     try:
         with relsql.connect(con, keys=keys) as duck:
-            copy_to_spark(duck, spark)
-            with relsql.connect(spark, keys=keys) as on_spark:
+            copy_to_spark(duck, session)
+            with relsql.connect(session, keys=keys) as on_spark:
                 assert not on_spark.key_catalog and duck.key_catalog
                 found = []
                 for db in (duck, on_spark):
@@ -226,7 +227,7 @@ def test_a_list_target_on_spark_references_what_it_references_on_duckdb(spark):
                         found.append([answer(db, column) for column in columns])
     finally:
         for view in ("wishes", "item"):
-            spark.catalog.dropTempView(view)
+            session.catalog.dropTempView(view)
         con.close()
     assert found[1] == found[0]
     items = Reference("item", "item_id", many=True)
