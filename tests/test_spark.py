@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -14,6 +15,7 @@ import torch
 
 import relsql
 from relsql import sql as q
+from relsql.data.references import Reference, referenced
 from relsql.data.spark import _PART, SparkDatabase
 from relsql.ground.demand import BatchGrounder
 from relsql.ground.store import GroundingStore
@@ -201,19 +203,44 @@ def test_spark_errors_name_the_statement(spark, molecules_on_spark):
         relsql.Model(on_spark, template, "molecule.mutagenic", batch_size=64, progress=False)
 
 
-def test_a_list_target_on_spark_is_refused_with_where_ranking_trains(spark):
-    """Spark keeps no catalog of keys (SparkDatabase.key_catalog is False): a list target, which
-    ranks the table its keys reference, gets a message naming the engines that can, not a
-    failure reading a DuckDB catalog."""
-    spark.createDataFrame([(1, [10, 11]), (2, [11])], "customer_id long, item_id array<long>") \
-        .createOrReplaceTempView("wishes")
-    spark.createDataFrame([(10, 1.0), (11, 2.0)], "item_id long, price double").createOrReplaceTempView("item")
-    template = relsql.Template.from_sql(
-        "CREATE TABLE p AS SELECT w.customer_id, linear(features(w.customer_id), 4, 'w') AS h FROM wishes w;")
-    with relsql.connect(spark) as on_spark:
-        assert not on_spark.key_catalog
-        with pytest.raises(relsql.RelsqlError, match="not on Spark"):
-            relsql.Model(on_spark, template, "wishes.item_id", progress=False)
+def test_a_list_target_on_spark_references_what_it_references_on_duckdb(spark):
+    """Spark's catalog declares no keys (SparkDatabase.key_catalog is False), yet a target
+    references what it references on DuckDB over the same tables, from the keys inferred or given
+    there: a list named after item's key (inferred: unique, never NULL) ranks item; a list named
+    after no key is refused naming the fix, unless given as a foreign key (a link task's); a scalar
+    column is a label unless given as a foreign key."""
+    con = duckdb.connect()
+    con.execute("CREATE TABLE wishes AS SELECT * FROM (VALUES (1, [10, 11], [11], [10], 10), (2, [11], [10, 11], [11], 11)) "
+                "v(customer_id, item_id, gifts, wanted, best)")
+    con.execute("CREATE TABLE item AS SELECT * FROM (VALUES (10, 1.0), (11, 2.0)) v(item_id, price)")
+    keys = "FOREIGN KEY wishes(gifts) REFERENCES item(item_id)\nFOREIGN KEY wishes(best) REFERENCES item(item_id)"
+    columns = ("item_id", "gifts", "best", "wanted", "customer_id")
+    session = spark.newSession()  # its own temp views: keys are inferred over every table a session sees (2 here)
+    try:
+        with relsql.connect(con, keys=keys) as duck:
+            copy_to_spark(duck, session)
+            with relsql.connect(session, keys=keys) as on_spark:
+                assert not on_spark.key_catalog and duck.key_catalog
+                found = []
+                for db in (duck, on_spark):
+                    with db.frozen_schema():  # one catalog read each
+                        found.append([answer(db, column) for column in columns])
+    finally:
+        for view in ("wishes", "item"):
+            session.catalog.dropTempView(view)
+        con.close()
+    assert found[1] == found[0]
+    items = Reference("item", "item_id", many=True)
+    assert found[1][:3] == [items, items, Reference("item", "item_id", many=False)] and found[1][4] is None
+    assert "no table has one" in found[1][3]
+
+
+def answer(db: relsql.Database, column: str):
+    """What `referenced` says of wishes.`column`: a Reference, None, or its error's message."""
+    try:
+        return referenced(db, "wishes", column)
+    except relsql.RelsqlError as err:
+        return str(err)
 
 
 def test_spark_catalog_lists_columns_and_counts_rows_without_keys(spark):

@@ -18,6 +18,7 @@ import sqlglot
 import torch
 
 import relsql
+from relsql.data.references import Reference, referenced
 from relsql.ground.execute import ground
 from relsql.predictive import PredictiveQuery
 from tests.test_spark import copy_to_spark
@@ -225,8 +226,9 @@ def test_a_predictive_query_writes_the_same_task_table_on_spark(shop):
     question = PredictiveQuery(entity="customer", events="orders", window_days=30, op=">", threshold=0, every_days=30)
     try:
         check_task_tables(question, duck, on_spark)
-    finally:
-        on_spark.execute(duckdb_sql("DROP TABLE IF EXISTS dialects_task"))
+    finally:  # from both: a task table left in one would be a table (left out, and named) of the next template
+        for db in shop:
+            db.execute(duckdb_sql("DROP TABLE IF EXISTS dialects_task"))
 
 
 def check_task_tables(question: PredictiveQuery, duck, on_spark) -> None:
@@ -244,3 +246,48 @@ def check_task_tables(question: PredictiveQuery, duck, on_spark) -> None:
     assert inferred not in sources[0] and inferred in sources[1]
     assert sources[1].replace(inferred + "\n", "") == sources[0]
     assert "CROSS JOIN LATERAL" in sources[0] and "epoch(" in sources[0]  # the orders' ages at the task's snapshot
+
+
+# a ranking target's two towers, small (the automatic template's grounding is ~70 statements, a minute on Spark):
+# ID embeddings and ple edges from each engine's own dictionaries and quantiles, the query tower through a join
+TWO_TOWERS = """CREATE TABLE candidate_item AS
+SELECT i."item_id", embed(i."item_id", 8, 'id_item') * 0.35 + linear(ple(i."price", 4), 8, 'w_item') AS h
+FROM "item" i;
+
+CREATE TABLE predict AS
+SELECT o."order_id", embed(o."customer_id", 8, 'id_customer') * 0.35
+  + linear(ple(c."age", 4), 8, 'w_age') + linear(features(o."amount"), 8, 'w_amount') AS h
+FROM "orders" o JOIN "customer" c ON c."customer_id" = o."customer_id";
+"""
+
+
+def test_a_foreign_key_target_ranks_on_spark_as_on_duckdb(shop):
+    """orders.item_id, a foreign key given to connect(keys=...) (Spark's catalog declares none):
+    on Spark as on DuckDB it references item(item_id), so Template.auto writes the same two towers
+    and a model trained with the same seed in float64 is the same ranking: the same validation
+    metrics and, from recommend(k=), the same top k with the same scores (to 1e-9)."""
+    duck, on_spark = shop
+    assert referenced(on_spark, "orders", "item_id") == referenced(duck, "orders", "item_id") == \
+        Reference("item", "item_id", many=False)
+    sources = [relsql.Template.auto(db, "orders.item_id", time_column="ordered", hops=1).source for db in shop]
+    assert "-- ranking: orders.item_id references item(item_id)" in sources[0]
+    assert "CREATE TABLE candidate_item AS" in sources[0]
+    assert sources[1] == sources[0]
+    template = relsql.Template.from_sql(TWO_TOWERS)
+    models = []
+    for db in shop:
+        model = relsql.Model(db, template, "orders.item_id", time_column="ordered", seed=0, dtype=torch.float64,
+                             progress=False)
+        model.fit(epochs=3, refit=False)
+        models.append(model)
+    scores = [m.evaluate() for m in models]
+    assert scores[0].keys() == scores[1].keys() and "map@10" in scores[0]
+    assert [scores[0][k] for k in scores[0]] == pytest.approx([scores[1][k] for k in scores[0]], rel=0, abs=1e-9)
+    where = "order_id % 25 = 0"
+    expected, found = (m.recommend(k=5, where=where) for m in models)
+    assert expected.columns == found.columns == ["order_id", "item_id", "rank", "score"]
+    assert expected.height == found.height == 60 * 5
+    for name in ("order_id", "item_id", "rank"):
+        assert expected[name].to_list() == found[name].to_list(), name
+    assert np.allclose(expected["score"].to_numpy(), found["score"].to_numpy(), rtol=0, atol=1e-9)
+    assert expected["item_id"].n_unique() > 5  # the rows' own rankings, not one list for all

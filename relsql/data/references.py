@@ -7,7 +7,8 @@ the table its given or declared key names (a RelBench link task's destination co
 layer keeps such keys out of joins, `Schema.list_references`), else the table whose one-column
 primary key has the list's name (`item_id` -> `item(item_id)`), as predictive queries name their
 LIST_DISTINCT columns. Template generation and training decide
-by this one rule.
+by this one rule, on every engine (Spark's catalog declares no keys: given and inferred ones
+decide there, as they do on DuckDB for a table without declarations).
 """
 
 from __future__ import annotations
@@ -36,20 +37,17 @@ def referenced(db: Database, table: str, column: str, infer: bool = False) -> Re
     """The table `table.column` references, or None for an ordinary (label) column. Keys are the
     declared and given ones; `infer=True` adds inferred keys (a warehouse without declarations),
     which `Model(task="ranking")` and Template.auto(infer_keys=True) ask for: an inferred foreign
-    key alone does not turn a class label such as `store_id` into a ranking."""
+    key alone does not turn a class label such as `store_id` into a ranking. The same keys on
+    every engine: Spark's catalog declares none, so there given and inferred keys decide alone."""
     from relsql.data.keys import schema
 
     columns = dict(db.columns(table))
     if column not in columns:
         return None
     many = is_list(columns[column])
-    if not db.key_catalog:  # Spark: no catalog of keys to read, so no target references a table there
-        if many:
-            raise SchemaError(f"target {table}.{column} is a list ({columns[column]}), which ranks the table its keys "
-                              "reference; ranking targets train on a database whose catalog holds keys "
-                              "(DuckDB, PostgreSQL, SQLite, files), not on Spark")
-        return None
-    keys = schema(db, db.catalog(), infer=infer or many)  # a list needs its table's key, declared or inferred
+    if not (many or infer or db.key_catalog or _given_foreign_key(db, table, column)):
+        return None  # no declared keys (Spark) and none given over it: a label, known without a count of every table
+    keys = schema(db, db.catalog(), infer=infer or many)  # a list needs its table's key, declared, given or inferred
     if many:  # a list declared or given as a foreign key (a RelBench link task's) references that key's table
         for child, fk in keys.list_references:
             if child == table and fk.columns == (column,) and len(fk.references) == 1:
@@ -68,3 +66,10 @@ def referenced(db: Database, table: str, column: str, infer: bool = False) -> Re
                           "after the referenced table's key (e.g. item_id for item(item_id)), or declare that key")
     raise SchemaError(f"target {table}.{column} is a list, and several tables have a primary key named `{column}`: "
                       f"{', '.join(sorted(named))}; rename the list column after one of them")
+
+
+def _given_foreign_key(db: Database, table: str, column: str) -> bool:
+    """Whether `connect(keys=...)` gave a one-column foreign key over `table.column` (the keys are
+    resolved to the database's spelling when given)."""
+    given = db.given_keys
+    return given is not None and any(k.table == table and k.columns == (column,) for k in given.foreign)

@@ -483,83 +483,19 @@ class SparkDatabase(Engine):
 
 
 # -- the executors' Python ----------------------------------------------------------------------
-WORKER_MODULES = ("numpy", "pyarrow", "relsql.ground.parts")  # what the executors' store writer imports (no torch)
-_workers_ok: weakref.WeakSet = weakref.WeakSet()  # sessions whose workers passed `check_workers`
+WRITER_MODULES = ("relsql.ground.parts",)  # relsql's modules the executors' store writer imports (no torch)
 
 
 def check_workers(session, writer_module: str | None = None) -> None:
-    """Once per session, before the first job that runs relsql's code on the executors: a tiny
-    job imports there what the store writer needs (WORKER_MODULES, and `writer_module`, the
-    module the writer is pickled from). A worker Python without them (PySpark's default is
-    `python3` from PATH, not this venv) otherwise fails deep in a job with "An exception was
-    thrown from the Python worker" and the cause only in Spark's log. Modules this driver cannot
-    import itself are not asked of the workers."""
-    if session in _workers_ok:
-        return
-    spark_ship.ensure(session, spark_ship.STORE)  # relsql itself: shipped with the job when the workers lack it
-    import importlib.util
-
-    wanted = [m for m in dict.fromkeys((*WORKER_MODULES, *([writer_module] if writer_module else [])))
-              if _importable(importlib.util, m)]
-    try:
-        executable, missing = _probe(session, wanted)
-    except Exception as err:  # the job itself failed: the worker's Python did not start or lacks pyarrow
-        raise SourceError(f"Spark's Python workers could not run a job of relsql ({_one_line(err)}); "
-                          f"{_python_fix(session, None)}") from None
-    if missing:
-        raise SourceError(f"Spark's Python workers run {executable}, which cannot import {missing}: relsql's grounding "
-                          f"store is written there. {_python_fix(session, executable)}")
-    _workers_ok.add(session)
-
-
-def _importable(util, module: str) -> bool:
-    try:
-        return util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def _probe(session, modules: list[str]) -> tuple[str, str]:
-    """(the worker's Python, what it failed to import) from a one-task job. The probe is built
-    here, so cloudpickle sends it by value: the worker needs no relsql to run it."""
-    def probe(_rows):
-        import importlib
-        import sys as worker_sys
-
-        failed = []
-        for name in modules:
-            try:
-                importlib.import_module(name)
-            except Exception as err:  # noqa: BLE001 (reported to the driver)
-                failed.append(f"{name} ({type(err).__name__}: {err})")
-        yield worker_sys.executable, "; ".join(failed)
-
-    context = getattr(session, "sparkContext", None) if not type(session).__module__.startswith("pyspark.sql.connect") else None
-    if context is not None:  # classic: an RDD job needs nothing but pyspark on the worker
-        return context.parallelize([0], 1).mapPartitions(probe).collect()[0]
-    import pyarrow as arrow
-
-    def batches(rows):
-        for executable, failed in probe(rows):
-            yield arrow.RecordBatch.from_pydict({"python": [executable], "missing": [failed]})
-
-    row = session.range(1).mapInArrow(batches, "python STRING, missing STRING").collect()[0]
-    return row["python"], row["missing"]
-
-
-def _python_fix(session, executable: str | None) -> str:
-    """What to set so that the workers run a Python with relsql (this one, say)."""
-    context = getattr(session, "sparkContext", None) if not type(session).__module__.startswith("pyspark.sql.connect") else None
-    used = "" if executable else f"The workers' Python is {getattr(context, 'pythonExec', None) or 'python3 from PATH'}; "
-    return (f"{used}Give the workers a Python with relsql, numpy and pyarrow (this process runs "
-            f"{sys.executable}): set the PYSPARK_PYTHON environment variable before the SparkSession starts (in-process "
-            "PySpark reads only that variable; spark-submit also reads the spark.pyspark.python setting), or install "
-            "relsql on the workers")
-
-
-def _one_line(err: BaseException) -> str:
-    text = " ".join(first_line(err).split())
-    return text[:300] + ("..." if len(text) > 300 else "")
+    """Once per session, before the first job that runs relsql's code on the executors: the one
+    probe job of relsql.data.spark_ship asks an executor's Python for what the store writer
+    imports (spark_ship.STORE, WRITER_MODULES and `writer_module`, the module the writer is
+    pickled from) and ships this relsql where it lacks it. A worker Python that cannot (PySpark's
+    default is `python3` from PATH, not this venv) would otherwise fail deep in a job with "An
+    exception was thrown from the Python worker" and the cause only in Spark's log: a SourceError
+    names that Python and the fix. Modules this driver cannot import itself are not asked of the
+    workers."""
+    spark_ship.ensure(session, spark_ship.STORE, (*WRITER_MODULES, writer_module))
 
 
 def _beside(table: exp.Table, suffix: str) -> exp.Table:

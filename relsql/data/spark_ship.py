@@ -16,14 +16,17 @@ is asked again. Torchrun's processes do not read addPyFile's files: a shipped se
 start through `rank_entry`, a function sent by value that carries the zip's bytes, writes them to
 the node's temporary folder and puts the zip first on sys.path before unpickling the rank.
 
-Spark Connect sessions have no SparkContext on this side: nothing is shipped there (install
-relsql on the cluster; relsql.data.spark's own check names the fix)."""
+The same job serves relsql.data.spark's check before the first store is written (`ensure(session,
+STORE, modules)`): an executor's Python that cannot run it, or lacks a module, is named with the
+fix. Spark Connect sessions have no SparkContext on this side: nothing is shipped there, so the
+store's check asks the executors (through a DataFrame job) for relsql's modules themselves."""
 
 from __future__ import annotations
 
 import atexit
 import functools
 import shutil
+import sys
 import tempfile
 import weakref
 import zipfile
@@ -31,9 +34,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from relsql.errors import RelsqlError
+from relsql.errors import RelsqlError, SourceError
 
-STORE = ("numpy", "pyarrow")  # relsql.ground.parts, the store writer: no torch (a data cluster rarely has it)
+STORE = ("numpy", "pyarrow", "sqlglot")  # relsql.ground.parts, the store writer: no torch (a data cluster rarely has it)
 TRAIN = ("numpy", "pyarrow", "torch", "pandas", "duckdb", "sqlglot", "polars", "tqdm")  # a rank: relsql's training
 # code, and pandas for TorchDistributor's result (measured: what importing the ranks' modules loads)
 _DISTRIBUTION = {"yaml": "pyyaml"}  # module -> pip name, where they differ
@@ -50,33 +53,57 @@ class Probe:
     missing: tuple[str, ...]  # "module (Error: message)"
     digest: str | None  # of the relsql it would import; None when it finds none
     where: str | None  # that relsql's folder (or zip)
+    failure: str | None = None  # why the job itself failed (the worker's Python did not start); then nothing else is known
 
 
-def ensure(session, needs: tuple[str, ...]) -> None:
-    """Once per session and purpose (STORE or TRAIN): the executors import relsql, this very
-    version, and the modules in `needs` that this process has; else a RelsqlError naming them.
-    For STORE, missing modules are left to relsql.data.spark.check_workers, which names them."""
+def ensure(session, needs: tuple[str, ...], modules: tuple[str | None, ...] = ()) -> None:
+    """Once per session and purpose (STORE or TRAIN), in one job: the executors import relsql, this
+    very version (shipped when they lack it or have another), the modules in `needs` that this
+    process has, and relsql's own `modules` (the store writer's: imported there only once that
+    relsql is this one, so a reused Python worker never keeps another version); else a RelsqlError
+    (for STORE a SourceError) naming the executors' Python and the fix. Spark Connect: TRAIN is
+    not asked here (nothing can be shipped); STORE asks for relsql's modules whatever its version."""
     context = _context(session)
-    if context is None or session in _checked[needs]:
+    if session in _checked[needs] or (context is None and needs is not STORE):
         return
     wanted = [m for m in needs if _importable(m)]
-    probe = _probe(context, wanted)
-    if needs is STORE and (probe is None or probe.missing):
-        return  # the worker's Python did not start, or lacks numpy/pyarrow: check_workers names the fix
-    if probe is None:
+    own = [m for m in dict.fromkeys(modules) if m and _importable(m)]
+    probe = _probe(session, wanted, own, None if context is None else digest())
+    if probe.failure is not None and needs is STORE:
+        raise SourceError(f"Spark's Python workers could not run a job of relsql ({probe.failure}); "
+                          f"{python_fix(session, None)}")
+    if probe.failure is not None:
         raise RelsqlError("Spark's Python workers could not run relsql's probe job: give the executors a Python "
                           "(PYSPARK_PYTHON) with numpy, pyarrow, torch and pandas")
-    if probe.missing:
-        raise RelsqlError(_install_fix(probe, "train a model with fit(workers=...) on Spark's executors"))
-    if probe.digest != digest():
+    if not probe.missing and context is not None and probe.digest != digest():
         ship(session)
-        probe = _probe(context, wanted)
-        if probe is None or probe.digest != digest():
+        probe = _probe(session, wanted, own, digest())
+        if probe.failure is not None or probe.digest != digest():
             raise RelsqlError(
-                f"Spark's executors import relsql from {probe and probe.where} even with this process's relsql shipped "
+                f"Spark's executors import relsql from {probe.where} even with this process's relsql shipped "
                 f"({package_zip().name}): a Python worker that imported it before keeps it. Restart the "
                 f"application (a new SparkSession), or install this relsql version there ({probe.python} -m pip install ...)")
+    if probe.missing and needs is STORE:
+        raise SourceError(f"Spark's Python workers run {probe.python}, which cannot import {'; '.join(probe.missing)}: "
+                          f"relsql's grounding store is written there. {python_fix(session, probe.python)}")
+    if probe.missing:
+        raise RelsqlError(_install_fix(probe, "train a model with fit(workers=...) on Spark's executors"))
     _checked[needs].add(session)
+
+
+def python_fix(session, executable: str | None) -> str:
+    """What to set so that the store writer's executors run a Python that can (this one, say)."""
+    context = _context(session)
+    used = "" if executable else f"The workers' Python is {getattr(context, 'pythonExec', None) or 'python3 from PATH'}; "
+    needs = ", ".join(STORE)
+    if context is None:  # Spark Connect: this process is a client; nothing goes from here to the executors
+        return (f"{used}over Spark Connect nothing is shipped from this process: install relsql (this version) and "
+                f"{needs} in the Python the server's executors run (its PYSPARK_PYTHON or spark.pyspark.python; "
+                f"this process runs {sys.executable})")
+    return (f"{used}Give the workers a Python with {needs} (relsql itself is shipped with the job; this process runs "
+            f"{sys.executable}): set the PYSPARK_PYTHON environment variable before the SparkSession starts (in-process "
+            "PySpark reads only that variable; spark-submit also reads the spark.pyspark.python setting), or install "
+            f"them in the workers' Python ({executable or 'python3'} -m pip install {' '.join(STORE)})")
 
 
 def ship(session) -> None:
@@ -204,9 +231,12 @@ def _importable(module: str) -> bool:
         return False
 
 
-def _probe(context, modules: list[str]) -> Probe | None:
-    """One task's answer; None when the job failed (the worker's Python did not start). The
-    probe is built here, so cloudpickle sends it by value."""
+def _probe(session, modules: list[str], own: list[str], expected: str | None) -> Probe:
+    """One task's answer (a Probe with `failure` when the job failed: the worker's Python did not
+    start). `own` (relsql's modules) are imported only where the relsql found has the digest
+    `expected` (None: whatever it is). The probe is built here, so cloudpickle sends it by value:
+    the worker needs no relsql to run it. Classic sessions run it as an RDD job (it needs nothing
+    but pyspark there), Spark Connect sessions as a DataFrame's mapInArrow (pyarrow: STORE's)."""
     digest_of = _digester()
 
     def probe(_rows):
@@ -222,13 +252,31 @@ def _probe(context, modules: list[str]) -> Probe | None:
                 failed.append(f"{name} ({type(err).__name__}: {err})")
         spec = importlib.util.find_spec("relsql")
         where = list(spec.submodule_search_locations)[0] if spec and spec.submodule_search_locations else None
-        yield sys.executable, tuple(failed), digest_of(where) if where else None, where
+        found = digest_of(where) if where else None
+        for name in own if not failed and (expected is None or found == expected) else ():
+            try:
+                importlib.import_module(name)
+            except Exception as err:  # noqa: BLE001 (reported to the driver)
+                failed.append(f"{name} ({type(err).__name__}: {err})")
+        yield sys.executable, tuple(failed), found, where
 
+    context = _context(session)
     try:
-        answer = context.parallelize([0], 1).mapPartitions(probe).collect()[0]
-    except Exception:  # noqa: BLE001 (the caller names the fix)
-        return None
-    return Probe(*answer)
+        if context is not None:
+            return Probe(*context.parallelize([0], 1).mapPartitions(probe).collect()[0])
+        import json
+
+        import pyarrow as arrow
+
+        def batches(rows):
+            for python, failed, found, where in probe(rows):
+                yield arrow.RecordBatch.from_pydict({"answer": [json.dumps([python, failed, found, where])]})
+
+        python, failed, found, where = json.loads(session.range(1).mapInArrow(batches, "answer STRING").collect()[0][0])
+        return Probe(python, tuple(failed), found, where)
+    except Exception as err:  # noqa: BLE001 (the caller names the fix)
+        text = " ".join(str(err).strip().splitlines()[0].split()) if str(err).strip() else type(err).__name__
+        return Probe("", (), None, None, failure=text[:300] + ("..." if len(text) > 300 else ""))
 
 
 def _install_fix(probe: Probe, purpose: str) -> str:
@@ -249,4 +297,4 @@ def _install_fix(probe: Probe, purpose: str) -> str:
             "on the driver")
 
 
-__all__ = ["STORE", "TRAIN", "Probe", "digest", "ensure", "package_zip", "rank_entry", "ship", "shipped"]
+__all__ = ["STORE", "TRAIN", "Probe", "digest", "ensure", "package_zip", "python_fix", "rank_entry", "ship", "shipped"]
