@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from bench.stopping import replay, summary
+from bench.stopping import replay, rule_name, summary
 
 
 def learner():
@@ -26,11 +26,31 @@ def reference(losses: list[float], patience: int) -> tuple[int, int]:
     return len(losses), best
 
 
+def relative_reference(losses: list[float], k: int, f: float) -> tuple[int, int]:
+    """(epochs run, best epoch) by hand: stop after max(k, f x (best + 1)) epochs without a strictly lower loss."""
+    best = 0
+    for epoch, loss in enumerate(losses):
+        if loss < losses[best] or epoch == 0:
+            best = epoch
+        elif epoch - best >= max(k, f * (best + 1)):
+            return epoch + 1, best
+    return len(losses), best
+
+
 @pytest.mark.parametrize("patience", [1, 2, 3, 5, 100])
 def test_replay_stops_where_the_rule_says(patience):
     losses = [1.0, 0.8, 0.85, 0.9, 0.7, 0.75, 0.76, 0.77, 0.78, 0.69, 0.9, 0.95, 0.97]
     history = [{"val_loss": x} for x in losses]
     assert replay(learner(), history, "loss", patience) == reference(losses, patience)
+
+
+@pytest.mark.parametrize("k,f", [(1, 0.5), (2, 0.5), (1, 1.0), (3, 2.0), (100, 0.5)])
+def test_a_patience_scaled_to_the_best_epoch_stops_where_the_rule_says(k, f):
+    # best epochs 0, 1, 4, 9: a late best waits longer (max(1, 0.5 x 10) = 5 epochs after epoch 9)
+    losses = [1.0, 0.8, 0.85, 0.9, 0.7, 0.75, 0.76, 0.77, 0.78, 0.69, 0.9, 0.95, 0.97, 0.98, 0.99, 1.0, 1.1]
+    history = [{"val_loss": x} for x in losses]
+    assert replay(learner(), history, "loss", (k, f)) == relative_reference(losses, k, f)
+    assert rule_name((k, f)) == f"max({k}, {f:g} best)"
 
 
 def test_replay_breaks_a_tie_of_the_metric_by_the_loss():
@@ -62,3 +82,18 @@ def test_summary_medians_follow_the_rule():
     # 100 under 30 rows, else 30: ratios 10, 3, 2 -> 3, two of three at most 5
     assert "patience 100 under 30 validation rows, else 30: median CPU ratio 3.00, <= 5 on 2 of 3" in text
     assert "default (measured): median CPU ratio 6.00" in text
+
+
+def test_summary_names_the_runs_a_scaled_patience_moves_to_another_epoch():
+    def run(name, best, moved_to, net_tests):
+        stops = {"100": {"epochs": 9, "best_epoch": best, "cpu_s": 9.0, "net_test": net_tests[0]}}
+        for patience in ("25", "30", "40"):
+            stops[patience] = {"epochs": 5, "best_epoch": best, "cpu_s": 5.0}
+        for rule in ("max(20, 0.5 best)", "max(40, 0.5 best)", "max(25, 1 best)"):
+            stops[rule] = {"epochs": 4, "best_epoch": moved_to, "cpu_s": 4.0, "net_test": net_tests[1]}
+        return {"database": name, "seed": 0, "val_rows": 500, "gbm_cpu_s": 1.0, "best_epoch": best, "cpu_s": 9.0,
+                "stops": stops}
+
+    text = summary([run("a", 5, 5, (0.9, 0.9)), run("b", 7, 3, (0.62, 0.66))])
+    assert ("patience max(20, 0.5 best): median CPU ratio 4.00, <= 5 on 2 of 2, default's epoch kept on 1; "
+            "another epoch: b seed 0 epoch 4 (net test 0.6200 -> 0.6600)") in text.splitlines()
