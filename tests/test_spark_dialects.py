@@ -106,12 +106,15 @@ def test_duckdb_functions_keep_their_meaning_on_spark(shop):
     each day of a week; base-10 log; DuckDB computes the expected values."""
     duck, on_spark = shop
     query = duckdb_sql("""SELECT o.order_id, epoch(o.ordered) AS e, epoch(c.snapshot) AS d, epoch(c.joined) AS j,
-        dayofweek(c.snapshot) AS w, isodow(c.snapshot) AS i, log(o.amount + 1) AS l, list_value(1.5, o.amount) AS v
+        dayofweek(c.snapshot) AS w, isodow(c.snapshot) AS i, log(o.amount + 1) AS l, list_value(1.5, o.amount) AS v,
+        list_sort(list_value(o.amount, NULL, 1.5)) AS s, list_distinct(list_value(o.amount, NULL, 1.5, o.amount)) AS u
         FROM orders o JOIN customer c ON c.customer_id = o.customer_id WHERE o.order_id % 7 < 3 ORDER BY o.order_id""")
     expected, found = duck.arrow(query), on_spark.arrow(query)
     assert expected.num_rows == found.num_rows > 600
-    for name in ("order_id", "e", "d", "j", "w", "i", "v"):
+    for name in ("order_id", "e", "d", "j", "w", "i", "v", "s"):
         assert expected.column(name).to_pylist() == found.column(name).to_pylist(), name
+    assert [sorted(u) for u in expected.column("u").to_pylist()] == [sorted(u) for u in found.column("u").to_pylist()]
+    assert all(None not in u for u in found.column("u").to_pylist())  # DuckDB's list_distinct drops NULLs
     assert np.allclose(expected.column("l").to_numpy(), found.column("l").to_numpy(), rtol=1e-15, atol=0)
     assert sorted(set(expected.column("w").to_pylist())) == list(range(7))
     assert expected.column("j").null_count > 0
@@ -229,6 +232,27 @@ def test_a_predictive_query_writes_the_same_task_table_on_spark(shop):
     finally:  # from both: a task table left in one would be a table (left out, and named) of the next template
         for db in shop:
             db.execute(duckdb_sql("DROP TABLE IF EXISTS dialects_task"))
+
+
+def test_a_list_distinct_query_writes_the_same_item_lists_on_spark(shop):
+    """A recommendation task table (the distinct items each customer orders in the next 30 days,
+    sorted; a NULL list past the data): the same rows and lists on Spark, where DuckDB's
+    list_sort/list_distinct are written as array_sort/array_compact(array_distinct)."""
+    duck, on_spark = shop
+    question = PredictiveQuery(entity="customer", events="orders", aggregate="list_distinct", value="item_id",
+                               window_days=30, every_days=30)
+    try:
+        written = [question.write(db, "dialects_items") for db in (duck, on_spark)]
+        assert written[0] == written[1] and written[0].rows > 500
+        tables = [db.arrow(duckdb_sql("SELECT * FROM dialects_items ORDER BY task_id")) for db in (duck, on_spark)]
+        assert tables[0].column_names == tables[1].column_names
+        lists = [t.column(tables[0].column_names[-1]).to_pylist() for t in tables]
+        assert lists[0] == lists[1]
+        assert sum(bool(v) for v in lists[0]) > 100  # (a customer orders every 50 days: one item per window)
+        assert all(v is None or v == sorted(set(v)) for v in lists[0])
+    finally:
+        for db in shop:
+            db.execute(duckdb_sql("DROP TABLE IF EXISTS dialects_items"))
 
 
 def check_task_tables(question: PredictiveQuery, duck, on_spark) -> None:

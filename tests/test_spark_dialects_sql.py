@@ -10,16 +10,17 @@ import sqlglot.expressions as exp
 from relsql.data.spark_sql import is_utc, spark_function
 
 
-def spark_text(duckdb_text: str) -> tuple[str, int]:
-    """(`duckdb_text` as Spark SQL with spark_function applied, how often the time zone mattered)."""
+def spark_text(duckdb: str | exp.Expression) -> tuple[str, int]:
+    """(DuckDB's SQL text or tree as Spark SQL with spark_function applied, how often the time zone
+    mattered)."""
     zoned = []
 
     def rewrite(node: exp.Expression) -> exp.Expression:
         written = spark_function(node, lambda arg: arg.transform(rewrite, copy=False), lambda: zoned.append(1))
         return node if written is None else written
 
-    tree = sqlglot.parse_one(duckdb_text, read="duckdb").transform(rewrite)
-    return tree.sql("spark"), len(zoned)
+    tree = sqlglot.parse_one(duckdb, read="duckdb") if isinstance(duckdb, str) else duckdb
+    return tree.transform(rewrite).sql("spark"), len(zoned)
 
 
 def test_functions_whose_meaning_differs_are_rewritten():
@@ -35,6 +36,17 @@ def test_nested_functions_are_rewritten_inside_each_other():
     text, zoned = spark_text("SELECT isfinite(epoch(a) - epoch(b)) AND dayofweek(c) = 0 FROM s")
     assert text.count("UNIX_MICROS") == 2 and "ABS(CAST(" in text and "(DAYOFWEEK(c) - 1) = 0" in text
     assert zoned == 2
+
+
+def test_lists_are_sorted_and_deduplicated_as_duckdb_does():
+    """list_distinct drops NULLs (array_distinct keeps one), parsed from text or built by relsql's
+    predictive queries (the function by name); one-argument list_sort is array_sort (both ascending,
+    NULLs last); a list_sort given an order is left to sqlglot."""
+    text, _ = spark_text("SELECT list_distinct(l), list_sort(list_distinct(l)), list_sort(l, 'DESC') FROM s")
+    assert text.count("ARRAY_COMPACT(ARRAY_DISTINCT(l))") == 2 and "ARRAY_SORT(ARRAY_COMPACT(" in text
+    built = exp.select(exp.Anonymous(this="list_sort", expressions=[exp.Anonymous(this="list_distinct", expressions=[
+        exp.ArrayAgg(this=exp.column("v"))])])).from_("s")
+    assert spark_text(built)[0] == "SELECT ARRAY_SORT(ARRAY_COMPACT(ARRAY_DISTINCT(COLLECT_LIST(v)))) FROM s"
 
 
 def test_utc_zones():

@@ -17,6 +17,8 @@ translation keeps the names but not always the meaning, so these are written her
 - `log(x)`: base 10 in DuckDB, the natural logarithm in Spark: `log10(x)`.
 - `list_value(...)`: Spark's `array(...)`; `isfinite(x)`: `abs(x) < Infinity` (NaN is above
   every number in Spark's order, so it is not finite, as in DuckDB).
+- `list_distinct(l)` drops NULLs in DuckDB, `array_distinct` keeps one: `array_compact(array_distinct(l))`;
+  `list_sort(l)` (ascending, NULLs last in both): `array_sort(l)` (a predictive query's LIST_DISTINCT).
 """
 
 from __future__ import annotations
@@ -52,6 +54,11 @@ def spark_function(node: exp.Expression, rewrite: Callable[[exp.Expression], exp
         return exp.Anonymous(this="log10", expressions=[rewrite(node.this)])
     if name == "list_value":
         return exp.Array(expressions=[rewrite(e) for e in node.expressions])
+    if name == "list_distinct" or isinstance(node, exp.ArrayDistinct):
+        return exp.Anonymous(this="array_compact", expressions=[
+            exp.Anonymous(this="array_distinct", expressions=[rewrite(_argument(node))])])
+    if name == "list_sort" and len(node.expressions) == 1:
+        return exp.Anonymous(this="array_sort", expressions=[rewrite(_argument(node))])
     if name == "isfinite":
         return exp.LT(this=exp.Abs(this=exp.Cast(this=rewrite(_argument(node)), to=exp.DataType(this=_DOUBLE))),
                       expression=exp.Cast(this=exp.Literal.string("Infinity"), to=exp.DataType(this=_DOUBLE)))
