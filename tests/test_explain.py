@@ -296,3 +296,27 @@ def test_adaptive_points_meet_the_tolerance_and_match_a_fine_rule(small):
         assert got.keys() == fine.keys() and max(abs(got[k] - fine[k]) for k in got) < 1e-6
         coarse = coarse or adaptive(runner, rids, units, shared, tolerance=1e-2, first=2)
     assert coarse.steps < found.steps and coarse.gap <= 1e-2  # a looser tolerance stops sooner
+
+
+def test_a_target_key_named_like_explains_columns_gets_the_same_summary(small):
+    """The same data with the target's key named `table` and the parent's own column `name`:
+    explain's own columns get suffixes, and explain_summary (with and without the model) reads them
+    by position, giving the summary of the plainly named database."""
+    plain = relsql.explain_summary(_model(small, LINEAR).explain(where="id < 10"))
+    db = relsql.connect()
+    db.con.execute('CREATE TABLE bin ("table" INTEGER PRIMARY KEY, name DOUBLE, y BOOLEAN)')
+    db.con.execute('CREATE TABLE child (id INTEGER PRIMARY KEY, parent_id INTEGER REFERENCES bin("table"), x DOUBLE, '
+                   "kind VARCHAR)")
+    for table in ("bin", "child"):
+        source = "parent" if table == "bin" else "child"
+        db.con.append(table, small.con.execute(f'SELECT * FROM "{source}" ORDER BY id').df())
+    template = LINEAR.replace("p.id", 'p."table"').replace("FROM parent p", "FROM bin p")
+    model = relsql.Model(db, relsql.Template.from_sql(template), target="bin.y", seed=0, dtype=torch.float64,
+                         progress=False).fit(epochs=3, refit=False)
+    explanation = model.explain(where='"table" < 10')
+    assert explanation.columns[:2] == ["table", "table_1"]
+    for found in (relsql.explain_summary(explanation, model), relsql.explain_summary(explanation)):
+        assert found["kind"].to_list() == plain["kind"].to_list()
+        assert [n.replace("bin.", "parent.") for n in found["name"].to_list()] == plain["name"].to_list()
+        assert np.allclose(found["mean_abs_attribution"].to_numpy(), plain["mean_abs_attribution"].to_numpy(),
+                           rtol=1e-12, atol=0)

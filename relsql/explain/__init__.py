@@ -7,7 +7,7 @@ from __future__ import annotations
 import polars as pl
 
 from relsql.explain.plot import plot_summary
-from relsql.explain.relation import STEPS, explain, summary
+from relsql.explain.relation import COLUMNS, STEPS, explain, summary
 
 
 def explain_summary(explanation: pl.DataFrame, model=None) -> pl.DataFrame:
@@ -15,12 +15,12 @@ def explain_summary(explanation: pl.DataFrame, model=None) -> pl.DataFrame:
     Model.explain returned); with `model`, a blended GBM's share and its features' importances too."""
     from relsql.errors import RelsqlError
 
-    if not isinstance(explanation, pl.DataFrame) or "attribution" not in explanation.columns:
-        raise RelsqlError("explain_summary needs the DataFrame Model.explain(...) returned (with an `attribution` column)")
+    if not isinstance(explanation, pl.DataFrame) or not any(c.startswith("attribution") for c in explanation.columns) \
+            or len(explanation.columns) <= len(COLUMNS):
+        raise RelsqlError("explain_summary needs the DataFrame Model.explain(...) returned (the target's keys, then "
+                          f"{', '.join(COLUMNS)})")
     learner = None if model is None else model.learner
-    keys = list(learner.goal.keys) if learner is not None else [
-        c for c in explanation.columns if c not in ("table", "row_key", "column", "relation", "rule", "attribution",
-                                                    "output", "baseline")]
+    keys = list(learner.goal.keys) if learner is not None else explanation.columns[:-len(COLUMNS)]
     return summary(explanation, keys, None if learner is None else getattr(learner, "hybrid", None))
 
 

@@ -136,14 +136,16 @@ def summary(explanation: pl.DataFrame, keys: list[str], hybrid=None) -> pl.DataF
     blended GBM: kind "blend" rows ("network", "gbm") whose share is the blend weight, and kind
     "gbm_feature" rows with the GBM's split counts per feature as `share` (the GBM part is not
     attributed to input rows)."""
-    frame = explanation.filter(pl.col("table").is_not_null())
+    role = roles(explanation)  # where a target key is itself named `table`, ..., explain renamed these
+    frame = explanation.filter(pl.col(role["table"]).is_not_null())
     rows = max(explanation.select(keys).unique().height, 1)
     parts = []
-    for kind, name in (("column", pl.concat_str([pl.col("table"), pl.col("column")], separator=".")),
-                       ("relation", pl.col("relation"))):
-        named = frame.with_columns(name.alias("name"))
-        per_row = named.group_by([*keys, "name"]).agg(pl.col("attribution").sum().abs().alias("a"))
-        means = per_row.group_by("name").agg((pl.col("a").sum() / rows).alias("mean_abs_attribution"))
+    for kind, name in (("column", pl.concat_str([pl.col(role["table"]), pl.col(role["column"])], separator=".")),
+                       ("relation", pl.col(role["relation"]))):
+        named = frame.with_columns(name.alias("__relsql_name"))
+        per_row = named.group_by([*keys, "__relsql_name"]).agg(pl.col(role["attribution"]).sum().abs().alias("a"))
+        means = per_row.group_by("__relsql_name").agg((pl.col("a").sum() / rows).alias("mean_abs_attribution")) \
+            .rename({"__relsql_name": "name"})
         total = float(means["mean_abs_attribution"].sum()) or 1.0
         parts.append(means.with_columns(pl.lit(kind).alias("kind"), (pl.col("mean_abs_attribution") / total).alias("share"))
                      .sort("mean_abs_attribution", descending=True))
@@ -155,6 +157,12 @@ def summary(explanation: pl.DataFrame, keys: list[str], hybrid=None) -> pl.DataF
         parts.append(gbm_importances(hybrid))
     columns = ["kind", "name", "mean_abs_attribution", "share"]
     return pl.concat([p.select(columns).cast({"mean_abs_attribution": pl.Float64, "share": pl.Float64}) for p in parts])
+
+
+def roles(explanation: pl.DataFrame) -> dict[str, str]:
+    """The names `explain` gave its own columns (COLUMNS, last, in that order; a name a target key
+    already has gets a suffix)."""
+    return dict(zip(COLUMNS, explanation.columns[len(explanation.columns) - len(COLUMNS):]))
 
 
 def gbm_importances(hybrid) -> pl.DataFrame:
