@@ -188,6 +188,18 @@ def _implied_marks(item) -> set[str]:
     return marks
 
 
+@pytest.fixture(autouse=True)
+def _java_gc_unhooked():
+    """After a test that started PyNeuraLogic's JVM in this process (through the oracle or on its
+    own), JPype's garbage-collection callbacks are dropped: left in, every later test ran several
+    times slower (tests/oracles/neuralogic_oracle.py `unhook_java_gc`)."""
+    yield
+    if "_jpype" in sys.modules:
+        from tests.oracles.neuralogic_oracle import unhook_java_gc
+
+        unhook_java_gc()
+
+
 @pytest.fixture(scope="session")
 def neuralogic_workdir(tmp_path_factory):
     """PyNeuraLogic writes ./target/out; keep that out of the repository."""

@@ -74,7 +74,20 @@ def _init() -> None:
     add_log_handler(LogHandler(open(os.devnull, "w"), Level.OFF))
     if not neuralogic.is_initialized():
         neuralogic.initialize()
+    unhook_java_gc()
     _initialised = True
+
+
+def unhook_java_gc() -> None:
+    """Drop the Python garbage-collection callbacks JPype adds when the JVM starts (two, both
+    `_jpype._collect`): they run the JVM's reference queue and collector on every Python collection,
+    so relsql's allocation-heavy code (sqlglot's tree copies, DuckDB calls) ran 4-6x slower in a process
+    that had started PyNeuraLogic (a Model of tests/test_shared_key_tables: 0.5 s -> 2.5 s each; its
+    JPype "Python Reference" thread took 6 CPU-s of 9). The oracle's Java objects are still freed by
+    the JVM's own collector; only the Python-driven extra collections stop."""
+    import gc
+
+    gc.callbacks[:] = [c for c in gc.callbacks if getattr(c, "__module__", None) != "_jpype"]
 
 
 def _settings():
