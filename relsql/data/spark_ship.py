@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from relsql.data.engine import first_line
 from relsql.errors import RelsqlError, SourceError
 
 STORE = ("numpy", "pyarrow", "sqlglot")  # relsql.ground.parts, the store writer: no torch (a data cluster rarely has it)
@@ -275,7 +276,7 @@ def _probe(session, modules: list[str], own: list[str], expected: str | None) ->
         python, failed, found, where = json.loads(session.range(1).mapInArrow(batches, "answer STRING").collect()[0][0])
         return Probe(python, tuple(failed), found, where)
     except Exception as err:  # noqa: BLE001 (the caller names the fix)
-        text = " ".join(str(err).strip().splitlines()[0].split()) if str(err).strip() else type(err).__name__
+        text = " ".join(first_line(err).split())
         return Probe("", (), None, None, failure=text[:300] + ("..." if len(text) > 300 else ""))
 
 

@@ -100,8 +100,6 @@ def _separate(runner: Runner, reach: dict) -> bool:
     return True
 
 
-
-
 def clenshaw_curtis(n: int) -> tuple[np.ndarray, np.ndarray]:
     """Clenshaw-Curtis points and weights on [0, 1] (n + 1 points, 0 and 1 among them): the points
     of n are among those of 2n, so doubling n reuses every gradient taken (Trefethen, "Is Gauss
