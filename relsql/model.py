@@ -166,12 +166,13 @@ class Model(LearnerViews):
         return results.predict(self.learner.asked(keys, where), splits=with_split, keys=keys, where=where)
 
     @with_threads
-    def explain(self, keys=None, *, where: str | None = None, steps: int | None = None, per: str = "column") -> pl.DataFrame:
-        """Why each row (`keys`/`where` as predict()) got its output: the attribution of every input row and
-        column its groundings read, summing to output - baseline (relsql/explain/, docs/explain.md)."""
+    def explain(self, keys=None, *, where: str | None = None, steps: int | None = None, per: str = "column",
+                unit: int | None = None) -> pl.DataFrame:
+        """Why each row (`keys`/`where` as predict()) got its output (a class's score: `unit`, else the predicted
+        class): every input row and column its groundings read, attributions summing to output - baseline (docs/explain.md)."""
         from relsql.explain import explain
 
-        return explain(self.learner, keys, where, steps=steps, per=per)
+        return explain(self.learner, keys, where, steps=steps, per=per, unit=unit)
 
     def write_predictions(self, name: str, *, keys=None, where: str | None = None, replace: bool = False) -> int:
         """Write `predict(keys, where=where, with_split=False)` (every row by default) as a new table,

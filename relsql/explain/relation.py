@@ -13,6 +13,7 @@ import torch
 from relsql import arguments
 from relsql.data.duckdb import free_name
 from relsql.errors import RelsqlError
+from relsql.explain import asked
 from relsql.explain.inputs import Input, plain_plan
 from relsql.explain.integrate import TOLERANCE, Attributed, Runner, adaptive, attribute, owners
 from relsql.train.learner import results
@@ -38,19 +39,24 @@ def explain(learner, keys: object = None, where: str | None = None, *, steps: in
     if learner.answers != "predict":
         raise RelsqlError(f"{learner.goal.name} is a {learner.task.kind} target: explain() explains one value per row; "
                           "a ranking's candidates are not explained yet")
-    if learner.mini_batches:
-        raise RelsqlError("explain() runs the whole grounding in memory: this model trains in mini-batches "
-                          "(batch_size= or embeddings stored in the database); load it without batch_size= "
-                          "(relsql.Model.load(path, db)) to explain its rows")
     rows = results.chosen_rows(learner, keys, where)
     rids = rows["_rid"].to_numpy()
-    net = learner.net
-    plan, inputs = plain_plan(learner.template, net.grounding)
-    runner = Runner(plan, inputs, net.weights_by_name(), learner.head, learner.output)
-    units = _units(runner, rids, learner.task, unit)
-    reach = owners(net.grounding, learner.output, rids)
-    found = adaptive(runner, rids, units, reach, TOLERANCE) if steps is None else attribute(runner, rids, units, steps, reach)
-    return _frame(found, inputs, rows.drop("_rid"), net.grounding, per)
+    frames = []
+    for at, part in asked.parts(learner, rids):  # memory follows the rows asked for, not the database
+        plan, inputs = plain_plan(learner.template, part.grounding)
+        runner = Runner(plan, inputs, learner.net.weights_by_name(), learner.head, learner.output, part.external)
+        units = _units(runner, part.rids, learner.task, unit)
+        reach = owners(part.grounding, learner.output, part.rids)
+        found = adaptive(runner, part.rids, units, reach, TOLERANCE) if steps is None else \
+            attribute(runner, part.rids, units, steps, reach)
+        frames.append(_frame(found, inputs, rows[at].drop("_rid"), part.grounding, per))
+    return pl.concat(frames) if frames else _frame(_nothing(), [], rows.drop("_rid"), None, per)
+
+
+def _nothing() -> Attributed:
+    """The attributions of no rows."""
+    none = np.zeros(0, dtype=np.int64)
+    return Attributed(none, none, none, none, np.zeros(0), np.zeros(0), np.zeros(0))
 
 
 def _units(runner: Runner, rids: np.ndarray, task, unit: int | None) -> np.ndarray:
