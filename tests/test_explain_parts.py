@@ -115,3 +115,28 @@ def test_each_class_score_of_a_multi_class_target(small):  # noqa: F811
     assert np.allclose(default, logits.max(1), atol=1e-12)  # by default: the predicted class's score
     with pytest.raises(relsql.RelsqlError, match="unit"):
         model.explain(keys={"id": [1]}, unit=3)
+
+
+def test_cli_explains_a_model_with_stored_embeddings_in_mini_batches(small, tmp_path, capsys):  # noqa: F811
+    from relsql.cli import main
+
+    path = tmp_path / "small.duckdb"
+    db = relsql.connect(path)
+    for table in ("parent", "child"):  # the same rows in a file the command can open
+        db.con.register("rows", small.arrow(f'SELECT * FROM "{table}"'))
+        db.con.execute(f'CREATE TABLE "{table}" AS SELECT * FROM rows')
+        db.con.unregister("rows")
+    template = DEEP.replace("embed(c.kind, 3, 'ek')", "embed(c.id, 3, 'ek', storage='database')")
+    model = relsql.Model(db, relsql.Template.from_sql(template), target="parent.y", seed=0, dtype=torch.float64,
+                         progress=False, batch_size=8).fit(epochs=2, refit=False)
+    expected = model.explain(where="id < 5")
+    model.save(tmp_path / "m.pt")
+    db.con.close()
+    args = ["explain-prediction", str(path), "--model", str(tmp_path / "m.pt"), "--where", "id < 5", "--batch-size", "8"]
+    assert main([*args, "--unit", "1"]) == 1  # a binary target has one score
+    assert "unit" in capsys.readouterr().err
+    assert main([*args, "--table", "why"]) == 0
+    again = relsql.connect(path)
+    written = pl.from_arrow(again.arrow('SELECT * FROM "why"'))
+    again.con.close()
+    _same(written, expected, 1e-12)

@@ -40,6 +40,12 @@ def add_parser(commands, epilog: str) -> argparse.ArgumentParser:
                         help="one attribution per input column (default) or per input row")
     parser.add_argument("--steps", type=positive_int,
                         help="integration points (Gauss-Legendre; default: as many as completeness to 1e-6 needs)")
+    parser.add_argument("--unit", type=int, metavar="K",
+                        help="a multi-class target: explain class K's score (K counts the classes from 0, in the order of "
+                             "predict's probabilities; default: each row's predicted class)")
+    parser.add_argument("--batch-size", type=positive_int,
+                        help="load the model in mini-batches of this many target rows, grounded on demand "
+                             "(a model trained with batch_size= or database-stored embeddings)")
     parser.add_argument("--plot", type=plot_file, metavar="FILE.png",
                         help="also draw the summary as bars to this new .png (needs matplotlib)")
     parser.add_argument("--device", type=device, default="cpu", help="where the model is loaded (explained on the CPU)")
@@ -56,10 +62,10 @@ def run(args: argparse.Namespace) -> int:
                 db.replaceable(name, args.replace, "explanations", how="--replace", other=f"another {flag} name")
         if args.table and args.summary_table and args.table.casefold() == args.summary_table.casefold():
             raise RelsqlError("--table and --summary-table name the same table; choose two names")
-        model = relsql.Model.load(args.model, db, device=args.device)
+        model = relsql.Model.load(args.model, db, device=args.device, batch_size=args.batch_size)
         model.threads = args.threads
         try:
-            explanation = model.explain(where=args.where, steps=args.steps, per=args.per)
+            explanation = model.explain(where=args.where, steps=args.steps, per=args.per, unit=args.unit)
         except relsql.WhereError as err:
             raise UsageError(f"--where: {err}") from None
         summary = relsql.explain_summary(explanation, model)
