@@ -1,12 +1,14 @@
 """The cost of explaining rows against predicting them (issue #47's target: explaining 1,000 rows
 at most 10x predicting them).
 
-    python -m bench.explain_cost [--parents 1000] [--rows N] [--reps 3] [--steps auto,8,32]
+    python -m bench.explain_cost [--parents 1000] [--rows N] [--batch-size B] [--reps 3] [--steps auto,8,32]
 
 A synthetic three-table database (parent <- child <- grandchild, the planted signal of
 tests/test_explain_counterfactual.py, scaled to --parents target rows), a model trained one epoch
 (the cost does not depend on the weights). `--rows N`: the first N target rows only (`id < N`;
-every row by default). For each --steps ("auto": the default, as many points as
+every row by default); `--batch-size B`: the model saved and loaded in mini-batches of B rows
+(`Model.load(path, db, batch_size=B)`: predict() and explain() ground the rows as batches, from a
+grounding store). For each --steps ("auto": the default, as many points as
 completeness to 1e-6 needs), `model.explain()` of every target row
 and `model.predict()` of the same rows are timed alternately, --reps times, in CPU seconds of this
 process (the machine is shared); medians, their ratio, the peak RSS growth and the largest
@@ -20,7 +22,9 @@ from __future__ import annotations
 import argparse
 import resource
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import polars as pl
 import torch
@@ -59,6 +63,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parents", type=int, default=1000)
     parser.add_argument("--rows", type=int, default=None, help="explain and predict the first N target rows only")
+    parser.add_argument("--batch-size", type=int, default=None, help="load the model in mini-batches of B rows")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--steps", default="auto,8,32")
     args = parser.parse_args()
@@ -66,6 +71,10 @@ def main() -> None:
     db = _database(args.parents)
     model = relsql.Model(db, relsql.Template.from_sql(TEMPLATE), target="parent.y", seed=0, dtype=torch.float64,
                          progress=False).fit(epochs=1, refit=False)
+    if args.batch_size is not None:
+        with tempfile.TemporaryDirectory() as folder:
+            model.save(Path(folder) / "model.pt")
+            model = relsql.Model.load(Path(folder) / "model.pt", db, batch_size=args.batch_size)
     where = None if args.rows is None else f"id < {int(args.rows)}"
     model.predict(where=where)  # warm: the first call builds what both reuse
     asked = args.parents if args.rows is None else min(args.rows, args.parents)
