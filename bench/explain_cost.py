@@ -62,6 +62,7 @@ def _cpu(call) -> tuple[float, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parents", type=int, default=1000)
+    parser.add_argument("--epochs", type=int, default=1, help="epochs of training (more: larger weights, more points)")
     parser.add_argument("--rows", type=int, default=None, help="explain and predict the first N target rows only")
     parser.add_argument("--batch-size", type=int, default=None, help="load the model in mini-batches of B rows")
     parser.add_argument("--reps", type=int, default=3)
@@ -70,7 +71,7 @@ def main() -> None:
     torch.set_num_threads(1)
     db = _database(args.parents)
     model = relsql.Model(db, relsql.Template.from_sql(TEMPLATE), target="parent.y", seed=0, dtype=torch.float64,
-                         progress=False).fit(epochs=1, refit=False)
+                         progress=False).fit(epochs=args.epochs, refit=False)
     if args.batch_size is not None:
         with tempfile.TemporaryDirectory() as folder:
             model.save(Path(folder) / "model.pt")
