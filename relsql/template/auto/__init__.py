@@ -46,7 +46,7 @@ from relsql.template.auto.draft import Draft
 from relsql.template.auto.header import HEADER, is_automatic
 from relsql.template.auto.names import distinct, safe
 from relsql.template.auto.options import AGGREGATIONS, LAYERS, NUMBERS, RANKING_AGGREGATION, TIMELESS, Options, aggregation_terms
-from relsql.template.auto.paths import tree, walk
+from relsql.template.auto.paths import keyed, tree, walk
 from relsql.template.auto.ranking import Ranking, ranking_header
 from relsql.template.auto.scope import Scope, scope
 from relsql.template.auto.times import Time, before, seconds, table_times, time_kind
@@ -132,9 +132,11 @@ def _write(db: Database, target: str, table: str, column: str, options: Options)
     if where.reference is not None and where.reference.table not in tables:
         tables.append(where.reference.table)  # the candidates' own columns
     for name in tables:
-        encoders.encoder(draft, name)
+        if where.keys.primary_keys.get(name):  # a keyless table's rows are encoded where they are read (layers)
+            encoders.encoder(draft, name)
     for node in nodes[1:]:
-        layers.node_rows(draft, node)
+        if keyed(where.keys, node):
+            layers.node_rows(draft, node)
     value = layers.node_value(draft, root)
     lines = header.summary(target, options, terms, tables)
     if where.reference is None:

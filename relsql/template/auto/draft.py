@@ -33,6 +33,7 @@ class Draft:
         self.sizes = sizes
         self.label_kind: str | None = None  # "boolean" or "number": earlier siblings' labels are read (layers.lateral)
         self.counted: dict[tuple[str, str], tuple[int, int]] = {}  # (table, column) -> (distinct values, non-NULL rows)
+        self.inline: dict[str, tuple[str, list[str], str]] = {}  # keyless table -> its rows' encoding (encoders.encoding)
         self.target_keys = list(schema.primary_keys[target])
         # Key columns of node relations: r_<target key> (and r_time), then n_<node table key>.
         r_names = distinct([f"r_{safe(k)}" for k in self.target_keys] + (["r_time"] if self.time_column else []))

@@ -41,18 +41,30 @@ class Columns:
 
 def encoder(draft: Draft, table: str) -> None:
     """Write enc_<table>: one `width`-wide vector per row of `table` from its own columns."""
+    value, lines, source = encoding(draft, table, "t")
+    key_sql = ", ".join(f"t.{quoted(k)}" for k in draft.schema.primary_keys[table])
+    lines.append(f"CREATE TABLE enc_{draft.labels[table]} AS\nSELECT {key_sql}, {value} AS h\nFROM {source} t;\n")
+    draft.out.append("\n".join(lines))
+
+
+def encoding(draft: Draft, table: str, alias: str) -> tuple[str, list[str], str]:
+    """(`table`'s row encoding over its columns as `alias`.<column>, the comment lines saying what it
+    reads, the FROM source the columns come from): enc_<table>'s value, or for a table without a
+    key, the value its rows are encoded to inside the aggregates that read them."""
     info: Table = draft.schema.tables[table]
     found = columns(draft, table)
-    parts = encodings(draft, table, found.numeric, found.categorical + found.copies, found.texts)
+    parts = encodings(draft, table, found.numeric, found.categorical + found.copies, found.texts, alias)
     t = draft.labels[table]
     value = draft.activation(" + ".join(parts)) if parts else \
         f"bias({draft.width}, '{draft.weight_name(f'enc_{t}_bias')}')"
-    lines = [f"-- {table}: its own columns encoded into one {draft.width}-wide vector per row"]
+    keyed = bool(draft.schema.primary_keys.get(table))
+    lines = [f"-- {table}: its own columns encoded into one {draft.width}-wide vector per row" + (
+        "" if keyed else " (no key of its own: encoded inside the aggregates that read its rows)")]
     if table == draft.target:
         lines.append(f"-- (the target column {draft.column} is never an input)")
     if found.identifiers:
         lines.append(f"-- left out, named like identifiers but not keys: {', '.join(found.identifiers)}")
-        draft.identifiers += [f"{table}.{c}" for c in found.identifiers]
+        draft.identifiers += [n for n in (f"{table}.{c}" for c in found.identifiers) if n not in draft.identifiers]
     if found.copies:
         lines.append(f"-- numbers with at most {NUMBER_CODES} values, also embedded (a step function of one column): "
                      f"{', '.join(found.copies)}")
@@ -63,14 +75,12 @@ def encoder(draft: Draft, table: str) -> None:
                      f"{', '.join(found.skipped)}")
     if not parts:
         lines.append("-- no usable columns: a learnable constant that still tells rows exist")
-    key_sql = ", ".join(f"t.{quoted(k)}" for k in draft.schema.primary_keys[table])
-    lines.append(f"CREATE TABLE enc_{t} AS\nSELECT {key_sql}, {value} AS h\nFROM {rows(draft, info, found.numeric)} t;\n")
-    draft.out.append("\n".join(lines))
+    return value, lines, rows(draft, info, found.numeric)
 
 
 def columns(draft: Draft, table: str) -> Columns:
     """`table`'s columns by encoding: keys only join, and the target column is never an input."""
-    keys = set(draft.schema.primary_keys[table])
+    keys = set(draft.schema.primary_keys.get(table, ()))
     fks = {c for child, fk in draft.schema.foreign_keys if child == table for c in fk.columns}
     found = Columns()
     inputs = [col for col in draft.schema.tables[table].columns
@@ -125,7 +135,7 @@ def _number_kinds(draft: Draft, table: str, column: str, upper: str) -> tuple[st
     return ("numeric", "copies") if few_values(draft, table, column) else ("numeric",)
 
 
-def encodings(draft: Draft, table: str, numeric: list[str], codes: list[str], texts: list[str]) -> list[str]:
+def encodings(draft: Draft, table: str, numeric: list[str], codes: list[str], texts: list[str], alias: str = "t") -> list[str]:
     """The terms of a table's encoder. numbers="ple": numbers cut into ranges at the database's
     quantiles (a learnable function of each, not only a slope), dates by calendar parts and
     year, booleans as 0/1, codes embedded with one shared vector for rare and unseen values,
@@ -134,22 +144,26 @@ def encodings(draft: Draft, table: str, numeric: list[str], codes: list[str], te
     (docs/quality.md)."""
     t, w, name = draft.labels[table], draft.width, draft.weight_name
     types = {c.name: c.type.upper() for c in draft.schema.tables[table].columns}
+
+    def read(names: list[str]) -> str:
+        return ", ".join(f"{alias}.{quoted(c)}" for c in names)
+
     parts = []
     if draft.numbers == "standardized":
         if numeric:
-            parts.append(f"linear(features({', '.join('t.' + quoted(c) for c in numeric)}), {w}, '{name(f'enc_{t}_num')}')")
-        return parts + [f"embed(t.{quoted(c)}, {w}, '{name(f'enc_{t}_{safe(c)}')}')" for c in codes]
+            parts.append(f"linear(features({read(numeric)}), {w}, '{name(f'enc_{t}_num')}')")
+        return parts + [f"embed({alias}.{quoted(c)}, {w}, '{name(f'enc_{t}_{safe(c)}')}')" for c in codes]
     flags = [c for c in numeric if "BOOL" in types[c]]
     dates = [c for c in numeric if any(k in types[c] for k in TIME_TYPES) and c not in flags]
     numbers = [c for c in numeric if c not in flags and c not in dates]
     if numbers:
-        parts.append(f"linear(ple({', '.join('t.' + quoted(c) for c in numbers)}, {PLE_BINS}), {w}, '{name(f'enc_{t}_num')}')")
+        parts.append(f"linear(ple({read(numbers)}, {PLE_BINS}), {w}, '{name(f'enc_{t}_num')}')")
     if flags:
-        parts.append(f"linear(features({', '.join('t.' + quoted(c) for c in flags)}), {w}, '{name(f'enc_{t}_flags')}')")
+        parts.append(f"linear(features({read(flags)}), {w}, '{name(f'enc_{t}_flags')}')")
     if dates:
-        parts.append(f"linear(calendar({', '.join('t.' + quoted(c) for c in dates)}), {w}, '{name(f'enc_{t}_dates')}')")
-    parts += [f"embed(t.{quoted(c)}, {w}, '{name(f'enc_{t}_{safe(c)}')}', min_count={RARE})" for c in codes]
-    parts += [f"text(t.{quoted(c)}, {w}, '{name(f'enc_{t}_{safe(c)}')}')" for c in texts]
+        parts.append(f"linear(calendar({read(dates)}), {w}, '{name(f'enc_{t}_dates')}')")
+    parts += [f"embed({alias}.{quoted(c)}, {w}, '{name(f'enc_{t}_{safe(c)}')}', min_count={RARE})" for c in codes]
+    parts += [f"text({alias}.{quoted(c)}, {w}, '{name(f'enc_{t}_{safe(c)}')}')" for c in texts]
     return parts
 
 

@@ -11,10 +11,12 @@ for a typical row yet still grows with the number of rows; the count enters as l
 from __future__ import annotations
 
 import math
+import re
 
 from relsql.template.auto.draft import Draft
+from relsql.template.auto.encoders import encoding
 from relsql.template.auto.names import quoted
-from relsql.template.auto.paths import Node
+from relsql.template.auto.paths import Node, keyed
 from relsql.template.auto.times import Time, seconds
 
 
@@ -259,7 +261,6 @@ def _child_term(draft: Draft, node: Node, child: Node, child_value: str, keys: l
         target_match.append(f"c.{draft.r_time} = {target_time}")
     on_time, dimension = draft.time_join(child.table, "y", target_time, child.step)
     condition = child.step.condition(near, "y") + on_time
-    match = " AND ".join(target_match + [f"c.{name} = y.{quoted(k)}" for k, name in draft.n(child.table).items()])
     own, own_join = "p.h", ""
     if is_root:  # the target row's own encoding, for attention scores
         own = "s.h"
@@ -269,9 +270,19 @@ def _child_term(draft: Draft, node: Node, child: Node, child_value: str, keys: l
     if "attention(" not in value:
         own_join = ""
     scaled = " (the sum scaled by 1 / the table's average child rows per parent)" if "sum(c.h) * " in value else ""
-    return (f"-- {node.name} <- {child.name}: {kind} {child.table}, own weights for this key and direction{scaled}\n"
-            f"CREATE TABLE p_{node.name} AS\n"
+    comment = f"-- {node.name} <- {child.name}: {kind} {child.table}, own weights for this key and direction{scaled}\n"
+    rows, reads = quoted(child.table), ""
+    if keyed(draft.schema, child):
+        match = " AND ".join(target_match + [f"c.{name} = y.{quoted(k)}" for k, name in draft.n(child.table).items()])
+        reads = f"\nJOIN {child_value} c ON {match}"
+    else:  # its rows have no key to name them by: each is encoded where it is read, inside the aggregates
+        if child.table not in draft.inline:
+            draft.inline[child.table] = encoding(draft, child.table, "y")
+        encoded, lines, rows = draft.inline[child.table]
+        value = re.sub(r"\bc\.h\b", lambda _: encoded, value)
+        comment = "\n".join(lines) + "\n" + comment
+    return (f"{comment}CREATE TABLE p_{node.name} AS\n"
             f"SELECT {', '.join(f'{h} AS {quoted(k) if is_root else k}' for h, k in zip(head_keys, keys))}, "
             f"{value} AS h\n"
-            f"{source}{own_join}\nJOIN {quoted(child.table)} y ON {condition}{dimension}\nJOIN {child_value} c ON {match}\n"
+            f"{source}{own_join}\nJOIN {rows} y ON {condition}{dimension}{reads}\n"
             f"GROUP BY {', '.join(head_keys)};\n")

@@ -61,10 +61,11 @@ class Cuts(Protocol):
 
 
 def steps(schema: Schema, table: str) -> list[Step]:
-    """The steps out of `table`: to its child rows and to its parent rows, over keyed tables only."""
+    """The steps out of `table`: to its child rows (keyed or not: a table without a key of its own,
+    an event log, is a leaf whose rows are aggregated where they are read) and to its keyed parent rows."""
     found = []
     for child, fk in schema.foreign_keys:
-        if fk.table == table and schema.primary_keys.get(child):
+        if fk.table == table:
             found.append(Step(fk, child, to_child=True))
         if child == table and schema.primary_keys.get(fk.table):
             found.append(Step(fk, child, to_child=False))
@@ -96,10 +97,17 @@ def tree(schema: Schema, target: str, hops: int, labels: dict[str, str], cuts: C
             child = Node(node_names(f"{node.name}__{label}" if node.parent else label), step.far, step, node)
             if cuts is None or cuts.admits(child):
                 node.children.append(child)
-                grow(child, depth + 1)
+                if keyed(schema, child):  # a keyless table's rows cannot be named as a node's: nothing beyond them
+                    grow(child, depth + 1)
 
     grow(root, 0)
     return root
+
+
+def keyed(schema: Schema, node: Node) -> bool:
+    """Whether `node`'s table has a primary key: its rows get relations of their own (enc_, x_);
+    a keyless table's rows are encoded inside the aggregate that reads them (a leaf)."""
+    return bool(schema.primary_keys.get(node.table))
 
 
 def walk(node: Node):
