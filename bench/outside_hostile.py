@@ -23,6 +23,8 @@ the target is learnable from other columns. What makes it hostile, each switched
 - `year`: integer (year) time columns instead of DATE, on the target table and the events;
 - `mixed_year`: the target table's time and the events' (and the parent's) of different kinds,
   one an integer year, the other a DATE;
+- `keyless`: an event log `visit` with no key of its own (a foreign key to item, exact duplicate
+  rows, NULLs, one-word pages, its own time where the items have one);
 - `orphan`: event rows whose item_id is in no item row (that foreign key is then not declared in
   DuckDB; it is given in a keys file, or left to inference);
 - keys: `declared` (PRIMARY/FOREIGN KEY in the catalog), `keysfile` (nothing declared; a keys file
@@ -45,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 
 FEATURES = ["few", "const", "null", "huge", "subnormal", "ties", "word", "list", "composite", "selfref", "bridge", "hub",
-            "empty", "rare", "parent_time", "year", "orphan", "timed", "mixed_year"]
+            "empty", "rare", "parent_time", "year", "orphan", "timed", "mixed_year", "keyless"]
 KEY_MODES = ["declared", "keysfile", "inferred"]
 WORDS = ["alpha", "beta", "gamma", "delta", "omega"]
 
@@ -228,6 +230,17 @@ def generate(seed: int, out: Path, *, small: bool = False) -> dict:  # noqa: C90
         empty = {k: np.zeros(0, np.int64) for k in item_keys}
         tables["note"] = {"note_id": np.zeros(0, np.int64), **empty, "text": np.zeros(0, str), "stars": np.zeros(0, float)}
 
+    if "keyless" in f:  # an event log: no key of its own, exact duplicate rows
+        n_visit = int(rng.integers(n_item, 3 * n_item))
+        who = rng.integers(0, n_item, n_visit)
+        twice = np.concatenate([np.arange(n_visit), np.flatnonzero(rng.random(n_visit) < 0.2)])
+        visit: dict[str, object] = {k: np.asarray(item[k])[who][twice] for k in item_keys}
+        visit["page"] = rng.choice(WORDS[:3], n_visit)[twice]
+        visit["dwell"] = pa.array(rng.gamma(2.0, 30.0, n_visit).round(1)[twice], mask=(rng.random(n_visit) < 0.1)[twice])
+        if timed:
+            visit["seen"] = (rng.integers(2014, 2025, n_visit) if other_year else _dates(rng, n_visit, "2014-01-01", 3600))[twice]
+        tables["visit"] = visit
+
     # -- keys -------------------------------------------------------------------------------------------
     pks = {"grp": ["grp_id"], "item": item_keys, "event": ["event_id"]}
     fks = [("item", ["grp_id"], "grp", ["grp_id"], True), ("event", list(item_keys), "item", item_keys, "orphan" not in f)]
@@ -241,10 +254,12 @@ def generate(seed: int, out: Path, *, small: bool = False) -> dict:  # noqa: C90
     if "empty" in f:
         pks["note"] = ["note_id"]
         fks.append(("note", list(item_keys), "item", item_keys, True))
+    if "keyless" in f:
+        fks.append(("visit", list(item_keys), "item", item_keys, True))
 
     con = duckdb.connect(str(path))
     declared = mode == "declared"
-    for table in ["grp", "item", "tag", "event", "item_tag", "note"]:
+    for table in ["grp", "item", "tag", "event", "item_tag", "note", "visit"]:
         if table not in tables:
             continue
         frame = pa.table({k: (v if isinstance(v, pa.Array) else pa.array(v)) for k, v in tables[table].items()})
@@ -255,7 +270,8 @@ def generate(seed: int, out: Path, *, small: bool = False) -> dict:  # noqa: C90
             cols = con.execute(f'DESCRIBE "{table}"').fetchall()
             con.execute(f'DROP TABLE "{table}"')
             parts = [f'"{c[0]}" {c[1]}' for c in cols]
-            parts.append("PRIMARY KEY (" + ", ".join(f'"{k}"' for k in pks[table]) + ")")
+            if table in pks:
+                parts.append("PRIMARY KEY (" + ", ".join(f'"{k}"' for k in pks[table]) + ")")
             for child, cols_, parent, refs, valid in fks:
                 if child == table and valid and parent != table:  # self references: DuckDB refuses them; see keys file
                     parts.append(f"FOREIGN KEY ({', '.join(cols_)}) REFERENCES \"{parent}\" ({', '.join(refs)})")

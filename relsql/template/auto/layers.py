@@ -276,11 +276,12 @@ def _child_term(draft: Draft, node: Node, child: Node, child_value: str, keys: l
         match = " AND ".join(target_match + [f"c.{name} = y.{quoted(k)}" for k, name in draft.n(child.table).items()])
         reads = f"\nJOIN {child_value} c ON {match}"
     else:  # its rows have no key to name them by: each is encoded where it is read, inside the aggregates
-        if child.table not in draft.inline:
+        first = child.table not in draft.inline
+        if first:
             draft.inline[child.table] = encoding(draft, child.table, "y")
         encoded, lines, rows = draft.inline[child.table]
         value = re.sub(r"\bc\.h\b", lambda _: encoded, value)
-        comment = "\n".join(lines) + "\n" + comment
+        comment = "\n".join(lines) + "\n" + comment if first else comment  # what it reads: said once
     return (f"{comment}CREATE TABLE p_{node.name} AS\n"
             f"SELECT {', '.join(f'{h} AS {quoted(k) if is_root else k}' for h, k in zip(head_keys, keys))}, "
             f"{value} AS h\n"
