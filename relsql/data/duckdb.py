@@ -151,6 +151,27 @@ def _plan_rows(node: dict) -> tuple[int | None, int | None]:
     return rows, max(peaks) if peaks else None
 
 
+def _native_tables() -> exp.Select:
+    """(lower-cased name, tables and views of that name, whether it is one base table in DuckDB's
+    own storage, not temporary) per name in every catalog; relsql's own temp tables included."""
+    tables = exp.select(
+        exp.alias_(exp.column("table_name", "t"), "name"),
+        exp.alias_(exp.and_(exp.not_(exp.column("temporary", "t")),
+                            exp.EQ(this=exp.column("type", "d"), expression=exp.Literal.string("duckdb"))), "native"),
+    ).from_(_catalog_function("duckdb_tables", "t")).join(
+        _catalog_function("duckdb_databases", "d"),
+        on=exp.EQ(this=exp.column("database_name", "d"), expression=exp.column("database_name", "t")))
+    views = exp.select(exp.alias_(exp.column("view_name"), "name"), exp.alias_(exp.false(), "native")).from_(
+        exp.func("duckdb_views")).where(exp.not_(exp.column("internal")))
+    both = exp.alias_(exp.Subquery(this=exp.union(tables, views, distinct=False)), "o", table=True)
+    name = exp.Lower(this=exp.column("name"))
+    return exp.select(name, exp.Count(this=exp.Star()), exp.func("bool_and", exp.column("native"))).from_(both).group_by(name)
+
+
+def _catalog_function(name: str, alias: str) -> exp.Table:
+    return exp.Table(this=exp.func(name), alias=exp.TableAlias(this=ident(alias)))
+
+
 def free_name(name: str, taken: set[str]) -> str:
     """`name`, or `name_1`, `name_2`, ... if a column (compared case-insensitively) has it; marks it taken."""
     found, n = name, 0
@@ -363,6 +384,26 @@ class DuckDBDatabase(Engine):
     def estimate_rows(self, query: exp.Query) -> int | None:
         """DuckDB's plan of `query` (its EXPLAIN: nothing runs), read by `duckdb_plan_rows`."""
         return duckdb_plan_rows(self.con, self.sql(query))
+
+    def table_rows(self, names: list[str]) -> dict[str, int]:
+        """Counts (COUNT(*), exact) of the `names` that are base tables in DuckDB's own storage and
+        the only table or view of their name in any catalog (so an unqualified name can only mean
+        them); views and other engines' tables (an attached PostgreSQL) are left out: counting them
+        could run their query. Two statements: the catalog (once within `frozen_schema`), then every count at once."""
+        wanted = {name.lower() for name in names}
+        cache = getattr(self, "_schema_cache", None)  # within `frozen_schema` the catalog is read once
+        found = None if cache is None else cache.get("native")
+        if found is None:
+            found = self.con.execute(_native_tables().sql("duckdb")).fetchall()
+            if cache is not None:
+                cache["native"] = found
+        countable = sorted(name for name, objects, native in found if name in wanted and objects == 1 and native)
+        if not countable:
+            return {}
+        counts = self.scalar(exp.select(*[
+            exp.alias_(exp.Subquery(this=exp.select(exp.Count(this=exp.Star())).from_(ident(name))), f"c{i}")
+            for i, name in enumerate(countable)]))
+        return dict(zip(countable, (int(c) for c in counts)))
 
     def interrupt(self) -> None:
         self.con.interrupt()

@@ -169,6 +169,11 @@ class Engine(abc.ABC):
         """The file holding the default database (where relsql writes), None where there is no
         one such file (an in-memory DuckDB, a Spark catalog)."""
 
+    def table_rows(self, names: list[str]) -> dict[str, int]:
+        """The row counts of those of the user's tables `names` (unqualified) that the engine can
+        count cheaply and exactly, keyed by lower-cased name; the others are left out (here: all)."""
+        return {}
+
     @abc.abstractmethod
     def estimate_rows(self, query: exp.Query) -> int | None:
         """The engine's cheap estimate of the most rows any step of `query` produces (its largest
