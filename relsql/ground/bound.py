@@ -123,9 +123,10 @@ def _nested_query(node: exp.Expression, laterals: list[exp.Lateral]) -> bool:
 
 
 def _makes_rows(select: exp.Select) -> bool:
-    """Whether an expression may return several rows per row (UNNEST and its kin)."""
+    """Whether an expression may return several rows per row (UNNEST and its kin, ROLLUP, CUBE,
+    GROUPING SETS: a row per grouping set)."""
     for node in select.walk():
-        if isinstance(node, (exp.Unnest, exp.Explode)):
+        if isinstance(node, (exp.Unnest, exp.Explode, exp.Rollup, exp.Cube, exp.GroupingSets)):
             return True
         if isinstance(node, exp.Anonymous) and str(node.this).lower() in _ROW_MAKERS:
             return True
