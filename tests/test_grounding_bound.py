@@ -8,7 +8,6 @@ from __future__ import annotations
 import duckdb
 import pytest
 import sqlglot
-from sqlglot import exp
 
 import relsql
 from relsql.data.duckdb import DuckDBDatabase
@@ -96,7 +95,8 @@ def small(tmp_path):
 
 JOINED = """
 CREATE TABLE be AS SELECT b.id, linear(b.x, 2, 'w1') AS h FROM b;
-CREATE TABLE h AS SELECT a.id, sum(linear(r.h, 2, 'w2')) AS h FROM a JOIN b ON b.a_id = a.id JOIN be r ON r.id = b.id GROUP BY a.id;
+CREATE TABLE h AS SELECT a.id, sum(linear(r.h, 2, 'w2')) AS h
+FROM a JOIN b ON b.a_id = a.id JOIN be r ON r.id = b.id GROUP BY a.id;
 """
 CROSS = "CREATE TABLE h AS SELECT a.id, sum(linear(b.x, 2, 'w')) AS v FROM a, b GROUP BY a.id;"
 

@@ -389,7 +389,8 @@ class DuckDBDatabase(Engine):
         """Counts (COUNT(*), exact) of the `names` that are base tables in DuckDB's own storage and
         the only table or view of their name in any catalog (so an unqualified name can only mean
         them); views and other engines' tables (an attached PostgreSQL) are left out: counting them
-        could run their query. Two statements: the catalog (once within `frozen_schema`), then every count at once."""
+        could run their query. Two statements: the catalog (once within `frozen_schema`), then every count at once
+        (none for a table that the catalog read within the same `frozen_schema` block has counted)."""
         wanted = {name.lower() for name in names}
         cache = getattr(self, "_schema_cache", None)  # within `frozen_schema` the catalog is read once
         found = None if cache is None else cache.get("native")
@@ -398,12 +399,15 @@ class DuckDBDatabase(Engine):
             if cache is not None:
                 cache["native"] = found
         countable = sorted(name for name, objects, native in found if name in wanted and objects == 1 and native)
-        if not countable:
-            return {}
-        counts = self.scalar(exp.select(*[
-            exp.alias_(exp.Subquery(this=exp.select(exp.Count(this=exp.Star())).from_(ident(name))), f"c{i}")
-            for i, name in enumerate(countable)]))
-        return dict(zip(countable, (int(c) for c in counts)))
+        counted = {name.lower(): table.rows for name, table in cache["catalog"].tables.items()
+                   if name.lower() in countable} if cache is not None and "catalog" in cache else {}
+        rest = [name for name in countable if name not in counted]  # the catalog read in this block counted the others
+        if rest:
+            counts = self.scalar(exp.select(*[
+                exp.alias_(exp.Subquery(this=exp.select(exp.Count(this=exp.Star())).from_(ident(name))), f"c{i}")
+                for i, name in enumerate(rest)]))
+            counted.update(zip(rest, (int(c) for c in counts)))
+        return counted
 
     def interrupt(self) -> None:
         self.con.interrupt()
