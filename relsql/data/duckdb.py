@@ -385,6 +385,19 @@ class DuckDBDatabase(Engine):
         """DuckDB's plan of `query` (its EXPLAIN: nothing runs), read by `duckdb_plan_rows`."""
         return duckdb_plan_rows(self.con, self.sql(query))
 
+    def ordered_tables(self, tables: list[tuple[exp.Table, str]]) -> list[pa.Table]:
+        """As the Engine's, in one statement: each table as one list of its rows (structs), ordered
+        by the column, in a one-row result; the lists' structs keep the columns' Arrow types (a
+        small database's embedding dictionaries were a statement each)."""
+        if len(tables) < 2:
+            return super().ordered_tables(tables)
+        row = exp.column("_t")
+        lists = [exp.alias_(exp.Subquery(this=exp.select(exp.func("list", exp.Order(
+            this=row, expressions=[exp.Ordered(this=exp.column(column, "_t"))]))).from_(
+            exp.alias_(table.copy(), "_t", table=True))), f"t{i}") for i, (table, column) in enumerate(tables)]
+        result = self.arrow(exp.select(*lists))
+        return [pa.Table.from_struct_array(result.column(i).combine_chunks().flatten()) for i in range(len(tables))]
+
     def table_rows(self, names: list[str]) -> dict[str, int]:
         """Counts (COUNT(*), exact) of the `names` that are base tables in DuckDB's own storage and
         the only table or view of their name in any catalog (so an unqualified name can only mean

@@ -120,8 +120,8 @@ def ground(template: ir.Template, db: Database, *, presets: Presets | None = Non
             if seconds[name] >= 1.0:
                 log.info("grounding: %s, %d rows, %d groundings in %.1fs", name, grounder.relations[name].size,
                          sum(r.size for r in grounder.relations[name].rules), seconds[name])
-        dictionaries = {w: db.arrow(exp.select(exp.Star()).from_(t.copy()).order_by(q.col("code")))
-                        for w, t in grounder.dictionaries.items()}
+        weights = list(grounder.dictionaries)
+        dictionaries = dict(zip(weights, db.ordered_tables([(grounder.dictionaries[w], "code") for w in weights])))
     return Grounding(grounder.relations, dictionaries, grounder.feature_stats, seconds)
 
 
