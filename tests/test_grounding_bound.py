@@ -67,6 +67,9 @@ UNBOUNDED = [
     "WITH c AS (SELECT * FROM a) SELECT c.id FROM c",
     "SELECT a.id FROM a, LATERAL (SELECT b.id FROM b WHERE b.a_id = a.id) AS s",
     "SELECT a.id FROM a UNION ALL SELECT b.id FROM b",
+    "SELECT u.id FROM a UNPIVOT (v FOR c IN (g, x)) AS u",  # a row per unpivoted column
+    "SELECT b.id FROM b JOIN k AS kk(_rid, id) ON kk.id = b.a_id",  # renamed columns: k's key is not kk.id
+    "SELECT a.id FROM a TABLESAMPLE 10 ROWS",
 ]
 
 

@@ -35,7 +35,8 @@ class Source:
 def row_bound(select: exp.Expression, source_of) -> int | None:
     """At least as many rows as `select` returns, or None where the AST does not prove a bound.
     `source_of(table) -> Source | None` tells what is known of a table (None: nothing)."""
-    if not isinstance(select, exp.Select) or select.args.get("with") or _makes_rows(select):
+    if (not isinstance(select, exp.Select) or any(select.args.get(k) for k in ("with", "laterals", "pivots"))
+            or _makes_rows(select)):
         return None
     first = select.args.get("from_") or select.args.get("from")
     if first is None:
@@ -98,8 +99,15 @@ def _determined(name: str, source: Source, placed: dict[str, Source], conditions
 
 
 def _table(node: exp.Expression, source_of) -> Source | None:
+    """A plain table's Source: not a subquery or table function, no PIVOT/UNPIVOT, sample or other
+    clause on it, no column list in its alias (which would rename the columns the Source names)."""
     if not isinstance(node, exp.Table) or not isinstance(node.this, exp.Identifier):
-        return None  # a subquery, a table function
+        return None
+    if any(value for key, value in node.args.items() if key not in ("this", "db", "catalog", "alias")):
+        return None
+    alias = node.args.get("alias")
+    if alias is not None and alias.args.get("columns"):
+        return None
     return source_of(node)
 
 
