@@ -499,11 +499,11 @@ class DuckDBDatabase(Engine):
                     "WHERE table_catalog = :catalog AND table_schema = :schema ORDER BY table_name, ordinal_position",
                     catalog=scope[0], schema=scope[1])).fetchall():
                 columns.setdefault(table, []).append((name, dtype, nullable))
+            counts = self._row_counts(names, scope)
             for table in names:
                 key = keys.get(table, Keys())
                 not_null = set(key.not_null) | set(key.primary_key)
-                count = exp.select(exp.Count(this=exp.Star())).from_(scoped_table(table, scope))
-                rows = self.con.execute(count.sql("duckdb")).fetchone()[0]
+                rows = counts[table]
                 catalog.tables[table] = Table(
                     name=table,
                     columns=tuple(Column(n, t, nullable == "YES" and n not in not_null)
@@ -515,6 +515,14 @@ class DuckDBDatabase(Engine):
                 )
         catalog.tables = dict(sorted(catalog.tables.items()))
         return catalog
+
+    def _row_counts(self, names: list[str], scope: tuple[str, str]) -> dict[str, int]:
+        """COUNT(*) of each table of a scope, in one statement (a statement per table was a
+        tenth of a small database's construction statements)."""
+        counts = self.con.execute(exp.select(*[
+            exp.alias_(exp.Subquery(this=exp.select(exp.Count(this=exp.Star())).from_(scoped_table(name, scope))), f"c{i}")
+            for i, name in enumerate(names)]).sql("duckdb")).fetchone()
+        return dict(zip(names, counts, strict=True))
 
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
