@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import duckdb
+
 import relsql
 
 
@@ -59,3 +61,47 @@ def test_an_earlier_rows_label_is_accepted_only_under_a_strict_cut_by_the_heads_
     assert _sibling_reads("CASE WHEN q.ts < p.ts THEN x.y ELSE 0 END")  # another row's time
     assert _sibling_reads("CASE WHEN x.g < p.ts THEN x.y ELSE 0 END", time_column="ts")  # not the time column
     assert _sibling_reads("CASE WHEN x.ts < p.ts THEN x.y ELSE 0 END + x.y")  # a second read, outside
+
+
+def _naive_copies(con, table: str, column: str, candidates: list[str]) -> set[str]:
+    """A column per query, compared in Python: equal to `column` on every row where it is not NULL."""
+    copies = set()
+    for name in candidates:
+        pairs = con.execute(f'SELECT "{name}", "{column}" FROM {table}').fetchall()
+        if all(a == b and (a is None) == (b is None) for a, b in pairs if b is not None):
+            copies.add(name.casefold())
+    return copies
+
+
+def test_one_query_finds_the_copies_a_query_per_column_finds(monkeypatch):
+    """All candidate columns are counted in one statement; where that statement fails, a query per
+    column decides, as it did for every column before. Both agree with a comparison in Python."""
+    from relsql.train.task.leakage import copies_of
+
+    db = relsql.connect()
+    db.execute("CREATE TABLE t AS SELECT i AS id, CASE WHEN i % 5 = 0 THEN NULL ELSE i % 4 END AS y, "
+               "i % 4 AS Copy, CASE WHEN i % 5 = 0 THEN NULL ELSE i % 4 END AS same_nulls, "
+               "CASE WHEN i = 7 THEN 9 ELSE i % 4 END AS one_off, (i % 4)::DOUBLE AS as_double, "
+               "CASE WHEN i % 5 = 1 THEN NULL ELSE i % 4 END AS missing, 'x' AS note FROM range(60) t(i)")
+    numbers = ["id", "Copy", "same_nulls", "one_off", "as_double", "missing"]
+    naive = _naive_copies(db.con, "t", "y", numbers)
+    assert naive == {"copy", "same_nulls", "as_double"}
+    queries = []
+    arrow = db.arrow
+    monkeypatch.setattr(db, "arrow", lambda query: queries.append(query) or arrow(query))
+    assert copies_of(db, "t", "y") == naive
+    assert len(queries) == 1
+
+    def first_fails(query):
+        queries.append(query)
+        if len(queries) == 1:
+            raise duckdb.ConversionException("a pair that cannot be compared")
+        return arrow(query)
+
+    queries.clear()
+    monkeypatch.setattr(db, "arrow", first_fails)
+    assert copies_of(db, "t", "y") == naive
+    assert len(queries) == 1 + len(numbers)
+    db.execute("CREATE TABLE e AS SELECT * FROM t WHERE false")  # no labelled rows: every candidate is a copy, as before
+    monkeypatch.setattr(db, "arrow", arrow)
+    assert copies_of(db, "e", "y") == {name.casefold() for name in numbers}

@@ -151,6 +151,27 @@ def _plan_rows(node: dict) -> tuple[int | None, int | None]:
     return rows, max(peaks) if peaks else None
 
 
+def _native_tables() -> exp.Select:
+    """(lower-cased name, tables and views of that name, whether it is one base table in DuckDB's
+    own storage, not temporary) per name in every catalog; relsql's own temp tables included."""
+    tables = exp.select(
+        exp.alias_(exp.column("table_name", "t"), "name"),
+        exp.alias_(exp.and_(exp.not_(exp.column("temporary", "t")),
+                            exp.EQ(this=exp.column("type", "d"), expression=exp.Literal.string("duckdb"))), "native"),
+    ).from_(_catalog_function("duckdb_tables", "t")).join(
+        _catalog_function("duckdb_databases", "d"),
+        on=exp.EQ(this=exp.column("database_name", "d"), expression=exp.column("database_name", "t")))
+    views = exp.select(exp.alias_(exp.column("view_name"), "name"), exp.alias_(exp.false(), "native")).from_(
+        exp.func("duckdb_views")).where(exp.not_(exp.column("internal")))
+    both = exp.alias_(exp.Subquery(this=exp.union(tables, views, distinct=False)), "o", table=True)
+    name = exp.Lower(this=exp.column("name"))
+    return exp.select(name, exp.Count(this=exp.Star()), exp.func("bool_and", exp.column("native"))).from_(both).group_by(name)
+
+
+def _catalog_function(name: str, alias: str) -> exp.Table:
+    return exp.Table(this=exp.func(name), alias=exp.TableAlias(this=ident(alias)))
+
+
 def free_name(name: str, taken: set[str]) -> str:
     """`name`, or `name_1`, `name_2`, ... if a column (compared case-insensitively) has it; marks it taken."""
     found, n = name, 0
@@ -364,6 +385,43 @@ class DuckDBDatabase(Engine):
         """DuckDB's plan of `query` (its EXPLAIN: nothing runs), read by `duckdb_plan_rows`."""
         return duckdb_plan_rows(self.con, self.sql(query))
 
+    def ordered_tables(self, tables: list[tuple[exp.Table, str]]) -> list[pa.Table]:
+        """As the Engine's, in one statement: each table as one list of its rows (structs), ordered
+        by the column, in a one-row result; the lists' structs keep the columns' Arrow types (a
+        small database's embedding dictionaries were a statement each)."""
+        if len(tables) < 2:
+            return super().ordered_tables(tables)
+        row = exp.column("_t")
+        lists = [exp.alias_(exp.Subquery(this=exp.select(exp.func("list", exp.Order(
+            this=row, expressions=[exp.Ordered(this=exp.column(column, "_t"))]))).from_(
+            exp.alias_(table.copy(), "_t", table=True))), f"t{i}") for i, (table, column) in enumerate(tables)]
+        result = self.arrow(exp.select(*lists))
+        return [pa.Table.from_struct_array(result.column(i).combine_chunks().flatten()) for i in range(len(tables))]
+
+    def table_rows(self, names: list[str]) -> dict[str, int]:
+        """Counts (COUNT(*), exact) of the `names` that are base tables in DuckDB's own storage and
+        the only table or view of their name in any catalog (so an unqualified name can only mean
+        them); views and other engines' tables (an attached PostgreSQL) are left out: counting them
+        could run their query. Two statements: the catalog (once within `frozen_schema`), then every count at once
+        (none for a table that the catalog read within the same `frozen_schema` block has counted)."""
+        wanted = {name.lower() for name in names}
+        cache = getattr(self, "_schema_cache", None)  # within `frozen_schema` the catalog is read once
+        found = None if cache is None else cache.get("native")
+        if found is None:
+            found = self.con.execute(_native_tables().sql("duckdb")).fetchall()
+            if cache is not None:
+                cache["native"] = found
+        countable = sorted(name for name, objects, native in found if name in wanted and objects == 1 and native)
+        counted = {name.lower(): table.rows for name, table in cache["catalog"].tables.items()
+                   if name.lower() in countable} if cache is not None and "catalog" in cache else {}
+        rest = [name for name in countable if name not in counted]  # the catalog read in this block counted the others
+        if rest:
+            counts = self.scalar(exp.select(*[
+                exp.alias_(exp.Subquery(this=exp.select(exp.Count(this=exp.Star())).from_(ident(name))), f"c{i}")
+                for i, name in enumerate(rest)]))
+            counted.update(zip(rest, (int(c) for c in counts)))
+        return counted
+
     def interrupt(self) -> None:
         self.con.interrupt()
 
@@ -441,11 +499,11 @@ class DuckDBDatabase(Engine):
                     "WHERE table_catalog = :catalog AND table_schema = :schema ORDER BY table_name, ordinal_position",
                     catalog=scope[0], schema=scope[1])).fetchall():
                 columns.setdefault(table, []).append((name, dtype, nullable))
+            counts = self._row_counts(names, scope)
             for table in names:
                 key = keys.get(table, Keys())
                 not_null = set(key.not_null) | set(key.primary_key)
-                count = exp.select(exp.Count(this=exp.Star())).from_(scoped_table(table, scope))
-                rows = self.con.execute(count.sql("duckdb")).fetchone()[0]
+                rows = counts[table]
                 catalog.tables[table] = Table(
                     name=table,
                     columns=tuple(Column(n, t, nullable == "YES" and n not in not_null)
@@ -457,6 +515,14 @@ class DuckDBDatabase(Engine):
                 )
         catalog.tables = dict(sorted(catalog.tables.items()))
         return catalog
+
+    def _row_counts(self, names: list[str], scope: tuple[str, str]) -> dict[str, int]:
+        """COUNT(*) of each table of a scope, in one statement (a statement per table was a
+        tenth of a small database's construction statements)."""
+        counts = self.con.execute(exp.select(*[
+            exp.alias_(exp.Subquery(this=exp.select(exp.Count(this=exp.Star())).from_(scoped_table(name, scope))), f"c{i}")
+            for i, name in enumerate(names)]).sql("duckdb")).fetchone()
+        return dict(zip(names, counts, strict=True))
 
 
 SQLITE_MAGIC = b"SQLite format 3\x00"

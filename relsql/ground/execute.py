@@ -28,7 +28,7 @@ from relsql import sql as q
 from relsql.data.duckdb import interrupted_query, lost_connection
 from relsql.data.engine import Database
 from relsql.errors import GroundingError, RelsqlError, SchemaError
-from relsql.ground import domains
+from relsql.ground import bound, domains
 from relsql.ground import encoders as encoders_sql
 from relsql.ground.parts import check_refs, column_label, column_values
 from relsql.ground.tensors import to_tensor
@@ -43,6 +43,11 @@ PADDING_CELLS = 1 << 24  # at most this many empty cells (other rules' columns) 
 # grounding; DuckDB materializes them in seconds to a minute. Past that, a rule is far more often
 # a join missing its condition (a cross join: 10^10 groundings for two 100k-row tables) than meant.
 MAX_GROUNDINGS = 10**8
+# Arrow types of key columns that name one DuckDB type whose equality is plain value equality
+# (no collation, no -0.0 against 0.0): only these let a key table's key bound a join (`note_key_source`)
+_EXACT_TYPES = {"int8": "TINYINT", "int16": "SMALLINT", "int32": "INTEGER", "int64": "BIGINT", "uint8": "UTINYINT",
+                "uint16": "USMALLINT", "uint32": "UINTEGER", "uint64": "UBIGINT", "bool": "BOOLEAN",
+                "date32[day]": "DATE", "timestamp[us]": "TIMESTAMP"}
 
 log = logging.getLogger("relsql")
 
@@ -115,8 +120,8 @@ def ground(template: ir.Template, db: Database, *, presets: Presets | None = Non
             if seconds[name] >= 1.0:
                 log.info("grounding: %s, %d rows, %d groundings in %.1fs", name, grounder.relations[name].size,
                          sum(r.size for r in grounder.relations[name].rules), seconds[name])
-        dictionaries = {w: db.arrow(exp.select(exp.Star()).from_(t.copy()).order_by(q.col("code")))
-                        for w, t in grounder.dictionaries.items()}
+        weights = list(grounder.dictionaries)
+        dictionaries = dict(zip(weights, db.ordered_tables([(grounder.dictionaries[w], "code") for w in weights])))
     return Grounding(grounder.relations, dictionaries, grounder.feature_stats, seconds)
 
 
@@ -269,6 +274,8 @@ class Grounder:
         self.feature_stats: dict[str, dict] = {}
         self.measured: dict[str, tuple] = {}  # statistics of a rule's columns from one query (`measure`, `measure_ple`)
         self.temps: list[exp.Table] = []  # every temp table this grounder names, dropped if it fails
+        self.base_rows: dict[str, int | None] = {}  # user tables' row counts (None: not countable), for `bounded`
+        self.key_sources: dict[tuple[str, str, str], bound.Source] = {}  # key tables' rows, keys and types, for `bounded`
         # per case-folded relation name: (keys, the domain of its heads) once grounded (`shared_keys`)
         self.domains: dict[str, tuple[list[str], domains.Domain] | None] = {n.casefold(): None for n in template.relations}
         self.owners: dict[tuple, str] = {}  # (domain, keys) -> the relation whose key table holds those heads
@@ -316,6 +323,8 @@ class Grounder:
     def check_size(self, relation: ir.Relation, rule: ir.Rule, select: exp.Select) -> None:
         """Refuse a rule whose grounding the database estimates beyond `max_groundings`, before it
         runs: a join without its condition would otherwise run for hours and fill memory or disk."""
+        if self.bounded(select):
+            return
         estimate = self.db.estimate_rows(select)
         if estimate is None or estimate <= self.max_groundings or self.counted_within(select):
             return
@@ -325,6 +334,43 @@ class Grounder:
             "equality condition (a cross join, or only <, >, <> between tables) pairs every row with every row: add "
             "the join condition (JOIN ... ON a.key = b.key, or a shared variable in Datalog). If the rule is meant "
             "to be this large, pass a larger max_groundings= (relsql.Model(..., max_groundings=...), relsql.compile(...))")
+
+    def bounded(self, select: exp.Select) -> bool:
+        """Whether the rule provably has at most `max_groundings` groundings (relsql/ground/bound.py,
+        from the tables' row counts and the key tables' unique keys): no estimate could refuse it,
+        so the database is not asked for one (an EXPLAIN per rule was a fifth of a small database's
+        statements). The run-time bound (`check_ran`) holds either way."""
+        missing = [t.name for t in select.find_all(exp.Table) if self._base_name(t) and t.name.lower() not in self.base_rows]
+        if missing:  # one count query for the tables this rule is the first to read
+            counts = self.db.table_rows(missing)
+            self.base_rows.update({name.lower(): counts.get(name.lower()) for name in missing})
+        found = bound.row_bound(select, self.bound_source)
+        return found is not None and found <= self.max_groundings
+
+    def _base_name(self, table: exp.Table) -> bool:
+        """An unqualified name that is not relsql's: a user table (or a view, a CTE)."""
+        return isinstance(table.this, exp.Identifier) and not table.args.get("db") and not table.args.get("catalog")
+
+    def bound_source(self, table: exp.Table) -> bound.Source | None:
+        """What the bound knows of a table: a grounded relation's key table (its rows, its keys
+        and `_rid` each unique), or a user table counted by `bounded` (no unique keys: a declared
+        key may not be enforced); None for anything else."""
+        if (table.catalog, table.db, table.name) in self.key_sources:
+            return self.key_sources[table.catalog, table.db, table.name]
+        if not self._base_name(table) or self.base_rows.get(table.name.lower()) is None:
+            return None
+        try:
+            columns = self.db.columns(table.name)
+        except RelsqlError:
+            columns = []
+        return bound.Source(self.base_rows[table.name.lower()], types={c.lower(): t.upper() for c, t in columns})
+
+    def note_key_source(self, relation: ir.Relation, table: exp.Table, keys: pa.Table) -> None:
+        """Remember a key table for the bound: its rows, its keys and `_rid` unique (DISTINCT heads
+        numbered by row_number()), its columns' types where the Arrow type names one engine type."""
+        unique = [tuple(k.lower() for k in relation.keys), ("_rid",)] if relation.keys else [("_rid",)]
+        types = {f.name.lower(): _EXACT_TYPES[str(f.type)] for f in keys.schema if str(f.type) in _EXACT_TYPES}
+        self.key_sources[table.catalog, table.db, table.name] = bound.Source(keys.num_rows, unique, types)
 
     def check_ran(self, relation: ir.Relation, grounded: list, groundings: exp.Table) -> None:
         """The run-time bound: each rule's groundings stop at max_groundings + 1 rows; a rule that
@@ -406,6 +452,7 @@ class Grounder:
             keys_table = self.key_table(relation, [(grounded[0][1], groundings)] if grounded else [])
             keys = db.arrow(exp.select(exp.Star()).from_(keys_table.copy()).order_by(q.col("_rid")))
             self.owners.setdefault((self.domains[relation.name.casefold()][1], tuple(relation.keys)), relation.name)
+        self.note_key_source(relation, keys_table, keys)
         result = RelationGrounding(relation.name, keys)
         edges: dict[int, dict[int, list[float]]] = {}  # per rule, its ple columns' edges (read as numbers)
         tables = self.index_tables(relation, slices, groundings, keys_table, rows, edges)

@@ -31,7 +31,15 @@ from relsql.train.task.target import Target
 
 def learner(db: Database, spec: ModelSpec, loading: ModelState | None = None) -> Learner:
     """The spec's arguments checked (all but `threads`, which the Model keeps), the leakage check,
-    then the build (grounding, planning, labels); `loading`: Model.load's saved state."""
+    then the build (grounding, planning, labels); `loading`: Model.load's saved state. The user's
+    tables and columns are read once for all of it (`frozen_schema`): building writes no user table
+    (only relsql's temp tables), and the target's checks, key discovery, the leakage check and
+    grounding each read the catalog (about 15 statements of a small database's 170)."""
+    with db.frozen_schema():
+        return _learner(db, spec, loading)
+
+
+def _learner(db: Database, spec: ModelSpec, loading: ModelState | None) -> Learner:
     template, target, task, candidates = spec.template, spec.target, spec.task, spec.candidates
     if not isinstance(template, ir.Template | str | Path):
         raise RelsqlError(f"template must be a relsql.Template or the path of a template file, got {type(template).__name__}")
