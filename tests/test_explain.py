@@ -62,6 +62,16 @@ def _model(db, template: str) -> relsql.Model:
     return model.fit(epochs=3, refit=False)
 
 
+def on_file(db, path) -> relsql.Database:
+    """The same parent and child rows in a DuckDB file (one the command line can open)."""
+    copy = relsql.connect(path)
+    for table in ("parent", "child"):
+        copy.con.register("rows", db.arrow(f'SELECT * FROM "{table}"'))
+        copy.con.execute(f'CREATE TABLE "{table}" AS SELECT * FROM rows')
+        copy.con.unregister("rows")
+    return copy
+
+
 def _rows(db) -> tuple[dict[int, float], dict[int, list[tuple[int, float, str]]]]:
     z = dict(db.con.execute("SELECT id, z FROM parent").fetchall())
     kids: dict[int, list] = {}
@@ -169,11 +179,7 @@ def test_cli_writes_tables_and_refuses_user_tables(small, tmp_path, capsys):
     from relsql.cli import main
 
     path = tmp_path / "small.duckdb"
-    db = relsql.connect(path)
-    for table in ("parent", "child"):  # the same rows in a file the command can open
-        db.con.register("rows", small.arrow(f'SELECT * FROM "{table}"'))
-        db.con.execute(f'CREATE TABLE "{table}" AS SELECT * FROM rows')
-        db.con.unregister("rows")
+    db = on_file(small, path)
     model = _model(db, DEEP)
     expected = model.explain(where="id < 4")
     model.save(tmp_path / "m.pt")

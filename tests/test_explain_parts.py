@@ -13,7 +13,7 @@ import torch
 
 import relsql
 from relsql.explain import asked, relation
-from tests.test_explain import DEEP, _model, small  # noqa: F401  (small: the fixture)
+from tests.test_explain import DEEP, _model, on_file, small  # noqa: F401  (small: the fixture)
 
 KEYS = ["id", "table", "row_key", "column", "relation", "rule"]
 
@@ -121,11 +121,7 @@ def test_cli_explains_a_model_with_stored_embeddings_in_mini_batches(small, tmp_
     from relsql.cli import main
 
     path = tmp_path / "small.duckdb"
-    db = relsql.connect(path)
-    for table in ("parent", "child"):  # the same rows in a file the command can open
-        db.con.register("rows", small.arrow(f'SELECT * FROM "{table}"'))
-        db.con.execute(f'CREATE TABLE "{table}" AS SELECT * FROM rows')
-        db.con.unregister("rows")
+    db = on_file(small, path)
     template = DEEP.replace("embed(c.kind, 3, 'ek')", "embed(c.id, 3, 'ek', storage='database')")
     model = relsql.Model(db, relsql.Template.from_sql(template), target="parent.y", seed=0, dtype=torch.float64,
                          progress=False, batch_size=8).fit(epochs=2, refit=False)
