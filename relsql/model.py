@@ -168,8 +168,7 @@ class Model(LearnerViews):
     @with_threads
     def explain(self, keys=None, *, where: str | None = None, steps: int | None = None, per: str = "column",
                 unit: int | None = None) -> pl.DataFrame:
-        """Why each row (`keys`/`where` as predict()) got its output (a class's score: `unit`, else the predicted
-        class): every input row and column its groundings read, attributions summing to output - baseline (docs/explain.md)."""
+        """Why each row (as predict() picks) got its output (class `unit`'s score): input rows' attributions (docs/explain.md)."""
         from relsql.explain import explain
 
         return explain(self.learner, keys, where, steps=steps, per=per, unit=unit)

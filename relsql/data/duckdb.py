@@ -416,10 +416,7 @@ class DuckDBDatabase(Engine):
                    if name.lower() in countable} if cache is not None and "catalog" in cache else {}
         rest = [name for name in countable if name not in counted]  # the catalog read in this block counted the others
         if rest:
-            counts = self.scalar(exp.select(*[
-                exp.alias_(exp.Subquery(this=exp.select(exp.Count(this=exp.Star())).from_(ident(name))), f"c{i}")
-                for i, name in enumerate(rest)]))
-            counted.update(zip(rest, (int(c) for c in counts)))
+            counted.update(zip(rest, self._count_rows([ident(name) for name in rest])))
         return counted
 
     def interrupt(self) -> None:
@@ -499,7 +496,7 @@ class DuckDBDatabase(Engine):
                     "WHERE table_catalog = :catalog AND table_schema = :schema ORDER BY table_name, ordinal_position",
                     catalog=scope[0], schema=scope[1])).fetchall():
                 columns.setdefault(table, []).append((name, dtype, nullable))
-            counts = self._row_counts(names, scope)
+            counts = dict(zip(names, self._count_rows([scoped_table(name, scope) for name in names]), strict=True))
             for table in names:
                 key = keys.get(table, Keys())
                 not_null = set(key.not_null) | set(key.primary_key)
@@ -516,13 +513,15 @@ class DuckDBDatabase(Engine):
         catalog.tables = dict(sorted(catalog.tables.items()))
         return catalog
 
-    def _row_counts(self, names: list[str], scope: tuple[str, str]) -> dict[str, int]:
-        """COUNT(*) of each table of a scope, in one statement (a statement per table was a
-        tenth of a small database's construction statements)."""
+    def _count_rows(self, tables: list[exp.Expression]) -> list[int]:
+        """COUNT(*) of each table, in one statement (a statement per table was a tenth of a small
+        database's construction statements)."""
+        if not tables:
+            return []
         counts = self.con.execute(exp.select(*[
-            exp.alias_(exp.Subquery(this=exp.select(exp.Count(this=exp.Star())).from_(scoped_table(name, scope))), f"c{i}")
-            for i, name in enumerate(names)]).sql("duckdb")).fetchone()
-        return dict(zip(names, counts, strict=True))
+            exp.alias_(exp.Subquery(this=exp.select(exp.Count(this=exp.Star())).from_(table)), f"c{i}")
+            for i, table in enumerate(tables)]).sql("duckdb")).fetchone()
+        return [int(c) for c in counts]
 
 
 SQLITE_MAGIC = b"SQLite format 3\x00"

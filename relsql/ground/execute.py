@@ -275,6 +275,7 @@ class Grounder:
         self.measured: dict[str, tuple] = {}  # statistics of a rule's columns from one query (`measure`, `measure_ple`)
         self.temps: list[exp.Table] = []  # every temp table this grounder names, dropped if it fails
         self.base_rows: dict[str, int | None] = {}  # user tables' row counts (None: not countable), for `bounded`
+        self.base_sources: dict[str, bound.Source] = {}  # user tables' counts and column types, read once per table
         self.key_sources: dict[tuple[str, str, str], bound.Source] = {}  # key tables' rows, keys and types, for `bounded`
         # per case-folded relation name: (keys, the domain of its heads) once grounded (`shared_keys`)
         self.domains: dict[str, tuple[list[str], domains.Domain] | None] = {n.casefold(): None for n in template.relations}
@@ -357,13 +358,16 @@ class Grounder:
         key may not be enforced); None for anything else."""
         if (table.catalog, table.db, table.name) in self.key_sources:
             return self.key_sources[table.catalog, table.db, table.name]
-        if not self._base_name(table) or self.base_rows.get(table.name.lower()) is None:
+        name = table.name.lower()
+        if not self._base_name(table) or self.base_rows.get(name) is None:
             return None
-        try:
-            columns = self.db.columns(table.name)
-        except RelsqlError:
-            columns = []
-        return bound.Source(self.base_rows[table.name.lower()], types={c.lower(): t.upper() for c, t in columns})
+        if name not in self.base_sources:  # its column types once, not per rule that reads it
+            try:
+                columns = self.db.columns(table.name)
+            except RelsqlError:
+                columns = []
+            self.base_sources[name] = bound.Source(self.base_rows[name], types={c.lower(): t.upper() for c, t in columns})
+        return self.base_sources[name]
 
     def note_key_source(self, relation: ir.Relation, table: exp.Table, keys: pa.Table) -> None:
         """Remember a key table for the bound: its rows, its keys and `_rid` unique (DISTINCT heads
