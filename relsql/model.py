@@ -112,7 +112,7 @@ class Model(LearnerViews):
         `refit`: once the held-out scores are measured, train again on every labelled row for the epochs
         validation chose (the blend's GBM too); predict() uses that model, evaluate() the held-out scores.
         None: wherever it can (model.no_refit says why not); True: refuse where not; False: never.
-        `hybrid`: blend a GBM on one-hop SQL features, weighted on validation by the epoch's metric.
+        `hybrid`: blend a GBM on two-hop SQL features, weighted on validation by the epoch's metric.
         `batch_size` trains on mini-batches; `checkpoint` is written atomically every epoch (and
         `checkpoint_every` batches), `resume=True` continues from it;
         `callback(info)` after every step (raising stops training, database consistent), or a

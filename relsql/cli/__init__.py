@@ -383,7 +383,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                             "validation chose, the model predictions come from (default: wherever the model can be; "
                             "--no-refit keeps the model trained on the training rows)")
     train.add_argument("--no-hybrid", action="store_true",
-                       help="keep the network alone: do not blend it with a GBM on one-hop features (fit blends an "
+                       help="keep the network alone: do not blend it with a GBM on two-hop features (fit blends an "
                             "automatic template's network by default)")
     train.add_argument("--loss", choices=["huber", "mse", "mae", "softmax", "bce", "bpr"],
                        help="regression loss (default huber); for a ranking target softmax (default), bce or bpr")

@@ -21,7 +21,7 @@ another database, in the same order with the same codes.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import sqlglot.expressions as exp
@@ -34,6 +34,7 @@ MAX_CODES = 100  # a text column with more distinct values is left out (a name, 
 _NUMBERS = ("INT", "DECIMAL", "NUMERIC", "DOUBLE", "FLOAT", "REAL", "BOOL")
 _TIMES = ("DATE", "TIMESTAMP")
 AGGREGATES = ("avg", "min", "max")
+MAX_PAIRS = 5_000_000  # a timed join of a parent's other children reading more pairs is left out (a hub)
 
 
 @dataclass
@@ -47,10 +48,11 @@ class Column:
 
 @dataclass
 class Parent:
-    columns: list[str]  # the target table's foreign key columns
+    columns: list[str]  # the target table's foreign key columns (or those of parent `of`)
     table: str
     references: list[str]
     features: list[Column]
+    of: int = -1  # -1: a parent of the target row; i >= 0: a parent of parent i (two hops up)
 
 
 @dataclass
@@ -62,6 +64,8 @@ class Child:
     time: str | None = None  # the child's time column (or the date dimension's, with `via`)
     via: list | None = None  # [fk columns, dimension table, referenced columns] for a date dimension
     time_kind: str = "date"  # how its time orders rows (relsql.template.auto.time_kind): date, year, number
+    through: str | None = None  # a parent's other children: the parent table whose key `references` holds
+    lookups: list[Parent] = field(default_factory=list)  # the child rows' own parents, their columns averaged
 
 
 @dataclass
@@ -80,10 +84,13 @@ class Flat:
     def names(self) -> list[str]:
         names = [c.name for c in self.own]
         for p in self.parents:
-            names += [f"{p.table}({','.join(p.columns)}).{c.name}" for c in p.features]
+            up = f"{self.parents[p.of].table}." if p.of >= 0 else ""
+            names += [f"{up}{p.table}({','.join(p.columns)}).{c.name}" for c in p.features]
         for c in self.children:
-            names.append(f"count({c.table}({','.join(c.columns)}))")
-            names += [f"{a}({c.table}.{f.name})" for f in c.features for a in AGGREGATES]
+            up = f"{c.through}." if c.through else ""
+            names.append(f"count({up}{c.table}({','.join(c.columns)}))")
+            names += [f"{a}({up}{c.table}.{f.name})" for f in c.features for a in AGGREGATES]
+            names += [f"avg({up}{c.table}.{p.table}({','.join(p.columns)}).{f.name})" for p in c.lookups for f in p.features]
         return names
 
     def to_plain(self) -> dict:
@@ -95,19 +102,25 @@ class Flat:
         identifiers and typed literals)."""
         try:
             flat = cls(table=data["table"], keys=list(data["keys"]), time_column=data["time_column"],
-                       own=[Column(**c) for c in data["own"]],
-                       parents=[Parent(**{**p, "features": [Column(**c) for c in p["features"]]}) for p in data["parents"]],
-                       children=[Child(**{**c, "features": [Column(**f) for f in c["features"]]}) for c in data["children"]],
+                       own=[Column(**c) for c in data["own"]], parents=[_parent(p) for p in data["parents"]],
+                       children=[Child(**{**c, "features": [Column(**f) for f in c["features"]],
+                                          "lookups": [_parent(p) for p in c.get("lookups", [])]})
+                                 for c in data["children"]],
                        **({"time_kind": data["time_kind"]} if "time_kind" in data else {}))
         except (KeyError, TypeError):
             raise RelsqlError(f"{where} is damaged: not a description of one-hop features") from None
         texts = [flat.table, *flat.keys, *([flat.time_column] if flat.time_column else [])]
-        columns = [*flat.own, *[c for p in flat.parents for c in p.features], *[c for ch in flat.children for c in ch.features]]
+        lookups = [p for ch in flat.children for p in ch.lookups]
+        columns = [*flat.own, *[c for p in [*flat.parents, *lookups] for c in p.features],
+                   *[c for ch in flat.children for c in ch.features]]
         texts += [c.name for c in columns] + [s for c in columns for s in c.codes]
-        for p in flat.parents:
+        for p in [*flat.parents, *lookups]:
             texts += [p.table, *p.columns, *p.references]
+        if any(type(p.of) is not int or not -1 <= p.of < i or (p.of >= 0 and flat.parents[p.of].of != -1)
+               for i, p in enumerate(flat.parents)) or any(p.of != -1 for p in lookups):
+            raise RelsqlError(f"{where} is damaged: a parent's link")
         for c in flat.children:
-            texts += [c.table, *c.columns, *c.references, *([c.time] if c.time else [])]
+            texts += [c.table, *c.columns, *c.references, *([c.time] if c.time else []), *([c.through] if c.through else [])]
             if c.via is not None:
                 if not (isinstance(c.via, list) and len(c.via) == 3
                         and isinstance(c.via[0], list) and isinstance(c.via[2], list)):
@@ -130,34 +143,59 @@ class Flat:
                   .join(exp.alias_(_table(self.table), q.ident(t), table=True), on=on, join_type="left"))
         values = [_value(c, t) for c in self.own]
         for i, p in enumerate(self.parents):
-            alias = f"p{i}"
-            link = exp.and_(*[exp.EQ(this=q.col(a, t), expression=q.col(b, alias)) for a, b in zip(p.columns, p.references)])
-            select = select.join(exp.alias_(_table(p.table), q.ident(alias), table=True), on=link, join_type="left")
+            alias, below = f"p{i}", (f"p{p.of}" if p.of >= 0 else t)
+            select = select.join(exp.alias_(_table(p.table), q.ident(alias), table=True), on=_link(p, below, alias),
+                                 join_type="left")
             values += [_value(c, alias) for c in p.features]
         for i, child in enumerate(self.children):
             alias = f"a{i}"
-            link = exp.and_(*[exp.NullSafeEQ(this=q.col(f"k{j}", alias), expression=q.col(k, t))
-                              for j, k in enumerate(self.keys)])
-            select = select.join(exp.alias_(self._aggregates(child).subquery(), q.ident(alias), table=True), on=link,
+            if child.through and not self._cut(child):
+                # a parent's other children, untimed: aggregated per parent row once, then looked up
+                sub, link = self._grouped(child), [exp.EQ(this=q.col(f"k{j}", alias), expression=q.col(r, t))
+                                                   for j, r in enumerate(child.references)]
+            else:
+                sub, link = self._aggregates(child), [exp.NullSafeEQ(this=q.col(f"k{j}", alias), expression=q.col(k, t))
+                                                      for j, k in enumerate(self.keys)]
+            select = select.join(exp.alias_(sub.subquery(), q.ident(alias), table=True), on=exp.and_(*link),
                                  join_type="left")
             none = exp.Coalesce(this=q.col("n", alias), expressions=[q.real(0.0)])  # no child rows: 0, no target row: NULL
             values.append(exp.Case(ifs=[exp.If(this=exp.Is(this=q.col(self.keys[0], t), expression=exp.Null()),
                                                true=exp.cast(exp.Null(), "DOUBLE"))], default=none))
-            values += [q.col(f"f{j}_{a}", alias) for j in range(len(child.features)) for a in AGGREGATES]
+            values += [q.col(name, alias) for name in _aggregate_names(child)]
         return select.select(*[q.alias(v, f"x{i}") for i, v in enumerate(values)], copy=False).order_by(q.col("_rid", "r"))
 
+    def _cut(self, child: Child) -> bool:
+        return child.time is not None and self.time_column is not None
+
+    def _measures(self, child: Child, select: exp.Select) -> exp.Select:
+        """`select` with the child rows' count, mean/min/max per column, and the mean of each of
+        their own parents' columns (joined to alias `c` as `l0`, `l1`, ...)."""
+        c = "c"
+        select = select.select(q.alias(exp.cast(exp.Count(this=exp.Star()), "DOUBLE"), "n"), copy=False)
+        measures = [fn(this=_value(f, c)) for f in child.features for fn in (exp.Avg, exp.Min, exp.Max)]
+        measures += [exp.Avg(this=_value(f, f"l{i}")) for i, p in enumerate(child.lookups) for f in p.features]
+        return select.select(*[q.alias(m, name) for m, name in zip(measures, _aggregate_names(child))], copy=False)
+
+    def _lookups(self, child: Child, select: exp.Select) -> exp.Select:
+        for i, p in enumerate(child.lookups):
+            select = select.join(exp.alias_(_table(p.table), q.ident(f"l{i}"), table=True), on=_link(p, "c", f"l{i}"),
+                                 join_type="left")
+        return select
+
+    def _grouped(self, child: Child) -> exp.Select:
+        """Per value of the child's foreign key: its rows' measures (no time cut)."""
+        c = "c"
+        select = exp.select(*[q.alias(q.col(k, c), f"k{j}") for j, k in enumerate(child.columns)])
+        select = self._measures(child, select).from_(exp.alias_(_table(child.table), q.ident(c), table=True))
+        return self._lookups(child, select).group_by(*[q.col(k, c) for k in child.columns])
+
     def _aggregates(self, child: Child) -> exp.Select:
-        """Per target row: the count of its (earlier) child rows and their mean/min/max per column."""
+        """Per target row: the count of its (earlier) child rows and their measures."""
         t, c = "t", "c"
         link = [exp.EQ(this=q.col(a, c), expression=q.col(b, t)) for a, b in zip(child.columns, child.references)]
         select = exp.select(*[q.alias(q.col(k, t), f"k{j}") for j, k in enumerate(self.keys)])
-        select = select.select(q.alias(exp.cast(exp.Count(this=exp.Star()), "DOUBLE"), "n"), copy=False)
-        for j, f in enumerate(child.features):
-            value = _value(f, c)
-            select = select.select(*[q.alias(fn(this=value.copy()), f"f{j}_{a}") for a, fn in
-                                     zip(AGGREGATES, (exp.Avg, exp.Min, exp.Max))], copy=False)
-        select = select.from_(exp.alias_(_table(self.table), q.ident(t), table=True))
-        if child.time is not None and self.time_column is not None:
+        select = self._measures(child, select).from_(exp.alias_(_table(self.table), q.ident(t), table=True))
+        if self._cut(child):
             when = q.col(child.time, c)
             if child.via:
                 fk, dimension, refs = child.via
@@ -172,7 +210,7 @@ class Flat:
             link.append(exp.condition(cut, dialect="duckdb") if cut is not None else exp.false())
         if link:
             select = select.join(exp.alias_(_table(child.table), q.ident(c), table=True), on=exp.and_(*link))
-        return select.group_by(*[q.col(k, t) for k in self.keys])
+        return self._lookups(child, select).group_by(*[q.col(k, t) for k in self.keys])
 
     def matrix(self, db: Database, rows: exp.Expression) -> tuple[np.ndarray, np.ndarray]:
         """(`_rid`s, float64 features) of the rows `rows` names, in `_rid` order; NULL is NaN."""
@@ -190,6 +228,22 @@ class Flat:
         inside = (rids >= 0) & (rids < size)
         out[rids[inside]] = matrix[inside]
         return out
+
+
+def _parent(data: dict) -> Parent:
+    return Parent(**{**data, "features": [Column(**c) for c in data["features"]]})
+
+
+def _link(parent: Parent, below: str, alias: str) -> exp.Expression:
+    """`below`'s foreign key columns equal parent `alias`'s referenced columns."""
+    return exp.and_(*[exp.EQ(this=q.col(a, below), expression=q.col(b, alias))
+                      for a, b in zip(parent.columns, parent.references)])
+
+
+def _aggregate_names(child: Child) -> list[str]:
+    """The columns a child's aggregate subquery gives after `n`, in `Flat.names`' order."""
+    names = [f"f{j}_{a}" for j in range(len(child.features)) for a in AGGREGATES]
+    return names + [f"l{i}_{j}" for i, p in enumerate(child.lookups) for j in range(len(p.features))]
 
 
 def _table(name: str) -> exp.Table:
@@ -211,8 +265,12 @@ def _value(column: Column, table: str) -> exp.Expression:
 
 
 # -- which columns ---------------------------------------------------------------------------------
-def plan(db: Database, table: str, column: str, time_column: str | None = None, keys=None) -> Flat:
-    """The one-hop features of target `table.column` (see the module docstring)."""
+def plan(db: Database, table: str, column: str, time_column: str | None = None, keys=None, depth: int = 1) -> Flat:
+    """The features of target `table.column` (see the module docstring): one hop, or with
+    `depth=2` also two (Deep Feature Synthesis' depth 2, as far as the database computes it in one
+    query): the parents' parents, each parent's other children (a plane's earlier flights, a
+    player's earlier salaries: under the time cut, the target column's earlier values among them;
+    without one, never the target column), and the mean of each child's own parents' columns."""
     from relsql.data.keys import schema
     from relsql.predictive.terms import TASK_COLUMNS, is_task_table
     from relsql.template.auto import table_times as _times
@@ -227,27 +285,73 @@ def plan(db: Database, table: str, column: str, time_column: str | None = None, 
     primary = list(found.primary_keys.get(table) or ())
     if not primary:
         raise RelsqlError(f"one-hop features: target table `{table}` has no primary key (declared or inferable); declare one")
-    skip = {column.casefold(), *(c for c in copies_of(db, table, column))} | ({time_column.casefold()} if time_column else set())
-    own = _features(db, found.tables[table], keyed.get(table, set()) | skip, found.values.get(table, set()))
-    parents = [Parent(list(fk.columns), fk.table, list(fk.references),
-                      _features(db, found.tables[fk.table], keyed.get(fk.table, set()), found.values.get(fk.table, set())))
-               for child, fk in found.foreign_keys if child == table and fk.table not in tasks and fk.table in found.tables]
+    label = {column.casefold(), *(c for c in copies_of(db, table, column))}
+    skip = label | ({time_column.casefold()} if time_column else set())
+    seen: dict[tuple, list[Column]] = {}
+
+    def features(name: str, leave: frozenset[str] = frozenset(), numbers: bool = False) -> list[Column]:
+        if (name, leave) not in seen:
+            seen[name, leave] = _features(db, found.tables[name], keyed.get(name, set()) | leave, found.values.get(name, set()))
+        return [c for c in seen[name, leave] if not numbers or c.kind != "code"]
+
+    def usable(name: str) -> bool:
+        return name not in tasks and name in found.tables
+
+    own = features(table, frozenset(skip))
+    ups = [fk for child, fk in found.foreign_keys if child == table and usable(fk.table)]
+    parents = [Parent(list(fk.columns), fk.table, list(fk.references), features(fk.table)) for fk in ups]
     times = _times(db, catalog, found, table, time_column, {}) if time_column else {}
-    children = []
-    for child, fk in found.foreign_keys:
-        if fk.table != table or child in tasks:
-            continue
-        time = times.get(child)
+    events = frozenset(c.casefold() for c in TASK_COLUMNS)
+
+    def child_of(name: str, fk, references: list[str], through: str | None, leave: frozenset[str]) -> Child | None:
+        time = times.get(name)
         if time_column and time is None:
-            continue  # events whose time is unknown may lie after the target row's time
-        numbers = [c for c in _features(db, found.tables[child], keyed.get(child, set()) | ({c.casefold() for c in TASK_COLUMNS}),
-                                        found.values.get(child, set()))
-                   if c.kind != "code"]
+            return None  # events whose time is unknown may lie after the target row's time
+        lookups = [] if depth < 2 or through else [
+            Parent(list(up.columns), up.table, list(up.references), features(up.table, numbers=True))
+            for below, up in found.foreign_keys if below == name and up.table != table and usable(up.table)]
         via = [list(time.via.columns), time.via.table, list(time.via.references)] if time and time.via else None
-        children.append(Child(child, list(fk.columns), list(fk.references), numbers, time.column if time else None, via,
-                              time.kind if time else "date"))
+        return Child(name, list(fk.columns), references, features(name, leave, numbers=True), time.column if time else None,
+                     via, time.kind if time else "date", through, [p for p in lookups if p.features])
+
+    children = [child_of(name, fk, list(fk.references), None, events)
+                for name, fk in found.foreign_keys if fk.table == table and usable(name)]
+    if depth >= 2:
+        for i, up in enumerate(ups):
+            parents += [Parent(list(fk.columns), fk.table, list(fk.references), features(fk.table), of=i)
+                        for below, fk in found.foreign_keys
+                        if below == up.table and fk.table != table and usable(fk.table)]
+        for up in ups:
+            if up.table == table:
+                continue
+            for name, fk in found.foreign_keys:
+                if fk.table != up.table or tuple(fk.references) != tuple(up.references) or not usable(name):
+                    continue
+                leave = events | (frozenset(label) if name == table and not time_column else frozenset())
+                cousin = child_of(name, fk, list(up.columns), up.table, leave)
+                if cousin is not None and (not time_column or _pairs(db, table, up.columns, name, fk.columns) <= MAX_PAIRS):
+                    children.append(cousin)
     kind = times[table].kind if time_column else "date"
-    return Flat(table, primary, time_column, own, [p for p in parents if p.features], children, kind)
+    kept = [i for i, p in enumerate(parents) if p.of == -1 and (p.features or any(g.of == i for g in parents))]
+    moved = {i: j for j, i in enumerate(kept)}
+    parents = [parents[i] for i in kept] + [replace(p, of=moved[p.of]) for p in parents if p.of in moved and p.features]
+    return Flat(table, primary, time_column, own, parents, [c for c in children if c is not None], kind)
+
+
+def _pairs(db: Database, table: str, columns, child: str, child_columns) -> int:
+    """How many (target row, child row) pairs share a foreign key value: the rows a timed join of a
+    parent's other children reads before its time cut."""
+    def counts(name: str, keys) -> exp.Select:
+        return (exp.select(*[q.alias(q.col(k), f"k{j}") for j, k in enumerate(keys)],
+                           q.alias(exp.Count(this=exp.Star()), "n"))
+                .from_(_table(name)).group_by(*[q.col(k) for k in keys]))
+
+    on = exp.and_(*[exp.EQ(this=q.col(f"k{j}", "a"), expression=q.col(f"k{j}", "b")) for j in range(len(columns))])
+    query = (exp.select(exp.Sum(this=exp.Mul(this=exp.cast(q.col("n", "a"), "DOUBLE"), expression=q.col("n", "b"))))
+             .from_(exp.alias_(counts(table, columns).subquery(), q.ident("a"), table=True))
+             .join(exp.alias_(counts(child, child_columns).subquery(), q.ident("b"), table=True), on=on))
+    row = db.scalar(query)
+    return int(row[0] or 0) if row else 0
 
 
 def key_columns(found) -> dict[str, set[str]]:

@@ -1,7 +1,11 @@
-"""The network blended with a GBM on one-hop SQL features, where the validation rows say it helps.
+"""The network blended with a GBM on SQL features two hops deep, where the validation rows say it helps.
 
-After the network is trained, a GBM (relsql/train/gbm/gbm.py) is fitted on the one-hop features
-(relsql/train/gbm/flat.py) of the training rows, stopping early on the validation rows. The blend
+After the network is trained, a GBM (relsql/train/gbm/gbm.py) is fitted on the depth-2 features
+(relsql/train/gbm/flat.py `plan(depth=2)`: the one-hop features, the parents' parents, each parent's
+other children under the time cut, the mean of each child's own parents) of the training rows,
+stopping early on the validation rows: what Deep Feature Synthesis at depth 2 reads, computed by
+the database in one query (on the outside corpus the one-hop GBM left a player's earlier salaries
+to DFS). The blend
 `a * network + (1 - a) * GBM` is taken in the task's output space (log-odds, class scores, or
 the standardized units the network's regression output and labels share: task.py scales y by the
 training rows' mean and std), with `a` in {0, 0.1, ..., 1} picked on the validation rows by the
@@ -103,12 +107,12 @@ class Hybrid:
 
 
 def fit(learner) -> Hybrid | None:
-    """A GBM on the one-hop features of the training rows and the blend weight the validation rows
+    """A GBM on the depth-2 features of the training rows and the blend weight the validation rows
     pick by the metric that chose the network's epoch (see the module docstring); None without
     validation rows or features."""
     if not len(learner.rows["val"]) or not len(learner.rows["train"]):
         return None
-    spec = baselines.one_hop(learner)
+    spec = flat.plan(learner.db, learner.table, learner.column, learner.time_column, depth=2)
     if not spec.names:
         return None
     every = spec.of_output(learner.db, learner.output, int(learner.output_rows))  # baselines.features, every row kept

@@ -285,10 +285,13 @@ def _check_blend_columns(db, flat, where: str) -> None:
 
     need(flat.table, *flat.keys, *([flat.time_column] if flat.time_column else []), *[c.name for c in flat.own])
     for parent in flat.parents:
-        need(flat.table, *parent.columns)
+        need(flat.parents[parent.of].table if parent.of >= 0 else flat.table, *parent.columns)
         need(parent.table, *parent.references, *[c.name for c in parent.features])
     for child in flat.children:
         need(child.table, *child.columns, *[c.name for c in child.features])
+        for lookup in child.lookups:
+            need(child.table, *lookup.columns)
+            need(lookup.table, *lookup.references, *[c.name for c in lookup.features])
         need(flat.table, *child.references)
         if child.via is not None:
             need(child.table, *child.via[0])
@@ -372,8 +375,9 @@ def hybrid(data: object, where: str, target: str | None = None, keys: list[str] 
         raise RelsqlError(f"{where} is damaged: its GBM joins on {files.shown(blend.features.keys)}, not on the output's "
                           f"keys {keys}")
     flat = blend.features
-    links = [(p.columns, p.references) for p in flat.parents]
-    links += [(c.columns, c.references) for c in flat.children] + [(c.references, flat.keys) for c in flat.children]
+    links = [(p.columns, p.references) for p in [*flat.parents, *[p for c in flat.children for p in c.lookups]]]
+    links += [(c.columns, c.references) for c in flat.children]
+    links += [(c.references, flat.keys) for c in flat.children if c.through is None]  # else the target's foreign key
     links += [(c.via[0], c.via[2]) for c in flat.children if c.via is not None]
     if any(not columns or len(columns) != len(references) for columns, references in links):
         raise RelsqlError(f"{where} is damaged: a join of its GBM features names no columns, or not as many as it "

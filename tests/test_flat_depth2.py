@@ -1,0 +1,182 @@
+"""relsql/train/gbm/flat.py at depth 2 (the blend's GBM features): the parents' parents, each
+parent's other children (under the time cut: strictly earlier rows, the target column's earlier
+values among them; untimed: never the target column) and the mean of a child's own parents'
+columns equal a naive Python evaluation over tiny tables (float64, 1e-9); a hub whose timed join
+would read more than MAX_PAIRS pairs is left out; descriptions round-trip and old ones still load."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import sqlglot.expressions as exp
+
+import relsql
+from relsql.train.gbm import flat
+
+SCHEMA = """
+CREATE TABLE league(league_id INT PRIMARY KEY, size DOUBLE);
+CREATE TABLE team(team_id INT PRIMARY KEY, league_id INT REFERENCES league(league_id), budget DOUBLE);
+CREATE TABLE player(player_id INT PRIMARY KEY, height DOUBLE);
+CREATE TABLE sponsor(sponsor_id INT PRIMARY KEY, wealth DOUBLE);
+CREATE TABLE salary(salary_id INT PRIMARY KEY, player_id INT REFERENCES player(player_id),
+                    team_id INT REFERENCES team(team_id), year INT, pay DOUBLE);
+CREATE TABLE award(award_id INT PRIMARY KEY, player_id INT REFERENCES player(player_id), year INT, points DOUBLE);
+CREATE TABLE bonus(bonus_id INT PRIMARY KEY, salary_id INT REFERENCES salary(salary_id),
+                   sponsor_id INT REFERENCES sponsor(sponsor_id), year INT, amount DOUBLE);
+"""
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(3)
+    db = relsql.connect()
+    for statement in SCHEMA.split(";")[:-1]:
+        db.execute(statement)
+    rows = {
+        "league": [(g, float(rng.normal())) for g in range(2)],
+        "team": [(t, t % 2, None if t == 3 else float(rng.normal())) for t in range(5)],
+        "player": [(p, float(rng.normal())) for p in range(6)],
+        "sponsor": [(s, None if s == 1 else float(rng.normal())) for s in range(3)],
+        "salary": [(s, int(rng.integers(0, 6)), int(rng.integers(0, 5)), int(rng.integers(2000, 2006)),
+                    None if s % 9 == 4 else float(rng.normal())) for s in range(40)],
+        "award": [(a, int(rng.integers(0, 6)), int(rng.integers(1999, 2006)), float(rng.normal())) for a in range(25)],
+        "bonus": [(b, int(rng.integers(0, 40)), None if b % 5 == 0 else int(rng.integers(0, 3)),
+                   int(rng.integers(1999, 2007)), float(rng.normal())) for b in range(50)],
+    }
+    for table, values in rows.items():
+        db.con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(values[0]))})", values)
+    return db, rows
+
+
+def _stats(values: list) -> list[float]:
+    """count, then avg/min/max of each column of `values` (rows of numbers or None), as SQL gives them."""
+    out = [float(len(values))]
+    for column in zip(*values) if values else []:
+        known = [v for v in column if v is not None]
+        out += [sum(known) / len(known), min(known), max(known)] if known else [math.nan] * 3
+    return out
+
+
+def _mean(values: list) -> float:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else math.nan
+
+
+def naive(rows: dict, timed: bool) -> tuple[list[str], dict[int, list[float]]]:
+    """Feature names and each salary row's values, by hand."""
+    league = {g: size for g, size in rows["league"]}
+    team = {t: (g, budget) for t, g, budget in rows["team"]}
+    height = dict(rows["player"])
+    wealth = dict(rows["sponsor"])
+    out = {}
+    for s, p, t, year, _pay in rows["salary"]:
+        def earlier(y: int, year: int = year) -> bool:
+            return not timed or y < year
+
+        values = [] if timed else [float(year)]
+        values += [height[p], team[t][1], league[team[t][0]]]
+        bonuses = [b for b in rows["bonus"] if b[1] == s and earlier(b[3])]
+        values += _stats([(b[3], b[4]) for b in bonuses]) if bonuses else [0.0] + [math.nan] * 6
+        values.append(_mean([wealth[b[2]] if b[2] is not None else None for b in bonuses]))
+        awards = [a for a in rows["award"] if a[1] == p and earlier(a[2])]
+        values += _stats([(a[2], a[3]) for a in awards]) if awards else [0.0] + [math.nan] * 6
+        mates = [r for r in rows["salary"] if r[1] == p and earlier(r[3])]  # untimed: the row itself too
+        values += _stats([(r[3], r[4]) if timed else (r[3],) for r in mates]) if mates else [0.0] + [math.nan] * 6
+        crew = [r for r in rows["salary"] if r[2] == t and earlier(r[3])]
+        values += _stats([(r[3], r[4]) if timed else (r[3],) for r in crew]) if crew else [0.0] + [math.nan] * 6
+        out[s] = [math.nan if v is None else v for v in values]
+    three = ("avg", "min", "max")
+    cousin = (["year", "pay"] if timed else ["year"])
+    names = ([] if timed else ["year"]) + ["player(player_id).height", "team(team_id).budget", "team.league(league_id).size",
+                                           "count(bonus(salary_id))"]
+    names += [f"{a}(bonus.{c})" for c in ("year", "amount") for a in three]
+    names += ["avg(bonus.sponsor(sponsor_id).wealth)"]
+    names += ["count(player.award(player_id))"] + [f"{a}(player.award.{c})" for c in ("year", "points") for a in three]
+    names += ["count(player.salary(player_id))"] + [f"{a}(player.salary.{c})" for c in cousin for a in three]
+    names += ["count(team.salary(team_id))"] + [f"{a}(team.salary.{c})" for c in cousin for a in three]
+    return names, out
+
+
+@pytest.mark.parametrize("timed", [False, True])
+def test_two_hop_features_equal_a_naive_evaluation(data, timed):
+    db, rows = data
+    spec = flat.plan(db, "salary", "pay", time_column="year" if timed else None, depth=2)
+    names, expected = naive(rows, timed)
+    assert spec.names == names
+    wanted = list(range(40))[::-1] + [99]
+    db.register("__relsql_rows", pa.table({"salary_id": wanted, "_rid": list(range(len(wanted)))}))
+    try:
+        rids, matrix = spec.matrix(db, exp.Table(this=exp.to_identifier("__relsql_rows", quoted=True)))
+    finally:
+        db.unregister("__relsql_rows")
+    assert rids.tolist() == list(range(len(wanted)))
+    for rid, key in zip(rids, wanted):
+        if key == 99:
+            assert np.isnan(matrix[rid]).all()
+            continue
+        assert np.allclose(matrix[rid], expected[key], rtol=1e-9, atol=1e-9, equal_nan=True), (key, matrix[rid], expected[key])
+    assert flat.Flat.from_plain(spec.to_plain()) == spec
+
+
+def test_depth_one_is_unchanged_and_old_descriptions_load(data):
+    db, _ = data
+    one, two = flat.plan(db, "salary", "pay", "year"), flat.plan(db, "salary", "pay", "year", depth=2)
+    assert two.names[:len(one.own)] == one.names[:len(one.own)] and set(one.names) < set(two.names)
+    assert not any(p.of >= 0 for p in one.parents) and not any(c.through or c.lookups for c in one.children)
+    plain = one.to_plain()
+    for p in plain["parents"]:
+        del p["of"]
+    for c in plain["children"]:
+        del c["through"], c["lookups"]
+    assert flat.Flat.from_plain(plain) == one  # a model saved before depth 2 existed
+
+
+def test_a_hub_too_large_for_a_timed_join_is_left_out(data, monkeypatch):
+    db, rows = data
+    crew = sum(sum(1 for r in rows["salary"] if r[2] == t) ** 2 for t in range(5))
+    mates = sum(sum(1 for r in rows["salary"] if r[1] == p) ** 2 for p in range(6))
+    assert mates < crew
+    monkeypatch.setattr(flat, "MAX_PAIRS", crew - 1)
+    names = flat.plan(db, "salary", "pay", "year", depth=2).names
+    assert "count(player.salary(player_id))" in names and "count(team.salary(team_id))" not in names
+    monkeypatch.setattr(flat, "MAX_PAIRS", crew)
+    assert "count(team.salary(team_id))" in flat.plan(db, "salary", "pay", "year", depth=2).names
+
+
+def test_damaged_links_are_refused(data):
+    plain = flat.plan(data[0], "salary", "pay", "year", depth=2).to_plain()
+    grand = next(i for i, p in enumerate(plain["parents"]) if p["of"] >= 0)
+    broken = {**plain, "parents": [{**p, "of": len(plain["parents"])} if i == grand else p
+                                   for i, p in enumerate(plain["parents"])]}
+    with pytest.raises(relsql.RelsqlError, match="damaged: a parent's link"):
+        flat.Flat.from_plain(broken)
+    with pytest.raises(relsql.RelsqlError, match="damaged"):
+        flat.Flat.from_plain({**plain, "children": [{**plain["children"][0], "lookups": [{"table": 3}]}]})
+
+
+def test_a_model_blends_with_two_hop_features_and_loads_with_them(tmp_path):
+    """fit()'s blend reads depth-2 features (a player's earlier salaries); the saved model's blend
+    recomputes them after Model.load and predicts the same."""
+    rng = np.random.default_rng(5)
+    db = relsql.connect(tmp_path / "pay.duckdb")
+    for statement in SCHEMA.split(";")[:-1]:
+        db.execute(statement)
+    db.con.executemany("INSERT INTO league VALUES (?, ?)", [(0, 1.0)])
+    db.con.executemany("INSERT INTO team VALUES (?, ?, ?)", [(t, 0, float(t)) for t in range(4)])
+    level = rng.normal(size=60)
+    db.con.executemany("INSERT INTO player VALUES (?, ?)", [(p, float(rng.normal())) for p in range(60)])
+    salaries = [(p * 5 + k, p, int(rng.integers(0, 4)), 2000 + k, float(level[p] + 0.1 * rng.normal()))
+                for p in range(60) for k in range(5)]
+    db.con.executemany("INSERT INTO salary VALUES (?, ?, ?, ?, ?)", salaries)
+    model = relsql.Model(db, relsql.Template.auto(db, "salary.pay", time_column="year", hops=1), target="salary.pay",
+                         time_column="year", progress=False, seed=0)
+    model.fit(epochs=3)
+    blend = model.learner.hybrid
+    assert blend is not None and "avg(player.salary.pay)" in blend.features.names
+    ours = model.predict()
+    model.save(tmp_path / "m.pt")
+    theirs = relsql.Model.load(tmp_path / "m.pt", db).predict()
+    assert theirs.equals(ours)
