@@ -182,6 +182,30 @@ def listed(value):
     return value.tolist() if isinstance(value, torch.Tensor | np.ndarray) else value
 
 
+def test_the_blends_two_hop_features_are_the_same_on_spark(shop):
+    """flat.plan(depth=2) for orders.amount timed by `ordered`: both parents' other orders strictly
+    earlier (a hub of 5 orders per customer, 37-38 per item), each parent's columns, planned and
+    computed by Spark as by DuckDB (1e-12)."""
+    import pyarrow as pa
+    import sqlglot.expressions as exp
+
+    from relsql.train.gbm import flat
+
+    specs = [flat.plan(db, "orders", "amount", "ordered", depth=2) for db in shop]
+    assert specs[0].to_plain() == specs[1].to_plain()
+    assert {"avg(customer.orders.amount)", "max(item.orders.amount)", "count(item.orders(item_id))"} <= set(specs[0].names)
+    matrices = []
+    for db, spec in zip(shop, specs):
+        db.register("__relsql_rows", pa.table({"order_id": list(range(0, 1500, 7)), "_rid": list(range(215))}))
+        try:
+            matrices.append(spec.matrix(db, exp.Table(this=exp.to_identifier("__relsql_rows", quoted=True)))[1])
+        finally:
+            db.unregister("__relsql_rows")
+    assert matrices[0].shape == (215, len(specs[0].names))
+    assert np.array_equal(np.isnan(matrices[0]), np.isnan(matrices[1]))
+    assert np.allclose(matrices[0], matrices[1], rtol=1e-12, atol=0, equal_nan=True)
+
+
 def test_a_model_trained_on_spark_predicts_what_duckdb_predicts(shop, template):
     """fit() with its defaults' hybrid (the GBM's one-hop features computed by Spark), seed 0,
     float64: the same predictions for every row, for predict(where=) with a DuckDB function in the
