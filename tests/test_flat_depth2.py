@@ -180,3 +180,15 @@ def test_a_model_blends_with_two_hop_features_and_loads_with_them(tmp_path):
     model.save(tmp_path / "m.pt")
     theirs = relsql.Model.load(tmp_path / "m.pt", db).predict()
     assert theirs.equals(ours)
+
+
+def test_a_wide_schema_keeps_every_one_hop_feature_and_at_most_max_features(data, monkeypatch):
+    db, _ = data
+    one = flat.plan(db, "salary", "pay", "year").names
+    whole = flat.plan(db, "salary", "pay", "year", depth=2).names
+    for cap in (len(one) + 1, len(one) + 12, len(whole) - 1):
+        monkeypatch.setattr(flat, "MAX_FEATURES", cap)
+        names = flat.plan(db, "salary", "pay", "year", depth=2).names
+        assert set(one) <= set(names) <= set(whole) and len(names) <= cap and names == [n for n in whole if n in names]
+    monkeypatch.setattr(flat, "MAX_FEATURES", len(one) - 1)
+    assert flat.plan(db, "salary", "pay", "year", depth=2).names == one  # one hop is never cut

@@ -34,6 +34,7 @@ MAX_CODES = 100  # a text column with more distinct values is left out (a name, 
 _NUMBERS = ("INT", "DECIMAL", "NUMERIC", "DOUBLE", "FLOAT", "REAL", "BOOL")
 _TIMES = ("DATE", "TIMESTAMP")
 AGGREGATES = ("avg", "min", "max")
+MAX_FEATURES = 400  # two-hop parts beyond this many features are left out (one-hop ones never)
 MAX_PAIRS = 5_000_000  # a timed join of a parent's other children reading more pairs is left out (a hub)
 
 
@@ -335,7 +336,26 @@ def plan(db: Database, table: str, column: str, time_column: str | None = None, 
     kept = [i for i, p in enumerate(parents) if p.of == -1 and (p.features or any(g.of == i for g in parents))]
     moved = {i: j for j, i in enumerate(kept)}
     parents = [parents[i] for i in kept] + [replace(p, of=moved[p.of]) for p in parents if p.of in moved and p.features]
-    return Flat(table, primary, time_column, own, parents, [c for c in children if c is not None], kind)
+    return _within(Flat(table, primary, time_column, own, parents, [c for c in children if c is not None], kind))
+
+
+def _within(spec: Flat) -> Flat:
+    """`spec` with its two-hop parts dropped from the last (a parent's other children, then the
+    children's parents, then the parents' parents) until it has at most MAX_FEATURES features:
+    a wide schema's GBM stays a few hundred columns, as DFS's is (the one-hop part is never cut)."""
+    while len(spec.names) > MAX_FEATURES:
+        cousins = [i for i, c in enumerate(spec.children) if c.through]
+        looked = [i for i, c in enumerate(spec.children) if c.lookups]
+        if cousins:
+            spec = replace(spec, children=spec.children[:cousins[-1]] + spec.children[cousins[-1] + 1:])
+        elif looked:
+            child = spec.children[looked[-1]]
+            spec.children[looked[-1]] = replace(child, lookups=child.lookups[:-1])
+        elif any(p.of >= 0 for p in spec.parents):
+            spec = replace(spec, parents=spec.parents[:-1])  # the parents' parents come last
+        else:
+            break
+    return spec
 
 
 def _pairs(db: Database, table: str, columns, child: str, child_columns) -> int:
