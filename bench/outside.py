@@ -3,7 +3,7 @@
     python -m bench.outside [--corpus hostile,plurel,real] [--limit N] [--jobs 1] [--fit '{"epochs": 30}']
                             [--timeout 600] [--out /tmp/outside/run] [--hostile-seeds 0-79]
                             [--plurel-parquet /tmp/outside/plurel-parquet] [--real flights,lahman]
-                            [--dfs] [--seed 0] [--first-targets N]
+                            [--dfs] [--alone] [--seed 0] [--first-targets N]
 
 Sources (docs/outside.md):
 - hostile: bench/outside_hostile.py, seeded hostile-but-valid DuckDB databases (generated here);
@@ -89,7 +89,8 @@ def _same(a, b) -> tuple[bool, float]:
     return worst <= 1e-6, worst
 
 
-def run_target(manifest: dict, entry: dict, fit: dict, work: Path, index: int, seed: int = 0, dfs: bool = False) -> dict:
+def run_target(manifest: dict, entry: dict, fit: dict, work: Path, index: int, seed: int = 0, dfs: bool = False,
+               alone: bool = False) -> dict:
     """The defaults on one target of one database (a copy of it in `work`)."""
     import resource
 
@@ -154,6 +155,8 @@ def run_target(manifest: dict, entry: dict, fit: dict, work: Path, index: int, s
             from bench import dfs_peer
 
             rec.update(dfs_peer.peer(model.learner))
+        if alone:
+            rec.update(alone_peer(model, fit))
     rec["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return rec
 
@@ -180,7 +183,22 @@ def gbm_peer(learner) -> dict:
         return {"gbm_error": f"{type(err).__name__}: {str(err)[:500]}", "gbm_frames": _frames(err)}
 
 
-def child(manifest_path: str, results: str, fit: dict, seed: int = 0, dfs: bool = False, first: int | None = None) -> None:
+def alone_peer(model, fit: dict) -> dict:
+    """The network alone (`fit(hybrid=False)`, else the same fit arguments) of the same template and
+    seed, scored on the same test rows: what the blend's GBM adds, per target."""
+    try:
+        t, cpu = time.perf_counter(), time.process_time()
+        alone = type(model).from_spec(model.db, model.spec)
+        alone.fit(**{**fit, "hybrid": False})
+        score = alone.evaluate().get(alone.task.metric)
+        return {"alone_s": time.perf_counter() - t, "alone_cpu_s": time.process_time() - cpu,
+                "alone_score": None if score is None else float(score), "alone_epochs": len(alone.history)}
+    except Exception as err:  # noqa: BLE001 - the peer's failure is recorded, not the model's
+        return {"alone_error": f"{type(err).__name__}: {str(err)[:500]}", "alone_frames": _frames(err)}
+
+
+def child(manifest_path: str, results: str, fit: dict, seed: int = 0, dfs: bool = False, first: int | None = None,
+          alone: bool = False) -> None:
     """One database, every target: a JSON line per target, appended as each finishes."""
     # torch.optim's first optimizer imports torch._dynamo (1.3-2.8 CPU-s once per process): like LightGBM's import
     # below, a process's one-off cost, taken before the clocks (it was in fit+predict while LightGBM's was not)
@@ -200,7 +218,7 @@ def child(manifest_path: str, results: str, fit: dict, seed: int = 0, dfs: bool 
         work = Path(tmp)
         shutil.copy(manifest["path"], work / Path(manifest["path"]).name)  # write_predictions writes into the copy
         for i, entry in enumerate(manifest["targets"][:first]):
-            rec = run_target(manifest, entry, fit, work, i, seed, dfs)
+            rec = run_target(manifest, entry, fit, work, i, seed, dfs, alone)
             with open(results, "a") as f:
                 f.write(json.dumps(rec, default=str) + "\n")
 
@@ -426,6 +444,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--manifests", nargs="*", default=None, help="run these manifest files instead of --corpus")
     parser.add_argument("--summarize", default=None, metavar="DIR", help="only (re)write DIR/summary.md from DIR/results.jsonl")
     parser.add_argument("--dfs", action="store_true", help="also featuretools DFS (depth 2) + LightGBM (bench/dfs_peer.py)")
+    parser.add_argument("--alone", action="store_true", help="also the network alone: fit(hybrid=False), same template and split")
     parser.add_argument("--seed", type=int, default=0, help="the model's seed (its split)")
     parser.add_argument("--first-targets", type=int, default=None, help="only each database's first N targets")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -439,7 +458,7 @@ def main(argv: list[str] | None = None) -> None:
         print((folder / "summary.md").read_text())
         return
     if args.child:
-        child(args.child, args.results, fit, args.seed, args.dfs, args.first_targets)
+        child(args.child, args.results, fit, args.seed, args.dfs, args.first_targets, args.alone)
         return
     out = Path(args.out)
     if args.manifests:
@@ -457,7 +476,7 @@ def main(argv: list[str] | None = None) -> None:
             folder = (Path(args.corpus_dir) if args.corpus_dir else out / "corpus") / "hostile"
             manifests.append(folder / f"{outside_hostile.invalid(folder)['name']}.json")
     print(f"bench.outside: {len(manifests)} databases", file=sys.stderr)
-    extra = (("--seed", str(args.seed)) + (("--dfs",) if args.dfs else ())
+    extra = (("--seed", str(args.seed)) + (("--dfs",) if args.dfs else ()) + (("--alone",) if args.alone else ())
              + (("--first-targets", str(args.first_targets)) if args.first_targets else ()))
     rows = run(manifests, fit, args.timeout, out, args.jobs, extra)
     print((out / "summary.md").read_text())
