@@ -174,11 +174,14 @@ def gbm_peer(learner) -> dict:
                     "gbm_score": None}
         trees = baselines.fit_trees(learner, x)
         seconds, cpu = time.perf_counter() - t, time.process_time() - cpu
-        test = learner.rows["test"]
-        scores = learner.task.scores(trees.raw(x[test]), baselines._labels(learner, "test"))
+        test, truth = learner.rows["test"], baselines._labels(learner, "test")
+        scores = learner.task.scores(trees.raw(x[test]), truth)
+        own = len(spec.own)  # the own-column GBM: the same trees on the target table's own columns only
+        own_scores = learner.task.scores(baselines.fit_trees(learner, x[:, :own]).raw(x[test, :own]), truth) if own else {}
         return {"gbm_s": seconds, "gbm_cpu_s": cpu, "gbm_features": int(x.shape[1]),
                 "gbm_scores": {k: float(v) for k, v in scores.items()},
-                "gbm_score": float(scores.get(learner.task.metric, float("nan")))}
+                "gbm_score": float(scores.get(learner.task.metric, float("nan"))),
+                "own_gbm_score": float(own_scores[learner.task.metric]) if learner.task.metric in own_scores else None}
     except Exception as err:  # noqa: BLE001 - the peer's failure is recorded, not the model's
         return {"gbm_error": f"{type(err).__name__}: {str(err)[:500]}", "gbm_frames": _frames(err)}
 
