@@ -2,8 +2,11 @@
 
 For each row of the target table: its own columns; the columns of each parent row (one foreign
 key step up, many-to-one); and for each child table (a foreign key into the target table) the
-count of its rows and the mean, min and max of each numeric column. All of it is one SQL query
-built with sqlglot, run by the database.
+count of its rows and the mean, min and max of each numeric column. At depth 2 (`plan(depth=2)`,
+the blend's GBM: relsql/train/gbm/hybrid.py) also the parents' parents' columns, each parent's
+other children aggregated the same way (siblings: the same plane's other flights), and the mean
+of each child row's own parents' columns; two-hop parts are capped (MAX_FEATURES, MAX_PAIRS). All
+of it is one SQL query built with sqlglot, run by the database.
 
 What enters, and how: numbers, booleans (0/1), dates and timestamps (epoch seconds), and text
 with at most MAX_CODES distinct values as an integer code (its position among the sorted values;
@@ -13,7 +16,9 @@ column, copies of it, the target's time column, task tables of other questions. 
 
 With a time column (a temporal target), a child row counts only if its time (relsql.template.auto's
 rules: its own date column, or a date dimension's) is earlier than the target row's time; child
-tables whose time is unknown are left out, as Template.auto leaves them out.
+tables whose time is unknown are left out, as Template.auto leaves them out. Under that cut a
+sibling's target column is a feature (earlier labels are known at the target row's time); without
+one it never is.
 
 `Flat` is plain data (names and values, no code): a saved model recomputes the same features on
 another database, in the same order with the same codes.
