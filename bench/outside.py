@@ -3,7 +3,7 @@
     python -m bench.outside [--corpus hostile,plurel,real] [--limit N] [--jobs 1] [--fit '{"epochs": 30}']
                             [--timeout 600] [--out /tmp/outside/run] [--hostile-seeds 0-79]
                             [--plurel-parquet /tmp/outside/plurel-parquet] [--real flights,lahman]
-                            [--dfs] [--alone] [--seed 0] [--first-targets N]
+                            [--dfs] [--alone] [--rdl] [--seed 0] [--first-targets N]
 
 Sources (docs/outside.md):
 - hostile: bench/outside_hostile.py, seeded hostile-but-valid DuckDB databases (generated here);
@@ -90,7 +90,7 @@ def _same(a, b) -> tuple[bool, float]:
 
 
 def run_target(manifest: dict, entry: dict, fit: dict, work: Path, index: int, seed: int = 0, dfs: bool = False,
-               alone: bool = False) -> dict:
+               alone: bool = False, rdl: bool = False) -> dict:
     """The defaults on one target of one database (a copy of it in `work`)."""
     import resource
 
@@ -157,6 +157,8 @@ def run_target(manifest: dict, entry: dict, fit: dict, work: Path, index: int, s
             rec.update(dfs_peer.peer(model.learner))
         if alone:
             rec.update(alone_peer(model, fit))
+        if rdl:
+            rec.update(rdl_peer(model.learner, manifest["path"]))
     rec["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return rec
 
@@ -200,8 +202,53 @@ def alone_peer(model, fit: dict) -> dict:
         return {"alone_error": f"{type(err).__name__}: {str(err)[:500]}", "alone_frames": _frames(err)}
 
 
+def rdl_peer(learner, path: str) -> dict:
+    """bench/rdl_peer.py (PyG HeteroGraphSAGE, per-table encoders) on the model's split, over the
+    database as the corpus wrote it (not the run's copy, which holds predictions), with the keys
+    relsql uses (declared, given or inferred; one-column ones: the peer's edges): for untimed
+    targets only (the peer has no time cut: on a timed target it would read the future)."""
+    try:
+        import duckdb
+
+        from bench import quality
+        from bench import rdl_peer as peer
+        from relsql.data.keys import schema
+
+        if learner.time_column:
+            return {"rdl_skipped": "timed target (the peer has no time cut)"}
+        t, cpu = time.perf_counter(), time.process_time()
+        found = schema(learner.db, learner.db.catalog())
+        con = duckdb.connect(str(path), read_only=True)
+        try:
+            names = {n for (n,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE NOT internal").fetchall()}
+            tables = {}
+            for name in sorted(names & set(found.tables)):
+                primary = found.primary_keys.get(name) or ()
+                key = primary[0] if len(primary) == 1 else None
+                foreign = {fk.columns[0]: (fk.table, fk.references[0]) for child, fk in found.foreign_keys
+                           if child == name and len(fk.columns) == 1 and fk.table in names}
+                quoted = '"' + name.replace('"', '""') + '"'
+                order = ('"' + key.replace('"', '""') + '"') if key else "ALL"
+                tables[name] = peer.Read(peer._plain(con.execute(f"SELECT * FROM {quoted} ORDER BY {order}").df()), key, foreign)
+        finally:
+            con.close()
+        table = tables.get(learner.table)
+        if table is None or table.key is None:
+            return {"rdl_skipped": "the target table has no one-column key"}
+        keys = table.frame[table.key].to_numpy()
+        rows = quality.split_positions(learner, len(keys), keys)
+        encoded, edges = peer.graph_of(tables, learner.table, learner.column)
+        got = peer.train(encoded, edges, learner.table, learner.task.kind, table.frame[learner.column].to_numpy(), rows,
+                         learner.seed)
+        score = got["scores"].get(learner.task.metric)
+        return {"rdl_s": time.perf_counter() - t, "rdl_cpu_s": time.process_time() - cpu,
+                "rdl_score": None if score is None else float(score), "rdl_epochs": got["epochs"]}
+    except Exception as err:  # noqa: BLE001 - the peer's failure is recorded, not the model's
+        return {"rdl_error": f"{type(err).__name__}: {str(err)[:500]}", "rdl_frames": _frames(err)}
+
+
 def child(manifest_path: str, results: str, fit: dict, seed: int = 0, dfs: bool = False, first: int | None = None,
-          alone: bool = False) -> None:
+          alone: bool = False, rdl: bool = False) -> None:
     """One database, every target: a JSON line per target, appended as each finishes."""
     # torch.optim's first optimizer imports torch._dynamo (1.3-2.8 CPU-s once per process): like LightGBM's import
     # below, a process's one-off cost, taken before the clocks (it was in fit+predict while LightGBM's was not)
@@ -221,7 +268,7 @@ def child(manifest_path: str, results: str, fit: dict, seed: int = 0, dfs: bool 
         work = Path(tmp)
         shutil.copy(manifest["path"], work / Path(manifest["path"]).name)  # write_predictions writes into the copy
         for i, entry in enumerate(manifest["targets"][:first]):
-            rec = run_target(manifest, entry, fit, work, i, seed, dfs, alone)
+            rec = run_target(manifest, entry, fit, work, i, seed, dfs, alone, rdl)
             with open(results, "a") as f:
                 f.write(json.dumps(rec, default=str) + "\n")
 
@@ -448,6 +495,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--summarize", default=None, metavar="DIR", help="only (re)write DIR/summary.md from DIR/results.jsonl")
     parser.add_argument("--dfs", action="store_true", help="also featuretools DFS (depth 2) + LightGBM (bench/dfs_peer.py)")
     parser.add_argument("--alone", action="store_true", help="also the network alone: fit(hybrid=False), same template and split")
+    parser.add_argument("--rdl", action="store_true", help="also the RDL peer (bench/rdl_peer.py) on untimed targets with "
+                        "declared one-column keys")
     parser.add_argument("--seed", type=int, default=0, help="the model's seed (its split)")
     parser.add_argument("--first-targets", type=int, default=None, help="only each database's first N targets")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -461,7 +510,7 @@ def main(argv: list[str] | None = None) -> None:
         print((folder / "summary.md").read_text())
         return
     if args.child:
-        child(args.child, args.results, fit, args.seed, args.dfs, args.first_targets, args.alone)
+        child(args.child, args.results, fit, args.seed, args.dfs, args.first_targets, args.alone, args.rdl)
         return
     out = Path(args.out)
     if args.manifests:
@@ -480,6 +529,7 @@ def main(argv: list[str] | None = None) -> None:
             manifests.append(folder / f"{outside_hostile.invalid(folder)['name']}.json")
     print(f"bench.outside: {len(manifests)} databases", file=sys.stderr)
     extra = (("--seed", str(args.seed)) + (("--dfs",) if args.dfs else ()) + (("--alone",) if args.alone else ())
+             + (("--rdl",) if args.rdl else ())
              + (("--first-targets", str(args.first_targets)) if args.first_targets else ()))
     rows = run(manifests, fit, args.timeout, out, args.jobs, extra)
     print((out / "summary.md").read_text())
