@@ -86,3 +86,24 @@ def test_every_valid_database_trains_and_predicts(sweep):
     failures = [f"{r['database']} {r['target']}: {r['outcome']} [{r.get('stage')}] {r.get('error_type', '')}: "
                 f"{(r.get('message') or '')[:300]}" for r in rows if r["valid"] and r["outcome"] != "ok"]
     assert not failures, "\n".join(failures)
+
+
+def test_the_accuracy_anchors_are_recorded_on_the_models_split(tmp_path):
+    """--alone and --rdl: the network alone is scored on the same test rows as the default (a
+    finite metric of the same kind), the RDL peer runs on an untimed target and is skipped, with
+    the reason, on a timed one; the own-column GBM's score sits beside the one-hop GBM's."""
+    m = outside_plurel.load(DATA / "plurel_15", tmp_path / "plurel")
+    manifests = [tmp_path / "plurel" / f"{m['name']}.json"]
+    outside_hostile.generate(3, tmp_path / "hostile", small=True)  # its first target has a time column
+    manifests.append(tmp_path / "hostile" / "hostile_3.json")
+    rows = outside.run(manifests, FIT, timeout=600, out=tmp_path / "run", child_args=("--first-targets", "1", "--alone", "--rdl"))
+    assert [r["outcome"] for r in rows] == ["ok", "ok"], rows
+    for r in rows:
+        assert r["alone_epochs"] >= 1 and "own_gbm_score" in r, r
+        if r["time_column"]:
+            assert r["metric"] == "roc_auc" and 0 <= r["alone_score"] <= 1, r
+            assert r["rdl_skipped"].startswith("timed target") and "rdl_score" not in r
+        else:
+            assert r["metric"] == "rmse" and 0 < r["alone_score"] < 1e6, r
+            assert 0 < r["rdl_score"] < 1e6 and r["rdl_epochs"] >= 1, r
+    assert [bool(r["time_column"]) for r in rows] == [False, True]
