@@ -104,11 +104,6 @@ class Flat:
         """2 when any feature lies two hops away (see `plan`), else 1."""
         return 2 if any(p.of >= 0 for p in self.parents) or any(c.through or c.lookups for c in self.children) else 1
 
-    def one_hop(self) -> Flat:
-        """This description without its two-hop parts: `plan(depth=1)`'s, whose names are a subset."""
-        return replace(self, parents=[p for p in self.parents if p.of == -1],
-                       children=[replace(c, lookups=[]) for c in self.children if not c.through])
-
     def to_plain(self) -> dict:
         return asdict(self)
 

@@ -108,39 +108,28 @@ class Hybrid:
 
 
 def fit(learner) -> Hybrid | None:
-    """A GBM on the training rows and the blend weight the validation rows pick by the metric that
-    chose the network's epoch (see the module docstring): the GBM on the one-hop features, or on
-    the depth-2 ones where its best blend scores better on validation; None without validation
-    rows or features."""
+    """A GBM on the depth-2 features of the training rows and the blend weight the validation rows
+    pick by the metric that chose the network's epoch (see the module docstring); None without
+    validation rows or features."""
     if not len(learner.rows["val"]) or not len(learner.rows["train"]):
         return None
-    deep = flat.plan(learner.db, learner.table, learner.column, learner.time_column, depth=2)
-    if not deep.names:
+    spec = flat.plan(learner.db, learner.table, learner.column, learner.time_column, depth=2)
+    if not spec.names:
         return None
-    every = deep.of_output(learner.db, learner.output, int(learner.output_rows))  # every row's, kept for predict()
+    every = spec.of_output(learner.db, learner.output, int(learner.output_rows))  # baselines.features, every row kept
+    x = every[learner.labelled]
+    trees = baselines.fit_trees(learner, x)
     with torch.no_grad():
         net, y = learner.split_outputs("val")
-    net, truth = net.detach().cpu().double().numpy(), y.detach().cpu().double().numpy()
+    net = net.detach().cpu().double().numpy()
+    theirs = trees.raw(x[learner.rows["val"]])
+    truth = y.detach().cpu().double().numpy()
     metric = chosen_on(learner)
+    scores = {a: _score(learner, a * net + (1 - a) * theirs, truth, metric) for a in WEIGHTS}
     sign = -1.0 if metric in LOWER_IS_BETTER else 1.0
-    shallow = deep.one_hop()
-    at = {name: i for i, name in enumerate(deep.names)}
-    candidates = [(shallow, every[:, [at[n] for n in shallow.names]])] if shallow.names else []
-    if deep.depth == 2 or not candidates:
-        candidates.append((deep, every))
-    best = None
-    for spec, features in candidates:  # one hop first: depth 2 only where it scores better
-        x = features[learner.labelled]
-        trees = baselines.fit_trees(learner, x)
-        theirs = trees.raw(x[learner.rows["val"]])
-        scores = {a: _score(learner, a * net + (1 - a) * theirs, truth, metric) for a in WEIGHTS}
-        weight = max(WEIGHTS, key=lambda a: (np.nan_to_num(sign * scores[a], nan=-np.inf), a))
-        if best is None or np.nan_to_num(sign * scores[weight], nan=-np.inf) > np.nan_to_num(sign * best[3][best[2]],
-                                                                                             nan=-np.inf):
-            best = (spec, features, weight, scores, trees)
-    spec, features, weight, scores, trees = best
-    blend = Hybrid(spec, trees, weight, metric, scores)
-    blend.keep_features(learner, features)  # predict() reads these rows' features again otherwise
+    best = max(WEIGHTS, key=lambda a: (np.nan_to_num(sign * scores[a], nan=-np.inf), a))
+    blend = Hybrid(spec, trees, best, metric, scores)
+    blend.keep_features(learner, every)  # predict() reads these rows' features again otherwise
     return blend
 
 
