@@ -361,6 +361,42 @@ def _class(r: dict) -> str:
     return f"{r['outcome']} @ {r.get('stage')}: {r.get('error_type', '')}: {msg[:140]}"
 
 
+ANCHORS = (("gbm_score", "one-hop GBM"), ("own_gbm_score", "own-column GBM"), ("dfs_score", "DFS+GBM"),
+           ("rdl_score", "RDL peer"), ("alone_score", "network alone"))
+
+
+def _anchors(rows: list[dict]) -> list[str]:
+    """Per target, relsql's default against every anchor the run recorded (--dfs, --rdl, --alone; the
+    GBMs always), and how often it is at least the best of the one-hop GBM, DFS + GBM and the RDL
+    peer, and the network alone at least the one-hop GBM."""
+    done = [r for r in rows if r["outcome"] == "ok" and r.get("score") is not None]
+    if not done or not any(k in r for r in done for k, _ in ANCHORS[1:]):
+        return []
+
+    def at_least(a: float, b: float, metric: str) -> bool:
+        return a <= b + 1e-12 if metric in ("rmse", "mae") else a >= b - 1e-12
+
+    lines = ["", "## relsql's default against the anchors, same split", "",
+             "| database | target | seed | metric | relsql | " + " | ".join(name for _, name in ANCHORS) + " |",
+             "|---|---|---|---|---|" + "---|" * len(ANCHORS)]
+    best = alone = compared = paired = 0
+    for r in done:
+        cells = [f"{r[k]:.4f}" if isinstance(r.get(k), float) else "-" for k, _ in ANCHORS]
+        lines.append(f"| {r['database']} | {r['target']} | {r.get('seed', 0)} | {r['metric']} | {r['score']:.4f} | "
+                     f"{' | '.join(cells)} |")
+        peers = [r[k] for k in ("gbm_score", "dfs_score", "rdl_score") if isinstance(r.get(k), float)]
+        if peers:
+            top = min(peers) if r["metric"] in ("rmse", "mae") else max(peers)
+            compared += 1
+            best += at_least(r["score"], top, r["metric"])
+        if isinstance(r.get("alone_score"), float) and isinstance(r.get("gbm_score"), float):
+            paired += 1
+            alone += at_least(r["alone_score"], r["gbm_score"], r["metric"])
+    lines += ["", f"relsql at least the best of the one-hop GBM, DFS + GBM and the RDL peer (those recorded): {best} of "
+              f"{compared}; the network alone at least the one-hop GBM: {alone} of {paired}"]
+    return lines
+
+
 def summarize(rows: list[dict], fit: dict) -> str:
     lines = [f"# bench.outside: {len({r['database'] for r in rows})} databases, {len(rows)} targets", "",
              f"fit overrides: `{json.dumps(fit)}` (none = the defaults)", ""]
@@ -433,6 +469,7 @@ def summarize(rows: list[dict], fit: dict) -> str:
             lines.append(f"| {r['database']} | {r['target']} | {r.get('seed', 0)} | {r['metric']} | {' | '.join(cells)} | "
                          f"{r['construct_s'] + r['fit_predict_s']:.1f} | {r.get('gbm_s', 0):.1f} | {dfs_s} | "
                          f"{r.get('dfs_features', '')} | {'; '.join(r.get('dfs_capped', []))} |")
+    lines += _anchors(rows)
     peer_errors = [r for r in rows if r.get("gbm_error")]
     if peer_errors:
         lines += ["", f"GBM peer errors: {len(peer_errors)} (e.g. {peer_errors[0]['database']} {peer_errors[0]['target']}: "

@@ -107,3 +107,10 @@ def test_the_accuracy_anchors_are_recorded_on_the_models_split(tmp_path):
             assert r["metric"] == "rmse" and 0 < r["alone_score"] < 1e6, r
             assert 0 < r["rdl_score"] < 1e6 and r["rdl_epochs"] >= 1, r
     assert [bool(r["time_column"]) for r in rows] == [False, True]
+    summary = (tmp_path / "run" / "summary.md").read_text()
+    table = summary[summary.index("## relsql's default against the anchors"):]
+    assert "| plurel_15 |" in table and "| hostile_3 |" in table and "network alone" in table
+    untimed, timed = rows  # DFS was not asked for; the timed target has no RDL score
+    best = int(untimed["score"] <= min(untimed["gbm_score"], untimed["rdl_score"]) + 1e-12)  # RMSE
+    best += int(timed["score"] >= timed["gbm_score"] - 1e-12)  # ROC-AUC
+    assert f"(those recorded): {best} of 2" in table
