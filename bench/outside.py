@@ -208,8 +208,6 @@ def rdl_peer(learner, path: str) -> dict:
     relsql uses (declared, given or inferred; one-column ones: the peer's edges): for untimed
     targets only (the peer has no time cut: on a timed target it would read the future)."""
     try:
-        import duckdb
-
         from bench import quality
         from bench import rdl_peer as peer
         from relsql.data.keys import schema
@@ -217,21 +215,7 @@ def rdl_peer(learner, path: str) -> dict:
         if learner.time_column:
             return {"rdl_skipped": "timed target (the peer has no time cut)"}
         t, cpu = time.perf_counter(), time.process_time()
-        found = schema(learner.db, learner.db.catalog())
-        con = duckdb.connect(str(path), read_only=True)
-        try:
-            names = {n for (n,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE NOT internal").fetchall()}
-            tables = {}
-            for name in sorted(names & set(found.tables)):
-                primary = found.primary_keys.get(name) or ()
-                key = primary[0] if len(primary) == 1 else None
-                foreign = {fk.columns[0]: (fk.table, fk.references[0]) for child, fk in found.foreign_keys
-                           if child == name and len(fk.columns) == 1 and fk.table in names}
-                quoted = '"' + name.replace('"', '""') + '"'
-                order = ('"' + key.replace('"', '""') + '"') if key else "ALL"
-                tables[name] = peer.Read(peer._plain(con.execute(f"SELECT * FROM {quoted} ORDER BY {order}").df()), key, foreign)
-        finally:
-            con.close()
+        tables = peer.read(path, keys=schema(learner.db, learner.db.catalog()))
         table = tables.get(learner.table)
         if table is None or table.key is None:
             return {"rdl_skipped": "the target table has no one-column key"}
@@ -361,6 +345,7 @@ def _class(r: dict) -> str:
     return f"{r['outcome']} @ {r.get('stage')}: {r.get('error_type', '')}: {msg[:140]}"
 
 
+SIGN = {"roc_auc": 1, "accuracy": 1, "mae": -1, "rmse": -1}  # +1: higher is better
 ANCHORS = (("gbm_score", "one-hop GBM"), ("own_gbm_score", "own-column GBM"), ("dfs_score", "DFS+GBM"),
            ("rdl_score", "RDL peer"), ("alone_score", "network alone"))
 
@@ -374,7 +359,7 @@ def _anchors(rows: list[dict]) -> list[str]:
         return []
 
     def at_least(a: float, b: float, metric: str) -> bool:
-        return a <= b + 1e-12 if metric in ("rmse", "mae") else a >= b - 1e-12
+        return (a - b) * SIGN.get(metric, 1) >= -1e-12
 
     lines = ["", "## relsql's default against the anchors, same split", "",
              "| database | target | seed | metric | relsql | " + " | ".join(name for _, name in ANCHORS) + " |",
@@ -386,7 +371,7 @@ def _anchors(rows: list[dict]) -> list[str]:
                      f"{' | '.join(cells)} |")
         peers = [r[k] for k in ("gbm_score", "dfs_score", "rdl_score") if isinstance(r.get(k), float)]
         if peers:
-            top = min(peers) if r["metric"] in ("rmse", "mae") else max(peers)
+            top = max(peers, key=lambda v: v * SIGN.get(r["metric"], 1))
             compared += 1
             best += at_least(r["score"], top, r["metric"])
         if isinstance(r.get("alone_score"), float) and isinstance(r.get("gbm_score"), float):
@@ -445,9 +430,8 @@ def summarize(rows: list[dict], fit: dict) -> str:
         if fit_cpu:
             lines += [f"CPU seconds: fit+predict/GBM median {statistics.median(fit_cpu):.2f}, worst {max(fit_cpu):.2f}, "
                       f"over {len(fit_cpu)} targets", ""]
-        better = {"roc_auc": 1, "accuracy": 1, "mae": -1, "rmse": -1}
         wins = [r for r in ratios if r.get("gbm_score") is not None and r.get("score") is not None]
-        at_least = sum((r["score"] - r["gbm_score"]) * better.get(r["metric"], 1) >= -0.005 for r in wins)
+        at_least = sum((r["score"] - r["gbm_score"]) * SIGN.get(r["metric"], 1) >= -0.005 for r in wins)
         lines += [f"relsql within 0.005 of the GBM or better on the test split: {at_least} of {len(wins)}", "",
                   "| database | target | metric | relsql | GBM | construct s | fit+predict s | save+load s | GBM s | "
                   "constr/GBM | fit/GBM | peak RSS MB |",

@@ -130,23 +130,30 @@ def _plain(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def read(path) -> dict[str, Read]:
-    """Every base table of the DuckDB file at `path`, with its declared single-column keys."""
+def read(path, keys=None) -> dict[str, Read]:
+    """Every base table of the DuckDB file at `path`, with its declared single-column keys, or with
+    those of `keys` (a relsql.data.keys.Schema: given or inferred keys too; only its tables)."""
     import duckdb
 
     con = duckdb.connect(str(path), read_only=True)
     try:
         names = [n for (n,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE NOT internal "
                                            "AND schema_name = current_schema() ORDER BY table_name").fetchall()]
-        constraints = con.execute("SELECT table_name, constraint_type, constraint_column_names, referenced_table, "
-                                  "referenced_column_names FROM duckdb_constraints() "
-                                  "WHERE constraint_type IN ('PRIMARY KEY', 'FOREIGN KEY')").fetchall()
-        keys = {t: c[0] for t, kind, c, _, _ in constraints if kind == "PRIMARY KEY" and len(c) == 1}
+        if keys is None:
+            constraints = con.execute("SELECT table_name, constraint_type, constraint_column_names, referenced_table, "
+                                      "referenced_column_names FROM duckdb_constraints() "
+                                      "WHERE constraint_type IN ('PRIMARY KEY', 'FOREIGN KEY')").fetchall()
+        else:
+            names = [n for n in names if n in keys.tables]
+            constraints = [(t, "PRIMARY KEY", list(c), None, None) for t, c in keys.primary_keys.items() if c]
+            constraints += [(child, "FOREIGN KEY", list(fk.columns), fk.table, list(fk.references))
+                            for child, fk in keys.foreign_keys]
+        primaries = {t: c[0] for t, kind, c, _, _ in constraints if kind == "PRIMARY KEY" and len(c) == 1}
         out = {}
         for name in names:
             foreign = {c[0]: (parent, pc[0]) for t, kind, c, parent, pc in constraints
                        if t == name and kind == "FOREIGN KEY" and len(c) == 1 and parent in names}
-            key = keys.get(name)
+            key = primaries.get(name)
             quoted = '"' + name.replace('"', '""') + '"'
             order = ('"' + key.replace('"', '""') + '"') if key else "ALL"
             frame = con.execute(f"SELECT * FROM {quoted} ORDER BY {order}").df()

@@ -343,7 +343,7 @@ def plan(db: Database, table: str, column: str, time_column: str | None = None, 
                 if cousin is not None and (not time_column or _pairs(db, table, up.columns, name, fk.columns) <= MAX_PAIRS):
                     children.append(cousin)
     kind = times[table].kind if time_column else "date"
-    kept = [i for i, p in enumerate(parents) if p.of == -1 and (p.features or any(g.of == i for g in parents))]
+    kept = [i for i, p in enumerate(parents) if p.of == -1 and (p.features or any(g.of == i and g.features for g in parents))]
     moved = {i: j for j, i in enumerate(kept)}
     parents = [parents[i] for i in kept] + [replace(p, of=moved[p.of]) for p in parents if p.of in moved and p.features]
     return _within(Flat(table, primary, time_column, own, parents, [c for c in children if c is not None], kind))
