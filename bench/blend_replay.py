@@ -1,0 +1,218 @@
+"""The blend's choice, replayed offline: record once what fit()'s blend chooses between, then
+score other ways of choosing on those numbers in seconds instead of refitting the corpus.
+
+    python -m bench.blend_replay record --manifests DIR/*.json [--seeds 0-4] --out OUT
+                                        [--auto '{"dropout": 0.4}'] [--fit '{"lr": 0.03}']
+    python -m bench.blend_replay replay OUT [OUT ...]
+
+record: for each manifest's first target and each seed, in this process and through the public
+API: `Template.auto` (with --auto's options), `Model(seed=)`, `fit(refit=False, **fit)` (the
+default blend; without the refit, so the model in hand is the one `evaluate()` scores). Writes
+OUT/NAME_sSEED.npz with the raw outputs (the task's output space: log-odds, class scores or
+standardized values) on the training, validation and test rows of the selected network (`net`),
+the blend's two-hop GBM (`gbm2`), a one-hop GBM (`gbm1`, bench.outside's peer) and the own-column
+GBM (`gbm0`), with the encoded labels (`y`); and OUT/NAME_sSEED.json with the task, the metric
+that picked the blend, the weight it picked and `evaluate()`'s scores.
+
+replay: scores each rule of RULES on the test rows of every recorded run and prints, per source
+(the name before the first "_"), how often the rule is at least the one-hop GBM and the
+own-column GBM, and its mean gain over the one-hop GBM (ROC-AUC/accuracy: the difference;
+RMSE/MAE: relative). The rule "picked" must reproduce `evaluate()`: each run's replayed score is
+checked against the recorded one, so a replay that drifts from relsql's blend says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+LOWER = ("rmse", "mae", "loss")
+WEIGHTS = tuple(round(0.1 * i, 1) for i in range(11))  # relsql/train/gbm/hybrid.py's grid
+PARTS = ("train", "val", "test")
+
+
+# ============================================================================ record
+def record(manifest_path: Path, seed: int, out: Path, auto: dict, fit: dict) -> dict:
+    """One run (a manifest's first target, one seed): its outputs to OUT/NAME_sSEED.npz/.json."""
+    import relsql
+    from relsql.train.gbm import baselines
+    from relsql.train.gbm import hybrid as hybrids
+
+    manifest = json.loads(Path(manifest_path).read_text())
+    entry = manifest["targets"][0]
+    options = {"time_column": entry["time_column"]} if entry.get("time_column") else {}
+    with tempfile.TemporaryDirectory() as work:  # the corpus file is never written to
+        path = shutil.copy(manifest["path"], work)
+        db = relsql.connect(path, **({"keys": manifest["keys"]} if manifest.get("keys") else {}))
+        try:
+            template = relsql.Template.auto(db, target=entry["target"], **options, **auto)
+            model = relsql.Model(db, template, target=entry["target"], seed=seed, progress=False, **options)
+            model.fit(**{**fit, "refit": False})
+            learner = model.learner
+            arrays = {}
+            for part in PARTS:
+                net, y = learner.split_outputs(part)
+                arrays[f"net_{part}"], arrays[f"y_{part}"] = net.detach().cpu().double().numpy(), y.cpu().double().numpy()
+            blend = learner.hybrid
+            if blend is not None:
+                every = blend.features.of_output(learner.db, learner.output, int(learner.output_rows))[learner.labelled]
+                for part in PARTS:
+                    arrays[f"gbm2_{part}"] = blend.trees.raw(every[learner.rows[part]])
+            spec = baselines.one_hop(learner)
+            x = baselines.features(learner, spec)
+            for name, width in (("gbm1", x.shape[1]), ("gbm0", len(spec.own))):
+                if width:
+                    trees = baselines.fit_trees(learner, x[:, :width])
+                    for part in PARTS:
+                        arrays[f"{name}_{part}"] = trees.raw(x[learner.rows[part], :width])
+            info = {"database": manifest["name"], "seed": seed, "target": entry["target"], "kind": learner.task.kind,
+                    "metric": learner.task.metric, "chosen_on": hybrids.chosen_on(learner) if blend else None,
+                    "weight": blend.weight if blend else None, "scores": model.evaluate(), "auto": auto, "fit": fit}
+        finally:
+            db.close()
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"{manifest['name']}_s{seed}"
+    np.savez(stem.with_suffix(".npz"), **arrays)
+    stem.with_suffix(".json").write_text(json.dumps(info, default=float))
+    return info
+
+
+# ============================================================================ replay
+def score(metric: str, out: np.ndarray, y: np.ndarray, kind: str) -> float:
+    """`metric` of raw outputs against encoded labels (regression in standardized units)."""
+    from sklearn.metrics import roc_auc_score
+
+    first = out[:, 0] if out.ndim > 1 else out
+    truth = y[:, 0] if y.ndim > 1 else y
+    if metric == "roc_auc":
+        return float(roc_auc_score(truth, first)) if len(np.unique(truth)) == 2 else float("nan")
+    if metric == "accuracy":
+        guess = out.argmax(1) if kind == "multiclass" else (first > 0).astype(float)
+        return float((guess == truth).mean())
+    if metric == "rmse":
+        return float(np.sqrt(np.mean((first - truth) ** 2)))
+    if metric == "mae":
+        return float(np.mean(np.abs(first - truth)))
+    if metric == "loss":
+        if kind == "regression":
+            return float(np.mean((first - truth) ** 2))
+        if kind == "binary":
+            return float(np.mean(np.logaddexp(0.0, first) - truth * first))
+        shifted = out - out.max(1, keepdims=True)
+        logp = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
+        return float(-logp[np.arange(len(truth)), truth.astype(np.int64)].mean())
+    raise ValueError(f"unknown metric {metric!r}")
+
+
+def picked(run: dict, a: dict) -> float:
+    """The weight fit()'s blend picks: the best validation score of the grid, ties to the network."""
+    sign = -1.0 if run["chosen_on"] in LOWER else 1.0
+    scores = {w: score(run["chosen_on"], w * a["net_val"] + (1 - w) * a["gbm2_val"], a["y_val"], run["kind"])
+              for w in WEIGHTS}
+    return max(WEIGHTS, key=lambda w: (np.nan_to_num(sign * scores[w], nan=-np.inf), w))
+
+
+def _mix(weight_of):
+    def rule(run: dict, a: dict) -> np.ndarray:
+        if "gbm2_test" not in a:  # no blend was fitted: the network alone
+            return a["net_test"]
+        w = weight_of(picked(run, a))
+        return w * a["net_test"] + (1 - w) * a["gbm2_test"]
+    return rule
+
+
+RULES = {
+    "picked": _mix(lambda w: w),
+    "shrunk 0.75": _mix(lambda w: 0.75 * w),
+    "shrunk 0.5": _mix(lambda w: 0.5 * w),
+    "GBM alone": lambda run, a: a.get("gbm2_test", a["net_test"]),
+    "network alone": lambda run, a: a["net_test"],
+}
+
+
+def load(folders: list[Path]) -> list[tuple[dict, dict]]:
+    runs = []
+    for folder in folders:
+        for meta in sorted(Path(folder).glob("*.json")):
+            runs.append((json.loads(meta.read_text()), dict(np.load(meta.with_suffix(".npz")))))
+    return runs
+
+
+def replay(runs: list[tuple[dict, dict]], rules: dict = RULES) -> dict[str, dict[str, dict]]:
+    """{rule: {source: {"runs", "at_least_one_hop", "at_least_own", "mean_gain"}}} ("all" too)."""
+    table: dict[str, dict[str, dict]] = {}
+    for name, rule in rules.items():
+        counts: dict[str, dict] = defaultdict(lambda: {"runs": 0, "at_least_one_hop": 0, "at_least_own": 0, "gains": []})
+        for run, a in runs:
+            metric, kind, y = run["metric"], run["kind"], a["y_test"]
+            mine = score(metric, rule(run, a), y, kind)
+            for source in (run["database"].split("_")[0], "all"):
+                c = counts[source]
+                c["runs"] += 1
+                for anchor, key in (("gbm1", "at_least_one_hop"), ("gbm0", "at_least_own")):
+                    if f"{anchor}_test" in a:
+                        theirs = score(metric, a[f"{anchor}_test"], y, kind)
+                        c[key] += bool(mine <= theirs + 1e-12 if metric in LOWER else mine >= theirs - 1e-12)
+                        if anchor == "gbm1":
+                            c["gains"].append((theirs - mine) / theirs if metric in LOWER else mine - theirs)
+        table[name] = {s: {**{k: v for k, v in c.items() if k != "gains"},
+                           "mean_gain": float(np.mean(c["gains"])) if c["gains"] else float("nan")}
+                       for s, c in sorted(counts.items())}
+    return table
+
+
+def check(runs: list[tuple[dict, dict]]) -> list[str]:
+    """Runs whose replayed blend does not give the score evaluate() recorded (regression: compared
+    as a ratio of the two RMSE/MAE pairs, since the replay is in standardized units)."""
+    drift = []
+    for run, a in runs:
+        metric, kind = run["metric"], run["kind"]
+        if metric in ("rmse", "mae"):
+            continue  # no unit to compare in: the recorded score is in the label's units
+        if abs(score(metric, RULES["picked"](run, a), a["y_test"], kind) - run["scores"][metric]) > 1e-9:
+            drift.append(f"{run['database']} s{run['seed']}")
+    return drift
+
+
+# ============================================================================ command line
+def main(argv: list[str] | None = None) -> None:
+    from bench.outside_hostile import seeds as parse_seeds
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    rec = commands.add_parser("record")
+    rec.add_argument("--manifests", nargs="+", required=True)
+    rec.add_argument("--seeds", default="0")
+    rec.add_argument("--out", required=True)
+    rec.add_argument("--auto", default="{}", help="Template.auto options as JSON")
+    rec.add_argument("--fit", default="{}", help="fit() options as JSON (refit is always False)")
+    rep = commands.add_parser("replay")
+    rep.add_argument("folders", nargs="+")
+    args = parser.parse_args(argv)
+    if args.command == "record":
+        out = Path(args.out)
+        auto, fit = json.loads(args.auto), json.loads(args.fit)
+        for seed in parse_seeds(args.seeds):
+            for manifest in args.manifests:
+                info = record(Path(manifest), seed, out, auto, fit)
+                print(f"{info['database']} s{seed}: {info['metric']} {info['scores'][info['metric']]:.4f}, "
+                      f"network weight {info['weight']}", file=sys.stderr)
+        return
+    runs = load([Path(f) for f in args.folders])
+    drift = check(runs)
+    print(f"{len(runs)} runs; replayed blend differs from evaluate() on: {', '.join(drift) or 'none'}")
+    for name, per in replay(runs).items():
+        print(f"{name:14s} " + "  ".join(
+            f"{s}: >=one-hop {c['at_least_one_hop']}/{c['runs']}, >=own {c['at_least_own']}, gain {c['mean_gain']:+.4f}"
+            for s, c in per.items()))
+
+
+if __name__ == "__main__":
+    main()
