@@ -91,7 +91,7 @@ class Model(LearnerViews):
 
     @with_threads
     def fit(self, epochs: int = EPOCHS, batch_size: int | None = None, lr: float | None = None, patience: int | None = None,
-            weight_decay: float = 0.0, *, schedule: str | None = "plateau", warmup: float = 0.05, clip: float | None = 1.0,
+            weight_decay: float = 0.0, *, schedule: str | None = "plateau", warmup: float | None = None, clip: float | None = 1.0,
             monitor: str = "auto", time_budget: float | None = TIME_BUDGET, loss: str | None = None,
             class_weight: str | None = None, negatives: str | None = None, hard_negatives: str | None = None,
             refit: bool | None = None, hybrid: bool | None = None,
@@ -104,7 +104,7 @@ class Model(LearnerViews):
         Stops at `epochs`, `patience` epochs without a better score or a `time_budget` in seconds if
         given (none by default: same seed, same model under any load; `model.stopped` says which).
         `lr`/`patience` default to 0.01/100; for a ranking target to 0.03/16, steps of 4096 target
-        rows (fewer rows: 4 steps). `schedule` "plateau" | "cosine" | None; `clip` the dense
+        rows (fewer rows: 4 steps). `schedule` "plateau" | "cosine" | None (`warmup`: cosine's share); `clip` the dense
         gradient's largest norm; `monitor` "auto" (ROC-AUC, accuracy, MAE, or MAP@k for a
         ranking target), "loss" or another metric. `loss`: "huber" | "mse" | "mae" (regression),
         "softmax" | "bce" | "bpr" (ranking); `class_weight="balanced"`; `negatives` "uniform" |

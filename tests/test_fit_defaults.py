@@ -73,3 +73,17 @@ def test_fit_draws_from_the_models_own_generator(db):
     assert np.array_equal(outputs[0], outputs[1])
     again = relsql.Model(db, tpl, target="customer.churned", seed=6, progress=False).fit(epochs=4, hybrid=False)
     assert not np.array_equal(again.predict()["probability"].to_numpy(), outputs[0])  # another seed, other draws
+
+
+def test_a_warmup_is_refused_where_the_schedule_has_none_and_warms_the_cosine_rate(db):
+    """fit(warmup=) used to be accepted and ignored under the default plateau schedule."""
+    model = relsql.Model(db, relsql.Template.from_sql(HAND), target="customer.churned", seed=0, progress=False)
+    for schedule in ("plateau", None):
+        with pytest.raises(relsql.RelsqlError, match="warms up the cosine schedule only"):
+            model.fit(epochs=2, warmup=0.1, schedule=schedule)
+    model.fit(epochs=2, schedule=None, warmup=0.0)  # no warm-up asked for: accepted
+    assert [h["lr"] for h in model.history] == [0.01, 0.01]
+    model.fit(epochs=20, schedule="cosine", warmup=0.2, hybrid=False, refit=False)  # 4 warm-up steps of 20
+    rates = [h["lr"] for h in model.history[-20:]]  # the rate of the next step, after each epoch of this fit
+    assert rates[:3] == pytest.approx([0.01 * 2 / 4, 0.01 * 3 / 4, 0.01 * 4 / 4], rel=1e-12)
+    assert rates[4] < 0.01  # then cosine decay

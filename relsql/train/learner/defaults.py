@@ -14,6 +14,8 @@ from __future__ import annotations
 # (time_budget=None): one stopped the same run at epoch 104 on one run and 129 on another under load,
 # so the same seed gave other predictions; epochs and patience stop a fit, time_budget= is the user's.
 EPOCHS, LR, PATIENCE, TIME_BUDGET = 400, 0.01, 100, None
+# schedule="cosine"'s share of the steps warming up (the plateau schedule and a constant rate have none)
+WARMUP = 0.05
 # a ranking target's default rate (bench.recommend's shop, Template.auto, 100 epochs, seed 0, test MAP@10):
 # 0.01 0.102 (still rising), 0.03 0.121, 0.05 0.116, 0.1 0.107.
 RANKING_LR = 0.03

@@ -13,7 +13,7 @@ import numpy as np
 
 from relsql import arguments, ownfiles
 from relsql.errors import RelsqlError
-from relsql.train.learner.defaults import EPOCHS, LR, PATIENCE
+from relsql.train.learner.defaults import EPOCHS, LR, PATIENCE, WARMUP
 from relsql.train.loop.callbacks import Callback
 from relsql.train.persist import checkpoint as checkpoints
 
@@ -32,7 +32,7 @@ class FitConfig:
     weight_decay: float = 0.0
     optimizer: str = "adam"
     schedule: str | None = None
-    warmup: float = 0.05
+    warmup: float = WARMUP
     clip: float | None = None
     monitor: str = "loss"
     time_budget: float | None = None
@@ -128,9 +128,14 @@ def _hybrid(learner, hybrid) -> bool:
 def _settings(learner, schedule, warmup, clip, monitor, time_budget, loss, class_weight, negatives, hard_negatives) -> dict:
     """The checked convergence settings: optimizer, schedule, warmup, clip, time budget, monitor and the loss's."""
     arguments.choice("schedule", schedule, ("cosine", "plateau", None))
-    warmup = arguments.number("warmup", warmup, minimum=0.0)
-    if warmup >= 1:
-        raise RelsqlError(f"warmup is the share of the steps spent warming up, below 1; got {warmup!r}")
+    if warmup is not None:
+        warmup = arguments.number("warmup", warmup, minimum=0.0)
+        if warmup >= 1:
+            raise RelsqlError(f"warmup is the share of the steps spent warming up, below 1; got {warmup!r}")
+        if warmup > 0 and schedule != "cosine":  # accepted and ignored, the user would think it ran
+            raise RelsqlError(f"warmup={warmup!r} warms up the cosine schedule only; schedule={schedule!r} has no warm-up: "
+                              "pass schedule='cosine' with it, or drop warmup=")
+    warmup = WARMUP if warmup is None else warmup
     if clip is not None:
         clip = arguments.number("clip", clip, positive=True)
     if time_budget is not None:
