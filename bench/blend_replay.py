@@ -33,8 +33,6 @@ from pathlib import Path
 
 import numpy as np
 
-LOWER = ("rmse", "mae", "loss")
-WEIGHTS = tuple(round(0.1 * i, 1) for i in range(11))  # relsql/train/gbm/hybrid.py's grid
 PARTS = ("train", "val", "test")
 
 
@@ -72,8 +70,12 @@ def record(manifest_path: Path, seed: int, out: Path, auto: dict, fit: dict) -> 
                     trees = baselines.fit_trees(learner, x[:, :width])
                     for part in PARTS:
                         arrays[f"{name}_{part}"] = trees.raw(x[learner.rows[part], :width])
-            info = {"database": manifest["name"], "seed": seed, "target": entry["target"], "kind": learner.task.kind,
-                    "metric": learner.task.metric, "chosen_on": hybrids.chosen_on(learner) if blend else None,
+            task = learner.task
+            info = {"database": manifest["name"], "seed": seed, "target": entry["target"],
+                    "task": {"kind": task.kind, "classes": list(range(len(task.classes))), "mean": task.mean,
+                             "std": task.std, "regression_loss": task.regression_loss,
+                             "class_weights": task.class_weights},
+                    "metric": task.metric, "chosen_on": hybrids.chosen_on(learner) if blend else None,
                     "weight": blend.weight if blend else None, "scores": model.evaluate(), "auto": auto, "fit": fit}
         finally:
             db.close()
@@ -85,38 +87,22 @@ def record(manifest_path: Path, seed: int, out: Path, auto: dict, fit: dict) -> 
 
 
 # ============================================================================ replay
-def score(metric: str, out: np.ndarray, y: np.ndarray, kind: str) -> float:
-    """`metric` of raw outputs against encoded labels (regression in standardized units)."""
-    from sklearn.metrics import roc_auc_score
+def score(run: dict, out: np.ndarray, y: np.ndarray, metric: str | None = None) -> float:
+    """`metric` (default: the task's) of raw outputs against encoded labels, as relsql scores a
+    blend (relsql/train/gbm/hybrid.py `score`, the recorded task's own metrics and loss)."""
+    from relsql.train.gbm import hybrid
+    from relsql.train.task.task import Task
 
-    first = out[:, 0] if out.ndim > 1 else out
-    truth = y[:, 0] if y.ndim > 1 else y
-    if metric == "roc_auc":
-        return float(roc_auc_score(truth, first)) if len(np.unique(truth)) == 2 else float("nan")
-    if metric == "accuracy":
-        guess = out.argmax(1) if kind == "multiclass" else (first > 0).astype(float)
-        return float((guess == truth).mean())
-    if metric == "rmse":
-        return float(np.sqrt(np.mean((first - truth) ** 2)))
-    if metric == "mae":
-        return float(np.mean(np.abs(first - truth)))
-    if metric == "loss":
-        if kind == "regression":
-            return float(np.mean((first - truth) ** 2))
-        if kind == "binary":
-            return float(np.mean(np.logaddexp(0.0, first) - truth * first))
-        shifted = out - out.max(1, keepdims=True)
-        logp = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
-        return float(-logp[np.arange(len(truth)), truth.astype(np.int64)].mean())
-    raise ValueError(f"unknown metric {metric!r}")
+    return hybrid.score(Task(**run["task"]), out, y, metric or run["metric"])
 
 
 def picked(run: dict, a: dict) -> float:
-    """The weight fit()'s blend picks: the best validation score of the grid, ties to the network."""
-    sign = -1.0 if run["chosen_on"] in LOWER else 1.0
-    scores = {w: score(run["chosen_on"], w * a["net_val"] + (1 - w) * a["gbm2_val"], a["y_val"], run["kind"])
-              for w in WEIGHTS}
-    return max(WEIGHTS, key=lambda w: (np.nan_to_num(sign * scores[w], nan=-np.inf), w))
+    """The weight fit()'s blend picks from the recorded validation outputs (hybrid.best_weight)."""
+    from relsql.train.gbm import hybrid
+
+    scores = {w: score(run, w * a["net_val"] + (1 - w) * a["gbm2_val"], a["y_val"], run["chosen_on"])
+              for w in hybrid.WEIGHTS}
+    return hybrid.best_weight(scores, run["chosen_on"])
 
 
 def _mix(weight_of):
@@ -147,21 +133,23 @@ def load(folders: list[Path]) -> list[tuple[dict, dict]]:
 
 def replay(runs: list[tuple[dict, dict]], rules: dict = RULES) -> dict[str, dict[str, dict]]:
     """{rule: {source: {"runs", "at_least_one_hop", "at_least_own", "mean_gain"}}} ("all" too)."""
+    from relsql.train.gbm import hybrid
+
     table: dict[str, dict[str, dict]] = {}
     for name, rule in rules.items():
         counts: dict[str, dict] = defaultdict(lambda: {"runs": 0, "at_least_one_hop": 0, "at_least_own": 0, "gains": []})
         for run, a in runs:
-            metric, kind, y = run["metric"], run["kind"], a["y_test"]
-            mine = score(metric, rule(run, a), y, kind)
+            metric, y = run["metric"], a["y_test"]
+            mine = score(run, rule(run, a), y)
             for source in (run["database"].split("_")[0], "all"):
                 c = counts[source]
                 c["runs"] += 1
                 for anchor, key in (("gbm1", "at_least_one_hop"), ("gbm0", "at_least_own")):
                     if f"{anchor}_test" in a:
-                        theirs = score(metric, a[f"{anchor}_test"], y, kind)
-                        c[key] += bool(mine <= theirs + 1e-12 if metric in LOWER else mine >= theirs - 1e-12)
+                        theirs = score(run, a[f"{anchor}_test"], y)
+                        c[key] += bool(mine <= theirs + 1e-12 if metric in hybrid.LOWER_IS_BETTER else mine >= theirs - 1e-12)
                         if anchor == "gbm1":
-                            c["gains"].append((theirs - mine) / theirs if metric in LOWER else mine - theirs)
+                            c["gains"].append((theirs - mine) / theirs if metric in hybrid.LOWER_IS_BETTER else mine - theirs)
         table[name] = {s: {**{k: v for k, v in c.items() if k != "gains"},
                            "mean_gain": float(np.mean(c["gains"])) if c["gains"] else float("nan")}
                        for s, c in sorted(counts.items())}
@@ -169,16 +157,9 @@ def replay(runs: list[tuple[dict, dict]], rules: dict = RULES) -> dict[str, dict
 
 
 def check(runs: list[tuple[dict, dict]]) -> list[str]:
-    """Runs whose replayed blend does not give the score evaluate() recorded (regression: compared
-    as a ratio of the two RMSE/MAE pairs, since the replay is in standardized units)."""
-    drift = []
-    for run, a in runs:
-        metric, kind = run["metric"], run["kind"]
-        if metric in ("rmse", "mae"):
-            continue  # no unit to compare in: the recorded score is in the label's units
-        if abs(score(metric, RULES["picked"](run, a), a["y_test"], kind) - run["scores"][metric]) > 1e-9:
-            drift.append(f"{run['database']} s{run['seed']}")
-    return drift
+    """Runs whose replayed blend does not give the score evaluate() recorded."""
+    return [f"{run['database']} s{run['seed']}" for run, a in runs
+            if abs(score(run, RULES["picked"](run, a), a["y_test"]) - run["scores"][run["metric"]]) > 1e-9]
 
 
 # ============================================================================ command line

@@ -34,7 +34,7 @@ def test_a_recorded_run_replays_to_the_blend_and_the_baseline_relsql_computed(tm
         expected = baselines.compare(model.learner)["gbm_one_hop"]["roc_auc"]
     finally:
         db.close()
-    replayed = blend_replay.score("roc_auc", arrays["gbm1_test"], arrays["y_test"], "binary")
+    replayed = blend_replay.score(run, arrays["gbm1_test"], arrays["y_test"])
     assert replayed == pytest.approx(expected, abs=1e-12)
     table = blend_replay.replay(runs)
     assert table["GBM alone"]["all"]["runs"] == 1

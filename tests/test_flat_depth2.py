@@ -230,5 +230,5 @@ def test_the_blend_reads_two_hops_where_the_schema_has_them(tmp_path):
     _, y = (t.detach().double().numpy() for t in learner.split_outputs("val"))
     one = flat.plan(db, "salary", "pay", "year")
     x = one.of_output(db, learner.output, int(learner.output_rows))[learner.labelled]
-    shallow = hybrid._score(learner, baselines.fit_trees(learner, x).raw(x[learner.rows["val"]]), y, blend.metric)
+    shallow = hybrid.score(learner.task, baselines.fit_trees(learner, x).raw(x[learner.rows["val"]]), y, blend.metric)
     assert blend.metric in hybrid.LOWER_IS_BETTER and blend.scores[0.0] < shallow

@@ -125,10 +125,8 @@ def fit(learner) -> Hybrid | None:
     theirs = trees.raw(x[learner.rows["val"]])
     truth = y.detach().cpu().double().numpy()
     metric = chosen_on(learner)
-    scores = {a: _score(learner, a * net + (1 - a) * theirs, truth, metric) for a in WEIGHTS}
-    sign = -1.0 if metric in LOWER_IS_BETTER else 1.0
-    best = max(WEIGHTS, key=lambda a: (np.nan_to_num(sign * scores[a], nan=-np.inf), a))
-    blend = Hybrid(spec, trees, best, metric, scores)
+    scores = {a: score(learner.task, a * net + (1 - a) * theirs, truth, metric) for a in WEIGHTS}
+    blend = Hybrid(spec, trees, best_weight(scores, metric), metric, scores)
     blend.keep_features(learner, every)  # predict() reads these rows' features again otherwise
     return blend
 
@@ -142,11 +140,18 @@ def chosen_on(learner) -> str:
     return monitor.removeprefix("val_")
 
 
-def _score(learner, out: np.ndarray, truth: np.ndarray, metric: str) -> float:
-    """`metric` ("loss" or one of the task's) of raw outputs `out` against encoded labels `truth`."""
+def best_weight(scores: dict[float, float], metric: str) -> float:
+    """The weight whose blend scored best by `metric` (an undefined score ranks last); ties go to
+    the larger weight: the network."""
+    sign = -1.0 if metric in LOWER_IS_BETTER else 1.0
+    return max(scores, key=lambda a: (np.nan_to_num(sign * scores[a], nan=-np.inf), a))
+
+
+def score(task, out: np.ndarray, truth: np.ndarray, metric: str) -> float:
+    """`metric` ("loss" or one of `task`'s) of raw outputs `out` against encoded labels `truth`."""
     if metric == "loss":
-        return float(learner.task.loss(torch.as_tensor(out), torch.as_tensor(truth)))
-    return learner.task.scores(out, truth)[metric]
+        return float(task.loss(torch.as_tensor(out), torch.as_tensor(truth)))
+    return task.scores(out, truth)[metric]
 
 
 def _key(learner) -> tuple:

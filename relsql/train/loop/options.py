@@ -128,14 +128,15 @@ def _hybrid(learner, hybrid) -> bool:
 def _settings(learner, schedule, warmup, clip, monitor, time_budget, loss, class_weight, negatives, hard_negatives) -> dict:
     """The checked convergence settings: optimizer, schedule, warmup, clip, time budget, monitor and the loss's."""
     arguments.choice("schedule", schedule, ("cosine", "plateau", None))
-    if warmup is not None:
+    if warmup is None:
+        warmup = WARMUP
+    else:
         warmup = arguments.number("warmup", warmup, minimum=0.0)
         if warmup >= 1:
             raise RelsqlError(f"warmup is the share of the steps spent warming up, below 1; got {warmup!r}")
         if warmup > 0 and schedule != "cosine":  # accepted and ignored, the user would think it ran
             raise RelsqlError(f"warmup={warmup!r} warms up the cosine schedule only; schedule={schedule!r} has no warm-up: "
                               "pass schedule='cosine' with it, or drop warmup=")
-    warmup = WARMUP if warmup is None else warmup
     if clip is not None:
         clip = arguments.number("clip", clip, positive=True)
     if time_budget is not None:
