@@ -11,7 +11,10 @@ the standardized units the network's regression output and labels share: task.py
 training rows' mean and std), with `a` in {0, 0.1, ..., 1} picked on the validation rows by the
 metric that chose the network's epoch (fit's monitor: MAE for a regression, ROC-AUC, accuracy, or
 the loss on a validation part too small for them), so one metric chooses both (ties go to the
-larger `a`: the network). a = 1 is the network alone. When fit refits the network on every
+larger `a`: the network). a = 1 is the network alone. The network's validation outputs weighed are
+cross-fitted where fit could (relsql/train/loop/crossfit.py): each row's from the epoch the other
+half of the rows chose, so the weight does not reward the network for the rows that picked its
+epoch (docs/quality.md: on the outside corpus this raised the default's counts). When fit refits the network on every
 labelled row (relsql/train/loop/refit.py), the GBM is fitted again on those rows for the rounds its
 early stopping chose, and the weight stays the one validation picked.
 
@@ -44,6 +47,7 @@ class Hybrid:
     weight: float
     metric: str
     scores: dict[float, float] = field(default_factory=dict)
+    crossfit: bool = False  # whether the network's outputs were cross-fitted (relsql/train/loop/crossfit.py)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def gbm_outputs(self, learner, rids: np.ndarray) -> np.ndarray:
@@ -83,13 +87,15 @@ class Hybrid:
         gbm = f"GBM on {'two-hop' if self.features.depth == 2 else 'one-hop'} features"
         share = "the network alone" if self.weight == 1.0 else f"the {gbm} alone" if self.weight == 0.0 else \
             f"{self.weight:.1f} x network + {1 - self.weight:.1f} x {gbm}"
-        return (f"blend picked on validation {self.metric}: {share} (network weight {self.weight:.1f}; "
+        outputs = " (the network's outputs cross-fitted: each half at the epoch the other half chose)" if self.crossfit else ""
+        return (f"blend picked on validation {self.metric}{outputs}: {share} (network weight {self.weight:.1f}; "
                 f"{self.metric} {self.scores.get(self.weight, float('nan')):.4f} vs network alone "
                 f"{self.scores.get(1.0, float('nan')):.4f}, GBM alone {self.scores.get(0.0, float('nan')):.4f})")
 
     def to_plain(self) -> dict:
         return {"features": self.features.to_plain(), "trees": self.trees.to_plain(), "weight": float(self.weight),
-                "metric": self.metric, "scores": [[float(a), float(s)] for a, s in self.scores.items()]}
+                "metric": self.metric, "scores": [[float(a), float(s)] for a, s in self.scores.items()],
+                "crossfit": bool(self.crossfit)}
 
     @classmethod
     def from_plain(cls, data: dict, where: str = "hybrid") -> Hybrid:
@@ -104,7 +110,10 @@ class Hybrid:
         if trees.features != len(features.names):
             raise RelsqlError(f"{where} is damaged: its trees read {trees.features} features, its description has "
                               f"{len(features.names)}")
-        return cls(features, trees, weight, metric, {float(a): float(s) for a, s in scores})
+        crossfit = data.get("crossfit", False)  # a file written before cross-fitting: False
+        if type(crossfit) is not bool:
+            raise RelsqlError(f"{where} is damaged: its blend's crossfit flag")
+        return cls(features, trees, weight, metric, {float(a): float(s) for a, s in scores}, crossfit)
 
 
 def fit(learner) -> Hybrid | None:
@@ -121,12 +130,13 @@ def fit(learner) -> Hybrid | None:
     trees = baselines.fit_trees(learner, x)
     with torch.no_grad():
         net, y = learner.split_outputs("val")
-    net = net.detach().cpu().double().numpy()
+    honest = learner.record.crossfit  # the same run's outputs at epochs other rows chose (relsql/train/loop/crossfit.py)
+    net = (net if honest is None else honest).detach().cpu().double().numpy()
     theirs = trees.raw(x[learner.rows["val"]])
     truth = y.detach().cpu().double().numpy()
     metric = chosen_on(learner)
     scores = {a: score(learner.task, a * net + (1 - a) * theirs, truth, metric) for a in WEIGHTS}
-    blend = Hybrid(spec, trees, best_weight(scores, metric), metric, scores)
+    blend = Hybrid(spec, trees, best_weight(scores, metric), metric, scores, honest is not None)
     blend.keep_features(learner, every)  # predict() reads these rows' features again otherwise
     return blend
 

@@ -22,11 +22,13 @@ class FitRecord:
     time_budget: float | None = None  # fit's time budget in seconds
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase: grounding, planning, training, ...
     diverged: str | None = None  # the message of a loss that stopped being a number (not saved with the model)
+    crossfit: object = None  # the validation rows' cross-fitted outputs for the blend (relsql/train/loop/crossfit.py; not saved)
 
     def continued(self) -> FitRecord:
         """The record a new fit starts from: this one's history and timings carried (copies), the
         rest as it stands until the fit sets it."""
-        return dataclasses.replace(self, history=list(self.history), timings=dict(self.timings), diverged=None)
+        return dataclasses.replace(self, history=list(self.history), timings=dict(self.timings), diverged=None,
+                                   crossfit=None)
 
     def kept(self) -> dict | None:
         """The history's entry of the kept epoch (None if none was kept). A later fit numbers its

@@ -37,6 +37,12 @@ def ranked(metric: str, value: float, loss: float) -> tuple[float, float]:
     return (value if metric.split("@", 1)[0] in MAXIMIZED else -value), tie
 
 
+def improves(new: tuple[float, float], best: tuple[float, float]) -> bool:
+    """Whether an epoch ranked `new` (ranked's pair) beats the best so far: a better score by more
+    than rounding, or the same score and a lower loss."""
+    return new[0] > best[0] + 1e-7 or (new[0] >= best[0] - 1e-7 and new[1] > best[1] + 1e-7)
+
+
 class Callback:
     """A part of the loop that watches training (`relsql.Callback`: subclass it, override the hooks
     you need, pass instances as `model.fit(callbacks=[...])`). Every hook is called on every
@@ -86,8 +92,7 @@ class EarlyStopping(Callback):
         """(improved, stop) after an epoch with record `record` (a bare number: the monitored loss)."""
         record = record if isinstance(record, dict) else {f"{self.monitor}_loss": record}
         score, loss = self.ranked(record)
-        better = score > self.score + 1e-7 or (score >= self.score - 1e-7 and loss > -self.loss + 1e-7)
-        if better:
+        if improves((score, loss), (self.score, -self.loss)):
             self.score, self.loss = score, -loss
             self.best_epoch, self.state = epoch, self.learner.weights_copy()
             return True, False

@@ -80,7 +80,7 @@ def _in_this_process(learner: Learner, config: FitConfig) -> None:
     refit = learner.no_refit is None
     initial, before = (learner.weights_copy() if refit else None), len(learner.record.history)
     with learner.own_random_stream():
-        record = train(learner, config, resume=state)
+        record = train(learner, config, resume=state, crossfit=config.hybrid)
     if record.diverged:
         raise RelsqlError(record.diverged) from None
     _blend(learner, config)

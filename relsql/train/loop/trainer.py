@@ -27,6 +27,7 @@ from relsql.train.feed.source import BatchSource, Whole
 from relsql.train.learner.learner import Learner
 from relsql.train.learner.record import FitRecord
 from relsql.train.loop.callbacks import Callback, Checkpoint, EarlyStopping, Schedule, TimeBudget, Users
+from relsql.train.loop.crossfit import CrossFitted
 from relsql.train.loop.options import FitConfig
 from relsql.train.loop.reuse import KeptForward
 from relsql.train.loop.schedule import LearningRate
@@ -134,14 +135,18 @@ class OneProcess(Strategy):
         learner, record = trainer.learner, {"train_loss": train_loss}
         if not len(learner.rows["val"]):
             return {**record, "val_loss": float("nan")}
+        whole = None
         if trainer.keeping:  # with its graph: the next epoch's step reuses this forward (relsql/train/loop/reuse.py)
             whole = learner.outputs()
             if whole.requires_grad:
                 trainer.kept.keep(learner, whole, trainer.watched)
-            with torch.no_grad():
-                return {**record, **learner.split_scores("val", trainer.source, trainer.batch_size, "val_", whole=whole)}
         with torch.no_grad():
-            return {**record, **learner.split_scores("val", trainer.source, trainer.batch_size, "val_")}
+            if trainer.crossfit is None:
+                kept = {} if whole is None else {"whole": whole}  # a ranking learner's scores take no `whole`
+                return {**record, **learner.split_scores("val", trainer.source, trainer.batch_size, "val_", **kept)}
+            out, y = learner.split_outputs("val", trainer.source, trainer.batch_size, whole)
+            trainer.val_outputs = out  # the halves score it (relsql/train/loop/crossfit.py)
+            return {**record, **learner.scores(out, y, "val_")}
 
     def best(self, trainer: Trainer) -> None:
         for table in trainer.learner.embedding_tables().values():
@@ -174,7 +179,7 @@ class Trainer:
     """Trains a Learner: epochs of shuffled batches of the training rows, the best epoch kept."""
 
     def __init__(self, learner: Learner, strategy: Strategy, config: FitConfig, *, keep: str = "best", horizon: int | None = None,
-                 replay: list[float] | None = None, callbacks: list[Callback] = ()):
+                 replay: list[float] | None = None, callbacks: list[Callback] = (), crossfit: bool = False):
         """`config`: the fit's settings (its defaults are the plain loop: Adam, constant rate, no
         clipping, the best loss kept; Model.fit's FitConfig.checked gives the ones that converge).
         `horizon`: the epochs the schedule spans (default `config.epochs`; a refit stops early on
@@ -182,6 +187,8 @@ class Trainer:
         `replay`: the rate's share after each epoch, taken from another run (a refit replays the
         plateaus its selection run met, having no validation of its own). `callbacks`: more
         callbacks, run after fit's own and the user's (`config.users`; relsql/train/loop/callbacks.py).
+        `crossfit`: also score each epoch on two halves of the validation rows, for the blend
+        (relsql/train/loop/crossfit.py; the record's `crossfit` holds the outputs).
         The record (`self.record`) continues the learner's: the fit entry point puts it on the
         learner before fit(), so that the model's history grows as the epochs finish."""
         self.learner, self.strategy, self.config = learner, strategy, config
@@ -192,7 +199,10 @@ class Trainer:
         self.checkpointer = Checkpoint(config.checkpoint, config.checkpoint_every)
         self.stopping = EarlyStopping(learner, config.patience, config.monitor, last=keep == "last")
         users = [Users(given) for given in (*config.users, *callbacks)]
-        self.callbacks: list[Callback] = [self.stopping, Schedule(self.rate, self.stopping, replay), TimeBudget(self.time_budget),
+        self.crossfit = CrossFitted(learner) if crossfit and keep == "best" else None
+        self.val_outputs: torch.Tensor | None = None  # this epoch's validation outputs, where crossfit asks for them
+        self.callbacks: list[Callback] = [self.stopping, *([self.crossfit] if self.crossfit else []),
+                                          Schedule(self.rate, self.stopping, replay), TimeBudget(self.time_budget),
                                           self.checkpointer, *users]
         self.record: FitRecord = learner.record.continued()
         self.optimizers: Optimizers | None = None
@@ -430,7 +440,7 @@ class Trainer:
             "weights": learner.weights_copy(), **self.optimizers.state_dict(),
             "history": plain(self.record.history), **self.stopping.state_dict(), "stores": steps, "best_stores": best_steps,
             "running": tuple(float(v) for v in self.running) if batch else (0.0, 0.0), "schedule": self.rate.state_dict(),
-            **(extra or {}),
+            **(self.crossfit.state_dict() if self.crossfit else {}), **(extra or {}),
         })
         for w, table in tables.items():
             self.source.run(table.drop_checkpoints, steps[w], best_steps[w])
@@ -456,6 +466,8 @@ class Trainer:
         self.stopping.load_state_dict(state)
         self.record.best_epoch = self.stopping.best_epoch
         self.rate.load_state_dict(state.get("schedule"))
+        if self.crossfit is not None:
+            self.crossfit.load_state_dict(state)
         best_steps = state.get("best_stores", {})
         for weight, step in state["stores"].items():
             table = learner.batched.stores.get(weight) or learner.batched.store(weight, None)  # the table exists already
