@@ -11,7 +11,8 @@ default blend; without the refit, so the model in hand is the one `evaluate()` s
 OUT/NAME_sSEED.npz with the raw outputs (the task's output space: log-odds, class scores or
 standardized values) on the training, validation and test rows of the selected network (`net`),
 the blend's two-hop GBM (`gbm2`), a one-hop GBM (`gbm1`, bench.outside's peer) and the own-column
-GBM (`gbm0`), with the encoded labels (`y`); and OUT/NAME_sSEED.json with the task, the metric
+GBM (`gbm0`), with the encoded labels (`y`), and the network's cross-fitted validation outputs the
+blend weighed (`net_val_crossfit`, relsql/train/loop/crossfit.py); and OUT/NAME_sSEED.json with the task, the metric
 that picked the blend, the weight it picked and `evaluate()`'s scores.
 
 replay: scores each rule of RULES on the test rows of every recorded run and prints, per source
@@ -59,6 +60,8 @@ def record(manifest_path: Path, seed: int, out: Path, auto: dict, fit: dict) -> 
                 net, y = learner.split_outputs(part)
                 arrays[f"net_{part}"], arrays[f"y_{part}"] = net.detach().cpu().double().numpy(), y.cpu().double().numpy()
             blend = learner.hybrid
+            if learner.record.crossfit is not None:  # the validation outputs the blend weighed (relsql/train/loop/crossfit.py)
+                arrays["net_val_crossfit"] = learner.record.crossfit.detach().cpu().double().numpy()
             if blend is not None:
                 every = blend.features.of_output(learner.db, learner.output, int(learner.output_rows))[learner.labelled]
                 for part in PARTS:
@@ -97,11 +100,12 @@ def score(run: dict, out: np.ndarray, y: np.ndarray, metric: str | None = None) 
 
 
 def picked(run: dict, a: dict) -> float:
-    """The weight fit()'s blend picks from the recorded validation outputs (hybrid.best_weight)."""
+    """The weight fit()'s blend picks from the recorded validation outputs (hybrid.best_weight): the
+    network's cross-fitted ones where fit had them, as fit weighs them."""
     from relsql.train.gbm import hybrid
 
-    scores = {w: score(run, w * a["net_val"] + (1 - w) * a["gbm2_val"], a["y_val"], run["chosen_on"])
-              for w in hybrid.WEIGHTS}
+    net = a.get("net_val_crossfit", a["net_val"])
+    scores = {w: score(run, w * net + (1 - w) * a["gbm2_val"], a["y_val"], run["chosen_on"]) for w in hybrid.WEIGHTS}
     return hybrid.best_weight(scores, run["chosen_on"])
 
 
