@@ -232,3 +232,49 @@ def test_the_blend_reads_two_hops_where_the_schema_has_them(tmp_path):
     x = one.of_output(db, learner.output, int(learner.output_rows))[learner.labelled]
     shallow = hybrid.score(learner.task, baselines.fit_trees(learner, x).raw(x[learner.rows["val"]]), y, blend.metric)
     assert blend.metric in hybrid.LOWER_IS_BETTER and blend.scores[0.0] < shallow
+
+
+@pytest.mark.parametrize("signal", ["earlier salaries", "team budget"])
+def test_the_blend_keeps_the_gbm_whose_blend_scores_better_on_validation(tmp_path, signal):
+    """hybrid.fit fits a GBM on the two-hop features and one on their one-hop part and keeps the
+    blend that scores better on validation (by the loss, computed here), the two-hop one on a tie:
+    a player's earlier salaries carry the label in one database (two hops win), the team's budget
+    in the other, the earlier salaries only noise (one hop wins). The one-hop blend's features are
+    the one-hop plan's, and a fresh query of them gives the matrix fit kept."""
+    from relsql.train.gbm import baselines, hybrid
+
+    db = _pay_database(tmp_path / "pay.duckdb")
+    if signal == "team budget":
+        rng = np.random.default_rng(11)
+        db.con.executemany("UPDATE team SET budget = ? WHERE team_id = ?", [(float(rng.normal()), t) for t in range(4)])
+        noise = [(float(rng.normal()), i) for i in range(300)]
+        db.execute("CREATE TEMP TABLE noise(value DOUBLE, salary_id INT)")
+        db.con.executemany("INSERT INTO noise VALUES (?, ?)", noise)
+        db.execute("UPDATE salary SET pay = (SELECT t.budget FROM team t WHERE t.team_id = salary.team_id) "
+                   "+ (SELECT n.value FROM noise n WHERE n.salary_id = salary.salary_id)")
+    model = relsql.Model(db, relsql.Template.auto(db, "salary.pay", time_column="year", hops=1), target="salary.pay",
+                         time_column="year", progress=False, seed=0)
+    model.fit(epochs=3, hybrid=False, refit=False)
+    learner = model.learner
+    blend = hybrid.fit(learner)
+    net, y = (t.detach().double().numpy()[:, 0] if t.ndim > 1 else t.detach().double().numpy()
+              for t in learner.split_outputs("val"))
+    best = {}
+    for depth in (2, 1):
+        spec = flat.plan(db, "salary", "pay", "year", depth=depth)
+        x = spec.of_output(db, learner.output, int(learner.output_rows))[learner.labelled]
+        theirs = baselines.fit_trees(learner, x).raw(x[learner.rows["val"]])[:, 0]
+        # 45 validation rows: too few for MAE to select on, so the loss picks (fit's default, Huber with
+        # delta 1 in standardized units)
+        gaps = {a: np.abs(a * net + (1 - a) * theirs - y) for a in hybrid.WEIGHTS}
+        losses = {a: float(np.mean(np.where(g <= 1, 0.5 * g ** 2, g - 0.5))) for a, g in gaps.items()}
+        weight = min(hybrid.WEIGHTS, key=lambda a: (round(losses[a], 10), -a))
+        best[depth] = (round(losses[weight], 10), weight, spec.names)
+    depth = 1 if best[1][0] < best[2][0] else 2
+    assert depth == (2 if signal == "earlier salaries" else 1)
+    assert blend.metric == "loss" and blend.features.depth == depth and blend.weight == best[depth][1]
+    assert blend.features.names == best[depth][2]
+    assert blend.scores[blend.weight] == pytest.approx(best[depth][0], abs=1e-8)
+    kept = blend._cache[hybrid._key(learner)]
+    assert np.array_equal(kept, blend.features.of_output(db, learner.output, int(learner.output_rows)), equal_nan=True)
+    db.close()
