@@ -10,7 +10,8 @@ API: `Template.auto` (with --auto's options), `Model(seed=)`, `fit(refit=False, 
 default blend; without the refit, so the model in hand is the one `evaluate()` scores). Writes
 OUT/NAME_sSEED.npz with the raw outputs (the task's output space: log-odds, class scores or
 standardized values) on the training, validation and test rows of the selected network (`net`),
-the blend's two-hop GBM (`gbm2`), a one-hop GBM (`gbm1`, bench.outside's peer) and the own-column
+the blend's GBM (`gbm2`: the one it kept, on two-hop features or their one-hop part, `gbm_depth`
+in the json), a one-hop GBM (`gbm1`, bench.outside's peer) and the own-column
 GBM (`gbm0`), with the encoded labels (`y`), and the network's cross-fitted validation outputs the
 blend weighed (`net_val_crossfit`, relsql/train/loop/crossfit.py); and OUT/NAME_sSEED.json with the task, the metric
 that picked the blend, the weight it picked and `evaluate()`'s scores.
@@ -79,7 +80,8 @@ def record(manifest_path: Path, seed: int, out: Path, auto: dict, fit: dict) -> 
                              "std": task.std, "regression_loss": task.regression_loss,
                              "class_weights": task.class_weights},
                     "metric": task.metric, "chosen_on": hybrids.chosen_on(learner) if blend else None,
-                    "weight": blend.weight if blend else None, "scores": model.evaluate(), "auto": auto, "fit": fit}
+                    "weight": blend.weight if blend else None, "gbm_depth": blend.features.depth if blend else None,
+                    "scores": model.evaluate(), "auto": auto, "fit": fit}
         finally:
             db.close()
     out.mkdir(parents=True, exist_ok=True)
@@ -161,9 +163,12 @@ def replay(runs: list[tuple[dict, dict]], rules: dict = RULES) -> dict[str, dict
 
 
 def check(runs: list[tuple[dict, dict]]) -> list[str]:
-    """Runs whose replayed blend does not give the score evaluate() recorded."""
-    return [f"{run['database']} s{run['seed']}" for run, a in runs
-            if abs(score(run, RULES["picked"](run, a), a["y_test"]) - run["scores"][run["metric"]]) > 1e-9]
+    """Runs whose replayed blend does not give the score evaluate() recorded (to float32's rounding:
+    evaluate() blends in the network's dtype, the replay in float64)."""
+    def differs(run: dict, a: dict) -> bool:
+        recorded = run["scores"][run["metric"]]
+        return abs(score(run, RULES["picked"](run, a), a["y_test"]) - recorded) > 1e-6 * max(1.0, abs(recorded))
+    return [f"{run['database']} s{run['seed']}" for run, a in runs if differs(run, a)]
 
 
 # ============================================================================ command line
