@@ -5,21 +5,21 @@ After the network is trained, a GBM (relsql/train/gbm/gbm.py) is fitted on the d
 other children under the time cut, the mean of each child's own parents) of the training rows,
 stopping early on the validation rows: what Deep Feature Synthesis at depth 2 reads, computed by
 the database in one query (on the outside corpus the one-hop GBM left a player's earlier salaries
-to DFS). A second GBM
-reads only their one-hop part (a column subset of the same matrix); each gets its own weight, and the
-blend that scores better on validation is kept, the two-hop one on a tie (on the outside corpus the
-extra columns were noise to the GBM on a third of the targets). The blend
-`a * network + (1 - a) * GBM` is taken in the task's output space (log-odds, class scores, or
-the standardized units the network's regression output and labels share: task.py scales y by the
-training rows' mean and std), with `a` in {0, 0.1, ..., 1} picked on the validation rows by the
-metric that chose the network's epoch (fit's monitor: MAE for a regression, ROC-AUC, accuracy, or
-the loss on a validation part too small for them), so one metric chooses both (ties go to the
-larger `a`: the network). a = 1 is the network alone. The network's validation outputs weighed are
-cross-fitted where fit could (relsql/train/loop/crossfit.py): each row's from the epoch the other
-half of the rows chose, so the weight does not reward the network for the rows that picked its
-epoch (docs/quality.md: on the outside corpus this raised the default's counts). When fit refits the network on every
-labelled row (relsql/train/loop/refit.py), the GBM is fitted again on those rows for the rounds its
-early stopping chose, and the weight stays the one validation picked.
+to DFS). A second GBM reads only their one-hop part (a column subset of the same matrix); each
+gets its own weight, and the blend that scores better on validation is kept, the two-hop one on a
+tie (on the outside corpus the extra columns were noise to the GBM on a third of the targets).
+The blend `a * network + (1 - a) * GBM` is taken in the task's output space (log-odds, class
+scores, or the standardized units the network's regression output and labels share: task.py
+scales y by the training rows' mean and std), with `a` in {0, 0.1, ..., 1} picked on the
+validation rows by the metric that chose the network's epoch (fit's monitor: MAE for a
+regression, ROC-AUC, accuracy, or the loss on a validation part too small for them), so one
+metric chooses both (ties go to the larger `a`: the network). a = 1 is the network alone. The
+network's validation outputs weighed are cross-fitted where fit could (relsql/train/loop/crossfit.py):
+each row's from the epoch the other half of the rows chose, so the weight does not reward the
+network for the rows that picked its epoch (docs/quality.md: on the outside corpus this raised the
+default's counts). When fit refits the network on every labelled row (relsql/train/loop/refit.py),
+the GBM is fitted again on those rows for the rounds its early stopping chose, and the weight stays
+the one validation picked.
 
 A Hybrid is plain data (the features' description, the trees, the weight): saved with the model,
 its GBM features recomputed by the database's SQL for any row, prediction-only rows and rows of

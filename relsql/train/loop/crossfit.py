@@ -45,7 +45,7 @@ class CrossFitted(Callback):
         self.metric = trainer.stopping.metric
 
     def on_epoch_end(self, trainer: Trainer, epoch: int, record: dict) -> str | None:
-        out = getattr(trainer, "val_outputs", None)
+        out = trainer.val_outputs
         if out is None or not self.usable:
             self.usable = False
             return None
