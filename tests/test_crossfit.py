@@ -14,14 +14,8 @@ from sklearn.metrics import log_loss, roc_auc_score
 import relsql
 from relsql.train.gbm import hybrid
 from relsql.train.loop.callbacks import Callback
+from tests.test_hybrid import TEMPLATE  # the network reads the order amounts' mean only
 
-TEMPLATE = """
-CREATE TABLE order_h AS SELECT o.order_id, tanh(linear(features(o.amount), 4, 'w_order')) FROM orders o;
-CREATE TABLE predict AS
-SELECT c.customer_id, linear(avg(oh.h), 1, 'w_out')
-FROM customer c JOIN orders o ON o.customer_id = c.customer_id JOIN order_h oh ON oh.order_id = o.order_id
-GROUP BY c.customer_id;
-"""
 EPOCHS = 25
 
 
