@@ -134,3 +134,35 @@ def test_a_saved_blend_keeps_its_crossfit_flag_and_older_files_read_as_not_cross
     loaded = relsql.Model.load(path, db)
     assert loaded.learner.hybrid.crossfit is True and loaded.learner.hybrid.weight == model.learner.hybrid.weight
     db.close()
+
+
+def test_too_few_validation_rows_leave_the_blend_on_the_kept_epochs_outputs(tmp_path):
+    """Fewer than crossfit.MIN_ROWS validation rows: no halves; the blend still fits, not cross-fitted."""
+    from relsql.train.loop import crossfit
+
+    db = relsql.connect(tmp_path / "tiny.duckdb")
+    db.execute("CREATE TABLE customer(customer_id INT PRIMARY KEY, age DOUBLE, busy BOOLEAN)")
+    db.execute("CREATE TABLE orders(order_id INT PRIMARY KEY, customer_id INT REFERENCES customer(customer_id), amount DOUBLE)")
+    db.con.executemany("INSERT INTO customer VALUES (?, ?, ?)", [(c, float(c % 5), c % 2 == 0) for c in range(16)])
+    db.con.executemany("INSERT INTO orders VALUES (?, ?, ?)", [(o, o % 16, float(o % 7)) for o in range(40)])
+    model = relsql.Model(db, relsql.Template.from_sql(TEMPLATE), target="customer.busy", seed=0, progress=False)
+    model.fit(epochs=5, refit=False, hybrid=True)
+    assert 0 < len(model.rows["val"]) < crossfit.MIN_ROWS
+    assert model.learner.record.crossfit is None
+    assert model.learner.hybrid is not None and not model.learner.hybrid.crossfit
+    assert "cross-fitted" not in model.learner.hybrid.describe()
+    db.close()
+
+
+def test_mini_batches_cross_fit_as_the_full_batch_does(tmp_path):
+    """fit(batch_size=...) validates through the batch source; the halves read the same outputs, so the
+    naive reference agrees there too."""
+    db = shop(tmp_path / "shop.duckdb")
+    model = relsql.Model(db, relsql.Template.from_sql(TEMPLATE), target="customer.busy", seed=1, progress=False,
+                         dtype=torch.float64)
+    every = EveryEpoch(model)
+    model.fit(epochs=8, patience=100, refit=False, hybrid=True, batch_size=128, callbacks=[every])
+    expected = naive_crossfit(every.outputs, every.y, 1)
+    np.testing.assert_allclose(model.learner.record.crossfit[:, 0].double().numpy(), expected, rtol=0, atol=1e-10)
+    assert model.learner.hybrid.crossfit
+    db.close()
