@@ -63,10 +63,9 @@ def record(manifest_path: Path, seed: int, out: Path, auto: dict, fit: dict) -> 
             blend = learner.hybrid
             if learner.record.crossfit is not None:  # the validation outputs the blend weighed (relsql/train/loop/crossfit.py)
                 arrays["net_val_crossfit"] = learner.record.crossfit.detach().cpu().double().numpy()
-            if blend is not None:
-                every = blend.features.of_output(learner.db, learner.output, int(learner.output_rows))[learner.labelled]
+            if blend is not None:  # the features fit computed, kept by the blend (no second query)
                 for part in PARTS:
-                    arrays[f"gbm2_{part}"] = blend.trees.raw(every[learner.rows[part]])
+                    arrays[f"gbm2_{part}"] = blend.gbm_outputs(learner, learner.labelled[learner.rows[part]])
             spec = baselines.one_hop(learner)
             x = baselines.features(learner, spec)
             for name, width in (("gbm1", x.shape[1]), ("gbm0", len(spec.own))):

@@ -136,16 +136,15 @@ def fit(learner) -> Hybrid | None:
     net = (net if honest is None else honest).detach().cpu().double().numpy()
     truth = y.detach().cpu().double().numpy()
     metric = chosen_on(learner)
-    sign = -1.0 if metric in LOWER_IS_BETTER else 1.0
     blend, kept = None, every
     for features, columns in _candidates(spec):
         x = every[:, columns] if columns is not None else every
-        trees = baselines.fit_trees(learner, x[learner.labelled])
-        theirs = trees.raw(x[learner.labelled][learner.rows["val"]])
+        labelled = x[learner.labelled]
+        trees = baselines.fit_trees(learner, labelled)
+        theirs = trees.raw(labelled[learner.rows["val"]])
         scores = {a: score(learner.task, a * net + (1 - a) * theirs, truth, metric) for a in WEIGHTS}
         weight = best_weight(scores, metric)
-        if blend is None or np.nan_to_num(sign * scores[weight], nan=-np.inf) > \
-                np.nan_to_num(sign * blend.scores[blend.weight], nan=-np.inf) + 1e-12:
+        if blend is None or _ranked(scores[weight], metric) > _ranked(blend.scores[blend.weight], metric) + 1e-12:
             blend, kept = Hybrid(features, trees, weight, metric, scores, honest is not None), x
     blend.keep_features(learner, kept)  # predict() reads these rows' features again otherwise
     return blend
@@ -177,8 +176,12 @@ def chosen_on(learner) -> str:
 def best_weight(scores: dict[float, float], metric: str) -> float:
     """The weight whose blend scored best by `metric` (an undefined score ranks last); ties go to
     the larger weight: the network."""
-    sign = -1.0 if metric in LOWER_IS_BETTER else 1.0
-    return max(scores, key=lambda a: (np.nan_to_num(sign * scores[a], nan=-np.inf), a))
+    return max(scores, key=lambda a: (_ranked(scores[a], metric), a))
+
+
+def _ranked(value: float, metric: str) -> float:
+    """`value` of `metric` as larger-is-better, an undefined (NaN) score below every defined one."""
+    return float(np.nan_to_num(-value if metric in LOWER_IS_BETTER else value, nan=-np.inf))
 
 
 def score(task, out: np.ndarray, truth: np.ndarray, metric: str) -> float:

@@ -40,16 +40,18 @@ class CrossFitted(Callback):
         self.learner, self.metric, self.usable = learner, "loss", count >= MIN_ROWS
         self.best = [(float("-inf"), float("-inf")), (float("-inf"), float("-inf"))]
         self.kept: torch.Tensor | None = None
+        self.labels: torch.Tensor | None = None
 
     def on_fit_start(self, trainer: Trainer) -> None:
         self.metric = trainer.stopping.metric
+        _, self.labels = self.learner.goal.split_index("val")  # the same every epoch
 
     def on_epoch_end(self, trainer: Trainer, epoch: int, record: dict) -> str | None:
         out = trainer.val_outputs
         if out is None or not self.usable:
             self.usable = False
             return None
-        _, y = self.learner.goal.split_index("val")
+        y = self.labels
         if self.kept is None:
             self.kept = torch.zeros_like(out)
         for mine, other in ((0, 1), (1, 0)):
