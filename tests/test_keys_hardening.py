@@ -1,5 +1,5 @@
 """Issue 27, keys and Template.auto's columns: a shared key name is no foreign key, given keys
-replace inference for their tables, foreign keys of mismatched types, SQLite values DuckDB cannot
+replace inference for their tables and add to declared ones, foreign keys of mismatched types, SQLite values DuckDB cannot
 read, INTERVAL columns, and time-zone-aware snapshots. Real DuckDB, SQLite and PostgreSQL."""
 
 from __future__ import annotations
@@ -96,6 +96,32 @@ def test_given_keys_replace_foreign_key_inference_for_their_tables():
     keys = schema(db, db.catalog(), given="PRIMARY KEY sale(sale_sk)")
     assert not [fk for child, fk in keys.foreign_keys if child == "sale"]  # before: sale_store_sk was still inferred
     assert ("visit", ForeignKey(("visit_store_sk",), "store", ("s_store_sk",))) in _fks(keys)
+    db.close()
+
+
+def test_given_foreign_keys_add_to_declared_ones_and_replace_only_those_over_the_same_columns(tmp_path):
+    """A keys file that adds what the catalog cannot hold (a self-reference) keeps the table's
+    declared key to its parent; before, it dropped it (hostile databases lost item -> grp)."""
+    path = tmp_path / "shop.duckdb"
+    db = relsql.connect(str(path))
+    db.execute("""
+        CREATE TABLE grp(grp_id BIGINT PRIMARY KEY, rate DOUBLE);
+        CREATE TABLE shelf(shelf_id BIGINT PRIMARY KEY, width DOUBLE);
+        CREATE TABLE item(item_id BIGINT PRIMARY KEY, grp_id BIGINT REFERENCES grp(grp_id), parent_id BIGINT, y BOOLEAN);
+        INSERT INTO grp SELECT range, range * 0.5 FROM range(5);
+        INSERT INTO shelf SELECT range, range * 2.0 FROM range(5);
+        INSERT INTO item SELECT range, range % 5, CASE WHEN range > 0 THEN range - 1 END, range % 2 = 0 FROM range(40);
+    """)
+    before = _digest(db)
+    declared = ("item", ForeignKey(("grp_id",), "grp", ("grp_id",)))
+    self_ref = ("item", ForeignKey(("parent_id",), "item", ("item_id",)))
+    added = _fks(schema(db, db.catalog(), given="FOREIGN KEY item(parent_id) REFERENCES item(item_id)"))
+    assert declared in added and self_ref in added
+    moved = _fks(schema(db, db.catalog(), given="FOREIGN KEY item(grp_id) REFERENCES shelf(shelf_id)"))
+    assert ("item", ForeignKey(("grp_id",), "shelf", ("shelf_id",))) in moved and declared not in moved
+    template = relsql.Template.auto(db, "item.y", keys="FOREIGN KEY item(parent_id) REFERENCES item(item_id)")
+    assert "\"grp\"" in template.source and "\"rate\"" in template.source  # the declared parent's column is read
+    assert _digest(db) == before
     db.close()
 
 

@@ -43,8 +43,9 @@ def connect(source: str | Path | duckdb.DuckDBPyConnection | Mapping[str, Any] |
     DuckDB's memory; beyond it DuckDB spills to disk, so a database larger than memory trained in
     mini-batches keeps a bounded footprint.
     `keys`: primary and foreign keys stated outside the database (a keys file's path,
-    its text, or a list of tuples; see relsql/data/keyfile.py), used for the tables they name instead
-    of declared or inferred ones; only read, checked against the tables
+    its text, or a list of tuples; see relsql/data/keyfile.py), added to the declared ones (a given
+    key over a declared key's columns replaces it) and used instead of inferred ones for the tables
+    they name; only read, checked against the tables
     now, and never executed against the database.
     """
     options = Options(read_only=read_only, tables=tables, memory_limit=memory_limit, threads=threads, scratch=scratch)

@@ -331,7 +331,8 @@ def _never_null(db: Database, table: str, columns: list[str]) -> list[str]:
 def schema(db: Database, catalog: Catalog, infer: bool = True, given: object = None) -> Schema:
     """Keys for the template generator. `given`: keys the user states (a keys file's path, its
     text, a list of tuples; see relsql.data.keyfile), applied after those given to `relsql.connect(
-    keys=...)`; they override declared and inferred keys for the tables they name."""
+    keys=...)`; they add to the declared keys (a given primary key, or a given foreign key over a
+    declared one's columns, replaces it) and stop inference for the tables they name."""
     check_values(db, catalog)
     tables = dict(catalog.tables)
     primary = {name: tuple(t.primary_key) for name, t in tables.items()}
@@ -382,17 +383,18 @@ def _model_outputs(db: Database, tables: dict) -> list[str]:
 
 
 def _apply_given(result: Schema, stated: list[keyfile.GivenKeys]) -> list[tuple[keyfile.GivenKeys, keyfile.GivenKey]]:
-    """Given primary keys replace the table's; a table's given foreign keys replace all of its
-    declared ones (its other columns may still be inferred). A referenced parent without a key
-    is keyed by the referenced columns.
+    """Given primary keys replace the table's; given foreign keys add to the declared ones, as
+    `ALTER TABLE ... ADD FOREIGN KEY` would, replacing only a declared key over the same columns (a
+    keys file that adds a self-reference keeps the table's declared keys to its parents). A
+    referenced parent without a key is keyed by the referenced columns.
     Returns the given foreign keys, resolved once every primary key is known."""
     pending = []
     for given in stated:
         for key in given.primary:
             result.primary_keys[key.table] = key.columns
             result.origins[("primary", key.table)] = f"given in {given.where(key)}"
-        children = {key.table for key in given.foreign}
-        result.foreign_keys = [(c, fk) for c, fk in result.foreign_keys if c not in children]
+        restated = {(key.table, key.columns) for key in given.foreign}
+        result.foreign_keys = [(c, fk) for c, fk in result.foreign_keys if (c, fk.columns) not in restated]
         pending.extend((given, key) for key in given.foreign)
     for given, key in pending:
         if key.references and not result.primary_keys.get(key.parent):
