@@ -30,6 +30,17 @@ the target is learnable from other columns. What makes it hostile, each switched
 - keys: `declared` (PRIMARY/FOREIGN KEY in the catalog), `keysfile` (nothing declared; a keys file
   passed with connect(keys=)), `inferred` (nothing declared, no file).
 
+Schema features (`SCHEMA_FEATURES`, added 2026-12-02, chosen by their own seeded draw so that the
+features above stay as they were for every seed; databases of earlier dates lacked them):
+
+- `types`: a one-to-one extension table item_extra with DECIMAL, UBIGINT, HUGEINT, STRUCT, MAP,
+  UNION, fixed-size ARRAY, UUID, ENUM, BLOB, TIME and TIMESTAMPTZ columns (type names that hold
+  "INT" without being numbers among them);
+- `nonfinite`: NaN and ±infinity in DOUBLE columns of the parent, the target and the events, and
+  NaN on some item.score labels (rows a model predicts but cannot learn from);
+- `names`: a parent table named like a file ("lookup.v") keyed by a column named h (every template
+  relation's value column), with columns named e, age and we"ird; item columns named h and r_time.
+
 Targets (the label depends on a parent column, a child aggregate and an own column): item.label
 (binary), item.score (regression), with `rare` item.klass (multiclass); half of the seeds with a
 time column on item (`created`, a DATE or an integer year), the events cut before it.
@@ -48,6 +59,7 @@ import pyarrow as pa
 
 FEATURES = ["few", "const", "null", "huge", "subnormal", "ties", "word", "list", "composite", "selfref", "bridge", "hub",
             "empty", "rare", "parent_time", "year", "orphan", "timed", "mixed_year", "keyless"]
+SCHEMA_FEATURES = ["types", "nonfinite", "names"]
 KEY_MODES = ["declared", "keysfile", "inferred"]
 WORDS = ["alpha", "beta", "gamma", "delta", "omega"]
 
@@ -58,6 +70,8 @@ def features_of(seed: int) -> set[str]:
     rng = np.random.default_rng(10_000 + seed)
     on = {f for f in FEATURES if rng.random() < 0.5}
     on |= {FEATURES[seed % len(FEATURES)], FEATURES[(seed * 7 + 3) % len(FEATURES)]}
+    schema = np.random.default_rng(20_000 + seed)  # its own draw: the features above are as they were
+    on |= {g for g in SCHEMA_FEATURES if schema.random() < 0.5} | {SCHEMA_FEATURES[seed % len(SCHEMA_FEATURES)]}
     if "selfref" in on and "composite" in on:  # a self reference to a composite key: keep it, both columns
         pass
     return on
@@ -65,6 +79,21 @@ def features_of(seed: int) -> set[str]:
 
 def key_mode(seed: int) -> str:
     return KEY_MODES[seed % len(KEY_MODES)]
+
+
+def _q(name: str) -> str:
+    """A quoted DuckDB identifier (a name with a dot or a quote in it stays one name)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _nonfinite(rng, values: np.ndarray) -> np.ndarray:
+    """`values` with ~5 % NaN and ~3 % each of +inf and -inf."""
+    out = np.asarray(values, dtype=np.float64).copy()
+    draw = rng.random(len(out))
+    out[draw < 0.05] = np.nan
+    out[(draw >= 0.05) & (draw < 0.08)] = np.inf
+    out[(draw >= 0.08) & (draw < 0.11)] = -np.inf
+    return out
 
 
 def _dates(rng, n: int, start: str = "2015-01-01", days: int = 3000) -> np.ndarray:
@@ -95,6 +124,8 @@ def generate(seed: int, out: Path, *, small: bool = False) -> dict:  # noqa: C90
     # -- grp: the parent table ---------------------------------------------------------------------
     grp = {"grp_id": np.arange(1, n_grp + 1), "grp_rate": rng.normal(0, 1, n_grp).round(3),
            "grp_kind": np.array([WORDS[i % 2] for i in range(n_grp)])}
+    if "nonfinite" in f:
+        grp["grp_score"] = _nonfinite(rng, rng.normal(0, 1, n_grp).round(3))
     if "parent_time" in f:
         grp["opened"] = (rng.integers(2000, 2015, n_grp) if other_year else _dates(rng, n_grp, "2000-01-01", 5000))
 
@@ -111,6 +142,16 @@ def generate(seed: int, out: Path, *, small: bool = False) -> dict:  # noqa: C90
     item["grp_id"] = gid
     x = rng.normal(0, 1, n_item)
     item["x"] = x.round(4)
+    lookup = None
+    if "names" in f:  # a parent named like a file, keyed by h; columns named like the template's own
+        n_lookup = 7
+        lookup = {"h": np.array([f"clé-{i}" for i in range(n_lookup)]), "e": rng.normal(0, 1, n_lookup).round(3),
+                  "age": rng.integers(0, 90, n_lookup), 'we"ird': rng.normal(0, 1, n_lookup).round(3)}
+        item["lookup_h"] = lookup["h"][rng.integers(0, n_lookup, n_item)]
+        item["h"] = rng.normal(0, 1, n_item).round(3)
+        item["r_time"] = rng.normal(0, 1, n_item).round(3)
+    if "nonfinite" in f:
+        item["ratio"] = _nonfinite(rng, rng.normal(0, 1, n_item).round(3))
     if "few" in f:
         item["few1"] = np.full(n_item, 3)
         item["few2"] = rng.integers(0, 2, n_item)
@@ -176,6 +217,8 @@ def generate(seed: int, out: Path, *, small: bool = False) -> dict:  # noqa: C90
         event["tiny"] = rng.choice([5e-324, 4e-320, 0.0], n_ev)
     if "null" in f:
         event["null_num"] = pa.nulls(n_ev, pa.int64())
+    if "nonfinite" in f:
+        event["rate"] = _nonfinite(rng, rng.normal(0, 1, n_ev).round(3))
     if timed or "hub" in f:
         created = np.asarray(item["created"]) if timed else None
         if other_year:
@@ -204,6 +247,8 @@ def generate(seed: int, out: Path, *, small: bool = False) -> dict:  # noqa: C90
     noise = rng.normal(0, 0.5, n_item)
     item["label"] = (signal + noise > np.median(signal)).astype(bool)
     item["score"] = (3.0 * signal + noise).round(4)
+    if "nonfinite" in f:  # NaN labels: predicted, never learnt from
+        item["score"][rng.random(n_item) < 0.05] = np.nan
     targets = [{"target": "item.label", "kind": "binary"}, {"target": "item.score", "kind": "regression"}]
     if "rare" in f:
         klass = np.where(signal + noise > np.quantile(signal, 0.6), "high", "low").astype(object)
@@ -217,6 +262,8 @@ def generate(seed: int, out: Path, *, small: bool = False) -> dict:  # noqa: C90
 
     # -- bridge, empty table ------------------------------------------------------------------------------
     tables = {"grp": grp, "item": item, "event": event}
+    if lookup is not None:
+        tables["lookup.v"] = lookup
     if "bridge" in f:
         n_tag = 12
         tables["tag"] = {"tag_id": np.arange(1, n_tag + 1), "tag_weight": rng.normal(0, 1, n_tag).round(3),
@@ -256,36 +303,36 @@ def generate(seed: int, out: Path, *, small: bool = False) -> dict:  # noqa: C90
         fks.append(("note", list(item_keys), "item", item_keys, True))
     if "keyless" in f:
         fks.append(("visit", list(item_keys), "item", item_keys, True))
+    if lookup is not None:
+        pks["lookup.v"] = ["h"]
+        fks.append(("item", ["lookup_h"], "lookup.v", ["h"], True))
+    if "types" in f:
+        pks["item_extra"] = list(item_keys)
+        fks.append(("item_extra", list(item_keys), "item", item_keys, True))
 
     con = duckdb.connect(str(path))
     declared = mode == "declared"
-    for table in ["grp", "item", "tag", "event", "item_tag", "note", "visit"]:
+    for table in ["grp", "lookup.v", "item", "tag", "event", "item_tag", "note", "visit"]:
         if table not in tables:
             continue
         frame = pa.table({k: (v if isinstance(v, pa.Array) else pa.array(v)) for k, v in tables[table].items()})
         con.register("frame", frame)
-        con.execute(f'CREATE TABLE "{table}" AS SELECT * FROM frame LIMIT 0')
+        con.execute(f'CREATE TABLE {_q(table)} AS SELECT * FROM frame LIMIT 0')
         con.unregister("frame")
-        if declared:  # recreate with constraints (DuckDB cannot add them afterwards)
-            cols = con.execute(f'DESCRIBE "{table}"').fetchall()
-            con.execute(f'DROP TABLE "{table}"')
-            parts = [f'"{c[0]}" {c[1]}' for c in cols]
-            if table in pks:
-                parts.append("PRIMARY KEY (" + ", ".join(f'"{k}"' for k in pks[table]) + ")")
-            for child, cols_, parent, refs, valid in fks:
-                if child == table and valid and parent != table:  # self references: DuckDB refuses them; see keys file
-                    parts.append(f"FOREIGN KEY ({', '.join(cols_)}) REFERENCES \"{parent}\" ({', '.join(refs)})")
-            con.execute(f'CREATE TABLE "{table}" ({", ".join(parts)})')
+        if declared:
+            _declare(con, table, pks, fks)
         con.register("frame", frame)
-        con.execute(f'INSERT INTO "{table}" SELECT * FROM frame')
+        con.execute(f'INSERT INTO {_q(table)} SELECT * FROM frame')
         con.unregister("frame")
+    if "types" in f:
+        _typed_extension(con, item_keys, declared, pks, fks)
     con.close()
 
     keys_file = None
     lines = []
     if mode == "keysfile":
-        lines += [f"PRIMARY KEY {t}({', '.join(k)})" for t, k in pks.items()]
-        lines += [f"FOREIGN KEY {c}({', '.join(cs)}) REFERENCES {p}({', '.join(rs)})" for c, cs, p, rs, _ in fks]
+        lines += [f"PRIMARY KEY {_q(t)}({', '.join(k)})" for t, k in pks.items()]
+        lines += [f"FOREIGN KEY {_q(c)}({', '.join(cs)}) REFERENCES {_q(p)}({', '.join(rs)})" for c, cs, p, rs, _ in fks]
     elif mode == "declared":  # what DuckDB could not declare: self references and orphaned keys
         lines += [f"FOREIGN KEY {c}({', '.join(cs)}) REFERENCES {p}({', '.join(rs)})" for c, cs, p, rs, valid in fks
                   if not valid or c == p]
@@ -297,6 +344,39 @@ def generate(seed: int, out: Path, *, small: bool = False) -> dict:  # noqa: C90
                 "rows": {t: int(len(next(iter(v.values())))) for t, v in tables.items()}}
     (out / f"{name}.json").write_text(json.dumps(manifest, indent=1))
     return manifest
+
+
+def _declare(con, table: str, pks: dict, fks: list) -> None:
+    """Recreate the empty `table` with its keys as constraints (DuckDB cannot add them afterwards)."""
+    cols = con.execute(f"DESCRIBE {_q(table)}").fetchall()
+    con.execute(f"DROP TABLE {_q(table)}")
+    parts = [f"{_q(c[0])} {c[1]}" for c in cols]
+    if table in pks:
+        parts.append("PRIMARY KEY (" + ", ".join(_q(k) for k in pks[table]) + ")")
+    for child, cols_, parent, refs, valid in fks:
+        if child == table and valid and parent != table:  # self references: DuckDB refuses them; see keys file
+            parts.append(f"FOREIGN KEY ({', '.join(map(_q, cols_))}) REFERENCES {_q(parent)} ({', '.join(map(_q, refs))})")
+    con.execute(f"CREATE TABLE {_q(table)} ({', '.join(parts)})")
+
+
+def _typed_extension(con, item_keys: list[str], declared: bool, pks: dict, fks: list) -> None:
+    """item_extra: one row per item, of the column types whose names fool a substring test."""
+    keys = ", ".join(f"i.{_q(k)}" for k in item_keys)
+    n = f"i.{_q(item_keys[-1])}"
+    con.execute("CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy')")
+    select = (f"SELECT {keys}, CAST(i.x * 100 AS DECIMAL(18,4)) AS amount, CAST(abs({n}) % 7 AS UBIGINT) AS qty, "
+              f"CAST({n} AS HUGEINT) * 1000000000000 AS big, {{'a': CAST({n} % 5 AS INTEGER), 'b': 'w'}} AS s, "
+              f"MAP {{'k': CAST({n} % 3 AS INTEGER)}} AS m, union_value(n := CAST({n} % 4 AS INTEGER)) AS u, "
+              f"[CAST({n} % 2 AS INTEGER), 1, 2]::INTEGER[3] AS fixed, "
+              f"CAST('00000000-0000-0000-0000-' || lpad(CAST({n} % 1000 AS VARCHAR), 12, '0') AS UUID) AS uid, "
+              f"CAST(['sad', 'ok', 'happy'][1 + CAST({n} % 3 AS INTEGER)] AS mood) AS feeling, "
+              f"encode(CAST({n} AS VARCHAR)) AS raw, TIME '08:00:00' + to_minutes(CAST({n} % 600 AS BIGINT)) AS clock, "
+              f"TIMESTAMPTZ '2020-01-01 00:00:00+00' + to_days(CAST({n} % 900 AS INTEGER)) AS stamped "
+              "FROM item i")
+    con.execute(f"CREATE TABLE item_extra AS {select} LIMIT 0")
+    if declared:
+        _declare(con, "item_extra", pks, fks)
+    con.execute(f"INSERT INTO item_extra {select}")
 
 
 def invalid(out: Path) -> dict:

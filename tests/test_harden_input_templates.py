@@ -1,8 +1,9 @@
 """A template may only read the database's tables (issue 42, item 5): its SQL runs on the user's
 database at every grounding, and a template can come from a file or a saved model. Functions that
 change the database or the session, or read files, the network or the engine's state, and table
-"names" that are file paths are a TemplateError at parse time naming the statement, the function
-and the fix; ordinary SQL (range, generate_series, date and number functions, subqueries over
+"names" that are file paths or URLs are a TemplateError at parse time naming the statement, the function
+and the fix (a name with a file suffix only at grounding, where the database lacks such a table:
+tests/test_hostile_types_and_names.py); ordinary SQL (range, generate_series, date and number functions, subqueries over
 tables) still parses, and so do the templates shipped in relsql/sql_templates/."""
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ REFUSED = {  # (value, source, where) -> the function or table named in the erro
     "getenv": ("o.amount", "orders", " WHERE getenv('HOME') IS NOT NULL", "getenv()"),
     "current_setting": ("o.amount", "orders", " WHERE current_setting('threads') > 0", "current_setting()"),
     "a file as a table": ("o.amount", "'/etc/passwd.csv'", "", "`/etc/passwd.csv`"),
-    "a quoted file name": ("o.amount", '"data.parquet"', "", "`data.parquet`"),
     "a URL as a table": ("o.amount", "'https://example.com/x.parquet'", "", "`https://example.com/x.parquet`"),
 }
 

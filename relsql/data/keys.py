@@ -68,12 +68,12 @@ import sqlglot.expressions as exp
 
 from relsql.data import keyfile
 from relsql.data.catalog import Catalog, ForeignKey, Table, scoped_table
+from relsql.data.coltypes import element, is_composite, is_integer, is_interval, is_list, is_nested, is_number
 from relsql.errors import SchemaError, SourceError
 
 if TYPE_CHECKING:
     from relsql.data.engine import Database
 
-_NUMERIC = ("INT", "DECIMAL", "NUMERIC", "DOUBLE", "FLOAT", "REAL")
 _SUFFIX_RANK = {"sk": 3, "key": 2, "id": 1}  # a surrogate key before a business key
 _GENERIC = {"dim", "dimension", "fact", "facts", "tbl", "table", "lookup"}
 _IDENTIFIER_WORDS = {"number", "num", "no", "nr", "line", "linenumber", "seq", "sequence", "sk", "key", "id"}
@@ -147,24 +147,18 @@ def _table(name: str) -> exp.Table:
 
 
 def _family(sql_type: str) -> str:
-    upper = sql_type.upper()
-    if upper.startswith("INTERVAL"):  # a duration, not a number that could be a key ("INT" is in its name)
+    """number, text, INTERVAL or the type itself; a list's is its elements' (a RelBench link list
+    of BIGINT[] references BIGINT keys)."""
+    if is_list(sql_type):
+        return _family(element(sql_type))
+    if is_interval(sql_type):  # a duration, not a number that could be a key ("INT" is in its name)
         return "INTERVAL"
-    if any(n in upper for n in _NUMERIC):
+    if is_number(sql_type):
         return "number"
-    if "CHAR" in upper or "TEXT" in upper or "STRING" in upper:
+    upper = sql_type.upper()
+    if not is_composite(sql_type) and ("CHAR" in upper or "TEXT" in upper or "STRING" in upper):
         return "text"
     return upper
-
-
-def _nested(sql_type: str) -> bool:
-    """A list, struct, map or union column: never a key, and not comparable with one."""
-    upper = sql_type.upper().rstrip()
-    return upper.endswith("]") or upper.startswith(("STRUCT", "MAP", "UNION", "LIST"))
-
-
-def _integer(sql_type: str) -> bool:
-    return "INT" in sql_type.upper() and "[]" not in sql_type and not sql_type.upper().startswith("INTERVAL")
 
 
 # -- names -------------------------------------------------------------------------------------------------------
@@ -423,7 +417,7 @@ def _set_aside_lists(result: Schema) -> None:
     candidates, which relsql.data.references reads from here."""
     def listed(child: str, fk: ForeignKey) -> bool:
         table = result.tables.get(child)
-        return table is not None and any(c in table.column_names and _nested(table.column(c).type) for c in fk.columns)
+        return table is not None and any(c in table.column_names and is_nested(table.column(c).type) for c in fk.columns)
 
     found = [(c, fk) for c, fk in result.foreign_keys if listed(c, fk)]
     if found:
@@ -477,8 +471,8 @@ def _infer_primary(db: Database, result: Schema) -> None:
 def _single_key_part(column) -> bool:
     """Text, or an integer named like an identifier: what a key shared by name holds (never a float, a
     time, a list, a count such as `G` or `AB` that box-score tables share)."""
-    return not _nested(column.type) and (_family(column.type) == "text"
-                                         or (_integer(column.type) and _key_parts(column.name, "") is not None))
+    return not is_nested(column.type) and (_family(column.type) == "text"
+                                         or (is_integer(column.type) and _key_parts(column.name, "") is not None))
 
 
 def _shared_references(db: Database, result: Schema) -> dict[str, tuple[str, str, int]]:
@@ -566,7 +560,7 @@ def _primary_candidates(table: Table, words: dict[str, list[str]]) -> list[tuple
             score, why = 1.0, f"names: {column.name} is the first key-like column (it names no table)"
         else:
             continue
-        found.append((-score, not _integer(column.type), -_SUFFIX_RANK[suffix], position, column, why,
+        found.append((-score, not is_integer(column.type), -_SUFFIX_RANK[suffix], position, column, why,
                       bool(entity) and score > 1))
     found.sort(key=lambda f: f[:4])
     return [(-f[0], f[4], f[5], f[6]) for f in found]
@@ -586,7 +580,7 @@ def _infer_foreign(db: Database, result: Schema, trusted: set[str]) -> dict[tupl
         prefix = _prefix(table)
         stated = {c for other, fk in result.foreign_keys if other == child for c in fk.columns}  # given ones stay
         for column in table.columns:
-            if column.name in stated or _nested(column.type):  # a list of keys is no foreign key (a ranking target's)
+            if column.name in stated or is_nested(column.type):  # a list of keys is no foreign key (a ranking target's)
                 continue
             candidates = parents
             if result.primary_keys[child] == (column.name,):
@@ -669,8 +663,8 @@ def _pair_part(column) -> bool:
     """A column that can be half of a composite key shared by name: text, a date or time, or an integer
     named like an identifier (`yearID`); never a float or a plain count."""
     family = _comparable(column.type)
-    return not _nested(column.type) and (family in ("text", "time")
-                                         or (_integer(column.type) and _key_parts(column.name, "") is not None))
+    return not is_nested(column.type) and (family in ("text", "time")
+                                         or (is_integer(column.type) and _key_parts(column.name, "") is not None))
 
 
 def _infer_shared_pairs(db: Database, result: Schema) -> None:
@@ -760,7 +754,7 @@ def _infer_by_values(db: Database, result: Schema, trusted: set[str]) -> None:
         key = result.primary_keys[name]
         if len(key) == 1 and _family(table.column(key[0]).type) == "text":
             parents[name] = key[0]
-        elif not key and table.columns and _family(table.columns[0].type) == "text" and not _nested(table.columns[0].type):
+        elif not key and table.columns and _family(table.columns[0].type) == "text" and not is_nested(table.columns[0].type):
             parents[name] = table.columns[0].name  # a candidate, if unique
     if not parents:
         return
@@ -771,7 +765,7 @@ def _infer_by_values(db: Database, result: Schema, trusted: set[str]) -> None:
         if name in trusted:
             continue
         cols = [c.name for c in table.columns
-                if _family(c.type) == "text" and not _nested(c.type) and (name, c.name) not in single
+                if _family(c.type) == "text" and not is_nested(c.type) and (name, c.name) not in single
                 and result.primary_keys[name] != (c.name,)]
         if cols:
             children[name] = cols
@@ -820,7 +814,7 @@ def _year_values(db: Database, result: Schema) -> dict[str, set[str]]:
         keyed.setdefault(fk.table, set()).update(fk.references)
     out: dict[str, set[str]] = {}
     for name, table in result.tables.items():
-        candidates = [c.name for c in table.columns if _integer(c.type) and c.name not in keyed.get(name, set())
+        candidates = [c.name for c in table.columns if is_integer(c.type) and c.name not in keyed.get(name, set())
                       and _key_parts(c.name, "") is not None and _YEAR_WORDS & set(_words(c.name))]
         if not candidates:
             continue
@@ -889,7 +883,8 @@ def _infer_counted(db: Database, result: Schema) -> None:
         if result.primary_keys[name]:
             continue
         units = list(dict.fromkeys(fk.columns for child, fk in result.foreign_keys if child == name))
-        counters = [c.name for c in table.columns if _integer(c.type) and _words(c.name) and _words(c.name)[-1] in _COUNTER_WORDS
+        counters = [c.name for c in table.columns
+                    if is_integer(c.type) and _words(c.name) and _words(c.name)[-1] in _COUNTER_WORDS
                     and not any(c.name in unit for unit in units)]
         if not units or not counters:
             continue
@@ -918,8 +913,8 @@ def _infer_row_identifier(db: Database, result: Schema) -> None:
             continue
         for column in table.columns:
             words = _words(column.name)
-            if not words or words[-1] not in _ROW_WORDS or _nested(column.type) or \
-                    not (_integer(column.type) or _family(column.type) == "text"):
+            if not words or words[-1] not in _ROW_WORDS or is_nested(column.type) or \
+                    not (is_integer(column.type) or _family(column.type) == "text"):
                 continue
             rows = _unique_rows(db, name, (column.name,))
             if rows is not None:
@@ -931,7 +926,7 @@ def _infer_row_identifier(db: Database, result: Schema) -> None:
 def _identifier(column) -> bool:
     """An integer column that numbers things (`l_linenumber`, `ss_ticket_number`, `seq`, `..._id`)."""
     words = _words(column.name)
-    return _integer(column.type) and bool(words) and (
+    return is_integer(column.type) and bool(words) and (
         words[-1] in _IDENTIFIER_WORDS or words[-1].endswith(("number", "key")) or _key_parts(column.name, "") is not None)
 
 

@@ -27,13 +27,13 @@ from relsql import arguments
 from relsql import sql as q
 from relsql.data.duckdb import interrupted_query, lost_connection
 from relsql.data.engine import Database
-from relsql.errors import GroundingError, RelsqlError, SchemaError
+from relsql.errors import GroundingError, RelsqlError, SchemaError, TemplateError
 from relsql.ground import bound, domains
 from relsql.ground import encoders as encoders_sql
 from relsql.ground.parts import check_refs, column_label, column_values
 from relsql.ground.tensors import to_tensor
 from relsql.progress import relations
-from relsql.template import ir
+from relsql.template import ir, sqlrule
 
 PADDING_CELLS = 1 << 24  # at most this many empty cells (other rules' columns) in one index query's result
 
@@ -258,6 +258,22 @@ def _refuse_shadowing(template: ir.Template, db: Database) -> None:
                               f"(e.g. `{name}_h`) so that both can be used")
 
 
+def _refuse_files(template: ir.Template, db: Database) -> None:
+    """A statement may read a table named like a file (`grp.x`) only where the database has that
+    table: otherwise DuckDB would open and read the file of that name (the template's SQL may only
+    read the database's tables; relsql/template/sqlrule.py)."""
+    found = list(sqlrule.file_like(template))
+    if not found:
+        return
+    tables = {t.casefold() for t in db.tables()}
+    for name, origin in found:
+        if name.casefold() not in tables:
+            raise TemplateError(f"{origin}: table `{name}` reads like a file path or URL and {db.description} has no "
+                                "table of that name, so DuckDB would open and read the file; a template may only read "
+                                "the database's tables (and compute on their values); load the data into a table "
+                                "first and read that")
+
+
 class Grounder:
     """What grounding a template on one database shares, in bulk (`ground`) and per batch (its subclass
     relsql/ground/demand.py `BatchGrounder`): the relations' key tables, embedding dictionaries, feature
@@ -282,6 +298,7 @@ class Grounder:
         self.owners: dict[tuple, str] = {}  # (domain, keys) -> the relation whose key table holds those heads
         if template.language == "sql":
             _refuse_shadowing(template, db)
+            _refuse_files(template, db)
 
     def temp_table(self, kind: str, name: str) -> exp.Table:
         """A temp table of the database's, remembered so that a failed grounding can drop it."""

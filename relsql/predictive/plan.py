@@ -12,6 +12,7 @@ import sqlglot.expressions as exp
 
 from relsql import sql as q
 from relsql.data.catalog import Catalog, ForeignKey
+from relsql.data.coltypes import is_number
 from relsql.data.engine import Database, first_line
 from relsql.data.keys import schema
 from relsql.errors import SchemaError, SourceError
@@ -77,8 +78,7 @@ class TaskPlan:
         self.listed = query.aggregate == "list_distinct"
         self.references = self.listed_key() if self.listed else None
         self.target = self.references[1] if self.references else "label"
-        if self.value and not self.listed and not any(t in self.type(self.events, self.value)
-                                                      for t in ("INT", "DECIMAL", "NUMERIC", "DOUBLE", "FLOAT", "REAL")):
+        if self.value and not self.listed and not is_number(self.type(self.events, self.value)):
             raise SchemaError(f"SUM({self.events}.{self.value}): the column is {self.type(self.events, self.value)}, "
                               "not a number; sum a numeric column or use COUNT")
         self.since = self.column(self.entity, query.since, "since") if query.since else None

@@ -8,8 +8,11 @@ the user's database each time it is grounded. So it may only read the database's
 `_check_reads_only` refuses, at parse time, functions that change the database or the session
 (nextval, currval, setval, setseed, ...), that read files, the network or the engine's state
 (read_csv, read_parquet, read_text, glob, *_scan, query, pragma_*, duckdb_*, getenv, ...), and a
-table "name" that is a file path (DuckDB would read the file: `FROM 'data.csv'`). In FROM, only
+table "name" that is a file path or URL (DuckDB would read the file: `FROM '/data/x.csv'`). In FROM, only
 the row generators range, generate_series and unnest are table functions a template may call.
+A table name with a file suffix (`FROM "data.parquet"`) is a real table's name on some databases
+(`grp.x`): grounding refuses it, before any statement runs, where the database has no such table
+(`file_like`).
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ _DENIED_PREFIXES = ("read_", "pragma_", "duckdb_", "parquet_", "sqlite_", "postg
                     "enable_", "disable_", "http", "s3_", "ducklake_", "arrow_", "pandas_", "python_", "st_read")
 _DENIED_SUFFIXES = ("_scan", "_attach", "_execute", "_query")
 _TABLE_FUNCTIONS = {"range", "generate_series", "unnest"}  # row generators, in FROM
-_FILE_LIKE = re.compile(r"[/\\:]|\.[A-Za-z0-9]{1,8}$")  # a path, a URL, or a name with a file suffix
+_PATH_LIKE = re.compile(r"[/\\:]")  # a path or a URL: refused as it is parsed
+_FILE_LIKE = re.compile(r"\.[A-Za-z0-9]{1,8}$")  # a name with a file suffix: a table of that name, or refused (`file_like`)
 
 
 class _RelsqlDuckDB(DuckDB):
@@ -340,7 +344,7 @@ class _Statement:
         for node in select.walk():
             if isinstance(node, exp.Table):
                 source = node.this
-                if isinstance(source, exp.Identifier) and _FILE_LIKE.search(source.name):
+                if isinstance(source, exp.Identifier) and _PATH_LIKE.search(source.name):
                     raise self.fail(f"table `{source.name}` reads like a file path or URL, which DuckDB would open and "
                                     f"read; {fix}", node)
                 if isinstance(source, exp.Func) and _function_name(source) not in _TABLE_FUNCTIONS:
@@ -682,3 +686,19 @@ def check_reads_only(select: exp.Select, origin: str) -> None:
     """The parser's check that a body query only reads the database's tables, for a query that
     comes from elsewhere (a saved model's plain IR, relsql/template/plain.py)."""
     _Statement(ir.Template(), select, origin)._check_reads_only(select)
+
+
+def file_like(template: ir.Template) -> Iterator[tuple[str, str]]:
+    """(name, statement) for each table a statement reads whose name ends like a file's
+    (`FROM "data.csv"`): DuckDB opens and reads such a file unless a table has the name. Whether
+    one does is known only on the database, so grounding refuses the others before any statement
+    runs (relsql/ground/execute.py); a table named `grp.x` stays readable. Paths and URLs are
+    refused as the template is parsed (`_check_reads_only`)."""
+    for relation in template.relations.values():
+        for rule in relation.rules:
+            if not isinstance(rule.query, exp.Expression):
+                continue
+            for table in rule.query.find_all(exp.Table):
+                name = table.this.name if isinstance(table.this, exp.Identifier) else None
+                if name and not table.db and _FILE_LIKE.search(name) and name not in template.relations:
+                    yield name, rule.origin

@@ -37,10 +37,11 @@ from __future__ import annotations
 import sqlglot.expressions as exp
 
 from relsql import arguments
+from relsql.data.coltypes import is_interval
 from relsql.data.engine import Database
 from relsql.targets import output_units
 from relsql.template.auto import encoders, header, layers
-from relsql.template.auto.columns import id_like, is_interval, label_kind
+from relsql.template.auto.columns import id_like, label_kind
 from relsql.template.auto.cuts import Pruning, Sizes
 from relsql.template.auto.draft import Draft
 from relsql.template.auto.header import HEADER, is_automatic

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import re
 
-FEATURE_TYPES = ("INT", "DECIMAL", "NUMERIC", "DOUBLE", "FLOAT", "REAL", "BOOL", "DATE", "TIMESTAMP")
+from relsql.data.coltypes import head, is_composite, is_floating, is_list, is_number
+
 TIME_TYPES = ("DATE", "TIMESTAMP")
 _ID_NAME = re.compile(r"(?:^|_)(?:id|sk|key|uuid|guid)$", re.IGNORECASE)  # id, customer_id, ss_item_sk, row_key
 _ID_CAMEL = re.compile(r"[a-z0-9](?:Id|ID|Key|SK)$")  # customerId, CustomerID, OrderKey
@@ -13,14 +14,23 @@ _ID_TPCH = re.compile(r"[a-z]{1,3}_[a-z]+key", re.IGNORECASE)  # c_custkey, o_or
 
 
 def is_time_type(sql_type: str) -> bool:
-    """A DATE or TIMESTAMP column (of any precision or zone)."""
-    return any(t in sql_type.upper() for t in TIME_TYPES)
+    """A DATE or TIMESTAMP column (of any precision or zone); not a list of them."""
+    return not is_list(sql_type) and head(sql_type).startswith(TIME_TYPES)
 
 
-def is_interval(sql_type: str) -> bool:
-    """A duration column (INTERVAL: pandas timedelta, polars Duration, PostgreSQL INTERVAL): a number
-    of seconds to an encoder, though its name holds "INT"."""
-    return sql_type.upper().startswith("INTERVAL")
+def is_flag(sql_type: str) -> bool:
+    """A BOOLEAN column."""
+    return not is_list(sql_type) and head(sql_type).startswith("BOOL")
+
+
+def is_feature(sql_type: str) -> bool:
+    """A number, boolean or time: a value an encoder reads as numbers (durations apart)."""
+    return is_number(sql_type) or is_flag(sql_type) or is_time_type(sql_type)
+
+
+def is_text(sql_type: str) -> bool:
+    """Text or an enum, or a list of them (embedded word by word); not a struct or map holding text."""
+    return not is_composite(sql_type) and any(k in head(sql_type) for k in ("CHAR", "TEXT", "STRING", "ENUM"))
 
 
 def id_like(name: str) -> bool:
@@ -29,11 +39,11 @@ def id_like(name: str) -> bool:
 
 
 def label_kind(sql_type: str) -> str | None:
-    """A label an earlier sibling may bring as a number: "boolean", "number", or None (text, lists,
-    dates, durations: categories and other kinds are not read)."""
-    upper = sql_type.upper()
-    if "[]" in upper or is_interval(upper) or is_time_type(upper):
-        return None
-    if upper.startswith("BOOL"):
+    """A label an earlier sibling may bring as a number: "boolean", "number" ("float" where it may
+    be NaN or infinite), or None (text, lists, dates, durations: categories and other kinds are not
+    read)."""
+    if is_flag(sql_type):
         return "boolean"
-    return "number" if any(t in upper for t in ("INT", "DECIMAL", "NUMERIC", "DOUBLE", "FLOAT", "REAL")) else None
+    if is_floating(sql_type):
+        return "float"
+    return "number" if is_number(sql_type) else None

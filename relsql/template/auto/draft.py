@@ -31,14 +31,23 @@ class Draft:
         self.out: list[str] = []
         self.identifiers: list[str] = []  # table.column named like an identifier and left out
         self.sizes = sizes
-        self.label_kind: str | None = None  # "boolean" or "number": earlier siblings' labels are read (layers.lateral)
+        self.label_kind: str | None = None  # "boolean", "number" or "float": earlier siblings' labels are read (layers.lateral)
         self.counted: dict[tuple[str, str], tuple[int, int]] = {}  # (table, column) -> (distinct values, non-NULL rows)
+        self.nonfinite: set[tuple[str, str]] = set()  # floating-point columns holding NaN or an infinity (`count_all`)
         self.inline: dict[str, tuple[str, list[str], str]] = {}  # keyless table -> its rows' encoding (encoders.encoding)
         self.target_keys = list(schema.primary_keys[target])
         # Key columns of node relations: r_<target key> (and r_time), then n_<node table key>.
         r_names = distinct([f"r_{safe(k)}" for k in self.target_keys] + (["r_time"] if self.time_column else []))
         self.r = dict(zip(self.target_keys, r_names))
         self.r_time = r_names[-1] if self.time_column else ""
+
+    def own(self, table: str) -> dict[str, str]:
+        """`table`'s key columns as enc_<table> (and, for the target, p_/h_/predict) name them: as the
+        table does, but a key column named h is renamed (h is every relation's value column)."""
+        pk = self.schema.primary_keys[table]
+        if all(k.casefold() != "h" for k in pk):
+            return {k: k for k in pk}
+        return dict(zip(pk, distinct([f"{k}_key" if k.casefold() == "h" else k for k in pk])))
 
     def n(self, table: str) -> dict[str, str]:
         """The node relation's key column name for each key column of `table`."""

@@ -15,7 +15,8 @@ import sqlglot.expressions as exp
 
 from relsql import sql as q
 from relsql.data.catalog import Column, Table
-from relsql.template.auto.columns import FEATURE_TYPES, TIME_TYPES, id_like, is_interval
+from relsql.data.coltypes import is_floating, is_integer, is_interval
+from relsql.template.auto.columns import id_like, is_feature, is_flag, is_text, is_time_type
 from relsql.template.auto.draft import Draft
 from relsql.template.auto.names import quoted, safe
 
@@ -42,7 +43,7 @@ class Columns:
 def encoder(draft: Draft, table: str) -> None:
     """Write enc_<table>: one `width`-wide vector per row of `table` from its own columns."""
     value, lines, source = encoding(draft, table, "t")
-    key_sql = ", ".join(f"t.{quoted(k)}" for k in draft.schema.primary_keys[table])
+    key_sql = ", ".join(f"t.{quoted(k)}" + (f" AS {quoted(name)}" if name != k else "") for k, name in draft.own(table).items())
     lines.append(f"CREATE TABLE enc_{draft.labels[table]} AS\nSELECT {key_sql}, {value} AS h\nFROM {source} t;\n")
     draft.out.append("\n".join(lines))
 
@@ -70,6 +71,9 @@ def encoding(draft: Draft, table: str, alias: str) -> tuple[str, list[str], str]
                      f"{', '.join(found.copies)}")
     if found.texts:
         lines.append(f"-- text with more than {MAX_CATEGORIES} values, as hashed words and 3-grams: {', '.join(found.texts)}")
+    nonfinite = [c for c in found.numeric if (table, c) in draft.nonfinite]
+    if nonfinite:
+        lines.append(f"-- numbers holding NaN or infinities, read as missing (NULL) there: {', '.join(nonfinite)}")
     if found.skipped:
         lines.append(f"-- skipped columns (constant, all NULL, high-cardinality text or unsupported types): "
                      f"{', '.join(found.skipped)}")
@@ -94,21 +98,16 @@ def columns(draft: Draft, table: str) -> Columns:
 
 def _counted(upper: str) -> bool:
     """Whether `_kinds` reads a column of this type's counts (`distinct`, `counts`)."""
-    if is_interval(upper):
-        return False
-    text = "CHAR" in upper or "TEXT" in upper or "STRING" in upper or "ENUM" in upper
-    integer = "INT" in upper and "[]" not in upper
-    number = any(t in upper for t in FEATURE_TYPES) and "[]" not in upper and not any(t in upper for t in ("BOOL", *TIME_TYPES))
-    return text or integer or number
+    return is_text(upper) or (is_feature(upper) and not is_flag(upper) and not is_time_type(upper))
 
 
 def _kinds(draft: Draft, table: str, col: Column) -> tuple[str, ...]:
     """The `Columns` lists one column goes to."""
     upper = col.type.upper()
-    text = "CHAR" in upper or "TEXT" in upper or "STRING" in upper or "ENUM" in upper
+    text = is_text(upper)
     if is_interval(upper):
         return ("numeric",)  # a duration: its seconds (see `rows`), never a code
-    integer = "INT" in upper and "[]" not in upper
+    integer = is_integer(upper)
     if id_like(col.name) and not draft.schema.is_value(table, col.name):
         # an identifier that is not a key: never a number; embedded only if it is a code
         # (a year named like one, `yearID`, in no key is a value: relsql.data.keys.Schema.is_value)
@@ -116,7 +115,7 @@ def _kinds(draft: Draft, table: str, col: Column) -> tuple[str, ...]:
     values = distinct(draft, table, col.name) if text or integer else 0
     if integer and values <= SMALL_INTEGER_CATEGORIES:
         return ("categorical",)  # a code such as a type or level: embedded
-    if any(t in upper for t in FEATURE_TYPES) and "[]" not in upper:
+    if is_feature(upper):
         return _number_kinds(draft, table, col.name, upper)
     if text:
         return ("categorical",) if values <= MAX_CATEGORIES else ("texts",) if draft.numbers == "ple" else ("skipped",)
@@ -125,7 +124,7 @@ def _kinds(draft: Draft, table: str, col: Column) -> tuple[str, ...]:
 
 def _number_kinds(draft: Draft, table: str, column: str, upper: str) -> tuple[str, ...]:
     """The `Columns` lists a number, boolean or date column goes to."""
-    if any(t in upper for t in ("BOOL", *TIME_TYPES)):
+    if is_flag(upper) or is_time_type(upper):
         return ("numeric",)
     values, present = counts(draft, table, column)
     if values == 0 or (values == 1 and present == draft.sizes.table_rows(table)):
@@ -153,8 +152,8 @@ def encodings(draft: Draft, table: str, numeric: list[str], codes: list[str], te
         if numeric:
             parts.append(f"linear(features({read(numeric)}), {w}, '{name(f'enc_{t}_num')}')")
         return parts + [f"embed({alias}.{quoted(c)}, {w}, '{name(f'enc_{t}_{safe(c)}')}')" for c in codes]
-    flags = [c for c in numeric if "BOOL" in types[c]]
-    dates = [c for c in numeric if any(k in types[c] for k in TIME_TYPES) and c not in flags]
+    flags = [c for c in numeric if is_flag(types[c])]
+    dates = [c for c in numeric if is_time_type(types[c]) and c not in flags]
     numbers = [c for c in numeric if c not in flags and c not in dates]
     if numbers:
         parts.append(f"linear(ple({read(numbers)}, {PLE_BINS}), {w}, '{name(f'enc_{t}_num')}')")
@@ -168,14 +167,23 @@ def encodings(draft: Draft, table: str, numeric: list[str], codes: list[str], te
 
 
 def rows(draft: Draft, info: Table, numeric: list[str]) -> str:
-    """The encoder's FROM: the table itself, or, when it encodes durations, a subquery reading
-    each INTERVAL column as its seconds (`epoch`, DuckDB's 30-day months): features() takes
-    numbers, and a duration is one."""
+    """The encoder's FROM: the table itself, or a subquery reading each INTERVAL column as its
+    seconds (`epoch`, DuckDB's 30-day months: features() takes numbers, and a duration is one) and
+    each floating-point column holding NaN or an infinity with those values as missing (NULL): no
+    quantile or scale can hold them, and ple refuses them."""
     durations = {c.name for c in info.columns if c.name in numeric and is_interval(c.type)}
-    if not durations:
+    nonfinite = {c.name for c in info.columns if c.name in numeric and (info.name, c.name) in draft.nonfinite}
+    if not durations and not nonfinite:
         return quoted(info.name)
-    read = [exp.alias_(exp.Anonymous(this="epoch", expressions=[q.col(c.name)]), q.ident(c.name))
-            if c.name in durations else q.col(c.name) for c in info.columns
+
+    def read_as(name: str) -> exp.Expression:
+        if name in durations:
+            return exp.alias_(exp.Anonymous(this="epoch", expressions=[q.col(name)]), q.ident(name))
+        if name in nonfinite:
+            finite = exp.Anonymous(this="isfinite", expressions=[q.col(name)])
+            return exp.alias_(exp.Case(ifs=[exp.If(this=finite, true=q.col(name))]), q.ident(name))
+        return q.col(name)
+    read = [read_as(c.name) for c in info.columns
             if not (info.name == draft.target and c.name == draft.column)]  # the target is never an input
     return exp.Subquery(this=exp.select(*read).from_(q.ident(info.name))).sql("duckdb")
 
@@ -219,11 +227,18 @@ def count_all(draft: Draft, table: str, columns: list[str]) -> None:
     columns = [c for c in columns if (table, c) not in draft.counted]
     if not columns:
         return
+    types = {c.name: c.type for c in draft.schema.tables[table].columns}
+    floats = [c for c in columns if is_floating(types.get(c, ""))]
     read = []
     for column in columns:
         col = exp.column(exp.to_identifier(column, quoted=True))
         read += [exp.Count(this=exp.Distinct(expressions=[col])), exp.Count(this=col.copy())]
+    for column in floats:  # NaN and infinities: non-NULL values that are not finite
+        col = exp.column(exp.to_identifier(column, quoted=True))
+        finite = exp.Case(ifs=[exp.If(this=exp.Anonymous(this="isfinite", expressions=[col.copy()]), true=q.integer(1))])
+        read.append(exp.Sub(this=exp.Count(this=col), expression=exp.Count(this=finite)))
     query = exp.select(*read, copy=False).from_(exp.Table(this=exp.to_identifier(table, quoted=True)), copy=False)
     row = draft.db.scalar(query)
     for i, column in enumerate(columns):
         draft.counted[table, column] = (row[2 * i], row[2 * i + 1])
+    draft.nonfinite |= {(table, c) for c, bad in zip(floats, row[2 * len(columns):]) if bad}

@@ -46,7 +46,8 @@ def node_rows(draft: Draft, node: Node) -> None:
         condition += " AND NOT ({})".format(" AND ".join(f"x.{quoted(k)} = p.{draft.r[k]}" for k in draft.target_keys))
     select = [f"{expr} AS {name}" for expr, name in zip(target_keys + [f"x.{quoted(k)}" for k in pk], draft.keys(node))]
     group = ", ".join(target_keys + [f"x.{quoted(k)}" for k in pk])
-    join_enc = " AND ".join(f"e.{quoted(k)} = x.{quoted(k)}" for k in pk)
+    own = draft.own(node.table)
+    join_enc = " AND ".join(f"e.{quoted(own[k])} = x.{quoted(k)}" for k in pk)
     direction = "child rows" if node.step.to_child else "parent row"
     draft.out.append(
         f"-- {node.name}: the {direction} of {node.parent.table} in {node.table} (via {', '.join(node.step.fk.columns)})"
@@ -120,7 +121,7 @@ def lateral(draft: Draft, node: Node, time: Time | None, target_time: str) -> st
     every grounding, later target rows' included, so future rows would move earlier predictions
     through its mean and spread (issue 44). A day, a month, a year and a decade are 0.69, 3.4, 5.9
     and 8.2. For an earlier sibling of the target row, its label too: `label` (a boolean as 0/1, a
-    number y as sign(y) * ln(1 + |y|); 0 where NULL) and `unknown` (1 where NULL), each read only
+    number y as sign(y) * ln(1 + |y|); 0 where NULL, NaN or infinite) and `unknown` (1 there), each read only
     under CASE WHEN the sibling's time < the target row's (else 0 and 1)."""
     columns = []
     if ages(draft, time):
@@ -132,6 +133,8 @@ def lateral(draft: Draft, node: Node, time: Time | None, target_time: str) -> st
         columns.append(f"sign({span}) * ln(1 + abs({span})) AS age")
     if sibling_labels(draft, node, time):
         label = f"x.{quoted(draft.column)}"
+        if draft.label_kind == "float":  # NaN or an infinity is no label: unknown, as NULL is
+            label = f"(CASE WHEN isfinite({label}) THEN {label} END)"
         value = f"CAST({label} AS DOUBLE)" if draft.label_kind == "boolean" else f"sign({label}) * ln(1 + abs({label}))"
         earlier = f"x.{quoted(draft.time_column)} < {target_time}"
         columns.append(f"CASE WHEN {earlier} THEN coalesce({value}, 0) ELSE 0 END AS label")
@@ -201,7 +204,8 @@ def head(draft: Draft, root: Node, value: str, units: int, ranking: bool = False
     """The prediction: a linear read-out of the root's value, plus one of the target row's own
     encoding, so its own columns reach the output in one step rather than through every layer.
     `ranking`: it is the query tower, a `units`-wide vector scored against the candidates'."""
-    keys = ", ".join(f"v.{quoted(k)}" for k in draft.target_keys)
+    own = draft.own(draft.target)
+    keys = ", ".join(f"v.{quoted(own[k])}" for k in draft.target_keys)
     comment = (f"-- the prediction for each {draft.target} row ({units} output{'s' if units > 1 else ''}; "
                "relsql.Model adds the loss)")
     if ranking:
@@ -212,7 +216,7 @@ def head(draft: Draft, root: Node, value: str, units: int, ranking: bool = False
         draft.out.append(f"{comment}\nCREATE TABLE predict AS\nSELECT {keys}, linear(v.h, {units}, "
                          f"'{draft.weight_name('w_out')}') AS h\nFROM enc_{t} v;\n")
         return
-    on = " AND ".join(f"e.{quoted(k)} = v.{quoted(k)}" for k in draft.target_keys)
+    on = " AND ".join(f"e.{quoted(own[k])} = v.{quoted(own[k])}" for k in draft.target_keys)
     draft.out.append(f"{comment}: its relational context and, directly, its own encoding\n"
                      f"CREATE TABLE predict AS\nSELECT {keys}, linear(v.h, {units}, '{draft.weight_name('w_out')}') "
                      f"+ linear(e.h, {units}, '{draft.weight_name('w_out_own')}') AS h\n"
@@ -227,7 +231,7 @@ def node_value(draft: Draft, node: Node) -> str:
     is_root = node.parent is None
     relation, self_weight = f"p_{node.name}", draft.weight_name('w_' + node.name + '_self')
     if is_root:
-        keys = list(draft.target_keys)
+        keys = list(draft.own(draft.target).values())
         draft.out.append(f"-- {node.table}: the target row's own encoding (self term)\nCREATE TABLE {relation} AS\n"
                          f"SELECT {', '.join('e.' + quoted(k) for k in keys)}, linear(e.h, {draft.width}, '{self_weight}') AS h\n"
                          f"FROM enc_{draft.labels[node.table]} e;\n")
@@ -265,7 +269,8 @@ def _child_term(draft: Draft, node: Node, child: Node, child_value: str, keys: l
     if is_root:  # the target row's own encoding, for attention scores
         own = "s.h"
         own_join = "\nJOIN enc_{} s ON {}".format(
-            draft.labels[node.table], " AND ".join(f"s.{quoted(k)} = p.{quoted(k)}" for k in draft.target_keys))
+            draft.labels[node.table],
+            " AND ".join(f"s.{quoted(name)} = p.{quoted(k)}" for k, name in draft.own(draft.target).items()))
     kind, value = aggregate(draft, child, node, own)
     if "attention(" not in value:
         own_join = ""

@@ -56,6 +56,13 @@ def scope(db: Database, table: str, column: str, options: Options) -> Scope:
     if not keys.primary_keys.get(table):
         raise SchemaError(f"target table `{table}` has no primary key (declared or inferable); declare one so each "
                           "prediction has a key")
+    named_h = [k for k in keys.primary_keys[table] if k.casefold() == "h"]
+    if named_h:  # the output relation is keyed by the target's key names, and h is every relation's value column
+        raise SchemaError(f"target table `{table}`'s key column `{named_h[0]}` has the name of every template relation's "
+                          f"value column (h), so no template can key its predictions by it; predict from a view that "
+                          f"renames it (CREATE VIEW {table}_v AS SELECT \"{named_h[0]}\" AS {table}_key, * EXCLUDE "
+                          f"(\"{named_h[0]}\") FROM \"{table}\"), target {table}_v.{column}, and give the foreign keys "
+                          "that reference the view in a keys file (relsql.connect(..., keys=), docs/keys.md)")
     times = _times(db, catalog, keys, table, options, set(tasks))
     # keys.outputs: tables a model wrote (relsql.data.keys.schema leaves them out), some model's predictions
     return Scope(table, column, keys, reference, dimension, tasks, keys.outputs, found, times,

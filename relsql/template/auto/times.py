@@ -20,10 +20,11 @@ from dataclasses import dataclass
 import sqlglot.expressions as exp
 
 from relsql.data.catalog import Column, ForeignKey, Table
+from relsql.data.coltypes import is_integer, is_number
 from relsql.data.engine import Database
 from relsql.data.keys import Schema
 from relsql.errors import SchemaError
-from relsql.template.auto.columns import is_interval, is_time_type
+from relsql.template.auto.columns import is_time_type
 
 YEARS = (1000, 3000)  # an integer time column whose values all lie within these is a year
 _DATE_DIMENSION = re.compile(r"date|day|calendar", re.IGNORECASE)
@@ -75,10 +76,9 @@ def time_kind(db: Database, table: str, column: str, sql_type: str) -> str | Non
     upper = sql_type.upper()
     if is_time_type(upper):
         return "date"
-    if ("[]" in upper or is_interval(upper)
-            or not any(t in upper for t in ("INT", "DECIMAL", "NUMERIC", "DOUBLE", "FLOAT", "REAL"))):
+    if not is_number(upper):
         return None
-    if "INT" in upper:
+    if is_integer(upper):
         col = exp.column(exp.to_identifier(column, quoted=True))
         low, high = db.scalar(exp.select(exp.Min(this=col.copy()), exp.Max(this=col.copy())).from_(
             exp.Table(this=exp.to_identifier(table, quoted=True))))

@@ -28,7 +28,6 @@ from relsql import sql as q
 from relsql.train.gbm import flat, gbm
 
 CHEAP_ROWS = 2_000_000  # own_columns reads the target table's rows into memory once
-_NUMERIC = ("INT", "DOUBLE", "FLOAT", "REAL", "DECIMAL", "NUMERIC", "BOOL")
 
 
 def majority(model, split: str) -> dict[str, float]:
@@ -83,6 +82,7 @@ def own_columns(model, split: str) -> tuple[dict[str, float], list[str]] | None:
     if not columns or len(model.labelled) > CHEAP_ROWS:
         return None
     matrix = _matrix(model, columns)
+    matrix = np.where(np.isfinite(matrix), matrix, np.nan)  # NaN and infinities are missing, as NULLs are
     with np.errstate(all="ignore"):
         mean = np.nan_to_num(np.nanmean(matrix[model.rows["train"]], axis=0))  # NULLs become the training mean
     matrix = np.where(np.isnan(matrix), mean, matrix)
@@ -115,15 +115,16 @@ def _labels(model, split: str) -> np.ndarray:
 def _columns(model) -> list[str]:
     """Numeric and boolean columns of the target table that say something about a row: not the
     target, the output's keys, the time column, or anything named like an identifier."""
+    from relsql.data.coltypes import is_number
     from relsql.template.auto import id_like
+    from relsql.template.auto.columns import is_flag
     from relsql.train.task.leakage import copies_of
 
     skip = {c.casefold() for c in (model.column, model.time_column, *model.template.relations[model.output].keys) if c}
     skip |= copies_of(model.db, model.table, model.column)
     skip |= key_columns(model.db).get(model.table, set())  # a foreign key is no quantity, whatever its name
     return [name for name, kind in model.db.columns(model.table)
-            if name.casefold() not in skip and not id_like(name) and any(n in kind.upper() for n in _NUMERIC)
-            and "INTERVAL" not in kind.upper() and "[]" not in kind]
+            if name.casefold() not in skip and not id_like(name) and (is_number(kind) or is_flag(kind))]
 
 
 def key_columns(db) -> dict[str, set[str]]:

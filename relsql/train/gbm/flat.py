@@ -36,8 +36,6 @@ from relsql.data.engine import Database
 from relsql.errors import RelsqlError
 
 MAX_CODES = 100  # a text column with more distinct values is left out (a name, free text)
-_NUMBERS = ("INT", "DECIMAL", "NUMERIC", "DOUBLE", "FLOAT", "REAL", "BOOL")
-_TIMES = ("DATE", "TIMESTAMP")
 AGGREGATES = ("avg", "min", "max")
 MAX_FEATURES = 400  # two-hop parts beyond this many features are left out (one-hop ones never)
 MAX_PAIRS = 5_000_000  # a timed join of a parent's other children reading more pairs is left out (a hub)
@@ -398,19 +396,21 @@ def key_columns(found) -> dict[str, set[str]]:
 def _features(db: Database, info, skip: set[str], values: set[str] = frozenset()) -> list[Column]:
     """A table's columns that may enter as features, with their kinds. `values`: columns named like
     identifiers that are values (a year no key holds, relsql.data.keys.Schema.is_value)."""
-    from relsql.template.auto import id_like, is_interval
+    from relsql.data.coltypes import is_interval, is_nested, is_number
+    from relsql.template.auto import id_like
+    from relsql.template.auto.columns import is_flag, is_text, is_time_type
 
     out = []
     for c in info.columns:
-        kind, upper = None, c.type.upper()
-        if c.name.casefold() in skip or (id_like(c.name) and c.name not in values) or "[]" in upper or is_interval(upper) \
-                or "STRUCT" in upper or "MAP" in upper:
+        kind = None
+        if c.name.casefold() in skip or (id_like(c.name) and c.name not in values) or is_nested(c.type) \
+                or is_interval(c.type):
             continue
-        if any(t in upper for t in _TIMES):
+        if is_time_type(c.type):
             kind = "time"
-        elif any(n in upper for n in _NUMBERS):
+        elif is_number(c.type) or is_flag(c.type):
             kind = "number"
-        elif any(n in upper for n in ("CHAR", "TEXT", "STRING", "ENUM")):
+        elif is_text(c.type):
             codes = _codes(db, info.name, c.name)
             if codes is not None:
                 out.append(Column(c.name, "code", codes))

@@ -88,12 +88,15 @@ class Target:
               dtype: torch.dtype, device: torch.device) -> None:
         """Task, labelled rows, split and encoded labels from `labels` (see `read`). A Task given
         (a saved model's) is kept as it is, with its classes and standardization."""
-        self.task = task if isinstance(task, Task) else detect(labels.column("y"), self.name, task)
-        self.positions = labels.column("_rid").to_numpy()
         column = labels.column("y").combine_chunks()
-        labelled = pc.is_valid(column).to_numpy(zero_copy_only=False)  # per row, without Python objects
+        valid = pc.is_valid(column)
+        if pa.types.is_floating(column.type):  # NaN or an infinity is no label: the row is predicted, not learnt from
+            valid = pc.and_(valid, pc.fill_null(pc.is_finite(column), False))
+        self.task = task if isinstance(task, Task) else detect(column.filter(valid), self.name, task)
+        self.positions = labels.column("_rid").to_numpy()
+        labelled = valid.to_numpy(zero_copy_only=False)  # per row, without Python objects
         self.labelled = self.positions[labelled]
-        raw = column.filter(pc.is_valid(column))
+        raw = column.filter(valid)
         if split is None:
             times = labels.column("t").filter(pa.array(labelled)) if self.time_column else None
             split = split_rows(len(raw), self.fractions, self.seed, times)
