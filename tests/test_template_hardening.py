@@ -201,6 +201,21 @@ def test_join_without_on_in_a_subquery_is_refused():
             "JOIN without ON")
 
 
+@pytest.mark.parametrize("joins", ["JOIN b USING (id) JOIN c", "JOIN (SELECT b.id FROM b JOIN c) s ON s.id = a.id",
+                                   "JOIN b ON b.id = a.id JOIN c WHERE c.x > 0"])
+def test_a_later_or_inner_join_without_on_is_refused(joins):
+    refused(sql(f"CREATE TABLE r AS SELECT a.id, sum(a.x) FROM a {joins} GROUP BY a.id;"),
+            "statement 1", "JOIN without ON")
+
+
+@pytest.mark.parametrize("joins", ["ASOF JOIN b ON a.t >= b.t", "JOIN LATERAL (SELECT 1 AS x) l", ", b JOIN c ON c.id = b.id",
+                                   "JOIN generate_series(1, 3) g(x) ON g.x = a.id", "POSITIONAL JOIN b",
+                                   "JOIN (SELECT b.id FROM b JOIN c ON c.id = b.id) s ON s.id = a.id"])
+def test_joins_that_need_no_on_or_have_one_parse(joins):
+    tpl = relsql.Template.from_sql(f"CREATE TABLE r AS SELECT a.id, sum(a.x) FROM a {joins} GROUP BY a.id;")
+    assert len(tpl.relations["r"].rules) == 1
+
+
 def test_cross_and_comma_joins_still_work():
     db = relsql.connect()
     db.execute("CREATE TABLE a(id INT, x DOUBLE); INSERT INTO a VALUES (1, 1.0), (2, 2.0);"

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 
 import sqlglot
 import sqlglot.expressions as exp
-from sqlglot.dialects.duckdb import DuckDB
+from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import Token, Tokenizer, TokenType
 
@@ -40,7 +40,11 @@ TEXT_BUCKETS = 2**16  # text(...)'s default number of hash buckets (rows of its 
 TEXT_TOKENS = 128  # text(...)'s default most tokens per value: its words first, then their 3-grams
 _OPEN = {TokenType.L_PAREN, TokenType.L_BRACKET, TokenType.L_BRACE}
 _CLOSE = {TokenType.R_PAREN, TokenType.R_BRACKET, TokenType.R_BRACE}
-_KEYWORD_JOIN = "relsql_keyword_join"
+# a JOIN keyword's join ends at one of these (at its own depth of parentheses) without ON or USING
+_JOIN_ENDS = {TokenType.JOIN, TokenType.WHERE, TokenType.GROUP_BY, TokenType.ORDER_BY, TokenType.HAVING,
+              TokenType.QUALIFY, TokenType.LIMIT, TokenType.WINDOW, TokenType.UNION, TokenType.EXCEPT,
+              TokenType.INTERSECT, TokenType.SEMICOLON, TokenType.COMMA}
+_NO_ON_NEEDED = {TokenType.CROSS, TokenType.NATURAL, TokenType.POSITIONAL, TokenType.ASOF}  # before JOIN
 # what a template may not call (see the module docstring): by name, by prefix, by suffix
 _DENIED = {"nextval", "currval", "setval", "lastval", "setseed", "sleep_ms", "write_log", "getenv", "current_setting",
            "glob", "query", "query_table", "sniff_csv", "which_secret", "checkpoint", "force_checkpoint",
@@ -54,17 +58,48 @@ _PATH_LIKE = re.compile(r"[/\\:]")  # a path or a URL: refused as it is parsed
 _FILE_LIKE = re.compile(r"\.[A-Za-z0-9]{1,8}$")  # a name with a file suffix: a table of that name, or refused (`file_like`)
 
 
-class _RelsqlDuckDB(DuckDB):
-    """DuckDB, except that joins written with the JOIN keyword are marked: sqlglot parses
-    `a JOIN b` without ON like the comma join `a, b`, which would silently be a cross product."""
-
-    class Parser(DuckDB.Parser):
-        def _parse_join(self, *args, **kwargs):
-            comma = self._curr is not None and self._curr.token_type == TokenType.COMMA
-            join = super()._parse_join(*args, **kwargs)
-            if join is not None and not comma:
-                join.meta[_KEYWORD_JOIN] = True
-            return join
+def _joins_without_on(tokens: list[Token]) -> dict[int, str]:
+    """Statement number -> the table a JOIN keyword joins without ON or USING (the first such).
+    sqlglot parses `a JOIN b` without ON like the comma join `a, b`, which would silently be a
+    cross product: only the tokens tell them apart. CROSS, NATURAL, POSITIONAL and ASOF joins and
+    joins of LATERAL or UNNEST need no condition."""
+    found: dict[int, str] = {}
+    statement, seen, depth = 1, False, 0
+    for i, token in enumerate(tokens):
+        if token.token_type == TokenType.SEMICOLON:
+            statement, seen, depth = statement + (1 if seen else 0), False, 0
+            continue
+        seen = True
+        if token.token_type in _OPEN:
+            depth += 1
+        elif token.token_type in _CLOSE:
+            depth = max(depth - 1, 0)
+        if token.token_type != TokenType.JOIN or statement in found:
+            continue
+        before = tokens[i - 1].token_type if i else None
+        after = tokens[i + 1] if i + 1 < len(tokens) else None
+        joined = "(subquery)" if after is not None and after.token_type == TokenType.L_PAREN else \
+            after.text if after is not None else ""
+        if before in _NO_ON_NEEDED or after is None or after.token_type in (TokenType.LATERAL, TokenType.UNNEST):
+            continue
+        level = 0
+        for later in tokens[i + 1:]:
+            if later.token_type in _OPEN:
+                level += 1
+            elif later.token_type in _CLOSE:
+                level -= 1
+                if level < 0:
+                    break
+            elif level == 0 and later.token_type in (TokenType.ON, TokenType.USING):
+                break
+            elif level == 0 and later.token_type in _JOIN_ENDS:
+                found[statement] = joined
+                break
+        else:
+            found[statement] = joined
+        if level < 0:
+            found[statement] = joined
+    return found
 
 
 def _statements(text: str, tokens: list[Token] | None = None) -> list[tuple[int, int, int]]:
@@ -179,7 +214,7 @@ def _parse_sql_template(text: str, depth: int | None) -> ir.Template:
     ir.check_text(text, "SQL template")
     spans: list[tuple[int, int, int]] = []
     try:  # tokenized once: the nesting check, the statements' lines and the parser read the same tokens
-        dialect = _RelsqlDuckDB()
+        dialect = Dialect.get_or_raise("duckdb")
         tokens = dialect.tokenize(text)
         _check_nesting(tokens)
         spans = _statements(text, tokens)
@@ -195,11 +230,12 @@ def _parse_sql_template(text: str, depth: int | None) -> ir.Template:
         raise TemplateError("SQL template is empty: write at least one CREATE TABLE name AS SELECT ...")
     template = ir.Template(language="sql", source=text)
     declared = _declared(statements)
+    unjoined = _joins_without_on(tokens)
     for number, statement in enumerate(statements, start=1):
         line = spans[number - 1][0] if number - 1 < len(spans) else "?"
         origin = f"statement {number} (line {line})"
         try:
-            _Statement(template, statement, origin, declared).translate()
+            _Statement(template, statement, origin, declared, unjoined.get(number)).translate()
         except RecursionError:
             raise TemplateError(f"{origin}: the statement nests too deeply for relsql to read; split it into "
                                 "intermediate relations") from None
@@ -224,7 +260,7 @@ def _too_deep(text: str, spans: list[tuple[int, int, int]]) -> str:
     """The statement the parser's recursion gave up on (the stack was already deep when called)."""
     for number, (line, start, end) in enumerate(spans, start=1):
         try:
-            sqlglot.parse(text[start:end], read=_RelsqlDuckDB)
+            sqlglot.parse(text[start:end], read="duckdb")
         except RecursionError:
             return (f"statement {number} (line {line}): the statement nests too deeply for the SQL parser; keep "
                     f"within {ir.MAX_NESTING} levels of parentheses and split it into intermediate relations")
@@ -237,8 +273,9 @@ class _Statement:
     """Translation state of one statement: its neural aliases, columns and weights."""
 
     def __init__(self, template: ir.Template, statement: exp.Expression, origin: str,
-                 declared: dict[str, str] | None = None):
+                 declared: dict[str, str] | None = None, unjoined: str | None = None):
         self.template = template
+        self.unjoined = unjoined  # a table a JOIN keyword joins without ON or USING (`_joins_without_on`)
         self.declared = declared or {}
         self.statement = statement
         self.origin = origin
@@ -268,12 +305,9 @@ class _Statement:
         items = select.expressions
         if not items:
             raise self.fail("SELECT has no columns")
-        for join in st.find_all(exp.Join):
-            if join.meta.get(_KEYWORD_JOIN) and not (join.args.get("on") or join.args.get("using")) \
-                    and not join.args.get("method") and join.args.get("kind") != "CROSS" \
-                    and not isinstance(join.this, (exp.Unnest, exp.Lateral)):
-                raise self.fail(f"JOIN without ON (joining `{join.this.sql('duckdb')[:60]}`): add an ON condition "
-                                "(or USING (...)); write CROSS JOIN if every pair of rows is meant")
+        if self.unjoined is not None:
+            raise self.fail(f"JOIN without ON (joining `{self.unjoined[:60]}`): add an ON condition "
+                            "(or USING (...)); write CROSS JOIN if every pair of rows is meant")
         self._collect_neural_tables(select)
         keys, key_names = [], []
         for item in items[:-1]:
