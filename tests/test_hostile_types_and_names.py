@@ -114,13 +114,18 @@ def _named_database(path: str) -> None:
     con.close()
 
 
-@pytest.mark.parametrize("time_column", [None, "time"])
-def test_a_table_named_like_a_file_and_columns_named_like_the_templates_own(tmp_path, time_column):
-    path = str(tmp_path / "names.duckdb")
-    _named_database(path)
+def _auto(tmp_path, make, target: str, time_column: str | None):
+    """A database written by `make` into tmp_path, connected; the time option; Template.auto's template."""
+    path = str(tmp_path / "db.duckdb")
+    make(path)
     db = relsql.connect(path)
     options = {"time_column": time_column} if time_column else {}
-    template = relsql.Template.auto(db, target="item.label", **options)
+    return db, options, relsql.Template.auto(db, target=target, **options)
+
+
+@pytest.mark.parametrize("time_column", [None, "time"])
+def test_a_table_named_like_a_file_and_columns_named_like_the_templates_own(tmp_path, time_column):
+    db, options, template = _auto(tmp_path, _named_database, "item.label", time_column)
     assert 'JOIN "grp.x" x' in template.source
     assert 'SELECT t."h" AS "h_key", ' in template.source  # the parent's key, renamed in its encoder only
     model = relsql.Model(db, template, target="item.label", seed=0, progress=False, **options)
@@ -198,11 +203,7 @@ def _nonfinite_database(path: str) -> None:
 
 @pytest.mark.parametrize("time_column", [None, "t"])
 def test_nan_and_infinite_values_are_missing_inputs_and_nan_labels_are_unlabelled(tmp_path, time_column):
-    path = str(tmp_path / "values.duckdb")
-    _nonfinite_database(path)
-    db = relsql.connect(path)
-    options = {"time_column": time_column} if time_column else {}
-    template = relsql.Template.auto(db, target="item.y", **options)
+    db, options, template = _auto(tmp_path, _nonfinite_database, "item.y", time_column)
     said = [line for line in template.source.splitlines() if line.startswith("-- numbers holding NaN")]
     assert sorted(s.rsplit(": ", 1)[1] for s in said) == ["a", "r", "x"], said  # one line per table
     model = relsql.Model(db, template, target="item.y", seed=0, progress=False, **options)

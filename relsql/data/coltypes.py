@@ -14,8 +14,10 @@ import re
 
 # DuckDB's integers (TINYINT ... UHUGEINT and their INT1-INT128 aliases), PostgreSQL's and Spark's
 _INTEGER = re.compile(r"U?(?:TINY|SMALL|BIG|HUGE)?INT(?:EGER)?\d*|LONG|SHORT|SIGNED|(?:SMALL|BIG)?SERIAL\d*")
+_FLOATING = re.compile(r"DOUBLE(?: PRECISION)?|FLOAT\d*|REAL")  # the numbers that can be NaN or infinite
 _FRACTION = re.compile(r"DECIMAL|NUMERIC|DOUBLE(?: PRECISION)?|FLOAT\d*|REAL")
 _COMPOSITES = ("STRUCT", "MAP", "UNION", "ROW")
+TIME_TYPES = ("DATE", "TIMESTAMP")
 
 
 def head(sql_type: str) -> str:
@@ -69,10 +71,29 @@ def is_number(sql_type: str) -> bool:
 
 def is_floating(sql_type: str) -> bool:
     """A floating-point column (FLOAT, DOUBLE, REAL): the numbers that can be NaN or infinite."""
-    return is_number(sql_type) and not is_integer(sql_type) and bool(re.fullmatch(r"DOUBLE(?: PRECISION)?|FLOAT\d*|REAL",
-                                                                                    head(sql_type)))
+    return not is_nested(sql_type) and bool(_FLOATING.fullmatch(head(sql_type)))
 
 
 def is_integer(sql_type: str) -> bool:
     """An integer column (of any width, signed or not)."""
     return not is_nested(sql_type) and bool(_INTEGER.fullmatch(head(sql_type)))
+
+
+def is_time_type(sql_type: str) -> bool:
+    """A DATE or TIMESTAMP column (of any precision or zone); not a list of them."""
+    return not is_list(sql_type) and head(sql_type).startswith(TIME_TYPES)
+
+
+def is_flag(sql_type: str) -> bool:
+    """A BOOLEAN column."""
+    return not is_list(sql_type) and head(sql_type).startswith("BOOL")
+
+
+def is_feature(sql_type: str) -> bool:
+    """A number, boolean or time: a value an encoder reads as numbers (durations apart)."""
+    return is_number(sql_type) or is_flag(sql_type) or is_time_type(sql_type)
+
+
+def is_text(sql_type: str) -> bool:
+    """Text or an enum, or a list of them (embedded word by word); not a struct or map holding text."""
+    return not is_composite(sql_type) and any(k in head(sql_type) for k in ("CHAR", "TEXT", "STRING", "ENUM"))

@@ -64,42 +64,38 @@ def _joins_without_on(tokens: list[Token]) -> dict[int, str]:
     cross product: only the tokens tell them apart. CROSS, NATURAL, POSITIONAL and ASOF joins and
     joins of LATERAL or UNNEST need no condition."""
     found: dict[int, str] = {}
-    statement, seen, depth = 1, False, 0
+    statement, seen = 1, False
     for i, token in enumerate(tokens):
         if token.token_type == TokenType.SEMICOLON:
-            statement, seen, depth = statement + (1 if seen else 0), False, 0
+            statement, seen = statement + (1 if seen else 0), False
             continue
         seen = True
-        if token.token_type in _OPEN:
-            depth += 1
-        elif token.token_type in _CLOSE:
-            depth = max(depth - 1, 0)
-        if token.token_type != TokenType.JOIN or statement in found:
+        if token.token_type != TokenType.JOIN or statement in found or i + 1 == len(tokens):
             continue
-        before = tokens[i - 1].token_type if i else None
-        after = tokens[i + 1] if i + 1 < len(tokens) else None
-        joined = "(subquery)" if after is not None and after.token_type == TokenType.L_PAREN else \
-            after.text if after is not None else ""
-        if before in _NO_ON_NEEDED or after is None or after.token_type in (TokenType.LATERAL, TokenType.UNNEST):
+        after = tokens[i + 1]
+        if (i and tokens[i - 1].token_type in _NO_ON_NEEDED) or after.token_type in (TokenType.LATERAL, TokenType.UNNEST):
             continue
-        level = 0
-        for later in tokens[i + 1:]:
-            if later.token_type in _OPEN:
-                level += 1
-            elif later.token_type in _CLOSE:
-                level -= 1
-                if level < 0:
-                    break
-            elif level == 0 and later.token_type in (TokenType.ON, TokenType.USING):
-                break
-            elif level == 0 and later.token_type in _JOIN_ENDS:
-                found[statement] = joined
-                break
-        else:
-            found[statement] = joined
-        if level < 0:
-            found[statement] = joined
+        if not _has_condition(tokens, i + 1):
+            found[statement] = "(subquery)" if after.token_type == TokenType.L_PAREN else after.text
     return found
+
+
+def _has_condition(tokens: list[Token], start: int) -> bool:
+    """Whether the join whose table starts at `start` has ON or USING at its own depth before it
+    ends (at a join-ending token of that depth, a parenthesis closing around it, or the end)."""
+    level = 0
+    for token in tokens[start:]:
+        if token.token_type in _OPEN:
+            level += 1
+        elif token.token_type in _CLOSE:
+            level -= 1
+            if level < 0:
+                return False
+        elif level == 0 and token.token_type in (TokenType.ON, TokenType.USING):
+            return True
+        elif level == 0 and token.token_type in _JOIN_ENDS:
+            return False
+    return False
 
 
 def _statements(text: str, tokens: list[Token] | None = None) -> list[tuple[int, int, int]]:

@@ -15,8 +15,8 @@ import sqlglot.expressions as exp
 
 from relsql import sql as q
 from relsql.data.catalog import Column, Table
-from relsql.data.coltypes import is_floating, is_integer, is_interval
-from relsql.template.auto.columns import id_like, is_feature, is_flag, is_text, is_time_type
+from relsql.data.coltypes import is_feature, is_flag, is_floating, is_integer, is_interval, is_text, is_time_type
+from relsql.template.auto.columns import id_like
 from relsql.template.auto.draft import Draft
 from relsql.template.auto.names import quoted, safe
 

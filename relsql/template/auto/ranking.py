@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import sqlglot
 
 from relsql.data.catalog import ForeignKey
+from relsql.data.coltypes import is_time_type
 from relsql.data.keys import Schema
 from relsql.data.references import Reference
 from relsql.targets import MAX_TIMES
-from relsql.template.auto.columns import TIME_TYPES
 from relsql.template.auto.draft import Draft
 from relsql.template.auto.encoders import RARE
 from relsql.template.auto.names import quoted, safe
@@ -162,8 +162,8 @@ class Ranking:
         """The median gap in whole days between the target's distinct times (None unless they are
         dates or timestamps with at least two distinct values): the recent window's length."""
         w = self.draft
-        kind = next((c.type.upper() for c in w.schema.tables[w.target].columns if c.name == w.time_column), "")
-        if not any(k in kind for k in TIME_TYPES):
+        kind = next((c.type for c in w.schema.tables[w.target].columns if c.name == w.time_column), "")
+        if not is_time_type(kind):
             return None
         t = quoted(w.time_column)
         query = f"SELECT DISTINCT epoch({t}) AS e FROM {quoted(w.target)} WHERE {t} IS NOT NULL ORDER BY e"

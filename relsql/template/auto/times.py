@@ -20,11 +20,10 @@ from dataclasses import dataclass
 import sqlglot.expressions as exp
 
 from relsql.data.catalog import Column, ForeignKey, Table
-from relsql.data.coltypes import is_integer, is_number
+from relsql.data.coltypes import is_integer, is_number, is_time_type
 from relsql.data.engine import Database
 from relsql.data.keys import Schema
 from relsql.errors import SchemaError
-from relsql.template.auto.columns import is_time_type
 
 YEARS = (1000, 3000)  # an integer time column whose values all lie within these is a year
 _DATE_DIMENSION = re.compile(r"date|day|calendar", re.IGNORECASE)

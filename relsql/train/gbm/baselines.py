@@ -115,9 +115,8 @@ def _labels(model, split: str) -> np.ndarray:
 def _columns(model) -> list[str]:
     """Numeric and boolean columns of the target table that say something about a row: not the
     target, the output's keys, the time column, or anything named like an identifier."""
-    from relsql.data.coltypes import is_number
+    from relsql.data.coltypes import is_flag, is_number
     from relsql.template.auto import id_like
-    from relsql.template.auto.columns import is_flag
     from relsql.train.task.leakage import copies_of
 
     skip = {c.casefold() for c in (model.column, model.time_column, *model.template.relations[model.output].keys) if c}

@@ -396,9 +396,8 @@ def key_columns(found) -> dict[str, set[str]]:
 def _features(db: Database, info, skip: set[str], values: set[str] = frozenset()) -> list[Column]:
     """A table's columns that may enter as features, with their kinds. `values`: columns named like
     identifiers that are values (a year no key holds, relsql.data.keys.Schema.is_value)."""
-    from relsql.data.coltypes import is_interval, is_nested, is_number
+    from relsql.data.coltypes import is_flag, is_interval, is_nested, is_number, is_text, is_time_type
     from relsql.template.auto import id_like
-    from relsql.template.auto.columns import is_flag, is_text, is_time_type
 
     out = []
     for c in info.columns:
