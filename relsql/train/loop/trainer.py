@@ -197,7 +197,7 @@ class Trainer:
         self.rate = LearningRate(config.lr, config.schedule, warmup=config.warmup, patience=max(1, config.patience // 4))
         self.horizon = horizon or config.epochs
         self.checkpointer = Checkpoint(config.checkpoint, config.checkpoint_every)
-        self.stopping = EarlyStopping(learner, config.patience, config.monitor, last=keep == "last")
+        self.stopping = EarlyStopping(learner, config.patience, config.monitor, last=keep == "last", overfit=config.overfit)
         users = [Users(given) for given in (*config.users, *callbacks)]
         self.crossfit = CrossFitted(learner) if crossfit and keep == "best" else None
         self.val_outputs: torch.Tensor | None = None  # this epoch's validation outputs, where crossfit asks for them

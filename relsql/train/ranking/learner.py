@@ -52,6 +52,7 @@ class RankingLearner(Learner):
     candidates = property(lambda self: self.goal.candidates)
     whole_net_batches = True  # fit(batch_size=B): steps of B target rows' positives, both towers whole
     fit_lr, fit_patience = RANKING_LR, RANKING_PATIENCE
+    fit_overfit = False  # its training loss (sampled negatives) and validation loss are not on one scale
     blends = False  # a ranking has no label prediction for a GBM to blend with
     one_process = "a ranking target, which trains in one process (both towers whole)"
     answers = "recommend"  # each row's k best candidates, no value per row
