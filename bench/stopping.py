@@ -18,7 +18,7 @@ epoch's count) epochs without improvement), and the overfit stop. `--curve` reco
 metric after every epoch (a forward per epoch, its CPU taken off the clock), so that a rule keeping
 another epoch than the default's is scored too.
 
-    python -m bench.stopping MANIFEST.json [...] --seeds 0,1,2 --curve --out runs.jsonl"""
+    python -m bench.stopping MANIFEST.json [...] --seeds 0,1,2 --curve --out runs.jsonl [--all-targets]"""
 
 from __future__ import annotations
 
@@ -63,13 +63,13 @@ def rule_name(patience: int | str | tuple[int, float]) -> str:
     return str(patience) if isinstance(patience, int | str) else f"max({patience[0]}, {patience[1]:g} best)"
 
 
-def one(manifest: dict, seed: int, work: Path, curve: bool = False) -> dict:
-    """fit()'s defaults on the manifest's first target with `seed`: the run, each patience's stop, the GBM;
+def one(manifest: dict, seed: int, work: Path, curve: bool = False, target: int = 0) -> dict:
+    """fit()'s defaults on the manifest's `target`-th target with `seed`: the run, each patience's stop, the GBM;
     `curve`: the net's test metric after every epoch too."""
     import relsql
     from bench.outside import gbm_peer
 
-    entry = manifest["targets"][0]
+    entry = manifest["targets"][target]
     target, time_column = entry["target"], entry.get("time_column")
     db = relsql.connect(str(work / Path(manifest["path"]).name), **({"keys": manifest["keys"]} if manifest.get("keys") else {}))
     options = {"time_column": time_column} if time_column else {}
@@ -142,6 +142,7 @@ def summary(runs: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("manifests", nargs="*", type=Path, help="bench.outside manifests (their first target)")
+    parser.add_argument("--all-targets", action="store_true", help="every target of each manifest, not only its first")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--out", type=Path, default=Path("stopping.jsonl"))
     parser.add_argument("--summary", type=Path, help="only summarize this file of runs")
@@ -160,10 +161,12 @@ def main(argv: list[str] | None = None) -> None:
         with tempfile.TemporaryDirectory(prefix="stopping-") as tmp:
             shutil.copy(manifest["path"], Path(tmp) / Path(manifest["path"]).name)
             for seed in (int(s) for s in args.seeds.split(",")):
-                run = one(manifest, seed, Path(tmp), args.curve)
-                with open(args.out, "a") as f:
-                    f.write(json.dumps(run) + "\n")
-                print(run["database"], seed, run["epochs"], {p: s["epochs"] for p, s in run["stops"].items()}, flush=True)
+                for target in range(len(manifest["targets"]) if args.all_targets else 1):
+                    run = one(manifest, seed, Path(tmp), args.curve, target)
+                    with open(args.out, "a") as f:
+                        f.write(json.dumps(run) + "\n")
+                    print(run["database"], run["target"], seed, run["epochs"],
+                          {p: s["epochs"] for p, s in run["stops"].items()}, flush=True)
     print(summary([json.loads(line) for line in args.out.read_text().splitlines() if line.strip()]))
 
 
