@@ -148,13 +148,13 @@ class Flat:
         t = "t"
         on = exp.and_(*[exp.NullSafeEQ(this=q.col(k, "r"), expression=q.col(k, t)) for k in self.keys])
         select = (exp.select(q.col("_rid", "r"))
-                  .from_(exp.alias_(rows, q.ident("r"), table=True))
-                  .join(exp.alias_(_table(self.table), q.ident(t), table=True), on=on, join_type="left"))
+                  .from_(exp.alias_(rows, q.ident("r"), table=True), copy=False)
+                  .join(exp.alias_(_table(self.table), q.ident(t), table=True), on=on, join_type="left", copy=False))
         values = [_value(c, t) for c in self.own]
         for i, p in enumerate(self.parents):
             alias, below = f"p{i}", (f"p{p.of}" if p.of >= 0 else t)
             select = select.join(exp.alias_(_table(p.table), q.ident(alias), table=True), on=_link(p, below, alias),
-                                 join_type="left")
+                                 join_type="left", copy=False)
             values += [_value(c, alias) for c in p.features]
         for i, child in enumerate(self.children):
             alias = f"a{i}"
@@ -165,13 +165,14 @@ class Flat:
             else:
                 sub, link = self._aggregates(child), [exp.NullSafeEQ(this=q.col(f"k{j}", alias), expression=q.col(k, t))
                                                       for j, k in enumerate(self.keys)]
-            select = select.join(exp.alias_(sub.subquery(), q.ident(alias), table=True), on=exp.and_(*link),
-                                 join_type="left")
+            select = select.join(exp.alias_(sub.subquery(copy=False), q.ident(alias), table=True), on=exp.and_(*link),
+                                 join_type="left", copy=False)
             none = exp.Coalesce(this=q.col("n", alias), expressions=[q.real(0.0)])  # no child rows: 0, no target row: NULL
             values.append(exp.Case(ifs=[exp.If(this=exp.Is(this=q.col(self.keys[0], t), expression=exp.Null()),
-                                               true=exp.cast(exp.Null(), "DOUBLE"))], default=none))
+                                               true=_as(exp.Null(), exp.DataType.Type.DOUBLE))], default=none))
             values += [q.col(name, alias) for name in _aggregate_names(child)]
-        return select.select(*[q.alias(v, f"x{i}") for i, v in enumerate(values)], copy=False).order_by(q.col("_rid", "r"))
+        return select.select(*[q.alias(v, f"x{i}") for i, v in enumerate(values)], copy=False).order_by(q.col("_rid", "r"),
+                                                                                                     copy=False)
 
     def _cut(self, child: Child) -> bool:
         return child.time is not None and self.time_column is not None
@@ -180,7 +181,7 @@ class Flat:
         """`select` with the child rows' count, mean/min/max per column, and the mean of each of
         their own parents' columns (joined to alias `c` as `l0`, `l1`, ...)."""
         c = "c"
-        select = select.select(q.alias(exp.cast(exp.Count(this=exp.Star()), "DOUBLE"), "n"), copy=False)
+        select = select.select(q.alias(_as(exp.Count(this=exp.Star()), exp.DataType.Type.DOUBLE), "n"), copy=False)
         measures = [fn(this=_value(f, c)) for f in child.features for fn in (exp.Avg, exp.Min, exp.Max)]
         measures += [exp.Avg(this=_value(f, f"l{i}")) for i, p in enumerate(child.lookups) for f in p.features]
         return select.select(*[q.alias(m, name) for m, name in zip(measures, _aggregate_names(child))], copy=False)
@@ -188,29 +189,29 @@ class Flat:
     def _lookups(self, child: Child, select: exp.Select) -> exp.Select:
         for i, p in enumerate(child.lookups):
             select = select.join(exp.alias_(_table(p.table), q.ident(f"l{i}"), table=True), on=_link(p, "c", f"l{i}"),
-                                 join_type="left")
+                                 join_type="left", copy=False)
         return select
 
     def _grouped(self, child: Child) -> exp.Select:
         """Per value of the child's foreign key: its rows' measures (no time cut)."""
         c = "c"
         select = exp.select(*[q.alias(q.col(k, c), f"k{j}") for j, k in enumerate(child.columns)])
-        select = self._measures(child, select).from_(exp.alias_(_table(child.table), q.ident(c), table=True))
-        return self._lookups(child, select).group_by(*[q.col(k, c) for k in child.columns])
+        select = self._measures(child, select).from_(exp.alias_(_table(child.table), q.ident(c), table=True), copy=False)
+        return self._lookups(child, select).group_by(*[q.col(k, c) for k in child.columns], copy=False)
 
     def _aggregates(self, child: Child) -> exp.Select:
         """Per target row: the count of its (earlier) child rows and their measures."""
         t, c = "t", "c"
         link = [exp.EQ(this=q.col(a, c), expression=q.col(b, t)) for a, b in zip(child.columns, child.references)]
         select = exp.select(*[q.alias(q.col(k, t), f"k{j}") for j, k in enumerate(self.keys)])
-        select = self._measures(child, select).from_(exp.alias_(_table(self.table), q.ident(t), table=True))
+        select = self._measures(child, select).from_(exp.alias_(_table(self.table), q.ident(t), table=True), copy=False)
         if self._cut(child):
             when = q.col(child.time, c)
             if child.via:
                 fk, dimension, refs = child.via
-                select = select.join(exp.alias_(_table(child.table), q.ident(c), table=True), on=exp.and_(*link))
+                select = select.join(exp.alias_(_table(child.table), q.ident(c), table=True), on=exp.and_(*link), copy=False)
                 link = [exp.EQ(this=q.col(a, c), expression=q.col(b, "d")) for a, b in zip(fk, refs)]
-                select = select.join(exp.alias_(_table(dimension), q.ident("d"), table=True), on=exp.and_(*link))
+                select = select.join(exp.alias_(_table(dimension), q.ident("d"), table=True), on=exp.and_(*link), copy=False)
                 when = q.col(child.time, "d")
                 link = []
             from relsql.template.auto import before
@@ -218,8 +219,8 @@ class Flat:
             cut = before(when.sql("duckdb"), child.time_kind, q.col(self.time_column, t).sql("duckdb"), self.time_kind)
             link.append(exp.condition(cut, dialect="duckdb") if cut is not None else exp.false())
         if link:
-            select = select.join(exp.alias_(_table(child.table), q.ident(c), table=True), on=exp.and_(*link))
-        return self._lookups(child, select).group_by(*[q.col(k, t) for k in self.keys])
+            select = select.join(exp.alias_(_table(child.table), q.ident(c), table=True), on=exp.and_(*link), copy=False)
+        return self._lookups(child, select).group_by(*[q.col(k, t) for k in self.keys], copy=False)
 
     def matrix(self, db: Database, rows: exp.Expression) -> tuple[np.ndarray, np.ndarray]:
         """(`_rid`s, float64 features) of the rows `rows` names, in `_rid` order; NULL is NaN."""
@@ -259,18 +260,23 @@ def _table(name: str) -> exp.Table:
     return exp.Table(this=q.ident(name))
 
 
+def _as(value: exp.Expression, kind: exp.DataType.Type) -> exp.Cast:
+    """CAST(value AS kind), built without parsing the type's name (a GBM query holds thousands)."""
+    return exp.Cast(this=value, to=exp.DataType(this=kind))
+
+
 def _value(column: Column, table: str) -> exp.Expression:
     """A column as a DOUBLE: a number as it is, a date as epoch seconds, text as its code."""
     ref = q.col(column.name, table)
     if column.kind == "code":
-        ref = exp.cast(ref, "VARCHAR")
+        ref = _as(ref, exp.DataType.Type.VARCHAR)
     if column.kind == "time":
-        return exp.cast(exp.TimeToUnix(this=ref), "DOUBLE")
+        return _as(exp.TimeToUnix(this=ref), exp.DataType.Type.DOUBLE)
     if column.kind == "code":
         ifs = [exp.If(this=exp.EQ(this=ref.copy(), expression=exp.Literal.string(v)), true=q.real(float(i)))
                for i, v in enumerate(column.codes)]
-        return exp.Case(ifs=ifs, default=exp.Null()) if ifs else exp.cast(exp.Null(), "DOUBLE")
-    return exp.cast(ref, "DOUBLE")
+        return exp.Case(ifs=ifs, default=exp.Null()) if ifs else _as(exp.Null(), exp.DataType.Type.DOUBLE)
+    return _as(ref, exp.DataType.Type.DOUBLE)
 
 
 # -- which columns ---------------------------------------------------------------------------------
