@@ -141,3 +141,15 @@ def test_overfit_is_checked(tmp_path):
     m = model(customers(60))
     with pytest.raises(relsql.RelsqlError, match="overfit must be True, False or None"):
         m.fit(epochs=2, overfit="yes")
+
+
+def test_the_command_line_passes_overfit_on_only_when_given(tmp_path):
+    from relsql.cli import _fit_options, _parser
+
+    relsql.connect(tmp_path / "shop.duckdb").close()
+    parser, _ = _parser()
+    db = str(tmp_path / "shop.duckdb")
+    options = {flags: _fit_options(parser.parse_args(["train", db, "--target", "customer.churned", *flags]))
+               for flags in [(), ("--overfit",), ("--no-overfit",)]}
+    assert "overfit" not in options[()]  # fit's default decides
+    assert options[("--overfit",)]["overfit"] is True and options[("--no-overfit",)]["overfit"] is False
