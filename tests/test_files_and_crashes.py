@@ -176,6 +176,8 @@ def test_training_without_a_checkpoint_leaves_no_copies(tmp_path):
     lambda o: o["state"][0].__setitem__("exp_avg_sq", torch.tensor(float("nan"))),
     lambda o: o["param_groups"][0].__setitem__("betas", {"x": 1}),
     lambda o: o["param_groups"][0].__setitem__("differentiable", True),
+    lambda o: o["param_groups"][0].__setitem__("amsgrad", True),  # its buffer is missing: torch's KeyError before
+    lambda o: o["param_groups"][0].__setitem__("maximize", None),  # the fused kernel's TypeError before
     lambda o: o["param_groups"][0].__setitem__("weight_decay", True),
 ])
 def test_a_checkpoint_with_a_damaged_optimizer_state_is_refused(trained, tmp_path, change):
@@ -188,4 +190,25 @@ def test_a_checkpoint_with_a_damaged_optimizer_state_is_refused(trained, tmp_pat
     torch.save(state, path)
     again = relsql.Model(db, relsql.Template.from_sql(SIMPLE), target="customer.churned", seed=0, progress=False)
     with pytest.raises(relsql.RelsqlError, match="optimizer state"):
+        again.fit(epochs=3, checkpoint=path, resume=True)
+
+
+@pytest.mark.parametrize("change", [
+    lambda s: s["history"][0].__setitem__("lr", "other"),  # a TypeError in the refit's plateau replay before
+    lambda s: s.__setitem__("batch", torch.full((8, 2), float("nan"))),  # a RuntimeError mid-epoch before
+    lambda s: s.__setitem__("epoch", -3),
+    lambda s: s.__setitem__("best_epoch", "1"),
+    lambda s: s.__setitem__("overfit_worse", -1),
+])
+def test_a_checkpoint_with_damaged_loop_records_is_refused(trained, tmp_path, change):
+    """Found by tests/test_fuzz.py's damaged checkpoints: each now a RelsqlError naming the file."""
+    db, _ = trained
+    path = tmp_path / "run.ckpt"
+    model = relsql.Model(db, relsql.Template.from_sql(SIMPLE), target="customer.churned", seed=0, progress=False)
+    model.fit(epochs=2, checkpoint=path)
+    state = torch.load(path, weights_only=True)
+    change(state)
+    torch.save(state, path)
+    again = relsql.Model(db, relsql.Template.from_sql(SIMPLE), target="customer.churned", seed=0, progress=False)
+    with pytest.raises(relsql.RelsqlError, match="damaged"):
         again.fit(epochs=3, checkpoint=path, resume=True)

@@ -145,9 +145,14 @@ class EarlyStopping(Callback):
                 "best_state": self.state, "overfit_worse": self.worse}
 
     def load_state_dict(self, state: dict) -> None:
-        self.best_epoch, self.loss, self.state = state["best_epoch"], state["best_loss"], state["best_state"]
-        self.score = float(state.get("best_score", -self.loss))
-        self.worse = int(state.get("overfit_worse", 0))
+        best, loss, worse = state["best_epoch"], state["best_loss"], state.get("overfit_worse", 0)
+        score = state.get("best_score", -loss if type(loss) in (int, float) else loss)
+        if not ((best is None or (type(best) is int and best >= 0)) and all(type(v) in (int, float) for v in (loss, score))
+                and type(worse) is int and worse >= 0):
+            raise RelsqlError("the checkpoint's model selection (best epoch, its loss and score) is damaged; start without "
+                              "resume=True")
+        self.best_epoch, self.loss, self.state = best, float(loss), state["best_state"]
+        self.score, self.worse = float(score), worse
 
 
 class Schedule(Callback):

@@ -462,7 +462,7 @@ class Trainer:
                               "resume with the same model, or start without resume=True")
         learner.restore_weights(state["weights"])
         self.optimizers.load_state_dict(state, f"checkpoint {where}")
-        self.record.history = list(state["history"])
+        self.record.history = _checked_history(state["history"], where)
         self.stopping.load_state_dict(state)
         self.record.best_epoch = self.stopping.best_epoch
         self.rate.load_state_dict(state.get("schedule"))
@@ -474,8 +474,25 @@ class Trainer:
             self.source.run(table.restore, int(step))
             if best_steps.get(weight) is not None:
                 self.source.run(table.load_best, int(best_steps[weight]))
-        self.running = tuple(state["running"])
-        return state["epoch"], state["batch"]
+        running, epoch, batch = state["running"], state["epoch"], state["batch"]
+        if not (isinstance(running, list | tuple) and len(running) == 2 and all(type(v) in (int, float) for v in running)
+                and all(type(v) is int and v >= 0 for v in (epoch, batch))):
+            raise RelsqlError(f"checkpoint {where} is damaged: the epoch and batch it stopped at; start without resume=True")
+        self.running = tuple(running)
+        return epoch, batch
+
+
+def _checked_history(history: object, where: str) -> list[dict]:
+    """A checkpoint's epoch records: each a dict of names to numbers (a NaN is a number), as the
+    loop wrote them; a damaged one fails here, clearly, rather than in the refit's arithmetic."""
+    def number(value: object) -> bool:
+        return type(value) in (int, float)
+
+    if not isinstance(history, list) or not all(
+            isinstance(r, dict) and all(isinstance(k, str) and number(v) for k, v in r.items()) and number(r.get("epoch"))
+            and number(r.get("lr")) for r in history):
+        raise RelsqlError(f"checkpoint {where} is damaged: its history of epochs; start without resume=True")
+    return list(history)
 
 
 def _report_unwritten(failure: Exception | None, pending: BaseException | None) -> None:

@@ -332,7 +332,23 @@ def field(state: dict, name: str, types: type | tuple[type, ...], where: str) ->
     return value
 
 
-FLAGS_OFF = ("differentiable", "capturable", "maximize")  # relsql never turns these on (it does turn on fused)
+FLAGS_OFF = ("differentiable", "capturable", "maximize", "amsgrad")  # relsql never turns these on (it does turn on fused)
+
+
+def _setting_fits(key: str, value: object, default: object) -> bool:
+    """Whether an optimizer setting read from a file is of the type and range torch's default for it has."""
+    if key in FLAGS_OFF:  # off as relsql builds it: False, or None where torch's default is None
+        return value is False or (value is None and default is None)
+    if isinstance(default, bool):  # torch's kernels take a bool there, not None
+        return type(value) is bool
+    if default is None:
+        return value in (True, False, None)
+    if isinstance(default, int | float):
+        return type(value) in (int, float) and math.isfinite(value) and value >= 0
+    if isinstance(default, tuple):
+        return type(value) is tuple and len(value) == len(default) and all(
+            type(v) in (int, float) and math.isfinite(v) for v in value)
+    return True
 
 
 def check_optimizer(optimizer: torch.optim.Optimizer, where: str) -> None:
@@ -345,20 +361,8 @@ def check_optimizer(optimizer: torch.optim.Optimizer, where: str) -> None:
 
     for group in optimizer.param_groups:
         for key, default in optimizer.defaults.items():
-            value = group.get(key)
-            if key in FLAGS_OFF:
-                if value not in (False, None):
-                    raise damaged(f"{key}={value!r}")
-            elif isinstance(default, bool) or default is None:
-                if value not in (True, False, None):
-                    raise damaged(f"{key}={value!r}")
-            elif isinstance(default, int | float):
-                if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
-                    raise damaged(f"{key}={value!r}")
-            elif isinstance(default, tuple):
-                if type(value) is not tuple or len(value) != len(default) or not all(
-                        type(v) in (int, float) and math.isfinite(v) for v in value):
-                    raise damaged(f"{key}={value!r}")
+            if not _setting_fits(key, group.get(key), default):
+                raise damaged(f"{key}={group.get(key)!r}")
         for parameter in group["params"]:
             for name, buffer in optimizer.state.get(parameter, {}).items():
                 if buffer is None and name == "momentum_buffer":  # SGD without momentum
