@@ -181,16 +181,19 @@ def test_training_without_a_checkpoint_leaves_no_copies(tmp_path):
     lambda o: o["param_groups"][0].__setitem__("weight_decay", True),
 ])
 def test_a_checkpoint_with_a_damaged_optimizer_state_is_refused(trained, tmp_path, change):
-    db, _ = trained
-    path = tmp_path / "run.ckpt"
+    again, path = resumable_after(trained[0], tmp_path / "run.ckpt", lambda state: change(state["optimizers"][0]))
+    with pytest.raises(relsql.RelsqlError, match="optimizer state"):
+        again.fit(epochs=3, checkpoint=path, resume=True)
+
+
+def resumable_after(db, path, change) -> tuple[relsql.Model, object]:
+    """A fresh model beside the checkpoint of a 2-epoch fit, changed by `change(state)`."""
     model = relsql.Model(db, relsql.Template.from_sql(SIMPLE), target="customer.churned", seed=0, progress=False)
     model.fit(epochs=2, checkpoint=path)
     state = torch.load(path, weights_only=True)
-    change(state["optimizers"][0])
+    change(state)
     torch.save(state, path)
-    again = relsql.Model(db, relsql.Template.from_sql(SIMPLE), target="customer.churned", seed=0, progress=False)
-    with pytest.raises(relsql.RelsqlError, match="optimizer state"):
-        again.fit(epochs=3, checkpoint=path, resume=True)
+    return relsql.Model(db, relsql.Template.from_sql(SIMPLE), target="customer.churned", seed=0, progress=False), path
 
 
 @pytest.mark.parametrize("change", [
@@ -202,13 +205,6 @@ def test_a_checkpoint_with_a_damaged_optimizer_state_is_refused(trained, tmp_pat
 ])
 def test_a_checkpoint_with_damaged_loop_records_is_refused(trained, tmp_path, change):
     """Found by tests/test_fuzz.py's damaged checkpoints: each now a RelsqlError naming the file."""
-    db, _ = trained
-    path = tmp_path / "run.ckpt"
-    model = relsql.Model(db, relsql.Template.from_sql(SIMPLE), target="customer.churned", seed=0, progress=False)
-    model.fit(epochs=2, checkpoint=path)
-    state = torch.load(path, weights_only=True)
-    change(state)
-    torch.save(state, path)
-    again = relsql.Model(db, relsql.Template.from_sql(SIMPLE), target="customer.churned", seed=0, progress=False)
+    again, path = resumable_after(trained[0], tmp_path / "run.ckpt", change)
     with pytest.raises(relsql.RelsqlError, match="damaged"):
         again.fit(epochs=3, checkpoint=path, resume=True)
