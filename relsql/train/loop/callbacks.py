@@ -149,8 +149,7 @@ class EarlyStopping(Callback):
         score = state.get("best_score", -loss if type(loss) in (int, float) else loss)
         if not ((best is None or (type(best) is int and best >= 0)) and all(type(v) in (int, float) for v in (loss, score))
                 and type(worse) is int and worse >= 0):
-            raise RelsqlError("the checkpoint's model selection (best epoch, its loss and score) is damaged; start without "
-                              "resume=True")
+            raise ValueError("its model selection (best epoch, loss, score) is not a number")  # the resume names the file
         self.best_epoch, self.loss, self.state = best, float(loss), state["best_state"]
         self.score, self.worse = float(score), worse
 
