@@ -92,13 +92,12 @@ class Model(LearnerViews):
     @with_threads
     def fit(self, epochs: int = EPOCHS, batch_size: int | None = None, lr: float | None = None, patience: int | None = None,
             weight_decay: float = 0.0, *, overfit: bool | None = None, schedule: str | None = "plateau",
-            warmup: float | None = None, clip: float | None = 1.0,
-            monitor: str = "auto", time_budget: float | None = TIME_BUDGET, loss: str | None = None,
-            class_weight: str | None = None, negatives: str | None = None, hard_negatives: str | None = None,
-            refit: bool | None = None, hybrid: bool | None = None,
-            checkpoint: str | Path | None = None,
-            resume: bool = False, checkpoint_every: int | None = None, callback=None,
-            callbacks: list[Callback] | None = None, workers: int = 1) -> Model:
+            warmup: float | None = None, clip: float | None = 1.0, monitor: str = "auto",
+            time_budget: float | None = TIME_BUDGET, loss: str | None = None, class_weight: str | None = None,
+            negatives: str | None = None, hard_negatives: str | None = None, refit: bool | None = None,
+            hybrid: bool | None = None, checkpoint: str | Path | None = None, resume: bool = False,
+            checkpoint_every: int | None = None, callback=None, callbacks: list[Callback] | None = None,
+            workers: int = 1) -> Model:
         """AdamW on the training rows, keeping the weights of the epoch with the best validation score
         (docs/training.md has every option and why its default was chosen).
 
@@ -106,22 +105,20 @@ class Model(LearnerViews):
         given (none by default: same seed, same model under any load; `model.stopped` says which).
         `lr`/`patience` default to 0.01/100; for a ranking target to 0.03/16, steps of 4096 target
         rows (fewer rows: 4 steps). `overfit` (default: on for a label target, off for a ranking one) also
-        stops 20 epochs after the best where the net overfits or has learnt its training rows by heart.
-        `schedule` "plateau" | "cosine" | None (`warmup`: cosine's share); `clip` the dense
-        gradient's largest norm; `monitor` "auto" (ROC-AUC, accuracy, MAE, or MAP@k for a
-        ranking target), "loss" or another metric. `loss`: "huber" | "mse" | "mae" (regression),
-        "softmax" | "bce" | "bpr" (ranking); `class_weight="balanced"`; `negatives` "uniform" |
-        "popularity" | "in-batch" and `hard_negatives` (a SQL SELECT of pairs) for ranking.
+        stops 20 epochs after the best where the net overfits or has learnt its training rows by heart. `schedule`
+        "plateau" | "cosine" | None (`warmup`: cosine's share); `clip` the dense gradient's largest norm; `monitor`
+        "auto" (ROC-AUC, accuracy, MAE, or MAP@k for a ranking target), "loss" or another metric. `loss`: "huber" |
+        "mse" | "mae" (regression), "softmax" | "bce" | "bpr" (ranking); `class_weight="balanced"`; `negatives`
+        "uniform" | "popularity" | "in-batch" and `hard_negatives` (a SQL SELECT of pairs) for ranking.
         `refit`: once the held-out scores are measured, train again on every labelled row for the epochs
         validation chose (the blend's GBM too); predict() uses that model, evaluate() the held-out scores.
         None: wherever it can (model.no_refit says why not); True: refuse where not; False: never.
         `hybrid`: blend a GBM on two-hop SQL features, weighted on validation by the epoch's metric.
         `batch_size` trains on mini-batches; `checkpoint` is written atomically every epoch (and
-        `checkpoint_every` batches), `resume=True` continues from it;
-        `callback(info)` after every step (raising stops training, database consistent), or a
-        relsql.Callback; `callbacks=[...]`: relsql.Callback objects, run after fit's own in order
-        (on_fit_start, on_batch_end, on_epoch_end: a reason to stop or None, on_fit_end);
-        `workers=N` trains data-parallel on N processes, and under torchrun as this rank."""
+        `checkpoint_every` batches), `resume=True` continues from it; `callback(info)` after every step
+        (raising stops training, database consistent), or a relsql.Callback; `callbacks=[...]`: relsql.Callback
+        objects, run after fit's own in order (on_fit_start, on_batch_end, on_epoch_end: a reason to stop or None,
+        on_fit_end); `workers=N` trains data-parallel on N processes, and under torchrun as this rank."""
         config = FitConfig.checked(self.learner, epochs=epochs, batch_size=batch_size, lr=lr, patience=patience,
                                    overfit=overfit, weight_decay=weight_decay, schedule=schedule, warmup=warmup, clip=clip,
                                    monitor=monitor, time_budget=time_budget, loss=loss, class_weight=class_weight,

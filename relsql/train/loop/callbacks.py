@@ -16,6 +16,7 @@ from relsql.data.engine import first_line
 from relsql.errors import RelsqlError
 from relsql.train.learner.defaults import FITTED_SHARE, OVERFIT_EPOCHS, OVERFIT_MARGIN
 from relsql.train.loop.schedule import LearningRate
+from relsql.train.persist.checkpoint import is_number
 
 if TYPE_CHECKING:
     from relsql.train.learner.learner import Learner
@@ -146,12 +147,11 @@ class EarlyStopping(Callback):
 
     def load_state_dict(self, state: dict) -> None:
         best, loss, worse = state["best_epoch"], state["best_loss"], state.get("overfit_worse", 0)
-        score = state.get("best_score", -loss if type(loss) in (int, float) else loss)
-        if not ((best is None or (type(best) is int and best >= 0)) and all(type(v) in (int, float) for v in (loss, score))
-                and type(worse) is int and worse >= 0):
+        if not (is_number(loss) and (best is None or (type(best) is int and best >= 0)) and type(worse) is int and worse >= 0
+                and is_number(state.get("best_score", 0.0))):
             raise ValueError("its model selection (best epoch, loss, score) is not a number")  # the resume names the file
         self.best_epoch, self.loss, self.state = best, float(loss), state["best_state"]
-        self.score, self.worse = float(score), worse
+        self.score, self.worse = float(state.get("best_score", -self.loss)), worse
 
 
 class Schedule(Callback):

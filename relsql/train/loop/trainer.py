@@ -475,7 +475,7 @@ class Trainer:
             if best_steps.get(weight) is not None:
                 self.source.run(table.load_best, int(best_steps[weight]))
         running, epoch, batch = state["running"], state["epoch"], state["batch"]
-        if not (isinstance(running, list | tuple) and len(running) == 2 and all(type(v) in (int, float) for v in running)
+        if not (isinstance(running, list | tuple) and len(running) == 2 and all(map(checkpoints.is_number, running))
                 and all(type(v) is int and v >= 0 for v in (epoch, batch))):
             raise RelsqlError(f"checkpoint {where} is damaged: the epoch and batch it stopped at; start without resume=True")
         self.running = tuple(running)
@@ -485,9 +485,7 @@ class Trainer:
 def _checked_history(history: object, where: str) -> list[dict]:
     """A checkpoint's epoch records: each a dict of names to numbers (a NaN is a number), as the
     loop wrote them; a damaged one fails here, clearly, rather than in the refit's arithmetic."""
-    def number(value: object) -> bool:
-        return type(value) in (int, float)
-
+    number = checkpoints.is_number
     if not isinstance(history, list) or not all(
             isinstance(r, dict) and all(isinstance(k, str) and number(v) for k, v in r.items()) and number(r.get("epoch"))
             and number(r.get("lr")) for r in history):

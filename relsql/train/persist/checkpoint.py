@@ -335,6 +335,11 @@ def field(state: dict, name: str, types: type | tuple[type, ...], where: str) ->
 FLAGS_OFF = ("differentiable", "capturable", "maximize", "amsgrad")  # relsql never turns these on (it does turn on fused)
 
 
+def is_number(value: object) -> bool:
+    """A plain int or float as the loop writes them (not a bool, a string or a tensor a damaged file may hold)."""
+    return type(value) in (int, float)
+
+
 def _setting_fits(key: str, value: object, default: object) -> bool:
     """Whether an optimizer setting read from a file is of the type and range torch's default for it has."""
     if key in FLAGS_OFF:  # off as relsql builds it: False, or None where torch's default is None
@@ -344,10 +349,10 @@ def _setting_fits(key: str, value: object, default: object) -> bool:
     if default is None:
         return value in (True, False, None)
     if isinstance(default, int | float):
-        return type(value) in (int, float) and math.isfinite(value) and value >= 0
+        return is_number(value) and math.isfinite(value) and value >= 0
     if isinstance(default, tuple):
         return type(value) is tuple and len(value) == len(default) and all(
-            type(v) in (int, float) and math.isfinite(v) for v in value)
+            is_number(v) and math.isfinite(v) for v in value)
     return True
 
 
