@@ -202,3 +202,49 @@ def test_a_hub_parent_s_children_are_not_read_back_down(tmp_path):
     assert "CREATE TABLE x_weather AS" in source  # the flight's own weather row
     model = relsql.Model(db, relsql.Template.from_sql(source), target="flight.late", time_column="hour", seed=0).fit(epochs=2)
     assert np.isfinite(model.predict()["prediction"].to_numpy()).all()
+
+
+def _unknown_times_db(path) -> relsql.Database:
+    """Customers of which every ninth has no `seen` date (a real table's missing dates), each with
+    orders dated before or after it."""
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE customer(id INTEGER PRIMARY KEY, seen DATE, x DOUBLE, churned BOOLEAN)")
+    con.execute("CREATE TABLE orders(id INTEGER PRIMARY KEY, customer_id INTEGER REFERENCES customer(id), placed DATE, "
+                "amount DOUBLE)")
+    rng = np.random.default_rng(0)
+    customers = []
+    for i in range(300):
+        x = float(rng.normal())
+        seen = None if i % 9 == 0 else dt.date(2024, 1 + i % 12, 1 + i % 27)
+        customers.append((i, seen, x, bool(x + rng.normal() > 0)))
+    insert_rows(con, "customer", customers)
+    insert_rows(con, "orders", [(i, int(rng.integers(0, 300)), dt.date(2023 + i % 2, 1 + i % 12, 1 + i % 27),
+                                 float(rng.gamma(2.0))) for i in range(1500)])
+    con.close()
+    return relsql.connect(path)
+
+
+def test_labelled_rows_without_a_time_are_predicted_not_learnt_from(tmp_path):
+    # once "the time column has NULLs on labelled rows": a valid table with missing dates refused whole
+    db = _unknown_times_db(tmp_path / "unknown.duckdb")
+    tpl = relsql.Template.auto(db, target="customer.churned", time_column="seen")
+    with pytest.warns(UserWarning, match=r"34 labelled row\(s\) have no customer.seen \(NULL\)"):
+        model = relsql.Model(db, tpl, target="customer.churned", time_column="seen", seed=0)
+    model.fit(epochs=4, hybrid=False, refit=False)
+    keys = db.arrow("SELECT id, seen FROM customer ORDER BY id").to_pylist()
+    unknown = {r["id"] for r in keys if r["seen"] is None}
+    assert len(unknown) == 34
+    learner = model.learner
+    ids = learner.net.grounding.relations[learner.output].keys.column("id").to_pylist()  # by output row id
+    used = np.concatenate([learner.labelled[learner.rows[s]] for s in ("train", "val", "test")])
+    assert len(used) == 300 - 34 and len(set(used.tolist())) == len(used)
+    assert not {ids[int(r)] for r in used} & unknown  # no split holds a row of unknown time
+    seen = {r["id"]: r["seen"] for r in keys}  # the time split still orders the rest
+    train = [seen[ids[int(r)]] for r in learner.labelled[learner.rows["train"]]]
+    test = [seen[ids[int(r)]] for r in learner.labelled[learner.rows["test"]]]
+    assert max(train) <= min(test)
+    predicted = model.predict()
+    assert predicted.height == 300 and set(unknown) <= set(predicted["id"].to_list())
+    loaded = relsql.Model.load(model.save(tmp_path / "m.pt"), db)  # its split: the same rows, without them
+    assert loaded.predict().equals(predicted)
+    assert loaded.evaluate() == model.evaluate()

@@ -74,6 +74,8 @@ class Optimizers:
 
     def add(self, created: list[nn.Parameter]) -> None:
         """Weights a batch met first: dense ones join Adam, embeddings get an optimizer of their own."""
+        if not created:  # every full-batch step: nothing new (the names' table below costs ~0.2 ms)
+            return
         dense, sparse = self._parts([p for p in created if p.requires_grad])
         if dense:
             self.all[0].add_param_group({"params": dense, "lr": self.lr, "weight_decay": self.weight_decay})

@@ -8,6 +8,8 @@ model that sees its label learns nothing.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,6 +24,10 @@ from relsql.train.task import checks
 from relsql.train.task.leakage import target_reads
 from relsql.train.task.split import split_rows
 from relsql.train.task.task import Task, detect
+
+
+class UnknownTimeWarning(UserWarning):
+    """Labelled target rows without a time (NULL in the time column) are left out of training."""
 
 
 class Target:
@@ -92,6 +98,8 @@ class Target:
         valid = pc.is_valid(column)
         if pa.types.is_floating(column.type):  # NaN or an infinity is no label: the row is predicted, not learnt from
             valid = pc.and_(valid, pc.fill_null(pc.is_finite(column), False))
+        if self.time_column:
+            valid = self._timed(valid, labels.column("t"))
         self.task = task if isinstance(task, Task) else detect(column.filter(valid), self.name, task)
         self.positions = labels.column("_rid").to_numpy()
         labelled = valid.to_numpy(zero_copy_only=False)  # per row, without Python objects
@@ -111,6 +119,19 @@ class Target:
             unknown = sorted(set(raw.filter(pa.array(encoded < 0)).unique().to_pylist()), key=str)
             raise SchemaError(f"target {self.name} has values {unknown[:5]} the model was not trained on")
         self.y = torch.as_tensor(encoded, dtype=dtype, device=device)
+
+    def _timed(self, valid: pa.Array, times: pa.ChunkedArray) -> pa.Array:
+        """`valid` without the rows whose time is NULL: a time split cannot place them and the time
+        cut reads no history for them, so, like a NaN label, they are predicted and not learnt from
+        or scored (real tables have rows of unknown date; refusing the whole target was worse)."""
+        unknown = pc.and_(valid, pc.is_null(times.combine_chunks())).to_numpy(zero_copy_only=False)
+        count = int(unknown.sum())
+        if count:
+            warnings.warn(f"target {self.name}: {count:,} labelled row(s) have no {self.table}.{self.time_column} "
+                          "(NULL): they are predicted but neither learnt from nor scored; fill their time to use them",
+                          UnknownTimeWarning, stacklevel=4)
+            valid = pc.and_(valid, pc.is_valid(times.combine_chunks()))
+        return valid
 
     def check_splits(self, db: Database, split: dict[str, np.ndarray], labelled: int) -> None:
         """Every split asked for gets rows: a model trained on one row, or judged on none, is not a
