@@ -213,6 +213,22 @@ def _affine(op: Op, shapes: dict) -> _Rule:
                  {0: f"{{g}}.sum_to_size({_shape(shapes, c)})", 1: f"{{g}}.mm({_v(w)})", 2: f"{{g}}.t().mm({_v(x)})"})
 
 
+def _stacked_linear(op: Op, shapes: dict) -> _Rule:
+    """Constants side by side times weights stacked (passes/stack_products.py): each weight's
+    gradient is its columns of the constants against the output's gradient."""
+    x, *weights = op.args
+    flags = op.attrs["transposed"]
+    stacked = ", ".join(f"{_v(w)}.t()" if t else _v(w) for w, t in zip(weights, flags))
+    back, start = {}, 0
+    for i, (w, t) in enumerate(zip(weights, flags), start=1):
+        ws = _shape(shapes, w)
+        width = ws[1] if t else ws[0]
+        columns = f"{_v(x)}.narrow(1, {start}, {width})"
+        back[i] = f"{{g}}.t().mm({columns})" if t else f"{columns}.t().mm({{g}})"
+        start += width
+    return _Rule([f"{_v(op.out)} = {_v(x)}.mm(torch.cat(({stacked},)))"], back)
+
+
 def _narrow(op: Op, shapes: dict, dim: int, start: int, length: int) -> _Rule:
     xs = _shape(shapes, op.args[0])
     return _Rule([f"{_v(op.out)} = {_v(op.args[0])}.narrow({dim}, {start}, {length})"],
@@ -277,6 +293,7 @@ RULES: dict[str, Callable[[Op, dict], _Rule]] = {
     "spmm": _spmm,
     "addspmm": _spmm,
     "affine": _affine,
+    "stacked_linear": _stacked_linear,
     "slice": lambda op, shapes: _narrow(op, shapes, 0, op.attrs["start"], op.attrs["rows"]),
     "columns": lambda op, shapes: _narrow(op, shapes, 1, op.attrs["start"], op.attrs["width"]),
     "binary": _binary,

@@ -86,6 +86,19 @@ def _weight_rows(attrs: dict) -> Kernel:
     return run
 
 
+def _stacked_linear(attrs: dict) -> Kernel:
+    flags = attrs["transposed"]
+
+    def run(x: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:  # constants side by side @ weights stacked
+        return torch.mm(x, torch.cat([w.t() if t else w for w, t in zip(weights, flags)]))
+    return run
+
+
+def _describe_stacked_linear(a: list[str], op, plan) -> str:
+    parts = ", ".join(f"{name}ᵀ" if t else name for name, t in zip(a[1:], op.attrs["transposed"]))
+    return f"{a[0]} @ [{parts}]"
+
+
 def _act(attrs: dict) -> Kernel:
     name, inplace, slope, heads = attrs["name"], attrs.get("inplace", False), attrs.get("slope", 0.01), attrs.get("heads", 1)
     return lambda x: kernels.activation(name, x, inplace, slope, heads)
@@ -181,6 +194,7 @@ OPS: dict[str, OpKind] = {
     "slice": OpKind(lambda attrs: lambda x: x.narrow(0, attrs["start"], attrs["rows"]), rows=_by_attribute,  # a view
                     describe=lambda a, op, plan: f"{a[0]}[{op.attrs['start']}:{op.attrs['start'] + op.rows}]"),
     "linear": OpKind(lambda attrs: kernels.apply_weight, rows=_second, describe=lambda a, op, plan: f"{a[0]} @ {a[1]}"),
+    "stacked_linear": OpKind(_stacked_linear, describe=_describe_stacked_linear),  # passes/stack_products.py
     "affine": OpKind(lambda attrs: lambda c, x, w: torch.addmm(c, x, kernels.transposed(w)),  # c + x W^T in one GEMM
                      describe=lambda a, op, plan: f"{a[0]} + {a[2]} @ {a[1]}"),
     "binary": OpKind(_binary, describe=lambda a, op, plan: f"{a[0]} {op.attrs['op']} {a[1]}"),

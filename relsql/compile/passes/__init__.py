@@ -31,6 +31,7 @@ from relsql.compile.passes.sparse_aggregate import sparse_aggregate
 from relsql.compile.passes.sparse_attention import sparse_attention
 from relsql.compile.passes.sparse_backward import sparse_backward
 from relsql.compile.passes.stack_narrow_linears import stack_narrow_linears
+from relsql.compile.passes.stack_products import stack_products
 from relsql.compile.passes.stack_scatters import stack_scatters
 from relsql.compile.passes.stack_weights import stack_weights
 from relsql.compile.passes.uniform_segments import uniform_segments
@@ -67,6 +68,7 @@ RULES: tuple[Pass, ...] = (
     shared_aggregation,
     uniform_segments,
     choose_segment_kernels,
+    stack_products,
     fuse_affine,
     fold_constants,
     identity_gather,  # again: folding and pulling gathers leave some that keep every row

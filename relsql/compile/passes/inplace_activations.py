@@ -12,7 +12,7 @@ from relsql.compile.plan import Plan
 
 IN_PLACE = {"relu", "tanh", "sigmoid", "leaky_relu", "exp"}
 # their backward does not read their result (sparse attention keeps its weights and source, not its output)
-OUTPUT_FREE = {"affine", "linear", "spmm", "addspmm", "sum", "sparse_attention"}
+OUTPUT_FREE = {"affine", "linear", "stacked_linear", "spmm", "addspmm", "sum", "sparse_attention"}
 
 
 def inplace_activations(plan: Plan) -> Plan:

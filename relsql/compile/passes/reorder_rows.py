@@ -37,7 +37,7 @@ GAIN = 0.15  # the timed ops must get at least this much faster
 SPREAD = 0.5  # RCM must bring the pattern's mean |row - col| to at most this fraction to be worth timing
 CPU_SPREAD = 0.1  # on the CPU, RCM renumbers when it brings the mean |row - col| to at most this fraction
 REPEATS = 3
-ROW_WISE = ("linear", "affine", "binary", "act", "combine", "sum")
+ROW_WISE = ("linear", "stacked_linear", "affine", "binary", "act", "combine", "sum")
 
 
 def _row_positions(plan: Plan, op: Op) -> list[int]:
