@@ -122,3 +122,13 @@ def test_replayed_batch_plans_rebuild_the_stacked_constants(tmp_path):
     assert any(op.kind == "stacked_linear" for op in batch.plan.ops)
     stats = check_batches(model, random_batches(model.output_rows, [32, 32, 20, 32], 16, seed=4), [0] * 16)
     assert stats["replayed"] >= 5, stats
+
+
+def test_bench_pass_off_compares_a_plan_with_and_without_the_pass(tmp_path):
+    from bench import pass_off
+    from tests.test_auto_outside_shapes import _unknown_times_db
+
+    _unknown_times_db(tmp_path / "shop.duckdb").close()
+    manifest = {"name": "shop", "path": str(tmp_path / "shop.duckdb"), "keys": None}
+    row = pass_off.measure(manifest, {"target": "customer.churned", "time_column": "seen"}, "stack_products", 1, 1)
+    assert row["ops_on"] < row["ops_off"] and row["ms_on"] > 0 and row["ms_off"] > 0
