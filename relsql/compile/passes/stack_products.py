@@ -29,14 +29,22 @@ COLUMNS = 256  # the stacked constants' columns at most
 ELEMENTS = 1 << 23  # and values at most (32 MB in float32)
 
 
+def _inner_sum(plan: Plan, term: int, reader: Op, made_by: dict[int, Op], reads) -> Op | None:
+    """The sum computing `term` where it is part of `reader`'s chain (read by it alone, same rows)."""
+    op = made_by.get(term)
+    if op is not None and sum_terms(op) is not None and only_reader(plan, term, reader, reads) \
+            and op.rows == reader.rows and op.shape == reader.shape:
+        return op
+    return None
+
+
 def _chain(plan: Plan, root: Op, made_by: dict[int, Op], reads) -> tuple[list[tuple[int, Op]], list[Op]]:
     """The terms a sum adds up, each with the sum that reads it, and the sums inside it that only
     it reads (binary + chains)."""
     terms, inner = [], []
     for term in sum_terms(root) or []:
-        op = made_by.get(term)
-        if op is not None and sum_terms(op) is not None and only_reader(plan, term, root, reads) \
-                and op.rows == root.rows and op.shape == root.shape:
+        op = _inner_sum(plan, term, root, made_by, reads)
+        if op is not None:
             below, more = _chain(plan, op, made_by, reads)
             terms += below
             inner += [op, *more]
@@ -107,14 +115,8 @@ def _part(plan: Plan, term: int, parent: Op, sum_op: Op, made_by, reads) -> tupl
 
 def stack_products(plan: Plan) -> Plan:
     made_by, reads = producers(plan), readers(plan)
-    inside = set()  # sums that are part of a larger chain: handled with their root
-    for op in plan.ops:
-        if sum_terms(op) is not None:
-            for term in op.args:
-                inner = made_by.get(term)
-                if inner is not None and sum_terms(inner) is not None and only_reader(plan, term, op, reads) \
-                        and inner.rows == op.rows and inner.shape == op.shape:
-                    inside.add(inner.out)
+    inside = {term for op in plan.ops if sum_terms(op) is not None  # sums inside a larger chain: done with its root
+              for term in op.args if _inner_sum(plan, term, op, made_by, reads) is not None}
     replaced: dict[int, list[Op]] = {}  # root slot -> the ops that take its place
     dropped: set[int] = set()  # ops (by id) no longer needed
     stacked = terms_merged = 0

@@ -124,13 +124,13 @@ class Target:
         """`valid` without the rows whose time is NULL: a time split cannot place them and the time
         cut reads no history for them, so, like a NaN label, they are predicted and not learnt from
         or scored (real tables have rows of unknown date; refusing the whole target was worse)."""
-        unknown = pc.and_(valid, pc.is_null(times.combine_chunks())).to_numpy(zero_copy_only=False)
-        count = int(unknown.sum())
+        known = pc.is_valid(times.combine_chunks())
+        count = int(pc.sum(pc.and_(valid, pc.invert(known))).as_py() or 0)
         if count:
             warnings.warn(f"target {self.name}: {count:,} labelled row(s) have no {self.table}.{self.time_column} "
                           "(NULL): they are predicted but neither learnt from nor scored; fill their time to use them",
                           UnknownTimeWarning, stacklevel=4)
-            valid = pc.and_(valid, pc.is_valid(times.combine_chunks()))
+            valid = pc.and_(valid, known)
         return valid
 
     def check_splits(self, db: Database, split: dict[str, np.ndarray], labelled: int) -> None:
