@@ -123,6 +123,14 @@ def _union(parts: list[exp.Query], distinct: bool) -> exp.Query:
     return parts[0]
 
 
+def row_counts(sources: list[exp.Expression]) -> exp.Query:
+    """One query counting each of `sources`' rows (at least one): rows (`_i` its position, `_n` its
+    COUNT(*)), a UNION ALL of tagged counts. One scalar subquery per source cost DuckDB 1.5 ~2 ms
+    each to plan, the union ~0.05 ms (docs/performance.md)."""
+    return _union([exp.select(alias(integer(i), "_i"), alias(exp.Count(this=exp.Star()), "_n")).from_(s.copy())
+                   for i, s in enumerate(sources)], distinct=False)
+
+
 def distinct_keys(grounding_tables: list[exp.Expression], keys: list[str], copy: bool = True) -> exp.Query:
     """Distinct head keys (`keys`, at least one) over all rules of a relation, unordered;
     `copy=False` takes `grounding_tables` into the query (fresh ones: a copy of a body is costly)."""

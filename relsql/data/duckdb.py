@@ -33,7 +33,7 @@ from relsql.data.engine import (
 )
 from relsql.data.sources import Source
 from relsql.errors import SchemaError, SourceError
-from relsql.sql import bound, integer
+from relsql.sql import bound, integer, row_counts
 
 # duckdb 2 reads a query's Arrow output through a relation (`con.sql`; through execute() it warns of an
 # extra copy) and refuses other work on a connection whose execute() result is unread (see drop_result)
@@ -385,19 +385,6 @@ class DuckDBDatabase(Engine):
         """DuckDB's plan of `query` (its EXPLAIN: nothing runs), read by `duckdb_plan_rows`."""
         return duckdb_plan_rows(self.con, self.sql(query))
 
-    def ordered_tables(self, tables: list[tuple[exp.Table, str]]) -> list[pa.Table]:
-        """As the Engine's, in one statement: each table as one list of its rows (structs), ordered
-        by the column, in a one-row result; the lists' structs keep the columns' Arrow types (a
-        small database's embedding dictionaries were a statement each)."""
-        if len(tables) < 2:
-            return super().ordered_tables(tables)
-        row = exp.column("_t")
-        lists = [exp.alias_(exp.Subquery(this=exp.select(exp.func("list", exp.Order(
-            this=row, expressions=[exp.Ordered(this=exp.column(column, "_t"))]))).from_(
-            exp.alias_(table.copy(), "_t", table=True))), f"t{i}") for i, (table, column) in enumerate(tables)]
-        result = self.arrow(exp.select(*lists))
-        return [pa.Table.from_struct_array(result.column(i).combine_chunks().flatten()) for i in range(len(tables))]
-
     def table_rows(self, names: list[str]) -> dict[str, int]:
         """Counts (COUNT(*), exact) of the `names` that are base tables in DuckDB's own storage and
         the only table or view of their name in any catalog (so an unqualified name can only mean
@@ -518,10 +505,8 @@ class DuckDBDatabase(Engine):
         database's construction statements)."""
         if not tables:
             return []
-        counts = self.con.execute(exp.select(*[
-            exp.alias_(exp.Subquery(this=exp.select(exp.Count(this=exp.Star())).from_(table)), f"c{i}")
-            for i, table in enumerate(tables)]).sql("duckdb")).fetchone()
-        return [int(c) for c in counts]
+        counts = dict(self.con.execute(row_counts(tables).sql("duckdb")).fetchall())
+        return [int(counts[i]) for i in range(len(tables))]
 
 
 SQLITE_MAGIC = b"SQLite format 3\x00"

@@ -170,8 +170,9 @@ class BatchGrounder(Grounder):
 
     def _sizes(self) -> dict[str, int]:
         # one statement for all (a restrict of Lahman's 70 relations counted them in 70)
-        counts = [exp.select(exp.Count(this=exp.Star())).from_(self.key_tables[name].copy()) for name in self.order]
-        sizes = dict(zip(self.order, self.db.scalar(exp.select(*[exp.Subquery(this=c) for c in counts]))))
+        counted = self.db.arrow(q.row_counts([self.key_tables[name] for name in self.order]))
+        position = dict(zip(counted.column("_i").to_pylist(), counted.column("_n").to_pylist()))
+        sizes = {name: int(position[i]) for i, name in enumerate(self.order)}
         if sizes[self.output] == 0 and not self.rows_only:
             raise GroundingError(f"relation {self.output} has no rows: none of its statements has groundings")
         return sizes
