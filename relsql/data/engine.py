@@ -169,11 +169,6 @@ class Engine(abc.ABC):
         """The file holding the default database (where relsql writes), None where there is no
         one such file (an in-memory DuckDB, a Spark catalog)."""
 
-    def ordered_tables(self, tables: list[tuple[exp.Table, str]]) -> list[pa.Table]:
-        """Each (table, column) pair's rows, ordered by that column, as Arrow (here: a query each)."""
-        return [self.arrow(exp.select(exp.Star()).from_(table.copy()).order_by(exp.column(column)))
-                for table, column in tables]
-
     def table_rows(self, names: list[str]) -> dict[str, int]:
         """The row counts of those of the user's tables `names` (unqualified) that the engine can
         count cheaply and exactly, keyed by lower-cased name; the others are left out (here: all)."""

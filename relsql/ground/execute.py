@@ -120,8 +120,9 @@ def ground(template: ir.Template, db: Database, *, presets: Presets | None = Non
             if seconds[name] >= 1.0:
                 log.info("grounding: %s, %d rows, %d groundings in %.1fs", name, grounder.relations[name].size,
                          sum(r.size for r in grounder.relations[name].rules), seconds[name])
-        weights = list(grounder.dictionaries)
-        dictionaries = dict(zip(weights, db.ordered_tables([(grounder.dictionaries[w], "code") for w in weights])))
+        dictionaries = {weight: db.arrow(exp.select(exp.Star()).from_(table.copy()).order_by(q.col("code")))
+                        for weight, table in grounder.dictionaries.items()}  # a read each: one statement of
+        # scalar subqueries over 11 tiny tables cost DuckDB 50 ms, the 11 reads 6-14 ms
     return Grounding(grounder.relations, dictionaries, grounder.feature_stats, seconds)
 
 
