@@ -118,3 +118,38 @@ def test_predict_says_which_split_each_row_was_in(trained):
         assert {k for k, s in by_key.items() if s == split} == {k for k in by_key if rid_of[k] in rids}
     unlabelled = {k for k, s in by_key.items() if s is None}
     assert unlabelled == {c for c in range(300) if c % 23 == 0}
+
+
+def test_a_blend_of_the_gbm_alone_refits_the_gbm_only(trained, tmp_path):
+    """Where validation gives the network weight 0, the refit fits the GBM again on every labelled
+    row and leaves the network as selected: the network's weights are those of the same fit without
+    a refit, the trees those of a GBM fitted by hand on every labelled row, the predictions theirs."""
+    from relsql.train.gbm import gbm
+
+    db, _ = trained
+    models = []
+    for refit in (None, False):  # the default (refit where it can) and none
+        m = relsql.Model(db, relsql.Template.from_sql(TEMPLATE), target="customer.busy", progress=False, seed=0,
+                         dtype=torch.float64)
+        m.fit(epochs=20, refit=refit, hybrid=True)
+        models.append(m)
+    m, kept = models
+    assert m.hybrid.weight == 0.0 == kept.hybrid.weight  # the count of orders decides; the network does not see it
+    assert m.refit["epochs"] == 0 and m.refit["rows"] == len(m.labelled) and m.refit["gbm_rounds"] >= 1
+    ours, theirs = m.learner.weights_by_name(), kept.learner.weights_by_name()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[n], theirs[n]) for n in ours)
+    every = np.concatenate([m.rows["train"], m.rows["val"], m.rows["test"]])
+    x = m.hybrid.features.of_output(db, m.output, int(m.output_rows))[m.labelled]
+    labels = m.learner.y.double().numpy()
+    by_hand = gbm.fit(x[every], labels[every], "binary", 1, 0, rounds=m.refit["gbm_rounds"])
+    assert np.array_equal(m.hybrid.trees.raw(x), by_hand.raw(x))
+    assert not np.array_equal(by_hand.raw(x), kept.hybrid.trees.raw(x))  # the selected GBM learned fewer rows
+    frame = m.predict().sort("customer_id")
+    rid_of = dict(zip(*[m.learner.net.grounding.relations[m.output].keys.to_pydict()[k] for k in ("customer_id", "_rid")]))
+    every_x = m.hybrid.features.of_output(db, m.output, int(m.output_rows))
+    expected = 1 / (1 + np.exp(-by_hand.raw(every_x[[rid_of[c] for c in frame["customer_id"].to_list()]]).ravel()))
+    assert np.abs(frame["probability"].to_numpy() - expected).max() <= 1e-9
+    assert f"only its GBM was fitted again, on all {len(m.labelled)} labelled rows" in m.report()
+    loaded = relsql.Model.load(m.save(tmp_path / "gbm_only.pt"), db)
+    assert {k: v for k, v in loaded.refit.items() if k != "train_loss"} == {k: v for k, v in m.refit.items() if k != "train_loss"}
+    assert np.isnan(loaded.refit["train_loss"]) and loaded.predict().sort("customer_id").equals(frame)

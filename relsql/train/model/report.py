@@ -114,7 +114,12 @@ def _training(model) -> list[str]:
     lines.append(f"  training: kept the epoch with the best validation {monitor} (epoch {_kept(record.best_epoch)}); "
                  f"ended {ended} (limits: {record.epoch_cap} epochs" + (f", {budget:g}s" if budget else "") + ")")
     refit = getattr(model.learner, "refit", None)
-    if refit:
+    if refit and not refit.get("epochs"):
+        lines.append(f"  refit: the blend gives the network weight 0, so only its GBM was fitted again, on all "
+                     f"{refit.get('rows')} labelled rows (train + validation + test) for {refit.get('gbm_rounds')} rounds; "
+                     "predict() and write_predictions use it. The validation and test scores above were measured "
+                     "before the refit, on rows the selected model had not seen")
+    elif refit:
         gbm = f" and the blend's GBM for {refit['gbm_rounds']} rounds (its weight kept)" if "gbm_rounds" in refit else ""
         lines.append(f"  refit: the network trained again on all {refit.get('rows')} labelled rows (train + validation + "
                      f"test) for {refit.get('epochs')} epochs{gbm}; predict() and write_predictions use it. The "

@@ -341,7 +341,9 @@ def refit(data: object, where: str) -> dict | None:
             not set(data) <= {"epochs", "rows", "train_loss", "held_out", "gbm_rounds"}:
         raise RelsqlError(f"{where} is damaged: not the record of a refit")
     counts = {k: data[k] for k in ("epochs", "rows", "gbm_rounds") if k in data}
-    if not all(type(v) is int and 0 < v <= 2**40 for v in counts.values()) or type(data["train_loss"]) is not float:
+    gbm_only = counts["epochs"] == 0 and "gbm_rounds" in counts  # the blend's GBM alone was refit (network weight 0)
+    if not all(type(v) is int and (0 < v or (k == "epochs" and gbm_only)) and v <= 2**40 for k, v in counts.items()) \
+            or type(data["train_loss"]) is not float:
         raise RelsqlError(f"{where} is damaged: its epochs, rows, rounds or loss")
     held = data["held_out"]
     if not isinstance(held, dict) or not set(held) <= {"val", "test"} or not all(
