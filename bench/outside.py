@@ -122,6 +122,9 @@ def run_target(manifest: dict, entry: dict, fit: dict, work: Path, index: int, s
         rec["fit_predict_s"] = time.perf_counter() - t
         rec["fit_predict_cpu_s"] = time.process_time() - cpu  # fit (with its refit and blend) + predict, every thread's
         rec["epochs"] = len(model.history)
+        blend = model.hybrid
+        rec["blend_weight"] = None if blend is None else float(blend.weight)  # the network's share (0: the GBM alone)
+        rec["refit_epochs"] = (model.refit or {}).get("epochs")  # 0: only the blend's GBM was refit
         rec["rows"] = predicted.height
         stage = "evaluate"
         scores = model.evaluate()

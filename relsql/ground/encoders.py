@@ -172,8 +172,8 @@ def _ple_block(numbers: np.ndarray, nulls: np.ndarray | None, edges: list[float]
             if nan is not None:
                 part[nan] = 1.0
         else:
-            np.subtract(numbers, low, out=part)
-            with np.errstate(over="ignore"):  # a subnormal width: the database's quotient is inf too
+            with np.errstate(over="ignore"):  # ±1e308 apart, or a subnormal width: the database's result is inf too
+                np.subtract(numbers, low, out=part)
                 np.divide(part, high - low, out=part)
             first, last = i == 0, i == bins - 1
             if not first:  # which sign of zero a clip returns is the library's: set those as the SQL does
