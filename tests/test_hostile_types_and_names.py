@@ -213,3 +213,71 @@ def test_nan_and_infinite_values_are_missing_inputs_and_nan_labels_are_unlabelle
     assert np.isfinite(scores["rmse"]) and np.isfinite(model.predict()["prediction"].to_numpy()).all()
     linear = next(line for line in model.report().splitlines() if "a linear model of item's own columns" in line)
     assert "nan" not in linear.split(" on test: ", 1)[1], linear  # its inputs' NaN and infinities are missing too
+
+
+def _reserved_key_database(path: str, key: str) -> None:
+    """grp keyed by `key`, item referencing it, a child with columns named like relsql's own (_rule,
+    _rid, code); the label reads the group's and the item's columns."""
+    con = duckdb.connect(path)
+    rng = np.random.default_rng(3)
+    con.execute(f'CREATE TABLE grp ("{key}" INTEGER PRIMARY KEY, r DOUBLE, code VARCHAR)')
+    con.executemany("INSERT INTO grp VALUES (?, ?, ?)", [[i, float(rng.normal()), "ab"[i % 2]] for i in range(12)])
+    con.execute(f'CREATE TABLE item (item_id INTEGER PRIMARY KEY, g INTEGER REFERENCES grp("{key}"), x DOUBLE, y DOUBLE)')
+    con.executemany("INSERT INTO item VALUES (?, ?, ?, ?)",
+                    [[i, i % 12, x, x + (i % 12) / 4] for i, x in enumerate(rng.normal(size=240))])
+    con.execute("CREATE TABLE ev (ev_id INTEGER PRIMARY KEY, item_id INTEGER REFERENCES item(item_id), "
+                "_rule DOUBLE, _rid INTEGER)")
+    con.executemany("INSERT INTO ev VALUES (?, ?, ?, ?)", [[k, k % 240, float(rng.normal()), k % 3] for k in range(480)])
+    con.close()
+
+
+def test_a_parent_keyed_by_a_name_of_relsqls_own_is_renamed_and_predicts_as_any_name_does(tmp_path):
+    """A parent keyed by `_rid` (a name the grounding queries use) is renamed in its encoder, as h is:
+    the model predicts what the same database with the key named `gid` predicts, bit for bit."""
+    predictions = {}
+    for key in ("_rid", "gid"):
+        folder = tmp_path / key
+        folder.mkdir()
+        db, options, template = _auto(folder, lambda p, k=key: _reserved_key_database(p, k), "item.y", None)
+        if key == "_rid":
+            assert 'SELECT t."_rid" AS "rid_key", ' in template.source
+        model = relsql.Model(db, template, target="item.y", seed=0, progress=False)
+        model.fit(epochs=4)
+        predictions[key] = model.predict()
+        assert relsql.Model.load(model.save(folder / "m.pt"), db).predict().equals(predictions[key])
+    assert predictions["_rid"].height == 240 and predictions["_rid"].equals(predictions["gid"])
+
+
+def test_a_target_keyed_by_a_name_of_relsqls_own_is_refused_with_the_way_round(tmp_path):
+    path = str(tmp_path / "r.duckdb")
+    con = duckdb.connect(path)
+    con.execute('CREATE TABLE item ("_rule" INTEGER PRIMARY KEY, x DOUBLE, label DOUBLE)')
+    con.execute("INSERT INTO item SELECT i, i, i % 2 FROM range(30) t(i)")
+    con.close()
+    with pytest.raises(relsql.RelsqlError) as err:
+        relsql.Template.auto(relsql.connect(path), target="item.label")
+    text = str(err.value)
+    assert "`_rule`" in text and "relsql's grounding queries use" in text and 'SELECT "_rule" AS item_key' in text
+
+
+def test_a_target_in_another_schema_is_named_with_the_way_to_read_it(tmp_path):
+    """Tables in a schema other than the connection's are not read: the error says where the table
+    is and how to read it, and doing so trains and predicts."""
+    path = str(tmp_path / "s.duckdb")
+    con = duckdb.connect(path)
+    con.execute("CREATE SCHEMA shop")
+    con.execute("CREATE TABLE shop.customer (customer_id INTEGER PRIMARY KEY, age DOUBLE, label BOOLEAN)")
+    con.execute("CREATE TABLE shop.orders (order_id INTEGER PRIMARY KEY, "
+                "customer_id INTEGER REFERENCES shop.customer(customer_id), amount DOUBLE)")
+    con.execute("INSERT INTO shop.customer SELECT i, i % 7, i % 3 = 0 FROM range(90) t(i)")
+    con.execute("INSERT INTO shop.orders SELECT i, i % 90, i % 11 FROM range(270) t(i)")
+    con.close()
+    with pytest.raises(relsql.RelsqlError) as err:
+        relsql.Template.auto(relsql.connect(path), target="customer.label")
+    assert "schema `shop` of catalog `s`" in str(err.value) and 'USE "s"."shop"' in str(err.value)
+    con = duckdb.connect(path)
+    con.execute('USE "s"."shop"')
+    db = relsql.connect(con)
+    model = relsql.Model(db, relsql.Template.auto(db, target="customer.label"), target="customer.label", progress=False)
+    model.fit(epochs=2)
+    assert model.predict().height == 90

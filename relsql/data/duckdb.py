@@ -48,6 +48,10 @@ RELATIONS = ("SELECT table_name, CASE WHEN temporary THEN 'LOCAL TEMPORARY' ELSE
              "FROM duckdb_tables() WHERE database_name = :catalog AND schema_name = :schema "
              "UNION ALL SELECT view_name, 'VIEW' FROM duckdb_views() WHERE database_name = :catalog AND schema_name = :schema")
 
+ELSEWHERE = ("SELECT database_name, schema_name FROM duckdb_tables() WHERE NOT temporary AND lower(table_name) = lower(:name) "
+             "UNION SELECT database_name, schema_name FROM duckdb_views() WHERE NOT internal AND NOT temporary "
+             "AND lower(view_name) = lower(:name) ORDER BY 1, 2")
+
 
 def qualified(name: str, scope: tuple[str, str] | None = None) -> exp.Table:
     """`"catalog"."schema"."name"` (or just `"name"`), quoted, for a table in a scope."""
@@ -428,6 +432,13 @@ class DuckDBDatabase(Engine):
         """(catalog, schema) pairs holding the user's tables: the default one first."""
         current = self.con.execute("SELECT current_database(), current_schema()").fetchone()
         return [(current[0], current[1]), *(s for s in self._extra_scopes if s != tuple(current))]
+
+    def unread_scopes(self, name: str) -> list[tuple[str, str]]:
+        """(catalog, schema) pairs outside `scopes()` holding a table or view named `name`: where a
+        user's table is that relsql does not read (a schema other than the connection's)."""
+        rows = self.con.execute(bound(ELSEWHERE, name=name)).fetchall()
+        read = set(self.scopes())
+        return [(r[0], r[1]) for r in rows if (r[0], r[1]) not in read]
 
     def tables_in(self, scope: tuple[str, str]) -> list[str]:
         try:

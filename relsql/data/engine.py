@@ -196,6 +196,11 @@ class Engine(abc.ABC):
     def scopes(self) -> list[tuple[str, str]]:
         """(catalog, schema) pairs holding the user's tables, the default one (where relsql writes) first."""
 
+    def unread_scopes(self, name: str) -> list[tuple[str, str]]:
+        """(catalog, schema) pairs outside `scopes()` holding a table named `name`, where the engine
+        can tell (for an error message); none by default."""
+        return []
+
     @abc.abstractmethod
     def tables_in(self, scope: tuple[str, str]) -> list[str]:
         """The user's tables and views of one scope, sorted, relsql's own (TEMP_PREFIX) left out."""

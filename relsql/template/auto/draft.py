@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from relsql.data.engine import Database
 from relsql.data.keys import Schema
+from relsql.template import ir
 from relsql.template.auto.cuts import Sizes
 from relsql.template.auto.names import Names, distinct, quoted, safe
 from relsql.template.auto.options import Options
@@ -43,11 +44,12 @@ class Draft:
 
     def own(self, table: str) -> dict[str, str]:
         """`table`'s key columns as enc_<table> (and, for the target, p_/h_/predict) name them: as the
-        table does, but a key column named h is renamed (h is every relation's value column)."""
+        table does, but a key column named h (every relation's value column) or like a column of
+        relsql's own (`_rid`, `_rule`, ...: relsql.template.ir.reserved) is renamed."""
         pk = self.schema.primary_keys[table]
-        if all(k.casefold() != "h" for k in pk):
+        if not any(_clashes(k) for k in pk):
             return {k: k for k in pk}
-        return dict(zip(pk, distinct([f"{k}_key" if k.casefold() == "h" else k for k in pk])))
+        return dict(zip(pk, distinct([f"{k.lstrip('_')}_key" if _clashes(k) else k for k in pk])))
 
     def n(self, table: str) -> dict[str, str]:
         """The node relation's key column name for each key column of `table`."""
@@ -91,3 +93,8 @@ class Draft:
         on = " AND ".join(f"{dim}.{quoted(r)} = {alias}.{quoted(c)}" for c, r in zip(time.via.columns, time.via.references))
         cut = before(f"{dim}.{quoted(time.column)}", time.kind, target_time, self.target_kind, self.inclusive)
         return "", f"\nJOIN {quoted(time.via.table)} {dim} ON {on} AND {cut}"
+
+
+def _clashes(key: str) -> bool:
+    """Whether a key column's name cannot be a head key of a generated relation as it is."""
+    return key.casefold() == "h" or ir.reserved(key)

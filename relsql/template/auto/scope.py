@@ -36,13 +36,25 @@ class Scope:
     inclusive: bool = False  # rows at exactly the target row's time join too (`<=`): a RelBench task's cut
 
 
+def _unread(db: Database, table: str) -> str:
+    """Where a table of that name is that relsql does not read, and how to read it; or nothing."""
+    found = db.unread_scopes(table)
+    if not found:
+        return ""
+    catalog, schema = found[0]
+    return (f"; a table `{table}` is in schema `{schema}` of catalog `{catalog}`, which relsql does not read (it reads "
+            f"the connection's current schema): open the database with duckdb, run `USE \"{catalog}\".\"{schema}\"` "
+            "on that connection and pass it (relsql.connect(con))")
+
+
 def scope(db: Database, table: str, column: str, options: Options) -> Scope:
     """The scope of a template predicting `table`.`column` with (checked) `options`."""
     if not isinstance(db, Database):
         raise SchemaError(f"db must be a relsql.Database (from relsql.connect(...)), got {type(db).__name__}")
     catalog = db.catalog()
     if table not in catalog.tables:
-        raise SchemaError(f"target table `{table}` does not exist; tables: {', '.join(catalog.names)}")
+        raise SchemaError(f"target table `{table}` does not exist; tables: {', '.join(catalog.names) or 'none'}"
+                          + _unread(db, table))
     if column not in [c.name for c in catalog[table].columns]:
         raise SchemaError(f"target {table}.{column}: `{table}` has no column `{column}`")
     keys = schema(db, catalog, infer=options.infer_keys, **({"given": options.keys} if options.keys is not None else {}))
@@ -56,10 +68,13 @@ def scope(db: Database, table: str, column: str, options: Options) -> Scope:
     if not keys.primary_keys.get(table):
         raise SchemaError(f"target table `{table}` has no primary key (declared or inferable); declare one so each "
                           "prediction has a key")
-    named_h = [k for k in keys.primary_keys[table] if k.casefold() == "h"]
-    if named_h:  # the output relation is keyed by the target's key names, and h is every relation's value column
-        raise SchemaError(f"target table `{table}`'s key column `{named_h[0]}` has the name of every template relation's "
-                          f"value column (h), so no template can key its predictions by it; predict from a view that "
+    named_h = [k for k in keys.primary_keys[table] if k.casefold() == "h" or ir.reserved(k)]
+    if named_h:  # the output relation is keyed by the target's key names: h is every relation's value column, and
+        # names such as _rid are relsql's own columns in the grounding queries
+        what = ("the name of every template relation's value column (h)" if named_h[0].casefold() == "h"
+                else "a name relsql's grounding queries use for their own columns")
+        raise SchemaError(f"target table `{table}`'s key column `{named_h[0]}` has {what}, so no template can key its "
+                          f"predictions by it; predict from a view that "
                           f"renames it (CREATE VIEW {table}_v AS SELECT \"{named_h[0]}\" AS {table}_key, * EXCLUDE "
                           f"(\"{named_h[0]}\") FROM \"{table}\"), target {table}_v.{column}, and give the foreign keys "
                           "that reference the view in a keys file (relsql.connect(..., keys=), docs/keys.md)")
