@@ -281,3 +281,37 @@ def test_a_target_in_another_schema_is_named_with_the_way_to_read_it(tmp_path):
     model = relsql.Model(db, relsql.Template.auto(db, target="customer.label"), target="customer.label", progress=False)
     model.fit(epochs=2)
     assert model.predict().height == 90
+
+
+def _shop(path: str, target: str, child: str) -> None:
+    con = duckdb.connect(path)
+    rng = np.random.default_rng(4)
+    con.execute(f'CREATE TABLE "{target}" (customer_id INTEGER PRIMARY KEY, age DOUBLE, label DOUBLE)')
+    con.execute(f'CREATE TABLE "{child}" (e_id INTEGER PRIMARY KEY, customer_id INTEGER REFERENCES "{target}"(customer_id), '
+                "v DOUBLE)")
+    ages, values = rng.normal(size=150), rng.normal(size=450)
+    con.executemany(f'INSERT INTO "{target}" VALUES (?, ?, ?)',
+                    [[i, float(a), float(a + values[i::150].mean())] for i, a in enumerate(ages)])
+    con.executemany(f'INSERT INTO "{child}" VALUES (?, ?, ?)', [[k, k % 150, float(v)] for k, v in enumerate(values)])
+    con.close()
+
+
+def test_tables_named_like_the_relations_template_auto_writes(tmp_path):
+    """A target table named `predict` with a child `enc_predict` (names Template.auto gives its output
+    and the child's encoder): its relations are renamed clear of the tables, which a relation of the
+    same name would shadow, and the model predicts what the same data under other names does."""
+    predictions = {}
+    for target, child in (("predict", "enc_predict"), ("cust", "orders_c")):
+        folder = tmp_path / target
+        folder.mkdir()
+        db, _, template = _auto(folder, lambda p, t=target, c=child: _shop(p, t, c), f"{target}.label", None)
+        tables = {t.casefold() for t in db.catalog().names}
+        assert not tables & {r.casefold() for r in template.relations}
+        if target == "predict":
+            assert "CREATE TABLE predict_rel AS" in template.source and "CREATE TABLE enc_predict_rel AS" in template.source
+        model = relsql.Model(db, template, target=f"{target}.label", seed=0, progress=False)
+        model.fit(epochs=4)
+        predictions[target] = model.predict()
+        assert relsql.Model.load(model.save(folder / "m.pt"), db).predict().equals(predictions[target])
+    assert predictions["predict"].height == 150 and predictions["predict"]["prediction"].equals(
+        predictions["cust"]["prediction"])

@@ -34,6 +34,8 @@ The package, by job (each module's docstring says more), from the bottom up:
 
 from __future__ import annotations
 
+import re
+
 import sqlglot.expressions as exp
 
 from relsql import arguments
@@ -45,7 +47,7 @@ from relsql.template.auto.columns import id_like, label_kind
 from relsql.template.auto.cuts import Pruning, Sizes
 from relsql.template.auto.draft import Draft
 from relsql.template.auto.header import HEADER, is_automatic
-from relsql.template.auto.names import distinct, safe
+from relsql.template.auto.names import Names, distinct, safe
 from relsql.template.auto.options import AGGREGATIONS, LAYERS, NUMBERS, RANKING_AGGREGATION, TIMELESS, Options, aggregation_terms
 from relsql.template.auto.paths import keyed, tree, walk
 from relsql.template.auto.ranking import Ranking, ranking_header
@@ -148,7 +150,26 @@ def _write(db: Database, target: str, table: str, column: str, options: Options)
     if draft.identifiers:
         lines.append(f"-- left out, named like identifiers but not keys (never numeric features): {', '.join(draft.identifiers)}")
     lines += header.times(where, options, pruning, tables, nodes)
-    return "\n".join(lines) + "\n\n" + "\n".join(draft.out)
+    return _clear_of(db.catalog().names, "\n".join(lines) + "\n\n" + "\n".join(draft.out))
+
+
+_CREATED = re.compile(r"^CREATE TABLE (\w+) AS$", re.MULTILINE)
+
+
+def _clear_of(tables: list[str], text: str) -> str:
+    """`text` with every relation it creates whose name is also a table's (`predict`, `enc_item`, ...
+    are the database's tables in some schemas) renamed: a template relation shadows a table of its
+    name, so the template would read its own relation where it means the table. Relations are named
+    unquoted after CREATE TABLE, FROM and JOIN; tables are always quoted."""
+    taken = {t.casefold() for t in tables}
+    created = _CREATED.findall(text)
+    clashing = [name for name in created if name.casefold() in taken]
+    if not clashing:
+        return text
+    allocate = Names([*taken, *created])
+    for name in clashing:
+        text = re.sub(rf"\b(CREATE TABLE|FROM|JOIN) {re.escape(name)}\b(?!\")", rf"\1 {allocate(name + '_rel')}", text)
+    return text
 
 
 def _units(db: Database, table: str, column: str) -> int:
