@@ -123,36 +123,75 @@ class Hybrid:
         return cls(features, trees, weight, metric, {float(a): float(s) for a, s in scores}, crossfit)
 
 
-def fit(learner) -> Hybrid | None:
-    """A GBM on the depth-2 features of the training rows, one on their one-hop part and one on
-    the target table's own columns (`_candidates`), each with the blend weight the validation rows
-    pick by the metric that chose the network's epoch (see the module docstring); the blend that
-    scores better there (the wider one on a tie).
-    None without validation rows or features."""
+@dataclass
+class Candidate:
+    """One GBM the blend may take: its `features`, their matrix `x` for every output row, the
+    `trees` fitted on the training rows and their raw outputs `theirs` on the validation rows."""
+
+    features: flat.Flat
+    x: np.ndarray
+    trees: gbm.Trees
+    theirs: np.ndarray
+
+
+def candidates(learner) -> list[Candidate] | None:
+    """The blend's GBMs (`_candidates`), fitted on the training rows with early stopping on the
+    validation rows: they do not depend on the network, so fit() fits them before it and its
+    training can watch the blend (relsql/train/loop/blendstop.py). None without validation rows
+    or features."""
     if not len(learner.rows["val"]) or not len(learner.rows["train"]):
         return None
     spec = flat.plan(learner.db, learner.table, learner.column, learner.time_column, depth=2)
     if not spec.names:
         return None
     every = spec.of_output(learner.db, learner.output, int(learner.output_rows))  # baselines.features, every row kept
+    found = []
+    for features, columns in _candidates(spec):
+        x = every[:, columns] if columns is not None else every
+        labelled = x[learner.labelled]
+        trees = baselines.fit_trees(learner, labelled)
+        found.append(Candidate(features, x, trees, trees.raw(labelled[learner.rows["val"]])))
+    return found
+
+
+def fit(learner, found: list[Candidate] | None = None) -> Hybrid | None:
+    """A GBM on the depth-2 features of the training rows, one on their one-hop part and one on
+    the target table's own columns (`candidates`, or those `found` before training), each with the
+    blend weight the validation rows pick by the metric that chose the network's epoch (see the
+    module docstring); the blend that scores better there (the wider one on a tie).
+    None without validation rows or features."""
+    found = candidates(learner) if found is None else found
+    if not found:
+        return None
     with torch.no_grad():
         net, y = learner.split_outputs("val")
     honest = learner.record.crossfit  # the same run's outputs at epochs other rows chose (relsql/train/loop/crossfit.py)
     net = (net if honest is None else honest).detach().cpu().double().numpy()
     truth = y.detach().cpu().double().numpy()
     metric = chosen_on(learner)
-    blend, kept = None, every
-    for features, columns in _candidates(spec):
-        x = every[:, columns] if columns is not None else every
-        labelled = x[learner.labelled]
-        trees = baselines.fit_trees(learner, labelled)
-        theirs = trees.raw(labelled[learner.rows["val"]])
-        scores = {a: score(learner.task, a * net + (1 - a) * theirs, truth, metric) for a in WEIGHTS}
+    blend, kept = None, found[0].x
+    for candidate in found:
+        scores = weighed(learner.task, net, candidate.theirs, truth, metric)
         weight = best_weight(scores, metric)
         if blend is None or _ranked(scores[weight], metric) > _ranked(blend.scores[blend.weight], metric) + 1e-12:
-            blend, kept = Hybrid(features, trees, weight, metric, scores, honest is not None), x
+            blend = Hybrid(candidate.features, candidate.trees, weight, metric, scores, honest is not None)
+            kept = candidate.x
     blend.keep_features(learner, kept)  # predict() reads these rows' features again otherwise
     return blend
+
+
+def weighed(task, net: np.ndarray, theirs: np.ndarray, truth: np.ndarray, metric: str) -> dict[float, float]:
+    """`metric` of `a * net + (1 - a) * theirs` against `truth` for every weight a in WEIGHTS."""
+    return {a: score(task, a * net + (1 - a) * theirs, truth, metric) for a in WEIGHTS}
+
+
+def best_blend(task, net: np.ndarray, found: list[Candidate], truth: np.ndarray, metric: str) -> float:
+    """The best validation score any candidate's blend with `net` reaches, as larger-is-better."""
+    best = float("-inf")
+    for candidate in found:
+        scores = weighed(task, net, candidate.theirs, truth, metric)
+        best = max(best, _ranked(scores[best_weight(scores, metric)], metric))
+    return best
 
 
 def _candidates(spec: flat.Flat) -> list[tuple[flat.Flat, np.ndarray | None]]:

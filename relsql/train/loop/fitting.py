@@ -62,12 +62,23 @@ def fit(db: Database, learner: Learner, threads: int | None, config: FitConfig) 
         _in_this_process(learner, config)
 
 
-def _blend(learner: Learner, config: FitConfig) -> None:
-    """The GBM blend where asked, its weight picked on the validation rows by fit's monitor."""
+def _blend(learner: Learner, config: FitConfig, found: list | None = None) -> None:
+    """The GBM blend where asked, its weight picked on the validation rows by fit's monitor (from the
+    candidates `found` before training, else fitted now)."""
     if config.hybrid:
         from relsql.train.gbm import hybrid as hybrids
 
-        learner.hybrid = hybrids.fit(learner)
+        learner.hybrid = hybrids.fit(learner, found)
+
+
+def _candidates(learner: Learner, config: FitConfig) -> list | None:
+    """The blend's GBMs, fitted before the network where asked: training then also stops where the
+    blend stops improving (relsql/train/loop/blendstop.py)."""
+    if not config.hybrid:
+        return None
+    from relsql.train.gbm import hybrid as hybrids
+
+    return hybrids.candidates(learner)
 
 
 def _in_this_process(learner: Learner, config: FitConfig) -> None:
@@ -79,11 +90,12 @@ def _in_this_process(learner: Learner, config: FitConfig) -> None:
     state = checkpoints.load(config.checkpoint) if resumed else None
     refit = learner.no_refit is None
     initial, before = (learner.weights_copy() if refit else None), len(learner.record.history)
+    found = _candidates(learner, config)
     with learner.own_random_stream():
-        record = train(learner, config, resume=state, crossfit=config.hybrid)
+        record = train(learner, config, resume=state, crossfit=config.hybrid, blend=found)
     if record.diverged:
         raise RelsqlError(record.diverged) from None
-    _blend(learner, config)
+    _blend(learner, config, found)
     if not refit:
         return
     replay = [h["lr"] / config.lr for h in record.history[before:]]  # the plateaus the selection met, epoch by epoch

@@ -26,6 +26,7 @@ from relsql.train.feed.batches import batches
 from relsql.train.feed.source import BatchSource, Whole
 from relsql.train.learner.learner import Learner
 from relsql.train.learner.record import FitRecord
+from relsql.train.loop.blendstop import BlendStopping
 from relsql.train.loop.callbacks import Callback, Checkpoint, EarlyStopping, Schedule, TimeBudget, Users
 from relsql.train.loop.crossfit import CrossFitted
 from relsql.train.loop.options import FitConfig
@@ -181,7 +182,8 @@ class Trainer:
     """Trains a Learner: epochs of shuffled batches of the training rows, the best epoch kept."""
 
     def __init__(self, learner: Learner, strategy: Strategy, config: FitConfig, *, keep: str = "best", horizon: int | None = None,
-                 replay: list[float] | None = None, callbacks: list[Callback] = (), crossfit: bool = False):
+                 replay: list[float] | None = None, callbacks: list[Callback] = (), crossfit: bool = False,
+                 blend: list | None = None):
         """`config`: the fit's settings (its defaults are the plain loop: Adam, constant rate, no
         clipping, the best loss kept; Model.fit's FitConfig.checked gives the ones that converge).
         `horizon`: the epochs the schedule spans (default `config.epochs`; a refit stops early on
@@ -190,7 +192,9 @@ class Trainer:
         plateaus its selection run met, having no validation of its own). `callbacks`: more
         callbacks, run after fit's own and the user's (`config.users`; relsql/train/loop/callbacks.py).
         `crossfit`: also score each epoch on two halves of the validation rows, for the blend
-        (relsql/train/loop/crossfit.py; the record's `crossfit` holds the outputs).
+        (relsql/train/loop/crossfit.py; the record's `crossfit` holds the outputs). `blend`: the
+        blend's GBM candidates (hybrid.candidates), with crossfit: also stop where the blend stops
+        improving (relsql/train/loop/blendstop.py).
         The record (`self.record`) continues the learner's: the fit entry point puts it on the
         learner before fit(), so that the model's history grows as the epochs finish."""
         self.learner, self.strategy, self.config = learner, strategy, config
@@ -202,8 +206,10 @@ class Trainer:
         self.stopping = EarlyStopping(learner, config.patience, config.monitor, last=keep == "last", overfit=config.overfit)
         users = [Users(given) for given in (*config.users, *callbacks)]
         self.crossfit = CrossFitted(learner) if crossfit and keep == "best" else None
+        self.blend = BlendStopping(learner, blend) if blend and self.crossfit else None
         self.val_outputs: torch.Tensor | None = None  # this epoch's validation outputs, where crossfit asks for them
         self.callbacks: list[Callback] = [self.stopping, *([self.crossfit] if self.crossfit else []),
+                                          *([self.blend] if self.blend else []),
                                           Schedule(self.rate, self.stopping, replay), TimeBudget(self.time_budget),
                                           self.checkpointer, *users]
         self.record: FitRecord = learner.record.continued()
@@ -442,7 +448,8 @@ class Trainer:
             "weights": learner.weights_copy(), **self.optimizers.state_dict(),
             "history": plain(self.record.history), **self.stopping.state_dict(), "stores": steps, "best_stores": best_steps,
             "running": tuple(float(v) for v in self.running) if batch else (0.0, 0.0), "schedule": self.rate.state_dict(),
-            **(self.crossfit.state_dict() if self.crossfit else {}), **(extra or {}),
+            **(self.crossfit.state_dict() if self.crossfit else {}), **(self.blend.state_dict() if self.blend else {}),
+            **(extra or {}),
         })
         for w, table in tables.items():
             self.source.run(table.drop_checkpoints, steps[w], best_steps[w])
@@ -470,6 +477,8 @@ class Trainer:
         self.rate.load_state_dict(state.get("schedule"))
         if self.crossfit is not None:
             self.crossfit.load_state_dict(state)
+        if self.blend is not None:
+            self.blend.load_state_dict(state)
         best_steps = state.get("best_stores", {})
         for weight, step in state["stores"].items():
             table = learner.batched.stores.get(weight) or learner.batched.store(weight, None)  # the table exists already
