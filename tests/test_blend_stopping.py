@@ -14,8 +14,7 @@ from sklearn.metrics import log_loss, roc_auc_score
 import relsql
 from relsql.train.gbm import hybrid
 from relsql.train.loop import blendstop
-from relsql.train.loop.callbacks import Callback
-from tests.test_crossfit import EveryEpoch, shop
+from tests.test_crossfit import EveryEpoch, resumed, shop
 from tests.test_hybrid import TEMPLATE  # the network reads the order amounts' mean only; the GBM counts orders
 
 
@@ -64,24 +63,9 @@ def test_training_stops_where_a_naive_reference_of_the_rule_does(tmp_path, seed)
 
 @pytest.mark.slow
 def test_a_resumed_fit_stops_where_an_uninterrupted_one_does(tmp_path):
-    class Crash(Exception):
-        pass
-
-    class StopAt(Callback):
-        def on_epoch_end(self, trainer, epoch, record):
-            if epoch == 30:
-                raise Crash
-
     db = shop(tmp_path / "shop.duckdb")
     whole, _ = fitted(db, 0)
-    path = tmp_path / "run.ckpt"
-    first = relsql.Model(db, relsql.Template.from_sql(TEMPLATE), target="customer.busy", seed=0, progress=False,
-                         dtype=torch.float64)
-    with pytest.raises(relsql.RelsqlError, match="Crash"):
-        first.fit(epochs=400, refit=False, hybrid=True, checkpoint=path, callbacks=[StopAt()])
-    again = relsql.Model(db, relsql.Template.from_sql(TEMPLATE), target="customer.busy", seed=0, progress=False,
-                         dtype=torch.float64)
-    again.fit(epochs=400, refit=False, hybrid=True, checkpoint=path, resume=True)
+    again = resumed(db, tmp_path / "run.ckpt", 30, epochs=400)
     assert len(again.history) == len(whole.history) and again.stopped == whole.stopped
     assert again.learner.hybrid.weight == whole.learner.hybrid.weight
     assert again.predict().equals(whole.predict())

@@ -96,25 +96,31 @@ def test_the_blend_weighs_outputs_cross_fitted_as_a_naive_reference_does(tmp_pat
     db.close()
 
 
-def test_a_resumed_fit_picks_the_weight_an_uninterrupted_one_does(tmp_path):
+def resumed(db, path, crash_at: int, **options) -> relsql.Model:
+    """A fit (seed 0) checkpointed to `path` and crashed after epoch `crash_at`, then resumed to its end."""
     class Crash(Exception):
         pass
 
     class StopAt(Callback):
         def on_epoch_end(self, trainer, epoch, record):
-            if epoch == 11:
+            if epoch == crash_at:
                 raise Crash
 
+    def model():
+        return relsql.Model(db, relsql.Template.from_sql(TEMPLATE), target="customer.busy", seed=0, progress=False,
+                            dtype=torch.float64)
+
+    with pytest.raises(relsql.RelsqlError, match="Crash"):
+        model().fit(refit=False, hybrid=True, checkpoint=path, callbacks=[StopAt()], **options)
+    again = model()
+    again.fit(refit=False, hybrid=True, checkpoint=path, resume=True, **options)
+    return again
+
+
+def test_a_resumed_fit_picks_the_weight_an_uninterrupted_one_does(tmp_path):
     db = shop(tmp_path / "shop.duckdb")
     whole, _ = fitted(db, 0)
-    path = tmp_path / "run.ckpt"
-    first = relsql.Model(db, relsql.Template.from_sql(TEMPLATE), target="customer.busy", seed=0, progress=False,
-                         dtype=torch.float64)
-    with pytest.raises(relsql.RelsqlError, match="Crash"):
-        first.fit(epochs=EPOCHS, patience=100, refit=False, hybrid=True, checkpoint=path, callbacks=[StopAt()])
-    again = relsql.Model(db, relsql.Template.from_sql(TEMPLATE), target="customer.busy", seed=0, progress=False,
-                         dtype=torch.float64)
-    again.fit(epochs=EPOCHS, patience=100, refit=False, hybrid=True, checkpoint=path, resume=True)
+    again = resumed(db, tmp_path / "run.ckpt", 11, epochs=EPOCHS, patience=100)
     assert torch.equal(again.learner.record.crossfit, whole.learner.record.crossfit)
     assert again.learner.hybrid.weight == whole.learner.hybrid.weight
     assert again.learner.hybrid.scores == whole.learner.hybrid.scores
