@@ -125,13 +125,20 @@ class Hybrid:
 
 @dataclass
 class Candidate:
-    """One GBM the blend may take: its `features`, their matrix `x` for every output row, the
-    `trees` fitted on the training rows and their raw outputs `theirs` on the validation rows."""
+    """One GBM the blend may take: its `features` (the `columns` of the matrix `every` of every
+    output row that all candidates share, None for all of them: no copy is held while the network
+    trains), the `trees` fitted on the training rows and their raw outputs `theirs` on the
+    validation rows."""
 
     features: flat.Flat
-    x: np.ndarray
+    every: np.ndarray
+    columns: np.ndarray | None
     trees: gbm.Trees
     theirs: np.ndarray
+
+    def x(self) -> np.ndarray:
+        """This candidate's features of every output row."""
+        return self.every if self.columns is None else self.every[:, self.columns]
 
 
 def candidates(learner) -> list[Candidate] | None:
@@ -150,7 +157,7 @@ def candidates(learner) -> list[Candidate] | None:
         x = every[:, columns] if columns is not None else every
         labelled = x[learner.labelled]
         trees = baselines.fit_trees(learner, labelled)
-        found.append(Candidate(features, x, trees, trees.raw(labelled[learner.rows["val"]])))
+        found.append(Candidate(features, every, columns, trees, trees.raw(labelled[learner.rows["val"]])))
     return found
 
 
@@ -169,14 +176,14 @@ def fit(learner, found: list[Candidate] | None = None) -> Hybrid | None:
     net = (net if honest is None else honest).detach().cpu().double().numpy()
     truth = y.detach().cpu().double().numpy()
     metric = chosen_on(learner)
-    blend, kept = None, found[0].x
+    blend, kept = None, found[0]
     for candidate in found:
         scores = weighed(learner.task, net, candidate.theirs, truth, metric)
         weight = best_weight(scores, metric)
         if blend is None or _ranked(scores[weight], metric) > _ranked(blend.scores[blend.weight], metric) + 1e-12:
             blend = Hybrid(candidate.features, candidate.trees, weight, metric, scores, honest is not None)
-            kept = candidate.x
-    blend.keep_features(learner, kept)  # predict() reads these rows' features again otherwise
+            kept = candidate
+    blend.keep_features(learner, kept.x())  # predict() reads these rows' features again otherwise
     return blend
 
 
