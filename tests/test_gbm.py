@@ -110,3 +110,65 @@ def test_plain_round_trip_and_damage():
         gbm.Trees.from_plain({k: v for k, v in plain.items() if k != "value"})
     with pytest.raises(RelsqlError, match="expected 5 features"):
         trees.raw(x[:, :4])
+
+
+def dumped(booster, features: int) -> dict[str, np.ndarray]:
+    """The node table by a naive reference: LightGBM's own JSON dump, walked recursively in preorder."""
+    dump = booster.dump_model()
+    nodes = {k: [] for k in ("feature", "threshold", "missing", "default_left", "left", "right", "value")}
+    roots, depths = [], []
+
+    def add(tree: dict, level: int) -> int:
+        index = len(nodes["feature"])
+        leaf = "leaf_value" in tree
+        for key, value in (("feature", -1 if leaf else tree["split_feature"]), ("threshold", 0.0 if leaf else tree["threshold"]),
+                           ("missing", 0 if leaf else {"None": 0, "Zero": 1, "NaN": 2}[tree["missing_type"]]),
+                           ("default_left", False if leaf else tree["default_left"]),
+                           ("value", tree["leaf_value"] if leaf else 0.0), ("left", -1), ("right", -1)):
+            nodes[key].append(value)
+        if leaf:
+            return level
+        nodes["left"][index] = len(nodes["feature"])
+        deepest = add(tree["left_child"], level + 1)
+        nodes["right"][index] = len(nodes["feature"])
+        return max(deepest, add(tree["right_child"], level + 1))
+
+    for info in dump["tree_info"]:
+        roots.append(len(nodes["feature"]))
+        depths.append(add(info["tree_structure"], 0))
+    arrays = {k: np.asarray(v) for k, v in nodes.items()}
+    # JSON has no infinity: the dump writes a threshold of +-inf as +-1e300 (the booster splits on inf)
+    arrays["threshold"] = np.where(np.abs(arrays["threshold"]) == 1e300, np.copysign(np.inf, arrays["threshold"]),
+                                   arrays["threshold"])
+    return {**arrays, "roots": np.asarray(roots), "depth": max(depths)}
+
+
+@pytest.mark.parametrize("kind", ["binary", "multiclass", "regression"])
+def test_trees_read_from_the_text_model_equal_the_json_dump(kind):
+    """Trees.of reads the booster's text model: the same node table, bit for bit, as LightGBM's
+    JSON dump walked in preorder (but for thresholds of infinity, which the dump writes as 1e300: read
+    so, values beyond 1e300 went the other way than in LightGBM); an early-stopped booster gives its
+    best iteration's trees, and trees of one leaf (labels without a split) are read too."""
+    x, signal = data(5, 700)
+    y = {"binary": (signal > 0.5).astype(float), "multiclass": np.digitize(signal, [-1, 0.5, 2]).astype(float),
+         "regression": signal}[kind]
+    units = 4 if kind == "multiclass" else 1
+    constant = np.full(len(y), 1.0 if kind != "regression" else 2.5)  # no split anywhere: a tree of one leaf
+    for labels, extra in ((y, {"zero_as_missing": True, "num_leaves": 63, "min_data_in_leaf": 2}), (y, {}),
+                          (constant, {})):
+        booster = booster_of(kind, x, labels, units, **extra)
+        trees, expected = gbm.Trees.of(booster, 5), dumped(booster, 5)
+        for key in ("feature", "threshold", "missing", "default_left", "left", "right", "value", "roots"):
+            assert np.array_equal(getattr(trees, key), expected[key]), key
+        assert trees.depth == expected["depth"] and trees.units == units
+        probe = np.concatenate([x, np.where(np.isnan(x), x, np.sign(x) * 1e308)])  # beyond 1e300: as LightGBM splits
+        assert np.abs(trees.raw(probe) - booster.predict(probe, raw_score=True).reshape(len(probe), units)).max() < 1e-9
+    assert trees.depth == 0 and (trees.feature == -1).all()  # the constant labels' trees: leaves only
+    stopped = lightgbm.train(gbm.params(kind, units, 0, 500), lightgbm.Dataset(x[:500], y[:500]), num_boost_round=400,
+                             valid_sets=[lightgbm.Dataset(x[500:], y[500:])],
+                             callbacks=[lightgbm.early_stopping(5, verbose=False)])
+    assert 0 < stopped.best_iteration < 400
+    trees = gbm.Trees.of(stopped, 5)
+    assert len(trees.roots) == stopped.best_iteration * units
+    assert np.array_equal(trees.value, dumped(stopped, 5)["value"])
+    assert np.abs(trees.raw(x) - stopped.predict(x, raw_score=True).reshape(len(x), units)).max() < 1e-9

@@ -278,7 +278,8 @@ def frequent_dictionary(source: exp.Expression, column: str, min_count: int) -> 
         exp.Not(this=exp.Is(this=q.col(column), expression=exp.Null())), copy=False).group_by(q.col(column), copy=False).having(
         exp.GTE(this=exp.Count(this=exp.Star()), expression=q.integer(min_count)), copy=False)
     code = exp.Window(this=exp.RowNumber(), order=exp.Order(expressions=[exp.Ordered(this=q.col("v", "n"))]))
-    frequent = exp.select(q.col("v", "n"), q.alias(code, "code")).from_(q.alias(exp.Subquery(this=counted), "n", table=True))
+    frequent = exp.select(q.col("v", "n"), q.alias(code, "code"), copy=False).from_(
+        q.alias(exp.Subquery(this=counted), "n", table=True), copy=False)
     return exp.union(exp.select(exp.Null(), q.integer(0)), frequent, distinct=False, copy=False)
 
 

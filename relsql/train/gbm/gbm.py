@@ -1,8 +1,8 @@
 """Gradient-boosted trees (LightGBM) as plain data with their own evaluator.
 
-LightGBM fits; relsql keeps only the fitted trees as numpy arrays read from
-`booster.dump_model()` and evaluates them itself (`Trees.raw`), so a saved model holds numbers,
-never a pickled booster, and predicting needs no LightGBM objects. The evaluator follows
+LightGBM fits; relsql keeps only the fitted trees as numpy arrays read from the booster's text
+model (`booster.model_to_string()`) and evaluates them itself (`Trees.raw`), so a saved model holds
+numbers, never a pickled booster, and predicting needs no LightGBM objects. The evaluator follows
 LightGBM's numerical decision rule: a NaN is read as 0 unless the split's missing type is NaN;
 a value routed as missing (NaN under missing type NaN, or |x| <= 1e-35 under missing type Zero)
 goes to the side `default_left` names; any other value goes left when it is <= the threshold.
@@ -30,7 +30,6 @@ from relsql.errors import RelsqlError
 
 KINDS = ("binary", "multiclass", "regression")
 _ZERO = 1e-35  # LightGBM's kZeroThreshold
-_MISSING = {"None": 0, "Zero": 1, "NaN": 2}
 ROUNDS, PATIENCE, ROUNDS_WITHOUT_VALIDATION = 2000, 50, 200
 PAIRS = 1 << 20  # (row, tree) pairs Trees.raw walks at once: 8 MiB per array of them
 
@@ -92,20 +91,46 @@ class Trees:
 
     @classmethod
     def of(cls, booster, features: int) -> Trees:
-        """The trees a LightGBM booster predicts with (its best iteration after early stopping)."""
-        dump = booster.dump_model()
-        per_round = int(dump["num_tree_per_iteration"])
-        nodes: dict[str, list] = {k: [] for k in ("feature", "threshold", "missing", "default_left", "left", "right", "value")}
-        roots, classes, depth = [], [], 0
-        for info in dump["tree_info"]:
-            if info.get("num_cat", 0):
+        """The trees a LightGBM booster predicts with (its best iteration after early stopping),
+        read from its text model: `dump_model()`'s JSON, parsed and walked in Python, cost a quarter
+        of a small fit's time (62 ms against 4 for the text, 100 rounds of 31 leaves)."""
+        return cls.of_text(booster.model_to_string(), features)
+
+    @classmethod
+    def of_text(cls, text: str, features: int) -> Trees:
+        """Trees from LightGBM's text model format: each tree's node arrays (internal nodes 0..n-2,
+        a child < 0 is leaf ~child), put in preorder as `_preorder` does."""
+        per_round, trees = 1, []
+        lines = iter(text.splitlines())
+        for line in lines:
+            if line.startswith("num_tree_per_iteration="):
+                per_round = int(line.partition("=")[2])
+            elif line.startswith("Tree="):
+                tree: dict[str, str] = {}
+                for inner in lines:
+                    if not inner:
+                        break
+                    key, _, value = inner.partition("=")
+                    tree[key] = value
+                trees.append(tree)
+            elif line == "end of trees":
+                break
+        parts: dict[str, list[np.ndarray]] = {k: [] for k in ("feature", "threshold", "missing", "default_left",
+                                                              "left", "right", "value")}
+        roots, classes, depth, size = [], [], 0, 0
+        for index, tree in enumerate(trees):
+            if int(tree.get("num_cat", "0")):
                 raise RelsqlError("GBM: categorical splits are not supported (features are passed as numbers)")
-            roots.append(len(nodes["feature"]))
-            classes.append(int(info["tree_index"]) % per_round)
-            depth = max(depth, _flatten(info["tree_structure"], nodes, 0))
-        as_int = ("feature", "missing", "left", "right")
-        arrays = {k: np.asarray(v, dtype=np.int64 if k in as_int else bool if k == "default_left" else np.float64)
-                  for k, v in nodes.items()}
+            roots.append(size)
+            classes.append(index % per_round)
+            nodes, deepest = _preorder(tree, size)
+            depth = max(depth, deepest)
+            for key, array in nodes.items():
+                parts[key].append(array)
+            size += len(nodes["feature"])
+        kinds = {"feature": np.int64, "missing": np.int64, "left": np.int64, "right": np.int64, "default_left": bool,
+                 "threshold": np.float64, "value": np.float64}
+        arrays = {k: np.concatenate(v).astype(kinds[k]) if v else np.zeros(0, dtype=kinds[k]) for k, v in parts.items()}
         return cls(**arrays, roots=np.asarray(roots, dtype=np.int64), classes=np.asarray(classes, dtype=np.int64),
                    units=per_round, features=int(features), depth=depth)
 
@@ -198,22 +223,58 @@ class Trees:
                               f"fitting makes one tree per score per round, for at most {ROUNDS:,} rounds")
 
 
-def _flatten(tree: dict, nodes: dict[str, list], level: int) -> int:
-    """Appends `tree` in preorder; returns its depth (splits on the longest path)."""
-    index = len(nodes["feature"])
-    leaf = "leaf_value" in tree
-    nodes["feature"].append(-1 if leaf else int(tree["split_feature"]))
-    nodes["threshold"].append(0.0 if leaf else float(tree["threshold"]))
-    nodes["missing"].append(0 if leaf else _MISSING[tree["missing_type"]])
-    nodes["default_left"].append(False if leaf else bool(tree["default_left"]))
-    nodes["value"].append(float(tree["leaf_value"]) if leaf else 0.0)
-    nodes["left"].append(-1)
-    nodes["right"].append(-1)
-    if leaf:
-        return level
-    if tree["decision_type"] != "<=":
-        raise RelsqlError(f"GBM: unsupported split {tree['decision_type']!r}")
-    nodes["left"][index] = len(nodes["feature"])
-    deepest = _flatten(tree["left_child"], nodes, level + 1)
-    nodes["right"][index] = len(nodes["feature"])
-    return max(deepest, _flatten(tree["right_child"], nodes, level + 1))
+def _numbers(tree: dict[str, str], key: str, kind: type) -> np.ndarray:
+    text = tree.get(key, "").strip()
+    return np.array(text.split(), dtype=kind) if text else np.zeros(0, dtype=kind)
+
+
+def _preorder(tree: dict[str, str], offset: int) -> tuple[dict[str, np.ndarray], int]:
+    """One tree's nodes in preorder (a node, its left subtree, its right subtree), child links
+    shifted by `offset` (the node table's size so far), and its depth (splits on the longest path).
+    A text tree numbers its internal nodes 0..n-2 (node 0 the root) and its leaves apart: a child
+    link >= 0 is an internal node, one < 0 the leaf ~link."""
+    leaves = _numbers(tree, "leaf_value", np.float64)
+    split = _numbers(tree, "split_feature", np.int64)
+    if not len(split):  # a tree of one leaf
+        return {"feature": np.array([-1]), "threshold": np.zeros(1), "missing": np.zeros(1, dtype=np.int64),
+                "default_left": np.zeros(1, dtype=bool), "left": np.array([-1]), "right": np.array([-1]),
+                "value": leaves[:1].copy()}, 0
+    threshold = _numbers(tree, "threshold", np.float64)
+    decision = _numbers(tree, "decision_type", np.int64)
+    children = (_numbers(tree, "left_child", np.int64), _numbers(tree, "right_child", np.int64))
+    if (decision & 1).any():
+        raise RelsqlError("GBM: categorical splits are not supported (features are passed as numbers)")
+    order: list[int] = []  # preorder of nodes: internal i as i, leaf j as ~j
+    level: list[int] = []
+    stack = [(0, 0)]
+    while stack:
+        node, at = stack.pop()
+        order.append(node)
+        level.append(at)
+        if node >= 0:
+            stack.append((int(children[1][node]), at + 1))
+            stack.append((int(children[0][node]), at + 1))
+    order_array = np.asarray(order, dtype=np.int64)
+    inner = order_array >= 0
+    at_inner, at_leaf = order_array[inner], ~order_array[~inner]
+    place = np.zeros(len(split), dtype=np.int64)
+    place[at_inner] = np.flatnonzero(inner)
+    leaf_place = np.zeros(len(leaves), dtype=np.int64)
+    leaf_place[at_leaf] = np.flatnonzero(~inner)
+
+    def placed(links: np.ndarray) -> np.ndarray:
+        return np.where(links >= 0, place[np.maximum(links, 0)], leaf_place[np.maximum(~links, 0)]) + offset
+
+    n = len(order)
+    nodes = {"feature": np.full(n, -1, dtype=np.int64), "threshold": np.zeros(n), "missing": np.zeros(n, dtype=np.int64),
+             "default_left": np.zeros(n, dtype=bool), "left": np.full(n, -1, dtype=np.int64),
+             "right": np.full(n, -1, dtype=np.int64), "value": np.zeros(n)}
+    rows = np.flatnonzero(inner)
+    nodes["feature"][rows] = split[at_inner]
+    nodes["threshold"][rows] = threshold[at_inner]
+    nodes["missing"][rows] = (decision[at_inner] >> 2) & 3
+    nodes["default_left"][rows] = (decision[at_inner] & 2) != 0
+    nodes["left"][rows] = placed(children[0][at_inner])
+    nodes["right"][rows] = placed(children[1][at_inner])
+    nodes["value"][~inner] = leaves[at_leaf]
+    return nodes, max(level)
