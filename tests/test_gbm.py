@@ -172,3 +172,20 @@ def test_trees_read_from_the_text_model_equal_the_json_dump(kind):
     assert len(trees.roots) == stopped.best_iteration * units
     assert np.array_equal(trees.value, dumped(stopped, 5)["value"])
     assert np.abs(trees.raw(x) - stopped.predict(x, raw_score=True).reshape(len(x), units)).max() < 1e-9
+
+
+def test_a_fit_keeps_the_trees_of_its_best_iteration():
+    """gbm.fit keeps LightGBM's training booster (no text round trip inside train()): its trees are
+    still those of the best iteration, as a booster returned the default way predicts."""
+    x, signal = data(6, 900)
+    y = (signal > 0.5).astype(float)
+    trees = gbm.fit(x[:600], y[:600], "binary", 1, seed=3, x_val=x[600:], y_val=y[600:])
+    settings = gbm.params("binary", 1, 3, 600)
+    booster = lightgbm.train(settings, lightgbm.Dataset(x[:600], y[:600], params={"verbosity": -1}),
+                             num_boost_round=gbm.ROUNDS,
+                             valid_sets=[lightgbm.Dataset(x[600:], y[600:], params={"verbosity": -1})],
+                             callbacks=[lightgbm.early_stopping(gbm.PATIENCE, verbose=False)])
+    assert len(trees.roots) == booster.best_iteration < gbm.ROUNDS
+    assert np.abs(trees.raw(x) - booster.predict(x, raw_score=True)[:, None]).max() < 1e-9
+    plain = gbm.fit(x[:600], y[:600], "binary", 1, seed=3, rounds=17)
+    assert len(plain.roots) == 17

@@ -62,10 +62,13 @@ def fit(x: np.ndarray, y: np.ndarray, kind: str, units: int, seed: int = 0, *, x
     train = lightgbm.Dataset(x, y, params={"verbosity": -1}, free_raw_data=True)
     if x_val is not None and len(x_val):
         valid = lightgbm.Dataset(np.asarray(x_val, dtype=np.float64), np.asarray(y_val, dtype=np.float64), reference=train)
-        booster = lightgbm.train(settings, train, num_boost_round=ROUNDS, valid_sets=[valid],
+        booster = lightgbm.train(settings, train, num_boost_round=ROUNDS, valid_sets=[valid], keep_training_booster=True,
                                  callbacks=[lightgbm.early_stopping(PATIENCE, verbose=False)])
     else:
-        booster = lightgbm.train(settings, train, num_boost_round=ROUNDS_WITHOUT_VALIDATION if rounds is None else int(rounds))
+        booster = lightgbm.train(settings, train, num_boost_round=ROUNDS_WITHOUT_VALIDATION if rounds is None else int(rounds),
+                                 keep_training_booster=True)
+    # keep_training_booster: else train() writes the booster to text and reads it back (a tenth of a
+    # small fit's time); the text model Trees.of reads holds the best iteration's trees either way
     return Trees.of(booster, x.shape[1])
 
 
