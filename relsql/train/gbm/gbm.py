@@ -238,18 +238,12 @@ def _preorder(tree: dict[str, str], offset: int) -> tuple[dict[str, np.ndarray],
     link >= 0 is an internal node, one < 0 the leaf ~link."""
     leaves = _numbers(tree, "leaf_value", np.float64)
     split = _numbers(tree, "split_feature", np.int64)
-    if not len(split):  # a tree of one leaf
-        return {"feature": np.array([-1]), "threshold": np.zeros(1), "missing": np.zeros(1, dtype=np.int64),
-                "default_left": np.zeros(1, dtype=bool), "left": np.array([-1]), "right": np.array([-1]),
-                "value": leaves[:1].copy()}, 0
     threshold = _numbers(tree, "threshold", np.float64)
     decision = _numbers(tree, "decision_type", np.int64)
     children = (_numbers(tree, "left_child", np.int64), _numbers(tree, "right_child", np.int64))
-    if (decision & 1).any():
-        raise RelsqlError("GBM: categorical splits are not supported (features are passed as numbers)")
     order: list[int] = []  # preorder of nodes: internal i as i, leaf j as ~j
     level: list[int] = []
-    stack = [(0, 0)]
+    stack = [(0 if len(split) else ~0, 0)]  # a tree without splits is its one leaf
     while stack:
         node, at = stack.pop()
         order.append(node)
