@@ -256,7 +256,7 @@ def test_the_blend_keeps_the_gbm_whose_blend_scores_better_on_validation(tmp_pat
     if signal == "own column":
         db.execute("ALTER TABLE salary ADD COLUMN grade DOUBLE")
         db.execute("UPDATE salary SET grade = (SELECT n.value FROM noise n WHERE n.salary_id = salary.salary_id)")
-        db.execute("UPDATE salary SET pay = 3 * grade + 0.1 * sin(salary_id)")
+        db.execute("UPDATE salary SET pay = 3 * grade + 1.0 * sin(salary_id)")
     model = relsql.Model(db, relsql.Template.auto(db, "salary.pay", time_column="year", hops=1), target="salary.pay",
                          time_column="year", progress=False, seed=0)
     model.fit(epochs=3, hybrid=False, refit=False)
@@ -272,7 +272,8 @@ def test_the_blend_keeps_the_gbm_whose_blend_scores_better_on_validation(tmp_pat
         if not spec.names or any(len(spec.names) == len(other[2]) for other in best.values()):
             continue  # no features, or the same ones as a wider candidate
         x = spec.of_output(db, learner.output, int(learner.output_rows))[learner.labelled]
-        theirs = baselines.fit_trees(learner, x).raw(x[learner.rows["val"]])[:, 0]
+        quick = {} if reach == "one-hop" else {"learning_rate": 0.1, "patience": 25}  # see the next test
+        theirs = baselines.fit_trees(learner, x, **quick).raw(x[learner.rows["val"]])[:, 0]
         # 45 validation rows: too few for MAE to select on, so the loss picks (fit's default, Huber with
         # delta 1 in standardized units)
         gaps = {a: np.abs(a * net + (1 - a) * theirs - y) for a in hybrid.WEIGHTS}
@@ -289,4 +290,44 @@ def test_the_blend_keeps_the_gbm_whose_blend_scores_better_on_validation(tmp_pat
     predicted = model.predict()
     model.save(tmp_path / "m.pt")
     assert relsql.Model.load(tmp_path / "m.pt", db).predict().equals(predicted)
+    db.close()
+
+
+def test_the_one_hop_gbm_is_the_users_and_the_others_refit_at_the_rate_they_stopped_at(tmp_path):
+    """The blend's one-hop GBM is the one-hop GBM with gbm.py's defaults (the baseline of
+    baselines.compare: the same trees, the same test scores); the two-hop and own-column GBMs learn
+    at rate 0.1 and stop after 25 rounds without a better validation loss (where the features carry
+    the label, fewer rounds than at the defaults), and the refit trains at that rate: refitted on the training rows alone for the rounds
+    early stopping kept, it gives the same trees again."""
+    from relsql.train.gbm import baselines, gbm, hybrid
+
+    db = _pay_database(tmp_path / "pay.duckdb")
+    db.execute("ALTER TABLE salary ADD COLUMN grade DOUBLE")  # an own column: the third GBM's
+    db.execute("UPDATE salary SET grade = sin(salary_id)")
+    model = relsql.Model(db, relsql.Template.auto(db, "salary.pay", time_column="year", hops=1), target="salary.pay",
+                         time_column="year", progress=False, seed=0)
+    learner = model.learner
+    found = {c.features.depth if c.features.parents or c.features.children else 0: c for c in hybrid.candidates(learner)}
+    assert sorted(found) == [0, 1, 2]  # own columns, one hop, two hops
+    one = baselines.one_hop(learner)
+    x = baselines.features(learner, one)
+    test, truth = learner.rows["test"], baselines._labels(learner, "test")
+    peer = learner.task.scores(baselines.fit_trees(learner, x).raw(x[test]), truth)
+    near = found[1]
+    assert near.features.names == one.names
+    assert learner.task.scores(near.trees.raw(near.x()[learner.labelled][test]), truth) == peer
+    for depth in (0, 2):
+        candidate = found[depth]
+        labelled = candidate.x()[learner.labelled]
+        train, val = learner.rows["train"], learner.rows["val"]
+        y_train, y_val = baselines._labels(learner, "train"), baselines._labels(learner, "val")
+        slow = gbm.fit(labelled[train], y_train, "regression", 1, learner.seed, x_val=labelled[val], y_val=y_val)
+        quick = gbm.fit(labelled[train], y_train, "regression", 1, learner.seed, x_val=labelled[val], y_val=y_val,
+                        learning_rate=0.1, patience=25)
+        assert np.array_equal(candidate.trees.raw(labelled), quick.raw(labelled))
+        assert len(quick.roots) < len(slow.roots) if depth == 2 else len(quick.roots) <= len(slow.roots)  # 0: noise
+        blend = hybrid.Hybrid(candidate.features, candidate.trees, 0.0, "loss")
+        blend.keep_features(learner, candidate.x())
+        rounds = blend.refit(learner, train)
+        assert rounds == len(quick.roots) and np.allclose(blend.trees.raw(labelled), quick.raw(labelled), atol=1e-12)
     db.close()

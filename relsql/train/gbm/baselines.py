@@ -67,12 +67,13 @@ def features(learner, spec: flat.Flat) -> np.ndarray:
     return spec.of_output(learner.db, learner.output, int(learner.output_rows))[learner.labelled]
 
 
-def fit_trees(learner, x: np.ndarray, early_stopping: bool = True) -> gbm.Trees:
-    """A GBM on the training rows of `x` (labelled order), stopping early on the validation rows."""
+def fit_trees(learner, x: np.ndarray, early_stopping: bool = True, **settings) -> gbm.Trees:
+    """A GBM on the training rows of `x` (labelled order), stopping early on the validation rows;
+    `settings` (a learning rate, a patience) over gbm.fit's defaults."""
     rows = learner.rows
     val = rows["val"] if early_stopping and len(rows["val"]) else None
     return gbm.fit(x[rows["train"]], _labels(learner, "train"), learner.task.kind, learner.task.units, learner.seed,
-                   x_val=None if val is None else x[val], y_val=None if val is None else _labels(learner, "val"))
+                   x_val=None if val is None else x[val], y_val=None if val is None else _labels(learner, "val"), **settings)
 
 
 def own_columns(model, split: str) -> tuple[dict[str, float], list[str]] | None:

@@ -47,10 +47,12 @@ def params(kind: str, units: int, seed: int, rows: int, threads: int = 1, **over
 
 
 def fit(x: np.ndarray, y: np.ndarray, kind: str, units: int, seed: int = 0, *, x_val: np.ndarray | None = None,
-        y_val: np.ndarray | None = None, threads: int = 1, rounds: int | None = None, **overrides) -> Trees:
+        y_val: np.ndarray | None = None, threads: int = 1, rounds: int | None = None, patience: int = PATIENCE,
+        **overrides) -> Trees:
     """Trees fitted to features `x` (float64, NaN for NULL) and encoded labels `y` (0/1, class
-    index, or a standardized number); early stopping on (`x_val`, `y_val`) when given, else
-    `rounds` rounds (a refit's: the rounds an early-stopped fit kept; default 200)."""
+    index, or a standardized number); early stopping on (`x_val`, `y_val`) after `patience` rounds
+    without a better validation loss when given, else `rounds` rounds (a refit's: the rounds an
+    early-stopped fit kept; default 200). `overrides`: LightGBM parameters over `params`'s."""
     import lightgbm
 
     if kind not in KINDS:
@@ -63,7 +65,7 @@ def fit(x: np.ndarray, y: np.ndarray, kind: str, units: int, seed: int = 0, *, x
     if x_val is not None and len(x_val):
         valid = lightgbm.Dataset(np.asarray(x_val, dtype=np.float64), np.asarray(y_val, dtype=np.float64), reference=train)
         booster = lightgbm.train(settings, train, num_boost_round=ROUNDS, valid_sets=[valid], keep_training_booster=True,
-                                 callbacks=[lightgbm.early_stopping(PATIENCE, verbose=False)])
+                                 callbacks=[lightgbm.early_stopping(int(patience), verbose=False)])
     else:
         booster = lightgbm.train(settings, train, num_boost_round=ROUNDS_WITHOUT_VALIDATION if rounds is None else int(rounds),
                                  keep_training_booster=True)
