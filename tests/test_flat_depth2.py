@@ -297,8 +297,8 @@ def test_the_one_hop_gbm_is_the_users_and_the_others_refit_at_the_rate_they_stop
     """The blend's one-hop GBM is the one-hop GBM with gbm.py's defaults (the baseline of
     baselines.compare: the same trees, the same test scores); the two-hop and own-column GBMs learn
     at rate 0.1 and stop after 25 rounds without a better validation loss (where the features carry
-    the label, fewer rounds than at the defaults), and the refit trains at that rate: refitted on the training rows alone for the rounds
-    early stopping kept, it gives the same trees again."""
+    the label, fewer rounds than at the defaults), and the refit trains at that rate: refitted on the
+    training rows alone for the rounds early stopping kept, it gives the same trees again."""
     from relsql.train.gbm import baselines, gbm, hybrid
 
     db = _pay_database(tmp_path / "pay.duckdb")
