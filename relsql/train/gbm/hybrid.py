@@ -149,7 +149,7 @@ class Candidate:
 
 
 def candidates(learner) -> list[Candidate] | None:
-    """The blend's GBMs (`_candidates`), fitted on the training rows with early stopping on the
+    """The blend's GBMs (`_feature_sets`), fitted on the training rows with early stopping on the
     validation rows: they do not depend on the network, so fit() fits them before it and its
     training can watch the blend (relsql/train/loop/blendstop.py). None without validation rows
     or features."""
@@ -160,7 +160,7 @@ def candidates(learner) -> list[Candidate] | None:
         return None
     every = spec.of_output(learner.db, learner.output, int(learner.output_rows))  # baselines.features, every row kept
     found = []
-    for features, columns in _candidates(spec):
+    for features, columns in _feature_sets(spec):
         x = every[:, columns] if columns is not None else every
         labelled = x[learner.labelled]
         trees = baselines.fit_trees(learner, labelled, **settings(features))
@@ -208,7 +208,7 @@ def best_blend(task, net: np.ndarray, found: list[Candidate], truth: np.ndarray,
     return best
 
 
-def _candidates(spec: flat.Flat) -> list[tuple[flat.Flat, np.ndarray | None]]:
+def _feature_sets(spec: flat.Flat) -> list[tuple[flat.Flat, np.ndarray | None]]:
     """The features a blend's GBM may read, each a column subset of `spec`'s matrix: all of it;
     where it reaches two hops, its one-hop part (on the outside corpus the two-hop GBM lost to the
     one-hop one on a third of the targets, docs/quality.md); and the target table's own columns
