@@ -94,3 +94,36 @@ def test_average_ranks_are_scipys_rankdata_with_ties(seed):
     values = rng.integers(0, 7, size=300).astype(float)  # many ties
     assert np.array_equal(metrics.average_ranks(values), rankdata(values))
     assert np.array_equal(metrics.average_ranks(values[:1]), [1.0])
+
+
+@pytest.mark.parametrize("kind", ["binary", "multiclass", "regression"])
+def test_a_tasks_one_metric_is_sklearns_on_its_raw_outputs(kind):
+    """Task.score (one metric, what the blend and the cross-fitted halves compute every epoch) on raw
+    outputs: log-odds, class scores, standardized values, against scikit-learn on what they decode to."""
+    from relsql.train.task.task import SCORES, Task
+
+    rng = np.random.default_rng(5)
+    rows = 500
+    if kind == "regression":
+        task = Task(kind, mean=3.0, std=2.0)
+        y, out = rng.normal(size=rows), rng.normal(size=(rows, 1))
+        truth, predicted = y * 2.0 + 3.0, out[:, 0] * 2.0 + 3.0
+        expected = {"mae": oracle.mean_absolute_error(truth, predicted),
+                    "rmse": math.sqrt(oracle.mean_squared_error(truth, predicted))}
+    elif kind == "binary":
+        task = Task(kind, classes=[False, True])
+        y, score = _binary(5, rows)
+        out = score[:, None]
+        expected = {"roc_auc": oracle.roc_auc_score(y, score), "accuracy": oracle.accuracy_score(y, score > 0),
+                    "f1": oracle.f1_score(y, score > 0)}
+    else:
+        task = Task(kind, classes=["a", "b", "c", "d"])
+        y, out = rng.integers(0, 4, rows).astype(np.float64), rng.normal(size=(rows, 4))
+        expected = {"accuracy": oracle.accuracy_score(y, out.argmax(1)),
+                    "f1": oracle.f1_score(y, out.argmax(1), average="macro", labels=range(4))}
+    assert set(SCORES[kind]) == set(expected)
+    for metric, value in expected.items():
+        assert task.score(out, y, metric) == pytest.approx(value, abs=1e-12)
+    assert task.scores(out, y) == {m: task.score(out, y, m) for m in SCORES[kind]}
+    with pytest.raises(KeyError):
+        task.score(out, y, "r2")

@@ -260,7 +260,7 @@ def score(task, out: np.ndarray, truth: np.ndarray, metric: str) -> float:
     """`metric` ("loss" or one of `task`'s) of raw outputs `out` against encoded labels `truth`."""
     if metric == "loss":
         return float(task.loss(torch.as_tensor(out), torch.as_tensor(truth)))
-    return task.scores(out, truth)[metric]
+    return task.score(out, truth, metric)
 
 
 def _key(learner) -> tuple:
