@@ -115,7 +115,8 @@ class Task:
 
     def score(self, output: np.ndarray, y: np.ndarray, metric: str) -> float:
         """One of `scores`' metrics alone: the blend weighs 11 blends per GBM after every epoch
-        the network improves, and computing every metric for each was 8 % of a small fit."""
+        the network improves (on plurel_3, 3,600 scores: every metric of each took 0.12 CPU-s of a
+        2.2 s fit, the one needed 0.08)."""
         if metric not in SCORES[self.kind]:
             raise KeyError(metric)
         if self.kind == "regression":
