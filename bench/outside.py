@@ -3,7 +3,7 @@
     python -m bench.outside [--corpus hostile,plurel,real] [--limit N] [--jobs 1] [--fit '{"epochs": 30}']
                             [--timeout 600] [--out /tmp/outside/run] [--hostile-seeds 0-79]
                             [--plurel-parquet /tmp/outside/plurel-parquet] [--real flights,lahman]
-                            [--dfs] [--alone] [--rdl] [--seed 0] [--first-targets N]
+                            [--dfs] [--alone] [--rdl] [--seed 0] [--first-targets N] [--repeat N]
 
 Sources (docs/outside.md):
 - hostile: bench/outside_hostile.py, seeded hostile-but-valid DuckDB databases (generated here);
@@ -23,6 +23,10 @@ not fatal), for each of its targets, through the public API only: `relsql.connec
 gbm_one_hop; timed: the feature query + the fit; 1 thread). With --dfs also featuretools' Deep
 Feature Synthesis (depth 2) + LightGBM on the same split (bench/dfs_peer.py; the `quality` extra).
 --seed: the model's seed (its split); --first-targets N: only each database's first N targets.
+--repeat N: construction, fit+predict and the peer N times per target (fresh Models, the peer
+before and after relsql in turn), the CPU ratios then from the medians: one run of each moved by
+up to 25 % between identical runs on this shared machine. A repeat that predicts differently from
+the first run (same seed) is a `mismatch`.
 
 Outcome per (database, target): ok | relsql_error (a RelsqlError: on a valid database a crash) |
 exception (any other exception: type, message, last frames) | mismatch (loaded predictions differ)
@@ -90,7 +94,7 @@ def _same(a, b) -> tuple[bool, float]:
 
 
 def run_target(manifest: dict, entry: dict, fit: dict, work: Path, index: int, seed: int = 0, dfs: bool = False,
-               alone: bool = False, rdl: bool = False) -> dict:
+               alone: bool = False, rdl: bool = False, repeat: int = 1) -> dict:
     """The defaults on one target of one database (a copy of it in `work`)."""
     import resource
 
@@ -140,12 +144,16 @@ def run_target(manifest: dict, entry: dict, fit: dict, work: Path, index: int, s
         rec["save_load_s"] = time.perf_counter() - t
         same, diff = _same(predicted, again)
         rec["load_max_diff"] = diff
+        problem = None if same else f"Model.load's predictions differ from the original's (largest difference {diff})"
+        if repeat > 1 and problem is None:  # before write_predictions: its table would be one more table to Template.auto
+            stage = "repeat"
+            problem = repeated(rec, model, entry, fit, seed, predicted, repeat)
         stage = "write_predictions"
         written = model.write_predictions(f"outside_predictions_{index}")
         rec["written"] = written
-        rec["outcome"] = "ok" if same else "mismatch"
-        if not same:
-            rec["message"] = f"Model.load's predictions differ from the original's (largest difference {diff})"
+        rec["outcome"] = "ok" if problem is None else "mismatch"
+        if problem is not None:
+            rec["message"] = problem
     except relsql.RelsqlError as err:
         rec.update(outcome="relsql_error", error_type=type(err).__name__, message=str(err)[:2000], frames=_frames(err))
     except Exception as err:  # noqa: BLE001 - the point: any raw exception is recorded
@@ -154,6 +162,8 @@ def run_target(manifest: dict, entry: dict, fit: dict, work: Path, index: int, s
     rec["total_s"] = time.perf_counter() - started
     if model is not None and getattr(model, "learner", None) is not None:
         rec.update(gbm_peer(model.learner))
+        if "gbm_cpu_runs" in rec and rec.get("gbm_cpu_s") is not None:
+            rec["gbm_cpu_runs"].append(rec["gbm_cpu_s"])
         if dfs:
             from bench import dfs_peer
 
@@ -164,6 +174,49 @@ def run_target(manifest: dict, entry: dict, fit: dict, work: Path, index: int, s
             rec.update(rdl_peer(model.learner, manifest["path"]))
     rec["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return rec
+
+
+def cpu_seconds(rec: dict, part: str) -> float | None:
+    """A target's CPU seconds of `part` (construct, fit_predict, gbm): the median of its --repeat runs
+    where it has them, else its one run."""
+    runs = rec.get(f"{part}_cpu_runs")
+    return statistics.median(runs) if runs else rec.get(f"{part}_cpu_s")
+
+
+def repeated(rec: dict, built, entry: dict, fit: dict, seed: int, predicted, repeat: int) -> str | None:
+    """Runs 2..`repeat` of construction, fit+predict (fresh Models on the database of `built`, the
+    first run's model) and the peer (on `built`'s split; in turn before and after relsql), their CPU
+    seconds in `*_runs` lists beside the first run's (the peer's first run is appended when it has
+    run). Returns why the target is a mismatch (a repeat predicted differently), else None."""
+    import relsql
+
+    db = built.db
+    runs = {k: [rec[k]] for k in ("construct_cpu_s", "fit_predict_cpu_s")}
+    runs["gbm_cpu_s"] = []
+    problem = None
+    target, time_column = entry["target"], entry.get("time_column")
+    options = {"time_column": time_column} if time_column else {}
+    for k in range(1, repeat):
+        for first in ((True, False) if k % 2 else (False, True)):
+            if first:
+                peer = gbm_peer(built.learner).get("gbm_cpu_s")
+                if peer is not None:
+                    runs["gbm_cpu_s"].append(peer)
+            elif not first:
+                cpu = time.process_time()
+                model = relsql.Model(db, relsql.Template.auto(db, target=target, **options), target=target, seed=seed,
+                                     progress=False, **options)
+                runs["construct_cpu_s"].append(time.process_time() - cpu)
+                cpu = time.process_time()
+                model.fit(**fit)
+                again = model.predict()
+                runs["fit_predict_cpu_s"].append(time.process_time() - cpu)
+                same, diff = _same(predicted, again)
+                if not same:
+                    problem = problem or (f"run {k + 1} of the same seed predicted differently from the first "
+                                          f"(largest difference {diff})")
+    rec.update({k.removesuffix("_s") + "_runs": v for k, v in runs.items()})
+    return problem
 
 
 def gbm_peer(learner) -> dict:
@@ -235,7 +288,7 @@ def rdl_peer(learner, path: str) -> dict:
 
 
 def child(manifest_path: str, results: str, fit: dict, seed: int = 0, dfs: bool = False, first: int | None = None,
-          alone: bool = False, rdl: bool = False) -> None:
+          alone: bool = False, rdl: bool = False, repeat: int = 1) -> None:
     """One database, every target: a JSON line per target, appended as each finishes."""
     # torch.optim's first optimizer imports torch._dynamo (1.3-2.8 CPU-s once per process): like LightGBM's import
     # below, a process's one-off cost, taken before the clocks (it was in fit+predict while LightGBM's was not)
@@ -255,7 +308,7 @@ def child(manifest_path: str, results: str, fit: dict, seed: int = 0, dfs: bool 
         work = Path(tmp)
         shutil.copy(manifest["path"], work / Path(manifest["path"]).name)  # write_predictions writes into the copy
         for i, entry in enumerate(manifest["targets"][:first]):
-            rec = run_target(manifest, entry, fit, work, i, seed, dfs, alone, rdl)
+            rec = run_target(manifest, entry, fit, work, i, seed, dfs, alone, rdl, repeat)
             with open(results, "a") as f:
                 f.write(json.dumps(rec, default=str) + "\n")
 
@@ -425,13 +478,17 @@ def summarize(rows: list[dict], fit: dict) -> str:
                   f"fit+predict {statistics.median(r['fit_predict_s'] for r in ratios):.2f}, "
                   f"save+load {statistics.median(r['save_load_s'] for r in ratios):.2f}, "
                   f"GBM {statistics.median(r['gbm_s'] for r in ratios):.2f}", ""]
-        cpu = [r["construct_cpu_s"] / r["gbm_cpu_s"] for r in ratios if r.get("construct_cpu_s") and r.get("gbm_cpu_s")]
+        cpu = [cpu_seconds(r, "construct") / cpu_seconds(r, "gbm") for r in ratios
+               if cpu_seconds(r, "construct") and cpu_seconds(r, "gbm")]
+        repeats = max((len(r.get("fit_predict_cpu_runs", [])) for r in ratios), default=0)
+        each = f" (each the median of {repeats} runs)" if repeats > 1 else ""
         if cpu:  # CPU seconds: steadier than wall seconds on a shared machine
-            lines += [f"CPU seconds (the child's, every thread): construction/GBM median {statistics.median(cpu):.2f}, "
+            lines += [f"CPU seconds (the child's, every thread){each}: construction/GBM median {statistics.median(cpu):.2f}, "
                       f"worst {max(cpu):.2f}, over {len(cpu)} targets", ""]
-        fit_cpu = [r["fit_predict_cpu_s"] / r["gbm_cpu_s"] for r in ratios if r.get("fit_predict_cpu_s") and r.get("gbm_cpu_s")]
+        fit_cpu = [cpu_seconds(r, "fit_predict") / cpu_seconds(r, "gbm") for r in ratios
+                   if cpu_seconds(r, "fit_predict") and cpu_seconds(r, "gbm")]
         if fit_cpu:
-            lines += [f"CPU seconds: fit+predict/GBM median {statistics.median(fit_cpu):.2f}, worst {max(fit_cpu):.2f}, "
+            lines += [f"CPU seconds{each}: fit+predict/GBM median {statistics.median(fit_cpu):.2f}, worst {max(fit_cpu):.2f}, "
                       f"over {len(fit_cpu)} targets", ""]
         wins = [r for r in ratios if r.get("gbm_score") is not None and r.get("score") is not None]
         at_least = sum((r["score"] - r["gbm_score"]) * SIGN.get(r["metric"], 1) >= -0.005 for r in wins)
@@ -523,6 +580,8 @@ def main(argv: list[str] | None = None) -> None:
                         "declared one-column keys")
     parser.add_argument("--seed", type=int, default=0, help="the model's seed (its split)")
     parser.add_argument("--first-targets", type=int, default=None, help="only each database's first N targets")
+    parser.add_argument("--repeat", type=int, default=1, help="construction, fit+predict and the peer N times per "
+                        "target; CPU ratios from the medians")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--results", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -534,7 +593,7 @@ def main(argv: list[str] | None = None) -> None:
         print((folder / "summary.md").read_text())
         return
     if args.child:
-        child(args.child, args.results, fit, args.seed, args.dfs, args.first_targets, args.alone, args.rdl)
+        child(args.child, args.results, fit, args.seed, args.dfs, args.first_targets, args.alone, args.rdl, args.repeat)
         return
     out = Path(args.out)
     if args.manifests:
@@ -554,7 +613,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"bench.outside: {len(manifests)} databases", file=sys.stderr)
     extra = (("--seed", str(args.seed)) + (("--dfs",) if args.dfs else ()) + (("--alone",) if args.alone else ())
              + (("--rdl",) if args.rdl else ())
-             + (("--first-targets", str(args.first_targets)) if args.first_targets else ()))
+             + (("--first-targets", str(args.first_targets)) if args.first_targets else ())
+             + (("--repeat", str(args.repeat)) if args.repeat > 1 else ()))
     rows = run(manifests, fit, args.timeout, out, args.jobs, extra)
     print((out / "summary.md").read_text())
     failures = [r for r in rows if r.get("valid", True) and r["outcome"] != "ok"]

@@ -114,3 +114,51 @@ def test_the_accuracy_anchors_are_recorded_on_the_models_split(tmp_path):
     best = int(untimed["score"] <= min(untimed["gbm_score"], untimed["rdl_score"]) + 1e-12)  # RMSE
     best += int(timed["score"] >= timed["gbm_score"] - 1e-12)  # ROC-AUC
     assert f"(those recorded): {best} of 2" in table
+
+
+def test_repeat_records_every_runs_cpu_and_the_summary_takes_their_medians(tmp_path):
+    """--repeat 3: construction, fit+predict and the peer three times each (fresh Models with the
+    same seed, which must predict as the first did, else the target is a mismatch); the summary's
+    CPU ratios are those of the medians."""
+    import statistics
+
+    outside_hostile.generate(2, tmp_path / "hostile", small=True)
+    rows = outside.run([tmp_path / "hostile" / "hostile_2.json"], FIT, timeout=600, out=tmp_path / "run",
+                       child_args=("--first-targets", "1", "--repeat", "3"))
+    assert [r["outcome"] for r in rows] == ["ok"], rows
+    r = rows[0]
+    for part in ("construct", "fit_predict", "gbm"):
+        runs = r[f"{part}_cpu_runs"]
+        assert len(runs) == 3 and all(v > 0 for v in runs), (part, runs)
+    assert r["construct_cpu_runs"][0] == r["construct_cpu_s"] and r["fit_predict_cpu_runs"][0] == r["fit_predict_cpu_s"]
+    assert r["gbm_cpu_s"] in r["gbm_cpu_runs"]
+    ratio = statistics.median(r["fit_predict_cpu_runs"]) / statistics.median(r["gbm_cpu_runs"])
+    summary = (tmp_path / "run" / "summary.md").read_text()
+    assert f"CPU seconds (each the median of 3 runs): fit+predict/GBM median {ratio:.2f}" in summary
+
+
+def test_a_repeat_that_predicts_differently_is_a_mismatch(tmp_path, monkeypatch):
+    """A repeated fit of the same seed must predict what the first did: here the repeat's Model is
+    given another seed (another split and initial weights), and the target is a mismatch."""
+    import shutil
+    import sys
+
+    import relsql
+
+    m = outside_hostile.generate(2, tmp_path / "hostile", small=True)
+    manifest = json.loads((tmp_path / "hostile" / f"{m['name']}.json").read_text())
+    original = relsql.Model.__init__
+
+    def init(self, *args, **kwargs):
+        if sys._getframe(1).f_code.co_name == "repeated":
+            kwargs["seed"] = kwargs["seed"] + 1
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(relsql.Model, "__init__", init)
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(manifest["path"], work / Path(manifest["path"]).name)
+    rec = outside.run_target(manifest, manifest["targets"][0], FIT, work, 0, repeat=2)
+    assert rec["outcome"] == "mismatch", rec
+    assert rec["message"].startswith("run 2 of the same seed predicted differently from the first"), rec["message"]
+    assert len(rec["fit_predict_cpu_runs"]) == 2
