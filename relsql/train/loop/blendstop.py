@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from relsql.train.gbm import hybrid
 from relsql.train.loop.callbacks import Callback
 
 if TYPE_CHECKING:
@@ -45,8 +46,6 @@ class BlendStopping(Callback):
         self.truth = y.detach().cpu().double().numpy()
 
     def on_epoch_end(self, trainer: Trainer, epoch: int, record: dict) -> str | None:
-        from relsql.train.gbm import hybrid
-
         out = trainer.val_outputs
         if out is None:
             return None
