@@ -91,8 +91,8 @@ class Hybrid:
             self.keep_features(learner, self.features.of_output(learner.db, learner.output, int(learner.output_rows)))
         x = self._cache[key][learner.labelled][rows]
         labels = learner.y.detach().cpu().double().numpy()[rows]
-        rate = {k: v for k, v in settings(self.features).items() if k != "patience"}  # the rate its rounds were chosen at
-        self.trees = gbm.fit(x, labels, learner.task.kind, learner.task.units, learner.seed, rounds=rounds, **rate)
+        self.trees = gbm.fit(x, labels, learner.task.kind, learner.task.units, learner.seed, rounds=rounds,
+                             **settings(self.features))  # at the rate its rounds were chosen at (no patience: no validation)
         return rounds
 
     def describe(self) -> str:
