@@ -196,25 +196,31 @@ def repeated(rec: dict, built, entry: dict, fit: dict, seed: int, predicted, rep
     problem = None
     target, time_column = entry["target"], entry.get("time_column")
     options = {"time_column": time_column} if time_column else {}
-    for k in range(1, repeat):
-        for first in ((True, False) if k % 2 else (False, True)):
-            if first:
-                peer = gbm_peer(built.learner).get("gbm_cpu_s")
-                if peer is not None:
-                    runs["gbm_cpu_s"].append(peer)
-            elif not first:
-                cpu = time.process_time()
-                model = relsql.Model(db, relsql.Template.auto(db, target=target, **options), target=target, seed=seed,
-                                     progress=False, **options)
-                runs["construct_cpu_s"].append(time.process_time() - cpu)
-                cpu = time.process_time()
-                model.fit(**fit)
-                again = model.predict()
-                runs["fit_predict_cpu_s"].append(time.process_time() - cpu)
-                same, diff = _same(predicted, again)
-                if not same:
-                    problem = problem or (f"run {k + 1} of the same seed predicted differently from the first "
-                                          f"(largest difference {diff})")
+
+    def peer() -> None:
+        seconds = gbm_peer(built.learner).get("gbm_cpu_s")
+        if seconds is not None:
+            runs["gbm_cpu_s"].append(seconds)
+
+    def ours(k: int) -> str | None:
+        cpu = time.process_time()
+        model = relsql.Model(db, relsql.Template.auto(db, target=target, **options), target=target, seed=seed,
+                             progress=False, **options)
+        runs["construct_cpu_s"].append(time.process_time() - cpu)
+        cpu = time.process_time()
+        model.fit(**fit)
+        again = model.predict()
+        runs["fit_predict_cpu_s"].append(time.process_time() - cpu)
+        same, diff = _same(predicted, again)
+        return None if same else f"run {k + 1} of the same seed predicted differently from the first (largest difference {diff})"
+
+    for k in range(1, repeat):  # the peer before relsql in odd runs, after it in even ones
+        if k % 2:
+            peer()
+        differs = ours(k)
+        problem = problem or differs  # the first run that differed
+        if not k % 2:
+            peer()
     rec.update({k.removesuffix("_s") + "_runs": v for k, v in runs.items()})
     return problem
 

@@ -36,7 +36,7 @@ from relsql.train.learner.record import FitRecord
 from relsql.train.learner.threads import default_threads, torch_threads
 from relsql.train.persist.saved import ModelState
 from relsql.train.task.target import Target
-from relsql.train.task.task import Task
+from relsql.train.task.task import SCORES, Task
 
 if TYPE_CHECKING:
     import polars as pl
@@ -386,6 +386,17 @@ class Learner:
         for name, value in self.task.scores(out.cpu().double().numpy(), y.cpu().double().numpy()).items():
             record[f"{prefix}{name}"] = value
         return record
+
+    def metric_and_loss(self, out: torch.Tensor, y: torch.Tensor, metric: str) -> tuple[float, float]:
+        """`scores`' `metric` (NaN where it has none of that name) and loss, computing only those two:
+        the cross-fitted halves score both halves every epoch."""
+        if self.task.kind not in SCORES:  # a task whose metrics only `scores` knows
+            scores = self.scores(out, y)
+            return scores.get(metric, float("nan")), scores["loss"]
+        loss = float(self.task.loss(out, y))
+        if metric == "loss" or metric not in SCORES[self.task.kind]:
+            return (loss if metric == "loss" else float("nan")), loss
+        return self.task.score(out.cpu().double().numpy(), y.cpu().double().numpy(), metric), loss
 
     # -- weights ----------------------------------------------------------------------------------
     def parameters(self) -> list[nn.Parameter]:

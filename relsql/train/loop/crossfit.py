@@ -18,7 +18,6 @@ import numpy as np
 import torch
 
 from relsql.train.loop.callbacks import Callback, improves, ranked
-from relsql.train.task.task import SCORES
 
 if TYPE_CHECKING:
     from relsql.train.learner.learner import Learner
@@ -57,23 +56,12 @@ class CrossFitted(Callback):
             self.kept = torch.zeros_like(out)
         for mine, other in ((0, 1), (1, 0)):
             rows = self.halves[mine]
-            rank = ranked(self.metric, *self._scores(out.index_select(0, rows), y.index_select(0, rows)))
+            rank = ranked(self.metric, *self.learner.metric_and_loss(out.index_select(0, rows), y.index_select(0, rows),
+                                                                     self.metric))
             if improves(rank, self.best[mine]):
                 self.best[mine] = rank
                 self.kept[self.halves[other]] = out.index_select(0, self.halves[other])
         return None
-
-    def _scores(self, out: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-        """The selection metric (NaN where the task has no such metric) and the loss of a half's
-        outputs: only those two, as every epoch scores both halves."""
-        task = self.learner.task
-        if task.kind not in SCORES:  # a ranking learner scores its own way
-            scores = self.learner.scores(out, y)
-            return scores.get(self.metric, float("nan")), scores["loss"]
-        loss = float(task.loss(out, y))
-        if self.metric == "loss" or self.metric not in SCORES[task.kind]:
-            return (loss if self.metric == "loss" else float("nan")), loss
-        return task.score(out.cpu().double().numpy(), y.cpu().double().numpy(), self.metric), loss
 
     def on_fit_end(self, trainer: Trainer, last: int | None) -> None:
         trainer.record.crossfit = self.outputs()
