@@ -1,5 +1,7 @@
-"""The fused rules for binary ops, weights read as rows (as_row, weight_rows) and combinations of
-broadcast values (a (n, 1) column or a one-row constant among (n, m) values; element products):
+"""The fused rules for binary ops, weights read as rows (as_row, weight_rows), combinations of
+broadcast values (a (n, 1) column or a one-row constant among (n, m) values; element products)
+segment reductions (sum, avg, max, min, count; ties, empty segments, an extreme of exactly 0) and
+bags of hashed buckets (a row of only padding, a bucket read twice):
 values and gradients equal the op-by-op plan's (autograd), the generated backward equals finite
 differences, and a FusedStep over them equals the regular path. Mutagenesis' templates, which
 use them, fuse (whatever their size) and agree with op by op."""
@@ -63,6 +65,60 @@ def test_fused_step_over_broadcast_rules(optimizer):
     for n in theirs:
         torch.testing.assert_close(ours[n], theirs[n], rtol=0, atol=1e-12)
     assert our_losses == pytest.approx(their_losses, abs=1e-12, rel=0)
+
+
+def segment_net(ties: bool = True):
+    """Groundings of 7 rows into 4 segments (segment 2 empty) reduced each way, then mixed by a
+    weight so that every reduction's gradient reaches the weights. With `ties`, equal rows in a
+    segment share its max/min, and one segment's max is exactly 0 (torch counts one more share)."""
+    b = Build()
+    x = b.input(torch.tensor([[0.3, -1.0], [1.2, 0.5], [0.9, 0.2], [-0.7, 0.8], [0.4, -0.3], [1.1, 0.6], [-0.2, 0.7]],
+                             dtype=torch.float64))
+    w = b.weight("w", torch.tensor([[0.4, -0.2], [0.1, 0.9]], dtype=torch.float64))
+    h = b.op("linear", w, x)  # (7, 2): values that depend on a weight
+    if ties:
+        h = b.op("gather", b.op("act", h, name="relu"), b.input(torch.tensor([0, 1, 1, 3, 4, 5, 5])))  # rows 1, 2 and
+        # rows 5, 6 equal; relu makes zeros
+    ids = b.input(torch.tensor([0, 0, 1, 1, 3, 3, 3]))
+    counts = b.input(torch.tensor([2, 2, 0, 3]))
+    mixed = b.weight("mix", torch.tensor([[0.7, -0.3], [0.2, 0.5]], dtype=torch.float64))
+    outs = {}
+    for kind in ("sum", "avg", "max", "min", "count"):
+        reduced = b.op("segment", h, ids, counts, kind=kind)
+        outs[kind] = b.op("act", b.op("linear", mixed, reduced) if kind != "count" else reduced, name="tanh")
+    return b.net(**outs)
+
+
+def test_segment_rules_equal_the_op_by_op_plan():
+    net = segment_net()
+    net.execution = "auto"
+    net()
+    assert net.fused_reason is None
+    assert_same(net)
+
+
+def test_segment_rules_match_finite_differences():
+    assert fused_gradcheck(segment_net(ties=False))  # max/min without ties: differentiable there
+
+
+def bag_net():
+    """Rows' bucket ids (3 slots, padding 4: the table's last row) averaged, then mixed and squashed."""
+    b = Build()
+    table = b.weight("buckets", torch.tensor([[0.3, -1.0, 0.5], [1.2, 0.5, -0.2], [-0.7, 0.8, 0.1], [0.4, 0.0, -0.9],
+                                              [0.0, 0.0, 0.0]], dtype=torch.float64))
+    ids = b.input(torch.tensor([[0, 2, 4], [1, 1, 3], [4, 4, 4], [3, 4, 4]]))  # row 2: only padding
+    bag = b.op("bag", table, ids, pad=4)
+    mixed = b.op("linear", b.weight("mix", torch.tensor([[0.7, -0.3, 0.2], [0.2, 0.5, -0.4]], dtype=torch.float64)), bag)
+    return b.net(out=b.op("act", mixed, name="tanh"))
+
+
+def test_bag_rule_equals_the_op_by_op_plan_and_finite_differences():
+    net = bag_net()
+    net.execution = "auto"
+    net()
+    assert net.fused_reason is None
+    assert_same(net)
+    assert fused_gradcheck(bag_net())
 
 
 TEMPLATES = ("template.txt", "template_gnn.txt", "template_elementProduct.txt", "template_graphlets.txt",

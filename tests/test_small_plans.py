@@ -198,11 +198,12 @@ def test_unfusable_plans_run_op_by_op():
     net()
     assert net.fused_reason == "op dropout"
     big = Build()
-    x = big.input(torch.ones((fused.SMALL_ELEMENTS + 1, 1), dtype=torch.float64))
+    x = big.input(torch.ones((fused.OP_ELEMENTS + 1, 1), dtype=torch.float64))
     net = big.net(y=big.op("act", big.op("linear", big.weight("s", torch.tensor([2.0], dtype=torch.float64)), x),
                            name="tanh"))
     values = net()
-    assert net.fused_reason.startswith("a value of") and values["y"].shape == (fused.SMALL_ELEMENTS + 1, 1)
+    assert net.fused_reason == f"its ops' values hold {fused.OP_ELEMENTS + 1} elements on average (fused up to " \
+                               f"{fused.OP_ELEMENTS})" and values["y"].shape == (fused.OP_ELEMENTS + 1, 1)
     assert_same(net)  # the switch fuses whatever the size; (1,) weights' gradients one by one at this many rows
 
 

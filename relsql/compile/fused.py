@@ -33,7 +33,11 @@ from relsql.compile.plan import Op, Plan
 # at 32768 and 131072 (its non-in-place activations allocate more); summing (1,) weights'
 # gradients as one (n, k) product pays up to ~1k rows (331 against 360 us at 512, 1050
 # against 829 at 4096: a column-wise sum over a wide product is slow).
-SMALL_ELEMENTS = 1 << 14  # the largest value a fused plan holds: above it the ops' arithmetic, not their call, costs
+# On Template.auto's plans of the outside corpus (2026-12-03, fwd + bwd, one thread, docs/performance.md)
+# what decides is the elements an op's value holds on average, not the largest value: 40-335 ops of
+# up to 45k elements each (hostile, PluRel, Lahman; values up to 1.4M elements) ran fused in 0.47-1.0x
+# the time op by op (median 0.77); bench/relgen's at scale 4 (80k-140k elements an op) 0.82-1.21x.
+OP_ELEMENTS = 1 << 16  # the most elements an op's value holds on average in a fused plan
 COLUMN_ROWS = 1024  # (1,) weights read by values of at most this many rows get their gradients in one product
 # index_add_ of (139, w) rows into 8 (Mutagenesis' gathers' gradients), 2 threads: 6.9 us against
 # index_put_(accumulate=True)'s 11.9 at w = 4, 9.8 / 11.1 at 8, 80.7 / 8.3 at 16, 95 / 12 at 32
@@ -60,10 +64,11 @@ class _Rule:
     position to an expression of its gradient contribution (in g, the output's gradient)."""
 
     forward: list[str]
-    back: dict[int, str] = field(default_factory=dict)
+    back: dict[int, str | None] = field(default_factory=dict)
     alias: bool = False  # v<out> is v<arg0> itself: its gradient is passed on unchanged
     column: int | None = None  # a (1,) weight times this (n, 1) value slot: its gradient, sum(g * x),
     # is taken for all such weights of n rows at once (one cat, product and sum, not two calls each)
+    before: str | None = None  # a backward value b<out> computed once (in g) that the `back` expressions read as {b}
 
 
 def _v(slot: int) -> str:
@@ -93,8 +98,17 @@ def _linear(op: Op, shapes: dict) -> _Rule:
                      {0: f"({{g}} * {vx}).sum(0)", 1: f"{{g}} * {vw}.reshape(1, {ws[0]})"})
     if len(ws) == 2 and xs[1] == ws[1]:
         return _Rule([f"{out} = torch.nn.functional.linear({vx}, {vw})"],
-                     {0: f"{{g}}.t().mm({vx})", 1: f"{{g}}.mm({vw})"})
+                     {0: _matrix_gradient(ws, vx), 1: f"{{g}}.mm({vw})"})
     raise NotFusable(f"linear of a {ws} weight on {xs} values")
+
+
+def _matrix_gradient(ws: tuple, vx: str) -> str:
+    """The gradient of a matrix W (out, in) in x Wᵀ: gᵀx, or for a narrow W (kernels.transposed: the
+    interpreter multiplies by a contiguous Wᵀ) (xᵀg)ᵀ, the product the interpreter's backward makes
+    (2490 rows, W 16 x 8: 19 against 76 us; MKL's speed depends on which side is the longer)."""
+    if kernels.narrow_shape(tuple(ws)):
+        return f"{vx}.t().mm({{g}}).t()"
+    return f"{{g}}.t().mm({vx})"
 
 
 def _act(op: Op, shapes: dict) -> _Rule:
@@ -210,7 +224,8 @@ def _affine(op: Op, shapes: dict) -> _Rule:
     if len(_shape(shapes, x)) != 2 or len(_shape(shapes, w)) != 2:
         raise NotFusable("affine of matrix-valued atoms")
     return _Rule([f"{_v(op.out)} = torch.addmm({_v(c)}, {_v(x)}, {_v(w)}.t())"],
-                 {0: f"{{g}}.sum_to_size({_shape(shapes, c)})", 1: f"{{g}}.mm({_v(w)})", 2: f"{{g}}.t().mm({_v(x)})"})
+                 {0: f"{{g}}.sum_to_size({_shape(shapes, c)})", 1: f"{{g}}.mm({_v(w)})",
+                  2: _matrix_gradient(_shape(shapes, w), _v(x))})
 
 
 def _stacked_linear(op: Op, shapes: dict) -> _Rule:
@@ -223,10 +238,12 @@ def _stacked_linear(op: Op, shapes: dict) -> _Rule:
     for i, (w, t) in enumerate(zip(weights, flags), start=1):
         ws = _shape(shapes, w)
         width = ws[1] if t else ws[0]
-        columns = f"{_v(x)}.narrow(1, {start}, {width})"
-        back[i] = f"{{g}}.t().mm({columns})" if t else f"{columns}.t().mm({{g}})"
+        rows = f"{{b}}.narrow(0, {start}, {width})"
+        back[i] = f"{rows}.t()" if t else rows
         start += width
-    return _Rule([f"{_v(op.out)} = {_v(x)}.mm(torch.cat(({stacked},)))"], back)
+    # the stacked matrix's gradient as one product, each weight its rows (as autograd's mm and cat): a
+    # product per weight over its narrow columns of x was 4.6x slower ((2490, 39) constants, 3 weights)
+    return _Rule([f"{_v(op.out)} = {_v(x)}.mm(torch.cat(({stacked},)))"], back, before=f"{_v(x)}.t().mm({{g}})")
 
 
 def _narrow(op: Op, shapes: dict, dim: int, start: int, length: int) -> _Rule:
@@ -281,6 +298,32 @@ def _weight_rows(op: Op, shapes: dict) -> _Rule:
                  {i: f"({{g}}[{i}] * {scale}[{i}]).reshape({tuple(_shape(shapes, w))})" for i, w in enumerate(weights)})
 
 
+def _segment(op: Op, shapes: dict) -> _Rule:
+    """kernels.segment_reduce of sorted groundings into their segments (run without gradients, as
+    the interpreter runs it there); the groundings' gradient: each reads its segment's (sum), over
+    the count (avg), or shared by the rows equal to the extreme (max, min). A count reads no value."""
+    kind = op.attrs["kind"]
+    x, ids, counts = (_v(a) for a in op.args)
+    forward = [f"{_v(op.out)} = _segment_reduce({kind!r}, {x}, {ids}, {counts})"]
+    if kind == "count":
+        return _Rule(forward, {0: None})
+    if kind == "sum":
+        return _Rule(forward, {0: f"{{g}}.index_select(0, {ids})"})
+    if kind == "avg":
+        return _Rule(forward, {0: f"_mean_gradient({{g}}, {ids}, {counts})"})
+    if kind in ("max", "min"):
+        return _Rule(forward, {0: f"_extreme_gradient({{g}}, {x}, {ids}, {_v(op.out)})"})
+    raise NotFusable(f"segment {kind}")
+
+
+def _bag(op: Op, shapes: dict) -> _Rule:
+    """kernels.bag_mean: the mean of each row's bucket vectors; the weight's gradient is _BagMean's."""
+    w, ids = op.args
+    pad, rows = op.attrs["pad"], _shape(shapes, w)[0]
+    return _Rule([f"{_v(op.out)} = _bag_mean({_v(w)}, {_v(ids)}, {pad})"],
+                 {0: f"_bag_gradient({{g}}, {_v(ids)}, {pad}, {rows})"})
+
+
 RULES: dict[str, Callable[[Op, dict], _Rule]] = {
     "linear": _linear,
     "act": _act,
@@ -297,6 +340,8 @@ RULES: dict[str, Callable[[Op, dict], _Rule]] = {
     "slice": lambda op, shapes: _narrow(op, shapes, 0, op.attrs["start"], op.attrs["rows"]),
     "columns": lambda op, shapes: _narrow(op, shapes, 1, op.attrs["start"], op.attrs["width"]),
     "binary": _binary,
+    "segment": _segment,
+    "bag": _bag,
     "as_row": _as_row,
     "weight_rows": _weight_rows,
 }
@@ -326,7 +371,9 @@ _GLOBALS = {"torch": torch, "_tanh": kernels.tanh_values, "_tanh_backward": _ate
             "_sigmoid_backward": _aten(torch.ops.aten.sigmoid_backward.default),
             "_threshold_backward": _aten(torch.ops.aten.threshold_backward.default), "_gather": _gather_rows,
             "_matmul": sparse.matmul, "sparse_product": sparse.sparse_product,
-            "_widen": _widen}
+            "_widen": _widen, "_segment_reduce": kernels.segment_reduce, "_mean_gradient": kernels.mean_gradient,
+            "_extreme_gradient": kernels.extreme_gradient,
+            "_bag_mean": kernels.bag_mean, "_bag_gradient": kernels.bag_gradient}
 
 
 @dataclass
@@ -391,6 +438,10 @@ def generate(plan: Plan, shapes: dict[int, tuple], trainable: set[str]) -> Fused
         if op.out not in grads:
             continue
         rule = rules[op.out]
+        if rule.before is not None and any(arg in need for arg in op.args):
+            expr = rule.before.format(g=f"g{op.out}")
+            reads.update(int(t[1:]) for t in _names(expr) if t[0] == "v")
+            backward.append(f"    b{op.out} = {expr}")
         for position, arg in enumerate(op.args):
             if arg not in need:
                 continue
@@ -400,8 +451,10 @@ def generate(plan: Plan, shapes: dict[int, tuple], trainable: set[str]) -> Fused
                 continue
             if rule.alias:
                 expr = f"g{op.out}"
+            elif rule.back.get(position) is None:  # an argument whose value the op does not read (a count)
+                continue
             else:
-                expr = rule.back[position].format(g=f"g{op.out}")
+                expr = rule.back[position].format(g=f"g{op.out}", b=f"b{op.out}")
                 reads.update(int(t[1:]) for t in _names(expr) if t[0] == "v")
             backward.append(f"    g{arg} = g{arg} + {expr}" if arg in grads else f"    g{arg} = {expr}")
             grads.add(arg)
@@ -525,20 +578,30 @@ class _Plan(torch.autograd.Function):
 
 def precheck(plan: Plan, limit: int | None) -> str | None:
     """Why the plan cannot or should not fuse, from its ops alone (no run): an op without a
-    rule, or (with `limit`) a value of more elements than `limit`; None if it may."""
+    rule, or (with `limit`) ops whose values hold more than `limit` elements on average, as
+    planned; None if it may."""
     for op in plan.ops:
         if op.kind != "param" and (is_random(op.kind) or op.kind not in RULES):
             return f"op {op.kind}"
     if limit is not None:
-        biggest = max((op.rows * math.prod(op.shape) for op in plan.ops), default=0)
-        if biggest > limit:
-            return f"a value of {biggest} elements (fused up to {limit})"
+        return too_large(_average(op.rows * math.prod(op.shape) for op in plan.ops if op.kind != "param"), limit)
     return None
 
 
-def largest(shapes: dict[int, tuple]) -> int:
-    """The most elements any value of the plan holds (a sparse matrix counts its stored entries)."""
-    return max((n for _, _, n in shapes.values()), default=0)
+def too_large(average: float, limit: int) -> str | None:
+    """Why a plan whose ops' values hold `average` elements each is not fused (None: it is)."""
+    return f"its ops' values hold {average:.0f} elements on average (fused up to {limit})" if average > limit else None
+
+
+def per_op(plan: Plan, shapes: dict[int, tuple]) -> float:
+    """The elements an op's value holds on average, weights not counted (a sparse matrix counts its
+    stored entries)."""
+    return _average(shapes[op.out][2] for op in plan.ops if op.kind != "param")
+
+
+def _average(sizes) -> float:
+    sizes = list(sizes)
+    return sum(sizes) / max(len(sizes), 1)
 
 
 def record_shapes(program: list, slots: dict[int, torch.Tensor], weight: Callable[[str], torch.Tensor]) -> dict[int, tuple]:

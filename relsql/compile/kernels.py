@@ -127,10 +127,20 @@ class _BagMean(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         flat, counts = ctx.saved_tensors
-        share = (grad / counts.clamp(min=1).unsqueeze(1).to(grad.dtype)).repeat_interleave(counts, dim=0)
-        out = torch.zeros((ctx.rows, grad.shape[1]), dtype=grad.dtype, device=grad.device)
-        out.index_add_(0, flat, share)
-        return out, None, None
+        return _bag_gradient(grad, flat, counts, ctx.rows), None, None
+
+
+def _bag_gradient(grad: torch.Tensor, flat: torch.Tensor, counts: torch.Tensor, rows: int) -> torch.Tensor:
+    share = (grad / counts.clamp(min=1).unsqueeze(1).to(grad.dtype)).repeat_interleave(counts, dim=0)
+    out = torch.zeros((rows, grad.shape[1]), dtype=grad.dtype, device=grad.device)
+    return out.index_add_(0, flat, share)
+
+
+def bag_gradient(grad: torch.Tensor, ids: torch.Tensor, pad: int, rows: int) -> torch.Tensor:
+    """The gradient of bag_mean's weight (of `rows` rows): _BagMean's, for the fused plans of
+    relsql/compile/fused.py."""
+    flat, counts, _ = _packed(ids if ids.dim() == 2 else ids.reshape(ids.shape[0], -1), pad)
+    return _bag_gradient(grad, flat, counts, rows)
 
 
 _PACKED: dict[int, tuple] = {}  # id(ids) -> (a weak reference to ids, its version, pad, flat, counts, offsets)
@@ -160,8 +170,12 @@ def bag_mean(weight: torch.Tensor, ids: torch.Tensor, pad: int) -> torch.Tensor:
 
 
 def _narrow(weight: torch.Tensor) -> bool:
+    return narrow_shape(tuple(weight.shape))
+
+
+def narrow_shape(shape: tuple) -> bool:
     """A matrix with fewer columns than rows, and at least 2 (one column: F.linear's own path is faster)."""
-    return weight.dim() == 2 and 1 < weight.shape[1] < weight.shape[0]
+    return len(shape) == 2 and 1 < shape[1] < shape[0]
 
 
 def transposed(weight: torch.Tensor) -> torch.Tensor:
@@ -463,9 +477,22 @@ class _SegmentExtreme(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         x, segment_ids, out = ctx.saved_tensors
-        hit = torch.eq(x, out.index_select(0, segment_ids), out=torch.empty_like(x))  # 1.0/0.0: products 4x a bool mask's speed
-        shares = (out == 0).to(x.dtype).index_add_(0, segment_ids, hit)
-        return hit.mul_((grad / shares).index_select(0, segment_ids)), None, None, None
+        return extreme_gradient(grad, x, segment_ids, out), None, None, None
+
+
+def extreme_gradient(grad: torch.Tensor, x: torch.Tensor, segment_ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The groundings' gradient of a segment max/min `out` of `x` (_SegmentExtreme's, which the fused
+    plans of relsql/compile/fused.py call too): the rows equal to their segment's extreme share it."""
+    hit = torch.eq(x, out.index_select(0, segment_ids), out=torch.empty_like(x))  # 1.0/0.0: products 4x a bool mask's speed
+    shares = (out == 0).to(x.dtype).index_add_(0, segment_ids, hit)
+    return hit.mul_((grad / shares).index_select(0, segment_ids))
+
+
+def mean_gradient(grad: torch.Tensor, segment_ids: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """The groundings' gradient of segment_reduce("avg") as autograd computes it: each segment's
+    gradient over its count (at least 1), read back by every grounding of the segment."""
+    scale = counts.to(grad.dtype).reshape(counts.shape[0], *([1] * (grad.dim() - 1)))
+    return (grad / scale.clamp(min=1)).index_select(0, segment_ids)
 
 
 def segment_reduce(kind: str, x: torch.Tensor, segment_ids: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

@@ -297,15 +297,16 @@ class CompiledNet(nn.Module):
     def _generate(self, slots: dict[int, torch.Tensor], trainable: frozenset[str]) -> fused.Fused | str:
         if any(spec.external for spec in self.plan.params.values()):
             return "weights supplied per call"
-        why = fused.precheck(self.plan, fused.SMALL_ELEMENTS if self.execution == "auto" else None)
+        why = fused.precheck(self.plan, fused.OP_ELEMENTS if self.execution == "auto" else None)
         if why is not None:  # decided from the plan alone: a large plan is not run once more to see
             return why
         if self._shapes is None or self._shapes[0] is not self.plan:
             weights, keys = self.weights._parameters, self._param_keys
             self._shapes = (self.plan, fused.record_shapes(self._program, dict(slots), lambda n: weights[keys[n]]))
         shapes = self._shapes[1]
-        if self.execution == "auto" and fused.largest(shapes) > fused.SMALL_ELEMENTS:
-            return f"a value of {fused.largest(shapes)} elements (fused up to {fused.SMALL_ELEMENTS})"
+        why = fused.too_large(fused.per_op(self.plan, shapes), fused.OP_ELEMENTS) if self.execution == "auto" else None
+        if why is not None:
+            return why
         try:
             return fused.generate(self.plan, shapes, set(trainable))
         except fused.NotFusable as why:
