@@ -1,7 +1,7 @@
 """The fused rules for binary ops, weights read as rows (as_row, weight_rows), combinations of
 broadcast values (a (n, 1) column or a one-row constant among (n, m) values; element products)
 segment reductions (sum, avg, max, min, count; ties, empty segments, an extreme of exactly 0) and
-bags of hashed buckets (a row of only padding, a bucket read twice):
+bags of hashed buckets (a row of only padding, a bucket read twice) and a row broadcast over rows:
 values and gradients equal the op-by-op plan's (autograd), the generated backward equals finite
 differences, and a FusedStep over them equals the regular path. Mutagenesis' templates, which
 use them, fuse (whatever their size) and agree with op by op."""
@@ -119,6 +119,26 @@ def test_bag_rule_equals_the_op_by_op_plan_and_finite_differences():
     assert net.fused_reason is None
     assert_same(net)
     assert fused_gradcheck(bag_net())
+
+
+def broadcast_rows_net():
+    """A one-row value repeated over 4 rows (a view): added to row values, and an output itself."""
+    b = Build()
+    one = b.op("act", b.op("as_row", b.weight("row", torch.tensor([0.2, -0.4, 0.9], dtype=torch.float64))), name="tanh")
+    spread = b.op("broadcast", one, rows=4)
+    x = b.input(torch.tensor([[0.3, -1.0, 0.5], [1.2, 0.5, -0.2], [-0.7, 0.8, 0.1], [0.4, 0.0, -0.9]], dtype=torch.float64))
+    mixed = b.op("linear", b.weight("mix", torch.tensor([[0.7, -0.3, 0.2], [0.2, 0.5, -0.4]], dtype=torch.float64)),
+                 b.op("binary", x, spread, op="*"))
+    return b.net(out=b.op("act", mixed, name="sigmoid"), spread=spread)
+
+
+def test_broadcast_of_a_row_equals_the_op_by_op_plan_and_finite_differences():
+    net = broadcast_rows_net()
+    net.execution = "auto"
+    values = net()
+    assert net.fused_reason is None and values["spread"].shape == (4, 3)
+    assert_same(net)
+    assert fused_gradcheck(broadcast_rows_net())
 
 
 TEMPLATES = ("template.txt", "template_gnn.txt", "template_elementProduct.txt", "template_graphlets.txt",

@@ -337,6 +337,9 @@ RULES: dict[str, Callable[[Op, dict], _Rule]] = {
     "addspmm": _spmm,
     "affine": _affine,
     "stacked_linear": _stacked_linear,
+    "broadcast": lambda op, shapes: _Rule([f"{_v(op.out)} = {_v(op.args[0])}.expand({op.attrs['rows']}, "
+                                           f"*{_shape(shapes, op.args[0])[1:]})"],
+                                          {0: f"{{g}}.sum_to_size({_shape(shapes, op.args[0])})"}),
     "slice": lambda op, shapes: _narrow(op, shapes, 0, op.attrs["start"], op.attrs["rows"]),
     "columns": lambda op, shapes: _narrow(op, shapes, 1, op.attrs["start"], op.attrs["width"]),
     "binary": _binary,
@@ -345,7 +348,7 @@ RULES: dict[str, Callable[[Op, dict], _Rule]] = {
     "as_row": _as_row,
     "weight_rows": _weight_rows,
 }
-VIEWS = ("slice", "columns", "as_row")  # ops whose value is a view of their argument's memory
+VIEWS = ("slice", "columns", "as_row", "broadcast")  # ops whose value is a view of their argument's memory
 
 
 def _widen(g: torch.Tensor, shape: tuple, dim: int, start: int) -> torch.Tensor:
