@@ -113,9 +113,9 @@ class CompiledNet(nn.Module):
     """A grounded template: `net()` returns {relation: values in row-id order}. It starts in eval
     mode (dropout is the identity); a training loop calls `train()` around its steps.
 
-    `execution` says how `net()` runs the plan: "auto" (the default) fuses a small plan whose ops
-    all have a fused rule into one generated function with one autograd node and runs others op
-    by op; "ops" always runs op by op; "fused" fuses whatever size the values (where every op
+    `execution` says how `net()` runs the plan: "auto" (the default) fuses a plan whose ops all
+    have a fused rule and whose values hold at most `fused.OP_ELEMENTS` elements an op on average
+    into one generated function with one autograd node, and runs others op by op; "ops" always runs op by op; "fused" fuses whatever size the values (where every op
     has a rule). `fused_reason` says why the last call did not fuse (None when it did)."""
 
     def __init__(self, plan: Plan, grounding: Grounding, dtype: torch.dtype = torch.float32,

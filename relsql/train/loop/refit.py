@@ -90,7 +90,7 @@ def retrain(learner: Learner, initial: tuple[dict, dict], run, required: bool) -
     epochs, rows = selection.best_epoch + 1, dict(learner.rows)
     every = np.concatenate([rows["train"], rows["val"], rows["test"]])
     blend = getattr(learner, "hybrid", None)
-    if blend is not None and blend.weight <= KEEP_NETWORK_AT:  # the GBM alone predicts: training the network again changes nothing
+    if blend is not None and blend.weight <= KEEP_NETWORK_AT:  # the GBM alone predicts: a network refit changes nothing
         log.info("refit: the blend gives the network weight 0, so only its GBM is fitted again, on all %d labelled "
                  "rows; the network stays the selected one", len(every))
         learner.refit = {"epochs": 0, "rows": int(len(every)), "train_loss": float("nan"), "held_out": scores,
