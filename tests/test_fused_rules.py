@@ -42,18 +42,6 @@ def broadcast_net():
     return b.net(summed=summed, avg=avg, product=product, rows=rows, rows2=rows2)
 
 
-def test_broadcast_rules_equal_the_op_by_op_plan():
-    net = broadcast_net()
-    net.execution = "auto"
-    net()
-    assert net.fused_reason is None
-    assert_same(net)
-
-
-def test_broadcast_rules_match_finite_differences():
-    assert fused_gradcheck(broadcast_net())
-
-
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_fused_step_over_broadcast_rules(optimizer):
     from tests.test_fused_step import trained
@@ -89,18 +77,6 @@ def segment_net(ties: bool = True):
     return b.net(**outs)
 
 
-def test_segment_rules_equal_the_op_by_op_plan():
-    net = segment_net()
-    net.execution = "auto"
-    net()
-    assert net.fused_reason is None
-    assert_same(net)
-
-
-def test_segment_rules_match_finite_differences():
-    assert fused_gradcheck(segment_net(ties=False))  # max/min without ties: differentiable there
-
-
 def bag_net():
     """Rows' bucket ids (3 slots, padding 4: the table's last row) averaged, then mixed and squashed."""
     b = Build()
@@ -110,15 +86,6 @@ def bag_net():
     bag = b.op("bag", table, ids, pad=4)
     mixed = b.op("linear", b.weight("mix", torch.tensor([[0.7, -0.3, 0.2], [0.2, 0.5, -0.4]], dtype=torch.float64)), bag)
     return b.net(out=b.op("act", mixed, name="tanh"))
-
-
-def test_bag_rule_equals_the_op_by_op_plan_and_finite_differences():
-    net = bag_net()
-    net.execution = "auto"
-    net()
-    assert net.fused_reason is None
-    assert_same(net)
-    assert fused_gradcheck(bag_net())
 
 
 def broadcast_rows_net():
@@ -132,13 +99,23 @@ def broadcast_rows_net():
     return b.net(out=b.op("act", mixed, name="sigmoid"), spread=spread)
 
 
-def test_broadcast_of_a_row_equals_the_op_by_op_plan_and_finite_differences():
-    net = broadcast_rows_net()
+NETS = {  # each net, and the net finite differences check (max/min without ties: differentiable there)
+    "broadcast": (broadcast_net, broadcast_net),
+    "segment": (segment_net, lambda: segment_net(ties=False)),
+    "bag": (bag_net, bag_net),
+    "row": (broadcast_rows_net, broadcast_rows_net),
+}
+
+
+@pytest.mark.parametrize("name", NETS)
+def test_rules_equal_the_op_by_op_plan_and_finite_differences(name):
+    make, smooth = NETS[name]
+    net = make()
     net.execution = "auto"
-    values = net()
-    assert net.fused_reason is None and values["spread"].shape == (4, 3)
+    net()
+    assert net.fused_reason is None
     assert_same(net)
-    assert fused_gradcheck(broadcast_rows_net())
+    assert fused_gradcheck(smooth())
 
 
 TEMPLATES = ("template.txt", "template_gnn.txt", "template_elementProduct.txt", "template_graphlets.txt",
