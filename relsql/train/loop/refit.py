@@ -29,7 +29,6 @@ from relsql.train.learner.learner import Learner
 from relsql.train.learner.record import FitRecord
 
 log = logging.getLogger("relsql")
-KEEP_NETWORK_AT = 0.0  # the blend weights at most this keep the selected network (only the GBM is fitted again)
 
 
 def unavailable(learner: Learner, workers: int, torchrun: bool) -> str | None:
@@ -90,7 +89,7 @@ def retrain(learner: Learner, initial: tuple[dict, dict], run, required: bool) -
     epochs, rows = selection.best_epoch + 1, dict(learner.rows)
     every = np.concatenate([rows["train"], rows["val"], rows["test"]])
     blend = getattr(learner, "hybrid", None)
-    if blend is not None and blend.weight <= KEEP_NETWORK_AT:  # the GBM alone predicts: a network refit changes nothing
+    if blend is not None and blend.weight == 0.0:  # the GBM alone predicts: training the network again changes nothing
         log.info("refit: the blend gives the network weight 0, so only its GBM is fitted again, on all %d labelled "
                  "rows; the network stays the selected one", len(every))
         learner.refit = {"epochs": 0, "rows": int(len(every)), "train_loss": float("nan"), "held_out": scores,
