@@ -116,7 +116,8 @@ class CompiledNet(nn.Module):
     `execution` says how `net()` runs the plan: "auto" (the default) fuses a plan whose ops all
     have a fused rule and whose values hold at most `fused.OP_ELEMENTS` elements an op on average
     into one generated function with one autograd node, and runs others op by op; "ops" always
-    runs op by op; "fused" fuses whatever size the values (where every op has a rule). `fused_reason` says why the last call did not fuse (None when it did)."""
+    runs op by op; "fused" fuses whatever size the values (where every op has a rule).
+    `fused_reason` says why the last call did not fuse (None when it did)."""
 
     def __init__(self, plan: Plan, grounding: Grounding, dtype: torch.dtype = torch.float32,
                  seed: int | None = None):
