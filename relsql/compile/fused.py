@@ -33,10 +33,11 @@ from relsql.compile.plan import Op, Plan
 # at 32768 and 131072 (its non-in-place activations allocate more); summing (1,) weights'
 # gradients as one (n, k) product pays up to ~1k rows (331 against 360 us at 512, 1050
 # against 829 at 4096: a column-wise sum over a wide product is slow).
-# On Template.auto's plans of the outside corpus (2026-12-03, fwd + bwd, one thread, docs/performance.md)
-# what decides is the elements an op's value holds on average, not the largest value: 40-335 ops of
-# up to 45k elements each (hostile, PluRel, Lahman; values up to 1.4M elements) ran fused in 0.47-1.0x
-# the time op by op (median 0.77); bench/relgen's at scale 4 (80k-140k elements an op) 0.82-1.21x.
+# Those chains lose a few % from 16k elements, but on Template.auto's plans of the outside corpus
+# (2026-12-03, fwd + bwd, one thread, docs/performance.md) what decides is the elements an op's value
+# holds on average, not the largest value: 5-335 ops of up to 45k elements each (hostile, PluRel,
+# Lahman; values up to 1.4M elements) ran fused in 0.47-1.11x the time op by op (median 0.77);
+# bench/relgen's at scale 4 (80k-140k elements an op) 0.82-1.21x.
 OP_ELEMENTS = 1 << 16  # the most elements an op's value holds on average in a fused plan
 COLUMN_ROWS = 1024  # (1,) weights read by values of at most this many rows get their gradients in one product
 # index_add_ of (139, w) rows into 8 (Mutagenesis' gathers' gradients), 2 threads: 6.9 us against
