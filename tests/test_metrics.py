@@ -127,3 +127,49 @@ def test_a_tasks_one_metric_is_sklearns_on_its_raw_outputs(kind):
     assert task.scores(out, y) == {m: task.score(out, y, m) for m in SCORES[kind]}
     with pytest.raises(KeyError):
         task.score(out, y, "r2")
+
+
+@pytest.mark.parametrize("kind,setting", [("binary", None), ("binary", "balanced"), ("multiclass", None),
+                                          ("multiclass", "balanced"), ("regression", "mse"), ("regression", "mae"),
+                                          ("regression", "huber")])
+def test_a_tasks_losses_of_many_outputs_are_its_loss_of_each(kind, setting):
+    """Task.losses (the blend's 11 weights scored in one call) gives, bit for bit, Task.loss of each
+    output; the binary and multiclass losses are scikit-learn's (weighted) log loss, the regression ones
+    its squared and absolute errors."""
+    import torch
+
+    from relsql.train.task.task import Task
+
+    rng = np.random.default_rng(11)
+    rows, k = 300, 11
+    if kind == "regression":
+        task = Task(kind, mean=0.0, std=1.0)
+        task.regression_loss = setting
+        y = rng.normal(size=rows)
+        outs = rng.normal(size=(k, rows, 1)) * 2
+    else:
+        classes = 2 if kind == "binary" else 4
+        task = Task(kind, classes=list(range(classes)))
+        y = rng.integers(0, classes, rows).astype(np.float64)
+        if setting == "balanced":
+            task.balance(y)
+        outs = rng.normal(size=(k, rows, 1 if kind == "binary" else classes))
+    many = task.losses(torch.as_tensor(outs), torch.as_tensor(y)).tolist()
+    assert many == [float(task.loss(torch.as_tensor(out), torch.as_tensor(y))) for out in outs]
+    weights = None if task.class_weights is None else np.asarray(task.class_weights)[y.astype(int)]
+    for value, out in zip(many, outs):
+        if kind == "binary":
+            p = 1 / (1 + np.exp(-out[:, 0]))
+            expected = oracle.log_loss(y, p, sample_weight=weights) * (1 if weights is None else weights.mean())
+        elif kind == "multiclass":
+            p = np.exp(out - out.max(1, keepdims=True))
+            p /= p.sum(1, keepdims=True)
+            expected = oracle.log_loss(y, p, sample_weight=weights, labels=range(4)) * (1 if weights is None else weights.mean())
+        elif setting == "mse":
+            expected = oracle.mean_squared_error(y, out[:, 0])
+        elif setting == "mae":
+            expected = oracle.mean_absolute_error(y, out[:, 0])
+        else:
+            error = np.abs(y - out[:, 0])
+            expected = np.mean(np.where(error <= 1, 0.5 * error ** 2, error - 0.5))
+        assert value == pytest.approx(expected, rel=1e-10, abs=1e-12)

@@ -32,6 +32,8 @@ another database after `Model.load` included.
 
 from __future__ import annotations
 
+import math
+import sys
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -195,7 +197,11 @@ def fit(learner, found: list[Candidate] | None = None) -> Hybrid | None:
 
 
 def weighed(task, net: np.ndarray, theirs: np.ndarray, truth: np.ndarray, metric: str) -> dict[float, float]:
-    """`metric` of `a * net + (1 - a) * theirs` against `truth` for every weight a in WEIGHTS."""
+    """`metric` of `a * net + (1 - a) * theirs` against `truth` for every weight a in WEIGHTS (the
+    loss of all of them in one call)."""
+    if metric == "loss":
+        blends = np.stack([a * net + (1 - a) * theirs for a in WEIGHTS])
+        return dict(zip(WEIGHTS, task.losses(torch.as_tensor(blends), torch.as_tensor(truth)).tolist()))
     return {a: score(task, a * net + (1 - a) * theirs, truth, metric) for a in WEIGHTS}
 
 
@@ -252,8 +258,12 @@ def best_weight(scores: dict[float, float], metric: str) -> float:
 
 
 def _ranked(value: float, metric: str) -> float:
-    """`value` of `metric` as larger-is-better, an undefined (NaN) score below every defined one."""
-    return float(np.nan_to_num(-value if metric in LOWER_IS_BETTER else value, nan=-np.inf))
+    """`value` of `metric` as larger-is-better, an undefined (NaN) score below every defined one (an
+    infinite one at the largest finite magnitude, as numpy's nan_to_num: NaN ranks below -inf)."""
+    value = float(-value if metric in LOWER_IS_BETTER else value)
+    if math.isfinite(value):
+        return value
+    return -math.inf if math.isnan(value) else math.copysign(sys.float_info.max, value)
 
 
 def score(task, out: np.ndarray, truth: np.ndarray, metric: str) -> float:
