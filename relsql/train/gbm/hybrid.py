@@ -98,9 +98,7 @@ class Hybrid:
         return rounds
 
     def describe(self) -> str:
-        reach = "two-hop" if self.features.depth == 2 else "one-hop" if self.features.parents or self.features.children \
-            else "own-column"
-        gbm = f"GBM on {reach} features"
+        gbm = f"GBM on {reach(self.features)} features"
         share = "the network alone" if self.weight == 1.0 else f"the {gbm} alone" if self.weight == 0.0 else \
             f"{self.weight:.1f} x network + {1 - self.weight:.1f} x {gbm}"
         outputs = " (the network's outputs cross-fitted: each half at the epoch the other half chose)" if self.crossfit else ""
@@ -238,8 +236,14 @@ def settings(features: flat.Flat) -> dict:
     """gbm.fit's settings for a blend GBM over `features`: the one-hop features get gbm.py's own, so
     that GBM is the one-hop GBM a user would fit and a blend of weight 0 predicts exactly what it
     does; the two-hop and own-column ones `QUICK`'s, at about half the boosting rounds."""
-    one_hop = features.depth == 1 and bool(features.parents or features.children)
-    return {} if one_hop else dict(QUICK)
+    return {} if reach(features) == "one-hop" else dict(QUICK)
+
+
+def reach(features: flat.Flat) -> str:
+    """Which of the blend's feature sets `features` is: "two-hop", "one-hop" or "own-column"."""
+    if features.depth == 2:
+        return "two-hop"
+    return "one-hop" if features.parents or features.children else "own-column"
 
 
 def chosen_on(learner) -> str:
