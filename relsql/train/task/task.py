@@ -90,8 +90,8 @@ class Task:
 
     def losses(self, outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """`loss` of each of k outputs (k, rows, units) against the same labels, as k values in one
-        call: the blend weighs 11 blends per GBM after every epoch the network improves, and one call
-        per blend was ~1 ms of hostile_7's 7 ms epochs."""
+        call, bit for bit: the blend weighs 11 blends per GBM after every epoch the network improves
+        (30-1000 rows: 50-117 us for the 11 against 189-259 us one call each)."""
         k, rows = outputs.shape[0], outputs.shape[1]
         if self.kind == "regression":
             return REGRESSION_ROWS[self.regression_loss](outputs[:, :, 0], y.expand(k, rows)).mean(1)
