@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from relsql.compile.passes.average_from_sum import average_from_sum
 from relsql.compile.passes.choose_segment_kernels import choose_segment_kernels
 from relsql.compile.passes.common_subexpressions import common_subexpressions
 from relsql.compile.passes.dead_code import dead_code
@@ -55,6 +56,7 @@ RULES: tuple[Pass, ...] = (
     linear_across_aggregation,
     propagate_gathers,
     common_subexpressions,
+    average_from_sum,
     sparse_aggregate,
     scatter_into_sparse,
     linear_across_sparse,
