@@ -216,8 +216,15 @@ def _spmm(op: Op, shapes: dict) -> _Rule:
         else f"{_v(matrix)}.t().mm({{g}})"
     back = {len(op.args) - 1: through}
     if add:
-        back[0] = f"{{g}}.sum_to_size({_shape(shapes, op.args[0])})"
+        back[0] = _summed_back(shapes, op.args[0], op.out)
     return _Rule([f"{_v(op.out)} = {call}"], back)
+
+
+def _summed_back(shapes: dict, added: int, out: int) -> str:
+    """The gradient of a value added to an op's result: the result's, summed back to the value's
+    shape only where the value was broadcast (a call less per op where it was not)."""
+    shape = _shape(shapes, added)
+    return "{g}" if tuple(shape) == tuple(_shape(shapes, out)) else f"{{g}}.sum_to_size({shape})"
 
 
 def _affine(op: Op, shapes: dict) -> _Rule:
@@ -225,7 +232,7 @@ def _affine(op: Op, shapes: dict) -> _Rule:
     if len(_shape(shapes, x)) != 2 or len(_shape(shapes, w)) != 2:
         raise NotFusable("affine of matrix-valued atoms")
     return _Rule([f"{_v(op.out)} = torch.addmm({_v(c)}, {_v(x)}, {_v(w)}.t())"],
-                 {0: f"{{g}}.sum_to_size({_shape(shapes, c)})", 1: f"{{g}}.mm({_v(w)})",
+                 {0: _summed_back(shapes, c, op.out), 1: f"{{g}}.mm({_v(w)})",
                   2: _matrix_gradient(_shape(shapes, w), _v(x))})
 
 
