@@ -99,11 +99,30 @@ def broadcast_rows_net():
     return b.net(out=b.op("act", mixed, name="sigmoid"), spread=spread)
 
 
+def added_net():
+    """Values added to an affine product (a full one and a one-row one broadcast over the rows) and
+    to a dense matrix's product (addspmm): each gradient is the result's, summed back where broadcast."""
+    b = Build()
+    x = b.input(torch.tensor([[0.3, -1.0], [1.2, 0.5], [-0.7, 0.8], [0.4, 0.0]], dtype=torch.float64))
+    w = b.weight("w", torch.tensor([[0.4, -0.2], [0.1, 0.9], [-0.6, 0.3]], dtype=torch.float64))
+    full = b.op("act", b.op("linear", b.weight("v", torch.tensor([[0.2, 0.5], [-0.3, 0.1], [0.7, -0.4]],
+                                                                  dtype=torch.float64)), x), name="tanh")  # (4, 3)
+    row = b.op("act", b.op("as_row", b.weight("row", torch.tensor([0.2, -0.4, 0.9], dtype=torch.float64))), name="tanh")
+    on_full = b.op("affine", full, x, w)
+    on_row = b.op("affine", row, x, w)  # (1, 3) broadcast over 4 rows
+    matrix = b.input(torch.tensor([[1.0, 0.0, 2.0, 0.0], [0.0, 0.5, 0.0, 1.0], [1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 3.0]],
+                                  dtype=torch.float64))
+    summed = b.op("addspmm", row, matrix, on_full)
+    return b.net(on_full=b.op("act", on_full, name="sigmoid"), on_row=b.op("act", on_row, name="tanh"),
+                 summed=b.op("act", summed, name="tanh"))
+
+
 NETS = {  # each net, and the net finite differences check (max/min without ties: differentiable there)
     "broadcast": (broadcast_net, broadcast_net),
     "segment": (segment_net, lambda: segment_net(ties=False)),
     "bag": (bag_net, bag_net),
     "row": (broadcast_rows_net, broadcast_rows_net),
+    "added": (added_net, added_net),
 }
 
 
