@@ -498,12 +498,13 @@ def mean_gradient(grad: torch.Tensor, segment_ids: torch.Tensor, counts: torch.T
 def segment_reduce(kind: str, x: torch.Tensor, segment_ids: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """Reduce sorted groundings into their segments; an empty segment reduces to zeros."""
     segments = counts.shape[0]
-    scale = counts.to(x.dtype).reshape(segments, *([1] * (x.dim() - 1)))
     if kind == "count":  # a scalar per head, whatever the groundings' shape
         return counts.to(x.dtype).reshape(segments, 1)
     if kind in ("sum", "avg"):
         out = x.new_zeros((segments, *x.shape[1:])).index_add_(0, segment_ids, x)
-        return out / scale.clamp(min=1) if kind == "avg" else out
+        if kind == "sum":
+            return out
+        return out / counts.to(x.dtype).reshape(segments, *([1] * (x.dim() - 1))).clamp(min=1)
     if kind in ("max", "min"):  # elementwise, as SQL and PyG aggregate
         reduce = "amax" if kind == "max" else "amin"
         if torch.is_grad_enabled() and x.requires_grad:
