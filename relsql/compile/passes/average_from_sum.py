@@ -21,24 +21,23 @@ def _groundings(op: Op) -> tuple:
 
 
 def average_from_sum(plan: Plan) -> Plan:
-    key = _groundings
-    summed = {key(op) for op in plan.ops if op.kind == "segment" and op.attrs["kind"] == "sum"}
+    summed = {_groundings(op) for op in plan.ops if op.kind == "segment" and op.attrs["kind"] == "sum"}
     sums: dict[tuple, int] = {}  # groundings (x, ids, counts) -> the slot holding their sum
     mapping: dict[int, int] = {}
     made = 0
     ops: list[Op] = []
     for op in plan.ops:
-        if op.kind != "segment" or op.attrs["kind"] not in ("sum", "avg") or key(op) not in summed:
+        if op.kind != "segment" or op.attrs["kind"] not in ("sum", "avg") or _groundings(op) not in summed:
             ops.append(op)
             continue
         counts = plan.inputs.get(op.args[2])
         if counts is None:  # counts computed by the net: leave both as they are
             ops.append(op)
             continue
-        found = sums.get(key(op))
+        found = sums.get(_groundings(op))
         if op.attrs["kind"] == "sum":
             if found is None:
-                sums[key(op)] = op.out
+                sums[_groundings(op)] = op.out
                 ops.append(op)
             else:
                 mapping[op.out] = found
@@ -46,7 +45,7 @@ def average_from_sum(plan: Plan) -> Plan:
         if found is None:  # the mean comes first: the sum is computed here, the later one reuses it
             total = make_op(plan, "segment", op.args, op.note, **{**op.attrs, "kind": "sum"})
             ops.append(total)
-            found = sums[key(op)] = total.out
+            found = sums[_groundings(op)] = total.out
         width = [1] * (plan.meta[op.args[0]].dim() - 1)  # the factor broadcasts over a row's values
         factor = plan.add_input((1.0 / counts.to(torch.float64).clamp(min=1)).reshape(counts.shape[0], *width))
         mean = make_op(plan, "binary", (found, factor), op.note, op="*")
