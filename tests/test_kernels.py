@@ -178,3 +178,27 @@ def test_bag_mean_equals_embedding_bag_and_its_gradient():
     torch.testing.assert_close(grad, reference, rtol=0, atol=1e-14)
     assert torch.autograd.gradcheck(lambda w: bag_mean(w, ids, 40), (weight,))
     assert torch.equal(bag_mean(weight, ids, 40), out)  # the packed ids are reused: same values
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_bag_gradient_by_matrix_equals_embedding_bag(dtype):
+    """From the second backward over the same ids on, the bag's weight gradient is one product by a
+    kept CSR matrix: it equals embedding_bag's, a bucket read twice by a row counted twice and a row
+    of only padding adding nothing, in either dtype, backward after backward."""
+    from relsql.compile import kernels
+
+    torch.manual_seed(1)
+    weight = torch.randn(41, 3, dtype=dtype, requires_grad=True)
+    ids = torch.full((30, 9), 40)
+    ids[:, :4] = torch.randint(0, 40, (30, 4))
+    ids[3, :4] = 7  # one bucket, four times
+    ids[2] = 40
+    expected = torch.nn.functional.embedding_bag(ids, weight, mode="mean", padding_idx=40)
+    tol = 1e-14 if dtype == torch.float64 else 1e-6
+    for step in range(3):
+        upstream = torch.randn_like(expected)
+        (grad,) = torch.autograd.grad((kernels.bag_mean(weight, ids, 40) * upstream).sum(), weight)
+        (reference,) = torch.autograd.grad((expected * upstream).sum(), weight, retain_graph=True)
+        torch.testing.assert_close(grad, reference, rtol=0, atol=tol, msg=f"backward {step + 1}")
+    flat, counts, _ = kernels._packed(ids, 40)
+    assert kernels._BAG_MATRICES[id(flat)][-1] is not None  # the later backwards took the matrix

@@ -131,9 +131,38 @@ class _BagMean(torch.autograd.Function):
 
 
 def _bag_gradient(grad: torch.Tensor, flat: torch.Tensor, counts: torch.Tensor, rows: int) -> torch.Tensor:
+    """Each row's gradient over its count, added into the buckets the row reads. The same ids are
+    read every epoch of a full-batch plan: from their second backward on (on the CPU) as one product
+    by a CSR matrix (buckets x rows, 1 / count at each id) kept while the ids live, where the
+    index_add of every id's share took 12x as long (flights: 42k ids, 1.8 ms against 0.15 ms)."""
+    matrix = _bag_matrix(flat, counts, rows, grad) if grad.device.type == "cpu" else None
+    if matrix is not None:
+        return sparse.sparse_product(matrix, grad.contiguous(), None)
     share = (grad / counts.clamp(min=1).unsqueeze(1).to(grad.dtype)).repeat_interleave(counts, dim=0)
     out = torch.zeros((rows, grad.shape[1]), dtype=grad.dtype, device=grad.device)
     return out.index_add_(0, flat, share)
+
+
+_BAG_MATRICES: dict[int, list] = {}  # id(flat) -> [a weak reference to flat, rows, dtype, matrix (None: one backward so far)]
+
+
+def _bag_matrix(flat: torch.Tensor, counts: torch.Tensor, rows: int, grad: torch.Tensor) -> torch.Tensor | None:
+    """The bag's gradient matrix for these ids (None on their first backward: ids read once, as a
+    mini-batch's, are not worth a matrix)."""
+    found = _BAG_MATRICES.get(id(flat))
+    if found is None or found[0]() is not flat or found[1] != rows or found[2] != grad.dtype:
+        for key in [k for k, v in _BAG_MATRICES.items() if v[0]() is None]:
+            del _BAG_MATRICES[key]
+        _BAG_MATRICES[id(flat)] = [weakref.ref(flat), rows, grad.dtype, None]
+        return None
+    if found[3] is None:
+        heads = torch.repeat_interleave(torch.arange(counts.shape[0], device=flat.device), counts)
+        shares = (1.0 / counts.clamp(min=1).to(torch.float64)).repeat_interleave(counts)
+        matrix = sparse.from_coo(flat, heads, shares, (rows, counts.shape[0]))  # a bucket read twice by a row: summed
+        with sparse.beta_quiet():
+            found[3] = torch.sparse_csr_tensor(matrix.crow_indices(), matrix.col_indices(),
+                                               matrix.values().to(grad.dtype), matrix.shape)
+    return found[3]
 
 
 def bag_gradient(grad: torch.Tensor, ids: torch.Tensor, pad: int, rows: int) -> torch.Tensor:
