@@ -182,8 +182,8 @@ def test_bag_mean_equals_embedding_bag_and_its_gradient():
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_bag_gradient_by_matrix_equals_embedding_bag(dtype):
-    """From the second backward over the same ids on, the bag's weight gradient is one product by a
-    kept CSR matrix: it equals embedding_bag's, a bucket read twice by a row counted twice and a row
+    """On the CPU the bag's weight gradient is one product by a CSR matrix kept for its ids: it
+    equals embedding_bag's, a bucket read twice by a row counted twice and a row
     of only padding adding nothing, in either dtype, backward after backward."""
     from relsql.compile import kernels
 
@@ -201,4 +201,4 @@ def test_bag_gradient_by_matrix_equals_embedding_bag(dtype):
         (reference,) = torch.autograd.grad((expected * upstream).sum(), weight, retain_graph=True)
         torch.testing.assert_close(grad, reference, rtol=0, atol=tol, msg=f"backward {step + 1}")
     flat, counts, _ = kernels._packed(ids, 40)
-    assert kernels._BAG_MATRICES[id(flat)][-1] is not None  # the later backwards took the matrix
+    assert kernels._BAG_MATRICES[id(flat)][-1] is not None  # made once, for these ids

@@ -131,10 +131,12 @@ class _BagMean(torch.autograd.Function):
 
 
 def _bag_gradient(grad: torch.Tensor, flat: torch.Tensor, counts: torch.Tensor, rows: int) -> torch.Tensor:
-    """Each row's gradient over its count, added into the buckets the row reads. The same ids are
-    read every epoch of a full-batch plan: from their second backward on (on the CPU) as one product
-    by a CSR matrix (buckets x rows, 1 / count at each id) kept while the ids live, where the
-    index_add of every id's share took 12x as long (flights: 42k ids, 1.8 ms against 0.15 ms)."""
+    """Each row's gradient over its count, added into the buckets the row reads: on the CPU as one
+    product by a CSR matrix (buckets x rows, 1 / count at each id), kept while the ids live (a
+    full-batch plan reads the same ids every epoch), where the index_add of every id's share took
+    12x as long (flights: 42k ids, 1.8 ms against 0.15 ms). Every CPU backward takes the matrix, so
+    that a fit's numbers do not depend on which ids tensor a backward meets first (compacted tables
+    make new ones per fit: relsql/compile/compact.py)."""
     matrix = _bag_matrix(flat, counts, rows, grad) if grad.device.type == "cpu" else None
     if matrix is not None:
         return sparse.sparse_product(matrix, grad.contiguous(), None)
@@ -143,26 +145,24 @@ def _bag_gradient(grad: torch.Tensor, flat: torch.Tensor, counts: torch.Tensor, 
     return out.index_add_(0, flat, share)
 
 
-_BAG_MATRICES: dict[int, list] = {}  # id(flat) -> [a weak reference to flat, rows, dtype, matrix (None: one backward so far)]
+_BAG_MATRICES: dict[int, tuple] = {}  # id(flat) -> (a weak reference to flat, rows, dtype, matrix)
 
 
-def _bag_matrix(flat: torch.Tensor, counts: torch.Tensor, rows: int, grad: torch.Tensor) -> torch.Tensor | None:
-    """The bag's gradient matrix for these ids (None on their first backward: ids read once, as a
-    mini-batch's, are not worth a matrix)."""
+def _bag_matrix(flat: torch.Tensor, counts: torch.Tensor, rows: int, grad: torch.Tensor) -> torch.Tensor:
+    """The bag's gradient matrix for these ids, made at their first backward."""
     found = _BAG_MATRICES.get(id(flat))
-    if found is None or found[0]() is not flat or found[1] != rows or found[2] != grad.dtype:
-        for key in [k for k, v in _BAG_MATRICES.items() if v[0]() is None]:
-            del _BAG_MATRICES[key]
-        _BAG_MATRICES[id(flat)] = [weakref.ref(flat), rows, grad.dtype, None]
-        return None
-    if found[3] is None:
-        heads = torch.repeat_interleave(torch.arange(counts.shape[0], device=flat.device), counts)
-        shares = (1.0 / counts.clamp(min=1).to(torch.float64)).repeat_interleave(counts)
-        matrix = sparse.from_coo(flat, heads, shares, (rows, counts.shape[0]))  # a bucket read twice by a row: summed
-        with sparse.beta_quiet():
-            found[3] = torch.sparse_csr_tensor(matrix.crow_indices(), matrix.col_indices(),
-                                               matrix.values().to(grad.dtype), matrix.shape)
-    return found[3]
+    if found is not None and found[0]() is flat and found[1] == rows and found[2] == grad.dtype:
+        return found[3]
+    for key in [k for k, v in _BAG_MATRICES.items() if v[0]() is None]:
+        del _BAG_MATRICES[key]
+    heads = torch.repeat_interleave(torch.arange(counts.shape[0], device=flat.device), counts)
+    shares = (1.0 / counts.clamp(min=1).to(torch.float64)).repeat_interleave(counts)
+    matrix = sparse.from_coo(flat, heads, shares, (rows, counts.shape[0]))  # a bucket read twice by a row: summed
+    with sparse.beta_quiet():
+        matrix = torch.sparse_csr_tensor(matrix.crow_indices(), matrix.col_indices(), matrix.values().to(grad.dtype),
+                                         matrix.shape)
+    _BAG_MATRICES[id(flat)] = (weakref.ref(flat), rows, grad.dtype, matrix)
+    return matrix
 
 
 def bag_gradient(grad: torch.Tensor, ids: torch.Tensor, pad: int, rows: int) -> torch.Tensor:
