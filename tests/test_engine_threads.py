@@ -12,6 +12,7 @@ import torch
 import relsql
 import relsql.train.learner.learner as learner_module
 from bench import relgen
+from relsql import cores
 from relsql.data.duckdb import duckdb_default_threads, engine_threads
 
 
@@ -65,7 +66,7 @@ def shop_file(tmp_path_factory):
 def test_model_grounds_on_the_policy_count_and_matches_the_users_threads(shop_file, monkeypatch):
     default = duckdb_default_threads()
     count = default + 1  # a count that differs from DuckDB's default on any machine
-    monkeypatch.setattr(learner_module, "default_threads", lambda: count)
+    monkeypatch.setattr(cores, "half", lambda: count)  # the policy: relsql/cores.py, read where each stage starts
     seen = []
     real_ground = learner_module.ground
 

@@ -38,8 +38,9 @@ import re
 
 import sqlglot.expressions as exp
 
-from relsql import arguments
+from relsql import arguments, cores
 from relsql.data.coltypes import is_interval
+from relsql.data.duckdb import engine_threads
 from relsql.data.engine import Database
 from relsql.targets import output_units
 from relsql.template.auto import encoders, header, layers
@@ -114,7 +115,8 @@ def write(db: Database, target: str, options: Options) -> str:
     columns are read once (`frozen_schema`: key discovery asked for them per table)."""
     table, column = arguments.target(target)
     options = options.checked()
-    with db.frozen_schema():  # generation only reads
+    with db.frozen_schema(), engine_threads(db, cores.half()):  # generation only reads; on DuckDB's
+        # threads as grounding (engine_threads): its ~50 small statistics queries took a fifth more CPU on two
         return _write(db, target, table, column, options)
 
 

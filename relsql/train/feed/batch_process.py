@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from relsql import cores
 from relsql.compile.reuse import Frame
 from relsql.data.duckdb import release_freed_memory
 from relsql.errors import RelsqlError
@@ -53,11 +54,11 @@ def usable(batched: Batched | None) -> bool:
     if "fork" not in multiprocessing.get_all_start_methods() or "RELSQL_RANK" in os.environ \
             or int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         return False
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    have = cores.usable()
     # a core torch leaves free: with torch's threads on every core the child takes one of theirs and
     # they spin-wait for it (a Loader epoch at batch 512 on the 25k-row shop, 2 cores, torch on both:
     # 1.8 s with the child, 0.3-0.4 s with the batch prepared in the thread)
-    return cores >= 2 and torch.get_num_threads() < cores
+    return have >= 2 and torch.get_num_threads() < have
 
 
 # -- messages ------------------------------------------------------------------------------------

@@ -11,18 +11,15 @@ own setting is put back afterwards, since it is process-wide.
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch
+
+from relsql import cores
 
 
 def default_threads() -> int:
     """Half the cores this process may use, at least one: the other half is the database's."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // 2)
+    return cores.half()
 
 
 @contextlib.contextmanager

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from relsql import cores
 from relsql.errors import RelsqlError
 from relsql.ground.demand import database_embeddings
 from relsql.ground.store import GroundingStore
@@ -137,20 +138,12 @@ def _refuse(learner: Learner, workers: int) -> None:
                           f"{torch.cuda.device_count()}: use workers={max(1, torch.cuda.device_count())}, or device='cpu' (gloo)")
 
 
-def cores() -> int:
-    """The cores this process may run on (its CPU affinity), at least one."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
-
-
 def capped_workers(learner: Learner, workers: int) -> int:
     """`workers`, but at most one rank process per core on this machine (more ranks than cores only
     take turns on them, each holding a copy of the model): a larger request is cut, with a warning.
     Spark's executors (TorchDistributor) have cores of their own: not capped here, nor a resumed run
     (its checkpoint's embedding shards need as many ranks as wrote them)."""
-    have = cores()
+    have = cores.usable()
     if workers <= have or torch_distributor.applies(learner.db):
         return workers
     message = (f"fit(workers={workers}): this machine gives the process {have} core(s), and rank processes beyond one "
