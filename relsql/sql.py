@@ -244,7 +244,8 @@ def relation_index_query(groundings: exp.Table, keys_table: exp.Table, keys: lis
     for index, _, encoded in rules:
         for k, column in enumerate(encoded):
             own = column.transform(lambda n, i=index: col(rule_column(i, int(n.name[2:])), "g")
-                                   if isinstance(n, exp.Column) and n.table == "g" and n.name.startswith("_c") else n)
+                                   if isinstance(n, exp.Column) and n.table == "g" and n.name.startswith("_c") else n,
+                                   copy=False)  # `rules`' columns are the caller's, made for this query
             if not isinstance(column, exp.Column):  # encoded: skip the other rules' rows (dictionary lookups)
                 own = exp.Case(ifs=[exp.If(this=exp.EQ(this=col("_rule", "g"), expression=integer(index)), true=own)])
             columns.append(alias(own, rule_column(index, k)))
