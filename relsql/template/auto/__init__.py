@@ -115,8 +115,8 @@ def write(db: Database, target: str, options: Options) -> str:
     columns are read once (`frozen_schema`: key discovery asked for them per table)."""
     table, column = arguments.target(target)
     options = options.checked()
-    with db.frozen_schema(), engine_threads(db, cores.half()):  # generation only reads; on DuckDB's
-        # threads as grounding (engine_threads): its ~50 small statistics queries took a fifth more CPU on two
+    with db.frozen_schema(), engine_threads(db, cores.half()):  # generation only reads; on grounding's DuckDB
+        # threads (engine_threads): its ~50 small statistics queries each cost a third more CPU on two threads than one
         return _write(db, target, table, column, options)
 
 
