@@ -106,7 +106,7 @@ def test_the_metrics_plot_has_a_title_best_epoch_baseline_and_fixed_axes(shop, t
 def test_torch_threads_while_training_and_put_back_after(shop):
     import torch
 
-    from relsql.train.learner.threads import default_threads
+    from relsql import cores
 
     before = torch.get_num_threads()
     seen = []
@@ -114,7 +114,7 @@ def test_torch_threads_while_training_and_put_back_after(shop):
         model = relsql.Model(shop, relsql.Template.from_sql(SIMPLE), target="customer.churned", progress=False, threads=threads)
         model.fit(epochs=1, callback=lambda info: seen.append(torch.get_num_threads()))
         assert torch.get_num_threads() == before
-    assert seen == [default_threads(), 2]
+    assert seen == [cores.half(), 2]
     with pytest.raises(relsql.RelsqlError, match="threads"):
         relsql.Model(shop, relsql.Template.from_sql(SIMPLE), target="customer.churned", progress=False, threads=0)
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from relsql import arguments
+from relsql import arguments, cores
 from relsql.compile import make_plan, shapes
 from relsql.compile.module import CompiledNet
 from relsql.data.duckdb import engine_threads
@@ -33,7 +33,7 @@ from relsql.train.feed.source import BatchSource, Whole
 from relsql.train.gbm import baselines
 from relsql.train.learner.defaults import LR, PATIENCE
 from relsql.train.learner.record import FitRecord
-from relsql.train.learner.threads import default_threads, torch_threads
+from relsql.train.learner.threads import torch_threads
 from relsql.train.persist.saved import ModelState
 from relsql.train.task.target import Target
 from relsql.train.task.task import SCORES, Task
@@ -161,7 +161,7 @@ class Learner:
         runs on as many DuckDB threads, where that is relsql's choice (`engine_threads`: not a count
         the user set, put back afterwards): DuckDB's two threads on that machine cost Lahman's
         grounding a third more than one."""
-        with torch.random.fork_rng(devices=[]), torch_threads(None), engine_threads(self.db, default_threads()):
+        with torch.random.fork_rng(devices=[]), torch_threads(None), engine_threads(self.db, cores.half()):
             torch.manual_seed(self.seed)
             self._build(presets, task, split)
 

@@ -17,16 +17,11 @@ import torch
 from relsql import cores
 
 
-def default_threads() -> int:
-    """Half the cores this process may use, at least one: the other half is the database's."""
-    return cores.half()
-
-
 @contextlib.contextmanager
 def torch_threads(count: int | None):
-    """torch uses `count` threads (default: `default_threads()`) inside the block."""
+    """torch uses `count` threads (default: `cores.half()`, the other half is the database's) inside the block."""
     before = torch.get_num_threads()
-    torch.set_num_threads(count or default_threads())
+    torch.set_num_threads(count or cores.half())
     try:
         yield
     finally:

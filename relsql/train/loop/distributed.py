@@ -48,7 +48,6 @@ from relsql.train.feed.batches import batches
 from relsql.train.feed.source import BatchSource
 from relsql.train.learner.learner import Learner, from_state
 from relsql.train.learner.record import FitRecord
-from relsql.train.learner.threads import default_threads
 from relsql.train.loop import torch_distributor
 from relsql.train.loop.callbacks import EarlyStopping
 from relsql.train.loop.options import FitConfig
@@ -166,7 +165,7 @@ def fit(learner: Learner, config: FitConfig, timeout: float = 1800.0, threads: i
     with tempfile.TemporaryDirectory(prefix="relsql-ranks-") as folder:
         job = _job(learner, workers, config, timeout, model=ModelState.of(learner, labels=True), store=store.detach(),
                    init_method=f"tcp://127.0.0.1:{_free_port()}", folder=folder,
-                   threads=threads or max(1, default_threads() // workers))
+                   threads=threads or max(1, cores.half() // workers))
         job.embeddings = write_back.export(learner, folder, job.resume)
         if job.embeddings and job.resume is not None:
             _check_shards(job)
