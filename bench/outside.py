@@ -296,10 +296,9 @@ def rdl_peer(learner, path: str) -> dict:
 def child(manifest_path: str, results: str, fit: dict, seed: int = 0, dfs: bool = False, first: int | None = None,
           alone: bool = False, rdl: bool = False, repeat: int = 1) -> None:
     """One database, every target: a JSON line per target, appended as each finishes."""
-    # torch.optim's first optimizer imports torch._dynamo (1.3-2.8 CPU-s once per process): like LightGBM's import
-    # below, a process's one-off cost, taken before the clocks (it was in fit+predict while LightGBM's was not)
+    # fit's optimizers no longer import torch._dynamo (relsql/train/eager.py; it was 1.3-2.8 CPU-s of the
+    # first fit+predict of a process): not imported here either, so that a return of that import shows in the clocks
     import torch
-    import torch._dynamo  # noqa: F401
 
     import relsql.model  # noqa: F401 - imports before any clock: the first target's construction and GBM
     import relsql.template  # noqa: F401 - would otherwise pay relsql's lazy imports and LightGBM's (seconds)

@@ -153,7 +153,6 @@ def main(argv: list[str] | None = None) -> None:
         return
     import lightgbm  # noqa: F401 - imported before any clock runs: lightgbm imports scikit-learn and scipy
     import torch
-    import torch._dynamo  # noqa: F401 - torch's optimizer imports it on first use, ~1.5-6 s once per process
 
     torch.set_num_threads(1)
     for path in args.manifests:

@@ -319,8 +319,7 @@ def run_relsql(path: str, epochs: int, batch_size: int, width: int, fanout: list
     torch.set_num_threads(THREADS)
     warnings.simplefilter("ignore")
     # One-time imports off the clock, as on the PyG side (where `import torch_geometric` pulls them in
-    # before its clock): torch.optim's first Optimizer imports torch._dynamo (~1 s); fit imports tqdm.
-    import torch._dynamo  # noqa: F401
+    # before its clock): fit imports tqdm.
     import tqdm.auto  # noqa: F401
 
     relsql.Model  # noqa: B018 -- relsql imports relsql.model (and its scipy, pandas) on first use: off the clock too

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import relsql
+from relsql.train.eager import eager
 from relsql.train.loop.options import FitConfig
 from relsql.train.loop.trainer import EarlyStopping, OneProcess, Optimizers, Trainer
 from relsql.train.persist import checkpoint as checkpoints
@@ -292,8 +293,8 @@ def test_optimizers_give_embedding_rows_and_dense_weights_their_kind(embedding_o
     named = learner.weights_by_name()
     assert "user" in named and len(holder) == len(named)  # every weight in exactly one optimizer
     for name, p in named.items():
-        assert type(holder[id(p)]) is kind_rule(learner, name), name
-    assert type(optimizers.all[0]) is torch.optim.Adam
+        assert type(holder[id(p)]) is eager(kind_rule(learner, name)), name  # fit's: torch's, unguarded
+    assert type(optimizers.all[0]) is eager(torch.optim.Adam)
     assert optimizers.all[0].param_groups[0]["lr"] == 0.01 and optimizers.all[0].param_groups[0]["weight_decay"] == 0.5
     if embedding_optimizer:
         assert len(optimizers.all) == 2 and optimizers.all[1].param_groups[0]["lr"] == 0.3

@@ -12,12 +12,10 @@ from relsql.errors import RelsqlError
 
 def plot_summary(summary: pl.DataFrame, path: str | Path, title: str = "why: mean |attribution|") -> Path:
     """Write a PNG of `summary` (relsql.explain_summary's frame): one panel per kind (relation,
-    column), bars longest first. Returns the path written."""
+    column), bars longest first. Returns the path written. A Figure of its own, not pyplot's: the
+    user's matplotlib backend and figures are left as they are."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure
     except ImportError:
         raise RelsqlError("plotting an explanation needs matplotlib, which relsql does not install: "
                           "pip install matplotlib, or read the summary DataFrame") from None
@@ -26,7 +24,8 @@ def plot_summary(summary: pl.DataFrame, path: str | Path, title: str = "why: mea
     kinds = [k for k in ("relation", "column") if summary.filter(pl.col("kind") == k).height]
     if not kinds:
         raise RelsqlError("the summary has no attributions to plot (no input reached the explained rows)")
-    figure, axes = plt.subplots(len(kinds), 1, figsize=(7, 1.2 + 0.45 * summary.height), squeeze=False)
+    figure = Figure(figsize=(7, 1.2 + 0.45 * summary.height))
+    axes = figure.subplots(len(kinds), 1, squeeze=False)
     for ax, kind in zip(axes[:, 0], kinds):
         part = summary.filter(pl.col("kind") == kind).sort("mean_abs_attribution")
         ax.barh(part["name"].to_list(), part["mean_abs_attribution"].to_list(), color="#4c72b0")
@@ -36,5 +35,4 @@ def plot_summary(summary: pl.DataFrame, path: str | Path, title: str = "why: mea
     figure.tight_layout()
     path = Path(path)
     figure.savefig(path, dpi=110)
-    plt.close(figure)
     return path

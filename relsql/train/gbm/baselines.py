@@ -25,6 +25,7 @@ import sqlglot.expressions as exp
 import torch
 
 from relsql import sql as q
+from relsql.train.eager import eager
 from relsql.train.gbm import flat, gbm
 
 CHEAP_ROWS = 2_000_000  # own_columns reads the target table's rows into memory once
@@ -94,7 +95,7 @@ def own_columns(model, split: str) -> tuple[dict[str, float], list[str]] | None:
     y = model.y.detach().to("cpu", torch.float64)
     weight = torch.zeros((x.shape[1], model.task.units), dtype=torch.float64, requires_grad=True)
     bias = torch.zeros(model.task.units, dtype=torch.float64, requires_grad=True)
-    optimizer = torch.optim.LBFGS([weight, bias], max_iter=100, line_search_fn="strong_wolfe")
+    optimizer = eager(torch.optim.LBFGS)([weight, bias], max_iter=100, line_search_fn="strong_wolfe")
 
     def closure():
         optimizer.zero_grad()

@@ -20,6 +20,7 @@ from torch import nn
 from relsql.compile import compact
 from relsql.data.engine import first_line
 from relsql.errors import RelsqlError
+from relsql.train.eager import eager
 from relsql.train.feed import guards
 from relsql.train.feed.batched import Batch
 from relsql.train.feed.batches import batches
@@ -56,8 +57,8 @@ class Optimizers:
     def kind(self, index: int) -> type[torch.optim.Optimizer]:
         """The first optimizer is Adam or AdamW; the others train embeddings with the embedding optimizer."""
         if index == 0:
-            return torch.optim.AdamW if self.dense == "adamw" else torch.optim.Adam
-        return torch.optim.Adagrad if self.learner.settings.embedding_optimizer == "adagrad" else torch.optim.SGD
+            return eager(torch.optim.AdamW if self.dense == "adamw" else torch.optim.Adam)
+        return eager(torch.optim.Adagrad if self.learner.settings.embedding_optimizer == "adagrad" else torch.optim.SGD)
 
     def dense_optimizer(self, parameters: list[nn.Parameter], **settings) -> torch.optim.Optimizer:
         """Adam(W) with torch's fused kernel (one call per step for every weight: 80 us against the

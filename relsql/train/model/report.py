@@ -14,14 +14,14 @@ def plot_history(history: list[dict], path: Path, metric: str, *, title: str = "
                  best_epoch: int | None = None, baseline: float | None = None) -> Path:
     """Loss per epoch (train, validation) and the validation metric, side by side: the kept epoch
     marked, the baseline's metric as a line, accuracy and AUC on a fixed [0, 1] axis. Epochs are
-    numbered from 1 as the log and the report number them (`best_epoch` is 0-based, as the history's)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    numbered from 1 as the log and the report number them (`best_epoch` is 0-based, as the history's).
+    Drawn on a Figure of its own, not through pyplot: the user's matplotlib backend and open figures
+    are left as they are, and pyplot's import (~0.2 CPU-s) is not paid."""
+    from matplotlib.figure import Figure
 
     epochs = [h["epoch"] + 1 for h in history]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.8))
+    fig = Figure(figsize=(9, 3.8))
+    left, right = fig.subplots(1, 2)
     left.plot(epochs, [h["train_loss"] for h in history], label="train")
     left.plot(epochs, [h["val_loss"] for h in history], label="validation")
     left.set_xlabel("epoch")
@@ -41,10 +41,7 @@ def plot_history(history: list[dict], path: Path, metric: str, *, title: str = "
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    try:
-        save_figure(fig, path, "save the model under another name, or move that file away", dpi=100)
-    finally:
-        plt.close(fig)
+    save_figure(fig, path, "save the model under another name, or move that file away", dpi=100)
     return path
 
 
