@@ -56,7 +56,7 @@ def _encoder(source: str, table: str) -> str:
 def test_each_column_kind_gets_its_encoder(db):
     source = relsql.Template.auto(db, target="customer.recent", hops=1).source
     enc = _encoder(source, "customer")
-    assert re.search(r"ple\(t\.\"level\", t\.\"score\", 8\)", enc)  # numbers cut into 8 ranges
+    assert re.search(r"ple\(t\.\"level\", t\.\"score\", 32\)", enc)  # numbers cut into 32 ranges (1,200 rows)
     assert 'calendar(t."joined", t."snapshot")' in enc and 'features(t."vip")' in enc
     assert "embed(t.\"city\", 16, 'enc_customer_city', min_count=3)" in enc  # codes with a rare bucket
     assert "text(t.\"note\", 16" in enc  # long text, hashed
