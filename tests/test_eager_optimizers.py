@@ -13,6 +13,7 @@ import textwrap
 
 import pytest
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from relsql.train.eager import eager
 
@@ -90,6 +91,23 @@ def test_lbfgs_reaches_the_same_minimum_as_torchs():
         found.append(weight.detach().clone())
     assert torch.equal(found[0], found[1])
     assert torch.allclose(found[0], torch.linalg.lstsq(x, y).solution, atol=1e-4)  # the least-squares answer, to its tolerance
+
+
+def test_step_hooks_run_once_a_step_after_torchs_own_class_was_used():
+    """torch wraps a class's step with its hook runner when the first instance is made; fit's class
+    runs that wrapper once, and never a second one from torch's class."""
+    torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))], lr=0.1).step()  # torch's Adam.step now wrapped
+    calls = []
+    handle = register_optimizer_step_post_hook(lambda *_: calls.append(1))
+    try:
+        weight = torch.nn.Parameter(torch.ones(2))
+        optimizer = eager(torch.optim.Adam)([weight], lr=0.1)
+        for _ in range(3):
+            weight.grad = torch.ones(2)
+            optimizer.step()
+    finally:
+        handle.remove()
+    assert len(calls) == 3
 
 
 def test_no_graph_is_built_through_the_update():

@@ -11,6 +11,7 @@ optimizer the user passes (the Loader's) is theirs, left as it is.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from functools import cache
 
@@ -18,9 +19,11 @@ import torch
 
 
 def _unmarked(method: Callable) -> Callable:
-    """The function under torch's guard (its wrappers keep it as `__wrapped__`); the method itself
-    where a torch version wraps it otherwise, which is still correct, only slower to start."""
-    return getattr(method, "__wrapped__", method)
+    """The function under torch's wrappers (each keeps the one it wraps as `__wrapped__`): the
+    guard, and the step hooks torch adds to a class once an instance of it exists (this class's
+    own step runs the hooks). The method itself where a torch version wraps it otherwise: still
+    correct, only slower to start."""
+    return inspect.unwrap(method)
 
 
 class _Eager:
