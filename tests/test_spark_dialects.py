@@ -124,7 +124,7 @@ def test_duckdb_functions_keep_their_meaning_on_spark(shop):
 
 def test_the_automatic_template_is_the_same_text_on_spark_with_every_encoder(shop, template):
     source = template.source
-    for encoder in ('ple(t."age", 8)', 'calendar(t."joined", t."seen", t."snapshot")', 'embed(t."tags", 16',
+    for encoder in ('ple(t."age", 32)', 'calendar(t."joined", t."seen", t."snapshot")', 'embed(t."tags", 16',
                     'text(t."note", 16', '(epoch(r."snapshot") - epoch(x."ordered")) / 86400.0', 'embed(t."kind", 16',
                     'CROSS JOIN LATERAL (SELECT sign('):  # the orders' ages on a fixed scale (issue 44)
         assert encoder in source, encoder
