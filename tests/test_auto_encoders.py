@@ -79,7 +79,7 @@ def test_standardized_keeps_the_earlier_encoders_and_dropout_follows_each_layer(
 
 def test_a_temporal_template_encodes_each_events_age_and_learns_recency(db):
     tpl = relsql.Template.auto(db, target="customer.recent", time_column="snapshot", hops=1)
-    assert "ln(1 + abs((epoch(r.\"snapshot\") - epoch(x.\"ordered\")) / 86400.0)) AS age" in tpl.source
+    assert "ln(1 + abs((epoch(p.\"snapshot\") - epoch(y.\"ordered\")) / 86400.0)) AS age" in tpl.source
     scores = {}
     for numbers in ("ple", "standardized"):
         tpl = relsql.Template.auto(db, target="customer.recent", time_column="snapshot", hops=1, numbers=numbers)
@@ -108,7 +108,7 @@ def test_events_two_hops_away_in_a_temporal_template_ground(db, tmp_path):
     two = relsql.connect(str(tmp_path / "two_hops.duckdb"))
     tpl = relsql.Template.auto(two, target="visit.label", time_column="seen", time_columns={"line": "seen"}, hops=2)
     assert tpl.source.count("CROSS JOIN LATERAL") == 2  # the lines, and the store's earlier visits two hops away
-    assert "x_store__visit" in tpl.source
+    assert "-- store__visit: the child rows of store in visit" in tpl.source
     model = relsql.Model(two, tpl, target="visit.label", time_column="seen", seed=0, progress=False)
     assert len(model.fit(epochs=3, hybrid=False).history) == 3
 

@@ -117,9 +117,9 @@ def test_seasons_keyed_by_time_train(tmp_path, season_type):
     db = _seasons_db(tmp_path / "seasons.duckdb", season_type)
     tpl = relsql.Template.auto(db, target="teams.share", time_column="season")
     source = tpl.source
-    assert "x_city_season" in source  # the parent keyed by the time: joined, not cut
-    statement = source.split("CREATE TABLE x_city_season AS")[1].split(";")[0]
-    assert "<" not in statement
+    assert "-- city_season: the parent row of teams in city_season" in source  # keyed by the time: joined, not cut
+    statement = source.split("-- teams <- city_season:")[1].split(";")[0]
+    assert 'JOIN "city_season" y' in statement and "<" not in statement
     assert "left out, no rows along the way" in source and "batting (via teams -> batting)" in source
     model = relsql.Model(db, tpl, target="teams.share", time_column="season", seed=0).fit(epochs=3)
     assert np.isfinite(model.predict()["prediction"].to_numpy()).all()

@@ -45,22 +45,29 @@ def league(tmp_path):
     db.con.close()
 
 
-def grounded(template: relsql.Template, db, relation: str, column: int = 0) -> dict[tuple, float]:
-    """{(target key, node row key): a number the lateral row gives} of one node relation, as grounded
-    and read raw: column 0 the age in seconds (it is sign(days) * ln(1 + |days|): its inverse gives
-    the days back); for siblings, 1 the label (read as it is) and 2 its unknown flag."""
+def grounded(template: relsql.Template, db, node: str, column: int = 0) -> dict[tuple, float]:
+    """{(target key, node row key): a number the lateral row gives} of one leaf node of the tree
+    (`<parent>__<table>`), as grounded inside its parent's statement (the one whose rows join
+    enc_<table>) and read raw: column 0 the age in seconds (it is sign(days) * ln(1 + |days|): its
+    inverse gives the days back); for siblings, 1 the label (read as it is) and 2 its unknown flag."""
+    parent, _, table = node.rpartition("__")
     grounding = ground(template, db)
-    found = grounding.relations[relation]
-    assert not [k for k in grounding.feature_stats if k.startswith(f"{relation}#")]  # nothing standardized
+    found = grounding.relations[f"p_{parent}"]
+    assert not [k for k in grounding.feature_stats if k.startswith(f"p_{parent}#")]  # nothing standardized
     keys = found.keys.to_pydict()
-    r_key, n_key = [c for c in keys if c.startswith("r_") and c != "r_time"][0], [c for c in keys if c.startswith("n_")][0]
-    rule = found.rules[0]
+    r_key = [c for c in keys if c.startswith("r_") and c != "r_time"][0]
+    rule = next(r for r in found.rules if f"enc_{table}" in r.rule.refs)
+    encoded = grounding.relations[f"enc_{table}"].keys.to_pydict()
+    n_key = [c for c in encoded if c != "_rid"][0]
+    read = rule.refs[rule.rule.refs.index(f"enc_{table}")].tolist()  # each grounding's row of enc_<table>
     values = rule.columns[column].reshape(-1).tolist()  # the lateral row's columns: age (, label, unknown)
-    rids = keys["_rid"]
-    row = {rid: (keys[r_key][i], keys[n_key][i]) for i, rid in enumerate(rids)}
+    head = dict(zip(keys["_rid"], keys[r_key]))
+    row = dict(zip(encoded["_rid"], encoded[n_key]))
+    pairs = [(head[int(h)], row[int(e)]) for h, e in zip(rule.head, read)]
+    assert len(set(pairs)) == len(pairs)  # one grounding per (target row, node row)
     if column:
-        return {row[int(h)]: v for h, v in zip(rule.head, values)}
-    return {row[int(h)]: round(math.copysign(math.expm1(abs(a)), a) * 86400.0) for h, a in zip(rule.head, values)}
+        return dict(zip(pairs, values))
+    return {pair: round(math.copysign(math.expm1(abs(a)), a) * 86400.0) for pair, a in zip(pairs, values)}
 
 
 def signed_log(y: float | None) -> float:
@@ -74,8 +81,8 @@ def seconds(later: D, earlier: D) -> float:
 
 def test_siblings_are_earlier_rows_of_the_same_parent_never_the_row_itself(league):
     tpl = relsql.Template.auto(league, "sal.amount", time_column="yr")
-    assert "x_player__sal" in tpl.source
-    got = grounded(tpl, league, "x_player__sal")
+    assert "-- player__sal: the child rows of player in sal" in tpl.source
+    got = grounded(tpl, league, "player__sal")
     naive = {}
     for sid, pid, yr, _, _ in SALARIES:  # a loop over the rows: same player, strictly earlier, not itself
         for other, opid, oyr, _, _ in SALARIES:
@@ -84,7 +91,7 @@ def test_siblings_are_earlier_rows_of_the_same_parent_never_the_row_itself(leagu
     assert got == naive
     assert (3, 2) not in got and (2, 3) not in got  # a tie at the same time is not earlier under relsql's cut
     amount = {sid: a for sid, _, _, a, _ in SALARIES}
-    labels, unknown = grounded(tpl, league, "x_player__sal", 1), grounded(tpl, league, "x_player__sal", 2)
+    labels, unknown = grounded(tpl, league, "player__sal", 1), grounded(tpl, league, "player__sal", 2)
     assert labels == pytest.approx({pair: signed_log(amount[pair[1]]) for pair in naive}, abs=1e-12)
     assert unknown == {pair: float(amount[pair[1]] is None) for pair in naive}
 
@@ -92,7 +99,7 @@ def test_siblings_are_earlier_rows_of_the_same_parent_never_the_row_itself(leagu
 def test_age_reaches_two_hops(league):
     """Batting rows reached through the player (two hops) carry their age at the salary's time."""
     tpl = relsql.Template.auto(league, "sal.amount", time_column="yr")
-    got = grounded(tpl, league, "x_player__bat")
+    got = grounded(tpl, league, "player__bat")
     naive = {(sid, bid): seconds(yr, day) for sid, pid, yr, _, _ in SALARIES
              for bid, bpid, day, _ in BATTING if bpid == pid and day < yr}
     assert got == naive
@@ -105,7 +112,7 @@ def test_same_time_or_later_labels_never_reach_a_prediction(league):
     those whose earlier siblings' labels changed; Model's leakage check accepts the template."""
     tpl = relsql.Template.auto(league, "sal.amount", time_column="yr")
     # a DOUBLE label: NaN and infinities read as unknown, as NULL is
-    assert 'CASE WHEN x."yr" < p.r_time THEN coalesce(sign((CASE WHEN isfinite(x."amount") THEN x."amount" END))' \
+    assert 'CASE WHEN y."yr" < p.r_time THEN coalesce(sign((CASE WHEN isfinite(y."amount") THEN y."amount" END))' \
         in tpl.source
 
     def predictions():
@@ -126,7 +133,7 @@ def test_same_time_or_later_labels_never_reach_a_prediction(league):
 
 def test_no_siblings_without_a_time_cut(league):
     tpl = relsql.Template.auto(league, "sal.amount")
-    assert "x_player__sal" not in tpl.source
+    assert "player__sal" not in tpl.source
 
 
 def test_a_parent_with_many_children_reads_no_siblings(league):
@@ -136,7 +143,7 @@ def test_a_parent_with_many_children_reads_no_siblings(league):
     league.con.executemany("INSERT INTO sal VALUES (?, 3, ?, 1.0, 'a')",
                            [(100 + i, D(1990, 1, 1) + dt.timedelta(days=i)) for i in range(n)])
     tpl = relsql.Template.auto(league, "sal.amount", time_column="yr")
-    assert "x_player__sal" not in tpl.source
+    assert "player__sal" not in tpl.source
     assert "sal (via sal -> player -> sal)" in tpl.source
 
 
@@ -182,12 +189,12 @@ def test_relbench_tasks_see_events_at_their_timestamp(relbench):
     tpl = relsql.Template.auto(db, "task.y", time_column="date", time_columns=rb.time_columns(db))
     task = db.arrow("SELECT id, customer_id, date, y FROM task").to_pylist()
     later = (lambda a, b: a <= b) if relbench else (lambda a, b: a < b)
-    orders = grounded(tpl, db, "x_customers__orders")
+    orders = grounded(tpl, db, "customers__orders")
     naive = {(t["id"], o): seconds(t["date"], d) for t in task for o, c, d in ORDERS
              if c == t["customer_id"] and later(d.to_pydatetime(), t["date"])}
     assert orders == naive
     assert ((0, 1) in orders) is relbench  # task row 0 (customer 0, day 10) and order 1 (day 10): the tie
-    siblings = grounded(tpl, db, "x_customers__task") if "x_customers__task" in tpl.source else {}
+    siblings = grounded(tpl, db, "customers__task") if "-- customers__task:" in tpl.source else {}
     naive = {(t["id"], s["id"]): seconds(t["date"], s["date"]) for t in task for s in task
              if s["customer_id"] == t["customer_id"] and later(s["date"], t["date"]) and s["id"] != t["id"]}
     assert siblings == naive
@@ -195,7 +202,7 @@ def test_relbench_tasks_see_events_at_their_timestamp(relbench):
     if siblings:  # a sibling's label only when strictly earlier, even under `<=`; else 0 and unknown
         y = {t["id"]: t["y"] for t in task}
         time = {t["id"]: t["date"] for t in task}
-        labels, unknown = grounded(tpl, db, "x_customers__task", 1), grounded(tpl, db, "x_customers__task", 2)
+        labels, unknown = grounded(tpl, db, "customers__task", 1), grounded(tpl, db, "customers__task", 2)
         assert labels == pytest.approx({(r, s): signed_log(y[s]) if time[s] < time[r] else 0.0 for r, s in naive}, abs=1e-12)
         assert unknown == {(r, s): 0.0 if time[s] < time[r] else 1.0 for r, s in naive}
     assert "at or before" in tpl.source if relbench else "earlier than its date" in tpl.source
@@ -222,7 +229,7 @@ def test_a_label_planted_as_the_previous_siblings_is_learned(tmp_path):
     db.con.executemany("INSERT INTO unit VALUES (?)", [(u,) for u in range(units)])
     db.con.executemany("INSERT INTO ev VALUES (?, ?, ?, ?, ?)", events)
     tpl = relsql.Template.auto(db, "ev.y", time_column="day", width=8)
-    assert "x_unit__ev" in tpl.source
+    assert "-- unit__ev: the child rows of unit in ev" in tpl.source
     model = relsql.Model(db, tpl, target="ev.y", time_column="day", seed=0, progress=False)
     model.fit(epochs=60, lr=0.03, hybrid=False)
     test = model.predict().filter(pl.col("split") == "test")

@@ -1,6 +1,10 @@
-"""The message-passing statements over the computation tree: each tree node's rows per target row
-(x_<node>, filled top-down), their values combined bottom-up per foreign key and direction (p_<node>,
-with a self term, then h_<node>), and the prediction read out at the root.
+"""The message-passing statements over the computation tree: each inner tree node's rows per target
+row (x_<node>, filled top-down), their values combined bottom-up per foreign key and direction
+(p_<node>, with a self term, then h_<node>), and the prediction read out at the root. A leaf's rows
+get no relation of their own: they are read, encoded (and aged), inside the one statement that
+aggregates them for their parent (`_child_term`). Its x_ relation would hold one grounding per
+(target row, leaf row), each the same value the aggregate reads: grounded, keyed and gathered
+for nothing.
 
 Child rows (one-to-many) are aggregated with the `aggregation` terms (mean, sum, max and a count by
 default, as RelBench's RDL models combine them: a mean alone cannot count). The sum is scaled by 1 /
@@ -18,6 +22,8 @@ from relsql.template.auto.encoders import encoding
 from relsql.template.auto.names import quoted
 from relsql.template.auto.paths import Node, keyed
 from relsql.template.auto.times import Time, seconds
+
+INLINE_LEAVES = True  # False: a leaf gets its x_ relation too (the form tests/test_auto_leaves.py compares with)
 
 
 def near_row(draft: Draft, node: Node) -> str:
@@ -46,15 +52,24 @@ def node_rows(draft: Draft, node: Node) -> None:
         condition += " AND NOT ({})".format(" AND ".join(f"x.{quoted(k)} = p.{draft.r[k]}" for k in draft.target_keys))
     select = [f"{expr} AS {name}" for expr, name in zip(target_keys + [f"x.{quoted(k)}" for k in pk], draft.keys(node))]
     group = ", ".join(target_keys + [f"x.{quoted(k)}" for k in pk])
-    own = draft.own(node.table)
-    join_enc = " AND ".join(f"e.{quoted(own[k])} = x.{quoted(k)}" for k in pk)
-    direction = "child rows" if node.step.to_child else "parent row"
     draft.out.append(
-        f"-- {node.name}: the {direction} of {node.parent.table} in {node.table} (via {', '.join(node.step.fk.columns)})"
-        + _cut(draft, node, time) + f"\nCREATE TABLE x_{node.name} AS\nSELECT {', '.join(select)}, "
-        f"{row_value(draft, node, time)} AS h\n{source}\n"
-        f"JOIN {quoted(node.table)} x ON {condition}{dimension}\nJOIN enc_{t} e ON {join_enc}"
+        f"-- {node.name}: {describe(draft, node, time)}\nCREATE TABLE x_{node.name} AS\nSELECT {', '.join(select)}, "
+        f"avg({row_value(draft, node, time)}) AS h\n{source}\n"
+        f"JOIN {quoted(node.table)} x ON {condition}{dimension}\nJOIN enc_{t} e ON {encoded_row(draft, node.table, 'x')}"
         f"{lateral(draft, node, time, target_time)}\nGROUP BY {group};\n")
+
+
+def describe(draft: Draft, node: Node, time: Time | None) -> str:
+    """What a node's rows are, for a comment: which rows of which table, and how time cuts them."""
+    direction = "child rows" if node.step.to_child else "parent row"
+    return (f"the {direction} of {node.parent.table} in {node.table} (via {', '.join(node.step.fk.columns)})"
+            + _cut(draft, node, time))
+
+
+def encoded_row(draft: Draft, table: str, alias: str) -> str:
+    """The ON condition joining enc_<table> (alias e) to the table's row `alias`."""
+    own = draft.own(table)
+    return " AND ".join(f"e.{quoted(own[k])} = {alias}.{quoted(k)}" for k in draft.schema.primary_keys[table])
 
 
 def own_siblings(draft: Draft, node: Node) -> bool:
@@ -92,7 +107,7 @@ def row_value(draft: Draft, node: Node, time: Time | None) -> str:
     """A node row's value: its table's encoding and, in a temporal template, for event rows within
     `hops` of the target row, their age at the target row's time (with encoders), as RelBench's
     encoders add: how recent an event was often says more than its calendar date; for the target
-    row's earlier siblings, their labels too (`lateral`)."""
+    row's earlier siblings, their labels too (`lateral`). A sum of terms over aliases e and ag."""
     terms = ["e.h"]
     if ages(draft, time):
         terms.append(f"linear({LATERAL}.age, {draft.width}, '{draft.weight_name(f'age_{node.name}')}')")
@@ -100,7 +115,7 @@ def row_value(draft: Draft, node: Node, time: Time | None) -> str:
         name = draft.weight_name(f"label_{node.name}")
         terms.append(f"linear({LATERAL}.label, {draft.width}, '{name}')")
         terms.append(f"linear({LATERAL}.unknown, {draft.width}, '{draft.weight_name(f'{name}_unknown')}')")
-    return f"avg({' + '.join(terms)})"
+    return " + ".join(terms)
 
 
 LATERAL = "ag"  # the alias of the lateral row holding an event row's age (and an earlier sibling's label)
@@ -114,8 +129,8 @@ def sibling_labels(draft: Draft, node: Node, time: Time | None) -> bool:
     return time is not None and draft.label_kind is not None and own_siblings(draft, node)
 
 
-def lateral(draft: Draft, node: Node, time: Time | None, target_time: str) -> str:
-    """The lateral row of an event row (alias x, its date dimension's xd) holding, on fixed scales,
+def lateral(draft: Draft, node: Node, time: Time | None, target_time: str, alias: str = "x") -> str:
+    """The lateral row of an event row (`alias`, its date dimension's `alias`d) holding, on fixed scales,
     its age at `target_time`: sign(days) * ln(1 + |days|) (dates and years; of the difference for
     two plain numbers), read raw, never standardized: features() standardizes with statistics over
     every grounding, later target rows' included, so future rows would move earlier predictions
@@ -125,18 +140,18 @@ def lateral(draft: Draft, node: Node, time: Time | None, target_time: str) -> st
     under CASE WHEN the sibling's time < the target row's (else 0 and 1)."""
     columns = []
     if ages(draft, time):
-        at = f"{'x' if time.via is None else 'xd'}.{quoted(time.column)}"
+        at = f"{alias if time.via is None else alias + 'd'}.{quoted(time.column)}"
         if time.kind == "number" == draft.target_kind:
             span = f"CAST({target_time} AS DOUBLE) - CAST({at} AS DOUBLE)"
         else:
             span = f"({seconds(target_time, draft.target_kind)} - {seconds(at, time.kind)}) / 86400.0"
         columns.append(f"sign({span}) * ln(1 + abs({span})) AS age")
     if sibling_labels(draft, node, time):
-        label = f"x.{quoted(draft.column)}"
+        label = f"{alias}.{quoted(draft.column)}"
         if draft.label_kind == "float":  # NaN or an infinity is no label: unknown, as NULL is
             label = f"(CASE WHEN isfinite({label}) THEN {label} END)"
         value = f"CAST({label} AS DOUBLE)" if draft.label_kind == "boolean" else f"sign({label}) * ln(1 + abs({label}))"
-        earlier = f"x.{quoted(draft.time_column)} < {target_time}"
+        earlier = f"{alias}.{quoted(draft.time_column)} < {target_time}"
         columns.append(f"CASE WHEN {earlier} THEN coalesce({value}, 0) ELSE 0 END AS label")
         columns.append(f"CASE WHEN {earlier} THEN CAST({label} IS NULL AS DOUBLE) ELSE 1 END AS unknown")
     if not columns:
@@ -226,7 +241,7 @@ def head(draft: Draft, root: Node, value: str, units: int, ranking: bool = False
 def node_value(draft: Draft, node: Node) -> str:
     """Statements computing node's value bottom-up; returns the relation holding it."""
     if not node.children:
-        return f"x_{node.name}"
+        return f"x_{node.name}"  # where INLINE_LEAVES, a name never read: `_child_term` reads the leaf's rows
     child_values = {child.name: node_value(draft, child) for child in node.children}
     is_root = node.parent is None
     relation, self_weight = f"p_{node.name}", draft.weight_name('w_' + node.name + '_self')
@@ -265,6 +280,9 @@ def _child_term(draft: Draft, node: Node, child: Node, child_value: str, keys: l
         target_match.append(f"c.{draft.r_time} = {target_time}")
     on_time, dimension = draft.time_join(child.table, "y", target_time, child.step)
     condition = child.step.condition(near, "y") + on_time
+    leaf = INLINE_LEAVES and keyed(draft.schema, child) and not child.children
+    if leaf and own_siblings(draft, child):  # never the target row itself
+        condition += " AND NOT ({})".format(" AND ".join(f"y.{quoted(k)} = p.{draft.r[k]}" for k in draft.target_keys))
     own, own_join = "p.h", ""
     if is_root:  # the target row's own encoding, for attention scores
         own = "s.h"
@@ -277,7 +295,14 @@ def _child_term(draft: Draft, node: Node, child: Node, child_value: str, keys: l
     scaled = " (the sum scaled by 1 / the table's average child rows per parent)" if "sum(c.h) * " in value else ""
     comment = f"-- {node.name} <- {child.name}: {kind} {child.table}, own weights for this key and direction{scaled}\n"
     rows, reads = quoted(child.table), ""
-    if keyed(draft.schema, child):
+    if leaf:  # its rows encoded (and aged) where they are read: no x_ relation of their own
+        time = draft.event_time(child.table, child.step)
+        encoded = row_value(draft, child, time)
+        value = re.sub(r"\bc\.h\b", lambda _: encoded, value)
+        comment = f"-- {child.name}: {describe(draft, child, time)}\n{comment}"
+        reads = (f"\nJOIN enc_{draft.labels[child.table]} e ON {encoded_row(draft, child.table, 'y')}"
+                 f"{lateral(draft, child, time, target_time, 'y')}")
+    elif keyed(draft.schema, child):
         match = " AND ".join(target_match + [f"c.{name} = y.{quoted(k)}" for k, name in draft.n(child.table).items()])
         reads = f"\nJOIN {child_value} c ON {match}"
     else:  # its rows have no key to name them by: each is encoded where it is read, inside the aggregates
