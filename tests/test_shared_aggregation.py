@@ -112,3 +112,32 @@ def test_default_pass_leaves_small_products_alone(graphs):
     optimized = run(tpl, graphs["collaboration"], None)
     assert "shared_aggregation: 0 " in optimized[2].explain()
     assert module.MIN_NNZ > run(tpl, graphs["collaboration"], ())[2].grounding.relations["layer1"].rules[0].size
+
+
+def test_the_greedy_runs_only_where_it_could_pay_for_itself(graphs, monkeypatch):
+    """With every product eligible (MIN_NNZ 0): a plain product too fast to repay the greedy within
+    PAYBACK_STEPS steps is left alone without running it; a slow one (timed as such) is factored
+    and keeps the plain plan's values."""
+    tpl = relsql.Template.from_sql(template("avg", hidden=4, layers=2))
+    reference = run(tpl, graphs["collaboration"], ())
+    monkeypatch.setattr(module, "MIN_NNZ", 0)
+    greedy = module.factor
+    calls = []
+    monkeypatch.setattr(module, "factor", lambda matrix, **kw: calls.append(matrix) or greedy(matrix, **kw))
+    monkeypatch.setattr(module, "plain_seconds", lambda plan, matrix, width: 1e-9)
+    fast = run(tpl, graphs["collaboration"], None)
+    assert calls == [] and "shared_aggregation: 0 " in fast[2].explain()
+    monkeypatch.setattr(module, "plain_seconds", lambda plan, matrix, width: 10.0)
+    monkeypatch.setattr(module, "_pays", lambda plan, f, width, plain: plain == 10.0)
+    slow = run(tpl, graphs["collaboration"], None)
+    assert calls
+    assert fired_counts(slow[2])["shared_aggregation"] > 0
+    assert_same(reference, slow, "collaboration avg, factored by the default pass")
+
+
+def test_payback_bound_against_the_measured_greedy():
+    """The bound's constants: a product of 51,924 entries (the outside corpus's Lahman salaries)
+    taking 0.8 ms forward + backward cannot repay the greedy's ~0.3 s; one of 20 ms could."""
+    matrix = _matrix([[i % 7, (i + 1) % 7] for i in range(25_962)], 7)
+    assert matrix.values().numel() == 51_924
+    assert not module.worth_factoring(matrix, 0.0008) and module.worth_factoring(matrix, 0.020)

@@ -23,7 +23,12 @@ Cost. Each level adds sequential products with fixed costs, and saving nnz only 
 product is bandwidth-bound, so the pass times the plain product against the factored chain
 (forward + backward, on the plan's device: relsql/compile/costs.py) and rewrites only where the
 chain takes at most SPEEDUP of the time. Products under MIN_NNZ entries, or where the greedy
-saves less than MIN_SAVED of the entries, are not timed. `force=True` skips the timing (tests).
+saves less than MIN_SAVED of the entries, are not timed. The greedy itself runs only where it
+could pay for itself: where PAYBACK_STEPS forward + backward passes of the plain product take at
+least the greedy's expected time (GREEDY_SECONDS per entry it may visit), since even a chain of
+no cost saves at most the plain product's time per step (on the outside corpus's Lahman salaries,
+two 52k-entry products of 0.8 ms were factored in 0.32 s each, then declined). `force=True`
+skips the timing and this bound.
 
 Limits (stated, not hidden): pairs are counted only in heads of at most MAX_DEGREE sources (the
 pair count of a head grows with its degree squared); such hub heads still take an aggregate
@@ -57,6 +62,8 @@ PAIR_BUDGET = 20_000_000  # pairs counted at most (heads of high degree left out
 MIN_NNZ = 20_000  # smaller products are not worth timing
 MIN_SAVED = 0.15  # the greedy must remove this fraction of the entries before the chain is timed
 SPEEDUP = 0.85  # the chain must take at most this fraction of the plain product's time
+PAYBACK_STEPS = 200  # the greedy runs where this many plain forward + backward passes take its expected time
+GREEDY_SECONDS = 6e-6  # the greedy's time per entry it may visit (0.32 CPU-s for 51,924 entries, measured)
 RATIO_SCALE = 1e12  # weight ratios equal to this relative precision share an aggregate
 FLOAT32_SCALE = 2.0**18  # ... or to this one, when every value was rounded to float32 (a float32 plan)
 
@@ -277,19 +284,29 @@ def apply(f: Factoring, x: torch.Tensor, transposes: dict | None = None) -> torc
     return product(f.heads_x, x, product(f.heads_z, stacked))
 
 
-def _pays(plan: Plan, matrix: torch.Tensor, f: Factoring, width: tuple[int, ...]) -> bool:
-    """The factored chain's forward + backward against the plain product's, on the plan's device."""
+def plain_seconds(plan: Plan, matrix: torch.Tensor, width: tuple[int, ...]) -> float:
+    """The plain product's forward + backward on the plan's device (float32)."""
+    x = torch.randn(matrix.shape[1], *width, device=plan.device, requires_grad=True)
+    plain, flipped = sparse.moved(matrix, plan.device, torch.float32)
+    return costs.seconds(lambda: sparse.matmul(plain, x, flipped).sum().backward(), plan.device)
+
+
+def worth_factoring(matrix: torch.Tensor, plain: float) -> bool:
+    """Whether the greedy could pay for itself within PAYBACK_STEPS steps of a product taking `plain` seconds."""
+    return plain * PAYBACK_STEPS >= GREEDY_SECONDS * min(int(matrix.values().numel()), MAX_WORK)
+
+
+def _pays(plan: Plan, f: Factoring, width: tuple[int, ...], plain: float) -> bool:
+    """The factored chain's forward + backward against the plain product's (`plain` seconds), on the plan's device."""
     device = plan.device
-    x = torch.randn(matrix.shape[1], *width, device=device, requires_grad=True)
+    x = torch.randn(f.heads_x.shape[1], *width, device=device, requires_grad=True)
     pieces = [f.heads_x, f.heads_z, *(m for level in f.levels for m in level)]
     moved = {id(m): sparse.moved(m, device, torch.float32) for m in pieces}
     on = Factoring([(moved[id(a)][0], moved[id(b)][0]) for a, b in f.levels], moved[id(f.heads_x)][0],
                    moved[id(f.heads_z)][0], f.nnz_before, f.aggregates)
     transposes = {id(m): t for m, t in moved.values()}
-    plain, flipped = sparse.moved(matrix, device, torch.float32)
-    before = costs.seconds(lambda: sparse.matmul(plain, x, flipped).sum().backward(), device)
     after = costs.seconds(lambda: apply(on, x, transposes).sum().backward(), device)
-    return after <= SPEEDUP * before
+    return after <= SPEEDUP * plain
 
 
 def _emit(plan: Plan, ops: list[Op], op: Op, f: Factoring) -> None:
@@ -330,9 +347,8 @@ def shared_aggregation(plan: Plan, force: bool = False) -> Plan:
                 or (not force and matrix.values().numel() < MIN_NNZ):
             ops.append(op)
             continue
-        f = factor(matrix, max_work=math.inf if force else MAX_WORK)
-        if f is None or (not force and (f.nnz_after > (1 - MIN_SAVED) * f.nnz_before
-                                        or not _pays(plan, matrix, f, op.shape))) or f.nnz_after >= f.nnz_before:
+        f = _chosen(plan, matrix, tuple(op.shape), force)
+        if f is None:
             ops.append(op)
             continue
         _emit(plan, ops, op, f)
@@ -344,3 +360,18 @@ def shared_aggregation(plan: Plan, force: bool = False) -> Plan:
     plan.log.append(f"shared_aggregation: {rewritten} sparse matmuls through {aggregates} shared partial sums "
                     f"({before} -> {after} stored entries)")
     return plan
+
+
+def _chosen(plan: Plan, matrix: torch.Tensor, width: tuple[int, ...], force: bool) -> Factoring | None:
+    """The factoring of `matrix`'s product by a `width`-wide value, where it pays (`force`: wherever
+    it has fewer entries)."""
+    if force:
+        f = factor(matrix, max_work=math.inf)
+        return f if f is not None and f.nnz_after < f.nnz_before else None
+    plain = plain_seconds(plan, matrix, width)
+    if not worth_factoring(matrix, plain):
+        return None
+    f = factor(matrix, max_work=MAX_WORK)
+    if f is None or f.nnz_after > (1 - MIN_SAVED) * f.nnz_before or not _pays(plan, f, width, plain):
+        return None
+    return f
