@@ -92,3 +92,22 @@ def test_ranking_towers_the_same_network(monkeypatch):
     inlined, separate = both_forms(monkeypatch, db, "task_rec.item_id", time_column="snapshot")
     assert created(inlined) < created(separate)
     assert_same_network(db, inlined, separate, "predict")
+
+
+def test_a_leaf_timed_through_a_date_dimension_the_same_network(monkeypatch, tmp_path):
+    """Sales with only a date key, one hop from the customer: a leaf whose time (and age) comes from
+    date_dim, joined in the statement that aggregates it (alias yd)."""
+    db = relsql.connect(tmp_path / "shop.duckdb")
+    db.execute("""
+        CREATE TABLE date_dim(d_date_sk INTEGER PRIMARY KEY, d_date DATE);
+        CREATE TABLE customer(c_customer_sk INTEGER PRIMARY KEY, snapshot DATE, age DOUBLE, label BOOLEAN);
+        CREATE TABLE sales(sale_id INTEGER PRIMARY KEY, customer_sk INTEGER REFERENCES customer(c_customer_sk),
+                           sold_date_sk INTEGER REFERENCES date_dim(d_date_sk), amount DOUBLE);
+        INSERT INTO date_dim SELECT i, DATE '2020-01-01' + INTERVAL (i) DAY FROM range(1, 400) t(i);
+        INSERT INTO customer SELECT i, DATE '2020-03-01' + INTERVAL (i * 7) DAY, 20 + i, i % 2 = 0 FROM range(30) t(i);
+        INSERT INTO sales SELECT i, i % 30, 1 + (i * 37) % 399, i % 11 FROM range(300) t(i);""")
+    inlined, separate = both_forms(monkeypatch, db, "customer.label", hops=1, time_column="snapshot")
+    assert created(inlined) == set() and created(separate) == {"x_sales"}
+    assert 'JOIN "date_dim" yd ON yd."d_date_sk" = y."sold_date_sk" AND yd."d_date" < p."snapshot"' in inlined.source
+    assert "epoch(yd.\"d_date\")" in inlined.source  # the sale's age, from its date dimension
+    assert_same_network(db, inlined, separate, "predict")
