@@ -208,11 +208,13 @@ def test_ranking_aggregates_child_rows_without_max_by_default(shop):
     of each step on bench.recommend's shop, for the same MAP); asked for, max comes back; a label
     target keeps all four."""
     ranking = relsql.Template.auto(shop, "task_rec.item_id", time_column="snapshot")
-    assert "avg(c.h)" in ranking.source and "sum(c.h)" in ranking.source and "count(*)" in ranking.source
-    assert "max(c.h)" not in ranking.source
+    terms = "'w_customer__purchase_to_customer_{}'"  # the purchases' terms, each its own weight
+    assert all(terms.format(term) in ranking.source for term in ("mean", "sum", "count"))
+    assert terms.format("max") not in ranking.source and "_max'" not in ranking.source
     asked = relsql.Template.auto(shop, "task_rec.item_id", time_column="snapshot", aggregation="all")
-    assert "max(c.h)" in asked.source
+    assert terms.format("max") in asked.source
+    assert "linear(max(e.h + linear(ag.age, 16, 'age_customer__purchase'))" in asked.source
     label = relsql.Template.auto(shop, "customer.age")  # customer's purchases are its child rows
-    assert "max(c.h)" in label.source
+    assert "'w_purchase_to_customer_max'" in label.source
     out = relsql.compile(ranking, shop, dtype=torch.float64, seed=0)()
     assert out["predict"].shape == (shop.scalar("SELECT count(*) FROM task_rec")[0], 32)

@@ -124,7 +124,7 @@ def test_default_aggregation_counts_child_rows(tmp_path):
                                                                                        hybrid=False)  # the network's terms
         accuracy[aggregation] = model.evaluate()["accuracy"]
     text = relsql.Template.auto(db, "customer.many", hops=1).source
-    assert "log(1 + count(*))" in text and re.search(r"sum\(c\.h\) \* 0\.\d+", text) and "max(c.h)" in text
+    assert "log(1 + count(*))" in text and re.search(r"sum\(e\.h\) \* 0\.\d+", text) and "max(e.h)" in text
     assert accuracy["all"] >= 0.9 and accuracy["all"] >= accuracy["avg"] + 0.15, accuracy
 
 
