@@ -140,7 +140,7 @@ def _write(db: Database, target: str, table: str, column: str, options: Options)
         if where.keys.primary_keys.get(name):  # a keyless table's rows are encoded where they are read (layers)
             encoders.encoder(draft, name)
     for node in nodes[1:]:
-        if keyed(where.keys, node) and (node.children or not layers.INLINE_LEAVES):  # a leaf: read where aggregated
+        if keyed(where.keys, node) and not layers.read_in_place(where.keys, node):  # a leaf: read where aggregated
             layers.node_rows(draft, node)
     value = layers.node_value(draft, root)
     lines = header.summary(target, options, terms, tables)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import re
 
+from relsql.data.keys import Schema
 from relsql.template.auto.draft import Draft
 from relsql.template.auto.encoders import encoding
 from relsql.template.auto.names import quoted
@@ -24,6 +25,17 @@ from relsql.template.auto.paths import Node, keyed
 from relsql.template.auto.times import Time, seconds
 
 INLINE_LEAVES = True  # False: a leaf gets its x_ relation too (the form tests/test_auto_leaves.py compares with)
+
+
+def read_in_place(schema: Schema, node: Node) -> bool:
+    """Whether a keyed node's rows are read inside its parent's statement (a leaf) rather than
+    through an x_ relation of their own (`node_rows`)."""
+    return INLINE_LEAVES and keyed(schema, node) and not node.children
+
+
+def not_itself(draft: Draft, alias: str) -> str:
+    """The condition keeping the target row itself out of its siblings (rows of `alias`)."""
+    return " AND NOT ({})".format(" AND ".join(f"{alias}.{quoted(k)} = p.{draft.r[k]}" for k in draft.target_keys))
 
 
 def near_row(draft: Draft, node: Node) -> str:
@@ -49,7 +61,7 @@ def node_rows(draft: Draft, node: Node) -> None:
     on_time, dimension = draft.time_join(node.table, "x", target_time, node.step)
     condition = node.step.condition(near, "x") + on_time
     if own_siblings(draft, node):  # never the target row itself
-        condition += " AND NOT ({})".format(" AND ".join(f"x.{quoted(k)} = p.{draft.r[k]}" for k in draft.target_keys))
+        condition += not_itself(draft, "x")
     select = [f"{expr} AS {name}" for expr, name in zip(target_keys + [f"x.{quoted(k)}" for k in pk], draft.keys(node))]
     group = ", ".join(target_keys + [f"x.{quoted(k)}" for k in pk])
     draft.out.append(
@@ -280,9 +292,9 @@ def _child_term(draft: Draft, node: Node, child: Node, child_value: str, keys: l
         target_match.append(f"c.{draft.r_time} = {target_time}")
     on_time, dimension = draft.time_join(child.table, "y", target_time, child.step)
     condition = child.step.condition(near, "y") + on_time
-    leaf = INLINE_LEAVES and keyed(draft.schema, child) and not child.children
+    leaf = read_in_place(draft.schema, child)
     if leaf and own_siblings(draft, child):  # never the target row itself
-        condition += " AND NOT ({})".format(" AND ".join(f"y.{quoted(k)} = p.{draft.r[k]}" for k in draft.target_keys))
+        condition += not_itself(draft, "y")
     own, own_join = "p.h", ""
     if is_root:  # the target row's own encoding, for attention scores
         own = "s.h"
