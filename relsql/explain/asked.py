@@ -17,7 +17,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from relsql.ground.execute import Grounding, RelationGrounding, RuleGrounding
+from relsql.ground import reach
+from relsql.ground.execute import Grounding
 
 ROWS_PER_PART = 4096  # asked rows explained together: one plan, one pass per group of integration points
 
@@ -45,36 +46,9 @@ def _cut(grounding: Grounding, output: str, rids: np.ndarray) -> Part:
     """The part of a whole grounding the output rows `rids` reach (all of it where they are every row)."""
     if len(np.unique(rids)) == grounding.relations[output].size:
         return Part(grounding, rids)
-    reached = {name: torch.zeros(g.size, dtype=torch.bool) for name, g in grounding.relations.items()}
-    reached[output][torch.as_tensor(rids, dtype=torch.long)] = True
-    for name in reversed(list(grounding.relations)):  # dependency order: every reader before what it reads
-        for rg in grounding.relations[name].rules:
-            taken = reached[name][rg.head]
-            for ref, rows in zip(rg.rule.refs, rg.refs):
-                reached[ref][rows[taken]] = True
-    local = {name: torch.cumsum(mask.long(), 0) - 1 for name, mask in reached.items()}
-    relations = {}
-    for name, relation in grounding.relations.items():
-        kept = torch.nonzero(reached[name]).flatten()
-        if not len(kept):
-            continue
-        keys = relation.keys.sort_by("_rid").take(pa.array(kept.numpy()))
-        keys = keys.set_column(keys.schema.get_field_index("_rid"), "_rid", pa.array(np.arange(len(kept), dtype=np.int64)))
-        part = RelationGrounding(name, keys)
-        for rg in relation.rules:
-            taken = reached[name][rg.head]
-            if not bool(taken.any()):
-                continue
-            heads = reached[name][rg.segment_heads]
-            counts = (rg.offsets[1:] - rg.offsets[:-1])[heads]
-            part.rules.append(RuleGrounding(
-                rg.rule, local[name][rg.head[taken]],
-                [local[ref][rows[taken]] for ref, rows in zip(rg.rule.refs, rg.refs)],
-                {k: column[taken] for k, column in rg.columns.items()},
-                local[name][rg.segment_heads[heads]], torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(counts, 0)])))
-        relations[name] = part
-    cut = Grounding(relations, grounding.dictionaries, grounding.feature_stats)
-    return Part(cut, local[output][torch.as_tensor(rids, dtype=torch.long)].numpy())
+    asked = torch.as_tensor(rids, dtype=torch.long)
+    part, new_ids = reach.cut(grounding, reach.reached(grounding, output, asked))
+    return Part(part, new_ids[output][asked].numpy())
 
 
 def _batch(learner, rids: np.ndarray) -> Part:

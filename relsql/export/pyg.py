@@ -108,10 +108,11 @@ def _is_learner(source: Any) -> bool:
 
 # -- a model's grounding ---------------------------------------------------------------------------
 def _full_grounding(learner: Learner) -> Grounding:
-    """The whole grounding: the net's own, or (mini-batches) the database grounded with the model's encodings."""
+    """The whole grounding: the net's own, or (mini-batches, or rows no output reads cut from the net's:
+    relsql/ground/reach.py) the database grounded with the model's encodings."""
     from relsql.ground.execute import Grounding, ground
 
-    if not learner.mini_batches and isinstance(learner.net.grounding, Grounding):
+    if not learner.mini_batches and isinstance(learner.net.grounding, Grounding) and learner.grounding_whole:
         return learner.net.grounding
     if learner.db is None:
         raise RelsqlError("this model has no database to ground (a training rank's copy): export the Model itself")

@@ -22,6 +22,7 @@ from relsql.compile.module import CompiledNet
 from relsql.data.duckdb import engine_threads
 from relsql.data.engine import Database
 from relsql.errors import GroundingError, RelsqlError
+from relsql.ground import reach
 from relsql.ground.demand import BatchGrounder, database_embeddings
 from relsql.ground.execute import Presets, ground
 from relsql.ground.store import GroundingStore, fingerprint
@@ -42,6 +43,9 @@ if TYPE_CHECKING:
     import polars as pl
 
 log = logging.getLogger("relsql")
+# plan over the rows the output reads only where at least this share of the groundings goes: a
+# smaller cut costs its copy and saves a few rows of work (relsql/ground/reach.py)
+LIVE_SHARE = 0.02
 
 
 @dataclass
@@ -80,6 +84,7 @@ class Learner:
         self.db, self.template, self.goal, self.settings = db, template, target, settings
         self.pending = None  # a loaded model's state, applied on first use (relsql/train/learner/loaded.py)
         self.net: CompiledNet | None = None
+        self.grounding_whole = True  # False: the net's grounding lacks rows no output reads (relsql/ground/reach.py)
         self.head: nn.Module = nn.Identity()
         self.batched: Batched | None = None
         self.mini_batches = settings.batch_size is not None or bool(database_embeddings(template))
@@ -186,6 +191,9 @@ class Learner:
             self.record.timings["grounding"] = time.perf_counter() - started
             log.info("grounded %d relations in %.2fs; planning", len(grounding.relations), self.record.timings["grounding"])
             started = time.perf_counter()
+            whole = grounding
+            grounding = reach.live(grounding, self.output, LIVE_SHARE)  # rows no output row reads are never computed
+            self.grounding_whole = grounding is whole  # else to_heterodata grounds the database again
             plan = make_plan(self.template, grounding, self.dtype, outputs=[self.output], device=self.device)
             self.net = CompiledNet(plan, grounding, dtype=self.dtype, seed=self.seed)
             self.record.timings["planning"] = time.perf_counter() - started
