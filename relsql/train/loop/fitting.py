@@ -102,8 +102,9 @@ def _in_this_process(learner: Learner, config: FitConfig) -> None:
     # the user's callbacks watch the selection run: the refit's epochs have no validation scores, nor a choice to make
     again = config.replace(time_budget=None, checkpoint=None, checkpoint_every=None, callback=None, callbacks=())
     with learner.own_random_stream():  # the refit's draws continue the selection's stream
-        record = refits.retrain(learner, initial, lambda n: train(
-            learner, again.replace(epochs=n), keep="last", horizon=config.epochs, replay=replay), config.refit is True)
+        record = refits.retrain(learner, initial, lambda n, share=None: train(
+            learner, again.replace(epochs=n, lr=config.lr * (share or 1.0)), keep="last", horizon=config.epochs,
+            replay=replay if share is None else [1.0]), config.refit is True, replay)
     if record.diverged:
         raise RelsqlError(record.diverged) from None
 
