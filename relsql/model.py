@@ -110,8 +110,8 @@ class Model(LearnerViews):
         "auto" (ROC-AUC, accuracy, MAE, or MAP@k for a ranking target), "loss" or another metric. `loss`: "huber" |
         "mse" | "mae" (regression), "softmax" | "bce" | "bpr" (ranking); `class_weight="balanced"`; `negatives`
         "uniform" | "popularity" | "in-batch" and `hard_negatives` (a SQL SELECT of pairs) for ranking.
-        `refit`: once the held-out scores are measured, train again on every labelled row for the epochs
-        validation chose (the blend's GBM too); predict() uses that model, evaluate() the held-out scores.
+        `refit`: once the held-out scores are measured, the selected model trains on every labelled row for half
+        the epochs validation chose (the blend's GBM too); predict() uses it, evaluate() the held-out scores.
         None: wherever it can (model.no_refit says why not); True: refuse where not; False: never.
         `hybrid`: blend a GBM on two-hop SQL features, weighted on validation by the epoch's metric.
         `batch_size` trains on mini-batches; `checkpoint` is written atomically every epoch (and

@@ -124,8 +124,10 @@ def test_a_second_fit_continues_the_record():
 def test_a_refit_keeps_the_selection_record():
     m = model(customers(150))
     m.fit(epochs=40, lr=0.1, patience=3, hybrid=False, time_budget=None, refit=True)
-    assert m.stopped.startswith("early") and m.refit["epochs"] == m.best_epoch + 1 < len(m.history) < 40
-    assert m.epoch_cap == 40 and m.monitor == "val_loss"  # the selection run's (the refit: best_epoch + 1, no validation)
+    kept = m.best_epoch + 1
+    assert m.stopped.startswith("early") and m.refit["epochs"] == -(-kept // 2) and kept < len(m.history) < 40
+    assert m.refit["kept_epochs"] == kept  # it went on from the selected weights, for half their epochs
+    assert m.epoch_cap == 40 and m.monitor == "val_loss"  # the selection run's (the refit: no validation)
     assert m.history[-1]["epoch"] == len(m.history) - 1  # its history, not the refit's
 
 

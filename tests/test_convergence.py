@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import relsql
+from relsql.train.loop import refit as refits
 from relsql.train.loop.options import FitConfig
 from relsql.train.loop.trainer import OneProcess, Trainer
 from relsql.train.task.task import Task
@@ -160,7 +161,9 @@ def every_labelled(learner) -> None:
                          "val": rows["val"][:0], "test": rows["test"][:0]}
 
 
-def test_refit_trains_from_the_initial_weights_on_every_labelled_row():
+def test_a_restarting_refit_trains_from_the_initial_weights_on_every_labelled_row(monkeypatch):
+    """The refit's other start (refit.REFIT_SHARE None, what bench/refit_holdout.py compares with)."""
+    monkeypatch.setattr(refits, "REFIT_SHARE", None)
     db = shop()
     epochs, lr = 30, 0.05
     m = model(db)
@@ -214,13 +217,15 @@ def test_the_default_refits_predicts_with_it_and_evaluates_on_the_held_out_score
     assert unlabelled.height == 22
     refit = default.predict().filter(pl.col("split").is_null())
     assert np.abs(refit["probability"].to_numpy() - unlabelled["probability"].to_numpy()).max() > 1e-4
-    # ... equal to a by-hand refit: the same initial weights, every labelled row, the selected epochs, the replayed rates
+    # ... equal to a by-hand refit: the selected weights, every labelled row, half the selected epochs, the kept rate
     by_hand = model(db)
+    by_hand.fit(epochs=25, lr=0.05, refit=False)
     every_labelled(by_hand.learner)
-    rates = [h["lr"] / 0.05 for h in kept.history]
-    Trainer(by_hand.learner, OneProcess(), FitConfig(epochs=kept.best_epoch + 1, lr=0.05, patience=100, optimizer="adamw",
+    epochs, share = -(-(kept.best_epoch + 1) // 2), kept.history[kept.best_epoch]["lr"] / 0.05
+    assert default.refit["epochs"] == epochs and default.refit["kept_epochs"] == kept.best_epoch + 1
+    Trainer(by_hand.learner, OneProcess(), FitConfig(epochs=epochs, lr=0.05 * share, patience=100, optimizer="adamw",
                                                      schedule="plateau", clip=1.0), keep="last", horizon=25,
-            replay=rates).fit(batched=False)
+            replay=[1.0]).fit(batched=False)
     by_hand.learner.goal.rows = dict(kept.rows)  # the split back, for predict()'s split column
     mine = by_hand.predict().filter(pl.col("split").is_null())
     assert np.abs(mine["probability"].to_numpy() - refit["probability"].to_numpy()).max() <= 1e-9
@@ -229,7 +234,8 @@ def test_the_default_refits_predicts_with_it_and_evaluates_on_the_held_out_score
     assert loaded.predict().equals(default.predict())
     assert loaded.evaluate("test") == pytest.approx(default.evaluate("test"), abs=0, rel=0)
     report = default.report()
-    assert f"refit: the network trained again on all {len(default.labelled)} labelled rows" in report
+    assert (f"refit: the network went on from the selected weights (epoch {kept.best_epoch + 1}) over all "
+            f"{len(default.labelled)} labelled rows") in report
     assert "measured before the refit" in report and "refit: none (refit=False)" in kept.report()
 
 

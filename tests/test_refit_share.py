@@ -1,7 +1,7 @@
-"""The refit's other start, for bench/refit_holdout.py (relsql/train/loop/refit.py REFIT_SHARE): from
-the selected weights, for a share of the kept epochs at the kept epoch's rate, equal to that
-continuation by hand; share 0 keeps the selected network. The default (start again) is checked in
-tests/test_convergence.py."""
+"""Where the refit starts (relsql/train/loop/refit.py REFIT_SHARE): a share goes on from the selected
+weights for that share of the kept epochs at the kept epoch's rate (checked here where plateaus had
+halved that rate, against the continuation by hand); 0 keeps the selected network. The default
+share's refit by hand, and the restart (None), are in tests/test_convergence.py."""
 
 from __future__ import annotations
 

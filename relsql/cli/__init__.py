@@ -384,9 +384,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                        help="learning-rate schedule: plateau (halve on plateaus, fit's default), cosine (warm-up then "
                             "cosine decay) or none (constant)")
     train.add_argument("--refit", action=argparse.BooleanOptionalAction, default=None,
-                       help="after the held-out scores are measured, train again on every labelled row for the epochs "
-                            "validation chose, the model predictions come from (default: wherever the model can be; "
-                            "--no-refit keeps the model trained on the training rows)")
+                       help="after the held-out scores are measured, train the selected model on every labelled row "
+                            "for half the epochs validation chose, the model predictions come from (default: wherever "
+                            "the model can be; --no-refit keeps the model trained on the training rows)")
     train.add_argument("--no-hybrid", action="store_true",
                        help="keep the network alone: do not blend it with a GBM on two-hop features (fit blends an "
                             "automatic template's network by default)")

@@ -118,8 +118,11 @@ def _training(model) -> list[str]:
                      "before the refit, on rows the selected model had not seen")
     elif refit:
         gbm = f" and the blend's GBM for {refit['gbm_rounds']} rounds (its weight kept)" if "gbm_rounds" in refit else ""
-        lines.append(f"  refit: the network trained again on all {refit.get('rows')} labelled rows (train + validation + "
-                     f"test) for {refit.get('epochs')} epochs{gbm}; predict() and write_predictions use it. The "
+        how = (f"trained again on all {refit.get('rows')} labelled rows (train + validation + test) for {refit.get('epochs')} "
+               "epochs" if "kept_epochs" not in refit else
+               f"went on from the selected weights (epoch {refit['kept_epochs']}) over all {refit.get('rows')} labelled rows "
+               f"(train + validation + test) for {refit.get('epochs')} more epochs at the kept epoch's rate")
+        lines.append(f"  refit: the network {how}{gbm}; predict() and write_predictions use it. The "
                      "validation and test scores above were measured before the refit, on rows the selected model had "
                      "not seen")
     else:

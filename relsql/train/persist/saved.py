@@ -333,14 +333,15 @@ def saved_task(task: dict, classes: list, template: ir.Template, where: str) -> 
 
 def refit(data: object, where: str) -> dict | None:
     """A saved refit's record, checked: its epochs and rows (counts), the final training loss, the
-    held-out scores per split (names to numbers) and the GBM's rounds; None for a model not refit."""
+    held-out scores per split (names to numbers), the GBM's rounds and the selected epochs it went on
+    from (`kept_epochs`, absent in a refit that started again); None for a model not refit."""
     if data is None:
         return None
     where = f"{where}: refit"
     if not isinstance(data, dict) or not {"epochs", "rows", "train_loss", "held_out"} <= set(data) or \
-            not set(data) <= {"epochs", "rows", "train_loss", "held_out", "gbm_rounds"}:
+            not set(data) <= {"epochs", "rows", "train_loss", "held_out", "gbm_rounds", "kept_epochs"}:
         raise RelsqlError(f"{where} is damaged: not the record of a refit")
-    counts = {k: data[k] for k in ("epochs", "rows", "gbm_rounds") if k in data}
+    counts = {k: data[k] for k in ("epochs", "rows", "gbm_rounds", "kept_epochs") if k in data}
     gbm_only = counts["epochs"] == 0 and "gbm_rounds" in counts  # the blend's GBM alone was refit (network weight 0)
     if not all(type(v) is int and (0 < v or (k == "epochs" and gbm_only)) and v <= 2**40 for k, v in counts.items()) \
             or type(data["train_loss"]) is not float:
