@@ -76,7 +76,7 @@ def test_only_visits_before_the_snapshot_reach_a_prediction(shop, tmp_path):
     assert 'y."seen" < p."snapshot"' in template.source
     model = relsql.Model(db, template, target="customer.churned", seed=0, dtype=torch.float64, progress=False,
                          time_column="snapshot")
-    model.fit(hybrid=False, epochs=150, refit=False)  # the selected model (a refit saturates some probabilities beyond a 1e-6 move)
+    model.fit(hybrid=False, epochs=150, refit=False)  # the selected model: a refit saturates some past a 1e-6 move
     assert model.evaluate("test")["roc_auc"] > 0.9  # the planted count, before the snapshot
     model.save(tmp_path / "m.pt")
     expected = model.predict().sort("id")["probability"].to_numpy()

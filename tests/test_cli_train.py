@@ -106,9 +106,9 @@ def test_split_without_a_test_part(shop, capsys):
 
 def test_refit_is_reported(shop, capsys):
     code, out, _ = cli(capsys, *train(shop, "--epochs", "5"))  # by default: refit on every labelled row
-    assert code == 0 and "refit: the network trained again on all" in out and "measured before the refit" in out
+    assert code == 0 and "refit: the network went on from the selected weights" in out and "measured before the refit" in out
     code, out, _ = cli(capsys, *train(shop, "--no-refit", "--epochs", "5"))
-    assert code == 0 and "refit: none (refit=False)" in out and "trained again" not in out
+    assert code == 0 and "refit: none (refit=False)" in out and "went on from" not in out
 
 
 def test_regression_loss(shop, capsys):
