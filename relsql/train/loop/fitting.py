@@ -89,7 +89,8 @@ def _in_this_process(learner: Learner, config: FitConfig) -> None:
     resumed = config.resume and config.checkpoint is not None and Path(config.checkpoint).exists()
     state = checkpoints.load(config.checkpoint) if resumed else None
     refit = learner.no_refit is None
-    initial, before = (learner.weights_copy() if refit else None), len(learner.record.history)
+    restarts = refit and refits.REFIT_SHARE is None  # only a restarting refit goes back to the initial weights
+    initial, before = (learner.weights_copy() if restarts else None), len(learner.record.history)
     found = _candidates(learner, config)
     with learner.own_random_stream():
         record = train(learner, config, resume=state, crossfit=config.hybrid, blend=found)
