@@ -32,6 +32,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import duckdb
+import polars as pl
 from sklearn.metrics import mean_squared_error, roc_auc_score
 
 import relsql
@@ -58,7 +59,7 @@ def hide(source: str, folder: Path, table: str, column: str, time_column: str | 
         order = f'"{time_column}" DESC, random()' if time_column else "random()"
         con.execute(f'CREATE TEMP TABLE hidden AS SELECT * FROM "{table}" WHERE "{column}" IS NOT NULL '
                     f"ORDER BY {order} LIMIT {k}")
-        truth = con.execute("SELECT * FROM hidden").pl()
+        truth = pl.from_arrow(con.sql("SELECT * FROM hidden").to_arrow_table())
         con.execute(f'UPDATE "{table}" SET "{column}" = NULL WHERE ({named}) IN (SELECT ({named}) FROM hidden)')
     finally:
         con.close()
