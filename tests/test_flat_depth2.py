@@ -100,10 +100,13 @@ def naive(rows: dict, timed: bool) -> tuple[list[str], dict[int, list[float]]]:
     return names, out
 
 
-@pytest.mark.parametrize("timed", [False, True])
-def test_two_hop_features_equal_a_naive_evaluation(data, timed):
+@pytest.mark.parametrize(("timed", "running"), [(False, False), (True, False), (True, True)])
+def test_two_hop_features_equal_a_naive_evaluation(data, timed, running, monkeypatch):
+    """`running`: the timed cousins as running aggregates (as a hub's many pairs are), not a join."""
     db, rows = data
+    monkeypatch.setattr(flat, "RUNNING_PAIRS_PER_ROW", 0 if running else 10**9)
     spec = flat.plan(db, "salary", "pay", time_column="year" if timed else None, depth=2)
+    assert [c.running for c in spec.children if c.through] == [running] * 3
     names, expected = naive(rows, timed)
     assert spec.names == names
     wanted = list(range(40))[::-1] + [99]
@@ -119,6 +122,100 @@ def test_two_hop_features_equal_a_naive_evaluation(data, timed):
             continue
         assert np.allclose(matrix[rid], expected[key], rtol=1e-9, atol=1e-9, equal_nan=True), (key, matrix[rid], expected[key])
     assert flat.Flat.from_plain(spec.to_plain()) == spec
+
+
+STORES = """
+CREATE TABLE store(store_id INT PRIMARY KEY, size DOUBLE);
+CREATE TABLE day(day_id INT PRIMARY KEY, date DATE);
+CREATE TABLE visit(visit_id INT PRIMARY KEY, store_id INT REFERENCES store(store_id), seen TIMESTAMP, x DOUBLE,
+                   rating DOUBLE);
+CREATE TABLE audit(audit_id INT PRIMARY KEY, store_id INT REFERENCES store(store_id), year INT, score DOUBLE);
+CREATE TABLE sale(sale_id INT PRIMARY KEY, store_id INT REFERENCES store(store_id), day_id INT REFERENCES day(day_id),
+                  amount DOUBLE);
+"""
+
+
+@pytest.mark.parametrize("running", [False, True])
+def test_earlier_cousins_across_time_kinds_equal_a_naive_evaluation(running, monkeypatch):
+    """A parent's other children under the time cut, joined pair by pair or (`running`, as where a
+    hub's pairs are many) as running aggregates: a timestamp target against its own table's rows
+    (ties in time are not earlier), a year table (a year is earlier than a date only once it is
+    over), a date dimension's dates; a year target against timestamps (earlier than its first day);
+    NULL keys and times never count."""
+    import datetime as dt
+
+    monkeypatch.setattr(flat, "RUNNING_PAIRS_PER_ROW", 0 if running else 10**9)
+
+    rng = np.random.default_rng(11)
+    db = relsql.connect()
+    for statement in STORES.split(";")[:-1]:
+        db.execute(statement)
+    start = dt.datetime(2019, 12, 30, 6)
+    days = [(d, (start + dt.timedelta(days=3 * d)).date()) for d in range(12)]
+    stamps = [start + dt.timedelta(days=int(k), hours=int(h)) for k, h in zip(rng.integers(0, 40, 30), rng.integers(0, 3, 30))]
+    visits = [(v, None if v % 11 == 5 else int(rng.integers(0, 3)), None if v % 13 == 7 else stamps[v % 20],
+               None if v % 7 == 3 else float(rng.normal()), float(rng.normal())) for v in range(30)]
+    audits = [(a, None if a == 4 else int(rng.integers(0, 3)), None if a == 6 else int(rng.integers(2019, 2022)),
+               float(rng.normal())) for a in range(14)]
+    sales = [(s, int(rng.integers(0, 3)), None if s % 9 == 2 else int(rng.integers(0, 12)), float(rng.normal()))
+             for s in range(25)]
+    for table, values in {"store": [(k, float(k)) for k in range(3)], "day": days, "visit": visits, "audit": audits,
+                          "sale": sales}.items():
+        db.con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(values[0]))})", values)
+    date_of = dict(days)
+    epoch = dt.datetime(1970, 1, 1)
+
+    def check(target: str, label: str, time: str, keyed: list, expected: dict[str, dict[int, float]]):
+        spec = flat.plan(db, target, label, time, depth=2)
+        assert {c.running for c in spec.children if c.through} == {running}
+        db.register("__relsql_rows", pa.table({keyed[0]: [r[0] for r in keyed[1]], "_rid": list(range(len(keyed[1])))}))
+        try:
+            _, matrix = spec.matrix(db, exp.Table(this=exp.to_identifier("__relsql_rows", quoted=True)))
+        finally:
+            db.unregister("__relsql_rows")
+        assert set(expected) <= set(spec.names), sorted(set(expected) - set(spec.names))
+        for name, by_row in expected.items():
+            got = matrix[:, spec.names.index(name)]
+            want = np.array([by_row[r[0]] for r in keyed[1]])
+            assert np.allclose(got, want, rtol=1e-9, atol=1e-9, equal_nan=True), (name, got, want)
+
+    def summary(prefix: str, rows_of, column_values: dict) -> dict[str, dict[int, float]]:
+        """count and avg/min/max per column of each target row's earlier cousins (`rows_of`)."""
+        out = {f"count({prefix})": {}}
+        for column in column_values:
+            for a in ("avg", "min", "max"):
+                out[f"{a}({prefix.split('(')[0]}.{column})"] = {}
+        for key, rows in rows_of.items():
+            out[f"count({prefix})"][key] = float(len(rows))
+            for column, value in column_values.items():
+                known = [value(r) for r in rows if value(r) is not None]
+                for a, fn in (("avg", lambda v: sum(v) / len(v)), ("min", min), ("max", max)):
+                    out[f"{a}({prefix.split('(')[0]}.{column})"][key] = fn(known) if known else math.nan
+        return out
+
+    # a timestamp target: its store's earlier visits (strictly: the same time is not earlier), audits
+    # of years already over, sales on earlier dates of the date dimension
+    mates, audited, sold = {}, {}, {}
+    for v, store, at, _x, _label in visits:
+        live = store is not None and at is not None
+        mates[v] = [w for w in visits if live and w[1] == store and w[2] is not None and w[2] < at]
+        audited[v] = [a for a in audits if live and a[1] == store and a[2] is not None and a[2] < at.year]
+        sold[v] = [s for s in sales if live and s[1] == store and s[2] is not None
+                   and dt.datetime.combine(date_of[s[2]], dt.time()) < at]
+    expected = summary("store.visit(store_id)", mates, {"seen": lambda w: (w[2] - epoch).total_seconds(),
+                                                        "x": lambda w: w[3], "rating": lambda w: w[4]})
+    expected |= summary("store.audit(store_id)", audited, {"year": lambda a: float(a[2]), "score": lambda a: a[3]})
+    expected |= summary("store.sale(store_id)", sold, {"amount": lambda s: s[3]})
+    assert any(len(rows) for rows in mates.values()) and any(len(rows) for rows in sold.values())
+    assert any(w[2] == v[2] and w[1] == v[1] and w[0] != v[0] for v in visits for w in visits if v[2] is not None)  # ties
+    check("visit", "rating", "seen", ["visit_id", visits], expected)
+
+    # a year target: visits before its year's first day
+    seen = {a: [w for w in visits if a_store is not None and year is not None and w[1] == a_store and w[2] is not None
+                and w[2] < dt.datetime(year, 1, 1)] for a, a_store, year, _ in audits}
+    assert any(len(rows) for rows in seen.values())
+    check("audit", "score", "year", ["audit_id", audits],
+          summary("store.visit(store_id)", seen, {"x": lambda w: w[3], "rating": lambda w: w[4]}))
 
 
 def test_depth_one_is_unchanged_and_old_descriptions_load(data):

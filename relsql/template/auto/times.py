@@ -60,6 +60,18 @@ def before(event: str, event_kind: str, target: str, target_kind: str, inclusive
     return None
 
 
+def on_event_scale(target: str, target_kind: str, event_kind: str) -> str | None:
+    """The target time as a value of the events' kind such that `before(e, event_kind, target,
+    target_kind)` (strict) is `e < ` it: what a running aggregate sorts events and targets by."""
+    if event_kind == target_kind:
+        return target
+    if event_kind == "year" and target_kind == "date":
+        return f"year({target})"
+    if event_kind == "date" and target_kind == "year":
+        return f"make_date(CAST({target} AS INTEGER), 1, 1)"
+    return None
+
+
 def seconds(value: str, kind: str) -> str | None:
     """A time as seconds since 1970 (a year as its first day), for ages; None for other numbers."""
     if kind == "date":

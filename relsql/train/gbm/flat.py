@@ -39,6 +39,10 @@ MAX_CODES = 100  # a text column with more distinct values is left out (a name, 
 AGGREGATES = ("avg", "min", "max")
 MAX_FEATURES = 400  # two-hop parts beyond this many features are left out (one-hop ones never)
 MAX_PAIRS = 5_000_000  # a timed join of a parent's other children reading more pairs is left out (a hub)
+# a timed join of a parent's other children reading at least this many pairs per row of its two tables is
+# computed as running aggregates instead (Flat._running: sorting is cheaper than the pairs there; below it
+# the join is, the window's own cost ~3x the join's on the small tables of the outside corpus)
+RUNNING_PAIRS_PER_ROW = 200
 
 
 @dataclass
@@ -70,6 +74,7 @@ class Child:
     time_kind: str = "date"  # how its time orders rows (relsql.template.auto.time_kind): date, year, number
     through: str | None = None  # a parent's other children: the parent table whose key `references` holds
     lookups: list[Parent] = field(default_factory=list)  # the child rows' own parents, their columns averaged
+    running: bool = False  # timed and read through a parent: computed as running aggregates (Flat._running)
 
 
 @dataclass
@@ -137,6 +142,8 @@ class Flat:
                 texts += [*c.via[0], c.via[1], *c.via[2]]
         if not all(isinstance(t, str) for t in texts) or any(c.kind not in ("number", "time", "code") for c in columns):
             raise RelsqlError(f"{where} is damaged: its names are not all text")
+        if any(type(c.running) is not bool for c in flat.children):
+            raise RelsqlError(f"{where} is damaged: a child's form")
         if any(kind not in ("date", "year", "number") for kind in [flat.time_kind, *[c.time_kind for c in flat.children]]):
             raise RelsqlError(f"{where} is damaged: a time's kind")
         return flat
@@ -201,26 +208,85 @@ class Flat:
 
     def _aggregates(self, child: Child) -> exp.Select:
         """Per target row: the count of its (earlier) child rows and their measures."""
+        if child.running and child.through and self._cut(child) and not child.lookups:
+            running = self._running(child)
+            if running is not None:
+                return running
         t, c = "t", "c"
         link = [exp.EQ(this=q.col(a, c), expression=q.col(b, t)) for a, b in zip(child.columns, child.references)]
         select = exp.select(*[q.alias(q.col(k, t), f"k{j}") for j, k in enumerate(self.keys)])
         select = self._measures(child, select).from_(exp.alias_(_table(self.table), q.ident(t), table=True), copy=False)
         if self._cut(child):
-            when = q.col(child.time, c)
-            if child.via:
+            from relsql.template.auto import before
+
+            when = q.col(child.time, "d" if child.via else c)
+            cut = before(when.sql("duckdb"), child.time_kind, q.col(self.time_column, t).sql("duckdb"), self.time_kind)
+            cut = exp.condition(cut, dialect="duckdb") if cut is not None else exp.false()
+            if child.via:  # the child row, then its date in the dimension, earlier than the target's time
                 fk, dimension, refs = child.via
                 select = select.join(exp.alias_(_table(child.table), q.ident(c), table=True), on=exp.and_(*link), copy=False)
                 link = [exp.EQ(this=q.col(a, c), expression=q.col(b, "d")) for a, b in zip(fk, refs)]
-                select = select.join(exp.alias_(_table(dimension), q.ident("d"), table=True), on=exp.and_(*link), copy=False)
-                when = q.col(child.time, "d")
-                link = []
-            from relsql.template.auto import before
-
-            cut = before(when.sql("duckdb"), child.time_kind, q.col(self.time_column, t).sql("duckdb"), self.time_kind)
-            link.append(exp.condition(cut, dialect="duckdb") if cut is not None else exp.false())
-        if link:
-            select = select.join(exp.alias_(_table(child.table), q.ident(c), table=True), on=exp.and_(*link), copy=False)
+                select = select.join(exp.alias_(_table(dimension), q.ident("d"), table=True), on=exp.and_(*link, cut),
+                                     copy=False)
+                return self._lookups(child, select).group_by(*[q.col(k, t) for k in self.keys], copy=False)
+            link.append(cut)
+        select = select.join(exp.alias_(_table(child.table), q.ident(c), table=True), on=exp.and_(*link), copy=False)
         return self._lookups(child, select).group_by(*[q.col(k, t) for k in self.keys], copy=False)
+
+    def _running(self, child: Child) -> exp.Select | None:
+        """A parent's other children earlier than each target row, as running aggregates: the
+        child rows and the target rows in one stream per parent key, in time order (a target row
+        before a child row of the same time: the cut is strict), each target row reading the
+        aggregates of the child rows before it. The join on the key and `c.time < t.time` it
+        replaces reads every (target row, child row) pair of a parent: 6,099 flights x the ~2,000
+        earlier flights of their carrier; this sorts each side once. None where the two times do
+        not compare (the join then finds nothing)."""
+        from relsql.template.auto.times import on_event_scale
+
+        t, c, d = "t", "c", "d"
+        when = q.col(child.time, d if child.via else c)
+        order = on_event_scale(q.col(self.time_column, t).sql("duckdb"), self.time_kind, child.time_kind)
+        if order is None:
+            return None
+        double = exp.DataType.Type.DOUBLE
+        values = [_value(f, c) for f in child.features]
+        links = [f"g{j}" for j in range(len(child.columns))]
+        keys = [f"k{j}" for j in range(len(self.keys))]
+        events = exp.select(*[q.alias(q.col(k, c), g) for k, g in zip(child.columns, links)], q.alias(when, "w"),
+                            q.alias(exp.true(), "_c"), *[q.alias(exp.Null(), k) for k in keys],  # typed by the targets' keys
+                            *[q.alias(v, f"v{i}") for i, v in enumerate(values)]).from_(
+            exp.alias_(_table(child.table), q.ident(c), table=True), copy=False)
+        if child.via:
+            fk, dimension, refs = child.via
+            events = events.join(exp.alias_(_table(dimension), q.ident(d), table=True), on=exp.and_(
+                *[exp.EQ(this=q.col(a, c), expression=q.col(b, d)) for a, b in zip(fk, refs)]), copy=False)
+        present = [exp.Not(this=exp.Is(this=e, expression=exp.Null())) for e in [*[q.col(k, c) for k in child.columns], when]]
+        events = events.where(exp.and_(*present), copy=False)
+        target_time = exp.condition(order, dialect="duckdb")
+        targets = exp.select(*[q.alias(q.col(r, t), g) for r, g in zip(child.references, links)],
+                             q.alias(target_time, "w"), q.alias(exp.false(), "_c"),
+                             *[q.alias(q.col(k, t), name) for k, name in zip(self.keys, keys)],
+                             *[q.alias(_as(exp.Null(), double), f"v{i}") for i in range(len(values))]).from_(
+            exp.alias_(_table(self.table), q.ident(t), table=True), copy=False).where(exp.and_(
+                *[exp.Not(this=exp.Is(this=e, expression=exp.Null()))
+                  for e in [*[q.col(r, t) for r in child.references], target_time.copy()]]), copy=False)
+        stream = exp.union(events, targets, distinct=False, copy=False)
+        frame = exp.WindowSpec(kind="ROWS", start="UNBOUNDED", start_side="PRECEDING", end="1", end_side="PRECEDING")
+
+        def over(aggregate: exp.Expression) -> exp.Expression:
+            filtered = exp.Filter(this=aggregate, expression=exp.Where(this=q.col("_c")))
+            return exp.Window(this=filtered, partition_by=[q.col(g) for g in links],
+                              order=exp.Order(expressions=[exp.Ordered(this=q.col("w")), exp.Ordered(this=q.col("_c"))]),
+                              spec=frame.copy())
+
+        measures = [q.alias(_as(over(exp.Count(this=exp.Star())), double), "n")]
+        measures += [q.alias(over(fn(this=q.col(f"v{i}"))), f"f{i}_{name}")
+                     for i in range(len(values)) for fn, name in zip((exp.Avg, exp.Min, exp.Max), AGGREGATES)]
+        running = exp.select(*[q.col(k) for k in keys], q.col("_c"), *measures).from_(
+            exp.alias_(exp.Subquery(this=stream), q.ident("s"), table=True), copy=False)
+        return exp.select(*[q.col(k) for k in keys], q.col("n"), *[q.col(name) for name in _aggregate_names(child)]).from_(
+            exp.alias_(running.subquery(copy=False), q.ident("e"), table=True), copy=False).where(
+            exp.and_(exp.Not(this=q.col("_c")), exp.GT(this=q.col("n"), expression=q.real(0.0))), copy=False)
 
     def matrix(self, db: Database, rows: exp.Expression) -> tuple[np.ndarray, np.ndarray]:
         """(`_rid`s, float64 features) of the rows `rows` names, in `_rid` order; NULL is NaN."""
@@ -344,8 +410,13 @@ def plan(db: Database, table: str, column: str, time_column: str | None = None, 
                     continue
                 leave = events | (frozenset(label) if name == table and not time_column else frozenset())
                 cousin = child_of(name, fk, list(up.columns), up.table, leave)
-                if cousin is not None and (not time_column or _pairs(db, table, up.columns, name, fk.columns) <= MAX_PAIRS):
+                if cousin is None or not time_column:
                     children.append(cousin)
+                    continue
+                pairs = _pairs(db, table, up.columns, name, fk.columns)
+                if pairs <= MAX_PAIRS:
+                    rows = sum(db.scalar(exp.select(exp.Count(this=exp.Star())).from_(_table(n)))[0] for n in {table, name})
+                    children.append(replace(cousin, running=pairs >= RUNNING_PAIRS_PER_ROW * max(rows, 1)))
     kind = times[table].kind if time_column else "date"
     kept = [i for i, p in enumerate(parents) if p.of == -1 and (p.features or any(g.of == i and g.features for g in parents))]
     moved = {i: j for j, i in enumerate(kept)}
