@@ -51,13 +51,10 @@ def before(event: str, event_kind: str, target: str, target_kind: str, inclusive
     `inclusive` (RelBench's cut: an event at exactly the task row's timestamp is visible, as
     relbench's `Database.upto` keeps `time <= timestamp`) makes times of one kind compare with
     `<=`; across kinds the cut stays strict (a year is known once it is over)."""
-    if event_kind == target_kind:
-        return f"{event} {'<=' if inclusive else '<'} {target}"
-    if event_kind == "year" and target_kind == "date":
-        return f"{event} < year({target})"
-    if event_kind == "date" and target_kind == "year":
-        return f"{event} < make_date(CAST({target} AS INTEGER), 1, 1)"
-    return None
+    scale = on_event_scale(target, target_kind, event_kind)
+    if scale is None:
+        return None
+    return f"{event} {'<=' if inclusive and event_kind == target_kind else '<'} {scale}"
 
 
 def on_event_scale(target: str, target_kind: str, event_kind: str) -> str | None:

@@ -208,7 +208,7 @@ class Flat:
 
     def _aggregates(self, child: Child) -> exp.Select:
         """Per target row: the count of its (earlier) child rows and their measures."""
-        if child.running and child.through and self._cut(child) and not child.lookups:
+        if child.running and self._cut(child):  # set only for a timed parent's other children (`plan`)
             running = self._running(child)
             if running is not None:
                 return running
