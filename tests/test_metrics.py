@@ -173,3 +173,19 @@ def test_a_tasks_losses_of_many_outputs_are_its_loss_of_each(kind, setting):
             error = np.abs(y - out[:, 0])
             expected = np.mean(np.where(error <= 1, 0.5 * error ** 2, error - 0.5))
         assert value == pytest.approx(expected, rel=1e-10, abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_roc_aucs_of_many_score_rows_are_sklearns_row_by_row(seed):
+    """Rows without ties (their positions' rank sum), with ties (average ranks), in float32 as the
+    blend's outputs are, a NaN row (nan, the others unharmed) and a constant row."""
+    y, score = _binary(seed)
+    rng = np.random.default_rng(seed)
+    rows = np.stack([score, score.round(1), -score, rng.normal(size=len(y)), np.zeros(len(y)), score]).astype(np.float32)
+    rows[5, 7] = np.nan
+    got = metrics.roc_aucs(y, rows)
+    for row in range(5):
+        assert got[row] == pytest.approx(oracle.roc_auc_score(y, rows[row]), abs=1e-12)
+        assert got[row] == metrics.roc_auc(y, rows[row])
+    assert math.isnan(got[5])
+    assert np.isnan(metrics.roc_aucs(np.ones(10), np.arange(20.0).reshape(2, 10))).all()

@@ -41,6 +41,7 @@ import torch
 
 from relsql.errors import RelsqlError
 from relsql.train.gbm import baselines, flat, gbm
+from relsql.train.task import metrics
 
 WEIGHTS = tuple(round(0.1 * i, 1) for i in range(11))
 # the two-hop and own-column GBMs learn at twice gbm.py's rate and stop after half its patience:
@@ -200,6 +201,9 @@ def weighed(task, net: np.ndarray, theirs: np.ndarray, truth: np.ndarray, metric
     if metric == "loss":
         blends = np.stack([a * net + (1 - a) * theirs for a in WEIGHTS])
         return dict(zip(WEIGHTS, task.losses(torch.as_tensor(blends), torch.as_tensor(truth)).tolist()))
+    if metric == "roc_auc":  # a binary task's score of its one output column (Task.score), all blends sorted at once
+        blends = np.stack([(a * net + (1 - a) * theirs)[:, 0] for a in WEIGHTS])
+        return dict(zip(WEIGHTS, metrics.roc_aucs(truth, blends).tolist()))
     return {a: score(task, a * net + (1 - a) * theirs, truth, metric) for a in WEIGHTS}
 
 
