@@ -169,3 +169,88 @@ def test_a_path_without_rows_is_left_out_not_written_as_an_empty_statement():
         in template.source
     net = relsql.compile(template, db)  # before: "the statement has no groundings"
     assert net()["predict"].shape[0] == 40
+
+
+def _timed_shop(db) -> None:
+    """customer <- orders -> product, customer <- visit (timed), visit -> page: orders name no product
+    (an empty path), every visit of customers 0-9 lies after the customer's time (the cut empties them)."""
+    db.execute("CREATE TABLE customer(customer_id INT PRIMARY KEY, seen TIMESTAMP, churned BOOLEAN)")
+    db.execute("INSERT INTO customer SELECT i, TIMESTAMP '2024-01-01' + INTERVAL (i) DAY, i % 3 = 0 FROM range(40) t(i)")
+    db.execute("CREATE TABLE product(product_id INT PRIMARY KEY, price DOUBLE)")
+    db.execute("INSERT INTO product SELECT i, i * 1.5 FROM range(5) t(i)")
+    db.execute("CREATE TABLE orders(order_id INT PRIMARY KEY, customer_id INT REFERENCES customer, "
+               "product_id INT REFERENCES product, placed TIMESTAMP, amount DOUBLE)")
+    db.execute("INSERT INTO orders SELECT i, i % 40, NULL, TIMESTAMP '2023-12-01' + INTERVAL (i) HOUR, i % 9 "
+               "FROM range(120) t(i)")
+    db.execute("CREATE TABLE page(page_id INT PRIMARY KEY, kind VARCHAR)")
+    db.execute("INSERT INTO page SELECT i, 'k' || (i % 3) FROM range(6) t(i)")
+    db.execute("CREATE TABLE visit(visit_id INT PRIMARY KEY, customer_id INT REFERENCES customer, page_id INT REFERENCES page, "
+               "stamp TIMESTAMP, dwell DOUBLE)")
+    db.execute("INSERT INTO visit SELECT i, i % 10, i % 6, TIMESTAMP '2024-06-01' + INTERVAL (i) HOUR, i FROM range(60) t(i)")
+
+
+def _naive_has_rows(db, node, time_column: str | None) -> bool:
+    """Whether `node`'s path meets a row, by nested loops over the fetched tables (the oracle)."""
+    from relsql.template.auto.paths import path_tables
+
+    path = []
+    while node is not None:
+        path.append(node)
+        node = node.parent
+    path.reverse()
+    rows = {t: db.arrow(f'SELECT * FROM "{t}"').to_pylist() for t in path_tables(path[-1])}
+    times = {"orders": "placed", "visit": "stamp"}
+
+    def reach(i: int, row: dict, root: dict) -> bool:
+        if i == len(path):
+            return True
+        step = path[i].step
+        for far in rows[path[i].table]:
+            pairs = zip(step.fk.columns, step.fk.references)
+            linked = all(far[c] is not None and far[c] == row[p] if step.to_child else row[c] is not None and row[c] == far[p]
+                         for c, p in pairs)
+            timed = times.get(path[i].table) if time_column and step.to_child else None
+            if linked and (timed is None or far[timed] < root[time_column]) and reach(i + 1, far, root):
+                return True
+        return False
+
+    return any(reach(1, root, root) for root in rows[path[0].table])
+
+
+@pytest.mark.parametrize("time_column", [None, "seen"])
+def test_every_path_is_checked_in_one_statement_as_a_naive_walk_finds_it(time_column, monkeypatch):
+    """Template.auto asks whether each tree node's path meets rows in one statement (before: one per
+    node); each answer is the naive walk's (NULL keys leave orders -> product empty; with the time cut
+    no visit precedes its customer's time), and the template leaves out exactly the empty paths."""
+    from relsql.data.duckdb import DuckDBDatabase
+    from relsql.data.keys import schema
+    from relsql.template.auto import cuts, paths, table_times
+
+    db = relsql.connect()
+    _timed_shop(db)
+    asked = []
+    real = DuckDBDatabase.arrow
+
+    def recording(self, query):
+        text = query if isinstance(query, str) else query.sql("duckdb")
+        if 'AS "t0"' in text and "LIMIT 1" in text:
+            asked.append(text)
+        return real(self, query)
+
+    monkeypatch.setattr(DuckDBDatabase, "arrow", recording)
+    given = {"orders": "placed", "visit": "stamp"}
+    options = {"time_column": time_column, "time_columns": given} if time_column else {}
+    template = relsql.Template.auto(db, target="customer.churned", hops=2, **options)
+    assert len(asked) == 1, asked
+    keys = schema(db, db.catalog())
+    times = table_times(db, db.catalog(), keys, "customer", time_column, given) if time_column else {}
+    survey = cuts.Pruning(db, cuts.Sizes(db), times, time_column, "exclude").survey()
+    paths._walk_tree(keys, "customer", 2, {t: t for t in keys.tables}, survey)
+    assert len(survey.nodes) >= 4
+    found = cuts.paths_with_rows(db, survey.nodes, times, time_column)
+    assert found == [_naive_has_rows(db, n, time_column) for n in survey.nodes]
+    empty = [n for n, has in zip(survey.nodes, found) if not has]
+    assert len(empty) == (3 if time_column else 1)  # orders -> product; with the cut also visit and visit -> page
+    for node in empty:  # the real walk never reaches a node below an empty one: only the first empty node is listed
+        listed = f"{node.table} (via {' -> '.join(paths.path_tables(node))})" in template.source
+        assert listed == (not any(node.parent is other for other in empty))
