@@ -4,6 +4,8 @@ included; they survive the plain-data round trip, and a damaged table of trees i
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import lightgbm
 import numpy as np
 import pytest
@@ -40,7 +42,9 @@ def test_own_evaluator_equals_lightgbm_raw_scores(kind, zero_as_missing):
     probe[:5] = 0.0  # zeros everywhere, and rows of all NaN
     probe[5:10] = np.nan
     expected = booster.predict(probe, raw_score=True).reshape(len(probe), units)
+    assert trees.leaves is not None  # the booster's own walk, while it lives
     assert np.abs(trees.raw(probe) - expected).max() < 1e-9
+    assert np.abs(replace(trees, leaves=None).raw(probe) - expected).max() < 1e-9  # the numpy walk
     if zero_as_missing:
         assert (trees.missing == 1).any()  # the Zero rule was exercised
     else:
@@ -70,6 +74,7 @@ def test_own_evaluator_reaches_the_leaves_a_row_by_row_walk_reaches(kind, monkey
     y = (signal > 0.5).astype(float) if kind == "binary" else np.digitize(signal, [-1, 0.5, 2]).astype(float)
     units = 4 if kind == "multiclass" else 1
     trees = gbm.Trees.of(booster_of(kind, x, y, units, zero_as_missing=True, num_leaves=63, min_data_in_leaf=2), 5)
+    trees = replace(trees, leaves=None)  # the numpy walk and its blocks
     probe, _ = data(4, 200)
     probe[:5] = 0.0
     probe[5:10] = np.nan
@@ -189,3 +194,37 @@ def test_a_fit_keeps_the_trees_of_its_best_iteration():
     assert np.abs(trees.raw(x) - booster.predict(x, raw_score=True)[:, None]).max() < 1e-9
     plain = gbm.fit(x[:600], y[:600], "binary", 1, seed=3, rounds=17)
     assert len(plain.roots) == 17
+
+
+@pytest.mark.parametrize("kind", ["binary", "multiclass", "regression"])
+def test_the_fitted_boosters_leaves_give_the_numpy_walks_bits(kind):
+    """A fit's trees evaluate through the booster's own walk (`Leaves`, LightGBM's pred_leaf) while it
+    lives; a saved and loaded model has only the arrays and walks them in numpy. Both must give the
+    same bits on rows with NaNs and exact zeros (the classifiers stop early, the regression runs 2,000 rounds)."""
+    x, signal = data(5, 900)
+    y = {"binary": (signal > 0.5).astype(float), "multiclass": np.digitize(signal, [-1, 0.5, 2]).astype(float),
+         "regression": signal}[kind]
+    units = 4 if kind == "multiclass" else 1
+    trees = gbm.fit(x[:600], y[:600], kind, units, x_val=x[600:], y_val=y[600:], zero_as_missing=True)
+    assert trees.leaves is not None and 0 < len(trees.roots) <= gbm.ROUNDS * units
+    loaded = gbm.Trees.from_plain(trees.to_plain())
+    assert loaded.leaves is None
+    probe, _ = data(6, 301)
+    probe[:5] = 0.0
+    probe[5:10] = np.nan
+    assert np.array_equal(trees.raw(probe), loaded.raw(probe))
+    assert np.array_equal(trees.leaves.nodes(probe), np.stack([[_leaf(loaded, row, root) for root in loaded.roots]
+                                                               for row in probe]))
+
+
+def _leaf(trees: gbm.Trees, row: np.ndarray, node: int) -> int:
+    """`walk`'s leaf node rather than its value."""
+    while trees.feature[node] >= 0:
+        value = row[trees.feature[node]]
+        missing = trees.missing[node]
+        if np.isnan(value) and missing != 2:
+            value = 0.0
+        as_missing = (missing == 1 and abs(value) <= 1e-35) or (missing == 2 and np.isnan(value))
+        left = trees.default_left[node] if as_missing else value <= trees.threshold[node]
+        node = trees.left[node] if left else trees.right[node]
+    return node

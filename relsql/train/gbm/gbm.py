@@ -21,7 +21,7 @@ Defaults for small relational data (500-5,000 rows), and why:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -93,18 +93,26 @@ class Trees:
     units: int
     features: int
     depth: int
+    leaves: Leaves | None = field(default=None, compare=False, repr=False)  # the fitted booster's, while it lives
 
     @classmethod
     def of(cls, booster, features: int) -> Trees:
         """The trees a LightGBM booster predicts with (its best iteration after early stopping),
         read from its text model: `dump_model()`'s JSON, parsed and walked in Python, cost a quarter
-        of a small fit's time (62 ms against 4 for the text, 100 rounds of 31 leaves)."""
-        return cls.of_text(booster.model_to_string(), features)
+        of a small fit's time (62 ms against 4 for the text, 100 rounds of 31 leaves). The booster
+        stays beside them (`Leaves`) for the fit's own evaluations; a saved model holds the arrays only."""
+        leaf_nodes: list[np.ndarray] = []
+        trees = cls.of_text(booster.model_to_string(), features, leaf_nodes)
+        if leaf_nodes:
+            starts = np.cumsum([0, *[len(n) for n in leaf_nodes[:-1]]]).astype(np.int64)
+            trees.leaves = Leaves(booster, len(trees.roots) // trees.units, np.concatenate(leaf_nodes), starts)
+        return trees
 
     @classmethod
-    def of_text(cls, text: str, features: int) -> Trees:
+    def of_text(cls, text: str, features: int, leaf_nodes: list[np.ndarray] | None = None) -> Trees:
         """Trees from LightGBM's text model format: each tree's node arrays (internal nodes 0..n-2,
-        a child < 0 is leaf ~child), put in preorder as `_preorder` does."""
+        a child < 0 is leaf ~child), put in preorder as `_preorder` does. `leaf_nodes`, where given,
+        gains per tree the node each of LightGBM's leaves (0, 1, ...) became."""
         per_round, trees = 1, []
         lines = iter(text.splitlines())
         for line in lines:
@@ -128,7 +136,9 @@ class Trees:
                 raise RelsqlError("GBM: categorical splits are not supported (features are passed as numbers)")
             roots.append(size)
             classes.append(index % per_round)
-            nodes, deepest = _preorder(tree, size)
+            nodes, deepest, leaf_node = _preorder(tree, size)
+            if leaf_nodes is not None:
+                leaf_nodes.append(leaf_node)
             depth = max(depth, deepest)
             for key, array in nodes.items():
                 parts[key].append(array)
@@ -161,8 +171,11 @@ class Trees:
         return out
 
     def _leaves(self, x: np.ndarray) -> np.ndarray:
-        """The value of the leaf each row reaches in each tree, (rows, trees): only the (row, tree)
-        pairs still at a split move on, level by level."""
+        """The value of the leaf each row reaches in each tree, (rows, trees): LightGBM's own walk where
+        the fitted booster is at hand (`Leaves`), else only the (row, tree) pairs still at a split
+        move on, level by level."""
+        if self.leaves is not None:
+            return self.value[self.leaves.nodes(x)]
         node = np.tile(self.roots, len(x))  # (row, tree) pairs, row-major: each pair's node so far
         going = np.flatnonzero(self.feature[node] >= 0)
         for _ in range(self.depth):
@@ -228,14 +241,34 @@ class Trees:
                               f"fitting makes one tree per score per round, for at most {ROUNDS:,} rounds")
 
 
+@dataclass
+class Leaves:
+    """The leaves a fitted LightGBM booster routes rows to, as `Trees` node indices: its C++ walk
+    (`predict(pred_leaf=True)`) in place of `Trees._leaves`' numpy one, which took a quarter of a fit
+    with 2,000 rounds (docs/performance.md). Both follow LightGBM's decision rule (the module
+    docstring), so a row reaches the same leaf and `raw` sums the same values: the same bits as a
+    loaded model's (tests/test_gbm.py)."""
+
+    booster: object
+    rounds: int  # the iterations the text model holds (the best one's)
+    leaf_node: np.ndarray  # per tree, from `starts[tree]`: LightGBM's leaf j -> the node index
+    starts: np.ndarray
+
+    def nodes(self, x: np.ndarray) -> np.ndarray:
+        """(rows, trees) node indices of the leaves `x`'s rows reach."""
+        leaf = np.asarray(self.booster.predict(x, pred_leaf=True, num_iteration=self.rounds, num_threads=1), dtype=np.int64)
+        return self.leaf_node[self.starts[None, :] + leaf.reshape(len(x), len(self.starts))]
+
+
 def _numbers(tree: dict[str, str], key: str, kind: type) -> np.ndarray:
     text = tree.get(key, "").strip()
     return np.array(text.split(), dtype=kind) if text else np.zeros(0, dtype=kind)
 
 
-def _preorder(tree: dict[str, str], offset: int) -> tuple[dict[str, np.ndarray], int]:
+def _preorder(tree: dict[str, str], offset: int) -> tuple[dict[str, np.ndarray], int, np.ndarray]:
     """One tree's nodes in preorder (a node, its left subtree, its right subtree), child links
-    shifted by `offset` (the node table's size so far), and its depth (splits on the longest path).
+    shifted by `offset` (the node table's size so far), its depth (splits on the longest path) and the
+    node index each leaf (by its text number) became.
     A text tree numbers its internal nodes 0..n-2 (node 0 the root) and its leaves apart: a child
     link >= 0 is an internal node, one < 0 the leaf ~link."""
     leaves = _numbers(tree, "leaf_value", np.float64)
@@ -276,4 +309,4 @@ def _preorder(tree: dict[str, str], offset: int) -> tuple[dict[str, np.ndarray],
     nodes["left"][rows] = placed(children[0][at_inner])
     nodes["right"][rows] = placed(children[1][at_inner])
     nodes["value"][~inner] = leaves[at_leaf]
-    return nodes, max(level)
+    return nodes, max(level), leaf_place + offset
