@@ -98,31 +98,6 @@ def path_has_rows(db: Database, node: Node, times: dict[str, Time] | None = None
     `time_column`, event rows along the path must be earlier than the root row's time: child
     rows reached by a key that holds the time itself (a team's season rows by (yearID, teamID))
     can never be. `inclusive`: RelBench's cut (`<=`)."""
-    return paths_with_rows(db, [node], times, time_column, inclusive) == [True]
-
-
-def paths_with_rows(db: Database, nodes: list[Node], times: dict[str, Time] | None = None, time_column: str | None = None,
-                    inclusive: bool = False) -> list[bool]:
-    """`path_has_rows` of each of `nodes`, all in one statement (a UNION ALL of each path's first
-    row, counted): one query per tree node was a tenth of a small database's Template.auto."""
-    if not nodes:
-        return []
-    firsts = [exp.Subquery(this=_path_query(node, times, time_column, inclusive).limit(1, copy=False)) for node in nodes]
-    found = {row["_i"]: row["_n"] for row in db.arrow(q.row_counts(firsts)).to_pylist()}
-    return [bool(found.get(i)) for i in range(len(nodes))]
-
-
-def path_key(node: Node) -> tuple:
-    """What `node`'s path is, whatever Node objects hold it: the root's table and each step's key and direction."""
-    steps = []
-    while node.parent is not None:
-        steps.append((node.step.fk, node.step.child, node.step.to_child))
-        node = node.parent
-    return (node.table, *reversed(steps))
-
-
-def _path_query(node: Node, times: dict[str, Time] | None, time_column: str | None, inclusive: bool) -> exp.Select:
-    """SELECT 1 over the joins from the root table to `node` (see `path_has_rows`)."""
     path = []
     while node is not None:
         path.append(node)
@@ -130,7 +105,7 @@ def _path_query(node: Node, times: dict[str, Time] | None, time_column: str | No
     path.reverse()
     alias = [exp.to_identifier(f"t{i}", quoted=True) for i in range(len(path))]
     query = exp.select(exp.Literal.number(1)).from_(exp.Table(this=exp.to_identifier(path[0].table, quoted=True),
-                                                              alias=exp.TableAlias(this=alias[0])), copy=False)
+                                                              alias=exp.TableAlias(this=alias[0])))
     for i, far in enumerate(path[1:], start=1):
         step = far.step
         pairs = []
@@ -145,8 +120,8 @@ def _path_query(node: Node, times: dict[str, Time] | None, time_column: str | No
                          f"{alias[0].sql('duckdb')}.{quoted(time_column)}", root.kind, inclusive)
             pairs.append(exp.condition(cut, dialect="duckdb"))
         query = query.join(exp.Table(this=exp.to_identifier(far.table, quoted=True), alias=exp.TableAlias(this=alias[i])),
-                           on=exp.and_(*pairs), copy=False)
-    return query
+                           on=exp.and_(*pairs))
+    return bool(db.arrow(query.limit(1)).num_rows)
 
 
 class Pruning:
@@ -159,18 +134,13 @@ class Pruning:
         self.dropped: list[tuple[Node, Step]] = []  # child rows of an unknown time: (the node, the step not taken)
         self.large: list[Node] = []  # rows multiplied along the path: groundings beyond the data
         self.empty: list[Node] = []  # no rows along the path
-        self.known: dict[tuple, bool] = {}  # path_key -> whether the path meets rows (`prepare`)
 
     def takes(self, node: Node, step: Step) -> bool:
         """Child rows (events) of a table with no known time would bring the target's future in."""
-        if self.timed(step):
+        if self.time_column is None or self.timeless == "include" or not step.to_child or step.far in self.times:
             return True
         self.dropped.append((node, step))
         return False
-
-    def timed(self, step: Step) -> bool:
-        """`takes` without its record."""
-        return self.time_column is None or self.timeless == "include" or not step.to_child or step.far in self.times
 
     def siblings(self, node: Node, step: Step) -> bool:
         """Whether `step` may go straight back over the key `node` was reached by, from a row's
@@ -186,22 +156,10 @@ class Pruning:
         if not self.fits(child):
             self.large.append(child)
             return False
-        has_rows = self.known.get(path_key(child))
-        if has_rows is None:
-            has_rows = path_has_rows(self.db, child, self.times, self.time_column, self.inclusive)
-        if not has_rows:
+        if not path_has_rows(self.db, child, self.times, self.time_column, self.inclusive):
             self.empty.append(child)  # a statement with no groundings is an error: never write one
             return False
         return True
-
-    def survey(self) -> Survey:
-        """A walk's cuts that record nothing and check no rows, only the nodes the walk would check."""
-        return Survey(self)
-
-    def prepare(self, nodes: list[Node]) -> None:
-        """Whether each of `nodes`' paths meets rows, asked in one statement before the walk that asks per node."""
-        for node, has_rows in zip(nodes, paths_with_rows(self.db, nodes, self.times, self.time_column, self.inclusive)):
-            self.known[path_key(node)] = has_rows
 
     def fits(self, node: Node) -> bool:
         """Not a hub's children read back down from a row that references it, nor a path whose
@@ -215,25 +173,3 @@ class Pruning:
             return False
         estimate, largest = self.sizes.groundings(node)
         return estimate <= max(PATH_GROUNDINGS, PATH_GROWTH * largest)
-
-
-class Survey:
-    """A Pruning's cuts for a first walk over the tree (relsql.template.auto.paths.tree): the same
-    steps and size limits, no record of what it leaves out and no row check; the nodes it admits
-    are the ones whose paths the real walk asks about (`Pruning.prepare` asks for them at once)."""
-
-    def __init__(self, pruning: Pruning):
-        self.pruning = pruning
-        self.nodes: list[Node] = []
-
-    def takes(self, node: Node, step: Step) -> bool:
-        return self.pruning.timed(step)
-
-    def siblings(self, node: Node, step: Step) -> bool:
-        return self.pruning.siblings(node, step)
-
-    def admits(self, child: Node) -> bool:
-        if not self.pruning.fits(child):
-            return False
-        self.nodes.append(child)
-        return True

@@ -60,15 +60,6 @@ class Cuts(Protocol):
     def admits(self, child: Node) -> bool: ...
 
 
-class Surveyed(Cuts, Protocol):
-    """Cuts that ask the database whether a node's path meets rows, for all the walk's nodes at once:
-    `survey()` gives cuts for a first walk that collect those nodes (`.nodes`), `prepare` asks for them."""
-
-    def survey(self) -> Cuts: ...
-
-    def prepare(self, nodes: list[Node]) -> None: ...
-
-
 def steps(schema: Schema, table: str) -> list[Step]:
     """The steps out of `table`: to its child rows (keyed or not: a table without a key of its own,
     an event log, is a leaf whose rows are aggregated where they are read) and to its keyed parent rows."""
@@ -81,20 +72,10 @@ def steps(schema: Schema, table: str) -> list[Step]:
     return found
 
 
-def tree(schema: Schema, target: str, hops: int, labels: dict[str, str], cuts: Cuts | Surveyed | None = None) -> Node:
+def tree(schema: Schema, target: str, hops: int, labels: dict[str, str], cuts: Cuts | None = None) -> Node:
     """The computation tree; `labels` are the tables' distinct sanitized names. Node names are
     distinct too (they name relations x_<node>, p_<node>, h_<node> and weights). A step or node
-    that `cuts` refuses is not taken, nor anything beyond it. Cuts that can survey walk twice: the
-    first walk collects the nodes whose rows they would ask about one by one, then asks for all."""
-    if hasattr(cuts, "survey"):
-        first = cuts.survey()
-        _walk_tree(schema, target, hops, labels, first)
-        cuts.prepare(first.nodes)
-    return _walk_tree(schema, target, hops, labels, cuts)
-
-
-def _walk_tree(schema: Schema, target: str, hops: int, labels: dict[str, str], cuts: Cuts | None) -> Node:
-    """One walk over the schema from `target` (see `tree`)."""
+    that `cuts` refuses is not taken, nor anything beyond it."""
     root = Node(labels[target], target, None, None)
     node_names = Names([root.name])
 
