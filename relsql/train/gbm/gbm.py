@@ -2,7 +2,8 @@
 
 LightGBM fits; relsql keeps only the fitted trees as numpy arrays read from the booster's text
 model (`booster.model_to_string()`) and evaluates them itself (`Trees.raw`), so a saved model holds
-numbers, never a pickled booster, and predicting needs no LightGBM objects. The evaluator follows
+numbers, never a pickled booster, and a loaded model predicts without LightGBM objects (while the
+fitted booster lives, its C++ walk finds the leaves: `Leaves`, the same bits). The evaluator follows
 LightGBM's numerical decision rule: a NaN is read as 0 unless the split's missing type is NaN;
 a value routed as missing (NaN under missing type NaN, or |x| <= 1e-35 under missing type Zero)
 goes to the side `default_left` names; any other value goes left when it is <= the threshold.
