@@ -54,6 +54,11 @@ def test_own_evaluator_equals_lightgbm_raw_scores(kind, zero_as_missing):
 
 def walk(trees: gbm.Trees, row: np.ndarray, node: int) -> float:
     """One row down one tree by LightGBM's rule, a node at a time: the leaf's value."""
+    return trees.value[_leaf(trees, row, node)]
+
+
+def _leaf(trees: gbm.Trees, row: np.ndarray, node: int) -> int:
+    """One row down one tree by LightGBM's rule, a node at a time: the leaf's node."""
     while trees.feature[node] >= 0:
         value = row[trees.feature[node]]
         missing = trees.missing[node]
@@ -62,7 +67,7 @@ def walk(trees: gbm.Trees, row: np.ndarray, node: int) -> float:
         as_missing = (missing == 1 and abs(value) <= 1e-35) or (missing == 2 and np.isnan(value))
         left = trees.default_left[node] if as_missing else value <= trees.threshold[node]
         node = trees.left[node] if left else trees.right[node]
-    return trees.value[node]
+    return node
 
 
 @pytest.mark.parametrize("kind", ["binary", "multiclass"])
@@ -215,16 +220,3 @@ def test_the_fitted_boosters_leaves_give_the_numpy_walks_bits(kind):
     assert np.array_equal(trees.raw(probe), loaded.raw(probe))
     assert np.array_equal(trees.leaves.nodes(probe), np.stack([[_leaf(loaded, row, root) for root in loaded.roots]
                                                                for row in probe]))
-
-
-def _leaf(trees: gbm.Trees, row: np.ndarray, node: int) -> int:
-    """`walk`'s leaf node rather than its value."""
-    while trees.feature[node] >= 0:
-        value = row[trees.feature[node]]
-        missing = trees.missing[node]
-        if np.isnan(value) and missing != 2:
-            value = 0.0
-        as_missing = (missing == 1 and abs(value) <= 1e-35) or (missing == 2 and np.isnan(value))
-        left = trees.default_left[node] if as_missing else value <= trees.threshold[node]
-        node = trees.left[node] if left else trees.right[node]
-    return node

@@ -40,7 +40,7 @@ def roc_aucs(y: np.ndarray, scores: np.ndarray) -> np.ndarray:
         if undefined[row]:
             continue
         if tied[row]:
-            rank_sum = average_ranks(scores[row])[positive].sum()
+            rank_sum = _ranks_of_sorted(order[row], ordered[row])[positive].sum()
         else:
             rank_sum = float(np.flatnonzero(hits[row]).sum()) + positives  # 1-based positions, exact integers
         out[row] = (rank_sum - positives * (positives + 1) / 2) / (positives * negatives)
@@ -53,10 +53,14 @@ def average_ranks(values: np.ndarray) -> np.ndarray:
     stable: a run's members get one rank whatever their order (numpy's default sort was 6x faster
     than its stable one at 10k rows)."""
     order = np.argsort(values)
-    ordered = values[order]
+    return _ranks_of_sorted(order, values[order])
+
+
+def _ranks_of_sorted(order: np.ndarray, ordered: np.ndarray) -> np.ndarray:
+    """`average_ranks` from a sort already made: `order` and the values in that order."""
     starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
-    ends = np.append(starts[1:], len(values))
-    ranks = np.empty(len(values))
+    ends = np.append(starts[1:], len(ordered))
+    ranks = np.empty(len(ordered))
     ranks[order] = np.repeat((starts + 1 + ends) / 2.0, ends - starts)
     return ranks
 
