@@ -4,7 +4,7 @@ Every argument of `Model(db, ...)` but `db`, as one frozen record: `model.spec` 
 the values the model was built with (checked, and what the database decided filled in: the output
 relation, the task, a ranking target's candidate and pair relations), and
 `Model.from_spec(db, spec)` builds a model from it. Whoever makes a model like another (the
-search's trials, a model on a second database, a seed ensemble) changes what differs with
+search's trials, a model on a second database, another seed) changes what differs with
 `spec.replace(...)` instead of listing the constructor's arguments again, so an argument added
 to Model cannot be left behind (tests/test_model_spec.py compares the two).
 """
