@@ -12,7 +12,7 @@ import polars as pl
 import torch
 from torch import nn
 
-from relsql.compile import fused
+from relsql.compile import fused, members
 from relsql.compile.explain import explain
 from relsql.compile.ops import Kernel, is_random, kernel
 from relsql.compile.plan import Plan
@@ -37,6 +37,8 @@ def _initial(spec, dtype: torch.dtype, generator: torch.Generator | None) -> tor
         return table
     if spec.kind == "datalog":
         return torch.rand(spec.shape, dtype=dtype, generator=generator) * 2 - 1
+    if getattr(spec, "blocks", 1) > 1:
+        return members.initial(tuple(spec.shape), spec.blocks, dtype, generator)
     fan_in = spec.shape[-1] if spec.shape else 1
     bound = 1.0 / math.sqrt(max(fan_in, 1))
     return (torch.rand(spec.shape, dtype=dtype, generator=generator) * 2 - 1) * bound
@@ -178,6 +180,7 @@ class CompiledNet(nn.Module):
             key = f"w{len(self._param_keys)}"
             self._param_keys[name] = key
             parameter = nn.Parameter(_initial(spec, self.dtype, generator), requires_grad=not spec.fixed)
+            members.keep_blocks(parameter, spec.blocks)
             if len(self.weights):
                 parameter.data = parameter.data.to(next(iter(self.weights.values())).device)
             self.weights[key] = parameter
@@ -196,6 +199,8 @@ class CompiledNet(nn.Module):
                 self._param_keys[name] = key
                 device = next(iter(self.weights.values())).device if len(self.weights) else value.device
                 self.weights[key] = nn.Parameter(value.detach().to(device, self.dtype).clone(), requires_grad=name not in fixed)
+                spec = self.plan.params.get(name)
+                members.keep_blocks(self.weights[key], spec.blocks if spec is not None else 1)
                 created.append(self.weights[key])
             else:
                 parameter = self.weights[self._param_keys[name]]

@@ -37,6 +37,7 @@ class ParamSpec:
     init: list | float | None
     fixed: bool
     external: bool = False  # its value comes from outside the module (an embedding kept in the database)
+    blocks: int = 1  # a block-diagonal linear's blocks (relsql/compile/members.py)
 
 
 @dataclass
@@ -128,10 +129,14 @@ class PlanBuilder:
                     raise ShapeError(f"{spec.origin}: linear '{name}' needs a vector input, got shape {input_shape}")
                 shape[shape.index(None)] = input_shape[0]
         final = tuple(int(s) for s in shape)
+        if spec.blocks > 1 and (len(final) != 2 or final[0] % spec.blocks or final[1] % spec.blocks):
+            raise ShapeError(f"{spec.origin}: linear '{name}' in {spec.blocks} blocks needs an input width that is a "
+                             f"multiple of {spec.blocks}, got {final[1] if len(final) == 2 else input_shape}")
         shapes.check_size(final, self.dtype, f"{spec.origin}: weight '{name}'", "use a smaller width, or fewer categories "
                           "(embed a column with fewer distinct values)")
         self.plan.params[name] = ParamSpec(name, final, spec.kind, spec.init, spec.fixed,
-                                           external=spec.kind == "embed" and spec.storage == "database")
+                                           external=spec.kind == "embed" and spec.storage == "database",
+                                           blocks=spec.blocks)
         slot = self.plan.new_slot()
         self.plan.meta[slot] = torch.empty(final, dtype=self.dtype, device="meta")
         self.plan.param_slots.add(slot)

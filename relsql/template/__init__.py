@@ -47,7 +47,8 @@ class Template(ir.Template):
         "hgt", typed attention). For a ranking target (a foreign key or a list of keys, see
         relsql/data/references.py): dimension (32), the towers' width, and history (True), the
         average candidate vector of the entity's earlier interactions (docs/recommendation.md).
-        See relsql/template/auto/ (its __init__ maps the modules).
+        members (1): independent networks side by side whose outputs are averaged (1 for gat, hgt
+        and ranking targets). See relsql/template/auto/ (its __init__ maps the modules).
         """
         from relsql.template.auto import generate  # the database layer, loaded only here (Spark's workers read IR)
 

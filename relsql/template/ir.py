@@ -304,6 +304,7 @@ class WeightSpec:
     origin: str = ""  # where it was declared, for error messages
     storage: str = "memory"  # embeddings: "memory" (a torch parameter) or "database" (a table: relsql/train/embeddings/)
     min_count: int | None = None  # embeddings: values in fewer groundings share row 0 with unseen values and NULL
+    blocks: int = 1  # linear: block-diagonal with this many blocks (independent members side by side; relsql/compile/members.py)
 
 
 @dataclass

@@ -73,7 +73,7 @@ def _weight_plain(spec: ir.WeightSpec) -> dict:
     if spec.init is not None:
         raise _NoPlain
     return {"name": spec.name, "shape": list(spec.shape), "fixed": spec.fixed, "kind": spec.kind, "origin": spec.origin,
-            "storage": spec.storage, "min_count": spec.min_count}
+            "storage": spec.storage, "min_count": spec.min_count, "blocks": spec.blocks}
 
 
 def _relation_plain(relation: ir.Relation) -> dict:
@@ -234,8 +234,11 @@ class _Reader:
         min_count = _get(item, "min_count", (int, type(None)), where)
         if min_count is not None and min_count <= 0:
             raise PlainError(f"{where}: min_count {min_count} is not positive")
+        blocks = item.get("blocks", 1) if isinstance(item, dict) else 1  # a plain form written before blocks: 1
+        if type(blocks) is not int or blocks <= 0 or (blocks > 1 and kind != "linear"):
+            raise PlainError(f"{where}: blocks {blocks!r} is not a positive count of a linear weight's blocks")
         return ir.WeightSpec(name, shape, fixed=_get(item, "fixed", bool, where), kind=kind,
-                             origin=_get(item, "origin", str, where), storage=storage, min_count=min_count)
+                             origin=_get(item, "origin", str, where), storage=storage, min_count=min_count, blocks=blocks)
 
     def relation(self, item: dict) -> None:
         name = item["name"]

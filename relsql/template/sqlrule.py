@@ -414,17 +414,19 @@ class _Statement:
             self.columns.append(node)
         return self.column_keys[key]
 
-    def _weight(self, kind: str, shape: tuple, name: str | None, node: exp.Expression) -> str:
+    def _weight(self, kind: str, shape: tuple, name: str | None, node: exp.Expression, blocks: int = 1) -> str:
         relation = self.statement.this.name
         if name is None:
             count = sum(1 for w in self.template.weights if w.startswith(f"{relation}.{kind}"))
             name = f"{relation}.{kind}{count}"
         spec = self.template.weights.get(name)
         if spec is None:
-            self.template.weights[name] = ir.WeightSpec(name, shape, kind=kind, origin=self.origin)
-        elif spec.kind != kind or tuple(spec.shape) != tuple(shape):
-            raise self.fail(f"weight '{name}' was declared as {spec.kind} {ir.shape_text(spec.shape)} in {spec.origin}, "
-                            f"here as {kind} {ir.shape_text(shape)}; a shared name must keep its kind and size", node)
+            self.template.weights[name] = ir.WeightSpec(name, shape, kind=kind, origin=self.origin, blocks=blocks)
+        elif spec.kind != kind or tuple(spec.shape) != tuple(shape) or spec.blocks != blocks:
+            raise self.fail(f"weight '{name}' was declared as {spec.kind} {ir.shape_text(spec.shape)}"
+                            f"{f' in {spec.blocks} blocks' if spec.blocks > 1 else ''} in {spec.origin}, here as {kind} "
+                            f"{ir.shape_text(shape)}{f' in {blocks} blocks' if blocks > 1 else ''}; a shared name must "
+                            "keep its kind and size", node)
         return name
 
     def _int_arg(self, node: exp.Expression, args: list, position: int, what: str) -> int:
@@ -620,16 +622,26 @@ class _Statement:
                                 "value (heads x width) per grounding", node)
             return ir.Attention("attention", self._neural(args[0], True), self._neural(args[1], True), mode)
         if fn == "linear":
+            keywords, args = _split_keywords(args)
+            if set(keywords) - {"blocks"}:
+                raise self.fail(f"linear has no keyword {sorted(set(keywords) - {'blocks'})[0]}; its one keyword is "
+                                "blocks=<positive integer> (a block-diagonal matrix)", node)
             if len(args) < 2 or len(args) > 4:
-                raise self.fail("linear(x, out_width [, 'name' [, t.type_column]]) needs an input and an output width", node)
+                raise self.fail("linear(x, out_width [, 'name' [, t.type_column]] [, blocks=k]) needs an input and an "
+                                "output width", node)
             width = self._int_arg(node, args, 1, "linear's output width")
+            blocks = self._int_arg(node, [keywords["blocks"]], 0, "linear's blocks") if "blocks" in keywords else 1
+            if width % blocks:
+                raise self.fail(f"linear's output width {width} is not a multiple of its {blocks} blocks", node)
             if len(args) == 4:  # one matrix per value of a categorical column: typed weights
                 if not isinstance(args[3], exp.Column) or args[3].table in self.neural:
                     raise self.fail("a typed linear is linear(x, out_width, 'name', t.type_column): a name, then a "
                                     "categorical database column choosing the matrix per grounding", node)
                 name = self._weight("typed", (width, None), self._name_arg(node, args, 2, last=False), node)
                 return ir.Apply(name, self._neural(args[0], inside_agg), self._column(args[3], role=f"types {name}"))
-            name = self._weight("linear", (width, None), self._name_arg(node, args, 2), node)
+            if blocks > 1 and len(args) == 4:
+                raise self.fail("a typed linear (one matrix per type) takes no blocks=", node)
+            name = self._weight("linear", (width, None), self._name_arg(node, args, 2), node, blocks)
             return ir.Apply(name, self._neural(args[0], inside_agg))
         if fn == "embed":
             keywords, args = self._keywords(node, args)

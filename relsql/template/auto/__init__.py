@@ -63,7 +63,8 @@ __all__ = ["AGGREGATIONS", "HEADER", "LAYERS", "NUMBERS", "RANKING_AGGREGATION",
 def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggregation=None,
              time_column: str | None = None, time_columns: dict[str, str] | None = None, infer_keys: bool = True,
              timeless: str = "exclude", keys=None, layer: str = "sage", numbers: str = "ple",
-             dropout: float = 0.0, dimension: int | None = None, history: bool | None = None) -> str:
+             dropout: float = 0.0, dimension: int | None = None, history: bool | None = None,
+             members: int | None = None) -> str:
     """An editable SQL template predicting `target` ("table.column") from its relational context.
     The options go whole into one `Options` (`write` takes that); they stay spelled out here because
     relsql/train/model/search.py reads the searchable options from this signature.
@@ -79,7 +80,11 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
     queries, values and outputs per table, attention and messages per key and direction).
     `numbers`: "ple" (numbers cut into ranges at the database's quantiles, calendar parts of
     dates, rare-value buckets, hashed long text) or "standardized" (the earlier encoders).
-    `dropout`: the rate after each layer (0: none).
+    `dropout`: the rate after each layer (0: none). `members`: independent networks side by side,
+    each `width` wide, each trained on its own loss, the prediction their mean (default MEMBERS;
+    1 for "gat", "hgt" and ranking targets, whose scores read every feature of a row): every
+    linear map between two vectors is block-diagonal, `linear(x, n, 'name', blocks=members)`, so
+    the members never mix (relsql/compile/members.py).
 
     Ranking. A target column that references a table R (a foreign key, or a list of R's keys:
     relsql.data.references) makes two towers of width `dimension` (default 32): the output relation,
@@ -107,7 +112,8 @@ def generate(db: Database, target: str, *, hops: int = 2, width: int = 16, aggre
     so 2 stays: each hop multiplies the groundings. model.search tries both."""
     return write(db, target, Options(hops=hops, width=width, aggregation=aggregation, time_column=time_column,
                                      time_columns=time_columns, infer_keys=infer_keys, timeless=timeless, keys=keys,
-                                     layer=layer, numbers=numbers, dropout=dropout, dimension=dimension, history=history))
+                                     layer=layer, numbers=numbers, dropout=dropout, dimension=dimension, history=history,
+                                     members=members))
 
 
 def write(db: Database, target: str, options: Options) -> str:
@@ -129,7 +135,7 @@ def _write(db: Database, target: str, table: str, column: str, options: Options)
     root = tree(where.keys, table, options.hops, labels, pruning)
     nodes = list(walk(root))
     draft = Draft(db, where.keys, table, column, options, aggregation=terms, times=where.times, labels=labels, sizes=sizes,
-                  inclusive=where.inclusive)
+                  inclusive=where.inclusive, members=options.member_count(ranking=where.reference is not None))
     if options.time_column and where.reference is None:  # earlier siblings' labels: layers.lateral
         draft.label_kind = label_kind(next(c.type for c in where.keys.tables[table].columns if c.name == column))
     units = _units(db, table, column) if where.reference is None else where.dimension

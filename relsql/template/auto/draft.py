@@ -20,13 +20,17 @@ class Draft:
 
     def __init__(self, db: Database, schema: Schema, target: str, column: str, options: Options, *,
                  aggregation: tuple[str, ...], times: dict[str, Time], labels: dict[str, str], sizes: Sizes,
-                 inclusive: bool = False):
+                 inclusive: bool = False, members: int = 1):
         self.db, self.schema, self.target, self.column = db, schema, target, column
         self.numbers, self.dropout = options.numbers, options.dropout
         self.labels = labels
         self.weight_name = Names()
         self.per_table: dict[str, str] = {}  # HGT's weights of a table (node type), shared by its statements
-        self.width, self.aggregation, self.layer = options.width, aggregation, options.layer
+        # every vector holds the members' vectors side by side; a linear map between two such vectors is
+        # block-diagonal (`blocks`), so the members never mix (relsql/compile/members.py)
+        self.members = members
+        self.width, self.aggregation, self.layer = options.width * members, aggregation, options.layer
+        self.blocks = f", blocks={members}" if members > 1 else ""
         self.time_column, self.time_columns = options.time_column, times
         self.inclusive = inclusive  # RelBench's cut (`<=`): relsql.template.auto.scope.relbench_cut
         self.out: list[str] = []

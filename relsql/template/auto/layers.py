@@ -178,13 +178,13 @@ def aggregate(draft: Draft, child: Node, node: Node, own: str) -> tuple[str, str
     if draft.layer == "hgt":
         return hgt(draft, child, node, own, base)
     if not child.step.to_child:
-        return "its parent row in", f"avg(linear(c.h, {w}, '{name(base)}'))"
+        return "its parent row in", f"avg(linear(c.h, {w}, '{name(base)}'{draft.blocks}))"
     if draft.layer == "gat":  # GAT's attention over the child rows, a score from both ends
         score = f"leaky_relu(linear(c.h, 1, '{name(base + '_att_child')}') + linear({own}, 1, '{name(base + '_att_node')}'), 0.2)"
         return "attention over its child rows in", f"attention({score},\n            linear(c.h, {w}, '{name(base)}'))"
     if len(draft.aggregation) == 1 and draft.aggregation[0] != "count":
         kind = draft.aggregation[0]
-        return f"{kind} over its child rows in", f"{kind}(linear(c.h, {w}, '{name(base)}'))"
+        return f"{kind} over its child rows in", f"{kind}(linear(c.h, {w}, '{name(base)}'{draft.blocks}))"
     terms = []
     for kind in draft.aggregation:
         weight = name(f"{base}_{'mean' if kind == 'avg' else kind}")
@@ -195,7 +195,7 @@ def aggregate(draft: Draft, child: Node, node: Node, own: str) -> tuple[str, str
             value = "sum(c.h)" + (f" * {scale:.3g}" if f"{scale:.3g}" != "1" else "")
         else:
             value = f"{kind}(c.h)"
-        terms.append(f"linear({value}, {w}, '{weight}')")
+        terms.append(f"linear({value}, {w}, '{weight}'{'' if kind == 'count' else draft.blocks})")
     return f"{', '.join(draft.aggregation)} over its child rows in", "\n  + ".join(terms)
 
 
@@ -240,13 +240,14 @@ def head(draft: Draft, root: Node, value: str, units: int, ranking: bool = False
                    "dot product with the candidate's vector (relsql.Model ranks them)")
     t = draft.labels[draft.target]
     if not root.children:
-        draft.out.append(f"{comment}\nCREATE TABLE predict AS\nSELECT {keys}, linear(v.h, {units}, "
-                         f"'{draft.weight_name('w_out')}') AS h\nFROM enc_{t} v;\n")
+        draft.out.append(f"{comment}\nCREATE TABLE predict AS\nSELECT {keys}, linear(v.h, {units * draft.members}, "
+                         f"'{draft.weight_name('w_out')}'{draft.blocks}) AS h\nFROM enc_{t} v;\n")
         return
     on = " AND ".join(f"e.{quoted(own[k])} = v.{quoted(own[k])}" for k in draft.target_keys)
     draft.out.append(f"{comment}: its relational context and, directly, its own encoding\n"
-                     f"CREATE TABLE predict AS\nSELECT {keys}, linear(v.h, {units}, '{draft.weight_name('w_out')}') "
-                     f"+ linear(e.h, {units}, '{draft.weight_name('w_out_own')}') AS h\n"
+                     f"CREATE TABLE predict AS\nSELECT {keys}, linear(v.h, {units * draft.members}, "
+                     f"'{draft.weight_name('w_out')}'{draft.blocks}) + linear(e.h, {units * draft.members}, "
+                     f"'{draft.weight_name('w_out_own')}'{draft.blocks}) AS h\n"
                      f"FROM {value} v\nJOIN enc_{t} e ON {on};\n")
 
 
@@ -260,12 +261,14 @@ def node_value(draft: Draft, node: Node) -> str:
     if is_root:
         keys = list(draft.own(draft.target).values())
         draft.out.append(f"-- {node.table}: the target row's own encoding (self term)\nCREATE TABLE {relation} AS\n"
-                         f"SELECT {', '.join('e.' + quoted(k) for k in keys)}, linear(e.h, {draft.width}, '{self_weight}') AS h\n"
+                         f"SELECT {', '.join('e.' + quoted(k) for k in keys)}, "
+                         f"linear(e.h, {draft.width}, '{self_weight}'{draft.blocks}) AS h\n"
                          f"FROM enc_{draft.labels[node.table]} e;\n")
     else:
         keys = draft.keys(node)
         draft.out.append(f"-- {node.name}: self term\nCREATE TABLE {relation} AS\n"
-                         f"SELECT {', '.join('x.' + k for k in keys)}, linear(x.h, {draft.width}, '{self_weight}') AS h\n"
+                         f"SELECT {', '.join('x.' + k for k in keys)}, "
+                         f"linear(x.h, {draft.width}, '{self_weight}'{draft.blocks}) AS h\n"
                          f"FROM x_{node.name} x;\n")
     for child in node.children:
         draft.out.append(_child_term(draft, node, child, child_values[child.name], keys))

@@ -14,6 +14,9 @@ NUMBERS = ("ple", "standardized")  # encoders: ranges, calendars, rare buckets, 
 AGGREGATIONS = ("avg", "sum", "max", "count")  # terms over child rows; "all" is all of them
 TIMELESS = ("exclude", "include")
 LAYERS = ("sage", "rgcn", "gat", "hgt")  # how a node combines the rows of each foreign key and direction
+# independent networks side by side, each `width` wide, trained each on its own loss, their outputs
+# averaged (relsql/compile/members.py; docs/quality.md: the measurement behind the default)
+MEMBERS = 1
 # a ranking target's default terms over child rows: no max. Its backward (gather, compare, scatter over every
 # (target row, child row) pair) took half of each step on bench.recommend's shop (183k customer-purchase pairs
 # x 16); without it, seeds 0-2 test MAP@10 0.1252 / 0.1189 / 0.1229 (mean 0.1223, as with max: 0.1213 / 0.1239
@@ -55,6 +58,7 @@ class Options:
     dropout: float = 0.0  # the rate after each layer
     dimension: int | None = None  # a ranking target's towers' width (32)
     history: bool | None = None  # a ranking target's history term (True)
+    members: int | None = None  # independent networks side by side (MEMBERS; 1 for gat, hgt and ranking targets)
 
     def checked(self) -> Options:
         """These options in their canonical types; a SchemaError (or RelsqlError) names the first
@@ -78,7 +82,24 @@ class Options:
         if self.layer == "rgcn" and self.aggregation not in (None, "all", "avg"):
             raise SchemaError(f"layer='rgcn' takes the mean per key and direction; leave aggregation out "
                               f"(got {self.aggregation!r})")
-        return dataclasses.replace(self, hops=hops, width=width, dropout=dropout)
+        members = self.members
+        if members is not None:
+            members = arguments.integer("members", members, maximum=64)
+            if members > 1 and self.layer in ("gat", "hgt"):
+                raise SchemaError(f"layer={self.layer!r} scores attention from every feature of a row, which would mix the "
+                                  f"members; use members=1 with it (got members={members})")
+            if width * members > ir.MAX_WIDTH:
+                raise SchemaError(f"width {width} x members {members} is wider than relsql's limit of {ir.MAX_WIDTH}")
+        return dataclasses.replace(self, hops=hops, width=width, dropout=dropout, members=members)
+
+    def member_count(self, ranking: bool) -> int:
+        """The members the template gets: as asked, else MEMBERS (1 for attention layers and ranking targets)."""
+        if ranking or self.layer in ("gat", "hgt"):
+            if ranking and (self.members or 1) > 1:
+                raise SchemaError(f"a ranking target's towers are scored by dot products, which would mix the members; "
+                                  f"use members=1 (got members={self.members})")
+            return 1
+        return MEMBERS if self.members is None else self.members
 
     def terms(self, ranking: bool) -> tuple[str, ...]:
         """The aggregation's terms: RGCN's mean, a ranking target's RANKING_AGGREGATION unless asked

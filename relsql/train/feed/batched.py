@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from relsql.compile import members
 from relsql.compile.passes import (
     RULES,
     choose_segment_kernels,
@@ -157,4 +158,4 @@ class Batched:
         external = {k: v.to(device) if v.device != device else v for k, v in external.items()}
         value = net.run(batch.plan, external)[output]
         value = head(value.reshape(value.shape[0], -1))
-        return value.index_select(0, batch.rows.to(device))
+        return members.rows(value, batch.rows.to(device))

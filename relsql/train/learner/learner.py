@@ -32,6 +32,7 @@ from relsql.train.feed.batched import Batch, Batched
 from relsql.train.feed.batches import batches
 from relsql.train.feed.source import BatchSource, Whole
 from relsql.train.gbm import baselines
+from relsql.train.learner import members
 from relsql.train.learner.defaults import LR, PATIENCE
 from relsql.train.learner.record import FitRecord
 from relsql.train.learner.threads import torch_threads
@@ -207,7 +208,7 @@ class Learner:
         self.goal.label(self.db, labels, task, split, self.dtype, self.device)
         width = int(np.prod(plan.meta[plan.outputs[self.output]].shape[1:]))
         self.check_head(width)
-        self.head = nn.Identity() if width == self.task.units else nn.Linear(width, self.task.units, dtype=self.dtype)
+        self.head = members.head(self.template, self.output, width, self.task.units, self.dtype)
         self.net.to(self.device)
         self.head.to(self.device)
 
@@ -347,7 +348,7 @@ class Learner:
         """A batch's outputs, in batch order; `whole`: outputs() already computed (a full batch's)."""
         if isinstance(batch, Whole):
             whole = self.outputs() if whole is None else whole
-            return whole.index_select(0, torch.as_tensor(batch.rids, device=self.device))
+            return members.rows(whole, torch.as_tensor(batch.rids, device=self.device))
         return Batched.outputs(self.net, self.head, batch, external, self.output)
 
     def outputs_of(self, rids: np.ndarray, source: BatchSource | None = None, batch_size: int | None = None) -> torch.Tensor:
@@ -380,7 +381,8 @@ class Learner:
                    whole: torch.Tensor | None = None) -> torch.Tensor:
         """The training loss of a batch whose labelled rows are `share` (positions into `labelled`);
         `whole`: outputs() already computed (a full batch's, with its graph)."""
-        return self.task.loss(self.batch_outputs(batch, external, whole), self.y[torch.as_tensor(share, device=self.device)])
+        return members.loss(self.task, self.batch_outputs(batch, external, whole),
+                            self.y[torch.as_tensor(share, device=self.device)])
 
     def split_scores(self, split: str, source: BatchSource | None = None, batch_size: int | None = None,
                      prefix: str = "", whole: torch.Tensor | None = None) -> dict[str, float]:
@@ -464,6 +466,10 @@ def from_state(state: ModelState, store: GroundingStore) -> Learner:
     learner.net.set_named_weights(state.weights, learner.fixed())
     if state.head:
         learner.head = loaded_head(state.head, state.dtype)
+    else:  # the members' mean, or nothing: no weights to give
+        plan = learner.net.plan
+        width = int(np.prod(plan.meta[plan.outputs[learner.output]].shape[1:]))
+        learner.head = members.head(learner.template, learner.output, width, learner.task.units, state.dtype)
     learner.net.to(device)
     learner.head.to(device)
     return learner

@@ -29,6 +29,7 @@ from relsql.ground.demand import BatchGrounder
 from relsql.train.feed.batched import Batch, Batched
 from relsql.train.feed.batches import batches
 from relsql.train.feed.source import BatchSource
+from relsql.train.learner import members
 from relsql.train.learner.learner import Learner, loaded_head
 from relsql.train.persist import saved
 from relsql.train.persist.saved import ModelState
@@ -53,6 +54,8 @@ def set_weights(learner: Learner, net: CompiledNet, state: ModelState, path: str
                 raise ValueError(f"its head maps {tuple(weight.shape)[::-1]}, the output relation gives {width} values "
                                  f"and the task needs {units}")
             head = loaded_head(state.head, learner.dtype)
+        elif members.count(learner.template, learner.output, width, units) > 1:
+            head = members.head(learner.template, learner.output, width, units, learner.dtype)
         elif width == units:
             head = nn.Identity()
         else:

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from relsql.compile.ops import is_random
+from relsql.train.learner.members import MemberMean
 
 if TYPE_CHECKING:
     from relsql.train.learner.learner import Learner
@@ -40,7 +41,7 @@ class KeptForward:
         loss reads `outputs()` (not a ranking learner's towers), its plan draws no random numbers,
         and its head is linear (no mode-dependent layer)."""
         return (learner.reuses_forward and not any(is_random(op.kind) for op in learner.net.plan.ops)
-                and all(isinstance(m, (nn.Linear, nn.Identity)) for m in learner.head.modules()))
+                and all(isinstance(m, (nn.Linear, nn.Identity, MemberMean)) for m in learner.head.modules()))
 
     def keep(self, learner: Learner, outputs: torch.Tensor, compare: bool) -> None:
         """Keep `outputs` (computed now, with gradients); `compare`: copy the weights too, for a

@@ -35,6 +35,7 @@ from relsql.errors import RelsqlError
 from relsql.train.feed.batched import Batch
 from relsql.train.feed.batches import batches
 from relsql.train.feed.source import BatchSource, Whole
+from relsql.train.learner import members
 from relsql.train.learner.learner import Learner
 
 SPLITS = ("train", "val", "test")
@@ -61,7 +62,7 @@ class MiniBatch:
 
     def loss(self, outputs: torch.Tensor | None = None) -> torch.Tensor:
         """The task's loss (as fit computes it) of `outputs` (default: this batch's) against `y`."""
-        return self.learner.task.loss(self.outputs() if outputs is None else outputs, self.y)
+        return members.loss(self.learner.task, self.outputs() if outputs is None else outputs, self.y)
 
 
 class Loader:

@@ -55,6 +55,7 @@ FIT_SPACE = {"lr": (1e-3, 3e-2), "weight_decay": (0.0, 1e-5, 1e-4, 1e-3, 1e-2)} 
 TEMPLATE_SPACE = {"width": (8, 16, 32, 64), "hops": (1, 2, 3), "aggregation": ("all", "avg", "avg,count", "sum,max,count"),
                   "layer": ("sage", "rgcn", "gat", "hgt"), "dropout": (0.0, 0.1, 0.2, 0.3), "numbers": ("ple", "standardized")}
 _DROPOUT = re.compile(r"\bdropout\(.*, ([0-9.]+)\) AS ")
+_BLOCKS = re.compile(r"\bblocks=(\d+)\)")
 
 
 def budget_seconds(budget: object) -> float:
@@ -99,6 +100,9 @@ def header_options(source: str) -> dict | None:
     dropout = _DROPOUT.search(source)
     if "dropout" in accepted:
         options["dropout"] = float(dropout.group(1)) if dropout else 0.0
+    if "members" in accepted:  # members side by side: every map between vectors in that many blocks
+        blocks = _BLOCKS.search(source)
+        options["members"] = int(blocks.group(1)) if blocks else 1
     return options
 
 
@@ -148,6 +152,8 @@ def draw(rng: np.random.Generator, number: int, base: dict | None, allowed: set[
             template[name] = value.item() if isinstance(value, np.generic) else value
     if template.get("layer") in ("rgcn", "gat", "hgt"):
         template.pop("aggregation", None)  # rgcn: the mean; gat and hgt: attention
+    if template.get("layer") in ("gat", "hgt"):
+        template.pop("members", None)  # attention reads every feature of a row: one member
     return Config(number, fit, template)
 
 
