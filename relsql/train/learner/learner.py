@@ -466,10 +466,11 @@ def from_state(state: ModelState, store: GroundingStore) -> Learner:
     learner.net.set_named_weights(state.weights, learner.fixed())
     if state.head:
         learner.head = loaded_head(state.head, state.dtype)
-    else:  # the members' mean, or nothing: no weights to give
+    else:  # the members' mean where the output relation holds members (it has no weights to give), else none
         plan = learner.net.plan
         width = int(np.prod(plan.meta[plan.outputs[learner.output]].shape[1:]))
-        learner.head = members.head(learner.template, learner.output, width, learner.task.units, state.dtype)
+        if members.count(learner.template, learner.output, width, learner.task.units) > 1:
+            learner.head = members.head(learner.template, learner.output, width, learner.task.units, state.dtype)
     learner.net.to(device)
     learner.head.to(device)
     return learner
