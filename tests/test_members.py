@@ -161,3 +161,20 @@ def test_a_search_regenerates_a_members_template_and_gives_attention_layers_one_
     for d in drawn:
         assert d.get("members", 1) == (1 if d["layer"] in ("gat", "hgt") else 3)
         relsql.Template.auto(shop, target="customer.churned", **d)  # every drawn trial builds
+
+
+def test_the_command_line_writes_members_and_refuses_them_with_attention(shop, tmp_path, capsys):
+    from relsql.cli import main
+
+    path = shop.con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()[0]
+    copy = tmp_path / "copy.duckdb"
+    shop.con.execute("CHECKPOINT")
+    copy.write_bytes(open(path, "rb").read())
+    out = tmp_path / "members.sql"
+    assert main(["template", str(copy), "--target", "customer.churned", "--members", "2", "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "blocks=2" in text and text == relsql.Template.auto(shop, target="customer.churned", members=2).source
+    capsys.readouterr()
+    assert main(["template", str(copy), "--target", "customer.churned", "--members", "2", "--layer", "gat"]) == 1
+    err = capsys.readouterr().err
+    assert "members=1" in err and "Traceback" not in err

@@ -121,7 +121,7 @@ def _generate(db: relsql.Database, args: argparse.Namespace) -> str:
     from relsql.template.auto import generate
 
     given = {"hops": args.hops, "width": args.width, "aggregation": args.aggregation, "layer": args.layer,
-             "timeless": args.timeless, "time_column": args.time_column}
+             "members": args.members, "timeless": args.timeless, "time_column": args.time_column}
     options = {k: v for k, v in given.items() if v is not None}
     text = generate(db, args.target, infer_keys=not args.no_infer, **options)
     relsql.Template.from_sql(text)  # what we write must parse
@@ -490,6 +490,8 @@ def _template_options(group) -> None:
     group.add_argument("--layer", choices=["sage", "rgcn", "gat", "hgt"],
                        help="per foreign key and direction: sage (the aggregation terms, the default), rgcn (a "
                             "mean), gat (attention over child rows), hgt (typed attention: HGT)")
+    group.add_argument("--members", type=positive_int,
+                       help="independent networks side by side, their outputs averaged (default 1; 1 with gat and hgt)")
     group.add_argument("--timeless", choices=["exclude", "include"],
                        help="with --time-column: leave out (default) or keep child tables whose time is unknown")
     group.add_argument("--no-infer", action="store_true", help="use declared keys only; do not infer missing ones")

@@ -214,7 +214,7 @@ def _same_file(a: str | None, b: str | None) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
-TEMPLATE_SHAPERS = ("hops", "width", "aggregation", "layer", "timeless", "no_infer")  # `relsql template`'s own options
+TEMPLATE_SHAPERS = ("hops", "width", "aggregation", "layer", "members", "timeless", "no_infer")  # `relsql template`'s own options
 
 
 def template_beside(model: str) -> Path:
