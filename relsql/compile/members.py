@@ -2,18 +2,17 @@
 
 A seed ensemble of the network (K fits, outputs averaged) lowered its test error on the outside
 corpus by ~3 % (docs/quality.md), but cost K fits. Members side by side in the feature axis cost
-far less on small targets, whose epochs are call overhead: a vector of K x width holds the K
+less (a median 2.3x one network's training for K = 4, where 4 fits cost 4x): a vector of K x width holds the K
 members' vectors one after the other, gathers, aggregates, activations and dropout act per
 feature, so they never mix them; only a linear map between two such vectors would, and a
 `linear(x, n, 'name', blocks=K)` is block-diagonal: K blocks of (n / K, in / K) on the diagonal,
-zero elsewhere. The zeros stay zero: they start at zero, their gradient is masked to zero here
+zero elsewhere (relsql/compile/module.py draws each block as a linear of its own size). The zeros
+stay zero: they start at zero, their gradient is masked to zero here
 (a hook on the parameter), and Adam(W)'s step, weight decay and gradient clipping leave a weight
 with zero gradient and zero moments where it is.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import nn
@@ -26,19 +25,18 @@ def mask(shape: tuple[int, ...], blocks: int, dtype: torch.dtype, device: torch.
     return torch.block_diag(*[torch.ones(rows, cols, dtype=dtype, device=device)] * blocks)
 
 
-def initial(shape: tuple[int, ...], blocks: int, dtype: torch.dtype, generator: torch.Generator | None) -> torch.Tensor:
-    """Each block drawn as a plain linear of its own size is (uniform within 1 / sqrt(its fan-in)), zeros elsewhere."""
-    bound = 1.0 / math.sqrt(max(shape[1] // blocks, 1))
-    values = (torch.rand(shape, dtype=dtype, generator=generator) * 2 - 1) * bound
-    return values * mask(shape, blocks, dtype)
-
-
 def keep_blocks(parameter: nn.Parameter, blocks: int) -> None:
     """Zero the gradient off the diagonal blocks, every backward (the parameter keeps the hook)."""
     if blocks <= 1:
         return
-    where = mask(tuple(parameter.shape), blocks, parameter.dtype, parameter.device)
-    parameter.register_hook(lambda grad: grad * where.to(grad.device, grad.dtype))
+    kept = [mask(tuple(parameter.shape), blocks, parameter.dtype, parameter.device)]
+
+    def masked(grad: torch.Tensor) -> torch.Tensor:
+        if kept[0].device != grad.device or kept[0].dtype != grad.dtype:  # the net moved: move the mask once
+            kept[0] = kept[0].to(grad.device, grad.dtype)
+        return grad * kept[0]
+
+    parameter.register_hook(masked)
 
 
 def rows(out: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

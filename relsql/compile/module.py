@@ -37,11 +37,11 @@ def _initial(spec, dtype: torch.dtype, generator: torch.Generator | None) -> tor
         return table
     if spec.kind == "datalog":
         return torch.rand(spec.shape, dtype=dtype, generator=generator) * 2 - 1
-    if getattr(spec, "blocks", 1) > 1:
-        return members.initial(tuple(spec.shape), spec.blocks, dtype, generator)
-    fan_in = spec.shape[-1] if spec.shape else 1
+    blocks = getattr(spec, "blocks", 1)  # a block-diagonal linear: each block drawn as a linear of its own size
+    fan_in = (spec.shape[-1] if spec.shape else 1) // blocks
     bound = 1.0 / math.sqrt(max(fan_in, 1))
-    return (torch.rand(spec.shape, dtype=dtype, generator=generator) * 2 - 1) * bound
+    values = (torch.rand(spec.shape, dtype=dtype, generator=generator) * 2 - 1) * bound
+    return values * members.mask(tuple(spec.shape), blocks, dtype) if blocks > 1 else values
 
 
 def available_memory() -> int | None:

@@ -469,8 +469,8 @@ def from_state(state: ModelState, store: GroundingStore) -> Learner:
     else:  # the members' mean where the output relation holds members (it has no weights to give), else none
         plan = learner.net.plan
         width = int(np.prod(plan.meta[plan.outputs[learner.output]].shape[1:]))
-        if members.count(learner.template, learner.output, width, learner.task.units) > 1:
-            learner.head = members.head(learner.template, learner.output, width, learner.task.units, state.dtype)
+        if (k := members.count(learner.template, learner.output, width, learner.task.units)) > 1:
+            learner.head = members.MemberMean(k, learner.task.units)
     learner.net.to(device)
     learner.head.to(device)
     return learner

@@ -54,8 +54,8 @@ def set_weights(learner: Learner, net: CompiledNet, state: ModelState, path: str
                 raise ValueError(f"its head maps {tuple(weight.shape)[::-1]}, the output relation gives {width} values "
                                  f"and the task needs {units}")
             head = loaded_head(state.head, learner.dtype)
-        elif members.count(learner.template, learner.output, width, units) > 1:
-            head = members.head(learner.template, learner.output, width, units, learner.dtype)
+        elif (k := members.count(learner.template, learner.output, width, units)) > 1:
+            head = members.MemberMean(k, units)
         elif width == units:
             head = nn.Identity()
         else:
