@@ -113,3 +113,22 @@ def test_damaged_descriptions_are_refused(db):
         flat.Flat.from_plain({**plain, "own": [{"name": 3, "kind": "number", "codes": []}]})
     with pytest.raises(relsql.RelsqlError, match="damaged"):
         flat.Flat.from_plain({k: v for k, v in plain.items() if k != "parents"})
+
+
+def test_features_are_settled_to_a_mantissa_of_fewer_bits_with_their_range_kept():
+    """Two sums of the same terms in another order (a database's threads) differ in the last
+    place; settled, they are one number again: at 24 bits numpy's own float32 rounding wherever a
+    float32 holds the value; beyond its range the exponent, infinities and NaN kept; at the
+    default's bits within 2^-(bits + 1) of the value."""
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.normal(size=2000) * 10.0 ** rng.integers(-30, 30, 2000), [0.0, -0.0, 1.0, 2.0 ** -126]])
+    assert np.array_equal(flat.settled(x, 24), x.astype(np.float32).astype(np.float64))
+    settled = flat.settled(x)
+    assert np.all(np.abs(settled - x) <= np.abs(x) * 2.0 ** -flat.SETTLED_BITS) and not np.array_equal(settled, x)
+    third = 1 / 3  # far from a rounding boundary: its neighbours one unit in the last place away settle with it
+    neighbours = np.array([third, np.nextafter(third, math.inf), np.nextafter(third, -math.inf)])
+    assert len(set(neighbours.tolist())) == 3 and len(set(flat.settled(neighbours).tolist())) == 1
+    huge = np.array([1e308, -1e308, 5e-324, math.inf, -math.inf, math.nan])
+    out = flat.settled(huge)
+    assert np.isfinite(out[:3]).all() and abs(out[0] / 1e308 - 1) < 2.0 ** -30 and out[2] == 5e-324
+    assert out[3] == math.inf and out[4] == -math.inf and math.isnan(out[5])

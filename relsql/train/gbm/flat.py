@@ -43,6 +43,7 @@ MAX_PAIRS = 5_000_000  # a timed join of a parent's other children reading more 
 # computed as running aggregates instead (Flat._running: sorting is cheaper than the pairs there; below it
 # the join is, the window's own cost ~3x the join's on the small tables of the outside corpus)
 RUNNING_PAIRS_PER_ROW = 200
+SETTLED_BITS = 32  # the bits of mantissa a feature keeps (`settled`): 2^-33 relative, 0.2 s of a 2020 epoch time
 
 
 @dataclass
@@ -294,7 +295,7 @@ class Flat:
         rids = table.column(0).to_numpy(zero_copy_only=False).astype(np.int64)
         columns = [table.column(i).to_numpy(zero_copy_only=False) for i in range(1, table.num_columns)]
         matrix = np.stack([np.asarray(c, dtype=np.float64) for c in columns], axis=1) if columns else np.zeros((len(rids), 0))
-        return rids, matrix
+        return rids, settled(matrix)
 
     def of_output(self, db: Database, output: str, size: int) -> np.ndarray:
         """Features of every row of a model's output relation (rows 0..size-1 by `_rid`), from its key
@@ -304,6 +305,17 @@ class Flat:
         inside = (rids >= 0) & (rids < size)
         out[rids[inside]] = matrix[inside]
         return out
+
+
+def settled(matrix: np.ndarray, bits: int = SETTLED_BITS) -> np.ndarray:
+    """`matrix` with every number's mantissa rounded to `bits` bits (the exponent, NaN and
+    infinities kept). A database adds a mean's terms in an order its threads choose: the same
+    feature came back one unit in the last place apart between two queries of one database, so
+    equal values became distinct, the trees' bins and splits moved, and a loaded model predicted
+    other numbers than the model saved. Rounded, such values are equal again (they differ only
+    where they straddle a rounding boundary: about 2^-(53 - bits) of them, 1e-6 at 32 bits)."""
+    mantissa, exponent = np.frexp(matrix)
+    return np.ldexp(np.round(mantissa * 2.0 ** bits) / 2.0 ** bits, exponent)
 
 
 def _parent(data: dict) -> Parent:
