@@ -11,7 +11,8 @@ default blend; without the refit, so the model in hand is the one `evaluate()` s
 OUT/NAME_sSEED.npz with the raw outputs (the task's output space: log-odds, class scores or
 standardized values) on the training, validation and test rows of the selected network (`net`),
 the blend's GBM (`gbm2`: the one it kept, on two-hop features or their one-hop part, `gbm_depth`
-in the json), a one-hop GBM (`gbm1`, bench.outside's peer) and the own-column
+in the json), every GBM the blend chose among (`cand_<reach>`: two-hop, one-hop,
+own-column; fitted again, the same trees), a one-hop GBM (`gbm1`, bench.outside's peer) and the own-column
 GBM (`gbm0`), with the encoded labels (`y`), and the network's cross-fitted validation outputs the
 blend weighed (`net_val_crossfit`, relsql/train/loop/crossfit.py); and OUT/NAME_sSEED.json with the task, the metric
 that picked the blend, the weight it picked and `evaluate()`'s scores.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import sys
 import tempfile
@@ -66,6 +68,11 @@ def record(manifest_path: Path, seed: int, out: Path, auto: dict, fit: dict) -> 
             if blend is not None:  # the features fit computed, kept by the blend (no second query)
                 for part in PARTS:
                     arrays[f"gbm2_{part}"] = blend.gbm_outputs(learner, learner.labelled[learner.rows[part]])
+            for candidate in hybrids.candidates(learner) or []:  # each GBM the blend chose among (refitted: deterministic)
+                x = candidate.x()
+                for part in PARTS:
+                    arrays[f"cand_{hybrids.reach(candidate.features)}_{part}"] = candidate.trees.raw(
+                        x[learner.labelled[learner.rows[part]]])
             spec = baselines.one_hop(learner)
             x = baselines.features(learner, spec)
             for name, width in (("gbm1", x.shape[1]), ("gbm0", len(spec.own))):
@@ -100,27 +107,47 @@ def score(run: dict, out: np.ndarray, y: np.ndarray, metric: str | None = None) 
     return hybrid.score(Task(**run["task"]), out, y, metric or run["metric"])
 
 
-def picked(run: dict, a: dict) -> float:
-    """The weight fit()'s blend picks from the recorded validation outputs (hybrid.best_weight): the
-    network's cross-fitted ones where fit had them, as fit weighs them."""
+REACHES = ("two-hop", "one-hop", "own-column")  # the order fit() tries the blend's GBMs in (hybrid._feature_sets)
+
+
+def chosen(run: dict, a: dict, evidence: float | None = None) -> tuple[float, str]:
+    """The network's weight and the GBM (its arrays' prefix: `cand_<reach>`, or `gbm2` in a run
+    recorded without its candidates) fit()'s blend keeps, by relsql's own rule (hybrid.choose) on the
+    recorded validation outputs: the network's cross-fitted ones where fit had them, as fit weighs
+    them. A run without candidates replays the rule on the kept GBM alone. `evidence`: the rule's
+    standard errors (default: relsql's EVIDENCE; -inf: the better-scoring blend always)."""
     from relsql.train.gbm import hybrid
+    from relsql.train.task.task import Task
 
+    names = [f"cand_{r}" for r in REACHES if f"cand_{r}_val" in a] or ["gbm2"]
+    reaches = [name.removeprefix("cand_") if name != "gbm2" else "one-hop" for name in names]
     net = a.get("net_val_crossfit", a["net_val"])
-    scores = {w: score(run, w * net + (1 - w) * a["gbm2_val"], a["y_val"], run["chosen_on"]) for w in hybrid.WEIGHTS}
-    return hybrid.best_weight(scores, run["chosen_on"])
+    index, weight, _, _ = hybrid.choose(Task(**run["task"]), net, [a[f"{name}_val"] for name in names], reaches,
+                                        a["y_val"], run["chosen_on"],
+                                        hybrid.EVIDENCE if evidence is None else evidence)
+    return weight, names[index]
 
 
-def _mix(weight_of):
+def picked(run: dict, a: dict) -> float:
+    """The network's weight fit()'s blend picks from the recorded validation outputs (`chosen`)."""
+    return chosen(run, a)[0]
+
+
+def _mix(weight_of, evidence: float | None = None):
     def rule(run: dict, a: dict) -> np.ndarray:
         if "gbm2_test" not in a:  # no blend was fitted: the network alone
             return a["net_test"]
-        w = weight_of(picked(run, a))
-        return w * a["net_test"] + (1 - w) * a["gbm2_test"]
+        weight, name = chosen(run, a, evidence)
+        w = weight_of(weight)
+        return w * a["net_test"] + (1 - w) * a[f"{name}_test"]
     return rule
 
 
 RULES = {
     "picked": _mix(lambda w: w),
+    "no evidence": _mix(lambda w: w, -math.inf),  # the better-scoring blend always (fit before 2026-12-06)
+    "evidence 1": _mix(lambda w: w, 1.0),
+    "evidence 2": _mix(lambda w: w, 2.0),
     "shrunk 0.75": _mix(lambda w: 0.75 * w),
     "shrunk 0.5": _mix(lambda w: 0.5 * w),
     "GBM alone": lambda run, a: a.get("gbm2_test", a["net_test"]),

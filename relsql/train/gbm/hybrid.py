@@ -15,7 +15,11 @@ scores, or the standardized units the network's regression output and labels sha
 scales y by the training rows' mean and std), with `a` in {0, 0.1, ..., 1} picked on the
 validation rows by the metric that chose the network's epoch (fit's monitor: MAE for a
 regression, ROC-AUC, accuracy, or the loss on a validation part too small for them), so one
-metric chooses both (ties go to the larger `a`: the network). a = 1 is the network alone. The
+metric chooses both (ties go to the larger `a`: the network). a = 1 is the network alone. A blend
+other than the one-hop GBM alone is kept only where validation says so beyond its noise: its lead
+over that GBM must pass `EVIDENCE` standard errors of a paired bootstrap over the validation rows
+(`lead`); else the one-hop GBM alone is kept, the model a user would fit (on a few dozen validation
+rows the pick between candidates was mostly chance; docs/quality.md). The
 network's validation outputs weighed are cross-fitted where fit could (relsql/train/loop/crossfit.py):
 each row's from the epoch the other half of the rows chose, so the weight does not reward the
 network for the rows that picked its epoch (docs/quality.md: on the outside corpus this raised the
@@ -49,6 +53,10 @@ WEIGHTS = tuple(round(0.1 * i, 1) for i in range(11))
 # test-score change of -0.07 % (95 % interval -0.24 % .. +0.13 %; docs/performance.md)
 QUICK = {"learning_rate": 0.1, "patience": 25}
 LOWER_IS_BETTER = ("rmse", "mae", "loss")
+# a blend departs from the one-hop GBM alone only where its validation lead is at least this many
+# standard errors (`lead`: a paired bootstrap of RESAMPLES draws of the validation rows)
+EVIDENCE = 1.5
+RESAMPLES = 200
 
 
 @dataclass
@@ -62,6 +70,7 @@ class Hybrid:
     metric: str
     scores: dict[float, float] = field(default_factory=dict)
     crossfit: bool = False  # whether the network's outputs were cross-fitted (relsql/train/loop/crossfit.py)
+    held: str = ""  # where the best blend's lead was within its noise: that blend and its lead (`fit`)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def gbm_outputs(self, learner, rids: np.ndarray) -> np.ndarray:
@@ -99,18 +108,17 @@ class Hybrid:
         return rounds
 
     def describe(self) -> str:
-        gbm = f"GBM on {reach(self.features)} features"
-        share = "the network alone" if self.weight == 1.0 else f"the {gbm} alone" if self.weight == 0.0 else \
-            f"{self.weight:.1f} x network + {1 - self.weight:.1f} x {gbm}"
+        share = _share(self.weight, reach(self.features))
         outputs = " (the network's outputs cross-fitted: each half at the epoch the other half chose)" if self.crossfit else ""
+        held = f"; kept over {self.held}" if self.held else ""
         return (f"blend picked on validation {self.metric}{outputs}: {share} (network weight {self.weight:.1f}; "
                 f"{self.metric} {self.scores.get(self.weight, float('nan')):.4f} vs network alone "
-                f"{self.scores.get(1.0, float('nan')):.4f}, GBM alone {self.scores.get(0.0, float('nan')):.4f})")
+                f"{self.scores.get(1.0, float('nan')):.4f}, GBM alone {self.scores.get(0.0, float('nan')):.4f}{held})")
 
     def to_plain(self) -> dict:
         return {"features": self.features.to_plain(), "trees": self.trees.to_plain(), "weight": float(self.weight),
                 "metric": self.metric, "scores": [[float(a), float(s)] for a, s in self.scores.items()],
-                "crossfit": bool(self.crossfit)}
+                "crossfit": bool(self.crossfit), "held": self.held}
 
     @classmethod
     def from_plain(cls, data: dict, where: str = "hybrid") -> Hybrid:
@@ -128,7 +136,10 @@ class Hybrid:
         crossfit = data.get("crossfit", False)  # a file written before cross-fitting: False
         if type(crossfit) is not bool:
             raise RelsqlError(f"{where} is damaged: its blend's crossfit flag")
-        return cls(features, trees, weight, metric, {float(a): float(s) for a, s in scores}, crossfit)
+        held = data.get("held", "")  # a file written before the evidence rule: ""
+        if not isinstance(held, str):
+            raise RelsqlError(f"{where} is damaged: its blend's description")
+        return cls(features, trees, weight, metric, {float(a): float(s) for a, s in scores}, crossfit, held)
 
 
 @dataclass
@@ -173,7 +184,8 @@ def fit(learner, found: list[Candidate] | None = None) -> Hybrid | None:
     """A GBM on the depth-2 features of the training rows, one on their one-hop part and one on
     the target table's own columns (`candidates`, or those `found` before training), each with the
     blend weight the validation rows pick by the metric that chose the network's epoch (see the
-    module docstring); the blend that scores better there (the wider one on a tie).
+    module docstring); the blend that scores better there (the wider one on a tie), where its lead
+    over the one-hop GBM alone passes EVIDENCE standard errors, else that GBM alone.
     None without validation rows or features."""
     found = candidates(learner) if found is None else found
     if not found:
@@ -184,15 +196,57 @@ def fit(learner, found: list[Candidate] | None = None) -> Hybrid | None:
     net = (net if honest is None else honest).detach().cpu().double().numpy()
     truth = y.detach().cpu().double().numpy()
     metric = chosen_on(learner)
-    blend, kept = None, found[0]
-    for candidate in found:
-        scores = weighed(learner.task, net, candidate.theirs, truth, metric)
-        weight = best_weight(scores, metric)
-        if blend is None or _ranked(scores[weight], metric) > _ranked(blend.scores[blend.weight], metric) + 1e-12:
-            blend = Hybrid(candidate.features, candidate.trees, weight, metric, scores, honest is not None)
-            kept = candidate
+    index, weight, scores, held = choose(learner.task, net, [c.theirs for c in found],
+                                         [reach(c.features) for c in found], truth, metric)
+    kept = found[index]
+    blend = Hybrid(kept.features, kept.trees, weight, metric, scores, honest is not None, held)
     blend.keep_features(learner, kept.x())  # predict() reads these rows' features again otherwise
     return blend
+
+
+def choose(task, net: np.ndarray, theirs: list[np.ndarray], reaches: list[str], truth: np.ndarray,
+           metric: str, evidence: float = EVIDENCE) -> tuple[int, float, dict[float, float], str]:
+    """The blend `fit` keeps, from validation outputs alone: the network's (`net`) and each GBM
+    candidate's (`theirs`, whose feature sets are `reaches`): (the candidate's index, the network's
+    weight, that candidate's score per weight, and what was held back: "" or the better-scoring
+    blend whose lead over the one-hop GBM alone was within `evidence` standard errors; -inf keeps
+    the better-scoring blend always, as fit did before the rule)."""
+    best = None
+    for index, outputs in enumerate(theirs):
+        scores = weighed(task, net, outputs, truth, metric)
+        weight = best_weight(scores, metric)
+        if best is None or _ranked(scores[weight], metric) > _ranked(best[2][best[1]], metric) + 1e-12:
+            best = (index, weight, scores)
+    index, weight, scores = best
+    plain = reaches.index("one-hop") if "one-hop" in reaches else 0
+    if (index == plain and weight == 0.0) or evidence == -math.inf:
+        return index, weight, scores, ""
+    ahead, error = lead(task, weight * net + (1 - weight) * theirs[index], theirs[plain], truth, metric)
+    if ahead > evidence * error:
+        return index, weight, scores, ""
+    held = (f"{_share(weight, reaches[index])} (validation lead {ahead:+.4f}, standard error {error:.4f}: within "
+            f"{evidence} standard errors)")
+    return plain, 0.0, weighed(task, net, theirs[plain], truth, metric), held
+
+
+def lead(task, ours: np.ndarray, theirs: np.ndarray, truth: np.ndarray, metric: str) -> tuple[float, float]:
+    """How far outputs `ours` score ahead of `theirs` on `metric` (larger-is-better units; NaN where
+    either is undefined) and that lead's standard error: the spread of the lead over RESAMPLES
+    draws of the rows with replacement, the same draws for both (paired), from a fixed seed.
+    Draws where either score is undefined (a ROC-AUC of one class) are left out; with fewer than
+    two left the error is infinite."""
+    ahead = _ranked(score(task, ours, truth, metric), metric) - _ranked(score(task, theirs, truth, metric), metric)
+    draws = np.random.default_rng(0).integers(0, len(truth), (RESAMPLES, len(truth)))
+    leads = [_ranked(score(task, ours[rows], truth[rows], metric), metric)
+             - _ranked(score(task, theirs[rows], truth[rows], metric), metric) for rows in draws]
+    leads = np.array([x for x in leads if math.isfinite(x)])
+    return ahead, float(leads.std()) if len(leads) > 1 else math.inf
+
+
+def _share(weight: float, reaches: str) -> str:
+    gbm = f"GBM on {reaches} features"
+    return "the network alone" if weight == 1.0 else f"the {gbm} alone" if weight == 0.0 else \
+        f"{weight:.1f} x network + {1 - weight:.1f} x {gbm}"
 
 
 def weighed(task, net: np.ndarray, theirs: np.ndarray, truth: np.ndarray, metric: str) -> dict[float, float]:
