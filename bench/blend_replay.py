@@ -115,17 +115,35 @@ def chosen(run: dict, a: dict, evidence: float | None = None) -> tuple[float, st
     recorded without its candidates) fit()'s blend keeps, by relsql's own rule (hybrid.choose) on the
     recorded validation outputs: the network's cross-fitted ones where fit had them, as fit weighs
     them. A run without candidates replays the rule on the kept GBM alone. `evidence`: the rule's
-    standard errors (default: relsql's EVIDENCE; -inf: the better-scoring blend always)."""
+    standard errors (default: relsql's EVIDENCE); -inf: fit's rule before 2026-12-06, the GBM
+    whose blend with the network scored best (`_best_blend`)."""
     from relsql.train.gbm import hybrid
     from relsql.train.task.task import Task
 
     names = [f"cand_{r}" for r in REACHES if f"cand_{r}_val" in a] or ["gbm2"]
     reaches = [name.removeprefix("cand_") if name != "gbm2" else "one-hop" for name in names]
-    net = a.get("net_val_crossfit", a["net_val"])
-    index, weight, _, _ = hybrid.choose(Task(**run["task"]), net, [a[f"{name}_val"] for name in names], reaches,
-                                        a["y_val"], run["chosen_on"],
-                                        hybrid.EVIDENCE if evidence is None else evidence)
+    net, task = a.get("net_val_crossfit", a["net_val"]), Task(**run["task"])
+    outputs = [a[f"{name}_val"] for name in names]
+    if evidence == -math.inf:
+        index, weight = _best_blend(task, net, outputs, a["y_val"], run["chosen_on"])
+    else:
+        index, weight, _, _ = hybrid.choose(task, net, outputs, reaches, a["y_val"], run["chosen_on"],
+                                            hybrid.EVIDENCE if evidence is None else evidence)
     return weight, names[index]
+
+
+def _best_blend(task, net: np.ndarray, outputs: list[np.ndarray], truth: np.ndarray, metric: str) -> tuple[int, float]:
+    """fit()'s blend before 2026-12-06: each GBM with its best weight, the best of those blends (the
+    first on a tie)."""
+    from relsql.train.gbm import hybrid
+
+    best = None
+    for index, theirs in enumerate(outputs):
+        scores = hybrid.weighed(task, net, theirs, truth, metric)
+        weight = hybrid.best_weight(scores, metric)
+        if best is None or hybrid._ranked(scores[weight], metric) > best[2] + 1e-12:
+            best = (index, weight, hybrid._ranked(scores[weight], metric))
+    return best[0], best[1]
 
 
 def picked(run: dict, a: dict) -> float:

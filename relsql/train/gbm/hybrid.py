@@ -15,11 +15,11 @@ scores, or the standardized units the network's regression output and labels sha
 scales y by the training rows' mean and std), with `a` in {0, 0.1, ..., 1} picked on the
 validation rows by the metric that chose the network's epoch (fit's monitor: MAE for a
 regression, ROC-AUC, accuracy, or the loss on a validation part too small for them), so one
-metric chooses both (ties go to the larger `a`: the network). a = 1 is the network alone. A blend
-other than the one-hop GBM alone is kept only where validation says so beyond its noise: its lead
-over that GBM must pass `EVIDENCE` standard errors of a paired bootstrap over the validation rows
-(`lead`); else the one-hop GBM alone is kept, the model a user would fit (on a few dozen validation
-rows the pick between candidates was mostly chance; docs/quality.md). The
+metric chooses both (ties go to the larger `a`: the network). a = 1 is the network alone. The
+GBM blended is the one scoring best alone on validation where its lead over the one-hop GBM passes
+`EVIDENCE` standard errors of a paired bootstrap over the validation rows (`lead`), else the one-hop
+GBM, the one a user would fit (`choose`: on a few dozen validation rows the pick between GBMs was
+mostly chance, once 0.09 RMSE against the one-hop GBM's 0.03; docs/quality.md). The
 network's validation outputs weighed are cross-fitted where fit could (relsql/train/loop/crossfit.py):
 each row's from the epoch the other half of the rows chose, so the weight does not reward the
 network for the rows that picked its epoch (docs/quality.md: on the outside corpus this raised the
@@ -53,7 +53,7 @@ WEIGHTS = tuple(round(0.1 * i, 1) for i in range(11))
 # test-score change of -0.07 % (95 % interval -0.24 % .. +0.13 %; docs/performance.md)
 QUICK = {"learning_rate": 0.1, "patience": 25}
 LOWER_IS_BETTER = ("rmse", "mae", "loss")
-# a blend departs from the one-hop GBM alone only where its validation lead is at least this many
+# the blend takes a GBM other than the one-hop one only where its validation lead is at least this many
 # standard errors (`lead`: a paired bootstrap of RESAMPLES draws of the validation rows)
 EVIDENCE = 1.5
 RESAMPLES = 200
@@ -70,7 +70,7 @@ class Hybrid:
     metric: str
     scores: dict[float, float] = field(default_factory=dict)
     crossfit: bool = False  # whether the network's outputs were cross-fitted (relsql/train/loop/crossfit.py)
-    held: str = ""  # where the best blend's lead was within its noise: that blend and its lead (`fit`)
+    held: str = ""  # a GBM that scored better than the one kept, within its noise, and its lead (`choose`)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def gbm_outputs(self, learner, rids: np.ndarray) -> np.ndarray:
@@ -108,7 +108,9 @@ class Hybrid:
         return rounds
 
     def describe(self) -> str:
-        share = _share(self.weight, reach(self.features))
+        gbm = f"GBM on {reach(self.features)} features"
+        share = "the network alone" if self.weight == 1.0 else f"the {gbm} alone" if self.weight == 0.0 else \
+            f"{self.weight:.1f} x network + {1 - self.weight:.1f} x {gbm}"
         outputs = " (the network's outputs cross-fitted: each half at the epoch the other half chose)" if self.crossfit else ""
         held = f"; kept over {self.held}" if self.held else ""
         return (f"blend picked on validation {self.metric}{outputs}: {share} (network weight {self.weight:.1f}; "
@@ -184,8 +186,8 @@ def fit(learner, found: list[Candidate] | None = None) -> Hybrid | None:
     """A GBM on the depth-2 features of the training rows, one on their one-hop part and one on
     the target table's own columns (`candidates`, or those `found` before training), each with the
     blend weight the validation rows pick by the metric that chose the network's epoch (see the
-    module docstring); the blend that scores better there (the wider one on a tie), where its lead
-    over the one-hop GBM alone passes EVIDENCE standard errors, else that GBM alone.
+    module docstring): the GBM that scores best alone there where its lead over the one-hop GBM
+    passes EVIDENCE standard errors, else the one-hop GBM (`choose`).
     None without validation rows or features."""
     found = candidates(learner) if found is None else found
     if not found:
@@ -207,26 +209,23 @@ def fit(learner, found: list[Candidate] | None = None) -> Hybrid | None:
 def choose(task, net: np.ndarray, theirs: list[np.ndarray], reaches: list[str], truth: np.ndarray,
            metric: str, evidence: float = EVIDENCE) -> tuple[int, float, dict[float, float], str]:
     """The blend `fit` keeps, from validation outputs alone: the network's (`net`) and each GBM
-    candidate's (`theirs`, whose feature sets are `reaches`): (the candidate's index, the network's
-    weight, that candidate's score per weight, and what was held back: "" or the better-scoring
-    blend whose lead over the one-hop GBM alone was within `evidence` standard errors; -inf keeps
-    the better-scoring blend always, as fit did before the rule)."""
-    best = None
-    for index, outputs in enumerate(theirs):
-        scores = weighed(task, net, outputs, truth, metric)
-        weight = best_weight(scores, metric)
-        if best is None or _ranked(scores[weight], metric) > _ranked(best[2][best[1]], metric) + 1e-12:
-            best = (index, weight, scores)
-    index, weight, scores = best
+    candidate's (`theirs`, whose feature sets are `reaches`). The GBM: the one scoring best alone
+    (the wider on a tie) where its lead over the one-hop GBM passes `evidence` standard errors,
+    else the one-hop GBM; then the network's weight with it, picked by the validation score.
+    Returns (the GBM's index, the weight, the score per weight, and the GBM held back: "" or its
+    lead)."""
     plain = reaches.index("one-hop") if "one-hop" in reaches else 0
-    if (index == plain and weight == 0.0) or evidence == -math.inf:
-        return index, weight, scores, ""
-    ahead, error = lead(task, weight * net + (1 - weight) * theirs[index], theirs[plain], truth, metric)
-    if ahead > evidence * error:
-        return index, weight, scores, ""
-    held = (f"{_share(weight, reaches[index])} (validation lead {ahead:+.4f}, standard error {error:.4f}: within "
-            f"{evidence} standard errors)")
-    return plain, 0.0, weighed(task, net, theirs[plain], truth, metric), held
+    alone = [_ranked(score(task, outputs, truth, metric), metric) for outputs in theirs]
+    index = max(range(len(theirs)), key=lambda i: (alone[i], -i))
+    held = ""
+    if index != plain:
+        ahead, error = lead(task, theirs[index], theirs[plain], truth, metric)
+        if not ahead > evidence * error:
+            held = (f"the GBM on {reaches[index]} features (validation lead {ahead:+.4f}, standard error "
+                    f"{error:.4f}: within {evidence} standard errors)")
+            index = plain
+    scores = weighed(task, net, theirs[index], truth, metric)
+    return index, best_weight(scores, metric), scores, held
 
 
 def lead(task, ours: np.ndarray, theirs: np.ndarray, truth: np.ndarray, metric: str) -> tuple[float, float]:
@@ -241,12 +240,6 @@ def lead(task, ours: np.ndarray, theirs: np.ndarray, truth: np.ndarray, metric: 
              - _ranked(score(task, theirs[rows], truth[rows], metric), metric) for rows in draws]
     leads = np.array([x for x in leads if math.isfinite(x)])
     return ahead, float(leads.std()) if len(leads) > 1 else math.inf
-
-
-def _share(weight: float, reaches: str) -> str:
-    gbm = f"GBM on {reaches} features"
-    return "the network alone" if weight == 1.0 else f"the {gbm} alone" if weight == 0.0 else \
-        f"{weight:.1f} x network + {1 - weight:.1f} x {gbm}"
 
 
 def weighed(task, net: np.ndarray, theirs: np.ndarray, truth: np.ndarray, metric: str) -> dict[float, float]:
