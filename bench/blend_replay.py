@@ -110,40 +110,48 @@ def score(run: dict, out: np.ndarray, y: np.ndarray, metric: str | None = None) 
 REACHES = ("two-hop", "one-hop", "own-column")  # the order fit() tries the blend's GBMs in (hybrid._feature_sets)
 
 
+EVIDENCE = 1.5  # the "evidence" rule's standard errors (measured 2026-12-06, not adopted: docs/quality.md)
+RESAMPLES = 200
+
+
 def chosen(run: dict, a: dict, evidence: float | None = None) -> tuple[float, str]:
     """The network's weight and the GBM (its arrays' prefix: `cand_<reach>`, or `gbm2` in a run
     recorded without its candidates) fit()'s blend keeps, by relsql's own rule (hybrid.choose) on the
     recorded validation outputs: the network's cross-fitted ones where fit had them, as fit weighs
-    them. A run without candidates replays the rule on the kept GBM alone. `evidence`: the rule's
-    standard errors (default: relsql's EVIDENCE); -inf: fit's rule before 2026-12-06, the GBM
-    whose blend with the network scored best (`_best_blend`)."""
+    them. With `evidence`, the rule measured on 2026-12-06: the GBM scoring best alone where its
+    lead over the one-hop GBM passes `evidence` standard errors of a paired bootstrap (`lead`), else
+    the one-hop GBM; then the network's weight with it."""
     from relsql.train.gbm import hybrid
     from relsql.train.task.task import Task
 
     names = [f"cand_{r}" for r in REACHES if f"cand_{r}_val" in a] or ["gbm2"]
-    reaches = [name.removeprefix("cand_") if name != "gbm2" else "one-hop" for name in names]
-    net, task = a.get("net_val_crossfit", a["net_val"]), Task(**run["task"])
+    net, task, truth, metric = a.get("net_val_crossfit", a["net_val"]), Task(**run["task"]), a["y_val"], run["chosen_on"]
     outputs = [a[f"{name}_val"] for name in names]
-    if evidence == -math.inf:
-        index, weight = _best_blend(task, net, outputs, a["y_val"], run["chosen_on"])
-    else:
-        index, weight, _, _ = hybrid.choose(task, net, outputs, reaches, a["y_val"], run["chosen_on"],
-                                            hybrid.EVIDENCE if evidence is None else evidence)
-    return weight, names[index]
+    if evidence is None:
+        index, weight, _ = hybrid.choose(task, net, outputs, truth, metric)
+        return weight, names[index]
+    plain = names.index("cand_one-hop") if "cand_one-hop" in names else 0
+    alone = [hybrid._ranked(hybrid.score(task, out, truth, metric), metric) for out in outputs]
+    index = max(range(len(outputs)), key=lambda i: (alone[i], -i))
+    if index != plain:
+        ahead, error = lead(task, outputs[index], outputs[plain], truth, metric)
+        index = index if ahead > evidence * error else plain
+    return hybrid.best_weight(hybrid.weighed(task, net, outputs[index], truth, metric), metric), names[index]
 
 
-def _best_blend(task, net: np.ndarray, outputs: list[np.ndarray], truth: np.ndarray, metric: str) -> tuple[int, float]:
-    """fit()'s blend before 2026-12-06: each GBM with its best weight, the best of those blends (the
-    first on a tie)."""
+def lead(task, ours: np.ndarray, theirs: np.ndarray, truth: np.ndarray, metric: str) -> tuple[float, float]:
+    """How far outputs `ours` score ahead of `theirs` (larger-is-better units) and the spread of
+    that lead over RESAMPLES draws of the rows with replacement, the same draws for both, from a
+    fixed seed (draws where a score is undefined left out; infinite with fewer than two left)."""
     from relsql.train.gbm import hybrid
 
-    best = None
-    for index, theirs in enumerate(outputs):
-        scores = hybrid.weighed(task, net, theirs, truth, metric)
-        weight = hybrid.best_weight(scores, metric)
-        if best is None or hybrid._ranked(scores[weight], metric) > best[2] + 1e-12:
-            best = (index, weight, hybrid._ranked(scores[weight], metric))
-    return best[0], best[1]
+    def lead_on(rows):
+        return (hybrid._ranked(hybrid.score(task, ours[rows], truth[rows], metric), metric)
+                - hybrid._ranked(hybrid.score(task, theirs[rows], truth[rows], metric), metric))
+
+    leads = [lead_on(rows) for rows in np.random.default_rng(0).integers(0, len(truth), (RESAMPLES, len(truth)))]
+    leads = np.array([x for x in leads if math.isfinite(x)])
+    return lead_on(np.arange(len(truth))), float(leads.std()) if len(leads) > 1 else math.inf
 
 
 def picked(run: dict, a: dict) -> float:
@@ -163,9 +171,7 @@ def _mix(weight_of, evidence: float | None = None):
 
 RULES = {
     "picked": _mix(lambda w: w),
-    "no evidence": _mix(lambda w: w, -math.inf),  # the better-scoring blend always (fit before 2026-12-06)
-    "evidence 1": _mix(lambda w: w, 1.0),
-    "evidence 2": _mix(lambda w: w, 2.0),
+    "evidence 1.5": _mix(lambda w: w, EVIDENCE),  # measured, not adopted (docs/quality.md, 2026-12-06)
     "shrunk 0.75": _mix(lambda w: 0.75 * w),
     "shrunk 0.5": _mix(lambda w: 0.5 * w),
     "GBM alone": lambda run, a: a.get("gbm2_test", a["net_test"]),

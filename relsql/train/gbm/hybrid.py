@@ -16,10 +16,6 @@ scales y by the training rows' mean and std), with `a` in {0, 0.1, ..., 1} picke
 validation rows by the metric that chose the network's epoch (fit's monitor: MAE for a
 regression, ROC-AUC, accuracy, or the loss on a validation part too small for them), so one
 metric chooses both (ties go to the larger `a`: the network). a = 1 is the network alone. The
-GBM blended is the one scoring best alone on validation where its lead over the one-hop GBM passes
-`EVIDENCE` standard errors of a paired bootstrap over the validation rows (`lead`), else the one-hop
-GBM, the one a user would fit (`choose`: on a few dozen validation rows the pick between GBMs was
-mostly chance, once 0.09 RMSE against the one-hop GBM's 0.03; docs/quality.md). The
 network's validation outputs weighed are cross-fitted where fit could (relsql/train/loop/crossfit.py):
 each row's from the epoch the other half of the rows chose, so the weight does not reward the
 network for the rows that picked its epoch (docs/quality.md: on the outside corpus this raised the
@@ -53,10 +49,6 @@ WEIGHTS = tuple(round(0.1 * i, 1) for i in range(11))
 # test-score change of -0.07 % (95 % interval -0.24 % .. +0.13 %; docs/performance.md)
 QUICK = {"learning_rate": 0.1, "patience": 25}
 LOWER_IS_BETTER = ("rmse", "mae", "loss")
-# the blend takes a GBM other than the one-hop one only where its validation lead is at least this many
-# standard errors (`lead`: a paired bootstrap of RESAMPLES draws of the validation rows)
-EVIDENCE = 1.5
-RESAMPLES = 200
 
 
 @dataclass
@@ -70,7 +62,6 @@ class Hybrid:
     metric: str
     scores: dict[float, float] = field(default_factory=dict)
     crossfit: bool = False  # whether the network's outputs were cross-fitted (relsql/train/loop/crossfit.py)
-    held: str = ""  # a GBM that scored better than the one kept, within its noise, and its lead (`choose`)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def gbm_outputs(self, learner, rids: np.ndarray) -> np.ndarray:
@@ -112,15 +103,14 @@ class Hybrid:
         share = "the network alone" if self.weight == 1.0 else f"the {gbm} alone" if self.weight == 0.0 else \
             f"{self.weight:.1f} x network + {1 - self.weight:.1f} x {gbm}"
         outputs = " (the network's outputs cross-fitted: each half at the epoch the other half chose)" if self.crossfit else ""
-        held = f"; kept over {self.held}" if self.held else ""
         return (f"blend picked on validation {self.metric}{outputs}: {share} (network weight {self.weight:.1f}; "
                 f"{self.metric} {self.scores.get(self.weight, float('nan')):.4f} vs network alone "
-                f"{self.scores.get(1.0, float('nan')):.4f}, GBM alone {self.scores.get(0.0, float('nan')):.4f}{held})")
+                f"{self.scores.get(1.0, float('nan')):.4f}, GBM alone {self.scores.get(0.0, float('nan')):.4f})")
 
     def to_plain(self) -> dict:
         return {"features": self.features.to_plain(), "trees": self.trees.to_plain(), "weight": float(self.weight),
                 "metric": self.metric, "scores": [[float(a), float(s)] for a, s in self.scores.items()],
-                "crossfit": bool(self.crossfit), "held": self.held}
+                "crossfit": bool(self.crossfit)}
 
     @classmethod
     def from_plain(cls, data: dict, where: str = "hybrid") -> Hybrid:
@@ -138,10 +128,7 @@ class Hybrid:
         crossfit = data.get("crossfit", False)  # a file written before cross-fitting: False
         if type(crossfit) is not bool:
             raise RelsqlError(f"{where} is damaged: its blend's crossfit flag")
-        held = data.get("held", "")  # a file written before the evidence rule: ""
-        if not isinstance(held, str):
-            raise RelsqlError(f"{where} is damaged: its blend's description")
-        return cls(features, trees, weight, metric, {float(a): float(s) for a, s in scores}, crossfit, held)
+        return cls(features, trees, weight, metric, {float(a): float(s) for a, s in scores}, crossfit)
 
 
 @dataclass
@@ -186,8 +173,7 @@ def fit(learner, found: list[Candidate] | None = None) -> Hybrid | None:
     """A GBM on the depth-2 features of the training rows, one on their one-hop part and one on
     the target table's own columns (`candidates`, or those `found` before training), each with the
     blend weight the validation rows pick by the metric that chose the network's epoch (see the
-    module docstring): the GBM that scores best alone there where its lead over the one-hop GBM
-    passes EVIDENCE standard errors, else the one-hop GBM (`choose`).
+    module docstring); the blend that scores better there (the wider one on a tie).
     None without validation rows or features."""
     found = candidates(learner) if found is None else found
     if not found:
@@ -198,48 +184,25 @@ def fit(learner, found: list[Candidate] | None = None) -> Hybrid | None:
     net = (net if honest is None else honest).detach().cpu().double().numpy()
     truth = y.detach().cpu().double().numpy()
     metric = chosen_on(learner)
-    index, weight, scores, held = choose(learner.task, net, [c.theirs for c in found],
-                                         [reach(c.features) for c in found], truth, metric)
+    index, weight, scores = choose(learner.task, net, [c.theirs for c in found], truth, metric)
     kept = found[index]
-    blend = Hybrid(kept.features, kept.trees, weight, metric, scores, honest is not None, held)
+    blend = Hybrid(kept.features, kept.trees, weight, metric, scores, honest is not None)
     blend.keep_features(learner, kept.x())  # predict() reads these rows' features again otherwise
     return blend
 
 
-def choose(task, net: np.ndarray, theirs: list[np.ndarray], reaches: list[str], truth: np.ndarray,
-           metric: str, evidence: float = EVIDENCE) -> tuple[int, float, dict[float, float], str]:
-    """The blend `fit` keeps, from validation outputs alone: the network's (`net`) and each GBM
-    candidate's (`theirs`, whose feature sets are `reaches`). The GBM: the one scoring best alone
-    (the wider on a tie) where its lead over the one-hop GBM passes `evidence` standard errors,
-    else the one-hop GBM; then the network's weight with it, picked by the validation score.
-    Returns (the GBM's index, the weight, the score per weight, and the GBM held back: "" or its
-    lead)."""
-    plain = reaches.index("one-hop") if "one-hop" in reaches else 0
-    alone = [_ranked(score(task, outputs, truth, metric), metric) for outputs in theirs]
-    index = max(range(len(theirs)), key=lambda i: (alone[i], -i))
-    held = ""
-    if index != plain:
-        ahead, error = lead(task, theirs[index], theirs[plain], truth, metric)
-        if not ahead > evidence * error:
-            held = (f"the GBM on {reaches[index]} features (validation lead {ahead:+.4f}, standard error "
-                    f"{error:.4f}: within {evidence} standard errors)")
-            index = plain
-    scores = weighed(task, net, theirs[index], truth, metric)
-    return index, best_weight(scores, metric), scores, held
-
-
-def lead(task, ours: np.ndarray, theirs: np.ndarray, truth: np.ndarray, metric: str) -> tuple[float, float]:
-    """How far outputs `ours` score ahead of `theirs` on `metric` (larger-is-better units; NaN where
-    either is undefined) and that lead's standard error: the spread of the lead over RESAMPLES
-    draws of the rows with replacement, the same draws for both (paired), from a fixed seed.
-    Draws where either score is undefined (a ROC-AUC of one class) are left out; with fewer than
-    two left the error is infinite."""
-    ahead = _ranked(score(task, ours, truth, metric), metric) - _ranked(score(task, theirs, truth, metric), metric)
-    draws = np.random.default_rng(0).integers(0, len(truth), (RESAMPLES, len(truth)))
-    leads = [_ranked(score(task, ours[rows], truth[rows], metric), metric)
-             - _ranked(score(task, theirs[rows], truth[rows], metric), metric) for rows in draws]
-    leads = np.array([x for x in leads if math.isfinite(x)])
-    return ahead, float(leads.std()) if len(leads) > 1 else math.inf
+def choose(task, net: np.ndarray, theirs: list[np.ndarray], truth: np.ndarray,
+           metric: str) -> tuple[int, float, dict[float, float]]:
+    """`fit`'s pick from validation outputs alone (bench/blend_replay.py replays it): each GBM
+    candidate's outputs (`theirs`) blended with the network's (`net`) at its best weight, the blend
+    that scores best (the first, wider, on a tie): (its index, its weight, its score per weight)."""
+    best = None
+    for index, outputs in enumerate(theirs):
+        scores = weighed(task, net, outputs, truth, metric)
+        weight = best_weight(scores, metric)
+        if best is None or _ranked(scores[weight], metric) > _ranked(best[2][best[1]], metric) + 1e-12:
+            best = (index, weight, scores)
+    return best
 
 
 def weighed(task, net: np.ndarray, theirs: np.ndarray, truth: np.ndarray, metric: str) -> dict[float, float]:
