@@ -102,6 +102,10 @@ def test_one_hop_features_equal_a_naive_evaluation(db, time):
             assert np.isnan(matrix[rid]).all()
             continue
         assert np.allclose(matrix[rid], expected[key], rtol=1e-9, atol=1e-9, equal_nan=True), (key, matrix[rid], expected[key])
+    # the matrix comes settled (every number within SETTLED_BITS of mantissa), though the means do not fit them
+    assert np.array_equal(flat.settled(matrix), matrix, equal_nan=True)
+    means = np.array([v for key in wanted if key != 99 for v in expected[key]])
+    assert not np.array_equal(flat.settled(means), means, equal_nan=True)
     again = flat.Flat.from_plain(spec.to_plain())
     assert again == spec
 
