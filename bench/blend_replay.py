@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 PARTS = ("train", "val", "test")
+FOLDS = 5  # out-of-fold outputs of each blend candidate (`out_of_fold`)
 
 
 # ============================================================================ record
@@ -70,9 +71,10 @@ def record(manifest_path: Path, seed: int, out: Path, auto: dict, fit: dict) -> 
                     arrays[f"gbm2_{part}"] = blend.gbm_outputs(learner, learner.labelled[learner.rows[part]])
             for candidate in hybrids.candidates(learner) or []:  # each GBM the blend chose among (refitted: deterministic)
                 x = candidate.x()
+                name = f"cand_{hybrids.reach(candidate.features)}"
                 for part in PARTS:
-                    arrays[f"cand_{hybrids.reach(candidate.features)}_{part}"] = candidate.trees.raw(
-                        x[learner.labelled[learner.rows[part]]])
+                    arrays[f"{name}_{part}"] = candidate.trees.raw(x[learner.labelled[learner.rows[part]]])
+                arrays[f"{name}_oof"] = out_of_fold(learner, candidate)
             spec = baselines.one_hop(learner)
             x = baselines.features(learner, spec)
             for name, width in (("gbm1", x.shape[1]), ("gbm0", len(spec.own))):
@@ -95,6 +97,27 @@ def record(manifest_path: Path, seed: int, out: Path, auto: dict, fit: dict) -> 
     np.savez(stem.with_suffix(".npz"), **arrays)
     stem.with_suffix(".json").write_text(json.dumps(info, default=float))
     return info
+
+
+def out_of_fold(learner, candidate, folds: int = FOLDS) -> np.ndarray:
+    """A blend candidate's outputs on the training and validation rows (in that order), each from
+    a GBM of the candidate's features and settings fitted on the other `folds` - 1 parts of those
+    rows (a seeded partition) for the rounds the candidate's early stopping kept: what picking the
+    candidate on every labelled row but the test ones would see."""
+    from relsql.train.gbm import gbm
+    from relsql.train.gbm import hybrid as hybrids
+
+    rows = np.concatenate([learner.rows["train"], learner.rows["val"]])
+    x = candidate.x()[learner.labelled][rows]
+    y = learner.y.detach().cpu().double().numpy()[rows]
+    part = np.random.default_rng(0).permutation(len(rows)) % folds
+    rounds = max(1, len(candidate.trees.roots) // max(1, candidate.trees.units))
+    out = np.zeros((len(rows), learner.task.units))
+    for k in range(folds):
+        trees = gbm.fit(x[part != k], y[part != k], learner.task.kind, learner.task.units, learner.seed, rounds=rounds,
+                        **hybrids.settings(candidate.features))
+        out[part == k] = trees.raw(x[part == k])
+    return out
 
 
 # ============================================================================ replay
@@ -154,6 +177,23 @@ def lead(task, ours: np.ndarray, theirs: np.ndarray, truth: np.ndarray, metric: 
     return lead_on(np.arange(len(truth))), float(leads.std()) if len(leads) > 1 else math.inf
 
 
+def chosen_out_of_fold(run: dict, a: dict) -> tuple[float, str]:
+    """The GBM whose out-of-fold outputs score best on the training and validation rows together
+    (the first, wider, on a tie), then the network's weight with it on the validation rows."""
+    from relsql.train.gbm import hybrid
+    from relsql.train.task.task import Task
+
+    names = [f"cand_{r}" for r in REACHES if f"cand_{r}_oof" in a]
+    if not names:
+        return chosen(run, a)
+    task, metric = Task(**run["task"]), run["chosen_on"]
+    truth = np.concatenate([a["y_train"], a["y_val"]])
+    scores = [hybrid._ranked(hybrid.score(task, a[f"{n}_oof"], truth, metric), metric) for n in names]
+    name = names[max(range(len(names)), key=lambda i: (scores[i], -i))]
+    net = a.get("net_val_crossfit", a["net_val"])
+    return hybrid.best_weight(hybrid.weighed(task, net, a[f"{name}_val"], a["y_val"], metric), metric), name
+
+
 def picked(run: dict, a: dict) -> float:
     """The network's weight fit()'s blend picks from the recorded validation outputs (`chosen`)."""
     return chosen(run, a)[0]
@@ -172,11 +212,19 @@ def _mix(weight_of, evidence: float | None = None):
 RULES = {
     "picked": _mix(lambda w: w),
     "evidence 1.5": _mix(lambda w: w, EVIDENCE),  # measured, not adopted (docs/quality.md, 2026-12-06)
+    "out-of-fold pick": lambda run, a: _oof_mix(run, a),
     "shrunk 0.75": _mix(lambda w: 0.75 * w),
     "shrunk 0.5": _mix(lambda w: 0.5 * w),
     "GBM alone": lambda run, a: a.get("gbm2_test", a["net_test"]),
     "network alone": lambda run, a: a["net_test"],
 }
+
+
+def _oof_mix(run: dict, a: dict) -> np.ndarray:
+    if "gbm2_test" not in a:
+        return a["net_test"]
+    weight, name = chosen_out_of_fold(run, a)
+    return weight * a["net_test"] + (1 - weight) * a[f"{name}_test"]
 
 
 def load(folders: list[Path]) -> list[tuple[dict, dict]]:
