@@ -43,7 +43,7 @@ MAX_PAIRS = 5_000_000  # a timed join of a parent's other children reading more 
 # computed as running aggregates instead (Flat._running: sorting is cheaper than the pairs there; below it
 # the join is, the window's own cost ~3x the join's on the small tables of the outside corpus)
 RUNNING_PAIRS_PER_ROW = 200
-SETTLED_BITS = 32  # the bits of mantissa a feature keeps (`settled`): 2^-33 relative, 0.2 s of a 2020 epoch time
+SETTLED_BITS = 32  # the bits of mantissa a feature keeps (`settled`): within 2^-33 relative, 0.25 s of a 2020 epoch time
 
 
 @dataclass
