@@ -12,7 +12,8 @@ OUT/NAME_sSEED.npz with the raw outputs (the task's output space: log-odds, clas
 standardized values) on the training, validation and test rows of the selected network (`net`),
 the blend's GBM (`gbm2`: the one it kept, on two-hop features or their one-hop part, `gbm_depth`
 in the json), every GBM the blend chose among (`cand_<reach>`: two-hop, one-hop,
-own-column; fitted again, the same trees), a one-hop GBM (`gbm1`, bench.outside's peer) and the own-column
+own-column; fitted again, the same trees; `cand_<reach>_oof`: its out-of-fold outputs on the training
+and validation rows, `out_of_fold`), a one-hop GBM (`gbm1`, bench.outside's peer) and the own-column
 GBM (`gbm0`), with the encoded labels (`y`), and the network's cross-fitted validation outputs the
 blend weighed (`net_val_crossfit`, relsql/train/loop/crossfit.py); and OUT/NAME_sSEED.json with the task, the metric
 that picked the blend, the weight it picked and `evaluate()`'s scores.
@@ -154,12 +155,26 @@ def chosen(run: dict, a: dict, evidence: float | None = None) -> tuple[float, st
         index, weight, _ = hybrid.choose(task, net, outputs, truth, metric)
         return weight, names[index]
     plain = names.index("cand_one-hop") if "cand_one-hop" in names else 0
-    alone = [hybrid._ranked(hybrid.score(task, out, truth, metric), metric) for out in outputs]
-    index = max(range(len(outputs)), key=lambda i: (alone[i], -i))
+    index = _best_alone(task, outputs, truth, metric)
     if index != plain:
         ahead, error = lead(task, outputs[index], outputs[plain], truth, metric)
         index = index if ahead > evidence * error else plain
-    return hybrid.best_weight(hybrid.weighed(task, net, outputs[index], truth, metric), metric), names[index]
+    return _weight(task, net, outputs[index], truth, metric), names[index]
+
+
+def _best_alone(task, outputs: list[np.ndarray], truth: np.ndarray, metric: str) -> int:
+    """The index of the outputs scoring best by `metric` (the first, wider GBM, on a tie)."""
+    from relsql.train.gbm import hybrid
+
+    scores = [hybrid._ranked(hybrid.score(task, out, truth, metric), metric) for out in outputs]
+    return max(range(len(outputs)), key=lambda i: (scores[i], -i))
+
+
+def _weight(task, net: np.ndarray, theirs: np.ndarray, truth: np.ndarray, metric: str) -> float:
+    """The network's weight with GBM outputs `theirs`, picked on validation as fit picks it."""
+    from relsql.train.gbm import hybrid
+
+    return hybrid.best_weight(hybrid.weighed(task, net, theirs, truth, metric), metric)
 
 
 def lead(task, ours: np.ndarray, theirs: np.ndarray, truth: np.ndarray, metric: str) -> tuple[float, float]:
@@ -180,18 +195,14 @@ def lead(task, ours: np.ndarray, theirs: np.ndarray, truth: np.ndarray, metric: 
 def chosen_out_of_fold(run: dict, a: dict) -> tuple[float, str]:
     """The GBM whose out-of-fold outputs score best on the training and validation rows together
     (the first, wider, on a tie), then the network's weight with it on the validation rows."""
-    from relsql.train.gbm import hybrid
     from relsql.train.task.task import Task
 
     names = [f"cand_{r}" for r in REACHES if f"cand_{r}_oof" in a]
     if not names:
         return chosen(run, a)
     task, metric = Task(**run["task"]), run["chosen_on"]
-    truth = np.concatenate([a["y_train"], a["y_val"]])
-    scores = [hybrid._ranked(hybrid.score(task, a[f"{n}_oof"], truth, metric), metric) for n in names]
-    name = names[max(range(len(names)), key=lambda i: (scores[i], -i))]
-    net = a.get("net_val_crossfit", a["net_val"])
-    return hybrid.best_weight(hybrid.weighed(task, net, a[f"{name}_val"], a["y_val"], metric), metric), name
+    name = names[_best_alone(task, [a[f"{n}_oof"] for n in names], np.concatenate([a["y_train"], a["y_val"]]), metric)]
+    return _weight(task, a.get("net_val_crossfit", a["net_val"]), a[f"{name}_val"], a["y_val"], metric), name
 
 
 def picked(run: dict, a: dict) -> float:
@@ -199,11 +210,13 @@ def picked(run: dict, a: dict) -> float:
     return chosen(run, a)[0]
 
 
-def _mix(weight_of, evidence: float | None = None):
+def _mix(weight_of, pick=chosen):
+    """A rule: the network's test outputs blended with a GBM's at `weight_of` the weight `pick`
+    chooses ((run, arrays) -> (weight, the GBM's arrays' prefix))."""
     def rule(run: dict, a: dict) -> np.ndarray:
         if "gbm2_test" not in a:  # no blend was fitted: the network alone
             return a["net_test"]
-        weight, name = chosen(run, a, evidence)
+        weight, name = pick(run, a)
         w = weight_of(weight)
         return w * a["net_test"] + (1 - w) * a[f"{name}_test"]
     return rule
@@ -211,20 +224,13 @@ def _mix(weight_of, evidence: float | None = None):
 
 RULES = {
     "picked": _mix(lambda w: w),
-    "evidence 1.5": _mix(lambda w: w, EVIDENCE),  # measured, not adopted (docs/quality.md, 2026-12-06)
-    "out-of-fold pick": lambda run, a: _oof_mix(run, a),
+    "evidence 1.5": _mix(lambda w: w, lambda run, a: chosen(run, a, EVIDENCE)),  # not adopted (docs/quality.md, 2026-12-06)
+    "out-of-fold pick": _mix(lambda w: w, chosen_out_of_fold),  # not adopted (docs/quality.md, 2026-12-06)
     "shrunk 0.75": _mix(lambda w: 0.75 * w),
     "shrunk 0.5": _mix(lambda w: 0.5 * w),
     "GBM alone": lambda run, a: a.get("gbm2_test", a["net_test"]),
     "network alone": lambda run, a: a["net_test"],
 }
-
-
-def _oof_mix(run: dict, a: dict) -> np.ndarray:
-    if "gbm2_test" not in a:
-        return a["net_test"]
-    weight, name = chosen_out_of_fold(run, a)
-    return weight * a["net_test"] + (1 - weight) * a[f"{name}_test"]
 
 
 def load(folders: list[Path]) -> list[tuple[dict, dict]]:
