@@ -389,6 +389,13 @@ class DuckDBDatabase(Engine):
             exp.EQ(this=exp.column("database_name"), expression=exp.func("current_database"))))
         return row[0] if row and row[0] else None
 
+    def bytewise_text(self) -> bool:
+        """DuckDB's text is compared by its bytes unless a default collation is set (`SET default_collation`)."""
+        row = self.con.execute(exp.select(exp.Anonymous(this="current_setting", expressions=[
+            exp.Literal.string("default_collation")])).sql("duckdb")).fetchone()
+        drop_result(self.con)
+        return not (row and row[0])
+
     def estimate_rows(self, query: exp.Query) -> int | None:
         """DuckDB's plan of `query` (its EXPLAIN: nothing runs), read by `duckdb_plan_rows`."""
         return duckdb_plan_rows(self.con, self.sql(query))

@@ -174,6 +174,11 @@ class Engine(abc.ABC):
         count cheaply and exactly, keyed by lower-cased name; the others are left out (here: all)."""
         return {}
 
+    def bytewise_text(self) -> bool:
+        """Whether text compares equal and sorts as its bytes do (as Arrow's do), so that Python may
+        number a column's values as the engine's ORDER BY and IS NOT DISTINCT FROM would (here: not known)."""
+        return False
+
     @abc.abstractmethod
     def estimate_rows(self, query: exp.Query) -> int | None:
         """The engine's cheap estimate of the most rows any step of `query` produces (its largest

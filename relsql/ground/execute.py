@@ -7,6 +7,7 @@ Arrow table (a slice per rule) whose columns become torch tensors without copies
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import signal
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import sqlglot.expressions as exp
 import torch
 
@@ -120,9 +122,10 @@ def ground(template: ir.Template, db: Database, *, presets: Presets | None = Non
             if seconds[name] >= 1.0:
                 log.info("grounding: %s, %d rows, %d groundings in %.1fs", name, grounder.relations[name].size,
                          sum(r.size for r in grounder.relations[name].rules), seconds[name])
-        dictionaries = {weight: db.arrow(exp.select(exp.Star()).from_(table.copy()).order_by(q.col("code")))
-                        for weight, table in grounder.dictionaries.items()}  # a read each: one statement of
-        # scalar subqueries over 11 tiny tables cost DuckDB 50 ms, the 11 reads 6-14 ms
+        dictionaries = {weight: grounder.built[weight] if weight in grounder.built else
+                        db.arrow(exp.select(exp.Star()).from_(grounder.dictionaries[weight].copy()).order_by(q.col("code")))
+                        for weight in grounder.first_use}  # a read each: one statement of scalar
+        # subqueries over 11 tiny tables cost DuckDB 50 ms, the 11 reads 6-14 ms
     return Grounding(grounder.relations, dictionaries, grounder.feature_stats, seconds)
 
 
@@ -288,8 +291,14 @@ class Grounder:
         self.relations: dict[str, RelationGrounding] = {}
         self.key_tables: dict[str, exp.Table] = {}
         self.dictionaries: dict[str, exp.Table] = {}
+        self.built: dict[str, pa.Table] = {}  # dictionaries numbered here from the values one rule read (`code_here`)
+        self.first_use: list[str] = []  # every dictionary's weight, SQL's or built here, in the order of first use
+        self._bytewise: bool | None = None  # the engine compares and sorts text by its bytes (`code_here`)
+        self._schema: tuple[exp.Expression, pa.Schema] | None = None  # a body's column types (`code_here`)
+        self._readers: collections.Counter | None = None  # columns reading each dictionary (`code_here`)
         self.feature_stats: dict[str, dict] = {}
         self.measured: dict[str, tuple] = {}  # statistics of a rule's columns from one query (`measure`, `measure_ple`)
+        self.coded: dict[tuple[str, int], dict[int, str]] = {}  # (relation, rule index) -> {column: weight} coded here
         self.temps: list[exp.Table] = []  # every temp table this grounder names, dropped if it fails
         self.base_rows: dict[str, int | None] = {}  # user tables' row counts (None: not countable), for `bounded`
         self.base_sources: dict[str, bound.Source] = {}  # user tables' counts and column types, read once per table
@@ -481,6 +490,9 @@ class Grounder:
         if grounded:
             db.execute(exp.Drop(tables=[groundings.copy()], kind="TABLE", exists=True))
         for index, rule, _ in grounded:
+            coded = self.coded.pop((relation.name, index), None)
+            if coded and index in tables:
+                tables[index] = self.number_here(rule, tables[index], coded)
             rule_grounding = self.index_rule(relation, rule, tables.get(index), edges.get(index))
             if rule_grounding.size == 0:
                 # an empty statement is an empty aggregate: its rows get nothing from it (a time cut or a
@@ -519,7 +531,8 @@ class Grounder:
         if not slices:
             return {}
         rules = [(index, len(rule.refs), self.encoded_columns(
-            relation, index, rule, source, ple_edges=None if edges is None else edges.setdefault(index, {})))
+            relation, index, rule, source, ple_edges=None if edges is None else edges.setdefault(index, {}),
+            coded=self.coded.setdefault((relation.name, index), {})))
             for index, rule, source in slices]
         width = sum(len(columns) for *_, columns in rules) + max(n for _, n, _ in rules)
         narrowest = min(n + len(columns) for _, n, columns in rules)
@@ -548,7 +561,8 @@ class Grounder:
         return tables
 
     def encoded_columns(self, relation: ir.Relation, index: int, rule: ir.Rule, source: exp.Expression,
-                        skip: set[int] = frozenset(), ple_edges: dict[int, list[float]] | None = None) -> list[exp.Expression]:
+                        skip: set[int] = frozenset(), ple_edges: dict[int, list[float]] | None = None,
+                        coded: dict[int, str] | None = None) -> list[exp.Expression]:
         """The rule's grounding columns as SQL over alias `g`: embedded columns as dictionary codes,
         features standardized (statistics from `source`), others raw; columns in `skip` stay raw.
         With `ple_edges` (a dict, filled here) a ple column is selected as its number (a DOUBLE)
@@ -567,7 +581,11 @@ class Grounder:
                 self.measure_ple(relation, index, rule, source, types, encoders)
         columns: list[exp.Expression] = []
         for k in range(rule.n_columns):
-            if k in embeds and k not in skip:
+            if k in embeds and k not in skip and coded is not None and self.code_here(rule, embeds[k], k, source, types):
+                coded[k] = embeds[k]  # read raw, numbered by `number_here` once read
+                self.first_use.append(embeds[k])
+                columns.append(q.col(f"_c{k}", "g"))
+            elif k in embeds and k not in skip:
                 dictionary = self.dictionary(embeds[k], source, f"_c{k}", rule)
                 lookup = exp.select(q.col("code", "d")).from_(q.alias(dictionary.copy(), "d", table=True)).where(
                     exp.NullSafeEQ(this=q.col("value", "d"), expression=q.col(f"_c{k}", "g")))
@@ -606,6 +624,54 @@ class Grounder:
                 "add GROUP BY with an aggregate, or select a unique key")
         return RuleGrounding(rule, head, refs, values, segment_heads, offsets)
 
+    def code_here(self, rule: ir.Rule, weight: str, k: int, source: exp.Expression, types: pa.Schema | None) -> bool:
+        """Whether rule column `k` is read raw and numbered in Python (`number_here`) instead of
+        through a dictionary table built and looked up in SQL (two statements and a correlated
+        lookup per column: on a small database a sixth of the grounding statements' time). Only
+        where Python numbers it as the SQL would, exactly: a new `embed(..., min_count=k)` no saved
+        model fixed, that no other column of the template reads (its dictionary is this column's
+        alone), in a rule of one grounding per head (the order of groundings never reads the codes),
+        of text, integer or boolean values on an engine that compares and sorts text by its bytes."""
+        spec = self.template.weights.get(weight)
+        if (spec is None or spec.kind != "embed" or not spec.min_count or rule.grouped or weight in self.presets.dictionaries
+                or weight in self.dictionaries or weight in self.built or weight in self.first_use):
+            return False
+        if self._readers is None:  # how many columns of the template read each dictionary, counted once
+            self._readers = collections.Counter(w for r in self.template.relations.values() for x in r.rules
+                                                for w in ir.coded_columns(x).values())
+        if self._readers[weight] != 1:
+            return False
+        if types is None:  # the body's column types, read once per body
+            if self._schema is None or self._schema[0] is not source:
+                self._schema = (source, self.db.arrow(exp.select(exp.Star()).from_(source.copy(), copy=False).limit(
+                    0, copy=False)).schema)
+            types = self._schema[1]
+        kind = types.field(f"_c{k}").type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_boolean(kind)
+                or pa.types.is_integer(kind)):
+            return False
+        if self._bytewise is None:
+            self._bytewise = self.db.bytewise_text()
+        return self._bytewise
+
+    def number_here(self, rule: ir.Rule, table: pa.Table, coded: dict[int, str]) -> pa.Table:
+        """`table` with each raw column of `coded` replaced by its codes in a dictionary numbered here
+        from those values, as `encoders.frequent_dictionary` and `rare_lookup` would: code 0 for NULL,
+        rare and unseen values (the dictionary's row (NULL, 0)), 1, 2, ... for the values on at least
+        min_count groundings, in value order."""
+        for k, weight in coded.items():
+            values = table.column(f"_c{k}")
+            counted = pc.value_counts(values)
+            found, counts = counted.field("values"), counted.field("counts")
+            frequent = pc.filter(found, pc.and_(pc.is_valid(found),
+                                                pc.greater_equal(counts, self.template.weights[weight].min_count)))
+            frequent = pc.take(frequent, pc.sort_indices(frequent))
+            self.built[weight] = pa.table({"value": pa.concat_arrays([pa.nulls(1, found.type), frequent]),
+                                           "code": pa.array(np.arange(len(frequent) + 1), pa.int32())})
+            codes = pc.fill_null(pc.add(pc.index_in(values, value_set=frequent).cast(pa.int32()), 1), 0)
+            table = table.set_column(table.schema.get_field_index(f"_c{k}"), f"_c{k}", codes)
+        return table
+
     def dictionary(self, weight: str, source: exp.Expression, column: str, rule: ir.Rule,
                    tables: dict[str, exp.Table] | None = None) -> exp.Table:
         """Dictionary-encode a categorical column in SQL; codes are stable once assigned. `tables`:
@@ -625,6 +691,8 @@ class Grounder:
                 first = exp.union(first, _as_dictionary(encoders_sql.frequent_dictionary(source, column, min_count)),
                                   distinct=False, copy=False)
             _run(db, q.create_temp(table.copy(), first), rule)
+            if tables is self.dictionaries:
+                self.first_use.append(weight)
             if preset is not None:
                 view = f"{table.name}_preset"
                 db.register(view, preset)
