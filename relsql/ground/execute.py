@@ -344,6 +344,8 @@ class Grounder:
                           GroundingWarning, stacklevel=5)
             return None
         select = q.substitute_relations(select, self.key_tables)
+        if isinstance(select, exp.Select):
+            select = q.inline_laterals(select)
         select = select.distinct(copy=False) if rule.distinct else select
         self.check_size(relation, rule, select)
         return select
