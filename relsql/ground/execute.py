@@ -294,7 +294,7 @@ class Grounder:
         self.built: dict[str, pa.Table] = {}  # dictionaries numbered here from the values one rule read (`code_here`)
         self.first_use: list[str] = []  # every dictionary's weight, SQL's or built here, in the order of first use
         self._bytewise: bool | None = None  # the engine compares and sorts text by its bytes (`code_here`)
-        self._schema: tuple[exp.Expression, pa.Schema] | None = None  # a body's column types (`code_here`)
+        self._schema: tuple[exp.Expression, pa.Schema] | None = None  # a body's column types (`body_types`)
         self._readers: collections.Counter | None = None  # columns reading each dictionary (`code_here`)
         self.feature_stats: dict[str, dict] = {}
         self.measured: dict[str, tuple] = {}  # statistics of a rule's columns from one query (`measure`, `measure_ple`)
@@ -494,7 +494,7 @@ class Grounder:
         for index, rule, _ in grounded:
             coded = self.coded.pop((relation.name, index), None)
             if coded and index in tables:
-                tables[index] = self.number_here(rule, tables[index], coded)
+                tables[index] = self.number_here(tables[index], coded)
             rule_grounding = self.index_rule(relation, rule, tables.get(index), edges.get(index))
             if rule_grounding.size == 0:
                 # an empty statement is an empty aggregate: its rows get nothing from it (a time cut or a
@@ -576,7 +576,7 @@ class Grounder:
         encoders = {c: e for e in ir.walk(rule.expr) if isinstance(e, ir.Encode) for c in e.columns}
         types = None
         if features or encoders:
-            types = self.db.arrow(exp.select(exp.Star()).from_(source.copy(), copy=False).limit(0, copy=False)).schema
+            types = self.body_types(source)
         if types is not None:
             self.measure(relation, index, rule, source, types, features, encoders)
             if ple_edges is None:  # read in bulk, a ple column's edges come from the numbers read (`index_rule`)
@@ -636,19 +636,14 @@ class Grounder:
         of text, integer or boolean values on an engine that compares and sorts text by its bytes."""
         spec = self.template.weights.get(weight)
         if (spec is None or spec.kind != "embed" or not spec.min_count or rule.grouped or weight in self.presets.dictionaries
-                or weight in self.dictionaries or weight in self.built or weight in self.first_use):
+                or weight in self.dictionaries or weight in self.first_use):
             return False
         if self._readers is None:  # how many columns of the template read each dictionary, counted once
             self._readers = collections.Counter(w for r in self.template.relations.values() for x in r.rules
                                                 for w in ir.coded_columns(x).values())
         if self._readers[weight] != 1:
             return False
-        if types is None:  # the body's column types, read once per body
-            if self._schema is None or self._schema[0] is not source:
-                self._schema = (source, self.db.arrow(exp.select(exp.Star()).from_(source.copy(), copy=False).limit(
-                    0, copy=False)).schema)
-            types = self._schema[1]
-        kind = types.field(f"_c{k}").type
+        kind = (types or self.body_types(source)).field(f"_c{k}").type
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_boolean(kind)
                 or pa.types.is_integer(kind)):
             return False
@@ -656,7 +651,14 @@ class Grounder:
             self._bytewise = self.db.bytewise_text()
         return self._bytewise
 
-    def number_here(self, rule: ir.Rule, table: pa.Table, coded: dict[int, str]) -> pa.Table:
+    def body_types(self, source: exp.Expression) -> pa.Schema:
+        """The Arrow types of a rule body's columns (a LIMIT 0 query), read once per body."""
+        if self._schema is None or self._schema[0] is not source:
+            self._schema = (source, self.db.arrow(exp.select(exp.Star()).from_(source.copy(), copy=False).limit(
+                0, copy=False)).schema)
+        return self._schema[1]
+
+    def number_here(self, table: pa.Table, coded: dict[int, str]) -> pa.Table:
         """`table` with each raw column of `coded` replaced by its codes in a dictionary numbered here
         from those values, as `encoders.frequent_dictionary` and `rare_lookup` would: code 0 for NULL,
         rare and unseen values (the dictionary's row (NULL, 0)), 1, 2, ... for the values on at least
