@@ -97,7 +97,7 @@ class Model(LearnerViews):
             negatives: str | None = None, hard_negatives: str | None = None, refit: bool | None = None,
             hybrid: bool | None = None, checkpoint: str | Path | None = None, resume: bool = False,
             checkpoint_every: int | None = None, callback=None, callbacks: list[Callback] | None = None,
-            workers: int = 1) -> Model:
+            workers: int = 1, steps_per_epoch: int | None = None) -> Model:
         """AdamW on the training rows, keeping the weights of the epoch with the best validation score
         (docs/training.md has every option and why its default was chosen).
 
@@ -114,7 +114,9 @@ class Model(LearnerViews):
         the epochs validation chose (the blend's GBM too); predict() uses it, evaluate() the held-out scores.
         None: wherever it can (model.no_refit says why not); True: refuse where not; False: never.
         `hybrid`: blend a GBM on two-hop SQL features, weighted on validation by the epoch's metric.
-        `batch_size` trains on mini-batches; `checkpoint` is written atomically every epoch (and
+        A full-batch label model's epoch is `steps_per_epoch` steps (default 4), each the whole net's forward with
+        the loss on a seeded share of the training rows (1: one step on all of them); `batch_size` trains on
+        mini-batches instead. `checkpoint` is written atomically every epoch (and
         `checkpoint_every` batches), `resume=True` continues from it; `callback(info)` after every step
         (raising stops training, database consistent), or a relsql.Callback; `callbacks=[...]`: relsql.Callback
         objects, run after fit's own in order (on_fit_start, on_batch_end, on_epoch_end: a reason to stop or None,
@@ -124,7 +126,7 @@ class Model(LearnerViews):
                                    monitor=monitor, time_budget=time_budget, loss=loss, class_weight=class_weight,
                                    negatives=negatives, hard_negatives=hard_negatives, refit=refit, hybrid=hybrid,
                                    checkpoint=checkpoint, resume=resume, checkpoint_every=checkpoint_every,
-                                   callback=callback, callbacks=callbacks, workers=workers)
+                                   callback=callback, callbacks=callbacks, workers=workers, steps_per_epoch=steps_per_epoch)
         fitting.fit(self.db, self.learner, self.threads, config)
         return self
 

@@ -42,6 +42,13 @@ RANKING_BATCH, RANKING_PATIENCE, RANKING_STEP_POSITIVES = 4096, 16, 2048
 # with its blend line, seeds 0-2) stopped within ~15 epochs at test MAP@10 0.0732 (popularity 0.0845); steps of 256 rows
 # (4 an epoch): 0.0917. The shop (~9,400 rows) keeps 4096: steps of 2350 there gave 0.1193 against 0.1213 (seed 0).
 RANKING_MIN_STEPS, RANKING_MIN_BATCH = 4, 256
+# a full-batch label model's epoch: ROW_STEPS optimizer steps, each the whole net's forward with the loss on a
+# seeded quarter of the training rows, instead of one step on all of them. Chosen 2026-12-06 (issue #44) on
+# Template.auto's network alone (`fit(hybrid=False, refit=False)`, hostile 0-11 small and PluRel 0-11, first
+# targets, seeds 0-2, 72 runs each against one step): 2 / 4 / 8 steps; steps of 16 / 32 / 64 / 128 rows
+# (docs/quality.md, "Steps of a quarter of the rows"). One step overfits the ~100-500 training rows of such
+# targets; the noise of a quarter's loss regularizes, and the fit stops in fewer epochs.
+ROW_STEPS = 4
 
 
 def ranking_batch(train_rows: int) -> int:

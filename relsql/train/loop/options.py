@@ -13,7 +13,7 @@ import numpy as np
 
 from relsql import arguments, ownfiles
 from relsql.errors import RelsqlError
-from relsql.train.learner.defaults import EPOCHS, LR, PATIENCE, WARMUP
+from relsql.train.learner.defaults import EPOCHS, LR, PATIENCE, ROW_STEPS, WARMUP
 from relsql.train.loop.callbacks import Callback
 from relsql.train.persist import checkpoint as checkpoints
 
@@ -27,6 +27,7 @@ class FitConfig:
 
     epochs: int = EPOCHS
     batch_size: int | None = None
+    whole_net: bool = False  # each batch_size step runs the whole net, its loss on the step's rows (not the store's batches)
     lr: float = LR
     patience: int = PATIENCE
     overfit: bool = False  # also stop where the net overfits or has fitted its training rows (EarlyStopping)
@@ -58,7 +59,7 @@ class FitConfig:
     @classmethod
     def checked(cls, learner, *, epochs, batch_size, lr, patience, overfit, weight_decay, schedule, warmup, clip, monitor,
                 time_budget, loss, class_weight, negatives, hard_negatives, refit, hybrid, checkpoint, resume,
-                checkpoint_every, callback, callbacks, workers) -> FitConfig:
+                checkpoint_every, callback, callbacks, workers, steps_per_epoch=None) -> FitConfig:
         """Model.fit's arguments (documented there) checked, with the target kind's defaults; sets
         the task's loss settings on the learner as a side effect."""
         lr = arguments.number("lr", learner.fit_lr if lr is None else lr, positive=True)
@@ -66,6 +67,7 @@ class FitConfig:
         overfit = _overfit(learner, overfit)
         if batch_size is not None:
             batch_size = arguments.integer("batch_size", batch_size)
+        batch_size, whole_net = _steps(learner, batch_size, steps_per_epoch)
         if checkpoint_every is not None:
             checkpoint_every = arguments.integer("checkpoint_every", checkpoint_every)
         if checkpoint is not None:
@@ -82,7 +84,7 @@ class FitConfig:
         settings = _settings(learner, schedule, warmup, clip, monitor, time_budget, loss, class_weight, negatives,
                              hard_negatives)
         weights = settings.pop("class_weights")
-        return cls(epochs=arguments.integer("epochs", epochs), batch_size=batch_size, lr=lr, patience=patience, overfit=overfit,
+        return cls(epochs=arguments.integer("epochs", epochs), batch_size=batch_size, whole_net=whole_net, lr=lr, patience=patience, overfit=overfit,
                    weight_decay=arguments.number("weight_decay", weight_decay, minimum=0.0), checkpoint=checkpoint,
                    checkpoint_every=checkpoint_every, resume=resume, callback=callback, callbacks=callbacks,
                    refit=refit, hybrid=_hybrid(learner, hybrid), workers=arguments.integer("workers", workers, maximum=1024),
@@ -93,6 +95,35 @@ class FitConfig:
         """What the Trainer reads of it besides the epochs, rows, rate and patience."""
         return {"optimizer": self.optimizer, "schedule": self.schedule, "warmup": self.warmup, "clip": self.clip,
                 "monitor": self.monitor, "time_budget": self.time_budget}
+
+
+def _steps(learner, batch_size: int | None, steps: object) -> tuple[int | None, bool]:
+    """fit's rows per step and whether each step runs the whole net. `batch_size=` is the model's
+    mini-batches (a ranking's steps); `steps_per_epoch=` cuts a full-batch model's training rows into that
+    many seeded steps of the whole net; neither: the learner's default (a ranking's steps, a mini-batch
+    model's own batches), else for Template.auto's templates (as the blend, measured on them) ROW_STEPS
+    steps of the whole net, for other templates one step on every training row."""
+    if steps is not None:
+        steps = arguments.integer("steps_per_epoch", steps, minimum=1)
+        if batch_size is not None:
+            raise RelsqlError("batch_size= trains on mini-batches of that many rows, steps_per_epoch= on shares of the "
+                              "whole net's training rows: pass one of them")
+        if learner.mini_batches:
+            raise RelsqlError(f"steps_per_epoch= splits a full-batch model's epoch; this model trains in mini-batches of "
+                              f"{learner.settings.batch_size or 'its'} rows: pass batch_size= instead")
+    elif batch_size is not None:
+        return batch_size, learner.whole_net_batches
+    else:
+        default = learner.fit_batch_size()
+        if default is not None or learner.mini_batches:
+            return default, learner.whole_net_batches
+        from relsql.template.auto import is_automatic
+
+        steps = ROW_STEPS if is_automatic(learner.template.source) else 1
+    rows = len(learner.rows["train"])
+    if steps <= 1 or rows <= 1:
+        return None, False
+    return -(-rows // min(steps, rows)), True
 
 
 def _overfit(learner, overfit: object) -> bool:

@@ -200,6 +200,7 @@ class Trainer:
         learner before fit(), so that the model's history grows as the epochs finish."""
         self.learner, self.strategy, self.config = learner, strategy, config
         self.epochs, self.batch_size, self.lr = config.epochs, config.batch_size, config.lr
+        self.whole_net = learner.whole_net_batches or config.whole_net  # batch_size's steps each run the whole net
         self.clip, self.time_budget = config.clip, config.time_budget
         self.rate = LearningRate(config.lr, config.schedule, warmup=config.warmup, patience=max(1, config.patience // 4))
         self.horizon = horizon or config.epochs
@@ -299,7 +300,7 @@ class Trainer:
 
     def steps_per_epoch(self) -> int:
         """Optimizer steps in one epoch: one full batch, or the global batches of the training rows."""
-        if not self.batch_size or (self.source.full and not self.learner.whole_net_batches):
+        if not self.batch_size or (self.source.full and not self.whole_net):
             return 1
         return -(-len(self.learner.rows["train"]) // self.batch_size)
 
@@ -310,7 +311,7 @@ class Trainer:
         if not self.source.full:
             learner.check_unchanged(self.source)
             order = batches(learner.rows["train"], self.batch_size, np.random.default_rng([learner.seed, epoch]))
-        elif self.batch_size and learner.whole_net_batches:  # several steps, each of the whole net and some rows
+        elif self.batch_size and self.whole_net:  # several steps, each of the whole net and some rows
             order = batches(learner.rows["train"], self.batch_size, np.random.default_rng([learner.seed, epoch]))
         else:
             order = [learner.rows["train"]]
@@ -322,7 +323,8 @@ class Trainer:
             learner.net.train(False)
         self.clock["epochs"] += time.perf_counter() - clock
         clock = time.perf_counter()
-        self.keeping = self.reusable and len(order) == 1 and epoch + 1 < self.epochs  # a next step may reuse it
+        # the next epoch's first step may reuse it (its later steps run the net again: the weights have moved)
+        self.keeping = self.reusable and epoch + 1 < self.epochs
         record = {"epoch": epoch, **self.strategy.validate(self, train_loss), "lr": self.rate.now()}
         self.clock["validation"] += time.perf_counter() - clock
         guards.check_loss(record[f"{monitor}_loss"], epoch, split="validation" if monitor == "val" else "training")
