@@ -6,8 +6,8 @@ first step only (the later steps run the net again), and `steps_per_epoch=` chec
 
 from __future__ import annotations
 
-import pytest
 import duckdb
+import pytest
 import torch
 
 import relsql
@@ -15,8 +15,7 @@ from demos.synthetic import build
 from relsql.train.learner.defaults import ROW_STEPS
 from relsql.train.loop.options import FitConfig
 from relsql.train.loop.trainer import OneProcess, Trainer
-from tests.test_trainer import (assert_same_weights, closed_form_rate, customers, fit_as_model, model,
-                                scheduled_reference, weights)
+from tests.test_trainer import assert_same_weights, closed_form_rate, customers, fit_as_model, model, scheduled_reference, weights
 
 ARGS = dict(epochs=5, lr=0.05, patience=1000, overfit=False, weight_decay=0.1, schedule="cosine", warmup=0.1,
             clip=0.05, monitor="loss", time_budget=None, loss=None, class_weight=None, negatives=None,

@@ -84,7 +84,8 @@ class FitConfig:
         settings = _settings(learner, schedule, warmup, clip, monitor, time_budget, loss, class_weight, negatives,
                              hard_negatives)
         weights = settings.pop("class_weights")
-        return cls(epochs=arguments.integer("epochs", epochs), batch_size=batch_size, whole_net=whole_net, lr=lr, patience=patience, overfit=overfit,
+        return cls(epochs=arguments.integer("epochs", epochs), batch_size=batch_size, whole_net=whole_net, lr=lr,
+                   patience=patience, overfit=overfit,
                    weight_decay=arguments.number("weight_decay", weight_decay, minimum=0.0), checkpoint=checkpoint,
                    checkpoint_every=checkpoint_every, resume=resume, callback=callback, callbacks=callbacks,
                    refit=refit, hybrid=_hybrid(learner, hybrid), workers=arguments.integer("workers", workers, maximum=1024),
