@@ -111,3 +111,19 @@ def test_more_steps_than_training_rows_take_one_row_each():
     rows = len(m.rows["train"])
     config = checked(m, steps_per_epoch=rows + 5)
     assert rows > 1 and config.batch_size == 1 and config.whole_net
+
+
+def test_the_command_line_passes_steps_per_epoch_only_when_given(tmp_path):
+    from relsql.cli import _fit_options, _parser
+
+    relsql.connect(tmp_path / "shop.duckdb").close()
+    parser, _ = _parser()
+    db = str(tmp_path / "shop.duckdb")
+
+    def options(*flags):
+        return _fit_options(parser.parse_args(["train", db, "--target", "customer.churned", *flags]))
+
+    assert "steps_per_epoch" not in options()  # fit's default decides
+    assert options("--steps-per-epoch", "1")["steps_per_epoch"] == 1
+    with pytest.raises(SystemExit):
+        options("--steps-per-epoch", "0")

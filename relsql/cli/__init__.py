@@ -161,7 +161,8 @@ def _writable_table(db: relsql.Database, name: str, replace: bool, flag: str) ->
 
 def _fit_options(args: argparse.Namespace) -> dict:
     """fit()'s keyword arguments the user gave (fit's own defaults for the rest, see Model.fit)."""
-    given = {"epochs": args.epochs, "lr": args.lr, "patience": args.patience, "loss": args.loss,
+    given = {"epochs": args.epochs, "lr": args.lr, "patience": args.patience, "steps_per_epoch": args.steps_per_epoch,
+             "loss": args.loss,
              "class_weight": args.class_weight, "negatives": args.negatives, "hard_negatives": args.hard_negatives}
     options = {k: v for k, v in given.items() if v is not None}
     if args.time_budget is not None:
@@ -374,6 +375,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     train.add_argument("--lr", type=learning_rate, help="learning rate (default: fit's, 0.01)")
     train.add_argument("--patience", type=positive_int,
                        help="epochs without validation improvement before stopping (default: fit's, 100)")
+    train.add_argument("--steps-per-epoch", type=positive_int,
+                       help="optimizer steps an epoch, each the whole net with the loss on a seeded share of the training "
+                            "rows (default: fit's, 4 for an automatic template, 1 for a hand-written one)")
     train.add_argument("--overfit", action=argparse.BooleanOptionalAction, default=None,
                        help="also stop 20 epochs after the best where the net overfits or has learnt its training rows by "
                             "heart (default: fit's, on for a label target; --no-overfit stops on patience alone)")
