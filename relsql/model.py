@@ -114,9 +114,10 @@ class Model(LearnerViews):
         the epochs validation chose (the blend's GBM too); predict() uses it, evaluate() the held-out scores.
         None: wherever it can (model.no_refit says why not); True: refuse where not; False: never.
         `hybrid`: blend a GBM on two-hop SQL features, weighted on validation by the epoch's metric.
-        A full-batch label model's epoch is `steps_per_epoch` steps (default: 4 for an automatic template, 1 for a
-        hand-written one), each the whole net's forward with the loss on a seeded share of the training rows;
-        `batch_size` trains on mini-batches instead. `checkpoint` is written atomically every epoch (and
+        A full-batch label model's epoch is `steps_per_epoch` steps, each the whole net's forward with the loss on
+        a seeded share of the training rows (default: 4 where an automatic template's network is fitted alone,
+        hybrid=False; else 1, all rows at once); `batch_size` trains on mini-batches instead. `checkpoint` is
+        written atomically every epoch (and
         `checkpoint_every` batches), `resume=True` continues from it; `callback(info)` after every step
         (raising stops training, database consistent), or a relsql.Callback; `callbacks=[...]`: relsql.Callback
         objects, run after fit's own in order (on_fit_start, on_batch_end, on_epoch_end: a reason to stop or None,

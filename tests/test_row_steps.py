@@ -1,6 +1,7 @@
 """Steps of the whole net, each with the loss on a seeded share of the training rows
 (relsql/train/loop/options.py `_steps`): `fit(steps_per_epoch=K)` for a full-batch label model, and
-ROW_STEPS by default for Template.auto's templates (one step for hand-written ones, as before). Checked
+ROW_STEPS by default where an automatic template's network is fitted alone (one step in the blend and for
+hand-written templates, as before). Checked
 against a plain torch loop of the same steps, with the validation forward reused by the next epoch's
 first step only (the later steps run the net again), and `steps_per_epoch=` checked like any argument."""
 
@@ -27,7 +28,7 @@ def checked(m: relsql.Model, **given) -> FitConfig:
     return FitConfig.checked(m.learner, **{**ARGS, "batch_size": None, **given})
 
 
-def test_steps_of_a_share_of_the_training_rows_by_default_for_automatic_templates_only(tmp_path):
+def test_steps_of_a_share_of_the_training_rows_by_default_for_an_automatic_network_alone(tmp_path):
     path = tmp_path / "shop.duckdb"
     con = duckdb.connect(str(path))
     build(con, customers=300, products=30, seed=3)
@@ -36,8 +37,11 @@ def test_steps_of_a_share_of_the_training_rows_by_default_for_automatic_template
     auto = relsql.Model(db, relsql.Template.auto(db, target="customer.churned", hops=1), target="customer.churned",
                         seed=0, progress=False)
     rows = len(auto.rows["train"])
-    config = checked(auto)
+    config = checked(auto)  # ARGS: hybrid=False
     assert ROW_STEPS == 4 and config.whole_net and config.batch_size == -(-rows // ROW_STEPS)
+    for hybrid in (None, True):  # the blend (the automatic template's default): one step, as before
+        blended = checked(auto, hybrid=hybrid)
+        assert blended.hybrid and blended.batch_size is None and not blended.whole_net
     calls = []
     auto.fit(epochs=2, hybrid=False, refit=False, callback=calls.append)
     assert len(calls) == 2 * ROW_STEPS

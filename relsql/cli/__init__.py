@@ -377,7 +377,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                        help="epochs without validation improvement before stopping (default: fit's, 100)")
     train.add_argument("--steps-per-epoch", type=positive_int,
                        help="optimizer steps an epoch, each the whole net with the loss on a seeded share of the training "
-                            "rows (default: fit's, 4 for an automatic template, 1 for a hand-written one)")
+                            "rows (default: fit's, 4 for an automatic template's network with --no-hybrid, else 1)")
     train.add_argument("--overfit", action=argparse.BooleanOptionalAction, default=None,
                        help="also stop 20 epochs after the best where the net overfits or has learnt its training rows by "
                             "heart (default: fit's, on for a label target; --no-overfit stops on patience alone)")

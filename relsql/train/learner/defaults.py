@@ -42,12 +42,14 @@ RANKING_BATCH, RANKING_PATIENCE, RANKING_STEP_POSITIVES = 4096, 16, 2048
 # with its blend line, seeds 0-2) stopped within ~15 epochs at test MAP@10 0.0732 (popularity 0.0845); steps of 256 rows
 # (4 an epoch): 0.0917. The shop (~9,400 rows) keeps 4096: steps of 2350 there gave 0.1193 against 0.1213 (seed 0).
 RANKING_MIN_STEPS, RANKING_MIN_BATCH = 4, 256
-# a full-batch label model's epoch: ROW_STEPS optimizer steps, each the whole net's forward with the loss on a
-# seeded quarter of the training rows, instead of one step on all of them. Chosen 2026-12-06 (issue #44) on
-# Template.auto's network alone (`fit(hybrid=False, refit=False)`, hostile 0-11 small and PluRel 0-11, first
-# targets, seeds 0-2, 72 runs each against one step): 2 / 4 / 8 steps; steps of 16 / 32 / 64 / 128 rows
-# (docs/quality.md, "Steps of a quarter of the rows"). One step overfits the ~100-500 training rows of such
-# targets; the noise of a quarter's loss regularizes, and the fit stops in fewer epochs.
+# the epoch of an automatic template's network fitted alone (hybrid=False): ROW_STEPS optimizer steps, each the
+# whole net's forward with the loss on a seeded quarter of the training rows, instead of one step on all of them.
+# Chosen 2026-12-06 (issue #44; docs/quality.md, "Steps of a quarter of the training rows"): against one step,
+# the network alone better / worse on 55 / 13 runs (hostile 0-11 small, PluRel 0-11, seeds 0-2; 2, 8 steps and
+# steps of 16-128 rows measured too), 44 / 23 held out (hostile and PluRel 24-35), 9 / 6 real (Lahman, flights),
+# at ~2.2x its CPU: one step let the net learn ~100-500 training rows by heart. In the default blend the same
+# steps did not pay (12 / 15 held out, runs >= the one-hop GBM 51 -> 45 of 72) at 1.2-1.6x the fit's CPU (4.2x
+# on lahman_salary), so a blended fit keeps one step.
 ROW_STEPS = 4
 
 

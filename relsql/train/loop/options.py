@@ -67,7 +67,8 @@ class FitConfig:
         overfit = _overfit(learner, overfit)
         if batch_size is not None:
             batch_size = arguments.integer("batch_size", batch_size)
-        batch_size, whole_net = _steps(learner, batch_size, steps_per_epoch)
+        hybrid = _hybrid(learner, hybrid)
+        batch_size, whole_net = _steps(learner, batch_size, steps_per_epoch, hybrid)
         if checkpoint_every is not None:
             checkpoint_every = arguments.integer("checkpoint_every", checkpoint_every)
         if checkpoint is not None:
@@ -88,7 +89,7 @@ class FitConfig:
                    patience=patience, overfit=overfit,
                    weight_decay=arguments.number("weight_decay", weight_decay, minimum=0.0), checkpoint=checkpoint,
                    checkpoint_every=checkpoint_every, resume=resume, callback=callback, callbacks=callbacks,
-                   refit=refit, hybrid=_hybrid(learner, hybrid), workers=arguments.integer("workers", workers, maximum=1024),
+                   refit=refit, hybrid=hybrid, workers=arguments.integer("workers", workers, maximum=1024),
                    class_weights=None if weights is None else tuple(float(w) for w in np.asarray(weights).ravel()),
                    **settings)
 
@@ -98,12 +99,12 @@ class FitConfig:
                 "monitor": self.monitor, "time_budget": self.time_budget}
 
 
-def _steps(learner, batch_size: int | None, steps: object) -> tuple[int | None, bool]:
+def _steps(learner, batch_size: int | None, steps: object, hybrid: bool) -> tuple[int | None, bool]:
     """fit's rows per step and whether each step runs the whole net. `batch_size=` is the model's
     mini-batches (a ranking's steps); `steps_per_epoch=` cuts a full-batch model's training rows into that
     many seeded steps of the whole net; neither: the learner's default (a ranking's steps, a mini-batch
-    model's own batches), else for Template.auto's templates (as the blend, measured on them) ROW_STEPS
-    steps of the whole net, for other templates one step on every training row."""
+    model's own batches), else ROW_STEPS steps of the whole net where an automatic template's network is
+    the whole model (no blend), one step on every training row otherwise (defaults.py says why)."""
     if steps is not None:
         steps = arguments.integer("steps_per_epoch", steps, minimum=1)
         if batch_size is not None:
@@ -120,7 +121,7 @@ def _steps(learner, batch_size: int | None, steps: object) -> tuple[int | None, 
             return default, learner.whole_net_batches
         from relsql.template.auto import is_automatic
 
-        steps = ROW_STEPS if is_automatic(learner.template.source) else 1
+        steps = ROW_STEPS if not hybrid and is_automatic(learner.template.source) else 1
     rows = len(learner.rows["train"])
     if steps <= 1 or rows <= 1:
         return None, False
