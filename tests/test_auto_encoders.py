@@ -84,10 +84,12 @@ def test_a_temporal_template_encodes_each_events_age_and_learns_recency(db):
     for numbers in ("ple", "standardized"):
         tpl = relsql.Template.auto(db, target="customer.recent", time_column="snapshot", hops=1, numbers=numbers)
         model = relsql.Model(db, tpl, target="customer.recent", time_column="snapshot", seed=0, progress=False)
-        model.fit(epochs=150, hybrid=False)
+        model.fit(epochs=150, hybrid=False, steps_per_epoch=1)
         scores[numbers] = model.evaluate()["roc_auc"]
     # the dates alone (standardized epoch seconds of each order and of the snapshot) leave recency to
-    # a difference the network must find; the age gives it directly
+    # a difference the network must find; the age gives it directly. Compared at one full-batch step an
+    # epoch, as when this was measured: with the network alone's 4 steps (the default since 2026-12-06)
+    # both encoders score higher and the gap narrows (0.958 against 0.947)
     assert scores["ple"] > 0.9 and scores["ple"] > scores["standardized"] + 0.02, scores
 
 
