@@ -45,6 +45,7 @@ def test_steps_of_a_share_of_the_training_rows_by_default_for_an_automatic_netwo
     calls = []
     auto.fit(epochs=2, hybrid=False, refit=False, callback=calls.append)
     assert len(calls) == 2 * ROW_STEPS
+    assert "(limits: 2 epochs of 4 steps)" in auto.report()  # the report says how an epoch was cut
     hand = model(customers())
     one = checked(hand)  # a hand-written template: one step on every training row, as before
     assert one.batch_size is None and not one.whole_net
@@ -93,6 +94,9 @@ def test_model_fit_takes_the_steps_asked_for():
         return weights(m)
 
     default, four, one = fitted(), fitted(steps_per_epoch=4), fitted(steps_per_epoch=1)
+    m = model(db)
+    m.fit(epochs=2, hybrid=False, refit=False)
+    assert "(limits: 2 epochs)" in m.report()  # one full-batch step an epoch: nothing to add
     assert counted == {None: 3, 4: 12, 1: 3}
     assert_same_weights(default, one)
     assert max(float((four[n] - one[n]).abs().max()) for n in one) > 1e-4

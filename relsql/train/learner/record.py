@@ -19,6 +19,7 @@ class FitRecord:
     stopped: str | None = None  # what ended training: "epochs", "time budget (..s)", "early (...)", "diverged (...)"
     monitor: str | None = None  # the history entry model selection compared, e.g. "val_roc_auc"
     epoch_cap: int | None = None  # the epochs fit was given
+    steps: int | None = None  # optimizer steps an epoch (more than one: steps_per_epoch's shares, or mini-batches)
     time_budget: float | None = None  # fit's time budget in seconds
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase: grounding, planning, training, ...
     diverged: str | None = None  # the message of a loss that stopped being a number (not saved with the model)

@@ -242,6 +242,7 @@ class Trainer:
             if resume is not None:
                 start_epoch, start_batch = self.resume(resume)
             record.epoch_cap, record.time_budget, self.first_epoch = self.epochs, self.time_budget, start_epoch
+            record.steps = self.steps_per_epoch()
             self.reusable = self.strategy.keeps_forward and self.source.full and KeptForward.allowed(learner)
             for callback in self.callbacks:
                 callback.on_fit_start(self)

@@ -108,8 +108,9 @@ def _training(model) -> list[str]:
     budget = record.time_budget
     stopped = record.stopped or "epochs"
     ended = "at the epoch limit" if stopped == "epochs" else f"at the {stopped}" if stopped.startswith("time") else stopped
+    steps = f" of {record.steps} steps" if record.steps and record.steps > 1 else ""  # one step: the full batch
     lines.append(f"  training: kept the epoch with the best validation {monitor} (epoch {_kept(record.best_epoch)}); "
-                 f"ended {ended} (limits: {record.epoch_cap} epochs" + (f", {budget:g}s" if budget else "") + ")")
+                 f"ended {ended} (limits: {record.epoch_cap} epochs{steps}" + (f", {budget:g}s" if budget else "") + ")")
     refit = getattr(model.learner, "refit", None)
     if refit and not refit.get("epochs"):
         lines.append(f"  refit: the blend gives the network weight 0, so only its GBM was fitted again, on all "
