@@ -52,6 +52,13 @@ def test_a_ranking_fits_with_its_own_defaults(ranking, configs):
     assert config.batch_size == max(256, -(-train_rows // 4))
 
 
+def test_a_ranking_takes_the_steps_asked_for(ranking, configs):
+    train_rows = len(ranking.rows["train"])
+    for steps, size in ((1, train_rows), (3, -(-train_rows // 3))):
+        ranking.fit(epochs=1, steps_per_epoch=steps)
+        assert (configs[-1].batch_size, configs[-1].whole_net) == (size, True)
+
+
 def test_a_label_target_fits_with_the_label_defaults(configs):
     db = customers()
     template = relsql.Template.auto(db, "customer.churned", hops=1, width=4)

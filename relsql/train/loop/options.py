@@ -123,8 +123,8 @@ def _steps(learner, batch_size: int | None, steps: object, hybrid: bool) -> tupl
 
         steps = ROW_STEPS if not hybrid and is_automatic(learner.template.source) else 1
     rows = len(learner.rows["train"])
-    if steps <= 1 or rows <= 1:
-        return None, False
+    if steps <= 1 or rows <= 1:  # every training row in one step: a ranking's own steps say so by their size
+        return (max(rows, 1), True) if learner.whole_net_batches else (None, False)
     return -(-rows // min(steps, rows)), True
 
 
