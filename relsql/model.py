@@ -101,27 +101,23 @@ class Model(LearnerViews):
         """AdamW on the training rows, keeping the weights of the epoch with the best validation score
         (docs/training.md has every option and why its default was chosen).
 
-        Stops at `epochs`, `patience` epochs without a better score or a `time_budget` in seconds if
-        given (none by default: same seed, same model under any load; `model.stopped` says which).
-        `lr`/`patience` default to 0.01/100; for a ranking target to 0.03/16, steps of 4096 target
-        rows (fewer rows: 4 steps). `overfit` (default: on for a label target, off for a ranking one) also
-        stops 20 epochs after the best where the net overfits or has learnt its training rows by heart. `schedule`
-        "plateau" | "cosine" | None (`warmup`: cosine's share); `clip` the dense gradient's largest norm; `monitor`
-        "auto" (ROC-AUC, accuracy, MAE, or MAP@k for a ranking target), "loss" or another metric. `loss`: "huber" |
-        "mse" | "mae" (regression), "softmax" | "bce" | "bpr" (ranking); `class_weight="balanced"`; `negatives`
-        "uniform" | "popularity" | "in-batch" and `hard_negatives` (a SQL SELECT of pairs) for ranking.
-        `refit`: once the held-out scores are measured, the selected model trains on every labelled row for half
-        the epochs validation chose (the blend's GBM too); predict() uses it, evaluate() the held-out scores.
-        None: wherever it can (model.no_refit says why not); True: refuse where not; False: never.
-        `hybrid`: blend a GBM on two-hop SQL features, weighted on validation by the epoch's metric.
-        A full-batch label model's epoch is `steps_per_epoch` steps, each the whole net's forward with the loss on
-        a seeded share of the training rows (default: 4 where an automatic template's network is fitted alone,
-        hybrid=False; else 1, all rows at once); `batch_size` trains on mini-batches instead. `checkpoint` is
-        written atomically every epoch (and
-        `checkpoint_every` batches), `resume=True` continues from it; `callback(info)` after every step
-        (raising stops training, database consistent), or a relsql.Callback; `callbacks=[...]`: relsql.Callback
-        objects, run after fit's own in order (on_fit_start, on_batch_end, on_epoch_end: a reason to stop or None,
-        on_fit_end); `workers=N` trains data-parallel on N processes, and under torchrun as this rank."""
+        Stops at `epochs`, `patience` epochs without a better score or a `time_budget` in seconds if given (none by default: same
+        seed, same model under any load; `model.stopped` says which). `lr`/`patience` default to 0.01/100; for a ranking target to
+        0.03/16, steps of 4096 target rows (fewer rows: 4 steps). `overfit` (default: on for a label target, off for a ranking
+        one) also stops 20 epochs after the best where the net overfits or has learnt its training rows by heart. `schedule`
+        "plateau" | "cosine" | None (`warmup`: cosine's share); `clip` the dense gradient's largest norm; `monitor` "auto"
+        (ROC-AUC, accuracy, MAE, or MAP@k for a ranking target), "loss" or another metric. `loss`: "huber" | "mse" | "mae"
+        (regression), "softmax" | "bce" | "bpr" (ranking); `class_weight="balanced"`; `negatives` "uniform" | "popularity" |
+        "in-batch" and `hard_negatives` (a SQL SELECT of pairs) for ranking. `refit`: once the held-out scores are measured, the
+        selected model trains on every labelled row for half the epochs validation chose (the blend's GBM too); predict() uses it,
+        evaluate() the held-out scores. None: wherever it can (model.no_refit says why not); True: refuse where not; False: never.
+        `hybrid`: blend a GBM on two-hop SQL features, weighted on validation by the epoch's metric. `steps_per_epoch`: whole-net
+        steps, each on a seeded share of the training rows (default 4 for an automatic template's network alone, else 1);
+        `batch_size` trains on mini-batches. `checkpoint` is written atomically every epoch (and `checkpoint_every` batches),
+        `resume=True` continues from it; `callback(info)` after every step (raising stops training, database consistent), or a
+        relsql.Callback; `callbacks=[...]`: relsql.Callback objects, run after fit's own in order (on_fit_start, on_batch_end,
+        on_epoch_end: a reason to stop or None, on_fit_end); `workers=N` trains data-parallel on N processes, and under torchrun
+        as this rank."""
         config = FitConfig.checked(self.learner, epochs=epochs, batch_size=batch_size, lr=lr, patience=patience,
                                    overfit=overfit, weight_decay=weight_decay, schedule=schedule, warmup=warmup, clip=clip,
                                    monitor=monitor, time_budget=time_budget, loss=loss, class_weight=class_weight,

@@ -116,5 +116,5 @@ def train(learner: Learner, config: FitConfig, resume: dict | None = None, **mor
     epochs finish (a tracker logs them) and keeps them if fit raises."""
     trainer = Trainer(learner, OneProcess(), config, **more)
     learner.record = trainer.record
-    batched = learner.mini_batches or (config.batch_size is not None and not (learner.whole_net_batches or config.whole_net))
+    batched = learner.mini_batches or (config.batch_size is not None and not trainer.whole_net)
     return trainer.fit(batched, resume)
