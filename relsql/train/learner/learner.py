@@ -100,6 +100,14 @@ class Learner:
         self.trials = None  # after Model.search: one row per trial (relsql/train/model/search.py)
         self.hybrid = None  # a GBM blended with the network (relsql/train/gbm/hybrid.py), where one is picked
 
+    @property
+    def automatic(self) -> bool:
+        """Whether its template is Template.auto's text (edited or not): fit's defaults differ for one
+        (a GBM blend; the network alone in steps of shares of the rows: relsql/train/loop/options.py)."""
+        from relsql.template.auto import is_automatic  # the generator's package, only where asked
+
+        return is_automatic(self.template.source or "")
+
     # -- the target's names, read through -------------------------------------------------------
     target = property(lambda self: self.goal.name)
     table = property(lambda self: self.goal.table)

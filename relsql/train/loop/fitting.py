@@ -84,8 +84,6 @@ def _candidates(learner: Learner, config: FitConfig) -> list | None:
 def _in_this_process(learner: Learner, config: FitConfig) -> None:
     """This process's Trainer, the blend where asked, then the refit on every labelled row where
     asked or by default (relsql/train/loop/refit.py); a diverged loss is a RelsqlError."""
-    if config.batch_size is None:
-        config = config.replace(batch_size=learner.fit_batch_size())
     resumed = config.resume and config.checkpoint is not None and Path(config.checkpoint).exists()
     state = checkpoints.load(config.checkpoint) if resumed else None
     refit = learner.no_refit is None

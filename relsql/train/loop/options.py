@@ -119,9 +119,7 @@ def _steps(learner, batch_size: int | None, steps: object, hybrid: bool) -> tupl
         default = learner.fit_batch_size()
         if default is not None or learner.mini_batches:
             return default, learner.whole_net_batches
-        from relsql.template.auto import is_automatic
-
-        steps = ROW_STEPS if not hybrid and is_automatic(learner.template.source) else 1
+        steps = ROW_STEPS if not hybrid and learner.automatic else 1
     rows = len(learner.rows["train"])
     if steps <= 1 or rows <= 1:  # every training row in one step: a ranking's own steps say so by their size
         return (max(rows, 1), True) if learner.whole_net_batches else (None, False)
@@ -165,9 +163,7 @@ def _hybrid(learner, hybrid) -> bool:
     if hybrid is not None and not isinstance(hybrid, bool):
         raise RelsqlError(f"hybrid must be True, False or None (automatic templates only), got {hybrid!r}")
     if hybrid is None:
-        from relsql.template.auto import is_automatic
-
-        return is_automatic(learner.template.source) and learner.blends
+        return learner.automatic and learner.blends
     if hybrid and not learner.blends:
         raise RelsqlError("hybrid=True blends a GBM with a label's prediction; a ranking target has none: drop hybrid=")
     return hybrid
