@@ -21,7 +21,7 @@ from relsql.data.keys import Schema
 from relsql.template.auto.draft import Draft
 from relsql.template.auto.encoders import encoding
 from relsql.template.auto.names import quoted
-from relsql.template.auto.paths import Node, keyed
+from relsql.template.auto.paths import Node, Step, keyed
 from relsql.template.auto.times import Time, seconds
 
 INLINE_LEAVES = True  # False: a leaf gets its x_ relation too (the form tests/test_auto_leaves.py compares with)
@@ -38,10 +38,16 @@ def not_itself(draft: Draft, alias: str) -> str:
     return " AND NOT ({})".format(" AND ".join(f"{alias}.{quoted(k)} = p.{draft.r[k]}" for k in draft.target_keys))
 
 
-def near_row(draft: Draft, node: Node) -> str:
-    """Join a node relation's row back to its table row `q`, whose columns lead onwards."""
-    on = " AND ".join(f"q.{quoted(k)} = p.{name}" for k, name in draft.n(node.table).items())
-    return f"JOIN {quoted(node.table)} q ON {on}"
+def near_row(draft: Draft, node: Node, step: Step, far: str) -> tuple[str, str]:
+    """How a statement over node relation `p` reaches the rows (alias `far`) `step` leads to from
+    `node`'s row: the join back to its table row `q` and the step's condition from `q`, or, where
+    `step` reads only key columns, which `p` already holds, the condition from `p`'s own columns and
+    no join (a join per statement fewer: DuckDB's cost at these sizes is per join, docs/performance.md)."""
+    names = draft.n(node.table)
+    if all(c in names for c in step.near_columns):
+        return "", step.condition("p", far, {c: f"p.{names[c]}" for c in step.near_columns})
+    on = " AND ".join(f"q.{quoted(k)} = p.{name}" for k, name in names.items())
+    return f"\nJOIN {quoted(node.table)} q ON {on}", step.condition("q", far)
 
 
 def node_rows(draft: Draft, node: Node) -> None:
@@ -50,16 +56,17 @@ def node_rows(draft: Draft, node: Node) -> None:
     t = draft.labels[node.table]
     time_column = draft.time_column
     if node.parent.parent is None:  # depth 1: straight from the target table
-        near, target_time = "r", f"r.{quoted(time_column)}" if time_column else ""
-        source = f"FROM {quoted(draft.target)} r"
+        target_time = f"r.{quoted(time_column)}" if time_column else ""
+        source, step = f"FROM {quoted(draft.target)} r", node.step.condition("r", "x")
         target_keys = [f"r.{quoted(k)}" for k in draft.target_keys] + ([target_time] if time_column else [])
     else:
-        near, target_time = "q", f"p.{draft.r_time}"
-        source = f"FROM x_{node.parent.name} p\n{near_row(draft, node.parent)}"
+        target_time = f"p.{draft.r_time}"
+        back, step = near_row(draft, node.parent, node.step, "x")
+        source = f"FROM x_{node.parent.name} p{back}"
         target_keys = [f"p.{draft.r[k]}" for k in draft.target_keys] + ([f"p.{draft.r_time}"] if time_column else [])
     time = draft.event_time(node.table, node.step)
     on_time, dimension = draft.time_join(node.table, "x", target_time, node.step)
-    condition = node.step.condition(near, "x") + on_time
+    condition = step + on_time
     if own_siblings(draft, node):  # never the target row itself
         condition += not_itself(draft, "x")
     select = [f"{expr} AS {name}" for expr, name in zip(target_keys + [f"x.{quoted(k)}" for k in pk], draft.keys(node))]
@@ -282,19 +289,20 @@ def _child_term(draft: Draft, node: Node, child: Node, child_value: str, keys: l
     """The statement adding to p_<node> what `child`'s rows (their values in `child_value`) say."""
     is_root = node.parent is None
     if is_root:
-        near, source = "p", f"FROM {quoted(draft.target)} p"
+        source, step = f"FROM {quoted(draft.target)} p", child.step.condition("p", "y")
         head_keys = [f"p.{quoted(k)}" for k in draft.target_keys]
         target_match = [f"c.{draft.r[k]} = p.{quoted(k)}" for k in draft.target_keys]
         target_time = f"p.{quoted(draft.time_column)}" if draft.time_column else ""
     else:
-        near, source = "q", f"FROM x_{node.name} p\n{near_row(draft, node)}"
+        back, step = near_row(draft, node, child.step, "y")
+        source = f"FROM x_{node.name} p{back}"
         head_keys = [f"p.{k}" for k in draft.keys(node)]
         target_match = [f"c.{draft.r[k]} = p.{draft.r[k]}" for k in draft.target_keys]
         target_time = f"p.{draft.r_time}"
     if draft.time_column:
         target_match.append(f"c.{draft.r_time} = {target_time}")
     on_time, dimension = draft.time_join(child.table, "y", target_time, child.step)
-    condition = child.step.condition(near, "y") + on_time
+    condition = step + on_time
     leaf = read_in_place(draft.schema, child)
     if leaf and own_siblings(draft, child):  # never the target row itself
         condition += not_itself(draft, "y")

@@ -23,12 +23,18 @@ class Step:
     child: str  # the table holding the foreign key
     to_child: bool  # True: one row → its many child rows; False: a row → its one parent row
 
-    def condition(self, near: str, far: str) -> str:
-        """SQL joining the far table's rows (alias `far`) to the near table's row (alias `near`)."""
+    @property
+    def near_columns(self) -> tuple[str, ...]:
+        """The columns of the near table's row this step reads."""
+        return tuple(self.fk.references if self.to_child else self.fk.columns)
+
+    def condition(self, near: str, far: str, held: dict[str, str] | None = None) -> str:
+        """SQL joining the far table's rows (alias `far`) to the near table's row (alias `near`), or
+        to the near columns `held` already names ({column: SQL})."""
         parts = []
         for child_col, parent_col in zip(self.fk.columns, self.fk.references):
             near_col, far_col = (parent_col, child_col) if self.to_child else (child_col, parent_col)
-            parts.append(f"{far}.{quoted(far_col)} = {near}.{quoted(near_col)}")
+            parts.append(f"{far}.{quoted(far_col)} = {held[near_col] if held else f'{near}.{quoted(near_col)}'}")
         return " AND ".join(parts)
 
     @property
