@@ -25,6 +25,7 @@ from relsql.template.auto.paths import Node, Step, keyed
 from relsql.template.auto.times import Time, seconds
 
 INLINE_LEAVES = True  # False: a leaf gets its x_ relation too (the form tests/test_auto_leaves.py compares with)
+HELD_KEYS = True  # False: every statement over a node relation joins back to its table row (tests/test_auto_held_keys.py)
 
 
 def read_in_place(schema: Schema, node: Node) -> bool:
@@ -44,7 +45,7 @@ def near_row(draft: Draft, node: Node, step: Step, far: str) -> tuple[str, str]:
     `step` reads only key columns, which `p` already holds, the condition from `p`'s own columns and
     no join (a join per statement fewer: DuckDB's cost at these sizes is per join, docs/performance.md)."""
     names = draft.n(node.table)
-    if all(c in names for c in step.near_columns):
+    if HELD_KEYS and all(c in names for c in step.near_columns):
         return "", step.condition("p", far, {c: f"p.{names[c]}" for c in step.near_columns})
     on = " AND ".join(f"q.{quoted(k)} = p.{name}" for k, name in names.items())
     return f"\nJOIN {quoted(node.table)} q ON {on}", step.condition("q", far)
