@@ -205,6 +205,50 @@ def chosen_out_of_fold(run: dict, a: dict) -> tuple[float, str]:
     return _weight(task, a.get("net_val_crossfit", a["net_val"]), a[f"{name}_val"], a["y_val"], metric), name
 
 
+def chosen_average(run: dict, a: dict, reaches: tuple[str, ...] = REACHES) -> tuple[float, str]:
+    """The blend's GBMs of `reaches` averaged (their raw outputs, equal shares) as one GBM, then the
+    network's weight with it picked on the validation rows as fit picks it (measured 2026-12-07)."""
+    from relsql.train.task.task import Task
+
+    names = [f"cand_{r}" for r in reaches if f"cand_{r}_val" in a]
+    if len(names) < 2:
+        return chosen(run, a)
+    prefix = "average:" + ",".join(names)
+    for part in PARTS:  # kept with the run's arrays: a rule's test outputs read them by prefix
+        a.setdefault(f"{prefix}_{part}", np.mean([a[f"{n}_{part}"] for n in names], axis=0))
+    task, metric = Task(**run["task"]), run["chosen_on"]
+    return _weight(task, a.get("net_val_crossfit", a["net_val"]), a[f"{prefix}_val"], a["y_val"], metric), prefix
+
+
+def selected_ensemble(run: dict, a: dict, steps: int = 10, part: str = "val") -> np.ndarray:
+    """Ensemble selection (greedy forward selection with replacement, Caruana et al. 2004) over the
+    network's and every GBM's outputs on the validation rows (the network's cross-fitted ones): start
+    from the member scoring best alone, then `steps` - 1 times add the member whose addition scores
+    best; the members' shares are their counts. Returns the shares' mix of the `part` outputs."""
+    from relsql.train.gbm import hybrid
+    from relsql.train.task.task import Task
+
+    names = ["net"] + [f"cand_{r}" for r in REACHES if f"cand_{r}_val" in a]
+    if "gbm2_test" not in a:
+        return a[f"net_{part}"]
+    task, metric, truth = Task(**run["task"]), run["chosen_on"], a["y_val"]
+    val = {n: a.get("net_val_crossfit", a["net_val"]) if n == "net" else a[f"{n}_val"] for n in names}
+    counts = dict.fromkeys(names, 0)
+    total = np.zeros_like(val["net"])
+    for step in range(steps):
+        scored = {n: hybrid._ranked(hybrid.score(task, (total + val[n]) / (step + 1), truth, metric), metric) for n in names}
+        best = max(names, key=lambda n: (scored[n], -names.index(n)))
+        counts[best] += 1
+        total = total + val[best]
+    return sum(counts[n] * a[f"{n}_{part}"] for n in names) / steps
+
+
+def _equal_shares(a: dict, prefix: str) -> tuple[float, str]:
+    """The network's share where it and each GBM of an average (`prefix`) count alike."""
+    members = prefix.split(":", 1)[1].count(",") + 1 if prefix.startswith("average:") else 1
+    return 1.0 / (members + 1), prefix
+
+
 def picked(run: dict, a: dict) -> float:
     """The network's weight fit()'s blend picks from the recorded validation outputs (`chosen`)."""
     return chosen(run, a)[0]
@@ -226,6 +270,12 @@ RULES = {
     "picked": _mix(lambda w: w),
     "evidence 1.5": _mix(lambda w: w, lambda run, a: chosen(run, a, EVIDENCE)),  # not adopted (docs/quality.md, 2026-12-06)
     "out-of-fold pick": _mix(lambda w: w, chosen_out_of_fold),  # not adopted (docs/quality.md, 2026-12-06)
+    "GBMs averaged": _mix(lambda w: w, chosen_average),
+    "2 GBMs averaged": _mix(lambda w: w, lambda run, a: chosen_average(run, a, REACHES[:2])),
+    "all averaged": _mix(lambda w: w, lambda run, a: _equal_shares(a, chosen_average(run, a)[1])),
+    "ensemble selection 10": lambda run, a: selected_ensemble(run, a, 10, "test"),
+    "ensemble selection 4": lambda run, a: selected_ensemble(run, a, 4, "test"),
+    "ensemble selection 20": lambda run, a: selected_ensemble(run, a, 20, "test"),
     "shrunk 0.75": _mix(lambda w: 0.75 * w),
     "shrunk 0.5": _mix(lambda w: 0.5 * w),
     "GBM alone": lambda run, a: a.get("gbm2_test", a["net_test"]),
