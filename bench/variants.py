@@ -11,7 +11,8 @@ and DuckDB on one thread): `Template.auto(db, target, time_column=..., **auto)`,
 `fit(hybrid=False, refit=False, **fit)` (the network alone unless the variant says `"hybrid": true`;
 without the refit, the model evaluate() scores), `evaluate()` on the test split; the first variant
 also records the one-hop and own-column GBMs (`bench.outside.gbm_peer`) on the same split. Runs
-already in RUNS.jsonl are skipped, so a stopped run goes on where it stopped.
+already in RUNS.jsonl are skipped, so a stopped run goes on where it stopped; a run that failed is
+recorded with its error (compare lists it) and skipped too: delete its line to run it again.
 
 compare prints, per variant against the base (the variant `run` named first, which records the
 anchors, unless --base), over the (database, seed) pairs both have: runs better / worse, the mean and median gain (ROC-AUC or
