@@ -245,7 +245,7 @@ def selected_ensemble(run: dict, a: dict, steps: int = 10, part: str = "val") ->
 
 def _equal_shares(a: dict, prefix: str) -> tuple[float, str]:
     """The network's share where it and each GBM of an average (`prefix`) count alike."""
-    members = prefix.split(":", 1)[1].count(",") + 1 if prefix.startswith("average:") else 1
+    members = sum(f"cand_{r}_val" in a for r in REACHES) if prefix.startswith("average:") else 1
     return 1.0 / (members + 1), prefix
 
 

@@ -201,6 +201,16 @@ def _java_gc_unhooked():
 
 
 @pytest.fixture(scope="session")
+def hostile(tmp_path_factory):
+    """Hostile databases (bench/outside_hostile.py, small), generated once per session for the tests
+    that compare two forms of Template.auto's templates on them; each test copies the file it uses."""
+    from bench import outside_hostile
+
+    folder = tmp_path_factory.mktemp("hostile")
+    return {seed: outside_hostile.generate(seed, folder, small=True) for seed in (0, 3, 5, 10, 11)}
+
+
+@pytest.fixture(scope="session")
 def neuralogic_workdir(tmp_path_factory):
     """PyNeuraLogic writes ./target/out; keep that out of the repository."""
     path = tmp_path_factory.mktemp("neuralogic")

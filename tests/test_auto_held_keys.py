@@ -9,15 +9,13 @@ step reads a column that is not the node's key (a parent reached from a node row
 from __future__ import annotations
 
 import re
-import shutil
 
 import pytest
 
 import relsql
-from bench import outside_hostile
 from relsql import relbench as rb
 from relsql.template.auto import layers
-from tests.test_auto_leaves import assert_same_network
+from tests.test_auto_leaves import HOSTILE_SEEDS, assert_same_network, hostile_copy
 from tests.test_auto_ranking import _shop as ranking_shop
 from tests.test_auto_siblings import _relbench_db
 
@@ -51,18 +49,10 @@ def assert_only_needed(held: relsql.Template, joined: relsql.Template) -> None:
     assert len(joins_back(held)) <= len(joins_back(joined))
 
 
-@pytest.fixture(scope="module")
-def hostile(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("hostile")
-    return {seed: outside_hostile.generate(seed, folder, small=True) for seed in (0, 3, 5, 10, 11)}
-
-
-@pytest.mark.parametrize("seed", [0, 3, pytest.param(5, marks=pytest.mark.slow), pytest.param(10, marks=pytest.mark.slow),
-                                  pytest.param(11, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("seed", HOSTILE_SEEDS)
 def test_hostile_databases_the_same_network_with_fewer_joins(monkeypatch, tmp_path, hostile, seed):
     manifest = hostile[seed]
-    shutil.copy(manifest["path"], tmp_path / "db.duckdb")
-    db = relsql.connect(tmp_path / "db.duckdb", **({"keys": manifest["keys"]} if manifest.get("keys") else {}))
+    db = hostile_copy(manifest, tmp_path)
     cut = 0
     for entry in manifest["targets"]:
         options = {"time_column": entry["time_column"]} if entry.get("time_column") else {}

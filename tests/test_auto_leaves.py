@@ -16,7 +16,6 @@ import pytest
 import torch
 
 import relsql
-from bench import outside_hostile
 from relsql import relbench as rb
 from relsql.template.auto import layers
 from tests.test_auto_ranking import _shop as ranking_shop
@@ -56,19 +55,20 @@ def created(template: relsql.Template) -> set[str]:
     return {name for name in template.relations if name.startswith("x_")}
 
 
-@pytest.fixture(scope="module")
-def hostile(tmp_path_factory):
-    """Hostile databases generated once (bench/outside_hostile.py, small), copied per test."""
-    folder = tmp_path_factory.mktemp("hostile")
-    return {seed: outside_hostile.generate(seed, folder, small=True) for seed in (0, 3, 5, 10, 11)}
+# the conftest's `hostile` databases: two in the fast suite, three more in the slow one
+HOSTILE_SEEDS = [0, 3, *(pytest.param(seed, marks=pytest.mark.slow) for seed in (5, 10, 11))]
 
 
-@pytest.mark.parametrize("seed", [0, 3, pytest.param(5, marks=pytest.mark.slow), pytest.param(10, marks=pytest.mark.slow),
-                                  pytest.param(11, marks=pytest.mark.slow)])
+def hostile_copy(manifest: dict, tmp_path) -> relsql.Database:
+    """A connection to a copy of a hostile database (the session's file stays as generated)."""
+    shutil.copy(manifest["path"], tmp_path / "db.duckdb")
+    return relsql.connect(tmp_path / "db.duckdb", **({"keys": manifest["keys"]} if manifest.get("keys") else {}))
+
+
+@pytest.mark.parametrize("seed", HOSTILE_SEEDS)
 def test_hostile_databases_the_same_network_with_fewer_relations(monkeypatch, tmp_path, hostile, seed):
     manifest = hostile[seed]
-    shutil.copy(manifest["path"], tmp_path / "db.duckdb")
-    db = relsql.connect(tmp_path / "db.duckdb", **({"keys": manifest["keys"]} if manifest.get("keys") else {}))
+    db = hostile_copy(manifest, tmp_path)
     for entry in manifest["targets"]:
         options = {"time_column": entry["time_column"]} if entry.get("time_column") else {}
         inlined, separate = both_forms(monkeypatch, db, entry["target"], **options)
