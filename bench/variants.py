@@ -3,7 +3,7 @@ compared with a base variant on the same (database, seed): the measurement behin
 network-alone and blend sections, kept here instead of rewritten for each question.
 
     python -m bench.variants run --manifests M... [--seeds 0-2] --variants VARIANTS --out RUNS.jsonl [--jobs 2]
-    python -m bench.variants compare RUNS.jsonl [--base NAME]
+    python -m bench.variants compare RUNS.jsonl [--base NAME] [--pick A,B [--pick-on val_loss|val]]
 
 VARIANTS is JSON: {name: {"auto": {...Template.auto options}, "fit": {...fit() arguments}}}. Each
 run is one manifest's first target, one model seed and one variant, in a process of its own (torch
@@ -18,7 +18,10 @@ compare prints, per variant against the base (the variant `run` named first, whi
 anchors, unless --base), over the (database, seed) pairs both have: runs better / worse, the mean and median gain (ROC-AUC or
 accuracy: the difference; RMSE or MAE: the relative change; + is better) with a 95 % bootstrap
 interval of the mean, per source (the database name before its first "_"), the runs at least the
-one-hop GBM, and the median ratio of the fit's CPU seconds.
+one-hop GBM, and the median ratio of the fit's CPU seconds. `--pick A,B` adds the variant `picked(A,B)`:
+per run, whichever of A and B scored better on validation at its kept epoch (each run records that
+epoch's `val_loss` and `val`, the task's metric), at the CPU of training both: whether choosing between
+two templates or fits by validation would beat either.
 """
 
 from __future__ import annotations
@@ -62,6 +65,8 @@ def one(manifest_path: str, seed: int, name: str, variant: dict, anchors: bool) 
         out = {"database": manifest["name"], "seed": seed, "variant": name, "metric": metric,
                "score": model.evaluate().get(metric), "epochs": len(model.history), "cpu": cpu,
                "train_rows": int(len(model.learner.rows["train"]))}
+        kept = model.history[model.best_epoch] if model.best_epoch is not None else {}
+        out.update(val_loss=kept.get("val_loss"), val=kept.get(f"val_{metric}"))  # the kept epoch's, for `picked`
         if anchors:
             peer = gbm_peer(model.learner)
             out.update(gbm=peer.get("gbm_score"), own_gbm=peer.get("own_gbm_score"))
@@ -113,6 +118,25 @@ def compare(runs: list[dict], base: str | None = None) -> dict[str, dict]:
                        "sources": {s: (float(np.mean(v)), sum(x > 1e-12 for x in v), sum(x < -1e-12 for x in v))
                                    for s, v in sorted(sources.items())}}
     return table
+
+
+def picked(runs: list[dict], among: list[str], on: str = "val_loss") -> list[dict]:
+    """Per (database, seed) that ran every variant of `among`, a run of the variant `picked(a,b)`: the one
+    whose kept epoch scored best on validation (`on`: "val_loss", lower is better, or "val", the task's
+    metric), with its test score and the CPU of all of them (choosing trains each). Runs recorded before
+    the validation scores were (no `on`) are left out."""
+    by: dict[tuple, dict] = defaultdict(dict)
+    for row in runs:
+        by[row["database"], row["seed"]][row["variant"]] = row
+    name, found = f"picked({','.join(among)})", []
+    for rows in by.values():
+        if not all(v in rows and rows[v].get(on) is not None for v in among):
+            continue
+        lower = on == "val_loss" or rows[among[0]]["metric"] in LOWER_IS_BETTER
+        best = min(among, key=lambda v: rows[v][on] if lower else -rows[v][on])  # the first on a tie
+        found.append({**rows[best], "variant": name, "chose": best, "gbm": None,
+                      "cpu": sum(rows[v]["cpu"] for v in among)})
+    return found
 
 
 def run(manifests: list[str], seeds: list[int], variants: dict, out: Path, jobs: int, timeout: int) -> None:
@@ -168,6 +192,9 @@ def main(argv: list[str] | None = None) -> None:
     cmp = commands.add_parser("compare")
     cmp.add_argument("runs")
     cmp.add_argument("--base")
+    cmp.add_argument("--pick", action="append", default=[],
+                     help="variants a,b,...: also compare the one validation picks per run (repeatable)")
+    cmp.add_argument("--pick-on", default="val_loss", choices=("val_loss", "val"))
     args = parser.parse_args(argv)
     if args.command == "one":
         print(json.dumps(one(args.manifest, args.seed, args.name, json.loads(args.variant), args.anchors)))
@@ -178,7 +205,9 @@ def main(argv: list[str] | None = None) -> None:
         failed = [r for r in runs if "error" in r]
         for r in failed:
             print(f"failed: {Path(r['manifest']).stem} s{r['seed']} {r['variant']}: {r['error']}")
-        for name, c in compare([r for r in runs if "error" not in r], args.base).items():
+        runs = [r for r in runs if "error" not in r]
+        runs += [row for among in args.pick for row in picked(runs, among.split(","), args.pick_on)]
+        for name, c in compare(runs, args.base).items():
             low, high = c["interval"]
             print(f"{name}: {c['runs']} runs, better / worse {c['better']} / {c['worse']}, mean {c['mean']:+.4f} "
                   f"({low:+.4f} .. {high:+.4f}), median {c['median']:+.4f}, >= one-hop GBM {c['at_least_gbm']}, "

@@ -35,6 +35,26 @@ def test_compare_by_hand():
     assert variants.compare(runs, base="wide")["base"]["mean"] == pytest.approx((-0.03 + 0.2 + 0.0) / 3)
 
 
+def test_picked_by_validation_by_hand():
+    def row(database, variant, metric, score, val_loss, val, cpu, gbm=None):
+        return {**_row(database, 0, variant, metric, score, cpu, gbm), "val_loss": val_loss, "val": val}
+
+    runs = [row("hostile_1", "base", "roc_auc", 0.90, 0.30, 0.91, 2.0, gbm=0.92),
+            row("hostile_1", "own", "roc_auc", 0.95, 0.25, 0.89, 1.0),
+            row("plurel_2", "base", "rmse", 2.0, 0.40, 1.9, 1.0, gbm=1.5), row("plurel_2", "own", "rmse", 2.5, 0.40, 2.4, 0.5),
+            row("plurel_3", "base", "rmse", 1.0, 0.2, 1.1, 1.0, gbm=1.2),
+            {**_row("plurel_3", 0, "own", "rmse", 0.5), "val_loss": None}]  # recorded before validation scores were
+    on_loss = variants.picked(runs, ["base", "own"])
+    assert [(r["database"], r["chose"]) for r in on_loss] == [("hostile_1", "own"), ("plurel_2", "base")]  # a tie: the first
+    assert [r["score"] for r in on_loss] == [0.95, 2.0] and [r["cpu"] for r in on_loss] == [3.0, 1.5]
+    assert all(r["variant"] == "picked(base,own)" and r["gbm"] is None for r in on_loss)
+    on_metric = variants.picked(runs, ["base", "own"], on="val")  # ROC-AUC: higher is better; RMSE: lower
+    assert [r["chose"] for r in on_metric] == ["base", "base"]
+    table = variants.compare(runs + on_loss)
+    assert table["picked(base,own)"]["runs"] == 2 and table["picked(base,own)"]["at_least_gbm"] == 1  # 0.95 >= 0.92
+    assert table["picked(base,own)"]["mean"] == pytest.approx((0.05 + 0.0) / 2)
+
+
 @pytest.mark.slow
 def test_a_run_records_each_variant_once_as_the_api_scores_it(tmp_path):
     manifest = outside_hostile.generate(1, tmp_path / "corpus", small=True)
@@ -50,3 +70,4 @@ def test_a_run_records_each_variant_once_as_the_api_scores_it(tmp_path):
     here = variants.one(path, 0, "narrow", chosen["narrow"], anchors=False)
     narrow = next(r for r in rows if r["variant"] == "narrow")
     assert narrow["score"] == here["score"]  # the child process scored what this one does: seeded, no clock
+    assert narrow["val_loss"] == here["val_loss"] is not None and narrow["val"] is not None
