@@ -20,10 +20,9 @@ from relsql.progress import lines as progress_lines
 from relsql.template.ir import Template
 from relsql.train.learner import results
 from relsql.train.learner.defaults import EPOCHS, TIME_BUDGET
-from relsql.train.loop import fitting
 from relsql.train.loop.callbacks import Callback
 from relsql.train.loop.options import FitConfig
-from relsql.train.model import build, gradients
+from relsql.train.model import build, gradients, own_columns
 from relsql.train.model.calls import checked_database, server_reachable, with_threads
 from relsql.train.model.report import LOSSES, plot_history, text_report
 from relsql.train.model.spec import ModelSpec
@@ -124,7 +123,7 @@ class Model(LearnerViews):
                                    negatives=negatives, hard_negatives=hard_negatives, refit=refit, hybrid=hybrid,
                                    checkpoint=checkpoint, resume=resume, checkpoint_every=checkpoint_every,
                                    callback=callback, callbacks=callbacks, workers=workers, steps_per_epoch=steps_per_epoch)
-        fitting.fit(self.db, self.learner, self.threads, config)
+        self.learner = own_columns.fit(self.db, self.learner, self.threads, config, self.spec)
         return self
 
     def search(self, budget: float | str = "10m", trials: int | None = None, **options) -> Model:

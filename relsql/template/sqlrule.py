@@ -98,7 +98,7 @@ def _has_condition(tokens: list[Token], start: int) -> bool:
     return False
 
 
-def _statements(text: str, tokens: list[Token] | None = None) -> list[tuple[int, int, int]]:
+def statement_spans(text: str, tokens: list[Token] | None = None) -> list[tuple[int, int, int]]:
     """(first line, first character, end character) of every non-empty statement."""
     spans: list[tuple[int, int, int]] = []
     start = None
@@ -213,7 +213,7 @@ def _parse_sql_template(text: str, depth: int | None) -> ir.Template:
         dialect = Dialect.get_or_raise("duckdb")
         tokens = dialect.tokenize(text)
         _check_nesting(tokens)
-        spans = _statements(text, tokens)
+        spans = statement_spans(text, tokens)
         # a comment after the last `;` comes back as an empty Semicolon statement that carries it
         statements = [s for s in dialect.parser().parse(tokens, text) if s is not None and not isinstance(s, exp.Semicolon)]
     except TokenError:

@@ -72,6 +72,10 @@ def text_report(model) -> str:
     blend = getattr(model, "hybrid", None)
     if blend is not None:
         lines.append(f"  hybrid: {blend.describe()}")
+    chosen = getattr(model.learner, "own_columns", None)  # relsql/train/model/own_columns.py
+    if chosen:
+        lines.append(f"  network alone: kept the {chosen['kept']} (validation {chosen['metric']} {chosen['own']:.4f} for the "
+                     f"target table's own columns alone, {chosen['whole']:.4f} for the whole template)")
     split = "test" if len(model.rows["test"]) else "val" if len(model.rows["val"]) else None
     if split is not None:
         ours = evaluated[split].get(metric, math.nan)

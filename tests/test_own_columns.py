@@ -1,0 +1,74 @@
+"""fit(hybrid=False) of an automatic template keeps the whole template or its own-columns part, whichever
+the validation rows prefer (relsql/train/model/own_columns.py): checked against the two models trained apart
+and picked by hand, on hostile databases where each side wins once (seed 0: the whole template, seed 3: the
+own columns)."""
+
+from __future__ import annotations
+
+import pytest
+
+import relsql
+from relsql.train.model import own_columns
+from tests.test_auto_leaves import hostile_copy
+
+
+def _model(db, template, entry):
+    options = {"time_column": entry["time_column"]} if entry.get("time_column") else {}
+    return relsql.Model(db, template, target=entry["target"], seed=0, progress=False, **options)
+
+
+@pytest.mark.parametrize(("seed", "kept"), [(0, "whole template"), (3, "own columns")])
+def test_the_network_alone_keeps_the_better_validation_loss_of_the_two_fits(monkeypatch, tmp_path, hostile, seed, kept):
+    manifest = hostile[seed]
+    db = hostile_copy(manifest, tmp_path)
+    entry = manifest["targets"][0]  # item.label: a binary target, its epochs chosen on the validation loss
+    options = {"time_column": entry["time_column"]} if entry.get("time_column") else {}
+    template = relsql.Template.auto(db, entry["target"], **options)
+    chosen = _model(db, template, entry).fit(hybrid=False)
+
+    monkeypatch.setattr(own_columns, "CHOOSE", False)  # by hand: each model trained as written
+    whole = _model(db, template, entry).fit(hybrid=False)
+    alone = _model(db, relsql.Template.from_sql(own_columns.part(template)), entry).fit(hybrid=False)
+    losses = [m.history[m.best_epoch]["val_loss"] for m in (whole, alone)]
+    expected = alone if losses[1] < losses[0] else whole
+
+    assert chosen.learner.own_columns == {"kept": kept, "metric": "loss", "whole": losses[0], "own": losses[1]}
+    assert (expected is alone) == (kept == "own columns")
+    assert chosen.template.source == expected.template.source
+    assert chosen.predict().equals(expected.predict())  # the same seeded fit, bit for bit
+    assert chosen.evaluate() == expected.evaluate()
+    assert f"network alone: kept the {kept}" in chosen.report()
+    assert getattr(whole.learner, "own_columns", None) is None
+
+
+def test_the_part_is_the_target_encoder_and_the_prediction_s_own_term(tmp_path, hostile):
+    manifest = hostile[0]
+    db = hostile_copy(manifest, tmp_path)
+    entry = manifest["targets"][0]
+    template = relsql.Template.auto(db, entry["target"], time_column=entry["time_column"])
+    text = own_columns.part(template)
+    part = relsql.Template.from_sql(text)
+    assert set(part.relations) == {"enc_item", "predict"}
+    assert part.relations["enc_item"].rules[0].expr == template.relations["enc_item"].rules[0].expr
+    assert set(part.weights) < set(template.weights) and "w_out_own" in part.weights and "w_out" not in part.weights
+    assert all(part.weights[n].shape == template.weights[n].shape for n in part.weights)
+    assert "from up to 0 foreign-key hops away" in text.splitlines()[0]
+    # where the prediction has no own term, or the text is not Template.auto's, there is nothing to compare
+    assert own_columns.part(relsql.Template.auto(db, entry["target"], time_column=entry["time_column"], hops=0)) is None
+    edited = template.source.replace(" + linear(e.h, 1, 'w_out_own')", "")
+    assert own_columns.part(relsql.Template.from_sql(edited)) is None
+    assert own_columns.part(relsql.Template.from_sql(template.source.split("\n", 1)[1])) is None
+
+
+def test_no_second_fit_with_the_blend_or_the_user_s_callbacks(tmp_path, hostile):
+    manifest = hostile[3]
+    db = hostile_copy(manifest, tmp_path)
+    entry = manifest["targets"][0]
+    template = relsql.Template.auto(db, entry["target"], time_column=entry["time_column"])
+    for fit in ({"epochs": 5}, {"hybrid": False, "epochs": 5, "callbacks": [relsql.Callback()]},
+                {"hybrid": False, "epochs": 5, "time_budget": 600}):
+        model = _model(db, template, entry).fit(**fit)
+        assert getattr(model.learner, "own_columns", None) is None, fit
+        assert model.template.source == template.source
+    model = _model(db, template, entry).fit(hybrid=False, epochs=5)
+    assert model.learner.own_columns is not None  # the same fit without them compares the two
