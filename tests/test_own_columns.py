@@ -72,3 +72,16 @@ def test_no_second_fit_with_the_blend_or_the_user_s_callbacks(tmp_path, hostile)
         assert model.template.source == template.source
     model = _model(db, template, entry).fit(hybrid=False, epochs=5)
     assert model.learner.own_columns is not None  # the same fit without them compares the two
+
+
+def test_an_own_columns_part_that_cannot_train_leaves_the_whole_template(monkeypatch, tmp_path, hostile, caplog):
+    manifest = hostile[3]
+    db = hostile_copy(manifest, tmp_path)
+    entry = manifest["targets"][0]
+    template = relsql.Template.auto(db, entry["target"], time_column=entry["time_column"])
+    broken = (template.source.splitlines()[0]  # a column the table lacks: building it fails
+              + "\nCREATE TABLE predict AS\nSELECT e.\"item_id\", linear(e.nope, 1, 'w') AS h\nFROM item e;\n")
+    monkeypatch.setattr(own_columns, "part", lambda template, output="predict": broken)
+    model = _model(db, template, entry).fit(hybrid=False, epochs=5)
+    assert model.template.source == template.source and model.learner.own_columns is None
+    assert "its own-columns part did not train" in caplog.text

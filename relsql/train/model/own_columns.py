@@ -17,6 +17,7 @@ import re
 
 import numpy as np
 
+from relsql.errors import RelsqlError
 from relsql.sql import ident
 from relsql.template import ir
 from relsql.template.sqlrule import statement_spans
@@ -34,18 +35,23 @@ def fit(db, learner, threads: int | None, config: FitConfig, spec):
     """`fitting.fit` of `learner`, then, where `applies`, the same fit of the own-columns part of its
     template (a model built from `spec` with that template); returns the learner to keep, whose
     `own_columns` says what was compared."""
+    learner.own_columns = None  # an earlier fit's comparison no longer holds
     fitting.fit(db, learner, threads, config)
-    text = part(learner.template) if applies(learner, config) else None
+    text = part(learner.template, learner.output) if applies(learner, config) else None
     if text is None:
         return learner
     from relsql.template import Template
     from relsql.train.model import build
 
-    own = build.learner(db, spec.replace(template=Template.from_sql(text)))
-    if any(not np.array_equal(own.rows[s], learner.rows[s]) for s in ("train", "val", "test")):
-        return learner  # not the same rows (a split the template changes): nothing to compare
     log.info("the network alone: fitting the template's own-columns part to compare on validation")
-    fitting.fit(db, own, threads, config)
+    try:
+        own = build.learner(db, spec.replace(template=Template.from_sql(text)))
+        if any(not np.array_equal(own.rows[s], learner.rows[s]) for s in ("train", "val", "test")):
+            return learner  # not the same rows (a split the template changes): nothing to compare
+        fitting.fit(db, own, threads, config)
+    except RelsqlError as err:  # the whole template's fit stands: the comparison is fit's own addition
+        log.warning("the network alone: kept the whole template; its own-columns part did not train (%s)", err)
+        return learner
     whole, alone = _kept(learner), _kept(own)
     if alone is None or whole is None:
         return learner
@@ -79,14 +85,14 @@ def _kept(learner) -> tuple[tuple[float, float], str, float] | None:
         float(entry.get(monitor, float("nan")))
 
 
-def part(template: ir.Template) -> str | None:
+def part(template: ir.Template, output: str = "predict") -> str | None:
     """The SQL text of `template`'s own-columns part: its header (0 hops), the statements of the
     relation the prediction's own term reads (`linear(e.h, ..., 'w_out_own')`, the target table's
     encoder) and of what that relation reads, and a prediction of that term alone. None where the
     template is not an automatic one with that term (edited away, hops=0, a ranking target)."""
     from relsql.template.auto import is_automatic
 
-    predict = template.relations.get("predict")
+    predict = template.relations.get(output)
     if template.language != "sql" or not is_automatic(template.source) or predict is None or len(predict.rules) != 1:
         return None
     rule = predict.rules[0]
@@ -115,7 +121,7 @@ def part(template: ir.Template) -> str | None:
               "compares with the whole on validation (relsql/train/model/own_columns.py)"]
     keys = ", ".join(f"e.{ident(k).sql(dialect='duckdb')}" for k in predict.keys)
     body = [_text(template.source, spans, n) for n in statements]
-    prediction = f"CREATE TABLE predict AS\nSELECT {keys}, {term.group(0)} AS h\nFROM {encoder} e;"
+    prediction = f"CREATE TABLE {output} AS\nSELECT {keys}, {term.group(0)} AS h\nFROM {encoder} e;"
     return "\n".join(header) + "\n\n" + "\n\n".join([*body, prediction]) + "\n"
 
 
