@@ -10,7 +10,8 @@ run is one manifest's first target, one model seed and one variant, in a process
 and DuckDB on one thread): `Template.auto(db, target, time_column=..., **auto)`, `Model(seed=)`,
 `fit(hybrid=False, refit=False, **fit)` (the network alone unless the variant says `"hybrid": true`;
 without the refit, the model evaluate() scores), `evaluate()` on the test split; the first variant
-also records the one-hop and own-column GBMs (`bench.outside.gbm_peer`) on the same split. Runs
+also records the one-hop and own-column GBMs (`bench.outside.gbm_peer`) on the same split; a network alone
+records which part of its template it kept (`kept`: "whole template" or "own columns"). Runs
 already in RUNS.jsonl are skipped, so a stopped run goes on where it stopped; a run that failed is
 recorded with its error (compare lists it) and skipped too: delete its line to run it again.
 
@@ -67,6 +68,9 @@ def one(manifest_path: str, seed: int, name: str, variant: dict, anchors: bool) 
                "train_rows": int(len(model.learner.rows["train"]))}
         kept = model.history[model.best_epoch] if model.best_epoch is not None else {}
         out.update(val_loss=kept.get("val_loss"), val=kept.get(f"val_{metric}"))  # the kept epoch's, for `picked`
+        chosen = getattr(model.learner, "own_columns", None)  # the network alone: its whole template or own columns
+        if chosen:
+            out["kept"] = chosen["kept"]
         if anchors:
             peer = gbm_peer(model.learner)
             out.update(gbm=peer.get("gbm_score"), own_gbm=peer.get("own_gbm_score"))

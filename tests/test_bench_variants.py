@@ -71,3 +71,4 @@ def test_a_run_records_each_variant_once_as_the_api_scores_it(tmp_path):
     narrow = next(r for r in rows if r["variant"] == "narrow")
     assert narrow["score"] == here["score"]  # the child process scored what this one does: seeded, no clock
     assert narrow["val_loss"] == here["val_loss"] is not None and narrow["val"] is not None
+    assert narrow["kept"] == here["kept"] and narrow["kept"] in ("whole template", "own columns")
