@@ -17,6 +17,7 @@ from relsql.compile import compact
 from relsql.train.loop.callbacks import Callback
 from relsql.train.loop.options import FitConfig
 from relsql.train.loop.trainer import OneProcess, Trainer
+from relsql.train.model import own_columns
 from tests.tables import insert_rows
 
 TABLES = ("enc_customer_note", "enc_orders_item")
@@ -177,6 +178,7 @@ def test_weight_decay_or_a_callback_keeps_the_full_tables(db, monkeypatch):
     """AdamW's decay shrinks every row, read or not, so the full tables train; a user's callback may
     read the weights by name mid-fit, so they stay whole for it too."""
     made = _spy(monkeypatch, dense=False)
+    monkeypatch.setattr(own_columns, "CHOOSE", False)  # one model's fits: not a second of the template's own columns
     model = _model(db)
     start = model.learner.weights_by_name()["enc_orders_item"].detach().clone()
     model.fit(epochs=3, weight_decay=0.01, refit=False, hybrid=False)
