@@ -85,3 +85,16 @@ def test_an_own_columns_part_that_cannot_train_leaves_the_whole_template(monkeyp
     model = _model(db, template, entry).fit(hybrid=False, epochs=5)
     assert model.template.source == template.source and model.learner.own_columns is None
     assert "its own-columns part did not train" in caplog.text
+
+
+def test_a_second_fit_compares_its_own_epochs(tmp_path, hostile):
+    manifest = hostile[0]  # the whole template is kept: a second fit of it compares again
+    db = hostile_copy(manifest, tmp_path)
+    entry = manifest["targets"][0]
+    model = _model(db, relsql.Template.auto(db, entry["target"], time_column=entry["time_column"]), entry)
+    first = model.fit(hybrid=False, epochs=30).learner.own_columns
+    assert first["kept"] == "whole template"
+    second = model.fit(hybrid=False, epochs=30).learner.own_columns  # the history now holds both fits' epochs
+    assert second["whole"] != first["whole"]  # the second fit went on from the first's weights, better
+    assert second["whole"] == model.learner.record.kept()["val_loss"] < second["own"]  # not the first fit's epoch
+    assert second["kept"] == "whole template"

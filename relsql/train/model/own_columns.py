@@ -72,17 +72,16 @@ def applies(learner, config: FitConfig) -> bool:
 
 
 def _kept(learner) -> tuple[tuple[float, float], str, float] | None:
-    """(rank, metric, value) of the kept epoch's validation score by the monitor that chose it."""
+    """(rank, metric, value) of the kept epoch's validation score by the monitor that chose it (the
+    latest fit's: a model fitted again numbers its epochs from 0 again)."""
     record = learner.record
-    if record.best_epoch is None or not record.history:
-        return None
-    entry = next((h for h in record.history if h.get("epoch") == record.best_epoch), None)
+    entry = record.kept()
     if entry is None:
         return None
     monitor = record.monitor or "val_loss"
+    value = float(entry.get(monitor, float("nan")))
     metric = monitor.removeprefix("val_")
-    return ranked(metric, entry.get(monitor, float("nan")), entry.get("val_loss", float("nan"))), metric, \
-        float(entry.get(monitor, float("nan")))
+    return ranked(metric, value, entry.get("val_loss", float("nan"))), metric, value
 
 
 def part(template: ir.Template, output: str = "predict") -> str | None:
