@@ -66,8 +66,8 @@ def one(manifest_path: str, seed: int, name: str, variant: dict, anchors: bool) 
         out = {"database": manifest["name"], "seed": seed, "variant": name, "metric": metric,
                "score": model.evaluate().get(metric), "epochs": len(model.history), "cpu": cpu,
                "train_rows": int(len(model.learner.rows["train"]))}
-        kept = model.history[model.best_epoch] if model.best_epoch is not None else {}
-        out.update(val_loss=kept.get("val_loss"), val=kept.get(f"val_{metric}"))  # the kept epoch's, for `picked`
+        epoch = model.learner.record.kept() or {}
+        out.update(val_loss=epoch.get("val_loss"), val=epoch.get(f"val_{metric}"))  # the kept epoch's, for `picked`
         chosen = getattr(model.learner, "own_columns", None)  # the network alone: its whole template or own columns
         if chosen:
             out["kept"] = chosen["kept"]

@@ -67,8 +67,7 @@ def applies(learner, config: FitConfig) -> bool:
     a time budget (each would see or count two fits), with validation rows."""
     return (CHOOSE and not config.hybrid and learner.automatic and learner.blends and not learner.mini_batches
             and config.workers == 1 and not config.users and config.checkpoint is None and not config.resume
-            and config.time_budget is None and learner.record.best_epoch is not None and len(learner.rows["val"]) > 0
-            and learner.hybrid is None)
+            and config.time_budget is None and learner.record.best_epoch is not None and len(learner.rows["val"]) > 0)
 
 
 def _kept(learner) -> tuple[tuple[float, float], str, float] | None:
