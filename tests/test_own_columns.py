@@ -98,3 +98,22 @@ def test_a_second_fit_compares_its_own_epochs(tmp_path, hostile):
     assert second["whole"] != first["whole"]  # the second fit went on from the first's weights, better
     assert second["whole"] == model.learner.record.kept()["val_loss"] < second["own"]  # not the first fit's epoch
     assert second["kept"] == "whole template"
+
+
+def test_the_cli_saves_beside_the_model_the_template_it_kept(tmp_path, hostile, capsys):
+    from relsql.cli import main
+
+    manifest = hostile[3]  # the own columns are kept (the first test)
+    db = hostile_copy(manifest, tmp_path)
+    entry = manifest["targets"][0]
+    whole = relsql.Template.auto(db, entry["target"], time_column=entry["time_column"])
+    db.close()
+    argv = ["train", tmp_path / "db.duckdb", "--target", entry["target"], "--time-column", entry["time_column"],
+            "--no-hybrid", "--model", tmp_path / "m.pt", *(["--keys", manifest["keys"]] if manifest.get("keys") else [])]
+    assert main([str(a) for a in argv]) == 0
+    out = capsys.readouterr().out
+    saved = (tmp_path / "m.sql").read_text()
+    model = relsql.Model.load(tmp_path / "m.pt", relsql.connect(
+        tmp_path / "db.duckdb", **({"keys": manifest["keys"]} if manifest.get("keys") else {})))
+    assert saved == model.template.source == own_columns.part(whole) != whole.source
+    assert f"the automatic template's own-columns part, the one the network kept, saved to {tmp_path / 'm.sql'}" in out

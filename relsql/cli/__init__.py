@@ -223,8 +223,11 @@ def _train(args: argparse.Namespace) -> int:
         plotted = f" (metrics plot {path.with_suffix('.png')})" if model.task.plots_history else ""  # a ranking's has none
         print(f"model saved to {path}{plotted}")
         if beside is not None:
-            outputs.write_text_atomically(beside, template.source)
-            print(f"automatic template saved to {beside}: edit it, then `"
+            kept = model.spec.template  # the own-columns part where the network alone kept it (model.report says so)
+            outputs.write_text_atomically(beside, kept.source)
+            which = "automatic template" if kept.source == template.source else \
+                "the automatic template's own-columns part, the one the network kept,"
+            print(f"{which} saved to {beside}: edit it, then `"
                   + _command("relsql", "train", args.db, "--template", beside, "--target", args.target,
                              *_carried(args), "--model", args.model) + "`")
         verb = model.answers  # the command scoring this model: predict or recommend
