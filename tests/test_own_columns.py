@@ -117,3 +117,16 @@ def test_the_cli_saves_beside_the_model_the_template_it_kept(tmp_path, hostile, 
         tmp_path / "db.duckdb", **({"keys": manifest["keys"]} if manifest.get("keys") else {})))
     assert saved == model.template.source == own_columns.part(whole) != whole.source
     assert f"the automatic template's own-columns part, the one the network kept, saved to {tmp_path / 'm.sql'}" in out
+
+
+def test_a_model_that_kept_its_own_columns_says_so_after_a_second_fit(tmp_path, hostile):
+    manifest = hostile[3]  # seed 3: the own columns are kept
+    db = hostile_copy(manifest, tmp_path)
+    entry = manifest["targets"][0]
+    model = _model(db, relsql.Template.auto(db, entry["target"], time_column=entry["time_column"]), entry)
+    assert model.fit(hybrid=False).learner.own_columns["kept"] == "own columns"
+    model.fit(hybrid=False, epochs=5)  # the part alone: nothing left to compare it with
+    assert model.learner.own_columns == {"kept": "own columns", "earlier": True}
+    assert "network alone: the target table's own columns (the part an earlier fit kept" in model.report()
+    whole = _model(db, relsql.Template.auto(db, entry["target"], time_column=entry["time_column"]), entry)
+    assert "an earlier fit kept" not in whole.fit(epochs=5).report()  # a whole template: no such line

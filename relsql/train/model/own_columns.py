@@ -28,6 +28,7 @@ from relsql.train.loop.options import FitConfig
 log = logging.getLogger("relsql")
 CHOOSE = True  # False: train the template as written (the measurement's base)
 _HOPS = re.compile(r"from up to \d+ foreign-key hops? away")
+_MARK = "-- the target table's own columns alone: "  # the part's third line: a later fit knows its model kept it
 _OWN_TERM = re.compile(r"linear\(e\.h, \d+, '(w_out_own[^']*)'(?:, blocks=\d+)?\)")
 
 
@@ -39,6 +40,8 @@ def fit(db, learner, threads: int | None, config: FitConfig, spec):
     fitting.fit(db, learner, threads, config)
     text = part(learner.template, learner.output) if applies(learner, config) else None
     if text is None:
+        if _MARK in "\n".join((learner.template.source or "").splitlines()[:3]):
+            learner.own_columns = {"kept": "own columns", "earlier": True}  # a fit again of the part kept before
         return learner
     from relsql.template import Template
     from relsql.train.model import build
@@ -115,8 +118,8 @@ def part(template: ir.Template, output: str = "predict") -> str | None:
         return None
     lines = template.source.splitlines()
     header = [_HOPS.sub("from up to 0 foreign-key hops away", lines[0]), *lines[1:2],
-              "-- the target table's own columns alone: the part of an automatic template that fit(hybrid=False) "
-              "compares with the whole on validation (relsql/train/model/own_columns.py)"]
+              _MARK + "the part of an automatic template that fit(hybrid=False) compares with the whole on "
+              "validation (relsql/train/model/own_columns.py)"]
     keys = ", ".join(f"e.{ident(k).sql(dialect='duckdb')}" for k in predict.keys)
     body = [_text(template.source, spans, n) for n in statements]
     prediction = f"CREATE TABLE {output} AS\nSELECT {keys}, {term.group(0)} AS h\nFROM {encoder} e;"
