@@ -19,7 +19,6 @@ version of this format or of sqlglot (whose classes may differ).
 from __future__ import annotations
 
 import dataclasses
-import gc
 import hashlib
 import json
 import math
@@ -28,6 +27,7 @@ import re
 import sqlglot
 import sqlglot.expressions as exp
 
+from relsql import collector
 from relsql.errors import RelsqlError
 from relsql.template import ir, sqlrule
 
@@ -178,13 +178,8 @@ def loads(text: str, *, source: str, language: str) -> ir.Template | None:
         return None
     if language != "sql":
         raise PlainError(f"it is for an SQL template, but the file's template is in {language}")
-    enabled = gc.isenabled()  # as the parser does: the cyclic collector would walk torch's objects for every few nodes
-    gc.disable()
-    try:
+    with collector.paused():  # as the parser does: the cyclic collector would walk torch's objects for every few nodes
         return _Reader(source).template(data)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 class _Reader:

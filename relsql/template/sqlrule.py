@@ -17,11 +17,9 @@ A table name with a file suffix (`FROM "data.parquet"`) is a real table's name o
 
 from __future__ import annotations
 
-import gc
 import math
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import sqlglot
 import sqlglot.expressions as exp
@@ -29,6 +27,7 @@ from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import Token, Tokenizer, TokenType
 
+from relsql import collector
 from relsql.errors import TemplateError
 from relsql.template import ir, recursion
 
@@ -184,25 +183,10 @@ def _token_message(text: str) -> str:
     return "SQL template does not parse: a string, quoted name or comment is not closed"
 
 
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off while a template is parsed: a parse allocates tens of
-    thousands of tokens and nodes that stay alive, and in a process holding torch's and the
-    database's objects the full collections they trigger walk all of those too (half of Lahman's
-    51 KB template's parse in a loaded model's process). What the parse drops is collected after."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def parse_sql_template(text: str, depth: int | None = None) -> ir.Template:
     """Parse a file of `CREATE TABLE ... AS SELECT` statements into the IR; recursive relations
     are unrolled to `depth` (or the text's `-- relsql: depth N` line)."""
-    with _collector_paused():
+    with collector.paused():  # a parse allocates tens of thousands of nodes that stay alive
         return _parse_sql_template(text, depth)
 
 
