@@ -1,6 +1,8 @@
-"""Grounding on fit's default DuckDB threads (relsql.data.duckdb.engine_threads, used by Learner.build):
-the count is set only where it is relsql's to choose, put back afterwards, and the groundings and
-predictions are those of a connection whose threads the user set."""
+"""Grounding on fit's default DuckDB threads: an instance relsql opens starts on them (relsql.data.duckdb
+.start_on_half_the_cores) and is never switched back and forth; on the user's own connection the count
+is set only inside relsql's calls (engine_threads, used by Template.auto and Model) and put back; a
+count the user set is kept; the groundings and predictions are those of a connection whose threads the
+user set."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import pytest
 import torch
 
 import relsql
+import relsql.data.duckdb
 import relsql.train.learner.learner as learner_module
 from bench import relgen
 from relsql import cores
@@ -20,8 +23,25 @@ def threads_of(db) -> int:
     return int(db.con.execute("SELECT current_setting('threads')").fetchone()[0])
 
 
-def test_default_instance_set_inside_and_reset_after():
-    db = relsql.connect()
+def test_an_instance_relsql_opens_starts_on_half_the_cores_and_stays(tmp_path, monkeypatch):
+    changes = []
+    real = relsql.data.duckdb._set_duckdb_threads
+    monkeypatch.setattr(relsql.data.duckdb, "_set_duckdb_threads", lambda con, count: (changes.append(count),
+                                                                                       real(con, count)))
+    count = duckdb_default_threads() + 1  # differs from DuckDB's default on any machine
+    monkeypatch.setattr(cores, "half", lambda: count)
+    path = relgen.write(relgen.shop(0, scale=0.05), tmp_path / "shop.duckdb", "customer.churned")
+    db = relsql.connect(str(path), read_only=True)
+    assert threads_of(db) == count and changes == [count]  # set once, when opened
+    relsql.Model(db, relsql.Template.auto(db, target="customer.churned"), target="customer.churned",
+                 progress=False).fit(epochs=1)
+    assert threads_of(db) == count and changes == [count]  # no SET and RESET around each call
+    given = relsql.connect(threads=2)
+    assert threads_of(given) == 2 and changes == [count, 2]
+
+
+def test_the_users_connection_set_inside_and_reset_after():
+    db = relsql.connect(duckdb.connect())  # the user's instance, still on DuckDB's default
     default = duckdb_default_threads()
     assert threads_of(db) == default
     with engine_threads(db, default + 1):
@@ -80,7 +100,7 @@ def test_model_grounds_on_the_policy_count_and_matches_the_users_threads(shop_fi
         db = relsql.connect(str(shop_file), read_only=True, threads=threads)
         template = relsql.Template.auto(db, target="customer.churned")
         model = relsql.Model(db, template, target="customer.churned", progress=False)
-        assert threads_of(db) == default  # put back (policy) or never changed (the user's)
+        assert threads_of(db) == (count if threads is None else default)  # relsql's instance, or the user's count
         results[name] = (model.learner.net, model.predict())
         db.close()
     assert seen == [count, default]

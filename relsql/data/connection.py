@@ -12,7 +12,7 @@ import duckdb
 
 import relsql.connectors  # noqa: F401  (its import registers relsql's kinds of source)
 from relsql.connectors import frames
-from relsql.data.duckdb import DuckDBDatabase, set_flush_threshold, set_memory_limit, set_threads
+from relsql.data.duckdb import DuckDBDatabase, set_flush_threshold, set_memory_limit, set_threads, start_on_half_the_cores
 from relsql.data.engine import Database
 from relsql.data.keyfile import attach
 from relsql.data.sources import Options, opener_for
@@ -38,8 +38,10 @@ def connect(source: str | Path | duckdb.DuckDBPyConnection | Mapping[str, Any] |
     `read_only`: open the source so that nothing can write to it (grounding still works: its
     temporary tables live in DuckDB's in-memory temp catalog). `tables`: extra frames registered
     as tables beside the source (kept in memory, never written into the source).
-    `threads` sets DuckDB's worker threads (default: DuckDB's, one per core; relsql's training
-    keeps torch to half the cores, see relsql/train/learner/threads.py). `memory_limit` (e.g. "1GB") caps
+    `threads` sets DuckDB's worker threads (default: half the cores for a DuckDB instance relsql
+    opens, as relsql's training keeps torch to the other half, see relsql/train/learner/threads.py;
+    an open connection you pass keeps its own count, which relsql changes to half the cores only
+    inside its calls and puts back). `memory_limit` (e.g. "1GB") caps
     DuckDB's memory; beyond it DuckDB spills to disk, so a database larger than memory trained in
     mini-batches keeps a bounded footprint.
     `keys`: primary and foreign keys stated outside the database (a keys file's path,
@@ -52,6 +54,8 @@ def connect(source: str | Path | duckdb.DuckDBPyConnection | Mapping[str, Any] |
     db = opener_for(source).open(source, options)
     if isinstance(db, DuckDBDatabase) and not isinstance(source, duckdb.DuckDBPyConnection):
         set_flush_threshold(db)  # a database instance relsql opened: its settings are relsql's to choose
+        if threads is None:
+            start_on_half_the_cores(db)
     if tables:
         frames.add_frames(db, tables)
     if memory_limit is not None:

@@ -544,6 +544,19 @@ def set_threads(db: DuckDBDatabase, threads: int) -> None:
     db.threads_given = count
 
 
+def start_on_half_the_cores(db: DuckDBDatabase) -> None:
+    """An instance relsql opened works on half the cores from the start (relsql/cores.py: torch takes
+    the other half while relsql trains), so relsql's calls find the count they want and need not
+    change it and put it back: on DuckDB 1.5 each change cost the next statement with an aggregate
+    5-13 ms and RESET 2-5 ms, ~20 ms per Template.auto + Model of a small database, and the count put
+    back charged the user's next query (docs/performance.md, "DuckDB's thread count set once")."""
+    from relsql import cores
+
+    count = cores.half()
+    if _duckdb_threads(db.con) != count:
+        _set_duckdb_threads(db.con, count)
+
+
 def _set_duckdb_threads(con: duckdb.DuckDBPyConnection, count: int | None) -> None:
     """SET threads = count, or RESET threads (DuckDB's default) for None."""
     if count is None:
@@ -577,8 +590,9 @@ def duckdb_default_threads() -> int:
 @contextlib.contextmanager
 def engine_threads(db: Database | None, count: int):
     """Inside the block the engine works on `count` threads, where that is relsql's to choose: a
-    DuckDB instance still on DuckDB's default (one thread per core), whose setting is put back
-    (RESET) on leaving. A count the user set (relsql.connect(threads=), or any SET threads on the
+    DuckDB instance still on DuckDB's default (one thread per core; the user's own connection, since
+    an instance relsql opens starts on half the cores: `start_on_half_the_cores`), whose setting is
+    put back (RESET) on leaving. A count the user set (relsql.connect(threads=), or any SET threads on the
     connection) is kept, and engines without the setting (Spark: its executors' cores are the
     session's) are left alone. Why: grounding, like planning, runs while nothing else of relsql's
     does, and on a 2-core machine busy with other jobs DuckDB's two threads cost Lahman's grounding
