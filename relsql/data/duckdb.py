@@ -19,6 +19,7 @@ import duckdb
 import pyarrow as pa
 import sqlglot.expressions as exp
 
+from relsql import cores
 from relsql.data.catalog import Catalog, Column, Keys, Table, duckdb_keys, scoped_table
 from relsql.data.engine import (
     MARK_KEY,
@@ -550,8 +551,6 @@ def start_on_half_the_cores(db: DuckDBDatabase) -> None:
     change it and put it back: on DuckDB 1.5 each change cost the next statement with an aggregate
     5-13 ms and RESET 2-5 ms, ~20 ms per Template.auto + Model of a small database, and the count put
     back charged the user's next query (docs/performance.md, "DuckDB's thread count set once")."""
-    from relsql import cores
-
     count = cores.half()
     if _duckdb_threads(db.con) != count:
         _set_duckdb_threads(db.con, count)
