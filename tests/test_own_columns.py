@@ -127,6 +127,10 @@ def test_a_model_that_kept_its_own_columns_says_so_after_a_second_fit(tmp_path, 
     assert model.fit(hybrid=False).learner.own_columns["kept"] == "own columns"
     model.fit(hybrid=False, epochs=5)  # the part alone: nothing left to compare it with
     assert model.learner.own_columns == {"kept": "own columns", "earlier": True}
-    assert "network alone: the target table's own columns (the part an earlier fit kept" in model.report()
+    assert "network: the target table's own columns only (the part an earlier fit kept" in model.report()
+    assert own_columns.is_part(model.template)
+    model.fit(epochs=5)  # blended: the blend's network is still the part
+    assert "network: the target table's own columns only (the part an earlier fit kept" in model.report()
     whole = _model(db, relsql.Template.auto(db, entry["target"], time_column=entry["time_column"]), entry)
     assert "an earlier fit kept" not in whole.fit(epochs=5).report()  # a whole template: no such line
+    assert not own_columns.is_part(whole.template)

@@ -40,7 +40,7 @@ def fit(db, learner, threads: int | None, config: FitConfig, spec):
     fitting.fit(db, learner, threads, config)
     text = part(learner.template, learner.output) if applies(learner, config) else None
     if text is None:
-        if _MARK in "\n".join((learner.template.source or "").splitlines()[:3]):
+        if is_part(learner.template):
             learner.own_columns = {"kept": "own columns", "earlier": True}  # a fit again of the part kept before
         return learner
     from relsql.template import Template
@@ -84,6 +84,12 @@ def _kept(learner) -> tuple[tuple[float, float], str, float] | None:
     value = float(entry.get(monitor, float("nan")))
     metric = monitor.removeprefix("val_")
     return ranked(metric, value, entry.get("val_loss", float("nan"))), metric, value
+
+
+def is_part(template: ir.Template) -> bool:
+    """Whether `template` is an own-columns part `part` made (its third line says so), as the template of
+    a model that kept it and was fitted again is."""
+    return any(line.startswith(_MARK) for line in (template.source or "").splitlines()[:3])
 
 
 def part(template: ir.Template, output: str = "predict") -> str | None:

@@ -74,7 +74,7 @@ def text_report(model) -> str:
         lines.append(f"  hybrid: {blend.describe()}")
     chosen = getattr(model.learner, "own_columns", None)  # relsql/train/model/own_columns.py
     if chosen and chosen.get("earlier"):
-        lines.append("  network alone: the target table's own columns (the part an earlier fit kept on validation)")
+        lines.append("  network: the target table's own columns only (the part an earlier fit kept on validation)")
     elif chosen:
         lines.append(f"  network alone: kept the {chosen['kept']} (validation {chosen['metric']} {chosen['own']:.4f} for the "
                      f"target table's own columns alone, {chosen['whole']:.4f} for the whole template)")
