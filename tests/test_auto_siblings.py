@@ -94,6 +94,15 @@ def test_siblings_are_earlier_rows_of_the_same_parent_never_the_row_itself(leagu
     labels, unknown = grounded(tpl, league, "player__sal", 1), grounded(tpl, league, "player__sal", 2)
     assert labels == pytest.approx({pair: signed_log(amount[pair[1]]) for pair in naive}, abs=1e-12)
     assert unknown == {pair: float(amount[pair[1]] is None) for pair in naive}
+    header = tpl.source.split("\n\n")[0]  # what the header says the siblings bring is what they bring
+    assert "siblings: other sal rows sharing a parent row join under that cut, never the target row itself; " \
+        "their amount only where strictly earlier than the target row's time" in header
+
+
+def test_siblings_of_a_text_target_bring_no_label_and_the_header_says_so(league):
+    tpl = relsql.Template.auto(league, "sal.team", time_column="yr")
+    assert "player__sal" in tpl.source and "AS label" not in tpl.source
+    assert "never the target row itself; never their team" in tpl.source.split("\n\n")[0]
 
 
 def test_age_reaches_two_hops(league):

@@ -157,7 +157,7 @@ def _write(db: Database, target: str, table: str, column: str, options: Options)
     lines += header.left_out(where, options, pruning, tables, labels) + header.keys(where)
     if draft.identifiers:
         lines.append(f"-- left out, named like identifiers but not keys (never numeric features): {', '.join(draft.identifiers)}")
-    lines += header.times(where, options, pruning, tables, nodes)
+    lines += header.times(where, options, pruning, tables, nodes, sibling_labels=draft.label_kind is not None)
     return _clear_of(db.catalog().names, "\n".join(lines) + "\n\n" + "\n".join(draft.out))
 
 

@@ -75,9 +75,11 @@ def keys(scope: Scope) -> list[str]:
     return lines
 
 
-def times(scope: Scope, options: Options, pruning: Pruning, tables: list[str], nodes: list[Node]) -> list[str]:
-    """How time cuts the rows: whose times are used, child tables left out for an unknown time, and
-    parent tables joined without one."""
+def times(scope: Scope, options: Options, pruning: Pruning, tables: list[str], nodes: list[Node],
+          sibling_labels: bool = False) -> list[str]:
+    """How time cuts the rows: whose times are used, what the target row's siblings bring (their labels
+    where `sibling_labels`: layers.lateral reads them from strictly earlier siblings only), child tables
+    left out for an unknown time, and parent tables joined without one."""
     if not options.time_column:
         return []
     events = {n.table for n in nodes[1:] if n.step.to_child}
@@ -86,8 +88,10 @@ def times(scope: Scope, options: Options, pruning: Pruning, tables: list[str], n
              f"{'at or before' if scope.inclusive else 'earlier than'} its {options.time_column}"
              + (" (RelBench's cut: an event at the task row's timestamp is known)" if scope.inclusive else "")]
     if scope.table in events:
+        reads = (f"their {scope.column} only where strictly earlier than the target row's time" if sibling_labels
+                 else f"never their {scope.column}")
         lines.append(f"-- siblings: other {scope.table} rows sharing a parent row join under that cut, never the target "
-                     "row itself (nor, ever, their target column)")
+                     f"row itself; {reads}")
     for name, child, fk in dict.fromkeys((node.table, step.child, step.fk) for node, step in pruning.dropped):
         lines.append(f"-- left out, no time known: {child} (the child rows of {name} via "
                      f"{', '.join(fk.columns)}): events that may lie after the target row's time; give its "
