@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import statistics
 from types import SimpleNamespace
 
 import pandas as pd
@@ -71,8 +72,29 @@ def grounded(template: relsql.Template, db, node: str, column: int = 0) -> dict[
 
 
 def signed_log(y: float | None) -> float:
-    """The label as a sibling brings it: sign(y) * ln(1 + |y|), 0 where NULL."""
+    """A label on the log scale: sign(y) * ln(1 + |y|), 0 where NULL."""
     return 0.0 if y is None else math.copysign(math.log1p(abs(y)), y)
+
+
+def reader(rows: list[tuple]):
+    """How a sibling's label is read, from the (time, label) rows: the labels of the rows up to the middle
+    row's time (the earliest half, every time split's training rows) decide. Where their log scale
+    spreads them less than 0.25, as z = (y - their mean) / their spread, within 4 of 0 as it is and beyond
+    it sign(z) * (4 + ln(|z| - 3)); else on the log scale. 0 where NULL."""
+    rows = sorted((t, y) for t, y in rows if y is not None and t is not None)
+    middle = rows[(len(rows) - 1) // 2][0]
+    values = [y for t, y in rows if t <= middle and math.isfinite(y)]
+    if statistics.pstdev([signed_log(y) for y in values]) >= 0.25:
+        return signed_log
+    mean, spread = statistics.fmean(values), statistics.pstdev(values) or 1.0
+
+    def scaled(y: float | None) -> float:
+        if y is None:
+            return 0.0
+        z = (y - mean) / spread
+        return z if abs(z) <= 4 else math.copysign(4 + math.log(abs(z) - 3), z)
+    scaled.scale = (mean, spread)
+    return scaled
 
 
 def seconds(later: D, earlier: D) -> float:
@@ -92,8 +114,10 @@ def test_siblings_are_earlier_rows_of_the_same_parent_never_the_row_itself(leagu
     assert (3, 2) not in got and (2, 3) not in got  # a tie at the same time is not earlier under relsql's cut
     amount = {sid: a for sid, _, _, a, _ in SALARIES}
     labels, unknown = grounded(tpl, league, "player__sal", 1), grounded(tpl, league, "player__sal", 2)
+    assert reader([(yr, a) for _, _, yr, a, _ in SALARIES]) is signed_log  # 1-7: spread apart on the log scale
     assert labels == pytest.approx({pair: signed_log(amount[pair[1]]) for pair in naive}, abs=1e-12)
     assert unknown == {pair: float(amount[pair[1]] is None) for pair in naive}
+    assert "(as (label -" not in tpl.source
     header = tpl.source.split("\n\n")[0]  # what the header says the siblings bring is what they bring
     assert "siblings: other sal rows sharing a parent row join under that cut, never the target row itself; " \
         "their amount only where strictly earlier than the target row's time" in header
@@ -115,14 +139,20 @@ def test_age_reaches_two_hops(league):
 
 
 @pytest.mark.slow  # Model's first use
-def test_same_time_or_later_labels_never_reach_a_prediction(league):
+@pytest.mark.parametrize("shift", [0, 1000])
+def test_same_time_or_later_labels_never_reach_a_prediction(league, shift):
     """Weights fixed: changing the labels of every row from 2002 on (the row's own, its same-time
     sibling's, later ones) leaves every prediction up to 2002 bit for bit the same, and moves
-    those whose earlier siblings' labels changed; Model's leakage check accepts the template."""
+    those whose earlier siblings' labels changed; Model's leakage check accepts the template, on the
+    log scale and scaled."""
+    league.execute(f"UPDATE sal SET amount = amount + {shift}")
     tpl = relsql.Template.auto(league, "sal.amount", time_column="yr")
-    # a DOUBLE label: NaN and infinities read as unknown, as NULL is
-    assert 'CASE WHEN y."yr" < p.r_time THEN coalesce(sign((CASE WHEN isfinite(y."amount") THEN y."amount" END))' \
-        in tpl.source
+    if shift:  # labels of 1001-1007: squeezed together on the log scale, read scaled
+        assert 'CASE WHEN y."yr" < p.r_time THEN coalesce((CASE WHEN isfinite((CAST(y."amount" AS DOUBLE) - 1003.6) / ' \
+            in tpl.source
+    else:  # a DOUBLE label: NaN and infinities read as unknown, as NULL is
+        assert 'CASE WHEN y."yr" < p.r_time THEN coalesce(sign((CASE WHEN isfinite(y."amount") THEN y."amount" END))' \
+            in tpl.source
 
     def predictions():
         frame = relsql.compile(tpl, league, dtype=torch.float64, seed=0).values("predict").sort("sid")
@@ -138,6 +168,69 @@ def test_same_time_or_later_labels_never_reach_a_prediction(league):
     relsql.Model(league, tpl, target="sal.amount", time_column="yr")  # not refused as reading its target
     with pytest.raises(relsql.SchemaError, match="reads the target"):
         relsql.Model(league, tpl, target="sal.amount")  # without a time the read is not known to be earlier
+
+
+def test_nan_infinite_and_huge_labels_read_as_unknown_or_finite(league):
+    """A sibling's NaN or infinite label is unknown (0, flag 1), as NULL is; one near the largest double
+    stays a finite number above every smaller label's (the log tail), never an overflow."""
+    league.execute("""UPDATE sal SET amount = 'NaN'::DOUBLE WHERE sid = 1; UPDATE sal SET amount = 'inf'::DOUBLE WHERE sid = 5;
+                      UPDATE sal SET amount = 1e308 WHERE sid = 2; UPDATE sal SET amount = 9e307 WHERE sid = 3""")
+    tpl = relsql.Template.auto(league, "sal.amount", time_column="yr")
+    labels, unknown = grounded(tpl, league, "player__sal", 1), grounded(tpl, league, "player__sal", 2)
+    assert labels[2, 1] == labels[6, 5] == 0.0 and unknown[2, 1] == unknown[6, 5] == 1.0  # NaN, infinity
+    assert unknown[4, 2] == unknown[4, 3] == 0.0 and all(math.isfinite(v) for v in labels.values())
+    assert labels[4, 2] > labels[4, 3] > 4  # 1e308 above 9e307, both on the tail
+
+
+def test_labels_squeezed_on_the_log_scale_are_read_scaled(league):
+    """Labels of 1001-1007 are 6.9-6.9 on the log scale: read as (y - mean) / spread of the earliest half's
+    (2001-2002: 1001, 1002, 1003, 1007; 1005 is NaN now), which the statement's comment says; a huge later
+    label reads finite, on the tail beyond 4, and the NaN one as unknown."""
+    league.execute("UPDATE sal SET amount = amount + 1000; UPDATE sal SET amount = 1e308 WHERE sid = 6; "
+                   "UPDATE sal SET amount = 'NaN'::DOUBLE WHERE sid = 5")
+    rows = league.arrow("SELECT sid, yr, amount FROM sal").to_pylist()
+    read = reader([(r["yr"], r["amount"]) for r in rows])
+    assert read is not signed_log and read.scale == pytest.approx((1003.25, statistics.pstdev([1001, 1002, 1003, 1007])))
+    tpl = relsql.Template.auto(league, "sal.amount", time_column="yr")
+    assert "(as (label - 1003.25) / 2.27761: the earliest half of the labelled rows' mean and spread)" in tpl.source
+    labels, unknown = grounded(tpl, league, "player__sal", 1), grounded(tpl, league, "player__sal", 2)
+    amount = {r["sid"]: r["amount"] for r in rows}
+    assert labels.keys() == unknown.keys() and len(labels) == 8
+    for (sid, other), value in labels.items():
+        if math.isnan(amount[other]):
+            assert (value, unknown[sid, other]) == (0.0, 1.0)
+        else:
+            assert value == pytest.approx(read(amount[other]), abs=1e-12) and unknown[sid, other] == 0.0
+    assert 4 < labels[8, 6] < 720  # 1e308: on the tail, finite
+
+
+def test_the_label_scale_reads_only_the_earliest_half_of_the_labelled_rows(league):
+    """The mean and spread a sibling's label is scaled by come from the rows up to the middle row's time
+    (2002 here): later labels, the ones a time split validates and tests on, leave the template as it
+    was; an early one changes it."""
+    league.execute("UPDATE sal SET amount = amount + 1000")
+    source = relsql.Template.auto(league, "sal.amount", time_column="yr").source
+    assert "(as (label - 1003.6) / 2.15407:" in source
+    league.execute("UPDATE sal SET amount = amount + 7 WHERE yr > DATE '2002-01-01'")
+    assert relsql.Template.auto(league, "sal.amount", time_column="yr").source == source
+    league.execute("UPDATE sal SET amount = 1011 WHERE sid = 1")
+    assert "(as (label - 1005.6) / " in relsql.Template.auto(league, "sal.amount", time_column="yr").source
+
+
+def test_the_scale_of_the_earliest_half():
+    """The earliest half by time (up to the middle row's time, ties included, NaN left out); the log
+    scale's spread that decides; a mean and spread that are numbers, or (mean, 1) and (0, 1)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from relsql.template.auto.labels import _earliest_half, _scale, squeezed
+    assert _earliest_half(pa.array([], pa.int64()), pa.array([], pa.float64())).size == 0
+    assert _earliest_half(pa.array([3, 1, 2]), pa.array([9.0, 5.0, 6.0])).tolist() == [5.0, 6.0]  # times 1, 2
+    assert _earliest_half(pa.array([1, 1, 1, 3]), pa.array([2.0, float("nan"), 6.0, 8.0])).tolist() == [2.0, 6.0]
+    assert squeezed(np.array([1001.0, 1003.0])) and not squeezed(np.array([1.0, 3.0])) and not squeezed(np.zeros(0))
+    assert _scale(np.array([2.0, 6.0])) == (4.0, 2.0) and _scale(np.zeros(0)) == (0.0, 1.0)
+    assert _scale(np.array([5.0, 5.0])) == (5.0, 1.0)  # no spread: read as the distance from the mean
+    assert _scale(np.array([1e308, 1e308])) == (0.0, 1.0)  # their sum is no double
 
 
 def test_no_siblings_without_a_time_cut(league):
@@ -212,7 +305,8 @@ def test_relbench_tasks_see_events_at_their_timestamp(relbench):
         y = {t["id"]: t["y"] for t in task}
         time = {t["id"]: t["date"] for t in task}
         labels, unknown = grounded(tpl, db, "customers__task", 1), grounded(tpl, db, "customers__task", 2)
-        assert labels == pytest.approx({(r, s): signed_log(y[s]) if time[s] < time[r] else 0.0 for r, s in naive}, abs=1e-12)
+        read = reader([(t["date"], t["y"]) for t in task])
+        assert labels == pytest.approx({(r, s): read(y[s]) if time[s] < time[r] else 0.0 for r, s in naive}, abs=1e-12)
         assert unknown == {(r, s): 0.0 if time[s] < time[r] else 1.0 for r, s in naive}
     assert "at or before" in tpl.source if relbench else "earlier than its date" in tpl.source
 

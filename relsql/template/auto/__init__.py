@@ -48,6 +48,7 @@ from relsql.template.auto.columns import id_like, label_kind
 from relsql.template.auto.cuts import Pruning, Sizes
 from relsql.template.auto.draft import Draft
 from relsql.template.auto.header import HEADER, is_automatic
+from relsql.template.auto.labels import label_scale
 from relsql.template.auto.names import Names, distinct, safe
 from relsql.template.auto.options import AGGREGATIONS, LAYERS, NUMBERS, RANKING_AGGREGATION, TIMELESS, Options, aggregation_terms
 from relsql.template.auto.paths import keyed, tree, walk
@@ -138,6 +139,8 @@ def _write(db: Database, target: str, table: str, column: str, options: Options)
                   inclusive=where.inclusive, members=options.member_count(ranking=where.reference is not None))
     if options.time_column and where.reference is None:  # earlier siblings' labels: layers.lateral
         draft.label_kind = label_kind(next(c.type for c in where.keys.tables[table].columns if c.name == column))
+        if draft.label_kind in ("number", "float"):
+            draft.label_scale = label_scale(db, table, column, options.time_column)
     units = _units(db, table, column) if where.reference is None else where.dimension
     tables = list(dict.fromkeys(n.table for n in nodes))
     if where.reference is not None and where.reference.table not in tables:

@@ -37,6 +37,7 @@ class Draft:
         self.identifiers: list[str] = []  # table.column named like an identifier and left out
         self.sizes = sizes
         self.label_kind: str | None = None  # "boolean", "number" or "float": earlier siblings' labels are read (layers.lateral)
+        self.label_scale: tuple[float, float] | None = None  # a squeezed numeric label's (mean, spread): labels.py
         self.counted: dict[tuple[str, str], tuple[int, int]] = {}  # (table, column) -> (distinct values, non-NULL rows)
         self.nonfinite: set[tuple[str, str]] = set()  # floating-point columns holding NaN or an infinity (`count_all`)
         self.inline: dict[str, tuple[str, list[str], str]] = {}  # keyless table -> its rows' encoding (encoders.encoding)

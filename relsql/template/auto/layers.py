@@ -102,8 +102,14 @@ def own_siblings(draft: Draft, node: Node) -> bool:
 def _cut(draft: Draft, node: Node, time: Time | None) -> str:
     """How time cuts a node's rows, for its statement's comment."""
     if time is not None and own_siblings(draft, node):
+        labels = ""
+        if sibling_labels(draft, node, time):
+            labels = ", their labels where strictly earlier"
+            if draft.label_kind != "boolean" and draft.label_scale is not None:
+                mean, spread = draft.label_scale
+                labels += f" (as (label - {mean:.6g}) / {spread:.6g}: the earliest half of the labelled rows' mean and spread)"
         return (f", siblings of the target row earlier than its time (by {time.describe(node.table)}), "
-                "never the row itself" + (", their labels where strictly earlier" * sibling_labels(draft, node, time)))
+                "never the row itself" + labels)
     if time is not None:
         return f", earlier than the target row's time (by {time.describe(node.table)})"
     if draft.time_column and not node.step.to_child:
@@ -149,15 +155,40 @@ def sibling_labels(draft: Draft, node: Node, time: Time | None) -> bool:
     return time is not None and draft.label_kind is not None and own_siblings(draft, node)
 
 
+TAIL = 4.0  # a scaled label further than this from 0 is read on a log scale beyond it
+
+
+def label_value(draft: Draft, label: str) -> str:
+    """An earlier sibling's label as the network reads it: a boolean as 0/1; a number y as
+    sign(y) * ln(1 + |y|) (`label` reads NULL where y is not finite), or, where that squeezes the labels
+    together (draft.label_scale: relsql/template/auto/labels.py), as z = (y - mean) / spread, the units
+    of the network's output, kept as it is within TAIL of 0 and beyond it TAIL + ln(|z| - TAIL + 1) with
+    z's sign, so that a rare huge label stays a finite, ordered input: NULL there where the label is
+    NULL, NaN, infinite or beyond the doubles once scaled."""
+    if draft.label_kind == "boolean":
+        return f"CAST({label} AS DOUBLE)"
+    if draft.label_scale is None:
+        return f"sign({label}) * ln(1 + abs({label}))"
+    mean, spread = draft.label_scale
+    z = f"(CAST({label} AS DOUBLE) - {_real(mean)}) / {_real(spread)}"
+    tail = f"sign({z}) * ({TAIL!r} + ln(abs({z}) - {TAIL - 1!r}))"
+    return f"(CASE WHEN isfinite({z}) THEN (CASE WHEN abs({z}) <= {TAIL!r} THEN {z} ELSE {tail} END) END)"
+
+
+def _real(value: float) -> str:
+    """A float as SQL text that reads back exactly (repr: the shortest round trip), bracketed if negative."""
+    return f"({value!r})" if value < 0 or math.copysign(1.0, value) < 0 else repr(value)
+
+
 def lateral(draft: Draft, node: Node, time: Time | None, target_time: str, alias: str = "x") -> str:
     """The lateral row of an event row (`alias`, its date dimension's `alias`d) holding, on fixed scales,
     its age at `target_time`: sign(days) * ln(1 + |days|) (dates and years; of the difference for
     two plain numbers), read raw, never standardized: features() standardizes with statistics over
     every grounding, later target rows' included, so future rows would move earlier predictions
     through its mean and spread (issue 44). A day, a month, a year and a decade are 0.69, 3.4, 5.9
-    and 8.2. For an earlier sibling of the target row, its label too: `label` (a boolean as 0/1, a
-    number y as sign(y) * ln(1 + |y|); 0 where NULL, NaN or infinite) and `unknown` (1 there), each read only
-    under CASE WHEN the sibling's time < the target row's (else 0 and 1)."""
+    and 8.2. For an earlier sibling of the target row, its label too: `label` (`label_value`; 0 where
+    NULL, NaN or infinite) and `unknown` (1 there), each read only under CASE WHEN the sibling's time <
+    the target row's (else 0 and 1)."""
     columns = []
     if ages(draft, time):
         at = f"{alias if time.via is None else alias + 'd'}.{quoted(time.column)}"
@@ -168,12 +199,13 @@ def lateral(draft: Draft, node: Node, time: Time | None, target_time: str, alias
         columns.append(f"sign({span}) * ln(1 + abs({span})) AS age")
     if sibling_labels(draft, node, time):
         label = f"{alias}.{quoted(draft.column)}"
-        if draft.label_kind == "float":  # NaN or an infinity is no label: unknown, as NULL is
+        if draft.label_kind == "float" and draft.label_scale is None:  # NaN or an infinity is no label: unknown, as NULL is
             label = f"(CASE WHEN isfinite({label}) THEN {label} END)"
-        value = f"CAST({label} AS DOUBLE)" if draft.label_kind == "boolean" else f"sign({label}) * ln(1 + abs({label}))"
+        value = label_value(draft, label)
+        known = label if draft.label_scale is None else value  # a scaled label is NULL where not finite (label_value)
         earlier = f"{alias}.{quoted(draft.time_column)} < {target_time}"
         columns.append(f"CASE WHEN {earlier} THEN coalesce({value}, 0) ELSE 0 END AS label")
-        columns.append(f"CASE WHEN {earlier} THEN CAST({label} IS NULL AS DOUBLE) ELSE 1 END AS unknown")
+        columns.append(f"CASE WHEN {earlier} THEN CAST({known} IS NULL AS DOUBLE) ELSE 1 END AS unknown")
     if not columns:
         return ""
     return f"\nCROSS JOIN LATERAL (SELECT {', '.join(columns)}) {LATERAL}"
