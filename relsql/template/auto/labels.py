@@ -40,8 +40,8 @@ SQUEEZED = 0.25  # a log-scale spread below this: the labels are standardized in
 def label_scale(db: Database, table: str, column: str, time_column: str) -> tuple[float, float] | None:
     """(mean, spread) of `table`.`column`'s finite labels on the earliest half of its labelled rows by
     `time_column` (each row whose time is at most the middle row's), where the log scale squeezes them
-    (`squeezed`); None where it does not (they are read as sign(y) * ln(1 + |y|)). (0, 1) where there are
-    no such labels, and a spread of 1 where they are all equal or their spread is not a finite number."""
+    (`squeezed`); None where it does not or there are none (they are read as sign(y) * ln(1 + |y|)). A
+    spread of 1 where they are all equal or their spread is not a finite number (`_scale`)."""
     label, time = exp.to_identifier(column, quoted=True), exp.to_identifier(time_column, quoted=True)
     query = (exp.select(exp.column(time), exp.column(label)).from_(exp.Table(this=exp.to_identifier(table, quoted=True)))
              .where(exp.and_(exp.Not(this=exp.Is(this=exp.column(label), expression=exp.Null())),
