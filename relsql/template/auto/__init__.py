@@ -39,6 +39,7 @@ import re
 import sqlglot.expressions as exp
 
 from relsql import arguments, cores
+from relsql import sql as q
 from relsql.data.coltypes import is_interval
 from relsql.data.duckdb import engine_threads
 from relsql.data.engine import Database
@@ -139,9 +140,13 @@ def _write(db: Database, target: str, table: str, column: str, options: Options)
                   inclusive=where.inclusive, members=options.member_count(ranking=where.reference is not None))
     if options.time_column and where.reference is None:  # earlier siblings' labels: layers.lateral
         draft.label_kind = label_kind(next(c.type for c in where.keys.tables[table].columns if c.name == column))
-        if draft.label_kind in ("number", "float"):
-            draft.label_scale = label_scale(db, table, column, options.time_column)
-    units = _units(db, table, column) if where.reference is None else where.dimension
+    scaled = draft.label_kind in ("number", "float")  # its earliest half decides its scale (labels.label_scale)
+    units = where.dimension
+    if where.reference is None:  # one read of the target column (and its time, where it sets a scale)
+        rows = db.arrow(exp.select(*(q.col(c) for c in [column] + [options.time_column] * scaled)).from_(q.ident(table)))
+        units = output_units(rows.column(0), f"{table}.{column}")
+        if scaled:
+            draft.label_scale = label_scale(rows.column(1), rows.column(0))
     tables = list(dict.fromkeys(n.table for n in nodes))
     if where.reference is not None and where.reference.table not in tables:
         tables.append(where.reference.table)  # the candidates' own columns
@@ -181,13 +186,6 @@ def _clear_of(tables: list[str], text: str) -> str:
     for name in clashing:
         text = re.sub(rf"\b(CREATE TABLE|FROM|JOIN) {re.escape(name)}\b(?!\")", rf"\1 {allocate(name + '_rel')}", text)
     return text
-
-
-def _units(db: Database, table: str, column: str) -> int:
-    """The output's width for the target column's values (relsql.targets.output_units)."""
-    query = (exp.select(exp.column(exp.to_identifier(column, quoted=True)))
-             .from_(exp.Table(this=exp.to_identifier(table, quoted=True))))
-    return output_units(db.arrow(query).column(0), f"{table}.{column}")
 
 
 def _towers(draft: Draft, where: Scope, options: Options, root, value: str) -> Ranking:

@@ -30,29 +30,23 @@ import math
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import sqlglot.expressions as exp
-
-from relsql.data.engine import Database
 
 SQUEEZED = 0.25  # a log-scale spread below this: the labels are standardized instead
 
 
-def label_scale(db: Database, table: str, column: str, time_column: str) -> tuple[float, float] | None:
-    """(mean, spread) of `table`.`column`'s finite labels on the earliest half of its labelled rows by
-    `time_column` (each row whose time is at most the middle row's), where the log scale squeezes them
-    (`squeezed`); None where it does not or there are none (they are read as sign(y) * ln(1 + |y|)). A
-    spread of 1 where they are all equal or their spread is not a finite number (`_scale`)."""
-    label, time = exp.to_identifier(column, quoted=True), exp.to_identifier(time_column, quoted=True)
-    query = (exp.select(exp.column(time), exp.column(label)).from_(exp.Table(this=exp.to_identifier(table, quoted=True)))
-             .where(exp.and_(exp.Not(this=exp.Is(this=exp.column(label), expression=exp.Null())),
-                             exp.Not(this=exp.Is(this=exp.column(time), expression=exp.Null())))))
-    rows = db.arrow(query)
-    values = _earliest_half(rows.column(0), rows.column(1))
-    return _scale(values) if squeezed(values) else None
+def label_scale(times: pa.ChunkedArray | pa.Array, labels: pa.ChunkedArray | pa.Array) -> tuple[float, float] | None:
+    """(mean, spread) of the finite labels on the earliest half of the labelled rows by their times
+    (each row whose time is at most the middle row's; rows without a label or a time left out), where
+    the log scale squeezes them (`squeezed`); None where it does not or there are none (they are read as
+    sign(y) * ln(1 + |y|)). A spread of 1 where they are all equal or their spread is not a finite
+    number (`_scale`)."""
+    return _scale(values) if squeezed(values := _earliest_half(times, labels)) else None
 
 
 def _earliest_half(times: pa.ChunkedArray | pa.Array, labels: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """The finite labels of the rows whose time is at most the middle row's by time."""
+    known = pc.and_(pc.is_valid(times), pc.is_valid(labels))
+    times, labels = pc.filter(times, known), pc.filter(labels, known)
     if len(times) == 0:
         return np.zeros(0)
     order = pc.sort_indices(times).to_numpy()
@@ -64,22 +58,23 @@ def _earliest_half(times: pa.ChunkedArray | pa.Array, labels: pa.ChunkedArray | 
 
 def squeezed(values: np.ndarray) -> bool:
     """Whether the log scale leaves `values` a spread below SQUEEZED (labels far from 0, close together)."""
-    if values.size == 0:
-        return False
-    logs = np.sign(values) * np.log1p(np.abs(values))
-    mean = math.fsum(logs) / logs.size
-    return math.sqrt(math.fsum((logs - mean) ** 2) / logs.size) < SQUEEZED
+    return values.size > 0 and _moments(np.sign(values) * np.log1p(np.abs(values)))[1] < SQUEEZED
 
 
 def _scale(values: np.ndarray) -> tuple[float, float]:
-    """(mean, population spread) of `values`, exactly rounded; (0, 1) for none, spread 1 where it is 0 or no number."""
+    """(mean, population spread) of `values`; (0, 1) for none, spread 1 where it is 0 or no number."""
     if values.size == 0:
         return 0.0, 1.0
     try:
-        mean = math.fsum(values) / values.size
-        spread = math.sqrt(math.fsum((values - mean) ** 2) / values.size)
+        mean, spread = _moments(values)
     except OverflowError:  # labels near the largest doubles: their sum is no number
         return 0.0, 1.0
     if not (math.isfinite(mean) and math.isfinite(spread)) or spread == 0.0:
         return (mean if math.isfinite(mean) else 0.0), 1.0
     return mean, spread
+
+
+def _moments(values: np.ndarray) -> tuple[float, float]:
+    """(mean, population spread), exactly rounded (math.fsum: the same whatever the rows' order)."""
+    mean = math.fsum(values) / values.size
+    return mean, math.sqrt(math.fsum((values - mean) ** 2) / values.size)

@@ -105,7 +105,7 @@ def _cut(draft: Draft, node: Node, time: Time | None) -> str:
         labels = ""
         if sibling_labels(draft, node, time):
             labels = ", their labels where strictly earlier"
-            if draft.label_kind != "boolean" and draft.label_scale is not None:
+            if draft.label_scale is not None:
                 mean, spread = draft.label_scale
                 labels += f" (as (label - {mean:.6g}) / {spread:.6g}: the earliest half of the labelled rows' mean and spread)"
         return (f", siblings of the target row earlier than its time (by {time.describe(node.table)}), "
