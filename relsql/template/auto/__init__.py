@@ -138,6 +138,7 @@ def _write(db: Database, target: str, table: str, column: str, options: Options)
     nodes = list(walk(root))
     draft = Draft(db, where.keys, table, column, options, aggregation=terms, times=where.times, labels=labels, sizes=sizes,
                   inclusive=where.inclusive, members=options.member_count(ranking=where.reference is not None))
+    draft.ranking = where.reference is not None
     if options.time_column and where.reference is None:  # earlier siblings' labels: layers.lateral
         draft.label_kind = label_kind(next(c.type for c in where.keys.tables[table].columns if c.name == column))
     scaled = draft.label_kind in ("number", "float")  # its earliest half decides its scale (labels.label_scale)

