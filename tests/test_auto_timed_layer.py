@@ -105,3 +105,16 @@ def test_a_ranking_targets_event_rows_are_read_as_before():
     template = relsql.Template.auto(db, target="pick.item_id", time_column="picked_at", width=4)
     assert "linear(ag.age" in template.source and "tanh(linear(e.h" not in template.source
     db.close()
+
+
+@pytest.mark.parametrize("options", [{"layer": "gat"}, {"layer": "hgt"}, {"layer": "rgcn"}, {"members": 2}, {"dropout": 0.2}])
+def test_the_layer_is_trained_under_every_layer_kind(options):
+    db, _, _ = timed_shop()
+    template = relsql.Template.auto(db, target="customer.y", time_column="joined", width=4, **options)
+    net = relsql.compile(template, db, dtype=torch.float64, seed=0)
+    net.train()
+    net()["predict"].sum().backward()
+    weights = net.weights_by_name()
+    for name in ("event_orders", "age_orders", "event_orders_bias"):
+        assert weights[name].grad is not None and weights[name].grad.abs().sum() > 0, name
+    db.close()
