@@ -17,7 +17,7 @@ def _model(db, template, entry):
     return relsql.Model(db, template, target=entry["target"], seed=0, progress=False, **options)
 
 
-@pytest.mark.parametrize(("seed", "kept"), [(0, "whole template"), (3, "own columns")])
+@pytest.mark.parametrize(("seed", "kept"), [(10, "whole template"), (3, "own columns")])
 def test_the_network_alone_keeps_the_better_validation_loss_of_the_two_fits(monkeypatch, tmp_path, hostile, seed, kept):
     manifest = hostile[seed]
     db = hostile_copy(manifest, tmp_path)
@@ -88,7 +88,7 @@ def test_an_own_columns_part_that_cannot_train_leaves_the_whole_template(monkeyp
 
 
 def test_a_second_fit_compares_its_own_epochs(tmp_path, hostile):
-    manifest = hostile[0]  # the whole template is kept: a second fit of it compares again
+    manifest = hostile[10]  # the whole template is kept: a second fit of it compares again
     db = hostile_copy(manifest, tmp_path)
     entry = manifest["targets"][0]
     model = _model(db, relsql.Template.auto(db, entry["target"], time_column=entry["time_column"]), entry)
