@@ -15,22 +15,16 @@ import torch
 
 import relsql
 from tests.tables import insert_rows
-
-BASE = dt.date(2021, 1, 1)
+from tests.test_predictive import BASE
+from tests.test_predictive import shop as orders_shop
 
 
 def timed_shop() -> tuple[relsql.Database, list[tuple], list[tuple]]:
-    """customer (the target, joined = its time) and its orders (events, ordered_at); orders after a
-    customer joined are its future and never join."""
-    rng = random.Random(3)
-    customers = [(c, BASE + dt.timedelta(days=rng.randrange(100, 300)), rng.choice("ab"), rng.gauss(0, 1)) for c in range(40)]
-    orders = [(o, rng.randrange(40), BASE + dt.timedelta(days=rng.randrange(0, 365)), rng.gauss(50, 20)) for o in range(400)]
-    db = relsql.connect()
-    db.execute("CREATE TABLE customer(customer_id INTEGER PRIMARY KEY, joined DATE, segment VARCHAR, y DOUBLE)")
-    db.execute("CREATE TABLE orders(order_id INTEGER PRIMARY KEY, customer_id INTEGER REFERENCES customer(customer_id), "
-               "ordered_at DATE, amount DOUBLE)")
-    insert_rows(db, "customer", customers)
-    insert_rows(db, "orders", orders)
+    """tests/test_predictive.py's customers and orders, with a number to predict per customer (y) at
+    the time it joined: orders after that are its future and never join."""
+    db, customers, orders = orders_shop(n=40, seed=3)
+    db.execute("ALTER TABLE customer ADD COLUMN y DOUBLE")
+    db.execute("UPDATE customer SET y = customer_id % 7 * 0.5")
     return db, customers, orders
 
 
@@ -71,10 +65,10 @@ def test_the_compiled_value_matches_a_reference_from_the_raw_tables(shop):
     def lin(name: str, x) -> np.ndarray:  # linear(x, d, name): its (d, inputs) matrix applied to x
         return w[name] @ np.atleast_1d(np.asarray(x, dtype=np.float64))
 
-    per_parent = len(orders) / len(customers)  # the sum's scale: 1 / the average child rows per parent
+    per_parent = len(orders) / len({o[1] for o in orders})  # the sum's scale: 1 / child rows per parent that has some
     scale = float(f"{1 / per_parent:.3g}")
     checked = 0
-    for customer_id, joined, _, _ in customers:
+    for customer_id, joined, *_ in customers:
         earlier = [o for o in orders if o[1] == customer_id and o[2] < joined]
         value = lin("w_customer_self", encoded_customers[customer_id])
         if earlier:

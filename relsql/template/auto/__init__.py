@@ -130,26 +130,26 @@ def write(db: Database, target: str, options: Options) -> str:
 
 def _write(db: Database, target: str, table: str, column: str, options: Options) -> str:
     where = scope(db, table, column, options)
-    terms = options.terms(ranking=where.reference is not None)
+    ranking = where.reference is not None  # a ranking target: two towers (ranking.py), no 1-unit head
+    terms = options.terms(ranking=ranking)
     labels = dict(zip(where.keys.tables, distinct([safe(t) for t in where.keys.tables])))
     sizes = Sizes(db)
     pruning = Pruning(db, sizes, where.times, options.time_column, options.timeless, where.inclusive)
     root = tree(where.keys, table, options.hops, labels, pruning)
     nodes = list(walk(root))
     draft = Draft(db, where.keys, table, column, options, aggregation=terms, times=where.times, labels=labels, sizes=sizes,
-                  inclusive=where.inclusive, members=options.member_count(ranking=where.reference is not None))
-    draft.ranking = where.reference is not None
-    if options.time_column and where.reference is None:  # earlier siblings' labels: layers.lateral
+                  inclusive=where.inclusive, members=options.member_count(ranking=ranking), ranking=ranking)
+    if options.time_column and not ranking:  # earlier siblings' labels: layers.lateral
         draft.label_kind = label_kind(next(c.type for c in where.keys.tables[table].columns if c.name == column))
     scaled = draft.label_kind in ("number", "float")  # its earliest half decides its scale (labels.label_scale)
     units = where.dimension
-    if where.reference is None:  # one read of the target column (and its time, where it sets a scale)
+    if not ranking:  # one read of the target column (and its time, where it sets a scale)
         rows = db.arrow(exp.select(*(q.col(c) for c in [column] + [options.time_column] * scaled)).from_(q.ident(table)))
         units = output_units(rows.column(0), f"{table}.{column}")
         if scaled:
             draft.label_scale = label_scale(rows.column(1), rows.column(0))
     tables = list(dict.fromkeys(n.table for n in nodes))
-    if where.reference is not None and where.reference.table not in tables:
+    if ranking and where.reference.table not in tables:
         tables.append(where.reference.table)  # the candidates' own columns
     for name in tables:
         if where.keys.primary_keys.get(name):  # a keyless table's rows are encoded where they are read (layers)
@@ -159,7 +159,7 @@ def _write(db: Database, target: str, table: str, column: str, options: Options)
             layers.node_rows(draft, node)
     value = layers.node_value(draft, root)
     lines = header.summary(target, options, terms, tables)
-    if where.reference is None:
+    if not ranking:
         layers.head(draft, root, value, units)
     else:
         lines += ranking_header(_towers(draft, where, options, root, value), target, where.interactions)

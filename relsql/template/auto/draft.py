@@ -20,7 +20,7 @@ class Draft:
 
     def __init__(self, db: Database, schema: Schema, target: str, column: str, options: Options, *,
                  aggregation: tuple[str, ...], times: dict[str, Time], labels: dict[str, str], sizes: Sizes,
-                 inclusive: bool = False, members: int = 1):
+                 inclusive: bool = False, members: int = 1, ranking: bool = False):
         self.db, self.schema, self.target, self.column = db, schema, target, column
         self.numbers, self.dropout = options.numbers, options.dropout
         self.labels = labels
@@ -36,7 +36,7 @@ class Draft:
         self.out: list[str] = []
         self.identifiers: list[str] = []  # table.column named like an identifier and left out
         self.sizes = sizes
-        self.ranking = False  # a ranking target's towers: layers.row_value adds its event rows' ages linearly
+        self.ranking = ranking  # a ranking target's towers: layers.row_value adds its event rows' ages linearly
         self.label_kind: str | None = None  # "boolean", "number" or "float": earlier siblings' labels are read (layers.lateral)
         self.label_scale: tuple[float, float] | None = None  # a squeezed numeric label's (mean, spread): labels.py
         self.counted: dict[tuple[str, str], tuple[int, int]] = {}  # (table, column) -> (distinct values, non-NULL rows)
