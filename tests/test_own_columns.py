@@ -1,6 +1,6 @@
 """fit(hybrid=False) of an automatic template keeps the whole template or its own-columns part, whichever
 the validation rows prefer (relsql/train/model/own_columns.py): checked against the two models trained apart
-and picked by hand, on hostile databases where each side wins once (seed 0: the whole template, seed 3: the
+and picked by hand, on hostile databases where each side wins once (seed 10: the whole template, seed 5: the
 own columns)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def _model(db, template, entry):
     return relsql.Model(db, template, target=entry["target"], seed=0, progress=False, **options)
 
 
-@pytest.mark.parametrize(("seed", "kept"), [(10, "whole template"), (3, "own columns")])
+@pytest.mark.parametrize(("seed", "kept"), [(10, "whole template"), (5, "own columns")])
 def test_the_network_alone_keeps_the_better_validation_loss_of_the_two_fits(monkeypatch, tmp_path, hostile, seed, kept):
     manifest = hostile[seed]
     db = hostile_copy(manifest, tmp_path)
@@ -48,8 +48,8 @@ def test_the_part_is_the_target_encoder_and_the_prediction_s_own_term(tmp_path, 
     template = relsql.Template.auto(db, entry["target"], time_column=entry["time_column"])
     text = own_columns.part(template)
     part = relsql.Template.from_sql(text)
-    assert set(part.relations) == {"enc_item", "predict"}
-    assert part.relations["enc_item"].rules[0].expr == template.relations["enc_item"].rules[0].expr
+    assert set(part.relations) == {"own_item", "predict"}  # the wider encoding only the prediction's own term reads
+    assert part.relations["own_item"].rules[0].expr == template.relations["own_item"].rules[0].expr
     assert set(part.weights) < set(template.weights) and "w_out_own" in part.weights and "w_out" not in part.weights
     assert all(part.weights[n].shape == template.weights[n].shape for n in part.weights)
     assert "from up to 0 foreign-key hops away" in text.splitlines()[0]
@@ -103,7 +103,7 @@ def test_a_second_fit_compares_its_own_epochs(tmp_path, hostile):
 def test_the_cli_saves_beside_the_model_the_template_it_kept(tmp_path, hostile, capsys):
     from relsql.cli import main
 
-    manifest = hostile[3]  # the own columns are kept (the first test)
+    manifest = hostile[5]  # the own columns are kept (the first test)
     db = hostile_copy(manifest, tmp_path)
     entry = manifest["targets"][0]
     whole = relsql.Template.auto(db, entry["target"], time_column=entry["time_column"])
@@ -120,7 +120,7 @@ def test_the_cli_saves_beside_the_model_the_template_it_kept(tmp_path, hostile, 
 
 
 def test_a_model_that_kept_its_own_columns_says_so_after_a_second_fit(tmp_path, hostile):
-    manifest = hostile[3]  # seed 3: the own columns are kept
+    manifest = hostile[5]  # seed 5: the own columns are kept
     db = hostile_copy(manifest, tmp_path)
     entry = manifest["targets"][0]
     model = _model(db, relsql.Template.auto(db, entry["target"], time_column=entry["time_column"]), entry)

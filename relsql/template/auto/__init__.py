@@ -151,16 +151,18 @@ def _write(db: Database, target: str, table: str, column: str, options: Options)
     tables = list(dict.fromkeys(n.table for n in nodes))
     if ranking and where.reference.table not in tables:
         tables.append(where.reference.table)  # the candidates' own columns
+    alone = not ranking and not root.children  # the target row's own columns only: read by the head alone
     for name in tables:
-        if where.keys.primary_keys.get(name):  # a keyless table's rows are encoded where they are read (layers)
-            encoders.encoder(draft, name)
+        if where.keys.primary_keys.get(name) and not (alone and name == table):  # a keyless table's rows are
+            encoders.encoder(draft, name)  # encoded where they are read (layers)
+    own = f"enc_{labels[table]}" if ranking else encoders.own_encoder(draft)  # what the head's own term reads
     for node in nodes[1:]:
         if keyed(where.keys, node) and not layers.read_in_place(where.keys, node):  # a leaf: read where aggregated
             layers.node_rows(draft, node)
     value = layers.node_value(draft, root)
     lines = header.summary(target, options, terms, tables)
     if not ranking:
-        layers.head(draft, root, value, units)
+        layers.head(draft, root, value, units, own)
     else:
         lines += ranking_header(_towers(draft, where, options, root, value), target, where.interactions)
     lines += header.left_out(where, options, pruning, tables, labels) + header.keys(where)
@@ -196,7 +198,7 @@ def _towers(draft: Draft, where: Scope, options: Options, root, value: str) -> R
     ranking.timed_counts(where.interactions)
     ranking.candidate(where.interactions)
     ranking.past(where.interactions, itself=True)
-    layers.head(draft, root, value, where.dimension, ranking=True)
+    layers.head(draft, root, value, where.dimension, f"enc_{draft.labels[draft.target]}", ranking=True)
     ranking.identities()
     ranking.past(where.interactions, itself=False)
     return ranking

@@ -28,6 +28,7 @@ PLE_CELLS = 1 << 24  # rows x numbers x (bins + 1) values of a table's ple encod
 RARE = 3  # a code on fewer rows shares the vector of rare and unseen values
 FEW_VALUES = 3  # a number with at most this many values is only embedded: quantile ranges of it would mostly be empty
 NUMBER_CODES = 32  # a number with at most this many values is also embedded: a step or lookup function of it
+OWN_WIDTH = 64  # the target table's second encoding, read by the prediction's own term (own_encoder)
 
 
 @dataclass
@@ -45,21 +46,42 @@ class Columns:
 def encoder(draft: Draft, table: str) -> None:
     """Write enc_<table>: one `width`-wide vector per row of `table` from its own columns."""
     value, lines, source = encoding(draft, table, "t")
-    key_sql = ", ".join(f"t.{quoted(k)}" + (f" AS {quoted(name)}" if name != k else "") for k, name in draft.own(table).items())
-    lines.append(f"CREATE TABLE enc_{draft.labels[table]} AS\nSELECT {key_sql}, {value} AS h\nFROM {source} t;\n")
+    lines.append(f"CREATE TABLE enc_{draft.labels[table]} AS\nSELECT {_keys(draft, table)}, {value} AS h\nFROM {source} t;\n")
     draft.out.append("\n".join(lines))
 
 
-def encoding(draft: Draft, table: str, alias: str) -> tuple[str, list[str], str]:
+def own_encoder(draft: Draft) -> str:
+    """Write own_<target>: the target row's own columns encoded again, OWN_WIDTH wide (per member),
+    for the prediction's own term alone (layers.head); returns the relation's name. The relations'
+    16-wide layer is a narrow read of a row's own columns where a GBM finds interactions of them:
+    on 48 outside targets x 3 seeds this term at 64 wide lowered the network alone's test error
+    (docs/quality.md, "A wider read of the target row's own columns")."""
+    value, _, source = encoding(draft, draft.target, "t", OWN_WIDTH * draft.members, "own")
+    relation = f"own_{draft.labels[draft.target]}"
+    draft.out.append(f"-- {draft.target}: its own columns again, {OWN_WIDTH * draft.members} wide, read only by the "
+                     f"prediction's own term\nCREATE TABLE {relation} AS\nSELECT {_keys(draft, draft.target)}, {value} AS h\n"
+                     f"FROM {source} t;\n")
+    return relation
+
+
+def _keys(draft: Draft, table: str) -> str:
+    """An encoder's key columns, named as `Draft.own` names them."""
+    return ", ".join(f"t.{quoted(k)}" + (f" AS {quoted(name)}" if name != k else "") for k, name in draft.own(table).items())
+
+
+def encoding(draft: Draft, table: str, alias: str, width: int | None = None,
+             prefix: str = "enc") -> tuple[str, list[str], str]:
     """(`table`'s row encoding over its columns as `alias`.<column>, the comment lines saying what it
     reads, the FROM source the columns come from): enc_<table>'s value, or for a table without a
-    key, the value its rows are encoded to inside the aggregates that read them."""
+    key, the value its rows are encoded to inside the aggregates that read them. `width` (the
+    template's when None) and `prefix` (of its weights' names): own_encoder's second encoding."""
     info: Table = draft.schema.tables[table]
     found = columns(draft, table)
-    parts = encodings(draft, table, found.numeric, found.categorical + found.copies, found.texts, alias)
+    width = width or draft.width
+    parts = encodings(draft, table, found.numeric, found.categorical + found.copies, found.texts, alias, width, prefix)
     t = draft.labels[table]
     value = draft.activation(" + ".join(parts)) if parts else \
-        f"bias({draft.width}, '{draft.weight_name(f'enc_{t}_bias')}')"
+        f"bias({width}, '{draft.weight_name(f'{prefix}_{t}_bias')}')"
     keyed = bool(draft.schema.primary_keys.get(table))
     lines = [f"-- {table}: its own columns encoded into one {draft.width}-wide vector per row" + (
         "" if keyed else " (no key of its own: encoded inside the aggregates that read its rows)")]
@@ -136,14 +158,15 @@ def _number_kinds(draft: Draft, table: str, column: str, upper: str) -> tuple[st
     return ("numeric", "copies") if few_values(draft, table, column) else ("numeric",)
 
 
-def encodings(draft: Draft, table: str, numeric: list[str], codes: list[str], texts: list[str], alias: str = "t") -> list[str]:
+def encodings(draft: Draft, table: str, numeric: list[str], codes: list[str], texts: list[str], alias: str = "t",
+              width: int | None = None, prefix: str = "enc") -> list[str]:
     """The terms of a table's encoder. numbers="ple": numbers cut into ranges at the database's
     quantiles (a learnable function of each, not only a slope), dates by calendar parts and
     year, booleans as 0/1, codes embedded with one shared vector for rare and unseen values,
     long text hashed; numbers="standardized": the earlier encoder (standardized numbers,
     plain embeddings). On bench.quality --quick, "ple" beat "standardized" on all 4 targets
     (docs/quality.md)."""
-    t, w, name = draft.labels[table], draft.width, draft.weight_name
+    t, w, name = draft.labels[table], width or draft.width, draft.weight_name
     types = {c.name: c.type.upper() for c in draft.schema.tables[table].columns}
 
     def read(names: list[str]) -> str:
@@ -152,20 +175,20 @@ def encodings(draft: Draft, table: str, numeric: list[str], codes: list[str], te
     parts = []
     if draft.numbers == "standardized":
         if numeric:
-            parts.append(f"linear(features({read(numeric)}), {w}, '{name(f'enc_{t}_num')}')")
-        return parts + [f"embed({alias}.{quoted(c)}, {w}, '{name(f'enc_{t}_{safe(c)}')}')" for c in codes]
+            parts.append(f"linear(features({read(numeric)}), {w}, '{name(f'{prefix}_{t}_num')}')")
+        return parts + [f"embed({alias}.{quoted(c)}, {w}, '{name(f'{prefix}_{t}_{safe(c)}')}')" for c in codes]
     flags = [c for c in numeric if is_flag(types[c])]
     dates = [c for c in numeric if is_time_type(types[c]) and c not in flags]
     numbers = [c for c in numeric if c not in flags and c not in dates]
     if numbers:
         bins = ple_bins(draft.sizes.table_rows(table), len(numbers))
-        parts.append(f"linear(ple({read(numbers)}, {bins}), {w}, '{name(f'enc_{t}_num')}')")
+        parts.append(f"linear(ple({read(numbers)}, {bins}), {w}, '{name(f'{prefix}_{t}_num')}')")
     if flags:
-        parts.append(f"linear(features({read(flags)}), {w}, '{name(f'enc_{t}_flags')}')")
+        parts.append(f"linear(features({read(flags)}), {w}, '{name(f'{prefix}_{t}_flags')}')")
     if dates:
-        parts.append(f"linear(calendar({read(dates)}), {w}, '{name(f'enc_{t}_dates')}')")
-    parts += [f"embed({alias}.{quoted(c)}, {w}, '{name(f'enc_{t}_{safe(c)}')}', min_count={RARE})" for c in codes]
-    parts += [f"text({alias}.{quoted(c)}, {w}, '{name(f'enc_{t}_{safe(c)}')}')" for c in texts]
+        parts.append(f"linear(calendar({read(dates)}), {w}, '{name(f'{prefix}_{t}_dates')}')")
+    parts += [f"embed({alias}.{quoted(c)}, {w}, '{name(f'{prefix}_{t}_{safe(c)}')}', min_count={RARE})" for c in codes]
+    parts += [f"text({alias}.{quoted(c)}, {w}, '{name(f'{prefix}_{t}_{safe(c)}')}')" for c in texts]
     return parts
 
 

@@ -288,9 +288,10 @@ def hgt(draft: Draft, child: Node, node: Node, own: str, base: str) -> tuple[str
             f"linear(gelu(attention({score},\n            {message})), {w}, {out})")
 
 
-def head(draft: Draft, root: Node, value: str, units: int, ranking: bool = False) -> None:
+def head(draft: Draft, root: Node, value: str, units: int, encoded: str, ranking: bool = False) -> None:
     """The prediction: a linear read-out of the root's value, plus one of the target row's own
-    encoding, so its own columns reach the output in one step rather than through every layer.
+    encoding (`encoded`: own_<target>, wider than the relations', or a ranking target's enc_<target>),
+    so its own columns reach the output in one step rather than through every layer.
     `ranking`: it is the query tower, a `units`-wide vector scored against the candidates'."""
     own = draft.own(draft.target)
     keys = ", ".join(f"v.{quoted(own[k])}" for k in draft.target_keys)
@@ -299,17 +300,16 @@ def head(draft: Draft, root: Node, value: str, units: int, ranking: bool = False
     if ranking:
         comment = (f"-- the query tower: a {units}-wide vector for each {draft.target} row; its score for a candidate is the "
                    "dot product with the candidate's vector (relsql.Model ranks them)")
-    t = draft.labels[draft.target]
     if not root.children:
         draft.out.append(f"{comment}\nCREATE TABLE predict AS\nSELECT {keys}, linear(v.h, {units * draft.members}, "
-                         f"'{draft.weight_name('w_out')}'{draft.blocks}) AS h\nFROM enc_{t} v;\n")
+                         f"'{draft.weight_name('w_out')}'{draft.blocks}) AS h\nFROM {encoded} v;\n")
         return
     on = " AND ".join(f"e.{quoted(own[k])} = v.{quoted(own[k])}" for k in draft.target_keys)
     draft.out.append(f"{comment}: its relational context and, directly, its own encoding\n"
                      f"CREATE TABLE predict AS\nSELECT {keys}, linear(v.h, {units * draft.members}, "
                      f"'{draft.weight_name('w_out')}'{draft.blocks}) + linear(e.h, {units * draft.members}, "
                      f"'{draft.weight_name('w_out_own')}'{draft.blocks}) AS h\n"
-                     f"FROM {value} v\nJOIN enc_{t} e ON {on};\n")
+                     f"FROM {value} v\nJOIN {encoded} e ON {on};\n")
 
 
 def node_value(draft: Draft, node: Node) -> str:
