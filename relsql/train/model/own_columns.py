@@ -4,8 +4,8 @@ On a few hundred training rows the relational terms of Template.auto's network f
 trees leave out: on hostile databases the network over the target table's own columns alone beat the
 two-hop network more often than not, while real targets need the two hops (a player's earlier salaries).
 So `fit(hybrid=False)` of an automatic template also trains the template's own-columns part (`part`:
-the target table's encoder and the prediction's own term, on the same split and seed) and keeps the
-one that scores better on the validation rows by the metric that chose each run's epoch; a tie keeps
+the target table's wide own encoding, own_<target>, and the prediction's own term, on the same split
+and seed) and keeps the one that scores better on the validation rows by the metric that chose each run's epoch; a tie keeps
 the whole template. Measured in docs/quality.md ("the depth chosen on validation"). The blend
 (fit's default) does not: its own-column GBM plays that part there.
 """
@@ -95,7 +95,7 @@ def is_part(template: ir.Template) -> bool:
 def part(template: ir.Template, output: str = "predict") -> str | None:
     """The SQL text of `template`'s own-columns part: its header (0 hops), the statements of the
     relation the prediction's own term reads (`linear(e.h, ..., 'w_out_own')`, the target table's
-    encoder) and of what that relation reads, and a prediction of that term alone. None where the
+    own encoding) and of what that relation reads, and a prediction of that term alone. None where the
     template is not an automatic one with that term (edited away, hops=0, a ranking target)."""
     from relsql.template.auto import is_automatic
 
