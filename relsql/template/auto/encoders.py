@@ -55,8 +55,11 @@ def own_encoder(draft: Draft) -> str:
     for the prediction's own term alone (layers.head); returns the relation's name. The relations'
     16-wide layer is a narrow read of a row's own columns where a GBM finds interactions of them:
     on 48 outside targets x 3 seeds this term at 64 wide lowered the network alone's test error
-    (docs/quality.md, "A wider read of the target row's own columns")."""
-    value, _, source = encoding(draft, draft.target, "t", OWN_WIDTH * draft.members, "own")
+    (docs/quality.md, "A wider read of the target row's own columns"). Hashed text stays in the
+    narrow encoding only: a second 65,537-row table per column, read by bags of the same ids,
+    would keep both tables whole in training (relsql/compile/compact.py compacts a table only
+    where its ids feed nothing else)."""
+    value, _, source = encoding(draft, draft.target, "t", OWN_WIDTH * draft.members, "own", texts=False)
     relation = f"own_{draft.labels[draft.target]}"
     draft.out.append(f"-- {draft.target}: its own columns again, {OWN_WIDTH * draft.members} wide, read only by the "
                      f"prediction's own term\nCREATE TABLE {relation} AS\nSELECT {_keys(draft, draft.target)}, {value} AS h\n"
@@ -69,16 +72,18 @@ def _keys(draft: Draft, table: str) -> str:
     return ", ".join(f"t.{quoted(k)}" + (f" AS {quoted(name)}" if name != k else "") for k, name in draft.own(table).items())
 
 
-def encoding(draft: Draft, table: str, alias: str, width: int | None = None,
-             prefix: str = "enc") -> tuple[str, list[str], str]:
+def encoding(draft: Draft, table: str, alias: str, width: int | None = None, prefix: str = "enc",
+             texts: bool = True) -> tuple[str, list[str], str]:
     """(`table`'s row encoding over its columns as `alias`.<column>, the comment lines saying what it
     reads, the FROM source the columns come from): enc_<table>'s value, or for a table without a
     key, the value its rows are encoded to inside the aggregates that read them. `width` (the
-    template's when None) and `prefix` (of its weights' names): own_encoder's second encoding."""
+    template's when None), `prefix` (of its weights' names) and `texts` (whether hashed text is
+    read): own_encoder's second encoding."""
     info: Table = draft.schema.tables[table]
     found = columns(draft, table)
     width = width or draft.width
-    parts = encodings(draft, table, found.numeric, found.categorical + found.copies, found.texts, alias, width, prefix)
+    parts = encodings(draft, table, found.numeric, found.categorical + found.copies, found.texts if texts else [], alias,
+                      width, prefix)
     t = draft.labels[table]
     value = draft.activation(" + ".join(parts)) if parts else \
         f"bias({width}, '{draft.weight_name(f'{prefix}_{t}_bias')}')"
