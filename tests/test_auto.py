@@ -76,7 +76,7 @@ def test_time_column_keeps_later_rows_out(school):
 def test_hops_zero_is_the_target_table_alone(school):
     text = relsql.Template.auto(school, "student.passed", hops=0).source
     assert "enrolment" not in text.split("-- tables used:")[1].splitlines()[0]
-    assert 'FROM own_student v' in text  # the target row's own columns, read by the head alone
+    assert 'FROM enc_student v' in text
 
 
 def test_cli_template_writes_an_editable_file(school, tmp_path, capsys):

@@ -1,7 +1,8 @@
-"""Template.auto's prediction reads the target row's own columns through a second, wider encoding
+"""Template.auto's prediction reads the target row's numbers through a second, wider encoding
 (own_<target>, relsql/template/auto/encoders.py `own_encoder`) while the relations keep the template's
-width. Checked on the compiled network: with the wide encoding's first units given the narrow one's
-weights, they compute the narrow encoding exactly, and the prediction is its two linear reads."""
+width and every column stays in the narrow encoding. Checked on the compiled network: with the wide
+encoding's first units given the narrow one's weights (and the narrow one's other columns silenced),
+they compute the narrow encoding exactly, and the prediction is its two linear reads."""
 
 from __future__ import annotations
 
@@ -14,18 +15,30 @@ from relsql.template.auto.encoders import OWN_WIDTH
 from tests.test_auto_timed_layer import _rows, timed_shop
 
 
+def numbered_shop():
+    """tests/test_auto_timed_layer's shop (customers: a date and a code of their own) with a number
+    and a flag per customer."""
+    db, customers, orders = timed_shop()
+    db.execute("ALTER TABLE customer ADD COLUMN score DOUBLE")
+    db.execute("ALTER TABLE customer ADD COLUMN vip BOOLEAN")
+    db.execute("UPDATE customer SET score = (customer_id * 37 % 11) * 0.7 - 2, vip = customer_id % 3 = 0")
+    return db, customers, orders
+
+
 @pytest.fixture(scope="module")
 def shop():
-    db, customers, _ = timed_shop()
+    db, customers, _ = numbered_shop()
     yield db, customers, relsql.Template.auto(db, target="customer.y", time_column="joined", width=4)
     db.close()
 
 
-def test_the_prediction_s_own_term_reads_a_wider_encoding(shop):
+def test_the_prediction_s_own_term_reads_a_wider_encoding_of_the_numbers(shop):
     db, _, template = shop
     shapes = {name: tuple(w.shape) for name, w in relsql.compile(template, db, seed=0).weights_by_name().items()}
-    assert shapes["own_customer_dates"] == (OWN_WIDTH, 8) and shapes["enc_customer_dates"] == (4, 8)  # linear: (out, in)
-    assert shapes["own_customer_segment"][1] == OWN_WIDTH and shapes["enc_customer_segment"][1] == 4  # embed: (rows, width)
+    assert shapes["own_customer_num"] == (OWN_WIDTH, 33) and shapes["enc_customer_num"] == (4, 33)  # ple: 32 ranges + NULL
+    assert shapes["own_customer_flags"] == (OWN_WIDTH, 1) and shapes["enc_customer_flags"] == (4, 1)
+    assert {n for n in shapes if n.startswith("own_")} == {"own_customer_num", "own_customer_flags"}  # no date, no code
+    assert "enc_customer_dates" in shapes and "enc_customer_segment" in shapes  # both still read, narrowly
     assert shapes["w_out_own"] == (1, OWN_WIDTH) and shapes["w_out"] == (1, 4)
     assert template.relations["own_customer"].rules[0].depends == []  # the table's columns, not the narrow encoding
     assert template.relations["predict"].rules[0].refs == ["h_customer", "own_customer"]
@@ -43,19 +56,16 @@ def test_its_first_units_compute_the_narrow_encoding_and_the_head_adds_both(shop
         generator = torch.Generator().manual_seed(1)
         for weight in weights.values():
             weight.copy_(torch.randn(weight.shape, generator=generator, dtype=weight.dtype) * 0.5)
-        copied = 0
-        for name, narrow in weights.items():
-            if name.startswith("enc_customer_"):
-                wide = weights["own_customer_" + name.removeprefix("enc_customer_")]
-                axis = [i for i, (a, b) in enumerate(zip(narrow.shape, wide.shape)) if a != b]
-                assert axis and len(axis) == 1, name  # the same inputs, only the width differs
-                wide.narrow(axis[0], 0, narrow.shape[axis[0]]).copy_(narrow)
-                copied += 1
-        assert copied >= 1
+        for name in ("num", "flags"):
+            weights[f"own_customer_{name}"][:4].copy_(weights[f"enc_customer_{name}"])
+        for name, weight in weights.items():  # the narrow encoding's columns the wide one leaves out: dates, codes
+            if name.startswith("enc_customer_") and name not in ("enc_customer_num", "enc_customer_flags"):
+                weight.zero_()
     narrow, wide = _rows(net, "enc_customer", "customer_id"), _rows(net, "own_customer", "customer_id")
     context, got = _rows(net, "h_customer", "customer_id"), _rows(net, "predict", "customer_id")
     w = {name: weight.detach().numpy() for name, weight in weights.items()}
     assert len(got) == len(customers)
+    assert len({round(float(v[0]), 9) for v in narrow.values()}) > 5  # the numbers move the encoding
     for customer_id in got:
         assert wide[customer_id].shape == (OWN_WIDTH,)
         np.testing.assert_allclose(wide[customer_id][:4], narrow[customer_id], rtol=1e-12, atol=1e-12)
@@ -64,16 +74,25 @@ def test_its_first_units_compute_the_narrow_encoding_and_the_head_adds_both(shop
         np.testing.assert_allclose(got[customer_id], expected, rtol=1e-10, atol=1e-12)
 
 
-def test_no_hops_reads_the_wide_encoding_alone(shop):
-    db, _, _ = shop
+def test_no_hops_reads_every_own_column_through_the_narrow_encoding(shop):
+    db, _, _ = shop  # no relational context: the own term would be the whole prediction and drop the codes and dates
     template = relsql.Template.auto(db, target="customer.y", time_column="joined", width=4, hops=0)
-    assert set(template.relations) == {"own_customer", "predict"}
-    assert relsql.compile(template, db, seed=0).weights_by_name()["w_out"].shape == (1, OWN_WIDTH)
+    assert set(template.relations) == {"enc_customer", "predict"}
+
+
+def test_a_target_without_numbers_reads_its_narrow_encoding_as_before():
+    db, _, _ = timed_shop()  # customers: a date and a code only
+    template = relsql.Template.auto(db, target="customer.y", time_column="joined", width=4)
+    assert "own_customer" not in template.relations
+    assert template.relations["predict"].rules[0].refs == ["h_customer", "enc_customer"]
+    assert set(relsql.Template.auto(db, target="customer.y", time_column="joined", width=4, hops=0).relations) == {
+        "enc_customer", "predict"}
+    db.close()
 
 
 @pytest.mark.parametrize("options", [{"members": 2}, {"layer": "gat"}, {"layer": "hgt"}, {"dropout": 0.2}])
 def test_the_wide_encoding_trains_under_other_options(options):
-    db, _, _ = timed_shop()
+    db, _, _ = numbered_shop()
     template = relsql.Template.auto(db, target="customer.y", time_column="joined", width=4, **options)
     members = options.get("members", 1)
     net = relsql.compile(template, db, dtype=torch.float64, seed=0)
@@ -81,5 +100,5 @@ def test_the_wide_encoding_trains_under_other_options(options):
     net.train()
     net()["predict"].sum().backward()
     grads = {n: w.grad for n, w in net.weights_by_name().items() if n.startswith("own_customer_") or n == "w_out_own"}
-    assert len(grads) >= 2 and all(g is not None and g.abs().sum() > 0 for g in grads.values()), grads.keys()
+    assert len(grads) == 3 and all(g is not None and g.abs().sum() > 0 for g in grads.values()), grads.keys()
     db.close()

@@ -151,11 +151,14 @@ def _write(db: Database, target: str, table: str, column: str, options: Options)
     tables = list(dict.fromkeys(n.table for n in nodes))
     if ranking and where.reference.table not in tables:
         tables.append(where.reference.table)  # the candidates' own columns
-    alone = not ranking and not root.children  # the target row's own columns only: read by the head alone
     for name in tables:
-        if where.keys.primary_keys.get(name) and not (alone and name == table):  # a keyless table's rows are
-            encoders.encoder(draft, name)  # encoded where they are read (layers)
-    own = f"enc_{labels[table]}" if ranking else encoders.own_encoder(draft)  # what the head's own term reads
+        if where.keys.primary_keys.get(name):  # a keyless table's rows are encoded where they are read (layers)
+            encoders.encoder(draft, name)
+    # what the head's own term reads: the target row's numbers again, wider, beside a relational context
+    wide = encoders.own_encoder(draft) if root.children and not ranking else None
+    own = f"enc_{labels[table]}" if wide is None else wide[0]
+    if wide is not None:
+        draft.out.append(wide[1])
     for node in nodes[1:]:
         if keyed(where.keys, node) and not layers.read_in_place(where.keys, node):  # a leaf: read where aggregated
             layers.node_rows(draft, node)

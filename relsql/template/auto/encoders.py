@@ -28,7 +28,7 @@ PLE_CELLS = 1 << 24  # rows x numbers x (bins + 1) values of a table's ple encod
 RARE = 3  # a code on fewer rows shares the vector of rare and unseen values
 FEW_VALUES = 3  # a number with at most this many values is only embedded: quantile ranges of it would mostly be empty
 NUMBER_CODES = 32  # a number with at most this many values is also embedded: a step or lookup function of it
-OWN_WIDTH = 64  # the target table's second encoding, read by the prediction's own term (own_encoder)
+OWN_WIDTH = 64  # the target table's second encoding of its numbers, read by the prediction's own term (own_encoder)
 
 
 @dataclass
@@ -50,21 +50,26 @@ def encoder(draft: Draft, table: str) -> None:
     draft.out.append("\n".join(lines))
 
 
-def own_encoder(draft: Draft) -> str:
-    """Write own_<target>: the target row's own columns encoded again, OWN_WIDTH wide (per member),
-    for the prediction's own term alone (layers.head); returns the relation's name. The relations'
-    16-wide layer is a narrow read of a row's own columns where a GBM finds interactions of them:
-    on 48 outside targets x 3 seeds this term at 64 wide lowered the network alone's test error
-    (docs/quality.md, "A wider read of the target row's own columns"). Hashed text stays in the
-    narrow encoding only: a second 65,537-row table per column, read by bags of the same ids,
-    would keep both tables whole in training (relsql/compile/compact.py compacts a table only
-    where its ids feed nothing else)."""
-    value, _, source = encoding(draft, draft.target, "t", OWN_WIDTH * draft.members, "own", texts=False)
-    relation = f"own_{draft.labels[draft.target]}"
-    draft.out.append(f"-- {draft.target}: its own columns again, {OWN_WIDTH * draft.members} wide, read only by the "
-                     f"prediction's own term\nCREATE TABLE {relation} AS\nSELECT {_keys(draft, draft.target)}, {value} AS h\n"
-                     f"FROM {source} t;\n")
-    return relation
+def own_encoder(draft: Draft) -> tuple[str, str] | None:
+    """(own_<target>, its statement): the target row's numbers and flags encoded again, OWN_WIDTH wide
+    (per member), for the prediction's own term alone (layers.head); None where the row has none.
+    The relations' 16-wide layer is a narrow read of a row's own numbers where a GBM finds
+    interactions of them: on 51 outside targets x 3 seeds this term lowered the network alone's
+    test error (docs/quality.md, "A wider read of the target row's own numbers"). Codes, dates and
+    text stay in the narrow encoding only: 64-wide embeddings and calendars memorised the training
+    rows (plurel_33: validation RMSE 0.21 against 0.06), and a second hashed-text table read by
+    bags of the same ids would keep both tables whole in training (relsql/compile/compact.py)."""
+    table = draft.target
+    found = columns(draft, table)
+    types = {c.name: c.type.upper() for c in draft.schema.tables[table].columns}
+    numbers = [c for c in found.numeric if not is_time_type(types[c])]
+    parts = encodings(draft, table, numbers, [], [], "t", OWN_WIDTH * draft.members, "own")
+    if not parts:
+        return None
+    relation = f"own_{draft.labels[table]}"
+    return relation, (f"-- {table}: its numbers and flags again, {OWN_WIDTH * draft.members} wide, read only by the "
+                      f"prediction's own term\nCREATE TABLE {relation} AS\nSELECT {_keys(draft, table)}, "
+                      f"{draft.activation(' + '.join(parts))} AS h\nFROM {rows(draft, draft.schema.tables[table], numbers)} t;\n")
 
 
 def _keys(draft: Draft, table: str) -> str:
@@ -72,21 +77,16 @@ def _keys(draft: Draft, table: str) -> str:
     return ", ".join(f"t.{quoted(k)}" + (f" AS {quoted(name)}" if name != k else "") for k, name in draft.own(table).items())
 
 
-def encoding(draft: Draft, table: str, alias: str, width: int | None = None, prefix: str = "enc",
-             texts: bool = True) -> tuple[str, list[str], str]:
+def encoding(draft: Draft, table: str, alias: str) -> tuple[str, list[str], str]:
     """(`table`'s row encoding over its columns as `alias`.<column>, the comment lines saying what it
     reads, the FROM source the columns come from): enc_<table>'s value, or for a table without a
-    key, the value its rows are encoded to inside the aggregates that read them. `width` (the
-    template's when None), `prefix` (of its weights' names) and `texts` (whether hashed text is
-    read): own_encoder's second encoding."""
+    key, the value its rows are encoded to inside the aggregates that read them."""
     info: Table = draft.schema.tables[table]
     found = columns(draft, table)
-    width = width or draft.width
-    parts = encodings(draft, table, found.numeric, found.categorical + found.copies, found.texts if texts else [], alias,
-                      width, prefix)
+    parts = encodings(draft, table, found.numeric, found.categorical + found.copies, found.texts, alias)
     t = draft.labels[table]
     value = draft.activation(" + ".join(parts)) if parts else \
-        f"bias({width}, '{draft.weight_name(f'{prefix}_{t}_bias')}')"
+        f"bias({draft.width}, '{draft.weight_name(f'enc_{t}_bias')}')"
     keyed = bool(draft.schema.primary_keys.get(table))
     lines = [f"-- {table}: its own columns encoded into one {draft.width}-wide vector per row" + (
         "" if keyed else " (no key of its own: encoded inside the aggregates that read its rows)")]
@@ -170,7 +170,8 @@ def encodings(draft: Draft, table: str, numeric: list[str], codes: list[str], te
     year, booleans as 0/1, codes embedded with one shared vector for rare and unseen values,
     long text hashed; numbers="standardized": the earlier encoder (standardized numbers,
     plain embeddings). On bench.quality --quick, "ple" beat "standardized" on all 4 targets
-    (docs/quality.md)."""
+    (docs/quality.md). `width` and `prefix` (of the weights' names): the template's width and
+    "enc" unless own_encoder asks for others."""
     t, w, name = draft.labels[table], width or draft.width, draft.weight_name
     types = {c.name: c.type.upper() for c in draft.schema.tables[table].columns}
 

@@ -290,8 +290,9 @@ def hgt(draft: Draft, child: Node, node: Node, own: str, base: str) -> tuple[str
 
 def head(draft: Draft, root: Node, value: str, units: int, encoded: str, ranking: bool = False) -> None:
     """The prediction: a linear read-out of the root's value, plus one of the target row's own
-    encoding (`encoded`: own_<target>, wider than the relations', or a ranking target's enc_<target>),
-    so its own columns reach the output in one step rather than through every layer.
+    encoding (`encoded`: own_<target>, its numbers wider than the relations', or enc_<target>), so
+    its own columns reach the output in one step rather than through every layer; without children,
+    the target row's encoding alone (enc_<target>, all of its columns).
     `ranking`: it is the query tower, a `units`-wide vector scored against the candidates'."""
     own = draft.own(draft.target)
     keys = ", ".join(f"v.{quoted(own[k])}" for k in draft.target_keys)
@@ -302,7 +303,7 @@ def head(draft: Draft, root: Node, value: str, units: int, encoded: str, ranking
                    "dot product with the candidate's vector (relsql.Model ranks them)")
     if not root.children:
         draft.out.append(f"{comment}\nCREATE TABLE predict AS\nSELECT {keys}, linear(v.h, {units * draft.members}, "
-                         f"'{draft.weight_name('w_out')}'{draft.blocks}) AS h\nFROM {encoded} v;\n")
+                         f"'{draft.weight_name('w_out')}'{draft.blocks}) AS h\nFROM enc_{draft.labels[draft.target]} v;\n")
         return
     on = " AND ".join(f"e.{quoted(own[k])} = v.{quoted(own[k])}" for k in draft.target_keys)
     draft.out.append(f"{comment}: its relational context and, directly, its own encoding\n"
