@@ -154,7 +154,7 @@ def _write(db: Database, target: str, table: str, column: str, options: Options)
     for name in tables:
         if where.keys.primary_keys.get(name):  # a keyless table's rows are encoded where they are read (layers)
             encoders.encoder(draft, name)
-    # what the head's own term reads: the target row's numbers again, wider, beside a relational context
+    # what the head's own term reads: the target row's own columns again, wider, beside a relational context
     wide = encoders.own_encoder(draft) if root.children and not ranking else None
     own = f"enc_{labels[table]}" if wide is None else wide[0]
     if wide is not None:

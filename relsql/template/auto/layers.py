@@ -290,7 +290,7 @@ def hgt(draft: Draft, child: Node, node: Node, own: str, base: str) -> tuple[str
 
 def head(draft: Draft, root: Node, value: str, units: int, encoded: str, ranking: bool = False) -> None:
     """The prediction: a linear read-out of the root's value, plus one of the target row's own
-    encoding (`encoded`: own_<target>, its numbers wider than the relations', or enc_<target>), so
+    encoding (`encoded`: own_<target>, wider than the relations', or enc_<target>), so
     its own columns reach the output in one step rather than through every layer; without children,
     the target row's encoding alone (enc_<target>, all of its columns).
     `ranking`: it is the query tower, a `units`-wide vector scored against the candidates'."""
