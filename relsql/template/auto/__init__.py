@@ -156,9 +156,10 @@ def _write(db: Database, target: str, table: str, column: str, options: Options)
             encoders.encoder(draft, name)
     # what the head's own term reads: the target row's own columns again, wider, beside a relational context
     wide = encoders.own_encoder(draft) if root.children and not ranking else None
-    own = f"enc_{labels[table]}" if wide is None else wide[0]
+    own = f"enc_{labels[table]}"
     if wide is not None:
-        draft.out.append(wide[1])
+        own, statement = wide
+        draft.out.append(statement)
     for node in nodes[1:]:
         if keyed(where.keys, node) and not layers.read_in_place(where.keys, node):  # a leaf: read where aggregated
             layers.node_rows(draft, node)
