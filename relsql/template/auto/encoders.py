@@ -28,7 +28,7 @@ PLE_CELLS = 1 << 24  # rows x numbers x (bins + 1) values of a table's ple encod
 RARE = 3  # a code on fewer rows shares the vector of rare and unseen values
 FEW_VALUES = 3  # a number with at most this many values is only embedded: quantile ranges of it would mostly be empty
 NUMBER_CODES = 32  # a number with at most this many values is also embedded: a step or lookup function of it
-OWN_WIDTH = 64  # the target table's second encoding, read by the prediction's own term (own_encoder)
+OWN_WIDTH = 32  # the target table's second encoding, read by the prediction's own term (own_encoder)
 
 
 @dataclass
@@ -54,8 +54,9 @@ def own_encoder(draft: Draft) -> tuple[str, str] | None:
     """(own_<target>, its statement): the target row's own columns encoded again, OWN_WIDTH wide (per
     member), for the prediction's own term alone (layers.head); None where it has none to encode.
     The relations' 16-wide layer is a narrow read of a row's own columns where a GBM finds
-    interactions of them: on 53 outside targets x 3 seeds the network alone reached the one-hop GBM
-    in 58 runs instead of 48 (docs/quality.md, "A wider read of the target row's own columns").
+    interactions of them: on 51 outside targets x 3 seeds the network alone reached the one-hop GBM
+    in 65 runs instead of 48 at 32 wide, 57 at 64 wide, which cost more and memorised plurel_33's
+    rows (docs/quality.md, "A wider read of the target row's own columns", "32 wide, not 64").
     Hashed text stays in the narrow encoding only: a second 65,537-row table read by bags of the
     same ids would keep both tables whole in training (relsql/compile/compact.py)."""
     table = draft.target
